@@ -1,0 +1,589 @@
+"""config.json -> ``ModelSpec``: one builder per supported ``model_type``.
+
+Each builder mirrors the module tree transformers (v5) builds for training: decoders as
+``AutoModelForCausalLM``, bert/roberta as ``AutoModelForMaskedLM``. Every parameter-holding
+module is listed so that ``ModelSpec.params_total`` equals ``sum(p.numel() for p in
+model.parameters())`` exactly (tests/test_param_counts.py checks it on the meta device for every
+catalog model), and ``layer_linears`` names each linear layer by its leaf module name, which is
+what peft's ``target_modules`` matches.
+
+Missing keys take transformers' own defaults, read from
+``transformers/models/<type>/configuration_<type>.py`` (v5.23); each default is written next to
+the key. The dimensions that define a model (hidden size, layers, heads, vocabulary and, where
+transformers does not derive it, the MLP width) have no sensible default and are required:
+falling back to a 7B-sized default for a 0.5B model would be a silent hole.
+
+Pure module: no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from planner.errors import ModelConfigError, UnsupportedError
+from planner.modelspec import LinearKind, LinearSpec, ModelSpec
+
+K = LinearKind
+
+
+class _Config:
+    """Typed, validated reads from one config.json; errors name the file and the key."""
+
+    def __init__(self, raw: Mapping[str, Any], source: str) -> None:
+        self.raw = raw
+        self.source = source
+
+    def error(self, problem: str) -> ModelConfigError:
+        return ModelConfigError(f"{self.source}: {problem}")
+
+    def _lookup(self, keys: tuple[str, ...]) -> tuple[str, Any]:
+        for key in keys:
+            if key in self.raw and self.raw[key] is not None:
+                return key, self.raw[key]
+        return keys[0], None
+
+    def size(self, *keys: str, default: int | None = None) -> int:
+        """A positive whole number; required when ``default`` is None."""
+        key, value = self._lookup(keys)
+        if value is None:
+            if default is None:
+                names = " or ".join(keys)
+                raise self.error(f"missing {names}: the planner needs it to size the model")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.error(f"{key} must be a whole number >= 1, got {value!r}")
+        return value
+
+    def optional_size(self, key: str) -> int | None:
+        """A positive whole number, or None when the key is absent or null."""
+        return None if self.raw.get(key) is None else self.size(key)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.raw.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.error(f"{key} must be true or false, got {value!r}")
+        return value
+
+    def prob(self, *keys: str, default: float = 0.0) -> float:
+        """A dropout probability in [0, 1)."""
+        key, value = self._lookup(keys)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise self.error(f"{key} must be a dropout probability in [0, 1), got {value!r}")
+        return float(value)
+
+    def text(self, *keys: str, default: str) -> str:
+        key, value = self._lookup(keys)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self.error(f"{key} must be a string, got {value!r}")
+        return value
+
+    def heads(self, *, hidden: int, heads: int, kv_key: str | None, kv_default: int | None = None,
+              head_dim_key: bool = False, head_dim_default: int | None = None) -> tuple[int, int]:
+        """(num_kv_heads, head_dim) after checking they divide evenly.
+
+        ``kv_default``: the number of kv heads transformers assumes when the key is absent (some
+        config classes default it to a fixed number, e.g. mistral 8); None means "= heads", which
+        is also what an explicit null means. ``head_dim_key``: the architecture reads an explicit
+        ``head_dim`` (llama family, gemma, qwen3); its default is ``head_dim_default`` or else
+        hidden / heads.
+        """
+        if head_dim_default is None:
+            if hidden % heads and not (head_dim_key and self.raw.get("head_dim") is not None):
+                raise self.error(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+            head_dim_default = hidden // heads
+        head_dim = self.size("head_dim", default=head_dim_default) if head_dim_key else head_dim_default
+        if kv_key is None:
+            kv = heads
+        elif kv_key not in self.raw:
+            kv = kv_default or heads
+        else:
+            kv = self.size(kv_key, default=heads)
+        if heads % kv:
+            raise self.error(f"num_attention_heads {heads} is not a multiple of {kv_key} {kv}")
+        return kv, head_dim
+
+
+# ---- building blocks ----------------------------------------------------------------------------
+
+
+def _lin(name: str, n_in: int, n_out: int, bias: bool, kind: LinearKind, count: int = 1, active: int | None = None) -> LinearSpec:
+    return LinearSpec(
+        name=name, in_features=n_in, out_features=n_out, bias=bias, kind=kind,
+        count=count, active=count if active is None else active,
+    )
+
+
+def _qkvo(hidden: int, heads: int, kv: int, head_dim: int, *, qkv_bias: bool, o_bias: bool, o_name: str = "o_proj") -> list[LinearSpec]:
+    """Separate q/k/v projections (grouped-query when kv < heads) and the output projection."""
+    q_out, kv_out = heads * head_dim, kv * head_dim
+    return [
+        _lin("q_proj", hidden, q_out, qkv_bias, K.ATTN_IN),
+        _lin("k_proj", hidden, kv_out, qkv_bias, K.ATTN_IN),
+        _lin("v_proj", hidden, kv_out, qkv_bias, K.ATTN_IN),
+        _lin(o_name, q_out, hidden, o_bias, K.ATTN_OUT),
+    ]
+
+
+def _swiglu(hidden: int, inter: int, *, bias: bool = False) -> list[LinearSpec]:
+    return [
+        _lin("gate_proj", hidden, inter, bias, K.MLP_IN),
+        _lin("up_proj", hidden, inter, bias, K.MLP_IN),
+        _lin("down_proj", inter, hidden, bias, K.MLP_OUT),
+    ]
+
+
+def _two_layer_mlp(names: tuple[str, str], hidden: int, inter: int, *, bias: bool) -> list[LinearSpec]:
+    return [_lin(names[0], hidden, inter, bias, K.MLP_IN), _lin(names[1], inter, hidden, bias, K.MLP_OUT)]
+
+
+#: leaf names of the fused-qkv blocks (gpt_neox, bloom, falcon): qkv, attention out, MLP up, MLP down
+_FUSED_QKV_NAMES = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
+
+
+def _fused_qkv_block(names: tuple[str, str, str, str], hidden: int, qkv_out: int, inter: int, *,
+                     attn_bias: bool, mlp_bias: bool) -> tuple[LinearSpec, ...]:
+    """One fused q/k/v projection, the attention output and a two-layer MLP."""
+    qkv, out, up, down = names
+    return (
+        _lin(qkv, hidden, qkv_out, attn_bias, K.ATTN_IN),
+        _lin(out, hidden, hidden, attn_bias, K.ATTN_OUT),
+        *_two_layer_mlp((up, down), hidden, inter, bias=mlp_bias),
+    )
+
+
+def _untied_head(vocab: int, n_in: int, *, tied: bool, bias: bool = False) -> int:
+    """Parameters the lm_head adds beyond the token embedding (weight only when untied)."""
+    return (0 if tied else vocab * n_in) + (vocab if bias else 0)
+
+
+def _common(*, model_type: str, hidden: int, layers: int, heads: int, vocab: int) -> dict[str, Any]:
+    return {"model_type": model_type, "hidden_size": hidden, "num_layers": layers, "num_heads": heads, "vocab_size": vocab}
+
+
+# ---- llama family: llama, mistral, mixtral, qwen2, qwen3, gemma, gemma2 -----------------------------
+
+#: transformers v5 defaults per model type for the keys the llama-family builder reads
+#: (configuration_<type>.py): tie_word_embeddings, max_position_embeddings, head_dim, and
+#: num_key_value_heads when the key is absent (llama: = num_attention_heads).
+_LLAMA_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"tie": False, "max_pos": 2048},
+    "mistral": {"tie": False, "max_pos": 131072, "sliding_window": 4096, "kv": 8},
+    "mixtral": {"tie": False, "max_pos": 131072, "kv": 8},
+    "qwen2": {"tie": False, "max_pos": 32768, "kv": 32},
+    "qwen3": {"tie": False, "max_pos": 32768, "head_dim": 128, "kv": 32},
+    "gemma": {"tie": True, "max_pos": 8192, "head_dim": 256, "kv": 16},
+    "gemma2": {"tie": True, "max_pos": 8192, "head_dim": 256, "sliding_window": 4096, "kv": 4},
+}
+
+
+def _llama_family(c: _Config, model_type: str) -> dict[str, Any]:
+    d = _LLAMA_FAMILY_DEFAULTS[model_type]
+    hidden = c.size("hidden_size")
+    layers = c.size("num_hidden_layers")
+    heads = c.size("num_attention_heads")
+    vocab = c.size("vocab_size")
+    inter = c.size("intermediate_size")
+    # llama reads config.head_dim when set (modeling_llama.py: getattr(config, "head_dim", ...)),
+    # gemma/gemma2/qwen3 default it to a fixed number rather than hidden/heads.
+    kv, head_dim = c.heads(
+        hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=d.get("kv"),
+        head_dim_key=True, head_dim_default=d.get("head_dim"),
+    )
+
+    attention_bias = c.flag("attention_bias", False)  # llama/qwen3/gemma: default False
+    if model_type == "qwen2":
+        # modeling_qwen2.py: q/k/v always carry a bias, o_proj never (attention_bias is not read).
+        qkv_bias, o_bias = True, False
+    elif model_type == "mistral" or model_type == "mixtral":
+        qkv_bias = o_bias = False  # modeling_mistral.py / modeling_mixtral.py: bias=False
+    else:
+        qkv_bias = o_bias = attention_bias
+    linears = _qkvo(hidden, heads, kv, head_dim, qkv_bias=qkv_bias, o_bias=o_bias)
+
+    experts = top_k = 0
+    if model_type == "mixtral":
+        experts = c.size("num_local_experts", default=8)
+        top_k = c.size("num_experts_per_tok", default=2)
+        if top_k > experts:
+            raise c.error(f"num_experts_per_tok {top_k} is larger than num_local_experts {experts}")
+        # transformers v5 keeps the experts as two 3D parameters of mlp.experts (MixtralExperts:
+        # gate_up_proj [E, 2I, H], down_proj [E, H, I]) and the router as mlp.gate.weight [E, H]
+        # (MixtralTopKRouter): not nn.Linear modules, so peft reaches them via target_parameters.
+        linears += [
+            _lin("gate", hidden, experts, False, K.ROUTER),
+            _lin("gate_up_proj", hidden, 2 * inter, False, K.MLP_IN, count=experts, active=top_k),
+            _lin("down_proj", inter, hidden, False, K.MLP_OUT, count=experts, active=top_k),
+        ]
+    else:
+        mlp_bias = c.flag("mlp_bias", False) if model_type == "llama" else False
+        linears += _swiglu(hidden, inter, bias=mlp_bias)
+
+    # RMSNorm: weight only. gemma2 has four per layer (input, post_attention, pre_feedforward,
+    # post_feedforward: modeling_gemma2.py Gemma2DecoderLayer); qwen3 adds q_norm/k_norm over head_dim.
+    norms = (4 if model_type == "gemma2" else 2) * hidden
+    if model_type == "qwen3":
+        norms += 2 * head_dim
+
+    if model_type == "gemma":
+        act = c.text("hidden_activation", "hidden_act", default="gelu_pytorch_tanh")
+        # configuration_gemma.py rewrites the legacy "gelu" to the tanh approximation it meant.
+        act = "gelu_pytorch_tanh" if act == "gelu" else act
+    elif model_type == "gemma2":
+        act = c.text("hidden_activation", default="gelu_pytorch_tanh")
+    else:
+        act = c.text("hidden_act", default="silu")
+
+    tied = c.flag("tie_word_embeddings", d["tie"])
+    sliding: int | None = None
+    if model_type in ("qwen2", "qwen3"):
+        # Qwen only uses its window when use_sliding_window is true (default False).
+        if c.flag("use_sliding_window", False):
+            sliding = c.size("sliding_window")
+    elif model_type in ("mistral", "mixtral", "gemma2"):
+        # null = full attention; absent = the config class default
+        sliding = c.optional_size("sliding_window") if "sliding_window" in c.raw else d.get("sliding_window")
+    return dict(
+        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        is_encoder=False, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
+        max_seq_len=c.size("max_position_embeddings", default=d["max_pos"]),
+        layer_linears=tuple(linears), layer_norm_params=norms,
+        embedding_params=vocab * hidden, final_norm_params=hidden,
+        head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        hidden_act=act, gated_mlp=True, norm="rmsnorm", position="rope",
+        attn_dropout=c.prob("attention_dropout"), hidden_dropout=0.0,
+        num_experts=experts, experts_per_token=top_k, sliding_window=sliding,
+    )
+
+
+# ---- phi (phi-1/1.5/2) and phi3 (phi-3, phi-4) ------------------------------------------------------
+
+
+def _phi(c: _Config, model_type: str) -> dict[str, Any]:
+    hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
+    heads, vocab, inter = c.size("num_attention_heads"), c.size("vocab_size"), c.size("intermediate_size")
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads")
+    # modeling_phi.py PhiAttention: q/k/v and `dense` all carry a bias; fc1/fc2 too; one
+    # input_layernorm (LayerNorm, weight+bias) per parallel block; optional q/k LayerNorms.
+    linears = _qkvo(hidden, heads, kv, head_dim, qkv_bias=True, o_bias=True, o_name="dense")
+    linears += _two_layer_mlp(("fc1", "fc2"), hidden, inter, bias=True)
+    norms = 2 * hidden + (2 * 2 * head_dim if c.flag("qk_layernorm", False) else 0)
+    tied = c.flag("tie_word_embeddings", False)
+    return dict(
+        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        is_encoder=False, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
+        max_seq_len=c.size("max_position_embeddings", default=2048),
+        layer_linears=tuple(linears), layer_norm_params=norms,
+        embedding_params=vocab * hidden, final_norm_params=2 * hidden,
+        # PhiForCausalLM: lm_head = nn.Linear(hidden, vocab, bias=True)
+        head_params=_untied_head(vocab, hidden, tied=tied, bias=True), tied_embeddings=tied,
+        hidden_act=c.text("hidden_act", default="gelu_new"), gated_mlp=False, norm="layernorm",
+        parallel_block=True, position="rope",
+        attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("resid_pdrop"),
+    )
+
+
+def _phi3(c: _Config, model_type: str) -> dict[str, Any]:
+    hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
+    heads, vocab, inter = c.size("num_attention_heads"), c.size("vocab_size"), c.size("intermediate_size")
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads")
+    # modeling_phi3.py: fused qkv_proj (heads + 2 kv) * head_dim and gate_up_proj 2 * I, no biases.
+    linears = (
+        _lin("qkv_proj", hidden, (heads + 2 * kv) * head_dim, False, K.ATTN_IN),
+        _lin("o_proj", heads * head_dim, hidden, False, K.ATTN_OUT),
+        _lin("gate_up_proj", hidden, 2 * inter, False, K.MLP_IN),
+        _lin("down_proj", inter, hidden, False, K.MLP_OUT),
+    )
+    tied = c.flag("tie_word_embeddings", False)
+    return dict(
+        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        is_encoder=False, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
+        max_seq_len=c.size("max_position_embeddings", default=4096),
+        layer_linears=linears, layer_norm_params=2 * hidden,
+        embedding_params=vocab * hidden, final_norm_params=hidden,
+        head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        hidden_act=c.text("hidden_act", default="silu"), gated_mlp=True, norm="rmsnorm", position="rope",
+        attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("resid_pdrop"),
+        sliding_window=c.optional_size("sliding_window"),
+    )
+
+
+# ---- starcoder2 --------------------------------------------------------------------------------------
+
+
+def _starcoder2(c: _Config, model_type: str) -> dict[str, Any]:
+    hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
+    heads, vocab, inter = c.size("num_attention_heads"), c.size("vocab_size"), c.size("intermediate_size")
+    # configuration_starcoder2.py: num_key_value_heads defaults to 2
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=2)
+    bias = c.flag("use_bias", True)  # configuration_starcoder2.py: use_bias=True
+    linears = _qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
+    linears += _two_layer_mlp(("c_fc", "c_proj"), hidden, inter, bias=bias)
+    tied = c.flag("tie_word_embeddings", True)
+    return dict(
+        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        is_encoder=False, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
+        max_seq_len=c.size("max_position_embeddings", default=4096),
+        # two nn.LayerNorm (weight+bias) per layer and a final one (modeling_starcoder2.py)
+        layer_linears=tuple(linears), layer_norm_params=4 * hidden,
+        embedding_params=vocab * hidden, final_norm_params=2 * hidden,
+        head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        hidden_act=c.text("hidden_act", default="gelu_pytorch_tanh"), gated_mlp=False, norm="layernorm",
+        position="rope", attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("residual_dropout"),
+        sliding_window=c.optional_size("sliding_window"),
+    )
+
+
+# ---- gpt2, gpt_neox, opt, bloom, falcon -------------------------------------------------------------
+
+
+def _gpt2(c: _Config, model_type: str) -> dict[str, Any]:
+    hidden, layers = c.size("n_embd", "hidden_size"), c.size("n_layer", "num_hidden_layers")
+    heads, vocab = c.size("n_head", "num_attention_heads"), c.size("vocab_size")
+    if c.flag("add_cross_attention", False):
+        raise UnsupportedError(f"{c.source}: gpt2 with add_cross_attention is an encoder-decoder part; not supported")
+    inter = c.size("n_inner", default=4 * hidden)  # modeling_gpt2.py: n_inner or 4 * hidden
+    _, head_dim = c.heads(hidden=hidden, heads=heads, kv_key=None)
+    positions = c.size("n_positions", "max_position_embeddings", default=1024)
+    # HF Conv1D stores weights as [in, out]; the math sees (in_features, out_features) as for Linear.
+    linears = _fused_qkv_block(("c_attn", "c_proj", "c_fc", "c_proj"), hidden, 3 * hidden, inter, attn_bias=True, mlp_bias=True)
+    tied = c.flag("tie_word_embeddings", True)
+    return dict(
+        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        is_encoder=False, num_kv_heads=heads, head_dim=head_dim, intermediate_size=inter,
+        max_seq_len=positions, layer_linears=linears, layer_norm_params=4 * hidden,
+        embedding_params=vocab * hidden, other_embedding_params=positions * hidden,  # wpe
+        final_norm_params=2 * hidden, head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        hidden_act=c.text("activation_function", default="gelu_new"), gated_mlp=False, norm="layernorm",
+        position="learned", attn_dropout=c.prob("attn_pdrop", default=0.1),
+        hidden_dropout=c.prob("resid_pdrop", default=0.1),
+    )
+
+
+def _gpt_neox(c: _Config, model_type: str) -> dict[str, Any]:
+    hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
+    heads, vocab, inter = c.size("num_attention_heads"), c.size("vocab_size"), c.size("intermediate_size")
+    _, head_dim = c.heads(hidden=hidden, heads=heads, kv_key=None)
+    bias = c.flag("attention_bias", True)
+    # modeling_gpt_neox.py: fused query_key_value and dense (bias=attention_bias), MLP always biased.
+    linears = _fused_qkv_block(_FUSED_QKV_NAMES, hidden, 3 * hidden, inter, attn_bias=bias, mlp_bias=True)
+    tied = c.flag("tie_word_embeddings", False)  # separate embed_out/lm_head by default
+    return dict(
+        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        is_encoder=False, num_kv_heads=heads, head_dim=head_dim, intermediate_size=inter,
+        max_seq_len=c.size("max_position_embeddings", default=2048),
+        layer_linears=linears, layer_norm_params=4 * hidden,
+        embedding_params=vocab * hidden, final_norm_params=2 * hidden,
+        head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        hidden_act=c.text("hidden_act", default="gelu"), gated_mlp=False, norm="layernorm",
+        parallel_block=c.flag("use_parallel_residual", True), position="rope",
+        attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("hidden_dropout"),
+    )
+
+
+def _opt(c: _Config, model_type: str) -> dict[str, Any]:
+    hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
+    heads, vocab, ffn = c.size("num_attention_heads"), c.size("vocab_size"), c.size("ffn_dim")
+    _, head_dim = c.heads(hidden=hidden, heads=heads, kv_key=None)
+    proj = c.size("word_embed_proj_dim", default=hidden)
+    bias = c.flag("enable_bias", True)
+    affine = c.flag("layer_norm_elementwise_affine", True)
+    max_pos = c.size("max_position_embeddings", default=2048)
+    linears = _qkvo(hidden, heads, heads, head_dim, qkv_bias=bias, o_bias=bias, o_name="out_proj")
+    linears += _two_layer_mlp(("fc1", "fc2"), hidden, ffn, bias=bias)
+    norm = 2 * hidden if affine else 0
+    # OPTLearnedPositionalEmbedding keeps 2 extra rows (offset 2, modeling_opt.py); opt-350m style
+    # models embed in word_embed_proj_dim and add bias-free project_in/project_out.
+    other = (max_pos + 2) * hidden + (2 * proj * hidden if proj != hidden else 0)
+    # The final LayerNorm exists only for pre-norm checkpoints without the legacy
+    # _remove_final_layer_norm flag (modeling_opt.py OPTDecoder.__init__).
+    final = norm if c.flag("do_layer_norm_before", True) and not c.flag("_remove_final_layer_norm", False) else 0
+    tied = c.flag("tie_word_embeddings", True)
+    return dict(
+        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        is_encoder=False, num_kv_heads=heads, head_dim=head_dim, intermediate_size=ffn,
+        max_seq_len=max_pos, layer_linears=tuple(linears), layer_norm_params=2 * norm,
+        embedding_params=vocab * proj, other_embedding_params=other, final_norm_params=final,
+        head_params=_untied_head(vocab, proj, tied=tied), tied_embeddings=tied,
+        hidden_act=c.text("activation_function", default="relu"), gated_mlp=False, norm="layernorm",
+        position="learned", attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("dropout", default=0.1),
+    )
+
+
+#: BLOOM's config has no position limit (ALiBi has no position table); it was trained on
+#: 2048-token sequences (BigScience, "BLOOM", arXiv:2211.05100, section 3.5), so that is the
+#: length we plan for unless the config names a ``seq_length``.
+BLOOM_DEFAULT_SEQ_LEN = 2048
+
+
+def _bloom(c: _Config, model_type: str) -> dict[str, Any]:
+    hidden, layers = c.size("hidden_size", "n_embed"), c.size("n_layer", "num_hidden_layers")
+    heads, vocab = c.size("n_head", "num_attention_heads"), c.size("vocab_size")
+    _, head_dim = c.heads(hidden=hidden, heads=heads, kv_key=None)
+    inter = 4 * hidden  # modeling_bloom.py BloomMLP: fixed 4 * hidden (n_inner is not read)
+    linears = _fused_qkv_block(_FUSED_QKV_NAMES, hidden, 3 * hidden, inter, attn_bias=True, mlp_bias=True)
+    tied = c.flag("tie_word_embeddings", True)
+    return dict(
+        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        is_encoder=False, num_kv_heads=heads, head_dim=head_dim, intermediate_size=inter,
+        max_seq_len=c.size("seq_length", default=BLOOM_DEFAULT_SEQ_LEN),
+        layer_linears=linears, layer_norm_params=4 * hidden,
+        embedding_params=vocab * hidden, other_embedding_params=2 * hidden,  # word_embeddings_layernorm
+        final_norm_params=2 * hidden, head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        # bloom_gelu_forward (modeling_bloom.py) is the tanh approximation of GELU
+        hidden_act="gelu_pytorch_tanh", gated_mlp=False, norm="layernorm", position="alibi",
+        attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("hidden_dropout"),
+    )
+
+
+def _falcon(c: _Config, model_type: str) -> dict[str, Any]:
+    hidden = c.size("hidden_size", "n_embed")
+    layers, heads = c.size("num_hidden_layers", "n_layer"), c.size("num_attention_heads", "n_head")
+    vocab = c.size("vocab_size")
+    _, head_dim = c.heads(hidden=hidden, heads=heads, kv_key=None)
+    new_arch = c.flag("new_decoder_architecture", False)
+    multi_query = c.flag("multi_query", True)
+    parallel = c.flag("parallel_attn", True)
+    bias = c.flag("bias", False)
+    # modeling_falcon.py FalconAttention: the fused query_key_value has (heads + 2 kv) heads with
+    # the new architecture, heads + 2 (one shared k/v head) with multi_query, else 3 * heads.
+    if new_arch:
+        kv = c.size("num_kv_heads", default=heads)
+    elif multi_query:
+        kv = 1
+    else:
+        kv = heads
+    if heads % kv:
+        raise c.error(f"num_attention_heads {heads} is not a multiple of num_kv_heads {kv}")
+    inter = c.size("ffn_hidden_size", default=4 * hidden)
+    linears = _fused_qkv_block(_FUSED_QKV_NAMES, hidden, (heads + 2 * kv) * head_dim, inter, attn_bias=bias, mlp_bias=bias)
+    # FalconDecoderLayer: two LayerNorms unless parallel_attn with one (num_ln_in_parallel_attn
+    # defaults to 2 for the new architecture, else 1).
+    num_ln = c.size("num_ln_in_parallel_attn", default=2 if new_arch else 1) if parallel else 2
+    norms = (2 if num_ln == 2 else 1) * 2 * hidden
+    tied = c.flag("tie_word_embeddings", True)
+    return dict(
+        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        is_encoder=False, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
+        # configuration_falcon.py: max_position_embeddings defaults to 2048 (falcon-7b/40b's
+        # training length); the rotary cache is built for it.
+        max_seq_len=c.size("max_position_embeddings", default=2048),
+        layer_linears=linears, layer_norm_params=norms,
+        embedding_params=vocab * hidden, final_norm_params=2 * hidden,
+        head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        hidden_act=c.text("activation", default="gelu"), gated_mlp=False, norm="layernorm",
+        parallel_block=parallel or new_arch, position="alibi" if c.flag("alibi", False) else "rope",
+        attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("hidden_dropout"),
+    )
+
+
+# ---- encoders: bert, roberta --------------------------------------------------------------------------
+
+
+def _bert_like(c: _Config, model_type: str) -> dict[str, Any]:
+    hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
+    heads, vocab, inter = c.size("num_attention_heads"), c.size("vocab_size"), c.size("intermediate_size")
+    _, head_dim = c.heads(hidden=hidden, heads=heads, kv_key=None)
+    max_pos = c.size("max_position_embeddings", default=512)
+    types = c.size("type_vocab_size", default=2)
+    # modeling_bert.py BertLayer: query/key/value, attention.output.dense, intermediate.dense,
+    # output.dense, all biased; two LayerNorms (weight+bias).
+    linears = (
+        _lin("query", hidden, hidden, True, K.ATTN_IN),
+        _lin("key", hidden, hidden, True, K.ATTN_IN),
+        _lin("value", hidden, hidden, True, K.ATTN_IN),
+        _lin("dense", hidden, hidden, True, K.ATTN_OUT),
+        _lin("dense", hidden, inter, True, K.MLP_IN),
+        _lin("dense", inter, hidden, True, K.MLP_OUT),
+    )
+    if model_type == "roberta":
+        # Positions start at padding_idx + 1 (modeling_roberta.py create_position_ids_*), so
+        # max_position_embeddings (514 for roberta) carries pad_token_id + 1 unusable rows.
+        pad = c.raw.get("pad_token_id", 1)
+        if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+            raise c.error(f"pad_token_id must be a whole number >= 0, got {pad!r}")
+        max_seq = max_pos - (pad + 1)
+        if max_seq < 1:
+            raise c.error(f"max_position_embeddings {max_pos} leaves no positions after the padding offset {pad + 1}")
+    else:
+        max_seq = max_pos
+    tied = c.flag("tie_word_embeddings", True)
+    # ForMaskedLM builds the encoder with add_pooling_layer=False: no pooler. Its head is a
+    # transform dense (h*h + h) + LayerNorm (2h) and a vocab bias. _tied_weights_keys ties
+    # decoder.weight to the word embedding and decoder.bias to that bias, but only when
+    # tie_word_embeddings is on: untied, the decoder keeps its own weight and bias.
+    head = hidden * hidden + hidden + 2 * hidden + vocab + _untied_head(vocab, hidden, tied=tied, bias=not tied)
+    return dict(
+        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        is_encoder=True, num_kv_heads=heads, head_dim=head_dim, intermediate_size=inter, max_seq_len=max_seq,
+        layer_linears=linears, layer_norm_params=4 * hidden,
+        embedding_params=vocab * hidden,
+        other_embedding_params=max_pos * hidden + types * hidden + 2 * hidden,  # positions, token types, LayerNorm
+        head_params=head, tied_embeddings=tied,
+        hidden_act=c.text("hidden_act", default="gelu"), gated_mlp=False, norm="layernorm", position="learned",
+        attn_dropout=c.prob("attention_probs_dropout_prob", default=0.1),
+        hidden_dropout=c.prob("hidden_dropout_prob", default=0.1),
+    )
+
+
+# ---- dispatch -------------------------------------------------------------------------------------------
+
+_BUILDERS: dict[str, Callable[[_Config, str], dict[str, Any]]] = {
+    **{t: _llama_family for t in _LLAMA_FAMILY_DEFAULTS},
+    "phi": _phi,
+    "phi3": _phi3,
+    "starcoder2": _starcoder2,
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
+    "opt": _opt,
+    "bloom": _bloom,
+    "falcon": _falcon,
+    "bert": _bert_like,
+    "roberta": _bert_like,
+}
+
+#: model types that are recognised but have no builder yet, with the reason
+_UNSUPPORTED = {
+    "t5": "encoder-decoder",
+    "mt5": "encoder-decoder",
+    "bart": "encoder-decoder",
+    "whisper": "encoder-decoder",
+}
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
+
+#: model types trained as masked LMs (AutoModelForMaskedLM); every other type is a causal decoder
+ENCODER_MODEL_TYPES = frozenset({"bert", "roberta"})
+
+
+def public_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config without private ``_`` keys (``_source``, ``_name_or_path``, ...)."""
+    return {k: v for k, v in config.items() if not k.startswith("_")}
+
+
+def spec_from_config(config: Mapping[str, Any], *, model_id: str, source: str) -> ModelSpec:
+    """Build the ``ModelSpec`` of a config.json mapping.
+
+    Raises ``ModelConfigError`` (one line naming ``source``) for a config that is not a model
+    description and ``UnsupportedError`` for a known architecture without a builder.
+    """
+    if not isinstance(config, Mapping):
+        raise ModelConfigError(f"{source}: a config.json must be a JSON object, got {type(config).__name__}")
+    model_type = config.get("model_type")
+    supported = ", ".join(SUPPORTED_MODEL_TYPES)
+    if not isinstance(model_type, str) or not model_type:
+        raise ModelConfigError(f"{source}: missing model_type (one of {supported})")
+    if model_type in _UNSUPPORTED:
+        raise UnsupportedError(
+            f"{source}: model_type {model_type} ({_UNSUPPORTED[model_type]}) is not supported yet; supported: {supported}"
+        )
+    builder = _BUILDERS.get(model_type)
+    if builder is None:
+        raise ModelConfigError(f"{source}: unknown model_type {model_type!r}; supported: {supported}")
+    fields = builder(_Config(config, source), model_type)
+    return ModelSpec(id=model_id, config=public_config(config), source=source, **fields)

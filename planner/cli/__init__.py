@@ -1,0 +1,79 @@
+"""The ``planner`` command line: each command parses, calls the library, prints.
+
+Commands live in one module each and register themselves on the app; nothing heavy is imported
+until a command that needs it runs (``planner --help`` never loads torch).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Sequence
+
+#: command modules, each with ``register(app)``
+_COMMAND_MODULES = (
+    "planner.cli.plan",
+    "planner.cli.models_cmd",
+    "planner.cli.gpus_cmd",
+    "planner.cli.measure",
+    "planner.cli.store",
+)
+
+
+@functools.cache
+def get_app():
+    import importlib
+
+    import typer
+
+    app = typer.Typer(
+        name="planner",
+        help="Find the fastest way to fine-tune a model on a GPU without running out of memory.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(app)
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point. Returns (and as a script exits with) the process exit code.
+
+    User mistakes print one line on stderr: ``error: <what is wrong and how to fix it>``.
+    """
+    import click
+
+    from planner.errors import PlannerError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = get_app()
+    try:
+        import typer.main
+
+        click_cmd = typer.main.get_command(command)
+        click_cmd.main(args=args, prog_name="planner", standalone_mode=False)
+        code = 0
+    except click.exceptions.Exit as exc:  # --help, ctx.exit(n)
+        code = exc.exit_code
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        code = 0
+    except click.exceptions.UsageError as exc:
+        where = f"planner {exc.ctx.command_path.split(' ', 1)[1]} --help" if exc.ctx and " " in exc.ctx.command_path else "planner --help"
+        click.echo(f"error: {exc.format_message()} (see '{where}')", err=True)
+        code = 2
+    except click.exceptions.Abort:
+        click.echo("error: aborted", err=True)
+        code = 1
+    except PlannerError as exc:
+        click.echo(f"error: {exc}", err=True)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("error: interrupted", err=True)
+        code = 130
+    if argv is None:
+        sys.exit(code)
+    return code

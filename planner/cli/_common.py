@@ -1,0 +1,20 @@
+"""Small helpers shared by the command modules: output and option parsing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def print_json(obj: Any) -> None:
+    """Print one JSON document on stdout (sorted keys stay in the order we built them)."""
+    import click
+
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+def console():
+    """A rich console on stdout; wide enough that tables are not wrapped in pipes and tests."""
+    from rich.console import Console
+
+    return Console(soft_wrap=False, width=max(160, Console().width), highlight=False)

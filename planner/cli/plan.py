@@ -1,0 +1,382 @@
+"""``planner estimate``, ``planner suggest`` and ``planner measure``: parse, call the library, print."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+# Options shared by estimate and measure (one definition, two commands).
+_MODEL = typer.Option(..., "--model", "-m", help="Catalog id, path to a config.json/model dir, or an HF id in the local cache.")
+_GPU = typer.Option(..., "--gpu", "-g", help="GPU name from 'planner gpus' (cpu: the CPU measurement profile).")
+_GPUS = typer.Option(1, "--gpus", help="Data-parallel devices.")
+_GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB.")
+_METHOD = typer.Option("full", "--method", help="full|lora|qlora")
+_PRECISION = typer.Option("bf16-mixed", "--precision", help="fp32|fp16-mixed|bf16-mixed|fp16|bf16")
+_OPTIMIZER = typer.Option("adamw", "--optimizer", help="adamw|adamw_8bit|paged_adamw_8bit|adafactor|sgd")
+_MICRO = typer.Option(1, "--micro-batch", help="Sequences per forward/backward on one device.")
+_SEQ = typer.Option(None, "--seq-len", help="Tokens per sequence [default: min(2048, the model's maximum)].")
+_ACCUM = typer.Option(1, "--grad-accum", help="Micro-steps per optimizer step.")
+_CKPT = typer.Option(False, "--grad-ckpt/--no-grad-ckpt", help="Gradient checkpointing.")
+_ATTENTION = typer.Option("sdpa", "--attention", help="sdpa|eager|flash")
+_LORA_R = typer.Option(None, "--lora-r", help="LoRA rank [default: 16 for lora/qlora].")
+_LORA_TARGETS = typer.Option(None, "--lora-targets", help="all-linear or a comma list of module names [default: all-linear].")
+_ZERO = typer.Option(0, "--zero", help="DeepSpeed ZeRO stage 0|1|2|3.")
+_OFFLOAD = typer.Option("none", "--offload", help="none|optimizer|optimizer+params (DeepSpeed CPU offload).")
+_JSON = typer.Option(False, "--json", help="Print one JSON object.")
+DEFAULT_SEQ_LEN = 2048
+
+
+def _resolve(model: str, gpu: str, gpu_mem: Optional[str]):
+    from planner.catalog import resolve_model
+    from planner.gpus import get_gpu
+    from planner.units import parse_bytes
+
+    spec = resolve_model(model)
+    memory = parse_bytes(gpu_mem, option="--gpu-mem") if gpu_mem is not None else None
+    return spec, get_gpu(gpu, memory_bytes=memory)
+
+
+def default_seq_len(spec) -> int:
+    return min(DEFAULT_SEQ_LEN, spec.max_seq_len)
+
+
+def _build_config(spec, gpu, *, seq_len: Optional[int], **options: Any):
+    """A validated TrainConfig for this model and device (one-line errors on bad input)."""
+    from planner.config import TrainConfig
+    from planner.errors import InvalidConfigError
+    from planner.gpus import check_precision
+    from planner.memory import lora_targets
+
+    seq = default_seq_len(spec) if seq_len is None else seq_len
+    if seq > spec.max_seq_len:
+        raise InvalidConfigError(f"--seq-len {seq} is longer than {spec.id} allows ({spec.max_seq_len}): use at most {spec.max_seq_len}")
+    config = TrainConfig(seq_len=seq, **options)
+    check_precision(gpu, config.precision)
+    lora_targets(spec, config)  # unknown module names fail here, with the names that exist
+    return config
+
+
+def _estimate_dict(spec, gpu, config, estimate, throughput, usable: int) -> dict[str, Any]:
+    from planner.memory import trainable_params
+
+    return {
+        "model": {"id": spec.id, "params": spec.params_total, "active_params": spec.params_active,
+                  "trainable_params": trainable_params(spec, config)},
+        "config": {"model": spec.id, "gpu": gpu.name, "gpu_mem": gpu.memory_bytes, **config.to_dict()},
+        "memory": estimate.to_dict(),
+        "device": {"name": gpu.name, "capacity_bytes": gpu.memory_bytes, "usable_bytes": usable},
+        "fits": estimate.process_total_bytes <= usable,
+        "throughput": throughput.to_dict(),
+    }
+
+
+def _bar(breakdown: dict[str, int], capacity: int, width: int = 60) -> list[str]:
+    """A stacked bar of the breakdown against the device capacity, one letter per component."""
+    letters = "WGOAMLTXYZKQRSUV"
+    groups: dict[str, int] = {}
+    for key, value in breakdown.items():
+        groups[key.split("/")[0]] = groups.get(key.split("/")[0], 0) + value
+    total = max(capacity, sum(groups.values()))
+    bar, legend = "", []
+    for (name, value), letter in zip(sorted(groups.items(), key=lambda kv: -kv[1]), letters):
+        cells = round(value / total * width)
+        bar += letter * cells
+        legend.append(f"{letter}={name}")
+    used = len(bar)
+    cap_cells = round(capacity / total * width)
+    bar = bar.ljust(cap_cells, ".")
+    return [f"[{bar[:width]}] {'over capacity' if used > cap_cells else ''}".rstrip(), "  " + "  ".join(legend)]
+
+
+def _print_estimate(out, data: dict[str, Any], estimate) -> None:
+    from rich.table import Table
+
+    from planner.units import format_bytes
+
+    m, cfg, dev = data["model"], data["config"], data["device"]
+    out.print(f"{m['id']}: {m['params'] / 1e9:.2f}B parameters, {m['trainable_params'] / 1e6:.1f}M trainable")
+    out.print(f"config: {cfg['method']}, {cfg['precision']}, {cfg['optimizer']}, micro-batch {cfg['micro_batch']} x accum {cfg['grad_accum']}"
+              f" x {cfg['gpus']} GPU, seq {cfg['seq_len']}, ckpt {'on' if cfg['grad_ckpt'] else 'off'}, zero {cfg['zero']}, offload {cfg['offload']}")
+    table = Table(title=f"memory per device at the peak ({estimate.peak_phase})")
+    table.add_column("component")
+    table.add_column("bytes", justify="right")
+    table.add_column("share", justify="right")
+    peak = estimate.peak_allocated_bytes
+    for key, value in sorted(estimate.breakdown.items(), key=lambda kv: -kv[1]):
+        table.add_row(key, format_bytes(value), f"{value / peak:.1%}")
+    table.add_row("peak allocated", format_bytes(peak), "", style="bold")
+    table.add_row("peak reserved", format_bytes(estimate.peak_reserved_bytes), "")
+    table.add_row("process total (nvidia-smi)", format_bytes(estimate.process_total_bytes), "", style="bold")
+    if estimate.cpu_bytes:
+        table.add_row("host RAM (offload)", format_bytes(estimate.cpu_bytes), "")
+    out.print(table)
+    for line in _bar(dict(estimate.breakdown), dev["capacity_bytes"]):
+        out.print(line, markup=False)
+    verdict = "fits" if data["fits"] else "does NOT fit"
+    out.print(f"{dev['name']}: {format_bytes(dev['capacity_bytes'])}, {format_bytes(dev['usable_bytes'])} usable after the safety margin: {verdict}"
+              f" (headroom {format_bytes(dev['usable_bytes'] - estimate.process_total_bytes)})")
+    t = data["throughput"]
+    out.print(f"throughput: {t['tokens_per_s']:,.0f} tokens/s, {t['step_s']:.3g} s per optimizer step")
+    for note in list(estimate.assumptions) + list(t.get("assumptions", [])):
+        out.print(f"  assumption: {note}", markup=False)
+
+
+def estimate(
+    model: str = _MODEL, gpu: str = _GPU, gpus: int = _GPUS, gpu_mem: Optional[str] = _GPU_MEM,
+    method: str = _METHOD, precision: str = _PRECISION, optimizer: str = _OPTIMIZER,
+    micro_batch: int = _MICRO, seq_len: Optional[int] = _SEQ, grad_accum: int = _ACCUM,
+    grad_ckpt: bool = _CKPT, attention: str = _ATTENTION, lora_r: Optional[int] = _LORA_R,
+    lora_targets: Optional[str] = _LORA_TARGETS, zero: int = _ZERO, offload: str = _OFFLOAD,
+    as_json: bool = _JSON,
+) -> None:
+    """Predict memory and speed of ONE fully specified training configuration."""
+    from planner.cli._common import console, print_json
+    from planner.memory import estimate_memory
+    from planner.search import safety_margin
+    from planner.throughput import estimate_throughput
+
+    spec, device = _resolve(model, gpu, gpu_mem)
+    config = _build_config(
+        spec, device, seq_len=seq_len, method=method, precision=precision, optimizer=optimizer,
+        micro_batch=micro_batch, grad_accum=grad_accum, gpus=gpus, grad_ckpt=grad_ckpt, attention=attention,
+        lora_r=lora_r, lora_targets=lora_targets, zero=zero, offload=offload,
+    )
+    memory = estimate_memory(model=spec, config=config, gpu=device)
+    throughput = estimate_throughput(model=spec, config=config, gpu=device)
+    usable = device.memory_bytes - safety_margin(device.memory_bytes)
+    data = _estimate_dict(spec, device, config, memory, throughput, usable)
+    if as_json:
+        print_json(data)
+        return
+    _print_estimate(console(), data, memory)
+
+
+def measure(
+    model: str = _MODEL, gpu: str = typer.Option("cpu", "--gpu", "-g", help="cpu (here) or the GPU the run is on."),
+    gpus: int = _GPUS, gpu_mem: Optional[str] = _GPU_MEM,
+    method: str = _METHOD, precision: str = _PRECISION, optimizer: str = _OPTIMIZER,
+    micro_batch: int = _MICRO, seq_len: Optional[int] = _SEQ, grad_accum: int = _ACCUM,
+    grad_ckpt: bool = _CKPT, attention: str = _ATTENTION, lora_r: Optional[int] = _LORA_R,
+    lora_targets: Optional[str] = _LORA_TARGETS, zero: int = _ZERO, offload: str = _OFFLOAD,
+    steps: int = typer.Option(3, "--steps", help="Optimizer steps to run (the last one is measured)."),
+    timeout: float = typer.Option(900, "--timeout", help="Seconds before the run is killed."),
+    db: Optional[str] = typer.Option(None, "--db", help="Database URL [default: PLANNER_DATABASE_URL or the local SQLite file]."),
+    no_save: bool = typer.Option(False, "--no-save", help="Do not store the measurement."),
+    as_json: bool = _JSON,
+) -> None:
+    """Train the configuration for a few real steps in a fresh process and compare with the prediction."""
+    from planner.catalog import fingerprint
+    from planner.cli._common import console, print_json
+    from planner.errors import InvalidConfigError
+    from planner.memory import estimate_memory
+    from planner.results import Candidate, PlanRequest
+    from planner.search import safety_margin
+    from planner.throughput import estimate_throughput
+
+    spec, device = _resolve(model, gpu, gpu_mem)
+    if gpus != 1:
+        raise InvalidConfigError("planner measure runs on one device: use --gpus 1 (ZeRO runs as one rank)")
+    config = _build_config(
+        spec, device, seq_len=seq_len, method=method, precision=precision, optimizer=optimizer,
+        micro_batch=micro_batch, grad_accum=grad_accum, gpus=gpus, grad_ckpt=grad_ckpt, attention=attention,
+        lora_r=lora_r, lora_targets=lora_targets, zero=zero, offload=offload,
+    )
+    predicted = estimate_memory(model=spec, config=config, gpu=device)
+    throughput = estimate_throughput(model=spec, config=config, gpu=device)
+    import workers
+
+    measured = workers.measure(model_config=spec.config, config=config, device="cpu" if device.is_cpu else "cuda", steps=steps, timeout_s=timeout)
+    usable = device.memory_bytes - safety_margin(device.memory_bytes)
+    data = _estimate_dict(spec, device, config, predicted, throughput, usable)
+    data["measurement"] = measured.to_dict()
+    data["error_pct"] = {
+        key: (100.0 * (getattr(predicted, key) - getattr(measured, key)) / getattr(measured, key))
+        if getattr(measured, key) else None
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "process_total_bytes")
+    }
+    out = console()
+    if not no_save:
+        from planner.cli.store import save_measurement_and_report
+
+        request = PlanRequest(
+            model_id=spec.id, model_fingerprint=fingerprint(spec), gpu=device.name, gpu_count=1,
+            gpu_memory_bytes=device.memory_bytes, target_batch=config.global_batch, seq_len=config.seq_len,
+            constraints={"measure": config.to_dict()},
+        )
+        candidate = Candidate(config=config, memory=predicted, throughput=throughput, fits=data["fits"], rank=1)
+        report = out if not as_json else console_to_stderr()
+        data["plan_id"] = save_measurement_and_report(request=request, candidate=candidate, measurement=measured, db=db, console=report)
+    if as_json:
+        print_json(data)
+        return
+    _print_measurement(out, data, predicted, measured)
+    if str(measured.outcome) != "ok":
+        raise typer.Exit(1)
+
+
+def console_to_stderr():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _print_measurement(out, data, predicted, measured) -> None:
+    from rich.table import Table
+
+    from planner.units import format_bytes
+
+    out.print(f"{data['model']['id']} on {measured.device}: {data['config']['method']}, {data['config']['precision']}, "
+              f"{data['config']['optimizer']}, micro-batch {data['config']['micro_batch']} x {data['config']['grad_accum']}, "
+              f"seq {data['config']['seq_len']}, ckpt {'on' if data['config']['grad_ckpt'] else 'off'}, zero {data['config']['zero']}"
+              f"{', offload ' + data['config']['offload'] if data['config']['offload'] != 'none' else ''}")
+    out.print(f"outcome: {measured.outcome}" + (f" ({measured.error})" if measured.error else ""), markup=False)
+    table = Table(title="predicted vs measured")
+    table.add_column("")
+    table.add_column("predicted", justify="right")
+    table.add_column("measured", justify="right")
+    table.add_column("error", justify="right")
+    for key, label in (("peak_allocated_bytes", "peak allocated"), ("peak_reserved_bytes", "peak reserved"), ("process_total_bytes", "process total")):
+        m = getattr(measured, key)
+        if m is None:
+            continue
+        err = data["error_pct"][key]
+        table.add_row(label, format_bytes(getattr(predicted, key)), format_bytes(m), f"{err:+.1f}%" if err is not None else "")
+    if measured.tokens_per_s:
+        table.add_row("tokens/s", f"{data['throughput']['tokens_per_s']:,.0f}", f"{measured.tokens_per_s:,.0f}", "")
+    out.print(table)
+
+
+def suggest(
+    model: str = _MODEL,
+    gpu: str = _GPU,
+    target_batch: int = typer.Option(..., "--target-batch", "-b", help="Global batch: micro x accumulation x GPUs."),
+    seq_len: Optional[int] = _SEQ,
+    gpus: int = _GPUS,
+    gpu_mem: Optional[str] = _GPU_MEM,
+    method: str = typer.Option("auto", "--method", help="auto|full|lora|qlora"),
+    precision: str = typer.Option("auto", "--precision", help="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16"),
+    no_offload: bool = typer.Option(False, "--no-offload", help="Do not consider DeepSpeed CPU offload."),
+    cpu_mem: Optional[str] = typer.Option(None, "--cpu-mem", help="Host RAM offload may use [default: this machine's RAM]."),
+    top_k: int = typer.Option(5, "--top-k", "-k", help="Plans to show."),
+    db: Optional[str] = typer.Option(None, "--db", help="Database URL [default: PLANNER_DATABASE_URL or the local SQLite file]."),
+    no_save: bool = typer.Option(False, "--no-save", help="Do not store this plan."),
+    as_json: bool = _JSON,
+) -> None:
+    """Search every configuration that reaches --target-batch and rank the fastest that fit."""
+    from planner.catalog import fingerprint
+    from planner.cli._common import console, print_json
+    from planner.config import Method, Precision
+    from planner.errors import InvalidConfigError
+    from planner.gpus import check_precision, physical_ram_bytes
+    from planner.search import SearchSpace, suggest as run_suggest
+    from planner.units import format_bytes, parse_bytes
+
+    spec, device = _resolve(model, gpu, gpu_mem)
+    if gpus < 1:
+        raise InvalidConfigError(f"--gpus must be a whole number >= 1, got {gpus}")
+    seq = default_seq_len(spec) if seq_len is None else seq_len
+    if seq < 1 or seq > spec.max_seq_len:
+        raise InvalidConfigError(f"--seq-len {seq} is outside 1..{spec.max_seq_len}, the longest {spec.id} allows")
+    if target_batch < 1:
+        raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch}")
+    try:
+        methods = tuple(Method) if method == "auto" else (Method(method),)
+        precisions = None if precision == "auto" else (Precision(precision),)
+    except ValueError:
+        raise InvalidConfigError(f"--method must be auto|full|lora|qlora and --precision auto|{'|'.join(p.value for p in Precision)}") from None
+    if precisions:
+        check_precision(device, precisions[0])
+    host = parse_bytes(cpu_mem, option="--cpu-mem") if cpu_mem is not None else physical_ram_bytes()
+    space = SearchSpace(methods=methods, precisions=precisions, allow_offload=not no_offload, cpu_mem_bytes=host)
+    result = run_suggest(model=spec, gpu=device, target_batch=target_batch, seq_len=seq, gpus=gpus, space=space,
+                         top_k=top_k, model_fingerprint=fingerprint(spec))
+    out = console() if not as_json else console_to_stderr()
+    plan_id = None
+    if not as_json:
+        _print_suggestion(out, result, spec=spec, device=device, seq_defaulted=seq_len is None, host=host, no_offload=no_offload)
+    plan_id = _save(result, db=db, save=not no_save, out=out)
+    if as_json:
+        data = result.to_dict()
+        data["plan_id"] = plan_id
+        print_json(data)
+
+
+def _save(result, *, db, save: bool, out):
+    from planner.cli.store import save_plan_and_report
+
+    return save_plan_and_report(result=result, db=db, save=save, console=out)
+
+
+def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: int, no_offload: bool) -> None:
+    from rich.table import Table
+
+    from planner.units import format_bytes
+
+    req = result.request
+    out.print(f"{spec.id} ({spec.params_total / 1e9:.2f}B params) on {req.gpu_count} x {device.display_name}, "
+              f"target batch {req.target_batch}, seq len {req.seq_len}" + (" (default: min(2048, model max))" if seq_defaulted else ""))
+    out.print(f"device {format_bytes(device.memory_bytes)}, safety margin {format_bytes(result.safety_margin_bytes)}, "
+              f"usable {format_bytes(result.usable_bytes)}; host RAM for offload {'not considered' if no_offload else format_bytes(host)}; "
+              f"{result.searched:,} configurations searched")
+    table = Table(title=f"top {len(result.plans)} plans")
+    for col, justify in (("#", "right"), ("method", "left"), ("precision", "left"), ("optimizer", "left"), ("micro x accum", "right"),
+                         ("ckpt", "left"), ("zero/offload", "left"), ("memory", "right"), ("headroom", "right"), ("tokens/s", "right"),
+                         ("step", "right")):
+        table.add_column(col, justify=justify)
+    for plan in result.plans:
+        c = plan.config
+        method = str(c.method) + (f" r{c.lora_r} {'all-linear' if c.lora_all_linear else 'attn'}" if c.method.uses_adapters else "")
+        zo = "-" if not c.zero else f"zero{c.zero}" + (f"+{c.offload}" if str(c.offload) != "none" else "")
+        table.add_row(str(plan.rank), method, str(c.precision), str(c.optimizer), f"{c.micro_batch} x {c.grad_accum}",
+                      "on" if c.grad_ckpt else "off", zo, format_bytes(plan.memory.process_total_bytes),
+                      format_bytes(result.usable_bytes - plan.memory.process_total_bytes), f"{plan.throughput.tokens_per_s:,.0f}",
+                      f"{plan.throughput.step_s:.3g}s")
+    out.print(table)
+    top = result.plans[0]
+    biggest = sorted(top.memory.breakdown.items(), key=lambda kv: -kv[1])[:5]
+    out.print("plan 1 memory: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in biggest)
+              + (f"; host RAM {format_bytes(top.memory.cpu_bytes)}" if top.memory.cpu_bytes else ""))
+    for line in _knob_costs(top, spec=spec, device=device):
+        out.print(f"  {line}", markup=False)
+    if result.rejected:
+        out.print("why the more faithful options do not fit:")
+        for r in result.rejected[:6]:
+            out.print(f"  {r.family}: {r.reason}", markup=False)
+
+
+def _knob_costs(plan, *, spec, device) -> list[str]:
+    """What each knob of the top plan costs: the same plan with the knob turned back."""
+    from planner.config import Offload, Optimizer
+    from planner.errors import PlannerError
+    from planner.memory import estimate_memory
+    from planner.throughput import estimate_throughput
+    from planner.units import format_bytes
+
+    c = plan.config
+    variants = []
+    if c.grad_ckpt:
+        variants.append(("gradient checkpointing", c.replace(grad_ckpt=False)))
+    if c.optimizer is not Optimizer.ADAMW:
+        variants.append((f"{c.optimizer} instead of adamw", c.replace(optimizer=Optimizer.ADAMW)))
+    if c.offload is not Offload.NONE:
+        variants.append((f"offload {c.offload}", c.replace(offload=Offload.NONE)))
+    if c.grad_accum > 1:
+        variants.append((f"accumulation x{c.grad_accum}", c.replace(micro_batch=c.micro_batch * c.grad_accum, grad_accum=1)))
+    lines = []
+    for name, variant in variants:
+        try:
+            mem = estimate_memory(model=spec, config=variant, gpu=device)
+            thr = estimate_throughput(model=spec, config=variant, gpu=device)
+        except PlannerError:
+            continue
+        saved = mem.process_total_bytes - plan.memory.process_total_bytes
+        slower = plan.throughput.step_s / thr.step_s - 1
+        lines.append(f"{name}: saves {format_bytes(saved)}, costs {slower:+.0%} step time")
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    app.command("estimate")(estimate)
+    app.command("suggest")(suggest)
+    app.command("measure")(measure)

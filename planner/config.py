@@ -1,0 +1,278 @@
+"""The training configuration: one fully specified way to fine-tune a model.
+
+A ``TrainConfig`` is what ``planner estimate`` predicts, what ``planner suggest`` enumerates,
+what the workers run and what the store keeps. It is a frozen, keyword-only dataclass validated
+where it is made: a configuration that cannot exist raises ``InvalidConfigError`` with the fix,
+a combination the memory model does not cover raises ``UnsupportedError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from planner.errors import InvalidConfigError, UnsupportedError
+
+
+class Method(enum.StrEnum):
+    FULL = "full"
+    LORA = "lora"
+    QLORA = "qlora"
+
+    @property
+    def uses_adapters(self) -> bool:
+        return self is not Method.FULL
+
+
+class Precision(enum.StrEnum):
+    """``*-mixed``: fp32 weights with autocast (HF Trainer's fp16=True / bf16=True).
+    Plain ``fp16``/``bf16``: weights, gradients and optimizer states in that dtype.
+    For QLoRA the precision names the compute dtype of the 4-bit layers."""
+
+    FP32 = "fp32"
+    FP16_MIXED = "fp16-mixed"
+    BF16_MIXED = "bf16-mixed"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    @property
+    def is_mixed(self) -> bool:
+        return self in (Precision.FP16_MIXED, Precision.BF16_MIXED)
+
+    @property
+    def needs_bf16(self) -> bool:
+        return self in (Precision.BF16_MIXED, Precision.BF16)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes per element of the stored (trainable or frozen) weights."""
+        return 4 if self in (Precision.FP32, Precision.FP16_MIXED, Precision.BF16_MIXED) else 2
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of activations: the dtype the matmuls run in."""
+        return 4 if self is Precision.FP32 else 2
+
+    @property
+    def compute_dtype(self) -> str:
+        if self is Precision.FP32:
+            return "float32"
+        return "bfloat16" if self.needs_bf16 else "float16"
+
+
+class Optimizer(enum.StrEnum):
+    ADAMW = "adamw"
+    ADAMW_8BIT = "adamw_8bit"
+    PAGED_ADAMW_8BIT = "paged_adamw_8bit"
+    ADAFACTOR = "adafactor"
+    SGD = "sgd"
+
+
+class Attention(enum.StrEnum):
+    SDPA = "sdpa"
+    EAGER = "eager"
+    FLASH = "flash"
+
+    @property
+    def hf_name(self) -> str:
+        """The value of transformers' ``attn_implementation``."""
+        return "flash_attention_2" if self is Attention.FLASH else self.value
+
+
+class Offload(enum.StrEnum):
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    OPTIMIZER_PARAMS = "optimizer+params"
+
+
+#: ``lora_targets`` value that adapts every linear layer but the output head (peft's "all-linear").
+ALL_LINEAR = "all-linear"
+
+#: Defaults applied to LoRA/QLoRA configurations when the user names none.
+DEFAULT_LORA_R = 16
+DEFAULT_LORA_TARGETS: tuple[str, ...] = (ALL_LINEAR,)
+
+
+def _coerce(enum_type: type[enum.StrEnum], value: Any, name: str) -> Any:
+    if isinstance(value, enum_type):
+        return value
+    try:
+        return enum_type(str(value))
+    except ValueError:
+        choices = "|".join(m.value for m in enum_type)
+        raise InvalidConfigError(f"{name} must be one of {choices}, got {value!r}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One fully specified fine-tuning configuration (per device unless said otherwise)."""
+
+    method: Method = Method.FULL
+    """full fine-tuning, LoRA (peft) or QLoRA (4-bit NF4 base weights + LoRA)."""
+    precision: Precision = Precision.BF16_MIXED
+    """Numeric precision; see ``Precision``."""
+    optimizer: Optimizer = Optimizer.ADAMW
+    """torch AdamW, bitsandbytes AdamW8bit / PagedAdamW8bit, transformers Adafactor, SGD+momentum."""
+    micro_batch: int = 1
+    """Sequences per forward/backward on one device."""
+    seq_len: int = 512
+    """Tokens per sequence (padded length)."""
+    grad_accum: int = 1
+    """Micro-steps accumulated before each optimizer step."""
+    gpus: int = 1
+    """Data-parallel devices (DDP when zero=0, else the ZeRO partition count)."""
+    grad_ckpt: bool = False
+    """Gradient (activation) checkpointing per decoder layer, non-reentrant."""
+    attention: Attention = Attention.SDPA
+    """Attention implementation (transformers' attn_implementation)."""
+    lora_r: int | None = None
+    """LoRA rank; only for lora/qlora (default 16 there)."""
+    lora_targets: tuple[str, ...] | None = None
+    """Module names LoRA adapts, or ("all-linear",); only for lora/qlora."""
+    zero: int = 0
+    """DeepSpeed ZeRO stage, 0 = no DeepSpeed."""
+    offload: Offload = Offload.NONE
+    """DeepSpeed CPU offload of optimizer states (and with ZeRO-3 the parameters)."""
+
+    def __post_init__(self) -> None:
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
+        set_("method", _coerce(Method, self.method, "method"))
+        set_("precision", _coerce(Precision, self.precision, "precision"))
+        set_("optimizer", _coerce(Optimizer, self.optimizer, "optimizer"))
+        set_("attention", _coerce(Attention, self.attention, "attention"))
+        set_("offload", _coerce(Offload, self.offload, "offload"))
+        for name in ("micro_batch", "seq_len", "grad_accum", "gpus"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                flag = name.replace("_", "-")
+                raise InvalidConfigError(f"--{flag} must be a whole number >= 1, got {value!r}")
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
+
+        if self.method is Method.FULL:
+            if self.lora_r is not None or self.lora_targets is not None:
+                raise InvalidConfigError(
+                    "--lora-r/--lora-targets only apply to LoRA: use --method lora or qlora, "
+                    "or drop the LoRA options"
+                )
+        else:
+            r = DEFAULT_LORA_R if self.lora_r is None else self.lora_r
+            if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+                raise InvalidConfigError(f"--lora-r must be a whole number >= 1, got {r!r}")
+            set_("lora_r", r)
+            targets = DEFAULT_LORA_TARGETS if self.lora_targets is None else self.lora_targets
+            if isinstance(targets, str):
+                targets = tuple(t.strip() for t in targets.split(",") if t.strip())
+            targets = tuple(targets)
+            if not targets:
+                raise InvalidConfigError(
+                    "--lora-targets is empty: give all-linear or module names like q_proj,v_proj"
+                )
+            if ALL_LINEAR in targets and len(targets) > 1:
+                raise InvalidConfigError("--lora-targets: all-linear cannot be combined with names")
+            set_("lora_targets", targets)
+
+        if self.attention is Attention.FLASH and self.precision is Precision.FP32:
+            raise InvalidConfigError(
+                "--attention flash needs fp16 or bf16 compute (flash-attn has no fp32 kernel): "
+                "use --attention sdpa or a 16-bit --precision"
+            )
+        if self.offload is not Offload.NONE and self.zero == 0:
+            raise InvalidConfigError(
+                f"--offload {self.offload} is a DeepSpeed ZeRO feature: add --zero 2 (or 3)"
+            )
+        if self.offload is Offload.OPTIMIZER_PARAMS and self.zero != 3:
+            raise InvalidConfigError(
+                "--offload optimizer+params needs --zero 3 (only ZeRO-3 partitions parameters)"
+            )
+        if self.zero > 0:
+            if self.precision in (Precision.FP16, Precision.BF16):
+                raise UnsupportedError(
+                    f"--precision {self.precision} with --zero {self.zero}: DeepSpeed always keeps "
+                    f"fp32 master weights, use --precision {self.precision}-mixed"
+                )
+            if self.offload is not Offload.NONE and self.optimizer is not Optimizer.ADAMW:
+                raise UnsupportedError(
+                    f"--offload with --optimizer {self.optimizer}: DeepSpeed offloads only its "
+                    "CPU Adam, use --optimizer adamw"
+                )
+            if self.optimizer is Optimizer.PAGED_ADAMW_8BIT:
+                raise UnsupportedError(
+                    "--optimizer paged_adamw_8bit with --zero: paging and ZeRO partitioning do "
+                    "not combine, use adamw_8bit"
+                )
+            if self.method is Method.QLORA and self.zero == 3:
+                raise UnsupportedError(
+                    "--method qlora with --zero 3 is not modelled (4-bit weights cannot be "
+                    "partitioned without quant_storage tricks): use --zero 2 or lower"
+                )
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.gpus
+
+    @property
+    def tokens_per_micro_step(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def lora_all_linear(self) -> bool:
+        return self.lora_targets == (ALL_LINEAR,)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict with the CLI's option names as keys (underscored)."""
+        return {
+            "method": str(self.method),
+            "precision": str(self.precision),
+            "optimizer": str(self.optimizer),
+            "micro_batch": self.micro_batch,
+            "seq_len": self.seq_len,
+            "grad_accum": self.grad_accum,
+            "gpus": self.gpus,
+            "grad_ckpt": self.grad_ckpt,
+            "attention": str(self.attention),
+            "lora_r": self.lora_r,
+            "lora_targets": ",".join(self.lora_targets) if self.lora_targets else None,
+            "zero": self.zero,
+            "offload": str(self.offload),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise InvalidConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
+        return cls(**dict(data))
+
+    def label(self) -> str:
+        """Short human description, e.g. ``lora r16 all-linear, bf16-mixed, adamw, mb4x8, ckpt``."""
+        parts = [str(self.method)]
+        if self.method.uses_adapters:
+            parts[0] += f" r{self.lora_r} {','.join(self.lora_targets or ())}"
+        parts += [str(self.precision), str(self.optimizer)]
+        parts.append(f"mb{self.micro_batch}x{self.grad_accum}" + (f"x{self.gpus}gpu" if self.gpus > 1 else ""))
+        if self.grad_ckpt:
+            parts.append("ckpt")
+        if self.zero:
+            parts.append(f"zero{self.zero}" + (f"+offload:{self.offload}" if self.offload != Offload.NONE else ""))
+        if self.attention is not Attention.SDPA:
+            parts.append(str(self.attention))
+        return ", ".join(parts)
+
+
+__all__ = [
+    "ALL_LINEAR",
+    "Attention",
+    "Method",
+    "Offload",
+    "Optimizer",
+    "Precision",
+    "TrainConfig",
+]

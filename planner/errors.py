@@ -1,0 +1,49 @@
+"""The project's own error types.
+
+Every user mistake is a ``PlannerError`` (a ``ValueError``) whose message is one line that says
+what is wrong and how to fix it. The CLI prints that line and exits with ``exit_code``; the HTTP
+layer maps it to a 4xx. ``assert`` is kept for internal invariants only.
+"""
+
+from __future__ import annotations
+
+
+class PlannerError(ValueError):
+    """A user mistake: one line with what is wrong and how to fix it."""
+
+    #: exit code the CLI uses for this error
+    exit_code: int = 2
+
+
+class InvalidConfigError(PlannerError):
+    """A training configuration that cannot exist (e.g. LoRA options with ``method=full``)."""
+
+
+class UnknownModelError(PlannerError):
+    """A model id that is neither in the catalog, nor a local path, nor in the local HF cache."""
+
+
+class ModelConfigError(PlannerError):
+    """A config.json that cannot be read or lacks the fields the planner needs."""
+
+
+class UnknownGPUError(PlannerError):
+    """A GPU name that is not in the catalog."""
+
+
+class UnsupportedError(PlannerError):
+    """A combination the memory model does not cover; raised instead of leaving a term out."""
+
+
+class NothingFitsError(PlannerError):
+    """No configuration in the searched space fits the device."""
+
+    exit_code = 3
+
+
+class StoreError(PlannerError):
+    """The plan store cannot be used (unreachable database, unknown id, ...)."""
+
+
+class SchemaOutOfDateError(StoreError):
+    """The database schema is behind the code's models."""

@@ -1,0 +1,395 @@
+"""The GPU catalog: capacity, speed and links of the devices the planner plans for.
+
+Pure data and lookups. Every number carries its source in ``GPUSpec.sources``; the only I/O is
+reading this machine's physical RAM (``os.sysconf``) when the ``cpu`` profile is asked for.
+
+Conventions used for every entry (each one matters for the models):
+
+* ``memory_bytes`` is the total the driver reports (``nvidia-smi`` "MiB" total, the same as
+  ``torch.cuda.mem_get_info()[1]``), which is less than the marketing "GB": e.g. an A10G reports
+  23028 MiB, not 24 GiB. Readings confirmed in a public ``nvidia-smi`` printout are cited as such;
+  the few recalled ones say "unconfirmed" so that a real reading can replace them.
+* TFLOP/s are DENSE tensor-core peaks (NVIDIA datasheets print the 2:4-sparsity figure first,
+  twice the dense one) and, for GeForce/RTX cards, the rate with FP32 accumulate, which is what
+  PyTorch's fp16/bf16 GEMMs use (GA102 and AD102 whitepapers list both; fp16-accumulate is 2x).
+* ``fp32_tflops`` is the CUDA-core (non-tensor) fp32 peak: PyTorch leaves
+  ``torch.backends.cuda.matmul.allow_tf32 = False`` by default, so fp32 training matmuls do not
+  use TF32 tensor cores.
+* ``host_link_gbs`` and PCIe ``interconnect_gbs`` are EFFECTIVE per-direction rates: a x16 link
+  delivers ~80% of its raw rate to pinned-memory copies (128b/130b encoding plus TLP headers;
+  CUDA's bandwidthTest sample shows ~12-13 GB/s on gen3, ~25 GB/s on gen4, ~50 GB/s on gen5).
+  This 80% is an assumption to be calibrated by measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from planner.config import Precision
+from planner.errors import InvalidConfigError, UnknownGPUError
+from planner.units import MiB
+
+# ---- shared figures and their sources --------------------------------------------------------
+
+#: CUDA context + library handles a PyTorch training process holds outside the caching allocator.
+#: PyTorch sets CUDA_MODULE_LOADING=LAZY (pytorch/pytorch#86509): the context of a small program
+#: measured 287,047,680 B lazily vs 666,632,192 B eagerly. A training step then loads more kernels
+#: (GEMM, SDPA, optimizer, cuBLAS/cuBLASLt handles), so we keep 512 MiB; the 1.3 GB the HF
+#: "Model training anatomy" page (seed 001) shows is the eager loading of CUDA 11.2.
+CUDA_CONTEXT_BYTES = 512 * MiB
+_CONTEXT_SOURCE = (
+    "512 MiB: lazy-loaded CUDA context 287 MB (pytorch/pytorch#86509) + kernels/cuBLAS handles "
+    "loaded during a training step; HF 'Model training anatomy' shows 1.3 GB with eager loading"
+)
+
+_PCIE = {  # effective per-direction GB/s of a x16 link (~80% of raw, see module docstring)
+    3: 12.0,  # raw 15.75 GB/s
+    4: 25.0,  # raw 31.5 GB/s
+    5: 50.0,  # raw 63 GB/s
+}
+
+_MODAL_SMI = "nvidia-smi total as listed in modal-labs/modal-client#2797"
+_UNCONFIRMED_SMI = "nvidia-smi total recalled from public printouts, unconfirmed here: replace with a reading"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPUSpec:
+    """One device model: what the memory model plans against and the throughput model runs on."""
+
+    name: str
+    """Catalog key, lower-case: ``a10g``."""
+    display_name: str
+    """Name as NVIDIA prints it: ``NVIDIA A10G``."""
+    memory_bytes: int
+    """Total memory as the driver reports it (nvidia-smi / ``torch.cuda.mem_get_info`` total)."""
+    cuda_context_bytes: int
+    """CUDA context + cuBLAS/cuDNN handles a PyTorch training process holds outside the allocator."""
+    compute_capability: tuple[int, int]
+    """CUDA compute capability (bf16 tensor cores need 8.0+); (0, 0) for the CPU profile."""
+    bf16: bool
+    """Native bf16 (Ampere+); False on T4/V100."""
+    fp8: bool
+    """FP8 tensor cores (Ada, Hopper)."""
+    fp16_tflops: float
+    """Dense fp16 tensor-core peak (no sparsity), FP32 accumulate."""
+    bf16_tflops: float
+    """Dense bf16 peak; 0.0 where unsupported."""
+    fp32_tflops: float
+    """fp32 CUDA-core peak (PyTorch's default: TF32 matmuls are off)."""
+    mem_bandwidth_gbs: float
+    """HBM/GDDR bandwidth, GB/s."""
+    host_link_gbs: float
+    """Host<->device bandwidth per direction, GB/s (effective PCIe x16)."""
+    interconnect_gbs: float
+    """Device<->device bandwidth per direction, GB/s: NVLink on SXM parts, else the PCIe link."""
+    interconnect: str
+    """What ``interconnect_gbs`` is: ``nvlink3``, ``pcie4``, ..."""
+    is_cpu: bool = False
+    """The CPU measurement profile rather than a GPU."""
+    sources: Mapping[str, str] = field(default_factory=dict)
+    """Field -> where its number comes from."""
+
+    def __post_init__(self) -> None:
+        assert self.name == self.name.lower(), self.name
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
+            raise InvalidConfigError(f"GPU memory must be a positive byte count, got {self.memory_bytes!r}")
+        assert self.bf16 == (self.bf16_tflops > 0), self.name
+
+    def supports(self, precision: Precision | str) -> bool:
+        """Whether this device runs ``precision`` natively (bf16 needs compute capability 8.0)."""
+        return self.bf16 or not Precision(precision).needs_bf16
+
+    def peak_tflops(self, precision: Precision | str) -> float:
+        """Peak matmul TFLOP/s for a precision: fp32 on CUDA cores, 16-bit on tensor cores."""
+        precision = Precision(precision)
+        if precision is Precision.FP32:
+            return self.fp32_tflops
+        return self.bf16_tflops if precision.needs_bf16 else self.fp16_tflops
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["compute_capability"] = ".".join(map(str, self.compute_capability))
+        d["sources"] = dict(self.sources)
+        return d
+
+
+def check_precision(gpu: GPUSpec, precision: Precision | str) -> None:
+    """Refuse a precision the device cannot run (bf16 before Ampere) with the fix."""
+    precision = Precision(precision)
+    if gpu.supports(precision):
+        return
+    cc = ".".join(map(str, gpu.compute_capability))
+    alternative = "fp16-mixed" if precision.is_mixed else "fp16"
+    raise InvalidConfigError(
+        f"--precision {precision}: {gpu.display_name} has no bf16 support (compute capability {cc} "
+        f"< 8.0): use {alternative} (or fp32)"
+    )
+
+
+# ---- the catalog -----------------------------------------------------------------------------
+
+
+def _gpu(
+    *,
+    name: str,
+    display_name: str,
+    memory_mib: int,
+    memory_source: str,
+    cc: tuple[int, int],
+    fp16: float,
+    bf16: float,
+    fp32: float,
+    bandwidth: float,
+    pcie_gen: int,
+    datasheet: str,
+    fp8: bool = False,
+    nvlink_gbs: float | None = None,
+    nvlink: str = "",
+    notes: Mapping[str, str] | None = None,
+) -> GPUSpec:
+    """Build one entry; fields without their own note are cited to the datasheet."""
+    host = _PCIE[pcie_gen]
+    sources = {
+        "memory_bytes": f"{memory_mib} MiB: {memory_source}",
+        "cuda_context_bytes": _CONTEXT_SOURCE,
+        "fp16_tflops": f"{datasheet}: dense fp16 tensor, FP32 accumulate",
+        "bf16_tflops": f"{datasheet}: dense bf16 tensor" if bf16 else f"no bf16 (compute capability {cc[0]}.{cc[1]})",
+        "fp32_tflops": f"{datasheet}: fp32 CUDA cores (TF32 off by default in PyTorch)",
+        "mem_bandwidth_gbs": datasheet,
+        "host_link_gbs": f"PCIe gen{pcie_gen} x16, ~80% of raw per direction (assumption)",
+        "interconnect_gbs": (
+            f"{nvlink} {nvlink_gbs:g} GB/s per direction ({datasheet})"
+            if nvlink_gbs
+            else f"no NVLink assumed: peer traffic over PCIe gen{pcie_gen}"
+        ),
+    }
+    sources.update(notes or {})
+    return GPUSpec(
+        name=name,
+        display_name=display_name,
+        memory_bytes=memory_mib * MiB,
+        cuda_context_bytes=CUDA_CONTEXT_BYTES,
+        compute_capability=cc,
+        bf16=bf16 > 0,
+        fp8=fp8,
+        fp16_tflops=fp16,
+        bf16_tflops=bf16,
+        fp32_tflops=fp32,
+        mem_bandwidth_gbs=bandwidth,
+        host_link_gbs=host,
+        interconnect_gbs=nvlink_gbs or host,
+        interconnect=nvlink or f"pcie{pcie_gen}",
+        sources=sources,
+    )
+
+
+_A100_SHEET = "NVIDIA A100 Tensor Core GPU datasheet (SXM4): 312 TFLOPS dense bf16/fp16, 19.5 fp32"
+_H100_SHEET = "NVIDIA H100 datasheet, SXM5 column: 989.4 TFLOPS dense bf16/fp16 (1979 sparse), 67 fp32"
+
+_CATALOG: tuple[GPUSpec, ...] = (
+    _gpu(
+        name="t4", display_name="NVIDIA T4", memory_mib=15360, memory_source=_MODAL_SMI, cc=(7, 5),
+        fp16=65.0, bf16=0.0, fp32=8.1, bandwidth=320.0, pcie_gen=3,
+        datasheet="NVIDIA T4 datasheet: 65 TFLOPS mixed-precision fp16, 8.1 fp32, 320 GB/s",
+    ),
+    _gpu(
+        name="a10g", display_name="NVIDIA A10G", memory_mib=23028, memory_source=_MODAL_SMI, cc=(8, 6),
+        fp16=70.0, bf16=70.0, fp32=31.2, bandwidth=600.0, pcie_gen=4,
+        datasheet="AWS G5 (A10G, GA102, 24 GB GDDR6, 600 GB/s)",
+        notes={
+            "fp16_tflops": "70 TFLOPS dense: A10G tensor cores run at the GA102 GeForce rate, not the "
+            "A10 datasheet's 125; a 10240^2 fp16/bf16 torch matmul measured 69.5 TFLOPS on an A10G "
+            "(zzc0721/torch-performance-test-data#126)",
+            "bf16_tflops": "70 TFLOPS dense, as fp16: a 10240^2 bf16 torch matmul measured 69.5 TFLOPS on an "
+            "A10G (zzc0721/torch-performance-test-data#126)",
+            "fp32_tflops": "31.2 TFLOPS fp32 as quoted for A10/A10G (A10 datasheet); measured fp32 "
+            "matmul 23.4 TFLOPS (zzc0721/torch-performance-test-data#126)",
+        },
+    ),
+    _gpu(
+        name="l4", display_name="NVIDIA L4", memory_mib=23034, memory_source=_MODAL_SMI, cc=(8, 9),
+        fp16=121.0, bf16=121.0, fp32=30.3, bandwidth=300.0, pcie_gen=4, fp8=True,
+        datasheet="NVIDIA L4 datasheet: 242 TFLOPS bf16/fp16 with sparsity (121 dense), 30.3 fp32, 300 GB/s",
+    ),
+    _gpu(
+        name="l40s", display_name="NVIDIA L40S", memory_mib=46068, memory_source=_MODAL_SMI, cc=(8, 9),
+        fp16=362.05, bf16=362.05, fp32=91.6, bandwidth=864.0, pcie_gen=4, fp8=True,
+        datasheet="NVIDIA L40S datasheet: 733 TFLOPS bf16/fp16 with sparsity (362.05 dense), 91.6 fp32, 864 GB/s",
+    ),
+    _gpu(
+        name="v100-16gb", display_name="Tesla V100-SXM2-16GB", memory_mib=16160, cc=(7, 0),
+        memory_source="nvidia-smi reading '112MiB / 16160MiB' in 4paradigm/k8s-vgpu-scheduler#7",
+        fp16=125.0, bf16=0.0, fp32=15.7, bandwidth=900.0, pcie_gen=3,
+        nvlink_gbs=150.0, nvlink="nvlink2",
+        datasheet="NVIDIA V100 datasheet (SXM2): 125 TFLOPS tensor, 15.7 fp32, 900 GB/s, NVLink 300 GB/s total",
+    ),
+    _gpu(
+        name="v100-32gb", display_name="Tesla V100-SXM2-32GB", memory_mib=32510, cc=(7, 0),
+        memory_source=_UNCONFIRMED_SMI,
+        fp16=125.0, bf16=0.0, fp32=15.7, bandwidth=900.0, pcie_gen=3,
+        nvlink_gbs=150.0, nvlink="nvlink2",
+        datasheet="NVIDIA V100 datasheet (SXM2): 125 TFLOPS tensor, 15.7 fp32, 900 GB/s, NVLink 300 GB/s total",
+    ),
+    _gpu(
+        name="a100-40gb", display_name="NVIDIA A100-SXM4-40GB", memory_mib=40960, memory_source=_MODAL_SMI,
+        cc=(8, 0), fp16=312.0, bf16=312.0, fp32=19.5, bandwidth=1555.0, pcie_gen=4,
+        nvlink_gbs=300.0, nvlink="nvlink3",
+        datasheet=_A100_SHEET + ", 40GB: 1555 GB/s, NVLink 600 GB/s total",
+    ),
+    _gpu(
+        name="a100-80gb", display_name="NVIDIA A100-SXM4-80GB", memory_mib=81920, memory_source=_MODAL_SMI,
+        cc=(8, 0), fp16=312.0, bf16=312.0, fp32=19.5, bandwidth=2039.0, pcie_gen=4,
+        nvlink_gbs=300.0, nvlink="nvlink3",
+        datasheet=_A100_SHEET + ", 80GB SXM: 2039 GB/s, NVLink 600 GB/s total",
+    ),
+    _gpu(
+        name="h100-80gb", display_name="NVIDIA H100 80GB HBM3 (SXM5)", memory_mib=81559,
+        memory_source=_MODAL_SMI, cc=(9, 0), fp16=989.4, bf16=989.4, fp32=66.9, bandwidth=3350.0,
+        pcie_gen=5, fp8=True, nvlink_gbs=450.0, nvlink="nvlink4",
+        datasheet=_H100_SHEET + ", 3.35 TB/s, NVLink 900 GB/s total",
+    ),
+    _gpu(
+        name="h100-pcie", display_name="NVIDIA H100 PCIe", memory_mib=81559, memory_source=_UNCONFIRMED_SMI,
+        cc=(9, 0), fp16=756.0, bf16=756.0, fp32=51.2, bandwidth=2000.0, pcie_gen=5, fp8=True,
+        datasheet="NVIDIA H100 datasheet, PCIe column: 1513 TFLOPS bf16/fp16 sparse (756 dense), 51 fp32, 2 TB/s",
+    ),
+    _gpu(
+        name="h200", display_name="NVIDIA H200 (SXM)", memory_mib=143771, memory_source=_UNCONFIRMED_SMI,
+        cc=(9, 0), fp16=989.4, bf16=989.4, fp32=66.9, bandwidth=4800.0, pcie_gen=5, fp8=True,
+        nvlink_gbs=450.0, nvlink="nvlink4",
+        datasheet="NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS dense bf16 (1979 sparse), "
+        "67 fp32, NVLink 900 GB/s total",
+    ),
+    _gpu(
+        name="rtx3090", display_name="NVIDIA GeForce RTX 3090", memory_mib=24576, cc=(8, 6),
+        memory_source="nvidia-smi reading '22598MiB / 24576MiB' in noonghunna/club-3090#1128",
+        fp16=71.0, bf16=71.0, fp32=35.6, bandwidth=936.0, pcie_gen=4,
+        datasheet="NVIDIA GA102 (Ampere) whitepaper, RTX 3090: 71 TFLOPS fp16/bf16 tensor with FP32 "
+        "accumulate (142 with fp16 accumulate), 35.6 fp32, 936 GB/s",
+    ),
+    _gpu(
+        name="rtx4090", display_name="NVIDIA GeForce RTX 4090", memory_mib=24564, cc=(8, 9), fp8=True,
+        memory_source="nvidia-smi reading '507MiB / 24564MiB' in RLinf/RLinf#255",
+        fp16=165.2, bf16=165.2, fp32=82.6, bandwidth=1008.0, pcie_gen=4,
+        datasheet="NVIDIA Ada (AD102) whitepaper, RTX 4090: 165.2 TFLOPS fp16/bf16 tensor with FP32 "
+        "accumulate (330.4 with fp16 accumulate), 82.6 fp32, 1008 GB/s",
+    ),
+    _gpu(
+        name="rtx-a6000", display_name="NVIDIA RTX A6000", memory_mib=49140, memory_source=_UNCONFIRMED_SMI,
+        cc=(8, 6), fp16=154.8, bf16=154.8, fp32=38.7, bandwidth=768.0, pcie_gen=4,
+        datasheet="NVIDIA RTX A6000 datasheet: 309.7 TFLOPS tensor with sparsity (154.8 dense), 38.7 fp32, "
+        "768 GB/s GDDR6",
+    ),
+)
+
+#: The CPU measurement profile. Its TFLOP/s are NOT theoretical peaks: they are the GEMM rates
+#: torch 2.13 reached for a 2048x2048 matmul on 2 threads of the 2-core Xeon VM (2.1 GHz, AVX-512,
+#: AMX-BF16) the project's CPU runs use: fp32 0.134, fp16 0.139 (no AMX-FP16, so fp16 runs at
+#: the fp32 rate), bf16 0.708 (AMX tiles). The AVX-512 fp32 peak would be 2 cores x 2 FMA units x
+#: 16 lanes x 2 FLOP x 2.1 GHz = 0.269 TFLOP/s. Bandwidth: a 256 MiB torch ``copy_`` moved
+#: 12.7 GB/s (read + write). These describe this machine class only; calibrate with measurements.
+_CPU_SOURCES = {
+    "memory_bytes": "this machine's physical RAM: os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')",
+    "cuda_context_bytes": "no CUDA on the CPU",
+    "fp16_tflops": "measured torch fp16 2048^2 matmul, 2 threads, 2-core Xeon 2.1 GHz: 0.139 TFLOP/s",
+    "bf16_tflops": "measured torch bf16 2048^2 matmul (AMX), 2 threads, 2-core Xeon 2.1 GHz: 0.708 TFLOP/s",
+    "fp32_tflops": "measured torch fp32 2048^2 matmul, 2 threads, 2-core Xeon 2.1 GHz: 0.134 TFLOP/s "
+    "(AVX-512 peak 0.269)",
+    "mem_bandwidth_gbs": "measured torch copy_ of 256 MiB on the 2-core VM: 12.7 GB/s read+write",
+    "host_link_gbs": "no transfer on the CPU: equal to the memory bandwidth",
+    "interconnect_gbs": "gloo between processes on one host: bounded by the memory bandwidth",
+}
+
+
+def _cpu_profile(memory_bytes: int) -> GPUSpec:
+    return GPUSpec(
+        name="cpu",
+        display_name="CPU (2-core x86 measurement profile)",
+        memory_bytes=memory_bytes,
+        cuda_context_bytes=0,
+        compute_capability=(0, 0),
+        bf16=True,
+        fp8=False,
+        fp16_tflops=0.139,
+        bf16_tflops=0.708,
+        fp32_tflops=0.134,
+        mem_bandwidth_gbs=12.7,
+        host_link_gbs=12.7,
+        interconnect_gbs=12.7,
+        interconnect="host memory",
+        is_cpu=True,
+        sources=_CPU_SOURCES,
+    )
+
+
+def physical_ram_bytes() -> int:
+    return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+
+
+_BY_NAME: Mapping[str, GPUSpec] = MappingProxyType({g.name: g for g in _CATALOG})
+_NAMES = tuple(_BY_NAME) + ("cpu",)
+
+#: Shorthands people type that name exactly one entry.
+_ALIASES = {
+    "h100": "h100-80gb",
+    "h100sxm": "h100-80gb",
+    "h100sxm5": "h100-80gb",
+    "a6000": "rtx-a6000",
+    "3090": "rtx3090",
+    "4090": "rtx4090",
+}
+
+
+def _key(name: str) -> str:
+    """Case, ``_``/``-``/space and an ``nvidia``/``geforce`` prefix do not matter."""
+    key = re.sub(r"[\s_\-]+", "", str(name).strip().lower())
+    for prefix in ("nvidia", "geforce", "tesla"):
+        key = key.removeprefix(prefix)
+    return key
+
+
+_BY_KEY = {_key(n): n for n in _NAMES} | _ALIASES
+
+
+def gpu_names() -> tuple[str, ...]:
+    """Catalog keys, GPUs first, ``cpu`` last."""
+    return _NAMES
+
+
+def get_gpu(name: str, *, memory_bytes: int | None = None) -> GPUSpec:
+    """Look a device up by name (``A10G``, ``a10g``, ``nvidia-a10g`` all work).
+
+    ``memory_bytes`` replaces the catalog capacity (``--gpu-mem``), e.g. for a MIG slice or a
+    card shared with a display.
+    """
+    canonical = _BY_KEY.get(_key(name))
+    if canonical is None:
+        raise UnknownGPUError(f"unknown GPU {name!r}: choose one of {', '.join(_NAMES)}")
+    gpu = _cpu_profile(physical_ram_bytes()) if canonical == "cpu" else _BY_NAME[canonical]
+    if memory_bytes is None:
+        return gpu
+    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes <= 0:
+        raise InvalidConfigError(f"--gpu-mem must be a positive size like 20GiB, got {memory_bytes!r}")
+    sources = dict(gpu.sources, memory_bytes=f"--gpu-mem override ({memory_bytes} bytes)")
+    return dataclasses.replace(gpu, memory_bytes=memory_bytes, sources=sources)
+
+
+def list_gpus() -> list[GPUSpec]:
+    """Every catalog entry, the ``cpu`` profile last."""
+    return [*_CATALOG, get_gpu("cpu")]
+
+
+__all__ = [
+    "CUDA_CONTEXT_BYTES",
+    "GPUSpec",
+    "check_precision",
+    "get_gpu",
+    "gpu_names",
+    "list_gpus",
+]

@@ -1,0 +1,678 @@
+"""The analytical memory model: what one training configuration needs on one device.
+
+Pure functions over frozen dataclasses: no torch, no I/O. ``estimate_memory`` returns a
+``MemoryEstimate`` whose ``breakdown`` names every term and sums to ``peak_allocated_bytes``.
+
+How the peak is found. A training step goes through four moments, and the peak is the largest:
+
+* ``forward``: static model states + every tensor saved for backward + the logits/loss
+  temporaries at the end of the forward pass (the last micro-step of an accumulation, when the
+  previous micro-steps' gradients already exist);
+* ``backward_start``: the saved tensors are still alive and the loss' backward allocates the
+  gradient of the logits (for large vocabularies this is the peak);
+* ``backward_end``: most saved tensors are released and every gradient exists;
+* ``optimizer``: gradients + optimizer states + the optimizer's own temporaries.
+
+What "saved for backward" means is taken from the code that runs: per transformer block we
+list the tensors autograd keeps (``torch.autograd.graph.saved_tensors_hooks`` on transformers
+5.x shows exactly these), e.g. for a Llama block under bf16 autocast: the fp32 input and the fp32
+normalised activations of both RMSNorms, one bf16 cast of the normed input per q/k/v/gate/up
+projection (autocast casts per call), q/k/v/out and the fp32 log-sum-exp of SDPA, and the four
+b·s·intermediate tensors of the SwiGLU MLP. Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", eq. 1: 34·s·b·h + 5·a·s²·b bytes per layer in 16-bit
+with dropout) is the same accounting for Megatron's GPT block; we follow the HF modules instead,
+since those are what users fine-tune.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, §3.1): mixed-precision AdamW keeps
+16 bytes per parameter (2+2+12 with DeepSpeed; with HF autocast fp32 weights 4 + fp32 grads 4 +
+two fp32 moments 8), which is also the seeds' "16 bytes/param" rule (shared/seeds/001).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from planner.config import ALL_LINEAR, Method, Offload, Optimizer, Precision, TrainConfig
+from planner.errors import InvalidConfigError
+from planner.modelspec import LinearKind, ModelSpec
+from planner.results import MemoryEstimate
+
+MiB = 1024**2
+
+# --- constants, each with its source -------------------------------------------------------
+#: bitsandbytes NF4: 4 bits per weight, one absmax per block of 64 (bnb.functional.quantize_4bit
+#: blocksize=64 for 4-bit); with double quantisation the absmax are 8-bit with one fp32 scale per
+#: 256 of them (QLoRA paper, Dettmers et al. 2023, §3: 0.127 bits/param instead of 0.5).
+NF4_BLOCK = 64
+NF4_DQ_BLOCK = 256
+#: bitsandbytes 8-bit optimizers: blockwise quantisation with 256-element blocks and an fp32
+#: absmax per block (bnb.optim.optimizer.Optimizer8bit, Dettmers et al. 2022 "8-bit Optimizers").
+BNB_8BIT_BLOCK = 256
+#: bnb keeps 32-bit states for tensors smaller than this (Optimizer8bit min_8bit_size=4096).
+BNB_MIN_8BIT_SIZE = 4096
+#: DeepSpeed's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size and
+#: allgather_bucket_size 5e8 elements; our generated configs (workers.deepspeed_config) follow
+#: the HF Trainer's "auto" values instead: reduce_bucket_size = hidden², ZeRO-3 prefetch
+#: 0.9·hidden², param persistence threshold 10·hidden (transformers/integrations/deepspeed.py).
+DS_PERSISTENCE_FACTOR = 10
+#: CUDA caching allocator: blocks >1 MiB are rounded up to 2 MiB multiples
+#: (c10/cuda/CUDACachingAllocator.cpp kRoundLarge), so each large live tensor wastes 1 MiB on
+#: average; segments of the large pool are at least 20 MiB (kLargeBuffer).
+CUDA_ROUND_LARGE = 2 * MiB
+#: Fraction of the activation churn the caching allocator keeps reserved but unused at the
+#: peak. PyTorch's memory docs show reserved exceeding allocated by a few percent in steady
+#: training; 5% of the transient bytes is our stated assumption until GPU measurements
+#: calibrate it (bench/accuracy.py on a GPU machine).
+CUDA_FRAGMENTATION = 0.05
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Dims:
+    """Sizes one forward pass works with (per device, per micro-step)."""
+
+    b: int  # micro batch
+    s: int  # sequence length
+    h: int
+    a: int  # attention heads
+    kv: int  # key/value heads
+    d: int  # head dim
+    i: int  # intermediate size
+    v: int  # vocab
+
+    @property
+    def tokens(self) -> int:
+        return self.b * self.s
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Mode:
+    """How tensors are typed in this configuration."""
+
+    autocast: bool
+    """HF mixed precision: fp32 weights, matmuls in 16-bit under torch.autocast."""
+    compute: int
+    """bytes of projection outputs (MLP intermediates)."""
+    attn: int
+    """bytes of the tensors the attention kernel saves (q, k, v, out)."""
+    residual: int
+    """bytes of the residual stream (fp32 under autocast, else the model dtype)."""
+    weight: int
+    """bytes of a stored (unquantised) weight element."""
+    adapter_input: int
+    """bytes of the input copy each LoRA adapter saves (0: it shares the base layer's input)."""
+
+
+def _mode(config: TrainConfig) -> _Mode:
+    p = config.precision
+    lora = config.method.uses_adapters
+    if config.zero > 0 and p.is_mixed:
+        # DeepSpeed's bf16/fp16 mode casts the model to 16-bit and keeps the fp32 master copy in
+        # the optimizer partition (deepspeed/runtime/engine.py _configure_distributed_model):
+        # no autocast, activations are those of a pure 16-bit model.
+        return _Mode(autocast=False, compute=2, attn=2, residual=2, weight=2, adapter_input=4 if lora else 0)
+    if config.method is Method.QLORA:
+        # peft.prepare_model_for_kbit_training upcasts every non-4-bit parameter to fp32
+        # (peft/utils/other.py), so the residual stream is fp32; bnb's Linear4bit casts its input
+        # to the compute dtype and its output back to the input dtype (bitsandbytes/nn/modules.py
+        # Linear4bit.forward), so projection outputs are fp32 too; only under autocast does SDPA
+        # cast q/k/v to 16-bit.
+        return _Mode(
+            autocast=p.is_mixed, compute=4, attn=2 if p.is_mixed else 4, residual=4, weight=4,
+            adapter_input=2 if p.is_mixed else 0,
+        )
+    if p is Precision.FP32:
+        return _Mode(autocast=False, compute=4, attn=4, residual=4, weight=4, adapter_input=0)
+    if p.is_mixed:
+        # autocast casts the fp32 input anew for every linear call, adapters included
+        return _Mode(autocast=True, compute=2, attn=2, residual=4, weight=4, adapter_input=2)
+    # pure 16-bit: peft keeps adapters in fp32 (autocast_adapter_dtype=True) and casts each
+    # adapter's input to fp32 (LoraLayer._cast_input_dtype): one fp32 copy per adapter
+    return _Mode(autocast=False, compute=2, attn=2, residual=2, weight=2, adapter_input=4 if lora else 0)
+
+
+# ---- parameters ------------------------------------------------------------------------------
+def lora_targets(model: ModelSpec, config: TrainConfig) -> tuple:
+    """The per-block linear layers LoRA wraps (peft's "all-linear" skips only the output head)."""
+    if not config.method.uses_adapters:
+        return ()
+    if config.lora_targets == (ALL_LINEAR,):
+        return tuple(model.layer_linears)
+    names = set(config.lora_targets or ())
+    available = model.linear_names()
+    missing = sorted(names - set(available))
+    if missing:
+        raise InvalidConfigError(
+            f"--lora-targets {','.join(missing)} not found in {model.id}: "
+            f"its linear layers are {','.join(available)} (or use all-linear)"
+        )
+    return tuple(lin for lin in model.layer_linears if lin.name in names)
+
+
+def lora_params(model: ModelSpec, config: TrainConfig) -> int:
+    """LoRA adds A (r x in) and B (out x r) per wrapped linear (per expert copy)."""
+    r = config.lora_r or 0
+    return model.num_layers * sum(lin.count * r * (lin.in_features + lin.out_features) for lin in lora_targets(model, config))
+
+
+def trainable_params(model: ModelSpec, config: TrainConfig) -> int:
+    return model.params_total if config.method is Method.FULL else lora_params(model, config)
+
+
+def _param_tensor_sizes(model: ModelSpec, config: TrainConfig) -> list[int]:
+    """Element counts of the trainable parameter tensors (for per-tensor optimizer rules)."""
+    if config.method.uses_adapters:
+        r = config.lora_r or 0
+        sizes = []
+        for lin in lora_targets(model, config):
+            sizes += [r * lin.in_features, r * lin.out_features] * lin.count
+        return sizes * model.num_layers
+    sizes = [model.embedding_params]
+    if model.other_embedding_params:
+        sizes.append(model.other_embedding_params)
+    per_layer: list[int] = []
+    for lin in model.layer_linears:
+        per_layer += [lin.in_features * lin.out_features] * lin.count
+        if lin.bias:
+            per_layer += [lin.out_features] * lin.count
+    # norm weights/biases are tensors of hidden_size (q/k norms of head_dim are smaller still)
+    norm = model.layer_norm_params + model.layer_other_params
+    while norm > 0:
+        per_layer.append(min(norm, model.hidden_size))
+        norm -= model.hidden_size
+    sizes += per_layer * model.num_layers
+    if model.final_norm_params:
+        sizes.append(model.final_norm_params)
+    if model.head_params:
+        sizes.append(model.head_params)
+    return sizes
+
+
+def _nf4_bytes(n: int) -> float:
+    """Bytes of n weights stored as bitsandbytes NF4 with double quantisation."""
+    blocks = n / NF4_BLOCK
+    return n / 2 + blocks * 1 + (blocks / NF4_DQ_BLOCK) * 4
+
+
+def _quantized_linear_params(model: ModelSpec) -> int:
+    """bitsandbytes quantises every nn.Linear but the output head (get_keys_to_not_convert)."""
+    return model.num_layers * model.linear_params_per_layer
+
+
+# ---- optimizer states ----------------------------------------------------------------------
+def optimizer_state_bytes(*, sizes: list[int], optimizer: Optimizer, param_bytes: int) -> int:
+    """Persistent optimizer state for trainable tensors of these element counts.
+
+    * AdamW (torch): exp_avg and exp_avg_sq like the parameter (2 x param dtype) plus a 4-byte
+      ``step`` tensor per parameter (torch/optim/adamw.py _init_group).
+    * SGD with momentum: one momentum buffer like the parameter (torch/optim/sgd.py).
+    * Adafactor (transformers, beta1=None): factored second moment for >=2-D tensors, one fp32
+      row and column vector; a full fp32 vector for 1-D tensors (transformers/optimization.py).
+      Our ``sizes`` are flat, so a 2-D tensor of n elements is taken as sqrt-ish: rows+cols is
+      bounded by the true shape, which the caller cannot know here; we use 2·sqrt(n).
+    * bitsandbytes AdamW8bit/PagedAdamW8bit: two uint8 states + one fp32 absmax per 256-element
+      block each, and 32-bit states for tensors under 4096 elements (bnb Optimizer8bit).
+    """
+    total = 0.0
+    for n in sizes:
+        if optimizer is Optimizer.ADAMW:
+            total += 2 * n * param_bytes + 4
+        elif optimizer is Optimizer.SGD:
+            total += n * param_bytes
+        elif optimizer is Optimizer.ADAFACTOR:
+            total += 4 * (2 * math.isqrt(n)) if n > 0 else 0
+        else:
+            if n < BNB_MIN_8BIT_SIZE:
+                total += 2 * n * 4
+            else:
+                total += 2 * (n + math.ceil(n / BNB_8BIT_BLOCK) * 4)
+    return int(total)
+
+
+def _adafactor_state_bytes(model: ModelSpec, config: TrainConfig) -> int:
+    """Adafactor with true shapes: rows + cols per 2-D weight, full vectors for 1-D tensors."""
+    r = config.lora_r or 0
+    total = 0
+    if config.method.uses_adapters:
+        for lin in lora_targets(model, config):
+            total += lin.count * ((r + lin.in_features) + (lin.out_features + r))
+        return 4 * total * model.num_layers
+    per_layer = 0
+    for lin in model.layer_linears:
+        per_layer += lin.count * (lin.in_features + lin.out_features + (lin.out_features if lin.bias else 0))
+    per_layer += model.layer_norm_params + model.layer_other_params
+    total = per_layer * model.num_layers
+    total += model.vocab_size + model.hidden_size  # embedding rows + cols
+    total += model.other_embedding_params and (model.max_seq_len + model.hidden_size)
+    total += model.final_norm_params
+    if model.head_params:
+        total += model.vocab_size + model.hidden_size + (model.head_params - model.vocab_size * model.hidden_size if model.head_params > model.vocab_size * model.hidden_size else 0)
+    return 4 * total
+
+
+def _optimizer_step_transient(*, sizes: list[int], optimizer: Optimizer, param_bytes: int, is_cpu: bool) -> int:
+    """Temporaries inside optimizer.step(), beyond states and gradients.
+
+    * torch AdamW on CUDA defaults to the foreach implementation, whose
+      ``torch._foreach_sqrt(exp_avg_sqs)`` materialises one extra copy of every second moment
+      (torch/optim/adamw.py _multi_tensor_adamw). On the CPU it runs tensor by tensor
+      (_single_tensor_adamw), where ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` holds two
+      temporaries of the largest parameter.
+    * Adafactor computes ``grad**2 + eps``, the factored approximation and ``-update`` as full
+      fp32 tensors of the current parameter: three of the largest (transformers Adafactor.step).
+    * SGD updates in place; the 8-bit optimizers dequantise one block-sized chunk at a time on
+      CUDA (in-kernel) — on the CPU backend the states of one tensor are dequantised to fp32.
+    """
+    largest = max(sizes, default=0)
+    if optimizer is Optimizer.ADAMW:
+        return 2 * largest * param_bytes if is_cpu else sum(sizes) * param_bytes
+    if optimizer is Optimizer.ADAFACTOR:
+        return 3 * largest * 4
+    if optimizer is Optimizer.SGD:
+        return 0
+    return 2 * largest * 4 if is_cpu else 0
+
+
+# ---- activations -----------------------------------------------------------------------------
+def _block_activations(model: ModelSpec, config: TrainConfig, dims: _Dims, mode: _Mode, *, first: bool) -> dict[str, int]:
+    """Bytes one transformer block keeps for backward, by component.
+
+    Autograd saves an operand only when the other operand needs a gradient (the codegen checks
+    ``should_compute_output``). So with LoRA, frozen weights save nothing for their own input;
+    and in the ``first`` block, which reads the frozen embedding's output, nothing upstream of
+    the first adapter needs a gradient (unless checkpointing makes the inputs require grad,
+    peft's ``enable_input_require_grads``).
+    """
+    e, h = dims.tokens, dims.h
+    c, res = mode.compute, mode.residual
+    full = config.method is Method.FULL
+    targets = {lin.name for lin in lora_targets(model, config)}
+    by_kind = {kind: [lin for lin in model.layer_linears if lin.kind is kind] for kind in LinearKind}
+    attn_targeted = any(lin.name in targets for lin in by_kind[LinearKind.ATTN_IN] + by_kind[LinearKind.ATTN_OUT])
+    block_input_needs_grad = full or not first or config.grad_ckpt
+    out: dict[str, int] = {}
+
+    def add(key: str, n: float) -> None:
+        out[key] = out.get(key, 0) + int(n)
+
+    # -- norms -----------------------------------------------------------------------------
+    def norm(input_needs_grad: bool) -> None:
+        if model.norm == "rmsnorm":
+            # x.to(fp32) -> pow -> mean -> rsqrt -> x*rsqrt -> weight * (.).to(dtype): the fp32
+            # input and rsqrt are saved when the input needs a gradient, the normalised tensor
+            # (model dtype) when the weight does (LlamaRMSNorm.forward, measured with
+            # saved_tensors_hooks).
+            if input_needs_grad:
+                add("norms", e * h * 4 + e * 4)
+            if full:
+                add("norms", e * h * res)
+        elif input_needs_grad or full:
+            # native_layer_norm saves its input and the fp32 mean and rstd (derivatives.yaml)
+            add("norms", e * h * res + 2 * e * 4)
+
+    norm(block_input_needs_grad)
+    if not model.parallel_block:
+        norm(block_input_needs_grad or attn_targeted)
+
+    # -- projections' inputs -------------------------------------------------------------------
+    def inputs(group: list, shared: float) -> float:
+        """Input copies saved by the linears of a group reading the same tensor."""
+        if full:
+            # autocast casts per call: one 16-bit copy per linear; otherwise one shared tensor
+            return sum(e * lin.in_features * 2 for lin in group) if mode.autocast else shared
+        hit = [lin for lin in group if lin.name in targets]
+        if not hit:
+            return 0.0
+        if mode.adapter_input:
+            return sum(e * lin.in_features * mode.adapter_input for lin in hit)
+        return shared
+
+    add("attention/qkv_input", inputs(by_kind[LinearKind.ATTN_IN], e * h * (c if full else res)))
+
+    # -- attention core ------------------------------------------------------------------------
+    q = e * dims.a * dims.d
+    kvn = e * dims.kv * dims.d
+    attention = str(config.attention)
+    if attention in ("sdpa", "flash"):
+        # SDPA/flash save q, k, v, out and the fp32 log-sum-exp; transformers uses the native GQA
+        # path when there is no mask, so k/v keep kv heads (integrations/sdpa_attention.py).
+        # o_proj reads the output in place: its (b, s, a, d) layout makes the reshape a view.
+        add("attention/core", mode.attn * (2 * q + 2 * kvn) + e * dims.a * 4)
+        if not full and mode.adapter_input and any(l.name in targets for l in by_kind[LinearKind.ATTN_OUT]):
+            add("attention/out_input", sum(e * l.in_features * mode.adapter_input for l in by_kind[LinearKind.ATTN_OUT]))
+    else:
+        # eager: q and k for the scores, the fp32 softmax and its cast back for probs @ v, v
+        # repeated to all heads (repeat_kv), and the transposed output copied before o_proj
+        # (eager_attention_forward).
+        scores = dims.b * dims.a * dims.s * dims.s
+        add("attention/core", mode.attn * 3 * q + scores * 4 + (scores * mode.attn if mode.attn != 4 else 0))
+        if model.attn_dropout > 0:
+            add("attention/dropout", scores * (1 + mode.attn))
+        add("attention/out_input", e * h * mode.attn)
+
+    # -- MLP -----------------------------------------------------------------------------------
+    add("mlp/input", inputs(by_kind[LinearKind.MLP_IN], e * h * (c if full else res)))
+    inter = e * dims.i * c
+    # gated: act(gate) saves gate, act*up saves both, down saves the product (LlamaMLP);
+    # plain: act saves fc1's output, fc2 saves act's output
+    add("mlp/intermediate", (4 if model.gated_mlp else 2) * inter)
+    if not full and mode.adapter_input:
+        add("mlp/intermediate", sum(e * l.in_features * (mode.adapter_input - c) for l in by_kind[LinearKind.MLP_OUT] if l.name in targets))
+    if model.hidden_dropout > 0:
+        # dropout on the attention and MLP outputs: a bool mask + the scaled output each
+        add("dropout", 2 * e * h * (1 + res))
+
+    # -- LoRA: lora_B saves lora_A's output (e x r) ----------------------------------------------
+    if targets:
+        r = config.lora_r or 0
+        a_bytes = 2 if mode.autocast else 4
+        add("lora/activations", sum(lin.active * e * r * a_bytes for lin in model.layer_linears if lin.name in targets))
+
+    # -- autocast: the 16-bit weight copies F.linear saves for backward -------------------------
+    if mode.autocast and config.method is not Method.QLORA:
+        cast = 0
+        for lin in model.layer_linears:
+            reads_block_input = lin.kind in (LinearKind.ATTN_IN,)
+            input_needs_grad = block_input_needs_grad or not reads_block_input
+            if full or input_needs_grad:
+                cast += lin.count * lin.in_features * lin.out_features * 2
+        add("autocast/weight_casts", cast)
+    return out
+
+
+def _model_level_activations(model: ModelSpec, config: TrainConfig, dims: _Dims, mode: _Mode) -> dict[str, int]:
+    """Tensors saved outside the blocks: token ids, rotary tables, final norm, lm_head, loss."""
+    e, h = dims.tokens, dims.h
+    full = config.method is Method.FULL
+    out = {"embeddings": e * 8}  # int64 token ids kept by the embedding backward
+    if model.position == "rope":
+        # cos and sin (1, s, head_dim) in the residual dtype, shared by all blocks
+        out["embeddings"] += 2 * dims.s * dims.d * mode.residual
+    if model.norm == "rmsnorm":
+        out["final_norm"] = e * h * 4 + e * 4 + (e * h * mode.residual if full else 0)
+    else:
+        out["final_norm"] = e * h * mode.residual + 2 * e * 4
+    if full:
+        out["lm_head/input"] = e * h * (2 if mode.autocast else mode.residual)
+    if mode.autocast:
+        out["autocast/weight_casts"] = model.vocab_size * h * 2
+    # cross_entropy = log_softmax + nll_loss: the fp32 log-probabilities and the int64 shifted
+    # labels are saved (transformers/loss/loss_utils.py ForCausalLMLoss)
+    out["loss/log_softmax"] = e * dims.v * 4 + e * 8
+    return out
+
+
+def _logits_forward_transient(dims: _Dims, mode: _Mode) -> int:
+    """At the loss: the logits in the lm_head's output dtype + their fp32 upcast
+    (``logits.float()`` in ForCausalLMLoss), before the upcast is released."""
+    ev = dims.tokens * dims.v
+    logits = 2 if mode.autocast else mode.weight
+    return ev * logits + (ev * 4 if logits != 4 else 0)
+
+
+def _logits_backward_transient(dims: _Dims, mode: _Mode) -> int:
+    """Backward of the loss: nll_loss's dense fp32 gradient and log_softmax's fp32 grad input
+    exist together (the saved log-probabilities counted elsewhere), then the cast back to the
+    compute dtype."""
+    ev = dims.tokens * dims.v
+    return 2 * ev * 4
+
+
+def activation_breakdown(model: ModelSpec, config: TrainConfig) -> dict[str, int]:
+    """Bytes saved for backward over the whole forward pass, by component (one device)."""
+    dims = _dims(model, config)
+    mode = _mode(config)
+    total: dict[str, int] = {}
+
+    def merge(prefix: str, part: dict[str, int], times: int = 1) -> None:
+        for k, v in part.items():
+            key = f"activations/{k}" if not k.startswith(("autocast", "lora")) else k
+            total[key] = total.get(key, 0) + v * times
+
+    if config.grad_ckpt:
+        # Non-reentrant checkpointing keeps each block's input (the residual stream) and
+        # recomputes one block at a time during backward (torch.utils.checkpoint).
+        total["activations/checkpoints"] = model.num_layers * dims.tokens * dims.h * mode.residual
+    else:
+        first = _block_activations(model, config, dims, mode, first=True)
+        rest = _block_activations(model, config, dims, mode, first=False)
+        merge("", first)
+        merge("", rest, model.num_layers - 1)
+    merge("", _model_level_activations(model, config, dims, mode))
+    return {k: v for k, v in total.items() if v}
+
+
+def _dims(model: ModelSpec, config: TrainConfig) -> _Dims:
+    inter = model.intermediate_size
+    if model.is_moe:
+        # tokens are routed to top-k experts: k intermediate activations per token
+        inter = model.intermediate_size * model.experts_per_token
+    return _Dims(
+        b=config.micro_batch,
+        s=config.seq_len,
+        h=model.hidden_size,
+        a=model.num_heads,
+        kv=model.num_kv_heads,
+        d=model.head_dim,
+        i=inter,
+        v=model.vocab_size,
+    )
+
+
+# ---- model states ----------------------------------------------------------------------------
+def model_state_breakdown(model: ModelSpec, config: TrainConfig) -> tuple[dict[str, int], int]:
+    """(device bytes by component, host bytes) of weights, gradients and optimizer states."""
+    n = config.gpus
+    mode = _mode(config)
+    p_total = model.params_total
+    trainable = trainable_params(model, config)
+    sizes = _param_tensor_sizes(model, config)
+    full = config.method is Method.FULL
+    # dtype of the trainable tensors: LoRA adapters are fp32 (peft autocast_adapter_dtype=True)
+    param_bytes = mode.weight if full else 4
+    out: dict[str, int] = {}
+    host = 0
+
+    # weights
+    if config.method is Method.QLORA:
+        q = _quantized_linear_params(model)
+        out["weights/nf4"] = int(_nf4_bytes(q))
+        out["weights/unquantized"] = (p_total - q) * 4
+    else:
+        out["weights"] = p_total * mode.weight
+    if config.method.uses_adapters:
+        out["lora/weights"] = trainable * 4
+
+    opt_state = (
+        _adafactor_state_bytes(model, config)
+        if config.optimizer is Optimizer.ADAFACTOR
+        else optimizer_state_bytes(sizes=sizes, optimizer=config.optimizer, param_bytes=param_bytes)
+    )
+    grads = trainable * param_bytes
+
+    if config.zero == 0:
+        out["gradients"] = grads
+        out["optimizer_states"] = opt_state
+        if n > 1:
+            # DDP copies every gradient into its flat buckets (gradient_as_bucket_view=False,
+            # the default; torch DDP docs: "saved memory size will be equal to the total
+            # gradients size" with it on).
+            out["ddp/buckets"] = grads
+        return out, host
+
+    # ---- DeepSpeed ZeRO -------------------------------------------------------------------
+    # 16-bit params (or fp32 in fp32 mode), gradients in the same dtype, an fp32 master copy of
+    # the trainable partition and the optimizer states of that partition (ZeRO paper §3.1).
+    gb = 2 if config.precision.is_mixed else 4
+    fp32_states = 8 if config.optimizer is Optimizer.ADAMW else 0
+    if config.optimizer is not Optimizer.ADAMW:
+        fp32_states = opt_state * 4 // max(param_bytes, 1) if param_bytes != 4 else opt_state
+    master = 4 * trainable
+    if config.method is Method.FULL:
+        weights_dev = p_total * gb
+        out["weights"] = weights_dev
+    if config.zero == 3:
+        if full:
+            out["weights"] = weights_dev // n
+        # one layer's parameters gathered at a time (+ prefetch), persistent small tensors
+        out["zero3/gathered_params"] = model.params_per_layer * gb * 2
+        if config.offload is Offload.OPTIMIZER_PARAMS:
+            host += out.pop("weights", 0)
+    out["gradients"] = grads * gb // param_bytes if config.zero == 1 else grads * gb // param_bytes // n
+    out["zero/reduce_bucket"] = model.hidden_size**2 * gb
+    if config.offload is Offload.NONE:
+        out["master_weights"] = master // n
+        out["optimizer_states"] = (fp32_states * trainable if config.optimizer is Optimizer.ADAMW else opt_state) // n
+    else:
+        host += master // n + fp32_states * trainable // n + 4 * trainable // n
+    return out, host
+
+
+# ---- the estimate ------------------------------------------------------------------------------
+_CACHE: dict[tuple, tuple] = {}
+_CACHE_LIMIT = 50_000
+
+
+def _cached(kind: str, model: ModelSpec, key: tuple, compute):
+    """Memoise a pure term per model object (the search evaluates thousands of configurations
+    that share their model states or their per-sequence activations). Keyed by the model's
+    identity, re-checked on every hit so that a recycled id can never return another model's
+    numbers."""
+    full_key = (kind, id(model)) + key
+    hit = _CACHE.get(full_key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if len(_CACHE) > _CACHE_LIMIT:
+        _CACHE.clear()
+    value = compute()
+    _CACHE[full_key] = (model, value)
+    return value
+
+
+def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool):
+    """(model states by component, host bytes, optimizer-step transient): batch-independent."""
+
+    def compute():
+        states, host = model_state_breakdown(model, config)
+        mode = _mode(config)
+        param_bytes = mode.weight if config.method is Method.FULL else 4
+        transient = 0
+        if config.offload is Offload.NONE:
+            transient = _optimizer_step_transient(
+                sizes=_param_tensor_sizes(model, config), optimizer=config.optimizer, param_bytes=param_bytes, is_cpu=is_cpu
+            )
+            if config.zero:
+                transient //= config.gpus
+        return states, host, transient
+
+    key = (config.method, config.precision, config.optimizer, config.zero, config.offload, config.gpus,
+           config.lora_r, config.lora_targets, is_cpu)
+    return _cached("static", model, key, compute)
+
+
+def _batch_terms(model: ModelSpec, config: TrainConfig):
+    """(saved activations by component, recompute bytes, forward and backward logits
+    transients) for this micro-batch: every term is affine in the micro-batch, so two
+    evaluations (b = 1 and 2) give all of them exactly."""
+
+    def at(b: int):
+        def compute():
+            cfg = config if config.micro_batch == b else dataclasses.replace(config, micro_batch=b)
+            dims, mode = _dims(model, cfg), _mode(cfg)
+            recompute = sum(_block_activations(model, cfg, dims, mode, first=False).values()) if cfg.grad_ckpt else 0
+            return (activation_breakdown(model, cfg), recompute,
+                    _logits_forward_transient(dims, mode), _logits_backward_transient(dims, mode))
+
+        key = (config.method, config.precision, config.zero > 0, config.lora_r, config.lora_targets,
+               config.grad_ckpt, config.attention, config.seq_len, b)
+        return _cached("batch", model, key, compute)
+
+    b = config.micro_batch
+    one = at(1)
+    if b == 1:
+        return one
+    two = at(2)
+    acts = {k: one[0].get(k, 0) + (b - 1) * (two[0].get(k, 0) - one[0].get(k, 0)) for k in two[0].keys() | one[0].keys()}
+    rest = tuple(x1 + (b - 1) * (x2 - x1) for x1, x2 in zip(one[1:], two[1:]))
+    return (acts,) + rest
+
+
+def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEstimate:
+    """Predict peak memory per device for one configuration on one GPU (or the ``cpu`` profile)."""
+    is_cpu = bool(getattr(gpu, "is_cpu", False))
+    states, host, opt_transient = _static_terms(model, config, is_cpu)
+    states = dict(states)
+    acts, recompute_bytes, fwd_logits, bwd_logits = _batch_terms(model, config)
+
+    paged = 0
+    if config.optimizer is Optimizer.PAGED_ADAMW_8BIT and not is_cpu:
+        # bitsandbytes allocates paged states with cudaMallocManaged, outside PyTorch's caching
+        # allocator: max_memory_allocated does not see them, nvidia-smi does while they are
+        # resident (bitsandbytes/functional.py get_paged)
+        paged = states.pop("optimizer_states", 0)
+    grads = states.get("gradients", 0)
+    static_no_grads = sum(v for k, v in states.items() if k != "gradients")
+    saved = sum(acts.values())
+    assumptions: list[str] = []
+    grads_during_forward = grads if config.grad_accum > 1 else 0
+
+    phases = {
+        "forward": {"activations_and_logits": saved + fwd_logits, "gradients": grads_during_forward},
+        "backward_start": {"activations_and_logits": saved + bwd_logits + recompute_bytes, "gradients": grads_during_forward},
+        "backward_end": {"activations_and_logits": recompute_bytes, "gradients": grads},
+        "optimizer": {"activations_and_logits": 0, "gradients": grads, "optimizer_step": opt_transient},
+    }
+    totals = {name: static_no_grads + sum(v.values()) for name, v in phases.items()}
+    peak_phase = max(totals, key=lambda k: totals[k])
+    peak = totals[peak_phase]
+
+    breakdown = {k: v for k, v in states.items() if k != "gradients"}
+    ph = phases[peak_phase]
+    if ph.get("gradients"):
+        breakdown["gradients"] = ph["gradients"]
+    if peak_phase in ("forward", "backward_start"):
+        breakdown.update(acts)
+        breakdown["logits/transient"] = fwd_logits if peak_phase == "forward" else bwd_logits
+        if recompute_bytes and peak_phase == "backward_start":
+            breakdown["activations/recompute"] = recompute_bytes
+    elif peak_phase == "backward_end" and recompute_bytes:
+        breakdown["activations/recompute"] = recompute_bytes
+    if ph.get("optimizer_step"):
+        breakdown["optimizer_step/transient"] = ph["optimizer_step"]
+    breakdown = {k: int(v) for k, v in breakdown.items() if v}
+    assert sum(breakdown.values()) == peak, (sum(breakdown.values()), peak)
+
+    if is_cpu:
+        reserved = peak
+        total = peak
+        assumptions.append("cpu profile: live tensor bytes; no caching allocator, no CUDA context")
+    else:
+        # caching allocator: large-block rounding on the live large tensors plus the stated
+        # fragmentation of the activation churn
+        n_large = model.num_layers * 8 + 4
+        transient = peak - static_no_grads
+        reserved = peak + n_large * CUDA_ROUND_LARGE // 2 + int(CUDA_FRAGMENTATION * max(transient, 0))
+        total = reserved + int(gpu.cuda_context_bytes) + paged
+        if paged:
+            assumptions.append("paged 8-bit optimizer states counted in the process total, not in the allocator")
+        assumptions.append(
+            f"allocator: +1 MiB rounding per large tensor and {CUDA_FRAGMENTATION:.0%} of transient bytes reserved (uncalibrated on GPU)"
+        )
+    if config.method is Method.QLORA:
+        assumptions.append("NF4 with double quantisation, blocksize 64; non-4-bit params upcast to fp32 by prepare_model_for_kbit_training")
+    return MemoryEstimate(
+        peak_allocated_bytes=peak,
+        peak_reserved_bytes=reserved,
+        process_total_bytes=total,
+        cpu_bytes=host,
+        breakdown=breakdown,
+        peak_phase=peak_phase,
+        assumptions=tuple(assumptions),
+    )
+
+
+def model_states_bytes(model: ModelSpec, config: TrainConfig) -> int:
+    """Weights + gradients + optimizer states on one device: the floor under any batch size."""
+    states, _ = model_state_breakdown(model, config)
+    return sum(states.values())

@@ -1,0 +1,153 @@
+"""The architecture facts the memory and throughput models need, read from a config.json.
+
+A ``ModelSpec`` is built by ``planner.catalog.spec_from_config`` for each supported
+``model_type``; it lists every parameter-holding module so that the parameter count is a plain
+sum (checked against ``sum(p.numel())`` of the real transformers model on the meta device) and
+LoRA can be sized from the same linear layers peft would wrap.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class LinearKind(enum.StrEnum):
+    """Where a linear layer sits in a transformer block; drives the activation model."""
+
+    ATTN_IN = "attn_in"  # q/k/v projections (separate or fused)
+    ATTN_OUT = "attn_out"  # attention output projection
+    MLP_IN = "mlp_in"  # up/gate/fc1 (fused gate_up included)
+    MLP_OUT = "mlp_out"  # down/fc2
+    ROUTER = "router"  # MoE gate
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinearSpec:
+    """One ``nn.Linear`` (or HF ``Conv1D``) inside every transformer layer."""
+
+    name: str
+    """Leaf module name as peft's ``target_modules`` matches it, e.g. ``q_proj``, ``c_attn``."""
+    in_features: int
+    out_features: int
+    bias: bool
+    kind: LinearKind
+    count: int = 1
+    """Copies per layer (the number of experts for MoE expert weights)."""
+    active: int = 1
+    """Copies each token passes through (top-k for experts, else ``count``)."""
+
+    @property
+    def params(self) -> int:
+        return self.count * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
+
+    @property
+    def active_params(self) -> int:
+        return self.active * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Architecture of one model, independent of how it is trained."""
+
+    id: str
+    """Catalog id, HF id or the path the config came from."""
+    model_type: str
+    """transformers' ``model_type`` (llama, qwen2, gpt2, bert, ...)."""
+    is_encoder: bool
+    """Bidirectional encoder (bert, roberta; trained as masked LM) instead of a causal decoder."""
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_seq_len: int
+    """Longest sequence the model's positions allow (max_position_embeddings or n_positions)."""
+
+    layer_linears: tuple[LinearSpec, ...]
+    """Every linear layer of one transformer block (all blocks are alike)."""
+    layer_norm_params: int
+    """Norm weights and biases of one block."""
+    layer_other_params: int = 0
+    """Any other per-block parameters (e.g. falcon's none, bert's none) not in a linear or norm."""
+    embedding_params: int
+    """Token embedding matrix (vocab x hidden)."""
+    other_embedding_params: int = 0
+    """Learned positions, token types, embedding layer norms, OPT's project_in/out, ..."""
+    final_norm_params: int = 0
+    head_params: int = 0
+    """Output head beyond the token embedding: untied lm_head (+bias), MLM transform, ..."""
+    tied_embeddings: bool
+
+    hidden_act: str
+    gated_mlp: bool
+    """SwiGLU/GeGLU: the MLP has a gate and an up projection multiplied together."""
+    norm: str
+    """``rmsnorm`` or ``layernorm``."""
+    parallel_block: bool = False
+    """Attention and MLP read the same normed input (falcon, phi, gpt_neox with parallel residual)."""
+    position: str = "rope"
+    """``rope``, ``learned``, ``alibi`` (bloom) or ``none``."""
+    attn_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    """Dropout probabilities active in train mode (each one > 0 saves a mask for backward)."""
+    num_experts: int = 0
+    experts_per_token: int = 0
+    sliding_window: int | None = None
+
+    config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """The config.json as read (``_source`` and other private keys dropped)."""
+    source: str = ""
+    """Where the config came from: ``catalog``, a file path or the HF cache path."""
+
+    # ---- parameter counts ---------------------------------------------------------------
+    @property
+    def params_per_layer(self) -> int:
+        return sum(lin.params for lin in self.layer_linears) + self.layer_norm_params + self.layer_other_params
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        return sum(lin.params for lin in self.layer_linears)
+
+    @property
+    def params_total(self) -> int:
+        return (
+            self.embedding_params
+            + self.other_embedding_params
+            + self.num_layers * self.params_per_layer
+            + self.final_norm_params
+            + self.head_params
+        )
+
+    @property
+    def params_active(self) -> int:
+        """Parameters each token passes through (differs from the total for MoE)."""
+        inactive = sum(lin.params - lin.active_params for lin in self.layer_linears)
+        return self.params_total - self.num_layers * inactive
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def lm_head_params(self) -> int:
+        """Parameters of the vocab projection matmul (shared with the embedding when tied)."""
+        return self.vocab_size * self.hidden_size
+
+    def linear_names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(lin.name for lin in self.layer_linears))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "architecture": self.model_type,
+            "params": self.params_total,
+            "active_params": self.params_active,
+            "layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "max_seq_len": self.max_seq_len,
+        }

@@ -1,0 +1,226 @@
+"""Plain result types shared by the analytical core, the workers and the store.
+
+They hold numbers, never ORM rows or torch objects, and round-trip through ``to_dict`` /
+``from_dict`` so they can be printed as JSON, stored in SQL and sent between processes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    """Predicted memory of one configuration on one device (per device for several GPUs)."""
+
+    peak_allocated_bytes: int
+    """``torch.cuda.max_memory_allocated()`` over a steady-state step (CPU: peak live tensor bytes)."""
+    peak_reserved_bytes: int
+    """The caching allocator's reserve at that peak (block rounding, fragmentation)."""
+    process_total_bytes: int
+    """Reserved plus CUDA context and library workspaces: what nvidia-smi shows."""
+    cpu_bytes: int
+    """Host RAM the configuration needs beyond the framework (offloaded states, pinned buffers)."""
+    breakdown: Mapping[str, int]
+    """Bytes per component at the peak; sums to ``peak_allocated_bytes``."""
+    peak_phase: str = ""
+    """Which moment of the step the peak is at (forward end, backward, optimizer step)."""
+    assumptions: tuple[str, ...] = ()
+    """Flagged approximations that hold for this configuration."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["breakdown"] = dict(self.breakdown)
+        d["assumptions"] = list(self.assumptions)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "MemoryEstimate":
+        d = dict(data)
+        d["breakdown"] = dict(d.get("breakdown", {}))
+        d["assumptions"] = tuple(d.get("assumptions", ()))
+        return cls(**d)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThroughputEstimate:
+    """Predicted speed of one configuration (one optimizer step over ``global_batch`` sequences)."""
+
+    step_s: float
+    tokens_per_s: float
+    """Tokens per second across all devices."""
+    flops_per_step: float
+    """Model FLOPs of one optimizer step on one device."""
+    breakdown_s: Mapping[str, float] = field(default_factory=dict)
+    """Seconds per component of a step (compute, recompute, dequant, offload, optimizer)."""
+    assumptions: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["breakdown_s"] = dict(self.breakdown_s)
+        d["assumptions"] = list(self.assumptions)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ThroughputEstimate":
+        d = dict(data)
+        d["breakdown_s"] = dict(d.get("breakdown_s", {}))
+        d["assumptions"] = tuple(d.get("assumptions", ()))
+        return cls(**d)
+
+
+class RunOutcome(enum.StrEnum):
+    """Outcome of one real measurement run."""
+
+    OK = "ok"
+    OOM = "oom"
+    ERROR = "error"
+
+
+class RunStatus(enum.StrEnum):
+    """Life cycle of a measurement run (in the spirit of Ray's ``JobStatus``)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    def is_terminal(self) -> bool:
+        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """What a short real training run measured."""
+
+    outcome: RunOutcome
+    device: str
+    """Device name as the run saw it (``cpu`` or the CUDA device name)."""
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    process_total_bytes: int | None = None
+    step_s: float | None = None
+    tokens_per_s: float | None = None
+    library_versions: Mapping[str, str] = field(default_factory=dict)
+    node: str = ""
+    started_at: str = ""
+    """ISO 8601 UTC."""
+    finished_at: str = ""
+    error: str | None = None
+    """Error text for ``oom`` and ``error`` (the signal for a crashed process)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", RunOutcome(self.outcome))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["outcome"] = str(self.outcome)
+        d["library_versions"] = dict(self.library_versions)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Measurement":
+        return cls(**dict(data))
+
+
+# ---- planning results ----------------------------------------------------------------------
+from planner.config import TrainConfig  # noqa: E402 - pure module, kept below the run types
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One evaluated configuration with its predictions."""
+
+    config: TrainConfig
+    memory: MemoryEstimate
+    throughput: ThroughputEstimate
+    fits: bool
+    rank: int | None = None
+    """1-based rank among the plans that fit; None when it does not fit."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "config": self.config.to_dict(),
+            "memory": self.memory.to_dict(),
+            "throughput": self.throughput.to_dict(),
+            "fits": self.fits,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Candidate":
+        return cls(
+            rank=data.get("rank"),
+            config=TrainConfig.from_dict(data["config"]),
+            memory=MemoryEstimate.from_dict(data["memory"]),
+            throughput=ThroughputEstimate.from_dict(data["throughput"]),
+            fits=bool(data["fits"]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """What the user asked ``planner suggest`` for; two equal requests get the same answer."""
+
+    model_id: str
+    model_fingerprint: str
+    """sha256 of the canonical config.json (see ``planner.catalog.fingerprint``)."""
+    gpu: str
+    gpu_count: int
+    gpu_memory_bytes: int
+    """Device capacity planned against (the catalog's, or --gpu-mem)."""
+    target_batch: int
+    seq_len: int
+    constraints: Mapping[str, Any] = field(default_factory=dict)
+    """method, precision, offload allowed, cpu memory bound, top_k: everything else that shapes the answer."""
+    planner_version: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["constraints"] = dict(self.constraints)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PlanRequest":
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rejection:
+    """Why a family of more faithful configurations does not fit."""
+
+    family: str
+    """e.g. ``full, bf16-mixed, adamw``."""
+    reason: str
+    """e.g. ``model states alone need 112.0 GiB > 21.4 GiB usable``."""
+    config: Mapping[str, Any] | None = None
+    """The closest configuration of the family, when there is one."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, "reason": self.reason, "config": dict(self.config) if self.config else None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResult:
+    """The answer to a ``PlanRequest``: ranked plans that fit and why the rest does not."""
+
+    request: PlanRequest
+    plans: tuple[Candidate, ...]
+    rejected: tuple[Rejection, ...] = ()
+    searched: int = 0
+    """Number of configurations evaluated."""
+    usable_bytes: int = 0
+    """Capacity minus the safety margin: what a plan's process total must stay under."""
+    safety_margin_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request": self.request.to_dict(),
+            "plans": [c.to_dict() for c in self.plans],
+            "rejected": [r.to_dict() for r in self.rejected],
+            "searched": self.searched,
+            "usable_bytes": self.usable_bytes,
+            "safety_margin_bytes": self.safety_margin_bytes,
+        }

@@ -1,0 +1,235 @@
+"""Search every training configuration that reaches a target global batch and rank what fits.
+
+The space: precision x method (full, LoRA and QLoRA with r in {8, 16, 64} on the attention
+projections or every linear) x gradient checkpointing x micro-batch (micro x accumulation x
+GPUs = target batch) x optimizer x DeepSpeed ZeRO 0-3 with CPU offload. Each candidate is
+predicted with ``planner.memory`` and ``planner.throughput``; candidates whose process total
+stays under the usable memory are ranked by fidelity tier (full > LoRA > QLoRA) then by
+predicted tokens/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from typing import Iterator
+
+from planner import __version__
+from planner.config import ALL_LINEAR, Method, Offload, Optimizer, Precision, TrainConfig
+from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
+from planner.gpus import GPUSpec
+from planner.memory import estimate_memory, model_states_bytes
+from planner.modelspec import LinearKind, ModelSpec
+from planner.results import Candidate, PlanRequest, PlanResult, Rejection
+from planner.throughput import estimate_throughput
+from planner.units import GiB, MiB, format_bytes
+
+LORA_RANKS = (8, 16, 64)
+#: Keep this much of the device free: the allocator's fragmentation varies run to run and the
+#: DataLoader/NCCL add buffers we do not model. 5% of the device, at least 512 MiB (stated
+#: assumption, shown with every plan).
+SAFETY_FRACTION = 0.05
+SAFETY_MIN = 512 * MiB
+#: Fidelity tiers: how faithful the trained model is to full fine-tuning.
+FIDELITY = {Method.FULL: 0, Method.LORA: 1, Method.QLORA: 2}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """What ``suggest`` may vary. Every field narrows the space; the defaults search it all."""
+
+    methods: tuple[Method, ...] = (Method.FULL, Method.LORA, Method.QLORA)
+    """Methods to consider."""
+    precisions: tuple[Precision, ...] | None = None
+    """None: every precision the GPU supports except pure fp16 (no fp32 master weights)."""
+    optimizers: tuple[Optimizer, ...] = tuple(Optimizer)
+    allow_offload: bool = True
+    """Consider DeepSpeed CPU offload (bounded by ``cpu_mem_bytes``)."""
+    cpu_mem_bytes: int = 0
+    """Host RAM the offload plans may use (0: no offload plans fit)."""
+    lora_ranks: tuple[int, ...] = LORA_RANKS
+
+
+def safety_margin(capacity: int) -> int:
+    return max(int(capacity * SAFETY_FRACTION), SAFETY_MIN) if capacity > 4 * SAFETY_MIN else capacity // 10
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def attention_targets(model: ModelSpec) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(lin.name for lin in model.layer_linears if lin.kind in (LinearKind.ATTN_IN, LinearKind.ATTN_OUT)))
+
+
+def _precisions(gpu: GPUSpec, space: SearchSpace) -> tuple[Precision, ...]:
+    if space.precisions is not None:
+        return space.precisions
+    return tuple(p for p in Precision if p is not Precision.FP16 and gpu.supports(p))
+
+
+def enumerate_configs(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int, space: SearchSpace) -> Iterator[TrainConfig]:
+    """Every valid configuration of the space (invalid combinations are skipped, not errors)."""
+    if target_batch % gpus:
+        raise InvalidConfigError(
+            f"--target-batch {target_batch} cannot be split over {gpus} GPUs (micro x accumulation x GPUs "
+            f"= batch): use a multiple of {gpus}"
+        )
+    per_device = target_batch // gpus
+    lora_variants: list[tuple[int | None, tuple[str, ...] | None]] = []
+    attn = attention_targets(model)
+    for r in space.lora_ranks:
+        lora_variants.append((r, (ALL_LINEAR,)))
+        if attn:
+            lora_variants.append((r, attn))
+    zero_offload = [(0, Offload.NONE), (1, Offload.NONE), (2, Offload.NONE), (3, Offload.NONE)]
+    if space.allow_offload:
+        zero_offload += [(1, Offload.OPTIMIZER), (2, Offload.OPTIMIZER), (3, Offload.OPTIMIZER), (3, Offload.OPTIMIZER_PARAMS)]
+    for method in space.methods:
+        variants = [(None, None)] if method is Method.FULL else lora_variants
+        for precision, (r, targets), optimizer, (zero, offload) in itertools.product(
+            _precisions(gpu, space), variants, space.optimizers, zero_offload
+        ):
+            for ckpt in (False, True):
+                for micro in _divisors(per_device):
+                    try:
+                        yield TrainConfig(
+                            method=method, precision=precision, optimizer=optimizer, micro_batch=micro,
+                            seq_len=seq_len, grad_accum=per_device // micro, gpus=gpus, grad_ckpt=ckpt,
+                            lora_r=r, lora_targets=targets, zero=zero, offload=offload,
+                        )
+                    except PlannerError:
+                        break  # the combination is invalid whatever the micro-batch
+
+
+def _family(config: TrainConfig) -> str:
+    return f"{config.method}, {config.precision}, {config.optimizer}"
+
+
+def suggest(
+    *,
+    model: ModelSpec,
+    gpu: GPUSpec,
+    target_batch: int,
+    seq_len: int,
+    gpus: int = 1,
+    space: SearchSpace = SearchSpace(),
+    top_k: int = 5,
+    model_fingerprint: str = "",
+) -> PlanResult:
+    """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does."""
+    if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
+        raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch!r}")
+    if seq_len < 1 or seq_len > model.max_seq_len:
+        raise InvalidConfigError(
+            f"--seq-len {seq_len} is outside 1..{model.max_seq_len}, the longest {model.id} allows"
+        )
+    if top_k < 1:
+        raise InvalidConfigError(f"--top-k must be >= 1, got {top_k}")
+    capacity = gpu.memory_bytes
+    margin = safety_margin(capacity)
+    usable = capacity - margin
+
+    fitting: list[Candidate] = []
+    closest: dict[str, Candidate] = {}
+    searched = 0
+    for config in enumerate_configs(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space):
+        searched += 1
+        memory = estimate_memory(model=model, config=config, gpu=gpu)
+        fits = memory.process_total_bytes <= usable and memory.cpu_bytes <= space.cpu_mem_bytes
+        if not fits:
+            fam = _family(config)
+            best = closest.get(fam)
+            if best is None or memory.process_total_bytes < best.memory.process_total_bytes:
+                closest[fam] = Candidate(config=config, memory=memory, throughput=_NO_THROUGHPUT, fits=False)
+            continue
+        throughput = estimate_throughput(model=model, config=config, gpu=gpu)
+        fitting.append(Candidate(config=config, memory=memory, throughput=throughput, fits=True))
+
+    request = PlanRequest(
+        model_id=model.id,
+        model_fingerprint=model_fingerprint,
+        gpu=gpu.name,
+        gpu_count=gpus,
+        gpu_memory_bytes=capacity,
+        target_batch=target_batch,
+        seq_len=seq_len,
+        constraints={
+            "methods": [str(m) for m in space.methods],
+            "precisions": None if space.precisions is None else [str(p) for p in space.precisions],
+            "offload": space.allow_offload,
+            "cpu_mem_bytes": space.cpu_mem_bytes if space.allow_offload else None,
+            "top_k": top_k,
+        },
+        planner_version=__version__,
+    )
+    if not fitting:
+        raise NothingFitsError(_nothing_fits_message(model=model, gpu=gpu, closest=closest, usable=usable, space=space))
+
+    fitting.sort(key=lambda c: (FIDELITY[c.config.method], -c.throughput.tokens_per_s, c.memory.process_total_bytes))
+    plans = tuple(dataclasses.replace(c, rank=i + 1) for i, c in enumerate(_distinct(fitting, top_k)))
+    best_tier = FIDELITY[plans[0].config.method]
+    rejected = tuple(
+        _rejection(c, model=model, usable=usable, space=space)
+        for fam, c in sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1].config.method], kv[1].memory.process_total_bytes))
+        if FIDELITY[c.config.method] <= best_tier and not any(_family(p.config) == fam for p in fitting)
+    )
+    return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable, safety_margin_bytes=margin)
+
+
+def _distinct(ranked: list[Candidate], k: int) -> list[Candidate]:
+    """The top k, at most two per (method, precision, optimizer) so the list shows real choices."""
+    out: list[Candidate] = []
+    per_family: dict[str, int] = {}
+    for c in ranked:
+        fam = _family(c.config)
+        if per_family.get(fam, 0) >= 2:
+            continue
+        per_family[fam] = per_family.get(fam, 0) + 1
+        out.append(c)
+        if len(out) == k:
+            break
+    return out
+
+
+def _rejection(c: Candidate, *, model: ModelSpec, usable: int, space: SearchSpace) -> Rejection:
+    """One line for a family: its plain model states if they alone overflow, else its closest try."""
+    plain = dataclasses.replace(c.config, zero=0, offload=Offload.NONE, gpus=c.config.gpus)
+    states = model_states_bytes(model, plain)
+    tried = c.config.label()
+    if c.memory.cpu_bytes > space.cpu_mem_bytes and c.memory.process_total_bytes <= usable:
+        reason = (f"model states need {format_bytes(states)} on the device; with {tried} they fit, but offload needs "
+                  f"{format_bytes(c.memory.cpu_bytes)} of host RAM > {format_bytes(space.cpu_mem_bytes)} (--cpu-mem)")
+    elif states > usable and (c.config.zero or c.config.offload is not Offload.NONE):
+        reason = (f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable; the closest try, "
+                  f"{tried}, needs {format_bytes(c.memory.process_total_bytes)}")
+    elif states > usable:
+        reason = f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable"
+    else:
+        reason = f"the smallest try, {tried}, needs {format_bytes(c.memory.process_total_bytes)} > {format_bytes(usable)} usable"
+    return Rejection(family=_family(c.config), reason=reason, config=c.config.to_dict())
+
+
+def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, Candidate], usable: int, space: SearchSpace) -> str:
+    if not closest:
+        return f"no configuration of the searched space is valid for {model.id} on {gpu.name}: widen --method/--precision"
+    best = min(closest.values(), key=lambda c: c.memory.process_total_bytes)
+    need = best.memory.process_total_bytes
+    hints = []
+    if Method.QLORA not in space.methods:
+        hints.append("--method qlora")
+    if not space.allow_offload:
+        hints.append("allowing offload")
+    hints += ["more GPUs (--gpus)", "a shorter --seq-len", "a larger GPU"]
+    return (
+        f"nothing fits {model.id} on {gpu.name} ({format_bytes(usable)} usable): the closest, "
+        f"{best.config.label()}, needs {format_bytes(need)} ({format_bytes(need - usable)} too much); "
+        f"try {', '.join(hints)}"
+    )
+
+
+from planner.results import ThroughputEstimate  # noqa: E402
+
+#: placeholder throughput for rejected candidates (never printed as a plan: fits=False)
+_NO_THROUGHPUT = ThroughputEstimate(step_s=float("inf"), tokens_per_s=0.0, flops_per_step=0.0, assumptions=("not evaluated: does not fit",))

@@ -1,0 +1,445 @@
+"""The plan store: save plans and measurements, find them again. Returns entities, never rows.
+
+Every public method runs in one ``session_scope()``: it commits as a whole or rolls back as a
+whole, so a plan and its candidates are stored together or not at all. Write transactions are
+retried while SQLite reports the database locked (see ``planner.store.engine``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from contextlib import contextmanager
+from datetime import date, datetime, timedelta, timezone
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+from sqlalchemy import Engine, case, func, select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, selectinload
+
+from planner.errors import PlannerError, StoreError
+from planner.results import Candidate, Measurement, PlanRequest, PlanResult
+from planner.store.dbmodels import (
+    MEASUREMENT_FIELDS,
+    REQUEST_FIELDS,
+    Base,
+    CandidateRow,
+    MeasurementRow,
+    PlanRequestRow,
+    copy_fields,
+)
+from planner.store.engine import (
+    WRITE_OPTION,
+    db_failure,
+    default_database_url,
+    make_engine,
+    open_failure,
+    retry_locked,
+    safe_url,
+)
+from planner.store.entities import PlanStatus, PlanSummary, StoredPlan, parse_status
+
+T = TypeVar("T")
+
+_HEX_ID = re.compile(r"[0-9a-f]{1,32}")
+_RELATIVE = re.compile(r"^\s*(\d+)\s*([mhdw])\s*$", re.IGNORECASE)
+_UNIT = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def new_id() -> str:
+    """A uuid4 as 32 hex digits; any unique prefix of it names the same thing."""
+    return uuid.uuid4().hex
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def canonical_json(value: Any, *, what: str) -> Any:
+    """``value`` as plain JSON data (dicts, lists, str, numbers, bools, None).
+
+    Refuses what the database could not store faithfully: objects json cannot encode and
+    NaN/infinity (PostgreSQL's ``json`` rejects them).
+    """
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"cannot store {what}: it is not plain JSON data ({exc})") from None
+
+
+def constraints_hash(constraints: Mapping[str, Any]) -> str:
+    """sha256 of the constraints' canonical JSON (sorted keys, no spaces): equal dicts, equal hash."""
+    data = canonical_json(dict(constraints), what="the request's constraints")
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def parse_since(text: str, /, *, now: datetime | None = None) -> datetime:
+    """``7d``, ``12h``, ``30m``, ``2w`` before ``now``, or an ISO date/time (UTC when naive)."""
+    now = now or utcnow()
+    match = _RELATIVE.match(str(text))
+    if match:
+        return now - timedelta(**{_UNIT[match.group(2).lower()]: int(match.group(1))})
+    raw = str(text).strip()
+    try:
+        when = datetime.fromisoformat(raw)
+    except ValueError:
+        try:
+            when = datetime.combine(date.fromisoformat(raw), datetime.min.time())
+        except ValueError:
+            raise PlannerError(
+                f"--since {text!r} is not a time: write e.g. 7d, 12h, 30m or 2026-11-01"
+            ) from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def _timestamp(text: str, *, what: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise StoreError(f"cannot store the measurement: {what} {text!r} is not an ISO 8601 time") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+# ---- entity -> row -------------------------------------------------------------------------
+def _request_row(
+    *, plan_id: str, request: PlanRequest, status: PlanStatus, result: PlanResult | None, ray_job_id: str | None
+) -> PlanRequestRow:
+    return PlanRequestRow(
+        id=plan_id,
+        created_at=utcnow(),
+        constraints=canonical_json(dict(request.constraints), what="the request's constraints"),
+        constraints_hash=constraints_hash(request.constraints),
+        status=str(status),
+        ray_job_id=ray_job_id,
+        rejected=canonical_json(
+            [r.to_dict() for r in result.rejected] if result else [], what="the rejected families"
+        ),
+        searched=result.searched if result else 0,
+        usable_bytes=result.usable_bytes if result else 0,
+        safety_margin_bytes=result.safety_margin_bytes if result else 0,
+        **copy_fields(request, REQUEST_FIELDS),
+    )
+
+
+def _candidate_row(*, plan_id: str, position: int, candidate: Candidate) -> CandidateRow:
+    what = f"candidate {position + 1} ({candidate.config.label()})"
+    return CandidateRow(
+        id=new_id(),
+        plan_id=plan_id,
+        position=position,
+        rank=candidate.rank,
+        label=candidate.config.label()[:255],
+        config=canonical_json(candidate.config.to_dict(), what=f"{what}: its config"),
+        memory=canonical_json(candidate.memory.to_dict(), what=f"{what}: its memory estimate"),
+        throughput=canonical_json(candidate.throughput.to_dict(), what=f"{what}: its throughput estimate"),
+        fits=candidate.fits,
+        predicted_peak_allocated_bytes=candidate.memory.peak_allocated_bytes,
+        predicted_process_total_bytes=candidate.memory.process_total_bytes,
+        predicted_step_s=candidate.throughput.step_s,
+        predicted_tokens_per_s=candidate.throughput.tokens_per_s,
+    )
+
+
+def _measurement_row(*, candidate_id: str, measurement: Measurement) -> MeasurementRow:
+    m = measurement
+    return MeasurementRow(
+        id=new_id(),
+        candidate_id=candidate_id,
+        recorded_at=utcnow(),
+        outcome=str(m.outcome),
+        library_versions=canonical_json(dict(m.library_versions), what="the measurement's library versions"),
+        started_at=_timestamp(m.started_at, what="started_at"),
+        finished_at=_timestamp(m.finished_at, what="finished_at"),
+        **copy_fields(m, MEASUREMENT_FIELDS),
+    )
+
+
+class Store:
+    """A plan store on one database. Make it with ``open_store``; ``close()`` when done."""
+
+    def __init__(self, *, engine: Engine, url: str) -> None:
+        self.url = url
+        self._engine = engine
+        self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
+
+    # ---- transactions ----------------------------------------------------------------------
+    @contextmanager
+    def _raw_scope(self, *, write: bool) -> Iterator[Session]:
+        session = Session(bind=self._write_engine if write else self._engine, expire_on_commit=False)
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    @contextmanager
+    def session_scope(self, *, write: bool = False) -> Iterator[Session]:
+        """One transaction: commits when the block ends, rolls back everything if it raises.
+
+        ``write=True`` takes SQLite's write lock at BEGIN (other backends ignore it). Database
+        failures come out as one-line ``StoreError``s.
+        """
+        try:
+            with self._raw_scope(write=write) as session:
+                yield session
+        except DBAPIError as exc:
+            raise db_failure(self.url, exc) from None
+
+    def _run(self, work: Callable[[Session], T], *, write: bool) -> T:
+        def once() -> T:
+            with self._raw_scope(write=write) as session:
+                return work(session)
+
+        try:
+            return retry_locked(once) if write else once()
+        except DBAPIError as exc:
+            raise db_failure(self.url, exc) from None
+
+    # ---- ids -------------------------------------------------------------------------------
+    @staticmethod
+    def _resolve(session: Session, row_type: type[Base], prefix: str, *, what: str) -> str:
+        key = str(prefix).strip().lower()
+        if not _HEX_ID.fullmatch(key):
+            raise StoreError(f"{what} id {prefix!r} is not an id: copy one (or its first characters) from 'planner history'")
+        column = row_type.id  # type: ignore[attr-defined]
+        found = session.scalars(select(column).where(column.startswith(key)).limit(2)).all()
+        if not found:
+            raise StoreError(f"no {what} with id {prefix!r}: see 'planner history'")
+        if len(found) > 1:
+            raise StoreError(f"{what} id {prefix!r} is ambiguous (it starts several ids): give more characters")
+        return found[0]
+
+    # ---- writing ---------------------------------------------------------------------------
+    def save_plan(self, *, result: PlanResult, status: PlanStatus = PlanStatus.PLANNED, ray_job_id: str | None = None) -> str:
+        """Store the request, every candidate of ``result.plans`` and the rejections in one
+        transaction; returns the new plan id."""
+        status = PlanStatus(status)
+        plan_id = new_id()
+
+        def work(session: Session) -> str:
+            session.add(_request_row(plan_id=plan_id, request=result.request, status=status, result=result, ray_job_id=ray_job_id))
+            # The request row is written before the candidates are built: a candidate that cannot
+            # be stored rolls the request back with it (tests/test_store.py checks that).
+            session.flush()
+            for position, candidate in enumerate(result.plans):
+                session.add(_candidate_row(plan_id=plan_id, position=position, candidate=candidate))
+            session.flush()
+            return plan_id
+
+        return self._run(work, write=True)
+
+    def record_measurement(self, *, candidate_id: str, measurement: Measurement) -> str:
+        """Store a real run against a stored candidate (id or unique prefix); returns its id."""
+
+        def work(session: Session) -> str:
+            full_id = self._resolve(session, CandidateRow, candidate_id, what="candidate")
+            row = _measurement_row(candidate_id=full_id, measurement=measurement)
+            session.add(row)
+            return row.id
+
+        return self._run(work, write=True)
+
+    def record_single_measurement(
+        self, *, request: PlanRequest, candidate: Candidate, measurement: Measurement
+    ) -> tuple[str, str]:
+        """For ``planner measure``: a ``measured`` plan holding one candidate and its run, in one
+        transaction. Returns (plan id, candidate id)."""
+        plan_id = new_id()
+
+        def work(session: Session) -> tuple[str, str]:
+            session.add(_request_row(plan_id=plan_id, request=request, status=PlanStatus.MEASURED, result=None, ray_job_id=None))
+            session.flush()
+            row = _candidate_row(plan_id=plan_id, position=0, candidate=candidate)
+            session.add(row)
+            session.flush()
+            session.add(_measurement_row(candidate_id=row.id, measurement=measurement))
+            return plan_id, row.id
+
+        return self._run(work, write=True)
+
+    def set_status(self, *, plan_id: str, status: PlanStatus | str, ray_job_id: str | None = None) -> None:
+        """Move a plan to ``status`` (and note the Ray job verifying it, when given)."""
+        status = parse_status(status) if isinstance(status, str) else status
+
+        def work(session: Session) -> None:
+            row = session.get(PlanRequestRow, self._resolve(session, PlanRequestRow, plan_id, what="plan"))
+            assert row is not None
+            row.status = str(status)
+            if ray_job_id is not None:
+                row.ray_job_id = ray_job_id
+
+        self._run(work, write=True)
+
+    # ---- reading ---------------------------------------------------------------------------
+    @staticmethod
+    def _load_plan(session: Session, plan_id: str) -> StoredPlan:
+        query = (
+            select(PlanRequestRow)
+            .where(PlanRequestRow.id == plan_id)
+            .options(selectinload(PlanRequestRow.candidates).selectinload(CandidateRow.measurements))
+        )
+        return session.scalars(query).one().to_entity()
+
+    def get_plan(self, *, plan_id: str) -> StoredPlan:
+        """The plan with this id or unique id prefix, with its candidates and measurements."""
+        return self._run(
+            lambda s: self._load_plan(s, self._resolve(s, PlanRequestRow, plan_id, what="plan")), write=False
+        )
+
+    def find_same_request(self, *, request: PlanRequest) -> StoredPlan | None:
+        """The stored plan of an identical request (same model fingerprint, GPU, GPU count,
+        target batch, sequence length and constraints): the newest verified one if any, else the
+        newest. ``planner measure`` records are not plans and are never returned."""
+        r = PlanRequestRow
+        query = (
+            select(r.id)
+            .where(
+                r.model_fingerprint == request.model_fingerprint,
+                r.gpu == request.gpu,
+                r.gpu_count == request.gpu_count,
+                r.target_batch == request.target_batch,
+                r.seq_len == request.seq_len,
+                r.constraints_hash == constraints_hash(request.constraints),
+                r.status != str(PlanStatus.MEASURED),
+            )
+            .order_by(case((r.status == str(PlanStatus.VERIFIED), 0), else_=1), r.created_at.desc(), r.id.desc())
+            .limit(1)
+        )
+
+        def work(session: Session) -> StoredPlan | None:
+            plan_id = session.scalars(query).first()
+            return None if plan_id is None else self._load_plan(session, plan_id)
+
+        return self._run(work, write=False)
+
+    def history(
+        self,
+        *,
+        model: str | None = None,
+        gpu: str | None = None,
+        status: PlanStatus | str | None = None,
+        since: datetime | None = None,
+        limit: int = 20,
+    ) -> list[PlanSummary]:
+        """Past plans, newest first. ``model`` matches any part of the model id and ``gpu`` the
+        whole GPU name, both ignoring case."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise PlannerError(f"-n must be a whole number >= 1, got {limit!r}")
+        r = PlanRequestRow
+        query = select(r)
+        if model:
+            query = query.where(r.model_id.icontains(model, autoescape=True))
+        if gpu:
+            query = query.where(func.lower(r.gpu) == gpu.lower())
+        if status is not None:
+            query = query.where(r.status == str(parse_status(status) if isinstance(status, str) else status))
+        if since is not None:
+            query = query.where(r.created_at >= since)
+        query = query.order_by(r.created_at.desc(), r.id.desc()).limit(limit)
+
+        def work(session: Session) -> list[PlanSummary]:
+            rows = session.scalars(query).all()
+            ids = [row.id for row in rows]
+            c, m = CandidateRow, MeasurementRow
+            tops = dict(session.execute(select(c.plan_id, c.label).where(c.plan_id.in_(ids), c.rank == 1)).all())
+            counts = dict(
+                session.execute(select(c.plan_id, func.count()).where(c.plan_id.in_(ids)).group_by(c.plan_id)).all()
+            )
+            runs = dict(
+                session.execute(
+                    select(c.plan_id, func.count()).join(m, m.candidate_id == c.id)
+                    .where(c.plan_id.in_(ids)).group_by(c.plan_id)
+                ).all()
+            )
+            return [
+                PlanSummary(
+                    id=row.id,
+                    created_at=row.created_at,
+                    status=PlanStatus(row.status),
+                    model_id=row.model_id,
+                    gpu=row.gpu,
+                    gpu_count=row.gpu_count,
+                    target_batch=row.target_batch,
+                    seq_len=row.seq_len,
+                    top_plan=tops.get(row.id),
+                    candidates=counts.get(row.id, 0),
+                    measurements=runs.get(row.id, 0),
+                )
+                for row in rows
+            ]
+
+        return self._run(work, write=False)
+
+    def count_plans(self) -> int:
+        """Number of stored plan requests (of every status)."""
+        return self._run(lambda s: s.scalar(select(func.count()).select_from(PlanRequestRow)) or 0, write=False)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store(url={safe_url(self.url)!r})"
+
+
+def open_store(*, url: str | None = None, create: bool = True) -> Store:
+    """Open the store at ``url`` (default: ``default_database_url()``).
+
+    A brand-new database (none of the planner's tables, no revision stamp) gets the schema on
+    first use when ``create``; a database whose schema is behind raises ``SchemaOutOfDateError``
+    (run ``planner db upgrade``); an unreachable one raises a one-line ``StoreError``.
+    """
+    from planner.store.schema import ensure_schema
+
+    url = url or default_database_url()
+    engine = make_engine(url)
+    try:
+        retry_locked(lambda: ensure_schema(engine, url=url, create=create))
+    except StoreError:
+        engine.dispose()
+        raise
+    except (DBAPIError, OSError) as exc:
+        engine.dispose()
+        raise open_failure(url, exc) from None
+    return Store(engine=engine, url=url)
+
+
+def _with_engine(url: str | None, work: Callable[[Engine, str], T]) -> T:
+    url = url or default_database_url()
+    engine = make_engine(url)
+    try:
+        return work(engine, url)
+    except (DBAPIError, OSError) as exc:
+        raise open_failure(url, exc) from None
+    finally:
+        engine.dispose()
+
+
+def upgrade_database(*, url: str | None = None) -> tuple[str | None, str]:
+    """Apply pending migrations (``planner db upgrade``); returns (revision before, head)."""
+    from planner.store.schema import upgrade
+
+    return _with_engine(url, lambda engine, u: retry_locked(lambda: upgrade(engine, url=u)))
+
+
+def database_revision(*, url: str | None = None) -> tuple[str | None, str]:
+    """(revision stamped in the database or None, this planner's head); changes nothing."""
+    from planner.store.schema import current_revision, head_revision
+
+    return _with_engine(url, lambda engine, u: (current_revision(engine), head_revision()))
+
+
+__all__ = ["Store", "database_revision", "upgrade_database", "canonical_json", "constraints_hash", "new_id", "open_store", "parse_since"]

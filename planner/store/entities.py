@@ -1,0 +1,191 @@
+"""Plain entities the store hands back: frozen dataclasses, never ORM rows.
+
+They wrap the shared result types of ``planner.results`` (``PlanRequest``, ``Candidate``,
+``Measurement``...) with what only the store knows: ids, timestamps and the plan's status.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from planner.results import Candidate, Measurement, PlanRequest, PlanResult, Rejection
+
+
+class PlanStatus(enum.StrEnum):
+    """Life cycle of a stored plan request."""
+
+    PLANNED = "planned"
+    """``planner suggest`` answered; nothing was run yet."""
+    VERIFYING = "verifying"
+    """Short real runs of its candidates are under way (e.g. a Ray job)."""
+    VERIFIED = "verified"
+    """A real run confirmed the top plan fits."""
+    FAILED = "failed"
+    """Verification ran and the plan did not hold (OOM or error)."""
+    MEASURED = "measured"
+    """Not a search: one configuration measured by ``planner measure``."""
+
+    def is_terminal(self) -> bool:
+        """No further transition is expected (``planned`` may still be verified later)."""
+        return self in (PlanStatus.VERIFIED, PlanStatus.FAILED, PlanStatus.MEASURED)
+
+
+def parse_status(text: str) -> PlanStatus:
+    """``"verified"`` -> ``PlanStatus.VERIFIED``; anything else is a one-line ``PlannerError``."""
+    from planner.errors import PlannerError
+
+    try:
+        return PlanStatus(str(text).strip().lower())
+    except ValueError:
+        choices = "|".join(s.value for s in PlanStatus)
+        raise PlannerError(f"--status must be one of {choices}, got {text!r}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredMeasurement:
+    """One real run stored against a candidate."""
+
+    id: str
+    """uuid4 hex."""
+    candidate_id: str
+    recorded_at: datetime
+    """When the store received it (timezone-aware UTC)."""
+    measurement: Measurement
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "candidate_id": self.candidate_id,
+            "recorded_at": self.recorded_at.isoformat(),
+            **self.measurement.to_dict(),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredCandidate:
+    """One candidate of a stored plan with the measurements taken of it (oldest first)."""
+
+    id: str
+    position: int
+    """0-based order within the plan as the planner returned it (rank 1 first)."""
+    candidate: Candidate
+    measurements: tuple[StoredMeasurement, ...] = ()
+
+    @property
+    def latest(self) -> StoredMeasurement | None:
+        """The most recent measurement, or None when it was never run."""
+        return self.measurements[-1] if self.measurements else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "position": self.position,
+            **self.candidate.to_dict(),
+            "label": self.candidate.config.label(),
+            "measurements": [m.to_dict() for m in self.measurements],
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredPlan:
+    """A stored ``planner suggest`` answer (or a ``planner measure`` record) with everything measured since."""
+
+    id: str
+    created_at: datetime
+    """Timezone-aware UTC."""
+    status: PlanStatus
+    request: PlanRequest
+    candidates: tuple[StoredCandidate, ...]
+    rejected: tuple[Rejection, ...] = ()
+    searched: int = 0
+    usable_bytes: int = 0
+    safety_margin_bytes: int = 0
+    ray_job_id: str | None = None
+    """Ray job that verifies it, when it was submitted as one."""
+
+    @property
+    def verified(self) -> bool:
+        return self.status is PlanStatus.VERIFIED
+
+    @property
+    def measurements(self) -> tuple[StoredMeasurement, ...]:
+        return tuple(m for c in self.candidates for m in c.measurements)
+
+    def to_result(self) -> PlanResult:
+        """The ``PlanResult`` as the planner produced it (without the store's ids)."""
+        return PlanResult(
+            request=self.request,
+            plans=tuple(c.candidate for c in self.candidates),
+            rejected=self.rejected,
+            searched=self.searched,
+            usable_bytes=self.usable_bytes,
+            safety_margin_bytes=self.safety_margin_bytes,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "created_at": self.created_at.isoformat(),
+            "status": str(self.status),
+            "verified": self.verified,
+            "ray_job_id": self.ray_job_id,
+            "request": self.request.to_dict(),
+            "searched": self.searched,
+            "usable_bytes": self.usable_bytes,
+            "safety_margin_bytes": self.safety_margin_bytes,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "rejected": [r.to_dict() for r in self.rejected],
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSummary:
+    """One row of ``planner history``."""
+
+    id: str
+    created_at: datetime
+    status: PlanStatus
+    model_id: str
+    gpu: str
+    gpu_count: int
+    target_batch: int
+    seq_len: int
+    top_plan: str | None
+    """Label of the rank-1 candidate; None when nothing fit."""
+    candidates: int
+    """Number of stored candidates."""
+    measurements: int
+    """Number of real runs stored against its candidates."""
+
+    @property
+    def verified(self) -> bool:
+        return self.status is PlanStatus.VERIFIED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "created_at": self.created_at.isoformat(),
+            "status": str(self.status),
+            "verified": self.verified,
+            "model_id": self.model_id,
+            "gpu": self.gpu,
+            "gpu_count": self.gpu_count,
+            "target_batch": self.target_batch,
+            "seq_len": self.seq_len,
+            "top_plan": self.top_plan,
+            "candidates": self.candidates,
+            "measurements": self.measurements,
+        }
+
+
+__all__ = [
+    "PlanStatus",
+    "PlanSummary",
+    "StoredCandidate",
+    "StoredMeasurement",
+    "StoredPlan",
+    "parse_status",
+]

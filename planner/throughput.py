@@ -1,0 +1,346 @@
+"""Analytical step time of one fine-tuning configuration on one device model.
+
+One optimizer step = ``grad_accum`` micro-steps of ``micro_batch x seq_len`` tokens on each of
+``config.gpus`` devices, then one optimizer update. The step time is the SUM of named parts (no
+overlap assumed; conservative, and each part can be calibrated on its own):
+
+* ``compute``   linear-layer matmuls (+ output head, + LoRA adapters), forward and backward
+* ``attention`` attention score and value matmuls, forward and backward
+* ``recompute`` the extra forward of gradient checkpointing
+* ``dequant``   QLoRA's 4-bit -> 16-bit weight dequantisation (memory bound)
+* ``optimizer`` the optimizer update (memory bound on the device, or DeepSpeed's CPU Adam)
+* ``comm``      gradient reduction and ZeRO parameter gathers between devices
+* ``offload``   host<->device copies of ZeRO-Offload
+
+FLOP counts follow Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", sec. 2.1:
+2N forward, 4N backward per token) and the attention term of Chowdhery et al. 2022 (PaLM,
+appendix B: 6N + 12·L·H·Q·T training FLOPs per token, i.e. 4·L·T·H·Q forward). Compute-bound
+parts run at ``peak_tflops(precision) x utilization`` (model FLOP utilisation, MFU); memory-bound
+parts at the device bandwidth x ``MEMORY_BANDWIDTH_EFFICIENCY``. The constants below are stated
+assumptions, meant to be calibrated against measured runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner import memory
+from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
+from planner.errors import InvalidConfigError
+from planner.gpus import GPUSpec, check_precision
+from planner.modelspec import LinearSpec, ModelSpec
+from planner.results import ThroughputEstimate
+
+# ---- stated assumptions (calibrate with measurements) ----------------------------------------
+
+#: MFU of 16-bit tensor-core training. karpathy/llm.c#621 reports ~43% bf16 MFU for GPT-2
+#: training on an A10 and modula-systems/modula#1 43.5% (nanoGPT-like, A10, 125 TFLOPS assumed);
+#: well-tuned LLM pre-training reaches 40-55%. HF Trainer fine-tuning at small micro-batches is at
+#: the low end, hence 0.45 as a single default.
+MFU_TENSOR_CORES = 0.45
+#: MFU of fp32 training on CUDA cores: a large fp32 GEMM reaches ~75% of the CUDA-core peak
+#: (23.4 of 31.2 TFLOPS on an A10G, zzc0721/torch-performance-test-data#126); the elementwise work
+#: of a training step runs at memory speed, so 0.5 of the peak overall.
+MFU_FP32 = 0.50
+#: Utilisation on the CPU profile, relative to its MEASURED GEMM rate (see planner.gpus): the
+#: non-GEMM ops (norms, softmax, optimizer, autograd bookkeeping) of a small model on 2 threads.
+MFU_CPU = 0.50
+#: Fraction of the datasheet memory bandwidth an elementwise kernel reaches (STREAM-like kernels
+#: reach 80-90% of HBM/GDDR peak).
+MEMORY_BANDWIDTH_EFFICIENCY = 0.80
+#: Host DRAM bandwidth one rank's DeepSpeed CPU Adam gets: one socket of 8-channel DDR4-3200 has
+#: 204.8 GB/s raw, shared by up to 8 ranks on a GPU server => ~25 GB/s each.
+HOST_DRAM_GBS_PER_RANK = 25.0
+#: DeepSpeed CPU Adam bytes per parameter (csrc/adam/cpu_adam_impl.cpp): read fp32 param, grad,
+#: exp_avg, exp_avg_sq (16 B), write param, exp_avg, exp_avg_sq (12 B); +2 B for the 16-bit copy
+#: of the updated parameter sent back to the device (mixed precision only).
+CPU_ADAM_BYTES_PER_PARAM = 28
+CPU_ADAM_HALF_COPY_BYTES = 2
+
+#: NF4 weights: 0.5 B per weight plus the block constants read with them. With double quantisation
+#: (what planner.memory assumes) an 8-bit absmax per block of 64 and an fp32 second-level constant
+#: per 256 blocks: 8/64 + 32/(64*256) = 0.127 bit per weight (QLoRA paper, Dettmers et al. 2023,
+#: sec. 3 "Double Quantization").
+NF4_READ_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+#: bitsandbytes' Linear4bit dequantises the whole weight to the 16-bit compute dtype before the
+#: matmul, forward and backward (bitsandbytes/autograd/_functions.py MatMul4Bit: dequantize_4bit
+#: in forward and again in backward for grad_input), writing 2 B per weight.
+DEQUANT_WRITE_BYTES = 2
+
+#: bitsandbytes 8-bit optimizers quantise each state block-wise with blocksize 256 and one fp32
+#: absmax per block (bitsandbytes/optim/optimizer.py, Optimizer2State.init_state: blocksize = 256).
+_BNB_8BIT_STATE_BYTES = 1 + 4 / 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlopsPerToken:
+    """Matmul FLOPs per token on one device, by part of the step."""
+
+    linear: float
+    """Linear layers + output head (+ LoRA adapters), forward and backward."""
+    attention: float
+    """Attention scores (QK^T) and weighted values (PV), forward and backward."""
+    recompute: float
+    """Gradient checkpointing's second forward of every decoder layer (0 without it)."""
+
+    @property
+    def model(self) -> float:
+        """Model FLOPs (the MFU convention: recomputation is not counted)."""
+        return self.linear + self.attention
+
+
+# ---- model facts -----------------------------------------------------------------------------
+
+
+def adapted_linears(*, model: ModelSpec, config: TrainConfig) -> tuple[LinearSpec, ...]:
+    """The per-layer linears LoRA wraps; the memory model's definition, so both models agree."""
+    return memory.lora_targets(model, config)
+
+
+def trainable_params(*, model: ModelSpec, config: TrainConfig) -> int:
+    """Parameters the optimizer updates: all of them, or LoRA's A (r x in) and B (out x r)."""
+    return memory.trainable_params(model, config)
+
+
+def _layer_matmul_weights(model: ModelSpec) -> int:
+    """Weights every token multiplies in the decoder layers (active experts only, no biases)."""
+    return model.num_layers * sum(lin.active * lin.in_features * lin.out_features for lin in model.layer_linears)
+
+
+def _attention_context(model: ModelSpec, seq_len: int) -> int:
+    """Keys each query attends to: the sequence, or the sliding window when shorter."""
+    return min(seq_len, model.sliding_window) if model.sliding_window else seq_len
+
+
+def flops_per_token(*, model: ModelSpec, config: TrainConfig) -> FlopsPerToken:
+    """Training matmul FLOPs per token.
+
+    Forward: 2 FLOPs per weight of every linear layer and of the vocab projection (an embedding
+    lookup costs none), plus 4·T·H·Q per layer for QK^T and PV (PaLM appendix B). Causal masking
+    is NOT halved: SDPA's math/efficient kernels and eager attention compute the full T x T
+    scores, and it is the convention of published MFU figures.
+    Backward: full fine-tuning 2x forward (activation + weight gradients; Kaplan 2020). LoRA/QLoRA:
+    the frozen base weights need activation gradients only (1x forward), the adapters both (2x).
+    Attention has no weights; its backward is 2x forward either way (dQ, dK, dV, dP).
+    Checkpointing: one more forward of every decoder layer (not of the output head).
+    """
+    n_layers = _layer_matmul_weights(model)
+    n_head = model.lm_head_params
+    attention_forward = 4 * model.num_layers * _attention_context(model, config.seq_len) * model.num_heads * model.head_dim
+    if config.method is Method.FULL:
+        adapter = 0
+        linear = 6 * (n_layers + n_head)
+    else:
+        r = config.lora_r
+        assert r is not None
+        adapter = model.num_layers * sum(
+            lin.active * r * (lin.in_features + lin.out_features) for lin in adapted_linears(model=model, config=config)
+        )
+        linear = 4 * (n_layers + n_head) + 6 * adapter
+    recompute = 2 * (n_layers + adapter) + attention_forward if config.grad_ckpt else 0
+    return FlopsPerToken(linear=float(linear), attention=float(3 * attention_forward), recompute=float(recompute))
+
+
+# ---- bytes moved -----------------------------------------------------------------------------
+
+
+def _trainable_bytes(config: TrainConfig) -> int:
+    """Bytes per element of trainable weights, their gradients and torch optimizer states.
+
+    peft upcasts fp16/bf16 adapter weights to fp32 (``autocast_adapter_dtype=True`` default,
+    peft/tuners/tuners_utils.py ``_cast_adapter_dtype``), so adapters are always fp32.
+    """
+    return 4 if config.method.uses_adapters else config.precision.weight_bytes
+
+
+def optimizer_bytes_per_param(*, config: TrainConfig) -> float:
+    """Device memory traffic of one optimizer update per trainable parameter (w = weight bytes).
+
+    * AdamW (HF's default ``adamw_torch_fused`` for torch >= 2.8, transformers/training_args.py):
+      read param, grad, exp_avg, exp_avg_sq; write param, exp_avg, exp_avg_sq => 7w (28 B fp32).
+    * 8-bit AdamW (bitsandbytes): param and grad w each, two 1-byte states + fp32 absmax per 256
+      read and written => 3w + 4·(1 + 4/256) (16.06 B with fp32 weights).
+    * SGD with momentum: read param, grad, momentum buffer; write param, buffer => 5w.
+    * Adafactor (transformers, beta1=None, factored second moment), counting the passes of
+      ``Adafactor.step`` over a 2-D weight: grad**2+eps (r g, w sq), row and column means (r sq
+      twice), the rank-1 approximation (w update), update*grad (r update, r grad, w update), RMS
+      (r update), clip (r, w update), *lr (r, w update), param -= update (r param, r update,
+      w param): 16 full passes of fp32 => 16·4 B (transformers upcasts to fp32 inside).
+    * ZeRO (DeepSpeed keeps an fp32 master copy for 16-bit training): +4 B read of the master and
+      +2 B write of the 16-bit model weight per parameter (``_update_fp16``-style copy back).
+    """
+    w = _trainable_bytes(config)
+    match config.optimizer:
+        case Optimizer.ADAMW:
+            per_param = 7.0 * w
+        case Optimizer.ADAMW_8BIT | Optimizer.PAGED_ADAMW_8BIT:
+            per_param = 3.0 * w + 4 * _BNB_8BIT_STATE_BYTES
+        case Optimizer.SGD:
+            per_param = 5.0 * w
+        case Optimizer.ADAFACTOR:
+            per_param = 16 * 4.0
+        case _:  # pragma: no cover - enum is closed
+            raise AssertionError(config.optimizer)
+    if config.zero and config.precision.is_mixed:
+        per_param += 4 + 2
+    return per_param
+
+
+def _ring(n: int) -> float:
+    """Fraction of a tensor each rank sends in a ring reduce-scatter or all-gather: (n-1)/n."""
+    return (n - 1) / n
+
+
+def comm_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
+    """Bytes each device sends over the interconnect per optimizer step (ring collectives).
+
+    * DDP (zero 0): one all-reduce of the gradients per step (HF/accelerate skip the sync during
+      accumulation): 2·(n-1)/n · trainable · grad bytes (grads in the parameter dtype).
+    * ZeRO-1: reduce-scatter of gradients and all-gather of the updated 16-bit params once per
+      step: 2·(n-1)/n · trainable · comm bytes (ZeRO paper, Rajbhandari et al. 2020, sec. 7: 2Ψ).
+    * ZeRO-2: the gradient reduce-scatter runs every micro-step (gradients are partitioned as
+      they are produced), the param all-gather once per step.
+    * ZeRO-3: every micro-step all-gathers ALL parameters for the forward, the backward and the
+      checkpoint recompute, and reduce-scatters the gradients (ZeRO paper sec. 7.2.2: 3Ψ).
+    DeepSpeed communicates in the model dtype (``communication_data_type`` defaults to fp16/bf16,
+    deepspeed/runtime/engine.py); fp32 training sends 4 B.
+    """
+    n = config.gpus
+    if n == 1:
+        return 0.0
+    trainable = trainable_params(model=model, config=config)
+    f = _ring(n)
+    if config.zero == 0:
+        return 2 * f * trainable * _trainable_bytes(config)
+    cb = config.precision.compute_bytes
+    if config.zero == 1:
+        return 2 * f * trainable * cb
+    if config.zero == 2:
+        return f * trainable * cb * (config.grad_accum + 1)
+    gathers = 2 + int(config.grad_ckpt)
+    per_micro = f * cb * (gathers * model.params_total + trainable)
+    return per_micro * config.grad_accum
+
+
+def offload_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
+    """Host<->device bytes per optimizer step per device under ZeRO-Offload.
+
+    Ren et al. 2021 (ZeRO-Offload, sec. 4): 16-bit gradients go device->host, the CPU updates
+    the fp32 master copy, 16-bit parameters come back. With ZeRO-2/3 the gradient partition is
+    copied at every micro-step (it is reduced every micro-step), with ZeRO-1 once per step. With
+    parameter offload (ZeRO-3 ``optimizer+params``) the parameters live on the host and stream in
+    for every forward, backward and recompute; no separate copy back after the update.
+    Each device moves only its 1/n partition.
+    """
+    if config.offload is Offload.NONE:
+        return 0.0
+    n = config.gpus
+    cb = config.precision.compute_bytes
+    partition = trainable_params(model=model, config=config) / n
+    grad_copies = config.grad_accum if config.zero >= 2 else 1
+    total = partition * cb * grad_copies
+    if config.offload is Offload.OPTIMIZER:
+        total += partition * cb
+    else:
+        gathers = 2 + int(config.grad_ckpt)
+        total += gathers * (model.params_total / n) * cb * config.grad_accum
+    return total
+
+
+def _dequant_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
+    if config.method is not Method.QLORA:
+        return 0.0
+    # Every stored 4-bit weight (all experts) is dequantised per call: forward, backward and the
+    # checkpoint recompute. The output head stays 16-bit (transformers skips lm_head).
+    quantized = model.num_layers * sum(lin.count * lin.in_features * lin.out_features for lin in model.layer_linears)
+    passes = 2 + int(config.grad_ckpt)
+    return quantized * (NF4_READ_BYTES + DEQUANT_WRITE_BYTES) * passes * config.grad_accum
+
+
+# ---- the estimate ----------------------------------------------------------------------------
+
+
+def default_utilization(*, gpu: GPUSpec, precision: Precision | str) -> float:
+    """The stated MFU for a device and precision (see the constants above)."""
+    if gpu.is_cpu:
+        return MFU_CPU
+    return MFU_FP32 if Precision(precision) is Precision.FP32 else MFU_TENSOR_CORES
+
+
+def estimate_throughput(
+    *, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None
+) -> ThroughputEstimate:
+    """Predict the time of one optimizer step and the tokens per second across all devices."""
+    check_precision(gpu, config.precision)
+    utilization_given = utilization is not None
+    if utilization is None:
+        utilization = default_utilization(gpu=gpu, precision=config.precision)
+    elif isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+        raise InvalidConfigError(f"utilization must be a fraction in (0, 1], got {utilization!r}")
+
+    tokens_per_device = config.micro_batch * config.seq_len * config.grad_accum
+    flops = flops_per_token(model=model, config=config)
+    flop_rate = gpu.peak_tflops(config.precision) * 1e12 * utilization
+    device_bw = gpu.mem_bandwidth_gbs * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY
+
+    trainable = trainable_params(model=model, config=config)
+    offloaded = config.offload is not Offload.NONE
+    if offloaded:
+        # DeepSpeed CPU Adam on this rank's partition, at host DRAM speed (on the CPU profile the
+        # host is the device itself).
+        host_bw = (gpu.mem_bandwidth_gbs if gpu.is_cpu else HOST_DRAM_GBS_PER_RANK) * 1e9
+        per_param = CPU_ADAM_BYTES_PER_PARAM + (CPU_ADAM_HALF_COPY_BYTES if config.precision.is_mixed else 0)
+        optimizer_s = trainable / config.gpus * per_param / host_bw
+    else:
+        stepped = trainable / config.gpus if config.zero >= 1 else trainable
+        optimizer_s = stepped * optimizer_bytes_per_param(config=config) / device_bw
+
+    breakdown = {
+        "compute": flops.linear * tokens_per_device / flop_rate,
+        "attention": flops.attention * tokens_per_device / flop_rate,
+        "recompute": flops.recompute * tokens_per_device / flop_rate,
+        "dequant": _dequant_bytes_per_step(model=model, config=config) / device_bw,
+        "optimizer": optimizer_s,
+        "comm": comm_bytes_per_step(model=model, config=config) / (gpu.interconnect_gbs * 1e9),
+        "offload": offload_bytes_per_step(model=model, config=config) / (gpu.host_link_gbs * 1e9),
+    }
+    step_s = sum(breakdown.values())
+    assert step_s > 0, breakdown
+
+    assumptions = [
+        f"matmuls at {utilization:.0%} of {gpu.display_name}'s {gpu.peak_tflops(config.precision):g} "
+        f"TFLOP/s {config.precision} peak (MFU {'given' if utilization_given else 'default'}; calibrate with a measurement)",
+        "parts add up with no overlap of compute, communication and copies (conservative)",
+        "causal attention counted as the full T x T product (not halved)",
+    ]
+    if breakdown["dequant"] or not offloaded:
+        assumptions.append(f"memory-bound kernels at {MEMORY_BANDWIDTH_EFFICIENCY:.0%} of {gpu.mem_bandwidth_gbs:g} GB/s")
+    if config.gpus > 1:
+        assumptions.append(
+            f"collectives over {gpu.interconnect} at {gpu.interconnect_gbs:g} GB/s per direction, ring algorithm"
+        )
+    if offloaded:
+        assumptions.append(
+            f"CPU Adam at {HOST_DRAM_GBS_PER_RANK if not gpu.is_cpu else gpu.mem_bandwidth_gbs:g} GB/s of host "
+            f"DRAM per rank; copies over {gpu.host_link_gbs:g} GB/s host link"
+        )
+    return ThroughputEstimate(
+        step_s=step_s,
+        tokens_per_s=config.global_batch * config.seq_len / step_s,
+        flops_per_step=flops.model * tokens_per_device,
+        breakdown_s=breakdown,
+        assumptions=tuple(assumptions),
+    )
+
+
+__all__ = [
+    "FlopsPerToken",
+    "adapted_linears",
+    "comm_bytes_per_step",
+    "default_utilization",
+    "estimate_throughput",
+    "flops_per_token",
+    "offload_bytes_per_step",
+    "optimizer_bytes_per_param",
+    "trainable_params",
+]

@@ -1,0 +1,46 @@
+"""Byte sizes: parsing what users type and formatting what we print."""
+
+from __future__ import annotations
+
+import re
+
+from planner.errors import PlannerError
+
+GiB = 1024**3
+MiB = 1024**2
+KiB = 1024
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": KiB,
+    "m": 1000**2, "mb": 1000**2, "mib": MiB,
+    "g": 1000**3, "gb": 1000**3, "gib": GiB,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str, *, option: str = "size") -> int:
+    """Parse ``20GiB``, ``24 GB``, ``23028MiB`` or a plain byte count into bytes.
+
+    Decimal units (GB) are powers of 1000, binary units (GiB) powers of 1024, as in IEC 80000-13.
+    """
+    match = _SIZE_RE.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise PlannerError(f"{option} {text!r} is not a size: write e.g. 20GiB, 24GB or 23028MiB")
+    value = float(match.group(1)) * _UNITS[unit]
+    if value <= 0:
+        raise PlannerError(f"{option} must be larger than zero, got {text!r}")
+    return int(value)
+
+
+def format_bytes(n: float) -> str:
+    """``1536 MiB`` -> ``1.50 GiB``; binary units, three significant figures."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("TiB", 1024**4), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size:
+            value = n / size
+            return f"{sign}{value:.3g} {unit}" if value < 100 else f"{sign}{value:.0f} {unit}"
+    return f"{sign}{int(n)} B"

@@ -1,0 +1,211 @@
+"""The ModelSpec formulas against the real transformers models, built on the meta device.
+
+For every catalog model (and small variants that exercise each builder's options and transformers'
+defaults for missing keys): ``params_total`` must equal ``sum(p.numel() for p in
+model.parameters())`` of the model we train (AutoModelForCausalLM, or AutoModelForMaskedLM for
+bert/roberta), and ``layer_linears`` must list exactly the linear layers of block 0 with the
+same names, shapes and biases, which is what LoRA sizing relies on.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from planner.catalog import catalog_ids, resolve_model, spec_from_config
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def build_meta_model(config: dict, *, encoder: bool):
+    """The model the planner trains, on the meta device (no memory, no weights, no network)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    hf_config = AutoConfig.for_model(**config)
+    auto = AutoModelForMaskedLM if encoder else AutoModelForCausalLM
+    with torch.device("meta"):
+        return auto.from_config(hf_config), hf_config
+
+
+@functools.cache
+def catalog_model(model_id: str):
+    spec = resolve_model(model_id)
+    model, _ = build_meta_model(dict(spec.config), encoder=spec.is_encoder)
+    return model
+
+
+def first_block(model, num_layers: int):
+    """Block 0: the first module of the (only) ModuleList that holds one entry per layer."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers:
+            return module[0]
+    raise AssertionError("no ModuleList of transformer blocks found")
+
+
+def real_linears(block) -> list[tuple[str, int, int, bool, int]]:
+    """(leaf name, in, out, bias, copies) of every linear map in one block.
+
+    nn.Linear and HF Conv1D (weight stored [in, out]) modules, plus the weight tensors transformers
+    v5 keeps outside nn.Linear: Mixtral's expert stacks [E, out, in] and its router weight [E, H].
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    found = []
+    covered: set[str] = set()
+    for name, module in block.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, torch.nn.Linear):
+            found.append((leaf, module.in_features, module.out_features, module.bias is not None, 1))
+        elif isinstance(module, Conv1D):
+            n_in, n_out = module.weight.shape
+            found.append((leaf, n_in, n_out, module.bias is not None, 1))
+        else:
+            continue
+        covered.update(f"{name}.{p}" for p, _ in module.named_parameters())
+    for name, param in block.named_parameters():
+        if name in covered:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        if param.dim() == 3:  # expert stack [count, out, in]
+            found.append((leaf, param.shape[2], param.shape[1], False, param.shape[0]))
+        elif param.dim() == 2:  # a bare weight used with F.linear (router): named by its module
+            found.append((owner.rsplit(".", 1)[-1], param.shape[1], param.shape[0], False, 1))
+    return sorted(found)
+
+
+def spec_linears(spec) -> list[tuple[str, int, int, bool, int]]:
+    return sorted((lin.name, lin.in_features, lin.out_features, lin.bias, lin.count) for lin in spec.layer_linears)
+
+
+def n_params(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+# ---- every catalog model ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_id", catalog_ids())
+def test_catalog_param_count_is_exact(model_id):
+    spec = resolve_model(model_id)
+    assert spec.params_total == n_params(catalog_model(model_id))
+
+
+@pytest.mark.parametrize("model_id", catalog_ids())
+def test_catalog_layer_linears_match_block_zero(model_id):
+    spec = resolve_model(model_id)
+    block = first_block(catalog_model(model_id), spec.num_layers)
+    assert spec_linears(spec) == real_linears(block)
+    # norms and any other per-block parameters too: the whole block adds up
+    assert spec.params_per_layer == n_params(block)
+
+
+def test_mixtral_total_and_active_by_hand():
+    spec = resolve_model("mistralai/Mixtral-8x7B-v0.1")
+    # H=4096, I=14336, L=32, V=32000, 8 experts, top-2, 8 kv heads of 128.
+    attention = 4096 * 4096 + 2 * 4096 * 1024 + 4096 * 4096  # q, k, v, o = 41_943_040
+    router = 8 * 4096  # 32_768
+    expert = 3 * 4096 * 14336  # w1/w3 (fused gate_up) + w2 = 176_160_768
+    norms = 2 * 4096
+    per_layer_total = attention + router + 8 * expert + norms  # 1_451_270_144
+    per_layer_active = attention + router + 2 * expert + norms  # 394_305_536
+    outside = 32000 * 4096 * 2 + 4096  # embedding + untied lm_head + final norm = 262_148_096
+    assert per_layer_total * 32 + outside == 46_702_792_704  # "46.7B"
+    assert per_layer_active * 32 + outside == 12_879_925_248  # "12.9B active"
+    assert spec.params_total == 46_702_792_704
+    assert spec.params_active == 12_879_925_248
+    assert (spec.num_experts, spec.experts_per_token) == (8, 2)
+
+
+def test_dense_models_have_active_equal_total():
+    for model_id in ("meta-llama/Llama-2-7b-hf", "gpt2", "bert-base-uncased"):
+        spec = resolve_model(model_id)
+        assert spec.params_active == spec.params_total and not spec.is_moe
+
+
+def test_gpt2_count_by_hand():
+    spec = resolve_model("gpt2")
+    # per block: c_attn 768*2304+2304, attn c_proj 768*768+768, c_fc 768*3072+3072,
+    # mlp c_proj 3072*768+768, ln_1 + ln_2 4*768 = 7_087_872
+    block = (768 * 2304 + 2304) + (768 * 768 + 768) + (768 * 3072 + 3072) + (3072 * 768 + 768) + 4 * 768
+    assert block == 7_087_872
+    # wte 50257*768 + wpe 1024*768 + ln_f 2*768; lm_head tied to wte
+    assert 50257 * 768 + 1024 * 768 + 12 * block + 2 * 768 == spec.params_total == 124_439_808
+
+
+def test_bert_mlm_head_and_no_pooler_by_hand():
+    spec = resolve_model("bert-base-uncased")
+    embeddings = 30522 * 768 + 512 * 768 + 2 * 768 + 2 * 768  # words, positions, token types, LayerNorm
+    layer = 4 * (768 * 768 + 768) + (768 * 3072 + 3072) + (3072 * 768 + 768) + 4 * 768
+    mlm_head = (768 * 768 + 768) + 2 * 768 + 30522  # transform dense, LayerNorm, decoder bias (weight tied)
+    assert embeddings + 12 * layer + mlm_head == spec.params_total == 109_514_298
+    # BertModel's pooler (768*768+768) would make it 110_104_890: ForMaskedLM has none
+    assert not any("pooler" in name for name, _ in catalog_model("bert-base-uncased").named_parameters())
+
+
+# ---- small variants: every builder option and transformers' defaults for missing keys ------------
+
+SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}
+#: for types whose config class defaults num_key_value_heads to a fixed number (mistral/mixtral 8,
+#: qwen2/qwen3 32, gemma 16): enough heads that the default divides them
+WIDE = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 32, "vocab_size": 100}
+
+VARIANTS = {
+    # only the required keys: everything else is transformers' default
+    "llama-defaults": {"model_type": "llama", "intermediate_size": 96, **SMALL},
+    "llama-biases-gqa-tied": {
+        "model_type": "llama", "intermediate_size": 96, **SMALL, "num_key_value_heads": 2,
+        "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True, "head_dim": 8,
+    },
+    "mistral-defaults": {"model_type": "mistral", "intermediate_size": 96, **WIDE},
+    "mixtral-defaults": {"model_type": "mixtral", "intermediate_size": 96, **WIDE},
+    "mixtral-4x1": {"model_type": "mixtral", "intermediate_size": 96, **SMALL, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 1},
+    "qwen2-defaults": {"model_type": "qwen2", "intermediate_size": 96, **WIDE},
+    "qwen2-tied": {"model_type": "qwen2", "intermediate_size": 96, **SMALL, "tie_word_embeddings": True, "num_key_value_heads": 1},
+    "qwen3-defaults": {"model_type": "qwen3", "intermediate_size": 96, **WIDE},
+    "qwen3-bias": {"model_type": "qwen3", "intermediate_size": 96, **SMALL, "num_key_value_heads": None, "attention_bias": True, "head_dim": 16},
+    "gemma-defaults": {"model_type": "gemma", "intermediate_size": 96, **WIDE},
+    "gemma2-defaults": {"model_type": "gemma2", "intermediate_size": 96, **SMALL},
+    "phi-defaults": {"model_type": "phi", "intermediate_size": 96, **SMALL},
+    "phi-qk-layernorm-tied": {"model_type": "phi", "intermediate_size": 96, **SMALL, "qk_layernorm": True, "tie_word_embeddings": True},
+    "phi3-defaults": {"model_type": "phi3", "intermediate_size": 96, **SMALL, "pad_token_id": 0},
+    "phi3-gqa": {"model_type": "phi3", "intermediate_size": 96, **SMALL, "pad_token_id": 0, "num_key_value_heads": 2},
+    "starcoder2-defaults": {"model_type": "starcoder2", "intermediate_size": 96, **SMALL},
+    "starcoder2-nobias-untied": {"model_type": "starcoder2", "intermediate_size": 96, **SMALL, "use_bias": False, "tie_word_embeddings": False},
+    "gpt2-defaults": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100},
+    "gpt2-n-inner-untied": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100, "n_inner": 80, "n_positions": 32, "tie_word_embeddings": False},
+    "gpt_neox-defaults": {"model_type": "gpt_neox", "intermediate_size": 96, **SMALL},
+    "gpt_neox-nobias-tied-serial": {"model_type": "gpt_neox", "intermediate_size": 96, **SMALL, "attention_bias": False, "tie_word_embeddings": True, "use_parallel_residual": False},
+    "opt-defaults": {"model_type": "opt", "ffn_dim": 96, **SMALL},
+    # opt-350m style: embeddings in a smaller space with project_in/out, post-norm (no final LN)
+    "opt-350m-style": {"model_type": "opt", "ffn_dim": 96, **SMALL, "word_embed_proj_dim": 32, "do_layer_norm_before": False},
+    "opt-no-affine-no-bias": {"model_type": "opt", "ffn_dim": 96, **SMALL, "enable_bias": False, "layer_norm_elementwise_affine": False},
+    "bloom-defaults": {"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100},
+    "falcon-defaults": {"model_type": "falcon", **SMALL},
+    "falcon-new-arch": {"model_type": "falcon", **SMALL, "new_decoder_architecture": True, "num_kv_heads": 2, "bias": True},
+    "falcon-new-arch-one-ln": {"model_type": "falcon", **SMALL, "new_decoder_architecture": True, "num_kv_heads": 2, "num_ln_in_parallel_attn": 1},
+    "falcon-mha-serial": {"model_type": "falcon", **SMALL, "multi_query": False, "parallel_attn": False, "ffn_hidden_size": 80, "alibi": True},
+    "bert-defaults": {"model_type": "bert", "intermediate_size": 96, **SMALL},
+    "bert-untied": {"model_type": "bert", "intermediate_size": 96, **SMALL, "tie_word_embeddings": False, "type_vocab_size": 3},
+    "roberta-defaults": {"model_type": "roberta", "intermediate_size": 96, **SMALL},
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_counts_linears_and_defaults(name):
+    config = VARIANTS[name]
+    spec = spec_from_config(config, model_id=name, source="test")
+    model, hf = build_meta_model(dict(config), encoder=spec.is_encoder)
+    assert spec.params_total == n_params(model)
+    block = first_block(model, spec.num_layers)
+    assert spec_linears(spec) == real_linears(block)
+    assert spec.params_per_layer == n_params(block)
+    # defaults the planner fills in are the ones transformers applies
+    assert spec.tied_embeddings == hf.tie_word_embeddings
+    if config["model_type"] == "roberta":
+        assert spec.max_seq_len == hf.max_position_embeddings - (hf.pad_token_id + 1)
+    elif config["model_type"] != "bloom":
+        assert spec.max_seq_len == hf.max_position_embeddings
+    if config["model_type"] in ("mistral", "mixtral", "gemma2", "phi3", "starcoder2"):
+        assert spec.sliding_window == hf.sliding_window

@@ -1,0 +1,195 @@
+"""``planner history``, ``planner show``, ``planner db`` and the suggest/measure helpers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import create_engine
+from test_store_support import candidate, measurement, pg_url, plan_result, request  # noqa: F401
+
+from planner.store import open_store
+
+
+def one_error_line(result, code: int = 2) -> str:
+    assert result.code == code, result
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result
+    return lines[0]
+
+
+@pytest.fixture
+def filled():
+    """Three plans in the default (PLANNER_HOME) database; the oldest verified with a run."""
+    with open_store() as s:
+        llama = s.save_plan(result=plan_result())
+        first = s.get_plan(plan_id=llama).candidates[0]
+        s.record_measurement(candidate_id=first.id, measurement=measurement(peak=17_000_000_000))
+        s.set_status(plan_id=llama, status="verified")
+        mistral = s.save_plan(result=plan_result(req=request(model_id="mistralai/Mistral-7B-v0.1", gpu="A100-80GB")))
+        qwen = s.save_plan(result=plan_result(req=request(model_id="Qwen/Qwen2.5-0.5B")))
+    return {"llama": llama, "mistral": mistral, "qwen": qwen}
+
+
+def test_history_on_an_empty_database(cli):
+    result = cli("history")
+    assert result.code == 0 and "no plans stored yet" in result.out
+    result = cli("history", "--json")
+    assert result.code == 0 and json.loads(result.out) == []
+
+
+def test_history_table_and_filters(cli, filled):
+    result = cli("history")
+    assert result.code == 0, result
+    lines = [line for line in result.out.splitlines() if "│" in line and "x 1024" in line]
+    assert [line.split("│")[1].strip() for line in lines] == [filled[k][:8] for k in ("qwen", "mistral", "llama")]
+    assert "meta-llama/Meta-Llama-3-8B" in lines[2] and "yes" in lines[2] and "lora r16 all-linear" in lines[2]
+
+    rows = json.loads(cli("history", "--json", "--gpu", "a100-80gb").out)
+    assert [r["id"] for r in rows] == [filled["mistral"]]
+    assert set(rows[0]) == {"id", "created_at", "status", "verified", "model_id", "gpu", "gpu_count",
+                            "target_batch", "seq_len", "top_plan", "candidates", "measurements"}
+    rows = json.loads(cli("history", "--json", "--status", "verified", "--since", "1d").out)
+    assert [(r["id"], r["verified"], r["measurements"]) for r in rows] == [(filled["llama"], True, 1)]
+    assert [r["id"] for r in json.loads(cli("history", "--json", "--model", "qwen", "-n", "5").out)] == [filled["qwen"]]
+    assert len(json.loads(cli("history", "--json", "-n", "2").out)) == 2
+    assert "no plans match" in cli("history", "--model", "gpt-j").out
+
+
+def test_history_bad_options(cli, filled):
+    assert "--status must be one of planned|verifying|verified|failed|measured" in one_error_line(
+        cli("history", "--status", "done"))
+    assert "--since 'soon' is not a time" in one_error_line(cli("history", "--since", "soon"))
+    assert "-n must be a whole number >= 1" in one_error_line(cli("history", "-n", "0"))
+
+
+def test_show_by_prefix_with_predicted_vs_measured(cli, filled):
+    result = cli("show", filled["llama"][:7])
+    assert result.code == 0, result
+    out = result.out
+    assert f"plan {filled['llama']}" in out and "verified" in out
+    assert "weights 15 GiB" in out  # 16,060,522,496 B / 2^30 = 14.96 GiB
+    assert "predicted vs measured" in out
+    # predicted peak 16,060,522,496 + 4 x 167,772,160 + 4 x 700 MiB (2,936,012,800) = 19,667,623,936 B
+    # = 18.3 GiB;
+    # measured 17,000,000,000 B = 15.8 GiB; error (19,667,623,936 - 17e9) / 17e9 = +15.69%
+    row = next(line for line in out.splitlines() if "peak allocated" in line and "%" in line)
+    assert "18.3 GiB" in row and "15.8 GiB" in row and "+15.7%" in row
+    assert "rejected full, bf16-mixed, adamw" in out
+
+    data = json.loads(cli("show", filled["llama"], "--json").out)
+    assert data["id"] == filled["llama"] and data["status"] == "verified" and len(data["candidates"]) == 3
+    first = data["candidates"][0]
+    assert first["memory"]["peak_allocated_bytes"] == 19_667_623_936
+    assert first["measurements"][0]["peak_allocated_bytes"] == 17_000_000_000
+
+
+def test_show_unknown_ambiguous_and_malformed_ids(cli, filled):
+    assert "no plan with id 'abcdef0123'" in one_error_line(cli("show", "abcdef0123"))
+    with open_store() as s:
+        ids = [s.save_plan(result=plan_result(candidates=1)) for _ in range(14)]  # 17 in all
+    first = [i[0] for i in [*ids, *filled.values()]]
+    shared = next(c for c in first if first.count(c) > 1)
+    assert f"plan id '{shared}' is ambiguous" in one_error_line(cli("show", shared))
+    assert "is not an id" in one_error_line(cli("show", "plan-1"))
+
+
+def test_unreachable_database_is_one_line(cli):
+    line = one_error_line(cli("history", "--db", "postgresql+psycopg://postgres@127.0.0.1:1/none"))
+    assert line.startswith("error: cannot open database postgresql+psycopg://postgres@127.0.0.1:1/none: ")
+    assert line.endswith("check --db or PLANNER_DATABASE_URL")
+    one_error_line(cli("show", "abc", "--db", "mysql+nodriver://x/y"))
+
+
+def test_schema_behind_then_db_upgrade(cli, tmp_path):
+    from alembic import command
+
+    from planner.store.schema import alembic_config
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    open_store(url=url).close()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(url=url, connection=conn), "base")
+    engine.dispose()
+
+    line = one_error_line(cli("history", "--db", url))
+    assert line == "error: database schema at base is behind this planner (0001): run 'planner db upgrade'"
+    assert "behind: run 'planner db upgrade'" in cli("db", "current", "--db", url).out
+    result = cli("db", "upgrade", "--db", url)
+    assert result.code == 0 and "upgraded from base to 0001" in result.out
+    assert "already at 0001" in cli("db", "upgrade", "--db", url).out
+    assert "revision 0001 (head 0001): up to date" in cli("db", "current", "--db", url).out
+    assert cli("history", "--db", url).code == 0
+
+
+def test_suggest_helper_reports_an_existing_plan(cli, capsys):
+    from planner.cli._common import console
+    from planner.cli.store import save_plan_and_report
+
+    result = plan_result()
+    assert save_plan_and_report(result=result, db=None, save=False, console=console()) is None
+    assert capsys.readouterr().out == ""  # nothing stored, nothing known
+    first = save_plan_and_report(result=result, db=None, save=True, console=console())
+    out = capsys.readouterr().out
+    assert out.strip() == f"plan id: {first}"
+
+    with open_store() as s:
+        top = s.get_plan(plan_id=first).candidates[0]
+        s.record_measurement(candidate_id=top.id, measurement=measurement(peak=17_000_000_000))
+        s.set_status(plan_id=first, status="verified")
+    second = save_plan_and_report(result=result, db=None, save=True, console=console())
+    out = capsys.readouterr().out
+    assert f"a plan for this request exists: {first[:8]}" in out and ", verified" in out
+    assert "15.8 GiB" in out and "+15.7%" in out  # measured beside predicted
+    assert f"plan id: {second}" in out and second != first
+    with open_store() as s:
+        assert s.count_plans() == 2
+
+
+def test_no_save_with_a_broken_database_still_answers(monkeypatch, capsys):
+    from planner.cli._common import console
+    from planner.cli.store import save_plan_and_report
+    from planner.errors import StoreError
+
+    bad = "postgresql+psycopg://postgres@127.0.0.1:1/none"
+    assert save_plan_and_report(result=plan_result(), db=bad, save=False, console=console()) is None
+    assert "note: past plans not checked: cannot open database" in capsys.readouterr().out
+    with pytest.raises(StoreError, match="cannot open database"):
+        save_plan_and_report(result=plan_result(), db=bad, save=True, console=console())
+
+
+def test_measure_helper_then_history_and_show(cli, capsys):
+    from planner.cli._common import console
+    from planner.cli.store import save_measurement_and_report
+
+    plan_id = save_measurement_and_report(
+        request=request(constraints={"measure": True}), candidate=candidate(rank=1, micro_batch=2, grad_accum=8),
+        measurement=measurement(), db=None, console=console(),
+    )
+    assert capsys.readouterr().out.strip() == f"plan id: {plan_id}"
+    rows = json.loads(cli("history", "--json", "--status", "measured").out)
+    assert [(r["id"], r["measurements"]) for r in rows] == [(plan_id, 1)]
+    assert "no (measured)" in cli("history").out
+    assert "predicted vs measured" in cli("show", plan_id[:6]).out
+
+
+@pytest.mark.postgres
+def test_history_and_show_on_postgresql(cli, pg_url):
+    with open_store(url=pg_url) as s:
+        plan_id = s.save_plan(result=plan_result())
+    rows = json.loads(cli("history", "--json", "--db", pg_url).out)
+    assert [r["id"] for r in rows] == [plan_id]
+    result = cli("show", plan_id[:8], "--db", pg_url)
+    assert result.code == 0 and f"plan {plan_id}" in result.out
+    assert "revision 0001 (head 0001)" in cli("db", "current", "--db", pg_url).out
+
+
+def test_help_does_not_load_the_store():
+    import subprocess
+    import sys
+
+    code = ("import sys; from planner.cli import main; main(['--help']); "
+            "print(sorted(m for m in ('planner.store', 'sqlalchemy', 'alembic', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

@@ -1,0 +1,255 @@
+"""The analytical throughput model against numbers derived by hand.
+
+Models are built here (a llama-like ModelSpec from hidden/layers/vocab/intermediate) so the
+tests do not depend on the catalog. Reference model: Llama-2-7B's shape.
+
+    per layer:  q, k, v, o   4 x 4096 x 4096   =  67,108,864
+                gate, up, down 3 x 4096 x 11008 = 135,266,304
+                                                 -----------
+                                                 202,375,168 weights
+    32 layers:                                 6,476,005,376
+    lm_head (32000 x 4096):                      131,072,000
+    N (matmul weights per token):              6,607,077,376
+    attention forward per token: 4 x L x T x H x Q = 4 x 32 x 2048 x 32 x 128 = 1,073,741,824 (T=2048)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.config import TrainConfig
+from planner.errors import InvalidConfigError
+from planner.gpus import get_gpu
+from planner.modelspec import LinearKind, LinearSpec, ModelSpec
+from planner.throughput import (
+    MEMORY_BANDWIDTH_EFFICIENCY,
+    MFU_CPU,
+    MFU_FP32,
+    MFU_TENSOR_CORES,
+    estimate_throughput,
+    flops_per_token,
+    trainable_params,
+)
+
+N_LAYERS_7B = 6_476_005_376
+N_HEAD_7B = 131_072_000
+N_7B = 6_607_077_376
+ATTN_FWD_7B_2048 = 1_073_741_824
+PARAMS_7B = 6_738_415_616  # matmuls + embeddings (131,072,000) + norms (32 x 8192 + 4096)
+LORA_R16_ALL_LINEAR_7B = 39_976_960  # 32 x 16 x (4 x 8192 + 3 x 15104)
+
+A100_BF16 = 312e12 * 0.45  # datasheet dense bf16 x default MFU
+A100_HBM = 2039e9 * 0.80  # a100-80gb bandwidth x memory efficiency
+
+
+def llama(*, hidden: int, layers: int, vocab: int, intermediate: int, heads: int, kv_heads: int | None = None,
+          sliding_window: int | None = None) -> ModelSpec:
+    kv_heads = kv_heads or heads
+    head_dim = hidden // heads
+
+    def lin(name, n_in, n_out, kind):
+        return LinearSpec(name=name, in_features=n_in, out_features=n_out, bias=False, kind=kind)
+
+    linears = (
+        lin("q_proj", hidden, heads * head_dim, LinearKind.ATTN_IN),
+        lin("k_proj", hidden, kv_heads * head_dim, LinearKind.ATTN_IN),
+        lin("v_proj", hidden, kv_heads * head_dim, LinearKind.ATTN_IN),
+        lin("o_proj", heads * head_dim, hidden, LinearKind.ATTN_OUT),
+        lin("gate_proj", hidden, intermediate, LinearKind.MLP_IN),
+        lin("up_proj", hidden, intermediate, LinearKind.MLP_IN),
+        lin("down_proj", intermediate, hidden, LinearKind.MLP_OUT),
+    )
+    return ModelSpec(
+        id=f"test/llama-{hidden}x{layers}", model_type="llama", is_encoder=False, hidden_size=hidden,
+        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=intermediate, vocab_size=vocab, max_seq_len=4096, layer_linears=linears,
+        layer_norm_params=2 * hidden, embedding_params=vocab * hidden, final_norm_params=hidden,
+        head_params=vocab * hidden, tied_embeddings=False, hidden_act="silu", gated_mlp=True, norm="rmsnorm",
+        sliding_window=sliding_window,
+    )
+
+
+LLAMA_7B = llama(hidden=4096, layers=32, vocab=32000, intermediate=11008, heads=32)
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(micro_batch=1, seq_len=2048)
+    return TrainConfig(**(base | kw))
+
+
+def test_reference_model_counts():
+    assert LLAMA_7B.params_total == PARAMS_7B
+    assert trainable_params(model=LLAMA_7B, config=cfg()) == PARAMS_7B
+    assert trainable_params(model=LLAMA_7B, config=cfg(method="lora", lora_r=16)) == LORA_R16_ALL_LINEAR_7B
+
+
+def test_full_finetune_flops_and_compute_time_on_a100():
+    est = estimate_throughput(model=LLAMA_7B, config=cfg(), gpu=get_gpu("a100-80gb"))
+    # 6N per token (Kaplan 2020) + 3 x attention forward (PaLM appendix B), 2048 tokens
+    linear = 6 * N_7B * 2048  # 81,187,766,796,288
+    attention = 3 * ATTN_FWD_7B_2048 * 2048  # 6,597,069,766,656
+    assert est.flops_per_step == linear + attention == 87_784_836_562_944
+    assert est.breakdown_s["compute"] == pytest.approx(linear / A100_BF16, rel=1e-12)  # 0.5783 s
+    assert est.breakdown_s["attention"] == pytest.approx(attention / A100_BF16, rel=1e-12)
+    assert est.breakdown_s["recompute"] == est.breakdown_s["dequant"] == 0
+    assert est.breakdown_s["comm"] == est.breakdown_s["offload"] == 0
+    # AdamW fp32: 28 B per parameter over 80% of 2039 GB/s
+    assert est.breakdown_s["optimizer"] == pytest.approx(PARAMS_7B * 28 / A100_HBM, rel=1e-12)  # 0.1157 s
+    assert est.step_s == pytest.approx(sum(est.breakdown_s.values()), rel=1e-12)
+    assert est.tokens_per_s == pytest.approx(2048 / est.step_s, rel=1e-12)
+    assert set(est.breakdown_s) == {"compute", "attention", "recompute", "dequant", "optimizer", "comm", "offload"}
+
+
+def test_lora_flops_and_is_faster_than_full():
+    lora_cfg = cfg(method="lora", lora_r=16)
+    fl = flops_per_token(model=LLAMA_7B, config=lora_cfg)
+    # frozen base: forward + activation grads = 4N; adapters A and B: 6 x r x (in + out) per layer
+    assert fl.linear == 4 * N_7B + 6 * LORA_R16_ALL_LINEAR_7B
+    assert fl.attention == 3 * ATTN_FWD_7B_2048
+    gpu = get_gpu("a100-80gb")
+    full = estimate_throughput(model=LLAMA_7B, config=cfg(), gpu=gpu)
+    lora = estimate_throughput(model=LLAMA_7B, config=lora_cfg, gpu=gpu)
+    assert lora.step_s < full.step_s
+    assert lora.breakdown_s["optimizer"] == pytest.approx(LORA_R16_ALL_LINEAR_7B * 28 / A100_HBM, rel=1e-12)
+
+
+def test_lora_named_targets_and_unknown_target():
+    # q_proj, v_proj only: 32 x 16 x (8192 + 8192) = 8,388,608 adapter weights
+    config = cfg(method="lora", lora_r=16, lora_targets=("q_proj", "v_proj"))
+    assert trainable_params(model=LLAMA_7B, config=config) == 8_388_608
+    with pytest.raises(InvalidConfigError, match="--lora-targets c_attn not found in"):
+        estimate_throughput(model=LLAMA_7B, config=cfg(method="lora", lora_targets=("c_attn",)), gpu=get_gpu("a10g"))
+
+
+def test_checkpointing_adds_one_third_of_the_layer_compute():
+    gpu = get_gpu("a100-80gb")
+    plain = estimate_throughput(model=LLAMA_7B, config=cfg(), gpu=gpu)
+    ckpt = estimate_throughput(model=LLAMA_7B, config=cfg(grad_ckpt=True), gpu=gpu)
+    # one more forward of the decoder layers: 2 x N_layers of the 6 x N_layers (the head is not recomputed)
+    # plus one attention forward, a third of the attention's 3x
+    layer_compute = 6 * N_LAYERS_7B * 2048 / A100_BF16
+    assert ckpt.breakdown_s["recompute"] == pytest.approx(layer_compute / 3 + plain.breakdown_s["attention"] / 3, rel=1e-12)
+    assert ckpt.step_s - plain.step_s == pytest.approx(ckpt.breakdown_s["recompute"], rel=1e-9)
+    assert ckpt.flops_per_step == plain.flops_per_step  # model FLOPs exclude recomputation
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "precision", "bytes_per_param"),
+    [
+        ("adamw", "bf16-mixed", 28),  # r p g m v (4 x 4) + w p m v (3 x 4)
+        ("adamw", "bf16", 14),  # the same 7 tensors in 2 bytes
+        ("adamw_8bit", "bf16-mixed", 4 + 4 + 1 + 1 + 4 + 1 + 1 + 4 * 4 / 256),  # = 16.0625
+        ("paged_adamw_8bit", "bf16-mixed", 16.0625),
+        ("sgd", "bf16-mixed", 20),  # r p g buf + w p buf
+        ("adafactor", "bf16-mixed", 64),  # 16 fp32 passes
+    ],
+)
+def test_optimizer_term(optimizer, precision, bytes_per_param):
+    est = estimate_throughput(model=LLAMA_7B, config=cfg(optimizer=optimizer, precision=precision), gpu=get_gpu("a100-80gb"))
+    assert est.breakdown_s["optimizer"] == pytest.approx(PARAMS_7B * bytes_per_param / A100_HBM, rel=1e-12)
+
+
+def test_zero_partitions_the_optimizer_and_adds_the_master_copy():
+    # ZeRO-2 on 8 GPUs: each steps 1/8; DeepSpeed's fp32 master adds 4 B read + 2 B write => 34 B
+    est = estimate_throughput(model=LLAMA_7B, config=cfg(zero=2, gpus=8), gpu=get_gpu("a100-80gb"))
+    assert est.breakdown_s["optimizer"] == pytest.approx(PARAMS_7B / 8 * 34 / A100_HBM, rel=1e-12)
+
+
+def test_ddp_allreduce_on_8_gpus():
+    est = estimate_throughput(model=LLAMA_7B, config=cfg(gpus=8, grad_accum=4), gpu=get_gpu("a100-80gb"))
+    # ring all-reduce of fp32 grads once per step: 2 x 7/8 x P x 4 B over NVLink3 300 GB/s
+    assert est.breakdown_s["comm"] == pytest.approx(2 * 7 / 8 * PARAMS_7B * 4 / 300e9, rel=1e-12)  # 0.157 s
+    assert est.tokens_per_s == pytest.approx(1 * 4 * 8 * 2048 / est.step_s, rel=1e-12)
+
+
+def test_zero3_comm_on_8_gpus():
+    gpu = get_gpu("a100-80gb")
+    est = estimate_throughput(model=LLAMA_7B, config=cfg(zero=3, gpus=8, grad_accum=2), gpu=gpu)
+    # per micro-step: all-gather 16-bit params for forward and backward + reduce-scatter 16-bit grads,
+    # each 7/8 of the full tensor: 7/8 x 2 B x (2P + P); two micro-steps
+    expected = 2 * (7 / 8 * 2 * (2 * PARAMS_7B + PARAMS_7B)) / 300e9
+    assert est.breakdown_s["comm"] == pytest.approx(expected, rel=1e-12)  # 0.236 s
+    ckpt = estimate_throughput(model=LLAMA_7B, config=cfg(zero=3, gpus=8, grad_accum=2, grad_ckpt=True), gpu=gpu)
+    # the recompute gathers the parameters a third time
+    assert ckpt.breakdown_s["comm"] == pytest.approx(2 * (7 / 8 * 2 * (3 * PARAMS_7B + PARAMS_7B)) / 300e9, rel=1e-12)
+
+
+def test_pcie_gpus_communicate_over_pcie():
+    est = estimate_throughput(model=LLAMA_7B, config=cfg(method="lora", gpus=4), gpu=get_gpu("a10g"))
+    # LoRA adapters only, fp32 grads, PCIe gen4 effective 25 GB/s
+    assert est.breakdown_s["comm"] == pytest.approx(2 * 3 / 4 * LORA_R16_ALL_LINEAR_7B * 4 / 25e9, rel=1e-12)
+
+
+def test_offload_optimizer_adds_the_transfers_and_cpu_adam():
+    gpu = get_gpu("a100-80gb")
+    est = estimate_throughput(model=LLAMA_7B, config=cfg(zero=2, offload="optimizer", grad_accum=2), gpu=gpu)
+    # bf16 grads device->host every micro-step (2 x 2 B x P) + bf16 params back once (2 B x P), PCIe gen4 25 GB/s
+    assert est.breakdown_s["offload"] == pytest.approx((2 * 2 * PARAMS_7B + 2 * PARAMS_7B) / 25e9, rel=1e-12)  # 1.62 s
+    # CPU Adam: 28 B + 2 B for the bf16 copy per parameter at 25 GB/s of host DRAM
+    assert est.breakdown_s["optimizer"] == pytest.approx(PARAMS_7B * 30 / 25e9, rel=1e-12)  # 8.09 s
+    on_device = estimate_throughput(model=LLAMA_7B, config=cfg(zero=2, grad_accum=2), gpu=gpu)
+    assert est.breakdown_s["compute"] == on_device.breakdown_s["compute"]
+    assert est.step_s > on_device.step_s
+
+
+def test_offload_params_streams_weights_every_pass():
+    gpu = get_gpu("a100-80gb")
+    est = estimate_throughput(model=LLAMA_7B, config=cfg(zero=3, offload="optimizer+params"), gpu=gpu)
+    # grads out (2 B x P) + params in for the forward and the backward (2 x 2 B x P); no copy back
+    assert est.breakdown_s["offload"] == pytest.approx((2 * PARAMS_7B + 2 * 2 * PARAMS_7B) / 25e9, rel=1e-12)
+
+
+def test_qlora_dequantisation_is_memory_bound():
+    gpu = get_gpu("a10g")
+    est = estimate_throughput(model=LLAMA_7B, config=cfg(method="qlora", precision="bf16-mixed"), gpu=gpu)
+    # every 4-bit layer weight: read 0.5 B + double-quantised constants (1 B per 64 + 4 B per 64 x 256),
+    # write 2 B bf16; forward and backward
+    per_weight = 0.5 + 1 / 64 + 4 / 16384 + 2  # 2.515869140625 B
+    expected = N_LAYERS_7B * per_weight * 2 / (600e9 * 0.80)  # 67.9 ms
+    assert est.breakdown_s["dequant"] == pytest.approx(expected, rel=1e-12)
+    ckpt = estimate_throughput(model=LLAMA_7B, config=cfg(method="qlora", grad_ckpt=True), gpu=gpu)
+    assert ckpt.breakdown_s["dequant"] == pytest.approx(expected * 3 / 2, rel=1e-12)
+    lora = estimate_throughput(model=LLAMA_7B, config=cfg(method="lora"), gpu=gpu)
+    assert est.step_s == pytest.approx(lora.step_s + expected, rel=1e-9)
+
+
+def test_precision_picks_the_peak_and_the_default_utilization():
+    a10g = get_gpu("a10g")
+    fp32 = estimate_throughput(model=LLAMA_7B, config=cfg(precision="fp32"), gpu=a10g)
+    assert fp32.breakdown_s["compute"] == pytest.approx(6 * N_7B * 2048 / (31.2e12 * MFU_FP32), rel=1e-12)
+    t4 = estimate_throughput(model=LLAMA_7B, config=cfg(precision="fp16-mixed"), gpu=get_gpu("t4"))
+    assert t4.breakdown_s["compute"] == pytest.approx(6 * N_7B * 2048 / (65e12 * MFU_TENSOR_CORES), rel=1e-12)
+
+
+def test_bf16_on_t4_is_refused():
+    with pytest.raises(InvalidConfigError, match="T4 has no bf16 support"):
+        estimate_throughput(model=LLAMA_7B, config=cfg(precision="bf16-mixed"), gpu=get_gpu("t4"))
+
+
+def test_utilization_override_and_validation():
+    gpu = get_gpu("h100-80gb")
+    default = estimate_throughput(model=LLAMA_7B, config=cfg(), gpu=gpu)
+    given = estimate_throughput(model=LLAMA_7B, config=cfg(), gpu=gpu, utilization=0.9)
+    assert given.breakdown_s["compute"] == pytest.approx(default.breakdown_s["compute"] / 2, rel=1e-12)
+    assert given.breakdown_s["optimizer"] == default.breakdown_s["optimizer"]  # memory bound: unchanged
+    for bad in (0, 1.5, -0.1, True):
+        with pytest.raises(InvalidConfigError, match="utilization"):
+            estimate_throughput(model=LLAMA_7B, config=cfg(), gpu=gpu, utilization=bad)
+
+
+def test_sliding_window_caps_the_attention_context():
+    windowed = llama(hidden=4096, layers=32, vocab=32000, intermediate=11008, heads=32, sliding_window=512)
+    fl = flops_per_token(model=windowed, config=cfg())
+    assert fl.attention == 3 * 4 * 32 * 512 * 32 * 128
+
+
+def test_cpu_profile_estimate():
+    tiny = llama(hidden=64, layers=2, vocab=1000, intermediate=256, heads=4)
+    cpu = get_gpu("cpu")
+    est = estimate_throughput(model=tiny, config=cfg(seq_len=128, micro_batch=2, precision="fp32"), gpu=cpu)
+    # per layer 4 x 64 x 64 + 3 x 64 x 256 = 65,536 weights; x2 layers + head 64,000 = 195,072
+    assert est.breakdown_s["compute"] == pytest.approx(6 * 195_072 * 256 / (0.134e12 * MFU_CPU), rel=1e-12)
+    assert est.breakdown_s["optimizer"] == pytest.approx(
+        tiny.params_total * 28 / (12.7e9 * MEMORY_BANDWIDTH_EFFICIENCY), rel=1e-12
+    )
+    assert any("MFU default" in a for a in est.assumptions)

@@ -1,0 +1,148 @@
+"""``measure``: one measurement in a fresh process, so that a leak, an OOM or a crash of one run
+cannot contaminate the next one or the caller.
+
+The child is ``python -m workers.child`` in its own session (process group), so a timeout kills
+it and anything it started (DeepSpeed's compile jobs) with SIGKILL. A child that dies from a
+signal (segfault, kill -9, abort) is outcome ``error`` naming the signal; nothing is retried.
+
+Memory limit: ``memory_limit_bytes`` is enforced on the bytes the probe tracks (CPU: live tensor
+storage bytes; CUDA: ``torch.cuda.set_per_process_memory_fraction``), not with
+``RLIMIT_AS``: the address space of a torch process is dominated by libraries and allocator
+reservations that vary from run to run, while the tracked bytes are deterministic and are what
+the memory model predicts. Going over the limit is outcome ``oom`` with the error text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from planner.config import TrainConfig
+from planner.results import Measurement, RunOutcome
+
+#: characters of the child's log kept in the error text of a failed run
+_LOG_TAIL_CHARS = 2000
+
+
+def measure(
+    *,
+    model_config: Mapping[str, Any],
+    config: TrainConfig,
+    device: str = "cpu",
+    steps: int = 3,
+    timeout_s: float = 900,
+    memory_limit_bytes: int | None = None,
+    checkpoint_dir: str | None = None,
+    seed: int = 0,
+) -> Measurement:
+    """Train ``config`` for ``steps`` optimizer steps in a fresh process and measure its peak."""
+    return measure_with_details(
+        model_config=model_config, config=config, device=device, steps=steps, timeout_s=timeout_s,
+        memory_limit_bytes=memory_limit_bytes, checkpoint_dir=checkpoint_dir, seed=seed,
+    )[0]
+
+
+def measure_with_details(
+    *,
+    model_config: Mapping[str, Any],
+    config: TrainConfig,
+    device: str = "cpu",
+    steps: int = 3,
+    timeout_s: float = 900,
+    memory_limit_bytes: int | None = None,
+    checkpoint_dir: str | None = None,
+    seed: int = 0,
+) -> tuple[Measurement, dict[str, Any]]:
+    """``measure`` plus the run's details (peak breakdown by category, phase, parameter counts)."""
+    from workers.train import _check_args
+
+    _check_args(model_config=model_config, device=device, steps=steps, memory_limit_bytes=memory_limit_bytes)
+    if timeout_s <= 0:
+        from planner.errors import InvalidConfigError
+
+        raise InvalidConfigError(f"timeout must be > 0 seconds, got {timeout_s}")
+    job = {
+        "model_config": dict(model_config),
+        "config": config.to_dict(),
+        "device": device,
+        "steps": steps,
+        "memory_limit_bytes": memory_limit_bytes,
+        "checkpoint_dir": checkpoint_dir,
+        "seed": seed,
+    }
+    return run_job(job, timeout_s=timeout_s, device=device, deepspeed=config.zero > 0)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def run_job(job: dict[str, Any], *, timeout_s: float, device: str = "cpu", deepspeed: bool = False) -> tuple[Measurement, dict[str, Any]]:
+    """Run one child-process job (see ``workers.child``); never raises for what the child does."""
+    from workers.train import library_versions
+
+    started = _now()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if device == "cpu":
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    with tempfile.TemporaryDirectory(prefix="workers-job-") as tmp:
+        job = dict(job, result_path=os.path.join(tmp, "result.json"))
+        log_path = os.path.join(tmp, "child.log")
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "workers.child"],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,
+            )
+            timed_out = False
+            try:
+                proc.communicate(json.dumps(job).encode(), timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+            finally:
+                if proc.poll() is None:
+                    _kill_group(proc)
+        if not timed_out and proc.returncode == 0 and os.path.exists(job["result_path"]):
+            with open(job["result_path"]) as f:
+                result = json.load(f)
+            return Measurement.from_dict(result["measurement"]), result["details"]
+        with open(log_path, "rb") as f:
+            tail = f.read().decode("utf-8", "replace")[-_LOG_TAIL_CHARS:].strip()
+    if timed_out:
+        error = f"timed out after {timeout_s:g} s: the measurement process was killed"
+    elif proc.returncode < 0:
+        error = f"measurement process killed by {_signal_name(proc.returncode)}"
+    else:
+        error = f"measurement process exited with code {proc.returncode}"
+    if tail:
+        error += f"; last output: {tail}"
+    failed = Measurement(
+        outcome=RunOutcome.ERROR, device=device, library_versions=library_versions(deepspeed=deepspeed),
+        started_at=started, finished_at=_now(), error=error,
+    )
+    return failed, {"returncode": proc.returncode, "timed_out": timed_out}
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+__all__ = ["measure", "measure_with_details", "run_job"]

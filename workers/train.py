@@ -1,0 +1,426 @@
+"""One short real training run in the current process, measured by a memory probe.
+
+MEASUREMENT CONVENTION (``planner.memory.estimate_memory`` predicts exactly this):
+
+* The probe is started BEFORE the model is built, so weights, DeepSpeed's flat buffers and the
+  optimizer states created later are all counted (CPU: live tensor-storage bytes; CUDA: the
+  caching allocator's ``max_memory_allocated``).
+* The run does ``steps`` optimizer steps (default 3, at least 2 so that optimizer states exist
+  during the measured step). Each step is ``grad_accum`` micro-steps of forward -> loss /
+  grad_accum -> backward, then ``optimizer.step()`` (through the GradScaler for fp16-mixed),
+  then ``optimizer.zero_grad(set_to_none=True)`` (HF Trainer's behaviour). With ZeRO the
+  engine's own ``engine.backward(loss)`` / ``engine.step()`` do the scaling, stepping and
+  zeroing.
+* The reported peak is the maximum of live bytes during the LAST optimizer step only: the peak
+  is reset to the bytes live right before its first forward (steady state, optimizer states
+  present).
+* Inputs: random token ids ``input_ids`` [micro_batch, seq_len] (int64), ``labels =
+  input_ids`` (causal LMs shift them; for masked-LM encoders every position is a label), no
+  attention mask (no padding; sdpa takes its causal path), ``model.train()`` (dropout as the
+  config says), ``use_cache=False``.
+* Step time is the wall time of the last optimizer step; tokens/s = micro_batch x seq_len x
+  grad_accum / step time (one device).
+
+Precision: ``*-mixed`` runs an fp32 model under ``torch.autocast`` (plus a GradScaler for fp16);
+pure fp16/bf16 casts the model and the optimizer works on those parameters. QLoRA saves the
+random model with ``save_pretrained`` and reloads it with a 4-bit NF4 ``BitsAndBytesConfig``
+(the real loading path), then ``prepare_model_for_kbit_training`` (which upcasts the
+non-quantized parameters to fp32: real behaviour) and LoRA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import platform
+import socket
+import tempfile
+import time
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
+from planner.errors import InvalidConfigError
+from planner.results import Measurement, RunOutcome
+from workers.deepspeed_config import LEARNING_RATE
+from workers.deepspeed_config import build as build_deepspeed_config
+
+#: transformers model types trained as masked LM (bidirectional encoders)
+ENCODER_MODEL_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "camembert", "deberta", "deberta-v2"}
+)
+
+#: phrases torch and the allocators use for a refused allocation (c10 CPUAllocator.cpp:
+#: "DefaultCPUAllocator: can't allocate memory"; CUDACachingAllocator: "CUDA out of memory")
+_OOM_PHRASES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def run_in_process(
+    *,
+    model_config: Mapping[str, Any],
+    config: TrainConfig,
+    device: str = "cpu",
+    steps: int = 3,
+    memory_limit_bytes: int | None = None,
+    checkpoint_dir: str | None = None,
+    seed: int = 0,
+) -> tuple[Measurement, dict[str, Any]]:
+    """Train ``config`` for ``steps`` optimizer steps here and measure it.
+
+    Returns the ``Measurement`` and a details dict (peak breakdown by category, peak phase,
+    parameter counts, ...). A refused allocation is outcome ``oom``, any other failure of the
+    run outcome ``error``; both carry the error text. Bad arguments raise ``InvalidConfigError``.
+    """
+    _check_args(model_config=model_config, device=device, steps=steps, memory_limit_bytes=memory_limit_bytes)
+    started = _now()
+    details: dict[str, Any] = {}
+    from workers.probes import make_probe
+
+    probe = make_probe(device=device, limit_bytes=memory_limit_bytes)
+    outcome, error, step_s = RunOutcome.OK, None, None
+    device_name = "cpu"
+    try:
+        device_name = _device_name(device)
+        step_s = _train(
+            model_config=dict(model_config), config=config, device=device, steps=steps,
+            checkpoint_dir=checkpoint_dir, seed=seed, probe=probe, details=details,
+        )
+    except BaseException as exc:  # noqa: BLE001 - every failure of the run is reported, not raised
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        outcome = RunOutcome.OOM if _is_oom(exc) else RunOutcome.ERROR
+        error = f"{type(exc).__name__}: {exc}".strip()
+    finally:
+        probe.stop()
+        gc.collect()
+    if hasattr(probe, "run_peak_bytes"):
+        details["run_peak_bytes"] = probe.run_peak_bytes
+        details["peak_breakdown"] = dict(probe.peak_breakdown)
+        details["peak_phase"] = probe.peak_phase
+    ok = outcome is RunOutcome.OK
+    tokens = config.micro_batch * config.seq_len * config.grad_accum
+    measurement = Measurement(
+        outcome=outcome,
+        device=device_name,
+        peak_allocated_bytes=probe.peak_allocated_bytes if ok else None,
+        peak_reserved_bytes=probe.peak_reserved_bytes if ok else None,
+        process_total_bytes=probe.process_total_bytes if ok else None,
+        step_s=step_s if ok else None,
+        tokens_per_s=tokens / step_s if ok and step_s else None,
+        library_versions=library_versions(deepspeed=config.zero > 0),
+        node=socket.gethostname(),
+        started_at=started,
+        finished_at=_now(),
+        error=error,
+    )
+    return measurement, details
+
+
+def _check_args(*, model_config: Mapping[str, Any], device: str, steps: int, memory_limit_bytes: int | None) -> None:
+    if not isinstance(model_config, Mapping) or not model_config.get("model_type"):
+        raise InvalidConfigError("model_config must be a config.json dict with a model_type")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise InvalidConfigError(f"device must be cpu or cuda[:N], got {device!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise InvalidConfigError(
+            f"steps must be >= 2 so that optimizer states exist in the measured step, got {steps!r}"
+        )
+    if memory_limit_bytes is not None and memory_limit_bytes <= 0:
+        raise InvalidConfigError(f"memory limit must be > 0 bytes, got {memory_limit_bytes}")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(p in str(exc).lower() for p in _OOM_PHRASES)
+
+
+def _device_name(device: str) -> str:
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device))
+
+
+def library_versions(*, deepspeed: bool) -> dict[str, str]:
+    """Versions from package metadata (no import needed)."""
+    from importlib import metadata
+
+    names = ["torch", "transformers", "peft", "accelerate", "bitsandbytes"] + (["deepspeed"] if deepspeed else [])
+    versions = {"python": platform.python_version()}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+# ---- building ------------------------------------------------------------------------------
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _is_encoder(model_config: Mapping[str, Any]) -> bool:
+    return str(model_config["model_type"]) in ENCODER_MODEL_TYPES
+
+
+def _build_model(*, model_config: dict[str, Any], config: TrainConfig, checkpoint_dir: str | None):
+    """The transformers model in the dtype the precision stores weights in (random or local)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    auto = AutoModelForMaskedLM if _is_encoder(model_config) else AutoModelForCausalLM
+    pure16 = config.precision in (Precision.FP16, Precision.BF16)
+    dtype = _torch_dtype(config.precision.compute_dtype) if pure16 else torch.float32
+    attn = config.attention.hf_name
+    if checkpoint_dir is not None:
+        return auto.from_pretrained(checkpoint_dir, local_files_only=True, dtype=dtype, attn_implementation=attn)
+    cfg = {k: v for k, v in model_config.items() if not k.startswith("_") and k not in ("model_type", "torch_dtype", "dtype")}
+    hf_config = AutoConfig.for_model(str(model_config["model_type"]), **cfg)
+    return auto.from_config(hf_config, attn_implementation=attn, dtype=dtype)
+
+
+def _build_qlora_base(*, model_config: dict[str, Any], config: TrainConfig, checkpoint_dir: str | None, tmp: str):
+    """Reload the (random or local) weights through bitsandbytes' 4-bit NF4 loading path."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, BitsAndBytesConfig
+
+    compute = _torch_dtype(config.precision.compute_dtype)
+    if checkpoint_dir is None:
+        random_model = _build_model(
+            model_config=model_config, config=config.replace(precision=Precision.FP32), checkpoint_dir=None
+        )
+        random_model.save_pretrained(tmp)
+        del random_model
+        gc.collect()
+        checkpoint_dir = tmp
+    auto = AutoModelForMaskedLM if _is_encoder(model_config) else AutoModelForCausalLM
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute,
+    )
+    return auto.from_pretrained(
+        checkpoint_dir, local_files_only=True, quantization_config=quant, dtype=compute,
+        attn_implementation=config.attention.hf_name,
+    )
+
+
+def _apply_training_setup(model, *, model_config: Mapping[str, Any], config: TrainConfig):
+    """Checkpointing, k-bit preparation and LoRA adapters, in the order HF recipes apply them."""
+    ckpt_kwargs = {"use_reentrant": False}
+    if config.method is Method.QLORA:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=config.grad_ckpt, gradient_checkpointing_kwargs=ckpt_kwargs
+        )
+    elif config.grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt_kwargs)
+    if config.method.uses_adapters:
+        from peft import LoraConfig, get_peft_model
+
+        targets = "all-linear" if config.lora_all_linear else list(config.lora_targets or ())
+        lora = LoraConfig(
+            r=config.lora_r,
+            lora_alpha=2 * config.lora_r,
+            lora_dropout=0.0,
+            target_modules=targets,
+            task_type=None if _is_encoder(model_config) else "CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)
+    return model
+
+
+def _build_optimizer(config: TrainConfig, params: list):
+    import torch
+
+    if config.optimizer is Optimizer.ADAMW:
+        return torch.optim.AdamW(params, lr=LEARNING_RATE)
+    if config.optimizer is Optimizer.SGD:
+        return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9)
+    if config.optimizer is Optimizer.ADAFACTOR:
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=LEARNING_RATE, scale_parameter=False, relative_step=False, warmup_init=False)
+    import bitsandbytes as bnb
+
+    if config.optimizer is Optimizer.ADAMW_8BIT:
+        return bnb.optim.AdamW8bit(params, lr=LEARNING_RATE)
+    assert config.optimizer is Optimizer.PAGED_ADAMW_8BIT, config.optimizer
+    return bnb.optim.PagedAdamW8bit(params, lr=LEARNING_RATE)
+
+
+def _init_single_process_distributed(device: str) -> None:
+    """One rank of one: what the deepspeed launcher would set (gloo on CPU, NCCL on GPU)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
+
+
+# ---- the run -------------------------------------------------------------------------------
+def _train(
+    *, model_config: dict[str, Any], config: TrainConfig, device: str, steps: int,
+    checkpoint_dir: str | None, seed: int, probe, details: dict[str, Any],
+) -> float:
+    """Build and train; returns the wall time of the last optimizer step."""
+    if config.zero and device == "cpu":
+        # before deepspeed is imported: its accelerator is chosen once, at import
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+
+    torch.manual_seed(seed)
+    use_ds = config.zero > 0
+    if use_ds:
+        _init_single_process_distributed(device)
+    tracks = hasattr(probe, "track")  # the CPU probe can attribute bytes to categories
+    probe.start()
+    with tempfile.TemporaryDirectory(prefix="workers-qlora-") as tmp:
+        if config.method is Method.QLORA:
+            model = _build_qlora_base(model_config=model_config, config=config, checkpoint_dir=checkpoint_dir, tmp=tmp)
+        else:
+            model = _build_model(model_config=model_config, config=config, checkpoint_dir=checkpoint_dir)
+    if device != "cpu" and config.method is not Method.QLORA:
+        model = model.to(device)
+    model = _apply_training_setup(model, model_config=model_config, config=config)
+    if config.method is Method.QLORA and device != "cpu":
+        model = model.to(device)
+    model.config.use_cache = False
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    details["params_total"] = sum(p.numel() for p in model.parameters())
+    details["params_trainable"] = sum(p.numel() for p in params)
+    details["trainable_bytes"] = sum(p.numel() * p.element_size() for p in params)
+    details["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    details["param_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    if tracks:
+        probe.track(model.parameters(), category="parameters")
+        probe.track(model.buffers())
+
+    scaler = None
+    autocast_dtype = None
+    if use_ds:
+        import deepspeed
+
+        ds_config = build_deepspeed_config(config, pin_memory=device != "cpu")
+        client_opt = None if "optimizer" in ds_config else _build_optimizer(config, params)
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=params, optimizer=client_opt, config=ds_config
+        )
+        details["deepspeed_config"] = ds_config
+    else:
+        engine = model
+        optimizer = _build_optimizer(config, params)
+        if config.precision.is_mixed:
+            autocast_dtype = _torch_dtype(config.precision.compute_dtype)
+        if config.precision is Precision.FP16_MIXED:
+            scaler = torch.amp.GradScaler(device.split(":")[0])
+        if tracks:
+            for p in params:
+                p.register_post_accumulate_grad_hook(lambda p: probe.track([p.grad], category="gradients"))
+
+    device_type = device.split(":")[0]
+    dev = torch.device(device)
+    vocab = int(model_config.get("vocab_size") or model.config.vocab_size)
+    gen = torch.Generator().manual_seed(seed)
+    batches = [
+        torch.randint(0, vocab, (config.micro_batch, config.seq_len), generator=gen).to(dev)
+        for _ in range(config.grad_accum)
+    ]
+
+    def set_phase(name: str) -> None:
+        probe.phase = name
+
+    def one_step() -> None:
+        for input_ids in batches:
+            set_phase("forward")
+            ctx = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+            with ctx:
+                loss = engine(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+            set_phase("backward")
+            if use_ds:
+                engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+                set_phase("optimizer")
+                engine.step()  # steps (and zeroes) only at the accumulation boundary
+                continue
+            loss = loss / config.grad_accum
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            del loss
+        if use_ds:
+            return
+        set_phase("optimizer")
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(steps - 1):
+        one_step()
+    if tracks:
+        _tag_states(probe, model=model, optimizer=optimizer, use_ds=use_ds)
+    if device_type == "cuda":
+        torch.cuda.synchronize(dev)
+    set_phase("forward")
+    probe.reset_peak()
+    t0 = time.perf_counter()
+    one_step()
+    if device_type == "cuda":
+        torch.cuda.synchronize(dev)
+    step_s = time.perf_counter() - t0
+    details["live_bytes_after"] = getattr(probe, "live_bytes", None)
+    if scaler is not None:
+        details["grad_scaler_scale"] = float(scaler.get_scale())
+    return step_s
+
+
+def _tag_states(probe, *, model, optimizer, use_ds: bool) -> None:
+    """Tag the storages alive before the measured step by what holds them (CPU probe only)."""
+    import torch
+
+    probe.track(model.parameters(), category="parameters")
+    inner = getattr(optimizer, "optimizer", optimizer)  # DeepSpeed's ZeRO wrapper holds the torch one
+    states = [v for s in getattr(inner, "state", {}).values() for v in s.values() if isinstance(v, torch.Tensor)]
+    probe.track(states, category="optimizer_states")
+    if use_ds:
+        # fp32 master partitions and their gradient partitions: stage 1/2
+        # (stage_1_and_2.py single_partition_of_fp32_groups) and stage 3 (stage3.py
+        # fp32_partitioned_groups_flat). With CPU offload they (and Adam's moments) live in host
+        # memory on a GPU machine: tagged "offloaded", kept out of the device peak.
+        masters = list(getattr(optimizer, "single_partition_of_fp32_groups", None) or [])
+        masters += list(getattr(optimizer, "fp32_partitioned_groups_flat", None) or [])
+        masters = [m for m in masters if isinstance(m, torch.Tensor)]
+        master_grads = [m.grad for m in masters if m.grad is not None]
+        offloaded = bool(getattr(optimizer, "cpu_offload", False) or getattr(optimizer, "offload_optimizer", False))
+        category = "offloaded" if offloaded else "optimizer_states"
+        probe.track(masters + states, category=category)
+        probe.track(master_grads, category="offloaded" if offloaded else "gradients")
+
+
+__all__ = ["ENCODER_MODEL_TYPES", "library_versions", "run_in_process"]
