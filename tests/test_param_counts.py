@@ -160,34 +160,77 @@ VARIANTS = {
     },
     "mistral-defaults": {"model_type": "mistral", "intermediate_size": 96, **WIDE},
     "mixtral-defaults": {"model_type": "mixtral", "intermediate_size": 96, **WIDE},
-    "mixtral-4x1": {"model_type": "mixtral", "intermediate_size": 96, **SMALL, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 1},
+    "mixtral-4x1": {
+        "model_type": "mixtral", "intermediate_size": 96, **SMALL, "num_key_value_heads": 2,
+        "num_local_experts": 4, "num_experts_per_tok": 1,
+    },
     "qwen2-defaults": {"model_type": "qwen2", "intermediate_size": 96, **WIDE},
-    "qwen2-tied": {"model_type": "qwen2", "intermediate_size": 96, **SMALL, "tie_word_embeddings": True, "num_key_value_heads": 1},
+    "qwen2-tied": {
+        "model_type": "qwen2", "intermediate_size": 96, **SMALL, "tie_word_embeddings": True,
+        "num_key_value_heads": 1,
+    },
     "qwen3-defaults": {"model_type": "qwen3", "intermediate_size": 96, **WIDE},
-    "qwen3-bias": {"model_type": "qwen3", "intermediate_size": 96, **SMALL, "num_key_value_heads": None, "attention_bias": True, "head_dim": 16},
+    "qwen3-bias": {
+        "model_type": "qwen3", "intermediate_size": 96, **SMALL, "num_key_value_heads": None,
+        "attention_bias": True, "head_dim": 16,
+    },
     "gemma-defaults": {"model_type": "gemma", "intermediate_size": 96, **WIDE},
     "gemma2-defaults": {"model_type": "gemma2", "intermediate_size": 96, **SMALL},
     "phi-defaults": {"model_type": "phi", "intermediate_size": 96, **SMALL},
-    "phi-qk-layernorm-tied": {"model_type": "phi", "intermediate_size": 96, **SMALL, "qk_layernorm": True, "tie_word_embeddings": True},
+    "phi-qk-layernorm-tied": {
+        "model_type": "phi", "intermediate_size": 96, **SMALL, "qk_layernorm": True,
+        "tie_word_embeddings": True,
+    },
     "phi3-defaults": {"model_type": "phi3", "intermediate_size": 96, **SMALL, "pad_token_id": 0},
-    "phi3-gqa": {"model_type": "phi3", "intermediate_size": 96, **SMALL, "pad_token_id": 0, "num_key_value_heads": 2},
+    "phi3-gqa": {
+        "model_type": "phi3", "intermediate_size": 96, **SMALL, "pad_token_id": 0,
+        "num_key_value_heads": 2,
+    },
     "starcoder2-defaults": {"model_type": "starcoder2", "intermediate_size": 96, **SMALL},
-    "starcoder2-nobias-untied": {"model_type": "starcoder2", "intermediate_size": 96, **SMALL, "use_bias": False, "tie_word_embeddings": False},
+    "starcoder2-nobias-untied": {
+        "model_type": "starcoder2", "intermediate_size": 96, **SMALL, "use_bias": False,
+        "tie_word_embeddings": False,
+    },
     "gpt2-defaults": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100},
-    "gpt2-n-inner-untied": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100, "n_inner": 80, "n_positions": 32, "tie_word_embeddings": False},
+    "gpt2-n-inner-untied": {
+        "model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100, "n_inner": 80,
+        "n_positions": 32, "tie_word_embeddings": False,
+    },
     "gpt_neox-defaults": {"model_type": "gpt_neox", "intermediate_size": 96, **SMALL},
-    "gpt_neox-nobias-tied-serial": {"model_type": "gpt_neox", "intermediate_size": 96, **SMALL, "attention_bias": False, "tie_word_embeddings": True, "use_parallel_residual": False},
+    "gpt_neox-nobias-tied-serial": {
+        "model_type": "gpt_neox", "intermediate_size": 96, **SMALL, "attention_bias": False,
+        "tie_word_embeddings": True, "use_parallel_residual": False,
+    },
     "opt-defaults": {"model_type": "opt", "ffn_dim": 96, **SMALL},
     # opt-350m style: embeddings in a smaller space with project_in/out, post-norm (no final LN)
-    "opt-350m-style": {"model_type": "opt", "ffn_dim": 96, **SMALL, "word_embed_proj_dim": 32, "do_layer_norm_before": False},
-    "opt-no-affine-no-bias": {"model_type": "opt", "ffn_dim": 96, **SMALL, "enable_bias": False, "layer_norm_elementwise_affine": False},
-    "bloom-defaults": {"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100},
+    "opt-350m-style": {
+        "model_type": "opt", "ffn_dim": 96, **SMALL, "word_embed_proj_dim": 32,
+        "do_layer_norm_before": False,
+    },
+    "opt-no-affine-no-bias": {
+        "model_type": "opt", "ffn_dim": 96, **SMALL, "enable_bias": False,
+        "layer_norm_elementwise_affine": False,
+    },
+    "bloom-defaults": {
+        "model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100,
+    },
     "falcon-defaults": {"model_type": "falcon", **SMALL},
-    "falcon-new-arch": {"model_type": "falcon", **SMALL, "new_decoder_architecture": True, "num_kv_heads": 2, "bias": True},
-    "falcon-new-arch-one-ln": {"model_type": "falcon", **SMALL, "new_decoder_architecture": True, "num_kv_heads": 2, "num_ln_in_parallel_attn": 1},
-    "falcon-mha-serial": {"model_type": "falcon", **SMALL, "multi_query": False, "parallel_attn": False, "ffn_hidden_size": 80, "alibi": True},
+    "falcon-new-arch": {
+        "model_type": "falcon", **SMALL, "new_decoder_architecture": True, "num_kv_heads": 2, "bias": True,
+    },
+    "falcon-new-arch-one-ln": {
+        "model_type": "falcon", **SMALL, "new_decoder_architecture": True, "num_kv_heads": 2,
+        "num_ln_in_parallel_attn": 1,
+    },
+    "falcon-mha-serial": {
+        "model_type": "falcon", **SMALL, "multi_query": False, "parallel_attn": False,
+        "ffn_hidden_size": 80, "alibi": True,
+    },
     "bert-defaults": {"model_type": "bert", "intermediate_size": 96, **SMALL},
-    "bert-untied": {"model_type": "bert", "intermediate_size": 96, **SMALL, "tie_word_embeddings": False, "type_vocab_size": 3},
+    "bert-untied": {
+        "model_type": "bert", "intermediate_size": 96, **SMALL, "tie_word_embeddings": False,
+        "type_vocab_size": 3,
+    },
     "roberta-defaults": {"model_type": "roberta", "intermediate_size": 96, **SMALL},
 }
 

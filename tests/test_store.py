@@ -67,6 +67,14 @@ def test_measurements_are_stored_against_their_candidate(store):
     assert len(plan.measurements) == 2
 
 
+def test_measurement_with_a_bad_timestamp_is_refused(store):
+    plan_id = store.save_plan(result=plan_result(candidates=1))
+    first = store.get_plan(plan_id=plan_id).candidates[0]
+    with pytest.raises(StoreError, match="started_at 'yesterday' is not an ISO 8601 time"):
+        store.record_measurement(candidate_id=first.id, measurement=replace(measurement(), started_at="yesterday"))
+    assert store.get_plan(plan_id=plan_id).measurements == ()
+
+
 def test_set_status_and_ray_job(store):
     plan_id = store.save_plan(result=plan_result())
     store.set_status(plan_id=plan_id, status=PlanStatus.VERIFYING, ray_job_id="raysubmit_abc")

@@ -32,6 +32,7 @@ def filled():
 
 
 def test_history_on_an_empty_database(cli):
+    assert "revision base (head 0001): empty: the schema is created on first use" in cli("db", "current").out
     result = cli("history")
     assert result.code == 0 and "no plans stored yet" in result.out
     result = cli("history", "--json")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -132,7 +133,7 @@ def run_job(job: dict[str, Any], *, timeout_s: float, device: str = "cpu", deeps
         error += f"; last output: {tail}"
     failed = Measurement(
         outcome=RunOutcome.ERROR, device=device, library_versions=library_versions(deepspeed=deepspeed),
-        started_at=started, finished_at=_now(), error=error,
+        node=socket.gethostname(), started_at=started, finished_at=_now(), error=error,
     )
     return failed, {"returncode": proc.returncode, "timed_out": timed_out}
 

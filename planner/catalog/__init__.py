@@ -123,7 +123,8 @@ def load_config_file(path: Path) -> dict[str, Any]:
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ModelConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise ModelConfigError(f"{path}: not valid JSON ({exc.msg} at {where})") from None
     if not isinstance(config, dict):
         raise ModelConfigError(f"{path}: a config.json must be a JSON object, got {type(config).__name__}")
     return config
@@ -182,7 +183,9 @@ def _closest_ids(name: str, n: int = 3) -> list[str]:
 def resolve_model(name: str) -> ModelSpec:
     """A catalog id, a config.json path or model directory, or an HF id in the local cache."""
     if not isinstance(name, str) or not name.strip():
-        raise UnknownModelError("no model given: pass a catalog id (see 'planner models') or a path to a config.json")
+        raise UnknownModelError(
+            "no model given: pass a catalog id (see 'planner models') or a path to a config.json"
+        )
     canonical = _find_catalog_id(name)
     if canonical is not None:
         return _catalog_spec(canonical)
@@ -191,7 +194,9 @@ def resolve_model(name: str) -> ModelSpec:
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.is_file():
-            raise ModelConfigError(f"{path}: directory has no config.json; pass the model folder that holds it")
+            raise ModelConfigError(
+                f"{path}: directory has no config.json; pass the model folder that holds it"
+            )
         return _spec_from_file(config_path)
     if path.is_file():
         return _spec_from_file(path)

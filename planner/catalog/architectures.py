@@ -112,14 +112,18 @@ class _Config:
 # ---- building blocks ----------------------------------------------------------------------------
 
 
-def _lin(name: str, n_in: int, n_out: int, bias: bool, kind: LinearKind, count: int = 1, active: int | None = None) -> LinearSpec:
+def _lin(
+    name: str, n_in: int, n_out: int, bias: bool, kind: LinearKind, count: int = 1, active: int | None = None
+) -> LinearSpec:
     return LinearSpec(
         name=name, in_features=n_in, out_features=n_out, bias=bias, kind=kind,
         count=count, active=count if active is None else active,
     )
 
 
-def _qkvo(hidden: int, heads: int, kv: int, head_dim: int, *, qkv_bias: bool, o_bias: bool, o_name: str = "o_proj") -> list[LinearSpec]:
+def _qkvo(
+    hidden: int, heads: int, kv: int, head_dim: int, *, qkv_bias: bool, o_bias: bool, o_name: str = "o_proj"
+) -> list[LinearSpec]:
     """Separate q/k/v projections (grouped-query when kv < heads) and the output projection."""
     q_out, kv_out = heads * head_dim, kv * head_dim
     return [
@@ -163,7 +167,10 @@ def _untied_head(vocab: int, n_in: int, *, tied: bool, bias: bool = False) -> in
 
 
 def _common(*, model_type: str, hidden: int, layers: int, heads: int, vocab: int) -> dict[str, Any]:
-    return {"model_type": model_type, "hidden_size": hidden, "num_layers": layers, "num_heads": heads, "vocab_size": vocab}
+    return {
+        "model_type": model_type, "hidden_size": hidden, "num_layers": layers,
+        "num_heads": heads, "vocab_size": vocab,
+    }
 
 
 # ---- llama family: llama, mistral, mixtral, qwen2, qwen3, gemma, gemma2 -----------------------------
@@ -346,19 +353,23 @@ def _gpt2(c: _Config, model_type: str) -> dict[str, Any]:
     hidden, layers = c.size("n_embd", "hidden_size"), c.size("n_layer", "num_hidden_layers")
     heads, vocab = c.size("n_head", "num_attention_heads"), c.size("vocab_size")
     if c.flag("add_cross_attention", False):
-        raise UnsupportedError(f"{c.source}: gpt2 with add_cross_attention is an encoder-decoder part; not supported")
+        raise UnsupportedError(
+            f"{c.source}: gpt2 with add_cross_attention is an encoder-decoder part; not supported"
+        )
     inter = c.size("n_inner", default=4 * hidden)  # modeling_gpt2.py: n_inner or 4 * hidden
     _, head_dim = c.heads(hidden=hidden, heads=heads, kv_key=None)
     positions = c.size("n_positions", "max_position_embeddings", default=1024)
     # HF Conv1D stores weights as [in, out]; the math sees (in_features, out_features) as for Linear.
-    linears = _fused_qkv_block(("c_attn", "c_proj", "c_fc", "c_proj"), hidden, 3 * hidden, inter, attn_bias=True, mlp_bias=True)
+    names = ("c_attn", "c_proj", "c_fc", "c_proj")
+    linears = _fused_qkv_block(names, hidden, 3 * hidden, inter, attn_bias=True, mlp_bias=True)
     tied = c.flag("tie_word_embeddings", True)
     return dict(
         _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=False, num_kv_heads=heads, head_dim=head_dim, intermediate_size=inter,
         max_seq_len=positions, layer_linears=linears, layer_norm_params=4 * hidden,
         embedding_params=vocab * hidden, other_embedding_params=positions * hidden,  # wpe
-        final_norm_params=2 * hidden, head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        final_norm_params=2 * hidden, head_params=_untied_head(vocab, hidden, tied=tied),
+        tied_embeddings=tied,
         hidden_act=c.text("activation_function", default="gelu_new"), gated_mlp=False, norm="layernorm",
         position="learned", attn_dropout=c.prob("attn_pdrop", default=0.1),
         hidden_dropout=c.prob("resid_pdrop", default=0.1),
@@ -402,7 +413,8 @@ def _opt(c: _Config, model_type: str) -> dict[str, Any]:
     other = (max_pos + 2) * hidden + (2 * proj * hidden if proj != hidden else 0)
     # The final LayerNorm exists only for pre-norm checkpoints without the legacy
     # _remove_final_layer_norm flag (modeling_opt.py OPTDecoder.__init__).
-    final = norm if c.flag("do_layer_norm_before", True) and not c.flag("_remove_final_layer_norm", False) else 0
+    has_final = c.flag("do_layer_norm_before", True) and not c.flag("_remove_final_layer_norm", False)
+    final = norm if has_final else 0
     tied = c.flag("tie_word_embeddings", True)
     return dict(
         _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
@@ -411,7 +423,8 @@ def _opt(c: _Config, model_type: str) -> dict[str, Any]:
         embedding_params=vocab * proj, other_embedding_params=other, final_norm_params=final,
         head_params=_untied_head(vocab, proj, tied=tied), tied_embeddings=tied,
         hidden_act=c.text("activation_function", default="relu"), gated_mlp=False, norm="layernorm",
-        position="learned", attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("dropout", default=0.1),
+        position="learned", attn_dropout=c.prob("attention_dropout"),
+        hidden_dropout=c.prob("dropout", default=0.1),
     )
 
 
@@ -434,7 +447,8 @@ def _bloom(c: _Config, model_type: str) -> dict[str, Any]:
         max_seq_len=c.size("seq_length", default=BLOOM_DEFAULT_SEQ_LEN),
         layer_linears=linears, layer_norm_params=4 * hidden,
         embedding_params=vocab * hidden, other_embedding_params=2 * hidden,  # word_embeddings_layernorm
-        final_norm_params=2 * hidden, head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        final_norm_params=2 * hidden, head_params=_untied_head(vocab, hidden, tied=tied),
+        tied_embeddings=tied,
         # bloom_gelu_forward (modeling_bloom.py) is the tanh approximation of GELU
         hidden_act="gelu_pytorch_tanh", gated_mlp=False, norm="layernorm", position="alibi",
         attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("hidden_dropout"),
@@ -461,7 +475,8 @@ def _falcon(c: _Config, model_type: str) -> dict[str, Any]:
     if heads % kv:
         raise c.error(f"num_attention_heads {heads} is not a multiple of num_kv_heads {kv}")
     inter = c.size("ffn_hidden_size", default=4 * hidden)
-    linears = _fused_qkv_block(_FUSED_QKV_NAMES, hidden, (heads + 2 * kv) * head_dim, inter, attn_bias=bias, mlp_bias=bias)
+    qkv_out = (heads + 2 * kv) * head_dim
+    linears = _fused_qkv_block(_FUSED_QKV_NAMES, hidden, qkv_out, inter, attn_bias=bias, mlp_bias=bias)
     # FalconDecoderLayer: two LayerNorms unless parallel_attn with one (num_ln_in_parallel_attn
     # defaults to 2 for the new architecture, else 1).
     num_ln = c.size("num_ln_in_parallel_attn", default=2 if new_arch else 1) if parallel else 2
@@ -509,7 +524,9 @@ def _bert_like(c: _Config, model_type: str) -> dict[str, Any]:
             raise c.error(f"pad_token_id must be a whole number >= 0, got {pad!r}")
         max_seq = max_pos - (pad + 1)
         if max_seq < 1:
-            raise c.error(f"max_position_embeddings {max_pos} leaves no positions after the padding offset {pad + 1}")
+            raise c.error(
+                f"max_position_embeddings {max_pos} leaves no positions after the padding offset {pad + 1}"
+            )
     else:
         max_seq = max_pos
     tied = c.flag("tie_word_embeddings", True)
@@ -517,15 +534,18 @@ def _bert_like(c: _Config, model_type: str) -> dict[str, Any]:
     # transform dense (h*h + h) + LayerNorm (2h) and a vocab bias. _tied_weights_keys ties
     # decoder.weight to the word embedding and decoder.bias to that bias, but only when
     # tie_word_embeddings is on: untied, the decoder keeps its own weight and bias.
-    head = hidden * hidden + hidden + 2 * hidden + vocab + _untied_head(vocab, hidden, tied=tied, bias=not tied)
+    transform = hidden * hidden + hidden + 2 * hidden
+    head = transform + vocab + _untied_head(vocab, hidden, tied=tied, bias=not tied)
     return dict(
         _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=True, num_kv_heads=heads, head_dim=head_dim, intermediate_size=inter, max_seq_len=max_seq,
         layer_linears=linears, layer_norm_params=4 * hidden,
         embedding_params=vocab * hidden,
-        other_embedding_params=max_pos * hidden + types * hidden + 2 * hidden,  # positions, token types, LayerNorm
+        # positions, token types, embeddings LayerNorm
+        other_embedding_params=max_pos * hidden + types * hidden + 2 * hidden,
         head_params=head, tied_embeddings=tied,
-        hidden_act=c.text("hidden_act", default="gelu"), gated_mlp=False, norm="layernorm", position="learned",
+        hidden_act=c.text("hidden_act", default="gelu"), gated_mlp=False, norm="layernorm",
+        position="learned",
         attn_dropout=c.prob("attention_probs_dropout_prob", default=0.1),
         hidden_dropout=c.prob("hidden_dropout_prob", default=0.1),
     )
@@ -580,7 +600,8 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str, source: str) -
         raise ModelConfigError(f"{source}: missing model_type (one of {supported})")
     if model_type in _UNSUPPORTED:
         raise UnsupportedError(
-            f"{source}: model_type {model_type} ({_UNSUPPORTED[model_type]}) is not supported yet; supported: {supported}"
+            f"{source}: model_type {model_type} ({_UNSUPPORTED[model_type]}) is not supported yet; "
+            f"supported: {supported}"
         )
     builder = _BUILDERS.get(model_type)
     if builder is None:

@@ -45,8 +45,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     User mistakes print one line on stderr: ``error: <what is wrong and how to fix it>``.
     """
     import click
+    import typer
 
     from planner.errors import PlannerError
+
+    # typer >= 0.29 runs on its own vendored click (typer._click) with typer.Exit/Abort; older
+    # typer raises click's own types. Catch both so that a usage error is always one line.
+    try:
+        from typer._click import exceptions as vendored  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - older typer
+        vendored = click.exceptions
+    exits = (click.exceptions.Exit, typer.Exit)
+    aborts = (click.exceptions.Abort, typer.Abort)
+    no_args = (click.exceptions.NoArgsIsHelpError, vendored.NoArgsIsHelpError)
+    usage = (click.exceptions.UsageError, vendored.UsageError)
 
     args = list(sys.argv[1:] if argv is None else argv)
     command = get_app()
@@ -56,16 +68,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         click_cmd = typer.main.get_command(command)
         click_cmd.main(args=args, prog_name="planner", standalone_mode=False)
         code = 0
-    except click.exceptions.Exit as exc:  # --help, ctx.exit(n)
+    except exits as exc:  # --help, ctx.exit(n), typer.Exit(n)
         code = exc.exit_code
-    except click.exceptions.NoArgsIsHelpError as exc:
-        click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+    except no_args as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else "see 'planner --help'")
         code = 0
-    except click.exceptions.UsageError as exc:
-        where = f"planner {exc.ctx.command_path.split(' ', 1)[1]} --help" if exc.ctx and " " in exc.ctx.command_path else "planner --help"
+    except usage as exc:
+        ctx = getattr(exc, "ctx", None)
+        path = ctx.command_path if ctx is not None else "planner"
+        where = f"planner {path.split(' ', 1)[1]} --help" if " " in path else "planner --help"
         click.echo(f"error: {exc.format_message()} (see '{where}')", err=True)
         code = 2
-    except click.exceptions.Abort:
+    except aborts:
         click.echo("error: aborted", err=True)
         code = 1
     except PlannerError as exc:

@@ -8,7 +8,8 @@ import typer
 
 
 def format_params(n: int) -> str:
-    """Three significant figures: ``6738415616`` -> ``6.74B``, ``13015864320`` -> ``13.0B``, ``124439808`` -> ``124M``."""
+    """Three significant figures: ``6738415616`` -> ``6.74B``, ``13015864320`` -> ``13.0B``,
+    ``124439808`` -> ``124M``."""
     # 999.5M and up would print as "1000M": switch to billions there
     value, unit = (n / 1e9, "B") if n >= 999_500_000 else (n / 1e6, "M")
     decimals = 2 if value < 10 else 1 if value < 100 else 0
@@ -16,7 +17,9 @@ def format_params(n: int) -> str:
 
 
 def models(
-    search: Optional[str] = typer.Option(None, "--search", "-s", help="Only ids or architectures containing TEXT."),
+    search: Optional[str] = typer.Option(
+        None, "--search", "-s", help="Only ids or architectures containing TEXT."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of model summaries."),
 ) -> None:
     """List the models the planner knows offline (any other model: pass a path to its config.json)."""

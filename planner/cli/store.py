@@ -265,9 +265,14 @@ def db_current(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)) -> 
     from planner.cli._common import console
     from planner.store import database_revision
 
-    current, head = database_revision(url=db)
-    note = "up to date" if current == head else "behind: run 'planner db upgrade'"
-    console().print(f"revision {current or 'base'} (head {head}): {note}")
+    state = database_revision(url=db)
+    if state.up_to_date:
+        note = "up to date"
+    elif state.brand_new:
+        note = "empty: the schema is created on first use (or by 'planner db upgrade')"
+    else:
+        note = "behind: run 'planner db upgrade'"
+    console().print(f"revision {state.current or 'base'} (head {state.head}): {note}")
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ import re
 import uuid
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta, timezone
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 from sqlalchemy import Engine, case, func, select
 from sqlalchemy.exc import DBAPIError
@@ -40,6 +40,9 @@ from planner.store.engine import (
     safe_url,
 )
 from planner.store.entities import PlanStatus, PlanSummary, StoredPlan, parse_status
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.store.schema import SchemaState
 
 T = TypeVar("T")
 
@@ -435,11 +438,15 @@ def upgrade_database(*, url: str | None = None) -> tuple[str | None, str]:
     return _with_engine(url, lambda engine, u: retry_locked(lambda: upgrade(engine, url=u)))
 
 
-def database_revision(*, url: str | None = None) -> tuple[str | None, str]:
-    """(revision stamped in the database or None, this planner's head); changes nothing."""
-    from planner.store.schema import current_revision, head_revision
+def database_revision(*, url: str | None = None) -> "SchemaState":
+    """Where the database's schema stands against this planner's head; changes nothing."""
+    from planner.store.schema import schema_state
 
-    return _with_engine(url, lambda engine, u: (current_revision(engine), head_revision()))
+    def look(engine: Engine, _url: str) -> "SchemaState":
+        with engine.connect() as conn:
+            return schema_state(conn)
+
+    return _with_engine(url, look)
 
 
 __all__ = ["Store", "database_revision", "upgrade_database", "canonical_json", "constraints_hash", "new_id", "open_store", "parse_since"]

@@ -44,6 +44,16 @@ def parse_status(text: str) -> PlanStatus:
         raise PlannerError(f"--status must be one of {choices}, got {text!r}") from None
 
 
+def _identity(item: "StoredPlan | PlanSummary") -> dict[str, Any]:
+    """The keys every JSON form of a plan starts with."""
+    return {
+        "id": item.id,
+        "created_at": item.created_at.isoformat(),
+        "status": str(item.status),
+        "verified": item.verified,
+    }
+
+
 @dataclass(frozen=True, kw_only=True)
 class StoredMeasurement:
     """One real run stored against a candidate."""
@@ -127,10 +137,7 @@ class StoredPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id,
-            "created_at": self.created_at.isoformat(),
-            "status": str(self.status),
-            "verified": self.verified,
+            **_identity(self),
             "ray_job_id": self.ray_job_id,
             "request": self.request.to_dict(),
             "searched": self.searched,
@@ -166,10 +173,7 @@ class PlanSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id,
-            "created_at": self.created_at.isoformat(),
-            "status": str(self.status),
-            "verified": self.verified,
+            **_identity(self),
             "model_id": self.model_id,
             "gpu": self.gpu,
             "gpu_count": self.gpu_count,

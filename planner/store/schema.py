@@ -28,13 +28,17 @@ _PG_MIGRATION_LOCK = "oom-planner-migrations"
 
 
 def migrations_dir() -> Path:
-    """The ``migrations`` package directory (installed, or next to ``planner`` in a checkout)."""
+    """The ``migrations`` package directory.
+
+    It sits next to the ``planner`` package both in a checkout and in site-packages (a wheel
+    installs both); an import lookup is the fallback for unusual layouts.
+    """
+    beside = Path(__file__).resolve().parents[2] / "migrations"
+    if (beside / "env.py").is_file():
+        return beside
     spec = importlib.util.find_spec("migrations")
-    if spec is not None and spec.origin and (Path(spec.origin).parent / "env.py").is_file():
-        return Path(spec.origin).parent
-    checkout = Path(__file__).resolve().parents[2] / "migrations"
-    assert (checkout / "env.py").is_file(), f"migrations package not found (looked in {checkout})"
-    return checkout
+    assert spec is not None and spec.origin, f"the migrations package is not installed (looked in {beside})"
+    return Path(spec.origin).parent
 
 
 def alembic_config(*, url: str, connection: Connection | None = None) -> Any:
@@ -171,17 +175,11 @@ def upgrade(engine: Engine, *, url: str) -> tuple[str | None, str]:
     return before.current, head_revision()
 
 
-def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
-        return schema_state(conn).current
-
-
 __all__ = [
     "BASE",
     "SchemaState",
     "alembic_config",
     "check_schema",
-    "current_revision",
     "ensure_schema",
     "head_revision",
     "migrations_dir",
