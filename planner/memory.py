@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from planner.config import ALL_LINEAR, Method, Offload, Optimizer, Precision, TrainConfig
@@ -214,20 +215,20 @@ def optimizer_state_bytes(*, sizes: list[int], optimizer: Optimizer, param_bytes
     * bitsandbytes AdamW8bit/PagedAdamW8bit: two uint8 states + one fp32 absmax per 256-element
       block each, and 32-bit states for tensors under 4096 elements (bnb Optimizer8bit).
     """
-    total = 0.0
-    for n in sizes:
+    total = 0
+    for n, copies in Counter(sizes).items():  # a model has few distinct tensor shapes
         if optimizer is Optimizer.ADAMW:
-            total += 2 * n * param_bytes + 4
+            each = 2 * n * param_bytes + 4
         elif optimizer is Optimizer.SGD:
-            total += n * param_bytes
+            each = n * param_bytes
         elif optimizer is Optimizer.ADAFACTOR:
-            total += 4 * (2 * math.isqrt(n)) if n > 0 else 0
+            each = 4 * (2 * math.isqrt(n)) if n > 0 else 0
+        elif n < BNB_MIN_8BIT_SIZE:
+            each = 2 * n * 4
         else:
-            if n < BNB_MIN_8BIT_SIZE:
-                total += 2 * n * 4
-            else:
-                total += 2 * (n + math.ceil(n / BNB_8BIT_BLOCK) * 4)
-    return int(total)
+            each = 2 * (n + math.ceil(n / BNB_8BIT_BLOCK) * 4)
+        total += each * copies
+    return total
 
 
 def _adafactor_state_bytes(model: ModelSpec, config: TrainConfig) -> int:
@@ -589,13 +590,61 @@ def _batch_terms(model: ModelSpec, config: TrainConfig):
         return _cached("batch", model, key, compute)
 
     b = config.micro_batch
-    one = at(1)
     if b == 1:
-        return one
-    two = at(2)
-    acts = {k: one[0].get(k, 0) + (b - 1) * (two[0].get(k, 0) - one[0].get(k, 0)) for k in two[0].keys() | one[0].keys()}
-    rest = tuple(x1 + (b - 1) * (x2 - x1) for x1, x2 in zip(one[1:], two[1:]))
-    return (acts,) + rest
+        return at(1)
+
+    def scaled():
+        one, two = at(1), at(2)
+        acts = {k: one[0].get(k, 0) + (b - 1) * (two[0].get(k, 0) - one[0].get(k, 0)) for k in two[0].keys() | one[0].keys()}
+        return (acts,) + tuple(x1 + (b - 1) * (x2 - x1) for x1, x2 in zip(one[1:], two[1:]))
+
+    key = (config.method, config.precision, config.zero > 0, config.lora_r, config.lora_targets,
+           config.grad_ckpt, config.attention, config.seq_len, b)
+    return _cached("batch_scaled", model, key, scaled)
+
+
+def _reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged: int) -> tuple[int, int]:
+    """CUDA caching allocator on top of the allocated peak, then the process total.
+
+    Large-block rounding on the live large tensors plus the stated fragmentation of the
+    activation churn; the CUDA context and paged (unified-memory) states come on top."""
+    n_large = model.num_layers * 8 + 4
+    transient = max(peak - static, 0)
+    reserved = peak + n_large * CUDA_ROUND_LARGE // 2 + int(CUDA_FRAGMENTATION * transient)
+    return reserved, reserved + int(gpu.cuda_context_bytes) + paged
+
+
+def fast_totals(*, model: ModelSpec, config: TrainConfig, gpu) -> tuple[int, int]:
+    """(process_total_bytes, cpu_bytes) exactly as ``estimate_memory`` computes them, without
+    building the breakdown: the search evaluates thousands of configurations with it."""
+    is_cpu = bool(getattr(gpu, "is_cpu", False))
+
+    def static_sums():
+        states, host, opt_transient = _static_terms(model, config, is_cpu)
+        paged = states.get("optimizer_states", 0) if config.optimizer is Optimizer.PAGED_ADAMW_8BIT and not is_cpu else 0
+        grads = states.get("gradients", 0)
+        return sum(states.values()) - grads - paged, grads, paged, host, opt_transient
+
+    def batch_sums():
+        acts, recompute, fwd_logits, bwd_logits = _batch_terms(model, config)
+        return sum(acts.values()), recompute, fwd_logits, bwd_logits
+
+    static, grads, paged, host, opt_transient = _cached(
+        "static_sums", model, (config.method, config.precision, config.optimizer, config.zero, config.offload,
+                               config.gpus, config.lora_r, config.lora_targets, is_cpu), static_sums)
+    saved, recompute, fwd_logits, bwd_logits = _cached(
+        "batch_sums", model, (config.method, config.precision, config.zero > 0, config.lora_r, config.lora_targets,
+                              config.grad_ckpt, config.attention, config.seq_len, config.micro_batch), batch_sums)
+    grads_fwd = grads if config.grad_accum > 1 else 0
+    peak = static + max(
+        saved + fwd_logits + grads_fwd,
+        saved + bwd_logits + recompute + grads_fwd,
+        recompute + grads,
+        grads + opt_transient,
+    )
+    if is_cpu:
+        return peak, host
+    return _reserved_and_total(model, gpu, peak=peak, static=static, paged=paged)[1], host
 
 
 def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEstimate:
@@ -648,12 +697,7 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEsti
         total = peak
         assumptions.append("cpu profile: live tensor bytes; no caching allocator, no CUDA context")
     else:
-        # caching allocator: large-block rounding on the live large tensors plus the stated
-        # fragmentation of the activation churn
-        n_large = model.num_layers * 8 + 4
-        transient = peak - static_no_grads
-        reserved = peak + n_large * CUDA_ROUND_LARGE // 2 + int(CUDA_FRAGMENTATION * max(transient, 0))
-        total = reserved + int(gpu.cuda_context_bytes) + paged
+        reserved, total = _reserved_and_total(model, gpu, peak=peak, static=static_no_grads, paged=paged)
         if paged:
             assumptions.append("paged 8-bit optimizer states counted in the process total, not in the allocator")
         assumptions.append(

@@ -19,7 +19,7 @@ from planner import __version__
 from planner.config import ALL_LINEAR, Method, Offload, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
-from planner.memory import estimate_memory, model_states_bytes
+from planner.memory import estimate_memory, fast_totals, model_states_bytes
 from planner.modelspec import LinearKind, ModelSpec
 from planner.results import Candidate, PlanRequest, PlanResult, Rejection
 from planner.throughput import estimate_throughput
@@ -77,6 +77,7 @@ def enumerate_configs(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_
             f"= batch): use a multiple of {gpus}"
         )
     per_device = target_batch // gpus
+    divisors = _divisors(per_device)
     lora_variants: list[tuple[int | None, tuple[str, ...] | None]] = []
     attn = attention_targets(model)
     for r in space.lora_ranks:
@@ -91,16 +92,28 @@ def enumerate_configs(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_
         for precision, (r, targets), optimizer, (zero, offload) in itertools.product(
             _precisions(gpu, space), variants, space.optimizers, zero_offload
         ):
+            try:
+                base = TrainConfig(
+                    method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
+                    seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False,
+                    lora_r=r, lora_targets=targets, zero=zero, offload=offload,
+                )
+            except PlannerError:
+                continue  # the combination is invalid whatever the split and checkpointing
             for ckpt in (False, True):
-                for micro in _divisors(per_device):
-                    try:
-                        yield TrainConfig(
-                            method=method, precision=precision, optimizer=optimizer, micro_batch=micro,
-                            seq_len=seq_len, grad_accum=per_device // micro, gpus=gpus, grad_ckpt=ckpt,
-                            lora_r=r, lora_targets=targets, zero=zero, offload=offload,
-                        )
-                    except PlannerError:
-                        break  # the combination is invalid whatever the micro-batch
+                for micro in divisors:
+                    yield _with_split(base, micro, per_device // micro, grad_ckpt=ckpt)
+
+
+def _with_split(base: TrainConfig, micro: int, accum: int, *, grad_ckpt: bool) -> TrainConfig:
+    """``base`` with another micro-batch x accumulation split and checkpointing. ``base`` was
+    validated; splitting its per-device batch into two positive factors or toggling
+    checkpointing cannot make it invalid (no check in ``TrainConfig.__post_init__`` reads them
+    together with anything else), so the copy skips ``__post_init__`` (a third of the search's
+    time otherwise)."""
+    config = object.__new__(TrainConfig)
+    config.__dict__.update(base.__dict__, micro_batch=micro, grad_accum=accum, grad_ckpt=grad_ckpt)
+    return config
 
 
 def _family(config: TrainConfig) -> str:
@@ -131,21 +144,25 @@ def suggest(
     margin = safety_margin(capacity)
     usable = capacity - margin
 
-    fitting: list[Candidate] = []
-    closest: dict[str, Candidate] = {}
+    fitting: list[tuple] = []
+    largest_fit: dict[tuple, tuple[TrainConfig, int]] = {}
+    closest: dict[str, tuple[int, TrainConfig]] = {}
     searched = 0
     for config in enumerate_configs(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space):
         searched += 1
-        memory = estimate_memory(model=model, config=config, gpu=gpu)
-        fits = memory.process_total_bytes <= usable and memory.cpu_bytes <= space.cpu_mem_bytes
-        if not fits:
+        total, host = fast_totals(model=model, config=config, gpu=gpu)
+        if total > usable or host > space.cpu_mem_bytes:
             fam = _family(config)
-            best = closest.get(fam)
-            if best is None or memory.process_total_bytes < best.memory.process_total_bytes:
-                closest[fam] = Candidate(config=config, memory=memory, throughput=_NO_THROUGHPUT, fits=False)
+            if fam not in closest or total < closest[fam][0]:
+                closest[fam] = (total, config)
             continue
-        throughput = estimate_throughput(model=model, config=config, gpu=gpu)
-        fitting.append(Candidate(config=config, memory=memory, throughput=throughput, fits=True))
+        # micro-batches come in ascending order and memory grows with them: keep the largest that
+        # fits per combination, the fastest split (fewest micro-steps: least per-micro-step
+        # dequantisation and ZeRO-3 gathering, best kernel utilisation)
+        largest_fit[(config.method, config.precision, config.optimizer, config.grad_ckpt, config.lora_r,
+                     config.lora_targets, config.zero, config.offload)] = (config, total)
+    for config, total in largest_fit.values():
+        fitting.append((config, estimate_throughput(model=model, config=config, gpu=gpu), total))
 
     request = PlanRequest(
         model_id=model.id,
@@ -164,26 +181,36 @@ def suggest(
         },
         planner_version=__version__,
     )
+    closest_candidates = {
+        fam: Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=_NO_THROUGHPUT, fits=False)
+        for fam, (_, cfg) in closest.items()
+    }
+    closest = closest_candidates
     if not fitting:
         raise NothingFitsError(_nothing_fits_message(model=model, gpu=gpu, closest=closest, usable=usable, space=space))
 
-    fitting.sort(key=lambda c: (FIDELITY[c.config.method], -c.throughput.tokens_per_s, c.memory.process_total_bytes))
-    plans = tuple(dataclasses.replace(c, rank=i + 1) for i, c in enumerate(_distinct(fitting, top_k)))
+    fitting.sort(key=lambda c: (FIDELITY[c[0].method], -c[1].tokens_per_s, c[2]))
+    chosen = _distinct(fitting, top_k)
+    plans = tuple(
+        Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=thr, fits=True, rank=i + 1)
+        for i, (cfg, thr, _) in enumerate(chosen)
+    )
     best_tier = FIDELITY[plans[0].config.method]
+    fitting_families = {_family(cfg) for cfg, _, _ in fitting}
     rejected = tuple(
         _rejection(c, model=model, usable=usable, space=space)
         for fam, c in sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1].config.method], kv[1].memory.process_total_bytes))
-        if FIDELITY[c.config.method] <= best_tier and not any(_family(p.config) == fam for p in fitting)
+        if FIDELITY[c.config.method] <= best_tier and fam not in fitting_families
     )
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable, safety_margin_bytes=margin)
 
 
-def _distinct(ranked: list[Candidate], k: int) -> list[Candidate]:
+def _distinct(ranked: list[tuple], k: int) -> list[tuple]:
     """The top k, at most two per (method, precision, optimizer) so the list shows real choices."""
-    out: list[Candidate] = []
+    out: list[tuple] = []
     per_family: dict[str, int] = {}
     for c in ranked:
-        fam = _family(c.config)
+        fam = _family(c[0])
         if per_family.get(fam, 0) >= 2:
             continue
         per_family[fam] = per_family.get(fam, 0) + 1
