@@ -215,6 +215,7 @@ def optimizer_state_bytes(*, sizes: list[int], optimizer: Optimizer, param_bytes
     * bitsandbytes AdamW8bit/PagedAdamW8bit: two uint8 states + one fp32 absmax per 256-element
       block each, and 32-bit states for tensors under 4096 elements (bnb Optimizer8bit).
     """
+    optimizer = Optimizer(optimizer)
     total = 0
     for n, copies in Counter(sizes).items():  # a model has few distinct tensor shapes
         if optimizer is Optimizer.ADAMW:
@@ -506,9 +507,14 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig) -> tuple[dict[s
     # 16-bit params (or fp32 in fp32 mode), gradients in the same dtype, an fp32 master copy of
     # the trainable partition and the optimizer states of that partition (ZeRO paper §3.1).
     gb = 2 if config.precision.is_mixed else 4
-    fp32_states = 8 if config.optimizer is Optimizer.ADAMW else 0
-    if config.optimizer is not Optimizer.ADAMW:
-        fp32_states = opt_state * 4 // max(param_bytes, 1) if param_bytes != 4 else opt_state
+    # DeepSpeed flattens the trainable parameters into one fp32 master partition per device and
+    # runs the optimizer (its own or the client's) on that flat tensor
+    # (deepspeed/runtime/zero/stage_1_and_2.py single_partition_of_fp32_groups): the states are
+    # those of ONE fp32 tensor of T/N elements (no per-tensor 8-bit threshold, no Adafactor
+    # factoring of a 1-D tensor).
+    states_per_device = optimizer_state_bytes(sizes=[math.ceil(trainable / n)], optimizer=config.optimizer, param_bytes=4)
+    if config.optimizer is Optimizer.ADAFACTOR:
+        states_per_device = 4 * math.ceil(trainable / n)
     master = 4 * trainable
     if config.method is Method.FULL:
         weights_dev = p_total * gb
@@ -524,9 +530,11 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig) -> tuple[dict[s
     out["zero/reduce_bucket"] = model.hidden_size**2 * gb
     if config.offload is Offload.NONE:
         out["master_weights"] = master // n
-        out["optimizer_states"] = (fp32_states * trainable if config.optimizer is Optimizer.ADAMW else opt_state) // n
+        out["optimizer_states"] = states_per_device
     else:
-        host += master // n + fp32_states * trainable // n + 4 * trainable // n
+        # host: the fp32 master partition, DeepSpeedCPUAdam's moments and the fp32 gradient
+        # partition it steps from (ZeRO-Offload, Ren et al. 2021, §4.1)
+        host += master // n + states_per_device + 4 * trainable // n
     return out, host
 
 

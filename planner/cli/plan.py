@@ -57,6 +57,15 @@ def _build_config(spec, gpu, *, seq_len: Optional[int], **options: Any):
     return config
 
 
+#: the TrainConfig fields that estimate and measure take as options of the same name
+_CONFIG_OPTIONS = ("method", "precision", "optimizer", "micro_batch", "grad_accum", "gpus", "grad_ckpt",
+                   "attention", "lora_r", "lora_targets", "zero", "offload")
+
+
+def _config_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {key: options[key] for key in _CONFIG_OPTIONS}
+
+
 def _estimate_dict(spec, gpu, config, estimate, throughput, usable: int) -> dict[str, Any]:
     from planner.memory import trainable_params
 
@@ -73,13 +82,16 @@ def _estimate_dict(spec, gpu, config, estimate, throughput, usable: int) -> dict
 
 def _bar(breakdown: dict[str, int], capacity: int, width: int = 60) -> list[str]:
     """A stacked bar of the breakdown against the device capacity, one letter per component."""
-    letters = "WGOAMLTXYZKQRSUV"
     groups: dict[str, int] = {}
     for key, value in breakdown.items():
         groups[key.split("/")[0]] = groups.get(key.split("/")[0], 0) + value
     total = max(capacity, sum(groups.values()))
     bar, legend = "", []
-    for (name, value), letter in zip(sorted(groups.items(), key=lambda kv: -kv[1]), letters):
+    used_letters: set[str] = set()
+    for name, value in sorted(groups.items(), key=lambda kv: -kv[1]):
+        # the component's initial, or the next free letter of its name
+        letter = next((ch.upper() for ch in name if ch.isalpha() and ch.upper() not in used_letters), "?")
+        used_letters.add(letter)
         cells = round(value / total * width)
         bar += letter * cells
         legend.append(f"{letter}={name}")
@@ -137,11 +149,7 @@ def estimate(
     from planner.throughput import estimate_throughput
 
     spec, device = _resolve(model, gpu, gpu_mem)
-    config = _build_config(
-        spec, device, seq_len=seq_len, method=method, precision=precision, optimizer=optimizer,
-        micro_batch=micro_batch, grad_accum=grad_accum, gpus=gpus, grad_ckpt=grad_ckpt, attention=attention,
-        lora_r=lora_r, lora_targets=lora_targets, zero=zero, offload=offload,
-    )
+    config = _build_config(spec, device, seq_len=seq_len, **_config_options(locals()))
     memory = estimate_memory(model=spec, config=config, gpu=device)
     throughput = estimate_throughput(model=spec, config=config, gpu=device)
     usable = device.memory_bytes - safety_margin(device.memory_bytes)
@@ -177,11 +185,7 @@ def measure(
     spec, device = _resolve(model, gpu, gpu_mem)
     if gpus != 1:
         raise InvalidConfigError("planner measure runs on one device: use --gpus 1 (ZeRO runs as one rank)")
-    config = _build_config(
-        spec, device, seq_len=seq_len, method=method, precision=precision, optimizer=optimizer,
-        micro_batch=micro_batch, grad_accum=grad_accum, gpus=gpus, grad_ckpt=grad_ckpt, attention=attention,
-        lora_r=lora_r, lora_targets=lora_targets, zero=zero, offload=offload,
-    )
+    config = _build_config(spec, device, seq_len=seq_len, **_config_options(locals()))
     predicted = estimate_memory(model=spec, config=config, gpu=device)
     throughput = estimate_throughput(model=spec, config=config, gpu=device)
     import workers

@@ -1,0 +1,189 @@
+"""``planner estimate`` and ``planner suggest`` through the real CLI (in-process and as a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+LLAMA7B = "meta-llama/Llama-2-7b-hf"
+HEAVY = ("torch", "transformers", "deepspeed", "ray")
+
+
+def _run_in_subprocess(args: list[str], env_home) -> subprocess.CompletedProcess:
+    """Call planner.cli.main(args) in a fresh interpreter, then print which heavy modules it loaded."""
+    code = (
+        "import json, sys\n"
+        "from planner.cli import main\n"
+        f"code = main({args!r})\n"
+        f"print('HEAVY=' + json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+        "print('CODE=' + str(code))\n"
+    )
+    env = {**os.environ, "PLANNER_HOME": str(env_home), "HF_HUB_OFFLINE": "1"}
+    env.pop("PLANNER_DATABASE_URL", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["estimate", "--model", LLAMA7B, "--gpu", "a10g"],
+        ["suggest", "--model", LLAMA7B, "--gpu", "a10g", "--target-batch", "32"],
+    ],
+    ids=["help", "estimate", "suggest"],
+)
+def test_commands_do_not_import_heavy_libraries(args, planner_home):
+    proc = _run_in_subprocess(args, planner_home)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "CODE=0" in lines
+    assert "HEAVY=[]" in lines, [line for line in lines if line.startswith("HEAVY=")]
+    assert "Traceback" not in proc.stderr
+
+
+# ---- estimate ------------------------------------------------------------------------------------
+
+
+def test_estimate_json_shape(cli):
+    r = cli("estimate", "--model", LLAMA7B, "--gpu", "a10g", "--method", "lora", "--lora-r", "16", "--micro-batch", "2", "--json")
+    assert r.code == 0, r
+    data = json.loads(r.out)
+    assert data["model"]["id"] == LLAMA7B
+    assert data["model"]["params"] == 6_738_415_616
+    assert data["model"]["trainable_params"] == 39_976_960  # r=16 all-linear (see test_memory)
+    cfg = data["config"]
+    assert (cfg["method"], cfg["lora_r"], cfg["lora_targets"], cfg["micro_batch"], cfg["seq_len"]) == ("lora", 16, "all-linear", 2, 2048)
+    mem = data["memory"]
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "process_total_bytes", "cpu_bytes", "breakdown"):
+        assert key in mem
+    assert sum(mem["breakdown"].values()) == mem["peak_allocated_bytes"]
+    assert mem["process_total_bytes"] >= mem["peak_reserved_bytes"] >= mem["peak_allocated_bytes"]
+    dev = data["device"]
+    assert dev["name"] == "a10g" and dev["capacity_bytes"] == 23028 * 1024**2
+    assert isinstance(data["fits"], bool)
+    assert data["fits"] == (mem["process_total_bytes"] <= dev["usable_bytes"])
+    assert data["throughput"]["tokens_per_s"] > 0 and data["throughput"]["step_s"] > 0
+
+
+def test_estimate_fits_flag_both_ways(cli):
+    small = json.loads(cli("estimate", "-m", "gpt2", "-g", "a10g", "--seq-len", "512", "--json").out)
+    big = json.loads(cli("estimate", "-m", LLAMA7B, "-g", "a10g", "--json").out)
+    assert small["fits"] is True and big["fits"] is False  # 7B full AdamW needs > 100 GiB
+
+
+def test_estimate_human_output_has_table_and_bar(cli):
+    r = cli("estimate", "--model", LLAMA7B, "--gpu", "a10g")
+    assert r.code == 0, r
+    assert "peak allocated" in r.out and "process total" in r.out
+    assert "optimizer_states" in r.out and "weights" in r.out
+    bar_lines = [line for line in r.out.splitlines() if line.startswith("[") and "]" in line]
+    assert bar_lines and "over capacity" in bar_lines[0]  # 7B full fine-tuning overflows an A10G
+    assert "does NOT fit" in r.out
+
+
+# ---- suggest -------------------------------------------------------------------------------------
+
+
+def test_suggest_prints_plans_and_a_plan_id(cli):
+    r = cli("suggest", "--model", LLAMA7B, "--gpu", "a10g", "--target-batch", "32")
+    assert r.code == 0, r
+    assert "top 5 plans" in r.out
+    assert "configurations searched" in r.out
+    assert "lora" in r.out
+    assert "plan id: " in r.out
+    plan_id = r.out.split("plan id: ")[1].split()[0]
+    assert len(plan_id) >= 8
+    assert "why the more faithful options do not fit" in r.out
+
+
+def test_suggest_json_shape(cli):
+    r = cli("suggest", "--model", LLAMA7B, "--gpu", "a10g", "--target-batch", "32", "--no-save", "--json")
+    assert r.code == 0, r
+    data = json.loads(r.out)  # stdout is one JSON document, nothing else
+    assert data["request"]["model_id"] == LLAMA7B and data["request"]["target_batch"] == 32
+    assert 1 <= len(data["plans"]) <= 5
+    for i, plan in enumerate(data["plans"], start=1):
+        assert plan["rank"] == i
+        assert plan["fits"] is True
+        cfg = plan["config"]
+        assert cfg["micro_batch"] * cfg["grad_accum"] * cfg["gpus"] == 32
+        assert plan["memory"]["process_total_bytes"] <= data["usable_bytes"]
+        assert plan["throughput"]["tokens_per_s"] > 0
+    assert data["rejected"]
+    for rej in data["rejected"]:
+        assert ("family" in rej or "config" in rej) and rej["reason"]
+    assert data["plan_id"] is None
+
+
+def test_suggest_exit_3_when_nothing_fits(cli):
+    r = cli("suggest", "-m", "meta-llama/Llama-3.1-70B", "-g", "t4", "-b", "8", "--method", "full", "--no-offload", "--no-save")
+    assert r.code == 3, r
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: nothing fits")
+    assert "closest" in lines[0]
+
+
+# ---- bad input: one line, `error:`, exit 2 ---------------------------------------------------------
+
+EST = ["estimate", "-m", LLAMA7B, "-g", "a10g"]
+SUG = ["suggest", "-m", LLAMA7B, "-g", "a10g", "--no-save"]
+
+BAD = {
+    "unknown model": (["estimate", "-m", "no-such/model-xyz", "-g", "a10g"], "no-such/model-xyz"),
+    "unknown gpu": (["estimate", "-m", LLAMA7B, "-g", "gtx-9999"], "gtx-9999"),
+    "micro-batch 0": (EST + ["--micro-batch", "0"], "--micro-batch"),
+    "micro-batch -1": (EST + ["--micro-batch", "-1"], "--micro-batch"),
+    "target-batch 0": (SUG + ["--target-batch", "0"], "--target-batch"),
+    "seq too long (estimate)": (EST + ["--seq-len", "99999"], "4096"),
+    "seq too long (suggest)": (SUG + ["-b", "8", "--seq-len", "99999"], "4096"),
+    "lora-r with full": (EST + ["--lora-r", "8"], "--lora-r"),
+    "unknown lora target": (EST + ["--method", "lora", "--lora-targets", "c_attn"], "q_proj"),
+    "bf16 on t4 (estimate)": (["estimate", "-m", LLAMA7B, "-g", "t4", "--precision", "bf16"], "bf16"),
+    "bf16 on t4 (suggest)": (["suggest", "-m", LLAMA7B, "-g", "t4", "-b", "8", "--precision", "bf16-mixed", "--no-save"], "bf16"),
+    "batch not divisible by gpus": (SUG + ["-b", "7", "--gpus", "2"], "--target-batch 7"),
+    "unknown option": (EST + ["--bogus"], "--bogus"),
+    "non-integer value": (EST + ["--micro-batch", "abc"], "--micro-batch"),
+    "non-integer target": (SUG + ["--target-batch", "1.5"], "--target-batch"),
+    "unknown precision": (EST + ["--precision", "fp8"], "fp8"),
+    "missing required option": (["estimate", "-g", "a10g"], "--model"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_is_one_error_line_and_exit_2(cli, name):
+    args, mention = BAD[name]
+    r = cli(*args)
+    assert r.code == 2, r
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1, r.err
+    assert lines[0].startswith("error: ")
+    assert mention in lines[0]
+    assert "Traceback" not in r.err + r.out
+
+
+@pytest.mark.parametrize("content, mention", [("{not json", "not valid JSON"), ('{"hidden_size": 8}', "model_type"), ("[1, 2]", "config")])
+def test_malformed_config_json_path(cli, tmp_path, content, mention):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    for target in (path, tmp_path):  # the file itself or its model directory
+        r = cli("estimate", "-m", str(target), "-g", "a10g")
+        assert r.code == 2, r
+        lines = r.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and mention in lines[0], r.err
+
+
+def test_unknown_option_in_a_subprocess_has_no_traceback(planner_home):
+    """typer 0.29 raises its vendored click's exceptions: the real process must still print one line."""
+    env = {**os.environ, "PLANNER_HOME": str(planner_home), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", "estimate", "--bogus"], capture_output=True, text=True, env=env, timeout=60)
+    if "No module named planner.cli.__main__" in proc.stderr:
+        proc = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "estimate", "--bogus"],
+                              capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--bogus" in lines[0]

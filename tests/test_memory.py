@@ -1,0 +1,491 @@
+"""The analytical memory model, term by term, against numbers derived by hand.
+
+Two models: a hand-built tiny Llama (hidden 64, intermediate 172, 2 layers, 4 heads, vocab 1000)
+whose saved-for-backward bytes were measured with ``torch.autograd.graph.saved_tensors_hooks`` on
+transformers 5.23 (see ``test_tiny_llama_activations_match_measurement`` and the slow re-measure),
+and Llama-2-7b-hf from the catalog (6,738,415,616 parameters) for the seeds' bytes-per-parameter
+rules and the ZeRO paper's partitioning formulas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from planner.catalog import resolve_model, spec_from_config
+from planner.config import Optimizer, TrainConfig
+from planner.errors import InvalidConfigError
+from planner.gpus import get_gpu
+from planner.memory import (
+    activation_breakdown,
+    estimate_memory,
+    lora_params,
+    model_state_breakdown,
+    model_states_bytes,
+    optimizer_state_bytes,
+    trainable_params,
+)
+from planner.modelspec import LinearKind, LinearSpec, ModelSpec
+
+# ---- fixtures ---------------------------------------------------------------------------------
+
+
+def _lin(name: str, i: int, o: int, kind: LinearKind) -> LinearSpec:
+    return LinearSpec(name=name, in_features=i, out_features=o, bias=False, kind=kind)
+
+
+H, I, L, A, V = 64, 172, 2, 4, 1000
+TINY = ModelSpec(
+    id="tiny-llama", model_type="llama", is_encoder=False,
+    hidden_size=H, num_layers=L, num_heads=A, num_kv_heads=A, head_dim=H // A,
+    intermediate_size=I, vocab_size=V, max_seq_len=256,
+    layer_linears=(
+        _lin("q_proj", H, H, LinearKind.ATTN_IN), _lin("k_proj", H, H, LinearKind.ATTN_IN),
+        _lin("v_proj", H, H, LinearKind.ATTN_IN), _lin("o_proj", H, H, LinearKind.ATTN_OUT),
+        _lin("gate_proj", H, I, LinearKind.MLP_IN), _lin("up_proj", H, I, LinearKind.MLP_IN),
+        _lin("down_proj", I, H, LinearKind.MLP_OUT),
+    ),
+    layer_norm_params=2 * H,  # input_layernorm + post_attention_layernorm weights
+    embedding_params=V * H, final_norm_params=H, head_params=V * H, tied_embeddings=False,
+    hidden_act="silu", gated_mlp=True, norm="rmsnorm",
+)
+#: tiny parameter count by hand: per layer 4*64*64 = 16,384 (attention) + 3*64*172 = 33,024 (MLP)
+#: + 128 (norms) = 49,536; x2 layers = 99,072; + 64,000 embedding + 64 final norm + 64,000 lm_head
+TINY_PARAMS = 227_136
+#: tiny parameter tensors: 2 layers x (7 linears + 2 norms) + embedding + final norm + lm_head
+TINY_TENSORS = 21
+
+LLAMA7B = "meta-llama/Llama-2-7b-hf"
+PSI = 6_738_415_616  # Llama-2-7b parameters
+#: 32 layers x 9 tensors (7 linears + 2 norms) + embedding + final norm + lm_head
+LLAMA7B_TENSORS = 32 * 9 + 3  # = 291
+
+
+@pytest.fixture(scope="module")
+def llama7b() -> ModelSpec:
+    return resolve_model(LLAMA7B)
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return get_gpu("cpu")
+
+
+def tiny_config(**kw) -> TrainConfig:
+    return TrainConfig(micro_batch=kw.pop("micro_batch", 2), seq_len=kw.pop("seq_len", 64), **kw)
+
+
+def acts(model: ModelSpec, config: TrainConfig) -> int:
+    return sum(activation_breakdown(model, config).values())
+
+
+# ---- the specs themselves -----------------------------------------------------------------------
+
+
+def test_tiny_spec_is_what_the_catalog_builds_from_a_llama_config():
+    config = dict(model_type="llama", hidden_size=H, intermediate_size=I, num_hidden_layers=L, num_attention_heads=A,
+                  num_key_value_heads=A, vocab_size=V, max_position_embeddings=256, rms_norm_eps=1e-6,
+                  hidden_act="silu", tie_word_embeddings=False)
+    built = spec_from_config(config, model_id="tiny-llama", source="test")
+    assert built.params_total == TINY.params_total == TINY_PARAMS
+    assert built.layer_linears == TINY.layer_linears
+    assert (built.layer_norm_params, built.final_norm_params, built.head_params) == (128, 64, 64_000)
+
+
+def test_llama7b_param_count(llama7b):
+    assert llama7b.params_total == PSI
+
+
+# ---- model states: the seeds' bytes-per-parameter rules ------------------------------------------
+
+
+def test_full_bf16_mixed_adamw_is_16_bytes_per_param_plus_step_tensors(llama7b):
+    states, host = model_state_breakdown(llama7b, TrainConfig(precision="bf16-mixed", optimizer="adamw"))
+    # fp32 weights 4 B + fp32 grads 4 B + exp_avg and exp_avg_sq 2 x 4 B, plus torch AdamW's
+    # 4-byte fp32 `step` tensor per parameter tensor (torch/optim/adamw.py _init_group)
+    assert states["weights"] == 4 * PSI == 26_953_662_464
+    assert states["gradients"] == 4 * PSI
+    assert states["optimizer_states"] == 8 * PSI + 4 * LLAMA7B_TENSORS == 53_907_324_928 + 1_164
+    assert host == 0
+    # 16 x 6,738,415,616 = 107,814,649,856 (+1,164 of step tensors)
+    assert model_states_bytes(llama7b, TrainConfig()) == 107_814_649_856 + 1_164
+
+
+def test_pure_bf16_adamw_is_8_bytes_per_param(llama7b):
+    states, _ = model_state_breakdown(llama7b, TrainConfig(precision="bf16", optimizer="adamw"))
+    # bf16 weights 2 + bf16 grads 2 + two bf16 moments 4 (torch.zeros_like(param)) = 8 B/param
+    assert states["weights"] == 2 * PSI
+    assert states["gradients"] == 2 * PSI
+    assert states["optimizer_states"] == 4 * PSI + 4 * LLAMA7B_TENSORS
+    assert model_states_bytes(llama7b, TrainConfig(precision="bf16")) == 8 * PSI + 1_164 == 53_907_326_092
+
+
+def test_adamw8bit_states_llama7b(llama7b):
+    states, _ = model_state_breakdown(llama7b, TrainConfig(optimizer="adamw_8bit"))
+    # every Llama-2-7b tensor has >= 4096 elements (the smallest, a norm, has exactly 4096) and a
+    # multiple of 256 elements, so: two uint8 states (2 B/param) + two fp32 absmax per 256-element
+    # block = 2*PSI + 2*4*PSI/256. PSI/256 = 26,321,936 blocks.
+    assert PSI % 256 == 0 and PSI // 256 == 26_321_936
+    assert states["optimizer_states"] == 2 * PSI + 8 * 26_321_936 == 13_687_406_720
+
+
+def test_adamw8bit_states_tiny_keeps_32bit_states_for_small_tensors():
+    states, _ = model_state_breakdown(TINY, TrainConfig(optimizer="adamw_8bit"))
+    # embedding / lm_head 64,000 el: 2*64,000 + 8*ceil(64,000/256)=8*250  -> 130,000 each
+    # q/k/v/o 4,096 el (not < 4096: 8-bit): 2*4,096 + 8*16               ->   8,320 each
+    # gate/up/down 11,008 el: 2*11,008 + 8*ceil(43)=8*43                 ->  22,360 each
+    # norms 64 el (< 4096: two fp32 states): 2*64*4                      ->     512 each
+    per_layer = 4 * 8_320 + 3 * 22_360 + 2 * 512  # = 101,384
+    assert states["optimizer_states"] == 2 * 130_000 + 2 * per_layer + 512 == 463_280
+
+
+@pytest.mark.parametrize(
+    "sizes, expected",
+    [
+        ([4095], 2 * 4095 * 4),  # below bnb min_8bit_size: two fp32 states
+        ([4096], 2 * 4096 + 2 * 16 * 4),  # 16 blocks of 256, one fp32 absmax per block per state
+        ([4097], 2 * 4097 + 2 * 17 * 4),  # a partial block still has its absmax
+    ],
+)
+def test_optimizer_state_bytes_8bit_boundaries(sizes, expected):
+    assert optimizer_state_bytes(sizes=sizes, optimizer=Optimizer.ADAMW_8BIT, param_bytes=4) == expected
+    assert optimizer_state_bytes(sizes=sizes, optimizer=Optimizer.PAGED_ADAMW_8BIT, param_bytes=2) == expected
+
+
+def test_optimizer_state_bytes_adamw_and_sgd_by_hand():
+    # AdamW: 2 moments like the param + 4 B step per tensor: 2*(1000*2) + 4 + 2*(10*2) + 4
+    assert optimizer_state_bytes(sizes=[1000, 10], optimizer=Optimizer.ADAMW, param_bytes=2) == 4_048
+    # SGD momentum: one buffer like the param
+    assert optimizer_state_bytes(sizes=[1000, 10], optimizer=Optimizer.SGD, param_bytes=4) == 4_040
+
+
+def test_optimizer_state_bytes_accepts_the_string_names():
+    # 'adamw' with bf16 params must give the AdamW figure (4,048), not bnb 8-bit's 2 x 1010 x 4 = 8,080
+    assert optimizer_state_bytes(sizes=[1000, 10], optimizer="adamw", param_bytes=2) == 4_048
+
+
+@pytest.mark.parametrize("precision, per_param", [("bf16-mixed", 4), ("bf16", 2), ("fp32", 4)])
+def test_sgd_momentum_is_one_param_dtype(llama7b, precision, per_param):
+    states, _ = model_state_breakdown(llama7b, TrainConfig(precision=precision, optimizer="sgd"))
+    assert states["optimizer_states"] == per_param * PSI
+
+
+def test_qlora_weights_llama7b(llama7b):
+    config = TrainConfig(method="qlora", lora_r=16)
+    states, _ = model_state_breakdown(llama7b, config)
+    # quantised: every per-layer linear = 32 x (4*4096^2 + 3*4096*11008) = 32 x 202,375,168
+    q = 32 * 202_375_168
+    assert q == 6_476_005_376
+    # NF4: q/2 B + one 8-bit absmax per 64 (q/64 B) + one fp32 per 256 absmax (q/64/256*4 B)
+    # = 3,238,002,688 + 101,187,584 + 1,581,056
+    assert states["weights/nf4"] == 3_340_771_328
+    # embedding, norms, lm_head in fp32 (prepare_model_for_kbit_training):
+    # (131,072,000 + 32*8,192 + 4,096 + 131,072,000) x 4 = 262,410,240 x 4
+    assert PSI - q == 262_410_240
+    assert states["weights/unquantized"] == 1_049_640_960
+    # the adapters are fp32, trained with fp32 AdamW
+    assert states["lora/weights"] == 4 * 39_976_960
+
+
+def test_lora_params_llama7b_r16_all_linear(llama7b):
+    config = TrainConfig(method="lora", lora_r=16, lora_targets=("all-linear",))
+    # r*(in+out) per linear: q,k,v,o 16*(4096+4096) = 131,072 x4 = 524,288;
+    # gate, up, down 16*(4096+11008) = 241,664 x3 = 724,992; per layer 1,249,280; x32 layers
+    assert lora_params(llama7b, config) == 32 * (524_288 + 724_992) == 39_976_960
+    assert trainable_params(llama7b, config) == 39_976_960
+    assert trainable_params(llama7b, TrainConfig()) == PSI
+
+
+def test_lora_params_tiny_named_targets():
+    # r=8 on q_proj and v_proj: 2 x 8*(64+64) = 2,048 per layer x 2 layers
+    assert lora_params(TINY, TrainConfig(method="lora", lora_r=8, lora_targets=("q_proj", "v_proj"))) == 4_096
+    # all-linear: 4 x 8*128 + 3 x 8*(64+172) = 4,096 + 5,664 = 9,760 per layer x 2
+    assert lora_params(TINY, TrainConfig(method="lora", lora_r=8)) == 19_520
+    # comma-separated string form is the same as the tuple
+    assert lora_params(TINY, TrainConfig(method="lora", lora_r=8, lora_targets="q_proj, v_proj")) == 4_096
+
+
+def test_lora_states_tiny_adamw():
+    config = TrainConfig(method="lora", lora_r=8, lora_targets=("q_proj", "v_proj"), precision="bf16-mixed")
+    states, _ = model_state_breakdown(TINY, config)
+    # 4,096 fp32 adapter params: weights 4*4,096, grads 4*4,096, moments 8*4,096 + 4 B step per
+    # tensor: 2 layers x 2 linears x (A, B) = 8 tensors
+    assert states["weights"] == 4 * TINY_PARAMS  # frozen base stays fp32 under autocast
+    assert states["lora/weights"] == 16_384
+    assert states["gradients"] == 16_384
+    assert states["optimizer_states"] == 32_768 + 4 * 8
+
+
+def test_full_tiny_states_by_hand():
+    # 16 B/param + 4 B step per tensor: 16*227,136 + 4*21
+    assert model_states_bytes(TINY, TrainConfig()) == 16 * TINY_PARAMS + 4 * TINY_TENSORS == 3_634_260
+
+
+def test_invalid_lora_target_names_the_available_ones():
+    with pytest.raises(InvalidConfigError) as err:
+        lora_params(TINY, TrainConfig(method="lora", lora_targets=("q_proj", "c_attn")))
+    message = str(err.value)
+    assert "c_attn" in message
+    assert "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj" in message
+    assert "\n" not in message
+    with pytest.raises(InvalidConfigError):
+        estimate_memory(model=TINY, config=TrainConfig(method="qlora", lora_targets=("nope",)), gpu=get_gpu("a10g"))
+
+
+# ---- ZeRO (Rajbhandari et al. 2020, §3.1 / Figure 1, K = 12 for mixed-precision Adam) -----------
+
+N = 8
+H7 = 4096
+BUCKET = H7 * H7 * 2  # reduce bucket: hidden^2 16-bit elements (HF "auto") = 33,554,432 B
+#: ZeRO-3 gathers one layer's 16-bit params (+ the prefetched next one): 202,383,360 x 2 B x 2
+GATHERED = (202_375_168 + 8_192) * 2 * 2
+
+
+@pytest.mark.parametrize(
+    "stage, paper_bytes, extra",
+    [
+        (1, 2 * PSI + 2 * PSI + 12 * PSI // N, BUCKET),  # = 13.48e9 + 13.48e9 + 10.11e9
+        (2, 2 * PSI + 14 * PSI // N, BUCKET),
+        (3, 16 * PSI // N, BUCKET + GATHERED),
+    ],
+)
+def test_zero_stages_follow_the_paper(llama7b, stage, paper_bytes, extra):
+    config = TrainConfig(zero=stage, gpus=N, precision="bf16-mixed")
+    states, host = model_state_breakdown(llama7b, config)
+    assert host == 0
+    # + 4: the AdamW `step` tensor of the one flat fp32 partition DeepSpeed hands the optimizer
+    assert sum(states.values()) == paper_bytes + extra + 4
+    # the 12 bytes of K split as the fp32 master (4) and the two moments (8), partitioned
+    assert states["master_weights"] == 4 * PSI // N == 3_369_207_808
+    assert states["optimizer_states"] == 8 * PSI // N + 4  # + the flat partition's `step` tensor
+
+
+def test_zero2_offload_moves_master_and_moments_to_host(llama7b):
+    config = TrainConfig(zero=2, gpus=N, offload="optimizer")
+    states, host = model_state_breakdown(llama7b, config)
+    assert "master_weights" not in states and "optimizer_states" not in states
+    # device: 16-bit params 2*PSI + partitioned 16-bit grads 2*PSI/N + bucket
+    assert sum(states.values()) == 2 * PSI + 2 * PSI // N + BUCKET
+    # host: fp32 master 4*PSI/N + moments 8*PSI/N + the fp32 gradient partition CPU Adam reads
+    # 4*PSI/N (DeepSpeed stage_1_and_2: single_partition_of_fp32_groups[i].grad on the CPU)
+    # + 4: the `step` tensor of the one flat partition
+    assert host == 16 * PSI // N + 4 == 13_476_831_236
+    memory = estimate_memory(model=llama7b, config=config.replace(micro_batch=1, seq_len=512), gpu=get_gpu("a10g"))
+    assert memory.cpu_bytes == host
+
+
+def test_zero3_param_offload_moves_the_param_partition_too(llama7b):
+    states, host = model_state_breakdown(llama7b, TrainConfig(zero=3, gpus=N, offload="optimizer+params"))
+    assert "weights" not in states
+    assert host == 16 * PSI // N + 2 * PSI // N + 4 == 15_161_435_140
+
+
+def test_zero_sgd_momentum_lives_on_the_fp32_master_partition(llama7b):
+    states, _ = model_state_breakdown(llama7b, TrainConfig(zero=2, gpus=N, optimizer="sgd", precision="bf16-mixed"))
+    # DeepSpeedZeroOptimizer hands the fp32 flat partition (single_partition_of_fp32_groups) to
+    # the wrapped torch.optim.SGD, whose momentum_buffer = clone(grad) is fp32: 4*PSI/8
+    assert states["optimizer_states"] == 4 * PSI // N == 3_369_207_808
+
+
+def test_ddp_adds_gradient_buckets(llama7b):
+    states, _ = model_state_breakdown(llama7b, TrainConfig(gpus=2))
+    assert states["ddp/buckets"] == states["gradients"] == 4 * PSI
+
+
+# ---- activations -------------------------------------------------------------------------------
+
+#: bytes autograd saved (pack hook deduplicating by untyped_storage().data_ptr(), parameters
+#: excluded) for LlamaForCausalLM(tiny config), input_ids = labels of shape (2, 64), sdpa,
+#: transformers 5.23 / torch 2.13 CPU; re-measured by test_activation_measurement_is_reproducible
+MEASURED = {
+    "fp32 full": (dict(precision="fp32"), 1_987_076),
+    "bf16-mixed full": (dict(precision="bf16-mixed"), 1_845_764),
+    "bf16 full": (dict(precision="bf16"), 1_335_812),
+    "fp32 lora r8": (dict(precision="fp32", method="lora", lora_r=8), 1_813_508),
+    "bf16 lora r8": (dict(precision="bf16", method="lora", lora_r=8), 1_676_292),
+    "fp32 eager": (dict(precision="fp32", attention="eager"), 2_245_124),
+    "bf16 eager": (dict(precision="bf16", attention="eager"), 1_724_932),
+}
+
+
+@pytest.mark.parametrize("name", list(MEASURED))
+def test_tiny_llama_activations_match_measurement(name):
+    kw, measured = MEASURED[name]
+    predicted = acts(TINY, tiny_config(**kw))
+    assert abs(predicted - measured) <= 0.001 * measured, (name, predicted, measured)
+
+
+def test_grad_ckpt_keeps_one_residual_per_layer():
+    # fp32 and bf16-mixed keep an fp32 residual stream; pure bf16 a bf16 one:
+    # L*b*s*h*bytes = 2*2*64*64*4 = 65,536 and 2*2*64*64*2 = 32,768
+    for precision, expected in (("fp32", 65_536), ("bf16-mixed", 65_536), ("bf16", 32_768)):
+        breakdown = activation_breakdown(TINY, tiny_config(precision=precision, grad_ckpt=True))
+        assert breakdown["activations/checkpoints"] == expected
+        assert not any(k.startswith(("activations/mlp", "activations/attention", "activations/norms")) for k in breakdown)
+
+
+def test_grad_ckpt_llama7b(llama7b):
+    breakdown = activation_breakdown(llama7b, TrainConfig(micro_batch=1, seq_len=2048, grad_ckpt=True))
+    # 32 layers x 1 x 2048 x 4096 x 4 B (fp32 residual under autocast) = 1 GiB
+    assert breakdown["activations/checkpoints"] == 1_073_741_824
+
+
+def test_activations_are_affine_in_micro_batch():
+    one, two, four = (acts(TINY, tiny_config(precision="fp32", micro_batch=b)) for b in (1, 2, 4))
+    per_sequence = two - one
+    assert four - two == 2 * per_sequence
+    # the only batch-independent term is rope's cos and sin tables: 2 x s x head_dim x 4 B
+    # = 2*64*16*4 = 8,192
+    assert one - per_sequence == 8_192
+
+
+def test_eager_attention_adds_the_score_matrices():
+    sdpa = acts(TINY, tiny_config(precision="fp32", attention="sdpa"))
+    eager = acts(TINY, tiny_config(precision="fp32", attention="eager"))
+    # per layer, eager saves q, k, v (3 x b*s*h*4), the fp32 softmax (b*a*s^2*4) and o_proj's
+    # contiguous input (b*s*h*4); sdpa saves q, k, v, out (4 x b*s*h*4) and the fp32 logsumexp
+    # (b*a*s*4). Difference: 4*b*a*s^2 - 4*b*a*s = 4*2*4*4096 - 4*2*4*64 = 131,072 - 2,048
+    assert eager - sdpa == L * (131_072 - 2_048) == 258_048
+    # doubling s quadruples the score term
+    sdpa2 = acts(TINY, tiny_config(precision="fp32", attention="sdpa", seq_len=128))
+    eager2 = acts(TINY, tiny_config(precision="fp32", attention="eager", seq_len=128))
+    assert eager2 - sdpa2 == L * (4 * 2 * 4 * 128**2 - 4 * 2 * 4 * 128)
+
+
+def test_logits_terms_scale_with_vocab():
+    wide = dataclasses.replace(TINY, vocab_size=2 * V, embedding_params=2 * V * H, head_params=2 * V * H)
+    config = tiny_config(precision="fp32")
+    narrow_b, wide_b = activation_breakdown(TINY, config), activation_breakdown(wide, config)
+    # log_softmax output: b*s*vocab*4 B + int64 labels b*s*8 -> 128*1000*4 + 1,024
+    assert narrow_b["activations/loss/log_softmax"] == 513_024
+    assert wide_b["activations/loss/log_softmax"] - narrow_b["activations/loss/log_softmax"] == 128 * 1000 * 4
+    assert {k: v for k, v in wide_b.items() if "loss" not in k} == {k: v for k, v in narrow_b.items() if "loss" not in k}
+    # under autocast the lm_head's bf16 weight cast (vocab x h x 2 B) is saved too
+    mixed = activation_breakdown(wide, tiny_config(precision="bf16-mixed"))["autocast/weight_casts"]
+    mixed_narrow = activation_breakdown(TINY, tiny_config(precision="bf16-mixed"))["autocast/weight_casts"]
+    assert mixed - mixed_narrow == 1000 * H * 2
+
+
+# ---- the whole estimate ------------------------------------------------------------------------
+
+CONFIGS = [
+    dict(),
+    dict(precision="fp32", micro_batch=8),
+    dict(precision="bf16", optimizer="sgd", grad_accum=4),
+    dict(method="lora", lora_r=8, grad_ckpt=True, micro_batch=3),
+    dict(method="qlora", optimizer="paged_adamw_8bit", micro_batch=5, grad_accum=2),
+    dict(zero=3, gpus=4, offload="optimizer+params", micro_batch=6, grad_ckpt=True),
+    dict(optimizer="adafactor", attention="eager", micro_batch=7),
+]
+
+
+@pytest.mark.parametrize("kw", CONFIGS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default")
+@pytest.mark.parametrize("device", ["cpu", "a10g", "t4"])
+def test_breakdown_sums_to_peak_and_the_totals_are_ordered(kw, device):
+    gpu = get_gpu(device)
+    if not gpu.supports(kw.get("precision", "bf16-mixed")):
+        kw = {**kw, "precision": kw.get("precision", "bf16-mixed").replace("bf16", "fp16")}
+    config = TrainConfig(seq_len=64, **kw)
+    m = estimate_memory(model=TINY, config=config, gpu=gpu)
+    assert sum(m.breakdown.values()) == m.peak_allocated_bytes
+    assert all(v > 0 for v in m.breakdown.values())
+    assert m.process_total_bytes >= m.peak_reserved_bytes >= m.peak_allocated_bytes
+    assert m.peak_phase in ("forward", "backward_start", "backward_end", "optimizer")
+    if device == "cpu":
+        assert m.peak_reserved_bytes == m.peak_allocated_bytes == m.process_total_bytes
+    else:
+        assert m.process_total_bytes - m.peak_reserved_bytes >= gpu.cuda_context_bytes
+
+
+@pytest.mark.parametrize("b", [3, 8, 13])
+def test_estimate_activations_equal_the_direct_breakdown_at_any_micro_batch(b, cpu):
+    """estimate_memory extrapolates from micro-batches 1 and 2; it must equal the direct sum."""
+    config = TrainConfig(precision="fp32", micro_batch=b, seq_len=64, attention="eager")
+    m = estimate_memory(model=TINY, config=config, gpu=cpu)
+    assert m.peak_phase in ("forward", "backward_start")
+    direct = activation_breakdown(TINY, config)
+    assert {k: v for k, v in m.breakdown.items() if k in direct} == direct
+
+
+def test_cpu_peak_of_tiny_fp32_by_hand(cpu):
+    """The four moments of tiny fp32 AdamW, micro-batch 2, seq 64, assembled by hand."""
+    m = estimate_memory(model=TINY, config=tiny_config(precision="fp32"), gpu=cpu)
+    weights_and_moments = 12 * TINY_PARAMS + 4 * TINY_TENSORS  # 2,725,632 + 84 = 2,725,716
+    grads = 4 * TINY_PARAMS  # 908,544
+    saved = 1_987_072  # the model's saved activations (measured: 1,987,076)
+    logits_fwd = 128 * 1000 * 4  # fp32 logits at the loss: b*s*vocab*4 = 512,000
+    logits_bwd = 2 * 128 * 1000 * 4  # nll's dense grad + log_softmax's grad input = 1,024,000
+    step_tmp = 2 * 64_000 * 4  # CPU single-tensor AdamW: 2 fp32 temporaries of the largest tensor
+    moments = {
+        "forward": weights_and_moments + saved + logits_fwd,  # 5,224,788
+        "backward_start": weights_and_moments + saved + logits_bwd,  # 5,736,788
+        "backward_end": weights_and_moments + grads,  # 3,634,260
+        "optimizer": weights_and_moments + grads + step_tmp,  # 4,146,260
+    }
+    assert m.peak_phase == "backward_start"
+    assert m.peak_allocated_bytes == max(moments.values()) == 5_736_788
+    assert m.breakdown["logits/transient"] == logits_bwd
+    assert "gradients" not in m.breakdown  # no accumulation: no gradient exists yet
+    # with accumulation the previous micro-steps' gradients are alive during the forward
+    accum = estimate_memory(model=TINY, config=tiny_config(precision="fp32", grad_accum=4), gpu=cpu)
+    assert accum.peak_allocated_bytes == 5_736_788 + grads
+    assert accum.breakdown["gradients"] == grads
+
+
+# ---- optional: the measurement itself -----------------------------------------------------------
+
+_MEASURE = textwrap.dedent(
+    """
+    import json, os
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def measure(dtype, autocast, lora, attn):
+        torch.manual_seed(0)
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=4, vocab_size=1000, max_position_embeddings=256, attn_implementation=attn)
+        m = LlamaForCausalLM(cfg).to(dtype)
+        if lora:
+            from peft import LoraConfig, get_peft_model
+            m = get_peft_model(m, LoraConfig(r=8, target_modules="all-linear"))
+        m.train()
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        seen = {}
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                seen.setdefault(st.data_ptr(), st.nbytes())
+            return t
+        ids = torch.randint(0, 1000, (2, 64))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                m(input_ids=ids, labels=ids)
+        return sum(seen.values())
+
+    f32, b16 = torch.float32, torch.bfloat16
+    print(json.dumps({
+        "fp32 full": measure(f32, False, False, "sdpa"),
+        "bf16-mixed full": measure(f32, True, False, "sdpa"),
+        "bf16 full": measure(b16, False, False, "sdpa"),
+        "fp32 lora r8": measure(f32, False, True, "sdpa"),
+        "bf16 lora r8": measure(b16, False, True, "sdpa"),
+        "fp32 eager": measure(f32, False, False, "eager"),
+        "bf16 eager": measure(b16, False, False, "eager"),
+    }))
+    """
+)
+
+
+@pytest.mark.slow
+def test_activation_measurement_is_reproducible():
+    """Re-measure the saved bytes with the real transformers/peft on the CPU (~15 s)."""
+    proc = subprocess.run([sys.executable, "-c", _MEASURE], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert measured == {name: value for name, (_, value) in MEASURED.items()}

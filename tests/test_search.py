@@ -1,0 +1,147 @@
+"""The configuration search: enumeration invariants, ranking, rejections and NothingFitsError."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.catalog import resolve_model
+from planner.config import Method, Offload, Precision
+from planner.errors import InvalidConfigError, NothingFitsError
+from planner.gpus import get_gpu
+from planner.search import FIDELITY, SearchSpace, enumerate_configs, suggest
+
+GiB = 1024**3
+LLAMA7B = "meta-llama/Llama-2-7b-hf"
+
+
+@pytest.fixture(scope="module")
+def llama7b():
+    return resolve_model(LLAMA7B)
+
+
+@pytest.fixture(scope="module")
+def a10g():
+    return get_gpu("a10g")
+
+
+@pytest.fixture(scope="module")
+def llama7b_a10g(llama7b, a10g):
+    """The README request: Llama-2-7b on one A10G, batch 32, seq 2048, 64 GiB host RAM."""
+    return suggest(model=llama7b, gpu=a10g, target_batch=32, seq_len=2048, space=SearchSpace(cpu_mem_bytes=64 * GiB), top_k=1000)
+
+
+def test_target_batch_must_split_over_the_gpus(llama7b, a10g):
+    with pytest.raises(InvalidConfigError, match="cannot be split over 2 GPUs"):
+        list(enumerate_configs(model=llama7b, gpu=a10g, target_batch=7, seq_len=512, gpus=2, space=SearchSpace()))
+    with pytest.raises(InvalidConfigError):
+        suggest(model=llama7b, gpu=a10g, target_batch=7, seq_len=512, gpus=2)
+
+
+@pytest.mark.parametrize("target, gpus", [(32, 1), (12, 2), (7, 1), (24, 8)])
+def test_every_config_reaches_the_target_batch(llama7b, a10g, target, gpus):
+    configs = list(enumerate_configs(model=llama7b, gpu=a10g, target_batch=target, seq_len=512, gpus=gpus, space=SearchSpace()))
+    assert configs
+    assert all(c.micro_batch * c.grad_accum * c.gpus == target and c.gpus == gpus for c in configs)
+    # every divisor of the per-device batch is tried as a micro-batch
+    per_device = target // gpus
+    assert {c.micro_batch for c in configs} == {d for d in range(1, per_device + 1) if per_device % d == 0}
+
+
+def test_no_bf16_on_t4(llama7b):
+    t4 = get_gpu("t4")
+    configs = list(enumerate_configs(model=llama7b, gpu=t4, target_batch=4, seq_len=512, gpus=1, space=SearchSpace()))
+    precisions = {c.precision for c in configs}
+    # T4 (compute capability 7.5) has no bf16; pure fp16 is excluded by default (no fp32 master)
+    assert precisions == {Precision.FP32, Precision.FP16_MIXED}
+    a10g_precisions = {c.precision for c in enumerate_configs(model=llama7b, gpu=get_gpu("a10g"), target_batch=4, seq_len=512, gpus=1, space=SearchSpace())}
+    assert Precision.BF16 in a10g_precisions and Precision.BF16_MIXED in a10g_precisions
+
+
+def test_searches_at_least_5000_configurations(llama7b_a10g):
+    assert llama7b_a10g.searched >= 5000
+
+
+def test_plans_fit_and_are_ranked_by_tier_then_speed(llama7b_a10g):
+    plans = llama7b_a10g.plans
+    assert [p.rank for p in plans] == list(range(1, len(plans) + 1))
+    for p in plans:
+        assert p.fits
+        assert p.memory.process_total_bytes <= llama7b_a10g.usable_bytes
+    for a, b in zip(plans, plans[1:]):
+        ta, tb = FIDELITY[a.config.method], FIDELITY[b.config.method]
+        assert ta <= tb
+        if ta == tb:
+            assert a.throughput.tokens_per_s >= b.throughput.tokens_per_s
+
+
+def test_ranking_full_before_lora_before_qlora_when_all_fit():
+    """gpt2 (124M) on an 80 GB A100: every method fits, so all three tiers appear, in order."""
+    gpt2 = resolve_model("gpt2")
+    result = suggest(model=gpt2, gpu=get_gpu("a100-80gb"), target_batch=8, seq_len=512, top_k=1000,
+                     space=SearchSpace(allow_offload=False))
+    methods = [p.config.method for p in result.plans]
+    assert {Method.FULL, Method.LORA, Method.QLORA} <= set(methods)
+    first = {m: methods.index(m) for m in Method}
+    last = {m: len(methods) - 1 - methods[::-1].index(m) for m in Method}
+    assert last[Method.FULL] < first[Method.LORA] and last[Method.LORA] < first[Method.QLORA]
+    assert result.plans[0].config.method is Method.FULL
+    for a, b in zip(result.plans, result.plans[1:]):
+        if a.config.method is b.config.method:
+            assert a.throughput.tokens_per_s >= b.throughput.tokens_per_s
+    assert result.rejected == ()  # the best tier fits: nothing more faithful to explain
+
+
+def test_full_finetuning_of_llama7b_on_a10g_is_rejected_with_reasons(llama7b_a10g):
+    assert all(p.config.method is not Method.FULL for p in llama7b_a10g.plans)
+    full = [r for r in llama7b_a10g.rejected if r.family.startswith("full,")]
+    assert full
+    assert any(r.family == "full, bf16-mixed, adamw" for r in full)
+    for r in full:
+        assert r.reason and "\n" not in r.reason
+        assert "GiB" in r.reason
+        assert r.config is not None and r.config["method"] == "full"
+
+
+def test_no_offload_removes_offload_configs(llama7b, a10g):
+    space = SearchSpace(allow_offload=False)
+    configs = list(enumerate_configs(model=llama7b, gpu=a10g, target_batch=8, seq_len=512, gpus=1, space=space))
+    assert configs and all(c.offload is Offload.NONE for c in configs)
+    with_offload = list(enumerate_configs(model=llama7b, gpu=a10g, target_batch=8, seq_len=512, gpus=1, space=SearchSpace()))
+    assert {c.offload for c in with_offload} == set(Offload)
+    result = suggest(model=llama7b, gpu=a10g, target_batch=8, seq_len=512, space=space, top_k=1000)
+    assert all(p.config.offload is Offload.NONE and p.memory.cpu_bytes == 0 for p in result.plans)
+    assert result.request.constraints["offload"] is False
+
+
+def test_offload_plans_respect_the_host_ram_bound(llama7b_a10g):
+    for p in llama7b_a10g.plans:
+        assert p.memory.cpu_bytes <= 64 * GiB
+
+
+def test_nothing_fits_names_the_closest_miss():
+    model = resolve_model("meta-llama/Llama-3.1-70B")
+    t4 = get_gpu("t4")
+    with pytest.raises(NothingFitsError) as err:
+        suggest(model=model, gpu=t4, target_batch=8, seq_len=2048, space=SearchSpace(methods=(Method.FULL,), allow_offload=False))
+    message = str(err.value)
+    assert err.value.exit_code == 3
+    assert "\n" not in message
+    assert "meta-llama/Llama-3.1-70B" in message and "t4" in message
+    assert "the closest, full," in message  # the closest miss is named by its label
+    assert "--method qlora" in message and "offload" in message  # and what to try
+
+
+def test_bad_request_values(llama7b, a10g):
+    with pytest.raises(InvalidConfigError, match="--target-batch"):
+        suggest(model=llama7b, gpu=a10g, target_batch=0, seq_len=512)
+    with pytest.raises(InvalidConfigError, match="--seq-len"):
+        suggest(model=llama7b, gpu=a10g, target_batch=8, seq_len=llama7b.max_seq_len + 1)
+    with pytest.raises(InvalidConfigError, match="--top-k"):
+        suggest(model=llama7b, gpu=a10g, target_batch=8, seq_len=512, top_k=0)
+
+
+def test_request_records_what_was_asked(llama7b_a10g, a10g):
+    req = llama7b_a10g.request
+    assert (req.model_id, req.gpu, req.gpu_count, req.target_batch, req.seq_len) == (LLAMA7B, "a10g", 1, 32, 2048)
+    assert req.gpu_memory_bytes == a10g.memory_bytes
+    assert llama7b_a10g.usable_bytes == a10g.memory_bytes - llama7b_a10g.safety_margin_bytes
