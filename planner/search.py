@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -189,7 +190,7 @@ def suggest(
     if not fitting:
         raise NothingFitsError(_nothing_fits_message(model=model, gpu=gpu, closest=closest, usable=usable, space=space))
 
-    fitting.sort(key=lambda c: (FIDELITY[c[0].method], -c[1].tokens_per_s, c[2]))
+    fitting.sort(key=_rank_key)
     chosen = _distinct(fitting, top_k)
     plans = tuple(
         Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=thr, fits=True, rank=i + 1)
@@ -203,6 +204,20 @@ def suggest(
         if FIDELITY[c.config.method] <= best_tier and fam not in fitting_families
     )
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable, safety_margin_bytes=margin)
+
+
+#: Within 2% of predicted speed (below what the throughput model can tell apart), prefer the
+#: optimizer and precision that train closest to the usual recipe: AdamW with fp32 master weights.
+SPEED_TIE = 0.02
+OPTIMIZER_PREFERENCE = {Optimizer.ADAMW: 0, Optimizer.ADAMW_8BIT: 1, Optimizer.PAGED_ADAMW_8BIT: 2, Optimizer.ADAFACTOR: 3, Optimizer.SGD: 4}
+PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4}
+
+
+def _rank_key(item: tuple) -> tuple:
+    config, throughput, total = item
+    speed_bucket = math.floor(math.log(max(throughput.tokens_per_s, 1e-9)) / math.log1p(SPEED_TIE))
+    return (FIDELITY[config.method], -speed_bucket, OPTIMIZER_PREFERENCE[config.optimizer],
+            PRECISION_PREFERENCE[config.precision], total)
 
 
 def _distinct(ranked: list[tuple], k: int) -> list[tuple]:

@@ -8,7 +8,7 @@ from planner.catalog import resolve_model
 from planner.config import Method, Offload, Precision
 from planner.errors import InvalidConfigError, NothingFitsError
 from planner.gpus import get_gpu
-from planner.search import FIDELITY, SearchSpace, enumerate_configs, suggest
+from planner.search import SPEED_TIE, FIDELITY, SearchSpace, enumerate_configs, suggest
 
 GiB = 1024**3
 LLAMA7B = "meta-llama/Llama-2-7b-hf"
@@ -71,7 +71,8 @@ def test_plans_fit_and_are_ranked_by_tier_then_speed(llama7b_a10g):
         ta, tb = FIDELITY[a.config.method], FIDELITY[b.config.method]
         assert ta <= tb
         if ta == tb:
-            assert a.throughput.tokens_per_s >= b.throughput.tokens_per_s
+            # within 2% of speed (SPEED_TIE) the usual recipe (AdamW, mixed precision) goes first
+            assert a.throughput.tokens_per_s >= b.throughput.tokens_per_s * (1 - 2 * SPEED_TIE)
 
 
 def test_ranking_full_before_lora_before_qlora_when_all_fit():
@@ -87,7 +88,8 @@ def test_ranking_full_before_lora_before_qlora_when_all_fit():
     assert result.plans[0].config.method is Method.FULL
     for a, b in zip(result.plans, result.plans[1:]):
         if a.config.method is b.config.method:
-            assert a.throughput.tokens_per_s >= b.throughput.tokens_per_s
+            # within 2% of speed (SPEED_TIE) the usual recipe (AdamW, mixed precision) goes first
+            assert a.throughput.tokens_per_s >= b.throughput.tokens_per_s * (1 - 2 * SPEED_TIE)
     assert result.rejected == ()  # the best tier fits: nothing more faithful to explain
 
 
