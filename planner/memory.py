@@ -559,11 +559,32 @@ def _cached(kind: str, model: ModelSpec, key: tuple, compute):
     return value
 
 
+def _static_key(config: TrainConfig, is_cpu: bool) -> tuple:
+    """What the batch-independent terms depend on."""
+    return (config.method, config.precision, config.optimizer, config.zero, config.offload, config.gpus,
+            config.lora_r, config.lora_targets, is_cpu)
+
+
+def _batch_key(config: TrainConfig, b: int) -> tuple:
+    """What the per-micro-batch terms depend on (DeepSpeed only through zero > 0: its dtype mode)."""
+    return (config.method, config.precision, config.zero > 0, config.lora_r, config.lora_targets,
+            config.grad_ckpt, config.attention, config.seq_len, b)
+
+
 def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool):
-    """(model states by component, host bytes, optimizer-step transient): batch-independent."""
+    """(device model states by component, paged optimizer bytes, host bytes, optimizer-step
+    transient): batch-independent.
+
+    Paged 8-bit states are split off on a GPU: bitsandbytes allocates them with
+    cudaMallocManaged, outside PyTorch's caching allocator, so max_memory_allocated does not see
+    them while nvidia-smi does when they are resident (bitsandbytes/functional.py get_paged).
+    """
 
     def compute():
         states, host = model_state_breakdown(model, config)
+        paged = 0
+        if config.optimizer is Optimizer.PAGED_ADAMW_8BIT and not is_cpu:
+            paged = states.pop("optimizer_states", 0)
         mode = _mode(config)
         param_bytes = mode.weight if config.method is Method.FULL else 4
         transient = 0
@@ -573,11 +594,9 @@ def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool):
             )
             if config.zero:
                 transient //= config.gpus
-        return states, host, transient
+        return states, paged, host, transient
 
-    key = (config.method, config.precision, config.optimizer, config.zero, config.offload, config.gpus,
-           config.lora_r, config.lora_targets, is_cpu)
-    return _cached("static", model, key, compute)
+    return _cached("static", model, _static_key(config, is_cpu), compute)
 
 
 def _batch_terms(model: ModelSpec, config: TrainConfig):
@@ -593,9 +612,7 @@ def _batch_terms(model: ModelSpec, config: TrainConfig):
             return (activation_breakdown(model, cfg), recompute,
                     _logits_forward_transient(dims, mode), _logits_backward_transient(dims, mode))
 
-        key = (config.method, config.precision, config.zero > 0, config.lora_r, config.lora_targets,
-               config.grad_ckpt, config.attention, config.seq_len, b)
-        return _cached("batch", model, key, compute)
+        return _cached("batch", model, _batch_key(config, b), compute)
 
     b = config.micro_batch
     if b == 1:
@@ -606,9 +623,7 @@ def _batch_terms(model: ModelSpec, config: TrainConfig):
         acts = {k: one[0].get(k, 0) + (b - 1) * (two[0].get(k, 0) - one[0].get(k, 0)) for k in two[0].keys() | one[0].keys()}
         return (acts,) + tuple(x1 + (b - 1) * (x2 - x1) for x1, x2 in zip(one[1:], two[1:]))
 
-    key = (config.method, config.precision, config.zero > 0, config.lora_r, config.lora_targets,
-           config.grad_ckpt, config.attention, config.seq_len, b)
-    return _cached("batch_scaled", model, key, scaled)
+    return _cached("batch_scaled", model, _batch_key(config, b), scaled)
 
 
 def _reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged: int) -> tuple[int, int]:
@@ -622,34 +637,38 @@ def _reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged:
     return reserved, reserved + int(gpu.cuda_context_bytes) + paged
 
 
+def _phases(*, grads: int, saved: int, recompute: int, fwd_logits: int, bwd_logits: int, opt_transient: int,
+            accumulating: bool) -> dict[str, dict[str, int]]:
+    """What lives beside the static model states at each moment of a step (see the module
+    docstring); during accumulation the previous micro-steps' gradients exist in the forward."""
+    grads_fwd = grads if accumulating else 0
+    return {
+        "forward": {"activations_and_logits": saved + fwd_logits, "gradients": grads_fwd},
+        "backward_start": {"activations_and_logits": saved + bwd_logits + recompute, "gradients": grads_fwd},
+        "backward_end": {"activations_and_logits": recompute, "gradients": grads},
+        "optimizer": {"activations_and_logits": 0, "gradients": grads, "optimizer_step": opt_transient},
+    }
+
+
 def fast_totals(*, model: ModelSpec, config: TrainConfig, gpu) -> tuple[int, int]:
     """(process_total_bytes, cpu_bytes) exactly as ``estimate_memory`` computes them, without
     building the breakdown: the search evaluates thousands of configurations with it."""
     is_cpu = bool(getattr(gpu, "is_cpu", False))
 
     def static_sums():
-        states, host, opt_transient = _static_terms(model, config, is_cpu)
-        paged = states.get("optimizer_states", 0) if config.optimizer is Optimizer.PAGED_ADAMW_8BIT and not is_cpu else 0
+        states, paged, host, opt_transient = _static_terms(model, config, is_cpu)
         grads = states.get("gradients", 0)
-        return sum(states.values()) - grads - paged, grads, paged, host, opt_transient
+        return sum(states.values()) - grads, grads, paged, host, opt_transient
 
     def batch_sums():
         acts, recompute, fwd_logits, bwd_logits = _batch_terms(model, config)
         return sum(acts.values()), recompute, fwd_logits, bwd_logits
 
-    static, grads, paged, host, opt_transient = _cached(
-        "static_sums", model, (config.method, config.precision, config.optimizer, config.zero, config.offload,
-                               config.gpus, config.lora_r, config.lora_targets, is_cpu), static_sums)
-    saved, recompute, fwd_logits, bwd_logits = _cached(
-        "batch_sums", model, (config.method, config.precision, config.zero > 0, config.lora_r, config.lora_targets,
-                              config.grad_ckpt, config.attention, config.seq_len, config.micro_batch), batch_sums)
-    grads_fwd = grads if config.grad_accum > 1 else 0
-    peak = static + max(
-        saved + fwd_logits + grads_fwd,
-        saved + bwd_logits + recompute + grads_fwd,
-        recompute + grads,
-        grads + opt_transient,
-    )
+    static, grads, paged, host, opt_transient = _cached("static_sums", model, _static_key(config, is_cpu), static_sums)
+    saved, recompute, fwd_logits, bwd_logits = _cached("batch_sums", model, _batch_key(config, config.micro_batch), batch_sums)
+    phases = _phases(grads=grads, saved=saved, recompute=recompute, fwd_logits=fwd_logits, bwd_logits=bwd_logits,
+                     opt_transient=opt_transient, accumulating=config.grad_accum > 1)
+    peak = static + max(sum(parts.values()) for parts in phases.values())
     if is_cpu:
         return peak, host
     return _reserved_and_total(model, gpu, peak=peak, static=static, paged=paged)[1], host
@@ -658,28 +677,13 @@ def fast_totals(*, model: ModelSpec, config: TrainConfig, gpu) -> tuple[int, int
 def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEstimate:
     """Predict peak memory per device for one configuration on one GPU (or the ``cpu`` profile)."""
     is_cpu = bool(getattr(gpu, "is_cpu", False))
-    states, host, opt_transient = _static_terms(model, config, is_cpu)
-    states = dict(states)
+    states, paged, host, opt_transient = _static_terms(model, config, is_cpu)
     acts, recompute_bytes, fwd_logits, bwd_logits = _batch_terms(model, config)
-
-    paged = 0
-    if config.optimizer is Optimizer.PAGED_ADAMW_8BIT and not is_cpu:
-        # bitsandbytes allocates paged states with cudaMallocManaged, outside PyTorch's caching
-        # allocator: max_memory_allocated does not see them, nvidia-smi does while they are
-        # resident (bitsandbytes/functional.py get_paged)
-        paged = states.pop("optimizer_states", 0)
     grads = states.get("gradients", 0)
     static_no_grads = sum(v for k, v in states.items() if k != "gradients")
-    saved = sum(acts.values())
     assumptions: list[str] = []
-    grads_during_forward = grads if config.grad_accum > 1 else 0
-
-    phases = {
-        "forward": {"activations_and_logits": saved + fwd_logits, "gradients": grads_during_forward},
-        "backward_start": {"activations_and_logits": saved + bwd_logits + recompute_bytes, "gradients": grads_during_forward},
-        "backward_end": {"activations_and_logits": recompute_bytes, "gradients": grads},
-        "optimizer": {"activations_and_logits": 0, "gradients": grads, "optimizer_step": opt_transient},
-    }
+    phases = _phases(grads=grads, saved=sum(acts.values()), recompute=recompute_bytes, fwd_logits=fwd_logits,
+                     bwd_logits=bwd_logits, opt_transient=opt_transient, accumulating=config.grad_accum > 1)
     totals = {name: static_no_grads + sum(v.values()) for name, v in phases.items()}
     peak_phase = max(totals, key=lambda k: totals[k])
     peak = totals[peak_phase]

@@ -22,9 +22,9 @@ from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
 from planner.memory import estimate_memory, fast_totals, model_states_bytes
 from planner.modelspec import LinearKind, ModelSpec
-from planner.results import Candidate, PlanRequest, PlanResult, Rejection
+from planner.results import Candidate, PlanRequest, PlanResult, Rejection, ThroughputEstimate
 from planner.throughput import estimate_throughput
-from planner.units import GiB, MiB, format_bytes
+from planner.units import MiB, format_bytes
 
 LORA_RANKS = (8, 16, 64)
 #: Keep this much of the device free: the allocator's fragmentation varies run to run and the
@@ -135,6 +135,8 @@ def suggest(
     """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does."""
     if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
         raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch!r}")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise InvalidConfigError(f"--gpus must be a whole number >= 1, got {gpus!r}")
     if seq_len < 1 or seq_len > model.max_seq_len:
         raise InvalidConfigError(
             f"--seq-len {seq_len} is outside 1..{model.max_seq_len}, the longest {model.id} allows"
@@ -182,11 +184,10 @@ def suggest(
         },
         planner_version=__version__,
     )
-    closest_candidates = {
+    closest = {
         fam: Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=_NO_THROUGHPUT, fits=False)
         for fam, (_, cfg) in closest.items()
     }
-    closest = closest_candidates
     if not fitting:
         raise NothingFitsError(_nothing_fits_message(model=model, gpu=gpu, closest=closest, usable=usable, space=space))
 
@@ -270,8 +271,6 @@ def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, 
         f"try {', '.join(hints)}"
     )
 
-
-from planner.results import ThroughputEstimate  # noqa: E402
 
 #: placeholder throughput for rejected candidates (never printed as a plan: fits=False)
 _NO_THROUGHPUT = ThroughputEstimate(step_s=float("inf"), tokens_per_s=0.0, flops_per_step=0.0, assumptions=("not evaluated: does not fit",))

@@ -274,16 +274,10 @@ def suggest(
     from planner.errors import InvalidConfigError
     from planner.gpus import check_precision, physical_ram_bytes
     from planner.search import SearchSpace, suggest as run_suggest
-    from planner.units import format_bytes, parse_bytes
+    from planner.units import parse_bytes
 
     spec, device = _resolve(model, gpu, gpu_mem)
-    if gpus < 1:
-        raise InvalidConfigError(f"--gpus must be a whole number >= 1, got {gpus}")
     seq = default_seq_len(spec) if seq_len is None else seq_len
-    if seq < 1 or seq > spec.max_seq_len:
-        raise InvalidConfigError(f"--seq-len {seq} is outside 1..{spec.max_seq_len}, the longest {spec.id} allows")
-    if target_batch < 1:
-        raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch}")
     try:
         methods = tuple(Method) if method == "auto" else (Method(method),)
         precisions = None if precision == "auto" else (Precision(precision),)
@@ -296,20 +290,15 @@ def suggest(
     result = run_suggest(model=spec, gpu=device, target_batch=target_batch, seq_len=seq, gpus=gpus, space=space,
                          top_k=top_k, model_fingerprint=fingerprint(spec))
     out = console() if not as_json else console_to_stderr()
-    plan_id = None
     if not as_json:
         _print_suggestion(out, result, spec=spec, device=device, seq_defaulted=seq_len is None, host=host, no_offload=no_offload)
-    plan_id = _save(result, db=db, save=not no_save, out=out)
+    from planner.cli.store import save_plan_and_report
+
+    plan_id = save_plan_and_report(result=result, db=db, save=not no_save, console=out)
     if as_json:
         data = result.to_dict()
         data["plan_id"] = plan_id
         print_json(data)
-
-
-def _save(result, *, db, save: bool, out):
-    from planner.cli.store import save_plan_and_report
-
-    return save_plan_and_report(result=result, db=db, save=save, console=out)
 
 
 def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: int, no_offload: bool) -> None:
