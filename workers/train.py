@@ -40,7 +40,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
+from planner.config import Method, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError
 from planner.results import Measurement, RunOutcome
 from workers.deepspeed_config import LEARNING_RATE
