@@ -225,6 +225,22 @@ class TrainConfig:
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
 
+    def with_split(self, *, micro_batch: int, grad_accum: int, grad_ckpt: bool | None = None) -> "TrainConfig":
+        """This configuration with another micro-batch x accumulation split (and optionally
+        checkpointing switched). The new values are checked; nothing else in ``__post_init__``
+        reads them together with another field, so the rest is not validated again: the search
+        and the memory model make tens of thousands of these (a third of the search's time with
+        ``replace``)."""
+        for name, value in (("micro_batch", micro_batch), ("grad_accum", grad_accum)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidConfigError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
+        copy = object.__new__(TrainConfig)
+        copy.__dict__.update(
+            self.__dict__, micro_batch=micro_batch, grad_accum=grad_accum,
+            grad_ckpt=self.grad_ckpt if grad_ckpt is None else bool(grad_ckpt),
+        )
+        return copy
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict with the CLI's option names as keys (underscored)."""
         return {

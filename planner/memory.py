@@ -30,7 +30,6 @@ two fp32 moments 8), which is also the seeds' "16 bytes/param" rule (shared/seed
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -58,6 +57,20 @@ BNB_MIN_8BIT_SIZE = 4096
 #: the HF Trainer's "auto" values instead: reduce_bucket_size = hidden², ZeRO-3 prefetch
 #: 0.9·hidden², param persistence threshold 10·hidden (transformers/integrations/deepspeed.py).
 DS_PERSISTENCE_FACTOR = 10
+#: Intermediate-sized tensors an MLP activation saves for its backward, besides its output
+#: (which the next linear or the gate product saves anyway). Fused kernels save their input
+#: (torch derivatives.yaml: gelu_backward(grad, self), silu_backward(grad, self)); relu saves
+#: only its result. transformers' Python activations save every operand of their tensor-tensor
+#: products (activations.py): NewGELUActivation x, tanh(.), 0.5·x, 1 + tanh(.) (measured on gpt2
+#: with the CPU probe); FastGELUActivation three more for its inner products; QuickGELU x and
+#: sigmoid(1.702·x).
+ACTIVATION_SAVED = {
+    "silu": 1, "swish": 1, "gelu": 1, "gelu_pytorch_tanh": 1, "gelu_python": 1, "relu": 0,
+    "gelu_new": 4, "gelu_fast": 7, "quick_gelu": 2,
+}
+#: What an activation missing from ACTIVATION_SAVED is assumed to save (a fused kernel's input);
+#: estimate_memory states the assumption.
+ACTIVATION_SAVED_DEFAULT = 1
 #: CUDA caching allocator: blocks >1 MiB are rounded up to 2 MiB multiples
 #: (c10/cuda/CUDACachingAllocator.cpp kRoundLarge), so each large live tensor wastes 1 MiB on
 #: average; segments of the large pool are at least 20 MiB (kLargeBuffer).
@@ -138,9 +151,13 @@ def lora_targets(model: ModelSpec, config: TrainConfig) -> tuple:
     """The per-block linear layers LoRA wraps (peft's "all-linear" skips only the output head)."""
     if not config.method.uses_adapters:
         return ()
-    if config.lora_targets == (ALL_LINEAR,):
+    return _cached("lora_targets", model, (config.lora_targets,), lambda: _lora_targets(model, config.lora_targets))
+
+
+def _lora_targets(model: ModelSpec, targets: tuple[str, ...] | None) -> tuple:
+    if targets == (ALL_LINEAR,):
         return tuple(model.layer_linears)
-    names = set(config.lora_targets or ())
+    names = set(targets or ())
     available = model.linear_names()
     missing = sorted(names - set(available))
     if missing:
@@ -158,11 +175,19 @@ def lora_params(model: ModelSpec, config: TrainConfig) -> int:
 
 
 def trainable_params(model: ModelSpec, config: TrainConfig) -> int:
-    return model.params_total if config.method is Method.FULL else lora_params(model, config)
+    if config.method is Method.FULL:
+        return model.params_total
+    return _cached("lora_params", model, (config.lora_r, config.lora_targets), lambda: lora_params(model, config))
 
 
-def _param_tensor_sizes(model: ModelSpec, config: TrainConfig) -> list[int]:
+def _param_tensor_sizes(model: ModelSpec, config: TrainConfig) -> tuple[int, ...]:
     """Element counts of the trainable parameter tensors (for per-tensor optimizer rules)."""
+    adapters = config.method.uses_adapters
+    key = (adapters, config.lora_r, config.lora_targets) if adapters else (False,)
+    return _cached("param_sizes", model, key, lambda: tuple(_compute_param_tensor_sizes(model, config)))
+
+
+def _compute_param_tensor_sizes(model: ModelSpec, config: TrainConfig) -> list[int]:
     if config.method.uses_adapters:
         r = config.lora_r or 0
         sizes = []
@@ -202,7 +227,7 @@ def _quantized_linear_params(model: ModelSpec) -> int:
 
 
 # ---- optimizer states ----------------------------------------------------------------------
-def optimizer_state_bytes(*, sizes: list[int], optimizer: Optimizer, param_bytes: int) -> int:
+def optimizer_state_bytes(*, sizes, optimizer: Optimizer, param_bytes: int) -> int:
     """Persistent optimizer state for trainable tensors of these element counts.
 
     * AdamW (torch): exp_avg and exp_avg_sq like the parameter (2 x param dtype) plus a 4-byte
@@ -261,23 +286,28 @@ def _optimizer_step_transient(*, sizes: list[int], optimizer: Optimizer, param_b
       (torch/optim/adamw.py _multi_tensor_adamw). On the CPU it runs tensor by tensor
       (_single_tensor_adamw), where ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` holds two
       temporaries of the largest parameter.
-    * Adafactor computes ``grad**2 + eps``, the factored approximation and ``-update`` as full
-      fp32 tensors of the current parameter: three of the largest (transformers Adafactor.step).
+    * Adafactor holds two full fp32 tensors of the current parameter at once: ``grad**2 + eps``
+      while ``_approx_sq_grad`` builds the factored estimate, then ``update`` while
+      ``p.add_(-update)`` makes its negation (transformers optimization.py Adafactor.step); a
+      16-bit parameter adds its fp32 copy and its gradient's (``p.float()``, ``grad.float()``).
     * SGD updates in place; the 8-bit optimizers dequantise one block-sized chunk at a time on
-      CUDA (in-kernel) — on the CPU backend the states of one tensor are dequantised to fp32.
+      CUDA (in-kernel). bitsandbytes' CPU backend dequantises a whole tensor's states to fp32,
+      but inside one custom op (backends/cpu/ops.py _optimizer_update_8bit_blockwise_cpu), below
+      the dispatch mode the CPU probe (like torch's MemTracker) counts with: the ``cpu`` profile
+      sees no temporaries either.
     """
     largest = max(sizes, default=0)
     if optimizer is Optimizer.ADAMW:
         return 2 * largest * param_bytes if is_cpu else sum(sizes) * param_bytes
     if optimizer is Optimizer.ADAFACTOR:
-        return 3 * largest * 4
-    if optimizer is Optimizer.SGD:
-        return 0
-    return 2 * largest * 4 if is_cpu else 0
+        return (2 + (2 if param_bytes == 2 else 0)) * largest * 4
+    return 0
 
 
 # ---- activations -----------------------------------------------------------------------------
-def _block_activations(model: ModelSpec, config: TrainConfig, dims: _Dims, mode: _Mode, *, first: bool) -> dict[str, int]:
+def _block_activations(
+    model: ModelSpec, config: TrainConfig, dims: _Dims, mode: _Mode, *, first: bool, is_cpu: bool = False
+) -> dict[str, int]:
     """Bytes one transformer block keeps for backward, by component.
 
     Autograd saves an operand only when the other operand needs a gradient (the codegen checks
@@ -336,7 +366,16 @@ def _block_activations(model: ModelSpec, config: TrainConfig, dims: _Dims, mode:
     q = e * dims.a * dims.d
     kvn = e * dims.kv * dims.d
     attention = str(config.attention)
-    if attention in ("sdpa", "flash"):
+    if attention == "sdpa" and is_cpu and model.attn_dropout > 0:
+        # On the CPU, SDPA's flash kernel refuses dropout (aten sdp_utils_cpp.cpp
+        # use_flash_attention_cpp: check_for_dropout), so training falls back to the math path,
+        # which upcasts 16-bit inputs to fp32 on the CPU and saves q·scale, kᵀ·scale and v (fp32,
+        # all heads), the fp32 softmax, the dropout mask and the dropped probabilities; its
+        # (b, a, s, d) output needs a contiguous copy before o_proj. Measured on gpt2 and bert
+        # (bench/accuracy.py, CPU probe). On a GPU the flash/efficient kernels take dropout.
+        scores = dims.b * dims.a * dims.s * dims.s
+        add("attention/core", 4 * 3 * q + 4 * 3 * scores + e * h * mode.attn)
+    elif attention in ("sdpa", "flash"):
         # SDPA/flash save q, k, v, out and the fp32 log-sum-exp; transformers uses the native GQA
         # path when there is no mask, so k/v keep kv heads (integrations/sdpa_attention.py).
         # o_proj reads the output in place: its (b, s, a, d) layout makes the reshape a view.
@@ -356,9 +395,17 @@ def _block_activations(model: ModelSpec, config: TrainConfig, dims: _Dims, mode:
     # -- MLP -----------------------------------------------------------------------------------
     add("mlp/input", inputs(by_kind[LinearKind.MLP_IN], e * h * (c if full else res)))
     inter = e * dims.i * c
-    # gated: act(gate) saves gate, act*up saves both, down saves the product (LlamaMLP);
-    # plain: act saves fc1's output, fc2 saves act's output
-    add("mlp/intermediate", (4 if model.gated_mlp else 2) * inter)
+    # gated: act(gate) saves what ACTIVATION_SAVED says, act*up saves act's output and up, down
+    # saves the product (LlamaMLP); plain: the activation's own tensors, fc2 saves its output.
+    # A frozen, unadapted down/fc2 computes no weight gradient, so it saves no input (LoRA on the
+    # attention projections only; measured on mistral) — but relu's own backward keeps its result.
+    act_saved = ACTIVATION_SAVED.get(model.hidden_act, ACTIVATION_SAVED_DEFAULT)
+    down_needs_input = full or any(lin.name in targets for lin in by_kind[LinearKind.MLP_OUT])
+    if model.gated_mlp:
+        saved_tensors = act_saved + 2 + (1 if down_needs_input else 0)
+    else:
+        saved_tensors = act_saved + (1 if down_needs_input or model.hidden_act == "relu" else 0)
+    add("mlp/intermediate", saved_tensors * inter)
     if not full and mode.adapter_input:
         add("mlp/intermediate", sum(e * l.in_features * (mode.adapter_input - c) for l in by_kind[LinearKind.MLP_OUT] if l.name in targets))
     if model.hidden_dropout > 0:
@@ -421,8 +468,9 @@ def _logits_backward_transient(dims: _Dims, mode: _Mode) -> int:
     return 2 * ev * 4
 
 
-def activation_breakdown(model: ModelSpec, config: TrainConfig) -> dict[str, int]:
-    """Bytes saved for backward over the whole forward pass, by component (one device)."""
+def activation_breakdown(model: ModelSpec, config: TrainConfig, *, is_cpu: bool = False) -> dict[str, int]:
+    """Bytes saved for backward over the whole forward pass, by component (one device;
+    ``is_cpu``: the ``cpu`` profile, whose attention kernels differ, see _block_activations)."""
     dims = _dims(model, config)
     mode = _mode(config)
     total: dict[str, int] = {}
@@ -437,8 +485,8 @@ def activation_breakdown(model: ModelSpec, config: TrainConfig) -> dict[str, int
         # recomputes one block at a time during backward (torch.utils.checkpoint).
         total["activations/checkpoints"] = model.num_layers * dims.tokens * dims.h * mode.residual
     else:
-        first = _block_activations(model, config, dims, mode, first=True)
-        rest = _block_activations(model, config, dims, mode, first=False)
+        first = _block_activations(model, config, dims, mode, first=True, is_cpu=is_cpu)
+        rest = _block_activations(model, config, dims, mode, first=False, is_cpu=is_cpu)
         merge("", first)
         merge("", rest, model.num_layers - 1)
     merge("", _model_level_activations(model, config, dims, mode))
@@ -526,16 +574,45 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig) -> tuple[dict[s
         out["zero3/gathered_params"] = model.params_per_layer * gb * 2
         if config.offload is Offload.OPTIMIZER_PARAMS:
             host += out.pop("weights", 0)
-    out["gradients"] = grads * gb // param_bytes if config.zero == 1 else grads * gb // param_bytes // n
+    if config.zero == 3:
+        # ZeRO-3 allocates the flat 16-bit gradient partition when it is built, so it is alive
+        # through the whole step (stage3.py _setup_for_real_optimizer grad_partitions_flat_buffer)
+        out["zero3/grad_partitions"] = grads * gb // param_bytes // n
+    else:
+        out["gradients"] = grads * gb // param_bytes if config.zero == 1 else grads * gb // param_bytes // n
     out["zero/reduce_bucket"] = model.hidden_size**2 * gb
     if config.offload is Offload.NONE:
         out["master_weights"] = master // n
         out["optimizer_states"] = states_per_device
     else:
         # host: the fp32 master partition, DeepSpeedCPUAdam's moments and the fp32 gradient
-        # partition it steps from (ZeRO-Offload, Ren et al. 2021, §4.1)
+        # partition it steps from (ZeRO-Offload, Ren et al. 2021, §4.1); stage 1/2 add the 16-bit
+        # copy of the partition it writes back from (stage_1_and_2.py
+        # param_buffer_of_bit16_for_cpu_offload_groups) and a host gradient buffer of the
+        # largest parameter (temp_grad_buffer_for_cpu_offload)
         host += master // n + states_per_device + 4 * trainable // n
+        if config.zero in (1, 2):
+            largest = max(_param_tensor_sizes(model, config), default=0)
+            host += gb * math.ceil(trainable / n) + gb * largest
+            # the device-side staging buffer gradients go through to the host, one parameter
+            # at a time (stage_1_and_2.py temp_grad_buffer_for_gpu_offload)
+            out["zero/offload_grad_buffer"] = gb * largest
     return out, host
+
+
+def _optimizer_phase_gradients(model: ModelSpec, config: TrainConfig, device_grads: int) -> int:
+    """Gradient bytes alive on the device while optimizer.step() runs.
+
+    Without ZeRO: the gradients themselves. With ZeRO and no offload, DeepSpeed flattens this
+    rank's gradients into one fp32 partition (stage 1/2: ``single_grad_partition``; stage 3: the
+    fp32 partition's ``.grad``) and frees the 16-bit ones before stepping
+    (stage_1_and_2.py step: free_grad_in_param_list). With offload the step runs on the host.
+    """
+    if config.zero == 0:
+        return device_grads
+    if config.offload is not Offload.NONE:
+        return 0
+    return 4 * math.ceil(trainable_params(model, config) / config.gpus)
 
 
 # ---- the estimate ------------------------------------------------------------------------------
@@ -565,15 +642,15 @@ def _static_key(config: TrainConfig, is_cpu: bool) -> tuple:
             config.lora_r, config.lora_targets, is_cpu)
 
 
-def _batch_key(config: TrainConfig, b: int) -> tuple:
+def _batch_key(config: TrainConfig, b: int, is_cpu: bool) -> tuple:
     """What the per-micro-batch terms depend on (DeepSpeed only through zero > 0: its dtype mode)."""
     return (config.method, config.precision, config.zero > 0, config.lora_r, config.lora_targets,
-            config.grad_ckpt, config.attention, config.seq_len, b)
+            config.grad_ckpt, config.attention, config.seq_len, b, is_cpu)
 
 
 def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool):
     """(device model states by component, paged optimizer bytes, host bytes, optimizer-step
-    transient): batch-independent.
+    transient, gradient bytes during the optimizer step): batch-independent.
 
     Paged 8-bit states are split off on a GPU: bitsandbytes allocates them with
     cudaMallocManaged, outside PyTorch's caching allocator, so max_memory_allocated does not see
@@ -589,30 +666,36 @@ def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool):
         param_bytes = mode.weight if config.method is Method.FULL else 4
         transient = 0
         if config.offload is Offload.NONE:
-            transient = _optimizer_step_transient(
-                sizes=_param_tensor_sizes(model, config), optimizer=config.optimizer, param_bytes=param_bytes, is_cpu=is_cpu
-            )
             if config.zero:
-                transient //= config.gpus
-        return states, paged, host, transient
+                # the optimizer steps one flat fp32 partition (see model_state_breakdown)
+                sizes, param_bytes = [math.ceil(trainable_params(model, config) / config.gpus)], 4
+            else:
+                sizes = _param_tensor_sizes(model, config)
+            transient = _optimizer_step_transient(
+                sizes=sizes, optimizer=config.optimizer, param_bytes=param_bytes, is_cpu=is_cpu
+            )
+        opt_grads = _optimizer_phase_gradients(model, config, states.get("gradients", 0))
+        return states, paged, host, transient, opt_grads
 
     return _cached("static", model, _static_key(config, is_cpu), compute)
 
 
-def _batch_terms(model: ModelSpec, config: TrainConfig):
+def _batch_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool):
     """(saved activations by component, recompute bytes, forward and backward logits
     transients) for this micro-batch: every term is affine in the micro-batch, so two
     evaluations (b = 1 and 2) give all of them exactly."""
 
     def at(b: int):
         def compute():
-            cfg = config if config.micro_batch == b else dataclasses.replace(config, micro_batch=b)
+            cfg = config if config.micro_batch == b else config.with_split(micro_batch=b, grad_accum=config.grad_accum)
             dims, mode = _dims(model, cfg), _mode(cfg)
-            recompute = sum(_block_activations(model, cfg, dims, mode, first=False).values()) if cfg.grad_ckpt else 0
-            return (activation_breakdown(model, cfg), recompute,
+            recompute = (
+                sum(_block_activations(model, cfg, dims, mode, first=False, is_cpu=is_cpu).values()) if cfg.grad_ckpt else 0
+            )
+            return (activation_breakdown(model, cfg, is_cpu=is_cpu), recompute,
                     _logits_forward_transient(dims, mode), _logits_backward_transient(dims, mode))
 
-        return _cached("batch", model, _batch_key(config, b), compute)
+        return _cached("batch", model, _batch_key(config, b, is_cpu), compute)
 
     b = config.micro_batch
     if b == 1:
@@ -623,7 +706,7 @@ def _batch_terms(model: ModelSpec, config: TrainConfig):
         acts = {k: one[0].get(k, 0) + (b - 1) * (two[0].get(k, 0) - one[0].get(k, 0)) for k in two[0].keys() | one[0].keys()}
         return (acts,) + tuple(x1 + (b - 1) * (x2 - x1) for x1, x2 in zip(one[1:], two[1:]))
 
-    return _cached("batch_scaled", model, _batch_key(config, b), scaled)
+    return _cached("batch_scaled", model, _batch_key(config, b, is_cpu), scaled)
 
 
 def _reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged: int) -> tuple[int, int]:
@@ -638,52 +721,82 @@ def _reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged:
 
 
 def _phases(*, grads: int, saved: int, recompute: int, fwd_logits: int, bwd_logits: int, opt_transient: int,
-            accumulating: bool) -> dict[str, dict[str, int]]:
+            opt_grads: int, accumulating: bool) -> dict[str, dict[str, int]]:
     """What lives beside the static model states at each moment of a step (see the module
-    docstring); during accumulation the previous micro-steps' gradients exist in the forward."""
+    docstring); during accumulation the previous micro-steps' gradients exist in the forward.
+    ``opt_grads``: the gradients the optimizer steps from (DeepSpeed's fp32 partition)."""
     grads_fwd = grads if accumulating else 0
     return {
         "forward": {"activations_and_logits": saved + fwd_logits, "gradients": grads_fwd},
-        "backward_start": {"activations_and_logits": saved + bwd_logits + recompute, "gradients": grads_fwd},
+        # the loss' backward runs before any checkpointed block is recomputed: the recompute
+        # belongs to the rest of backward, after the logits' gradients are freed
+        "backward_start": {"activations_and_logits": saved + bwd_logits, "gradients": grads_fwd},
         "backward_end": {"activations_and_logits": recompute, "gradients": grads},
-        "optimizer": {"activations_and_logits": 0, "gradients": grads, "optimizer_step": opt_transient},
+        "optimizer": {"activations_and_logits": 0, "gradients": opt_grads, "optimizer_step": opt_transient},
     }
 
 
 def fast_totals(*, model: ModelSpec, config: TrainConfig, gpu) -> tuple[int, int]:
     """(process_total_bytes, cpu_bytes) exactly as ``estimate_memory`` computes them, without
-    building the breakdown: the search evaluates thousands of configurations with it."""
+    building the breakdown."""
+    return totals_by_split(model=model, config=config, gpu=gpu, splits=[(config.micro_batch, config.grad_accum)])[0]
+
+
+def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu, splits) -> list[tuple[int, int]]:
+    """(process_total_bytes, cpu_bytes) of ``config`` with each (micro_batch, grad_accum) of
+    ``splits`` instead of its own, exactly as ``estimate_memory`` computes them: the search's
+    inner loop.
+
+    Every phase of ``_phases`` is affine in the micro-batch (its activation and logits terms
+    are, its gradient and optimizer terms do not depend on it), so the phase totals at b = 1 and
+    b = 2 give each phase's line, and a split costs four multiply-adds.
+    """
     is_cpu = bool(getattr(gpu, "is_cpu", False))
 
     def static_sums():
-        states, paged, host, opt_transient = _static_terms(model, config, is_cpu)
+        states, paged, host, opt_transient, opt_grads = _static_terms(model, config, is_cpu)
         grads = states.get("gradients", 0)
-        return sum(states.values()) - grads, grads, paged, host, opt_transient
+        return sum(states.values()) - grads, grads, paged, host, opt_transient, opt_grads
 
-    def batch_sums():
-        acts, recompute, fwd_logits, bwd_logits = _batch_terms(model, config)
-        return sum(acts.values()), recompute, fwd_logits, bwd_logits
+    def phase_lines():
+        _, grads, _, _, opt_transient, opt_grads = _cached("static_sums", model, _static_key(config, is_cpu), static_sums)
+        at = []
+        for b in (1, 2):
+            acts, recompute, fwd_logits, bwd_logits = _batch_terms(model, config.with_split(micro_batch=b, grad_accum=config.grad_accum), is_cpu)
+            saved = sum(acts.values())
+            at.append([
+                [sum(parts.values()) for parts in _phases(
+                    grads=grads, saved=saved, recompute=recompute, fwd_logits=fwd_logits, bwd_logits=bwd_logits,
+                    opt_transient=opt_transient, opt_grads=opt_grads, accumulating=accumulating,
+                ).values()]
+                for accumulating in (False, True)
+            ])
+        # lines[accumulating] = [(phase total at b = 1, its increase per sample), ...]
+        return [[(one, two - one) for one, two in zip(at[0][acc], at[1][acc])] for acc in (0, 1)]
 
-    static, grads, paged, host, opt_transient = _cached("static_sums", model, _static_key(config, is_cpu), static_sums)
-    saved, recompute, fwd_logits, bwd_logits = _cached("batch_sums", model, _batch_key(config, config.micro_batch), batch_sums)
-    phases = _phases(grads=grads, saved=saved, recompute=recompute, fwd_logits=fwd_logits, bwd_logits=bwd_logits,
-                     opt_transient=opt_transient, accumulating=config.grad_accum > 1)
-    peak = static + max(sum(parts.values()) for parts in phases.values())
-    if is_cpu:
-        return peak, host
-    return _reserved_and_total(model, gpu, peak=peak, static=static, paged=paged)[1], host
+    static, _, paged, host, _, _ = _cached("static_sums", model, _static_key(config, is_cpu), static_sums)
+    lines = _cached("phase_lines", model, _batch_key(config, 0, is_cpu) + _static_key(config, is_cpu), phase_lines)
+    out = []
+    for micro, accum in splits:
+        k = micro - 1
+        (f0, f1), (s0, s1), (e0, e1), (o0, o1) = lines[accum > 1]  # the four phases of _phases
+        peak = static + max(f0 + k * f1, s0 + k * s1, e0 + k * e1, o0 + k * o1)
+        total = peak if is_cpu else _reserved_and_total(model, gpu, peak=peak, static=static, paged=paged)[1]
+        out.append((total, host))
+    return out
 
 
 def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEstimate:
     """Predict peak memory per device for one configuration on one GPU (or the ``cpu`` profile)."""
     is_cpu = bool(getattr(gpu, "is_cpu", False))
-    states, paged, host, opt_transient = _static_terms(model, config, is_cpu)
-    acts, recompute_bytes, fwd_logits, bwd_logits = _batch_terms(model, config)
+    states, paged, host, opt_transient, opt_grads = _static_terms(model, config, is_cpu)
+    acts, recompute_bytes, fwd_logits, bwd_logits = _batch_terms(model, config, is_cpu)
     grads = states.get("gradients", 0)
     static_no_grads = sum(v for k, v in states.items() if k != "gradients")
     assumptions: list[str] = []
     phases = _phases(grads=grads, saved=sum(acts.values()), recompute=recompute_bytes, fwd_logits=fwd_logits,
-                     bwd_logits=bwd_logits, opt_transient=opt_transient, accumulating=config.grad_accum > 1)
+                     bwd_logits=bwd_logits, opt_transient=opt_transient, opt_grads=opt_grads,
+                     accumulating=config.grad_accum > 1)
     totals = {name: static_no_grads + sum(v.values()) for name, v in phases.items()}
     peak_phase = max(totals, key=lambda k: totals[k])
     peak = totals[peak_phase]
@@ -695,8 +808,6 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEsti
     if peak_phase in ("forward", "backward_start"):
         breakdown.update(acts)
         breakdown["logits/transient"] = fwd_logits if peak_phase == "forward" else bwd_logits
-        if recompute_bytes and peak_phase == "backward_start":
-            breakdown["activations/recompute"] = recompute_bytes
     elif peak_phase == "backward_end" and recompute_bytes:
         breakdown["activations/recompute"] = recompute_bytes
     if ph.get("optimizer_step"):
@@ -714,6 +825,10 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEsti
             assumptions.append("paged 8-bit optimizer states counted in the process total, not in the allocator")
         assumptions.append(
             f"allocator: +1 MiB rounding per large tensor and {CUDA_FRAGMENTATION:.0%} of transient bytes reserved (uncalibrated on GPU)"
+        )
+    if model.hidden_act not in ACTIVATION_SAVED:
+        assumptions.append(
+            f"activation {model.hidden_act!r} is not in the model's table: assumed to save its input like a fused kernel"
         )
     if config.method is Method.QLORA:
         assumptions.append("NF4 with double quantisation, blocksize 64; non-4-bit params upcast to fp32 by prepare_model_for_kbit_training")

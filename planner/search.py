@@ -20,7 +20,7 @@ from planner import __version__
 from planner.config import ALL_LINEAR, Method, Offload, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
-from planner.memory import estimate_memory, fast_totals, model_states_bytes
+from planner.memory import estimate_memory, model_states_bytes, totals_by_split
 from planner.modelspec import LinearKind, ModelSpec
 from planner.results import Candidate, PlanRequest, PlanResult, Rejection, ThroughputEstimate
 from planner.throughput import estimate_throughput
@@ -72,13 +72,23 @@ def _precisions(gpu: GPUSpec, space: SearchSpace) -> tuple[Precision, ...]:
 
 def enumerate_configs(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int, space: SearchSpace) -> Iterator[TrainConfig]:
     """Every valid configuration of the space (invalid combinations are skipped, not errors)."""
+    for base, splits in _combinations(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space):
+        for micro, accum in splits:
+            yield base.with_split(micro_batch=micro, grad_accum=accum)
+
+
+def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
+                  space: SearchSpace) -> Iterator[tuple[TrainConfig, list[tuple[int, int]]]]:
+    """Each valid combination of the space's knobs but the split (a validated ``TrainConfig``
+    with the whole per-device batch as its micro-batch), with every (micro, accumulation) split
+    of the per-device batch in ascending micro-batch order."""
     if target_batch % gpus:
         raise InvalidConfigError(
             f"--target-batch {target_batch} cannot be split over {gpus} GPUs (micro x accumulation x GPUs "
             f"= batch): use a multiple of {gpus}"
         )
     per_device = target_batch // gpus
-    divisors = _divisors(per_device)
+    splits = [(micro, per_device // micro) for micro in _divisors(per_device)]
     lora_variants: list[tuple[int | None, tuple[str, ...] | None]] = []
     attn = attention_targets(model)
     for r in space.lora_ranks:
@@ -88,11 +98,17 @@ def enumerate_configs(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_
     zero_offload = [(0, Offload.NONE), (1, Offload.NONE), (2, Offload.NONE), (3, Offload.NONE)]
     if space.allow_offload:
         zero_offload += [(1, Offload.OPTIMIZER), (2, Offload.OPTIMIZER), (3, Offload.OPTIMIZER), (3, Offload.OPTIMIZER_PARAMS)]
+    # (method, precision, optimizer, zero, offload) that TrainConfig refused: the same refusal
+    # holds for every LoRA variant (the search's ranks and targets are valid on their own)
+    refused: set[tuple] = set()
     for method in space.methods:
         variants = [(None, None)] if method is Method.FULL else lora_variants
         for precision, (r, targets), optimizer, (zero, offload) in itertools.product(
             _precisions(gpu, space), variants, space.optimizers, zero_offload
         ):
+            skeleton = (method, precision, optimizer, zero, offload)
+            if skeleton in refused:
+                continue
             try:
                 base = TrainConfig(
                     method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
@@ -100,21 +116,10 @@ def enumerate_configs(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_
                     lora_r=r, lora_targets=targets, zero=zero, offload=offload,
                 )
             except PlannerError:
+                refused.add(skeleton)
                 continue  # the combination is invalid whatever the split and checkpointing
             for ckpt in (False, True):
-                for micro in divisors:
-                    yield _with_split(base, micro, per_device // micro, grad_ckpt=ckpt)
-
-
-def _with_split(base: TrainConfig, micro: int, accum: int, *, grad_ckpt: bool) -> TrainConfig:
-    """``base`` with another micro-batch x accumulation split and checkpointing. ``base`` was
-    validated; splitting its per-device batch into two positive factors or toggling
-    checkpointing cannot make it invalid (no check in ``TrainConfig.__post_init__`` reads them
-    together with anything else), so the copy skips ``__post_init__`` (a third of the search's
-    time otherwise)."""
-    config = object.__new__(TrainConfig)
-    config.__dict__.update(base.__dict__, micro_batch=micro, grad_accum=accum, grad_ckpt=grad_ckpt)
-    return config
+                yield (base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True) if ckpt else base), splits
 
 
 def _family(config: TrainConfig) -> str:
@@ -148,23 +153,26 @@ def suggest(
     usable = capacity - margin
 
     fitting: list[tuple] = []
-    largest_fit: dict[tuple, tuple[TrainConfig, int]] = {}
+    largest_fit: list[tuple[TrainConfig, int]] = []
     closest: dict[str, tuple[int, TrainConfig]] = {}
     searched = 0
-    for config in enumerate_configs(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space):
-        searched += 1
-        total, host = fast_totals(model=model, config=config, gpu=gpu)
-        if total > usable or host > space.cpu_mem_bytes:
-            fam = _family(config)
-            if fam not in closest or total < closest[fam][0]:
-                closest[fam] = (total, config)
-            continue
+    for base, splits in _combinations(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space):
+        totals = totals_by_split(model=model, config=base, gpu=gpu, splits=splits)
+        searched += len(splits)
         # micro-batches come in ascending order and memory grows with them: keep the largest that
         # fits per combination, the fastest split (fewest micro-steps: least per-micro-step
         # dequantisation and ZeRO-3 gathering, best kernel utilisation)
-        largest_fit[(config.method, config.precision, config.optimizer, config.grad_ckpt, config.lora_r,
-                     config.lora_targets, config.zero, config.offload)] = (config, total)
-    for config, total in largest_fit.values():
+        best = None
+        for split, (total, host) in zip(splits, totals):
+            if total > usable or host > space.cpu_mem_bytes:
+                fam = _family(base)
+                if fam not in closest or total < closest[fam][0]:
+                    closest[fam] = (total, base.with_split(micro_batch=split[0], grad_accum=split[1]))
+            else:
+                best = (split, total)
+        if best is not None:
+            largest_fit.append((base.with_split(micro_batch=best[0][0], grad_accum=best[0][1]), best[1]))
+    for config, total in largest_fit:
         fitting.append((config, estimate_throughput(model=model, config=config, gpu=gpu), total))
 
     request = PlanRequest(
@@ -208,7 +216,9 @@ def suggest(
 
 
 #: Within 2% of predicted speed (below what the throughput model can tell apart), prefer the
-#: optimizer and precision that train closest to the usual recipe: AdamW with fp32 master weights.
+#: optimizer that trains closest to the usual recipe (AdamW), then the plan with fewer moving
+#: parts (no DeepSpeed, then no offload), then fp32 master weights. On one GPU, ZeRO without
+#: offload saves nothing, and a tie means offload bought nothing either.
 SPEED_TIE = 0.02
 OPTIMIZER_PREFERENCE = {Optimizer.ADAMW: 0, Optimizer.ADAMW_8BIT: 1, Optimizer.PAGED_ADAMW_8BIT: 2, Optimizer.ADAFACTOR: 3, Optimizer.SGD: 4}
 PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4}
@@ -217,8 +227,9 @@ PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precis
 def _rank_key(item: tuple) -> tuple:
     config, throughput, total = item
     speed_bucket = math.floor(math.log(max(throughput.tokens_per_s, 1e-9)) / math.log1p(SPEED_TIE))
-    return (FIDELITY[config.method], -speed_bucket, OPTIMIZER_PREFERENCE[config.optimizer],
-            PRECISION_PREFERENCE[config.precision], total)
+    moving_parts = (config.zero > 0) + (config.offload is not Offload.NONE) + (config.offload is Offload.OPTIMIZER_PARAMS)
+    return (FIDELITY[config.method], -speed_bucket, OPTIMIZER_PREFERENCE[config.optimizer], moving_parts,
+            PRECISION_PREFERENCE[config.precision], config.zero, total)
 
 
 def _distinct(ranked: list[tuple], k: int) -> list[tuple]:

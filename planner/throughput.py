@@ -28,7 +28,7 @@ from planner import memory
 from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError
 from planner.gpus import GPUSpec, check_precision
-from planner.modelspec import LinearSpec, ModelSpec
+from planner.modelspec import ModelSpec
 from planner.results import ThroughputEstimate
 
 # ---- stated assumptions (calibrate with measurements) ----------------------------------------
@@ -92,16 +92,6 @@ class FlopsPerToken:
 # ---- model facts -----------------------------------------------------------------------------
 
 
-def adapted_linears(*, model: ModelSpec, config: TrainConfig) -> tuple[LinearSpec, ...]:
-    """The per-layer linears LoRA wraps; the memory model's definition, so both models agree."""
-    return memory.lora_targets(model, config)
-
-
-def trainable_params(*, model: ModelSpec, config: TrainConfig) -> int:
-    """Parameters the optimizer updates: all of them, or LoRA's A (r x in) and B (out x r)."""
-    return memory.trainable_params(model, config)
-
-
 def _layer_matmul_weights(model: ModelSpec) -> int:
     """Weights every token multiplies in the decoder layers (active experts only, no biases)."""
     return model.num_layers * sum(lin.active * lin.in_features * lin.out_features for lin in model.layer_linears)
@@ -134,7 +124,7 @@ def flops_per_token(*, model: ModelSpec, config: TrainConfig) -> FlopsPerToken:
         r = config.lora_r
         assert r is not None
         adapter = model.num_layers * sum(
-            lin.active * r * (lin.in_features + lin.out_features) for lin in adapted_linears(model=model, config=config)
+            lin.active * r * (lin.in_features + lin.out_features) for lin in memory.lora_targets(model, config)
         )
         linear = 4 * (n_layers + n_head) + 6 * adapter
     recompute = 2 * (n_layers + adapter) + attention_forward if config.grad_ckpt else 0
@@ -208,7 +198,7 @@ def comm_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
     n = config.gpus
     if n == 1:
         return 0.0
-    trainable = trainable_params(model=model, config=config)
+    trainable = memory.trainable_params(model, config)
     f = _ring(n)
     if config.zero == 0:
         return 2 * f * trainable * _trainable_bytes(config)
@@ -236,7 +226,7 @@ def offload_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
         return 0.0
     n = config.gpus
     cb = config.precision.compute_bytes
-    partition = trainable_params(model=model, config=config) / n
+    partition = memory.trainable_params(model, config) / n
     grad_copies = config.grad_accum if config.zero >= 2 else 1
     total = partition * cb * grad_copies
     if config.offload is Offload.OPTIMIZER:
@@ -283,7 +273,7 @@ def estimate_throughput(
     flop_rate = gpu.peak_tflops(config.precision) * 1e12 * utilization
     device_bw = gpu.mem_bandwidth_gbs * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY
 
-    trainable = trainable_params(model=model, config=config)
+    trainable = memory.trainable_params(model, config)
     offloaded = config.offload is not Offload.NONE
     if offloaded:
         # DeepSpeed CPU Adam on this rank's partition, at host DRAM speed (on the CPU profile the
@@ -335,12 +325,10 @@ def estimate_throughput(
 
 __all__ = [
     "FlopsPerToken",
-    "adapted_linears",
     "comm_bytes_per_step",
     "default_utilization",
     "estimate_throughput",
     "flops_per_token",
     "offload_bytes_per_step",
     "optimizer_bytes_per_param",
-    "trainable_params",
 ]

@@ -269,12 +269,16 @@ def test_zero2_offload_moves_master_and_moments_to_host(llama7b):
     config = TrainConfig(zero=2, gpus=N, offload="optimizer")
     states, host = model_state_breakdown(llama7b, config)
     assert "master_weights" not in states and "optimizer_states" not in states
-    # device: 16-bit params 2*PSI + partitioned 16-bit grads 2*PSI/N + bucket
-    assert sum(states.values()) == 2 * PSI + 2 * PSI // N + BUCKET
+    largest = 32000 * 4096  # the embedding, the largest parameter tensor
+    # device: 16-bit params 2*PSI + partitioned 16-bit grads 2*PSI/N + bucket + the staging
+    # buffer of one (the largest) parameter's 16-bit gradient (temp_grad_buffer_for_gpu_offload)
+    assert states["zero/offload_grad_buffer"] == 2 * largest
+    assert sum(states.values()) == 2 * PSI + 2 * PSI // N + BUCKET + 2 * largest
     # host: fp32 master 4*PSI/N + moments 8*PSI/N + the fp32 gradient partition CPU Adam reads
     # 4*PSI/N (DeepSpeed stage_1_and_2: single_partition_of_fp32_groups[i].grad on the CPU)
-    # + 4: the `step` tensor of the one flat partition
-    assert host == 16 * PSI // N + 4 == 13_476_831_236
+    # + 4: the `step` tensor of the one flat partition + the 16-bit copy of the partition
+    # 2*PSI/N + the host gradient buffer of the largest parameter
+    assert host == 16 * PSI // N + 4 + 2 * PSI // N + 2 * largest == 15_423_579_140
     memory = estimate_memory(model=llama7b, config=config.replace(micro_batch=1, seq_len=512), gpu=get_gpu("a10g"))
     assert memory.cpu_bytes == host
 
@@ -489,3 +493,87 @@ def test_activation_measurement_is_reproducible():
     assert proc.returncode == 0, proc.stderr[-2000:]
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
     assert measured == {name: value for name, (_, value) in MEASURED.items()}
+
+
+# ---- terms found by the CPU accuracy benchmark (bench/accuracy.py) ----------------------------
+GPT2_TINY = dataclasses.replace(
+    TINY, id="tiny-gpt2", model_type="gpt2", hidden_act="gelu_new", gated_mlp=False, norm="layernorm",
+    layer_linears=(
+        _lin("c_attn", H, 3 * H, LinearKind.ATTN_IN), _lin("c_proj", H, H, LinearKind.ATTN_OUT),
+        _lin("c_fc", H, I, LinearKind.MLP_IN), _lin("mlp.c_proj", I, H, LinearKind.MLP_OUT),
+    ),
+    attn_dropout=0.1,
+)
+
+
+def test_cpu_sdpa_with_dropout_takes_the_math_path():
+    config = tiny_config(precision="bf16-mixed")  # b=2, s=64
+    e, q, scores = 2 * 64, 2 * 64 * H, 2 * A * 64 * 64
+    gpu = activation_breakdown(GPT2_TINY, config)["activations/attention/core"]
+    cpu = activation_breakdown(GPT2_TINY, config, is_cpu=True)["activations/attention/core"]
+    # GPU (flash/efficient take dropout): bf16 q, k, v, out + fp32 log-sum-exp, per layer
+    assert gpu == L * (2 * 4 * q + e * A * 4)
+    # CPU math path: fp32 q, kᵀ, v + fp32 softmax, mask, dropped probabilities + the bf16
+    # contiguous output o_proj reads, per layer
+    assert cpu == L * (4 * 3 * q + 4 * 3 * scores + e * H * 2)
+    # no dropout: the CPU flash kernel runs and nothing changes
+    no_dropout = dataclasses.replace(GPT2_TINY, attn_dropout=0.0)
+    assert activation_breakdown(no_dropout, config, is_cpu=True) == activation_breakdown(no_dropout, config)
+
+
+def test_python_gelu_saves_four_more_intermediates_than_a_fused_one():
+    config = tiny_config(precision="fp32")
+    inter = 2 * 64 * I * 4  # one fp32 (b, s, intermediate) tensor
+    # NewGELUActivation: x, tanh(.), 0.5x, 1 + tanh(.) and its output (fc2's input), per layer
+    assert activation_breakdown(GPT2_TINY, config)["activations/mlp/intermediate"] == L * 5 * inter
+    fused = dataclasses.replace(GPT2_TINY, hidden_act="gelu")
+    assert activation_breakdown(fused, config)["activations/mlp/intermediate"] == L * 2 * inter
+    # relu saves only its result, which fc2 saves anyway
+    relu = dataclasses.replace(GPT2_TINY, hidden_act="relu")
+    assert activation_breakdown(relu, config)["activations/mlp/intermediate"] == L * 1 * inter
+    # an activation the table does not know is an assumption the estimate states
+    odd = dataclasses.replace(GPT2_TINY, hidden_act="mish")
+    assert any("'mish'" in a for a in estimate_memory(model=odd, config=config, gpu=get_gpu("cpu")).assumptions)
+
+
+def test_adafactor_step_holds_two_fp32_copies_of_the_largest_parameter(cpu):
+    config = tiny_config(optimizer="adafactor", precision="fp32", micro_batch=1, seq_len=8)
+    memory = estimate_memory(model=TINY, config=config, gpu=cpu)
+    assert memory.peak_phase == "optimizer"
+    assert memory.breakdown["optimizer_step/transient"] == 2 * (V * H) * 4  # embedding = lm_head size
+    # pure bf16 parameters add the fp32 copies of the parameter and of its gradient
+    bf16 = estimate_memory(model=TINY, config=config.replace(precision="bf16"), gpu=cpu)
+    assert bf16.breakdown["optimizer_step/transient"] == 4 * (V * H) * 4
+
+
+@pytest.mark.parametrize("gpu_name, adam_temps", [("cpu", 2), ("a10g", 1)])
+def test_zero_optimizer_steps_from_the_fp32_gradient_partition(gpu_name, adam_temps):
+    config = tiny_config(zero=1, precision="bf16-mixed", micro_batch=1, seq_len=8)
+    memory = estimate_memory(model=TINY, config=config, gpu=get_gpu(gpu_name))
+    assert memory.peak_phase == "optimizer"
+    p = TINY_PARAMS
+    # the 16-bit gradients are freed; DeepSpeed steps one flat fp32 partition with its fp32
+    # gradient (stage_1_and_2.py step); torch AdamW's temporaries of that one tensor: two on the
+    # CPU (exp_avg_sq.sqrt() / c), one (foreach sqrt) on a GPU
+    assert memory.breakdown["gradients"] == 4 * p
+    assert memory.breakdown["optimizer_step/transient"] == adam_temps * 4 * p
+    assert memory.breakdown["weights"] == 2 * p
+    assert memory.breakdown["master_weights"] == 4 * p
+    assert memory.breakdown["optimizer_states"] == 8 * p + 4
+
+
+def test_checkpoint_recompute_does_not_overlap_the_loss_backward(cpu):
+    config = tiny_config(grad_ckpt=True, seq_len=256, micro_batch=4)
+    memory = estimate_memory(model=TINY, config=config, gpu=cpu)
+    assert memory.peak_phase == "backward_start"
+    assert "activations/recompute" not in memory.breakdown
+
+
+def test_a_frozen_unadapted_down_projection_saves_no_input():
+    inter = 2 * 64 * I * 4  # one fp32 (b, s, intermediate) tensor
+    attention_only = tiny_config(method="lora", precision="fp32", lora_r=8, lora_targets=("q_proj", "v_proj"))
+    # gate's output (silu's input), silu's output and up's output (both saved by the product);
+    # down_proj is frozen and has no adapter, so nothing keeps the product
+    assert activation_breakdown(TINY, attention_only)["activations/mlp/intermediate"] == L * 3 * inter
+    with_down = attention_only.replace(lora_targets=("q_proj", "v_proj", "down_proj"))
+    assert activation_breakdown(TINY, with_down)["activations/mlp/intermediate"] == L * 4 * inter

@@ -12,7 +12,7 @@ from test_store_support import db_url, pg_url, sqlite_url  # noqa: F401 - fixtur
 
 from planner.store import upgrade_database
 from planner.store.dbmodels import VERSION_TABLE, Base
-from planner.store.schema import alembic_config, head_revision, migrations_dir
+from planner.store.schema import HEAD_REVISION, alembic_config, head_revision, migrations_dir
 
 MODEL_TABLES = {"plan_requests", "plan_candidates", "plan_measurements"}
 
@@ -66,6 +66,8 @@ def test_drift_check_sees_a_difference(sqlite_url):
 def test_one_linear_history_and_the_ini_matches():
     script = ScriptDirectory.from_config(alembic_config(url="sqlite://"))
     assert script.get_heads() == ["0001"] == [head_revision()]
+    # the constant the fast "already at head" check compares with must follow new migrations
+    assert HEAD_REVISION == head_revision()
     assert script.get_revision("0001").down_revision is None
     ini = (migrations_dir().parent / "alembic.ini").read_text()
     assert "script_location = migrations" in ini

@@ -75,6 +75,19 @@ def test_plans_fit_and_are_ranked_by_tier_then_speed(llama7b_a10g):
             assert a.throughput.tokens_per_s >= b.throughput.tokens_per_s * (1 - 2 * SPEED_TIE)
 
 
+def test_on_one_gpu_a_speed_tie_goes_to_the_plan_without_deepspeed(llama7b_a10g):
+    """The README request: the LoRA plans with and without ZeRO-1 (+offload) are predicted equally
+    fast; the one without DeepSpeed is ranked first, and no same-speed ZeRO plan precedes a plain
+    one with the same optimizer."""
+    plans = llama7b_a10g.plans
+    assert plans[0].config.zero == 0 and plans[0].config.offload is Offload.NONE
+    for i, a in enumerate(plans):
+        for b in plans[i + 1:]:
+            tie = b.throughput.tokens_per_s >= a.throughput.tokens_per_s * (1 - SPEED_TIE / 2)
+            if tie and a.config.method is b.config.method and a.config.optimizer is b.config.optimizer:
+                assert not (a.config.zero > 0 and b.config.zero == 0), (a.config.label(), b.config.label())
+
+
 def test_ranking_full_before_lora_before_qlora_when_all_fit():
     """gpt2 (124M) on an 80 GB A100: every method fits, so all three tiers appear, in order."""
     gpt2 = resolve_model("gpt2")

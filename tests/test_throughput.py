@@ -28,8 +28,8 @@ from planner.throughput import (
     MFU_TENSOR_CORES,
     estimate_throughput,
     flops_per_token,
-    trainable_params,
 )
+from planner.memory import trainable_params
 
 N_LAYERS_7B = 6_476_005_376
 N_HEAD_7B = 131_072_000
@@ -79,8 +79,8 @@ def cfg(**kw) -> TrainConfig:
 
 def test_reference_model_counts():
     assert LLAMA_7B.params_total == PARAMS_7B
-    assert trainable_params(model=LLAMA_7B, config=cfg()) == PARAMS_7B
-    assert trainable_params(model=LLAMA_7B, config=cfg(method="lora", lora_r=16)) == LORA_R16_ALL_LINEAR_7B
+    assert trainable_params(LLAMA_7B, cfg()) == PARAMS_7B
+    assert trainable_params(LLAMA_7B, cfg(method="lora", lora_r=16)) == LORA_R16_ALL_LINEAR_7B
 
 
 def test_full_finetune_flops_and_compute_time_on_a100():
@@ -116,7 +116,7 @@ def test_lora_flops_and_is_faster_than_full():
 def test_lora_named_targets_and_unknown_target():
     # q_proj, v_proj only: 32 x 16 x (8192 + 8192) = 8,388,608 adapter weights
     config = cfg(method="lora", lora_r=16, lora_targets=("q_proj", "v_proj"))
-    assert trainable_params(model=LLAMA_7B, config=config) == 8_388_608
+    assert trainable_params(LLAMA_7B, config) == 8_388_608
     with pytest.raises(InvalidConfigError, match="--lora-targets c_attn not found in"):
         estimate_throughput(model=LLAMA_7B, config=cfg(method="lora", lora_targets=("c_attn",)), gpu=get_gpu("a10g"))
 

@@ -16,16 +16,31 @@ from planner.errors import InvalidConfigError
 LEARNING_RATE = 1e-4
 
 
-def build(config: TrainConfig, *, pin_memory: bool = False) -> dict[str, Any]:
+def build(config: TrainConfig, *, hidden_size: int, pin_memory: bool = False) -> dict[str, Any]:
     """DeepSpeed config for ``config`` (which must have ``zero`` 1, 2 or 3).
 
+    ``hidden_size``: the model's hidden size, which sizes the communication buckets.
     ``pin_memory``: page-lock offloaded buffers (faster H2D copies on a GPU; False on the CPU,
     where there is nothing to copy to). ``train_batch_size`` is left out so DeepSpeed derives it
     from the world size (micro batch x accumulation x ranks).
     """
     if config.zero == 0:
         raise InvalidConfigError("a DeepSpeed config needs --zero 1, 2 or 3")
-    zero: dict[str, Any] = {"stage": config.zero}
+    if hidden_size < 1:
+        raise InvalidConfigError(f"hidden_size must be >= 1, got {hidden_size}")
+    # Bucket sizes are what the HF Trainer writes for "auto" (transformers
+    # integrations/deepspeed.py HfTrainerDeepSpeedConfig.trainer_config_finalize), not
+    # DeepSpeed's 5e8-element defaults, which would hold ~1 GB of 16-bit buffers on a small
+    # model; planner.memory models exactly these values.
+    zero: dict[str, Any] = {
+        "stage": config.zero,
+        "reduce_bucket_size": hidden_size * hidden_size,
+    }
+    if config.zero in (1, 2):
+        zero["allgather_bucket_size"] = hidden_size * hidden_size
+    else:
+        zero["stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
+        zero["stage3_param_persistence_threshold"] = 10 * hidden_size
     if config.offload is not Offload.NONE:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
     if config.offload is Offload.OPTIMIZER_PARAMS:

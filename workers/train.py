@@ -324,7 +324,9 @@ def _train(
     if use_ds:
         import deepspeed
 
-        ds_config = build_deepspeed_config(config, pin_memory=device != "cpu")
+        ds_config = build_deepspeed_config(
+            config, hidden_size=model.config.hidden_size, pin_memory=device != "cpu"
+        )
         client_opt = None if "optimizer" in ds_config else _build_optimizer(config, params)
         engine, optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=params, optimizer=client_opt, config=ds_config
@@ -421,6 +423,12 @@ def _tag_states(probe, *, model, optimizer, use_ds: bool) -> None:
         category = "offloaded" if offloaded else "optimizer_states"
         probe.track(masters + states, category=category)
         probe.track(master_grads, category="offloaded" if offloaded else "gradients")
+        if offloaded:
+            # host-side staging buffers of ZeRO-1/2 offload: the 16-bit copy of the partition and
+            # one parameter's gradient (stage_1_and_2.py __init__)
+            host = list(getattr(optimizer, "param_buffer_of_bit16_for_cpu_offload_groups", None) or [])
+            host.append(getattr(optimizer, "temp_grad_buffer_for_cpu_offload", None))
+            probe.track([t for t in host if isinstance(t, torch.Tensor)], category="offloaded")
 
 
 __all__ = ["ENCODER_MODEL_TYPES", "library_versions", "run_in_process"]
