@@ -2,12 +2,16 @@
 
     python bench/cli_speed.py
 
-Prints (a) the median wall time of 5 cold runs of
-``planner suggest --model meta-llama/Llama-2-7b-hf --gpu a10g --target-batch 32 --no-save`` as a
-subprocess (a fresh interpreter each time: imports, catalog read, search, printing), and (b) the
-best of 5 in-process ``planner.search.suggest`` calls on the same request (configurations searched
-and milliseconds). Targets: cold CLI <= 1.0 s; >= 5000 candidates in <= 100 ms. Whether each
-target is met is printed; the exit code is 0 either way (speed is reported, never asserted).
+Prints (a) the wall time of cold runs of
+``planner suggest --model meta-llama/Llama-2-7b-hf --gpu a10g --target-batch 32`` as a
+subprocess (a fresh interpreter each time: imports, catalog read, search, printing, and storing
+the plan in SQLite in a temporary ``PLANNER_HOME``): the first run, which creates the database,
+and the median of the next RUNS; then the same with ``--no-save``; and (b) RUNS in-process
+``planner.search.suggest`` calls on the same request: configurations searched, the first call's
+milliseconds (memo cache empty: what one CLI request pays, and what the target is judged on) and
+the best. Targets: cold CLI <= 1.0 s; >= 5000 candidates in <= 100 ms. Whether each target is met
+is printed; the exit code is 0 either way
+(speed is reported, never asserted).
 """
 
 from __future__ import annotations
@@ -30,14 +34,17 @@ SEARCH_TARGET_CANDIDATES = 5000
 SEARCH_TARGET_MS = 100.0
 
 
-def cold_cli_seconds() -> list[float]:
-    args = ["suggest", "--model", MODEL, "--gpu", GPU, "--target-batch", str(TARGET_BATCH), "--no-save"]
+def cold_cli_seconds(*, save: bool) -> list[float]:
+    """Wall seconds of 1 + RUNS runs against one new temporary data directory."""
+    args = ["suggest", "--model", MODEL, "--gpu", GPU, "--target-batch", str(TARGET_BATCH)]
+    if not save:
+        args.append("--no-save")
     code = "import sys; from planner.cli import main; sys.exit(main(sys.argv[1:]))"
     times = []
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "PLANNER_HOME": home, "HF_HUB_OFFLINE": "1"}
         env.pop("PLANNER_DATABASE_URL", None)
-        for _ in range(RUNS):
+        for _ in range(1 + RUNS):
             start = time.perf_counter()
             proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
             times.append(time.perf_counter() - start)
@@ -67,11 +74,15 @@ def search_ms() -> tuple[int, list[float]]:
 
 
 def main() -> int:
-    times = cold_cli_seconds()
-    median = statistics.median(times)
-    print(f"(a) cold CLI: planner suggest --model {MODEL} --gpu {GPU} --target-batch {TARGET_BATCH} --no-save")
-    print(f"    median of {RUNS}: {median:.3f} s (runs: {', '.join(f'{t:.3f}' for t in times)})")
-    print(f"    target <= {CLI_TARGET_S:.1f} s: {'MET' if median <= CLI_TARGET_S else 'NOT MET'}")
+    for save in (True, False):
+        times = cold_cli_seconds(save=save)
+        median = statistics.median(times[1:])
+        flag = "" if save else " --no-save"
+        print(f"(a) cold CLI: planner suggest --model {MODEL} --gpu {GPU} --target-batch {TARGET_BATCH}{flag}")
+        print(f"    first run (creates the database): {times[0]:.3f} s; median of the next {RUNS}: {median:.3f} s "
+              f"(runs: {', '.join(f'{t:.3f}' for t in times[1:])})")
+        print(f"    target <= {CLI_TARGET_S:.1f} s: {'MET' if median <= CLI_TARGET_S else 'NOT MET'}"
+              + (f" (first run: {'MET' if times[0] <= CLI_TARGET_S else 'NOT MET'})"))
 
     searched, times_ms = search_ms()
     ms = min(times_ms)
@@ -79,8 +90,10 @@ def main() -> int:
     print(f"(b) in-process planner.search.suggest, same request: {searched:,} candidates, best of {RUNS}: {ms:.1f} ms "
           f"({rate:,.0f} candidates/s)")
     print(f"    first call (memo cache empty): {times_ms[0]:.1f} ms; all: {', '.join(f'{t:.1f}' for t in times_ms)}")
-    met = searched >= SEARCH_TARGET_CANDIDATES and ms <= SEARCH_TARGET_MS
-    print(f"    target >= {SEARCH_TARGET_CANDIDATES} candidates in <= {SEARCH_TARGET_MS:.0f} ms: {'MET' if met else 'NOT MET'}")
+    # one CLI request is one first call: that is the time the target is judged on
+    met = searched >= SEARCH_TARGET_CANDIDATES and times_ms[0] <= SEARCH_TARGET_MS
+    print(f"    target >= {SEARCH_TARGET_CANDIDATES} candidates in <= {SEARCH_TARGET_MS:.0f} ms on the first call: "
+          f"{'MET' if met else 'NOT MET'}")
     return 0
 
 

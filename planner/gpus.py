@@ -8,7 +8,7 @@ Conventions used for every entry (each one matters for the models):
 * ``memory_bytes`` is the total the driver reports (``nvidia-smi`` "MiB" total, the same as
   ``torch.cuda.mem_get_info()[1]``), which is less than the marketing "GB": e.g. an A10G reports
   23028 MiB, not 24 GiB. Readings confirmed in a public ``nvidia-smi`` printout are cited as such;
-  the few recalled ones say "unconfirmed" so that a real reading can replace them.
+  totals that changed with the driver say which drivers print what.
 * TFLOP/s are DENSE tensor-core peaks (NVIDIA datasheets print the 2:4-sparsity figure first,
   twice the dense one) and, for GeForce/RTX cards, the rate with FP32 accumulate, which is what
   PyTorch's fp16/bf16 GEMMs use (GA102 and AD102 whitepapers list both; fp16-accumulate is 2x).
@@ -54,7 +54,9 @@ _PCIE = {  # effective per-direction GB/s of a x16 link (~80% of raw, see module
 }
 
 _MODAL_SMI = "nvidia-smi total as listed in modal-labs/modal-client#2797"
-_UNCONFIRMED_SMI = "nvidia-smi total recalled from public printouts, unconfirmed here: replace with a reading"
+#: Some totals changed with the driver: V100s and the RTX A6000 report more since about R515 (and
+#: the A6000 less with ECC on). The catalog holds what current drivers (R535 and later) print.
+_DRIVER_NOTE = "current drivers (R515+); older drivers print less"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,15 +225,17 @@ _CATALOG: tuple[GPUSpec, ...] = (
         datasheet="NVIDIA L40S datasheet: 733 TFLOPS bf16/fp16 with sparsity (362.05 dense), 91.6 fp32, 864 GB/s",
     ),
     _gpu(
-        name="v100-16gb", display_name="Tesla V100-SXM2-16GB", memory_mib=16160, cc=(7, 0),
-        memory_source="nvidia-smi reading '112MiB / 16160MiB' in 4paradigm/k8s-vgpu-scheduler#7",
+        name="v100-16gb", display_name="Tesla V100-SXM2-16GB", memory_mib=16384, cc=(7, 0),
+        memory_source="nvidia-smi readings '0MiB / 16384MiB' with driver 535.86.10 and ten other 535+ logs; "
+        f"16160 MiB on 450.119.03 (4paradigm/k8s-vgpu-scheduler#7), 16130 on older: {_DRIVER_NOTE}",
         fp16=125.0, bf16=0.0, fp32=15.7, bandwidth=900.0, pcie_gen=3,
         nvlink_gbs=150.0, nvlink="nvlink2",
         datasheet="NVIDIA V100 datasheet (SXM2): 125 TFLOPS tensor, 15.7 fp32, 900 GB/s, NVLink 300 GB/s total",
     ),
     _gpu(
-        name="v100-32gb", display_name="Tesla V100-SXM2-32GB", memory_mib=32510, cc=(7, 0),
-        memory_source=_UNCONFIRMED_SMI,
+        name="v100-32gb", display_name="Tesla V100-SXM2-32GB", memory_mib=32768, cc=(7, 0),
+        memory_source="nvidia-smi reading '308MiB / 32768MiB' with driver 525.105.17 (Wan-Video/Wan2.1#5) and "
+        f"'0MiB / 32768MiB' with 535.161.08; 32510 MiB on R450-R460, 32480 on R410: {_DRIVER_NOTE}",
         fp16=125.0, bf16=0.0, fp32=15.7, bandwidth=900.0, pcie_gen=3,
         nvlink_gbs=150.0, nvlink="nvlink2",
         datasheet="NVIDIA V100 datasheet (SXM2): 125 TFLOPS tensor, 15.7 fp32, 900 GB/s, NVLink 300 GB/s total",
@@ -255,12 +259,16 @@ _CATALOG: tuple[GPUSpec, ...] = (
         datasheet=_H100_SHEET + ", 3.35 TB/s, NVLink 900 GB/s total",
     ),
     _gpu(
-        name="h100-pcie", display_name="NVIDIA H100 PCIe", memory_mib=81559, memory_source=_UNCONFIRMED_SMI,
+        name="h100-pcie", display_name="NVIDIA H100 PCIe", memory_mib=81559,
+        memory_source="nvidia-smi readings '6637MiB / 81559MiB' (Beomi/BitNet-Transformers README) and "
+        "'0MiB / 81559MiB' with driver 525.85.05 (langchain-nvidia-trt README)",
         cc=(9, 0), fp16=756.0, bf16=756.0, fp32=51.2, bandwidth=2000.0, pcie_gen=5, fp8=True,
         datasheet="NVIDIA H100 datasheet, PCIe column: 1513 TFLOPS bf16/fp16 sparse (756 dense), 51 fp32, 2 TB/s",
     ),
     _gpu(
-        name="h200", display_name="NVIDIA H200 (SXM)", memory_mib=143771, memory_source=_UNCONFIRMED_SMI,
+        name="h200", display_name="NVIDIA H200 (SXM)", memory_mib=143771,
+        memory_source="nvidia-smi reading '87321MiB / 143771MiB' with driver 580.95.05 (AWS p5en.48xlarge); "
+        "Modal's table (thundergolfer.com/blog/nvidia-gpu-memory-capacity): 143,771 MiB",
         cc=(9, 0), fp16=989.4, bf16=989.4, fp32=66.9, bandwidth=4800.0, pcie_gen=5, fp8=True,
         nvlink_gbs=450.0, nvlink="nvlink4",
         datasheet="NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS dense bf16 (1979 sparse), "
@@ -281,7 +289,9 @@ _CATALOG: tuple[GPUSpec, ...] = (
         "accumulate (330.4 with fp16 accumulate), 82.6 fp32, 1008 GB/s",
     ),
     _gpu(
-        name="rtx-a6000", display_name="NVIDIA RTX A6000", memory_mib=49140, memory_source=_UNCONFIRMED_SMI,
+        name="rtx-a6000", display_name="NVIDIA RTX A6000", memory_mib=49140,
+        memory_source="nvidia-smi reading '1661MiB / 49140MiB' with driver 515.43.04, ECC off; with ECC on "
+        f"46068 MiB (550.127.05): pass --gpu-mem 46068MiB; 48685 on R470: {_DRIVER_NOTE}",
         cc=(8, 6), fp16=154.8, bf16=154.8, fp32=38.7, bandwidth=768.0, pcie_gen=4,
         datasheet="NVIDIA RTX A6000 datasheet: 309.7 TFLOPS tensor with sparsity (154.8 dense), 38.7 fp32, "
         "768 GB/s GDDR6",

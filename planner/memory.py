@@ -338,7 +338,7 @@ def _block_activations(
             if input_needs_grad:
                 add("norms", e * h * 4 + e * 4)
             if full:
-                add("norms", e * h * res)
+                add("norms", e * h * (4 if model.norm_weight_fp32 else res))
         elif input_needs_grad or full:
             # native_layer_norm saves its input and the fp32 mean and rstd (derivatives.yaml)
             add("norms", e * h * res + 2 * e * 4)
@@ -379,7 +379,24 @@ def _block_activations(
         # SDPA/flash save q, k, v, out and the fp32 log-sum-exp; transformers uses the native GQA
         # path when there is no mask, so k/v keep kv heads (integrations/sdpa_attention.py).
         # o_proj reads the output in place: its (b, s, a, d) layout makes the reshape a view.
-        add("attention/core", mode.attn * (2 * q + 2 * kvn) + e * dims.a * 4)
+        if not model.fused_qkv:
+            add("attention/core", mode.attn * (2 * q + 2 * kvn) + e * dims.a * 4)
+        else:
+            # q, k and v are views of one projection's output. Rope makes new q and k; a dtype
+            # change (QLoRA's fp32 outputs under autocast) makes copies of all three; whatever
+            # stays a view keeps the whole fused buffer saved. Rope on a strided slice of q
+            # returns a (b, a, s, d)-contiguous q, so the kernel's output is laid out that way
+            # too and o_proj reads a transposed copy (measured on phi3 and gpt2: qkv_proj's
+            # output and sdpa_attention.py's .contiguous(), which copies for phi3 only).
+            roped = model.position == "rope"
+            cast = mode.compute != mode.attn
+            copies = (q + kvn) if roped or cast else 0
+            copies += kvn if cast else 0
+            fused = 0 if cast else (q + 2 * kvn) * mode.compute
+            add("attention/core", mode.attn * (copies + q) + fused + e * dims.a * 4)
+            o_targeted = any(l.name in targets for l in by_kind[LinearKind.ATTN_OUT])
+            if roped and (full or (o_targeted and not mode.adapter_input)):
+                add("attention/out_input", q * mode.attn)
         if not full and mode.adapter_input and any(l.name in targets for l in by_kind[LinearKind.ATTN_OUT]):
             add("attention/out_input", sum(e * l.in_features * mode.adapter_input for l in by_kind[LinearKind.ATTN_OUT]))
     else:
@@ -389,7 +406,9 @@ def _block_activations(
         scores = dims.b * dims.a * dims.s * dims.s
         add("attention/core", mode.attn * 3 * q + scores * 4 + (scores * mode.attn if mode.attn != 4 else 0))
         if model.attn_dropout > 0:
-            add("attention/dropout", scores * (1 + mode.attn))
+            # the mask (bool on CUDA, the probabilities' dtype on the CPU) and the dropped
+            # probabilities probs @ v saves
+            add("attention/dropout", scores * ((mode.attn if is_cpu else 1) + mode.attn))
         add("attention/out_input", e * h * mode.attn)
 
     # -- MLP -----------------------------------------------------------------------------------
@@ -409,8 +428,11 @@ def _block_activations(
     if not full and mode.adapter_input:
         add("mlp/intermediate", sum(e * l.in_features * (mode.adapter_input - c) for l in by_kind[LinearKind.MLP_OUT] if l.name in targets))
     if model.hidden_dropout > 0:
-        # dropout on the attention and MLP outputs: a bool mask + the scaled output each
-        add("dropout", 2 * e * h * (1 + res))
+        # dropout on the attention and MLP outputs keeps only its mask (the residual add that
+        # reads the output saves nothing): CUDA's fused native_dropout makes a bool mask, the
+        # CPU's bernoulli path a mask in the dropped tensor's dtype (aten Dropout.cpp
+        # is_fused_kernel_acceptable; measured on gpt2 and bert)
+        add("dropout", 2 * e * h * (c if is_cpu else 1))
 
     # -- LoRA: lora_B saves lora_A's output (e x r) ----------------------------------------------
     if targets:
@@ -427,10 +449,24 @@ def _block_activations(
             if full or input_needs_grad:
                 cast += lin.count * lin.in_features * lin.out_features * 2
         add("autocast/weight_casts", cast)
+    if mode.autocast and targets:
+        # the fp32 adapters are cast per call too: B's copy is always saved (lora_A's output
+        # needs a gradient), A's when the adapter's input does (measured on a tiny llama:
+        # 9 A and 14 B copies over two blocks, the first block's q/k/v A copies missing)
+        r = config.lora_r or 0
+        lora_cast = 0
+        for lin in model.layer_linears:
+            if lin.name not in targets:
+                continue
+            input_needs_grad = block_input_needs_grad or lin.kind is not LinearKind.ATTN_IN
+            lora_cast += lin.count * r * (lin.out_features + (lin.in_features if input_needs_grad else 0)) * 2
+        add("lora/weight_casts", lora_cast)
     return out
 
 
-def _model_level_activations(model: ModelSpec, config: TrainConfig, dims: _Dims, mode: _Mode) -> dict[str, int]:
+def _model_level_activations(
+    model: ModelSpec, config: TrainConfig, dims: _Dims, mode: _Mode, *, is_cpu: bool = False
+) -> dict[str, int]:
     """Tensors saved outside the blocks: token ids, rotary tables, final norm, lm_head, loss."""
     e, h = dims.tokens, dims.h
     full = config.method is Method.FULL
@@ -438,8 +474,19 @@ def _model_level_activations(model: ModelSpec, config: TrainConfig, dims: _Dims,
     if model.position == "rope":
         # cos and sin (1, s, head_dim) in the residual dtype, shared by all blocks
         out["embeddings"] += 2 * dims.s * dims.d * mode.residual
+    if model.embedding_norm:
+        # the LayerNorm saves its input, the summed embeddings (in the residual dtype)
+        out["embeddings"] += e * h * mode.residual
+    if model.is_encoder:
+        # the masked-LM head's transform: dense -> gelu -> LayerNorm before the decoder; gelu
+        # saves the dense output (BertPredictionHeadTransform), the norm is counted as final_norm
+        out["lm_head/transform"] = e * h * mode.compute
+    if model.embedding_dropout > 0:
+        # its mask (bool on CUDA, the residual dtype on the CPU; see the blocks' dropout)
+        out["dropout"] = e * h * (mode.residual if is_cpu else 1)
     if model.norm == "rmsnorm":
-        out["final_norm"] = e * h * 4 + e * 4 + (e * h * mode.residual if full else 0)
+        normalised = 4 if model.norm_weight_fp32 else mode.residual
+        out["final_norm"] = e * h * 4 + e * 4 + (e * h * normalised if full else 0)
     else:
         out["final_norm"] = e * h * mode.residual + 2 * e * 4
     if full:
@@ -489,7 +536,7 @@ def activation_breakdown(model: ModelSpec, config: TrainConfig, *, is_cpu: bool 
         rest = _block_activations(model, config, dims, mode, first=False, is_cpu=is_cpu)
         merge("", first)
         merge("", rest, model.num_layers - 1)
-    merge("", _model_level_activations(model, config, dims, mode))
+    merge("", _model_level_activations(model, config, dims, mode, is_cpu=is_cpu))
     return {k: v for k, v in total.items() if v}
 
 
@@ -648,17 +695,39 @@ def _batch_key(config: TrainConfig, b: int, is_cpu: bool) -> tuple:
             config.grad_ckpt, config.attention, config.seq_len, b, is_cpu)
 
 
-def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool):
-    """(device model states by component, paged optimizer bytes, host bytes, optimizer-step
-    transient, gradient bytes during the optimizer step): batch-independent.
+@dataclass(frozen=True)
+class _StaticTerms:
+    """The batch-independent terms of one configuration on one device."""
 
-    Paged 8-bit states are split off on a GPU: bitsandbytes allocates them with
+    resident: dict[str, int]
+    """Model states alive through the whole step, by component."""
+    gradients: int
+    """Gradient bytes once backward has produced them (and during accumulation)."""
+    gathered: int
+    """ZeRO-3: parameters gathered for the block running now (forward and backward only)."""
+    paged: int
+    """Paged 8-bit states outside the caching allocator (GPU only)."""
+    host: int
+    """Host RAM (offload)."""
+    optimizer_step: int
+    """Temporaries inside optimizer.step()."""
+    optimizer_gradients: int
+    """Gradient bytes alive while the optimizer steps."""
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(self.resident.values())
+
+
+def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool) -> _StaticTerms:
+    """Paged 8-bit states are split off on a GPU: bitsandbytes allocates them with
     cudaMallocManaged, outside PyTorch's caching allocator, so max_memory_allocated does not see
-    them while nvidia-smi does when they are resident (bitsandbytes/functional.py get_paged).
-    """
+    them while nvidia-smi does when they are resident (bitsandbytes/functional.py get_paged)."""
 
     def compute():
         states, host = model_state_breakdown(model, config)
+        gradients = states.pop("gradients", 0)
+        gathered = states.pop("zero3/gathered_params", 0)
         paged = 0
         if config.optimizer is Optimizer.PAGED_ADAMW_8BIT and not is_cpu:
             paged = states.pop("optimizer_states", 0)
@@ -674,8 +743,10 @@ def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool):
             transient = _optimizer_step_transient(
                 sizes=sizes, optimizer=config.optimizer, param_bytes=param_bytes, is_cpu=is_cpu
             )
-        opt_grads = _optimizer_phase_gradients(model, config, states.get("gradients", 0))
-        return states, paged, host, transient, opt_grads
+        return _StaticTerms(
+            resident=states, gradients=gradients, gathered=gathered, paged=paged, host=host,
+            optimizer_step=transient, optimizer_gradients=_optimizer_phase_gradients(model, config, gradients),
+        )
 
     return _cached("static", model, _static_key(config, is_cpu), compute)
 
@@ -720,19 +791,23 @@ def _reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged:
     return reserved, reserved + int(gpu.cuda_context_bytes) + paged
 
 
-def _phases(*, grads: int, saved: int, recompute: int, fwd_logits: int, bwd_logits: int, opt_transient: int,
-            opt_grads: int, accumulating: bool) -> dict[str, dict[str, int]]:
-    """What lives beside the static model states at each moment of a step (see the module
-    docstring); during accumulation the previous micro-steps' gradients exist in the forward.
-    ``opt_grads``: the gradients the optimizer steps from (DeepSpeed's fp32 partition)."""
-    grads_fwd = grads if accumulating else 0
+def _phases(*, static: _StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
+            accumulating: bool) -> dict[str, dict[str, int]]:
+    """What lives beside the resident model states at each moment of a step (see the module
+    docstring), by breakdown component ("activations" stands for every saved-activation term).
+    During accumulation the previous micro-steps' gradients exist in the forward."""
+    grads_fwd = static.gradients if accumulating else 0
     return {
-        "forward": {"activations_and_logits": saved + fwd_logits, "gradients": grads_fwd},
-        # the loss' backward runs before any checkpointed block is recomputed: the recompute
-        # belongs to the rest of backward, after the logits' gradients are freed
-        "backward_start": {"activations_and_logits": saved + bwd_logits, "gradients": grads_fwd},
-        "backward_end": {"activations_and_logits": recompute, "gradients": grads},
-        "optimizer": {"activations_and_logits": 0, "gradients": opt_grads, "optimizer_step": opt_transient},
+        # ZeRO-3 holds the running block's gathered parameters (lm_head's at the end of forward)
+        "forward": {"activations": saved, "logits/transient": fwd_logits, "gradients": grads_fwd,
+                    "zero3/gathered_params": static.gathered},
+        # the loss' backward runs before any checkpointed block is recomputed or any parameter
+        # is gathered again: both belong to the rest of backward, after the logits' gradients
+        # are freed (measured: ZeRO-3 on one rank holds no gathered parameters here)
+        "backward_start": {"activations": saved, "logits/transient": bwd_logits, "gradients": grads_fwd},
+        "backward_end": {"activations/recompute": recompute, "gradients": static.gradients,
+                         "zero3/gathered_params": static.gathered},
+        "optimizer": {"gradients": static.optimizer_gradients, "optimizer_step/transient": static.optimizer_step},
     }
 
 
@@ -752,66 +827,54 @@ def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu, splits) -> li
     b = 2 give each phase's line, and a split costs four multiply-adds.
     """
     is_cpu = bool(getattr(gpu, "is_cpu", False))
-
-    def static_sums():
-        states, paged, host, opt_transient, opt_grads = _static_terms(model, config, is_cpu)
-        grads = states.get("gradients", 0)
-        return sum(states.values()) - grads, grads, paged, host, opt_transient, opt_grads
+    static = _static_terms(model, config, is_cpu)
 
     def phase_lines():
-        _, grads, _, _, opt_transient, opt_grads = _cached("static_sums", model, _static_key(config, is_cpu), static_sums)
         at = []
         for b in (1, 2):
             acts, recompute, fwd_logits, bwd_logits = _batch_terms(model, config.with_split(micro_batch=b, grad_accum=config.grad_accum), is_cpu)
             saved = sum(acts.values())
             at.append([
                 [sum(parts.values()) for parts in _phases(
-                    grads=grads, saved=saved, recompute=recompute, fwd_logits=fwd_logits, bwd_logits=bwd_logits,
-                    opt_transient=opt_transient, opt_grads=opt_grads, accumulating=accumulating,
+                    static=static, saved=saved, recompute=recompute, fwd_logits=fwd_logits, bwd_logits=bwd_logits,
+                    accumulating=accumulating,
                 ).values()]
                 for accumulating in (False, True)
             ])
         # lines[accumulating] = [(phase total at b = 1, its increase per sample), ...]
-        return [[(one, two - one) for one, two in zip(at[0][acc], at[1][acc])] for acc in (0, 1)]
+        return static.resident_bytes, [[(one, two - one) for one, two in zip(at[0][acc], at[1][acc])] for acc in (0, 1)]
 
-    static, _, paged, host, _, _ = _cached("static_sums", model, _static_key(config, is_cpu), static_sums)
-    lines = _cached("phase_lines", model, _batch_key(config, 0, is_cpu) + _static_key(config, is_cpu), phase_lines)
+    resident, lines = _cached("phase_lines", model, _batch_key(config, 0, is_cpu) + _static_key(config, is_cpu), phase_lines)
     out = []
     for micro, accum in splits:
         k = micro - 1
         (f0, f1), (s0, s1), (e0, e1), (o0, o1) = lines[accum > 1]  # the four phases of _phases
-        peak = static + max(f0 + k * f1, s0 + k * s1, e0 + k * e1, o0 + k * o1)
-        total = peak if is_cpu else _reserved_and_total(model, gpu, peak=peak, static=static, paged=paged)[1]
-        out.append((total, host))
+        peak = resident + max(f0 + k * f1, s0 + k * s1, e0 + k * e1, o0 + k * o1)
+        total = peak if is_cpu else _reserved_and_total(model, gpu, peak=peak, static=resident, paged=static.paged)[1]
+        out.append((total, static.host))
     return out
 
 
 def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEstimate:
     """Predict peak memory per device for one configuration on one GPU (or the ``cpu`` profile)."""
     is_cpu = bool(getattr(gpu, "is_cpu", False))
-    states, paged, host, opt_transient, opt_grads = _static_terms(model, config, is_cpu)
+    static = _static_terms(model, config, is_cpu)
     acts, recompute_bytes, fwd_logits, bwd_logits = _batch_terms(model, config, is_cpu)
-    grads = states.get("gradients", 0)
-    static_no_grads = sum(v for k, v in states.items() if k != "gradients")
+    resident = static.resident_bytes
+    paged = static.paged
     assumptions: list[str] = []
-    phases = _phases(grads=grads, saved=sum(acts.values()), recompute=recompute_bytes, fwd_logits=fwd_logits,
-                     bwd_logits=bwd_logits, opt_transient=opt_transient, opt_grads=opt_grads,
-                     accumulating=config.grad_accum > 1)
-    totals = {name: static_no_grads + sum(v.values()) for name, v in phases.items()}
+    phases = _phases(static=static, saved=sum(acts.values()), recompute=recompute_bytes, fwd_logits=fwd_logits,
+                     bwd_logits=bwd_logits, accumulating=config.grad_accum > 1)
+    totals = {name: resident + sum(parts.values()) for name, parts in phases.items()}
     peak_phase = max(totals, key=lambda k: totals[k])
     peak = totals[peak_phase]
 
-    breakdown = {k: v for k, v in states.items() if k != "gradients"}
-    ph = phases[peak_phase]
-    if ph.get("gradients"):
-        breakdown["gradients"] = ph["gradients"]
-    if peak_phase in ("forward", "backward_start"):
-        breakdown.update(acts)
-        breakdown["logits/transient"] = fwd_logits if peak_phase == "forward" else bwd_logits
-    elif peak_phase == "backward_end" and recompute_bytes:
-        breakdown["activations/recompute"] = recompute_bytes
-    if ph.get("optimizer_step"):
-        breakdown["optimizer_step/transient"] = ph["optimizer_step"]
+    breakdown = dict(static.resident)
+    for component, size in phases[peak_phase].items():
+        if component == "activations":
+            breakdown.update(acts)
+        else:
+            breakdown[component] = size
     breakdown = {k: int(v) for k, v in breakdown.items() if v}
     assert sum(breakdown.values()) == peak, (sum(breakdown.values()), peak)
 
@@ -820,7 +883,7 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEsti
         total = peak
         assumptions.append("cpu profile: live tensor bytes; no caching allocator, no CUDA context")
     else:
-        reserved, total = _reserved_and_total(model, gpu, peak=peak, static=static_no_grads, paged=paged)
+        reserved, total = _reserved_and_total(model, gpu, peak=peak, static=resident, paged=paged)
         if paged:
             assumptions.append("paged 8-bit optimizer states counted in the process total, not in the allocator")
         assumptions.append(
@@ -836,7 +899,7 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEsti
         peak_allocated_bytes=peak,
         peak_reserved_bytes=reserved,
         process_total_bytes=total,
-        cpu_bytes=host,
+        cpu_bytes=static.host,
         breakdown=breakdown,
         peak_phase=peak_phase,
         assumptions=tuple(assumptions),

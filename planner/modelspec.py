@@ -87,6 +87,9 @@ class ModelSpec:
     """SwiGLU/GeGLU: the MLP has a gate and an up projection multiplied together."""
     norm: str
     """``rmsnorm`` or ``layernorm``."""
+    norm_weight_fp32: bool = False
+    """The RMSNorm multiplies by its weight in fp32, so it saves the fp32 normalised tensor
+    (Gemma: ``output * (1.0 + self.weight.float())``) instead of one in the model's dtype."""
     parallel_block: bool = False
     """Attention and MLP read the same normed input (falcon, phi, gpt_neox with parallel residual)."""
     position: str = "rope"
@@ -94,6 +97,11 @@ class ModelSpec:
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
     """Dropout probabilities active in train mode (each one > 0 saves a mask for backward)."""
+    embedding_dropout: float = 0.0
+    """Dropout on the embeddings' output (gpt2's embd_pdrop, BERT's and OPT's shared rate)."""
+    embedding_norm: bool = False
+    """A LayerNorm on the summed embeddings (BERT's embeddings.LayerNorm, bloom's
+    word_embeddings_layernorm)."""
     num_experts: int = 0
     experts_per_token: int = 0
     sliding_window: int | None = None
@@ -127,6 +135,12 @@ class ModelSpec:
         """Parameters each token passes through (differs from the total for MoE)."""
         inactive = sum(lin.params - lin.active_params for lin in self.layer_linears)
         return self.params_total - self.num_layers * inactive
+
+    @property
+    def fused_qkv(self) -> bool:
+        """q, k and v come out of one projection (phi3's qkv_proj, gpt_neox's query_key_value)."""
+        return any(lin.kind is LinearKind.ATTN_IN and lin.out_features > self.num_heads * self.head_dim
+                   for lin in self.layer_linears)
 
     @property
     def is_moe(self) -> bool:

@@ -45,6 +45,25 @@ def test_commands_do_not_import_heavy_libraries(args, planner_home):
     assert "Traceback" not in proc.stderr
 
 
+def test_suggest_against_a_database_at_head_does_not_import_alembic(planner_home):
+    """The first run creates the store through Alembic; later runs confirm the schema with one
+    SELECT (planner.store.schema.HEAD_REVISION), keeping Alembic off the cold path."""
+    code = (
+        "import sys\n"
+        "from planner.cli import main\n"
+        f"code = main(['suggest', '--model', {LLAMA7B!r}, '--gpu', 'a10g', '--target-batch', '32'])\n"
+        "print('ALEMBIC=' + str('alembic' in sys.modules))\n"
+    )
+    env = {**os.environ, "PLANNER_HOME": str(planner_home), "HF_HUB_OFFLINE": "1"}
+    env.pop("PLANNER_DATABASE_URL", None)
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120) for _ in range(2)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ALEMBIC=True" in runs[0].stdout.splitlines()  # created the database
+    assert "ALEMBIC=False" in runs[1].stdout.splitlines()
+    assert "a plan for this request exists" in runs[1].stdout
+
+
 # ---- estimate ------------------------------------------------------------------------------------
 
 

@@ -311,6 +311,7 @@ MEASURED = {
     "bf16-mixed full": (dict(precision="bf16-mixed"), 1_845_764),
     "bf16 full": (dict(precision="bf16"), 1_335_812),
     "fp32 lora r8": (dict(precision="fp32", method="lora", lora_r=8), 1_813_508),
+    "bf16-mixed lora r8": (dict(precision="bf16-mixed", method="lora", lora_r=8), 1_704_068),
     "bf16 lora r8": (dict(precision="bf16", method="lora", lora_r=8), 1_676_292),
     "fp32 eager": (dict(precision="fp32", attention="eager"), 2_245_124),
     "bf16 eager": (dict(precision="bf16", attention="eager"), 1_724_932),
@@ -478,6 +479,7 @@ _MEASURE = textwrap.dedent(
         "bf16-mixed full": measure(f32, True, False, "sdpa"),
         "bf16 full": measure(b16, False, False, "sdpa"),
         "fp32 lora r8": measure(f32, False, True, "sdpa"),
+        "bf16-mixed lora r8": measure(f32, True, True, "sdpa"),
         "bf16 lora r8": measure(b16, False, True, "sdpa"),
         "fp32 eager": measure(f32, False, False, "eager"),
         "bf16 eager": measure(b16, False, False, "eager"),
@@ -502,7 +504,7 @@ GPT2_TINY = dataclasses.replace(
         _lin("c_attn", H, 3 * H, LinearKind.ATTN_IN), _lin("c_proj", H, H, LinearKind.ATTN_OUT),
         _lin("c_fc", H, I, LinearKind.MLP_IN), _lin("mlp.c_proj", I, H, LinearKind.MLP_OUT),
     ),
-    attn_dropout=0.1,
+    attn_dropout=0.1, position="learned",
 )
 
 
@@ -511,14 +513,36 @@ def test_cpu_sdpa_with_dropout_takes_the_math_path():
     e, q, scores = 2 * 64, 2 * 64 * H, 2 * A * 64 * 64
     gpu = activation_breakdown(GPT2_TINY, config)["activations/attention/core"]
     cpu = activation_breakdown(GPT2_TINY, config, is_cpu=True)["activations/attention/core"]
-    # GPU (flash/efficient take dropout): bf16 q, k, v, out + fp32 log-sum-exp, per layer
-    assert gpu == L * (2 * 4 * q + e * A * 4)
+    # GPU (flash/efficient take dropout): q, k and v are views of c_attn's bf16 output, which
+    # stays saved whole (3q), + out + the fp32 log-sum-exp, per layer
+    assert gpu == L * (2 * 3 * q + 2 * q + e * A * 4)
     # CPU math path: fp32 q, kᵀ, v + fp32 softmax, mask, dropped probabilities + the bf16
     # contiguous output o_proj reads, per layer
     assert cpu == L * (4 * 3 * q + 4 * 3 * scores + e * H * 2)
     # no dropout: the CPU flash kernel runs and nothing changes
     no_dropout = dataclasses.replace(GPT2_TINY, attn_dropout=0.0)
     assert activation_breakdown(no_dropout, config, is_cpu=True) == activation_breakdown(no_dropout, config)
+
+
+def test_a_fused_qkv_projection_keeps_its_output_and_with_rope_a_copy_of_the_attention_output():
+    """phi3's qkv_proj: v is a view of the fused output (kept whole); rope makes new q and k; the
+    kernel's output is then (b, a, s, d)-contiguous and o_proj reads a transposed copy. Measured
+    with the CPU probe on a tiny phi3 (within 0.1% for fp32, bf16-mixed, bf16, LoRA, QLoRA)."""
+    phi3 = dataclasses.replace(
+        TINY, id="tiny-phi3", model_type="phi3",
+        layer_linears=(_lin("qkv_proj", H, 3 * H, LinearKind.ATTN_IN), _lin("o_proj", H, H, LinearKind.ATTN_OUT))
+        + TINY.layer_linears[4:],
+    )
+    assert phi3.fused_qkv and not TINY.fused_qkv
+    e, q = 2 * 64, 2 * 64 * H
+    bf16 = activation_breakdown(phi3, tiny_config(precision="bf16-mixed"))
+    # roped q, k copies + out (bf16) + the fused bf16 output (3q) + lse, per layer
+    assert bf16["activations/attention/core"] == L * (2 * (2 * q + q) + 2 * 3 * q + e * A * 4)
+    assert bf16["activations/attention/out_input"] == L * 2 * q
+    # QLoRA under autocast: bnb's fp32 outputs are cast, so q, k and v are bf16 copies and the
+    # fp32 fused buffer is not kept
+    qlora = activation_breakdown(phi3, tiny_config(method="qlora", precision="bf16-mixed"))
+    assert qlora["activations/attention/core"] == L * (2 * (3 * q + q) + e * A * 4)
 
 
 def test_python_gelu_saves_four_more_intermediates_than_a_fused_one():
@@ -577,3 +601,38 @@ def test_a_frozen_unadapted_down_projection_saves_no_input():
     assert activation_breakdown(TINY, attention_only)["activations/mlp/intermediate"] == L * 3 * inter
     with_down = attention_only.replace(lora_targets=("q_proj", "v_proj", "down_proj"))
     assert activation_breakdown(TINY, with_down)["activations/mlp/intermediate"] == L * 4 * inter
+
+
+def test_dropout_keeps_only_masks_bool_on_cuda_and_in_the_dropped_dtype_on_the_cpu():
+    model = dataclasses.replace(GPT2_TINY, attn_dropout=0.0, hidden_dropout=0.1, embedding_dropout=0.1)
+    config = tiny_config(precision="bf16-mixed")
+    eh = 2 * 64 * H
+    gpu = activation_breakdown(model, config)["activations/dropout"]
+    cpu = activation_breakdown(model, config, is_cpu=True)["activations/dropout"]
+    # two masks per block (attention and MLP outputs) + one on the embeddings: one byte each on
+    # CUDA (native_dropout's bool mask); on the CPU the dropped tensor's dtype: the bf16
+    # projection outputs and the fp32 embeddings (measured on gpt2 and bert)
+    assert gpu == L * 2 * eh + eh
+    assert cpu == L * 2 * eh * 2 + eh * 4
+
+
+def test_embedding_norm_and_the_masked_lm_transform_save_their_inputs():
+    bert = resolve_model("bert-base-uncased")
+    assert bert.embedding_norm and bert.is_encoder
+    config = TrainConfig(micro_batch=2, seq_len=128, precision="fp32")
+    plain = dataclasses.replace(bert, embedding_norm=False, is_encoder=False)
+    eh = 2 * 128 * 768
+    with_terms, without = activation_breakdown(bert, config), activation_breakdown(plain, config)
+    # the embeddings' LayerNorm input (fp32) and the transform dense's output gelu keeps (fp32)
+    assert with_terms["activations/embeddings"] - without["activations/embeddings"] == eh * 4
+    assert with_terms["activations/lm_head/transform"] == eh * 4
+
+
+def test_gemma_norms_save_the_fp32_normalised_tensor():
+    gemma = dataclasses.replace(TINY, norm_weight_fp32=True)
+    config = tiny_config(precision="bf16")
+    eh = 2 * 64 * H
+    # two norms per block and the final one keep x·rsqrt in fp32 (4 B) instead of bf16 (2 B)
+    more = acts(gemma, config) - acts(TINY, config)
+    assert more == (2 * L + 1) * eh * 2
+    assert resolve_model("google/gemma-7b").norm_weight_fp32

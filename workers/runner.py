@@ -91,12 +91,20 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
+#: torch.distributed's rendezvous variables (torchrun / the deepspeed launcher set them)
+DISTRIBUTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def run_job(job: dict[str, Any], *, timeout_s: float, device: str = "cpu", deepspeed: bool = False) -> tuple[Measurement, dict[str, Any]]:
     """Run one child-process job (see ``workers.child``); never raises for what the child does."""
     from workers.train import library_versions
 
     started = _now()
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    # The child is one rank of its own: a launcher's (or an in-process run's) rendezvous would
+    # make it join another process group or bind a port that is already taken.
+    for name in DISTRIBUTED_ENV:
+        env.pop(name, None)
     if device == "cpu":
         env.setdefault("DS_ACCELERATOR", "cpu")
     with tempfile.TemporaryDirectory(prefix="workers-job-") as tmp:

@@ -262,8 +262,8 @@ def _llama_family(c: _Config, model_type: str) -> dict[str, Any]:
         layer_linears=tuple(linears), layer_norm_params=norms,
         embedding_params=vocab * hidden, final_norm_params=hidden,
         head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
-        hidden_act=act, gated_mlp=True, norm="rmsnorm", position="rope",
-        attn_dropout=c.prob("attention_dropout"), hidden_dropout=0.0,
+        hidden_act=act, gated_mlp=True, norm="rmsnorm", norm_weight_fp32=model_type in ("gemma", "gemma2"),
+        position="rope", attn_dropout=c.prob("attention_dropout"), hidden_dropout=0.0,
         num_experts=experts, experts_per_token=top_k, sliding_window=sliding,
     )
 
@@ -292,6 +292,7 @@ def _phi(c: _Config, model_type: str) -> dict[str, Any]:
         hidden_act=c.text("hidden_act", default="gelu_new"), gated_mlp=False, norm="layernorm",
         parallel_block=True, position="rope",
         attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("resid_pdrop"),
+        embedding_dropout=c.prob("embd_pdrop"),
     )
 
 
@@ -316,7 +317,7 @@ def _phi3(c: _Config, model_type: str) -> dict[str, Any]:
         head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
         hidden_act=c.text("hidden_act", default="silu"), gated_mlp=True, norm="rmsnorm", position="rope",
         attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("resid_pdrop"),
-        sliding_window=c.optional_size("sliding_window"),
+        embedding_dropout=c.prob("embd_pdrop"), sliding_window=c.optional_size("sliding_window"),
     )
 
 
@@ -342,7 +343,7 @@ def _starcoder2(c: _Config, model_type: str) -> dict[str, Any]:
         head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
         hidden_act=c.text("hidden_act", default="gelu_pytorch_tanh"), gated_mlp=False, norm="layernorm",
         position="rope", attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("residual_dropout"),
-        sliding_window=c.optional_size("sliding_window"),
+        embedding_dropout=c.prob("embedding_dropout"), sliding_window=c.optional_size("sliding_window"),
     )
 
 
@@ -372,7 +373,7 @@ def _gpt2(c: _Config, model_type: str) -> dict[str, Any]:
         tied_embeddings=tied,
         hidden_act=c.text("activation_function", default="gelu_new"), gated_mlp=False, norm="layernorm",
         position="learned", attn_dropout=c.prob("attn_pdrop", default=0.1),
-        hidden_dropout=c.prob("resid_pdrop", default=0.1),
+        hidden_dropout=c.prob("resid_pdrop", default=0.1), embedding_dropout=c.prob("embd_pdrop", default=0.1),
     )
 
 
@@ -393,7 +394,9 @@ def _gpt_neox(c: _Config, model_type: str) -> dict[str, Any]:
         head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
         hidden_act=c.text("hidden_act", default="gelu"), gated_mlp=False, norm="layernorm",
         parallel_block=c.flag("use_parallel_residual", True), position="rope",
+        # GPTNeoXModel.emb_dropout uses hidden_dropout too
         attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("hidden_dropout"),
+        embedding_dropout=c.prob("hidden_dropout"),
     )
 
 
@@ -424,7 +427,8 @@ def _opt(c: _Config, model_type: str) -> dict[str, Any]:
         head_params=_untied_head(vocab, proj, tied=tied), tied_embeddings=tied,
         hidden_act=c.text("activation_function", default="relu"), gated_mlp=False, norm="layernorm",
         position="learned", attn_dropout=c.prob("attention_dropout"),
-        hidden_dropout=c.prob("dropout", default=0.1),
+        # OPTDecoder drops out the embeddings with the same probability
+        hidden_dropout=c.prob("dropout", default=0.1), embedding_dropout=c.prob("dropout", default=0.1),
     )
 
 
@@ -447,6 +451,7 @@ def _bloom(c: _Config, model_type: str) -> dict[str, Any]:
         max_seq_len=c.size("seq_length", default=BLOOM_DEFAULT_SEQ_LEN),
         layer_linears=linears, layer_norm_params=4 * hidden,
         embedding_params=vocab * hidden, other_embedding_params=2 * hidden,  # word_embeddings_layernorm
+        embedding_norm=True,
         final_norm_params=2 * hidden, head_params=_untied_head(vocab, hidden, tied=tied),
         tied_embeddings=tied,
         # bloom_gelu_forward (modeling_bloom.py) is the tanh approximation of GELU
@@ -547,7 +552,9 @@ def _bert_like(c: _Config, model_type: str) -> dict[str, Any]:
         hidden_act=c.text("hidden_act", default="gelu"), gated_mlp=False, norm="layernorm",
         position="learned",
         attn_dropout=c.prob("attention_probs_dropout_prob", default=0.1),
+        # BertEmbeddings drops out the summed embeddings with the same probability
         hidden_dropout=c.prob("hidden_dropout_prob", default=0.1),
+        embedding_dropout=c.prob("hidden_dropout_prob", default=0.1), embedding_norm=True,
     )
 
 
