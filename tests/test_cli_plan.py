@@ -45,6 +45,24 @@ def test_commands_do_not_import_heavy_libraries(args, planner_home):
     assert "Traceback" not in proc.stderr
 
 
+def test_the_cli_runs_without_the_click_package(planner_home):
+    """typer >= 0.29 vendors click and does not depend on it: a light install has no ``click``.
+    Block the import and run help, a usage error, a planner error and a plan."""
+    code = (
+        "import sys\n"
+        "sys.modules['click'] = None  # import click -> ImportError\n"
+        "from planner.cli import main\n"
+        "codes = [main(['--help']), main(['estimate', '--bogus']), main(['estimate', '--model', 'nope', '--gpu', 'a10g']),\n"
+        f"         main(['suggest', '--model', {LLAMA7B!r}, '--gpu', 'a10g', '--target-batch', '32', '--no-save'])]\n"
+        "print('CODES=' + ','.join(map(str, codes)))\n"
+    )
+    env = {**os.environ, "PLANNER_HOME": str(planner_home), "HF_HUB_OFFLINE": "1"}
+    env.pop("PLANNER_DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert "CODES=0,2,2,0" in proc.stdout.splitlines(), (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+
+
 def test_suggest_against_a_database_at_head_does_not_import_alembic(planner_home):
     """The first run creates the store through Alembic; later runs confirm the schema with one
     SELECT (planner.store.schema.HEAD_REVISION), keeping Alembic off the cold path."""

@@ -44,21 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     User mistakes print one line on stderr: ``error: <what is wrong and how to fix it>``.
     """
-    import click
-    import typer
-
+    from planner.cli._click import echo, exception_types
     from planner.errors import PlannerError
 
-    # typer >= 0.29 runs on its own vendored click (typer._click) with typer.Exit/Abort; older
-    # typer raises click's own types. Catch both so that a usage error is always one line.
-    try:
-        from typer._click import exceptions as vendored  # type: ignore[attr-defined]
-    except ImportError:  # pragma: no cover - older typer
-        vendored = click.exceptions
-    exits = (click.exceptions.Exit, typer.Exit)
-    aborts = (click.exceptions.Abort, typer.Abort)
-    no_args = (click.exceptions.NoArgsIsHelpError, vendored.NoArgsIsHelpError)
-    usage = (click.exceptions.UsageError, vendored.UsageError)
+    # typer's own Exit/Abort and its click's usage errors: a usage error is always one line
+    types = exception_types()
+    exits, aborts, no_args, usage = types["exit"], types["abort"], types["no_args"], types["usage"]
 
     args = list(sys.argv[1:] if argv is None else argv)
     command = get_app()
@@ -71,22 +62,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except exits as exc:  # --help, ctx.exit(n), typer.Exit(n)
         code = exc.exit_code
     except no_args as exc:
-        click.echo(exc.ctx.get_help() if exc.ctx else "see 'planner --help'")
+        echo(exc.ctx.get_help() if exc.ctx else "see 'planner --help'")
         code = 0
     except usage as exc:
         ctx = getattr(exc, "ctx", None)
         path = ctx.command_path if ctx is not None else "planner"
         where = f"planner {path.split(' ', 1)[1]} --help" if " " in path else "planner --help"
-        click.echo(f"error: {exc.format_message()} (see '{where}')", err=True)
+        echo(f"error: {exc.format_message()} (see '{where}')", err=True)
         code = 2
     except aborts:
-        click.echo("error: aborted", err=True)
+        echo("error: aborted", err=True)
         code = 1
     except PlannerError as exc:
-        click.echo(f"error: {exc}", err=True)
+        echo(f"error: {exc}", err=True)
         code = exc.exit_code
     except KeyboardInterrupt:
-        click.echo("error: interrupted", err=True)
+        echo("error: interrupted", err=True)
         code = 130
     if argv is None:
         sys.exit(code)

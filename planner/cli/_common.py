@@ -8,9 +8,9 @@ from typing import Any
 
 def print_json(obj: Any) -> None:
     """Print one JSON document on stdout (sorted keys stay in the order we built them)."""
-    import click
+    from planner.cli._click import echo
 
-    click.echo(json.dumps(obj, indent=2, default=str))
+    echo(json.dumps(obj, indent=2, default=str))
 
 
 def console():
