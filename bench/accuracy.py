@@ -7,7 +7,7 @@ error %), the median and maximum absolute error, and writes ``bench/results/accu
 (the table) and ``bench/results/accuracy-cpu.json`` (plus both breakdowns per row: the
 measured bytes per category at the peak and the model's terms).
 
-    python bench/accuracy.py [--quick] [--filter TEXT] [--jobs 1|2]
+    python bench/accuracy.py [--quick] [--filter TEXT] [--jobs 1|2] [--render]
 
 On a GPU machine run the same configurations with ``--device cuda`` (the CUDA probe:
 ``torch.cuda.max_memory_allocated`` of the last step); results go to ``accuracy-cuda.md``.
@@ -163,19 +163,17 @@ def _fmt(n: int | None) -> str:
 #: measured peak by the op and call site that made them (CPU probe). Kept with the table so that
 #: a regenerated file still says it; revise when the model or the libraries change.
 CPU_NOTES = [
-    "BERT with eager attention (about +2%): the model saves the softmax in fp32 and a one-byte dropout mask, "
-    "as CUDA autocast does (softmax is on its fp32 list); CPU autocast keeps BERT's softmax and the mask in "
-    "bf16.",
-    "ZeRO-3 (about +1%): the model keeps two layers of gathered 16-bit parameters (one plus the prefetch) "
-    "alive through the step; with one rank DeepSpeed holds none of them at the loss' backward, where the "
-    "CPU peak is.",
-    "phi3 and gemma (under 1%): small per-layer tensors (rotary and norm intermediates) not in the model.",
+    "BERT with eager attention (about +2%): the model saves the softmax in fp32 as the llama family's eager "
+    "attention does (softmax(..., dtype=float32)) and as CUDA autocast does for every model (softmax is on "
+    "its fp32 list); BERT's eager attention does not ask for fp32 and CPU autocast keeps it in bf16.",
+    "BERT (about -0.1 to -0.4% in fp32): a few small tensors of the masked-LM head and the embeddings.",
     "What the CPU probe cannot see: temporaries created inside one custom op (bitsandbytes' CPU 8-bit "
     "optimizer dequantises a tensor's states to fp32 inside its kernel); torch's MemTracker has the same "
     "blind spot. On CUDA those kernels dequantise block by block in registers, so the model counts none.",
     "CPU-only behaviour the model follows on the cpu profile: SDPA with attention dropout (gpt2, bert) runs "
-    "the math path in fp32 because the CPU flash kernel refuses dropout; torch AdamW steps tensor by tensor "
-    "(two temporaries of the largest parameter) instead of foreach.",
+    "the math path in fp32 because the CPU flash kernel refuses dropout; dropout masks are in the dropped "
+    "tensor's dtype (CUDA's fused kernel makes bool masks); torch AdamW steps tensor by tensor (two "
+    "temporaries of the largest parameter) instead of foreach.",
 ]
 
 
@@ -218,7 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--filter", dest="text", default=None, help="only configurations whose label contains TEXT")
     parser.add_argument("--jobs", type=int, default=2, choices=(1, 2), help="measurement processes at once (max 2)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
+    parser.add_argument("--render", action="store_true",
+                        help="rewrite the .md from the committed .json (and the current notes) without measuring")
     args = parser.parse_args(argv)
+    if args.render:
+        suffix = "cpu" if args.device == "cpu" else "cuda"
+        rows = json.loads((RESULTS / f"accuracy-{suffix}.json").read_text())
+        (RESULTS / f"accuracy-{suffix}.md").write_text(_markdown(rows, device=args.device))
+        print(f"wrote {RESULTS / f'accuracy-{suffix}.md'} from its .json")
+        return 0
     cases = _cases(quick=args.quick, text=args.text)
     if not cases:
         print("no configuration matches --filter", file=sys.stderr)

@@ -194,3 +194,20 @@ def test_help_does_not_load_the_store():
             "print(sorted(m for m in ('planner.store', 'sqlalchemy', 'alembic', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_suggest_stores_the_plan_before_printing_it(cli, monkeypatch):
+    """A reader that stops early (planner suggest | head) breaks the pipe while the plan is
+    printed: the plan must already be stored."""
+    import planner.cli.plan as plan_cmd
+
+    def reader_gone(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(plan_cmd, "_print_suggestion", reader_gone)
+    r = cli("suggest", "--model", "gpt2", "--gpu", "a10g", "--target-batch", "8")
+    assert r.code != 0
+    from planner.store import open_store
+
+    with open_store() as store:
+        assert len(store.history(limit=10)) == 1

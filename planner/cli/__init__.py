@@ -79,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         echo("error: interrupted", err=True)
         code = 130
+    except SystemExit as exc:  # click exits 1 itself when the reader of stdout went away (EPIPE)
+        code = exc.code if isinstance(exc.code, int) else 1
+
     if argv is None:
         sys.exit(code)
     return code

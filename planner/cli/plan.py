@@ -289,12 +289,14 @@ def suggest(
     space = SearchSpace(methods=methods, precisions=precisions, allow_offload=not no_offload, cpu_mem_bytes=host)
     result = run_suggest(model=spec, gpu=device, target_batch=target_batch, seq_len=seq, gpus=gpus, space=space,
                          top_k=top_k, model_fingerprint=fingerprint(spec))
+    from planner.cli.store import report_saved, save_plan
+
+    # stored before anything is printed: a reader that stops early (| head) loses no plan
+    saved = save_plan(result=result, db=db, save=not no_save)
     out = console() if not as_json else console_to_stderr()
     if not as_json:
         _print_suggestion(out, result, spec=spec, device=device, seq_defaulted=seq_len is None, host=host, no_offload=no_offload)
-    from planner.cli.store import save_plan_and_report
-
-    plan_id = save_plan_and_report(result=result, db=db, save=not no_save, console=out)
+    plan_id = report_saved(saved, console=out)
     if as_json:
         data = result.to_dict()
         data["plan_id"] = plan_id

@@ -1,12 +1,13 @@
 """``planner history``, ``planner show`` and ``planner db``: past plans and the store's schema.
 
 Also the helpers ``planner suggest`` and ``planner measure`` use to store what they produced
-(``save_plan_and_report``, ``save_measurement_and_report``). ``planner.store`` (SQLAlchemy) is
+(``save_plan``, ``report_saved``, ``save_measurement_and_report``). ``planner.store`` (SQLAlchemy) is
 imported inside the functions, so ``planner --help`` does not load it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -160,9 +161,18 @@ def _history_table(rows: "list[PlanSummary]") -> Any:
 
 
 # ---- helpers for planner suggest / planner measure -----------------------------------------
-def save_plan_and_report(*, result: "PlanResult", db: str | None, save: bool, console: "Console") -> str | None:
-    """Say whether this request was planned before (and what its measurements showed), then
-    store the plan when ``save``; prints and returns ``plan id: <id>`` (None when not saved)."""
+@dataclass(frozen=True)
+class SavedPlan:
+    """What storing a plan found and did (``save_plan``), for ``report_saved`` to print."""
+
+    plan_id: str | None
+    existing: "StoredPlan | None"
+    note: str | None = None
+
+
+def save_plan(*, result: "PlanResult", db: str | None, save: bool) -> SavedPlan:
+    """Look up a past plan for the same request and store this one when ``save``; prints
+    nothing, so that the plan is stored even when the output is cut short (``| head``)."""
     from planner.errors import StoreError
     from planner.store import open_store
 
@@ -171,24 +181,36 @@ def save_plan_and_report(*, result: "PlanResult", db: str | None, save: bool, co
     except StoreError as exc:
         if save:
             raise
-        console.print(f"note: past plans not checked: {exc}")
-        return None
+        return SavedPlan(plan_id=None, existing=None, note=f"note: past plans not checked: {exc}")
     with store:
         existing = store.find_same_request(request=result.request)
-        if existing is not None:
-            state = "verified" if existing.verified else f"not verified ({existing.status})"
-            console.print(
-                f"a plan for this request exists: {existing.id[:SHORT_ID]} from {_when(existing.created_at)}, "
-                f"{state} (planner show {existing.id[:SHORT_ID]})"
-            )
-            measured = [(n, c) for n, c in enumerate(existing.candidates, start=1) if c.measurements]
-            if measured:
-                console.print(comparison_table(measured, title=f"measured for plan {existing.id[:SHORT_ID]}"))
-        if not save:
-            return None
-        plan_id = store.save_plan(result=result)
-    console.print(f"plan id: {plan_id}")
-    return plan_id
+        plan_id = store.save_plan(result=result) if save else None
+    return SavedPlan(plan_id=plan_id, existing=existing)
+
+
+def report_saved(saved: SavedPlan, *, console: "Console") -> str | None:
+    """Say whether this request was planned before (and what its measurements showed) and
+    print ``plan id: <id>``; returns the id (None when not saved)."""
+    if saved.note:
+        console.print(saved.note)
+    existing = saved.existing
+    if existing is not None:
+        state = "verified" if existing.verified else f"not verified ({existing.status})"
+        console.print(
+            f"a plan for this request exists: {existing.id[:SHORT_ID]} from {_when(existing.created_at)}, "
+            f"{state} (planner show {existing.id[:SHORT_ID]})"
+        )
+        measured = [(n, c) for n, c in enumerate(existing.candidates, start=1) if c.measurements]
+        if measured:
+            console.print(comparison_table(measured, title=f"measured for plan {existing.id[:SHORT_ID]}"))
+    if saved.plan_id is not None:
+        console.print(f"plan id: {saved.plan_id}")
+    return saved.plan_id
+
+
+def save_plan_and_report(*, result: "PlanResult", db: str | None, save: bool, console: "Console") -> str | None:
+    """``save_plan`` then ``report_saved``."""
+    return report_saved(save_plan(result=result, db=db, save=save), console=console)
 
 
 def save_measurement_and_report(
