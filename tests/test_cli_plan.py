@@ -13,18 +13,23 @@ LLAMA7B = "meta-llama/Llama-2-7b-hf"
 HEAVY = ("torch", "transformers", "deepspeed", "ray")
 
 
+def _python(code: str, env_home) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter with a temporary planner home and no network."""
+    env = {**os.environ, "PLANNER_HOME": str(env_home), "HF_HUB_OFFLINE": "1"}
+    env.pop("PLANNER_DATABASE_URL", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
 def _run_in_subprocess(args: list[str], env_home) -> subprocess.CompletedProcess:
     """Call planner.cli.main(args) in a fresh interpreter, then print which heavy modules it loaded."""
-    code = (
+    return _python(
         "import json, sys\n"
         "from planner.cli import main\n"
         f"code = main({args!r})\n"
         f"print('HEAVY=' + json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
-        "print('CODE=' + str(code))\n"
+        "print('CODE=' + str(code))\n",
+        env_home,
     )
-    env = {**os.environ, "PLANNER_HOME": str(env_home), "HF_HUB_OFFLINE": "1"}
-    env.pop("PLANNER_DATABASE_URL", None)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
 
 
 @pytest.mark.parametrize(
@@ -56,9 +61,7 @@ def test_the_cli_runs_without_the_click_package(planner_home):
         f"         main(['suggest', '--model', {LLAMA7B!r}, '--gpu', 'a10g', '--target-batch', '32', '--no-save'])]\n"
         "print('CODES=' + ','.join(map(str, codes)))\n"
     )
-    env = {**os.environ, "PLANNER_HOME": str(planner_home), "HF_HUB_OFFLINE": "1"}
-    env.pop("PLANNER_DATABASE_URL", None)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    proc = _python(code, planner_home)
     assert "CODES=0,2,2,0" in proc.stdout.splitlines(), (proc.stdout[-1000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr
 
@@ -72,9 +75,7 @@ def test_suggest_against_a_database_at_head_does_not_import_alembic(planner_home
         f"code = main(['suggest', '--model', {LLAMA7B!r}, '--gpu', 'a10g', '--target-batch', '32'])\n"
         "print('ALEMBIC=' + str('alembic' in sys.modules))\n"
     )
-    env = {**os.environ, "PLANNER_HOME": str(planner_home), "HF_HUB_OFFLINE": "1"}
-    env.pop("PLANNER_DATABASE_URL", None)
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120) for _ in range(2)]
+    runs = [_python(code, planner_home) for _ in range(2)]
     for proc in runs:
         assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ALEMBIC=True" in runs[0].stdout.splitlines()  # created the database
