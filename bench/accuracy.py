@@ -1,7 +1,8 @@
 """Accuracy of the memory model against real CPU training runs.
 
 Each configuration is trained for 3 optimizer steps by ``workers.measure`` (a fresh process, the
-CPU probe: peak live tensor bytes of the last step) and predicted by
+CPU probe: peak live tensor bytes of the last step; one more step, without the probe, gives the
+step time) and predicted by
 ``planner.memory.estimate_memory`` for the ``cpu`` device. Prints a table (predicted, measured,
 error %), the median and maximum absolute error, and writes ``bench/results/accuracy-cpu.md``
 (the table) and ``bench/results/accuracy-cpu.json`` (plus both breakdowns per row: the

@@ -52,22 +52,37 @@ NF4_DQ_BLOCK = 256
 BNB_8BIT_BLOCK = 256
 #: bnb keeps 32-bit states for tensors smaller than this (Optimizer8bit min_8bit_size=4096).
 BNB_MIN_8BIT_SIZE = 4096
-#: DeepSpeed's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size and
-#: allgather_bucket_size 5e8 elements; our generated configs (workers.deepspeed_config) follow
-#: the HF Trainer's "auto" values instead: reduce_bucket_size = hidden², ZeRO-3 prefetch
-#: 0.9·hidden², param persistence threshold 10·hidden (transformers/integrations/deepspeed.py).
-DS_PERSISTENCE_FACTOR = 10
-#: Intermediate-sized tensors an MLP activation saves for its backward, besides its output
-#: (which the next linear or the gate product saves anyway). Fused kernels save their input
-#: (torch derivatives.yaml: gelu_backward(grad, self), silu_backward(grad, self)); relu saves
-#: only its result. transformers' Python activations save every operand of their tensor-tensor
-#: products (activations.py): NewGELUActivation x, tanh(.), 0.5·x, 1 + tanh(.) (measured on gpt2
-#: with the CPU probe); FastGELUActivation three more for its inner products; QuickGELU x and
-#: sigmoid(1.702·x).
+def deepspeed_buckets(hidden_size: int) -> dict[str, int]:
+    """The communication buffer sizes (elements) our DeepSpeed configs set and this model assumes.
+
+    DeepSpeed's own defaults are 5e8 elements for reduce_bucket_size and allgather_bucket_size
+    (deepspeed/runtime/zero/config.py), about 1 GB of 16-bit buffers whatever the model; the HF
+    Trainer's "auto" values scale with the model instead (transformers integrations/deepspeed.py
+    HfTrainerDeepSpeedConfig): reduce bucket hidden², ZeRO-3 prefetch 0.9·hidden², parameter
+    persistence threshold 10·hidden. ``workers.deepspeed_config`` writes these; the model counts
+    the reduce bucket (``zero/reduce_bucket``) and, for ZeRO-3, two layers of gathered parameters,
+    which cover the prefetch.
+    """
+    return {
+        "reduce_bucket_size": hidden_size * hidden_size,
+        "allgather_bucket_size": hidden_size * hidden_size,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+        "stage3_param_persistence_threshold": 10 * hidden_size,
+    }
+#: Intermediate-sized tensors an MLP activation (transformers' ACT2FN) saves for its backward,
+#: besides its output, counted with saved_tensors_hooks (transformers 5.23, torch 2.13). Fused
+#: kernels save their input (derivatives.yaml: gelu_backward(grad, self)); the Python ones save
+#: every operand of their tensor-tensor products, e.g. NewGELUActivation x, tanh(.), 0.5·x and
+#: 1 + tanh(.) (also seen on gpt2 with the CPU probe).
 ACTIVATION_SAVED = {
-    "silu": 1, "swish": 1, "gelu": 1, "gelu_pytorch_tanh": 1, "gelu_python": 1, "relu": 0,
-    "gelu_new": 4, "gelu_fast": 7, "quick_gelu": 2,
+    "silu": 1, "swish": 1, "gelu": 1, "gelu_pytorch_tanh": 1, "mish": 1, "relu2": 1, "relu6": 1,
+    "leaky_relu": 1, "laplace": 1, "gelu_10": 2, "quick_gelu": 2, "gelu_python": 3, "gelu_new": 4,
+    "gelu_accurate": 4, "gelu_python_tanh": 4, "gelu_fast": 7, "relu": 0, "tanh": 0, "sigmoid": 0,
+    "linear": 0,
 }
+#: Activations whose backward reads their own output: it stays saved even when nothing after
+#: them needs it (a frozen fc2).
+ACTIVATION_SAVES_OUTPUT = frozenset({"relu", "tanh", "sigmoid"})
 #: What an activation missing from ACTIVATION_SAVED is assumed to save (a fused kernel's input);
 #: estimate_memory states the assumption.
 ACTIVATION_SAVED_DEFAULT = 1
@@ -227,7 +242,7 @@ def _quantized_linear_params(model: ModelSpec) -> int:
 
 
 # ---- optimizer states ----------------------------------------------------------------------
-def optimizer_state_bytes(*, sizes, optimizer: Optimizer, param_bytes: int) -> int:
+def optimizer_state_bytes(*, sizes: tuple[int, ...] | list[int], optimizer: Optimizer, param_bytes: int) -> int:
     """Persistent optimizer state for trainable tensors of these element counts.
 
     * AdamW (torch): exp_avg and exp_avg_sq like the parameter (2 x param dtype) plus a 4-byte
@@ -278,7 +293,7 @@ def _adafactor_state_bytes(model: ModelSpec, config: TrainConfig) -> int:
     return 4 * total
 
 
-def _optimizer_step_transient(*, sizes: list[int], optimizer: Optimizer, param_bytes: int, is_cpu: bool) -> int:
+def _optimizer_step_transient(*, sizes: tuple[int, ...] | list[int], optimizer: Optimizer, param_bytes: int, is_cpu: bool) -> int:
     """Temporaries inside optimizer.step(), beyond states and gradients.
 
     * torch AdamW on CUDA defaults to the foreach implementation, whose
@@ -366,6 +381,17 @@ def _block_activations(
     q = e * dims.a * dims.d
     kvn = e * dims.kv * dims.d
     attention = str(config.attention)
+    o_targeted = any(lin.name in targets for lin in by_kind[LinearKind.ATTN_OUT])
+
+    def out_input(copy_bytes: int) -> None:
+        """What o_proj's input costs beyond the kernel's saved output: ``copy_bytes`` when the
+        attention output reaches o_proj as a separate (transposed, contiguous) copy and o_proj
+        or a sharing adapter keeps it, plus the adapters' own input casts."""
+        if copy_bytes and (full or (o_targeted and not mode.adapter_input)):
+            add("attention/out_input", copy_bytes)
+        if not full and mode.adapter_input and o_targeted:
+            add("attention/out_input", sum(e * lin.in_features * mode.adapter_input for lin in by_kind[LinearKind.ATTN_OUT]))
+
     if attention == "sdpa" and is_cpu and model.attn_dropout > 0:
         # On the CPU, SDPA's flash kernel refuses dropout (aten sdp_utils_cpp.cpp
         # use_flash_attention_cpp: check_for_dropout), so training falls back to the math path,
@@ -374,13 +400,15 @@ def _block_activations(
         # (b, a, s, d) output needs a contiguous copy before o_proj. Measured on gpt2 and bert
         # (bench/accuracy.py, CPU probe). On a GPU the flash/efficient kernels take dropout.
         scores = dims.b * dims.a * dims.s * dims.s
-        add("attention/core", 4 * 3 * q + 4 * 3 * scores + e * h * mode.attn)
+        add("attention/core", 4 * 3 * q + 4 * 3 * scores)
+        out_input(e * h * mode.attn)
     elif attention in ("sdpa", "flash"):
         # SDPA/flash save q, k, v, out and the fp32 log-sum-exp; transformers uses the native GQA
         # path when there is no mask, so k/v keep kv heads (integrations/sdpa_attention.py).
         # o_proj reads the output in place: its (b, s, a, d) layout makes the reshape a view.
         if not model.fused_qkv:
             add("attention/core", mode.attn * (2 * q + 2 * kvn) + e * dims.a * 4)
+            out_input(0)
         else:
             # q, k and v are views of one projection's output. Rope makes new q and k; a dtype
             # change (QLoRA's fp32 outputs under autocast) makes copies of all three; whatever
@@ -394,22 +422,15 @@ def _block_activations(
             copies += kvn if cast else 0
             fused = 0 if cast else (q + 2 * kvn) * mode.compute
             add("attention/core", mode.attn * (copies + q) + fused + e * dims.a * 4)
-            o_targeted = any(l.name in targets for l in by_kind[LinearKind.ATTN_OUT])
-            if roped and (full or (o_targeted and not mode.adapter_input)):
-                add("attention/out_input", q * mode.attn)
-        if not full and mode.adapter_input and any(l.name in targets for l in by_kind[LinearKind.ATTN_OUT]):
-            add("attention/out_input", sum(e * l.in_features * mode.adapter_input for l in by_kind[LinearKind.ATTN_OUT]))
+            out_input(q * mode.attn if roped else 0)
     else:
         # eager: q and k for the scores, the fp32 softmax and its cast back for probs @ v, v
         # repeated to all heads (repeat_kv), and the transposed output copied before o_proj
         # (eager_attention_forward).
         scores = dims.b * dims.a * dims.s * dims.s
-        add("attention/core", mode.attn * 3 * q + scores * 4 + (scores * mode.attn if mode.attn != 4 else 0))
-        if model.attn_dropout > 0:
-            # the mask (bool on CUDA, the probabilities' dtype on the CPU) and the dropped
-            # probabilities probs @ v saves
-            add("attention/dropout", scores * ((mode.attn if is_cpu else 1) + mode.attn))
-        add("attention/out_input", e * h * mode.attn)
+        add("attention/core", mode.attn * 3 * q)
+        add("attention/probs", scores * _eager_probs_bytes_per_score(model, mode, is_cpu=is_cpu))
+        out_input(e * h * mode.attn)
 
     # -- MLP -----------------------------------------------------------------------------------
     add("mlp/input", inputs(by_kind[LinearKind.MLP_IN], e * h * (c if full else res)))
@@ -417,13 +438,13 @@ def _block_activations(
     # gated: act(gate) saves what ACTIVATION_SAVED says, act*up saves act's output and up, down
     # saves the product (LlamaMLP); plain: the activation's own tensors, fc2 saves its output.
     # A frozen, unadapted down/fc2 computes no weight gradient, so it saves no input (LoRA on the
-    # attention projections only; measured on mistral) — but relu's own backward keeps its result.
+    # attention projections only; measured on mistral), unless the activation keeps its output.
     act_saved = ACTIVATION_SAVED.get(model.hidden_act, ACTIVATION_SAVED_DEFAULT)
     down_needs_input = full or any(lin.name in targets for lin in by_kind[LinearKind.MLP_OUT])
     if model.gated_mlp:
         saved_tensors = act_saved + 2 + (1 if down_needs_input else 0)
     else:
-        saved_tensors = act_saved + (1 if down_needs_input or model.hidden_act == "relu" else 0)
+        saved_tensors = act_saved + (1 if down_needs_input or model.hidden_act in ACTIVATION_SAVES_OUTPUT else 0)
     add("mlp/intermediate", saved_tensors * inter)
     if not full and mode.adapter_input:
         add("mlp/intermediate", sum(e * l.in_features * (mode.adapter_input - c) for l in by_kind[LinearKind.MLP_OUT] if l.name in targets))
@@ -464,6 +485,33 @@ def _block_activations(
     return out
 
 
+def _eager_probs_bytes_per_score(model: ModelSpec, mode: _Mode, *, is_cpu: bool) -> int:
+    """Bytes per attention score the eager path keeps: softmax's output (its backward reads it),
+    a cast for probs @ v when the dtypes differ, and with attention dropout the mask and the
+    dropped probabilities. Dropout masks are bool on CUDA and in the dropped dtype on the CPU
+    (see the blocks' dropout); CUDA autocast runs softmax in fp32, CPU autocast does not (its
+    fp32 list has no softmax: BERT's probabilities stay bf16, measured with the CPU probe)."""
+    if model.eager_softmax == "fp32":
+        p = 4
+    elif model.eager_softmax == "residual":
+        p = mode.residual
+    else:
+        p = 4 if mode.autocast and not is_cpu else mode.attn
+    dropout = model.attn_dropout > 0
+    mask = (lambda dtype: dtype if is_cpu else 1)
+    if model.eager_softmax in ("fp32", "input_then_cast"):
+        # cast to q's / v's dtype, then dropout on that: the cast is kept by probs @ v only
+        # when there is no dropout between them
+        if dropout:
+            return p + mask(mode.attn) + mode.attn
+        return p + (mode.attn if p != mode.attn else 0)
+    # dropout on softmax's output, then probs @ v casts (autocast) what it reads
+    kept = p + (mask(p) if dropout else 0)
+    if p != mode.attn:
+        return kept + mode.attn
+    return kept + (p if dropout else 0)
+
+
 def _model_level_activations(
     model: ModelSpec, config: TrainConfig, dims: _Dims, mode: _Mode, *, is_cpu: bool = False
 ) -> dict[str, int]:
@@ -481,8 +529,10 @@ def _model_level_activations(
         # the masked-LM head's transform: dense -> gelu -> LayerNorm before the decoder; gelu
         # saves the dense output (BertPredictionHeadTransform), the norm is counted as final_norm
         out["lm_head/transform"] = e * h * mode.compute
-    if model.embedding_dropout > 0:
-        # its mask (bool on CUDA, the residual dtype on the CPU; see the blocks' dropout)
+    if model.embedding_dropout > 0 and (full or config.grad_ckpt):
+        # its mask (bool on CUDA, the residual dtype on the CPU; see the blocks' dropout), kept
+        # only when the embeddings' output needs a gradient: trained embeddings, or peft's
+        # enable_input_require_grads under checkpointing
         out["dropout"] = e * h * (mode.residual if is_cpu else 1)
     if model.norm == "rmsnorm":
         normalised = 4 if model.norm_weight_fp32 else mode.residual
@@ -627,7 +677,7 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig) -> tuple[dict[s
         out["zero3/grad_partitions"] = grads * gb // param_bytes // n
     else:
         out["gradients"] = grads * gb // param_bytes if config.zero == 1 else grads * gb // param_bytes // n
-    out["zero/reduce_bucket"] = model.hidden_size**2 * gb
+    out["zero/reduce_bucket"] = deepspeed_buckets(model.hidden_size)["reduce_bucket_size"] * gb
     if config.offload is Offload.NONE:
         out["master_weights"] = master // n
         out["optimizer_states"] = states_per_device
@@ -720,7 +770,9 @@ class _StaticTerms:
 
 
 def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool) -> _StaticTerms:
-    """Paged 8-bit states are split off on a GPU: bitsandbytes allocates them with
+    """The batch-independent terms of ``config`` (memoised per model).
+
+    Paged 8-bit states are split off on a GPU: bitsandbytes allocates them with
     cudaMallocManaged, outside PyTorch's caching allocator, so max_memory_allocated does not see
     them while nvidia-smi does when they are resident (bitsandbytes/functional.py get_paged)."""
 
@@ -809,12 +861,6 @@ def _phases(*, static: _StaticTerms, saved: int, recompute: int, fwd_logits: int
                          "zero3/gathered_params": static.gathered},
         "optimizer": {"gradients": static.optimizer_gradients, "optimizer_step/transient": static.optimizer_step},
     }
-
-
-def fast_totals(*, model: ModelSpec, config: TrainConfig, gpu) -> tuple[int, int]:
-    """(process_total_bytes, cpu_bytes) exactly as ``estimate_memory`` computes them, without
-    building the breakdown."""
-    return totals_by_split(model=model, config=config, gpu=gpu, splits=[(config.micro_batch, config.grad_accum)])[0]
 
 
 def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu, splits) -> list[tuple[int, int]]:

@@ -94,6 +94,12 @@ class ModelSpec:
     """Attention and MLP read the same normed input (falcon, phi, gpt_neox with parallel residual)."""
     position: str = "rope"
     """``rope``, ``learned``, ``alibi`` (bloom) or ``none``."""
+    eager_softmax: str = "fp32"
+    """How the eager attention computes its probabilities (transformers' modeling files):
+    ``fp32`` softmax(dtype=float32) cast back to q's dtype (llama family, phi, opt, gpt_neox,
+    bloom, starcoder2); ``input_then_cast`` softmax in the scores' dtype, cast to v's (gpt2);
+    ``input`` softmax in the scores' dtype, cast by the matmul after dropout (bert, roberta);
+    ``residual`` softmax(dtype=hidden_states.dtype) (falcon)."""
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
     """Dropout probabilities active in train mode (each one > 0 saves a mask for backward)."""

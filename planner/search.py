@@ -50,6 +50,15 @@ class SearchSpace:
     cpu_mem_bytes: int = 0
     """Host RAM the offload plans may use (0: no offload plans fit)."""
     lora_ranks: tuple[int, ...] = LORA_RANKS
+    """LoRA ranks to try, each a whole number >= 1."""
+
+    def __post_init__(self) -> None:
+        if not self.methods or not self.optimizers:
+            raise InvalidConfigError("the search space needs at least one method and one optimizer")
+        if not self.lora_ranks or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in self.lora_ranks):
+            raise InvalidConfigError(f"LoRA ranks must be whole numbers >= 1, got {self.lora_ranks!r}")
+        if isinstance(self.cpu_mem_bytes, bool) or not isinstance(self.cpu_mem_bytes, int) or self.cpu_mem_bytes < 0:
+            raise InvalidConfigError(f"cpu_mem_bytes must be a whole number >= 0, got {self.cpu_mem_bytes!r}")
 
 
 def safety_margin(capacity: int) -> int:
@@ -99,7 +108,7 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
     if space.allow_offload:
         zero_offload += [(1, Offload.OPTIMIZER), (2, Offload.OPTIMIZER), (3, Offload.OPTIMIZER), (3, Offload.OPTIMIZER_PARAMS)]
     # (method, precision, optimizer, zero, offload) that TrainConfig refused: the same refusal
-    # holds for every LoRA variant (the search's ranks and targets are valid on their own)
+    # holds for every LoRA variant (SearchSpace checked the ranks; the targets are the model's)
     refused: set[tuple] = set()
     for method in space.methods:
         variants = [(None, None)] if method is Method.FULL else lora_variants

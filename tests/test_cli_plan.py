@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -50,6 +51,7 @@ def test_commands_do_not_import_heavy_libraries(args, planner_home):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.skipif(importlib.util.find_spec("typer._click") is None, reason="typer < 0.29 runs on click itself")
 def test_the_cli_runs_without_the_click_package(planner_home):
     """typer >= 0.29 vendors click and does not depend on it: a light install has no ``click``.
     Block the import and run help, a usage error, a planner error and a plan."""

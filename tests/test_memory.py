@@ -516,9 +516,13 @@ def test_cpu_sdpa_with_dropout_takes_the_math_path():
     # GPU (flash/efficient take dropout): q, k and v are views of c_attn's bf16 output, which
     # stays saved whole (3q), + out + the fp32 log-sum-exp, per layer
     assert gpu == L * (2 * 3 * q + 2 * q + e * A * 4)
-    # CPU math path: fp32 q, kᵀ, v + fp32 softmax, mask, dropped probabilities + the bf16
-    # contiguous output o_proj reads, per layer
-    assert cpu == L * (4 * 3 * q + 4 * 3 * scores + e * H * 2)
+    # CPU math path: fp32 q, kᵀ, v + fp32 softmax, mask, dropped probabilities, per layer, and
+    # the bf16 contiguous output c_proj reads
+    assert cpu == L * (4 * 3 * q + 4 * 3 * scores)
+    assert activation_breakdown(GPT2_TINY, config, is_cpu=True)["activations/attention/out_input"] == L * e * H * 2
+    # ... which a frozen c_proj without an adapter does not keep
+    c_attn_only = tiny_config(precision="bf16-mixed", method="lora", lora_targets=("c_attn",))
+    assert "activations/attention/out_input" not in activation_breakdown(GPT2_TINY, c_attn_only, is_cpu=True)
     # no dropout: the CPU flash kernel runs and nothing changes
     no_dropout = dataclasses.replace(GPT2_TINY, attn_dropout=0.0)
     assert activation_breakdown(no_dropout, config, is_cpu=True) == activation_breakdown(no_dropout, config)
@@ -556,8 +560,11 @@ def test_python_gelu_saves_four_more_intermediates_than_a_fused_one():
     relu = dataclasses.replace(GPT2_TINY, hidden_act="relu")
     assert activation_breakdown(relu, config)["activations/mlp/intermediate"] == L * 1 * inter
     # an activation the table does not know is an assumption the estimate states
-    odd = dataclasses.replace(GPT2_TINY, hidden_act="mish")
-    assert any("'mish'" in a for a in estimate_memory(model=odd, config=config, gpu=get_gpu("cpu")).assumptions)
+    odd = dataclasses.replace(GPT2_TINY, hidden_act="my_custom_act")
+    assert any("'my_custom_act'" in a for a in estimate_memory(model=odd, config=config, gpu=get_gpu("cpu")).assumptions)
+    # transformers' erf-based Python GELU: x/sqrt(2), 0.5·x and 1 + erf(.)
+    erf = dataclasses.replace(GPT2_TINY, hidden_act="gelu_python")
+    assert activation_breakdown(erf, config)["activations/mlp/intermediate"] == L * 4 * inter
 
 
 def test_adafactor_step_holds_two_fp32_copies_of_the_largest_parameter(cpu):
@@ -636,3 +643,23 @@ def test_gemma_norms_save_the_fp32_normalised_tensor():
     more = acts(gemma, config) - acts(TINY, config)
     assert more == (2 * L + 1) * eh * 2
     assert resolve_model("google/gemma-7b").norm_weight_fp32
+
+
+@pytest.mark.parametrize(
+    "softmax, dropout, is_cpu, per_score",
+    [
+        # llama's softmax(dtype=float32).to(q.dtype): fp32 probabilities + the bf16 cast probs @ v reads
+        ("fp32", 0.0, False, 4 + 2),
+        # with dropout the cast feeds dropout instead: mask (bool on CUDA) + dropped bf16
+        ("fp32", 0.1, False, 4 + 1 + 2),
+        # BERT on the CPU: softmax stays bf16 under CPU autocast; mask and dropped in bf16 (measured)
+        ("input", 0.1, True, 2 + 2 + 2),
+        # BERT on CUDA: autocast's fp32 softmax, a bool mask, then probs @ v keeps a bf16 cast
+        ("input", 0.1, False, 4 + 1 + 2),
+    ],
+)
+def test_eager_attention_probabilities_by_architecture(softmax, dropout, is_cpu, per_score):
+    model = dataclasses.replace(TINY, eager_softmax=softmax, attn_dropout=dropout)
+    config = tiny_config(precision="bf16-mixed", attention="eager")
+    scores = 2 * A * 64 * 64
+    assert activation_breakdown(model, config, is_cpu=is_cpu)["activations/attention/probs"] == L * scores * per_score

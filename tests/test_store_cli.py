@@ -126,12 +126,12 @@ def test_schema_behind_then_db_upgrade(cli, tmp_path):
 
 def test_suggest_helper_reports_an_existing_plan(cli, capsys):
     from planner.cli._common import console
-    from planner.cli.store import save_plan_and_report
+    from planner.cli.store import report_saved, save_plan
 
     result = plan_result()
-    assert save_plan_and_report(result=result, db=None, save=False, console=console()) is None
+    assert report_saved(save_plan(result=result, db=None, save=False), console=console()) is None
     assert capsys.readouterr().out == ""  # nothing stored, nothing known
-    first = save_plan_and_report(result=result, db=None, save=True, console=console())
+    first = report_saved(save_plan(result=result, db=None, save=True), console=console())
     out = capsys.readouterr().out
     assert out.strip() == f"plan id: {first}"
 
@@ -139,7 +139,7 @@ def test_suggest_helper_reports_an_existing_plan(cli, capsys):
         top = s.get_plan(plan_id=first).candidates[0]
         s.record_measurement(candidate_id=top.id, measurement=measurement(peak=17_000_000_000))
         s.set_status(plan_id=first, status="verified")
-    second = save_plan_and_report(result=result, db=None, save=True, console=console())
+    second = report_saved(save_plan(result=result, db=None, save=True), console=console())
     out = capsys.readouterr().out
     assert f"a plan for this request exists: {first[:8]}" in out and ", verified" in out
     assert "15.8 GiB" in out and "+15.7%" in out  # measured beside predicted
@@ -150,25 +150,23 @@ def test_suggest_helper_reports_an_existing_plan(cli, capsys):
 
 def test_no_save_with_a_broken_database_still_answers(monkeypatch, capsys):
     from planner.cli._common import console
-    from planner.cli.store import save_plan_and_report
+    from planner.cli.store import report_saved, save_plan
     from planner.errors import StoreError
 
     bad = "postgresql+psycopg://postgres@127.0.0.1:1/none"
-    assert save_plan_and_report(result=plan_result(), db=bad, save=False, console=console()) is None
+    assert report_saved(save_plan(result=plan_result(), db=bad, save=False), console=console()) is None
     assert "note: past plans not checked: cannot open database" in capsys.readouterr().out
     with pytest.raises(StoreError, match="cannot open database"):
-        save_plan_and_report(result=plan_result(), db=bad, save=True, console=console())
+        report_saved(save_plan(result=plan_result(), db=bad, save=True), console=console())
 
 
-def test_measure_helper_then_history_and_show(cli, capsys):
-    from planner.cli._common import console
-    from planner.cli.store import save_measurement_and_report
+def test_measure_helper_then_history_and_show(cli):
+    from planner.cli.store import save_measurement
 
-    plan_id = save_measurement_and_report(
+    plan_id = save_measurement(
         request=request(constraints={"measure": True}), candidate=candidate(rank=1, micro_batch=2, grad_accum=8),
-        measurement=measurement(), db=None, console=console(),
+        measurement=measurement(), db=None,
     )
-    assert capsys.readouterr().out.strip() == f"plan id: {plan_id}"
     rows = json.loads(cli("history", "--json", "--status", "measured").out)
     assert [(r["id"], r["measurements"]) for r in rows] == [(plan_id, 1)]
     assert "no (measured)" in cli("history").out
@@ -211,3 +209,10 @@ def test_suggest_stores_the_plan_before_printing_it(cli, monkeypatch):
 
     with open_store() as store:
         assert len(store.history(limit=10)) == 1
+
+
+def test_suggest_with_an_unreachable_database_prints_the_plan_then_the_error(cli):
+    r = cli("suggest", "--model", "gpt2", "--gpu", "a10g", "--target-batch", "8", "--db", "postgresql+psycopg://postgres@127.0.0.1:1/none")
+    assert r.code != 0
+    assert "top" in r.out and "plans" in r.out
+    assert r.err.strip().startswith("error: cannot open database") and len(r.err.strip().splitlines()) == 1

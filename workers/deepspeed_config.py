@@ -11,6 +11,7 @@ from typing import Any
 
 from planner.config import Offload, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError
+from planner.memory import deepspeed_buckets
 
 #: learning rate of every optimizer a run builds (the value does not change memory)
 LEARNING_RATE = 1e-4
@@ -25,22 +26,18 @@ def build(config: TrainConfig, *, hidden_size: int, pin_memory: bool = False) ->
     from the world size (micro batch x accumulation x ranks).
     """
     if config.zero == 0:
-        raise InvalidConfigError("a DeepSpeed config needs --zero 1, 2 or 3")
-    if hidden_size < 1:
-        raise InvalidConfigError(f"hidden_size must be >= 1, got {hidden_size}")
-    # Bucket sizes are what the HF Trainer writes for "auto" (transformers
-    # integrations/deepspeed.py HfTrainerDeepSpeedConfig.trainer_config_finalize), not
-    # DeepSpeed's 5e8-element defaults, which would hold ~1 GB of 16-bit buffers on a small
-    # model; planner.memory models exactly these values.
-    zero: dict[str, Any] = {
-        "stage": config.zero,
-        "reduce_bucket_size": hidden_size * hidden_size,
-    }
+        raise InvalidConfigError("a DeepSpeed config needs --zero 1, 2 or 3: use --zero 0 without DeepSpeed")
+    if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
+        raise InvalidConfigError(f"hidden_size must be a whole number >= 1 (the model's hidden size), got {hidden_size!r}")
+    # the bucket sizes planner.memory assumes (the HF Trainer's "auto" values), not DeepSpeed's
+    # 5e8-element defaults, which would hold ~1 GB of 16-bit buffers on a small model
+    buckets = deepspeed_buckets(hidden_size)
+    zero: dict[str, Any] = {"stage": config.zero, "reduce_bucket_size": buckets["reduce_bucket_size"]}
     if config.zero in (1, 2):
-        zero["allgather_bucket_size"] = hidden_size * hidden_size
+        zero["allgather_bucket_size"] = buckets["allgather_bucket_size"]
     else:
-        zero["stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
-        zero["stage3_param_persistence_threshold"] = 10 * hidden_size
+        zero["stage3_prefetch_bucket_size"] = buckets["stage3_prefetch_bucket_size"]
+        zero["stage3_param_persistence_threshold"] = buckets["stage3_param_persistence_threshold"]
     if config.offload is not Offload.NONE:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
     if config.offload is Offload.OPTIMIZER_PARAMS:

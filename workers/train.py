@@ -14,6 +14,8 @@ MEASUREMENT CONVENTION (``planner.memory.estimate_memory`` predicts exactly this
 * The reported peak is the maximum of live bytes during the LAST optimizer step only: the peak
   is reset to the bytes live right before its first forward (steady state, optimizer states
   present).
+* The step time is that of the last step on CUDA. On the CPU one more step runs after the probe
+  is stopped, and is the one timed: the probe's per-op Python would otherwise dominate it.
 * Inputs: random token ids ``input_ids`` [micro_batch, seq_len] (int64), ``labels =
   input_ids`` (causal LMs shift them; for masked-LM encoders every position is a label), no
   attention mask (no padding; sdpa takes its causal path), ``model.train()`` (dropout as the
@@ -397,6 +399,15 @@ def _train(
         torch.cuda.synchronize(dev)
     step_s = time.perf_counter() - t0
     details["live_bytes_after"] = getattr(probe, "live_bytes", None)
+    if tracks:
+        # The CPU probe's dispatch mode runs Python on every op (tens of microseconds each),
+        # which makes a small model's step many times slower: its step time comes from one more
+        # step with the probe stopped (the CUDA probe costs nothing; its step is timed as is).
+        details["probed_step_s"] = step_s
+        probe.stop()
+        t0 = time.perf_counter()
+        one_step()
+        step_s = time.perf_counter() - t0
     if scaler is not None:
         details["grad_scaler_scale"] = float(scaler.get_scale())
     return step_s

@@ -374,6 +374,7 @@ def _gpt2(c: _Config, model_type: str) -> dict[str, Any]:
         hidden_act=c.text("activation_function", default="gelu_new"), gated_mlp=False, norm="layernorm",
         position="learned", attn_dropout=c.prob("attn_pdrop", default=0.1),
         hidden_dropout=c.prob("resid_pdrop", default=0.1), embedding_dropout=c.prob("embd_pdrop", default=0.1),
+        eager_softmax="input_then_cast",
     )
 
 
@@ -498,6 +499,7 @@ def _falcon(c: _Config, model_type: str) -> dict[str, Any]:
         head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
         hidden_act=c.text("activation", default="gelu"), gated_mlp=False, norm="layernorm",
         parallel_block=parallel or new_arch, position="alibi" if c.flag("alibi", False) else "rope",
+        eager_softmax="residual",
         attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("hidden_dropout"),
     )
 
@@ -555,6 +557,7 @@ def _bert_like(c: _Config, model_type: str) -> dict[str, Any]:
         # BertEmbeddings drops out the summed embeddings with the same probability
         hidden_dropout=c.prob("hidden_dropout_prob", default=0.1),
         embedding_dropout=c.prob("hidden_dropout_prob", default=0.1), embedding_norm=True,
+        eager_softmax="input",
     )
 
 

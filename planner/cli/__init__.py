@@ -15,7 +15,6 @@ _COMMAND_MODULES = (
     "planner.cli.plan",
     "planner.cli.models_cmd",
     "planner.cli.gpus_cmd",
-    "planner.cli.measure",
     "planner.cli.store",
 )
 
@@ -80,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         echo("error: interrupted", err=True)
         code = 130
     except SystemExit as exc:  # click exits 1 itself when the reader of stdout went away (EPIPE)
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
 
     if argv is None:
         sys.exit(code)

@@ -201,7 +201,7 @@ def measure(
     }
     out = console()
     if not no_save:
-        from planner.cli.store import save_measurement_and_report
+        from planner.cli.store import save_measurement
 
         request = PlanRequest(
             model_id=spec.id, model_fingerprint=fingerprint(spec), gpu=device.name, gpu_count=1,
@@ -209,12 +209,13 @@ def measure(
             constraints={"measure": config.to_dict()},
         )
         candidate = Candidate(config=config, memory=predicted, throughput=throughput, fits=data["fits"], rank=1)
-        report = out if not as_json else console_to_stderr()
-        data["plan_id"] = save_measurement_and_report(request=request, candidate=candidate, measurement=measured, db=db, console=report)
+        data["plan_id"] = save_measurement(request=request, candidate=candidate, measurement=measured, db=db)
     if as_json:
         print_json(data)
-        return
-    _print_measurement(out, data, predicted, measured)
+    else:
+        _print_measurement(out, data, predicted, measured)
+        if data.get("plan_id"):
+            out.print(f"plan id: {data['plan_id']}")
     if str(measured.outcome) != "ok":
         raise typer.Exit(1)
 
@@ -290,12 +291,19 @@ def suggest(
     result = run_suggest(model=spec, gpu=device, target_batch=target_batch, seq_len=seq, gpus=gpus, space=space,
                          top_k=top_k, model_fingerprint=fingerprint(spec))
     from planner.cli.store import report_saved, save_plan
+    from planner.errors import StoreError
 
-    # stored before anything is printed: a reader that stops early (| head) loses no plan
-    saved = save_plan(result=result, db=db, save=not no_save)
+    # stored before anything is printed: a reader that stops early (| head) loses no plan; a
+    # store that fails still lets the table print first, then the error
+    try:
+        saved, store_error = save_plan(result=result, db=db, save=not no_save), None
+    except StoreError as exc:
+        saved, store_error = None, exc
     out = console() if not as_json else console_to_stderr()
     if not as_json:
         _print_suggestion(out, result, spec=spec, device=device, seq_defaulted=seq_len is None, host=host, no_offload=no_offload)
+    if store_error is not None:
+        raise store_error
     plan_id = report_saved(saved, console=out)
     if as_json:
         data = result.to_dict()

@@ -1,7 +1,7 @@
 """``planner history``, ``planner show`` and ``planner db``: past plans and the store's schema.
 
 Also the helpers ``planner suggest`` and ``planner measure`` use to store what they produced
-(``save_plan``, ``report_saved``, ``save_measurement_and_report``). ``planner.store`` (SQLAlchemy) is
+(``save_plan``, ``report_saved``, ``save_measurement``). ``planner.store`` (SQLAlchemy) is
 imported inside the functions, so ``planner --help`` does not load it.
 """
 
@@ -208,22 +208,14 @@ def report_saved(saved: SavedPlan, *, console: "Console") -> str | None:
     return saved.plan_id
 
 
-def save_plan_and_report(*, result: "PlanResult", db: str | None, save: bool, console: "Console") -> str | None:
-    """``save_plan`` then ``report_saved``."""
-    return report_saved(save_plan(result=result, db=db, save=save), console=console)
-
-
-def save_measurement_and_report(
-    *, request: "PlanRequest", candidate: "Candidate", measurement: "Measurement", db: str | None, console: "Console"
-) -> str:
-    """Store one ``planner measure`` run (request, candidate, measurement) and print its plan id."""
+def save_measurement(*, request: "PlanRequest", candidate: "Candidate", measurement: "Measurement", db: str | None) -> str:
+    """Store one ``planner measure`` run (request, candidate, measurement); returns its plan id."""
     from planner.store import open_store
 
     with open_store(url=db) as store:
         plan_id, _candidate_id = store.record_single_measurement(
             request=request, candidate=candidate, measurement=measurement
         )
-    console.print(f"plan id: {plan_id}")
     return plan_id
 
 
