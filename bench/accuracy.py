@@ -164,17 +164,19 @@ def _fmt(n: int | None) -> str:
 #: measured peak by the op and call site that made them (CPU probe). Kept with the table so that
 #: a regenerated file still says it; revise when the model or the libraries change.
 CPU_NOTES = [
-    "BERT with eager attention (about +2%): the model saves the softmax in fp32 as the llama family's eager "
-    "attention does (softmax(..., dtype=float32)) and as CUDA autocast does for every model (softmax is on "
-    "its fp32 list); BERT's eager attention does not ask for fp32 and CPU autocast keeps it in bf16.",
-    "BERT (about -0.1 to -0.4% in fp32): a few small tensors of the masked-LM head and the embeddings.",
+    "The rows left over 0.1%: small tensors the model leaves out (rotary and norm intermediates of a few "
+    "KiB per layer, the masked-LM head's bias gradients) and, for ZeRO-2 with offload, DeepSpeed's "
+    "per-parameter bookkeeping.",
     "What the CPU probe cannot see: temporaries created inside one custom op (bitsandbytes' CPU 8-bit "
     "optimizer dequantises a tensor's states to fp32 inside its kernel); torch's MemTracker has the same "
     "blind spot. On CUDA those kernels dequantise block by block in registers, so the model counts none.",
-    "CPU-only behaviour the model follows on the cpu profile: SDPA with attention dropout (gpt2, bert) runs "
-    "the math path in fp32 because the CPU flash kernel refuses dropout; dropout masks are in the dropped "
-    "tensor's dtype (CUDA's fused kernel makes bool masks); torch AdamW steps tensor by tensor (two "
-    "temporaries of the largest parameter) instead of foreach.",
+    "CPU-only behaviour the model follows on the cpu profile (and replaces with the CUDA behaviour on a GPU): "
+    "SDPA with attention dropout (gpt2, bert) runs the math path in fp32 because the CPU flash kernel refuses "
+    "dropout; dropout masks are in the dropped tensor's dtype (CUDA's fused kernel makes bool masks); CPU "
+    "autocast leaves softmax in bf16 (CUDA autocast runs it in fp32); torch AdamW steps tensor by tensor "
+    "(two temporaries of the largest parameter) instead of foreach.",
+    "How each term was found: `python bench/peak_trace.py ARCH CHANGES` lists the storages alive at the "
+    "measured peak by the op and library line that made them, beside the model's breakdown.",
 ]
 
 
@@ -201,8 +203,8 @@ def _markdown(rows: list[dict[str, Any]], *, device: str) -> str:
     lines.append("")
     if errors:
         lines.append(
-            f"Compared: {len(errors)} of {len(rows)}; median |error| {statistics.median(errors):.2f} %, "
-            f"max |error| {max(errors):.2f} %."
+            f"Compared: {len(errors)} of {len(rows)}; median |error| {statistics.median(errors):.3f} %, "
+            f"max |error| {max(errors):.3f} %."
         )
     else:
         lines.append(f"Compared: 0 of {len(rows)}.")

@@ -251,3 +251,21 @@ def test_a_measurement_does_not_inherit_a_rendezvous(monkeypatch):
         config = TrainConfig(micro_batch=2, seq_len=32, zero=1, precision="bf16-mixed")
         m, _ = measure_with_details(model_config=TINY, config=config, timeout_s=600)
     assert m.outcome is RunOutcome.OK, m.error
+
+
+def test_trace_lists_what_is_live_at_the_peak():
+    from workers.probes import OFFLOADED, TRACE_RESOLUTION
+
+    m, d = run_in_process(model_config=TINY, config=TrainConfig(micro_batch=2, seq_len=32, precision="fp32"), trace=True)
+    assert m.outcome is RunOutcome.OK, m.error
+    groups = d["peak_storages"]
+    listed = sum(n for n, _, category, _ in groups if category != OFFLOADED)
+    assert m.peak_allocated_bytes - TRACE_RESOLUTION <= listed <= m.peak_allocated_bytes
+    # the lm_head's weight and the loss' fp32 log-probabilities (2*32 tokens x 1000 vocab), by
+    # the op and library line that made them
+    made_by = [by for _, _, _, by in groups]
+    assert any(by.startswith("_log_softmax.default (64, 1000) float32 @ functional.py") for by in made_by), made_by[:10]
+    with pytest.raises(ValueError, match="CPU probe"):
+        from workers.probes import make_probe
+
+        make_probe(device="cuda", trace=True)

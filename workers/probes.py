@@ -73,11 +73,16 @@ def _raise_oom(message: str) -> None:
 
 
 class _StorageInfo:
-    __slots__ = ("nbytes", "category")
+    __slots__ = ("nbytes", "category", "made_by")
 
-    def __init__(self, nbytes: int, category: str) -> None:
+    def __init__(self, nbytes: int, category: str, made_by: str = "") -> None:
         self.nbytes = nbytes
         self.category = category
+        self.made_by = made_by
+
+#: With ``trace``, the live storages are listed again whenever the peak has grown by this much
+#: since the last listing, so the listing is within this many bytes of the peak.
+TRACE_RESOLUTION = 64 * 1024
 
 
 class CpuProbe:
@@ -92,10 +97,16 @@ class CpuProbe:
     enforced at op granularity: at most one op's output past the limit is ever allocated.
     """
 
-    def __init__(self, *, limit_bytes: int | None = None) -> None:
+    def __init__(self, *, limit_bytes: int | None = None, trace: bool = False) -> None:
         if limit_bytes is not None and limit_bytes <= 0:
             raise ValueError(f"limit_bytes must be > 0, got {limit_bytes}")
         self.limit_bytes = limit_bytes
+        self.trace = trace
+        """Remember which op (and which library line) made each storage, and list the live ones
+        near the peak (``peak_storages``): a debugging aid, many times slower."""
+        self._making = ""
+        self._traced: list[tuple[int, str, str]] = []
+        self._traced_at = 0
         self.live_bytes = 0
         """Bytes of the storages alive now."""
         self.run_peak_bytes = 0
@@ -136,6 +147,23 @@ class CpuProbe:
             self._peak = self.live_bytes - self._live_by_cat[OFFLOADED]
             self.peak_breakdown = dict(self._live_by_cat)
             self.peak_phase = self.phase
+            if self.trace:
+                self._list_live()
+
+    def _list_live(self) -> None:
+        self._traced = [(info.nbytes, info.category, info.made_by) for info, _ in list(self._infos.values())]
+        self._traced_at = self._peak
+
+    def peak_storages(self) -> list[tuple[int, int, str, str]]:
+        """With ``trace``: (bytes, count, category, made by) of the storages live at the
+        (reset) peak, within TRACE_RESOLUTION of it, largest first."""
+        assert self.trace, "CpuProbe(trace=True) lists the storages at the peak"
+        groups: dict[tuple[str, str], list[int]] = {}
+        for nbytes, category, made_by in self._traced:
+            group = groups.setdefault((category, made_by), [0, 0])
+            group[0] += nbytes
+            group[1] += 1
+        return sorted(((n, c, cat, by) for (cat, by), (n, c) in groups.items()), reverse=True)
 
     def stop(self) -> None:
         import torch
@@ -188,7 +216,7 @@ class CpuProbe:
                 continue
             import weakref
 
-            info = _StorageInfo(st.nbytes(), category)
+            info = _StorageInfo(st.nbytes(), category, self._making)
             ref = weakref.ref(st, lambda _ref, info=info: self._on_free(info))
             self._infos[st] = (info, ref)
             with self._lock:
@@ -223,11 +251,31 @@ class CpuProbe:
                 self._peak = live
                 self.peak_breakdown = dict(self._live_by_cat)
                 self.peak_phase = self.phase
+                if self.trace and live - self._traced_at > TRACE_RESOLUTION:
+                    self._list_live()
         if self.limit_bytes is not None and live > self.limit_bytes:
             _raise_oom(
                 f"CPU probe: {live} live tensor bytes (offloaded ones excluded) exceed the memory limit of "
                 f"{self.limit_bytes} bytes"
             )
+
+
+def _made_by(func: Any, out: Any) -> str:
+    """``op (shape) dtype @ file:line`` of the innermost library frame outside torch."""
+    import traceback
+
+    import torch
+
+    first = out[0] if isinstance(out, (tuple, list)) and out else out
+    shape = f" {tuple(first.shape)} {str(first.dtype).removeprefix('torch.')}" if isinstance(first, torch.Tensor) else ""
+    # the innermost frame of installed library code (transformers, peft, deepspeed, torch.nn and
+    # torch.optim) that is not torch's own dispatch machinery
+    frames = [
+        f for f in traceback.extract_stack()[:-3]
+        if "site-packages" in f.filename and "/torch/utils/" not in f.filename and "/torch/_" not in f.filename
+    ]
+    where = f" @ {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    return f"{func.__name__}{shape}{where}"
 
 
 def _make_mode(probe: CpuProbe):
@@ -239,6 +287,8 @@ def _make_mode(probe: CpuProbe):
     class _CountingMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
+            if probe.trace:
+                probe._making = _made_by(func, out)
             tree_map_only(torch.Tensor, lambda t: probe._add_tensor(t, "other"), out)
             probe._update_peak()
             return out
@@ -319,10 +369,13 @@ class CudaProbe:
         return self._total
 
 
-def make_probe(*, device: str, limit_bytes: int | None = None) -> CpuProbe | CudaProbe:
-    """The probe for ``device`` (``cpu`` or ``cuda[:N]``); everything else in a run is the same."""
+def make_probe(*, device: str, limit_bytes: int | None = None, trace: bool = False) -> CpuProbe | CudaProbe:
+    """The probe for ``device`` (``cpu`` or ``cuda[:N]``); everything else in a run is the same.
+    ``trace`` (CPU only) lists what is live at the peak."""
     if device == "cpu":
-        return CpuProbe(limit_bytes=limit_bytes)
+        return CpuProbe(limit_bytes=limit_bytes, trace=trace)
+    if trace:
+        raise ValueError("trace lists live storages with the CPU probe: use device='cpu'")
     if device.startswith("cuda"):
         return CudaProbe(device=device, limit_bytes=limit_bytes)
     raise ValueError(f"device must be cpu or cuda[:N], got {device!r}")

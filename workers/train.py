@@ -67,19 +67,22 @@ def run_in_process(
     memory_limit_bytes: int | None = None,
     checkpoint_dir: str | None = None,
     seed: int = 0,
+    trace: bool = False,
 ) -> tuple[Measurement, dict[str, Any]]:
     """Train ``config`` for ``steps`` optimizer steps here and measure it.
 
     Returns the ``Measurement`` and a details dict (peak breakdown by category, peak phase,
     parameter counts, ...). A refused allocation is outcome ``oom``, any other failure of the
     run outcome ``error``; both carry the error text. Bad arguments raise ``InvalidConfigError``.
+    ``trace`` (CPU): details["peak_storages"] lists what was live at the peak, by the op and the
+    library line that made it (``CpuProbe.peak_storages``; slow, for finding a missing term).
     """
     _check_args(model_config=model_config, device=device, steps=steps, memory_limit_bytes=memory_limit_bytes)
     started = _now()
     details: dict[str, Any] = {}
     from workers.probes import make_probe
 
-    probe = make_probe(device=device, limit_bytes=memory_limit_bytes)
+    probe = make_probe(device=device, limit_bytes=memory_limit_bytes, trace=trace)
     outcome, error, step_s = RunOutcome.OK, None, None
     device_name = "cpu"
     try:
@@ -100,6 +103,8 @@ def run_in_process(
         details["run_peak_bytes"] = probe.run_peak_bytes
         details["peak_breakdown"] = dict(probe.peak_breakdown)
         details["peak_phase"] = probe.peak_phase
+    if trace:
+        details["peak_storages"] = probe.peak_storages()
     ok = outcome is RunOutcome.OK
     tokens = config.micro_batch * config.seq_len * config.grad_accum
     measurement = Measurement(
