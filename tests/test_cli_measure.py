@@ -48,6 +48,7 @@ def test_measure_prints_measured_beside_predicted_and_stores_the_run(cli, tiny_c
     assert data["measurement"]["outcome"] == "ok"
     assert abs(data["error_pct"]["peak_allocated_bytes"]) < 4  # the model against the real run
     assert data["measurement"]["tokens_per_s"] > 0
+    assert data["error_pct"]["tokens_per_s"] is not None
     stored = json.loads(cli("history", "--json", "--status", "measured").out)
     assert [row["id"] for row in stored] == [data["plan_id"]]
 

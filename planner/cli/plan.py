@@ -199,6 +199,9 @@ def measure(
         if getattr(measured, key) else None
         for key in ("peak_allocated_bytes", "peak_reserved_bytes", "process_total_bytes")
     }
+    data["error_pct"]["tokens_per_s"] = (
+        100.0 * (throughput.tokens_per_s - measured.tokens_per_s) / measured.tokens_per_s if measured.tokens_per_s else None
+    )
     out = console()
     if not no_save:
         from planner.cli.store import save_measurement
@@ -248,8 +251,12 @@ def _print_measurement(out, data, predicted, measured) -> None:
         err = data["error_pct"][key]
         table.add_row(label, format_bytes(getattr(predicted, key)), format_bytes(m), f"{err:+.1f}%" if err is not None else "")
     if measured.tokens_per_s:
-        table.add_row("tokens/s", f"{data['throughput']['tokens_per_s']:,.0f}", f"{measured.tokens_per_s:,.0f}", "")
+        table.add_row("tokens/s", f"{data['throughput']['tokens_per_s']:,.0f}", f"{measured.tokens_per_s:,.0f}",
+                      f"{data['error_pct']['tokens_per_s']:+.0f}%")
     out.print(table)
+    if measured.tokens_per_s and measured.device == "cpu":
+        out.print("tokens/s: the throughput model counts FLOPs and memory traffic for GPUs; on the CPU a small model's "
+                  "step is mostly per-op overhead, which it does not model")
 
 
 def suggest(
