@@ -41,6 +41,10 @@ class NothingFitsError(PlannerError):
     exit_code = 3
 
 
+class MissingDependencyError(PlannerError):
+    """An optional extra that a command needs is not installed."""
+
+
 class StoreError(PlannerError):
     """The plan store cannot be used (unreachable database, unknown id, ...)."""
 

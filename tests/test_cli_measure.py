@@ -55,3 +55,27 @@ def test_measure_prints_measured_beside_predicted_and_stores_the_run(cli, tiny_c
     human = cli(*args, "--no-save")
     assert human.code == 0, human
     assert "predicted vs measured" in human.out and "peak allocated" in human.out and "tokens/s" in human.out
+
+
+@pytest.mark.slow
+def test_a_run_past_gpu_mem_on_the_cpu_is_an_oom_outcome_with_exit_1(cli, tiny_config):
+    r = cli("measure", "--model", str(tiny_config), "--gpu", "cpu", "--gpu-mem", "4MiB", "--micro-batch", "2",
+            "--seq-len", "64", "--json")
+    assert r.code == 1, r
+    data = json.loads(r.out)
+    assert data["measurement"]["outcome"] == "oom"
+    assert "memory limit" in data["measurement"]["error"]
+    stored = json.loads(cli("history", "--json", "--status", "measured").out)
+    assert [row["id"] for row in stored] == [data["plan_id"]]  # an OOM is a result, kept
+
+
+def test_measure_without_the_workers_extra_is_one_line_and_stores_nothing(cli, tiny_config, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    r = cli("measure", "--model", str(tiny_config), "--gpu", "cpu", "--micro-batch", "2", "--seq-len", "64")
+    assert r.code == 2
+    assert r.err.strip().splitlines() == [r.err.strip()]
+    assert "needs torch" in r.err and "pip install 'oom-planner[workers]'" in r.err
+    assert "no plans stored yet" in cli("history").out

@@ -227,3 +227,15 @@ def test_unknown_option_in_a_subprocess_has_no_traceback(planner_home):
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "--bogus" in lines[0]
+
+
+def test_estimate_defaults_to_the_mixed_precision_the_gpu_has(cli):
+    """bf16 autocast where the device has bf16, fp16 autocast on a T4 (no bf16): the default
+    works on every GPU of the catalog instead of failing on the older ones."""
+    for gpu, expected in (("t4", "fp16-mixed"), ("v100-16gb", "fp16-mixed"), ("a10g", "bf16-mixed"), ("cpu", "bf16-mixed")):
+        r = cli("estimate", "--model", "gpt2", "--gpu", gpu, "--method", "lora", "--json")
+        assert r.code == 0, r
+        assert json.loads(r.out)["config"]["precision"] == expected
+    # asked for explicitly, bf16 on a T4 is still refused with the reason
+    r = cli("estimate", "--model", "gpt2", "--gpu", "t4", "--precision", "bf16-mixed")
+    assert r.code == 2 and "no bf16 support" in r.err

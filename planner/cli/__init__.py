@@ -56,8 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         import typer.main
 
         click_cmd = typer.main.get_command(command)
-        click_cmd.main(args=args, prog_name="planner", standalone_mode=False)
-        code = 0
+        # without standalone mode, click returns a command's typer.Exit(n) code instead of raising
+        result = click_cmd.main(args=args, prog_name="planner", standalone_mode=False)
+        code = result if isinstance(result, int) and not isinstance(result, bool) else 0
     except exits as exc:  # --help, ctx.exit(n), typer.Exit(n)
         code = exc.exit_code
     except no_args as exc:

@@ -12,7 +12,9 @@ _GPU = typer.Option(..., "--gpu", "-g", help="GPU name from 'planner gpus' (cpu:
 _GPUS = typer.Option(1, "--gpus", help="Data-parallel devices.")
 _GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB.")
 _METHOD = typer.Option("full", "--method", help="full|lora|qlora")
-_PRECISION = typer.Option("bf16-mixed", "--precision", help="fp32|fp16-mixed|bf16-mixed|fp16|bf16")
+_PRECISION = typer.Option(
+    None, "--precision", help="fp32|fp16-mixed|bf16-mixed|fp16|bf16 [default: bf16-mixed, or fp16-mixed where the GPU has no bf16]."
+)
 _OPTIMIZER = typer.Option("adamw", "--optimizer", help="adamw|adamw_8bit|paged_adamw_8bit|adafactor|sgd")
 _MICRO = typer.Option(1, "--micro-batch", help="Sequences per forward/backward on one device.")
 _SEQ = typer.Option(None, "--seq-len", help="Tokens per sequence [default: min(2048, the model's maximum)].")
@@ -51,6 +53,9 @@ def _build_config(spec, gpu, *, seq_len: Optional[int], **options: Any):
     seq = default_seq_len(spec) if seq_len is None else seq_len
     if seq > spec.max_seq_len:
         raise InvalidConfigError(f"--seq-len {seq} is longer than {spec.id} allows ({spec.max_seq_len}): use at most {spec.max_seq_len}")
+    if options.get("precision") is None:
+        # the HF Trainer recipe: bf16 autocast where the device has bf16 (Ampere+), else fp16
+        options["precision"] = "bf16-mixed" if gpu.bf16 else "fp16-mixed"
     config = TrainConfig(seq_len=seq, **options)
     check_precision(gpu, config.precision)
     lora_targets(spec, config)  # unknown module names fail here, with the names that exist
@@ -186,11 +191,15 @@ def measure(
     if gpus != 1:
         raise InvalidConfigError("planner measure runs on one device: use --gpus 1 (ZeRO runs as one rank)")
     config = _build_config(spec, device, seq_len=seq_len, **_config_options(locals()))
+    _check_worker_libraries(config)
     predicted = estimate_memory(model=spec, config=config, gpu=device)
     throughput = estimate_throughput(model=spec, config=config, gpu=device)
     import workers
 
-    measured = workers.measure(model_config=spec.config, config=config, device="cpu" if device.is_cpu else "cuda", steps=steps, timeout_s=timeout)
+    # on the CPU, --gpu-mem is enforced: an allocation past it makes the run an "oom" outcome
+    limit = device.memory_bytes if device.is_cpu and gpu_mem is not None else None
+    measured = workers.measure(model_config=spec.config, config=config, device="cpu" if device.is_cpu else "cuda", steps=steps,
+                               timeout_s=timeout, memory_limit_bytes=limit)
     usable = device.memory_bytes - safety_margin(device.memory_bytes)
     data = _estimate_dict(spec, device, config, predicted, throughput, usable)
     data["measurement"] = measured.to_dict()
@@ -221,6 +230,29 @@ def measure(
             out.print(f"plan id: {data['plan_id']}")
     if str(measured.outcome) != "ok":
         raise typer.Exit(1)
+
+
+def _check_worker_libraries(config) -> None:
+    """One line, before anything runs or is stored, when the run would need a library that the
+    light install does not have."""
+    import importlib.util
+
+    from planner.config import Optimizer
+    from planner.errors import MissingDependencyError
+
+    needed = ["torch", "transformers", "accelerate"]
+    if config.method.uses_adapters:
+        needed.append("peft")
+    if str(config.method) == "qlora" or config.optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
+        needed.append("bitsandbytes")
+    if config.zero:
+        needed.append("deepspeed")
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingDependencyError(
+            f"planner measure trains for real and needs {', '.join(missing)}, which are not installed: "
+            "pip install 'oom-planner[workers]' (on a GPU machine install a CUDA build of torch first)"
+        )
 
 
 def console_to_stderr():
