@@ -105,6 +105,11 @@ def _coerce(enum_type: type[enum.StrEnum], value: Any, name: str) -> Any:
         raise InvalidConfigError(f"{name} must be one of {choices}, got {value!r}") from None
 
 
+#: Sanity bounds: far above any real run, low enough that every derived byte count fits the store's
+#: 64-bit integers (1M sequences per step, 16M tokens per sequence, 64k devices).
+_UPPER_BOUNDS = {"micro_batch": 1 << 20, "grad_accum": 1 << 20, "seq_len": 1 << 24, "gpus": 1 << 16, "lora_r": 1 << 16}
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One fully specified fine-tuning configuration (per device unless said otherwise)."""
@@ -145,9 +150,11 @@ class TrainConfig:
         set_("offload", _coerce(Offload, self.offload, "offload"))
         for name in ("micro_batch", "seq_len", "grad_accum", "gpus"):
             value = getattr(self, name)
+            flag = name.replace("_", "-")
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                flag = name.replace("_", "-")
                 raise InvalidConfigError(f"--{flag} must be a whole number >= 1, got {value!r}")
+            if value > _UPPER_BOUNDS[name]:
+                raise InvalidConfigError(f"--{flag} {value} is beyond any training run (at most {_UPPER_BOUNDS[name]:,}): check the number")
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
 
@@ -161,6 +168,8 @@ class TrainConfig:
             r = DEFAULT_LORA_R if self.lora_r is None else self.lora_r
             if isinstance(r, bool) or not isinstance(r, int) or r < 1:
                 raise InvalidConfigError(f"--lora-r must be a whole number >= 1, got {r!r}")
+            if r > _UPPER_BOUNDS["lora_r"]:
+                raise InvalidConfigError(f"--lora-r {r} is beyond any adapter (at most {_UPPER_BOUNDS['lora_r']:,}): use e.g. 16")
             set_("lora_r", r)
             targets = DEFAULT_LORA_TARGETS if self.lora_targets is None else self.lora_targets
             if isinstance(targets, str):
@@ -181,7 +190,7 @@ class TrainConfig:
             )
         if self.offload is not Offload.NONE and self.zero == 0:
             raise InvalidConfigError(
-                f"--offload {self.offload} is a DeepSpeed ZeRO feature: add --zero 2 (or 3)"
+                f"--offload {self.offload} is a DeepSpeed ZeRO feature: add --zero 1, 2 or 3"
             )
         if self.offload is Offload.OPTIMIZER_PARAMS and self.zero != 3:
             raise InvalidConfigError(
@@ -232,8 +241,10 @@ class TrainConfig:
         and the memory model make tens of thousands of these (a third of the search's time with
         ``replace``)."""
         for name, value in (("micro_batch", micro_batch), ("grad_accum", grad_accum)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidConfigError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _UPPER_BOUNDS[name]:
+                raise InvalidConfigError(
+                    f"--{name.replace('_', '-')} must be a whole number in 1..{_UPPER_BOUNDS[name]:,}, got {value!r}"
+                )
         copy = object.__new__(TrainConfig)
         copy.__dict__.update(
             self.__dict__, micro_batch=micro_batch, grad_accum=grad_accum,

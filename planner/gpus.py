@@ -134,6 +134,22 @@ def check_precision(gpu: GPUSpec, precision: Precision | str) -> None:
     )
 
 
+def check_attention(gpu: GPUSpec, attention: str) -> None:
+    """Refuse FlashAttention-2 where it does not run: it needs an Ampere or newer GPU
+    (Dao-AILab/flash-attention README: "Ampere, Ada, or Hopper GPUs"; Turing and Volta are not
+    supported) and has no CPU kernel."""
+    if str(attention) != "flash":
+        return
+    if gpu.is_cpu:
+        raise InvalidConfigError("--attention flash: flash-attn has no CPU kernel: use --attention sdpa on the cpu profile")
+    if gpu.compute_capability < (8, 0):
+        cc = ".".join(map(str, gpu.compute_capability))
+        raise InvalidConfigError(
+            f"--attention flash: FlashAttention-2 needs an Ampere or newer GPU, {gpu.display_name} has compute "
+            f"capability {cc}: use --attention sdpa"
+        )
+
+
 # ---- the catalog -----------------------------------------------------------------------------
 
 

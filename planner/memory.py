@@ -3,7 +3,7 @@
 Pure functions over frozen dataclasses: no torch, no I/O. ``estimate_memory`` returns a
 ``MemoryEstimate`` whose ``breakdown`` names every term and sums to ``peak_allocated_bytes``.
 
-How the peak is found. A training step goes through four moments, and the peak is the largest:
+How the peak is found. A training step goes through five moments, and the peak is the largest:
 
 * ``forward``: static model states + every tensor saved for backward + the logits/loss
   temporaries at the end of the forward pass (the last micro-step of an accumulation, when the
@@ -11,6 +11,7 @@ How the peak is found. A training step goes through four moments, and the peak i
 * ``backward_start``: the saved tensors are still alive and the loss' backward allocates the
   gradient of the logits (for large vocabularies this is the peak);
 * ``backward_end``: most saved tensors are released and every gradient exists;
+* ``optimizer_start``: DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition;
 * ``optimizer``: gradients + optimizer states + the optimizer's own temporaries.
 
 What "saved for backward" means is taken from the code that runs: per transformer block we
@@ -763,6 +764,15 @@ class _StaticTerms:
     """Temporaries inside optimizer.step()."""
     optimizer_gradients: int
     """Gradient bytes alive while the optimizer steps."""
+    zero_gradient_flatten: int = 0
+    """ZeRO-1/2 without offload, as the step begins: the 16-bit gradients of this rank's partition
+    flattened into one tensor and that tensor's fp32 copy, both alive with the 16-bit gradients
+    (stage_1_and_2.py step: flatten_dense_tensors_aligned(...).to(fp32); measured on gpt2 with an
+    8-bit optimizer, whose own step adds nothing the probe sees)."""
+    tied_gradient_sum: int = 0
+    """A trained embedding tied to the output head gets two partial gradients (the head's matmul
+    and the embedding's backward), which autograd's input buffer adds into a third tensor: the
+    two partials are alive with every other gradient at the end of backward (measured on gpt2)."""
 
     @property
     def resident_bytes(self) -> int:
@@ -795,9 +805,18 @@ def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool) -> _Stati
             transient = _optimizer_step_transient(
                 sizes=sizes, optimizer=config.optimizer, param_bytes=param_bytes, is_cpu=is_cpu
             )
+        flatten = 0
+        if config.zero in (1, 2) and config.offload is Offload.NONE:
+            partition = math.ceil(trainable_params(model, config) / config.gpus)
+            # in fp32 the flat copy already is the fp32 partition (.to() returns it)
+            flatten = partition * 2 + 4 * partition if config.precision.is_mixed else 4 * partition
+        tied = 0
+        if model.tied_embeddings and config.method is Method.FULL and config.offload is Offload.NONE:
+            tied = 2 * model.vocab_size * model.hidden_size * mode.weight
         return _StaticTerms(
             resident=states, gradients=gradients, gathered=gathered, paged=paged, host=host,
             optimizer_step=transient, optimizer_gradients=_optimizer_phase_gradients(model, config, gradients),
+            tied_gradient_sum=tied, zero_gradient_flatten=flatten,
         )
 
     return _cached("static", model, _static_key(config, is_cpu), compute)
@@ -858,7 +877,9 @@ def _phases(*, static: _StaticTerms, saved: int, recompute: int, fwd_logits: int
         # are freed (measured: ZeRO-3 on one rank holds no gathered parameters here)
         "backward_start": {"activations": saved, "logits/transient": bwd_logits, "gradients": grads_fwd},
         "backward_end": {"activations/recompute": recompute, "gradients": static.gradients,
-                         "zero3/gathered_params": static.gathered},
+                         "zero3/gathered_params": static.gathered,
+                         "gradients/tied_embedding_partials": static.tied_gradient_sum},
+        "optimizer_start": {"gradients": static.gradients, "zero/gradient_flatten": static.zero_gradient_flatten},
         "optimizer": {"gradients": static.optimizer_gradients, "optimizer_step/transient": static.optimizer_step},
     }
 
@@ -870,7 +891,7 @@ def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu, splits) -> li
 
     Every phase of ``_phases`` is affine in the micro-batch (its activation and logits terms
     are, its gradient and optimizer terms do not depend on it), so the phase totals at b = 1 and
-    b = 2 give each phase's line, and a split costs four multiply-adds.
+    b = 2 give each phase's line, and a split costs five multiply-adds.
     """
     is_cpu = bool(getattr(gpu, "is_cpu", False))
     static = _static_terms(model, config, is_cpu)
@@ -894,8 +915,8 @@ def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu, splits) -> li
     out = []
     for micro, accum in splits:
         k = micro - 1
-        (f0, f1), (s0, s1), (e0, e1), (o0, o1) = lines[accum > 1]  # the four phases of _phases
-        peak = resident + max(f0 + k * f1, s0 + k * s1, e0 + k * e1, o0 + k * o1)
+        (f0, f1), (s0, s1), (e0, e1), (p0, p1), (o0, o1) = lines[accum > 1]  # the phases of _phases
+        peak = resident + max(f0 + k * f1, s0 + k * s1, e0 + k * e1, p0 + k * p1, o0 + k * o1)
         total = peak if is_cpu else _reserved_and_total(model, gpu, peak=peak, static=resident, paged=static.paged)[1]
         out.append((total, static.host))
     return out

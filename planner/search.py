@@ -65,8 +65,14 @@ def safety_margin(capacity: int) -> int:
     return max(int(capacity * SAFETY_FRACTION), SAFETY_MIN) if capacity > 4 * SAFETY_MIN else capacity // 10
 
 
+#: Sequences per optimizer step beyond any fine-tuning recipe (Llama-2's pre-training used 1,024
+#: sequences of 4k tokens per step); a larger --target-batch is taken for a typo.
+MAX_TARGET_BATCH = 1 << 20
+
+
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def attention_targets(model: ModelSpec) -> tuple[str, ...]:
@@ -149,6 +155,11 @@ def suggest(
     """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does."""
     if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
         raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch!r}")
+    if target_batch > MAX_TARGET_BATCH:
+        raise InvalidConfigError(
+            f"--target-batch {target_batch} is more than {MAX_TARGET_BATCH:,} sequences per optimizer step: "
+            "give the global batch in sequences, e.g. 32"
+        )
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise InvalidConfigError(f"--gpus must be a whole number >= 1, got {gpus!r}")
     if seq_len < 1 or seq_len > model.max_seq_len:
@@ -208,7 +219,7 @@ def suggest(
     if not fitting:
         raise NothingFitsError(_nothing_fits_message(model=model, gpu=gpu, closest=closest, usable=usable, space=space))
 
-    fitting.sort(key=_rank_key)
+    fitting = _ranked(fitting)
     chosen = _distinct(fitting, top_k)
     plans = tuple(
         Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=thr, fits=True, rank=i + 1)
@@ -233,22 +244,50 @@ OPTIMIZER_PREFERENCE = {Optimizer.ADAMW: 0, Optimizer.ADAMW_8BIT: 1, Optimizer.P
 PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4}
 
 
-def _rank_key(item: tuple) -> tuple:
+def _ranked(fitting: list[tuple]) -> list[tuple]:
+    """Fidelity tier first, then speed; plans within SPEED_TIE of the fastest plan of their
+    group are a tie, ordered by the preferences (a group is measured from its leader, so two plans
+    1% apart are never split by a fixed bucket boundary)."""
+    by_speed = sorted(fitting, key=lambda item: (FIDELITY[item[0].method], -item[1].tokens_per_s))
+    out: list[tuple] = []
+    group: list[tuple] = []
+    for item in by_speed:
+        leader = group[0] if group else None
+        if leader is not None and (FIDELITY[item[0].method] != FIDELITY[leader[0].method]
+                                   or item[1].tokens_per_s < leader[1].tokens_per_s / (1 + SPEED_TIE)):
+            out += sorted(group, key=_tie_key)
+            group = []
+        group.append(item)
+    return out + sorted(group, key=_tie_key)
+
+
+def _tie_key(item: tuple) -> tuple:
     config, throughput, total = item
-    speed_bucket = math.floor(math.log(max(throughput.tokens_per_s, 1e-9)) / math.log1p(SPEED_TIE))
     moving_parts = (config.zero > 0) + (config.offload is not Offload.NONE) + (config.offload is Offload.OPTIMIZER_PARAMS)
-    return (FIDELITY[config.method], -speed_bucket, OPTIMIZER_PREFERENCE[config.optimizer], moving_parts,
-            PRECISION_PREFERENCE[config.precision], config.zero, total)
+    return (OPTIMIZER_PREFERENCE[config.optimizer], moving_parts, PRECISION_PREFERENCE[config.precision], config.zero,
+            -throughput.tokens_per_s, total)
+
+
+def _knobs_but_deepspeed(config: TrainConfig) -> tuple:
+    return (config.method, config.precision, config.optimizer, config.lora_r, config.lora_targets, config.grad_ckpt,
+            config.micro_batch, config.grad_accum)
 
 
 def _distinct(ranked: list[tuple], k: int) -> list[tuple]:
-    """The top k, at most two per (method, precision, optimizer) so the list shows real choices."""
+    """The top k, at most two per (method, precision, optimizer) so the list shows real choices,
+    and no plan that only adds ZeRO or offload to a shown one without being faster (it would use
+    DeepSpeed for nothing)."""
     out: list[tuple] = []
     per_family: dict[str, int] = {}
+    fastest_plain: dict[tuple, float] = {}
     for c in ranked:
         fam = _family(c[0])
         if per_family.get(fam, 0) >= 2:
             continue
+        knobs = _knobs_but_deepspeed(c[0])
+        if knobs in fastest_plain and c[1].tokens_per_s <= fastest_plain[knobs] * (1 + SPEED_TIE):
+            continue
+        fastest_plain[knobs] = max(fastest_plain.get(knobs, 0.0), c[1].tokens_per_s)
         per_family[fam] = per_family.get(fam, 0) + 1
         out.append(c)
         if len(out) == k:
@@ -279,6 +318,14 @@ def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, 
         return f"no configuration of the searched space is valid for {model.id} on {gpu.name}: widen --method/--precision"
     best = min(closest.values(), key=lambda c: c.memory.process_total_bytes)
     need = best.memory.process_total_bytes
+    if need <= usable:
+        # the device would hold it: what is missing is host RAM for the offloaded states
+        return (
+            f"nothing fits {model.id} on {gpu.name} with {format_bytes(space.cpu_mem_bytes)} of host RAM for offload: "
+            f"the closest, {best.config.label()}, fits the device ({format_bytes(need)} of {format_bytes(usable)} usable) "
+            f"but needs {format_bytes(best.memory.cpu_bytes)} of host RAM; try --cpu-mem {format_bytes(best.memory.cpu_bytes).replace(' ', '')} "
+            "on a host that has it, more GPUs (--gpus) or a shorter --seq-len"
+        )
     hints = []
     if Method.QLORA not in space.methods:
         hints.append("--method qlora")

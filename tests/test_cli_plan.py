@@ -190,6 +190,18 @@ BAD = {
     "non-integer target": (SUG + ["--target-batch", "1.5"], "--target-batch"),
     "unknown precision": (EST + ["--precision", "fp8"], "fp8"),
     "missing required option": (["estimate", "-g", "a10g"], "--model"),
+    # found by a QA walkthrough: each used to traceback, hang, or be taken literally
+    "target batch beyond any run": (SUG + ["-b", "99999999999999999999"], "--target-batch"),
+    "micro-batch beyond any run": (EST + ["--micro-batch", "99999999999"], "--micro-batch"),
+    "gpu-mem without a unit": (SUG + ["-b", "8", "--gpu-mem", "20"], "unit is required"),
+    "gpu-mem beyond 1 PiB": (SUG + ["-b", "8", "--gpu-mem", "9000000TiB"], "1 PiB"),
+    "lora rank wider than the layers": (EST + ["--method", "lora", "--lora-r", "5000"], "4096"),
+    "flash attention on a t4": (["estimate", "-m", LLAMA7B, "-g", "t4", "--attention", "flash"], "Ampere"),
+    "flash attention on the cpu": (["estimate", "-m", LLAMA7B, "-g", "cpu", "--attention", "flash"], "sdpa"),
+    "config path that does not exist": (["estimate", "-m", "nonexist/config.json", "-g", "a10g"], "no such file"),
+    "misspelt method": (SUG + ["-b", "8", "--method", "ful"], "--method 'ful'"),
+    "history since before year 1": (["history", "--since", "99999999999d"], "--since"),
+    "measure on a gpu this machine lacks": (["measure", "-m", "gpt2", "-g", "a10g", "--seq-len", "32"], "no CUDA device"),
 }
 
 
@@ -239,3 +251,29 @@ def test_estimate_defaults_to_the_mixed_precision_the_gpu_has(cli):
     # asked for explicitly, bf16 on a T4 is still refused with the reason
     r = cli("estimate", "--model", "gpt2", "--gpu", "t4", "--precision", "bf16-mixed")
     assert r.code == 2 and "no bf16 support" in r.err
+
+
+def test_version(cli):
+    from planner import __version__
+
+    r = cli("--version")
+    assert r.code == 0 and r.out.strip() == f"planner {__version__}"
+
+
+def test_nothing_fits_for_want_of_host_ram_says_so(cli):
+    r = cli("suggest", "-m", "google/gemma-2-27b", "-g", "rtx-a6000", "-b", "4", "--gpus", "2", "--method", "lora",
+            "--cpu-mem", "16GiB", "--no-save")
+    assert r.code == 3
+    assert "host RAM" in r.err and "--cpu-mem" in r.err and "fits the device" in r.err
+
+
+def test_top_plans_hold_no_deepspeed_variant_of_a_shown_plan_that_is_not_faster(cli):
+    data = json.loads(cli("suggest", "-m", "gpt2", "-g", "a10g", "-b", "8", "--top-k", "20", "--no-save", "--json").out)
+    shown = {}
+    for plan in data["plans"]:
+        c = plan["config"]
+        knobs = (c["method"], c["precision"], c["optimizer"], c["lora_r"], c["lora_targets"], c["grad_ckpt"],
+                 c["micro_batch"], c["grad_accum"])
+        if knobs in shown:
+            assert plan["throughput"]["tokens_per_s"] > shown[knobs] * 1.02, (knobs, c["zero"], c["offload"])
+        shown[knobs] = max(shown.get(knobs, 0), plan["throughput"]["tokens_per_s"])

@@ -577,20 +577,45 @@ def test_adafactor_step_holds_two_fp32_copies_of_the_largest_parameter(cpu):
     assert bf16.breakdown["optimizer_step/transient"] == 4 * (V * H) * 4
 
 
-@pytest.mark.parametrize("gpu_name, adam_temps", [("cpu", 2), ("a10g", 1)])
-def test_zero_optimizer_steps_from_the_fp32_gradient_partition(gpu_name, adam_temps):
+def test_zero_optimizer_steps_from_the_fp32_gradient_partition(cpu):
     config = tiny_config(zero=1, precision="bf16-mixed", micro_batch=1, seq_len=8)
-    memory = estimate_memory(model=TINY, config=config, gpu=get_gpu(gpu_name))
+    memory = estimate_memory(model=TINY, config=config, gpu=cpu)
     assert memory.peak_phase == "optimizer"
     p = TINY_PARAMS
     # the 16-bit gradients are freed; DeepSpeed steps one flat fp32 partition with its fp32
     # gradient (stage_1_and_2.py step); torch AdamW's temporaries of that one tensor: two on the
-    # CPU (exp_avg_sq.sqrt() / c), one (foreach sqrt) on a GPU
+    # CPU (exp_avg_sq.sqrt() / c)
     assert memory.breakdown["gradients"] == 4 * p
-    assert memory.breakdown["optimizer_step/transient"] == adam_temps * 4 * p
+    assert memory.breakdown["optimizer_step/transient"] == 2 * 4 * p
     assert memory.breakdown["weights"] == 2 * p
     assert memory.breakdown["master_weights"] == 4 * p
     assert memory.breakdown["optimizer_states"] == 8 * p + 4
+
+
+def test_zero_flattens_the_gradients_before_the_step(cpu):
+    """SGD adds no step temporaries, so the moment the step begins is the peak: the 16-bit
+    gradients, their flat copy and its fp32 conversion (measured on gpt2)."""
+    p = TINY_PARAMS
+    memory = estimate_memory(model=TINY, config=tiny_config(zero=1, optimizer="sgd", micro_batch=1, seq_len=8), gpu=cpu)
+    assert memory.peak_phase == "optimizer_start"
+    assert memory.breakdown["gradients"] == 2 * p  # ZeRO-1 keeps every 16-bit gradient
+    assert memory.breakdown["zero/gradient_flatten"] == 2 * p + 4 * p
+    zero2 = estimate_memory(model=TINY, config=tiny_config(zero=2, gpus=2, optimizer="sgd", micro_batch=1, seq_len=8), gpu=cpu)
+    # ZeRO-2 on two ranks: this rank's half of the gradients, flattened and converted
+    assert zero2.breakdown["gradients"] == 2 * p // 2
+    assert zero2.breakdown["zero/gradient_flatten"] == 2 * (p // 2) + 4 * (p // 2)
+
+
+def test_a_trained_tied_embedding_has_two_partial_gradients_at_the_end_of_backward(cpu):
+    tied = dataclasses.replace(TINY, tied_embeddings=True, head_params=0)
+    config = tiny_config(precision="fp32", optimizer="sgd", micro_batch=1, seq_len=8)
+    memory = estimate_memory(model=tied, config=config, gpu=cpu)
+    assert memory.peak_phase == "backward_end"
+    # the head's matmul gradient and the embedding backward's, summed into a third tensor
+    assert memory.breakdown["gradients/tied_embedding_partials"] == 2 * V * H * 4
+    assert "gradients/tied_embedding_partials" not in estimate_memory(model=TINY, config=config, gpu=cpu).breakdown
+    lora = estimate_memory(model=tied, config=config.replace(method="lora"), gpu=cpu)
+    assert "gradients/tied_embedding_partials" not in lora.breakdown  # a frozen embedding gets none
 
 
 def test_checkpoint_recompute_does_not_overlap_the_loss_backward(cpu):

@@ -205,6 +205,9 @@ def resolve_model(name: str) -> ModelSpec:
     if cached is not None:
         return _spec_from_file(cached, model_id=name.strip())
 
+    if name.strip().endswith(".json") or name.strip().startswith((".", "/", "~")):
+        # written as a path, not an id: say what is missing on disk
+        raise UnknownModelError(f"{name!r}: no such file or directory; check the path to the config.json or model folder")
     closest = ", ".join(_closest_ids(name))
     raise UnknownModelError(
         f"model {name!r} not found in the catalog, on disk or in the local Hugging Face cache "

@@ -33,6 +33,19 @@ def get_app():
         pretty_exceptions_enable=False,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
+    def show_version(value: bool) -> None:
+        if value:
+            from planner import __version__
+
+            typer.echo(f"planner {__version__}")
+            raise typer.Exit()
+
+    @app.callback()
+    def options(
+        version: bool = typer.Option(False, "--version", callback=show_version, is_eager=True, help="Print the version and exit."),
+    ) -> None:
+        """Find the fastest way to fine-tune a model on a GPU without running out of memory."""
+
     for name in _COMMAND_MODULES:
         importlib.import_module(name).register(app)
     return app

@@ -13,16 +13,16 @@ _GPUS = typer.Option(1, "--gpus", help="Data-parallel devices.")
 _GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB.")
 _METHOD = typer.Option("full", "--method", help="full|lora|qlora")
 _PRECISION = typer.Option(
-    None, "--precision", help="fp32|fp16-mixed|bf16-mixed|fp16|bf16 [default: bf16-mixed, or fp16-mixed where the GPU has no bf16]."
+    None, "--precision", help="fp32|fp16-mixed|bf16-mixed|fp16|bf16 (default: bf16-mixed, or fp16-mixed where the GPU has no bf16)."
 )
 _OPTIMIZER = typer.Option("adamw", "--optimizer", help="adamw|adamw_8bit|paged_adamw_8bit|adafactor|sgd")
 _MICRO = typer.Option(1, "--micro-batch", help="Sequences per forward/backward on one device.")
-_SEQ = typer.Option(None, "--seq-len", help="Tokens per sequence [default: min(2048, the model's maximum)].")
+_SEQ = typer.Option(None, "--seq-len", help="Tokens per sequence (default: min(2048, the model's maximum)).")
 _ACCUM = typer.Option(1, "--grad-accum", help="Micro-steps per optimizer step.")
 _CKPT = typer.Option(False, "--grad-ckpt/--no-grad-ckpt", help="Gradient checkpointing.")
 _ATTENTION = typer.Option("sdpa", "--attention", help="sdpa|eager|flash")
-_LORA_R = typer.Option(None, "--lora-r", help="LoRA rank [default: 16 for lora/qlora].")
-_LORA_TARGETS = typer.Option(None, "--lora-targets", help="all-linear or a comma list of module names [default: all-linear].")
+_LORA_R = typer.Option(None, "--lora-r", help="LoRA rank (default: 16 for lora/qlora).")
+_LORA_TARGETS = typer.Option(None, "--lora-targets", help="all-linear or a comma list of module names (default: all-linear).")
 _ZERO = typer.Option(0, "--zero", help="DeepSpeed ZeRO stage 0|1|2|3.")
 _OFFLOAD = typer.Option("none", "--offload", help="none|optimizer|optimizer+params (DeepSpeed CPU offload).")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
@@ -47,7 +47,7 @@ def _build_config(spec, gpu, *, seq_len: Optional[int], **options: Any):
     """A validated TrainConfig for this model and device (one-line errors on bad input)."""
     from planner.config import TrainConfig
     from planner.errors import InvalidConfigError
-    from planner.gpus import check_precision
+    from planner.gpus import check_attention, check_precision
     from planner.memory import lora_targets
 
     seq = default_seq_len(spec) if seq_len is None else seq_len
@@ -58,7 +58,13 @@ def _build_config(spec, gpu, *, seq_len: Optional[int], **options: Any):
         options["precision"] = "bf16-mixed" if gpu.bf16 else "fp16-mixed"
     config = TrainConfig(seq_len=seq, **options)
     check_precision(gpu, config.precision)
-    lora_targets(spec, config)  # unknown module names fail here, with the names that exist
+    check_attention(gpu, config.attention)
+    targets = lora_targets(spec, config)  # unknown module names fail here, with the names that exist
+    if targets and config.lora_r > (widest := max(min(lin.in_features, lin.out_features) for lin in targets)):
+        raise InvalidConfigError(
+            f"--lora-r {config.lora_r} is more than the adapted layers' width ({widest}): a rank above "
+            f"min(in, out) adds parameters but no capacity; use at most {widest}, e.g. 16"
+        )
     return config
 
 
@@ -112,7 +118,9 @@ def _print_estimate(out, data: dict[str, Any], estimate) -> None:
     from planner.units import format_bytes
 
     m, cfg, dev = data["model"], data["config"], data["device"]
-    out.print(f"{m['id']}: {m['params'] / 1e9:.2f}B parameters, {m['trainable_params'] / 1e6:.1f}M trainable")
+    from planner.cli.models_cmd import format_params
+
+    out.print(f"{m['id']}: {format_params(m['params'])} parameters, {format_params(m['trainable_params'])} trainable")
     out.print(f"config: {cfg['method']}, {cfg['precision']}, {cfg['optimizer']}, micro-batch {cfg['micro_batch']} x accum {cfg['grad_accum']}"
               f" x {cfg['gpus']} GPU, seq {cfg['seq_len']}, ckpt {'on' if cfg['grad_ckpt'] else 'off'}, zero {cfg['zero']}, offload {cfg['offload']}")
     table = Table(title=f"memory per device at the peak ({estimate.peak_phase})")
@@ -174,14 +182,14 @@ def measure(
     lora_targets: Optional[str] = _LORA_TARGETS, zero: int = _ZERO, offload: str = _OFFLOAD,
     steps: int = typer.Option(3, "--steps", help="Optimizer steps to run (the last one is measured)."),
     timeout: float = typer.Option(900, "--timeout", help="Seconds before the run is killed."),
-    db: Optional[str] = typer.Option(None, "--db", help="Database URL [default: PLANNER_DATABASE_URL or the local SQLite file]."),
+    db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not store the measurement."),
     as_json: bool = _JSON,
 ) -> None:
     """Train the configuration for a few real steps in a fresh process and compare with the prediction."""
     from planner.catalog import fingerprint
     from planner.cli._common import console, print_json
-    from planner.errors import InvalidConfigError
+    from planner.errors import InvalidConfigError, MissingDependencyError
     from planner.memory import estimate_memory
     from planner.results import Candidate, PlanRequest
     from planner.search import safety_margin
@@ -192,6 +200,14 @@ def measure(
         raise InvalidConfigError("planner measure runs on one device: use --gpus 1 (ZeRO runs as one rank)")
     config = _build_config(spec, device, seq_len=seq_len, **_config_options(locals()))
     _check_worker_libraries(config)
+    if not device.is_cpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise MissingDependencyError(
+                f"--gpu {device.name}: this machine has no CUDA device (or torch is a CPU build): run on a "
+                f"machine with a {device.display_name}, or measure here with --gpu cpu"
+            )
     predicted = estimate_memory(model=spec, config=config, gpu=device)
     throughput = estimate_throughput(model=spec, config=config, gpu=device)
     import workers
@@ -301,13 +317,14 @@ def suggest(
     method: str = typer.Option("auto", "--method", help="auto|full|lora|qlora"),
     precision: str = typer.Option("auto", "--precision", help="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16"),
     no_offload: bool = typer.Option(False, "--no-offload", help="Do not consider DeepSpeed CPU offload."),
-    cpu_mem: Optional[str] = typer.Option(None, "--cpu-mem", help="Host RAM offload may use [default: this machine's RAM]."),
+    cpu_mem: Optional[str] = typer.Option(None, "--cpu-mem", help="Host RAM offload may use (default: this machine's RAM)."),
     top_k: int = typer.Option(5, "--top-k", "-k", help="Plans to show."),
-    db: Optional[str] = typer.Option(None, "--db", help="Database URL [default: PLANNER_DATABASE_URL or the local SQLite file]."),
+    db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not store this plan."),
     as_json: bool = _JSON,
 ) -> None:
-    """Search every configuration that reaches --target-batch and rank the fastest that fit."""
+    """Search every configuration that reaches --target-batch and rank what fits: the most faithful
+    method first (full > LoRA > QLoRA, narrowed by --method), then the fastest."""
     from planner.catalog import fingerprint
     from planner.cli._common import console, print_json
     from planner.config import Method, Precision
@@ -318,11 +335,12 @@ def suggest(
 
     spec, device = _resolve(model, gpu, gpu_mem)
     seq = default_seq_len(spec) if seq_len is None else seq_len
-    try:
-        methods = tuple(Method) if method == "auto" else (Method(method),)
-        precisions = None if precision == "auto" else (Precision(precision),)
-    except ValueError:
-        raise InvalidConfigError(f"--method must be auto|full|lora|qlora and --precision auto|{'|'.join(p.value for p in Precision)}") from None
+    if method != "auto" and method not in {m.value for m in Method}:
+        raise InvalidConfigError(f"--method {method!r} is not a method: use auto|{'|'.join(m.value for m in Method)}")
+    if precision != "auto" and precision not in {p.value for p in Precision}:
+        raise InvalidConfigError(f"--precision {precision!r} is not a precision: use auto|{'|'.join(p.value for p in Precision)}")
+    methods = tuple(Method) if method == "auto" else (Method(method),)
+    precisions = None if precision == "auto" else (Precision(precision),)
     if precisions:
         check_precision(device, precisions[0])
     host = parse_bytes(cpu_mem, option="--cpu-mem") if cpu_mem is not None else physical_ram_bytes()
@@ -356,7 +374,9 @@ def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: i
     from planner.units import format_bytes
 
     req = result.request
-    out.print(f"{spec.id} ({spec.params_total / 1e9:.2f}B params) on {req.gpu_count} x {device.display_name}, "
+    from planner.cli.models_cmd import format_params
+
+    out.print(f"{spec.id} ({format_params(spec.params_total)} params) on {req.gpu_count} x {device.display_name}, "
               f"target batch {req.target_batch}, seq len {req.seq_len}" + (" (default: min(2048, model max))" if seq_defaulted else ""))
     out.print(f"device {format_bytes(device.memory_bytes)}, safety margin {format_bytes(result.safety_margin_bytes)}, "
               f"usable {format_bytes(result.usable_bytes)}; host RAM for offload {'not considered' if no_offload else format_bytes(host)}; "

@@ -84,7 +84,10 @@ def parse_since(text: str, /, *, now: datetime | None = None) -> datetime:
     now = now or utcnow()
     match = _RELATIVE.match(str(text))
     if match:
-        return now - timedelta(**{_UNIT[match.group(2).lower()]: int(match.group(1))})
+        try:
+            return now - timedelta(**{_UNIT[match.group(2).lower()]: int(match.group(1))})
+        except OverflowError:
+            raise PlannerError(f"--since {text!r} reaches before the year 1: write e.g. 7d, 52w or 2026-01-01") from None
     raw = str(text).strip()
     try:
         when = datetime.fromisoformat(raw)

@@ -137,7 +137,7 @@ def make_engine(url: str) -> Engine:
     except ImportError as exc:
         raise StoreError(
             f"cannot open database {safe_url(url)}: its driver is not installed ({exc}); "
-            "pip install 'oom-planner[postgres]' for PostgreSQL"
+            "install the driver the URL names (pip install 'oom-planner[postgres]' for postgresql+psycopg)"
         ) from None
 
 
