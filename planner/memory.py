@@ -31,6 +31,7 @@ two fp32 moments 8), which is also the seeds' "16 bytes/param" rule (shared/seed
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -135,14 +136,18 @@ class _Mode:
 
 
 def _mode(config: TrainConfig) -> _Mode:
-    p = config.precision
-    lora = config.method.uses_adapters
-    if config.zero > 0 and p.is_mixed:
+    return _mode_of(config.method, config.precision, config.zero > 0)
+
+
+@functools.cache
+def _mode_of(method: Method, p: Precision, deepspeed: bool) -> _Mode:
+    lora = method.uses_adapters
+    if deepspeed and p.is_mixed:
         # DeepSpeed's bf16/fp16 mode casts the model to 16-bit and keeps the fp32 master copy in
         # the optimizer partition (deepspeed/runtime/engine.py _configure_distributed_model):
         # no autocast, activations are those of a pure 16-bit model.
         return _Mode(autocast=False, compute=2, attn=2, residual=2, weight=2, adapter_input=4 if lora else 0)
-    if config.method is Method.QLORA:
+    if method is Method.QLORA:
         # peft.prepare_model_for_kbit_training upcasts every non-4-bit parameter to fp32
         # (peft/utils/other.py), so the residual stream is fp32; bnb's Linear4bit casts its input
         # to the compute dtype and its output back to the input dtype (bitsandbytes/nn/modules.py
@@ -635,7 +640,10 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig) -> tuple[dict[s
     opt_state = (
         _adafactor_state_bytes(model, config)
         if config.optimizer is Optimizer.ADAFACTOR
-        else optimizer_state_bytes(sizes=sizes, optimizer=config.optimizer, param_bytes=param_bytes)
+        else _cached(
+            "optimizer_states", model, (config.method.uses_adapters, config.lora_r, config.lora_targets, config.optimizer, param_bytes),
+            lambda: optimizer_state_bytes(sizes=sizes, optimizer=config.optimizer, param_bytes=param_bytes),
+        )
     )
     grads = trainable * param_bytes
 
@@ -899,8 +907,14 @@ def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu, splits) -> li
     def phase_lines():
         at = []
         for b in (1, 2):
-            acts, recompute, fwd_logits, bwd_logits = _batch_terms(model, config.with_split(micro_batch=b, grad_accum=config.grad_accum), is_cpu)
-            saved = sum(acts.values())
+            at_b = config.with_split(micro_batch=b, grad_accum=config.grad_accum)
+
+            def batch_sums():
+                acts, recompute, fwd_logits, bwd_logits = _batch_terms(model, at_b, is_cpu)
+                return sum(acts.values()), recompute, fwd_logits, bwd_logits
+
+            # shared by every optimizer and ZeRO stage of the same method, precision and shape
+            saved, recompute, fwd_logits, bwd_logits = _cached("batch_sums", model, _batch_key(at_b, b, is_cpu), batch_sums)
             at.append([
                 [sum(parts.values()) for parts in _phases(
                     static=static, saved=saved, recompute=recompute, fwd_logits=fwd_logits, bwd_logits=bwd_logits,

@@ -9,6 +9,7 @@ LoRA can be sized from the same linear layers peft would wrap.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -117,16 +118,16 @@ class ModelSpec:
     source: str = ""
     """Where the config came from: ``catalog``, a file path or the HF cache path."""
 
-    # ---- parameter counts ---------------------------------------------------------------
-    @property
+    # ---- parameter counts (cached: the search reads them thousands of times; the spec is frozen)
+    @functools.cached_property
     def params_per_layer(self) -> int:
         return sum(lin.params for lin in self.layer_linears) + self.layer_norm_params + self.layer_other_params
 
-    @property
+    @functools.cached_property
     def linear_params_per_layer(self) -> int:
         return sum(lin.params for lin in self.layer_linears)
 
-    @property
+    @functools.cached_property
     def params_total(self) -> int:
         return (
             self.embedding_params
@@ -136,13 +137,13 @@ class ModelSpec:
             + self.head_params
         )
 
-    @property
+    @functools.cached_property
     def params_active(self) -> int:
         """Parameters each token passes through (differs from the total for MoE)."""
         inactive = sum(lin.params - lin.active_params for lin in self.layer_linears)
         return self.params_total - self.num_layers * inactive
 
-    @property
+    @functools.cached_property
     def fused_qkv(self) -> bool:
         """q, k and v come out of one projection (phi3's qkv_proj, gpt_neox's query_key_value)."""
         return any(lin.kind is LinearKind.ATTN_IN and lin.out_features > self.num_heads * self.head_dim

@@ -183,9 +183,10 @@ def suggest(
         # fits per combination, the fastest split (fewest micro-steps: least per-micro-step
         # dequantisation and ZeRO-3 gathering, best kernel utilisation)
         best = None
+        fam = None
         for split, (total, host) in zip(splits, totals):
             if total > usable or host > space.cpu_mem_bytes:
-                fam = _family(base)
+                fam = fam or _family(base)
                 if fam not in closest or total < closest[fam][0]:
                     closest[fam] = (total, base.with_split(micro_batch=split[0], grad_accum=split[1]))
             else:

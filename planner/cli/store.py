@@ -117,6 +117,23 @@ def _breakdowns(plan: "StoredPlan") -> list[str]:
     return lines
 
 
+def _constraint(value: Any) -> str:
+    """A stored search constraint as a user would write it: lists comma-separated, None as "any"."""
+    from planner.units import format_bytes
+
+    if value is None:
+        return "any"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_constraint(v)}" for k, v in value.items())
+    if isinstance(value, int) and value >= 1024**2:
+        return format_bytes(value)
+    return str(value)
+
+
 def print_plan(plan: "StoredPlan", *, console: "Console") -> None:
     from planner.units import format_bytes
 
@@ -127,7 +144,7 @@ def print_plan(plan: "StoredPlan", *, console: "Console") -> None:
         f"({format_bytes(r.gpu_memory_bytes)})  target batch {r.target_batch} x {r.seq_len} tokens"
     )
     if r.constraints:
-        console.print("constraints: " + ", ".join(f"{k}={v}" for k, v in r.constraints.items()))
+        console.print("constraints: " + "; ".join(f"{k} {_constraint(v)}" for k, v in r.constraints.items()), markup=False)
     if plan.searched:
         console.print(
             f"searched {plan.searched} configurations; usable {format_bytes(plan.usable_bytes)} "
