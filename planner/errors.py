@@ -36,9 +36,16 @@ class UnsupportedError(PlannerError):
 
 
 class NothingFitsError(PlannerError):
-    """No configuration in the searched space fits the device."""
+    """No configuration in the searched space fits the device.
+
+    ``result`` (a ``planner.results.PlanResult`` without plans) carries the request and, per
+    family, the closest try and why it does not fit, for ``--json``."""
 
     exit_code = 3
+
+    def __init__(self, message: str, *, result: object = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class MissingDependencyError(PlannerError):

@@ -218,7 +218,15 @@ def suggest(
         for fam, (_, cfg) in closest.items()
     }
     if not fitting:
-        raise NothingFitsError(_nothing_fits_message(model=model, gpu=gpu, closest=closest, usable=usable, space=space))
+        rejected = tuple(
+            _rejection(c, model=model, usable=usable, space=space)
+            for _, c in sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1].config.method], kv[1].memory.process_total_bytes))
+        )
+        raise NothingFitsError(
+            _nothing_fits_message(model=model, gpu=gpu, closest=closest, usable=usable, space=space),
+            result=PlanResult(request=request, plans=(), rejected=rejected, searched=searched, usable_bytes=usable,
+                              safety_margin_bytes=margin),
+        )
 
     fitting = _ranked(fitting)
     chosen = _distinct(fitting, top_k)

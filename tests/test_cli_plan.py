@@ -277,3 +277,13 @@ def test_top_plans_hold_no_deepspeed_variant_of_a_shown_plan_that_is_not_faster(
         if knobs in shown:
             assert plan["throughput"]["tokens_per_s"] > shown[knobs] * 1.02, (knobs, c["zero"], c["offload"])
         shown[knobs] = max(shown.get(knobs, 0), plan["throughput"]["tokens_per_s"])
+
+
+def test_suggest_json_when_nothing_fits_still_prints_the_request_and_the_closest_tries(cli):
+    r = cli("suggest", "-m", LLAMA7B, "-g", "t4", "-b", "8", "--method", "full", "--no-offload", "--no-save", "--json")
+    assert r.code == 3
+    data = json.loads(r.out)
+    assert data["plans"] == [] and data["plan_id"] is None
+    assert data["request"]["model_id"] == LLAMA7B and data["error"].startswith("nothing fits")
+    assert data["rejected"] and all(rej["reason"] for rej in data["rejected"])
+    assert r.err.strip().splitlines() == [f"error: {data['error']}"]

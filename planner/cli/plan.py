@@ -328,7 +328,7 @@ def suggest(
     from planner.catalog import fingerprint
     from planner.cli._common import console, print_json
     from planner.config import Method, Precision
-    from planner.errors import InvalidConfigError
+    from planner.errors import InvalidConfigError, NothingFitsError
     from planner.gpus import check_precision, physical_ram_bytes
     from planner.search import SearchSpace, suggest as run_suggest
     from planner.units import parse_bytes
@@ -345,8 +345,15 @@ def suggest(
         check_precision(device, precisions[0])
     host = parse_bytes(cpu_mem, option="--cpu-mem") if cpu_mem is not None else physical_ram_bytes()
     space = SearchSpace(methods=methods, precisions=precisions, allow_offload=not no_offload, cpu_mem_bytes=host)
-    result = run_suggest(model=spec, gpu=device, target_batch=target_batch, seq_len=seq, gpus=gpus, space=space,
-                         top_k=top_k, model_fingerprint=fingerprint(spec))
+    try:
+        result = run_suggest(model=spec, gpu=device, target_batch=target_batch, seq_len=seq, gpus=gpus, space=space,
+                             top_k=top_k, model_fingerprint=fingerprint(spec))
+    except NothingFitsError as exc:
+        if as_json and exc.result is not None:
+            # scripts get the request and every family's closest try; the error line still goes
+            # to stderr and the exit code stays 3
+            print_json(exc.result.to_dict() | {"plan_id": None, "error": str(exc)})
+        raise
     from planner.cli.store import report_saved, save_plan
     from planner.errors import StoreError
 
