@@ -110,6 +110,15 @@ def _coerce(enum_type: type[enum.StrEnum], value: Any, name: str) -> Any:
 _UPPER_BOUNDS = {"micro_batch": 1 << 20, "grad_accum": 1 << 20, "seq_len": 1 << 24, "gpus": 1 << 16, "lora_r": 1 << 16}
 
 
+def _check_count(name: str, value: Any) -> None:
+    """A whole number from 1 to the field's sanity bound, or the one-line error naming the option."""
+    flag = name.replace("_", "-")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidConfigError(f"--{flag} must be a whole number >= 1, got {value!r}")
+    if value > _UPPER_BOUNDS[name]:
+        raise InvalidConfigError(f"--{flag} {value} is beyond any training run (at most {_UPPER_BOUNDS[name]:,}): check the number")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One fully specified fine-tuning configuration (per device unless said otherwise)."""
@@ -149,12 +158,7 @@ class TrainConfig:
         set_("attention", _coerce(Attention, self.attention, "attention"))
         set_("offload", _coerce(Offload, self.offload, "offload"))
         for name in ("micro_batch", "seq_len", "grad_accum", "gpus"):
-            value = getattr(self, name)
-            flag = name.replace("_", "-")
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidConfigError(f"--{flag} must be a whole number >= 1, got {value!r}")
-            if value > _UPPER_BOUNDS[name]:
-                raise InvalidConfigError(f"--{flag} {value} is beyond any training run (at most {_UPPER_BOUNDS[name]:,}): check the number")
+            _check_count(name, getattr(self, name))
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
 
@@ -240,11 +244,8 @@ class TrainConfig:
         reads them together with another field, so the rest is not validated again: the search
         and the memory model make tens of thousands of these (a third of the search's time with
         ``replace``)."""
-        for name, value in (("micro_batch", micro_batch), ("grad_accum", grad_accum)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _UPPER_BOUNDS[name]:
-                raise InvalidConfigError(
-                    f"--{name.replace('_', '-')} must be a whole number in 1..{_UPPER_BOUNDS[name]:,}, got {value!r}"
-                )
+        _check_count("micro_batch", micro_batch)
+        _check_count("grad_accum", grad_accum)
         copy = object.__new__(TrainConfig)
         copy.__dict__.update(
             self.__dict__, micro_batch=micro_batch, grad_accum=grad_accum,

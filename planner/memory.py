@@ -54,6 +54,8 @@ NF4_DQ_BLOCK = 256
 BNB_8BIT_BLOCK = 256
 #: bnb keeps 32-bit states for tensors smaller than this (Optimizer8bit min_8bit_size=4096).
 BNB_MIN_8BIT_SIZE = 4096
+
+
 def deepspeed_buckets(hidden_size: int) -> dict[str, int]:
     """The communication buffer sizes (elements) our DeepSpeed configs set and this model assumes.
 
@@ -71,6 +73,8 @@ def deepspeed_buckets(hidden_size: int) -> dict[str, int]:
         "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
         "stage3_param_persistence_threshold": 10 * hidden_size,
     }
+
+
 #: Intermediate-sized tensors an MLP activation (transformers' ACT2FN) saves for its backward,
 #: besides its output, counted with saved_tensors_hooks (transformers 5.23, torch 2.13). Fused
 #: kernels save their input (derivatives.yaml: gelu_backward(grad, self)); the Python ones save
@@ -199,6 +203,11 @@ def trainable_params(model: ModelSpec, config: TrainConfig) -> int:
     if config.method is Method.FULL:
         return model.params_total
     return _cached("lora_params", model, (config.lora_r, config.lora_targets), lambda: lora_params(model, config))
+
+
+def _zero_partition(model: ModelSpec, config: TrainConfig) -> int:
+    """Trainable elements in this rank's DeepSpeed partition: one flat tensor of T/N."""
+    return math.ceil(trainable_params(model, config) / config.gpus)
 
 
 def _param_tensor_sizes(model: ModelSpec, config: TrainConfig) -> tuple[int, ...]:
@@ -456,10 +465,8 @@ def _block_activations(
         add("mlp/intermediate", sum(e * l.in_features * (mode.adapter_input - c) for l in by_kind[LinearKind.MLP_OUT] if l.name in targets))
     if model.hidden_dropout > 0:
         # dropout on the attention and MLP outputs keeps only its mask (the residual add that
-        # reads the output saves nothing): CUDA's fused native_dropout makes a bool mask, the
-        # CPU's bernoulli path a mask in the dropped tensor's dtype (aten Dropout.cpp
-        # is_fused_kernel_acceptable; measured on gpt2 and bert)
-        add("dropout", 2 * e * h * (c if is_cpu else 1))
+        # reads the output saves nothing), in the projections' output dtype on the CPU
+        add("dropout", 2 * e * h * _dropout_mask_bytes(c, is_cpu=is_cpu))
 
     # -- LoRA: lora_B saves lora_A's output (e x r) ----------------------------------------------
     if targets:
@@ -491,11 +498,17 @@ def _block_activations(
     return out
 
 
+def _dropout_mask_bytes(dropped_dtype_bytes: int, *, is_cpu: bool) -> int:
+    """Bytes per element of the mask dropout keeps for backward: CUDA's fused native_dropout
+    makes a bool mask, the CPU's bernoulli path a mask in the dropped tensor's dtype (aten
+    Dropout.cpp is_fused_kernel_acceptable; measured on gpt2 and bert)."""
+    return dropped_dtype_bytes if is_cpu else 1
+
+
 def _eager_probs_bytes_per_score(model: ModelSpec, mode: _Mode, *, is_cpu: bool) -> int:
     """Bytes per attention score the eager path keeps: softmax's output (its backward reads it),
-    a cast for probs @ v when the dtypes differ, and with attention dropout the mask and the
-    dropped probabilities. Dropout masks are bool on CUDA and in the dropped dtype on the CPU
-    (see the blocks' dropout); CUDA autocast runs softmax in fp32, CPU autocast does not (its
+    a cast for probs @ v when the dtypes differ, and with attention dropout the mask
+    (``_dropout_mask_bytes``) and the dropped probabilities. CUDA autocast runs softmax in fp32, CPU autocast does not (its
     fp32 list has no softmax: BERT's probabilities stay bf16, measured with the CPU probe)."""
     if model.eager_softmax == "fp32":
         p = 4
@@ -504,7 +517,7 @@ def _eager_probs_bytes_per_score(model: ModelSpec, mode: _Mode, *, is_cpu: bool)
     else:
         p = 4 if mode.autocast and not is_cpu else mode.attn
     dropout = model.attn_dropout > 0
-    mask = (lambda dtype: dtype if is_cpu else 1)
+    mask = functools.partial(_dropout_mask_bytes, is_cpu=is_cpu)
     if model.eager_softmax in ("fp32", "input_then_cast"):
         # cast to q's / v's dtype, then dropout on that: the cast is kept by probs @ v only
         # when there is no dropout between them
@@ -536,10 +549,9 @@ def _model_level_activations(
         # saves the dense output (BertPredictionHeadTransform), the norm is counted as final_norm
         out["lm_head/transform"] = e * h * mode.compute
     if model.embedding_dropout > 0 and (full or config.grad_ckpt):
-        # its mask (bool on CUDA, the residual dtype on the CPU; see the blocks' dropout), kept
-        # only when the embeddings' output needs a gradient: trained embeddings, or peft's
+        # its mask (in the residual dtype on the CPU), kept only when the embeddings' output needs a gradient: trained embeddings, or peft's
         # enable_input_require_grads under checkpointing
-        out["dropout"] = e * h * (mode.residual if is_cpu else 1)
+        out["dropout"] = e * h * _dropout_mask_bytes(mode.residual, is_cpu=is_cpu)
     if model.norm == "rmsnorm":
         normalised = 4 if model.norm_weight_fp32 else mode.residual
         out["final_norm"] = e * h * 4 + e * 4 + (e * h * normalised if full else 0)
@@ -666,9 +678,10 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig) -> tuple[dict[s
     # (deepspeed/runtime/zero/stage_1_and_2.py single_partition_of_fp32_groups): the states are
     # those of ONE fp32 tensor of T/N elements (no per-tensor 8-bit threshold, no Adafactor
     # factoring of a 1-D tensor).
-    states_per_device = optimizer_state_bytes(sizes=[math.ceil(trainable / n)], optimizer=config.optimizer, param_bytes=4)
+    partition = _zero_partition(model, config)
+    states_per_device = optimizer_state_bytes(sizes=[partition], optimizer=config.optimizer, param_bytes=4)
     if config.optimizer is Optimizer.ADAFACTOR:
-        states_per_device = 4 * math.ceil(trainable / n)
+        states_per_device = 4 * partition
     master = 4 * trainable
     if config.method is Method.FULL:
         weights_dev = p_total * gb
@@ -699,7 +712,7 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig) -> tuple[dict[s
         host += master // n + states_per_device + 4 * trainable // n
         if config.zero in (1, 2):
             largest = max(_param_tensor_sizes(model, config), default=0)
-            host += gb * math.ceil(trainable / n) + gb * largest
+            host += gb * partition + gb * largest
             # the device-side staging buffer gradients go through to the host, one parameter
             # at a time (stage_1_and_2.py temp_grad_buffer_for_gpu_offload)
             out["zero/offload_grad_buffer"] = gb * largest
@@ -718,7 +731,7 @@ def _optimizer_phase_gradients(model: ModelSpec, config: TrainConfig, device_gra
         return device_grads
     if config.offload is not Offload.NONE:
         return 0
-    return 4 * math.ceil(trainable_params(model, config) / config.gpus)
+    return 4 * _zero_partition(model, config)
 
 
 # ---- the estimate ------------------------------------------------------------------------------
@@ -807,7 +820,7 @@ def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool) -> _Stati
         if config.offload is Offload.NONE:
             if config.zero:
                 # the optimizer steps one flat fp32 partition (see model_state_breakdown)
-                sizes, param_bytes = [math.ceil(trainable_params(model, config) / config.gpus)], 4
+                sizes, param_bytes = [_zero_partition(model, config)], 4
             else:
                 sizes = _param_tensor_sizes(model, config)
             transient = _optimizer_step_transient(
@@ -815,7 +828,7 @@ def _static_terms(model: ModelSpec, config: TrainConfig, is_cpu: bool) -> _Stati
             )
         flatten = 0
         if config.zero in (1, 2) and config.offload is Offload.NONE:
-            partition = math.ceil(trainable_params(model, config) / config.gpus)
+            partition = _zero_partition(model, config)
             # in fp32 the flat copy already is the fp32 partition (.to() returns it)
             flatten = partition * 2 + 4 * partition if config.precision.is_mixed else 4 * partition
         tied = 0

@@ -217,11 +217,10 @@ def suggest(
         fam: Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=_NO_THROUGHPUT, fits=False)
         for fam, (_, cfg) in closest.items()
     }
+    # each family's closest try, most faithful method first, then the nearest miss
+    by_tier = sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1].config.method], kv[1].memory.process_total_bytes))
     if not fitting:
-        rejected = tuple(
-            _rejection(c, model=model, usable=usable, space=space)
-            for _, c in sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1].config.method], kv[1].memory.process_total_bytes))
-        )
+        rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for _, c in by_tier)
         raise NothingFitsError(
             _nothing_fits_message(model=model, gpu=gpu, closest=closest, usable=usable, space=space),
             result=PlanResult(request=request, plans=(), rejected=rejected, searched=searched, usable_bytes=usable,
@@ -238,7 +237,7 @@ def suggest(
     fitting_families = {_family(cfg) for cfg, _, _ in fitting}
     rejected = tuple(
         _rejection(c, model=model, usable=usable, space=space)
-        for fam, c in sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1].config.method], kv[1].memory.process_total_bytes))
+        for fam, c in by_tier
         if FIDELITY[c.config.method] <= best_tier and fam not in fitting_families
     )
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable, safety_margin_bytes=margin)
@@ -288,15 +287,15 @@ def _distinct(ranked: list[tuple], k: int) -> list[tuple]:
     DeepSpeed for nothing)."""
     out: list[tuple] = []
     per_family: dict[str, int] = {}
-    fastest_plain: dict[tuple, float] = {}
+    shown_speed: dict[tuple, float] = {}  # the fastest shown plan per knobs but DeepSpeed
     for c in ranked:
         fam = _family(c[0])
         if per_family.get(fam, 0) >= 2:
             continue
         knobs = _knobs_but_deepspeed(c[0])
-        if knobs in fastest_plain and c[1].tokens_per_s <= fastest_plain[knobs] * (1 + SPEED_TIE):
+        if knobs in shown_speed and c[1].tokens_per_s <= shown_speed[knobs] * (1 + SPEED_TIE):
             continue
-        fastest_plain[knobs] = max(fastest_plain.get(knobs, 0.0), c[1].tokens_per_s)
+        shown_speed[knobs] = max(shown_speed.get(knobs, 0.0), c[1].tokens_per_s)
         per_family[fam] = per_family.get(fam, 0) + 1
         out.append(c)
         if len(out) == k:

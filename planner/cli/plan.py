@@ -253,13 +253,13 @@ def _check_worker_libraries(config) -> None:
     light install does not have."""
     import importlib.util
 
-    from planner.config import Optimizer
+    from planner.config import Method, Optimizer
     from planner.errors import MissingDependencyError
 
     needed = ["torch", "transformers", "accelerate"]
     if config.method.uses_adapters:
         needed.append("peft")
-    if str(config.method) == "qlora" or config.optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
+    if config.method is Method.QLORA or config.optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
         needed.append("bitsandbytes")
     if config.zero:
         needed.append("deepspeed")
