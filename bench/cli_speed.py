@@ -57,7 +57,7 @@ def search_ms() -> tuple[int, list[float]]:
     """Milliseconds of RUNS calls. The first call fills planner.memory's per-model memo cache
     (static and per-micro-batch terms); the later ones reuse it, so both are reported."""
     from planner.catalog import resolve_model
-    from planner.cli.plan import default_seq_len
+    from planner.estimation import default_seq_len
     from planner.gpus import get_gpu, physical_ram_bytes
     from planner.search import SearchSpace, suggest
 

@@ -197,7 +197,7 @@ def test_help_does_not_load_the_store():
 def test_suggest_stores_the_plan_before_printing_it(cli, monkeypatch):
     """A reader that stops early (planner suggest | head) breaks the pipe while the plan is
     printed: the plan must already be stored."""
-    import planner.cli.plan as plan_cmd
+    import planner.cli.suggest_cmd as plan_cmd
 
     def reader_gone(*args, **kwargs):
         raise BrokenPipeError(32, "Broken pipe")

@@ -13,6 +13,7 @@ from typing import Sequence
 #: command modules, each with ``register(app)``
 _COMMAND_MODULES = (
     "planner.cli.plan",
+    "planner.cli.suggest_cmd",
     "planner.cli.models_cmd",
     "planner.cli.gpus_cmd",
     "planner.cli.store",

@@ -18,3 +18,10 @@ def console():
     from rich.console import Console
 
     return Console(soft_wrap=False, width=max(160, Console().width), highlight=False)
+
+
+def console_to_stderr():
+    """A rich console on stderr, for what --json output must not be mixed with."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)

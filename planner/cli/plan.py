@@ -1,4 +1,6 @@
-"""``planner estimate``, ``planner suggest`` and ``planner measure``: parse, call the library, print."""
+"""``planner estimate`` and ``planner measure``: parse, call the library, print.
+
+Also the option definitions and helpers that ``planner suggest`` (``planner.cli.suggest_cmd``) shares."""
 
 from __future__ import annotations
 
@@ -26,69 +28,20 @@ _LORA_TARGETS = typer.Option(None, "--lora-targets", help="all-linear or a comma
 _ZERO = typer.Option(0, "--zero", help="DeepSpeed ZeRO stage 0|1|2|3.")
 _OFFLOAD = typer.Option("none", "--offload", help="none|optimizer|optimizer+params (DeepSpeed CPU offload).")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
-DEFAULT_SEQ_LEN = 2048
 
 
 def _resolve(model: str, gpu: str, gpu_mem: Optional[str]):
-    from planner.catalog import resolve_model
-    from planner.gpus import get_gpu
+    from planner.estimation import resolve
     from planner.units import parse_bytes
 
-    spec = resolve_model(model)
     memory = parse_bytes(gpu_mem, option="--gpu-mem") if gpu_mem is not None else None
-    return spec, get_gpu(gpu, memory_bytes=memory)
-
-
-def default_seq_len(spec) -> int:
-    return min(DEFAULT_SEQ_LEN, spec.max_seq_len)
-
-
-def _build_config(spec, gpu, *, seq_len: Optional[int], **options: Any):
-    """A validated TrainConfig for this model and device (one-line errors on bad input)."""
-    from planner.config import TrainConfig
-    from planner.errors import InvalidConfigError
-    from planner.gpus import check_attention, check_precision
-    from planner.memory import lora_targets
-
-    seq = default_seq_len(spec) if seq_len is None else seq_len
-    if seq > spec.max_seq_len:
-        raise InvalidConfigError(f"--seq-len {seq} is longer than {spec.id} allows ({spec.max_seq_len}): use at most {spec.max_seq_len}")
-    if options.get("precision") is None:
-        # the HF Trainer recipe: bf16 autocast where the device has bf16 (Ampere+), else fp16
-        options["precision"] = "bf16-mixed" if gpu.bf16 else "fp16-mixed"
-    config = TrainConfig(seq_len=seq, **options)
-    check_precision(gpu, config.precision)
-    check_attention(gpu, config.attention)
-    targets = lora_targets(spec, config)  # unknown module names fail here, with the names that exist
-    if targets and config.lora_r > (widest := max(min(lin.in_features, lin.out_features) for lin in targets)):
-        raise InvalidConfigError(
-            f"--lora-r {config.lora_r} is more than the adapted layers' width ({widest}): a rank above "
-            f"min(in, out) adds parameters but no capacity; use at most {widest}, e.g. 16"
-        )
-    return config
-
-
-#: the TrainConfig fields that estimate and measure take as options of the same name
-_CONFIG_OPTIONS = ("method", "precision", "optimizer", "micro_batch", "grad_accum", "gpus", "grad_ckpt",
-                   "attention", "lora_r", "lora_targets", "zero", "offload")
+    return resolve(model=model, gpu=gpu, gpu_mem_bytes=memory)
 
 
 def _config_options(options: dict[str, Any]) -> dict[str, Any]:
-    return {key: options[key] for key in _CONFIG_OPTIONS}
+    from planner.estimation import CONFIG_OPTIONS
 
-
-def _estimate_dict(spec, gpu, config, estimate, throughput, usable: int) -> dict[str, Any]:
-    from planner.memory import trainable_params
-
-    return {
-        "model": {"id": spec.id, "params": spec.params_total, "active_params": spec.params_active,
-                  "trainable_params": trainable_params(spec, config)},
-        "config": {"model": spec.id, "gpu": gpu.name, "gpu_mem": gpu.memory_bytes, **config.to_dict()},
-        "memory": estimate.to_dict(),
-        "device": {"name": gpu.name, "capacity_bytes": gpu.memory_bytes, "usable_bytes": usable},
-        "fits": estimate.process_total_bytes <= usable,
-        "throughput": throughput.to_dict(),
-    }
+    return {key: options[key] for key in CONFIG_OPTIONS}
 
 
 def _bar(breakdown: dict[str, int], capacity: int, width: int = 60) -> list[str]:
@@ -157,16 +110,10 @@ def estimate(
 ) -> None:
     """Predict memory and speed of ONE fully specified training configuration."""
     from planner.cli._common import console, print_json
-    from planner.memory import estimate_memory
-    from planner.search import safety_margin
-    from planner.throughput import estimate_throughput
+    from planner.estimation import estimate_configuration
 
     spec, device = _resolve(model, gpu, gpu_mem)
-    config = _build_config(spec, device, seq_len=seq_len, **_config_options(locals()))
-    memory = estimate_memory(model=spec, config=config, gpu=device)
-    throughput = estimate_throughput(model=spec, config=config, gpu=device)
-    usable = device.memory_bytes - safety_margin(device.memory_bytes)
-    data = _estimate_dict(spec, device, config, memory, throughput, usable)
+    data, memory = estimate_configuration(spec=spec, gpu=device, seq_len=seq_len, **_config_options(locals()))
     if as_json:
         print_json(data)
         return
@@ -190,6 +137,7 @@ def measure(
     from planner.catalog import fingerprint
     from planner.cli._common import console, print_json
     from planner.errors import InvalidConfigError, MissingDependencyError
+    from planner.estimation import build_config, estimate_dict
     from planner.memory import estimate_memory
     from planner.results import Candidate, PlanRequest
     from planner.search import safety_margin
@@ -198,7 +146,7 @@ def measure(
     spec, device = _resolve(model, gpu, gpu_mem)
     if gpus != 1:
         raise InvalidConfigError("planner measure runs on one device: use --gpus 1 (ZeRO runs as one rank)")
-    config = _build_config(spec, device, seq_len=seq_len, **_config_options(locals()))
+    config = build_config(spec, device, seq_len=seq_len, **_config_options(locals()))
     _check_worker_libraries(config)
     if not device.is_cpu:
         import torch
@@ -217,7 +165,7 @@ def measure(
     measured = workers.measure(model_config=spec.config, config=config, device="cpu" if device.is_cpu else "cuda", steps=steps,
                                timeout_s=timeout, memory_limit_bytes=limit)
     usable = device.memory_bytes - safety_margin(device.memory_bytes)
-    data = _estimate_dict(spec, device, config, predicted, throughput, usable)
+    data = estimate_dict(spec, device, config, predicted, throughput, usable)
     data["measurement"] = measured.to_dict()
     data["error_pct"] = {
         key: (100.0 * (getattr(predicted, key) - getattr(measured, key)) / getattr(measured, key))
@@ -271,12 +219,6 @@ def _check_worker_libraries(config) -> None:
         )
 
 
-def console_to_stderr():
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
-
-
 def _print_measurement(out, data, predicted, measured) -> None:
     from rich.table import Table
 
@@ -307,145 +249,6 @@ def _print_measurement(out, data, predicted, measured) -> None:
                   "step is mostly per-op overhead, which it does not model")
 
 
-def suggest(
-    model: str = _MODEL,
-    gpu: str = _GPU,
-    target_batch: int = typer.Option(..., "--target-batch", "-b", help="Global batch: micro x accumulation x GPUs."),
-    seq_len: Optional[int] = _SEQ,
-    gpus: int = _GPUS,
-    gpu_mem: Optional[str] = _GPU_MEM,
-    method: str = typer.Option("auto", "--method", help="auto|full|lora|qlora"),
-    precision: str = typer.Option("auto", "--precision", help="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16"),
-    no_offload: bool = typer.Option(False, "--no-offload", help="Do not consider DeepSpeed CPU offload."),
-    cpu_mem: Optional[str] = typer.Option(None, "--cpu-mem", help="Host RAM offload may use (default: this machine's RAM)."),
-    top_k: int = typer.Option(5, "--top-k", "-k", help="Plans to show."),
-    db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
-    no_save: bool = typer.Option(False, "--no-save", help="Do not store this plan."),
-    as_json: bool = _JSON,
-) -> None:
-    """Search every configuration that reaches --target-batch and rank what fits: the most faithful
-    method first (full > LoRA > QLoRA, narrowed by --method), then the fastest."""
-    from planner.catalog import fingerprint
-    from planner.cli._common import console, print_json
-    from planner.config import Method, Precision
-    from planner.errors import InvalidConfigError, NothingFitsError
-    from planner.gpus import check_precision, physical_ram_bytes
-    from planner.search import SearchSpace, suggest as run_suggest
-    from planner.units import parse_bytes
-
-    spec, device = _resolve(model, gpu, gpu_mem)
-    seq = default_seq_len(spec) if seq_len is None else seq_len
-    if method != "auto" and method not in {m.value for m in Method}:
-        raise InvalidConfigError(f"--method {method!r} is not a method: use auto|{'|'.join(m.value for m in Method)}")
-    if precision != "auto" and precision not in {p.value for p in Precision}:
-        raise InvalidConfigError(f"--precision {precision!r} is not a precision: use auto|{'|'.join(p.value for p in Precision)}")
-    methods = tuple(Method) if method == "auto" else (Method(method),)
-    precisions = None if precision == "auto" else (Precision(precision),)
-    if precisions:
-        check_precision(device, precisions[0])
-    host = parse_bytes(cpu_mem, option="--cpu-mem") if cpu_mem is not None else physical_ram_bytes()
-    space = SearchSpace(methods=methods, precisions=precisions, allow_offload=not no_offload, cpu_mem_bytes=host)
-    try:
-        result = run_suggest(model=spec, gpu=device, target_batch=target_batch, seq_len=seq, gpus=gpus, space=space,
-                             top_k=top_k, model_fingerprint=fingerprint(spec))
-    except NothingFitsError as exc:
-        if as_json and exc.result is not None:
-            # scripts get the request and every family's closest try; the error line still goes
-            # to stderr and the exit code stays 3
-            print_json(exc.result.to_dict() | {"plan_id": None, "error": str(exc)})
-        raise
-    from planner.cli.store import report_saved, save_plan
-    from planner.errors import StoreError
-
-    # stored before anything is printed: a reader that stops early (| head) loses no plan; a
-    # store that fails still lets the table print first, then the error
-    try:
-        saved, store_error = save_plan(result=result, db=db, save=not no_save), None
-    except StoreError as exc:
-        saved, store_error = None, exc
-    out = console() if not as_json else console_to_stderr()
-    if not as_json:
-        _print_suggestion(out, result, spec=spec, device=device, seq_defaulted=seq_len is None, host=host, no_offload=no_offload)
-    if store_error is not None:
-        raise store_error
-    plan_id = report_saved(saved, console=out)
-    if as_json:
-        data = result.to_dict()
-        data["plan_id"] = plan_id
-        print_json(data)
-
-
-def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: int, no_offload: bool) -> None:
-    from rich.table import Table
-
-    from planner.units import format_bytes
-
-    req = result.request
-    from planner.cli.models_cmd import format_params
-
-    out.print(f"{spec.id} ({format_params(spec.params_total)} params) on {req.gpu_count} x {device.display_name}, "
-              f"target batch {req.target_batch}, seq len {req.seq_len}" + (" (default: min(2048, model max))" if seq_defaulted else ""))
-    out.print(f"device {format_bytes(device.memory_bytes)}, safety margin {format_bytes(result.safety_margin_bytes)}, "
-              f"usable {format_bytes(result.usable_bytes)}; host RAM for offload {'not considered' if no_offload else format_bytes(host)}; "
-              f"{result.searched:,} configurations searched")
-    table = Table(title=f"top {len(result.plans)} plans")
-    for col, justify in (("#", "right"), ("method", "left"), ("precision", "left"), ("optimizer", "left"), ("micro x accum", "right"),
-                         ("ckpt", "left"), ("zero/offload", "left"), ("memory", "right"), ("headroom", "right"), ("tokens/s", "right"),
-                         ("step", "right")):
-        table.add_column(col, justify=justify)
-    for plan in result.plans:
-        c = plan.config
-        method = str(c.method) + (f" r{c.lora_r} {'all-linear' if c.lora_all_linear else 'attn'}" if c.method.uses_adapters else "")
-        zo = "-" if not c.zero else f"zero{c.zero}" + (f"+{c.offload}" if str(c.offload) != "none" else "")
-        table.add_row(str(plan.rank), method, str(c.precision), str(c.optimizer), f"{c.micro_batch} x {c.grad_accum}",
-                      "on" if c.grad_ckpt else "off", zo, format_bytes(plan.memory.process_total_bytes),
-                      format_bytes(result.usable_bytes - plan.memory.process_total_bytes), f"{plan.throughput.tokens_per_s:,.0f}",
-                      f"{plan.throughput.step_s:.3g}s")
-    out.print(table)
-    top = result.plans[0]
-    biggest = sorted(top.memory.breakdown.items(), key=lambda kv: -kv[1])[:5]
-    out.print("plan 1 memory: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in biggest)
-              + (f"; host RAM {format_bytes(top.memory.cpu_bytes)}" if top.memory.cpu_bytes else ""))
-    for line in _knob_costs(top, spec=spec, device=device):
-        out.print(f"  {line}", markup=False)
-    if result.rejected:
-        out.print("why the more faithful options do not fit:")
-        for r in result.rejected[:6]:
-            out.print(f"  {r.family}: {r.reason}", markup=False)
-
-
-def _knob_costs(plan, *, spec, device) -> list[str]:
-    """What each knob of the top plan costs: the same plan with the knob turned back."""
-    from planner.config import Offload, Optimizer
-    from planner.errors import PlannerError
-    from planner.memory import estimate_memory
-    from planner.throughput import estimate_throughput
-    from planner.units import format_bytes
-
-    c = plan.config
-    variants = []
-    if c.grad_ckpt:
-        variants.append(("gradient checkpointing", c.replace(grad_ckpt=False)))
-    if c.optimizer is not Optimizer.ADAMW:
-        variants.append((f"{c.optimizer} instead of adamw", c.replace(optimizer=Optimizer.ADAMW)))
-    if c.offload is not Offload.NONE:
-        variants.append((f"offload {c.offload}", c.replace(offload=Offload.NONE)))
-    if c.grad_accum > 1:
-        variants.append((f"accumulation x{c.grad_accum}", c.replace(micro_batch=c.micro_batch * c.grad_accum, grad_accum=1)))
-    lines = []
-    for name, variant in variants:
-        try:
-            mem = estimate_memory(model=spec, config=variant, gpu=device)
-            thr = estimate_throughput(model=spec, config=variant, gpu=device)
-        except PlannerError:
-            continue
-        saved = mem.process_total_bytes - plan.memory.process_total_bytes
-        slower = plan.throughput.step_s / thr.step_s - 1
-        lines.append(f"{name}: saves {format_bytes(saved)}, costs {slower:+.0%} step time")
-    return lines
-
-
 def register(app: typer.Typer) -> None:
     app.command("estimate")(estimate)
-    app.command("suggest")(suggest)
     app.command("measure")(measure)

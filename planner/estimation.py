@@ -1,0 +1,97 @@
+"""One fully specified configuration: resolve the model and device, validate, predict.
+
+The library behind ``planner estimate`` and ``planner measure`` (and ``POST /v1/estimate``):
+callers parse their own input and print; everything that decides lives here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.config import TrainConfig
+    from planner.gpus import GPUSpec
+    from planner.modelspec import ModelSpec
+    from planner.results import MemoryEstimate, ThroughputEstimate
+
+#: the sequence length used when none is given (capped at the model's maximum)
+DEFAULT_SEQ_LEN = 2048
+
+#: the TrainConfig fields that estimate and measure take as options of the same name
+CONFIG_OPTIONS = ("method", "precision", "optimizer", "micro_batch", "grad_accum", "gpus", "grad_ckpt",
+                  "attention", "lora_r", "lora_targets", "zero", "offload")
+
+
+def resolve(*, model: str, gpu: str, gpu_mem_bytes: int | None = None) -> "tuple[ModelSpec, GPUSpec]":
+    """The model (catalog id, config path or HF cache id) and the device (catalog name)."""
+    from planner.catalog import resolve_model
+    from planner.gpus import get_gpu
+
+    spec = resolve_model(model)
+    return spec, get_gpu(gpu, memory_bytes=gpu_mem_bytes)
+
+
+def default_seq_len(spec: "ModelSpec") -> int:
+    return min(DEFAULT_SEQ_LEN, spec.max_seq_len)
+
+
+def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **options: Any) -> "TrainConfig":
+    """A validated TrainConfig for this model and device (one-line errors on bad input)."""
+    from planner.config import TrainConfig
+    from planner.errors import InvalidConfigError
+    from planner.gpus import check_attention, check_precision
+    from planner.memory import lora_targets
+
+    seq = default_seq_len(spec) if seq_len is None else seq_len
+    if seq > spec.max_seq_len:
+        raise InvalidConfigError(f"--seq-len {seq} is longer than {spec.id} allows ({spec.max_seq_len}): use at most {spec.max_seq_len}")
+    if options.get("precision") is None:
+        # the HF Trainer recipe: bf16 autocast where the device has bf16 (Ampere+), else fp16
+        options["precision"] = "bf16-mixed" if gpu.bf16 else "fp16-mixed"
+    config = TrainConfig(seq_len=seq, **options)
+    check_precision(gpu, config.precision)
+    check_attention(gpu, config.attention)
+    targets = lora_targets(spec, config)  # unknown module names fail here, with the names that exist
+    if targets and config.lora_r > (widest := max(min(lin.in_features, lin.out_features) for lin in targets)):
+        raise InvalidConfigError(
+            f"--lora-r {config.lora_r} is more than the adapted layers' width ({widest}): a rank above "
+            f"min(in, out) adds parameters but no capacity; use at most {widest}, e.g. 16"
+        )
+    return config
+
+
+def estimate_dict(spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig", estimate: "MemoryEstimate",
+                  throughput: "ThroughputEstimate", usable: int) -> dict[str, Any]:
+    """The JSON form of one estimate (``planner estimate --json``)."""
+    from planner.memory import trainable_params
+
+    return {
+        "model": {"id": spec.id, "params": spec.params_total, "active_params": spec.params_active,
+                  "trainable_params": trainable_params(spec, config)},
+        "config": {"model": spec.id, "gpu": gpu.name, "gpu_mem": gpu.memory_bytes, **config.to_dict()},
+        "memory": estimate.to_dict(),
+        "device": {"name": gpu.name, "capacity_bytes": gpu.memory_bytes, "usable_bytes": usable},
+        "fits": estimate.process_total_bytes <= usable,
+        "throughput": throughput.to_dict(),
+    }
+
+
+def estimate_configuration(*, spec: "ModelSpec", gpu: "GPUSpec", seq_len: int | None = None,
+                           **options: Any) -> "tuple[dict[str, Any], MemoryEstimate]":
+    """Memory and speed of one configuration: (the ``--json`` dict, the memory estimate).
+
+    ``options`` are TrainConfig fields (see ``CONFIG_OPTIONS``); ``precision=None`` takes the
+    device's mixed precision."""
+    from planner.memory import estimate_memory
+    from planner.search import safety_margin
+    from planner.throughput import estimate_throughput
+
+    config = build_config(spec, gpu, seq_len=seq_len, **options)
+    memory = estimate_memory(model=spec, config=config, gpu=gpu)
+    throughput = estimate_throughput(model=spec, config=config, gpu=gpu)
+    usable = gpu.memory_bytes - safety_margin(gpu.memory_bytes)
+    return estimate_dict(spec, gpu, config, memory, throughput, usable), memory
+
+
+__all__ = ["CONFIG_OPTIONS", "DEFAULT_SEQ_LEN", "build_config", "default_seq_len", "estimate_configuration",
+           "estimate_dict", "resolve"]

@@ -1,0 +1,118 @@
+"""A planning request: what ``planner suggest`` (and ``POST /v1/plans``) asks the search.
+
+``SuggestRequest`` holds the user's request as it was given (model name, GPU name, sizes in
+bytes); ``make_plan`` resolves and validates it, searches and returns the ranked result.
+``to_cli_args`` writes the same request back as ``planner suggest`` arguments, which is how a
+Ray job re-runs it on a cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.gpus import GPUSpec
+    from planner.modelspec import ModelSpec
+    from planner.results import PlanResult
+
+#: suggest's --method / --precision accept these besides the enum values
+AUTO = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuggestRequest:
+    """What to plan for. Names are resolved and values validated by ``make_plan``."""
+
+    model: str
+    """Catalog id, path to a config.json or model folder, or an HF id in the local cache."""
+    gpu: str
+    """GPU name from the catalog (``planner gpus``) or ``cpu``."""
+    target_batch: int
+    """Global batch in sequences: micro-batch x accumulation x GPUs."""
+    seq_len: int | None = None
+    """Tokens per sequence; None: min(2048, the model's maximum)."""
+    gpus: int = 1
+    """Data-parallel devices (on one node)."""
+    gpu_mem_bytes: int | None = None
+    """Override of the device memory (on ``cpu``: the limit verification runs are held to)."""
+    method: str = AUTO
+    """auto|full|lora|qlora."""
+    precision: str = AUTO
+    """auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16."""
+    allow_offload: bool = True
+    """Consider DeepSpeed CPU offload."""
+    cpu_mem_bytes: int | None = None
+    """Host RAM offload may use; None: this machine's RAM."""
+    top_k: int = 5
+    """Plans to keep."""
+
+    def to_cli_args(self) -> list[str]:
+        """``planner suggest`` arguments that make the same request."""
+        args = ["--model", self.model, "--gpu", self.gpu, "--target-batch", str(self.target_batch)]
+        if self.seq_len is not None:
+            args += ["--seq-len", str(self.seq_len)]
+        if self.gpus != 1:
+            args += ["--gpus", str(self.gpus)]
+        if self.gpu_mem_bytes is not None:
+            args += ["--gpu-mem", f"{self.gpu_mem_bytes}B"]
+        if self.method != AUTO:
+            args += ["--method", self.method]
+        if self.precision != AUTO:
+            args += ["--precision", self.precision]
+        if not self.allow_offload:
+            args.append("--no-offload")
+        if self.cpu_mem_bytes is not None:
+            args += ["--cpu-mem", f"{self.cpu_mem_bytes}B"]
+        if self.top_k != 5:
+            args += ["--top-k", str(self.top_k)]
+        return args
+
+
+@dataclass(frozen=True, kw_only=True)
+class Planned:
+    """``make_plan``'s answer: the ranked result and what it was resolved against."""
+
+    result: "PlanResult"
+    spec: "ModelSpec"
+    device: "GPUSpec"
+    host_bytes: int
+    """Host RAM the search allowed offload to use."""
+    seq_defaulted: bool
+    """True when the sequence length was not given and the default was used."""
+
+
+def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None) -> Planned:
+    """Resolve, validate and search. ``spec`` replaces resolving ``request.model`` (a config sent
+    inline over HTTP). Raises ``PlannerError``s for bad input and ``NothingFitsError`` (with the
+    closest tries) when nothing fits."""
+    from planner.catalog import fingerprint
+    from planner.config import Method, Precision
+    from planner.errors import InvalidConfigError
+    from planner.estimation import default_seq_len, resolve
+    from planner.gpus import check_precision, get_gpu, physical_ram_bytes
+    from planner.search import SearchSpace, suggest
+
+    if spec is None:
+        spec, device = resolve(model=request.model, gpu=request.gpu, gpu_mem_bytes=request.gpu_mem_bytes)
+    else:
+        device = get_gpu(request.gpu, memory_bytes=request.gpu_mem_bytes)
+    if request.method != AUTO and request.method not in {m.value for m in Method}:
+        raise InvalidConfigError(f"--method {request.method!r} is not a method: use auto|{'|'.join(m.value for m in Method)}")
+    if request.precision != AUTO and request.precision not in {p.value for p in Precision}:
+        raise InvalidConfigError(
+            f"--precision {request.precision!r} is not a precision: use auto|{'|'.join(p.value for p in Precision)}"
+        )
+    methods = tuple(Method) if request.method == AUTO else (Method(request.method),)
+    precisions = None if request.precision == AUTO else (Precision(request.precision),)
+    if precisions:
+        check_precision(device, precisions[0])
+    host = request.cpu_mem_bytes if request.cpu_mem_bytes is not None else physical_ram_bytes()
+    space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host)
+    seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
+    result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=seq, gpus=request.gpus,
+                     space=space, top_k=request.top_k, model_fingerprint=fingerprint(spec))
+    return Planned(result=result, spec=spec, device=device, host_bytes=host, seq_defaulted=request.seq_len is None)
+
+
+__all__ = ["AUTO", "Planned", "SuggestRequest", "make_plan"]
