@@ -68,3 +68,7 @@ class ClusterUnavailableError(PlannerError):
 
 class NoMatchingNodeError(ClusterUnavailableError):
     """The Ray cluster is up but no alive node has the requested accelerator type and count."""
+
+
+class JobNotFoundError(PlannerError):
+    """A Ray job id the cluster does not know."""
