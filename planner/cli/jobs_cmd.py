@@ -44,6 +44,9 @@ def submit(
         raise InvalidConfigError("planner submit sends a verification: to plan without one, run planner suggest")
     request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k)
+    import logging
+
+    logging.getLogger("ray").setLevel(logging.WARNING)  # the SDK's INFO lines about uploading the config
     url = db or default_database_url()
     sent = submit_verification(request=request, address=address, database_url=url, verify_top=verify_top, steps=steps,
                                run_timeout_s=run_timeout)

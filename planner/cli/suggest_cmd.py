@@ -48,10 +48,12 @@ def suggest(
 
         raise InvalidConfigError("--verify stores its runs with the plan: drop --no-save")
     options = _verify_options(verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout) if verify else None
-    if options is not None and options.address:
-        from planner.verify.cluster import check_reachable
+    if options is not None or plan_id is not None:
+        from planner.verify.cluster import check_reachable, import_ray
 
-        check_reachable(options.address)  # an unreachable cluster fails before anything is planned or stored
+        import_ray()  # Ray missing, or an unreachable cluster: one line before anything is planned or stored
+        if ray_address:
+            check_reachable(ray_address)
     request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k)
     planned = _plan(request, as_json=as_json)

@@ -8,7 +8,7 @@ A10G" -> "A10G", "Tesla V100-SXM2-16GB" -> "V100", "NVIDIA GeForce RTX 4090" ->
 "GeForce-RTX-4090"). A node can also be given one by hand:
 ``ray start --resources '{"accelerator_type:A10G": 1}'``.
 
-Pure data and functions: no Ray import (tests check the constants against ray.util.accelerators).
+Pure data and functions: no Ray import (tests check the constants against Ray's own).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ class RayAccelerator:
     accelerator_type: str
     """What a node with this GPU advertises (``accelerator_type:<this>``)."""
     constant: str | None
-    """Its name in ``ray.util.accelerators``; None where Ray defines none (the type is then the
-    string Ray's NVML detection produces for the device name)."""
+    """Its name in ``ray.util.accelerators.accelerators`` (the package re-exports some of them:
+    not NVIDIA_L40S or NVIDIA_H200 in Ray 2.60); None where Ray defines none (the type is then
+    the string Ray's NVML detection produces for the device name)."""
     shared_with: str = ""
     """Other catalog GPUs Ray detects as the same type, when the type does not tell memory sizes
     apart; the run is then held to this GPU's memory."""

@@ -50,6 +50,22 @@ def job_address(address: str | None) -> str:
     return env if env.startswith(("http://", "https://")) else DEFAULT_ADDRESS
 
 
+def auth_headers() -> dict[str, str]:
+    """The cluster's token as a bearer header, found where Ray's own CLI looks
+    (``RAY_AUTH_TOKEN``, the file at ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``); empty when
+    there is none. Ray 2.5x+ clusters started with ``ray start`` require it by default
+    (https://docs.ray.io/en/latest/ray-security/token-auth.html), and the SDK only sends it by
+    itself when ``RAY_AUTH_MODE=token`` is set."""
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if not token:
+        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+        try:
+            token = path.read_text().strip()
+        except OSError:
+            token = ""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def job_client(address: str) -> Any:
     """A ``JobSubmissionClient``; one line when the job API does not answer."""
     from planner.verify.cluster import import_ray
@@ -58,7 +74,7 @@ def job_client(address: str) -> Any:
     from ray.job_submission import JobSubmissionClient
 
     try:
-        return JobSubmissionClient(address)
+        return JobSubmissionClient(address, headers=auth_headers())
     except Exception as exc:  # requests' and Ray's connection errors have no common base
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClusterUnavailableError(
