@@ -273,3 +273,94 @@ def psutil_children_alive(pid: int) -> bool:
     import psutil
 
     return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+
+# ---- job submission to a real head -----------------------------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head():
+    """``ray start --head`` with the dashboard (the job API) on 127.0.0.1, in a process group of
+    its own that the test stops by its pid: nothing else's Ray is touched."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    pytest.importorskip("ray.dashboard")
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # unix socket paths must stay short
+    dashboard = _free_port()
+    cmd = ["ray", "start", "--head", "--block", "--num-cpus", "2", "--port", str(_free_port()),
+           "--include-dashboard=true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
+           "--ray-client-server-port", str(_free_port()), "--dashboard-agent-listen-port", str(_free_port()),
+           "--temp-dir", temp]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    log = open(os.path.join(temp, "head.log"), "wb")
+    head = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        from planner.verify.jobs import job_client
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                job_client(address).list_jobs()
+                break
+            except Exception:
+                if head.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(open(os.path.join(temp, "head.log")).read()[-3000:])
+                time.sleep(1)
+        yield address
+    finally:
+        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(head.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                head.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # what ray start spawned shares its process group
+            os.killpg(head.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_submit_a_planning_job_wait_for_it_and_find_the_verified_plan(cli, tiny_config, ray_head):
+    pytest.importorskip("torch")
+    r = cli("submit", "--address", ray_head, "-m", tiny_config, "-g", "cpu", "-b", "4", "--seq-len", "64", "--verify",
+            "--verify-top", "1", "--json")
+    assert r.code == 0, r
+    sent = json.loads(r.out)
+    job_id, plan_id = sent["job_id"], sent["plan_id"]
+    assert sent["entrypoint"].startswith("planner suggest --model config.json --gpu cpu --target-batch 4 --seq-len 64")
+    assert sent["entrypoint"].endswith(f"--verify --verify-top 1 --steps 3 --run-timeout 900 --plan-id {plan_id}")
+
+    status = cli("jobs", "status", job_id, "--wait", "--timeout", "600", "--address", ray_head, "--json")
+    logs = cli("jobs", "logs", job_id, "--address", ray_head)
+    assert status.code == 0, (status, logs.out[-3000:])
+    data = json.loads(status.out)
+    assert data["status"] == "SUCCEEDED" and data["terminal"] is True and data["plan_id"] == plan_id
+    assert data["plan_status"] == "verified"
+
+    # the SQL store the job wrote (this test's database, handed to it in the runtime env)
+    plan = json.loads(cli("show", plan_id, "--json").out)
+    assert plan["status"] == "verified" and plan["ray_job_id"] == job_id
+    [run] = [m for c in plan["candidates"] for m in c["measurements"]]
+    assert run["outcome"] == "ok" and run["peak_allocated_bytes"] > 0
+    assert logs.code == 0 and "answer: #1" in logs.out and "verified: measured vs predicted" in logs.out
+    human = cli("jobs", "status", job_id, "--address", ray_head)
+    assert f"job {job_id}: SUCCEEDED" in human.out and f"plan {plan_id}: verified" in human.out
+    listed = json.loads(cli("jobs", "list", "--address", ray_head, "--json").out)
+    assert [j["plan_id"] for j in listed if j["job_id"] == job_id] == [plan_id]
+    missing = cli("jobs", "status", "raysubmit_nothere", "--address", ray_head)
+    assert missing.code == 2 and "no Ray job 'raysubmit_nothere'" in missing.err
