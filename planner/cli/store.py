@@ -150,8 +150,11 @@ def print_plan(plan: "StoredPlan", *, console: "Console") -> None:
             f"searched {plan.searched} configurations; usable {format_bytes(plan.usable_bytes)} "
             f"(safety margin {format_bytes(plan.safety_margin_bytes)})"
         )
+    if plan.status_reason:
+        when = f" ({_when(plan.status_changed_at)})" if plan.status_changed_at else ""
+        console.print(f"{plan.status}{when}: {plan.status_reason}", markup=False)
     if plan.ray_job_id:
-        console.print(f"ray job: {plan.ray_job_id}")
+        console.print(f"ray job: {plan.ray_job_id}", markup=False)
     console.print(_candidates_table(plan))
     for line in _breakdowns(plan):
         console.print(line)
@@ -166,13 +169,14 @@ def _history_table(rows: "list[PlanSummary]") -> Any:
     from rich.table import Table
 
     table = Table()
-    for name in ("id", "when (UTC)", "model", "GPU", "batch", "top plan", "verified?"):
+    for name in ("id", "when (UTC)", "model", "GPU", "batch", "top plan", "verified?", "runs"):
         # only the plan label may wrap: ids, names and times stay copyable
         table.add_column(name, justify="right" if name == "batch" else "left", no_wrap=name != "top plan")
     for row in rows:
         table.add_row(
             row.id[:SHORT_ID], row.created_at.strftime("%Y-%m-%d %H:%M"), row.model_id, _gpu(row.gpu, row.gpu_count),
             f"{row.target_batch} x {row.seq_len}", row.top_plan or "nothing fits", _verified(row.status),
+            str(row.measurements) if row.measurements else "-",
         )
     return table
 
