@@ -366,3 +366,15 @@ def test_memory_helper_breakdown_sums_to_peak():
     m = memory(activations=1000)
     # 16,060,522,496 weights + 4 x 167,772,160 (LoRA fp32: weights, grads, 2 Adam states) + 1000
     assert m.peak_allocated_bytes == 16_060_522_496 + 4 * 167_772_160 + 1000 == sum(m.breakdown.values())
+
+
+def test_a_model_id_longer_than_the_store_keeps_is_refused_before_anything_is_written(store):
+    from planner.limits import MODEL_ID_MAX_CHARS
+
+    long_id = "/m" * (MODEL_ID_MAX_CHARS // 2 + 1)
+    with pytest.raises(StoreError, match=f"the model id is 1,026 characters and the store keeps at most 1,024"):
+        store.save_plan(result=plan_result(req=request(model_id=long_id)))
+    assert store.count_plans() == 0
+    # the longest it keeps, on SQLite and PostgreSQL alike (varchar(255) refused 256 before 0002)
+    plan_id = store.save_plan(result=plan_result(req=request(model_id="/m" * (MODEL_ID_MAX_CHARS // 2))))
+    assert len(store.get_plan(plan_id=plan_id).request.model_id) == MODEL_ID_MAX_CHARS

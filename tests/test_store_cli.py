@@ -61,7 +61,12 @@ def test_history_bad_options(cli, filled):
     assert "--status must be one of planned|verifying|verified|failed|measured" in one_error_line(
         cli("history", "--status", "done"))
     assert "--since 'soon' is not a time" in one_error_line(cli("history", "--since", "soon"))
-    assert "-n must be a whole number >= 1" in one_error_line(cli("history", "-n", "0"))
+    assert "-n must be a whole number from 1 to 100,000, got 0" in one_error_line(cli("history", "-n", "0"))
+    # past SQLite's 64-bit LIMIT, and times that leave the years 1-9999 when made UTC
+    assert "-n must be a whole number from 1 to 100,000, got 9223372036854775808" in one_error_line(
+        cli("history", "-n", "9223372036854775808"))
+    for since in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-05:00"):
+        assert f"--since '{since}' falls outside the years 1-9999 in UTC" in one_error_line(cli("history", "--since", since))
 
 
 def test_show_by_prefix_with_predicted_vs_measured(cli, filled):

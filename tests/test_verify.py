@@ -295,7 +295,9 @@ def ray_head():
     pytest.importorskip("ray.dashboard")
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # unix socket paths must stay short
     dashboard = _free_port()
-    cmd = ["ray", "start", "--head", "--block", "--num-cpus", "2", "--port", str(_free_port()),
+    import sys
+
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--num-cpus", "2", "--port", str(_free_port()),
            "--include-dashboard=true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
            "--ray-client-server-port", str(_free_port()), "--dashboard-agent-listen-port", str(_free_port()),
            "--temp-dir", temp]

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from planner.errors import PlannerError, StoreError
 from planner.results import Candidate, Measurement, PlanRequest, PlanResult
+from planner.limits import check_model_id
 from planner.store.dbmodels import (
     MEASUREMENT_FIELDS,
     REQUEST_FIELDS,
@@ -50,6 +51,10 @@ T = TypeVar("T")
 #: renews every few seconds while runs are under way, so this only bounds how long a dead
 #: driver's plan looks alive.
 DEFAULT_LEASE_S = 120.0
+
+#: The most plans one history query returns (-n): SQLite's LIMIT is a signed 64-bit integer,
+#: and no terminal or script wants more at once.
+MAX_HISTORY = 100_000
 
 _HEX_ID = re.compile(r"[0-9a-f]{1,32}")
 _RELATIVE = re.compile(r"^\s*(\d+)\s*([mhdw])\s*$", re.IGNORECASE)
@@ -103,7 +108,11 @@ def parse_since(text: str, /, *, now: datetime | None = None) -> datetime:
             raise PlannerError(
                 f"--since {text!r} is not a time: write e.g. 7d, 12h, 30m or 2026-11-01"
             ) from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    when = when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    try:
+        return when.astimezone(timezone.utc)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is in the year 0 in UTC
+        raise PlannerError(f"--since {text!r} falls outside the years 1-9999 in UTC: write e.g. 7d or 2026-11-01") from None
 
 
 def _timestamp(text: str, *, what: str) -> datetime | None:
@@ -120,6 +129,7 @@ def _timestamp(text: str, *, what: str) -> datetime | None:
 def _request_row(
     *, plan_id: str, request: PlanRequest, status: PlanStatus, result: PlanResult | None, ray_job_id: str | None
 ) -> PlanRequestRow:
+    check_model_id(request.model_id)
     return PlanRequestRow(
         id=plan_id,
         created_at=utcnow(),
@@ -394,8 +404,8 @@ class Store:
     ) -> list[PlanSummary]:
         """Past plans, newest first. ``model`` matches any part of the model id and ``gpu`` the
         whole GPU name, both ignoring case."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise PlannerError(f"-n must be a whole number >= 1, got {limit!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_HISTORY:
+            raise PlannerError(f"-n must be a whole number from 1 to {MAX_HISTORY:,}, got {limit!r}")
         r = PlanRequestRow
         query = select(r)
         if model:
@@ -510,4 +520,4 @@ def database_revision(*, url: str | None = None) -> "SchemaState":
     return _with_engine(url, look)
 
 
-__all__ = ["Store", "database_revision", "upgrade_database", "canonical_json", "constraints_hash", "new_id", "open_store", "parse_since"]
+__all__ = ["MAX_HISTORY", "Store", "database_revision", "upgrade_database", "canonical_json", "constraints_hash", "new_id", "open_store", "parse_since"]

@@ -32,6 +32,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 from planner.config import TrainConfig
+from planner.limits import MODEL_ID_MAX_CHARS
 from planner.results import (
     Candidate,
     Measurement,
@@ -87,10 +88,6 @@ class UTCDateTime(TypeDecorator[datetime]):
             return value.replace(tzinfo=timezone.utc)
         return value.astimezone(timezone.utc)
 
-
-#: The longest model id (catalog id, config path, HF id) the store keeps, on every backend
-#: (migration 0002; Linux paths reach 4096 but a config path past 1024 is a typo in practice).
-MODEL_ID_MAX_CHARS = 1024
 
 #: Fields copied one to one between ``PlanRequest`` and ``PlanRequestRow``.
 REQUEST_FIELDS = (
@@ -285,7 +282,6 @@ class MeasurementRow(Base):
 
 __all__ = [
     "MEASUREMENT_FIELDS",
-    "MODEL_ID_MAX_CHARS",
     "REQUEST_FIELDS",
     "copy_fields",
     "Base", "CandidateRow", "MeasurementRow", "PlanRequestRow", "UTCDateTime", "VERSION_TABLE"]
