@@ -221,3 +221,11 @@ def test_suggest_with_an_unreachable_database_prints_the_plan_then_the_error(cli
     assert r.code != 0
     assert "top" in r.out and "plans" in r.out
     assert r.err.strip().startswith("error: cannot open database") and len(r.err.strip().splitlines()) == 1
+
+
+def test_history_finds_a_gpu_by_the_alias_suggest_accepts(cli):
+    assert cli("suggest", "--model", "gpt2", "--gpu", "h100", "--target-batch", "8").code == 0
+    for name in ("h100", "H100-80GB", "nvidia-h100"):
+        rows = json.loads(cli("history", "--json", "--gpu", name).out)
+        assert [r["gpu"] for r in rows] == ["h100-80gb"], name
+    assert json.loads(cli("history", "--json", "--gpu", "a10g").out) == []

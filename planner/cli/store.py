@@ -240,6 +240,21 @@ def save_measurement(*, request: "PlanRequest", candidate: "Candidate", measurem
     return plan_id
 
 
+def _catalog_gpu(name: str | None) -> str | None:
+    """The catalog name of a GPU written as suggest accepts it (``h100`` -> ``h100-80gb``, ``A10G``
+    -> ``a10g``): plans are stored under catalog names. A name the catalog does not know is kept
+    as typed (plans of older catalogs)."""
+    from planner.errors import UnknownGPUError
+    from planner.gpus import get_gpu
+
+    if not name:
+        return name
+    try:
+        return get_gpu(name).name
+    except UnknownGPUError:
+        return name
+
+
 # ---- commands ------------------------------------------------------------------------------
 def history(
     model: Optional[str] = typer.Option(None, "--model", help="Part of the model id (any case)."),
@@ -257,7 +272,7 @@ def history(
     since_at = parse_since(since) if since else None
     status_value = parse_status(status) if status else None
     with open_store(url=db) as store:
-        rows = store.history(model=model, gpu=gpu, status=status_value, since=since_at, limit=limit)
+        rows = store.history(model=model, gpu=_catalog_gpu(gpu), status=status_value, since=since_at, limit=limit)
     if as_json:
         print_json([row.to_dict() for row in rows])
     elif not rows:
