@@ -366,3 +366,28 @@ def test_submit_a_planning_job_wait_for_it_and_find_the_verified_plan(cli, tiny_
     assert [j["plan_id"] for j in listed if j["job_id"] == job_id] == [plan_id]
     missing = cli("jobs", "status", "raysubmit_nothere", "--address", ray_head)
     assert missing.code == 2 and "no Ray job 'raysubmit_nothere'" in missing.err
+
+
+@pytest.mark.slow
+def test_runs_are_held_to_the_planned_memory_and_an_oom_makes_way_for_the_next(tiny_config, monkeypatch):
+    """On the cpu profile the plan's memory is the runs' limit (the probe's): a plan made for
+    4 MiB OOMs when run; each OOM is stored as a result and the next candidate is tried."""
+    pytest.importorskip("torch")
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    from dataclasses import replace
+
+    from planner.planning import SuggestRequest, make_plan
+    from planner.store import PlanStatus, open_store
+    from planner.verify.driver import RunState, VerifyOptions, verify_plan
+
+    planned = make_plan(SuggestRequest(model=str(tiny_config), gpu="cpu", target_batch=4, seq_len=64, top_k=2))
+    tiny_device = replace(planned.result.request, gpu_memory_bytes=4 * 1024**2)
+    with open_store() as store:
+        plan_id = store.save_plan(result=replace(planned.result, request=tiny_device))
+        report = verify_plan(store=store, plan_id=plan_id, gpu=planned.device, model_config=planned.spec.config,
+                             options=VerifyOptions(top=1, num_cpus=2))
+        stored = store.get_plan(plan_id=plan_id)
+    assert [r.state for r in report.runs] == [RunState.OOM, RunState.OOM]
+    assert all("memory limit" in c.latest.measurement.error for c in stored.candidates)
+    assert stored.status is PlanStatus.FAILED and stored.status_reason.startswith("no candidate fit when run: #1 oom")
