@@ -8,6 +8,9 @@ from typing import Optional
 import typer
 
 from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ
+from planner.cli.suggest_cmd import (
+    CPU_MEM, GPU_MEM, METHOD, NO_OFFLOAD, PRECISION, RUN_TIMEOUT, STEPS, TARGET_BATCH, TOP_K, VERIFY_TOP,
+)
 
 _ADDRESS = typer.Option(None, "--address", help="The Ray job API, http://HEAD:8265 (default: $RAY_ADDRESS when it is http, else http://127.0.0.1:8265).")
 _DB = typer.Option(None, "--db", help="Database URL the job writes to (default: PLANNER_DATABASE_URL or the local SQLite file).")
@@ -16,19 +19,19 @@ _DB = typer.Option(None, "--db", help="Database URL the job writes to (default: 
 def submit(
     model: str = _MODEL,
     gpu: str = _GPU,
-    target_batch: int = typer.Option(..., "--target-batch", "-b", help="Global batch: micro x accumulation x GPUs."),
+    target_batch: int = TARGET_BATCH,
     seq_len: Optional[int] = _SEQ,
     gpus: int = _GPUS,
-    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB."),
-    method: str = typer.Option("auto", "--method", help="auto|full|lora|qlora"),
-    precision: str = typer.Option("auto", "--precision", help="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16"),
-    no_offload: bool = typer.Option(False, "--no-offload", help="Do not consider DeepSpeed CPU offload."),
-    cpu_mem: Optional[str] = typer.Option(None, "--cpu-mem", help="Host RAM offload may use (default: this machine's RAM)."),
-    top_k: int = typer.Option(5, "--top-k", "-k", help="Plans kept (and the pool verification falls back on)."),
+    gpu_mem: Optional[str] = GPU_MEM,
+    method: str = METHOD,
+    precision: str = PRECISION,
+    no_offload: bool = NO_OFFLOAD,
+    cpu_mem: Optional[str] = CPU_MEM,
+    top_k: int = TOP_K,
     verify: bool = typer.Option(True, "--verify/--no-verify", help="The job verifies the plan (it always does: the flag is accepted as suggest's)."),
-    verify_top: int = typer.Option(3, "--verify-top", help="Candidates to verify fitting (default: 3)."),
-    steps: int = typer.Option(3, "--steps", help="Optimizer steps per verification run (default: 3)."),
-    run_timeout: float = typer.Option(900, "--run-timeout", help="Seconds before a verification run is killed (default: 900)."),
+    verify_top: int = VERIFY_TOP,
+    steps: int = STEPS,
+    run_timeout: float = RUN_TIMEOUT,
     address: Optional[str] = _ADDRESS,
     db: Optional[str] = _DB,
     as_json: bool = _JSON,

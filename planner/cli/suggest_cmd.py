@@ -11,25 +11,36 @@ from planner.cli.plan import _GPU, _GPU_MEM, _GPUS, _JSON, _MODEL, _SEQ
 
 
 _VERIFY_HELP = "Verify the top candidates with short real runs on Ray workers (embedded Ray, or --ray-address)."
+# Options suggest shares with planner submit (one definition, two commands).
+TARGET_BATCH = typer.Option(..., "--target-batch", "-b", help="Global batch: micro x accumulation x GPUs.")
+GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB (with --gpu cpu: the limit verification runs are held to).")
+METHOD = typer.Option("auto", "--method", help="auto|full|lora|qlora")
+PRECISION = typer.Option("auto", "--precision", help="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16")
+NO_OFFLOAD = typer.Option(False, "--no-offload", help="Do not consider DeepSpeed CPU offload.")
+CPU_MEM = typer.Option(None, "--cpu-mem", help="Host RAM offload may use (default: this machine's RAM).")
+TOP_K = typer.Option(5, "--top-k", "-k", help="Plans to show (and the pool verification falls back on).")
+VERIFY_TOP = typer.Option(3, "--verify-top", help="Candidates to verify fitting (default: 3).")
+STEPS = typer.Option(3, "--steps", help="Optimizer steps per verification run; the last is measured (default: 3).")
+RUN_TIMEOUT = typer.Option(900, "--run-timeout", help="Seconds before a verification run is killed (default: 900).")
 
 
 def suggest(
     model: str = _MODEL,
     gpu: str = _GPU,
-    target_batch: int = typer.Option(..., "--target-batch", "-b", help="Global batch: micro x accumulation x GPUs."),
+    target_batch: int = TARGET_BATCH,
     seq_len: Optional[int] = _SEQ,
     gpus: int = _GPUS,
-    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB (with --gpu cpu: the limit verification runs are held to)."),
-    method: str = typer.Option("auto", "--method", help="auto|full|lora|qlora"),
-    precision: str = typer.Option("auto", "--precision", help="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16"),
-    no_offload: bool = typer.Option(False, "--no-offload", help="Do not consider DeepSpeed CPU offload."),
-    cpu_mem: Optional[str] = typer.Option(None, "--cpu-mem", help="Host RAM offload may use (default: this machine's RAM)."),
-    top_k: int = typer.Option(5, "--top-k", "-k", help="Plans to show (and the pool verification falls back on)."),
+    gpu_mem: Optional[str] = GPU_MEM,
+    method: str = METHOD,
+    precision: str = PRECISION,
+    no_offload: bool = NO_OFFLOAD,
+    cpu_mem: Optional[str] = CPU_MEM,
+    top_k: int = TOP_K,
     verify: bool = typer.Option(False, "--verify", help=_VERIFY_HELP),
-    verify_top: int = typer.Option(3, "--verify-top", help="Candidates to verify fitting (default: 3)."),
-    steps: int = typer.Option(3, "--steps", help="Optimizer steps per verification run; the last is measured (default: 3)."),
+    verify_top: int = VERIFY_TOP,
+    steps: int = STEPS,
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to run on: auto, HOST:6379 or ray://HOST:10001 (default: $RAY_ADDRESS, else Ray embedded here)."),
-    run_timeout: float = typer.Option(900, "--run-timeout", help="Seconds before a verification run is killed (default: 900)."),
+    run_timeout: float = RUN_TIMEOUT,
     fresh: bool = typer.Option(False, "--fresh", help="Plan again even when a verified plan for this request is stored."),
     plan_id: Optional[str] = typer.Option(None, "--plan-id", hidden=True, help="Verify this stored plan of the same request (planner submit's jobs)."),
     db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
