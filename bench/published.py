@@ -223,7 +223,9 @@ def _throughput_lines(results: list[dict[str, Any]]) -> list[str]:
         return ["No row publishes a throughput."]
     errs = [abs(r["tokens_error"]) for r in rows]
     lines = [f"{len(rows)} rows publish samples/s or tokens/s. Median absolute throughput error "
-             f"{statistics.median(errs) * 100:.0f}%, p90 {_p90(errs) * 100:.0f}% (memory error of the same rows beside it).", "",
+             f"{statistics.median(errs) * 100:.0f}%, p90 {_p90(errs) * 100:.0f}% (memory error of the same rows beside it). "
+             "The throughput model runs on its uncalibrated defaults (MFU and bandwidth efficiency per device, see each "
+             "estimate's assumptions); these rows are measurements `planner calibrate` (item 4) can fit them from.", "",
              "| row | measured tokens/s | predicted tokens/s | throughput error | memory error |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['id']} | {r['tokens_measured']:.0f} | {r['tokens_predicted']:.0f} | {_pct(r['tokens_error'])} | {_pct(r['error'])} |"
               for r in rows]
@@ -264,6 +266,10 @@ def _context_lines(results: list[dict[str, Any]], data: dict[str, Any]) -> list[
     return lines
 
 
+def _reading_lines(data: dict[str, Any]) -> list[str]:
+    return [f"- **{src['title']}.** {src['analysis']}" for src in data["sources"].values() if src.get("analysis")]
+
+
 def _terms_lines(data: dict[str, Any]) -> list[str]:
     lines = ["| term | what | pushes the prediction | source |", "|---|---|---|---|"]
     lines += [f"| {k} | {t['what']} | {t['effect']} | {t['source']} |" for k, t in data["terms"].items()]
@@ -288,6 +294,7 @@ def markdown(results: list[dict[str, Any]], data: dict[str, Any]) -> str:
         "## Summary", "", *_summary_lines(results), "",
         "Targets (issue 10):", "", *_target_lines(results), "",
         "## By source", "", *_by_source_lines(results, data), "",
+        "## Reading the errors, source by source", "", *_reading_lines(data), "",
         "## Throughput", "", *_throughput_lines(results), "",
         "## Row by row", "",
         "`guessed` names each setting the source does not state. The last column names the physical terms the model "
