@@ -36,8 +36,8 @@ HERE = Path(__file__).resolve().parent
 ROWS = HERE / "published_rows.json"
 RESULTS = HERE / "results" / "accuracy-gpu-published.md"
 
-#: bytes per unit as the sources print them (MiB: ``//1024**2``; GB: ``/1e9``; GiB: ``/1024**3``)
-UNITS = {"MiB": 2**20, "GiB": 2**30, "GB": 10**9, "MB": 10**6}
+#: bytes per unit as the sources print them (B: raw bytes; MiB: ``//1024**2`` or nvidia-smi; GB: ``/1e9``; GiB: ``/1024**3``)
+UNITS = {"B": 1, "MiB": 2**20, "GiB": 2**30, "GB": 10**9, "MB": 10**6}
 #: the measured counter -> the ``MemoryEstimate`` field that predicts it
 METRICS = {
     "max_memory_allocated": "peak_allocated_bytes",
@@ -46,7 +46,8 @@ METRICS = {
 }
 #: settings a row may carry that describe, not configure (never passed to TrainConfig)
 DESCRIPTIVE = frozenset({"model", "model_id", "gpu", "gpu_id", "seq_len", "framework", "task", "dataset", "epochs",
-                         "max_seq_length", "quantize", "compile", "optimizer_in_bwd"})
+                         "max_seq_length", "quantize", "compile", "optimizer_in_bwd", "torch_dtype", "fp16_amp",
+                         "seq_len_from"})
 #: the guess/targets thresholds of issue 10
 TARGET_MEDIAN = 0.05
 TARGET_UNDER = -0.05
@@ -249,6 +250,50 @@ def _row_lines(results: list[dict[str, Any]], data: dict[str, Any]) -> list[str]
     return lines
 
 
+def batch_pairs(results: list[dict[str, Any]], data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of one source and metric whose settings differ only in the micro-batch: the measured and
+    predicted bytes per extra sequence (activations) and the intercept at zero sequences (model states)."""
+    rows_by_id = {row["id"]: row for row in data["rows"]}
+    buckets: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        if r["status"] != "scored":
+            continue
+        row = rows_by_id[r["id"]]
+        key = json.dumps([row["source"], row["metric"], {k: v for k, v in row["settings"].items()
+                                                         if k not in ("micro_batch", "seq_len_from")}], sort_keys=True)
+        buckets.setdefault(key, []).append(r)
+    pairs = []
+    for members in buckets.values():
+        members.sort(key=lambda r: r["config"].micro_batch)
+        lo, hi = members[0], members[-1]
+        if lo["config"].micro_batch == hi["config"].micro_batch:
+            continue
+        db = hi["config"].micro_batch - lo["config"].micro_batch
+        slope_m, slope_p = (hi["measured"] - lo["measured"]) / db, (hi["predicted"] - lo["predicted"]) / db
+        pairs.append({"rows": (lo["id"], hi["id"]), "slope_measured": slope_m, "slope_predicted": slope_p,
+                      "intercept_measured": lo["measured"] - slope_m * lo["config"].micro_batch,
+                      "intercept_predicted": lo["predicted"] - slope_p * lo["config"].micro_batch})
+    return pairs
+
+
+def _pair_lines(results: list[dict[str, Any]], data: dict[str, Any]) -> list[str]:
+    pairs = batch_pairs(results, data)
+    if not pairs:
+        return ["No source publishes the same run at two micro-batch sizes."]
+    lines = ["Rows that differ only in the micro-batch split the error into a per-sequence part (activations, logits) "
+             "and a part that does not grow with the batch (weights, optimizer states, context):", "",
+             "| rows | GiB per sequence measured | predicted | error | GiB at zero sequences measured | predicted | error |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for p in pairs:
+        # a peak that does not grow with the batch (the optimizer step) has no per-sequence error to speak of
+        slope_err = (_pct((p["slope_predicted"] - p["slope_measured"]) / p["slope_measured"])
+                     if p["slope_measured"] >= 2**30 / 16 else "- (peak does not grow with the batch)")
+        lines.append(f"| {p['rows'][0]} / {p['rows'][1]} | {_gib(p['slope_measured'])} | {_gib(p['slope_predicted'])} "
+                     f"| {slope_err} | {_gib(p['intercept_measured'])} "
+                     f"| {_gib(p['intercept_predicted'])} | {_pct((p['intercept_predicted'] - p['intercept_measured']) / p['intercept_measured'])} |")
+    return lines
+
+
 def _context_lines(results: list[dict[str, Any]], data: dict[str, Any]) -> list[str]:
     """Attribution, not correction: the CUDA context a source measured itself vs the planner's constant."""
     lines = []
@@ -300,6 +345,7 @@ def markdown(results: list[dict[str, Any]], data: dict[str, Any]) -> str:
         "`guessed` names each setting the source does not state. The last column names the physical terms the model "
         "does not carry for that row (see the legend); those in bold push the prediction the way of the remaining error.",
         "", *_row_lines(results, data), "",
+        "## Per-sequence vs fixed error", "", *_pair_lines(results, data), "",
         "## What the CUDA context explains", "", *(_context_lines(results, data) or ["No source measures its context."]), "",
         "## Terms not in the model", "", *_terms_lines(data), "",
     ]

@@ -150,3 +150,31 @@ def test_unresolvable_models_are_reported_not_dropped(tmp_path):
     for row_id in ROWS:
         assert f"| {row_id} |" in text
     assert "unscorable" in text and "median abs error" in text and "## Throughput" in text
+
+
+def test_fms_qlora_row_maps_to_its_scenario_files():
+    # scenarios.yaml baseline-peft-bnb: fp16 True, torch_dtype float16, r 16 on q,k,v,o (CSV: lora_dropout 0.0);
+    # defaults.yaml: use_flash_attn, gradient_checkpointing, gradient_accumulation_steps 1; the CSV's
+    # train_tokens_per_second / train_samples_per_second = 2748.9 / 0.671 = 4097 tokens per sequence
+    row = ROWS["fms-mistral-qlora-bs4-alloc"]
+    spec, gpu, config, _ = published.map_row(row)
+    assert spec.id == "mistralai/Mistral-7B-v0.1" and gpu.name == "a100-80gb"
+    assert (config.method.value, config.precision.value, config.attention.value) == ("qlora", "fp16-mixed", "flash")
+    assert (config.lora_r, config.lora_targets) == (16, ("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert (config.micro_batch, config.grad_accum, config.seq_len, config.grad_ckpt) == (4, 1, 4096, True)
+    assert published.measured_bytes(row) == 22_825_932_800
+    assert published.measured_bytes(ROWS["fms-mistral-qlora-bs4-nvidia"]) == 27023 * 2**20
+
+
+def test_batch_pairs_split_per_sequence_and_fixed_bytes():
+    results = published.score_all(DATA)
+    pairs = {p["rows"]: p for p in published.batch_pairs(results, DATA)}
+    lora = pairs[("fms-mistral-lora-bs4-alloc", "fms-mistral-lora-bs8-alloc")]
+    # (37098695168 - 26108963328) / (8 - 4) bytes per extra sequence, by hand
+    assert lora["slope_measured"] == (37_098_695_168 - 26_108_963_328) / 4
+    assert lora["intercept_measured"] == 26_108_963_328 - 4 * lora["slope_measured"]
+    by_id = {r["id"]: r for r in results}
+    assert lora["slope_predicted"] == (by_id["fms-mistral-lora-bs8-alloc"]["predicted"]
+                                      - by_id["fms-mistral-lora-bs4-alloc"]["predicted"]) / 4
+    # rows that differ in more than the micro-batch are never paired
+    assert all(a.split("-bs")[0] == b.split("-bs")[0] for a, b in pairs)
