@@ -307,7 +307,7 @@ def _context_lines(results: list[dict[str, Any]], data: dict[str, Any]) -> list[
         lines.append(f"- {src['title']}: the page measures the CUDA context at {mib} MiB, the planner assumes "
                      f"{rows[0]['context_bytes'] / 2**20:.0f} MiB; with the measured context the signed errors of its {len(rows)} rows "
                      f"would be {', '.join(_pct(e) for e in after)} (median {_pct(statistics.median(after))}). "
-                     "The remainder is the sequence-classification head (no b*s*vocab logits) and the Trainer's optimizer temporaries.")
+                     + src.get("context_remainder", ""))
     return lines
 
 
