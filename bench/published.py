@@ -1,0 +1,382 @@
+"""Accuracy of the planner against *published* GPU measurements (issue 10, item 3).
+
+No GPU is needed: ``bench/published_rows.json`` holds peaks that docs pages, READMEs and benchmark
+tables publish for single-GPU fine-tuning runs, each with its source (URL or repository, path and
+commit), the quoted line (every measured number appears in it verbatim), the metric and unit it
+was measured in, every setting the source states, and ``guessed`` naming each setting it does not.
+
+Each row is mapped to a ``TrainConfig`` through ``planner.estimation.resolve`` + ``build_config``
+(every setting whose name is a ``TrainConfig`` field is passed; the others are listed as not
+modelled), predicted with ``planner.memory.estimate_memory`` (and ``estimate_throughput`` where
+the row gives samples/s or tokens/s), and scored on the metric it measured:
+
+    max_memory_allocated -> peak_allocated_bytes
+    max_memory_reserved  -> peak_reserved_bytes
+    nvml_used (nvidia-smi / pynvml) -> process_total_bytes
+
+No per-source or per-model factor is applied: the report names, row by row, the physical terms
+(with their sources, from the data file's ``terms``) that the model does not carry.
+
+    python bench/published.py [--rows PATH] [--out PATH] [--quiet]
+
+Writes ``bench/results/accuracy-gpu-published.md`` and prints the summary. Offline, ~1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROWS = HERE / "published_rows.json"
+RESULTS = HERE / "results" / "accuracy-gpu-published.md"
+
+#: bytes per unit as the sources print them (B: raw bytes; MiB: ``//1024**2`` or nvidia-smi; GB: ``/1e9``; GiB: ``/1024**3``)
+UNITS = {"B": 1, "MiB": 2**20, "GiB": 2**30, "GB": 10**9, "MB": 10**6}
+#: the measured counter -> the ``MemoryEstimate`` field that predicts it
+METRICS = {
+    "max_memory_allocated": "peak_allocated_bytes",
+    "max_memory_reserved": "peak_reserved_bytes",
+    "nvml_used": "process_total_bytes",
+}
+#: settings a row may carry that describe, not configure (never passed to TrainConfig)
+DESCRIPTIVE = frozenset({"model", "model_id", "gpu", "gpu_id", "seq_len", "framework", "task", "dataset", "epochs",
+                         "max_seq_length", "quantize", "compile", "optimizer_in_bwd", "torch_dtype", "fp16_amp",
+                         "seq_len_from"})
+#: the guess/targets thresholds of issue 10
+TARGET_MEDIAN = 0.05
+TARGET_UNDER = -0.05
+
+
+class Unscorable(Exception):
+    """The planner cannot predict this row (unknown model, rejected configuration)."""
+
+
+def load(path: Path = ROWS) -> dict[str, Any]:
+    """The data file (sources, terms, rows)."""
+    return json.loads(path.read_text())
+
+
+def measured_bytes(row: dict[str, Any]) -> int:
+    return int(round(float(row["value"]) * UNITS[row["unit"]]))
+
+
+def config_fields() -> frozenset[str]:
+    """The ``TrainConfig`` fields build_config takes as options (all but seq_len)."""
+    from planner.config import TrainConfig
+
+    return frozenset(f.name for f in dataclasses.fields(TrainConfig)) - {"seq_len"}
+
+
+def map_row(row: dict[str, Any]) -> tuple[Any, Any, Any, list[str]]:
+    """(spec, gpu, TrainConfig, settings the planner has no knob for) of one row.
+
+    Raises ``Unscorable`` when the model does not resolve or the configuration is refused."""
+    from planner.errors import PlannerError
+    from planner.estimation import build_config, resolve
+
+    settings = row["settings"]
+    fields = config_fields()
+    options = {k: v for k, v in settings.items() if k in fields}
+    unmodelled = sorted(k for k in settings if k not in fields and k not in DESCRIPTIVE)
+    unmodelled += sorted(k for k in ("compile", "optimizer_in_bwd", "task") if settings.get(k))
+    try:
+        spec, gpu = resolve(model=settings["model_id"], gpu=settings["gpu_id"])
+        config = build_config(spec, gpu, seq_len=settings["seq_len"], **options)
+    except PlannerError as exc:
+        raise Unscorable(str(exc)) from None
+    return spec, gpu, config, unmodelled
+
+
+def _measured_tokens_per_s(row: dict[str, Any]) -> float | None:
+    tp = row.get("throughput")
+    if not tp:
+        return None
+    value = float(tp["value"])
+    return value * row["settings"]["seq_len"] if tp["unit"] == "samples/s" else value
+
+
+def score_row(row: dict[str, Any]) -> dict[str, Any]:
+    """Prediction and signed errors of one row; ``status`` is ``scored`` or ``unscorable``."""
+    from planner.memory import estimate_memory
+    from planner.throughput import estimate_throughput
+
+    out: dict[str, Any] = {"id": row["id"], "source": row["source"], "measured": measured_bytes(row),
+                           "guessed": list(row.get("guessed", [])), "terms": list(row.get("terms", []))}
+    try:
+        spec, gpu, config, unmodelled = map_row(row)
+    except Unscorable as exc:
+        return {**out, "status": "unscorable", "reason": str(exc)}
+    estimate = estimate_memory(model=spec, config=config, gpu=gpu)
+    predicted = int(getattr(estimate, METRICS[row["metric"]]))
+    out.update(status="scored", model_type=spec.model_type, config=config, predicted=predicted,
+               error=(predicted - out["measured"]) / out["measured"], unmodelled=unmodelled,
+               peak_phase=estimate.peak_phase, context_bytes=int(gpu.cuda_context_bytes))
+    tokens = _measured_tokens_per_s(row)
+    if tokens is not None:
+        speed = estimate_throughput(model=spec, config=config, gpu=gpu)
+        out.update(tokens_measured=tokens, tokens_predicted=speed.tokens_per_s,
+                   tokens_error=(speed.tokens_per_s - tokens) / tokens)
+    return out
+
+
+def score_all(data: dict[str, Any]) -> list[dict[str, Any]]:
+    return [score_row(row) for row in data["rows"]]
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered) + 0.5) - 1)] if ordered else float("nan")
+
+
+def summary(scored: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median / p90 absolute error, worst under- and over-prediction of a set of scored rows."""
+    if not scored:
+        return {"n": 0}
+    errors = [r["error"] for r in scored]
+    under = min(scored, key=lambda r: r["error"])
+    over = max(scored, key=lambda r: r["error"])
+    return {"n": len(scored), "median": statistics.median(abs(e) for e in errors),
+            "p90": _p90([abs(e) for e in errors]), "signed_median": statistics.median(errors),
+            "worst_under": (under["id"], under["error"]), "worst_over": (over["id"], over["error"])}
+
+
+def groups(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    scored = [r for r in results if r["status"] == "scored"]
+    return {"all scored rows": scored,
+            "fully stated": [r for r in scored if not r["guessed"]],
+            "with guessed settings": [r for r in scored if r["guessed"]]}
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def _config_text(config: Any) -> str:
+    parts = [str(config.method)]
+    if config.lora_r:
+        parts[0] += f" r{config.lora_r} {','.join(config.lora_targets)}"
+    parts += [str(config.precision), str(config.optimizer), f"mb{config.micro_batch}x{config.grad_accum}",
+              f"seq {config.seq_len}"]
+    parts += ["ckpt"] * bool(config.grad_ckpt) + [str(config.attention)] * (str(config.attention) != "sdpa")
+    if config.zero:
+        parts.append(f"zero{config.zero} offload {config.offload}")
+    return ", ".join(parts)
+
+
+def _explain(result: dict[str, Any], terms: dict[str, Any]) -> str:
+    """The unmodelled terms, those that push the way of the error first."""
+    direction = "under" if result["error"] < 0 else "over"
+    keys = sorted(result["terms"], key=lambda k: terms[k]["effect"] != direction)
+    marks = [f"**{k}**" if terms[k]["effect"] == direction else k for k in keys]
+    return ", ".join(marks) or "-"
+
+
+def _summary_lines(results: list[dict[str, Any]]) -> list[str]:
+    lines = ["| rows | n | median abs error | p90 abs error | signed median | worst under-prediction | worst over-prediction |",
+             "|---|---:|---:|---:|---:|---|---|"]
+    for name, rows in groups(results).items():
+        s = summary(rows)
+        if not s["n"]:
+            lines.append(f"| {name} | 0 | - | - | - | - | - |")
+            continue
+        lines.append(f"| {name} | {s['n']} | {s['median'] * 100:.1f}% | {s['p90'] * 100:.1f}% | {_pct(s['signed_median'])} "
+                     f"| {s['worst_under'][0]} {_pct(s['worst_under'][1])} | {s['worst_over'][0]} {_pct(s['worst_over'][1])} |")
+    return lines
+
+
+def _target_lines(results: list[dict[str, Any]]) -> list[str]:
+    g = groups(results)
+    s = summary(g["all scored rows"])
+    under = [r for r in g["fully stated"] if r["error"] < TARGET_UNDER]
+    lines = [f"- median absolute error <= 5%: **{'met' if s['n'] and s['median'] <= TARGET_MEDIAN else 'not met'}** "
+             f"({s['median'] * 100:.1f}% over {s['n']} rows)" if s["n"] else "- no row scored"]
+    lines.append(f"- no fully-stated row under-predicted by more than 5%: **{'met' if not under else 'not met'}**"
+                 + (f" ({len(under)} rows: {', '.join(r['id'] for r in under)})" if under else ""))
+    return lines
+
+
+def _by_source_lines(results: list[dict[str, Any]], data: dict[str, Any]) -> list[str]:
+    lines = ["| source | rows | scored | median abs error | signed median | how it was measured |", "|---|---:|---:|---:|---:|---|"]
+    for key, src in data["sources"].items():
+        rows = [r for r in results if r["source"] == key]
+        s = summary([r for r in rows if r["status"] == "scored"])
+        med = f"{s['median'] * 100:.1f}%" if s["n"] else "-"
+        signed = _pct(s["signed_median"]) if s["n"] else "-"
+        lines.append(f"| [{src['title']}]({src['url']}) | {len(rows)} | {s['n']} | {med} | {signed} | {src['how']} |")
+    return lines
+
+
+def _throughput_lines(results: list[dict[str, Any]]) -> list[str]:
+    rows = [r for r in results if r.get("tokens_error") is not None]
+    if not rows:
+        return ["No row publishes a throughput."]
+    errs = [abs(r["tokens_error"]) for r in rows]
+    lines = [f"{len(rows)} rows publish samples/s or tokens/s. Median absolute throughput error "
+             f"{statistics.median(errs) * 100:.0f}%, p90 {_p90(errs) * 100:.0f}% (memory error of the same rows beside it). "
+             "The throughput model runs on its uncalibrated defaults (MFU and bandwidth efficiency per device, see each "
+             "estimate's assumptions); these rows are measurements `planner calibrate` (item 4) can fit them from.", "",
+             "| row | measured tokens/s | predicted tokens/s | throughput error | memory error |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['id']} | {r['tokens_measured']:.0f} | {r['tokens_predicted']:.0f} | {_pct(r['tokens_error'])} | {_pct(r['error'])} |"
+              for r in rows]
+    return lines
+
+
+def _row_lines(results: list[dict[str, Any]], data: dict[str, Any]) -> list[str]:
+    rows_by_id = {row["id"]: row for row in data["rows"]}
+    lines = ["| row | model | GPU | metric | config | measured GiB | predicted GiB | signed error | guessed | not modelled (bold: pushes the way of the error) |",
+             "|---|---|---|---|---|---:|---:|---:|---|---|"]
+    for r in results:
+        row = rows_by_id[r["id"]]
+        st = row["settings"]
+        head = f"| {r['id']} | {st['model']} | {st['gpu_id']} | {row['metric']} |"
+        if r["status"] != "scored":
+            lines.append(f"{head} {st['method']} | {_gib(r['measured'])} | - | unscorable | {', '.join(r['guessed']) or '-'} | {r['reason']} |")
+            continue
+        knobs = f" (no knob: {', '.join(r['unmodelled'])})" if r["unmodelled"] else ""
+        lines.append(f"{head} {_config_text(r['config'])} | {_gib(r['measured'])} | {_gib(r['predicted'])} | {_pct(r['error'])} "
+                     f"| {', '.join(r['guessed']) or '-'} | {_explain(r, data['terms'])}{knobs} |")
+    return lines
+
+
+def batch_pairs(results: list[dict[str, Any]], data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of one source and metric whose settings differ only in the micro-batch: the measured and
+    predicted bytes per extra sequence (activations) and the intercept at zero sequences (model states)."""
+    rows_by_id = {row["id"]: row for row in data["rows"]}
+    buckets: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        if r["status"] != "scored":
+            continue
+        row = rows_by_id[r["id"]]
+        key = json.dumps([row["source"], row["metric"], {k: v for k, v in row["settings"].items()
+                                                         if k not in ("micro_batch", "seq_len_from")}], sort_keys=True)
+        buckets.setdefault(key, []).append(r)
+    pairs = []
+    for members in buckets.values():
+        members.sort(key=lambda r: r["config"].micro_batch)
+        lo, hi = members[0], members[-1]
+        if lo["config"].micro_batch == hi["config"].micro_batch:
+            continue
+        db = hi["config"].micro_batch - lo["config"].micro_batch
+        slope_m, slope_p = (hi["measured"] - lo["measured"]) / db, (hi["predicted"] - lo["predicted"]) / db
+        pairs.append({"rows": (lo["id"], hi["id"]), "slope_measured": slope_m, "slope_predicted": slope_p,
+                      "intercept_measured": lo["measured"] - slope_m * lo["config"].micro_batch,
+                      "intercept_predicted": lo["predicted"] - slope_p * lo["config"].micro_batch})
+    return pairs
+
+
+def _pair_lines(results: list[dict[str, Any]], data: dict[str, Any]) -> list[str]:
+    pairs = batch_pairs(results, data)
+    if not pairs:
+        return ["No source publishes the same run at two micro-batch sizes."]
+    lines = ["Rows that differ only in the micro-batch split the error into a per-sequence part (activations, logits) "
+             "and a part that does not grow with the batch (weights, optimizer states, context):", "",
+             "| rows | GiB per sequence measured | predicted | error | GiB at zero sequences measured | predicted | error |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for p in pairs:
+        # a peak that does not grow with the batch (the optimizer step) has no per-sequence error to speak of
+        slope_err = (_pct((p["slope_predicted"] - p["slope_measured"]) / p["slope_measured"])
+                     if p["slope_measured"] >= 2**30 / 16 else "- (peak does not grow with the batch)")
+        lines.append(f"| {p['rows'][0]} / {p['rows'][1]} | {_gib(p['slope_measured'])} | {_gib(p['slope_predicted'])} "
+                     f"| {slope_err} | {_gib(p['intercept_measured'])} "
+                     f"| {_gib(p['intercept_predicted'])} | {_pct((p['intercept_predicted'] - p['intercept_measured']) / p['intercept_measured'])} |")
+    return lines
+
+
+def _context_lines(results: list[dict[str, Any]], data: dict[str, Any]) -> list[str]:
+    """Attribution, not correction: the CUDA context a source measured itself vs the planner's constant."""
+    lines = []
+    for key, src in data["sources"].items():
+        mib = src.get("context_mib")
+        rows = [r for r in results if r["source"] == key and r["status"] == "scored"]
+        if not mib or not rows:
+            continue
+        gap = mib * 2**20 - rows[0]["context_bytes"]
+        after = [(r["predicted"] + gap - r["measured"]) / r["measured"] for r in rows]
+        lines.append(f"- {src['title']}: the page measures the CUDA context at {mib} MiB, the planner assumes "
+                     f"{rows[0]['context_bytes'] / 2**20:.0f} MiB; with the measured context the signed errors of its {len(rows)} rows "
+                     f"would be {', '.join(_pct(e) for e in after)} (median {_pct(statistics.median(after))}). "
+                     + src.get("context_remainder", ""))
+    return lines
+
+
+def _reading_lines(data: dict[str, Any]) -> list[str]:
+    return [f"- **{src['title']}.** {src['analysis']}" for src in data["sources"].values() if src.get("analysis")]
+
+
+def _terms_lines(data: dict[str, Any]) -> list[str]:
+    lines = ["| term | what | pushes the prediction | source |", "|---|---|---|---|"]
+    lines += [f"| {k} | {t['what']} | {t['effect']} | {t['source']} |" for k, t in data["terms"].items()]
+    return lines
+
+
+def markdown(results: list[dict[str, Any]], data: dict[str, Any]) -> str:
+    n_unscorable = sum(r["status"] != "scored" for r in results)
+    parts = [
+        "# Planner vs published GPU measurements",
+        "",
+        "Generated by `python bench/published.py` from `bench/published_rows.json`. Each row is a peak a public source "
+        "published for a single-GPU fine-tuning run; it is predicted with `planner.memory.estimate_memory` for the stated "
+        "model, GPU and settings and scored on the counter it measured (max_memory_allocated -> peak_allocated_bytes, "
+        "max_memory_reserved -> peak_reserved_bytes, nvidia-smi/NVML used -> process_total_bytes). "
+        "Signed error = (predicted - measured) / measured: negative is an under-prediction, the error that costs an OOM. "
+        "No per-source or per-model factor is applied.",
+        "",
+        f"{len(results)} rows from {len(data['sources'])} sources; {len(results) - n_unscorable} scored, {n_unscorable} the planner cannot "
+        "predict (listed below, not dropped).",
+        "",
+        "## Summary", "", *_summary_lines(results), "",
+        "Targets (issue 10):", "", *_target_lines(results), "",
+        "## By source", "", *_by_source_lines(results, data), "",
+        "## Reading the errors, source by source", "", *_reading_lines(data), "",
+        "## Throughput", "", *_throughput_lines(results), "",
+        "## Row by row", "",
+        "`guessed` names each setting the source does not state. The last column names the physical terms the model "
+        "does not carry for that row (see the legend); those in bold push the prediction the way of the remaining error.",
+        "", *_row_lines(results, data), "",
+        "## Per-sequence vs fixed error", "", *_pair_lines(results, data), "",
+        "## What the CUDA context explains", "", *(_context_lines(results, data) or ["No source measures its context."]), "",
+        "## Terms not in the model", "", *_terms_lines(data), "",
+    ]
+    return "\n".join(parts)
+
+
+def _print_summary(results: list[dict[str, Any]]) -> None:
+    for name, rows in groups(results).items():
+        s = summary(rows)
+        if s["n"]:
+            print(f"{name:24s} n={s['n']:3d}  median |err| {s['median'] * 100:5.1f}%  p90 {s['p90'] * 100:5.1f}%  "
+                  f"worst under {s['worst_under'][0]} {_pct(s['worst_under'][1])}")
+    for line in _target_lines(results):
+        print(line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=Path, default=ROWS, help="the data file (default: bench/published_rows.json)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the markdown report to write")
+    parser.add_argument("--quiet", action="store_true", help="write the report, print nothing")
+    args = parser.parse_args(argv)
+    data = load(args.rows)
+    results = score_all(data)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(markdown(results, data))
+    if not args.quiet:
+        _print_summary(results)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
