@@ -1,0 +1,47 @@
+"""``planner serve``: the HTTP API and web page (``planner.service``) under uvicorn."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from planner.cli.store import DB_HELP
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface, as in a container)."),
+    port: int = typer.Option(8000, "--port", "-p", help="TCP port.", min=1, max=65535),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    ray_address: Optional[str] = typer.Option(
+        None, "--ray-address", help="Ray dashboard for \"verify\": true, e.g. http://ray-head:8265 (default: $PLANNER_RAY_ADDRESS)."
+    ),
+    log_level: str = typer.Option("info", "--log-level", help="critical|error|warning|info|debug"),
+) -> None:
+    """Serve the planner over HTTP: the JSON API (OpenAPI at /docs) and the web page at /.
+
+    Every POST needs 'Authorization: Bearer <token>' when PLANNER_API_TOKEN is set (in the environment, never on the command line)."""
+    import dataclasses
+
+    from planner.errors import MissingDependencyError, PlannerError
+
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"planner serve needs the service extra ({exc.name} is missing): pip install 'oom-planner[service]'"
+        ) from None
+    if log_level not in ("critical", "error", "warning", "info", "debug"):
+        raise PlannerError(f"--log-level {log_level!r} is not a level: use critical|error|warning|info|debug")
+    from planner.service import create_app
+    from planner.service.settings import ServiceSettings
+
+    settings = ServiceSettings.from_env()
+    overrides = {k: v for k, v in (("database_url", db), ("ray_address", ray_address)) if v is not None}
+    app = create_app(dataclasses.replace(settings, **overrides))
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
