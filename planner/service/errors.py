@@ -27,6 +27,8 @@ from planner.errors import (
     UnknownModelError,
 )
 
+from planner.service.calls import INLINE_SOURCE
+
 if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
@@ -96,6 +98,8 @@ def planner_error_body(exc: PlannerError) -> dict[str, Any]:
     """``{"error": line}``, plus ``field`` when the line names one, and every family's closest
     try when nothing fits."""
     message, field = in_api_terms(str(exc))
+    if message.startswith(f"{INLINE_SOURCE}: "):  # the library names a config by its source
+        message, field = f"config: {message[len(INLINE_SOURCE) + 2:]}", field or "config"
     if isinstance(exc, NothingFitsError) and exc.result is not None:
         return exc.result.to_dict() | {"plan_id": None, "error": message}  # as planner suggest --json
     body: dict[str, Any] = {"error": message}
