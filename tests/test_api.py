@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
-import types
-from dataclasses import dataclass
 
 import pytest
 
 pytest.importorskip("fastapi", reason="the service extra is not installed (pip install 'oom-planner[service]')")
 
 from fastapi.testclient import TestClient  # noqa: E402
+from test_api_support import FakeSubmission, fake_verify  # noqa: E402
 from test_store_support import db_url, pg_url, sqlite_url  # noqa: E402,F401 - fixtures
 
 from planner.service import create_app  # noqa: E402
@@ -278,25 +277,6 @@ def test_remote_code_is_never_trusted(lite, monkeypatch):
 
 
 # ---- verification as a Ray job ----------------------------------------------------------------
-@dataclass(frozen=True)
-class FakeSubmission:
-    plan_id: str
-    job_id: str
-
-
-def fake_verify(monkeypatch, submit) -> list[dict]:
-    calls = []
-    module = types.ModuleType("planner.verify")
-
-    def submit_verification(**kwargs):
-        calls.append(kwargs)
-        return submit(**kwargs)
-
-    module.submit_verification = submit_verification
-    monkeypatch.setitem(sys.modules, "planner.verify", module)
-    return calls
-
-
 def cluster_error():
     from planner import errors
 
