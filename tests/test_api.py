@@ -329,6 +329,7 @@ def test_verify_refuses_what_a_job_cannot_carry(sqlite_url, monkeypatch):
 def test_page_and_openapi_are_served(lite):
     page = lite.get("/")
     assert page.status_code == 200 and 'id="plan-form"' in page.text
+    assert page.headers["content-security-policy"].startswith("default-src 'self'")
     assert lite.get("/static/app.js").status_code == 200
     spec = lite.get("/openapi.json").json()
     assert {"/v1/plans", "/v1/plans/{plan_id}", "/v1/estimate", "/v1/gpus", "/v1/models", "/healthz"} <= set(spec["paths"])

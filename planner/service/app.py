@@ -19,6 +19,10 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 #: methods that never need the token nor carry a body worth reading
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: the page loads only its own script and style, and is never framed: whatever a stored plan
+#: holds cannot run as script there (the script also writes server data as text only)
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 
 
 def authorized(header: str | None, token: str) -> bool:
@@ -124,7 +128,7 @@ def build_app(settings: ServiceSettings) -> "FastAPI":
 
     @app.get("/", include_in_schema=False)
     def page() -> HTMLResponse:
-        return HTMLResponse(index_html())
+        return HTMLResponse(index_html(), headers=PAGE_HEADERS)
 
     return app
 

@@ -84,6 +84,7 @@ function renderPlans(data) {
   }
   const rejected = document.getElementById("rejected");
   rejected.replaceChildren(...(data.rejected || []).map(r => el("li", r.family + ": " + r.reason)));
+  document.getElementById("rejected-title").hidden = !rejected.children.length;
   const r = data.request;
   document.getElementById("summary").textContent =
     r.model_id + " on " + r.gpu_count + " x " + r.gpu + " (" + gib(capacity) + ", usable " + gib(data.usable_bytes) +
