@@ -16,12 +16,15 @@ def serve(
     ray_address: Optional[str] = typer.Option(
         None, "--ray-address", help="Ray dashboard for \"verify\": true, e.g. http://ray-head:8265 (default: $PLANNER_RAY_ADDRESS)."
     ),
+    workers: int = typer.Option(
+        1, "--workers", "-w", min=1, max=64, help="Server processes: a search is CPU-bound and holds the GIL, so one per core scales it."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="critical|error|warning|info|debug"),
 ) -> None:
     """Serve the planner over HTTP: the JSON API (OpenAPI at /docs) and the web page at /.
 
     Every POST needs 'Authorization: Bearer <token>' when PLANNER_API_TOKEN is set (in the environment, never on the command line)."""
-    import dataclasses
+    import os
 
     from planner.errors import MissingDependencyError, PlannerError
 
@@ -34,13 +37,20 @@ def serve(
         ) from None
     if log_level not in ("critical", "error", "warning", "info", "debug"):
         raise PlannerError(f"--log-level {log_level!r} is not a level: use critical|error|warning|info|debug")
-    from planner.service import create_app
-    from planner.service.settings import ServiceSettings
+    from planner.service.settings import DATABASE_URL_ENV, RAY_ADDRESS_ENV, ServiceSettings
 
-    settings = ServiceSettings.from_env()
-    overrides = {k: v for k, v in (("database_url", db), ("ray_address", ray_address)) if v is not None}
-    app = create_app(dataclasses.replace(settings, **overrides))
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    # every server process builds its app from the environment (uvicorn imports the factory in
+    # each worker), so the options go there; the settings are checked once here, before binding
+    for name, value in ((DATABASE_URL_ENV, db), (RAY_ADDRESS_ENV, ray_address)):
+        if value is not None:
+            os.environ[name] = value
+    ServiceSettings.from_env()
+    if workers == 1:
+        from planner.service import create_app
+
+        uvicorn.run(create_app(), host=host, port=port, log_level=log_level)
+    else:
+        uvicorn.run("planner.service:create_app", factory=True, workers=workers, host=host, port=port, log_level=log_level)
 
 
 def register(app: typer.Typer) -> None:
