@@ -335,3 +335,34 @@ def test_page_and_openapi_are_served(lite):
     assert {"/v1/plans", "/v1/plans/{plan_id}", "/v1/estimate", "/v1/gpus", "/v1/models", "/healthz"} <= set(spec["paths"])
     assert "HTTPBearer" in spec["components"]["securitySchemes"]
     assert lite.get("/docs").status_code == 200
+
+
+# ---- planner serve --------------------------------------------------------------------------------
+def test_planner_help_loads_no_web_framework():
+    import subprocess
+
+    code = ("import sys; from planner.cli import main; main(['--help']); main(['serve', '--help']); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'uvicorn')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_serve_without_the_service_extra_names_it(cli, monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn -> ImportError
+    result = cli("serve")
+    assert result.code == 2 and "pip install 'oom-planner[service]'" in result.err and "Traceback" not in result.err
+
+
+def test_serve_refuses_an_empty_token(cli, monkeypatch):
+    monkeypatch.setenv("PLANNER_API_TOKEN", "")
+    result = cli("serve", "--port", "1")
+    assert result.code == 2 and "PLANNER_API_TOKEN is set but empty" in result.err
+
+
+@pytest.mark.parametrize(("args", "words"), [(("--port", "0"), "--port 0 is not a TCP port"),
+                                             (("--workers", "0"), "--workers 0 is out of range"),
+                                             (("--log-level", "loud"), "--log-level 'loud' is not a level")])
+def test_serve_options_are_checked(cli, args, words):
+    result = cli("serve", *args)
+    assert result.code == 2 and words in result.err

@@ -11,13 +11,13 @@ from planner.cli.store import DB_HELP
 
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface, as in a container)."),
-    port: int = typer.Option(8000, "--port", "-p", help="TCP port.", min=1, max=65535),
+    port: int = typer.Option(8000, "--port", "-p", help="TCP port (1-65535)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     ray_address: Optional[str] = typer.Option(
         None, "--ray-address", help="Ray dashboard for \"verify\": true, e.g. http://ray-head:8265 (default: $PLANNER_RAY_ADDRESS)."
     ),
     workers: int = typer.Option(
-        1, "--workers", "-w", min=1, max=64, help="Server processes: a search is CPU-bound and holds the GIL, so one per core scales it."
+        1, "--workers", "-w", help="Server processes: a search is CPU-bound and holds the GIL, so one per core scales it."
     ),
     log_level: str = typer.Option("info", "--log-level", help="critical|error|warning|info|debug"),
 ) -> None:
@@ -35,6 +35,11 @@ def serve(
         raise MissingDependencyError(
             f"planner serve needs the service extra ({exc.name} is missing): pip install 'oom-planner[service]'"
         ) from None
+    # one line each, in the words of the other option errors
+    if not 1 <= port <= 65535:
+        raise PlannerError(f"--port {port} is not a TCP port: use 1-65535, e.g. 8000")
+    if not 1 <= workers <= 64:
+        raise PlannerError(f"--workers {workers} is out of range: use 1-64, about one per CPU core")
     if log_level not in ("critical", "error", "warning", "info", "debug"):
         raise PlannerError(f"--log-level {log_level!r} is not a level: use critical|error|warning|info|debug")
     from planner.service.settings import DATABASE_URL_ENV, RAY_ADDRESS_ENV, ServiceSettings

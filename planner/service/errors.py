@@ -31,7 +31,6 @@ from planner.service.calls import INLINE_SOURCE
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
 
 log = logging.getLogger("planner.service")
 
