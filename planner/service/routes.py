@@ -15,7 +15,7 @@ from fastapi.security import HTTPBearer
 
 from planner.service import calls
 from planner.service.errors import ServiceError
-from planner.service.schemas import EstimateBody, PlanBody
+from planner.service.schemas import ErrorBody, EstimateBody, PlanBody
 from planner.service.state import StoreHolder
 from planner.store import PlanStatus
 
@@ -23,15 +23,16 @@ from planner.store import PlanStatus
 #: (it runs before the body is read, so a request without the token never gets past 401)
 bearer = HTTPBearer(auto_error=False, description="PLANNER_API_TOKEN, required on every POST when the server sets it")
 
-router = APIRouter()
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
 
-_ERROR = {"description": "One line: what is wrong and how to fix it.",
-          "content": {"application/json": {"example": {"error": "--seq-len 9000 is outside 1..4096, the longest ... allows",
-                                                        "field": "seq_len"}}}}
+
+router = APIRouter(responses={422: _error("A field that does not parse or a value the planner refuses (the field is named)."),
+                              500: _error("A bug: logged on the server, never answered with a traceback.")})
+
 _WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"description": "Missing or wrong bearer token (only when PLANNER_API_TOKEN is set)."},
-    413: {"description": "Request body too large."},
-    422: _ERROR,
+    401: _error("Missing or wrong bearer token (only when PLANNER_API_TOKEN is set)."),
+    413: _error("Request body too large."),
 }
 _PLAN_ID = Path(pattern=r"^[0-9a-fA-F]{1,32}$", description="A plan id, or its first characters.")
 
@@ -42,7 +43,8 @@ def _holder(request: Request) -> StoreHolder:
 
 @router.post("/v1/plans", status_code=201, tags=["plans"], dependencies=[Security(bearer)],
              responses={**_WRITE_ERRORS, 202: {"description": "With verify: the plan id and the Ray job id."},
-                        503: {"description": "The database or the Ray cluster cannot be reached."}})
+                        501: _error("With verify: this build has no Ray verification."),
+                        503: _error("The database or the Ray cluster cannot be reached.")})
 def create_plan(body: PlanBody, request: Request) -> Any:
     """Rank every configuration that reaches the target batch (``planner suggest --json``) and
     store it; nothing fitting is a 422 with each family's closest try. With ``"verify": true`` the
@@ -78,7 +80,7 @@ def _submit_verification(body: PlanBody, request: Request) -> JSONResponse:
                         status_code=202, headers={"Location": location})
 
 
-@router.get("/v1/plans", tags=["plans"], responses={422: _ERROR})
+@router.get("/v1/plans", tags=["plans"], responses={503: _error("The database cannot be reached.")})
 def list_plans(
     request: Request,
     model: Optional[str] = Query(None, max_length=200, description="Part of the model id (any case)."),
@@ -99,7 +101,9 @@ def list_plans(
             "next_offset": offset + limit if more else None}
 
 
-@router.get("/v1/plans/{plan_id}", tags=["plans"], responses={404: {"description": "No plan has this id."}})
+@router.get("/v1/plans/{plan_id}", tags=["plans"],
+            responses={404: _error("No plan has this id."), 400: _error("The id prefix starts several ids."),
+                       503: _error("The database cannot be reached.")})
 def get_plan(request: Request, plan_id: str = _PLAN_ID) -> dict[str, Any]:
     """One plan (``planner show --json``): status, candidates with their memory and time
     breakdowns, and every measurement stored so far."""

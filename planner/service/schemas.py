@@ -80,4 +80,17 @@ class EstimateBody(ModelChoice):
     offload: str = Field(default="none", max_length=32, description="none|optimizer|optimizer+params")
 
 
-__all__ = ["EstimateBody", "ModelChoice", "PlanBody", "Size"]
+class FieldError(BaseModel):
+    field: str = Field(description="The request field, dotted for nested ones (config.hidden_size).")
+    reason: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer: one line saying what is wrong and how to fix it."""
+
+    error: str = Field(examples=["seq_len 9000 is outside 1..4096, the longest meta-llama/Llama-2-7b-hf allows"])
+    field: Optional[str] = Field(default=None, description="The request field the error is about, when there is one.")
+    errors: Optional[list[FieldError]] = Field(default=None, description="Every field that does not parse (422).")
+
+
+__all__ = ["EstimateBody", "ErrorBody", "FieldError", "ModelChoice", "PlanBody", "Size"]
