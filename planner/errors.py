@@ -58,3 +58,17 @@ class StoreError(PlannerError):
 
 class SchemaOutOfDateError(StoreError):
     """The database schema is behind the code's models."""
+
+
+class ClusterUnavailableError(PlannerError):
+    """The Ray cluster (or its job API) cannot be reached, or has no node that can run the request."""
+
+    exit_code = 4
+
+
+class NoMatchingNodeError(ClusterUnavailableError):
+    """The Ray cluster is up but no alive node has the requested accelerator type and count."""
+
+
+class JobNotFoundError(PlannerError):
+    """A Ray job id the cluster does not know."""

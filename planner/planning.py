@@ -92,6 +92,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None) -> Pl
     from planner.estimation import default_seq_len, resolve
     from planner.gpus import check_precision, get_gpu, physical_ram_bytes
     from planner.search import SearchSpace, suggest
+    from planner.limits import check_model_id
 
     if spec is None:
         spec, device = resolve(model=request.model, gpu=request.gpu, gpu_mem_bytes=request.gpu_mem_bytes)
@@ -109,6 +110,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None) -> Pl
         check_precision(device, precisions[0])
     host = request.cpu_mem_bytes if request.cpu_mem_bytes is not None else physical_ram_bytes()
     space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host)
+    check_model_id(spec.id)  # before anything is printed: the store would refuse it after
     seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
     result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=seq, gpus=request.gpus,
                      space=space, top_k=request.top_k, model_fingerprint=fingerprint(spec))

@@ -32,7 +32,7 @@ def filled():
 
 
 def test_history_on_an_empty_database(cli):
-    assert "revision base (head 0001): empty: the schema is created on first use" in cli("db", "current").out
+    assert "revision base (head 0002): empty: the schema is created on first use" in cli("db", "current").out
     result = cli("history")
     assert result.code == 0 and "no plans stored yet" in result.out
     result = cli("history", "--json")
@@ -61,7 +61,12 @@ def test_history_bad_options(cli, filled):
     assert "--status must be one of planned|verifying|verified|failed|measured" in one_error_line(
         cli("history", "--status", "done"))
     assert "--since 'soon' is not a time" in one_error_line(cli("history", "--since", "soon"))
-    assert "-n must be a whole number >= 1" in one_error_line(cli("history", "-n", "0"))
+    assert "-n must be a whole number from 1 to 100,000, got 0" in one_error_line(cli("history", "-n", "0"))
+    # past SQLite's 64-bit LIMIT, and times that leave the years 1-9999 when made UTC
+    assert "-n must be a whole number from 1 to 100,000, got 9223372036854775808" in one_error_line(
+        cli("history", "-n", "9223372036854775808"))
+    for since in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-05:00"):
+        assert f"--since '{since}' falls outside the years 1-9999 in UTC" in one_error_line(cli("history", "--since", since))
 
 
 def test_show_by_prefix_with_predicted_vs_measured(cli, filled):
@@ -115,12 +120,12 @@ def test_schema_behind_then_db_upgrade(cli, tmp_path):
     engine.dispose()
 
     line = one_error_line(cli("history", "--db", url))
-    assert line == "error: database schema at base is behind this planner (0001): run 'planner db upgrade'"
+    assert line == "error: database schema at base is behind this planner (0002): run 'planner db upgrade'"
     assert "behind: run 'planner db upgrade'" in cli("db", "current", "--db", url).out
     result = cli("db", "upgrade", "--db", url)
-    assert result.code == 0 and "upgraded from base to 0001" in result.out
-    assert "already at 0001" in cli("db", "upgrade", "--db", url).out
-    assert "revision 0001 (head 0001): up to date" in cli("db", "current", "--db", url).out
+    assert result.code == 0 and "upgraded from base to 0002" in result.out
+    assert "already at 0002" in cli("db", "upgrade", "--db", url).out
+    assert "revision 0002 (head 0002): up to date" in cli("db", "current", "--db", url).out
     assert cli("history", "--db", url).code == 0
 
 
@@ -181,7 +186,7 @@ def test_history_and_show_on_postgresql(cli, pg_url):
     assert [r["id"] for r in rows] == [plan_id]
     result = cli("show", plan_id[:8], "--db", pg_url)
     assert result.code == 0 and f"plan {plan_id}" in result.out
-    assert "revision 0001 (head 0001)" in cli("db", "current", "--db", pg_url).out
+    assert "revision 0002 (head 0002)" in cli("db", "current", "--db", pg_url).out
 
 
 def test_help_does_not_load_the_store():
@@ -216,3 +221,11 @@ def test_suggest_with_an_unreachable_database_prints_the_plan_then_the_error(cli
     assert r.code != 0
     assert "top" in r.out and "plans" in r.out
     assert r.err.strip().startswith("error: cannot open database") and len(r.err.strip().splitlines()) == 1
+
+
+def test_history_finds_a_gpu_by_the_alias_suggest_accepts(cli):
+    assert cli("suggest", "--model", "gpt2", "--gpu", "h100", "--target-batch", "8").code == 0
+    for name in ("h100", "H100-80GB", "nvidia-h100"):
+        rows = json.loads(cli("history", "--json", "--gpu", name).out)
+        assert [r["gpu"] for r in rows] == ["h100-80gb"], name
+    assert json.loads(cli("history", "--json", "--gpu", "a10g").out) == []

@@ -150,8 +150,11 @@ def print_plan(plan: "StoredPlan", *, console: "Console") -> None:
             f"searched {plan.searched} configurations; usable {format_bytes(plan.usable_bytes)} "
             f"(safety margin {format_bytes(plan.safety_margin_bytes)})"
         )
+    if plan.status_reason:
+        when = f" ({_when(plan.status_changed_at)})" if plan.status_changed_at else ""
+        console.print(f"{plan.status}{when}: {plan.status_reason}", markup=False)
     if plan.ray_job_id:
-        console.print(f"ray job: {plan.ray_job_id}")
+        console.print(f"ray job: {plan.ray_job_id}", markup=False)
     console.print(_candidates_table(plan))
     for line in _breakdowns(plan):
         console.print(line)
@@ -166,13 +169,14 @@ def _history_table(rows: "list[PlanSummary]") -> Any:
     from rich.table import Table
 
     table = Table()
-    for name in ("id", "when (UTC)", "model", "GPU", "batch", "top plan", "verified?"):
+    for name in ("id", "when (UTC)", "model", "GPU", "batch", "top plan", "verified?", "runs"):
         # only the plan label may wrap: ids, names and times stay copyable
         table.add_column(name, justify="right" if name == "batch" else "left", no_wrap=name != "top plan")
     for row in rows:
         table.add_row(
             row.id[:SHORT_ID], row.created_at.strftime("%Y-%m-%d %H:%M"), row.model_id, _gpu(row.gpu, row.gpu_count),
             f"{row.target_batch} x {row.seq_len}", row.top_plan or "nothing fits", _verified(row.status),
+            str(row.measurements) if row.measurements else "-",
         )
     return table
 
@@ -236,6 +240,21 @@ def save_measurement(*, request: "PlanRequest", candidate: "Candidate", measurem
     return plan_id
 
 
+def _catalog_gpu(name: str | None) -> str | None:
+    """The catalog name of a GPU written as suggest accepts it (``h100`` -> ``h100-80gb``, ``A10G``
+    -> ``a10g``): plans are stored under catalog names. A name the catalog does not know is kept
+    as typed (plans of older catalogs)."""
+    from planner.errors import UnknownGPUError
+    from planner.gpus import get_gpu
+
+    if not name:
+        return name
+    try:
+        return get_gpu(name).name
+    except UnknownGPUError:
+        return name
+
+
 # ---- commands ------------------------------------------------------------------------------
 def history(
     model: Optional[str] = typer.Option(None, "--model", help="Part of the model id (any case)."),
@@ -253,7 +272,7 @@ def history(
     since_at = parse_since(since) if since else None
     status_value = parse_status(status) if status else None
     with open_store(url=db) as store:
-        rows = store.history(model=model, gpu=gpu, status=status_value, since=since_at, limit=limit)
+        rows = store.history(model=model, gpu=_catalog_gpu(gpu), status=status_value, since=since_at, limit=limit)
     if as_json:
         print_json([row.to_dict() for row in rows])
     elif not rows:

@@ -32,6 +32,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 from planner.config import TrainConfig
+from planner.limits import MODEL_ID_MAX_CHARS
 from planner.results import (
     Candidate,
     Measurement,
@@ -119,7 +120,7 @@ class PlanRequestRow(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    model_id: Mapped[str] = mapped_column(String(255))
+    model_id: Mapped[str] = mapped_column(String(MODEL_ID_MAX_CHARS))
     model_fingerprint: Mapped[str] = mapped_column(String(64))
     gpu: Mapped[str] = mapped_column(String(64))
     gpu_count: Mapped[int] = mapped_column(Integer)
@@ -131,6 +132,11 @@ class PlanRequestRow(Base):
     """sha256 of the canonical JSON of ``constraints``: equal requests compare on an index."""
     planner_version: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(16))
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    """Why the plan has its status (a failed verification's cause), shown by ``planner show``."""
+    status_changed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    """A ``verifying`` plan's driver renews this; past it, the plan is read as failed."""
     ray_job_id: Mapped[str | None] = mapped_column(String(128))
     rejected: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     searched: Mapped[int] = mapped_column(Integer)
@@ -173,6 +179,9 @@ class PlanRequestRow(Base):
             usable_bytes=self.usable_bytes,
             safety_margin_bytes=self.safety_margin_bytes,
             ray_job_id=self.ray_job_id,
+            status_reason=self.status_reason,
+            status_changed_at=self.status_changed_at,
+            lease_until=self.lease_until,
         )
 
 
