@@ -277,12 +277,6 @@ def test_remote_code_is_never_trusted(lite, monkeypatch):
 
 
 # ---- verification as a Ray job ----------------------------------------------------------------
-def cluster_error():
-    from planner import errors
-
-    return getattr(errors, "ClusterUnavailableError", None) or type("ClusterUnavailableError", (errors.PlannerError,), {})
-
-
 def test_verify_without_a_cluster_configured_is_503(lite):
     answer = lite.post("/v1/plans", json=GPT2 | {"verify": True})
     assert answer.status_code == 503 and "PLANNER_RAY_ADDRESS" in answer.json()["error"]
@@ -301,18 +295,27 @@ def test_verify_submits_a_ray_job_and_answers_202(sqlite_url, monkeypatch):
 
 
 def test_verify_with_the_cluster_down_is_503_with_the_reason(sqlite_url, monkeypatch):
-    error = cluster_error()
-    if not hasattr(__import__("planner.errors").errors, "ClusterUnavailableError"):
-        monkeypatch.setattr("planner.errors.ClusterUnavailableError", error, raising=False)
+    from planner.errors import ClusterUnavailableError
 
     def down(**kwargs):
-        raise error("cannot reach the Ray dashboard at http://ray-head:8265: connection refused")
+        raise ClusterUnavailableError("cannot reach the Ray dashboard at http://ray-head:8265: connection refused")
 
     fake_verify(monkeypatch, down)
     with make_client(sqlite_url, ray_address="http://ray-head:8265") as client:
         answer = client.post("/v1/plans", json=GPT2 | {"verify": True})
     assert answer.status_code == 503
     assert answer.json() == {"error": "cannot reach the Ray dashboard at http://ray-head:8265: connection refused"}
+
+
+@pytest.mark.slow
+def test_verify_against_an_unreachable_dashboard_is_503_and_stores_nothing(sqlite_url):
+    """The real ``planner.verify.submit_verification``, against a port where nothing listens."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    with make_client(sqlite_url, ray_address="http://127.0.0.1:1") as client:
+        answer = client.post("/v1/plans", json=GPT2 | {"verify": True})
+        assert answer.status_code == 503, answer.text
+        assert "cannot reach the Ray job API at http://127.0.0.1:1" in answer.json()["error"]
+        assert client.get("/v1/plans").json()["plans"] == []
 
 
 def test_verify_refuses_what_a_job_cannot_carry(sqlite_url, monkeypatch):
@@ -323,6 +326,29 @@ def test_verify_refuses_what_a_job_cannot_carry(sqlite_url, monkeypatch):
         bad = client.post("/v1/plans", json=GPT2 | {"verify": True, "seq_len": 10**6})
         assert bad.status_code == 422 and bad.json()["field"] == "seq_len"
     assert calls == []
+
+
+def test_a_verified_plan_is_answered_from_the_store(db_url, cli, monkeypatch):
+    """As ``planner suggest``: the same request with a verified plan stored gets that plan back
+    (200, from_store) without a new plan or job; "fresh" plans again."""
+    from planner.store import PlanStatus, open_store
+
+    fake_verify(monkeypatch, lambda **kw: pytest.fail("a verified request needs no job"))
+    with make_client(db_url, ray_address="http://ray-head:8265") as client:
+        first = client.post("/v1/plans", json=GPT2).json()["plan_id"]
+        with open_store(url=db_url) as store:
+            store.set_status(plan_id=first, status=PlanStatus.VERIFIED, reason="verified by hand for the test")
+        for body in (GPT2, GPT2 | {"verify": True}):
+            again = client.post("/v1/plans", json=body)
+            assert again.status_code == 200, again.text
+            data = again.json()
+            assert data["plan_id"] == first and data["from_store"] is True
+            assert data["verification"]["status"] == "verified"
+        printed = cli("suggest", "-m", "gpt2", "-g", "a10g", "-b", "8", "--json", "--db", db_url)
+        assert printed.code == 0 and json.loads(printed.out) == data
+        fresh = client.post("/v1/plans", json=GPT2 | {"fresh": True})
+        assert fresh.status_code == 201 and fresh.json()["plan_id"] != first
+        assert len(client.get("/v1/plans").json()["plans"]) == 2
 
 
 # ---- the web page --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from planner.modelspec import ModelSpec
     from planner.planning import Planned, SuggestRequest
     from planner.service.schemas import EstimateBody, ModelChoice, PlanBody, Size
+    from planner.store import Store, StoredPlan
 
 #: ``ModelSpec.source`` of a config.json sent in a request
 INLINE_SOURCE = "inline"
@@ -85,6 +86,19 @@ def estimate(body: "EstimateBody") -> dict[str, Any]:
     return data
 
 
+def stored_verified(store: "Store", planned: "Planned") -> "StoredPlan | None":
+    """The stored verified plan of this same request (``planner suggest`` answers with it too)."""
+    found = store.find_same_request(request=planned.result.request)
+    return found if found is not None and found.verified else None
+
+
+def from_store(plan: "StoredPlan") -> dict[str, Any]:
+    """``planner suggest --json`` of a request answered from the store."""
+    from planner.cli.verify_view import verification_dict
+
+    return plan.to_result().to_dict() | {"plan_id": plan.id, "from_store": True, "verification": verification_dict(plan)}
+
+
 def check_verifiable(body: "PlanBody") -> None:
     """A Ray job re-resolves the model by name on the cluster: an inline config cannot travel."""
     if body.config is not None:
@@ -94,5 +108,5 @@ def check_verifiable(body: "PlanBody") -> None:
         )
 
 
-__all__ = ["INLINE_SOURCE", "check_verifiable", "estimate", "inline_spec", "make_plan", "require_catalog_id",
-           "size_bytes", "suggest_request"]
+__all__ = ["INLINE_SOURCE", "check_verifiable", "estimate", "from_store", "inline_spec", "make_plan",
+           "require_catalog_id", "size_bytes", "stored_verified", "suggest_request"]

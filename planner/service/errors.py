@@ -16,8 +16,9 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any
 
-from planner import errors as planner_errors
 from planner.errors import (
+    ClusterUnavailableError,
+    JobNotFoundError,
     MissingDependencyError,
     ModelConfigError,
     NothingFitsError,
@@ -64,9 +65,10 @@ def status_for(exc: PlannerError) -> int:
         return _store_status(str(exc))
     if isinstance(exc, MissingDependencyError):
         return 501
-    cluster = getattr(planner_errors, "ClusterUnavailableError", None)  # arrives with planner.verify
-    if cluster is not None and isinstance(exc, cluster):
+    if isinstance(exc, ClusterUnavailableError):
         return 503
+    if isinstance(exc, JobNotFoundError):
+        return 404
     return 422
 
 

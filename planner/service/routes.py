@@ -42,39 +42,41 @@ def _holder(request: Request) -> StoreHolder:
 
 
 @router.post("/v1/plans", status_code=201, tags=["plans"], dependencies=[Security(bearer)],
-             responses={**_WRITE_ERRORS, 202: {"description": "With verify: the plan id and the Ray job id."},
-                        501: _error("With verify: this build has no Ray verification."),
+             responses={**_WRITE_ERRORS, 200: {"description": "The stored verified plan of this same request."},
+                        202: {"description": "With verify: the plan id and the Ray job id."},
+                        501: _error("With verify: Ray is not installed where the server runs."),
                         503: _error("The database or the Ray cluster cannot be reached.")})
 def create_plan(body: PlanBody, request: Request) -> Any:
     """Rank every configuration that reaches the target batch (``planner suggest --json``) and
-    store it; nothing fitting is a 422 with each family's closest try. With ``"verify": true`` the
-    top candidates are verified by real runs as a Ray job: 202 with the plan and job ids, then
-    ``GET /v1/plans/{id}`` shows the status and measurements as they arrive."""
+    store it; nothing fitting is a 422 with each family's closest try. A request whose verified
+    plan is stored is answered from the store (200, ``"from_store": true``) unless ``"fresh"``.
+    With ``"verify": true`` the top candidates are verified by real runs as a Ray job: 202 with
+    the plan and job ids, then ``GET /v1/plans/{id}`` shows the status and measurements as they
+    arrive."""
     if body.verify:
-        return _submit_verification(body, request)
+        calls.check_verifiable(body)
     planned = calls.make_plan(body)
-    plan_id = _holder(request).get().save_plan(result=planned.result)
+    store = _holder(request).get()
+    stored = None if body.fresh else calls.stored_verified(store, planned)
+    if stored is not None:
+        return JSONResponse(calls.from_store(stored), status_code=200, headers={"Location": f"/v1/plans/{stored.id}"})
+    if body.verify:
+        return _submit_verification(body, request, database_url=store.url)
+    plan_id = store.save_plan(result=planned.result)
     return JSONResponse(planned.result.to_dict() | {"plan_id": plan_id}, status_code=201,
                         headers={"Location": f"/v1/plans/{plan_id}"})
 
 
-def _submit_verification(body: PlanBody, request: Request) -> JSONResponse:
+def _submit_verification(body: PlanBody, request: Request, *, database_url: str) -> JSONResponse:
+    """``planner.verify.submit_verification``: plans, stores the plan and submits its Ray job."""
     address = request.app.state.settings.ray_address
     if address is None:
         raise ServiceError(503, "verification is not configured on this server: set PLANNER_RAY_ADDRESS to the Ray "
                                 "dashboard (e.g. http://ray-head:8265) where 'planner serve' runs")
-    calls.check_verifiable(body)
-    calls.make_plan(body)  # bad requests and nothing-fits answer now, not as a failed job later
-    try:
-        from planner.verify import submit_verification
-    except ModuleNotFoundError as exc:
-        if exc.name != "planner.verify":
-            raise
-        raise ServiceError(501, "this planner has no planner.verify: verification over HTTP is not available "
-                                "in this build; plan without \"verify\"") from None
-    store = _holder(request).get()
-    submission = submit_verification(request=calls.suggest_request(body), address=address, database_url=store.url,
-                                      verify_top=body.verify_top, steps=body.steps)
+    from planner.verify import submit_verification
+
+    submission = submit_verification(request=calls.suggest_request(body), address=address, database_url=database_url,
+                                     verify_top=body.verify_top, steps=body.steps)
     location = f"/v1/plans/{submission.plan_id}"
     return JSONResponse({"plan_id": submission.plan_id, "job_id": submission.job_id, "plan_url": location},
                         status_code=202, headers={"Location": location})

@@ -57,6 +57,7 @@ class PlanBody(ModelChoice):
     allow_offload: bool = Field(default=True, description="Consider DeepSpeed CPU offload (false: --no-offload).")
     cpu_mem: Size = Field(default=None, description=f"Host RAM offload may use: {_SIZE_HELP} (default: the server's RAM).")
     top_k: StrictInt = Field(default=5, description="Plans to keep.")
+    fresh: bool = Field(default=False, description="Plan again even when a verified plan of this request is stored.")
     verify: bool = Field(default=False, description="Verify the top candidates with real runs as a Ray job (answers 202).")
     verify_top: StrictInt = Field(default=3, description="With verify: candidates to verify fitting.")
     steps: StrictInt = Field(default=3, description="With verify: optimizer steps per verification run.")

@@ -89,7 +89,8 @@ function renderPlans(data) {
   document.getElementById("summary").textContent =
     r.model_id + " on " + r.gpu_count + " x " + r.gpu + " (" + gib(capacity) + ", usable " + gib(data.usable_bytes) +
     "), target batch " + r.target_batch + " x " + r.seq_len + " tokens; " + data.searched.toLocaleString() +
-    " configurations searched" + (data.plan_id ? "; plan " + data.plan_id.slice(0, 8) : "");
+    " configurations searched" + (data.plan_id ? "; plan " + data.plan_id.slice(0, 8) : "") +
+    (data.from_store ? " (" + data.verification.status + ", answered from the store)" : "");
   document.getElementById("result").hidden = false;
 }
 
@@ -147,7 +148,7 @@ async function submit(event) {
   try {
     const {status: code, data} = await call("POST", "/v1/plans", body);
     status.textContent = "";
-    if (code === 201) renderPlans(data);
+    if (code === 200 || code === 201) renderPlans(data);
     else {
       document.getElementById("result").hidden = true;
       showError(data.error || "the server answered " + code);
