@@ -392,3 +392,13 @@ def test_serve_refuses_an_empty_token(cli, monkeypatch):
 def test_serve_options_are_checked(cli, args, words):
     result = cli("serve", *args)
     assert result.code == 2 and words in result.err
+
+
+def test_serve_warns_when_open_to_the_network_without_a_token(cli, monkeypatch):
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    assert "PLANNER_API_TOKEN is not set" in cli("serve", "--host", "0.0.0.0").err
+    assert "PLANNER_API_TOKEN" not in cli("serve").err  # 127.0.0.1: only this machine
+    monkeypatch.setenv("PLANNER_API_TOKEN", "t")
+    assert "PLANNER_API_TOKEN" not in cli("serve", "--host", "0.0.0.0").err

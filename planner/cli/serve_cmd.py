@@ -49,7 +49,12 @@ def serve(
     for name, value in ((DATABASE_URL_ENV, db), (RAY_ADDRESS_ENV, ray_address)):
         if value is not None:
             os.environ[name] = value
-    ServiceSettings.from_env()
+    settings = ServiceSettings.from_env()
+    if settings.token is None and host not in ("127.0.0.1", "localhost", "::1"):
+        from planner.cli._common import console_to_stderr
+
+        console_to_stderr().print(f"warning: PLANNER_API_TOKEN is not set: anyone who reaches {host}:{port} can "
+                                  "plan and submit verification jobs", markup=False)
     if workers == 1:
         from planner.service import create_app
 

@@ -85,7 +85,8 @@ def _replay(body: bytes) -> Receive:
     return receive
 
 
-async def _answer(scope: Scope, receive: Receive, send: Send, status: int, error: str, headers: dict[str, str] | None = None) -> None:
+async def _answer(scope: Scope, receive: Receive, send: Send, status: int, error: str,
+                  headers: dict[str, str] | None = None) -> None:
     from fastapi.responses import JSONResponse
 
     await JSONResponse({"error": error}, status_code=status, headers=headers)(scope, receive, send)

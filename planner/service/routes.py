@@ -27,8 +27,10 @@ def _error(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
 
 
-router = APIRouter(responses={422: _error("A field that does not parse or a value the planner refuses (the field is named)."),
-                              500: _error("A bug: logged on the server, never answered with a traceback.")})
+router = APIRouter(responses={
+    422: _error("A field that does not parse or a value the planner refuses (the field is named)."),
+    500: _error("A bug: logged on the server, never answered with a traceback."),
+})
 
 _WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
     401: _error("Missing or wrong bearer token (only when PLANNER_API_TOKEN is set)."),
@@ -96,7 +98,8 @@ def list_plans(
     from planner.store import parse_since
 
     since_at = parse_since(since) if since else None
-    rows = _holder(request).get().history(model=model, gpu=gpu, status=status, since=since_at, limit=offset + limit + 1)
+    store = _holder(request).get()
+    rows = store.history(model=model, gpu=gpu, status=status, since=since_at, limit=offset + limit + 1)
     page = rows[offset:offset + limit]
     more = len(rows) > offset + limit
     return {"plans": [row.to_dict() for row in page], "limit": limit, "offset": offset,
@@ -127,7 +130,9 @@ def gpus() -> list[dict[str, Any]]:
 
 
 @router.get("/v1/models", tags=["catalog"])
-def models(search: Optional[str] = Query(None, max_length=200, description="Part of the id or architecture.")) -> list[dict[str, Any]]:
+def models(
+    search: Optional[str] = Query(None, max_length=200, description="Part of the id or architecture."),
+) -> list[dict[str, Any]]:
     """The offline model catalog (``planner models --json``)."""
     from planner.catalog import list_catalog
 

@@ -40,7 +40,8 @@ class ServiceSettings:
             raise PlannerError(f"{TOKEN_ENV} is set but empty: unset it for an open API or set a real token")
         value = self.max_body_bytes
         if isinstance(value, bool) or not isinstance(value, int) or value < 2 * MAX_CONFIG_BYTES:
-            raise PlannerError(f"max_body_bytes must be a whole number >= {2 * MAX_CONFIG_BYTES} (room for an inline config), got {value!r}")
+            raise PlannerError(f"max_body_bytes must be a whole number >= {2 * MAX_CONFIG_BYTES} "
+                               f"(room for an inline config), got {value!r}")
 
     @classmethod
     def from_env(cls) -> "ServiceSettings":
@@ -53,4 +54,5 @@ class ServiceSettings:
         return cls(database_url=env(DATABASE_URL_ENV), token=env(TOKEN_ENV), ray_address=env(RAY_ADDRESS_ENV))
 
 
-__all__ = ["DATABASE_URL_ENV", "MAX_BODY_BYTES", "MAX_CONFIG_BYTES", "RAY_ADDRESS_ENV", "ServiceSettings", "TOKEN_ENV"]
+__all__ = ["DATABASE_URL_ENV", "MAX_BODY_BYTES", "MAX_CONFIG_BYTES", "RAY_ADDRESS_ENV", "ServiceSettings",
+           "TOKEN_ENV"]
