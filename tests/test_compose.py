@@ -123,8 +123,10 @@ def test_dependencies_start_in_order(config):
 def test_every_service_reads_the_database_and_token_from_the_environment(config):
     services = config["services"]
     url = f"postgresql+psycopg://planner:{SECRETS['POSTGRES_PASSWORD']}@postgres:5432/planner"
-    for name in ("migrate", "api", "ray-head", "ray-gpu-worker"):
+    for name in ("migrate", "api", "ray-head"):
         assert services[name]["environment"]["PLANNER_DATABASE_URL"] == url, name
+    # GPU workers only train: the job's driver on the head writes the store
+    assert "PLANNER_DATABASE_URL" not in (services["ray-gpu-worker"].get("environment") or {})
     assert services["api"]["environment"]["PLANNER_API_TOKEN"] == SECRETS["PLANNER_API_TOKEN"]
     assert services["api"]["environment"]["PLANNER_RAY_ADDRESS"] == "http://ray-head:8265"
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == SECRETS["POSTGRES_PASSWORD"]
