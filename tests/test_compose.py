@@ -135,7 +135,8 @@ def test_every_service_reads_the_database_and_token_from_the_environment(config)
 def test_ray_nodes(config):
     head, worker = config["services"]["ray-head"], config["services"]["ray-gpu-worker"]
     assert {"--head", "--dashboard-host=0.0.0.0", "--dashboard-port=8265", "--block"} <= set(head["command"])
-    assert any(p["target"] == 8265 and str(p["published"]) == "8265" for p in head["ports"])
+    # the job API runs what it is sent: published on the loopback only
+    assert [(p["host_ip"], str(p["published"]), p["target"]) for p in head["ports"]] == [("127.0.0.1", "8265", 8265)]
     assert "--address=ray-head:6379" in worker["command"]
     resources = next(arg for arg in worker["command"] if arg.startswith("--resources="))
     assert json.loads(resources.split("=", 1)[1]) == {"accelerator_type:A10G": 1}
