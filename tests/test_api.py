@@ -402,3 +402,25 @@ def test_serve_warns_when_open_to_the_network_without_a_token(cli, monkeypatch):
     assert "PLANNER_API_TOKEN" not in cli("serve").err  # 127.0.0.1: only this machine
     monkeypatch.setenv("PLANNER_API_TOKEN", "t")
     assert "PLANNER_API_TOKEN" not in cli("serve", "--host", "0.0.0.0").err
+
+
+def test_error_statuses_follow_what_failed():
+    from planner.errors import ClusterUnavailableError, JobNotFoundError, MissingDependencyError, StoreError
+    from planner.limits import check_model_id
+    from planner.service.errors import status_for
+
+    with pytest.raises(StoreError) as too_long:
+        check_model_id("m" * 5000)
+    assert status_for(too_long.value) == 422
+    assert status_for(StoreError("cannot store the request's constraints: it is not plain JSON data (NaN)")) == 422
+    assert status_for(StoreError("no plan with id 'abc': see 'planner history'")) == 404
+    assert status_for(StoreError("plan id 'a' is ambiguous (it starts several ids): give more characters")) == 400
+    assert status_for(StoreError("cannot open database postgresql://x: connection refused")) == 503
+    assert status_for(ClusterUnavailableError("cannot reach the Ray job API")) == 503
+    assert status_for(JobNotFoundError("no Ray job 'x'")) == 404
+    assert status_for(MissingDependencyError("pip install 'oom-planner[ray]'")) == 501
+
+
+def test_the_last_page_is_reachable(lite):
+    assert lite.get("/v1/plans", params={"offset": 99_000, "limit": 500}).json()["plans"] == []
+    assert lite.get("/v1/plans", params={"offset": 99_001}).json()["field"] == "offset"

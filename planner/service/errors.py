@@ -50,12 +50,15 @@ class ServiceError(Exception):
 
 
 def _store_status(message: str) -> int:
-    # planner.store raises one StoreError type for every failure; these are its own phrasings
-    # for an id it cannot find (planner/store/api.py, Store._resolve)
+    # planner.store raises one StoreError type for every failure; these are its own phrasings for
+    # an id it cannot find (planner/store/api.py, Store._resolve) and for data it refuses to keep
+    # (canonical_json, planner/limits.py); anything else is the database failing
     if message.startswith("no plan with id") or " is not an id" in message:
         return 404
     if " is ambiguous" in message:
         return 400
+    if message.startswith(("cannot store ", "the model id is ")):
+        return 422
     return 503
 
 

@@ -92,7 +92,7 @@ def list_plans(
     status: Optional[PlanStatus] = Query(None, description="Only plans in this status."),
     since: Optional[str] = Query(None, max_length=64, description="Only plans since: 7d, 12h, 30m or 2026-11-01."),
     limit: int = Query(20, ge=1, le=500, description="Plans per page."),
-    offset: int = Query(0, ge=0, le=100_000, description="Plans to skip (newest first)."),
+    offset: int = Query(0, ge=0, le=99_000, description="Plans to skip (newest first)."),
 ) -> dict[str, Any]:
     """Past plans, newest first (``planner history --json``), a page at a time."""
     from planner.store import parse_since
