@@ -18,6 +18,7 @@ _COMMAND_MODULES = (
     "planner.cli.models_cmd",
     "planner.cli.gpus_cmd",
     "planner.cli.store",
+    "planner.cli.serve_cmd",
 )
 
 

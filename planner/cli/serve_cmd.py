@@ -1,0 +1,67 @@
+"""``planner serve``: the HTTP API and web page (``planner.service``) under uvicorn."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from planner.cli.store import DB_HELP
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface, as in a container)."),
+    port: int = typer.Option(8000, "--port", "-p", help="TCP port (1-65535)."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    ray_address: Optional[str] = typer.Option(
+        None, "--ray-address", help="Ray dashboard for \"verify\": true, e.g. http://ray-head:8265 (default: $PLANNER_RAY_ADDRESS)."
+    ),
+    workers: int = typer.Option(
+        1, "--workers", "-w", help="Server processes: a search is CPU-bound and holds the GIL, so one per core scales it."
+    ),
+    log_level: str = typer.Option("info", "--log-level", help="critical|error|warning|info|debug"),
+) -> None:
+    """Serve the planner over HTTP: the JSON API (OpenAPI at /docs) and the web page at /.
+
+    Every POST needs 'Authorization: Bearer <token>' when PLANNER_API_TOKEN is set (in the environment, never on the command line)."""
+    import os
+
+    from planner.errors import MissingDependencyError, PlannerError
+
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"planner serve needs the service extra ({exc.name} is missing): pip install 'oom-planner[service]'"
+        ) from None
+    # one line each, in the words of the other option errors
+    if not 1 <= port <= 65535:
+        raise PlannerError(f"--port {port} is not a TCP port: use 1-65535, e.g. 8000")
+    if not 1 <= workers <= 64:
+        raise PlannerError(f"--workers {workers} is out of range: use 1-64, about one per CPU core")
+    if log_level not in ("critical", "error", "warning", "info", "debug"):
+        raise PlannerError(f"--log-level {log_level!r} is not a level: use critical|error|warning|info|debug")
+    from planner.service.settings import DATABASE_URL_ENV, RAY_ADDRESS_ENV, ServiceSettings
+
+    # every server process builds its app from the environment (uvicorn imports the factory in
+    # each worker), so the options go there; the settings are checked once here, before binding
+    for name, value in ((DATABASE_URL_ENV, db), (RAY_ADDRESS_ENV, ray_address)):
+        if value is not None:
+            os.environ[name] = value
+    settings = ServiceSettings.from_env()
+    if settings.token is None and host not in ("127.0.0.1", "localhost", "::1"):
+        from planner.cli._common import console_to_stderr
+
+        console_to_stderr().print(f"warning: PLANNER_API_TOKEN is not set: anyone who reaches {host}:{port} can "
+                                  "plan and submit verification jobs", markup=False)
+    if workers == 1:
+        from planner.service import create_app
+
+        uvicorn.run(create_app(), host=host, port=port, log_level=log_level)
+    else:
+        uvicorn.run("planner.service:create_app", factory=True, workers=workers, host=host, port=port, log_level=log_level)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

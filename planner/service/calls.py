@@ -1,0 +1,112 @@
+"""Request bodies -> the library calls the CLI makes. Nothing here decides a plan.
+
+The one rule of its own: over HTTP a model is a catalog id or a config.json sent inline, never a
+path or an id looked up on the server's disk (``resolve_model`` would read both).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import InvalidConfigError, UnknownModelError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.modelspec import ModelSpec
+    from planner.planning import Planned, SuggestRequest
+    from planner.service.schemas import EstimateBody, ModelChoice, PlanBody, Size
+    from planner.store import Store, StoredPlan
+
+#: ``ModelSpec.source`` of a config.json sent in a request
+INLINE_SOURCE = "inline"
+
+
+def size_bytes(value: "Size", *, field: str) -> int | None:
+    """A size field as bytes, with the CLI's rules (unit required in text, > 0, <= 1 PiB)."""
+    from planner.units import parse_bytes
+
+    if value is None:
+        return None
+    return parse_bytes(f"{value}B" if isinstance(value, int) else value, option=f"--{field.replace('_', '-')}")
+
+
+def require_catalog_id(model: str) -> None:
+    """``UnknownModelError`` unless ``model`` is a catalog id (so nothing on disk is read)."""
+    from planner.catalog import catalog_source
+
+    try:
+        catalog_source(model)
+    except UnknownModelError:
+        raise UnknownModelError(
+            f"--model {model!r} is not a catalog id (GET /v1/models lists them): over HTTP, send the model's "
+            "config.json inline as \"config\"; the server never reads paths or its own caches"
+        ) from None
+
+
+def inline_spec(body: "ModelChoice") -> "ModelSpec | None":
+    """The spec of an inline config.json; None (after the catalog check) for a catalog id."""
+    from planner.catalog import spec_from_config
+
+    if body.config is None:
+        require_catalog_id(body.model)
+        return None
+    return spec_from_config(body.config, model_id=body.model, source=INLINE_SOURCE)
+
+
+def suggest_request(body: "PlanBody") -> "SuggestRequest":
+    from planner.planning import SuggestRequest
+
+    return SuggestRequest(
+        model=body.model, gpu=body.gpu, target_batch=body.target_batch, seq_len=body.seq_len, gpus=body.gpus,
+        gpu_mem_bytes=size_bytes(body.gpu_mem, field="gpu_mem"), method=body.method, precision=body.precision,
+        allow_offload=body.allow_offload, cpu_mem_bytes=size_bytes(body.cpu_mem, field="cpu_mem"), top_k=body.top_k,
+    )
+
+
+def make_plan(body: "PlanBody") -> "Planned":
+    """``planner suggest``'s search (``NothingFitsError`` carries the closest tries)."""
+    from planner.planning import make_plan as plan
+
+    spec = inline_spec(body)
+    return plan(suggest_request(body), spec=spec)
+
+
+def estimate(body: "EstimateBody") -> dict[str, Any]:
+    """``planner estimate --json`` of one configuration."""
+    from planner.estimation import CONFIG_OPTIONS, estimate_configuration, resolve
+    from planner.gpus import get_gpu
+
+    gpu_mem = size_bytes(body.gpu_mem, field="gpu_mem")
+    spec = inline_spec(body)
+    if spec is None:
+        spec, device = resolve(model=body.model, gpu=body.gpu, gpu_mem_bytes=gpu_mem)
+    else:
+        device = get_gpu(body.gpu, memory_bytes=gpu_mem)
+    options = {name: getattr(body, name) for name in CONFIG_OPTIONS}
+    data, _memory = estimate_configuration(spec=spec, gpu=device, seq_len=body.seq_len, **options)
+    return data
+
+
+def stored_verified(store: "Store", planned: "Planned") -> "StoredPlan | None":
+    """The stored verified plan of this same request (``planner suggest`` answers with it too)."""
+    found = store.find_same_request(request=planned.result.request)
+    return found if found is not None and found.verified else None
+
+
+def from_store(plan: "StoredPlan") -> dict[str, Any]:
+    """``planner suggest --json`` of a request answered from the store."""
+    from planner.cli.verify_view import verification_dict
+
+    return plan.to_result().to_dict() | {"plan_id": plan.id, "from_store": True, "verification": verification_dict(plan)}
+
+
+def check_verifiable(body: "PlanBody") -> None:
+    """A Ray job re-resolves the model by name on the cluster: an inline config cannot travel."""
+    if body.config is not None:
+        raise InvalidConfigError(
+            "--verify needs a catalog model: the Ray job resolves the model by its id and cannot carry an inline "
+            "config.json; plan it without \"verify\", or verify it with 'planner suggest --verify' where the config is"
+        )
+
+
+__all__ = ["INLINE_SOURCE", "check_verifiable", "estimate", "from_store", "inline_spec", "make_plan",
+           "require_catalog_id", "size_bytes", "stored_verified", "suggest_request"]

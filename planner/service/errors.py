@@ -1,0 +1,155 @@
+"""How failures become HTTP answers: one line in ``{"error": ...}``, never a traceback.
+
+- the planner's ``PlannerError`` (a user mistake) -> 422, naming the request field when the line
+  names its CLI option; ``NothingFitsError`` -> 422 with every family's closest try, exactly as
+  ``planner suggest --json`` prints it;
+- an unknown plan id -> 404, an ambiguous id prefix -> 400;
+- the database or the Ray cluster unreachable -> 503 with the reason; a missing extra -> 501;
+- request validation (types, missing fields) -> 422 with each field and the reason;
+- anything else -> a logged traceback and a plain 500 (a bug to fix, not an answer).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import (
+    ClusterUnavailableError,
+    JobNotFoundError,
+    MissingDependencyError,
+    ModelConfigError,
+    NothingFitsError,
+    PlannerError,
+    StoreError,
+    UnknownGPUError,
+    UnknownModelError,
+)
+
+from planner.service.calls import INLINE_SOURCE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fastapi import FastAPI, Request
+
+log = logging.getLogger("planner.service")
+
+_OPTION = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)")
+#: the field an error is about when its line names no option
+_FIELD_OF = ((UnknownGPUError, "gpu"), (UnknownModelError, "model"), (ModelConfigError, "config"))
+
+
+class ServiceError(Exception):
+    """A failure of the service itself (not of the request's content), with its status."""
+
+    def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers
+
+
+def _store_status(message: str) -> int:
+    # planner.store raises one StoreError type for every failure; these are its own phrasings for
+    # an id it cannot find (planner/store/api.py, Store._resolve) and for data it refuses to keep
+    # (canonical_json, planner/limits.py); anything else is the database failing
+    if message.startswith("no plan with id") or " is not an id" in message:
+        return 404
+    if " is ambiguous" in message:
+        return 400
+    if message.startswith(("cannot store ", "the model id is ")):
+        return 422
+    return 503
+
+
+def status_for(exc: PlannerError) -> int:
+    """The HTTP status of a planner error."""
+    if isinstance(exc, StoreError):
+        return _store_status(str(exc))
+    if isinstance(exc, MissingDependencyError):
+        return 501
+    if isinstance(exc, ClusterUnavailableError):
+        return 503
+    if isinstance(exc, JobNotFoundError):
+        return 404
+    return 422
+
+
+@functools.cache
+def _fields() -> frozenset[str]:
+    """Every request field name: body fields and the history filters."""
+    from planner.service.schemas import EstimateBody, PlanBody
+
+    return frozenset(PlanBody.model_fields) | frozenset(EstimateBody.model_fields) | {"since", "status", "limit"}
+
+
+def in_api_terms(message: str) -> tuple[str, str | None]:
+    """The library's line with its CLI options written as the request's fields
+    (``--seq-len 9000`` -> ``seq_len 9000``), and the first field it names."""
+    named: list[str] = []
+
+    def field(match: re.Match[str]) -> str:
+        name = match.group(1).replace("-", "_")
+        if name not in _fields():
+            return match.group(0)
+        named.append(name)
+        return name
+
+    return _OPTION.sub(field, message), (named[0] if named else None)
+
+
+def planner_error_body(exc: PlannerError) -> dict[str, Any]:
+    """``{"error": line}``, plus ``field`` when the line names one, and every family's closest
+    try when nothing fits."""
+    message, field = in_api_terms(str(exc))
+    if message.startswith(f"{INLINE_SOURCE}: "):  # the library names a config by its source
+        message, field = f"config: {message[len(INLINE_SOURCE) + 2:]}", field or "config"
+    if isinstance(exc, NothingFitsError) and exc.result is not None:
+        return exc.result.to_dict() | {"plan_id": None, "error": message}  # as planner suggest --json
+    body: dict[str, Any] = {"error": message}
+    field = field or next((name for kind, name in _FIELD_OF if isinstance(exc, kind)), None)
+    if field and status_for(exc) == 422:
+        body["field"] = field
+    return body
+
+
+def validation_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """422 body of a request that does not parse: every field with the reason, and one line."""
+    fields = []
+    for error in errors:
+        loc = [str(part) for part in error.get("loc", ()) if part not in ("body", "query", "path")]
+        fields.append({"field": ".".join(loc) or "body", "reason": str(error.get("msg", "invalid"))})
+    line = "; ".join(f"{f['field']}: {f['reason']}" for f in fields) or "invalid request"
+    return {"error": line, "field": fields[0]["field"] if fields else "body", "errors": fields}
+
+
+def install_handlers(app: "FastAPI") -> None:
+    """Register the handlers above on ``app``."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    def planner_error(request: "Request", exc: PlannerError) -> "JSONResponse":
+        return JSONResponse(planner_error_body(exc), status_code=status_for(exc))
+
+    def service_error(request: "Request", exc: ServiceError) -> "JSONResponse":
+        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=exc.headers)
+
+    def invalid(request: "Request", exc: RequestValidationError) -> "JSONResponse":
+        return JSONResponse(validation_body(list(exc.errors())), status_code=422)
+
+    def http_error(request: "Request", exc: HTTPException) -> "JSONResponse":
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    def unexpected(request: "Request", exc: Exception) -> "JSONResponse":
+        log.exception("unexpected error answering %s %s", request.method, request.url.path)
+        return JSONResponse({"error": "internal error: the server logged it; please report it"}, status_code=500)
+
+    app.add_exception_handler(PlannerError, planner_error)
+    app.add_exception_handler(ServiceError, service_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+__all__ = ["ServiceError", "install_handlers", "planner_error_body", "status_for", "validation_body"]

@@ -1,0 +1,154 @@
+"""The API's routes: parse, call the library (``planner.service.calls``, the store), answer JSON.
+
+Routes are plain ``def``s: FastAPI runs them in its threadpool, so a search (CPU-bound, tens of
+milliseconds) never blocks the event loop, and the store is shared between those threads.
+Imported only by ``planner.service.app`` (it imports FastAPI).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fastapi import APIRouter, Path, Query, Request, Security
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
+
+from planner.service import calls
+from planner.service.errors import ServiceError
+from planner.service.schemas import ErrorBody, EstimateBody, PlanBody
+from planner.service.state import StoreHolder
+from planner.store import PlanStatus
+
+#: documents the Bearer scheme in the OpenAPI; the check itself is ``planner.service.app.Guard``
+#: (it runs before the body is read, so a request without the token never gets past 401)
+bearer = HTTPBearer(auto_error=False, description="PLANNER_API_TOKEN, required on every POST when the server sets it")
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+router = APIRouter(responses={
+    422: _error("A field that does not parse or a value the planner refuses (the field is named)."),
+    500: _error("A bug: logged on the server, never answered with a traceback."),
+})
+
+_WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _error("Missing or wrong bearer token (only when PLANNER_API_TOKEN is set)."),
+    413: _error("Request body too large."),
+}
+_PLAN_ID = Path(pattern=r"^[0-9a-fA-F]{1,32}$", description="A plan id, or its first characters.")
+
+
+def _holder(request: Request) -> StoreHolder:
+    return request.app.state.holder
+
+
+@router.post("/v1/plans", status_code=201, tags=["plans"], dependencies=[Security(bearer)],
+             responses={**_WRITE_ERRORS, 200: {"description": "The stored verified plan of this same request."},
+                        202: {"description": "With verify: the plan id and the Ray job id."},
+                        501: _error("With verify: Ray is not installed where the server runs."),
+                        503: _error("The database or the Ray cluster cannot be reached.")})
+def create_plan(body: PlanBody, request: Request) -> Any:
+    """Rank every configuration that reaches the target batch (``planner suggest --json``) and
+    store it; nothing fitting is a 422 with each family's closest try. A request whose verified
+    plan is stored is answered from the store (200, ``"from_store": true``) unless ``"fresh"``.
+    With ``"verify": true`` the top candidates are verified by real runs as a Ray job: 202 with
+    the plan and job ids, then ``GET /v1/plans/{id}`` shows the status and measurements as they
+    arrive."""
+    if body.verify:
+        calls.check_verifiable(body)
+    planned = calls.make_plan(body)
+    store = _holder(request).get()
+    stored = None if body.fresh else calls.stored_verified(store, planned)
+    if stored is not None:
+        return JSONResponse(calls.from_store(stored), status_code=200, headers={"Location": f"/v1/plans/{stored.id}"})
+    if body.verify:
+        return _submit_verification(body, request, database_url=store.url)
+    plan_id = store.save_plan(result=planned.result)
+    return JSONResponse(planned.result.to_dict() | {"plan_id": plan_id}, status_code=201,
+                        headers={"Location": f"/v1/plans/{plan_id}"})
+
+
+def _submit_verification(body: PlanBody, request: Request, *, database_url: str) -> JSONResponse:
+    """``planner.verify.submit_verification``: plans, stores the plan and submits its Ray job."""
+    address = request.app.state.settings.ray_address
+    if address is None:
+        raise ServiceError(503, "verification is not configured on this server: set PLANNER_RAY_ADDRESS to the Ray "
+                                "dashboard (e.g. http://ray-head:8265) where 'planner serve' runs")
+    from planner.verify import submit_verification
+
+    submission = submit_verification(request=calls.suggest_request(body), address=address, database_url=database_url,
+                                     verify_top=body.verify_top, steps=body.steps)
+    location = f"/v1/plans/{submission.plan_id}"
+    return JSONResponse({"plan_id": submission.plan_id, "job_id": submission.job_id, "plan_url": location},
+                        status_code=202, headers={"Location": location})
+
+
+@router.get("/v1/plans", tags=["plans"], responses={503: _error("The database cannot be reached.")})
+def list_plans(
+    request: Request,
+    model: Optional[str] = Query(None, max_length=200, description="Part of the model id (any case)."),
+    gpu: Optional[str] = Query(None, max_length=64, description="GPU name (any case)."),
+    status: Optional[PlanStatus] = Query(None, description="Only plans in this status."),
+    since: Optional[str] = Query(None, max_length=64, description="Only plans since: 7d, 12h, 30m or 2026-11-01."),
+    limit: int = Query(20, ge=1, le=500, description="Plans per page."),
+    offset: int = Query(0, ge=0, le=99_000, description="Plans to skip (newest first)."),
+) -> dict[str, Any]:
+    """Past plans, newest first (``planner history --json``), a page at a time."""
+    from planner.store import parse_since
+
+    since_at = parse_since(since) if since else None
+    store = _holder(request).get()
+    rows = store.history(model=model, gpu=gpu, status=status, since=since_at, limit=offset + limit + 1)
+    page = rows[offset:offset + limit]
+    more = len(rows) > offset + limit
+    return {"plans": [row.to_dict() for row in page], "limit": limit, "offset": offset,
+            "next_offset": offset + limit if more else None}
+
+
+@router.get("/v1/plans/{plan_id}", tags=["plans"],
+            responses={404: _error("No plan has this id."), 400: _error("The id prefix starts several ids."),
+                       503: _error("The database cannot be reached.")})
+def get_plan(request: Request, plan_id: str = _PLAN_ID) -> dict[str, Any]:
+    """One plan (``planner show --json``): status, candidates with their memory and time
+    breakdowns, and every measurement stored so far."""
+    return _holder(request).get().get_plan(plan_id=plan_id).to_dict()
+
+
+@router.post("/v1/estimate", tags=["estimate"], dependencies=[Security(bearer)], responses=_WRITE_ERRORS)
+def estimate(body: EstimateBody) -> dict[str, Any]:
+    """Memory and speed of one configuration (``planner estimate --json``); stores nothing."""
+    return calls.estimate(body)
+
+
+@router.get("/v1/gpus", tags=["catalog"])
+def gpus() -> list[dict[str, Any]]:
+    """Every GPU the planner knows (``planner gpus --json``), with the source of each number."""
+    from planner.gpus import list_gpus
+
+    return [spec.to_dict() for spec in list_gpus()]
+
+
+@router.get("/v1/models", tags=["catalog"])
+def models(
+    search: Optional[str] = Query(None, max_length=200, description="Part of the id or architecture."),
+) -> list[dict[str, Any]]:
+    """The offline model catalog (``planner models --json``)."""
+    from planner.catalog import list_catalog
+
+    return [spec.summary() for spec in list_catalog(search=search)]
+
+
+@router.get("/healthz", tags=["service"], responses={503: {"description": "The database cannot be reached."}})
+def healthz(request: Request) -> Any:
+    """Whether the service can reach its database (and how many plans it holds)."""
+    from planner.errors import StoreError
+
+    try:
+        plans = _holder(request).get().count_plans()
+    except StoreError as exc:
+        return JSONResponse({"status": "unavailable", "database": str(exc)}, status_code=503)
+    return {"status": "ok", "database": "ok", "plans": plans}
+
+
+__all__ = ["router"]

@@ -1,0 +1,173 @@
+// OOM Planner web page: one form -> POST /v1/plans, the ranked plans with a stacked memory bar per
+// plan (against the device's capacity), and the history from GET /v1/plans. Everything the server
+// sends is written with textContent, never as HTML.
+"use strict";
+
+const COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+const OVERHEAD = "allocator + CUDA context";
+
+function el(tag, text, attrs) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+  return node;
+}
+
+function gib(bytes) {
+  const units = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+  for (const [unit, size] of units) if (Math.abs(bytes) >= size) return (bytes / size).toFixed(2) + " " + unit;
+  return bytes + " B";
+}
+
+function label(config) {
+  const parts = [config.method];
+  if (config.method !== "full") parts.push("r" + config.lora_r);
+  parts.push(config.precision, config.optimizer, "mb" + config.micro_batch + "x" + config.grad_accum);
+  if (config.grad_ckpt) parts.push("ckpt");
+  if (config.zero) parts.push("zero" + config.zero + (config.offload !== "none" ? "+" + config.offload : ""));
+  return parts.join(", ");
+}
+
+// breakdown keys like "activations/checkpoints" are grouped by their first part
+function groups(memory) {
+  const sums = new Map();
+  for (const [key, value] of Object.entries(memory.breakdown)) {
+    const name = key.split("/")[0];
+    sums.set(name, (sums.get(name) || 0) + value);
+  }
+  const allocated = [...sums.values()].reduce((a, b) => a + b, 0);
+  if (memory.process_total_bytes > allocated) sums.set(OVERHEAD, memory.process_total_bytes - allocated);
+  return sums;
+}
+
+function colorOf(palette, name) {
+  if (!palette.has(name)) palette.set(name, COLORS[palette.size % COLORS.length]);
+  return palette.get(name);
+}
+
+function bar(memory, capacity, usable, palette) {
+  const box = el("div", null, {class: "bar", title: "device capacity " + gib(capacity)});
+  const total = Math.max(capacity, memory.process_total_bytes);
+  for (const [name, bytes] of groups(memory)) {
+    const seg = el("div", null, {class: "seg", "data-part": name, title: name + ": " + gib(bytes)});
+    seg.style.width = (100 * bytes / total) + "%";
+    seg.style.background = colorOf(palette, name);
+    box.appendChild(seg);
+  }
+  const mark = el("div", null, {class: "usable", title: "usable after the safety margin: " + gib(usable)});
+  mark.style.left = (100 * usable / total) + "%";
+  box.appendChild(mark);
+  return box;
+}
+
+function renderPlans(data) {
+  const body = document.querySelector("#plans tbody");
+  body.replaceChildren();
+  const capacity = data.request.gpu_memory_bytes, palette = new Map();
+  for (const plan of data.plans) {
+    const row = el("tr", null, {class: "plan"});
+    row.append(el("td", plan.rank, {class: "num"}), el("td", label(plan.config)));
+    const cell = el("td");
+    cell.appendChild(bar(plan.memory, capacity, data.usable_bytes, palette));
+    row.append(cell, el("td", gib(plan.memory.process_total_bytes), {class: "num"}),
+               el("td", Math.round(plan.throughput.tokens_per_s).toLocaleString(), {class: "num"}),
+               el("td", plan.throughput.step_s.toPrecision(3) + " s", {class: "num"}));
+    body.appendChild(row);
+  }
+  const legend = document.getElementById("legend");
+  legend.replaceChildren();
+  for (const [name, color] of palette) {
+    const item = el("span", name), swatch = el("i");
+    swatch.style.background = color;
+    item.prepend(swatch);
+    legend.appendChild(item);
+  }
+  const rejected = document.getElementById("rejected");
+  rejected.replaceChildren(...(data.rejected || []).map(r => el("li", r.family + ": " + r.reason)));
+  document.getElementById("rejected-title").hidden = !rejected.children.length;
+  const r = data.request;
+  document.getElementById("summary").textContent =
+    r.model_id + " on " + r.gpu_count + " x " + r.gpu + " (" + gib(capacity) + ", usable " + gib(data.usable_bytes) +
+    "), target batch " + r.target_batch + " x " + r.seq_len + " tokens; " + data.searched.toLocaleString() +
+    " configurations searched" + (data.plan_id ? "; plan " + data.plan_id.slice(0, 8) : "") +
+    (data.from_store ? " (" + data.verification.status + ", answered from the store)" : "");
+  document.getElementById("result").hidden = false;
+}
+
+async function call(method, path, body) {
+  const headers = {"Accept": "application/json"};
+  const token = document.getElementById("token").value.trim();
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (token) headers["Authorization"] = "Bearer " + token;
+  const response = await fetch(path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
+  let data = null;
+  try { data = await response.json(); } catch (e) { data = {error: "the server answered " + response.status}; }
+  return {status: response.status, data};
+}
+
+function showError(text) {
+  const box = document.getElementById("error");
+  box.textContent = text || "";
+  box.hidden = !text;
+}
+
+async function loadHistory() {
+  const {status, data} = await call("GET", "/v1/plans?limit=20");
+  if (status !== 200) return showError(data.error);
+  const body = document.querySelector("#history tbody");
+  body.replaceChildren(...data.plans.map(p => {
+    const row = el("tr", null, {"data-id": p.id});
+    row.append(el("td", p.id.slice(0, 8)), el("td", p.created_at.slice(0, 16).replace("T", " ")), el("td", p.model_id),
+               el("td", (p.gpu_count > 1 ? p.gpu_count + "x " : "") + p.gpu), el("td", p.target_batch + " x " + p.seq_len),
+               el("td", p.top_plan || "nothing fits"), el("td", p.status));
+    return row;
+  }));
+}
+
+async function loadChoices() {
+  const [gpus, models] = await Promise.all([call("GET", "/v1/gpus"), call("GET", "/v1/models")]);
+  if (gpus.status === 200) {
+    const select = document.getElementById("gpu"), keep = select.value;
+    select.replaceChildren(...gpus.data.map(g => el("option", g.name + " (" + g.display_name + ", " + gib(g.memory_bytes) + ")", {value: g.name})));
+    select.value = keep;
+  }
+  if (models.status === 200) {
+    document.getElementById("models").replaceChildren(...models.data.map(m => el("option", null, {value: m.id})));
+  }
+}
+
+async function submit(event) {
+  event.preventDefault();
+  showError("");
+  const form = event.target, status = document.getElementById("status");
+  const body = {model: form.model.value.trim(), gpu: form.gpu.value, target_batch: Number(form.target_batch.value),
+                method: form.method.value};
+  if (form.seq_len.value) body.seq_len = Number(form.seq_len.value);
+  status.textContent = "planning...";
+  document.getElementById("submit").disabled = true;
+  try {
+    const {status: code, data} = await call("POST", "/v1/plans", body);
+    status.textContent = "";
+    if (code === 200 || code === 201) renderPlans(data);
+    else {
+      document.getElementById("result").hidden = true;
+      showError(data.error || "the server answered " + code);
+      if (data.rejected && data.rejected.length) renderPlans(data);
+    }
+    await loadHistory();
+  } catch (e) {
+    status.textContent = "";
+    showError("cannot reach the server: " + e);
+  } finally {
+    document.getElementById("submit").disabled = false;
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const token = document.getElementById("token");
+  token.value = sessionStorage.getItem("planner-token") || "";
+  token.addEventListener("change", () => sessionStorage.setItem("planner-token", token.value));
+  document.getElementById("plan-form").addEventListener("submit", submit);
+  loadChoices().catch(e => showError("cannot reach the server: " + e));
+  loadHistory().catch(e => showError("cannot reach the server: " + e));
+});

@@ -1,0 +1,114 @@
+"""The web page in a real headless Chromium (Debian's chromium + chromium-driver, driven by
+Selenium) against a real ``planner serve``: fill the form, submit, see the ranked plans with
+their memory bars, the history row, and an error line for a bad model.
+
+Skipped, with the reason, where Chromium is not installed; under CI (CI=true) its absence fails.
+Install: apt-get install -y chromium chromium-driver; pip install selenium.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the service extra is not installed (pip install 'oom-planner[service]')")
+
+from test_api_support import running_server  # noqa: E402
+from test_store_support import sqlite_url  # noqa: E402,F401 - fixture
+
+CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--window-size=1400,1000")
+WAIT_S = 60
+
+
+def browser_missing() -> str | None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install selenium)"
+    for name in ("chromium", "chromedriver"):
+        if shutil.which(name) is None:
+            return f"{name} is not on PATH (apt-get install -y chromium chromium-driver)"
+    return None
+
+
+@pytest.fixture
+def browser(tmp_path):
+    reason = browser_missing()
+    if reason:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but the browser test cannot run: {reason}")
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def submit_form(driver, *, model: str, gpu: str, batch: int, method: str, seq_len: int | None = None) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    wait = WebDriverWait(driver, WAIT_S)
+    # the GPU list comes from GET /v1/gpus once the page has loaded
+    wait.until(lambda d: len(Select(d.find_element(By.ID, "gpu")).options) > 5)
+    field = driver.find_element(By.ID, "model")
+    field.clear()
+    field.send_keys(model)
+    Select(driver.find_element(By.ID, "gpu")).select_by_value(gpu)
+    batch_field = driver.find_element(By.ID, "target-batch")
+    batch_field.clear()
+    batch_field.send_keys(str(batch))
+    if seq_len is not None:
+        driver.find_element(By.ID, "seq-len").send_keys(str(seq_len))
+    Select(driver.find_element(By.ID, "method")).select_by_value(method)
+    driver.find_element(By.ID, "submit").click()
+
+
+@pytest.mark.slow
+def test_the_form_shows_ranked_plans_with_memory_bars_and_history(browser, sqlite_url, tmp_path):
+    import httpx
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with running_server(env={"PLANNER_DATABASE_URL": sqlite_url}, log=tmp_path / "serve.log") as url:
+        browser.get(url + "/")
+        submit_form(browser, model="meta-llama/Llama-2-7b-hf", gpu="a10g", batch=32, method="lora")
+        wait = WebDriverWait(browser, WAIT_S)
+        rows = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#plans tbody tr.plan"))
+        stored = httpx.get(url + "/v1/plans").json()["plans"]
+        plan = httpx.get(url + f"/v1/plans/{stored[0]['id']}").json()
+
+        assert len(rows) == len(plan["candidates"]) >= 1
+        cells = rows[0].find_elements(By.TAG_NAME, "td")
+        assert cells[0].text == "1" and cells[1].text.startswith("lora")
+        # one bar segment per memory part, widths in proportion to the bytes over the capacity
+        segments = rows[0].find_elements(By.CSS_SELECTOR, ".bar .seg")
+        parts = {s.get_attribute("data-part") for s in segments}
+        assert {"weights", "activations", "optimizer_states"} <= parts
+        bar_width = rows[0].find_element(By.CSS_SELECTOR, ".bar").size["width"]
+        used = sum(s.size["width"] for s in segments) / bar_width
+        top = plan["candidates"][0]["memory"]
+        capacity = plan["request"]["gpu_memory_bytes"]
+        assert used == pytest.approx(top["process_total_bytes"] / capacity, abs=0.02)
+        summary = browser.find_element(By.ID, "summary").text
+        assert "meta-llama/Llama-2-7b-hf" in summary and stored[0]["id"][:8] in summary
+        history = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#history tbody tr"))
+        assert history[0].get_attribute("data-id") == stored[0]["id"]
+        assert "meta-llama/Llama-2-7b-hf" in history[0].text and "planned" in history[0].text
+
+        submit_form(browser, model="no-such/model", gpu="a10g", batch=32, method="auto")
+        error = wait.until(lambda d: d.find_element(By.ID, "error").text)
+        assert "not a catalog id" in error
+        assert len(httpx.get(url + "/v1/plans").json()["plans"]) == 1
