@@ -72,3 +72,15 @@ class NoMatchingNodeError(ClusterUnavailableError):
 
 class JobNotFoundError(PlannerError):
     """A Ray job id the cluster does not know."""
+
+
+class RecordNotFoundError(StoreError):
+    """An id (or id prefix) that names nothing in the store, or is not an id at all."""
+
+
+class AmbiguousIdError(StoreError):
+    """An id prefix that starts several ids."""
+
+
+class UnstorableDataError(StoreError):
+    """Data the store refuses to keep as it is (not plain JSON, a bad timestamp, an id too long)."""

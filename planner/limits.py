@@ -5,7 +5,7 @@ No imports: the planning path checks them without loading SQLAlchemy.
 
 from __future__ import annotations
 
-from planner.errors import StoreError
+from planner.errors import UnstorableDataError
 
 #: The longest model id (catalog id, config path, HF id) the store keeps, on every backend
 #: (migration 0002; Linux paths reach 4096 but a config path past 1024 is a typo in practice).
@@ -16,7 +16,7 @@ def check_model_id(model_id: str) -> None:
     """Refuse a model id the store could not keep (PostgreSQL refuses what SQLite would silently
     keep), before anything is printed or written."""
     if len(model_id) > MODEL_ID_MAX_CHARS:
-        raise StoreError(
+        raise UnstorableDataError(
             f"the model id is {len(model_id):,} characters and the store keeps at most {MODEL_ID_MAX_CHARS:,}: "
             "give a shorter path to the config.json (e.g. a symlink)"
         )

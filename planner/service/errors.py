@@ -17,15 +17,18 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import (
+    AmbiguousIdError,
     ClusterUnavailableError,
     JobNotFoundError,
     MissingDependencyError,
     ModelConfigError,
     NothingFitsError,
     PlannerError,
+    RecordNotFoundError,
     StoreError,
     UnknownGPUError,
     UnknownModelError,
+    UnstorableDataError,
 )
 
 from planner.service.calls import INLINE_SOURCE
@@ -49,15 +52,14 @@ class ServiceError(Exception):
         self.headers = headers
 
 
-def _store_status(message: str) -> int:
-    # planner.store raises one StoreError type for every failure; these are its own phrasings for
-    # an id it cannot find (planner/store/api.py, Store._resolve) and for data it refuses to keep
-    # (canonical_json, planner/limits.py); anything else is the database failing
-    if message.startswith("no plan with id") or " is not an id" in message:
+def _store_status(exc: StoreError) -> int:
+    """An id the store cannot find 404, an ambiguous prefix 400, data it refuses to keep 422;
+    anything else is the database failing (503)."""
+    if isinstance(exc, RecordNotFoundError):
         return 404
-    if " is ambiguous" in message:
+    if isinstance(exc, AmbiguousIdError):
         return 400
-    if message.startswith(("cannot store ", "the model id is ")):
+    if isinstance(exc, UnstorableDataError):
         return 422
     return 503
 
@@ -65,7 +67,7 @@ def _store_status(message: str) -> int:
 def status_for(exc: PlannerError) -> int:
     """The HTTP status of a planner error."""
     if isinstance(exc, StoreError):
-        return _store_status(str(exc))
+        return _store_status(exc)
     if isinstance(exc, MissingDependencyError):
         return 501
     if isinstance(exc, ClusterUnavailableError):

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, case, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
-from planner.errors import PlannerError, StoreError
+from planner.errors import AmbiguousIdError, PlannerError, RecordNotFoundError, StoreError, UnstorableDataError
 from planner.results import Candidate, Measurement, PlanRequest, PlanResult
 from planner.limits import check_model_id
 from planner.store.dbmodels import (
@@ -79,7 +79,7 @@ def canonical_json(value: Any, *, what: str) -> Any:
     try:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
-        raise StoreError(f"cannot store {what}: it is not plain JSON data ({exc})") from None
+        raise UnstorableDataError(f"cannot store {what}: it is not plain JSON data ({exc})") from None
 
 
 def constraints_hash(constraints: Mapping[str, Any]) -> str:
@@ -121,7 +121,7 @@ def _timestamp(text: str, *, what: str) -> datetime | None:
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise StoreError(f"cannot store the measurement: {what} {text!r} is not an ISO 8601 time") from None
+        raise UnstorableDataError(f"cannot store the measurement: {what} {text!r} is not an ISO 8601 time") from None
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
@@ -229,13 +229,13 @@ class Store:
     def _resolve(session: Session, row_type: type[Base], prefix: str, *, what: str) -> str:
         key = str(prefix).strip().lower()
         if not _HEX_ID.fullmatch(key):
-            raise StoreError(f"{what} id {prefix!r} is not an id: copy one (or its first characters) from 'planner history'")
+            raise RecordNotFoundError(f"{what} id {prefix!r} is not an id: copy one (or its first characters) from 'planner history'")
         column = row_type.id  # type: ignore[attr-defined]
         found = session.scalars(select(column).where(column.startswith(key)).limit(2)).all()
         if not found:
-            raise StoreError(f"no {what} with id {prefix!r}: see 'planner history'")
+            raise RecordNotFoundError(f"no {what} with id {prefix!r}: see 'planner history'")
         if len(found) > 1:
-            raise StoreError(f"{what} id {prefix!r} is ambiguous (it starts several ids): give more characters")
+            raise AmbiguousIdError(f"{what} id {prefix!r} is ambiguous (it starts several ids): give more characters")
         return found[0]
 
     # ---- writing ---------------------------------------------------------------------------
