@@ -181,13 +181,15 @@ def test_ids_unknown_ambiguous_and_malformed(store):
     # 17 ids over 16 hex digits: at least two share their first character
     first = [i[0] for i in ids]
     shared = next(c for c in first if first.count(c) > 1)
-    with pytest.raises(StoreError, match=f"plan id '{shared}' is ambiguous"):
+    from planner.errors import AmbiguousIdError, RecordNotFoundError
+
+    with pytest.raises(AmbiguousIdError, match=f"plan id '{shared}' is ambiguous"):
         store.get_plan(plan_id=shared)
-    with pytest.raises(StoreError, match="no plan with id"):
+    with pytest.raises(RecordNotFoundError, match="no plan with id"):
         store.get_plan(plan_id=uuid.uuid4().hex)
-    with pytest.raises(StoreError, match="is not an id"):
+    with pytest.raises(RecordNotFoundError, match="is not an id"):
         store.get_plan(plan_id="5%")
-    with pytest.raises(StoreError, match="no candidate with id"):
+    with pytest.raises(RecordNotFoundError, match="no candidate with id"):
         store.record_measurement(candidate_id=uuid.uuid4().hex, measurement=measurement())
 
 
