@@ -14,16 +14,20 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from planner import __version__
 from planner.config import ALL_LINEAR, Method, Offload, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
-from planner.memory import estimate_memory, model_states_bytes, totals_by_split
+from planner.memory import estimate_memory, model_states_bytes
+from planner.memory.reserve import reserved_and_total
+from planner.memory.parameters import Trained, trained
+from planner.memory.states import StaticTerms, static_terms
+from planner.memory.step import NO_STATIC, batch_terms, phase_totals
 from planner.modelspec import LinearKind, ModelSpec
 from planner.results import Candidate, PlanRequest, PlanResult, Rejection, ThroughputEstimate
-from planner.throughput import estimate_throughput
+from planner.throughput import estimate_throughput, step_breakdown, tokens_per_second
 from planner.units import MiB, format_bytes
 
 LORA_RANKS = (8, 16, 64)
@@ -137,6 +141,95 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
                 yield (base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True) if ckpt else base), splits
 
 
+# ---- the fast path: memoised terms and affine phase lines --------------------------------------
+def _static_key(config: TrainConfig) -> tuple:
+    """What the batch-independent terms depend on."""
+    return (config.method, config.precision, config.optimizer, config.zero, config.offload, config.gpus,
+            config.lora_r, config.lora_targets)
+
+
+def _batch_key(config: TrainConfig, b: int) -> tuple:
+    """What the per-micro-batch terms depend on (DeepSpeed only through zero > 0: its dtype mode)."""
+    return (config.method, config.precision, config.zero > 0, config.lora_r, config.lora_targets,
+            config.grad_ckpt, config.attention, config.seq_len, b)
+
+
+class MemoryMemo:
+    """The memory model's terms for one model on one device, memoised for one search: thousands
+    of candidates share what they train (per adapter set), their model states (per static key)
+    and their per-sequence activations (per batch key). Lives as long as the search that made it,
+    so it never outlives its model."""
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec) -> None:
+        self.model, self.gpu, self.kernels = model, gpu, gpu.kernels
+        self._trained: dict[tuple, Trained] = {}
+        self._static: dict[tuple, tuple[StaticTerms, tuple]] = {}
+        self._batch: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def trained(self, config: TrainConfig) -> Trained:
+        key = (config.method.uses_adapters, config.lora_r, config.lora_targets)
+        if key not in self._trained:
+            self._trained[key] = trained(self.model, config)
+        return self._trained[key]
+
+    def static(self, config: TrainConfig) -> tuple[StaticTerms, tuple]:
+        """The static terms and, per accumulating (False, True), the resident states plus each
+        moment's static part."""
+        key = _static_key(config)
+        if key not in self._static:
+            static = static_terms(self.model, config, self.kernels, self.trained(config))
+            parts = tuple(
+                tuple(static.resident_bytes + x for x in phase_totals(
+                    static=static, saved=0, recompute=0, fwd_logits=0, bwd_logits=0, accumulating=acc))
+                for acc in (False, True)
+            )
+            self._static[key] = (static, parts)
+        return self._static[key]
+
+    def batch_line(self, config: TrainConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Each moment's per-micro-batch part at b = 1 and its increase per sample (every term is
+        affine in the micro-batch); shared by every optimizer and ZeRO stage of the same method,
+        precision and shape."""
+        key = _batch_key(config, 0)
+        if key not in self._batch:
+            at = []
+            for b in (1, 2):
+                terms = batch_terms(self.model, config.with_split(micro_batch=b, grad_accum=config.grad_accum),
+                                    self.kernels, self.trained(config).target_names)
+                at.append(phase_totals(static=NO_STATIC, saved=terms.saved, recompute=terms.recompute,
+                                       fwd_logits=terms.forward_logits, bwd_logits=terms.backward_logits,
+                                       accumulating=False))
+            self._batch[key] = (at[0], tuple(two - one for one, two in zip(*at)))
+        return self._batch[key]
+
+
+def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, splits,
+                    memo: MemoryMemo | None = None) -> list[tuple[int, int]]:
+    """(process_total_bytes, cpu_bytes) of ``config`` with each (micro_batch, grad_accum) of
+    ``splits`` instead of its own, exactly as ``estimate_memory`` computes them: the search's
+    inner loop.
+
+    Each moment of ``planner.memory.step.phases`` is a sum of static terms and per-micro-batch
+    terms, the latter affine in the micro-batch (``phase_totals``), so a split costs five
+    multiply-adds.
+    """
+    memo = memo or MemoryMemo(model, gpu)
+    static, parts = memo.static(config)
+    one, slope = memo.batch_line(config)
+    resident = static.resident_bytes
+    lines = [[base + b1 for base, b1 in zip(parts[acc], one)] for acc in (0, 1)]
+    s0, s1, s2, s3, s4 = slope
+    allocator = gpu.kernels.caching_allocator
+    out = []
+    for micro, accum in splits:
+        k = micro - 1
+        a0, a1, a2, a3, a4 = lines[accum > 1]  # the five moments
+        peak = max(a0 + k * s0, a1 + k * s1, a2 + k * s2, a3 + k * s3, a4 + k * s4)
+        total = reserved_and_total(model, gpu, peak=peak, static=resident, paged=static.paged)[1] if allocator else peak
+        out.append((total, static.host))
+    return out
+
+
 def _family(config: TrainConfig) -> str:
     return f"{config.method}, {config.precision}, {config.optimizer}"
 
@@ -176,8 +269,9 @@ def suggest(
     largest_fit: list[tuple[TrainConfig, int]] = []
     closest: dict[str, tuple[int, TrainConfig]] = {}
     searched = 0
+    memo = MemoryMemo(model, gpu)
     for base, splits in _combinations(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space):
-        totals = totals_by_split(model=model, config=base, gpu=gpu, splits=splits)
+        totals = totals_by_split(model=model, config=base, gpu=gpu, splits=splits, memo=memo)
         searched += len(splits)
         # micro-batches come in ascending order and memory grows with them: keep the largest that
         # fits per combination, the fastest split (fewest micro-steps: least per-micro-step
@@ -194,7 +288,10 @@ def suggest(
         if best is not None:
             largest_fit.append((base.with_split(micro_batch=best[0][0], grad_accum=best[0][1]), best[1]))
     for config, total in largest_fit:
-        fitting.append((config, estimate_throughput(model=model, config=config, gpu=gpu), total))
+        # ranking needs the speed only: the full estimate (with its assumptions) is made for
+        # the plans shown
+        step_s = sum(step_breakdown(model=model, config=config, gpu=gpu).values())
+        fitting.append((config, _Speed(tokens_per_second(config, step_s)), total))
 
     request = PlanRequest(
         model_id=model.id,
@@ -213,16 +310,17 @@ def suggest(
         },
         planner_version=__version__,
     )
-    closest = {
-        fam: Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=_NO_THROUGHPUT, fits=False)
-        for fam, (_, cfg) in closest.items()
-    }
-    # each family's closest try, most faithful method first, then the nearest miss
-    by_tier = sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1].config.method], kv[1].memory.process_total_bytes))
+    def missed(cfg: TrainConfig) -> Candidate:
+        return Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=_NO_THROUGHPUT, fits=False)
+
+    # each family's closest try, most faithful method first, then the nearest miss (the fast
+    # path's process total is estimate_memory's)
+    by_tier = sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1][1].method], kv[1][0]))
     if not fitting:
-        rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for _, c in by_tier)
+        tried = {fam: missed(cfg) for fam, (_, cfg) in by_tier}
+        rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
         raise NothingFitsError(
-            _nothing_fits_message(model=model, gpu=gpu, closest=closest, usable=usable, space=space),
+            _nothing_fits_message(model=model, gpu=gpu, closest=tried, usable=usable, space=space),
             result=PlanResult(request=request, plans=(), rejected=rejected, searched=searched, usable_bytes=usable,
                               safety_margin_bytes=margin),
         )
@@ -230,15 +328,16 @@ def suggest(
     fitting = _ranked(fitting)
     chosen = _distinct(fitting, top_k)
     plans = tuple(
-        Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=thr, fits=True, rank=i + 1)
-        for i, (cfg, thr, _) in enumerate(chosen)
+        Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu),
+                  throughput=estimate_throughput(model=model, config=cfg, gpu=gpu), fits=True, rank=i + 1)
+        for i, (cfg, _, _) in enumerate(chosen)
     )
     best_tier = FIDELITY[plans[0].config.method]
     fitting_families = {_family(cfg) for cfg, _, _ in fitting}
     rejected = tuple(
-        _rejection(c, model=model, usable=usable, space=space)
-        for fam, c in by_tier
-        if FIDELITY[c.config.method] <= best_tier and fam not in fitting_families
+        _rejection(missed(cfg), model=model, usable=usable, space=space)
+        for fam, (_, cfg) in by_tier
+        if FIDELITY[cfg.method] <= best_tier and fam not in fitting_families
     )
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable, safety_margin_bytes=margin)
 
@@ -345,6 +444,12 @@ def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, 
         f"{best.config.label()}, needs {format_bytes(need)} ({format_bytes(need - usable)} too much); "
         f"try {', '.join(hints)}"
     )
+
+
+class _Speed(NamedTuple):
+    """What the ranking reads of a fitting candidate's throughput."""
+
+    tokens_per_s: float
 
 
 #: placeholder throughput for rejected candidates (never printed as a plan: fits=False)
