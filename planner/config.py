@@ -119,6 +119,24 @@ def _check_count(name: str, value: Any) -> None:
         raise InvalidConfigError(f"--{flag} {value} is beyond any training run (at most {_UPPER_BOUNDS[name]:,}): check the number")
 
 
+def _lora_fields(lora_r: Any, lora_targets: Any) -> tuple[int, tuple[str, ...]]:
+    """The LoRA rank and targets of a LoRA/QLoRA configuration, defaulted and checked."""
+    r = DEFAULT_LORA_R if lora_r is None else lora_r
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise InvalidConfigError(f"--lora-r must be a whole number >= 1, got {r!r}")
+    if r > _UPPER_BOUNDS["lora_r"]:
+        raise InvalidConfigError(f"--lora-r {r} is beyond any adapter (at most {_UPPER_BOUNDS['lora_r']:,}): use e.g. 16")
+    targets = DEFAULT_LORA_TARGETS if lora_targets is None else lora_targets
+    if isinstance(targets, str):
+        targets = tuple(t.strip() for t in targets.split(",") if t.strip())
+    targets = tuple(targets)
+    if not targets:
+        raise InvalidConfigError("--lora-targets is empty: give all-linear or module names like q_proj,v_proj")
+    if ALL_LINEAR in targets and len(targets) > 1:
+        raise InvalidConfigError("--lora-targets: all-linear cannot be combined with names")
+    return r, targets
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One fully specified fine-tuning configuration (per device unless said otherwise)."""
@@ -169,22 +187,8 @@ class TrainConfig:
                     "or drop the LoRA options"
                 )
         else:
-            r = DEFAULT_LORA_R if self.lora_r is None else self.lora_r
-            if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-                raise InvalidConfigError(f"--lora-r must be a whole number >= 1, got {r!r}")
-            if r > _UPPER_BOUNDS["lora_r"]:
-                raise InvalidConfigError(f"--lora-r {r} is beyond any adapter (at most {_UPPER_BOUNDS['lora_r']:,}): use e.g. 16")
+            r, targets = _lora_fields(self.lora_r, self.lora_targets)
             set_("lora_r", r)
-            targets = DEFAULT_LORA_TARGETS if self.lora_targets is None else self.lora_targets
-            if isinstance(targets, str):
-                targets = tuple(t.strip() for t in targets.split(",") if t.strip())
-            targets = tuple(targets)
-            if not targets:
-                raise InvalidConfigError(
-                    "--lora-targets is empty: give all-linear or module names like q_proj,v_proj"
-                )
-            if ALL_LINEAR in targets and len(targets) > 1:
-                raise InvalidConfigError("--lora-targets: all-linear cannot be combined with names")
             set_("lora_targets", targets)
 
         if self.attention is Attention.FLASH and self.precision is Precision.FP32:
@@ -251,6 +255,15 @@ class TrainConfig:
             self.__dict__, micro_batch=micro_batch, grad_accum=grad_accum,
             grad_ckpt=self.grad_ckpt if grad_ckpt is None else bool(grad_ckpt),
         )
+        return copy
+
+    def with_lora(self, *, lora_r: int, lora_targets: tuple[str, ...]) -> "TrainConfig":
+        """This LoRA/QLoRA configuration with another rank and targets, checked as ``__post_init__``
+        checks them (no other field reads them): the search makes one per adapter variant."""
+        assert self.method.uses_adapters, self.method
+        r, targets = _lora_fields(lora_r, lora_targets)
+        copy = object.__new__(TrainConfig)
+        copy.__dict__.update(self.__dict__, lora_r=r, lora_targets=targets)
         return copy
 
     def to_dict(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
 from planner.memory import estimate_memory, model_states_bytes
 from planner.memory.reserve import reserved_and_total
+from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, trained
 from planner.memory.states import StaticTerms, static_terms
 from planner.memory.step import NO_STATIC, batch_terms, phase_totals
@@ -118,8 +119,10 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
     if space.allow_offload:
         zero_offload += [(1, Offload.OPTIMIZER), (2, Offload.OPTIMIZER), (3, Offload.OPTIMIZER), (3, Offload.OPTIMIZER_PARAMS)]
     # (method, precision, optimizer, zero, offload) that TrainConfig refused: the same refusal
-    # holds for every LoRA variant (SearchSpace checked the ranks; the targets are the model's)
+    # holds for every LoRA variant (SearchSpace checked the ranks; the targets are the model's);
+    # the ones it took, to copy per LoRA variant
     refused: set[tuple] = set()
+    made: dict[tuple, TrainConfig] = {}
     for method in space.methods:
         variants = [(None, None)] if method is Method.FULL else lora_variants
         for precision, (r, targets), optimizer, (zero, offload) in itertools.product(
@@ -129,11 +132,14 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
             if skeleton in refused:
                 continue
             try:
-                base = TrainConfig(
-                    method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
-                    seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False,
-                    lora_r=r, lora_targets=targets, zero=zero, offload=offload,
-                )
+                if skeleton in made:
+                    base = made[skeleton].with_lora(lora_r=r, lora_targets=targets)
+                else:
+                    base = made[skeleton] = TrainConfig(
+                        method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
+                        seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False,
+                        lora_r=r, lora_targets=targets, zero=zero, offload=offload,
+                    )
             except PlannerError:
                 refused.add(skeleton)
                 continue  # the combination is invalid whatever the split and checkpointing
@@ -149,9 +155,11 @@ def _static_key(config: TrainConfig) -> tuple:
 
 
 def _batch_key(config: TrainConfig, b: int) -> tuple:
-    """What the per-micro-batch terms depend on (DeepSpeed only through zero > 0: its dtype mode)."""
-    return (config.method, config.precision, config.zero > 0, config.lora_r, config.lora_targets,
-            config.grad_ckpt, config.attention, config.seq_len, b)
+    """What the per-micro-batch terms depend on: the precision and DeepSpeed only through the
+    dtype mode (bf16 and fp16 autocast type every tensor alike, so do pure bf16 and DeepSpeed's
+    16-bit model)."""
+    return (config.method, mode_of(config), config.lora_r, config.lora_targets, config.grad_ckpt, config.attention,
+            config.seq_len, b)
 
 
 class MemoryMemo:
@@ -178,8 +186,9 @@ class MemoryMemo:
         key = _static_key(config)
         if key not in self._static:
             static = static_terms(self.model, config, self.kernels, self.trained(config))
+            resident = static.resident_bytes
             parts = tuple(
-                tuple(static.resident_bytes + x for x in phase_totals(
+                tuple(resident + x for x in phase_totals(
                     static=static, saved=0, recompute=0, fwd_logits=0, bwd_logits=0, accumulating=acc))
                 for acc in (False, True)
             )

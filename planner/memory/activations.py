@@ -253,8 +253,13 @@ def activation_breakdown(model: ModelSpec, config: TrainConfig, *, kernels: Kern
         # recomputes one block at a time during backward (torch.utils.checkpoint).
         total["activations/checkpoints"] = model.num_layers * checkpoint_bytes(model, dims, mode)
     else:
-        merge(block_terms(block_context(model, config, kernels, first=True, targets=targets)))
-        merge(block_terms(block_context(model, config, kernels, first=False, targets=targets)), model.num_layers - 1)
+        first_ctx = block_context(model, config, kernels, first=True, targets=targets, dims=dims)
+        rest_ctx = block_context(model, config, kernels, first=False, targets=first_ctx.targets, dims=dims)
+        rest = block_terms(rest_ctx)
+        # the first block differs from the others only when its input needs no gradient
+        same = first_ctx.block_input_needs_grad == rest_ctx.block_input_needs_grad
+        merge(rest if same else block_terms(first_ctx))
+        merge(rest, model.num_layers - 1)
     merge(model_level_terms(model, config, dims, mode, kernels))
     return {k: v for k, v in total.items() if v}
 

@@ -31,12 +31,15 @@ class OptimizerModel:
 
     def state_bytes(self, sizes: Iterable[int], param_bytes: int) -> int:
         """Persistent state of trainable tensors of these element counts."""
-        # a model has few distinct tensor shapes
-        return sum(self.tensor_state_bytes(n, param_bytes) * copies for n, copies in Counter(sizes).items())
+        return self._counted_state_bytes(Counter(sizes).items(), param_bytes)
+
+    def _counted_state_bytes(self, counts: Iterable[tuple[int, int]], param_bytes: int) -> int:
+        # a model has few distinct tensor shapes: (elements, tensors) pairs
+        return sum(self.tensor_state_bytes(n, param_bytes) * copies for n, copies in counts)
 
     def model_state_bytes(self, model: ModelSpec, config, t: Trained, param_bytes: int) -> int:
         """Persistent state of the configuration's trainable tensors ``t``."""
-        return self.state_bytes(t.sizes, param_bytes)
+        return self._counted_state_bytes(t.size_counts, param_bytes)
 
     def flat_partition_state_bytes(self, partition: int) -> int:
         """State of one flat fp32 tensor of ``partition`` elements (DeepSpeed's master partition)."""

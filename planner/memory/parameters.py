@@ -6,6 +6,8 @@ Shared with ``planner.throughput`` (adapter FLOPs, traffic) and ``planner.estima
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
 from dataclasses import dataclass
 
 from planner.config import ALL_LINEAR, Method, TrainConfig
@@ -95,9 +97,14 @@ class Trained:
     sizes: tuple[int, ...]
     """Element counts of the trainable tensors."""
 
-    @property
+    @functools.cached_property
     def target_names(self) -> frozenset[str]:
         return frozenset(lin.name for lin in self.targets)
+
+    @functools.cached_property
+    def size_counts(self) -> tuple[tuple[int, int], ...]:
+        """(element count, number of tensors of that count): a model has few distinct shapes."""
+        return tuple(Counter(self.sizes).items())
 
 
 def trained(model: ModelSpec, config: TrainConfig) -> Trained:

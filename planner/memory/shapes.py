@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from planner.config import Method, TrainConfig
@@ -60,11 +61,11 @@ class BlockContext:
     targets: frozenset[str]
     """Names of the linears LoRA adapts (empty for full fine-tuning)."""
 
-    @property
+    @functools.cached_property
     def full(self) -> bool:
         return self.config.method is Method.FULL
 
-    @property
+    @functools.cached_property
     def block_input_needs_grad(self) -> bool:
         """Autograd saves an operand only when the other operand needs a gradient. In the first
         block under LoRA nothing upstream of the first adapter needs one, unless checkpointing
@@ -72,7 +73,11 @@ class BlockContext:
         return self.full or not self.first or self.config.grad_ckpt
 
     def of_kind(self, kind: LinearKind) -> list[LinearSpec]:
-        return [lin for lin in self.model.layer_linears if lin.kind is kind]
+        return self._by_kind[kind]
+
+    @functools.cached_property
+    def _by_kind(self) -> dict[LinearKind, list[LinearSpec]]:
+        return {kind: [lin for lin in self.model.layer_linears if lin.kind is kind] for kind in LinearKind}
 
     def targeted(self, lin: LinearSpec) -> bool:
         return lin.name in self.targets
@@ -81,22 +86,22 @@ class BlockContext:
     def attn_out(self) -> list[LinearSpec]:
         return self.of_kind(LinearKind.ATTN_OUT)
 
-    @property
+    @functools.cached_property
     def o_targeted(self) -> bool:
         return any(self.targeted(lin) for lin in self.attn_out)
 
-    @property
+    @functools.cached_property
     def attn_targeted(self) -> bool:
         return any(self.targeted(lin) for lin in self.of_kind(LinearKind.ATTN_IN) + self.attn_out)
 
 
 def block_context(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, *, first: bool,
-                  targets: frozenset[str] | None = None) -> BlockContext:
-    """``targets``: the adapted linears' names, when the caller has them already."""
+                  targets: frozenset[str] | None = None, dims: Dims | None = None) -> BlockContext:
+    """``targets`` (the adapted linears' names) and ``dims``: when the caller has them already."""
     if targets is None:
         targets = frozenset(lin.name for lin in lora_targets(model, config))
-    return BlockContext(model=model, config=config, dims=dims_of(model, config), mode=mode_of(config), kernels=kernels,
-                        first=first, targets=targets)
+    return BlockContext(model=model, config=config, dims=dims or dims_of(model, config), mode=mode_of(config),
+                        kernels=kernels, first=first, targets=targets)
 
 
 __all__ = ["BlockContext", "Dims", "block_context", "dims_of"]
