@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -86,6 +87,10 @@ class Offload(enum.StrEnum):
     OPTIMIZER = "optimizer"
     OPTIMIZER_PARAMS = "optimizer+params"
 
+
+#: The version of ``TrainConfig.to_dict`` payloads this code writes; one without a ``version`` key
+#: was written before payloads carried one (version 1, no ``alloc_conf``).
+CONFIG_VERSION = 2
 
 #: ``lora_targets`` value that adapts every linear layer but the output head (peft's "all-linear").
 ALL_LINEAR = "all-linear"
@@ -167,6 +172,10 @@ class TrainConfig:
     """DeepSpeed ZeRO stage, 0 = no DeepSpeed."""
     offload: Offload = Offload.NONE
     """DeepSpeed CPU offload of optimizer states (and with ZeRO-3 the parameters)."""
+    alloc_conf: str | None = None
+    """PyTorch's CUDA caching allocator settings as ``PYTORCH_CUDA_ALLOC_CONF`` takes them, e.g.
+    ``max_split_size_mb:128,expandable_segments:True`` (None: PyTorch's defaults). Stored in a
+    canonical spelling; the memory model replays the allocator with them."""
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
@@ -179,6 +188,10 @@ class TrainConfig:
             _check_count(name, getattr(self, name))
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.alloc_conf is not None:
+            from planner.memory.allocator import AllocatorConfig
+
+            set_("alloc_conf", AllocatorConfig.parse(self.alloc_conf).spelling() or None)
 
         if self.method is Method.FULL:
             if self.lora_r is not None or self.lora_targets is not None:
@@ -267,8 +280,10 @@ class TrainConfig:
         return copy
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict with the CLI's option names as keys (underscored)."""
+        """Plain JSON-able dict with the CLI's option names as keys (underscored), and the
+        payload's ``version``."""
         return {
+            "version": CONFIG_VERSION,
             "method": str(self.method),
             "precision": str(self.precision),
             "optimizer": str(self.optimizer),
@@ -282,15 +297,22 @@ class TrainConfig:
             "lora_targets": ",".join(self.lora_targets) if self.lora_targets else None,
             "zero": self.zero,
             "offload": str(self.offload),
+            "alloc_conf": self.alloc_conf,
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: Mapping[str, Any], *, strict: bool = False) -> "TrainConfig":
+        """Decode a ``to_dict`` payload of any version: keys it lacks take their defaults; keys
+        this code does not know (a newer planner's settings) raise with ``strict``, else are
+        ignored with a warning."""
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
+        unknown = set(data) - known - {"version"}
+        if unknown and strict:
             raise InvalidConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
-        return cls(**dict(data))
+        if unknown:
+            warnings.warn(f"configuration keys this planner does not know are ignored: {', '.join(sorted(unknown))}",
+                          stacklevel=2)
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def label(self) -> str:
         """Short human description, e.g. ``lora r16 all-linear, bf16-mixed, adamw, mb4x8, ckpt``."""
@@ -305,11 +327,14 @@ class TrainConfig:
             parts.append(f"zero{self.zero}" + (f"+offload:{self.offload}" if self.offload != Offload.NONE else ""))
         if self.attention is not Attention.SDPA:
             parts.append(str(self.attention))
+        if self.alloc_conf:
+            parts.append(f"alloc {self.alloc_conf}")
         return ", ".join(parts)
 
 
 __all__ = [
     "ALL_LINEAR",
+    "CONFIG_VERSION",
     "Attention",
     "Method",
     "Offload",

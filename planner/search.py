@@ -319,14 +319,15 @@ def suggest(
         },
         planner_version=__version__,
     )
-    def missed(cfg: TrainConfig) -> Candidate:
-        return Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=_NO_THROUGHPUT, fits=False)
+    def missed(cfg: TrainConfig, total: int) -> _Tried:
+        return _Tried(config=cfg, process_total_bytes=total, cpu_bytes=memo.static(cfg)[0].host)
 
     # each family's closest try, most faithful method first, then the nearest miss (the fast
     # path's process total is estimate_memory's)
     by_tier = sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1][1].method], kv[1][0]))
-    if not fitting:
-        tried = {fam: missed(cfg) for fam, (_, cfg) in by_tier}
+    plans = _replayed_plans(_ranked(fitting), model=model, gpu=gpu, usable=usable, top_k=top_k)
+    if not plans:
+        tried = {fam: missed(cfg, total) for fam, (total, cfg) in by_tier}
         rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
         raise NothingFitsError(
             _nothing_fits_message(model=model, gpu=gpu, closest=tried, usable=usable, space=space),
@@ -334,21 +335,34 @@ def suggest(
                               safety_margin_bytes=margin),
         )
 
-    fitting = _ranked(fitting)
-    chosen = _distinct(fitting, top_k)
-    plans = tuple(
-        Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu),
-                  throughput=estimate_throughput(model=model, config=cfg, gpu=gpu), fits=True, rank=i + 1)
-        for i, (cfg, _, _) in enumerate(chosen)
-    )
     best_tier = FIDELITY[plans[0].config.method]
     fitting_families = {_family(cfg) for cfg, _, _ in fitting}
     rejected = tuple(
-        _rejection(missed(cfg), model=model, usable=usable, space=space)
-        for fam, (_, cfg) in by_tier
+        _rejection(missed(cfg, total), model=model, usable=usable, space=space)
+        for fam, (total, cfg) in by_tier
         if FIDELITY[cfg.method] <= best_tier and fam not in fitting_families
     )
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable, safety_margin_bytes=margin)
+
+
+def _replayed_plans(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int) -> tuple[Candidate, ...]:
+    """The top plans with their full estimates. The fast path screens with the allocator's
+    stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
+    caching allocator replayed on its step, and one the replay finds too large for the usable
+    memory is dropped for the next."""
+    while fitting:
+        plans, dropped = [], set()
+        for cfg, _, _ in _distinct(fitting, top_k):
+            memory = estimate_memory(model=model, config=cfg, gpu=gpu)
+            if memory.process_total_bytes > usable:
+                dropped.add(id(cfg))
+            else:
+                plans.append((cfg, memory))
+        if not dropped:
+            return tuple(Candidate(config=cfg, memory=memory, throughput=estimate_throughput(model=model, config=cfg, gpu=gpu),
+                                   fits=True, rank=i + 1) for i, (cfg, memory) in enumerate(plans))
+        fitting = [item for item in fitting if id(item[0]) not in dropped]
+    return ()
 
 
 #: Within 2% of predicted speed (below what the throughput model can tell apart), prefer the
@@ -411,35 +425,43 @@ def _distinct(ranked: list[tuple], k: int) -> list[tuple]:
     return out
 
 
-def _rejection(c: Candidate, *, model: ModelSpec, usable: int, space: SearchSpace) -> Rejection:
+class _Tried(NamedTuple):
+    """A family's closest try, as the fast path screened it."""
+
+    config: TrainConfig
+    process_total_bytes: int
+    cpu_bytes: int
+
+
+def _rejection(c: _Tried, *, model: ModelSpec, usable: int, space: SearchSpace) -> Rejection:
     """One line for a family: its plain model states if they alone overflow, else its closest try."""
     plain = dataclasses.replace(c.config, zero=0, offload=Offload.NONE, gpus=c.config.gpus)
     states = model_states_bytes(model, plain)
     tried = c.config.label()
-    if c.memory.cpu_bytes > space.cpu_mem_bytes and c.memory.process_total_bytes <= usable:
+    if c.cpu_bytes > space.cpu_mem_bytes and c.process_total_bytes <= usable:
         reason = (f"model states need {format_bytes(states)} on the device; with {tried} they fit, but offload needs "
-                  f"{format_bytes(c.memory.cpu_bytes)} of host RAM > {format_bytes(space.cpu_mem_bytes)} (--cpu-mem)")
+                  f"{format_bytes(c.cpu_bytes)} of host RAM > {format_bytes(space.cpu_mem_bytes)} (--cpu-mem)")
     elif states > usable and (c.config.zero or c.config.offload is not Offload.NONE):
         reason = (f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable; the closest try, "
-                  f"{tried}, needs {format_bytes(c.memory.process_total_bytes)}")
+                  f"{tried}, needs {format_bytes(c.process_total_bytes)}")
     elif states > usable:
         reason = f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable"
     else:
-        reason = f"the smallest try, {tried}, needs {format_bytes(c.memory.process_total_bytes)} > {format_bytes(usable)} usable"
+        reason = f"the smallest try, {tried}, needs {format_bytes(c.process_total_bytes)} > {format_bytes(usable)} usable"
     return Rejection(family=_family(c.config), reason=reason, config=c.config.to_dict())
 
 
-def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, Candidate], usable: int, space: SearchSpace) -> str:
+def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, _Tried], usable: int, space: SearchSpace) -> str:
     if not closest:
         return f"no configuration of the searched space is valid for {model.id} on {gpu.name}: widen --method/--precision"
-    best = min(closest.values(), key=lambda c: c.memory.process_total_bytes)
-    need = best.memory.process_total_bytes
+    best = min(closest.values(), key=lambda c: c.process_total_bytes)
+    need = best.process_total_bytes
     if need <= usable:
         # the device would hold it: what is missing is host RAM for the offloaded states
         return (
             f"nothing fits {model.id} on {gpu.name} with {format_bytes(space.cpu_mem_bytes)} of host RAM for offload: "
             f"the closest, {best.config.label()}, fits the device ({format_bytes(need)} of {format_bytes(usable)} usable) "
-            f"but needs {format_bytes(best.memory.cpu_bytes)} of host RAM; try --cpu-mem {format_bytes(best.memory.cpu_bytes).replace(' ', '')} "
+            f"but needs {format_bytes(best.cpu_bytes)} of host RAM; try --cpu-mem {format_bytes(best.cpu_bytes).replace(' ', '')} "
             "on a host that has it, more GPUs (--gpus) or a shorter --seq-len"
         )
     hints = []
@@ -461,5 +483,3 @@ class _Speed(NamedTuple):
     tokens_per_s: float
 
 
-#: placeholder throughput for rejected candidates (never printed as a plan: fits=False)
-_NO_THROUGHPUT = ThroughputEstimate(step_s=float("inf"), tokens_per_s=0.0, flops_per_step=0.0, assumptions=("not evaluated: does not fit",))

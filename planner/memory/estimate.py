@@ -1,25 +1,34 @@
-"""``estimate_memory``: the peak of one configuration on one device, with its named breakdown."""
+"""``estimate_memory``: the peak of one configuration on one device, with its named breakdown.
+
+Read from the step's timeline (``planner.memory.timeline``); on a device with PyTorch's caching
+allocator the timeline's allocations are replayed on a model of it (``planner.memory.allocator``)
+for the peak reserve and the fragmentation at the peak.
+"""
 
 from __future__ import annotations
 
 from planner.config import Method, TrainConfig
 from planner.memory.activations import ACTIVATION_SAVED
-from planner.memory.reserve import reserved_and_total, reserve_assumption
-from planner.memory.states import static_terms
-from planner.memory.step import batch_terms, phase_breakdowns
+from planner.memory.allocator import AllocatorConfig, Replay, replay
+from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import ModelSpec
 from planner.results import MemoryEstimate
 
 
-def _assumptions(model: ModelSpec, config: TrainConfig, gpu, *, paged: int) -> list[str]:
-    kernels = gpu.kernels
+def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline, replayed: Replay | None) -> list[str]:
     out = []
-    if not kernels.caching_allocator:
+    if replayed is None:
         out.append("cpu profile: live tensor bytes; no caching allocator, no CUDA context")
     else:
-        if paged:
+        if timeline.outside_allocator:
             out.append("paged 8-bit optimizer states counted in the process total, not in the allocator")
-        out.append(reserve_assumption())
+        conf = AllocatorConfig.parse(config.alloc_conf)
+        out.append(f"allocator: PyTorch's CUDA caching allocator replayed on the step's allocations "
+                   f"({conf.spelling() or 'default settings'}; one stream, tensors of a term taken as equal)")
+        if conf.ignored:
+            out.append(f"allocator settings not modelled: {', '.join(conf.ignored)}")
+        if replayed.out_of_memory:
+            out.append(f"the allocator replay runs out of device memory at: {replayed.out_of_memory}")
     if model.hidden_act not in ACTIVATION_SAVED:
         out.append(f"activation {model.hidden_act!r} is not in the model's table: assumed to save its input like a fused kernel")
     if config.method is Method.QLORA:
@@ -27,27 +36,36 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, *, paged: int) -> l
     return out
 
 
+def replay_timeline(timeline: Timeline, config: TrainConfig, gpu) -> Replay:
+    """The caching allocator over the timeline, on what the device leaves it (its memory less
+    the CUDA context and the memory outside the allocator)."""
+    capacity = gpu.memory_bytes - int(gpu.cuda_context_bytes) - timeline.outside_allocator
+    return replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf))
+
+
 def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEstimate:
     """Predict peak memory per device for one configuration on one GPU (or the ``cpu`` profile)."""
-    kernels = gpu.kernels
-    static = static_terms(model, config, kernels)
-    moments = phase_breakdowns(static, batch_terms(model, config, kernels), accumulating=config.grad_accum > 1)
-    totals = {name: sum(parts.values()) for name, parts in moments.items()}
-    peak_phase = max(totals, key=lambda k: totals[k])
-    peak = totals[peak_phase]
-    if kernels.caching_allocator:
-        reserved, total = reserved_and_total(model, gpu, peak=peak, static=static.resident_bytes, paged=static.paged)
-    else:
+    timeline = step_timeline(model=model, config=config, kernels=gpu.kernels)
+    peak = timeline.peak
+    replayed = replay_timeline(timeline, config, gpu) if gpu.kernels.caching_allocator else None
+    if replayed is None:
         reserved = total = peak
+        fragmentation = 0
+    else:
+        assert replayed.allocated_peak == peak, (replayed.allocated_peak, peak)
+        reserved = replayed.peak_reserved
+        fragmentation = replayed.fragmentation
+        total = reserved + int(gpu.cuda_context_bytes) + timeline.outside_allocator
     return MemoryEstimate(
         peak_allocated_bytes=peak,
         peak_reserved_bytes=reserved,
         process_total_bytes=total,
-        cpu_bytes=static.host,
-        breakdown=moments[peak_phase],
-        peak_phase=peak_phase,
-        assumptions=tuple(_assumptions(model, config, gpu, paged=static.paged)),
+        cpu_bytes=timeline.host,
+        breakdown=timeline.breakdown(),
+        peak_phase=timeline.peak_phase,
+        assumptions=tuple(_assumptions(model, config, gpu, timeline, replayed)),
+        fragmentation_bytes=fragmentation,
     )
 
 
-__all__ = ["estimate_memory"]
+__all__ = ["estimate_memory", "replay_timeline"]

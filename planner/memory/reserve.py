@@ -1,4 +1,8 @@
-"""From allocated to reserved and to the process total on a CUDA device."""
+"""The search's screen from allocated to reserved: a stated overhead, evaluated in microseconds.
+
+``estimate_memory`` replays the caching allocator on the step's allocations
+(``planner.memory.allocator``); the search cannot replay ten thousand candidates, so it screens
+them with this overhead and replays the plans it shows (``planner.search``)."""
 
 from __future__ import annotations
 
