@@ -366,11 +366,15 @@ def _sizes(nbytes: int, tensors: int) -> list[int]:
     return [each] * (tensors - 1) + [nbytes - each * (tensors - 1)]
 
 
-def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()) -> Replay:
+def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig(),
+           trace: list[int] | None = None) -> Replay:
     """Replay ``events`` (``planner.memory.timeline.Event``: alloc/free of ``tensors`` equal
     tensors) on a caching allocator of ``capacity`` bytes. When the device runs out, the replay
-    is repeated without the limit, so the reserve it would need is known, and says where."""
+    is repeated without the limit, so the reserve it would need is known, and says where.
+    ``trace``: gets the reserve before the first event and after each."""
     allocator = CachingAllocator(capacity=capacity, config=config)
+    if trace is not None:
+        trace[:] = [0]
     live: dict[int, list[Block]] = {}
     requested = peak = reserved_at_peak = 0
     for ev in events:
@@ -380,7 +384,7 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
             except OutOfMemory:
                 if capacity >= UNLIMITED:
                     raise
-                again = replay(events, capacity=UNLIMITED, config=config)
+                again = replay(events, capacity=UNLIMITED, config=config, trace=trace)
                 return Replay(peak_reserved=again.peak_reserved, reserved_at_peak=again.reserved_at_peak,
                               allocated_peak=again.allocated_peak, out_of_memory=ev.where or "the step")
             requested += ev.nbytes
@@ -390,6 +394,8 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
             for block in live.pop(ev.ident, []):
                 allocator.free(block)
             requested -= ev.nbytes
+        if trace is not None:
+            trace.append(allocator.reserved)
     return Replay(peak_reserved=allocator.peak_reserved, reserved_at_peak=reserved_at_peak, allocated_peak=peak)
 
 

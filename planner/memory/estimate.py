@@ -36,11 +36,12 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
     return out
 
 
-def replay_timeline(timeline: Timeline, config: TrainConfig, gpu) -> Replay:
+def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[int] | None = None) -> Replay:
     """The caching allocator over the timeline, on what the device leaves it (its memory less
-    the CUDA context and the memory outside the allocator)."""
+    the CUDA context and the memory outside the allocator); ``trace`` gets the reserve after each
+    event."""
     capacity = gpu.memory_bytes - int(gpu.cuda_context_bytes) - timeline.outside_allocator
-    return replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf))
+    return replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf), trace=trace)
 
 
 def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEstimate:
