@@ -111,16 +111,18 @@ def step_curves(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig"):
 
 
 def draw_step(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig", estimate: "MemoryEstimate", path: str,
-              measured: list | None = None) -> str:
+              measured: list | None = None, measured_phases: list | None = None) -> str:
     """Write the picture of one step to ``path`` (.svg, .png, .html); ``measured``: a measured
-    curve, [seconds, bytes] pairs, drawn over the predicted one. Returns the path written."""
+    curve, [seconds, bytes] pairs, drawn over the predicted one (aligned on ``measured_phases``,
+    [seconds, phase name]). Returns the path written."""
     from planner.plot import timeline_picture, write_picture
     from planner.search import safety_margin
 
     curves = step_curves(spec=spec, gpu=gpu, config=config)
     title = f"{spec.id} on {gpu.display_name}: {config.label()}"
     fig, _ = timeline_picture(curves, estimate=estimate, capacity=gpu.memory_bytes,
-                              usable=gpu.memory_bytes - safety_margin(gpu.memory_bytes), title=title, measured=measured)
+                              usable=gpu.memory_bytes - safety_margin(gpu.memory_bytes), title=title, measured=measured,
+                              measured_phases=measured_phases)
     return str(write_picture(fig, path))
 
 

@@ -39,6 +39,8 @@ class StepCurves:
     marks: dict[str, float]
     """Moment -> its x."""
     peak_index: int
+    step_start: float = 0.0
+    """x where the step's first forward begins (the model states come before it)."""
 
 
 def step_curves(timeline, *, reserved: Sequence[int] | None = None) -> StepCurves:
@@ -58,7 +60,35 @@ def step_curves(timeline, *, reserved: Sequence[int] | None = None) -> StepCurve
         reserved=list(reserved) if reserved is not None else None,
         marks={name: index / max(n, 1) for name, index in timeline.marks.items()},
         peak_index=timeline.marks[timeline.peak_phase],
+        step_start=sum(ev.where == "model states" for ev in timeline.events) / max(n, 1),
     )
+
+
+def align_measured(curves: StepCurves, measured: Sequence[Sequence[float]],
+                   phases: Sequence[Sequence[Any]] | None = None) -> list[float]:
+    """The x of each measured point: the measured step's time mapped piecewise linearly so that
+    its start, its last backward, its optimizer step and its end fall on the predicted step's
+    first forward, the end of the last forward, the end of backward and the end."""
+    end = max((t for t, _ in measured), default=0.0) or 1.0
+    anchors = [(0.0, curves.step_start)]
+    starts = {}
+    for t, name in phases or ():
+        if name == "backward":
+            starts["backward"] = t  # the last micro-step's
+        elif name == "optimizer" and "optimizer" not in starts:
+            starts["optimizer"] = t
+    if "backward" in starts:
+        anchors.append((starts["backward"], curves.marks["forward"]))
+    if "optimizer" in starts and starts["optimizer"] > anchors[-1][0]:
+        anchors.append((starts["optimizer"], curves.marks["backward_end"]))
+    anchors.append((end, 1.0))
+    xs = []
+    for t, _ in measured:
+        for (t0, x0), (t1, x1) in zip(anchors, anchors[1:]):
+            if t <= t1 or (t1, x1) == anchors[-1]:
+                xs.append(x0 + (x1 - x0) * ((t - t0) / (t1 - t0) if t1 > t0 else 0.0))
+                break
+    return xs
 
 
 def sparkline(values: Sequence[int], *, width: int = 60) -> str:
@@ -81,9 +111,11 @@ def _peak_label(estimate, *, terms: int = 3) -> str:
 
 
 def timeline_picture(curves: StepCurves, *, estimate, capacity: int, usable: int, title: str,
-                     measured: Sequence[Sequence[float]] | None = None) -> tuple[Any, dict[str, Any]]:
+                     measured: Sequence[Sequence[float]] | None = None,
+                     measured_phases: Sequence[Sequence[Any]] | None = None) -> tuple[Any, dict[str, Any]]:
     """(figure, its named artists: ``capacity``, ``usable``, ``reserved``, ``peak_label``,
-    ``measured``) of one step."""
+    ``measured``) of one step; ``measured``: [seconds, bytes] of a measured step, drawn over the
+    predicted one (aligned on its ``measured_phases``, [seconds, phase])."""
     plt = _pyplot()
     gib = 1024**3
     fig, ax = plt.subplots(figsize=(11, 5.5), dpi=100)
@@ -97,9 +129,8 @@ def timeline_picture(curves: StepCurves, *, estimate, capacity: int, usable: int
         (artists["reserved"],) = ax.step(curves.x, [v / gib for v in curves.reserved], where="post", color="#222222",
                                          linewidth=1, linestyle=":", label="reserved (caching allocator)")
     if measured:
-        end = max(t for t, _ in measured) or 1.0
-        (artists["measured"],) = ax.plot([t / end for t, _ in measured], [b / gib for _, b in measured], color="#e7298a",
-                                         linewidth=1.5, label="measured")
+        (artists["measured"],) = ax.plot(align_measured(curves, measured, measured_phases), [b / gib for _, b in measured],
+                                         color="#e7298a", linewidth=1.5, label="measured")
     for name, x in curves.marks.items():
         ax.axvline(x, color="grey", linewidth=0.5, alpha=0.6)
         ax.text(x, 0, f" {name}", rotation=90, va="bottom", ha="right", fontsize=7, color="#444444")
@@ -108,11 +139,17 @@ def timeline_picture(curves: StepCurves, *, estimate, capacity: int, usable: int
                                         va="top", fontsize=8, arrowprops={"arrowstyle": "->", "color": "#333333"},
                                         bbox={"boxstyle": "round", "fc": "white", "alpha": 0.9})
     ax.set_xlim(0, 1)
-    ax.set_ylim(0, max(capacity, max(curves.reserved or curves.allocated)) / gib * 1.08)
+    top = max(max(curves.reserved or curves.allocated), max((b for _, b in measured or ()), default=0)) * 1.15
+    if capacity <= 2 * top:
+        top = max(top, capacity * 1.05)
+    else:  # a host's RAM on the cpu profile: the lines are far above the curve
+        ax.text(0.99, 0.97, f"capacity {capacity / gib:.1f} GiB, usable {usable / gib:.1f} GiB: above the scale",
+                transform=ax.transAxes, ha="right", va="top", fontsize=8)
+    ax.set_ylim(0, top / gib)
     ax.set_xlabel("progress through one optimizer step (events in order)")
     ax.set_ylabel("GiB per device")
     ax.set_title(title, fontsize=10)
-    ax.legend(loc="upper right", fontsize=7)
+    ax.legend(loc="upper right", fontsize=7, bbox_to_anchor=(1.0, 0.92))
     fig.tight_layout()
     return fig, artists
 

@@ -1,6 +1,6 @@
 """Search every training configuration that reaches a target global batch and rank what fits.
 
-The space: precision x method (full, LoRA and QLoRA with r in {8, 16, 64} on the attention
+The space: precision x method (full, LoRA and QLoRA with r in {8, 16, 32, 64} on the attention
 projections or every linear) x gradient checkpointing x micro-batch (micro x accumulation x
 GPUs = target batch) x optimizer x DeepSpeed ZeRO 0-3 with CPU offload. Each candidate is
 predicted with ``planner.memory`` and ``planner.throughput``; candidates whose process total
@@ -31,7 +31,7 @@ from planner.results import Candidate, PlanRequest, PlanResult, Rejection, Throu
 from planner.throughput import estimate_throughput, step_breakdown, tokens_per_second
 from planner.units import MiB, format_bytes
 
-LORA_RANKS = (8, 16, 64)
+LORA_RANKS = (8, 16, 32, 64)
 #: Keep this much of the device free: the allocator's fragmentation varies run to run and the
 #: DataLoader/NCCL add buffers we do not model. 5% of the device, at least 512 MiB (stated
 #: assumption, shown with every plan).
@@ -243,18 +243,7 @@ def _family(config: TrainConfig) -> str:
     return f"{config.method}, {config.precision}, {config.optimizer}"
 
 
-def suggest(
-    *,
-    model: ModelSpec,
-    gpu: GPUSpec,
-    target_batch: int,
-    seq_len: int,
-    gpus: int = 1,
-    space: SearchSpace = SearchSpace(),
-    top_k: int = 5,
-    model_fingerprint: str = "",
-) -> PlanResult:
-    """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does."""
+def _check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: int, top_k: int) -> None:
     if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
         raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch!r}")
     if target_batch > MAX_TARGET_BATCH:
@@ -270,16 +259,15 @@ def suggest(
         )
     if top_k < 1:
         raise InvalidConfigError(f"--top-k must be >= 1, got {top_k}")
-    capacity = gpu.memory_bytes
-    margin = safety_margin(capacity)
-    usable = capacity - margin
 
-    fitting: list[tuple] = []
+
+def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, usable: int, space: SearchSpace):
+    """(fitting [(config, speed, total)], each family's closest miss {family: (total, config)},
+    candidates searched) with the fast path's totals."""
     largest_fit: list[tuple[TrainConfig, int]] = []
     closest: dict[str, tuple[int, TrainConfig]] = {}
     searched = 0
-    memo = MemoryMemo(model, gpu)
-    for base, splits in _combinations(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space):
+    for base, splits in combinations:
         totals = totals_by_split(model=model, config=base, gpu=gpu, splits=splits, memo=memo)
         searched += len(splits)
         # micro-batches come in ascending order and memory grows with them: keep the largest that
@@ -296,18 +284,23 @@ def suggest(
                 best = (split, total)
         if best is not None:
             largest_fit.append((base.with_split(micro_batch=best[0][0], grad_accum=best[0][1]), best[1]))
+    fitting = []
     for config, total in largest_fit:
         # ranking needs the speed only: the full estimate (with its assumptions) is made for
         # the plans shown
         step_s = sum(step_breakdown(model=model, config=config, gpu=gpu).values())
         fitting.append((config, _Speed(tokens_per_second(config, step_s)), total))
+    return fitting, closest, searched
 
-    request = PlanRequest(
+
+def _request(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int, space: SearchSpace,
+             top_k: int, model_fingerprint: str) -> PlanRequest:
+    return PlanRequest(
         model_id=model.id,
         model_fingerprint=model_fingerprint,
         gpu=gpu.name,
         gpu_count=gpus,
-        gpu_memory_bytes=capacity,
+        gpu_memory_bytes=gpu.memory_bytes,
         target_batch=target_batch,
         seq_len=seq_len,
         constraints={
@@ -319,11 +312,34 @@ def suggest(
         },
         planner_version=__version__,
     )
+
+
+def suggest(
+    *,
+    model: ModelSpec,
+    gpu: GPUSpec,
+    target_batch: int,
+    seq_len: int,
+    gpus: int = 1,
+    space: SearchSpace = SearchSpace(),
+    top_k: int = 5,
+    model_fingerprint: str = "",
+) -> PlanResult:
+    """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does."""
+    _check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
+    margin = safety_margin(gpu.memory_bytes)
+    usable = gpu.memory_bytes - margin
+    memo = MemoryMemo(model, gpu)
+    combinations = _combinations(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
+    fitting, closest, searched = _screen(combinations, model=model, gpu=gpu, memo=memo, usable=usable, space=space)
+    request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space,
+                       top_k=top_k, model_fingerprint=model_fingerprint)
+
     def missed(cfg: TrainConfig, total: int) -> _Tried:
         return _Tried(config=cfg, process_total_bytes=total, cpu_bytes=memo.static(cfg)[0].host)
 
-    # each family's closest try, most faithful method first, then the nearest miss (the fast
-    # path's process total is estimate_memory's)
+    # each family's closest try (as the fast path screened it), most faithful method first, then
+    # the nearest miss
     by_tier = sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1][1].method], kv[1][0]))
     plans = _replayed_plans(_ranked(fitting), model=model, gpu=gpu, usable=usable, top_k=top_k)
     if not plans:
@@ -334,7 +350,6 @@ def suggest(
             result=PlanResult(request=request, plans=(), rejected=rejected, searched=searched, usable_bytes=usable,
                               safety_margin_bytes=margin),
         )
-
     best_tier = FIDELITY[plans[0].config.method]
     fitting_families = {_family(cfg) for cfg, _, _ in fitting}
     rejected = tuple(

@@ -97,3 +97,35 @@ def test_planning_imports_neither_torch_nor_matplotlib():
             "print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("[]")
+
+
+def test_measured_points_are_aligned_on_the_predicted_moments():
+    from planner.plot import StepCurves, align_measured
+
+    curves = StepCurves(x=[0.0, 1.0], stacks={}, allocated=[0, 0], reserved=None,
+                        marks={"forward": 0.5, "backward_end": 0.8}, peak_index=0, step_start=0.1)
+    measured = [[0.0, 1], [1.0, 2], [2.0, 3], [3.0, 4], [4.0, 5]]
+    phases = [[0.0, "forward"], [2.0, "backward"], [3.0, "optimizer"]]
+    # 0 s -> the first forward (0.1), 2 s (backward starts) -> end of forward (0.5), 3 s (optimizer)
+    # -> end of backward (0.8), the end -> 1; linear between
+    assert align_measured(curves, measured, phases) == pytest.approx([0.1, 0.3, 0.5, 0.8, 1.0])
+    assert align_measured(curves, measured) == pytest.approx([0.1, 0.325, 0.55, 0.775, 1.0])
+
+
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False}
+
+
+def test_measure_draws_the_measured_step_over_the_predicted_one(cli, tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("transformers")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    path = tmp_path / "m.svg"
+    result = cli("measure", "--model", config, "--gpu", "cpu", "--micro-batch", "2", "--seq-len", "32", "--no-save",
+                 "--timeline", path)
+    assert result.code == 0, result.err + result.out
+    assert "measured over predicted" in result.out
+    text = path.read_text()
+    assert "measured" in text and "peak " in text and "above the scale" in text

@@ -163,12 +163,10 @@ def measure(
     as_json: bool = _JSON,
 ) -> None:
     """Train the configuration for a few real steps in a fresh process and compare with the prediction."""
-    from planner.catalog import fingerprint
     from planner.cli._common import console, print_json
     from planner.errors import InvalidConfigError, MissingDependencyError
     from planner.estimation import build_config, estimate_dict
     from planner.memory import estimate_memory
-    from planner.results import Candidate, PlanRequest
     from planner.search import safety_margin
     from planner.throughput import estimate_throughput
 
@@ -205,26 +203,11 @@ def measure(
         from planner.estimation import draw_step
 
         data["timeline"] = draw_step(spec=spec, gpu=device, config=config, estimate=predicted, path=timeline,
-                                     measured=details.get("memory_events"))
-    data["error_pct"] = {
-        key: (100.0 * (getattr(predicted, key) - getattr(measured, key)) / getattr(measured, key))
-        if getattr(measured, key) else None
-        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "process_total_bytes")
-    }
-    data["error_pct"]["tokens_per_s"] = (
-        100.0 * (throughput.tokens_per_s - measured.tokens_per_s) / measured.tokens_per_s if measured.tokens_per_s else None
-    )
+                                     measured=details.get("memory_events"), measured_phases=details.get("memory_phases"))
+    data["error_pct"] = _errors(predicted, throughput, measured)
     out = console()
     if not no_save:
-        from planner.cli.store import save_measurement
-
-        request = PlanRequest(
-            model_id=spec.id, model_fingerprint=fingerprint(spec), gpu=device.name, gpu_count=1,
-            gpu_memory_bytes=device.memory_bytes, target_batch=config.global_batch, seq_len=config.seq_len,
-            constraints={"measure": config.to_dict()},
-        )
-        candidate = Candidate(config=config, memory=predicted, throughput=throughput, fits=data["fits"], rank=1)
-        data["plan_id"] = save_measurement(request=request, candidate=candidate, measurement=measured, db=db)
+        data["plan_id"] = _save(spec, device, config, predicted, throughput, measured, fits=data["fits"], db=db)
     if as_json:
         print_json(data)
     else:
@@ -235,6 +218,34 @@ def measure(
             out.print(f"timeline: {data['timeline']} (measured over predicted)", markup=False)
     if str(measured.outcome) != "ok":
         raise typer.Exit(1)
+
+
+def _errors(predicted, throughput, measured) -> dict[str, float | None]:
+    """(predicted - measured) / measured in percent, where the run measured the quantity."""
+    out = {
+        key: (100.0 * (getattr(predicted, key) - getattr(measured, key)) / getattr(measured, key))
+        if getattr(measured, key) else None
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "process_total_bytes")
+    }
+    out["tokens_per_s"] = (
+        100.0 * (throughput.tokens_per_s - measured.tokens_per_s) / measured.tokens_per_s if measured.tokens_per_s else None
+    )
+    return out
+
+
+def _save(spec, device, config, predicted, throughput, measured, *, fits: bool, db) -> str:
+    """Store the prediction with its measurement; the plan id."""
+    from planner.catalog import fingerprint
+    from planner.cli.store import save_measurement
+    from planner.results import Candidate, PlanRequest
+
+    request = PlanRequest(
+        model_id=spec.id, model_fingerprint=fingerprint(spec), gpu=device.name, gpu_count=1,
+        gpu_memory_bytes=device.memory_bytes, target_batch=config.global_batch, seq_len=config.seq_len,
+        constraints={"measure": config.to_dict()},
+    )
+    candidate = Candidate(config=config, memory=predicted, throughput=throughput, fits=fits, rank=1)
+    return save_measurement(request=request, candidate=candidate, measurement=measured, db=db)
 
 
 def _check_worker_libraries(config) -> None:
