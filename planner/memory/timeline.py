@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from planner.config import TrainConfig
+from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.activations import (
     block_terms,
@@ -35,7 +35,7 @@ from planner.memory.activations import (
     model_level_terms,
 )
 from planner.memory.dtypes import mode_of
-from planner.memory.parameters import Trained, trained
+from planner.memory.parameters import Trained, lora_targets, trained
 from planner.memory.shapes import block_context, dims_of
 from planner.memory.states import StaticTerms, static_terms
 from planner.memory.step import PHASES, batch_terms
@@ -286,15 +286,16 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
 
 def _resident_tensors(model: ModelSpec, config: TrainConfig, key: str, nbytes: int) -> int:
     """How many tensors a model-state component is (the allocator replay's grain): one per
-    parameter tensor for weights, gradients and per-tensor optimizer states; DeepSpeed's flat
-    partitions and buckets are single tensors."""
+    parameter tensor for weights, one per trainable tensor for gradients and (two per tensor)
+    torch optimizer states; DeepSpeed's flat partitions and buckets are single tensors."""
     per_param = model.num_layers * (len(model.layer_linears) + 2) + 3
+    trainable = per_param if config.method is Method.FULL else max(1, 2 * model.num_layers * len(lora_targets(model, config)))
     if key in ("master_weights", "zero/reduce_bucket", "zero3/grad_partitions", "zero/offload_grad_buffer"):
         return 1
     if key == "optimizer_states":
-        return 2 if config.zero else 2 * per_param
+        return 2 if config.zero else 2 * trainable
     if key == "ddp/buckets":
         return max(1, nbytes // (25 * 1024**2))  # DDP's bucket_cap_mb=25 (torch DDP docs)
-    if key.startswith("lora/"):
-        return max(1, 2 * model.num_layers * len(model.layer_linears))
+    if key == "lora/weights" or (key == "gradients" and config.method is not Method.FULL):
+        return trainable
     return per_param
