@@ -78,11 +78,11 @@ def eager_probs_bytes_per_score(model: ModelSpec, mode: DtypeMode, kernels: Kern
     dropped probabilities. Where autocast leaves softmax alone (the CPU), the probabilities stay
     16-bit (BERT's, measured with the CPU probe)."""
     if model.eager_softmax == "fp32":
-        p = 4
+        p = FP32
     elif model.eager_softmax == "residual":
         p = mode.residual
     else:
-        p = 4 if mode.autocast and kernels.autocast_softmax_fp32 else mode.attn
+        p = FP32 if mode.autocast and kernels.autocast_softmax_fp32 else mode.attn
     dropout = model.attn_dropout > 0
     if model.eager_softmax in ("fp32", "input_then_cast"):
         # cast to q's / v's dtype, then dropout on that: the cast is kept by probs @ v only

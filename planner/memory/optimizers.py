@@ -62,7 +62,7 @@ class AdamW(OptimizerModel):
     name = Optimizer.ADAMW
 
     def tensor_state_bytes(self, n: int, param_bytes: int) -> int:
-        return 2 * n * param_bytes + 4
+        return 2 * n * param_bytes + FP32  # + the fp32 step tensor
 
     def step_transient(self, sizes, param_bytes, kernels):
         """The foreach path's ``torch._foreach_sqrt(exp_avg_sqs)`` materialises one extra copy of
@@ -102,7 +102,7 @@ class Adafactor(OptimizerModel):
 
     def tensor_state_bytes(self, n: int, param_bytes: int) -> int:
         # flat sizes do not tell the shape: rows + cols taken as 2·sqrt(n)
-        return 4 * (2 * math.isqrt(n)) if n > 0 else 0
+        return FP32 * (2 * math.isqrt(n)) if n > 0 else 0
 
     def model_state_bytes(self, model, config, t, param_bytes):
         """With the true shapes: rows + cols per 2-D weight, full vectors for 1-D tensors."""
@@ -111,7 +111,7 @@ class Adafactor(OptimizerModel):
         if config.method.uses_adapters:
             for lin in t.targets:
                 total += lin.count * ((r + lin.in_features) + (lin.out_features + r))
-            return 4 * total * model.num_layers
+            return FP32 * total * model.num_layers
         per_layer = 0
         for lin in model.layer_linears:
             per_layer += lin.count * (lin.in_features + lin.out_features + (lin.out_features if lin.bias else 0))
@@ -123,25 +123,25 @@ class Adafactor(OptimizerModel):
         if model.head_params:
             square = model.vocab_size * model.hidden_size
             total += model.vocab_size + model.hidden_size + (model.head_params - square if model.head_params > square else 0)
-        return 4 * total
+        return FP32 * total
 
     def flat_partition_state_bytes(self, partition: int) -> int:
         # a flat 1-D partition is not factored: one full fp32 vector
-        return 4 * partition
+        return FP32 * partition
 
     def step_transient(self, sizes, param_bytes, kernels):
         """Two full fp32 tensors of the current parameter at once: ``grad**2 + eps`` while
         ``_approx_sq_grad`` builds the factored estimate, then ``update`` while ``p.add_(-update)``
         makes its negation (Adafactor.step); a 16-bit parameter adds its fp32 copy and its
         gradient's (``p.float()``, ``grad.float()``)."""
-        return (2 + (2 if param_bytes == 2 else 0)) * max(sizes, default=0) * 4
+        return (2 + (2 if param_bytes == 2 else 0)) * max(sizes, default=0) * FP32
 
     def update_bytes_per_param(self, w):
         """The passes of ``Adafactor.step`` over a 2-D weight: grad**2+eps (r g, w sq), row and
         column means (r sq twice), the rank-1 approximation (w update), update*grad (r update,
         r grad, w update), RMS (r update), clip (r, w update), *lr (r, w update), param -= update
         (r param, r update, w param): 16 full passes of fp32 (transformers upcasts inside)."""
-        return 16 * 4.0
+        return 16.0 * FP32
 
 
 class AdamW8bit(OptimizerModel):
@@ -152,8 +152,8 @@ class AdamW8bit(OptimizerModel):
 
     def tensor_state_bytes(self, n: int, param_bytes: int) -> int:
         if n < BNB_MIN_8BIT_SIZE:
-            return 2 * n * 4
-        return 2 * (n + math.ceil(n / BNB_8BIT_BLOCK) * 4)
+            return 2 * n * FP32
+        return 2 * (n + math.ceil(n / BNB_8BIT_BLOCK) * FP32)
 
     def step_transient(self, sizes, param_bytes, kernels):
         """None the model sees: on CUDA the kernel dequantises one block at a time in registers;
@@ -164,7 +164,7 @@ class AdamW8bit(OptimizerModel):
 
     def update_bytes_per_param(self, w):
         """Param and grad w each, two 1-byte states + fp32 absmax per 256 read and written."""
-        return 3.0 * w + 4 * BNB_8BIT_STATE_BYTES
+        return 3.0 * w + 4 * BNB_8BIT_STATE_BYTES  # 2 states read + written
 
 
 class PagedAdamW8bit(AdamW8bit):
