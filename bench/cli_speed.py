@@ -7,11 +7,12 @@ Prints (a) the wall time of cold runs of
 subprocess (a fresh interpreter each time: imports, catalog read, search, printing, and storing
 the plan in SQLite in a temporary ``PLANNER_HOME``): the first run, which creates the database,
 and the median of the next RUNS; then the same with ``--no-save``; and (b) RUNS in-process
-``planner.search.suggest`` calls on the same request: configurations searched, the first call's
-milliseconds (memo cache empty: what one CLI request pays, and what the target is judged on) and
-the best. Targets: cold CLI <= 1.0 s; >= 5000 candidates in <= 100 ms. Whether each target is met
-is printed; the exit code is 0 either way
-(speed is reported, never asserted).
+``planner.search.suggest`` calls on the same request: configurations searched and milliseconds
+per call, wall and CPU (each call builds its own memo, so every call is what one CLI request
+pays; the CPU time is what the machine's load does not inflate), with the part spent on the
+full estimates of the plans shown (timeline + allocator replay) beside it. Targets: cold CLI
+<= 0.5 s median; >= 10,000 candidates in <= 50 ms. Whether each target is met is printed; the
+exit code is 0 either way (speed is reported, never asserted).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ MODEL = "meta-llama/Llama-2-7b-hf"
 GPU = "a10g"
 TARGET_BATCH = 32
 RUNS = 5
-CLI_TARGET_S = 1.0
-SEARCH_TARGET_CANDIDATES = 5000
-SEARCH_TARGET_MS = 100.0
+CLI_TARGET_S = 0.5
+SEARCH_TARGET_CANDIDATES = 10_000
+SEARCH_TARGET_MS = 50.0
 
 
 def cold_cli_seconds(*, save: bool) -> list[float]:
@@ -53,24 +54,40 @@ def cold_cli_seconds(*, save: bool) -> list[float]:
     return times
 
 
-def search_ms() -> tuple[int, list[float]]:
-    """Milliseconds of RUNS calls. The first call fills planner.memory's per-model memo cache
-    (static and per-micro-batch terms); the later ones reuse it, so both are reported."""
+def search_ms() -> tuple[int, list[float], list[float], list[float]]:
+    """(candidates, wall ms, CPU ms, CPU ms of the shown plans' full estimates) of RUNS calls."""
+    from planner import search
     from planner.catalog import resolve_model
     from planner.estimation import default_seq_len
     from planner.gpus import get_gpu, physical_ram_bytes
-    from planner.search import SearchSpace, suggest
 
     model = resolve_model(MODEL)
     gpu = get_gpu(GPU)
-    space = SearchSpace(cpu_mem_bytes=physical_ram_bytes())  # what the CLI uses by default
-    times, searched = [], 0
-    for _ in range(RUNS):
-        start = time.perf_counter()
-        result = suggest(model=model, gpu=gpu, target_batch=TARGET_BATCH, seq_len=default_seq_len(model), space=space)
-        times.append((time.perf_counter() - start) * 1000)
-        searched = result.searched
-    return searched, times
+    space = search.SearchSpace(cpu_mem_bytes=physical_ram_bytes())  # what the CLI uses by default
+    plans_cpu = [0.0]
+    replayed = search._replayed_plans
+
+    def timed_plans(*args, **kwargs):
+        start = time.process_time()
+        try:
+            return replayed(*args, **kwargs)
+        finally:
+            plans_cpu[-1] += (time.process_time() - start) * 1000
+
+    search._replayed_plans = timed_plans
+    wall, cpu, plans, searched = [], [], [], 0
+    try:
+        for _ in range(RUNS):
+            plans_cpu.append(0.0)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            result = search.suggest(model=model, gpu=gpu, target_batch=TARGET_BATCH, seq_len=default_seq_len(model), space=space)
+            wall.append((time.perf_counter() - start) * 1000)
+            cpu.append((time.process_time() - start_cpu) * 1000)
+            plans.append(plans_cpu[-1])
+            searched = result.searched
+    finally:
+        search._replayed_plans = replayed
+    return searched, wall, cpu, plans
 
 
 def main() -> int:
@@ -84,15 +101,14 @@ def main() -> int:
         print(f"    target <= {CLI_TARGET_S:.1f} s: {'MET' if median <= CLI_TARGET_S else 'NOT MET'}"
               + (f" (first run: {'MET' if times[0] <= CLI_TARGET_S else 'NOT MET'})"))
 
-    searched, times_ms = search_ms()
-    ms = min(times_ms)
-    rate = searched / (ms / 1000)
-    print(f"(b) in-process planner.search.suggest, same request: {searched:,} candidates, best of {RUNS}: {ms:.1f} ms "
-          f"({rate:,.0f} candidates/s)")
-    print(f"    first call (memo cache empty): {times_ms[0]:.1f} ms; all: {', '.join(f'{t:.1f}' for t in times_ms)}")
-    # one CLI request is one first call: that is the time the target is judged on
-    met = searched >= SEARCH_TARGET_CANDIDATES and times_ms[0] <= SEARCH_TARGET_MS
-    print(f"    target >= {SEARCH_TARGET_CANDIDATES} candidates in <= {SEARCH_TARGET_MS:.0f} ms on the first call: "
+    searched, wall, cpu, plans = search_ms()
+    print(f"(b) in-process planner.search.suggest, same request: {searched:,} candidates; median of {RUNS} calls: "
+          f"{statistics.median(wall):.1f} ms wall, {statistics.median(cpu):.1f} ms CPU, of which {statistics.median(plans):.1f} ms "
+          "CPU for the full estimates of the plans shown (timeline + allocator replay)")
+    print(f"    wall: {', '.join(f'{t:.1f}' for t in wall)}; CPU: {', '.join(f'{t:.1f}' for t in cpu)}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    met = searched >= SEARCH_TARGET_CANDIDATES and statistics.median(cpu) <= SEARCH_TARGET_MS
+    print(f"    target >= {SEARCH_TARGET_CANDIDATES:,} candidates in <= {SEARCH_TARGET_MS:.0f} ms (CPU, median): "
           f"{'MET' if met else 'NOT MET'}")
     return 0
 

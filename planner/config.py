@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -87,6 +88,10 @@ class Offload(enum.StrEnum):
     OPTIMIZER_PARAMS = "optimizer+params"
 
 
+#: The version of ``TrainConfig.to_dict`` payloads this code writes; one without a ``version`` key
+#: was written before payloads carried one (version 1, no ``alloc_conf``).
+CONFIG_VERSION = 2
+
 #: ``lora_targets`` value that adapts every linear layer but the output head (peft's "all-linear").
 ALL_LINEAR = "all-linear"
 
@@ -119,6 +124,24 @@ def _check_count(name: str, value: Any) -> None:
         raise InvalidConfigError(f"--{flag} {value} is beyond any training run (at most {_UPPER_BOUNDS[name]:,}): check the number")
 
 
+def _lora_fields(lora_r: Any, lora_targets: Any) -> tuple[int, tuple[str, ...]]:
+    """The LoRA rank and targets of a LoRA/QLoRA configuration, defaulted and checked."""
+    r = DEFAULT_LORA_R if lora_r is None else lora_r
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise InvalidConfigError(f"--lora-r must be a whole number >= 1, got {r!r}")
+    if r > _UPPER_BOUNDS["lora_r"]:
+        raise InvalidConfigError(f"--lora-r {r} is beyond any adapter (at most {_UPPER_BOUNDS['lora_r']:,}): use e.g. 16")
+    targets = DEFAULT_LORA_TARGETS if lora_targets is None else lora_targets
+    if isinstance(targets, str):
+        targets = tuple(t.strip() for t in targets.split(",") if t.strip())
+    targets = tuple(targets)
+    if not targets:
+        raise InvalidConfigError("--lora-targets is empty: give all-linear or module names like q_proj,v_proj")
+    if ALL_LINEAR in targets and len(targets) > 1:
+        raise InvalidConfigError("--lora-targets: all-linear cannot be combined with names")
+    return r, targets
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One fully specified fine-tuning configuration (per device unless said otherwise)."""
@@ -149,6 +172,10 @@ class TrainConfig:
     """DeepSpeed ZeRO stage, 0 = no DeepSpeed."""
     offload: Offload = Offload.NONE
     """DeepSpeed CPU offload of optimizer states (and with ZeRO-3 the parameters)."""
+    alloc_conf: str | None = None
+    """PyTorch's CUDA caching allocator settings as ``PYTORCH_CUDA_ALLOC_CONF`` takes them, e.g.
+    ``max_split_size_mb:128,expandable_segments:True`` (None: PyTorch's defaults). Stored in a
+    canonical spelling; the memory model replays the allocator with them."""
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
@@ -161,6 +188,10 @@ class TrainConfig:
             _check_count(name, getattr(self, name))
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.alloc_conf is not None:
+            from planner.memory.allocator import AllocatorConfig
+
+            set_("alloc_conf", AllocatorConfig.parse(self.alloc_conf).spelling() or None)
 
         if self.method is Method.FULL:
             if self.lora_r is not None or self.lora_targets is not None:
@@ -169,22 +200,8 @@ class TrainConfig:
                     "or drop the LoRA options"
                 )
         else:
-            r = DEFAULT_LORA_R if self.lora_r is None else self.lora_r
-            if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-                raise InvalidConfigError(f"--lora-r must be a whole number >= 1, got {r!r}")
-            if r > _UPPER_BOUNDS["lora_r"]:
-                raise InvalidConfigError(f"--lora-r {r} is beyond any adapter (at most {_UPPER_BOUNDS['lora_r']:,}): use e.g. 16")
+            r, targets = _lora_fields(self.lora_r, self.lora_targets)
             set_("lora_r", r)
-            targets = DEFAULT_LORA_TARGETS if self.lora_targets is None else self.lora_targets
-            if isinstance(targets, str):
-                targets = tuple(t.strip() for t in targets.split(",") if t.strip())
-            targets = tuple(targets)
-            if not targets:
-                raise InvalidConfigError(
-                    "--lora-targets is empty: give all-linear or module names like q_proj,v_proj"
-                )
-            if ALL_LINEAR in targets and len(targets) > 1:
-                raise InvalidConfigError("--lora-targets: all-linear cannot be combined with names")
             set_("lora_targets", targets)
 
         if self.attention is Attention.FLASH and self.precision is Precision.FP32:
@@ -253,9 +270,20 @@ class TrainConfig:
         )
         return copy
 
+    def with_lora(self, *, lora_r: int, lora_targets: tuple[str, ...]) -> "TrainConfig":
+        """This LoRA/QLoRA configuration with another rank and targets, checked as ``__post_init__``
+        checks them (no other field reads them): the search makes one per adapter variant."""
+        assert self.method.uses_adapters, self.method
+        r, targets = _lora_fields(lora_r, lora_targets)
+        copy = object.__new__(TrainConfig)
+        copy.__dict__.update(self.__dict__, lora_r=r, lora_targets=targets)
+        return copy
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict with the CLI's option names as keys (underscored)."""
+        """Plain JSON-able dict with the CLI's option names as keys (underscored), and the
+        payload's ``version``."""
         return {
+            "version": CONFIG_VERSION,
             "method": str(self.method),
             "precision": str(self.precision),
             "optimizer": str(self.optimizer),
@@ -269,15 +297,22 @@ class TrainConfig:
             "lora_targets": ",".join(self.lora_targets) if self.lora_targets else None,
             "zero": self.zero,
             "offload": str(self.offload),
+            "alloc_conf": self.alloc_conf,
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: Mapping[str, Any], *, strict: bool = False) -> "TrainConfig":
+        """Decode a ``to_dict`` payload of any version: keys it lacks take their defaults; keys
+        this code does not know (a newer planner's settings) raise with ``strict``, else are
+        ignored with a warning."""
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
+        unknown = set(data) - known - {"version"}
+        if unknown and strict:
             raise InvalidConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
-        return cls(**dict(data))
+        if unknown:
+            warnings.warn(f"configuration keys this planner does not know are ignored: {', '.join(sorted(unknown))}",
+                          stacklevel=2)
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def label(self) -> str:
         """Short human description, e.g. ``lora r16 all-linear, bf16-mixed, adamw, mb4x8, ckpt``."""
@@ -292,11 +327,14 @@ class TrainConfig:
             parts.append(f"zero{self.zero}" + (f"+offload:{self.offload}" if self.offload != Offload.NONE else ""))
         if self.attention is not Attention.SDPA:
             parts.append(str(self.attention))
+        if self.alloc_conf:
+            parts.append(f"alloc {self.alloc_conf}")
         return ", ".join(parts)
 
 
 __all__ = [
     "ALL_LINEAR",
+    "CONFIG_VERSION",
     "Attention",
     "Method",
     "Offload",

@@ -19,7 +19,7 @@ DEFAULT_SEQ_LEN = 2048
 
 #: the TrainConfig fields that estimate and measure take as options of the same name
 CONFIG_OPTIONS = ("method", "precision", "optimizer", "micro_batch", "grad_accum", "gpus", "grad_ckpt",
-                  "attention", "lora_r", "lora_targets", "zero", "offload")
+                  "attention", "lora_r", "lora_targets", "zero", "offload", "alloc_conf")
 
 
 def resolve(*, model: str, gpu: str, gpu_mem_bytes: int | None = None) -> "tuple[ModelSpec, GPUSpec]":
@@ -70,6 +70,8 @@ def estimate_dict(spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig", esti
                   "trainable_params": trainable_params(spec, config)},
         "config": {"model": spec.id, "gpu": gpu.name, "gpu_mem": gpu.memory_bytes, **config.to_dict()},
         "memory": estimate.to_dict(),
+        "allocator": {"peak_reserved_bytes": estimate.peak_reserved_bytes, "fragmentation_bytes": estimate.fragmentation_bytes,
+                      "alloc_conf": config.alloc_conf, "replayed": gpu.kernels.caching_allocator},
         "device": {"name": gpu.name, "capacity_bytes": gpu.memory_bytes, "usable_bytes": usable},
         "fits": estimate.process_total_bytes <= usable,
         "throughput": throughput.to_dict(),
@@ -93,5 +95,36 @@ def estimate_configuration(*, spec: "ModelSpec", gpu: "GPUSpec", seq_len: int | 
     return estimate_dict(spec, gpu, config, memory, throughput, usable), memory
 
 
-__all__ = ["CONFIG_OPTIONS", "DEFAULT_SEQ_LEN", "build_config", "default_seq_len", "estimate_configuration",
+def step_curves(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig"):
+    """The predicted step as curves (``planner.plot.StepCurves``): live bytes by category and,
+    where there is a caching allocator, its replayed reserve."""
+    from planner.memory.estimate import replay_timeline
+    from planner.memory.timeline import step_timeline
+    from planner.plot import step_curves as curves_of
+
+    timeline = step_timeline(model=spec, config=config, kernels=gpu.kernels)
+    reserved = None
+    if gpu.kernels.caching_allocator:
+        reserved = []
+        replay_timeline(timeline, config, gpu, trace=reserved)
+    return curves_of(timeline, reserved=reserved)
+
+
+def draw_step(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig", estimate: "MemoryEstimate", path: str,
+              measured: list | None = None, measured_phases: list | None = None) -> str:
+    """Write the picture of one step to ``path`` (.svg, .png, .html); ``measured``: a measured
+    curve, [seconds, bytes] pairs, drawn over the predicted one (aligned on ``measured_phases``,
+    [seconds, phase name]). Returns the path written."""
+    from planner.plot import timeline_picture, write_picture
+    from planner.search import safety_margin
+
+    curves = step_curves(spec=spec, gpu=gpu, config=config)
+    title = f"{spec.id} on {gpu.display_name}: {config.label()}"
+    fig, _ = timeline_picture(curves, estimate=estimate, capacity=gpu.memory_bytes,
+                              usable=gpu.memory_bytes - safety_margin(gpu.memory_bytes), title=title, measured=measured,
+                              measured_phases=measured_phases)
+    return str(write_picture(fig, path))
+
+
+__all__ = ["CONFIG_OPTIONS", "draw_step", "step_curves", "DEFAULT_SEQ_LEN", "build_config", "default_seq_len", "estimate_configuration",
            "estimate_dict", "resolve"]

@@ -24,6 +24,7 @@ Conventions used for every entry (each one matters for the models):
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import re
 from dataclasses import dataclass, field
@@ -57,6 +58,72 @@ _MODAL_SMI = "nvidia-smi total as listed in modal-labs/modal-client#2797"
 #: Some totals changed with the driver: V100s and the RTX A6000 report more since about R515 (and
 #: the A6000 less with ECC on). The catalog holds what current drivers (R535 and later) print.
 _DRIVER_NOTE = "current drivers (R515+); older drivers print less"
+
+
+class AdamWImpl(enum.StrEnum):
+    """Which torch.optim.AdamW code path steps the parameters (torch/optim/adamw.py)."""
+
+    SINGLE_TENSOR = "single_tensor"
+    """``_single_tensor_adamw``: one parameter at a time."""
+    FOREACH = "foreach"
+    """``_multi_tensor_adamw``: ``torch._foreach_*`` over every parameter at once."""
+    FUSED = "fused"
+    """``_fused_adamw``: one fused kernel, no temporaries outside it."""
+
+
+class DropoutMask(enum.StrEnum):
+    """The mask dropout keeps for its backward (aten/src/ATen/native/Dropout.cpp)."""
+
+    BOOL = "bool"
+    """``native_dropout``'s fused kernel (CUDA): one byte per element."""
+    DROPPED_DTYPE = "dropped_dtype"
+    """The ``bernoulli_`` path (CPU): a mask in the dropped tensor's dtype."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelProfile:
+    """How the device's kernels allocate: the facts where a CPU run and a CUDA run of the same
+    training step keep different tensors. The memory model reads these instead of asking
+    whether the device is a CPU; each fact names the library code that decides it."""
+
+    name: str
+    """``cuda`` or ``cpu``."""
+    dropout_mask: DropoutMask
+    """The dtype of dropout's saved mask (aten Dropout.cpp is_fused_kernel_acceptable: the fused
+    bool-mask kernel is taken on CUDA only; measured on gpt2 and bert with the CPU probe)."""
+    sdpa_dropout_math_fp32: bool
+    """SDPA with attention dropout falls back to the math path, in fp32 for 16-bit inputs
+    (aten sdp_utils_cpp.cpp use_flash_attention_cpp: check_for_dropout refuses dropout on the
+    CPU; CUDA's flash/efficient kernels take it)."""
+    autocast_softmax_fp32: bool
+    """autocast runs softmax in fp32 (CUDA's autocast fp32 list has softmax; the CPU's does not:
+    aten/src/ATen/autocast_mode.cpp)."""
+    adamw: AdamWImpl
+    """The AdamW path torch picks by default on this device (torch/optim/optimizer.py
+    _default_to_fused_or_foreach: foreach on CUDA tensors, single-tensor on the CPU)."""
+    caching_allocator: bool
+    """Allocations go through PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp),
+    so reserved memory exceeds allocated; on the CPU c10's allocator frees to the system."""
+    unified_memory_paging: bool
+    """bitsandbytes' paged optimizer states live in cudaMallocManaged memory outside the caching
+    allocator (bitsandbytes/functional.py get_paged); without CUDA they are ordinary tensors."""
+
+    def dropout_mask_bytes(self, dropped_dtype_bytes: int) -> int:
+        """Bytes per element of the mask dropout keeps for a tensor of this element size."""
+        return 1 if self.dropout_mask is DropoutMask.BOOL else dropped_dtype_bytes
+
+    def to_dict(self) -> dict:
+        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), enum.Enum) else v) for f in dataclasses.fields(self)}
+
+
+CUDA_KERNELS = KernelProfile(
+    name="cuda", dropout_mask=DropoutMask.BOOL, sdpa_dropout_math_fp32=False, autocast_softmax_fp32=True,
+    adamw=AdamWImpl.FOREACH, caching_allocator=True, unified_memory_paging=True,
+)
+CPU_KERNELS = KernelProfile(
+    name="cpu", dropout_mask=DropoutMask.DROPPED_DTYPE, sdpa_dropout_math_fp32=True, autocast_softmax_fp32=False,
+    adamw=AdamWImpl.SINGLE_TENSOR, caching_allocator=False, unified_memory_paging=False,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +160,8 @@ class GPUSpec:
     """What ``interconnect_gbs`` is: ``nvlink3``, ``pcie4``, ..."""
     is_cpu: bool = False
     """The CPU measurement profile rather than a GPU."""
+    kernels: KernelProfile = CUDA_KERNELS
+    """How the device's kernels allocate (see ``KernelProfile``)."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """Field -> where its number comes from."""
 
@@ -118,6 +187,7 @@ class GPUSpec:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["compute_capability"] = ".".join(map(str, self.compute_capability))
         d["sources"] = dict(self.sources)
+        d["kernels"] = self.kernels.to_dict()
         return d
 
 
@@ -350,6 +420,7 @@ def _cpu_profile(memory_bytes: int) -> GPUSpec:
         interconnect_gbs=12.7,
         interconnect="host memory",
         is_cpu=True,
+        kernels=CPU_KERNELS,
         sources=_CPU_SOURCES,
     )
 
@@ -412,7 +483,10 @@ def list_gpus() -> list[GPUSpec]:
 
 
 __all__ = [
+    "CPU_KERNELS",
     "CUDA_CONTEXT_BYTES",
+    "CUDA_KERNELS",
+    "KernelProfile",
     "GPUSpec",
     "check_precision",
     "get_gpu",

@@ -159,6 +159,10 @@ class ModelSpec:
         return self.vocab_size * self.hidden_size
 
     def linear_names(self) -> tuple[str, ...]:
+        return self._linear_names
+
+    @functools.cached_property
+    def _linear_names(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(lin.name for lin in self.layer_linears))
 
     def summary(self) -> dict[str, Any]:

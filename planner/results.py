@@ -6,9 +6,23 @@ They hold numbers, never ORM rows or torch objects, and round-trip through ``to_
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
+
+#: The payload versions this code writes. A payload without a ``version`` key was written before
+#: payloads carried one (version 1); every version decodes: keys this code does not know are
+#: ignored, keys a payload lacks take their defaults.
+MEMORY_VERSION = 2
+THROUGHPUT_VERSION = 2
+
+
+def known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of a stored payload that are fields of ``cls`` (``version`` and keys a newer
+    planner added are dropped: a stored plan always decodes)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,16 +43,19 @@ class MemoryEstimate:
     """Which moment of the step the peak is at (forward end, backward, optimizer step)."""
     assumptions: tuple[str, ...] = ()
     """Flagged approximations that hold for this configuration."""
+    fragmentation_bytes: int = 0
+    """Reserved but unallocated at the allocated peak: free pieces of the caching allocator's
+    segments (0 where there is no caching allocator; payloads of version 1 did not have it)."""
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {"version": MEMORY_VERSION, **asdict(self)}
         d["breakdown"] = dict(self.breakdown)
         d["assumptions"] = list(self.assumptions)
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "MemoryEstimate":
-        d = dict(data)
+        d = known_fields(cls, data)
         d["breakdown"] = dict(d.get("breakdown", {}))
         d["assumptions"] = tuple(d.get("assumptions", ()))
         return cls(**d)
@@ -58,14 +75,14 @@ class ThroughputEstimate:
     assumptions: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {"version": THROUGHPUT_VERSION, **asdict(self)}
         d["breakdown_s"] = dict(self.breakdown_s)
         d["assumptions"] = list(self.assumptions)
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ThroughputEstimate":
-        d = dict(data)
+        d = known_fields(cls, data)
         d["breakdown_s"] = dict(d.get("breakdown_s", {}))
         d["assumptions"] = tuple(d.get("assumptions", ()))
         return cls(**d)

@@ -1,6 +1,6 @@
 """Search every training configuration that reaches a target global batch and rank what fits.
 
-The space: precision x method (full, LoRA and QLoRA with r in {8, 16, 64} on the attention
+The space: precision x method (full, LoRA and QLoRA with r in {8, 16, 32, 64} on the attention
 projections or every linear) x gradient checkpointing x micro-batch (micro x accumulation x
 GPUs = target batch) x optimizer x DeepSpeed ZeRO 0-3 with CPU offload. Each candidate is
 predicted with ``planner.memory`` and ``planner.throughput``; candidates whose process total
@@ -14,19 +14,24 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from planner import __version__
 from planner.config import ALL_LINEAR, Method, Offload, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
-from planner.memory import estimate_memory, model_states_bytes, totals_by_split
+from planner.memory import estimate_memory, model_states_bytes
+from planner.memory.reserve import reserved_and_total
+from planner.memory.dtypes import mode_of
+from planner.memory.parameters import Trained, trained
+from planner.memory.states import StaticTerms, static_terms
+from planner.memory.step import NO_STATIC, batch_terms, phase_totals
 from planner.modelspec import LinearKind, ModelSpec
 from planner.results import Candidate, PlanRequest, PlanResult, Rejection, ThroughputEstimate
-from planner.throughput import estimate_throughput
+from planner.throughput import estimate_throughput, step_breakdown, tokens_per_second
 from planner.units import MiB, format_bytes
 
-LORA_RANKS = (8, 16, 64)
+LORA_RANKS = (8, 16, 32, 64)
 #: Keep this much of the device free: the allocator's fragmentation varies run to run and the
 #: DataLoader/NCCL add buffers we do not model. 5% of the device, at least 512 MiB (stated
 #: assumption, shown with every plan).
@@ -114,8 +119,10 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
     if space.allow_offload:
         zero_offload += [(1, Offload.OPTIMIZER), (2, Offload.OPTIMIZER), (3, Offload.OPTIMIZER), (3, Offload.OPTIMIZER_PARAMS)]
     # (method, precision, optimizer, zero, offload) that TrainConfig refused: the same refusal
-    # holds for every LoRA variant (SearchSpace checked the ranks; the targets are the model's)
+    # holds for every LoRA variant (SearchSpace checked the ranks; the targets are the model's);
+    # the ones it took, to copy per LoRA variant
     refused: set[tuple] = set()
+    made: dict[tuple, TrainConfig] = {}
     for method in space.methods:
         variants = [(None, None)] if method is Method.FULL else lora_variants
         for precision, (r, targets), optimizer, (zero, offload) in itertools.product(
@@ -125,11 +132,14 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
             if skeleton in refused:
                 continue
             try:
-                base = TrainConfig(
-                    method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
-                    seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False,
-                    lora_r=r, lora_targets=targets, zero=zero, offload=offload,
-                )
+                if skeleton in made:
+                    base = made[skeleton].with_lora(lora_r=r, lora_targets=targets)
+                else:
+                    base = made[skeleton] = TrainConfig(
+                        method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
+                        seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False,
+                        lora_r=r, lora_targets=targets, zero=zero, offload=offload,
+                    )
             except PlannerError:
                 refused.add(skeleton)
                 continue  # the combination is invalid whatever the split and checkpointing
@@ -137,22 +147,103 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
                 yield (base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True) if ckpt else base), splits
 
 
+# ---- the fast path: memoised terms and affine phase lines --------------------------------------
+def _static_key(config: TrainConfig) -> tuple:
+    """What the batch-independent terms depend on."""
+    return (config.method, config.precision, config.optimizer, config.zero, config.offload, config.gpus,
+            config.lora_r, config.lora_targets)
+
+
+def _batch_key(config: TrainConfig, b: int) -> tuple:
+    """What the per-micro-batch terms depend on: the precision and DeepSpeed only through the
+    dtype mode (bf16 and fp16 autocast type every tensor alike, so do pure bf16 and DeepSpeed's
+    16-bit model)."""
+    return (config.method, mode_of(config), config.lora_r, config.lora_targets, config.grad_ckpt, config.attention,
+            config.seq_len, b)
+
+
+class MemoryMemo:
+    """The memory model's terms for one model on one device, memoised for one search: thousands
+    of candidates share what they train (per adapter set), their model states (per static key)
+    and their per-sequence activations (per batch key). Lives as long as the search that made it,
+    so it never outlives its model."""
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec) -> None:
+        self.model, self.gpu, self.kernels = model, gpu, gpu.kernels
+        self._trained: dict[tuple, Trained] = {}
+        self._static: dict[tuple, tuple[StaticTerms, tuple]] = {}
+        self._batch: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def trained(self, config: TrainConfig) -> Trained:
+        key = (config.method.uses_adapters, config.lora_r, config.lora_targets)
+        if key not in self._trained:
+            self._trained[key] = trained(self.model, config)
+        return self._trained[key]
+
+    def static(self, config: TrainConfig) -> tuple[StaticTerms, tuple]:
+        """The static terms and, per accumulating (False, True), the resident states plus each
+        moment's static part."""
+        key = _static_key(config)
+        if key not in self._static:
+            static = static_terms(self.model, config, self.kernels, self.trained(config))
+            resident = static.resident_bytes
+            parts = tuple(
+                tuple(resident + x for x in phase_totals(
+                    static=static, saved=0, recompute=0, fwd_logits=0, bwd_logits=0, accumulating=acc))
+                for acc in (False, True)
+            )
+            self._static[key] = (static, parts)
+        return self._static[key]
+
+    def batch_line(self, config: TrainConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Each moment's per-micro-batch part at b = 1 and its increase per sample (every term is
+        affine in the micro-batch); shared by every optimizer and ZeRO stage of the same method,
+        precision and shape."""
+        key = _batch_key(config, 0)
+        if key not in self._batch:
+            at = []
+            for b in (1, 2):
+                terms = batch_terms(self.model, config.with_split(micro_batch=b, grad_accum=config.grad_accum),
+                                    self.kernels, self.trained(config).target_names)
+                at.append(phase_totals(static=NO_STATIC, saved=terms.saved, recompute=terms.recompute,
+                                       fwd_logits=terms.forward_logits, bwd_logits=terms.backward_logits,
+                                       accumulating=False))
+            self._batch[key] = (at[0], tuple(two - one for one, two in zip(*at)))
+        return self._batch[key]
+
+
+def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, splits,
+                    memo: MemoryMemo | None = None) -> list[tuple[int, int]]:
+    """(process_total_bytes, cpu_bytes) of ``config`` with each (micro_batch, grad_accum) of
+    ``splits`` instead of its own, exactly as ``estimate_memory`` computes them: the search's
+    inner loop.
+
+    Each moment of ``planner.memory.step.phases`` is a sum of static terms and per-micro-batch
+    terms, the latter affine in the micro-batch (``phase_totals``), so a split costs five
+    multiply-adds.
+    """
+    memo = memo or MemoryMemo(model, gpu)
+    static, parts = memo.static(config)
+    one, slope = memo.batch_line(config)
+    resident = static.resident_bytes
+    lines = [[base + b1 for base, b1 in zip(parts[acc], one)] for acc in (0, 1)]
+    s0, s1, s2, s3, s4 = slope
+    allocator = gpu.kernels.caching_allocator
+    out = []
+    for micro, accum in splits:
+        k = micro - 1
+        a0, a1, a2, a3, a4 = lines[accum > 1]  # the five moments
+        peak = max(a0 + k * s0, a1 + k * s1, a2 + k * s2, a3 + k * s3, a4 + k * s4)
+        total = reserved_and_total(model, gpu, peak=peak, static=resident, paged=static.paged)[1] if allocator else peak
+        out.append((total, static.host))
+    return out
+
+
 def _family(config: TrainConfig) -> str:
     return f"{config.method}, {config.precision}, {config.optimizer}"
 
 
-def suggest(
-    *,
-    model: ModelSpec,
-    gpu: GPUSpec,
-    target_batch: int,
-    seq_len: int,
-    gpus: int = 1,
-    space: SearchSpace = SearchSpace(),
-    top_k: int = 5,
-    model_fingerprint: str = "",
-) -> PlanResult:
-    """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does."""
+def _check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: int, top_k: int) -> None:
     if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
         raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch!r}")
     if target_batch > MAX_TARGET_BATCH:
@@ -168,16 +259,16 @@ def suggest(
         )
     if top_k < 1:
         raise InvalidConfigError(f"--top-k must be >= 1, got {top_k}")
-    capacity = gpu.memory_bytes
-    margin = safety_margin(capacity)
-    usable = capacity - margin
 
-    fitting: list[tuple] = []
+
+def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, usable: int, space: SearchSpace):
+    """(fitting [(config, speed, total)], each family's closest miss {family: (total, config)},
+    candidates searched) with the fast path's totals."""
     largest_fit: list[tuple[TrainConfig, int]] = []
     closest: dict[str, tuple[int, TrainConfig]] = {}
     searched = 0
-    for base, splits in _combinations(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space):
-        totals = totals_by_split(model=model, config=base, gpu=gpu, splits=splits)
+    for base, splits in combinations:
+        totals = totals_by_split(model=model, config=base, gpu=gpu, splits=splits, memo=memo)
         searched += len(splits)
         # micro-batches come in ascending order and memory grows with them: keep the largest that
         # fits per combination, the fastest split (fewest micro-steps: least per-micro-step
@@ -193,15 +284,23 @@ def suggest(
                 best = (split, total)
         if best is not None:
             largest_fit.append((base.with_split(micro_batch=best[0][0], grad_accum=best[0][1]), best[1]))
+    fitting = []
     for config, total in largest_fit:
-        fitting.append((config, estimate_throughput(model=model, config=config, gpu=gpu), total))
+        # ranking needs the speed only: the full estimate (with its assumptions) is made for
+        # the plans shown
+        step_s = sum(step_breakdown(model=model, config=config, gpu=gpu).values())
+        fitting.append((config, _Speed(tokens_per_second(config, step_s)), total))
+    return fitting, closest, searched
 
-    request = PlanRequest(
+
+def _request(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int, space: SearchSpace,
+             top_k: int, model_fingerprint: str) -> PlanRequest:
+    return PlanRequest(
         model_id=model.id,
         model_fingerprint=model_fingerprint,
         gpu=gpu.name,
         gpu_count=gpus,
-        gpu_memory_bytes=capacity,
+        gpu_memory_bytes=gpu.memory_bytes,
         target_batch=target_batch,
         seq_len=seq_len,
         constraints={
@@ -213,34 +312,72 @@ def suggest(
         },
         planner_version=__version__,
     )
-    closest = {
-        fam: Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=_NO_THROUGHPUT, fits=False)
-        for fam, (_, cfg) in closest.items()
-    }
-    # each family's closest try, most faithful method first, then the nearest miss
-    by_tier = sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1].config.method], kv[1].memory.process_total_bytes))
-    if not fitting:
-        rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for _, c in by_tier)
+
+
+def suggest(
+    *,
+    model: ModelSpec,
+    gpu: GPUSpec,
+    target_batch: int,
+    seq_len: int,
+    gpus: int = 1,
+    space: SearchSpace = SearchSpace(),
+    top_k: int = 5,
+    model_fingerprint: str = "",
+) -> PlanResult:
+    """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does."""
+    _check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
+    margin = safety_margin(gpu.memory_bytes)
+    usable = gpu.memory_bytes - margin
+    memo = MemoryMemo(model, gpu)
+    combinations = _combinations(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
+    fitting, closest, searched = _screen(combinations, model=model, gpu=gpu, memo=memo, usable=usable, space=space)
+    request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space,
+                       top_k=top_k, model_fingerprint=model_fingerprint)
+
+    def missed(cfg: TrainConfig, total: int) -> _Tried:
+        return _Tried(config=cfg, process_total_bytes=total, cpu_bytes=memo.static(cfg)[0].host)
+
+    # each family's closest try (as the fast path screened it), most faithful method first, then
+    # the nearest miss
+    by_tier = sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1][1].method], kv[1][0]))
+    plans = _replayed_plans(_ranked(fitting), model=model, gpu=gpu, usable=usable, top_k=top_k)
+    if not plans:
+        tried = {fam: missed(cfg, total) for fam, (total, cfg) in by_tier}
+        rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
         raise NothingFitsError(
-            _nothing_fits_message(model=model, gpu=gpu, closest=closest, usable=usable, space=space),
+            _nothing_fits_message(model=model, gpu=gpu, closest=tried, usable=usable, space=space),
             result=PlanResult(request=request, plans=(), rejected=rejected, searched=searched, usable_bytes=usable,
                               safety_margin_bytes=margin),
         )
-
-    fitting = _ranked(fitting)
-    chosen = _distinct(fitting, top_k)
-    plans = tuple(
-        Candidate(config=cfg, memory=estimate_memory(model=model, config=cfg, gpu=gpu), throughput=thr, fits=True, rank=i + 1)
-        for i, (cfg, thr, _) in enumerate(chosen)
-    )
     best_tier = FIDELITY[plans[0].config.method]
     fitting_families = {_family(cfg) for cfg, _, _ in fitting}
     rejected = tuple(
-        _rejection(c, model=model, usable=usable, space=space)
-        for fam, c in by_tier
-        if FIDELITY[c.config.method] <= best_tier and fam not in fitting_families
+        _rejection(missed(cfg, total), model=model, usable=usable, space=space)
+        for fam, (total, cfg) in by_tier
+        if FIDELITY[cfg.method] <= best_tier and fam not in fitting_families
     )
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable, safety_margin_bytes=margin)
+
+
+def _replayed_plans(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int) -> tuple[Candidate, ...]:
+    """The top plans with their full estimates. The fast path screens with the allocator's
+    stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
+    caching allocator replayed on its step, and one the replay finds too large for the usable
+    memory is dropped for the next."""
+    while fitting:
+        plans, dropped = [], set()
+        for cfg, _, _ in _distinct(fitting, top_k):
+            memory = estimate_memory(model=model, config=cfg, gpu=gpu)
+            if memory.process_total_bytes > usable:
+                dropped.add(id(cfg))
+            else:
+                plans.append((cfg, memory))
+        if not dropped:
+            return tuple(Candidate(config=cfg, memory=memory, throughput=estimate_throughput(model=model, config=cfg, gpu=gpu),
+                                   fits=True, rank=i + 1) for i, (cfg, memory) in enumerate(plans))
+        fitting = [item for item in fitting if id(item[0]) not in dropped]
+    return ()
 
 
 #: Within 2% of predicted speed (below what the throughput model can tell apart), prefer the
@@ -303,35 +440,43 @@ def _distinct(ranked: list[tuple], k: int) -> list[tuple]:
     return out
 
 
-def _rejection(c: Candidate, *, model: ModelSpec, usable: int, space: SearchSpace) -> Rejection:
+class _Tried(NamedTuple):
+    """A family's closest try, as the fast path screened it."""
+
+    config: TrainConfig
+    process_total_bytes: int
+    cpu_bytes: int
+
+
+def _rejection(c: _Tried, *, model: ModelSpec, usable: int, space: SearchSpace) -> Rejection:
     """One line for a family: its plain model states if they alone overflow, else its closest try."""
     plain = dataclasses.replace(c.config, zero=0, offload=Offload.NONE, gpus=c.config.gpus)
     states = model_states_bytes(model, plain)
     tried = c.config.label()
-    if c.memory.cpu_bytes > space.cpu_mem_bytes and c.memory.process_total_bytes <= usable:
+    if c.cpu_bytes > space.cpu_mem_bytes and c.process_total_bytes <= usable:
         reason = (f"model states need {format_bytes(states)} on the device; with {tried} they fit, but offload needs "
-                  f"{format_bytes(c.memory.cpu_bytes)} of host RAM > {format_bytes(space.cpu_mem_bytes)} (--cpu-mem)")
+                  f"{format_bytes(c.cpu_bytes)} of host RAM > {format_bytes(space.cpu_mem_bytes)} (--cpu-mem)")
     elif states > usable and (c.config.zero or c.config.offload is not Offload.NONE):
         reason = (f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable; the closest try, "
-                  f"{tried}, needs {format_bytes(c.memory.process_total_bytes)}")
+                  f"{tried}, needs {format_bytes(c.process_total_bytes)}")
     elif states > usable:
         reason = f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable"
     else:
-        reason = f"the smallest try, {tried}, needs {format_bytes(c.memory.process_total_bytes)} > {format_bytes(usable)} usable"
+        reason = f"the smallest try, {tried}, needs {format_bytes(c.process_total_bytes)} > {format_bytes(usable)} usable"
     return Rejection(family=_family(c.config), reason=reason, config=c.config.to_dict())
 
 
-def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, Candidate], usable: int, space: SearchSpace) -> str:
+def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, _Tried], usable: int, space: SearchSpace) -> str:
     if not closest:
         return f"no configuration of the searched space is valid for {model.id} on {gpu.name}: widen --method/--precision"
-    best = min(closest.values(), key=lambda c: c.memory.process_total_bytes)
-    need = best.memory.process_total_bytes
+    best = min(closest.values(), key=lambda c: c.process_total_bytes)
+    need = best.process_total_bytes
     if need <= usable:
         # the device would hold it: what is missing is host RAM for the offloaded states
         return (
             f"nothing fits {model.id} on {gpu.name} with {format_bytes(space.cpu_mem_bytes)} of host RAM for offload: "
             f"the closest, {best.config.label()}, fits the device ({format_bytes(need)} of {format_bytes(usable)} usable) "
-            f"but needs {format_bytes(best.memory.cpu_bytes)} of host RAM; try --cpu-mem {format_bytes(best.memory.cpu_bytes).replace(' ', '')} "
+            f"but needs {format_bytes(best.cpu_bytes)} of host RAM; try --cpu-mem {format_bytes(best.cpu_bytes).replace(' ', '')} "
             "on a host that has it, more GPUs (--gpus) or a shorter --seq-len"
         )
     hints = []
@@ -347,5 +492,9 @@ def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, 
     )
 
 
-#: placeholder throughput for rejected candidates (never printed as a plan: fits=False)
-_NO_THROUGHPUT = ThroughputEstimate(step_s=float("inf"), tokens_per_s=0.0, flops_per_step=0.0, assumptions=("not evaluated: does not fit",))
+class _Speed(NamedTuple):
+    """What the ranking reads of a fitting candidate's throughput."""
+
+    tokens_per_s: float
+
+

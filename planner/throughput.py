@@ -24,10 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner import memory
-from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
+from planner.config import Method, Offload, Precision, TrainConfig
 from planner.errors import InvalidConfigError
 from planner.gpus import GPUSpec, check_precision
+from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES
+from planner.memory.optimizers import OPTIMIZERS
+from planner.memory.parameters import lora_targets, trainable_params
 from planner.modelspec import ModelSpec
 from planner.results import ThroughputEstimate
 
@@ -57,20 +59,12 @@ HOST_DRAM_GBS_PER_RANK = 25.0
 CPU_ADAM_BYTES_PER_PARAM = 28
 CPU_ADAM_HALF_COPY_BYTES = 2
 
-#: NF4 weights: 0.5 B per weight plus the block constants read with them. With double quantisation
-#: (what planner.memory assumes) an 8-bit absmax per block of 64 and an fp32 second-level constant
-#: per 256 blocks: 8/64 + 32/(64*256) = 0.127 bit per weight (QLoRA paper, Dettmers et al. 2023,
-#: sec. 3 "Double Quantization").
-NF4_READ_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+#: NF4 weights read per weight: ``planner.memory.dtypes.NF4_READ_BYTES`` (0.5 B plus the block
+#: constants with double quantisation, QLoRA paper sec. 3).
 #: bitsandbytes' Linear4bit dequantises the whole weight to the 16-bit compute dtype before the
 #: matmul, forward and backward (bitsandbytes/autograd/_functions.py MatMul4Bit: dequantize_4bit
 #: in forward and again in backward for grad_input), writing 2 B per weight.
 DEQUANT_WRITE_BYTES = 2
-
-#: bitsandbytes 8-bit optimizers quantise each state block-wise with blocksize 256 and one fp32
-#: absmax per block (bitsandbytes/optim/optimizer.py, Optimizer2State.init_state: blocksize = 256).
-_BNB_8BIT_STATE_BYTES = 1 + 4 / 256
-
 
 @dataclass(frozen=True, kw_only=True)
 class FlopsPerToken:
@@ -124,7 +118,7 @@ def flops_per_token(*, model: ModelSpec, config: TrainConfig) -> FlopsPerToken:
         r = config.lora_r
         assert r is not None
         adapter = model.num_layers * sum(
-            lin.active * r * (lin.in_features + lin.out_features) for lin in memory.lora_targets(model, config)
+            lin.active * r * (lin.in_features + lin.out_features) for lin in lora_targets(model, config)
         )
         linear = 4 * (n_layers + n_head) + 6 * adapter
     recompute = 2 * (n_layers + adapter) + attention_forward if config.grad_ckpt else 0
@@ -135,42 +129,23 @@ def flops_per_token(*, model: ModelSpec, config: TrainConfig) -> FlopsPerToken:
 
 
 def _trainable_bytes(config: TrainConfig) -> int:
-    """Bytes per element of trainable weights, their gradients and torch optimizer states.
-
-    peft upcasts fp16/bf16 adapter weights to fp32 (``autocast_adapter_dtype=True`` default,
-    peft/tuners/tuners_utils.py ``_cast_adapter_dtype``), so adapters are always fp32.
-    """
-    return 4 if config.method.uses_adapters else config.precision.weight_bytes
+    """Bytes per element of trainable weights, their gradients and torch optimizer states as the
+    update reads them: fp32 adapters (``planner.memory.dtypes.ADAPTER_BYTES``), else the
+    precision's weights (DeepSpeed's fp32 master partition under mixed precision)."""
+    return ADAPTER_BYTES if config.method.uses_adapters else config.precision.weight_bytes
 
 
 def optimizer_bytes_per_param(*, config: TrainConfig) -> float:
-    """Device memory traffic of one optimizer update per trainable parameter (w = weight bytes).
+    """Device memory traffic of one optimizer update per trainable parameter.
 
-    * AdamW (HF's default ``adamw_torch_fused`` for torch >= 2.8, transformers/training_args.py):
-      read param, grad, exp_avg, exp_avg_sq; write param, exp_avg, exp_avg_sq => 7w (28 B fp32).
-    * 8-bit AdamW (bitsandbytes): param and grad w each, two 1-byte states + fp32 absmax per 256
-      read and written => 3w + 4·(1 + 4/256) (16.06 B with fp32 weights).
-    * SGD with momentum: read param, grad, momentum buffer; write param, buffer => 5w.
-    * Adafactor (transformers, beta1=None, factored second moment), counting the passes of
-      ``Adafactor.step`` over a 2-D weight: grad**2+eps (r g, w sq), row and column means (r sq
-      twice), the rank-1 approximation (w update), update*grad (r update, r grad, w update), RMS
-      (r update), clip (r, w update), *lr (r, w update), param -= update (r param, r update,
-      w param): 16 full passes of fp32 => 16·4 B (transformers upcasts to fp32 inside).
-    * ZeRO (DeepSpeed keeps an fp32 master copy for 16-bit training): +4 B read of the master and
-      +2 B write of the 16-bit model weight per parameter (``_update_fp16``-style copy back).
+    Each optimizer's own traffic is its class's ``update_bytes_per_param`` in
+    ``planner.memory.optimizers`` (AdamW 7w: HF's default ``adamw_torch_fused`` for torch >= 2.8
+    reads param, grad and both moments and writes three; 8-bit AdamW 3w + 4·(1 + 4/256); SGD 5w;
+    Adafactor 16 fp32 passes). ZeRO (DeepSpeed keeps an fp32 master copy for 16-bit training):
+    +4 B read of the master and +2 B write of the 16-bit model weight per parameter
+    (``_update_fp16``-style copy back).
     """
-    w = _trainable_bytes(config)
-    match config.optimizer:
-        case Optimizer.ADAMW:
-            per_param = 7.0 * w
-        case Optimizer.ADAMW_8BIT | Optimizer.PAGED_ADAMW_8BIT:
-            per_param = 3.0 * w + 4 * _BNB_8BIT_STATE_BYTES
-        case Optimizer.SGD:
-            per_param = 5.0 * w
-        case Optimizer.ADAFACTOR:
-            per_param = 16 * 4.0
-        case _:  # pragma: no cover - enum is closed
-            raise AssertionError(config.optimizer)
+    per_param = OPTIMIZERS[config.optimizer].update_bytes_per_param(_trainable_bytes(config))
     if config.zero and config.precision.is_mixed:
         per_param += 4 + 2
     return per_param
@@ -198,7 +173,7 @@ def comm_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
     n = config.gpus
     if n == 1:
         return 0.0
-    trainable = memory.trainable_params(model, config)
+    trainable = trainable_params(model, config)
     f = _ring(n)
     if config.zero == 0:
         return 2 * f * trainable * _trainable_bytes(config)
@@ -226,7 +201,7 @@ def offload_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
         return 0.0
     n = config.gpus
     cb = config.precision.compute_bytes
-    partition = memory.trainable_params(model, config) / n
+    partition = trainable_params(model, config) / n
     grad_copies = config.grad_accum if config.zero >= 2 else 1
     total = partition * cb * grad_copies
     if config.offload is Offload.OPTIMIZER:
@@ -257,25 +232,25 @@ def default_utilization(*, gpu: GPUSpec, precision: Precision | str) -> float:
     return MFU_FP32 if Precision(precision) is Precision.FP32 else MFU_TENSOR_CORES
 
 
-def estimate_throughput(
-    *, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None
-) -> ThroughputEstimate:
-    """Predict the time of one optimizer step and the tokens per second across all devices."""
-    check_precision(gpu, config.precision)
-    utilization_given = utilization is not None
+def _utilization(gpu: GPUSpec, precision: Precision, utilization: float | None) -> float:
     if utilization is None:
-        utilization = default_utilization(gpu=gpu, precision=config.precision)
-    elif isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+        return default_utilization(gpu=gpu, precision=precision)
+    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
         raise InvalidConfigError(f"utilization must be a fraction in (0, 1], got {utilization!r}")
+    return utilization
 
+
+def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None) -> dict[str, float]:
+    """Seconds of one optimizer step by part (the search ranks on their sum; see
+    ``estimate_throughput`` for the assumptions)."""
+    utilization = _utilization(gpu, config.precision, utilization)
     tokens_per_device = config.micro_batch * config.seq_len * config.grad_accum
     flops = flops_per_token(model=model, config=config)
     flop_rate = gpu.peak_tflops(config.precision) * 1e12 * utilization
     device_bw = gpu.mem_bandwidth_gbs * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY
 
-    trainable = memory.trainable_params(model, config)
-    offloaded = config.offload is not Offload.NONE
-    if offloaded:
+    trainable = trainable_params(model, config)
+    if config.offload is not Offload.NONE:
         # DeepSpeed CPU Adam on this rank's partition, at host DRAM speed (on the CPU profile the
         # host is the device itself).
         host_bw = (gpu.mem_bandwidth_gbs if gpu.is_cpu else HOST_DRAM_GBS_PER_RANK) * 1e9
@@ -284,8 +259,7 @@ def estimate_throughput(
     else:
         stepped = trainable / config.gpus if config.zero >= 1 else trainable
         optimizer_s = stepped * optimizer_bytes_per_param(config=config) / device_bw
-
-    breakdown = {
+    return {
         "compute": flops.linear * tokens_per_device / flop_rate,
         "attention": flops.attention * tokens_per_device / flop_rate,
         "recompute": flops.recompute * tokens_per_device / flop_rate,
@@ -294,8 +268,24 @@ def estimate_throughput(
         "comm": comm_bytes_per_step(model=model, config=config) / (gpu.interconnect_gbs * 1e9),
         "offload": offload_bytes_per_step(model=model, config=config) / (gpu.host_link_gbs * 1e9),
     }
+
+
+def tokens_per_second(config: TrainConfig, step_s: float) -> float:
+    """Tokens per second across all devices for a step of ``step_s`` seconds."""
+    return config.global_batch * config.seq_len / step_s
+
+
+def estimate_throughput(
+    *, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None
+) -> ThroughputEstimate:
+    """Predict the time of one optimizer step and the tokens per second across all devices."""
+    check_precision(gpu, config.precision)
+    utilization_given = utilization is not None
+    utilization = _utilization(gpu, config.precision, utilization)
+    breakdown = step_breakdown(model=model, config=config, gpu=gpu, utilization=utilization)
     step_s = sum(breakdown.values())
     assert step_s > 0, breakdown
+    offloaded = config.offload is not Offload.NONE
 
     assumptions = [
         f"matmuls at {utilization:.0%} of {gpu.display_name}'s {gpu.peak_tflops(config.precision):g} "
@@ -314,10 +304,11 @@ def estimate_throughput(
             f"CPU Adam at {HOST_DRAM_GBS_PER_RANK if not gpu.is_cpu else gpu.mem_bandwidth_gbs:g} GB/s of host "
             f"DRAM per rank; copies over {gpu.host_link_gbs:g} GB/s host link"
         )
+    tokens_per_device = config.micro_batch * config.seq_len * config.grad_accum
     return ThroughputEstimate(
         step_s=step_s,
-        tokens_per_s=config.global_batch * config.seq_len / step_s,
-        flops_per_step=flops.model * tokens_per_device,
+        tokens_per_s=tokens_per_second(config, step_s),
+        flops_per_step=flops_per_token(model=model, config=config).model * tokens_per_device,
         breakdown_s=breakdown,
         assumptions=tuple(assumptions),
     )
@@ -331,4 +322,6 @@ __all__ = [
     "flops_per_token",
     "offload_bytes_per_step",
     "optimizer_bytes_per_param",
+    "step_breakdown",
+    "tokens_per_second",
 ]

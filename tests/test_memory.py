@@ -688,3 +688,49 @@ def test_eager_attention_probabilities_by_architecture(softmax, dropout, is_cpu,
     config = tiny_config(precision="bf16-mixed", attention="eager")
     scores = 2 * A * 64 * 64
     assert activation_breakdown(model, config, is_cpu=is_cpu)["activations/attention/probs"] == L * scores * per_score
+
+
+# ---- stored payloads: versioned, decoded tolerantly ------------------------------------------------
+
+#: A candidate exactly as the planner wrote it before payloads carried a version (qlora on an
+#: A10G, from ``Candidate.to_dict`` of that code).
+OLD_CANDIDATE = json.loads(
+    '{"rank": 1, "config": {"method": "qlora", "precision": "bf16-mixed", "optimizer": "adamw", "micro_batch": 4, '
+    '"seq_len": 1024, "grad_accum": 1, "gpus": 1, "grad_ckpt": true, "attention": "sdpa", "lora_r": 16, '
+    '"lora_targets": "all-linear", "zero": 0, "offload": "none"}, "memory": {"peak_allocated_bytes": 8920868608, '
+    '"peak_reserved_bytes": 9396034918, "process_total_bytes": 9932905830, "cpu_bytes": 0, "breakdown": '
+    '{"weights/nf4": 3340771328, "weights/unquantized": 1049640960, "lora/weights": 159907840, "optimizer_states": '
+    '319817472, "autocast/weight_casts": 262144000, "activations/embeddings": 1081344, "activations/final_norm": '
+    '67125248, "activations/checkpoints": 2147483648, "activations/loss/log_softmax": 524320768, "logits/transient": '
+    '1048576000}, "peak_phase": "backward_start", "assumptions": ["allocator: +1 MiB rounding per large tensor and 5% '
+    'of transient bytes reserved (uncalibrated on GPU)"]}, "throughput": {"step_s": 5.545680919113143, '
+    '"tokens_per_s": 738.5928003688726, "flops_per_step": 115829899264000.0, "breakdown_s": {"compute": '
+    '3.4677088729315555}, "assumptions": []}, "fits": true}'
+)
+
+
+def test_a_candidate_stored_before_payloads_had_versions_still_decodes():
+    from planner.results import Candidate
+
+    c = Candidate.from_dict(OLD_CANDIDATE)
+    assert c.config == TrainConfig(method="qlora", micro_batch=4, seq_len=1024, grad_ckpt=True)
+    assert c.config.alloc_conf is None  # a key version 1 did not have takes its default
+    assert c.memory.peak_allocated_bytes == 8_920_868_608 and c.memory.fragmentation_bytes == 0
+    assert c.throughput.tokens_per_s == pytest.approx(738.59, abs=0.01)
+    again = c.to_dict()
+    assert (again["config"]["version"], again["memory"]["version"], again["throughput"]["version"]) == (2, 2, 2)
+    assert Candidate.from_dict(again) == c
+
+
+def test_keys_a_newer_planner_writes_are_ignored():
+    from planner.results import Candidate
+
+    future = json.loads(json.dumps(OLD_CANDIDATE))
+    future["memory"] |= {"version": 9, "timeline_svg": "<svg/>"}
+    future["throughput"]["version"] = 9
+    future["config"] |= {"version": 9, "lora_dropout": 0.05}
+    with pytest.warns(UserWarning, match="lora_dropout"):
+        c = Candidate.from_dict(future)
+    assert c.memory.peak_phase == "backward_start"
+    with pytest.raises(InvalidConfigError, match="lora_dropout"):
+        TrainConfig.from_dict(future["config"], strict=True)

@@ -1,5 +1,6 @@
-"""Memory probes: the CPU probe on hand-made allocations and against torch's MemTracker, the CUDA
-probe with torch.cuda's functions replaced by fakes (no GPU here)."""
+"""Memory probes: the CPU probe (c10's allocator count and the dispatch count) on hand-made
+allocations, against torch's MemTracker and against each other on real runs, the measured curve,
+and the CUDA probe with torch.cuda's functions replaced by fakes (no GPU here)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from planner.config import TrainConfig  # noqa: E402
-from workers.probes import CpuProbe, CudaProbe, MemoryProbe, make_probe  # noqa: E402
+from workers.probes import CpuProbe, CudaProbe, MemoryProbe, cuda_step_curve, make_probe, thin  # noqa: E402
 
 MiB = 1024**2
 TINY = dict(
@@ -58,16 +59,131 @@ def test_reset_peak_restarts_at_the_live_bytes_and_breakdown_sums_to_peak():
         del b
         gc.collect()
         probe.reset_peak()
-        assert probe.peak_allocated_bytes == probe.live_bytes
+        assert probe.peak_dispatch_bytes == probe.live_bytes
         probe.track([a], category="parameters")
         c = torch.zeros(MiB, dtype=torch.uint8)
         # peak = a (2 MiB, parameters) + c (1 MiB, other) over what was live before a
         assert probe.peak_breakdown["parameters"] == 2 * MiB
-        assert sum(probe.peak_breakdown.values()) == probe.peak_allocated_bytes
+        assert sum(probe.peak_breakdown.values()) == probe.peak_dispatch_bytes
         assert probe.run_peak_bytes >= 5 * MiB  # a + b before the reset
         del a, c
     finally:
         probe.stop()
+
+
+def test_allocator_count_on_a_hand_derived_sequence_with_its_curve_and_phases():
+    """1 MiB live at the reset; then +2 MiB (3 MiB), -1 MiB (2 MiB), +0.5 MiB (2.5 MiB),
+    -2 MiB (0.5 MiB): the step's peak is 3 MiB, in the phase it was reached in."""
+    probe = CpuProbe()
+    probe.start()
+    try:
+        a = torch.empty(MiB, dtype=torch.uint8)
+        probe.phase = "forward"
+        probe.reset_peak()
+        b = torch.empty(2 * MiB, dtype=torch.uint8)
+        del a
+        probe.phase = "backward"
+        c = torch.empty(MiB // 2, dtype=torch.uint8)
+        del b
+    finally:
+        probe.stop()
+    assert probe.reference == "allocator"
+    assert probe.peak_allocated_bytes == 3 * MiB
+    assert probe.peak_dispatch_bytes == 3 * MiB  # nothing here escapes the dispatcher
+    assert probe.peak_phase == "forward"
+    assert [bytes_ for _, bytes_ in probe.memory_events] == [MiB, 3 * MiB, 2 * MiB, 5 * MiB // 2, MiB // 2]
+    times = [t for t, _ in probe.memory_events]
+    assert times[0] == 0.0 and times == sorted(times)
+    assert [name for _, name in probe.memory_phases] == ["forward", "backward"]
+    assert probe.memory_phases[1][0] > times[2]  # the phase changed after b's allocation and a's free
+    del c
+
+
+def test_allocator_count_sees_what_a_kernel_allocates_below_the_dispatcher():
+    """A custom op whose kernel makes and drops a 4 MiB temporary: the dispatcher sees only its
+    1 KiB output (the blind spot of a dispatch count, like bitsandbytes' CPU 8-bit step); the
+    allocator sees the temporary, live together with the output."""
+    lib = torch.library.Library("planner_probe_test", "FRAGMENT")
+    lib.define("scratch(Tensor x) -> Tensor")
+
+    def scratch(x):
+        tmp = torch.empty(4 * MiB, dtype=torch.uint8)
+        out = torch.empty(1024, dtype=torch.uint8)
+        del tmp
+        return out
+
+    lib.impl("scratch", scratch, "CPU")
+    x = torch.zeros(8, dtype=torch.uint8)
+    probe = CpuProbe()
+    probe.start()
+    try:
+        probe.reset_peak()
+        out = torch.ops.planner_probe_test.scratch(x)
+    finally:
+        probe.stop()
+    assert probe.peak_dispatch_bytes == 1024
+    assert probe.peak_allocated_bytes == 4 * MiB + 1024
+    del out
+
+
+def test_offloaded_blocks_are_left_out_of_the_allocator_peak_until_freed():
+    probe = CpuProbe()
+    probe.start()
+    try:
+        host = torch.empty(3 * MiB, dtype=torch.uint8)  # stands for host memory on a GPU machine
+        probe.track([host], category="offloaded")
+        probe.reset_peak()
+        a = torch.empty(MiB, dtype=torch.uint8)
+        del host  # freeing it frees nothing the device held
+        b = torch.empty(MiB, dtype=torch.uint8)
+    finally:
+        probe.stop()
+    assert probe.peak_allocated_bytes == 2 * MiB == probe.peak_dispatch_bytes
+    assert [bytes_ for _, bytes_ in probe.memory_events] == [0, MiB, MiB, 2 * MiB]
+    del a, b
+
+
+def test_a_second_probe_in_the_same_process_counts_from_its_own_start():
+    """c10's running total keeps blocks of an earlier profile that were freed after it stopped
+    (CPUAllocator.cpp: the size table is only updated while memory profiling is on); the probe
+    counts from the total at its own start."""
+    first = CpuProbe()
+    first.start()
+    kept = torch.empty(2 * MiB, dtype=torch.uint8)
+    first.stop()
+    del kept  # freed while nothing profiles: still in c10's total
+    probe = CpuProbe()
+    probe.start()
+    try:
+        probe.reset_peak()
+        a = torch.empty(MiB, dtype=torch.uint8)
+    finally:
+        probe.stop()
+    assert probe.peak_allocated_bytes == MiB
+    del a
+
+
+def test_without_the_allocator_the_probe_reports_the_dispatch_count():
+    probe = CpuProbe(allocator=False)
+    probe.start()
+    try:
+        probe.reset_peak()
+        a = torch.empty(MiB, dtype=torch.uint8)
+    finally:
+        probe.stop()
+    assert probe.reference == "dispatch" and probe.memory_events is None
+    assert probe.peak_allocated_bytes == MiB
+    del a
+
+
+def test_thin_keeps_the_peak_the_ends_and_the_order():
+    points = [[i / 1000, (i * 7919) % 1000] for i in range(10_000)] + [[10.0, 5_000]] + [[10.5, 3]]
+    thinned = thin(points, 400)
+    assert len(thinned) <= 402
+    assert thinned[0] == points[0] and thinned[-1] == points[-1]
+    assert max(v for _, v in thinned) == 5_000
+    assert [t for t, _ in thinned] == sorted(t for t, _ in thinned)
+    assert thin(points[:10], 400) == points[:10]
 
 
 def test_storage_resize_outside_dispatch_is_counted():
@@ -149,6 +265,8 @@ class FakeCuda:
         self.reserved = 0
         self.context = 500 * MiB  # held outside the allocator (CUDA context, cuBLAS workspace)
         self.calls = []
+        self.allocated = 0
+        self.trace = []  # the caching allocator's trace entries (torch/cuda/memory.py TraceEntry)
 
     def install(self, monkeypatch):
         c = torch.cuda
@@ -162,6 +280,15 @@ class FakeCuda:
         monkeypatch.setattr(
             c, "set_per_process_memory_fraction", lambda f, device=None: self.calls.append(("fraction", f))
         )
+        monkeypatch.setattr(c, "memory_allocated", lambda device=None: self.allocated)
+        monkeypatch.setattr(c, "current_device", lambda: 0)
+        monkeypatch.setattr(c.memory, "_record_memory_history", self.record_history)
+        monkeypatch.setattr(c.memory, "_snapshot", lambda device=None: {"segments": [], "device_traces": [self.trace]})
+
+    def record_history(self, enabled="all", **kwargs):
+        self.calls.append(("history", enabled, kwargs.get("context", "all"), kwargs.get("clear_history")))
+        if kwargs.get("clear_history"):
+            self.trace = []
 
     def reset(self, device=None):
         self.calls.append("reset")
@@ -178,7 +305,7 @@ def test_cuda_probe_reports_the_allocator_peaks_and_process_total(monkeypatch):
     fake.reserved = 2 * 1024**3  # warm-up steps reserved 2 GiB
     fake.allocated_peak, fake.reserved_peak = 3 * 1024**3, 3 * 1024**3
     probe.reset_peak()
-    assert fake.calls[-1] == "reset" and fake.allocated_peak == 0
+    assert "reset" in fake.calls[-2:] and fake.allocated_peak == 0
     fake.allocated_peak, fake.reserved_peak = 5 * 1024**3, 6 * 1024**3  # the measured step
     probe.stop()
     assert probe.peak_allocated_bytes == 5 * 1024**3
@@ -191,3 +318,63 @@ def test_cuda_probe_reports_the_allocator_peaks_and_process_total(monkeypatch):
 def test_cuda_probe_without_a_run_reports_nothing():
     probe = CudaProbe()
     assert probe.peak_allocated_bytes is None and probe.process_total_bytes is None
+
+
+def test_cuda_probe_curve_from_the_allocator_trace(monkeypatch):
+    """1 GiB allocated at the reset; the trace: alloc 512 MiB, a segment (reserved, not allocated),
+    alloc 256 MiB, free_requested of the first (not yet free: the allocated statistic moves at
+    free_completed), free_completed of it -> 1, 1.5, 1.75, 1.25 GiB; the peak 1.75 GiB falls in
+    the backward phase, entered before the second allocation."""
+    import time
+
+    fake = FakeCuda()
+    fake.install(monkeypatch)
+    probe = CudaProbe(device="cuda:0")
+    probe.start()
+    fake.allocated = 1024 * MiB
+    probe.phase = "forward"
+    probe.reset_peak()
+    assert ("history", "all", None, True) in fake.calls  # no stacks: the trace alone
+    t0 = time.time_ns() // 1000
+    probe.phase = "backward"
+    fake.trace += [
+        {"action": "alloc", "addr": 1, "size": 512 * MiB, "stream": 0, "time_us": t0 + 1000},
+        {"action": "segment_alloc", "addr": 0, "size": 20 * MiB, "stream": 0, "time_us": t0 + 1500},
+        {"action": "alloc", "addr": 2, "size": 256 * MiB, "stream": 0, "time_us": t0 + 2000},
+        {"action": "free_requested", "addr": 1, "size": 512 * MiB, "stream": 0, "time_us": t0 + 3000},
+        {"action": "free_completed", "addr": 1, "size": 512 * MiB, "stream": 0, "time_us": t0 + 3500},
+    ]
+    fake.allocated_peak = 1792 * MiB
+    probe.stop()
+    assert fake.calls[-1][:2] == ("history", None)  # recording switched off again
+    assert [b for _, b in probe.memory_events] == [1024 * MiB, 1536 * MiB, 1792 * MiB, 1280 * MiB]
+    assert max(b for _, b in probe.memory_events) == probe.peak_allocated_bytes
+    times = [t for t, _ in probe.memory_events]
+    assert times[0] == 0.0 and times == sorted(times) and times[-1] < 60
+    assert [name for _, name in probe.memory_phases] == ["forward", "backward"]
+    assert probe.peak_phase == "backward"
+
+
+def test_cuda_step_curve_without_times_keeps_the_order():
+    curve = cuda_step_curve(
+        [{"action": "alloc", "addr": 1, "size": 100}, {"action": "free_completed", "addr": 1, "size": 100}],
+        step_start_ns=5, start_bytes=10,
+    )
+    assert curve.events == [[0.0, 10], [0.0, 110], [0.0, 10]] and curve.peak_bytes == 110
+
+
+def test_on_a_run_where_nothing_escapes_the_dispatcher_the_two_counts_agree_to_the_byte():
+    """Full fp32 AdamW and SGD on a tiny llama (sdpa): every allocation of the measured step is an
+    op's output, so c10's count and the dispatch count are equal; the curve ends where it starts
+    (steady state) and peaks at the reported peak."""
+    from workers import run_in_process
+
+    for optimizer in ("adamw", "sgd"):
+        config = TrainConfig(micro_batch=2, seq_len=32, precision="fp32", optimizer=optimizer)
+        m, d = run_in_process(model_config=TINY, config=config)
+        assert d["peak_reference"] == "allocator"
+        assert m.peak_allocated_bytes == d["peak_dispatch_bytes"], (optimizer, m.peak_allocated_bytes, d)
+        events = d["memory_events"]
+        assert max(b for _, b in events) == m.peak_allocated_bytes
+        assert events[0][1] == events[-1][1]  # the step frees what it allocated
+        assert [name for _, name in d["memory_phases"]][:3] == ["forward", "backward", "optimizer"]

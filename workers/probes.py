@@ -3,7 +3,25 @@
 A probe is started before the model is built, its peak is reset right before the measured
 optimizer step, and it is stopped after that step (see ``workers.train`` for the convention).
 
-``CpuProbe`` counts live tensor *storage* bytes with a ``TorchDispatchMode``, the way torch's
+The CPU reference is c10's CPU allocator itself. With ``torch.profiler`` (kineto) running with
+``profile_memory=True``, every allocation and free of the default CPU allocator is reported with
+the allocator's running total: c10/core/CPUAllocator.cpp ``ProfiledCPUMemoryReporter::New`` /
+``Delete`` keep ``allocated_`` (bytes allocated while memory profiling is on and not yet freed)
+and pass it to ``reportMemoryUsageToProfiler`` as ``total_allocated``; the event tree of
+``kineto_results.experimental_event_tree()`` carries it on each ``_EventType.Allocation`` event
+(``_ExtraFields_Allocation.total_allocated`` / ``alloc_size`` / ``ptr``, the fields
+torch/profiler/_memory_profiler.py reads). That count includes what kernels allocate below the
+dispatcher (bitsandbytes' CPU 8-bit optimizer step, workspaces inside C++ ops). Frees of blocks
+allocated before the profiler started are not reported (CPUAllocator.cpp: "Memory block of
+unknown size was allocated before the profiling started"), so the count is "bytes allocated
+since ``start()`` and still live", the dispatch count's convention too. The profiler runs from
+``start()`` to ``stop()``; ``reset_peak()`` and each phase change drop a zero-length
+``record_function`` marker (same clock as the allocation events), and ``stop()`` reads the peak
+and the curve of the measured step off the event stream (``AllocatorStream``). Memory reporting is
+per thread (``memoryProfilingEnabled()`` reads the thread-local profiler state, which autograd's
+engine propagates to its threads): allocations on threads torch did not start (gloo's) escape it.
+
+Beside it, ``CpuProbe`` counts live tensor *storage* bytes with a ``TorchDispatchMode``, the way torch's
 ``torch.distributed._tools.mem_tracker.MemTracker`` does (torch 2.13, mem_tracker.py
 ``_track`` / ``_WeakRefInfo.create_winfo`` / ``_delete_callback``): every op output's untyped
 storages are looked up in a ``WeakIdKeyDictionary``; a storage seen for the first time is added
@@ -13,16 +31,20 @@ many tensors look at it. ``UntypedStorage.resize_`` is not a dispatched op, so (
 it is wrapped while the probe runs; DeepSpeed ZeRO-3 frees and re-gathers parameters that way.
 Tensors made outside dispatch (safetensors loading, C++ extensions) are registered with
 ``track()`` (MemTracker's ``track_external``); the runner sweeps parameters, gradients and
-optimizer states through it before the measured step.
+optimizer states through it before the measured step. This dispatch count attributes bytes to
+categories (parameters, gradients, optimizer states, ...) and enforces ``limit_bytes`` op by op;
+the allocator's count is the measured peak.
 
-``CudaProbe`` reads the caching allocator's own statistics. All torch imports are inside methods:
+``CudaProbe`` reads the caching allocator's own statistics, and its trace of the measured step
+(``torch.cuda.memory._record_memory_history`` / ``_snapshot``) for the curve. All torch imports are inside methods:
 importing this module does not load torch.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable, Protocol, runtime_checkable
+import time
+from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 #: categories ``CpuProbe`` attributes live bytes to (anything not retagged stays ``other``)
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "other", "offloaded")
@@ -72,6 +94,166 @@ def _raise_oom(message: str) -> None:
     raise ProbeMemoryLimitError(message)
 
 
+#: at most this many points in a measured curve (``memory_events``); longer streams are thinned
+#: keeping each bin's lowest and highest point, so the peak is always kept
+MAX_CURVE_POINTS = 4000
+
+#: prefix of the profiler markers the probe drops (``record_function`` names)
+_MARK = "planner::"
+
+
+class StepCurve:
+    """The measured step read off an allocator's event stream (CPU or CUDA).
+
+    ``peak_bytes``: the most bytes live at any event of the step (or at its start);
+    ``events``: ``[seconds since the step started, bytes live]``, starting with ``[0.0, start]``;
+    ``phases``: ``[seconds since the step started, phase]`` of each phase change in the step;
+    ``peak_phase``: the phase the peak fell in.
+    """
+
+    __slots__ = ("peak_bytes", "events", "phases", "peak_phase")
+
+    def __init__(self, *, peak_bytes: int, events: list[list], phases: list[list], peak_phase: str) -> None:
+        self.peak_bytes = peak_bytes
+        self.events = events
+        self.phases = phases
+        self.peak_phase = peak_phase
+
+
+def step_curve(
+    *,
+    changes: Iterable[tuple[int, int, int, int]],
+    start_total: int,
+    step_start_ns: int,
+    phase_marks: Iterable[tuple[int, str]] = (),
+    first_phase: str = "",
+    excluded: Mapping[int, int] | None = None,
+) -> StepCurve:
+    """Live bytes over one step from the allocator's ``(time_ns, running total, signed size,
+    address)`` events in the step, in order; ``start_total`` is the running total when the step
+    started.
+
+    ``excluded`` maps the addresses of blocks live at the start that do not count (the CPU
+    stand-ins for host memory, ``offloaded``) to their sizes: they are left out of every point,
+    until they are freed.
+    """
+    excluded = dict(excluded or {})
+    left_out = sum(excluded.values())
+    peak = start_total - left_out
+    peak_ns = step_start_ns
+    events: list[list] = [[0.0, peak]]
+    for t_ns, total, size, ptr in changes:
+        if size < 0 and excluded.get(ptr) == -size:
+            left_out -= excluded.pop(ptr)
+        live = total - left_out
+        events.append([(t_ns - step_start_ns) / 1e9, live])
+        if live > peak:
+            peak, peak_ns = live, t_ns
+    marks = sorted(phase_marks)
+    peak_phase = first_phase
+    for t_ns, name in marks:
+        if t_ns <= peak_ns:
+            peak_phase = name
+    phases = [[0.0, first_phase]] + [[(t - step_start_ns) / 1e9, name] for t, name in marks]
+    return StepCurve(peak_bytes=peak, events=thin(events, MAX_CURVE_POINTS), phases=phases, peak_phase=peak_phase)
+
+
+def thin(points: list[list], max_points: int) -> list[list]:
+    """At most about ``max_points`` of ``points`` (in order): the first, the last, and the lowest and
+    highest point of each of ``max_points // 2`` equal runs (so the peak survives)."""
+    if len(points) <= max_points:
+        return points
+    bins = max(1, max_points // 2)
+    size = -(-len(points) // bins)
+    keep = {0, len(points) - 1}
+    for lo in range(0, len(points), size):
+        run = range(lo, min(lo + size, len(points)))
+        keep.add(min(run, key=lambda i: points[i][1]))
+        keep.add(max(run, key=lambda i: points[i][1]))
+    return [points[i] for i in sorted(keep)]
+
+
+class AllocatorStream:
+    """c10's CPU allocator events, recorded by the kineto profiler with ``profile_memory=True``.
+
+    ``start()`` / ``stop()`` run the profiler; ``mark(name)`` drops a zero-length
+    ``record_function`` range named ``planner::<name>`` whose start time is on the allocation
+    events' clock. After ``stop()``: ``allocations`` lists ``(time_ns, total_allocated,
+    alloc_size, ptr)`` of every CPU allocation (size > 0) and free (size < 0), in time order, and
+    ``marks`` lists ``(time_ns, name)``.
+    """
+
+    def __init__(self) -> None:
+        self._prof: Any = None
+        self.allocations: list[tuple[int, int, int, int]] = []
+        self.marks: list[tuple[int, str]] = []
+
+    @property
+    def running(self) -> bool:
+        return self._prof is not None
+
+    def start(self) -> None:
+        from torch.autograd.profiler import profile
+
+        # use_kineto: the event tree (with total_allocated) exists only in kineto results;
+        # no shapes, stacks or flops: the cheapest profile that reports memory
+        self._prof = profile(use_cpu=True, use_kineto=True, profile_memory=True)
+        self._prof.__enter__()
+
+    def mark(self, name: str) -> None:
+        if self._prof is None:
+            return
+        from torch.autograd.profiler import record_function
+
+        with record_function(_MARK + name):
+            pass
+
+    def stop(self) -> None:
+        if self._prof is None:
+            return
+        prof, self._prof = self._prof, None
+        prof.__exit__(None, None, None)
+        self._read(prof.kineto_results.experimental_event_tree())
+
+    def _read(self, roots: list) -> None:
+        from torch._C._profiler import _EventType
+
+        allocations, marks = [], []
+        stack = list(roots)
+        while stack:
+            event = stack.pop()
+            stack.extend(event.children)
+            kind, fields = event.typed
+            if kind == _EventType.Allocation and fields.device.type == "cpu":
+                allocations.append((event.start_time_ns, fields.total_allocated, fields.alloc_size, fields.ptr))
+            elif kind == _EventType.TorchOp and event.name.startswith(_MARK):
+                marks.append((event.start_time_ns, event.name[len(_MARK):]))
+        # the running total orders events of one thread exactly; time orders threads
+        allocations.sort()
+        marks.sort()
+        self.allocations, self.marks = allocations, marks
+
+    def curve(self, *, step_mark: str, excluded: Mapping[int, int] | None = None) -> StepCurve | None:
+        """The step that starts at the last ``step_mark`` marker (to the end of the stream), as live
+        bytes allocated since ``start()``; None when there is no such marker."""
+        starts = [t for t, name in self.marks if name == step_mark]
+        if not starts:
+            return None
+        t0 = starts[-1]
+        # allocated_ when the profiler started (blocks of an earlier profile in this process)
+        offset = self.allocations[0][1] - self.allocations[0][2] if self.allocations else 0
+        before = [total for t, total, _, _ in self.allocations if t < t0]
+        phases = [(t, name.removeprefix("phase:")) for t, name in self.marks if name.startswith("phase:")]
+        return step_curve(
+            changes=[(t, total - offset, size, ptr) for t, total, size, ptr in self.allocations if t >= t0],
+            start_total=before[-1] - offset if before else 0,
+            step_start_ns=t0,
+            phase_marks=[(t, name) for t, name in phases if t > t0],
+            first_phase=next((name for t, name in reversed(phases) if t <= t0), ""),
+            excluded=excluded,
+        )
+
+
 class _StorageInfo:
     __slots__ = ("nbytes", "category", "made_by")
 
@@ -86,9 +268,13 @@ TRACE_RESOLUTION = 64 * 1024
 
 
 class CpuProbe:
-    """Peak of live tensor-storage bytes (all devices the ops touch, in practice the CPU).
+    """Peak of the bytes c10's CPU allocator holds (``AllocatorStream``), and beside it the peak of
+    live tensor-storage bytes seen through the dispatcher, by category.
 
-    Storages tagged ``offloaded`` (with ``track(..., category="offloaded")``) are counted but
+    ``peak_allocated_bytes`` is the allocator's peak of the measured step once the probe is
+    stopped (the dispatch count's while it runs, or with ``allocator=False``, or when another
+    profiler is already running); ``peak_dispatch_bytes`` and ``peak_breakdown`` are the dispatch
+    count's. Storages tagged ``offloaded`` (with ``track(..., category="offloaded")``) are counted but
     kept out of the peak and the limit: they are the host side of a GPU run.
 
     ``limit_bytes``: when the live bytes after an op exceed it, the op's caller gets a
@@ -97,10 +283,13 @@ class CpuProbe:
     enforced at op granularity: at most one op's output past the limit is ever allocated.
     """
 
-    def __init__(self, *, limit_bytes: int | None = None, trace: bool = False) -> None:
+    def __init__(self, *, limit_bytes: int | None = None, trace: bool = False, allocator: bool = True) -> None:
         if limit_bytes is not None and limit_bytes <= 0:
             raise ValueError(f"limit_bytes must be > 0, got {limit_bytes}")
         self.limit_bytes = limit_bytes
+        self._stream = AllocatorStream() if allocator else None
+        self._excluded: dict[int, int] = {}
+        self._curve: StepCurve | None = None
         self.trace = trace
         """Remember which op (and which library line) made each storage, and list the live ones
         near the peak (``peak_storages``): a debugging aid, many times slower."""
@@ -115,9 +304,9 @@ class CpuProbe:
         self._live_by_cat = dict.fromkeys(CATEGORIES, 0)
         self.peak_breakdown: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         """Live bytes per category at the (reset) peak; all but ``offloaded`` sum to the peak."""
-        self.phase = ""
-        """Set by the runner (forward, backward, optimizer); recorded at the peak."""
-        self.peak_phase = ""
+        self._phase = ""
+        self.peak_dispatch_phase = ""
+        """The phase the dispatch count peaked in."""
         self._infos: Any = None  # WeakIdKeyDictionary storage -> (_StorageInfo, weakref)
         self._mode: Any = None
         self._orig_resize: Any = None
@@ -129,6 +318,16 @@ class CpuProbe:
         from torch.utils.weak import WeakIdKeyDictionary
 
         assert self._mode is None, "CpuProbe.start() called twice"
+        if self._stream is not None:
+            from torch._C._autograd import _profiler_enabled
+
+            if _profiler_enabled():  # kineto runs one profile at a time
+                import warnings
+
+                warnings.warn("a profiler is already running: the CPU probe counts through the dispatcher only")
+                self._stream = None
+            else:
+                self._stream.start()  # before the mode, so that the mode's own ops are not first
         self._infos = WeakIdKeyDictionary()
         self._mode = _make_mode(self)
         self._orig_resize = torch.UntypedStorage.resize_
@@ -146,9 +345,26 @@ class CpuProbe:
         with self._lock:
             self._peak = self.live_bytes - self._live_by_cat[OFFLOADED]
             self.peak_breakdown = dict(self._live_by_cat)
-            self.peak_phase = self.phase
+            self.peak_dispatch_phase = self._phase
             if self.trace:
                 self._list_live()
+            # blocks standing for host memory: left out of the allocator's count too
+            self._excluded = {
+                st.data_ptr(): info.nbytes for st, (info, _) in list(self._infos.items()) if info.category == OFFLOADED
+            }
+        if self._stream is not None:
+            self._stream.mark("step")
+
+    @property
+    def phase(self) -> str:
+        """Set by the runner (forward, backward, optimizer); the phase of each peak."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        if name != self._phase and self._stream is not None:
+            self._stream.mark("phase:" + name)
+        self._phase = name
 
     def _list_live(self) -> None:
         self._traced = [(info.nbytes, info.category, info.made_by) for info, _ in list(self._infos.values())]
@@ -173,10 +389,37 @@ class CpuProbe:
         self._mode.__exit__(None, None, None)
         torch.UntypedStorage.resize_ = self._orig_resize
         self._mode = None
+        if self._stream is not None:
+            self._stream.stop()
+            self._curve = self._stream.curve(step_mark="step", excluded=self._excluded)
+
+    @property
+    def reference(self) -> str:
+        """What ``peak_allocated_bytes`` counts: ``allocator`` or ``dispatch``."""
+        return "allocator" if self._curve is not None else "dispatch"
 
     @property
     def peak_allocated_bytes(self) -> int:
+        return self._curve.peak_bytes if self._curve is not None else self._peak
+
+    @property
+    def peak_dispatch_bytes(self) -> int:
+        """Peak of live storage bytes seen through the dispatcher (``peak_breakdown`` sums to it)."""
         return self._peak
+
+    @property
+    def peak_phase(self) -> str:
+        return self._curve.peak_phase if self._curve is not None else self.peak_dispatch_phase
+
+    @property
+    def memory_events(self) -> list[list] | None:
+        """``[seconds since the measured step started, bytes allocated]`` over that step (allocator)."""
+        return self._curve.events if self._curve is not None else None
+
+    @property
+    def memory_phases(self) -> list[list] | None:
+        """``[seconds since the measured step started, phase]`` of each phase change in it."""
+        return self._curve.phases if self._curve is not None else None
 
     @property
     def peak_reserved_bytes(self) -> None:
@@ -250,7 +493,7 @@ class CpuProbe:
             if live > self._peak:
                 self._peak = live
                 self.peak_breakdown = dict(self._live_by_cat)
-                self.peak_phase = self.phase
+                self.peak_dispatch_phase = self._phase
                 if self.trace and live - self._traced_at > TRACE_RESOLUTION:
                     self._list_live()
         if self.limit_bytes is not None and live > self.limit_bytes:
@@ -307,16 +550,43 @@ class CudaProbe:
     which it does: the measured step is the last of several).
     """
 
-    def __init__(self, *, device: str = "cuda", limit_bytes: int | None = None) -> None:
+    def __init__(self, *, device: str = "cuda", limit_bytes: int | None = None, trace_history: bool = True) -> None:
         self.device = device
         self.limit_bytes = limit_bytes
+        self.trace_history = trace_history
+        """Record the allocator's trace of the measured step (``memory_events``)."""
         self._outside_bytes = 0
         self._peak_alloc: int | None = None
         self._peak_reserved: int | None = None
         self._total: int | None = None
         self._running = False
-        self.phase = ""
-        self.peak_phase = ""
+        self._phase = ""
+        self._step_start: tuple[int, int, str] | None = None  # (unix ns, bytes allocated, phase) at reset_peak
+        self._marks: list[tuple[int, str]] = []
+        self._curve: StepCurve | None = None
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        if name != self._phase and self._step_start is not None:
+            self._marks.append((time.time_ns(), name))
+        self._phase = name
+
+    @property
+    def peak_phase(self) -> str:
+        return self._curve.peak_phase if self._curve is not None else ""
+
+    @property
+    def memory_events(self) -> list[list] | None:
+        """``[seconds since the measured step started, bytes allocated]`` from the allocator's trace."""
+        return self._curve.events if self._curve is not None else None
+
+    @property
+    def memory_phases(self) -> list[list] | None:
+        return self._curve.phases if self._curve is not None else None
 
     def start(self) -> None:
         import torch
@@ -338,6 +608,12 @@ class CudaProbe:
         free, total = torch.cuda.mem_get_info(dev)
         self._outside_bytes = max(0, total - free - torch.cuda.memory_reserved(dev))
         self._total = total
+        if self.trace_history:
+            # every alloc / free of the step, without stacks (context=None): torch/cuda/memory.py
+            # _record_memory_history; the trace is read back by _snapshot() in stop()
+            torch.cuda.memory._record_memory_history(enabled="all", context=None, device=dev, clear_history=True)
+            self._step_start = (time.time_ns(), int(torch.cuda.memory_allocated(dev)), self._phase)
+            self._marks = []
 
     def stop(self) -> None:
         import torch
@@ -349,6 +625,17 @@ class CudaProbe:
         self._peak_alloc = int(torch.cuda.max_memory_allocated(dev))
         self._peak_reserved = int(torch.cuda.max_memory_reserved(dev))
         self._running = False
+        if self._step_start is not None:
+            snapshot = torch.cuda.memory._snapshot(dev)
+            torch.cuda.memory._record_memory_history(enabled=None, device=dev)
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            traces = snapshot.get("device_traces") or []
+            self._curve = cuda_step_curve(
+                traces[index] if index < len(traces) else [],
+                step_start_ns=self._step_start[0], start_bytes=self._step_start[1], first_phase=self._step_start[2],
+                phase_marks=self._marks,
+            )
+            self._step_start = None
 
     @property
     def peak_allocated_bytes(self) -> int | None:
@@ -369,6 +656,30 @@ class CudaProbe:
         return self._total
 
 
+def cuda_step_curve(
+    trace: Iterable[Mapping[str, Any]], *, step_start_ns: int, start_bytes: int, first_phase: str = "",
+    phase_marks: Iterable[tuple[int, str]] = (),
+) -> StepCurve:
+    """The step's curve from the CUDA caching allocator's trace entries (``_snapshot()
+    ["device_traces"][i]``): ``alloc`` adds ``size``, ``free_completed`` takes it back (the
+    allocated-bytes statistic moves at those two, c10/cuda/CUDACachingAllocator.cpp
+    ``malloc`` / ``free_block``; ``free_requested`` waits for the block's streams); segment
+    actions are reserved memory, not allocated. ``time_us`` is Unix time in microseconds."""
+    total, changes = start_bytes, []
+    for entry in trace:
+        action = entry.get("action")
+        if action not in ("alloc", "free_completed"):
+            continue
+        size = int(entry["size"]) if action == "alloc" else -int(entry["size"])
+        total += size
+        t_ns = int(entry["time_us"]) * 1000 if "time_us" in entry else step_start_ns
+        changes.append((max(t_ns, step_start_ns), total, size, int(entry.get("addr", 0))))
+    return step_curve(
+        changes=changes, start_total=start_bytes, step_start_ns=step_start_ns, phase_marks=phase_marks,
+        first_phase=first_phase,
+    )
+
+
 def make_probe(*, device: str, limit_bytes: int | None = None, trace: bool = False) -> CpuProbe | CudaProbe:
     """The probe for ``device`` (``cpu`` or ``cuda[:N]``); everything else in a run is the same.
     ``trace`` (CPU only) lists what is live at the peak."""
@@ -381,4 +692,7 @@ def make_probe(*, device: str, limit_bytes: int | None = None, trace: bool = Fal
     raise ValueError(f"device must be cpu or cuda[:N], got {device!r}")
 
 
-__all__ = ["CATEGORIES", "OFFLOADED", "CpuProbe", "CudaProbe", "MemoryProbe", "ProbeMemoryLimitError", "make_probe"]
+__all__ = [
+    "CATEGORIES", "OFFLOADED", "AllocatorStream", "CpuProbe", "CudaProbe", "MemoryProbe", "ProbeMemoryLimitError",
+    "StepCurve", "cuda_step_curve", "make_probe", "step_curve",
+]

@@ -3,8 +3,11 @@
 MEASUREMENT CONVENTION (``planner.memory.estimate_memory`` predicts exactly this):
 
 * The probe is started BEFORE the model is built, so weights, DeepSpeed's flat buffers and the
-  optimizer states created later are all counted (CPU: live tensor-storage bytes; CUDA: the
-  caching allocator's ``max_memory_allocated``).
+  optimizer states created later are all counted (CPU: the bytes c10's CPU allocator holds,
+  from ``torch.profiler``'s memory events, with the live tensor-storage bytes seen through the
+  dispatcher beside them by category; CUDA: the caching allocator's ``max_memory_allocated``).
+  details["memory_events"] is the measured step's curve, ``[seconds since the step started,
+  bytes allocated]`` (CPU: the allocator's running total; CUDA: the allocator's trace).
 * The run does ``steps`` optimizer steps (default 3, at least 2 so that optimizer states exist
   during the measured step). Each step is ``grad_accum`` micro-steps of forward -> loss /
   grad_accum -> backward, then ``optimizer.step()`` (through the GradScaler for fp16-mixed),
@@ -99,10 +102,17 @@ def run_in_process(
     finally:
         probe.stop()
         gc.collect()
+    details["peak_phase"] = probe.peak_phase
+    if getattr(probe, "memory_events", None) is not None:
+        details["memory_events"] = probe.memory_events
+        details["memory_phases"] = probe.memory_phases
     if hasattr(probe, "run_peak_bytes"):
+        # the dispatch count, beside the allocator's: what each category held at its own peak
+        details["peak_reference"] = probe.reference
+        details["peak_dispatch_bytes"] = probe.peak_dispatch_bytes
+        details["peak_dispatch_phase"] = probe.peak_dispatch_phase
         details["run_peak_bytes"] = probe.run_peak_bytes
         details["peak_breakdown"] = dict(probe.peak_breakdown)
-        details["peak_phase"] = probe.peak_phase
     if trace:
         details["peak_storages"] = probe.peak_storages()
     ok = outcome is RunOutcome.OK

@@ -28,6 +28,11 @@ _LORA_TARGETS = typer.Option(None, "--lora-targets", help="all-linear or a comma
 _ZERO = typer.Option(0, "--zero", help="DeepSpeed ZeRO stage 0|1|2|3.")
 _OFFLOAD = typer.Option("none", "--offload", help="none|optimizer|optimizer+params (DeepSpeed CPU offload).")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
+_ALLOC_CONF = typer.Option(
+    None, "--alloc-conf",
+    help="PyTorch CUDA caching allocator settings as PYTORCH_CUDA_ALLOC_CONF takes them, e.g. max_split_size_mb:128,expandable_segments:True.",
+)
+_TIMELINE = typer.Option(None, "--timeline", help="Write a picture of memory over one step: a .svg, .png or .html file.")
 
 
 def _resolve(model: str, gpu: str, gpu_mem: Optional[str]):
@@ -100,24 +105,47 @@ def _print_estimate(out, data: dict[str, Any], estimate) -> None:
         out.print(f"  assumption: {note}", markup=False)
 
 
+def _print_sparkline(out, spec, device, config, memory) -> None:
+    """The predicted curve of one step as one line (reserved where an allocator is replayed)."""
+    from planner.estimation import step_curves
+    from planner.plot import sparkline
+    from planner.units import format_bytes
+
+    curves = step_curves(spec=spec, gpu=device, config=config)
+    line = sparkline(curves.allocated)
+    out.print(f"one step: {line} peak {format_bytes(memory.peak_allocated_bytes)} at {memory.peak_phase}"
+              + (f", reserved {format_bytes(memory.peak_reserved_bytes)}" if curves.reserved is not None else ""), markup=False)
+
+
 def estimate(
     model: str = _MODEL, gpu: str = _GPU, gpus: int = _GPUS, gpu_mem: Optional[str] = _GPU_MEM,
     method: str = _METHOD, precision: str = _PRECISION, optimizer: str = _OPTIMIZER,
     micro_batch: int = _MICRO, seq_len: Optional[int] = _SEQ, grad_accum: int = _ACCUM,
     grad_ckpt: bool = _CKPT, attention: str = _ATTENTION, lora_r: Optional[int] = _LORA_R,
     lora_targets: Optional[str] = _LORA_TARGETS, zero: int = _ZERO, offload: str = _OFFLOAD,
-    as_json: bool = _JSON,
+    alloc_conf: Optional[str] = _ALLOC_CONF, timeline: Optional[str] = _TIMELINE, as_json: bool = _JSON,
 ) -> None:
     """Predict memory and speed of ONE fully specified training configuration."""
     from planner.cli._common import console, print_json
-    from planner.estimation import estimate_configuration
+    from planner.estimation import build_config, draw_step, estimate_configuration
 
+    if timeline is not None:
+        from planner.plot import check_path
+
+        check_path(timeline)
     spec, device = _resolve(model, gpu, gpu_mem)
     data, memory = estimate_configuration(spec=spec, gpu=device, seq_len=seq_len, **_config_options(locals()))
+    config = build_config(spec, device, seq_len=seq_len, **_config_options(locals()))
+    if timeline is not None:
+        data["timeline"] = draw_step(spec=spec, gpu=device, config=config, estimate=memory, path=timeline)
     if as_json:
         print_json(data)
         return
-    _print_estimate(console(), data, memory)
+    out = console()
+    _print_estimate(out, data, memory)
+    _print_sparkline(out, spec, device, config, memory)
+    if timeline is not None:
+        out.print(f"timeline: {data['timeline']}", markup=False)
 
 
 def measure(
@@ -127,6 +155,7 @@ def measure(
     micro_batch: int = _MICRO, seq_len: Optional[int] = _SEQ, grad_accum: int = _ACCUM,
     grad_ckpt: bool = _CKPT, attention: str = _ATTENTION, lora_r: Optional[int] = _LORA_R,
     lora_targets: Optional[str] = _LORA_TARGETS, zero: int = _ZERO, offload: str = _OFFLOAD,
+    alloc_conf: Optional[str] = _ALLOC_CONF, timeline: Optional[str] = _TIMELINE,
     steps: int = typer.Option(3, "--steps", help="Optimizer steps to run (the last one is measured)."),
     timeout: float = typer.Option(900, "--timeout", help="Seconds before the run is killed."),
     db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
@@ -134,15 +163,17 @@ def measure(
     as_json: bool = _JSON,
 ) -> None:
     """Train the configuration for a few real steps in a fresh process and compare with the prediction."""
-    from planner.catalog import fingerprint
     from planner.cli._common import console, print_json
     from planner.errors import InvalidConfigError, MissingDependencyError
     from planner.estimation import build_config, estimate_dict
     from planner.memory import estimate_memory
-    from planner.results import Candidate, PlanRequest
     from planner.search import safety_margin
     from planner.throughput import estimate_throughput
 
+    if timeline is not None:
+        from planner.plot import check_path
+
+        check_path(timeline)
     spec, device = _resolve(model, gpu, gpu_mem)
     if gpus != 1:
         raise InvalidConfigError("planner measure runs on one device: use --gpus 1 (ZeRO runs as one rank)")
@@ -162,38 +193,59 @@ def measure(
 
     # on the CPU, --gpu-mem is enforced: an allocation past it makes the run an "oom" outcome
     limit = device.memory_bytes if device.is_cpu and gpu_mem is not None else None
-    measured = workers.measure(model_config=spec.config, config=config, device="cpu" if device.is_cpu else "cuda", steps=steps,
-                               timeout_s=timeout, memory_limit_bytes=limit)
+    measured, details = workers.measure_with_details(
+        model_config=spec.config, config=config, device="cpu" if device.is_cpu else "cuda", steps=steps,
+        timeout_s=timeout, memory_limit_bytes=limit)
     usable = device.memory_bytes - safety_margin(device.memory_bytes)
     data = estimate_dict(spec, device, config, predicted, throughput, usable)
     data["measurement"] = measured.to_dict()
-    data["error_pct"] = {
-        key: (100.0 * (getattr(predicted, key) - getattr(measured, key)) / getattr(measured, key))
-        if getattr(measured, key) else None
-        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "process_total_bytes")
-    }
-    data["error_pct"]["tokens_per_s"] = (
-        100.0 * (throughput.tokens_per_s - measured.tokens_per_s) / measured.tokens_per_s if measured.tokens_per_s else None
-    )
+    if timeline is not None:
+        from planner.estimation import draw_step
+
+        data["timeline"] = draw_step(spec=spec, gpu=device, config=config, estimate=predicted, path=timeline,
+                                     measured=details.get("memory_events"), measured_phases=details.get("memory_phases"))
+    data["error_pct"] = _errors(predicted, throughput, measured)
     out = console()
     if not no_save:
-        from planner.cli.store import save_measurement
-
-        request = PlanRequest(
-            model_id=spec.id, model_fingerprint=fingerprint(spec), gpu=device.name, gpu_count=1,
-            gpu_memory_bytes=device.memory_bytes, target_batch=config.global_batch, seq_len=config.seq_len,
-            constraints={"measure": config.to_dict()},
-        )
-        candidate = Candidate(config=config, memory=predicted, throughput=throughput, fits=data["fits"], rank=1)
-        data["plan_id"] = save_measurement(request=request, candidate=candidate, measurement=measured, db=db)
+        data["plan_id"] = _save(spec, device, config, predicted, throughput, measured, fits=data["fits"], db=db)
     if as_json:
         print_json(data)
     else:
         _print_measurement(out, data, predicted, measured)
         if data.get("plan_id"):
             out.print(f"plan id: {data['plan_id']}")
+        if data.get("timeline"):
+            out.print(f"timeline: {data['timeline']} (measured over predicted)", markup=False)
     if str(measured.outcome) != "ok":
         raise typer.Exit(1)
+
+
+def _errors(predicted, throughput, measured) -> dict[str, float | None]:
+    """(predicted - measured) / measured in percent, where the run measured the quantity."""
+    out = {
+        key: (100.0 * (getattr(predicted, key) - getattr(measured, key)) / getattr(measured, key))
+        if getattr(measured, key) else None
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "process_total_bytes")
+    }
+    out["tokens_per_s"] = (
+        100.0 * (throughput.tokens_per_s - measured.tokens_per_s) / measured.tokens_per_s if measured.tokens_per_s else None
+    )
+    return out
+
+
+def _save(spec, device, config, predicted, throughput, measured, *, fits: bool, db) -> str:
+    """Store the prediction with its measurement; the plan id."""
+    from planner.catalog import fingerprint
+    from planner.cli.store import save_measurement
+    from planner.results import Candidate, PlanRequest
+
+    request = PlanRequest(
+        model_id=spec.id, model_fingerprint=fingerprint(spec), gpu=device.name, gpu_count=1,
+        gpu_memory_bytes=device.memory_bytes, target_batch=config.global_batch, seq_len=config.seq_len,
+        constraints={"measure": config.to_dict()},
+    )
+    candidate = Candidate(config=config, memory=predicted, throughput=throughput, fits=fits, rank=1)
+    return save_measurement(request=request, candidate=candidate, measurement=measured, db=db)
 
 
 def _check_worker_libraries(config) -> None:

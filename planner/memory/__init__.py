@@ -1,0 +1,72 @@
+"""The analytical memory model: what one training configuration needs on one device.
+
+Pure functions over frozen dataclasses: no torch, no I/O, no caches. ``estimate_memory``
+returns a ``MemoryEstimate`` whose ``breakdown`` names every term and sums to
+``peak_allocated_bytes``. The package's files are the model's parts:
+
+* ``dtypes``: element sizes, the dtype mode of a configuration, the bitsandbytes block layouts;
+* ``parameters``: what is trained (LoRA targets, trainable counts, tensor sizes);
+* ``optimizers``: one class per optimizer (state bytes, step temporaries, traffic);
+* ``shapes``, ``activations``, ``attention``: the tensors saved for backward, block by block,
+  as named terms with their sources;
+* ``zero``: DeepSpeed ZeRO partitioning, buckets and offload;
+* ``states``: weights, gradients, optimizer states, the batch-independent terms;
+* ``step``: the moments of a step at which memory can peak;
+* ``timeline``: the allocations and frees of one optimizer step, from which the peak, its moment
+  and its breakdown are read;
+* ``reserve``: from allocated to reserved and the process total.
+
+Device behaviour comes from the device's ``KernelProfile`` (``planner.gpus``). The search's
+memo and its affine fast path live in ``planner.search``.
+"""
+
+from __future__ import annotations
+
+from planner.memory.activations import (
+    ACTIVATION_SAVED,
+    ACTIVATION_SAVED_DEFAULT,
+    ACTIVATION_SAVES_OUTPUT,
+    activation_breakdown,
+)
+from planner.memory.dtypes import BNB_8BIT_BLOCK, BNB_MIN_8BIT_SIZE, NF4_BLOCK, NF4_DQ_BLOCK
+from planner.memory.estimate import estimate_memory
+from planner.memory.optimizers import OPTIMIZERS, optimizer_state_bytes
+from planner.memory.parameters import lora_params, lora_targets, param_tensor_sizes, trainable_params
+from planner.memory.reserve import CUDA_FRAGMENTATION, CUDA_ROUND_LARGE
+from planner.memory.states import model_state_breakdown, model_states_bytes
+from planner.memory.zero import deepspeed_buckets
+
+
+def __getattr__(name: str):
+    # the search's fast path, importable from here as before it moved (planner.search imports
+    # this package, so the name is looked up on first use)
+    if name == "totals_by_split":
+        from planner.search import totals_by_split
+
+        return totals_by_split
+    raise AttributeError(f"module 'planner.memory' has no attribute {name!r}")
+
+
+__all__ = [
+    "ACTIVATION_SAVED",
+    "ACTIVATION_SAVED_DEFAULT",
+    "ACTIVATION_SAVES_OUTPUT",
+    "BNB_8BIT_BLOCK",
+    "BNB_MIN_8BIT_SIZE",
+    "CUDA_FRAGMENTATION",
+    "CUDA_ROUND_LARGE",
+    "NF4_BLOCK",
+    "NF4_DQ_BLOCK",
+    "OPTIMIZERS",
+    "activation_breakdown",
+    "deepspeed_buckets",
+    "estimate_memory",
+    "lora_params",
+    "lora_targets",
+    "model_state_breakdown",
+    "model_states_bytes",
+    "optimizer_state_bytes",
+    "param_tensor_sizes",
+    "trainable_params",
+    "totals_by_split",
+]

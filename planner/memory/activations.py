@@ -1,0 +1,277 @@
+"""Activations: the tensors autograd keeps for backward, block by block, as named terms.
+
+What "saved for backward" means is taken from the code that runs: per transformer block we list
+the tensors autograd keeps (``torch.autograd.graph.saved_tensors_hooks`` on transformers 5.x
+shows exactly these), e.g. for a Llama block under bf16 autocast: the fp32 input and the fp32
+normalised activations of both RMSNorms, one bf16 cast of the normed input per q/k/v/gate/up
+projection (autocast casts per call), q/k/v/out and the fp32 log-sum-exp of SDPA, and the four
+b·s·intermediate tensors of the SwiGLU MLP. Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", eq. 1: 34·s·b·h + 5·a·s²·b bytes per layer in 16-bit
+with dropout) is the same accounting for Megatron's GPT block; we follow the HF modules instead,
+since those are what users fine-tune.
+
+Autograd saves an operand only when the other operand needs a gradient (the codegen checks
+``should_compute_output``): with LoRA, frozen weights save nothing for their own input. Each
+term's source is in ``TERM_SOURCES``.
+"""
+
+from __future__ import annotations
+
+from planner.config import Method, TrainConfig
+from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
+from planner.memory.attention import attention_terms
+from planner.memory.dtypes import FP32, HALF, INT64, DtypeMode, mode_of
+from planner.memory.shapes import BlockContext, Dims, block_context, dims_of
+from planner.modelspec import LinearKind, ModelSpec
+
+#: Intermediate-sized tensors an MLP activation (transformers' ACT2FN) saves for its backward,
+#: besides its output, counted with saved_tensors_hooks (transformers 5.23, torch 2.13). Fused
+#: kernels save their input (derivatives.yaml: gelu_backward(grad, self)); the Python ones save
+#: every operand of their tensor-tensor products, e.g. NewGELUActivation x, tanh(.), 0.5·x and
+#: 1 + tanh(.) (also seen on gpt2 with the CPU probe).
+ACTIVATION_SAVED = {
+    "silu": 1, "swish": 1, "gelu": 1, "gelu_pytorch_tanh": 1, "mish": 1, "relu2": 1, "relu6": 1,
+    "leaky_relu": 1, "laplace": 1, "gelu_10": 2, "quick_gelu": 2, "gelu_python": 3, "gelu_new": 4,
+    "gelu_accurate": 4, "gelu_python_tanh": 4, "gelu_fast": 7, "relu": 0, "tanh": 0, "sigmoid": 0,
+    "linear": 0,
+}
+#: Activations whose backward reads their own output: it stays saved even when nothing after
+#: them needs it (a frozen fc2).
+ACTIVATION_SAVES_OUTPUT = frozenset({"relu", "tanh", "sigmoid"})
+#: What an activation missing from ACTIVATION_SAVED is assumed to save (a fused kernel's input);
+#: estimate_memory states the assumption.
+ACTIVATION_SAVED_DEFAULT = 1
+
+#: Where each activation term comes from (the breakdown's keys without ``activations/``).
+TERM_SOURCES = {
+    "norms": "LlamaRMSNorm.forward (fp32 input + rsqrt; normalised tensor when the weight trains); "
+             "native_layer_norm saves input, mean, rstd (derivatives.yaml)",
+    "attention/qkv_input": "F.linear saves its input for the weight gradient; autocast casts per call",
+    "attention/core": "SDPA/flash: q, k, v, out, fp32 logsumexp (integrations/sdpa_attention.py); eager: "
+                      "eager_attention_forward",
+    "attention/probs": "eager attention's softmax output, its cast, dropout mask (eager_attention_forward)",
+    "attention/out_input": "o_proj's input when it is a contiguous copy of the kernel's output",
+    "mlp/input": "gate/up/fc1 inputs (F.linear)",
+    "mlp/intermediate": "ACT2FN saved tensors, act*up operands, down_proj's input (LlamaMLP)",
+    "dropout": "dropout masks (aten Dropout.cpp)",
+    "lora/activations": "lora_B saves lora_A's output (peft LoraLayer.forward)",
+    "autocast/weight_casts": "16-bit weight copies F.linear saves under autocast",
+    "lora/weight_casts": "16-bit copies of the fp32 adapters under autocast",
+    "checkpoints": "torch.utils.checkpoint (non-reentrant) keeps each block's input",
+    "recompute": "one block's saved tensors rebuilt during backward under checkpointing",
+    "embeddings": "int64 token ids (embedding backward), rotary cos/sin, embedding LayerNorm input",
+    "lm_head/transform": "BertPredictionHeadTransform's gelu input",
+    "final_norm": "the final norm's saved tensors",
+    "lm_head/input": "lm_head's input (F.linear)",
+    "loss/log_softmax": "cross_entropy = log_softmax + nll_loss: fp32 log-probabilities and int64 labels "
+                        "(transformers/loss/loss_utils.py ForCausalLMLoss)",
+}
+
+
+def _norm_bytes(ctx: BlockContext, input_needs_grad: bool) -> int:
+    """One norm: RMSNorm's x.to(fp32) -> pow -> mean -> rsqrt -> x*rsqrt -> weight * (.).to(dtype)
+    saves the fp32 input and rsqrt when the input needs a gradient, the normalised tensor (model
+    dtype) when the weight does; LayerNorm its input and the fp32 mean and rstd."""
+    e, h, model = ctx.dims.tokens, ctx.dims.h, ctx.model
+    if model.norm == "rmsnorm":
+        total = e * h * FP32 + e * FP32 if input_needs_grad else 0
+        if ctx.full:
+            total += e * h * (FP32 if model.norm_weight_fp32 else ctx.mode.residual)
+        return total
+    return e * h * ctx.mode.residual + 2 * e * FP32 if input_needs_grad or ctx.full else 0
+
+
+def _norms(ctx: BlockContext) -> int:
+    total = _norm_bytes(ctx, ctx.block_input_needs_grad)
+    if not ctx.model.parallel_block:
+        total += _norm_bytes(ctx, ctx.block_input_needs_grad or ctx.attn_targeted)
+    return total
+
+
+def _inputs(ctx: BlockContext, kind: LinearKind) -> int:
+    """Input copies saved by the linears of a group reading the same (normed) tensor: under
+    autocast one 16-bit copy per linear, else the shared tensor; with LoRA only the adapted ones."""
+    e, h, mode = ctx.dims.tokens, ctx.dims.h, ctx.mode
+    group = ctx.of_kind(kind)
+    if ctx.full:
+        return sum(e * lin.in_features * 2 for lin in group) if mode.autocast else e * h * mode.compute
+    hit = [lin for lin in group if ctx.targeted(lin)]
+    if not hit:
+        return 0
+    if mode.adapter_input:
+        return sum(e * lin.in_features * mode.adapter_input for lin in hit)
+    return e * h * mode.residual
+
+
+def _mlp_intermediate(ctx: BlockContext) -> int:
+    """Gated: act(gate) saves what ACTIVATION_SAVED says, act*up saves act's output and up, down
+    saves the product (LlamaMLP); plain: the activation's own tensors, fc2 saves its output. A
+    frozen, unadapted down/fc2 computes no weight gradient, so it saves no input (LoRA on the
+    attention projections only; measured on mistral), unless the activation keeps its output."""
+    model, mode = ctx.model, ctx.mode
+    inter = ctx.dims.tokens * ctx.dims.i * mode.compute
+    act_saved = ACTIVATION_SAVED.get(model.hidden_act, ACTIVATION_SAVED_DEFAULT)
+    down = ctx.of_kind(LinearKind.MLP_OUT)
+    down_needs_input = ctx.full or any(ctx.targeted(lin) for lin in down)
+    if model.gated_mlp:
+        saved_tensors = act_saved + 2 + (1 if down_needs_input else 0)
+    else:
+        saved_tensors = act_saved + (1 if down_needs_input or model.hidden_act in ACTIVATION_SAVES_OUTPUT else 0)
+    total = saved_tensors * inter
+    if not ctx.full and mode.adapter_input:
+        total += sum(ctx.dims.tokens * lin.in_features * (mode.adapter_input - mode.compute) for lin in down if ctx.targeted(lin))
+    return total
+
+
+def _lora_activations(ctx: BlockContext) -> int:
+    """lora_B saves lora_A's output (tokens x r), 16-bit under autocast."""
+    r = ctx.config.lora_r or 0
+    a_bytes = HALF if ctx.mode.autocast else FP32
+    return sum(lin.active * ctx.dims.tokens * r * a_bytes for lin in ctx.model.layer_linears if ctx.targeted(lin))
+
+
+def _weight_casts(ctx: BlockContext) -> dict[str, int]:
+    """Autocast: the 16-bit weight copies F.linear saves for backward (not for 4-bit weights),
+    and the fp32 adapters' casts: B's copy always (lora_A's output needs a gradient), A's when the
+    adapter's input does (measured on a tiny llama: 9 A and 14 B copies over two blocks, the first
+    block's q/k/v A copies missing)."""
+    out = {}
+    if not ctx.mode.autocast:
+        return out
+    if ctx.config.method is not Method.QLORA:
+        out["autocast/weight_casts"] = sum(
+            lin.count * lin.in_features * lin.out_features * 2 for lin in ctx.model.layer_linears
+            if ctx.full or ctx.block_input_needs_grad or lin.kind is not LinearKind.ATTN_IN
+        )
+    if ctx.targets:
+        r = ctx.config.lora_r or 0
+        out["lora/weight_casts"] = sum(
+            lin.count * r * (lin.out_features + (lin.in_features if ctx.block_input_needs_grad or lin.kind is not LinearKind.ATTN_IN else 0)) * 2
+            for lin in ctx.model.layer_linears if ctx.targeted(lin)
+        )
+    return out
+
+
+def block_terms(ctx: BlockContext) -> dict[str, int]:
+    """Bytes one transformer block keeps for backward, by term (see ``TERM_SOURCES``)."""
+    e, h = ctx.dims.tokens, ctx.dims.h
+    out = {"norms": _norms(ctx), "attention/qkv_input": _inputs(ctx, LinearKind.ATTN_IN)}
+    out.update(attention_terms(ctx))
+    out["mlp/input"] = _inputs(ctx, LinearKind.MLP_IN)
+    out["mlp/intermediate"] = _mlp_intermediate(ctx)
+    if ctx.model.hidden_dropout > 0:
+        # dropout on the attention and MLP outputs keeps only its mask (the residual add that
+        # reads the output saves nothing), in the projections' output dtype
+        out["dropout"] = 2 * e * h * ctx.kernels.dropout_mask_bytes(ctx.mode.compute)
+    if ctx.targets:
+        out["lora/activations"] = _lora_activations(ctx)
+    out.update(_weight_casts(ctx))
+    return out
+
+
+def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: DtypeMode,
+                      kernels: KernelProfile) -> dict[str, int]:
+    """Tensors saved outside the blocks: token ids, rotary tables, final norm, lm_head, loss."""
+    e, h = dims.tokens, dims.h
+    full = config.method is Method.FULL
+    out = {"embeddings": e * INT64}  # int64 token ids kept by the embedding backward
+    if model.position == "rope":
+        # cos and sin (1, s, head_dim) in the residual dtype, shared by all blocks
+        out["embeddings"] += 2 * dims.s * dims.d * mode.residual
+    if model.embedding_norm:
+        # the LayerNorm saves its input, the summed embeddings (in the residual dtype)
+        out["embeddings"] += e * h * mode.residual
+    if model.is_encoder:
+        # the masked-LM head's transform: dense -> gelu -> LayerNorm before the decoder; gelu
+        # saves the dense output (BertPredictionHeadTransform), the norm is counted as final_norm
+        out["lm_head/transform"] = e * h * mode.compute
+    if model.embedding_dropout > 0 and (full or config.grad_ckpt):
+        # its mask, kept only when the embeddings' output needs a gradient: trained embeddings,
+        # or peft's enable_input_require_grads under checkpointing
+        out["dropout"] = e * h * kernels.dropout_mask_bytes(mode.residual)
+    if model.norm == "rmsnorm":
+        normalised = FP32 if model.norm_weight_fp32 else mode.residual
+        out["final_norm"] = e * h * FP32 + e * FP32 + (e * h * normalised if full else 0)
+    else:
+        out["final_norm"] = e * h * mode.residual + 2 * e * FP32
+    if full:
+        out["lm_head/input"] = e * h * (HALF if mode.autocast else mode.residual)
+    if mode.autocast:
+        out["autocast/weight_casts"] = model.vocab_size * h * HALF
+    out["loss/log_softmax"] = e * dims.v * FP32 + e * INT64
+    return out
+
+
+#: the model-level terms that belong to the output side (freed first in backward)
+HEAD_TERMS = frozenset({"lm_head/transform", "final_norm", "lm_head/input", "loss/log_softmax"})
+
+
+def logits_forward_transient(dims: Dims, mode: DtypeMode) -> int:
+    """At the loss: the logits in the lm_head's output dtype + their fp32 upcast
+    (``logits.float()`` in ForCausalLMLoss), before the upcast is released."""
+    ev = dims.tokens * dims.v
+    return ev * mode.logits + (ev * FP32 if mode.logits != FP32 else 0)
+
+
+def logits_backward_transient(dims: Dims, mode: DtypeMode) -> int:
+    """Backward of the loss: nll_loss's dense fp32 gradient and log_softmax's fp32 grad input
+    exist together (the saved log-probabilities counted elsewhere)."""
+    return 2 * dims.tokens * dims.v * FP32
+
+
+def breakdown_key(term: str) -> str:
+    """The breakdown's name of an activation term (autocast and LoRA terms keep their own)."""
+    return term if term.startswith(("autocast", "lora")) else f"activations/{term}"
+
+
+def kernels_of(kernels: KernelProfile | None, is_cpu: bool) -> KernelProfile:
+    """An explicit profile, or the CPU or CUDA one."""
+    return kernels if kernels is not None else (CPU_KERNELS if is_cpu else CUDA_KERNELS)
+
+
+def checkpoint_bytes(model: ModelSpec, dims: Dims, mode: DtypeMode) -> int:
+    """One block's checkpointed input (the residual stream)."""
+    return dims.tokens * dims.h * mode.residual
+
+
+def activation_breakdown(model: ModelSpec, config: TrainConfig, *, kernels: KernelProfile | None = None,
+                         is_cpu: bool = False, targets: frozenset[str] | None = None) -> dict[str, int]:
+    """Bytes saved for backward over the whole forward pass, by component (one device; the
+    kernels of ``kernels``, else of the CPU profile when ``is_cpu``, else CUDA's; ``targets``:
+    the adapted linears' names when the caller has them)."""
+    kernels = kernels_of(kernels, is_cpu)
+    dims, mode = dims_of(model, config), mode_of(config)
+    total: dict[str, int] = {}
+
+    def merge(part: dict[str, int], times: int = 1) -> None:
+        for k, v in part.items():
+            key = breakdown_key(k)
+            total[key] = total.get(key, 0) + v * times
+
+    if config.grad_ckpt:
+        # Non-reentrant checkpointing keeps each block's input (the residual stream) and
+        # recomputes one block at a time during backward (torch.utils.checkpoint).
+        total["activations/checkpoints"] = model.num_layers * checkpoint_bytes(model, dims, mode)
+    else:
+        first_ctx = block_context(model, config, kernels, first=True, targets=targets, dims=dims)
+        rest_ctx = block_context(model, config, kernels, first=False, targets=first_ctx.targets, dims=dims)
+        rest = block_terms(rest_ctx)
+        # the first block differs from the others only when its input needs no gradient
+        same = first_ctx.block_input_needs_grad == rest_ctx.block_input_needs_grad
+        merge(rest if same else block_terms(first_ctx))
+        merge(rest, model.num_layers - 1)
+    merge(model_level_terms(model, config, dims, mode, kernels))
+    return {k: v for k, v in total.items() if v}
+
+
+def recompute_bytes(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                    targets: frozenset[str] | None = None) -> int:
+    """Under checkpointing, one (non-first) block's saved tensors rebuilt during backward."""
+    if not config.grad_ckpt:
+        return 0
+    return sum(block_terms(block_context(model, config, kernels, first=False, targets=targets)).values())
+
+
+__all__ = ["ACTIVATION_SAVED", "ACTIVATION_SAVED_DEFAULT", "ACTIVATION_SAVES_OUTPUT", "HEAD_TERMS", "TERM_SOURCES",
+           "activation_breakdown", "block_terms", "breakdown_key", "checkpoint_bytes", "kernels_of",
+           "logits_backward_transient", "logits_forward_transient", "model_level_terms", "recompute_bytes"]

@@ -1,0 +1,118 @@
+"""Element sizes: how each tensor of a training step is typed in one configuration.
+
+The one home of the dtype facts the memory and throughput models share: the bytes of the
+trainable tensors (peft keeps adapters in fp32), the NF4 and 8-bit block layouts of bitsandbytes,
+and the dtype mode a (method, precision, DeepSpeed) combination runs in.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from planner.config import Method, Precision
+
+#: bytes of an fp32 element (master weights, optimizer moments, the loss' log-probabilities)
+FP32 = 4
+#: bytes of an fp16/bf16 element
+HALF = 2
+#: bytes of an int64 element (token ids and labels the embedding and the loss keep)
+INT64 = 8
+
+#: LoRA adapters are fp32 whatever the model's dtype: peft upcasts fp16/bf16 adapter weights
+#: (``autocast_adapter_dtype=True`` default, peft/tuners/tuners_utils.py ``_cast_adapter_dtype``),
+#: so their gradients and torch optimizer states are fp32 too.
+ADAPTER_BYTES = FP32
+
+#: bitsandbytes NF4: 4 bits per weight, one absmax per block of 64 (bnb.functional.quantize_4bit
+#: blocksize=64 for 4-bit); with double quantisation the absmax are 8-bit with one fp32 scale per
+#: 256 of them (QLoRA paper, Dettmers et al. 2023, §3: 0.127 bits/param instead of 0.5).
+NF4_BLOCK = 64
+NF4_DQ_BLOCK = 256
+#: bitsandbytes 8-bit optimizers: blockwise quantisation with 256-element blocks and an fp32
+#: absmax per block (bnb.optim.optimizer.Optimizer8bit / Optimizer2State.init_state: blocksize =
+#: 256; Dettmers et al. 2022 "8-bit Optimizers").
+BNB_8BIT_BLOCK = 256
+#: bnb keeps 32-bit states for tensors smaller than this (Optimizer8bit min_8bit_size=4096).
+BNB_MIN_8BIT_SIZE = 4096
+#: Bytes per element of one 8-bit optimizer state with its share of the block's fp32 absmax.
+BNB_8BIT_STATE_BYTES = 1 + FP32 / BNB_8BIT_BLOCK
+#: NF4 bytes read per weight: 0.5 B plus the block constants (8/64 + 32/(64*256) bit with double
+#: quantisation, the layout of ``nf4_bytes``).
+NF4_READ_BYTES = 0.5 + 1 / NF4_BLOCK + 4 / (NF4_BLOCK * NF4_DQ_BLOCK)
+
+
+def nf4_bytes(n: int) -> float:
+    """Bytes of n weights stored as bitsandbytes NF4 with double quantisation."""
+    blocks = n / NF4_BLOCK
+    return n / 2 + blocks * 1 + (blocks / NF4_DQ_BLOCK) * 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class DtypeMode:
+    """How tensors are typed in this configuration (bytes per element)."""
+
+    autocast: bool
+    """HF mixed precision: fp32 weights, matmuls in 16-bit under torch.autocast."""
+    compute: int
+    """bytes of projection outputs (MLP intermediates)."""
+    attn: int
+    """bytes of the tensors the attention kernel saves (q, k, v, out)."""
+    residual: int
+    """bytes of the residual stream (fp32 under autocast, else the model dtype)."""
+    weight: int
+    """bytes of a stored (unquantised) weight element."""
+    adapter_input: int
+    """bytes of the input copy each LoRA adapter saves (0: it shares the base layer's input)."""
+
+    @property
+    def logits(self) -> int:
+        """bytes of the lm_head's output: 16-bit under autocast, else the weights' dtype."""
+        return HALF if self.autocast else self.weight
+
+
+def trainable_bytes(method: Method, mode: DtypeMode) -> int:
+    """Bytes per element of the trainable tensors on the device, their gradients and torch
+    optimizer states: the weights' dtype for full fine-tuning, fp32 adapters otherwise."""
+    return mode.weight if method is Method.FULL else ADAPTER_BYTES
+
+
+@functools.cache
+def dtype_mode(method: Method, precision: Precision, deepspeed: bool) -> DtypeMode:
+    """The dtype mode of (method, precision) with or without DeepSpeed."""
+    lora = method.uses_adapters
+    p = precision
+    if deepspeed and p.is_mixed:
+        # DeepSpeed's bf16/fp16 mode casts the model to 16-bit and keeps the fp32 master copy in
+        # the optimizer partition (deepspeed/runtime/engine.py _configure_distributed_model):
+        # no autocast, activations are those of a pure 16-bit model.
+        return DtypeMode(autocast=False, compute=2, attn=2, residual=2, weight=2, adapter_input=4 if lora else 0)
+    if method is Method.QLORA:
+        # peft.prepare_model_for_kbit_training upcasts every non-4-bit parameter to fp32
+        # (peft/utils/other.py), so the residual stream is fp32; bnb's Linear4bit casts its input
+        # to the compute dtype and its output back to the input dtype (bitsandbytes/nn/modules.py
+        # Linear4bit.forward), so projection outputs are fp32 too; only under autocast does SDPA
+        # cast q/k/v to 16-bit.
+        return DtypeMode(
+            autocast=p.is_mixed, compute=4, attn=2 if p.is_mixed else 4, residual=4, weight=4,
+            adapter_input=2 if p.is_mixed else 0,
+        )
+    if p is Precision.FP32:
+        return DtypeMode(autocast=False, compute=4, attn=4, residual=4, weight=4, adapter_input=0)
+    if p.is_mixed:
+        # autocast casts the fp32 input anew for every linear call, adapters included
+        return DtypeMode(autocast=True, compute=2, attn=2, residual=4, weight=4, adapter_input=2)
+    # pure 16-bit: peft keeps adapters in fp32 (ADAPTER_BYTES) and casts each adapter's input to
+    # fp32 (LoraLayer._cast_input_dtype): one fp32 copy per adapter
+    return DtypeMode(autocast=False, compute=2, attn=2, residual=2, weight=2, adapter_input=4 if lora else 0)
+
+
+def mode_of(config) -> DtypeMode:
+    """The dtype mode of a ``TrainConfig``."""
+    return dtype_mode(config.method, config.precision, config.zero > 0)
+
+
+__all__ = [
+    "ADAPTER_BYTES", "BNB_8BIT_BLOCK", "BNB_8BIT_STATE_BYTES", "BNB_MIN_8BIT_SIZE", "DtypeMode", "FP32", "HALF",
+    "INT64", "NF4_BLOCK", "NF4_DQ_BLOCK", "NF4_READ_BYTES", "dtype_mode", "mode_of", "nf4_bytes", "trainable_bytes",
+]

@@ -1,0 +1,72 @@
+"""``estimate_memory``: the peak of one configuration on one device, with its named breakdown.
+
+Read from the step's timeline (``planner.memory.timeline``); on a device with PyTorch's caching
+allocator the timeline's allocations are replayed on a model of it (``planner.memory.allocator``)
+for the peak reserve and the fragmentation at the peak.
+"""
+
+from __future__ import annotations
+
+from planner.config import Method, TrainConfig
+from planner.memory.activations import ACTIVATION_SAVED
+from planner.memory.allocator import AllocatorConfig, Replay, replay
+from planner.memory.timeline import Timeline, step_timeline
+from planner.modelspec import ModelSpec
+from planner.results import MemoryEstimate
+
+
+def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline, replayed: Replay | None) -> list[str]:
+    out = []
+    if replayed is None:
+        out.append("cpu profile: live tensor bytes; no caching allocator, no CUDA context")
+    else:
+        if timeline.outside_allocator:
+            out.append("paged 8-bit optimizer states counted in the process total, not in the allocator")
+        conf = AllocatorConfig.parse(config.alloc_conf)
+        out.append(f"allocator: PyTorch's CUDA caching allocator replayed on the step's allocations "
+                   f"({conf.spelling() or 'default settings'}; one stream, tensors of a term taken as equal)")
+        if conf.ignored:
+            out.append(f"allocator settings not modelled: {', '.join(conf.ignored)}")
+        if replayed.out_of_memory:
+            out.append(f"the allocator replay runs out of device memory at: {replayed.out_of_memory}")
+    if model.hidden_act not in ACTIVATION_SAVED:
+        out.append(f"activation {model.hidden_act!r} is not in the model's table: assumed to save its input like a fused kernel")
+    if config.method is Method.QLORA:
+        out.append("NF4 with double quantisation, blocksize 64; non-4-bit params upcast to fp32 by prepare_model_for_kbit_training")
+    return out
+
+
+def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[int] | None = None) -> Replay:
+    """The caching allocator over the timeline, on what the device leaves it (its memory less
+    the CUDA context and the memory outside the allocator); ``trace`` gets the reserve after each
+    event."""
+    capacity = gpu.memory_bytes - int(gpu.cuda_context_bytes) - timeline.outside_allocator
+    return replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf), trace=trace)
+
+
+def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEstimate:
+    """Predict peak memory per device for one configuration on one GPU (or the ``cpu`` profile)."""
+    timeline = step_timeline(model=model, config=config, kernels=gpu.kernels)
+    peak = timeline.peak
+    replayed = replay_timeline(timeline, config, gpu) if gpu.kernels.caching_allocator else None
+    if replayed is None:
+        reserved = total = peak
+        fragmentation = 0
+    else:
+        assert replayed.allocated_peak == peak, (replayed.allocated_peak, peak)
+        reserved = replayed.peak_reserved
+        fragmentation = replayed.fragmentation
+        total = reserved + int(gpu.cuda_context_bytes) + timeline.outside_allocator
+    return MemoryEstimate(
+        peak_allocated_bytes=peak,
+        peak_reserved_bytes=reserved,
+        process_total_bytes=total,
+        cpu_bytes=timeline.host,
+        breakdown=timeline.breakdown(),
+        peak_phase=timeline.peak_phase,
+        assumptions=tuple(_assumptions(model, config, gpu, timeline, replayed)),
+        fragmentation_bytes=fragmentation,
+    )
+
+
+__all__ = ["estimate_memory", "replay_timeline"]

@@ -1,0 +1,39 @@
+"""The search's screen from allocated to reserved: a stated overhead, evaluated in microseconds.
+
+``estimate_memory`` replays the caching allocator on the step's allocations
+(``planner.memory.allocator``); the search cannot replay ten thousand candidates, so it screens
+them with this overhead and replays the plans it shows (``planner.search``)."""
+
+from __future__ import annotations
+
+from planner.modelspec import ModelSpec
+from planner.units import MiB
+
+#: CUDA caching allocator: blocks >1 MiB are rounded up to 2 MiB multiples
+#: (c10/cuda/CUDACachingAllocator.cpp kRoundLarge), so each large live tensor wastes 1 MiB on
+#: average; segments of the large pool are at least 20 MiB (kLargeBuffer).
+CUDA_ROUND_LARGE = 2 * MiB
+#: Fraction of the activation churn the caching allocator keeps reserved but unused at the
+#: peak. PyTorch's memory docs show reserved exceeding allocated by a few percent in steady
+#: training; 5% of the transient bytes is our stated assumption until GPU measurements
+#: calibrate it (bench/accuracy.py on a GPU machine).
+CUDA_FRAGMENTATION = 0.05
+
+
+def reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged: int) -> tuple[int, int]:
+    """CUDA caching allocator on top of the allocated peak, then the process total.
+
+    Large-block rounding on the live large tensors plus the stated fragmentation of the
+    activation churn; the CUDA context and paged (unified-memory) states come on top."""
+    n_large = model.num_layers * 8 + 4
+    transient = max(peak - static, 0)
+    reserved = peak + n_large * CUDA_ROUND_LARGE // 2 + int(CUDA_FRAGMENTATION * transient)
+    return reserved, reserved + int(gpu.cuda_context_bytes) + paged
+
+
+def reserve_assumption() -> str:
+    return (f"allocator: +1 MiB rounding per large tensor and {CUDA_FRAGMENTATION:.0%} of transient bytes reserved "
+            "(uncalibrated on GPU)")
+
+
+__all__ = ["CUDA_FRAGMENTATION", "CUDA_ROUND_LARGE", "reserve_assumption", "reserved_and_total"]

@@ -1,0 +1,120 @@
+"""Model states: weights, gradients and optimizer states, and the batch-independent terms of a step.
+
+Mixed-precision AdamW keeps 16 bytes per parameter (ZeRO paper §3.1: 2+2+12 with DeepSpeed;
+with HF autocast fp32 weights 4 + fp32 grads 4 + two fp32 moments 8), the seeds' "16
+bytes/param" rule (shared/seeds/001).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.config import Method, Offload, Optimizer, TrainConfig
+from planner.gpus import KernelProfile
+from planner.memory.dtypes import ADAPTER_BYTES, FP32, mode_of, nf4_bytes, trainable_bytes
+from planner.memory.optimizers import OPTIMIZERS
+from planner.memory.parameters import Trained, quantized_linear_params, trained
+from planner.memory.zero import gradient_flatten, optimizer_phase_gradients, zero_partition, zero_states
+from planner.modelspec import ModelSpec
+
+
+def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | None = None) -> tuple[dict[str, int], int]:
+    """(device bytes by component, host bytes) of weights, gradients and optimizer states
+    (``t``: what the configuration trains, when the caller has it already)."""
+    t = t or trained(model, config)
+    mode = mode_of(config)
+    trainable = t.count
+    param_bytes = trainable_bytes(config.method, mode)
+    out: dict[str, int] = {}
+    if config.method is Method.QLORA:
+        q = quantized_linear_params(model)
+        out["weights/nf4"] = int(nf4_bytes(q))
+        out["weights/unquantized"] = (model.params_total - q) * FP32
+    else:
+        out["weights"] = model.params_total * mode.weight
+    if config.method.uses_adapters:
+        out["lora/weights"] = trainable * ADAPTER_BYTES
+    grads = trainable * param_bytes
+    if config.zero:
+        zero_out, host = zero_states(model, config, t, weights=out.get("weights"), param_bytes=param_bytes, grads=grads)
+        if "weights" not in zero_out:
+            out.pop("weights", None)  # offloaded with the parameters
+        out.update(zero_out)
+        return out, host
+    out["gradients"] = grads
+    out["optimizer_states"] = OPTIMIZERS[config.optimizer].model_state_bytes(model, config, t, param_bytes)
+    if config.gpus > 1:
+        # DDP copies every gradient into its flat buckets (gradient_as_bucket_view=False, the
+        # default; torch DDP docs: "saved memory size will be equal to the total gradients size"
+        # with it on).
+        out["ddp/buckets"] = grads
+    return out, 0
+
+
+def model_states_bytes(model: ModelSpec, config: TrainConfig) -> int:
+    """Weights + gradients + optimizer states on one device: the floor under any batch size."""
+    states, _ = model_state_breakdown(model, config)
+    return sum(states.values())
+
+
+@dataclass(frozen=True)
+class StaticTerms:
+    """The batch-independent terms of one configuration on one device."""
+
+    resident: dict[str, int]
+    """Model states alive through the whole step, by component."""
+    gradients: int
+    """Gradient bytes once backward has produced them (and during accumulation)."""
+    gathered: int
+    """ZeRO-3: parameters gathered for the block running now (forward and backward only)."""
+    paged: int
+    """Paged 8-bit states outside the caching allocator (unified memory)."""
+    host: int
+    """Host RAM (offload)."""
+    optimizer_step: int
+    """Temporaries inside optimizer.step()."""
+    optimizer_gradients: int
+    """Gradient bytes alive while the optimizer steps."""
+    zero_gradient_flatten: int = 0
+    """ZeRO-1/2 without offload, as the step begins: see ``zero.gradient_flatten``."""
+    tied_gradient_sum: int = 0
+    """A trained embedding tied to the output head gets two partial gradients (the head's matmul
+    and the embedding's backward), which autograd's input buffer adds into a third tensor: the
+    two partials are alive with every other gradient at the end of backward (measured on gpt2)."""
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(self.resident.values())
+
+
+def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained | None = None) -> StaticTerms:
+    """The batch-independent terms of ``config`` on a device with these kernels. Paged 8-bit
+    states are split off where they live in unified memory: max_memory_allocated does not see
+    them while nvidia-smi does when they are resident (bitsandbytes/functional.py get_paged)."""
+    t = t or trained(model, config)
+    states, host = model_state_breakdown(model, config, t)
+    gradients = states.pop("gradients", 0)
+    gathered = states.pop("zero3/gathered_params", 0)
+    paged = 0
+    if config.optimizer is Optimizer.PAGED_ADAMW_8BIT and kernels.unified_memory_paging:
+        paged = states.pop("optimizer_states", 0)
+    mode = mode_of(config)
+    transient = 0
+    if config.offload is Offload.NONE:
+        if config.zero:
+            # the optimizer steps one flat fp32 partition (see zero.zero_states)
+            sizes, param_bytes = [zero_partition(t, config)], FP32
+        else:
+            sizes, param_bytes = t.sizes, trainable_bytes(config.method, mode)
+        transient = OPTIMIZERS[config.optimizer].step_transient(sizes, param_bytes, kernels)
+    tied = 0
+    if model.tied_embeddings and config.method is Method.FULL and config.offload is Offload.NONE:
+        tied = 2 * model.vocab_size * model.hidden_size * mode.weight
+    return StaticTerms(
+        resident=states, gradients=gradients, gathered=gathered, paged=paged, host=host,
+        optimizer_step=transient, optimizer_gradients=optimizer_phase_gradients(t, config, gradients),
+        tied_gradient_sum=tied, zero_gradient_flatten=gradient_flatten(t, config),
+    )
+
+
+__all__ = ["StaticTerms", "model_state_breakdown", "model_states_bytes", "static_terms"]

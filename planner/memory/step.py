@@ -1,0 +1,123 @@
+"""The moments of one optimizer step at which memory can peak, and what lives at each.
+
+A training step goes through five moments, and the peak is the largest:
+
+* ``forward``: static model states + every tensor saved for backward + the logits/loss
+  temporaries at the end of the forward pass (the last micro-step of an accumulation, when the
+  previous micro-steps' gradients already exist);
+* ``backward_start``: the saved tensors are still alive and the loss' backward allocates the
+  gradient of the logits (for large vocabularies this is the peak);
+* ``backward_end``: most saved tensors are released and every gradient exists;
+* ``optimizer_start``: DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition;
+* ``optimizer``: gradients + optimizer states + the optimizer's own temporaries.
+
+``planner.memory.timeline`` lists the allocations and frees between these moments; the
+moments' totals are sums of a few terms each, affine in the micro-batch, which is what the
+search's fast path evaluates (``planner.search``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.config import TrainConfig
+from planner.gpus import KernelProfile
+from planner.memory.activations import (
+    activation_breakdown,
+    logits_backward_transient,
+    logits_forward_transient,
+    recompute_bytes,
+)
+from planner.memory.dtypes import mode_of
+from planner.memory.shapes import dims_of
+from planner.memory.states import StaticTerms
+from planner.modelspec import ModelSpec
+
+#: the moments of a step, in the order they happen
+PHASES = ("forward", "backward_start", "backward_end", "optimizer_start", "optimizer")
+
+
+@dataclass(frozen=True)
+class BatchTerms:
+    """The per-micro-batch terms of one configuration (each affine in the micro-batch)."""
+
+    activations: dict[str, int]
+    """Saved for backward over the whole forward pass, by breakdown key."""
+    recompute: int
+    """Checkpointing: one block's saved tensors rebuilt in backward."""
+    forward_logits: int
+    """The logits and their fp32 upcast at the loss."""
+    backward_logits: int
+    """The loss' backward: two fp32 tensors of the logits' size."""
+
+    @property
+    def saved(self) -> int:
+        return sum(self.activations.values())
+
+
+def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                targets: frozenset[str] | None = None) -> BatchTerms:
+    """``targets``: the adapted linears' names, when the caller has them already."""
+    dims, mode = dims_of(model, config), mode_of(config)
+    return BatchTerms(
+        activations=activation_breakdown(model, config, kernels=kernels, targets=targets),
+        recompute=recompute_bytes(model, config, kernels, targets),
+        forward_logits=logits_forward_transient(dims, mode),
+        backward_logits=logits_backward_transient(dims, mode),
+    )
+
+
+def phases(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
+           accumulating: bool) -> dict[str, dict[str, int]]:
+    """What lives beside the resident model states at each moment of a step, by breakdown
+    component ("activations" stands for every saved-activation term). During accumulation the
+    previous micro-steps' gradients exist in the forward."""
+    grads_fwd = static.gradients if accumulating else 0
+    return {
+        # ZeRO-3 holds the running block's gathered parameters (lm_head's at the end of forward)
+        "forward": {"activations": saved, "logits/transient": fwd_logits, "gradients": grads_fwd,
+                    "zero3/gathered_params": static.gathered},
+        # the loss' backward runs before any checkpointed block is recomputed or any parameter
+        # is gathered again: both belong to the rest of backward, after the logits' gradients
+        # are freed (measured: ZeRO-3 on one rank holds no gathered parameters here)
+        "backward_start": {"activations": saved, "logits/transient": bwd_logits, "gradients": grads_fwd},
+        "backward_end": {"activations/recompute": recompute, "gradients": static.gradients,
+                         "zero3/gathered_params": static.gathered,
+                         "gradients/tied_embedding_partials": static.tied_gradient_sum},
+        "optimizer_start": {"gradients": static.gradients, "zero/gradient_flatten": static.zero_gradient_flatten},
+        "optimizer": {"gradients": static.optimizer_gradients, "optimizer_step/transient": static.optimizer_step},
+    }
+
+
+#: no model states: ``phase_totals(NO_STATIC, ...)`` is the part of each moment a micro-batch adds
+NO_STATIC = StaticTerms(resident={}, gradients=0, gathered=0, paged=0, host=0, optimizer_step=0, optimizer_gradients=0)
+
+
+def phase_totals(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
+                 accumulating: bool) -> tuple[int, ...]:
+    """The bytes ``phases`` lists at each moment (resident states not included). Every moment is a
+    plain sum of static and per-micro-batch terms, so the totals are additive: totals(static,
+    batch) = totals(static, no batch) + totals(NO_STATIC, batch), which the search's fast path
+    uses."""
+    return tuple(sum(parts.values()) for parts in phases(
+        static=static, saved=saved, recompute=recompute, fwd_logits=fwd_logits, bwd_logits=bwd_logits,
+        accumulating=accumulating).values())
+
+
+def phase_breakdowns(static: StaticTerms, batch: BatchTerms, *, accumulating: bool) -> dict[str, dict[str, int]]:
+    """Every moment's live bytes by breakdown key, resident states included (zero terms dropped)."""
+    out = {}
+    for name, parts in phases(static=static, saved=batch.saved, recompute=batch.recompute,
+                              fwd_logits=batch.forward_logits, bwd_logits=batch.backward_logits,
+                              accumulating=accumulating).items():
+        breakdown = dict(static.resident)
+        for component, size in parts.items():
+            if component == "activations":
+                breakdown.update(batch.activations)
+            else:
+                breakdown[component] = size
+        out[name] = {k: int(v) for k, v in breakdown.items() if v}
+    return out
+
+
+__all__ = ["NO_STATIC", "PHASES", "BatchTerms", "batch_terms", "phase_breakdowns", "phase_totals", "phases"]

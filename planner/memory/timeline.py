@@ -1,0 +1,301 @@
+"""The step as a timeline: what is allocated and freed over one optimizer step.
+
+Forward block by block (the running block's ZeRO-3 parameters, the embeddings' saved tensors,
+each block's saved tensors or its checkpoint, the head's, the logits at the loss), the loss'
+backward, backward block by block (each block's saved tensors released and its gradients made),
+the end of backward (the recomputed block under checkpointing, the output head's and the
+embeddings' gradients, a tied embedding's two partial gradients), and the optimizer step
+(ZeRO's flattened gradients, the step's temporaries). With gradient accumulation the first
+micro-step is drawn, then the last one, in which the earlier micro-steps' gradients exist; the
+ones between repeat the last.
+
+The moments of ``planner.memory.step`` are marks on this timeline, and the live bytes at each
+mark are exactly what ``step.phases`` lists: peak, moment and breakdown are read from here.
+Between marks the events are ordered so that no point exceeds the marks around it, which is the
+accounting the moments make (measured exact on the CPU rows of bench/accuracy.py): within a
+block, backward releases the saved tensors before it makes the gradients; the output head's and
+the embeddings' gradients, and under checkpointing the recomputed block, are drawn at the end
+of backward where the model counts them. (A recomputed block really runs while the earlier
+blocks' checkpoints are alive; the model does not count those few residual-sized tensors.)
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from planner.config import Method, TrainConfig
+from planner.gpus import KernelProfile
+from planner.memory.activations import (
+    block_terms,
+    breakdown_key,
+    checkpoint_bytes,
+    logits_backward_transient,
+    logits_forward_transient,
+    model_level_terms,
+)
+from planner.memory.dtypes import mode_of
+from planner.memory.parameters import Trained, lora_targets, trained
+from planner.memory.shapes import block_context, dims_of
+from planner.memory.states import StaticTerms, static_terms
+from planner.memory.step import PHASES, batch_terms
+from planner.modelspec import ModelSpec
+
+#: model-level terms saved by the output side (freed first in backward); the rest belong to
+#: the embeddings (token ids, rotary tables, the embedding norm's input, its dropout mask)
+HEAD_TERMS = frozenset({"lm_head/transform", "final_norm", "lm_head/input", "loss/log_softmax", "autocast/weight_casts"})
+
+#: what the picture stacks: each breakdown key's category
+CATEGORIES = ("weights", "gradients", "optimizer states", "activations", "logits/loss", "temporaries")
+
+
+def category(key: str) -> str:
+    """The picture's category of a breakdown key."""
+    if key.startswith(("weights", "lora/weights", "master_weights", "zero3/gathered")):
+        return "weights"
+    if key.startswith(("gradients", "zero3/grad_partitions", "ddp/", "zero/reduce_bucket", "zero/offload_grad")):
+        return "gradients"
+    if key.startswith("optimizer_states"):
+        return "optimizer states"
+    if key.startswith(("logits", "activations/loss")):
+        return "logits/loss"
+    if key.startswith(("optimizer_step", "zero/gradient_flatten")):
+        return "temporaries"
+    return "activations"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One allocation or free of ``nbytes`` under a breakdown key."""
+
+    op: str
+    """``alloc`` or ``free``."""
+    key: str
+    """The breakdown key the bytes count under."""
+    nbytes: int
+    tensors: int
+    """How many tensors the bytes are (equal sizes assumed): the allocator replay's grain."""
+    ident: int
+    """Pairs a free with its allocation."""
+    where: str
+    """When in the step: ``forward block 3``, ``loss``, ``optimizer step``, ..."""
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The events of one optimizer step and the moments marked on it."""
+
+    events: tuple[Event, ...]
+    marks: dict[str, int] = field(default_factory=dict)
+    """Moment name -> number of events done when it is reached."""
+    host: int = 0
+    """Host RAM the configuration needs (offload), beside the device's timeline."""
+    outside_allocator: int = 0
+    """Device bytes outside the caching allocator (paged optimizer states in unified memory)."""
+
+    def curve(self) -> list[int]:
+        """Live bytes after each event (index 0: before the first)."""
+        return list(self._curve)
+
+    @functools.cached_property
+    def _curve(self) -> tuple[int, ...]:
+        out, live = [0], 0
+        for ev in self.events:
+            live += ev.nbytes if ev.op == "alloc" else -ev.nbytes
+            out.append(live)
+        return tuple(out)
+
+    def live_at(self, done: int) -> dict[str, int]:
+        """Live bytes by breakdown key once ``done`` events happened."""
+        live: dict[str, int] = {}
+        for ev in self.events[:done]:
+            live[ev.key] = live.get(ev.key, 0) + (ev.nbytes if ev.op == "alloc" else -ev.nbytes)
+        return {k: v for k, v in live.items() if v}
+
+    @functools.cached_property
+    def peak_phase(self) -> str:
+        """The first moment at which live memory is largest."""
+        curve = self._curve
+        return max(PHASES, key=lambda name: curve[self.marks[name]])
+
+    @functools.cached_property
+    def peak(self) -> int:
+        curve = self._curve
+        peak = max(curve)
+        assert peak == curve[self.marks[self.peak_phase]], "a point between the moments exceeds them"
+        return peak
+
+    def breakdown(self) -> dict[str, int]:
+        return self.live_at(self.marks[self.peak_phase])
+
+
+class _Builder:
+    def __init__(self, unit: int) -> None:
+        self.events: list[Event] = []
+        self.marks: dict[str, int] = {}
+        self.unit = max(unit, 1)
+        self._next = 0
+        self._allocs: dict[int, Event] = {}
+
+    def alloc(self, key: str, nbytes: int, where: str, tensors: int | None = None) -> int:
+        self._next += 1
+        if nbytes:
+            count = tensors if tensors is not None else max(1, min(64, round(nbytes / self.unit)))
+            self._allocs[self._next] = Event("alloc", key, int(nbytes), count, self._next, where)
+            self.events.append(self._allocs[self._next])
+        return self._next
+
+    def alloc_terms(self, terms: dict[str, int], where: str) -> list[int]:
+        return [self.alloc(key, nbytes, where) for key, nbytes in terms.items()]
+
+    def free(self, ident: int, where: str) -> None:
+        ev = self._allocs.pop(ident, None)  # None: a zero-byte allocation, never made
+        if ev is not None:
+            self.events.append(Event("free", ev.key, ev.nbytes, ev.tensors, ident, where))
+
+    def free_all(self, idents: list[int], where: str) -> None:
+        for ident in idents:
+            self.free(ident, where)
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = len(self.events)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What one micro-step allocates, by part."""
+
+    model: ModelSpec
+    config: TrainConfig
+    static: StaticTerms
+    first: dict[str, int]
+    """the first block's saved tensors by breakdown key (or its checkpoint)"""
+    rest: dict[str, int]
+    """every other block's"""
+    embeddings: dict[str, int]
+    head: dict[str, int]
+    recompute: int
+    forward_logits: int
+    backward_logits: int
+    block_gradients: int
+    """one block's share of the gradients (the rest are the head's and the embeddings')"""
+
+
+def _block_gradient_share(model: ModelSpec, config: TrainConfig, t: Trained, gradients: int) -> int:
+    """Gradient bytes of one block, in proportion to its trainable parameters."""
+    if not t.count:
+        return 0
+    per_layer = t.count // model.num_layers if config.method.uses_adapters else model.params_per_layer
+    return gradients * per_layer // t.count
+
+
+def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -> _Step:
+    t = trained(model, config)
+    static = static_terms(model, config, kernels, t)
+    dims, mode = dims_of(model, config), mode_of(config)
+    if config.grad_ckpt:
+        first = rest = {"activations/checkpoints": checkpoint_bytes(model, dims, mode)}
+    else:
+        keyed = lambda terms: {breakdown_key(k): v for k, v in terms.items() if v}  # noqa: E731
+        first = keyed(block_terms(block_context(model, config, kernels, first=True, targets=t.target_names, dims=dims)))
+        rest = keyed(block_terms(block_context(model, config, kernels, first=False, targets=t.target_names, dims=dims)))
+    level = {k: v for k, v in model_level_terms(model, config, dims, mode, kernels).items() if v}
+    batch = batch_terms(model, config, kernels, t.target_names)
+    return _Step(
+        model=model, config=config, static=static, first=first, rest=rest,
+        embeddings={breakdown_key(k): v for k, v in level.items() if k not in HEAD_TERMS},
+        head={breakdown_key(k): v for k, v in level.items() if k in HEAD_TERMS},
+        recompute=batch.recompute, forward_logits=logits_forward_transient(dims, mode),
+        backward_logits=logits_backward_transient(dims, mode),
+        block_gradients=_block_gradient_share(model, config, t, static.gradients),
+    )
+
+
+def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], list[list[int]], list[int], int]:
+    """Forward: the (gathered, embeddings, blocks, head, logits) allocations."""
+    gathered = b.alloc("zero3/gathered_params", s.static.gathered, f"{label}forward")
+    embeddings = b.alloc_terms(s.embeddings, f"{label}embeddings")
+    blocks = [b.alloc_terms(s.first if k == 0 else s.rest, f"{label}forward block {k + 1}")
+              for k in range(s.model.num_layers)]
+    head = b.alloc_terms(s.head, f"{label}head and loss")
+    logits = b.alloc("logits/transient", s.forward_logits, f"{label}loss")
+    return [gathered], embeddings, blocks, head, logits
+
+
+def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: bool) -> list[int]:
+    """One micro-step's forward and backward; returns the gradient allocations it made."""
+    gathered, embeddings, blocks, head, logits = _forward(b, s, label)
+    if marks:
+        b.mark("forward")
+    b.free(logits, f"{label}loss")
+    b.free_all(gathered, f"{label}loss")
+    loss_grad = b.alloc("logits/transient", s.backward_logits, f"{label}loss backward")
+    if marks:
+        b.mark("backward_start")
+    b.free(loss_grad, f"{label}loss backward")
+    b.free_all(head, f"{label}head backward")
+    gathered = b.alloc("zero3/gathered_params", s.static.gathered, f"{label}backward")
+    grads: list[int] = []
+    for k in reversed(range(s.model.num_layers)):
+        where = f"{label}backward block {k + 1}"
+        b.free_all(blocks[k] + (embeddings if k == 0 else []), where)
+        if not grads_exist:
+            grads.append(b.alloc("gradients", s.block_gradients, where))
+    where = f"{label}end of backward"
+    if not grads_exist:
+        grads.append(b.alloc("gradients", s.static.gradients - s.block_gradients * s.model.num_layers, where))
+    recompute = b.alloc("activations/recompute", s.recompute, where)
+    tied = b.alloc("gradients/tied_embedding_partials", s.static.tied_gradient_sum, where)
+    if marks:
+        b.mark("backward_end")
+    b.free_all([tied, recompute, gathered], where)
+    return grads
+
+
+def _optimizer_step(b: _Builder, s: _Step, grads: list[int]) -> None:
+    flatten = b.alloc("zero/gradient_flatten", s.static.zero_gradient_flatten, "optimizer step", tensors=2)
+    b.mark("optimizer_start")
+    b.free(flatten, "optimizer step")
+    if s.static.optimizer_gradients != s.static.gradients:
+        # ZeRO steps from one flat fp32 partition and frees the 16-bit gradients first; with
+        # offload the step runs on the host
+        b.free_all(grads, "optimizer step")
+        grads = [b.alloc("gradients", s.static.optimizer_gradients, "optimizer step", tensors=1)]
+    transient = b.alloc("optimizer_step/transient", s.static.optimizer_step, "optimizer step")
+    b.mark("optimizer")
+    b.free(transient, "optimizer step")
+    b.free_all(grads, "zero_grad")
+
+
+def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -> Timeline:
+    """The allocations and frees of one optimizer step of ``config`` (see the module docstring)."""
+    s = _step_parts(model, config, kernels)
+    dims, mode = dims_of(model, config), mode_of(config)
+    b = _Builder(unit=dims.tokens * dims.h * mode.compute)
+    for key, nbytes in s.static.resident.items():
+        b.alloc(key, nbytes, "model states", tensors=_resident_tensors(model, config, key, nbytes))
+    if config.grad_accum > 1:
+        grads = _micro_step(b, s, grads_exist=False, label="micro-step 1: ", marks=False)
+        last = f"micro-step {config.grad_accum}: "
+        _micro_step(b, s, grads_exist=True, label=last, marks=True)
+    else:
+        grads = _micro_step(b, s, grads_exist=False, label="", marks=True)
+    _optimizer_step(b, s, grads)
+    return Timeline(events=tuple(b.events), marks=dict(b.marks), host=s.static.host, outside_allocator=s.static.paged)
+
+
+def _resident_tensors(model: ModelSpec, config: TrainConfig, key: str, nbytes: int) -> int:
+    """How many tensors a model-state component is (the allocator replay's grain): one per
+    parameter tensor for weights, one per trainable tensor for gradients and (two per tensor)
+    torch optimizer states; DeepSpeed's flat partitions and buckets are single tensors."""
+    per_param = model.num_layers * (len(model.layer_linears) + 2) + 3
+    trainable = per_param if config.method is Method.FULL else max(1, 2 * model.num_layers * len(lora_targets(model, config)))
+    if key in ("master_weights", "zero/reduce_bucket", "zero3/grad_partitions", "zero/offload_grad_buffer"):
+        return 1
+    if key == "optimizer_states":
+        return 2 if config.zero else 2 * trainable
+    if key == "ddp/buckets":
+        return max(1, nbytes // (25 * 1024**2))  # DDP's bucket_cap_mb=25 (torch DDP docs)
+    if key == "lora/weights" or (key == "gradients" and config.method is not Method.FULL):
+        return trainable
+    return per_param

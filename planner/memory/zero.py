@@ -1,0 +1,133 @@
+"""DeepSpeed ZeRO: what each rank keeps of the model states, its buckets, and its offload.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, §3.1): 16-bit params and
+gradients, an fp32 master copy of the trainable partition and the optimizer states of that
+partition. DeepSpeed flattens the trainable parameters into one fp32 master partition per device
+and runs the optimizer (its own or the client's) on that flat tensor
+(deepspeed/runtime/zero/stage_1_and_2.py single_partition_of_fp32_groups).
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.config import Method, Offload, TrainConfig
+from planner.memory.dtypes import FP32, HALF
+from planner.memory.optimizers import OPTIMIZERS
+from planner.memory.parameters import Trained
+from planner.modelspec import ModelSpec
+
+
+def deepspeed_buckets(hidden_size: int) -> dict[str, int]:
+    """The communication buffer sizes (elements) our DeepSpeed configs set and this model assumes.
+
+    DeepSpeed's own defaults are 5e8 elements for reduce_bucket_size and allgather_bucket_size
+    (deepspeed/runtime/zero/config.py), about 1 GB of 16-bit buffers whatever the model; the HF
+    Trainer's "auto" values scale with the model instead (transformers integrations/deepspeed.py
+    HfTrainerDeepSpeedConfig): reduce bucket hidden², ZeRO-3 prefetch 0.9·hidden², parameter
+    persistence threshold 10·hidden. ``workers.deepspeed_config`` writes these; the model counts
+    the reduce bucket (``zero/reduce_bucket``) and, for ZeRO-3, two layers of gathered parameters,
+    which cover the prefetch.
+    """
+    return {
+        "reduce_bucket_size": hidden_size * hidden_size,
+        "allgather_bucket_size": hidden_size * hidden_size,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+        "stage3_param_persistence_threshold": 10 * hidden_size,
+    }
+
+
+def zero_partition(t: Trained, config: TrainConfig) -> int:
+    """Trainable elements in this rank's DeepSpeed partition: one flat tensor of T/N."""
+    return math.ceil(t.count / config.gpus)
+
+
+def comm_bytes(config: TrainConfig) -> int:
+    """Bytes per element of DeepSpeed's device-side params, gradients and buckets: 16-bit in
+    mixed precision (DeepSpeed casts the model), else fp32."""
+    return HALF if config.precision.is_mixed else FP32
+
+
+def zero_states(model: ModelSpec, config: TrainConfig, t: Trained, *, weights: int | None, param_bytes: int,
+                grads: int) -> tuple[dict[str, int], int]:
+    """(device bytes by component, host bytes) of the ZeRO stage's model states. ``weights``: the
+    device bytes of the unquantised weights without DeepSpeed (None for 4-bit ones); ``grads``:
+    the unpartitioned gradient bytes in the trainable dtype ``param_bytes``. No "weights" key in
+    the answer means the weights live on the host."""
+    n, gb, full = config.gpus, comm_bytes(config), config.method is Method.FULL
+    trainable = t.count
+    partition = zero_partition(t, config)
+    # the optimizer steps one flat fp32 partition: no per-tensor 8-bit threshold, no Adafactor
+    # factoring of a 1-D tensor
+    states_per_device = OPTIMIZERS[config.optimizer].flat_partition_state_bytes(partition)
+    out: dict[str, int] = {} if weights is None else {"weights": weights}
+    host = 0
+    if full:
+        # DeepSpeed casts the model to its communication dtype
+        out["weights"] = model.params_total * gb
+    if config.zero == 3:
+        if full:
+            out["weights"] //= n
+        # one layer's parameters gathered at a time (+ prefetch), persistent small tensors
+        out["zero3/gathered_params"] = model.params_per_layer * gb * 2
+        if config.offload is Offload.OPTIMIZER_PARAMS:
+            host += out.pop("weights", 0)
+        # ZeRO-3 allocates the flat 16-bit gradient partition when it is built, so it is alive
+        # through the whole step (stage3.py _setup_for_real_optimizer grad_partitions_flat_buffer)
+        out["zero3/grad_partitions"] = grads * gb // param_bytes // n
+    else:
+        out["gradients"] = grads * gb // param_bytes if config.zero == 1 else grads * gb // param_bytes // n
+    out["zero/reduce_bucket"] = deepspeed_buckets(model.hidden_size)["reduce_bucket_size"] * gb
+    if config.offload is Offload.NONE:
+        out["master_weights"] = FP32 * trainable // n
+        out["optimizer_states"] = states_per_device
+        return out, host
+    return out, host + _offload_host(config, t, out, states_per_device)
+
+
+def _offload_host(config: TrainConfig, t: Trained, out: dict[str, int], states_per_device: int) -> int:
+    """Host bytes of ZeRO-Offload: the fp32 master partition, DeepSpeedCPUAdam's moments and the
+    fp32 gradient partition it steps from (ZeRO-Offload, Ren et al. 2021, §4.1); stage 1/2 add the
+    16-bit copy of the partition it writes back from (stage_1_and_2.py
+    param_buffer_of_bit16_for_cpu_offload_groups) and a host gradient buffer of the largest
+    parameter (temp_grad_buffer_for_cpu_offload). Adds to ``out`` the device-side staging buffer
+    gradients go through to the host, one parameter at a time (temp_grad_buffer_for_gpu_offload)."""
+    n, gb = config.gpus, comm_bytes(config)
+    trainable = t.count
+    host = FP32 * trainable // n + states_per_device + FP32 * trainable // n
+    if config.zero in (1, 2):
+        largest = max(t.sizes, default=0)
+        host += gb * zero_partition(t, config) + gb * largest
+        out["zero/offload_grad_buffer"] = gb * largest
+    return host
+
+
+def optimizer_phase_gradients(t: Trained, config: TrainConfig, device_grads: int) -> int:
+    """Gradient bytes alive on the device while optimizer.step() runs.
+
+    Without ZeRO: the gradients themselves. With ZeRO and no offload, DeepSpeed flattens this
+    rank's gradients into one fp32 partition (stage 1/2: ``single_grad_partition``; stage 3: the
+    fp32 partition's ``.grad``) and frees the 16-bit ones before stepping
+    (stage_1_and_2.py step: free_grad_in_param_list). With offload the step runs on the host.
+    """
+    if config.zero == 0:
+        return device_grads
+    if config.offload is not Offload.NONE:
+        return 0
+    return FP32 * zero_partition(t, config)
+
+
+def gradient_flatten(t: Trained, config: TrainConfig) -> int:
+    """ZeRO-1/2 without offload, as the step begins: the 16-bit gradients of this rank's partition
+    flattened into one tensor and that tensor's fp32 copy, both alive with the 16-bit gradients
+    (stage_1_and_2.py step: flatten_dense_tensors_aligned(...).to(fp32); measured on gpt2 with an
+    8-bit optimizer, whose own step adds nothing the probe sees). In fp32 the flat copy already
+    is the fp32 partition (.to() returns it)."""
+    if config.zero not in (1, 2) or config.offload is not Offload.NONE:
+        return 0
+    partition = zero_partition(t, config)
+    return partition * HALF + FP32 * partition if config.precision.is_mixed else FP32 * partition
+
+
+__all__ = ["comm_bytes", "deepspeed_buckets", "gradient_flatten", "optimizer_phase_gradients", "zero_partition",
+           "zero_states"]

@@ -1,0 +1,108 @@
+"""The step's timeline against the moments' sums: at every mark the live bytes are exactly what
+``planner.memory.step.phases`` lists, no point between marks exceeds them, and the search's fast
+path gives the same peak."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from planner.catalog import resolve_model, spec_from_config
+from planner.config import TrainConfig
+from planner.gpus import get_gpu
+from planner.memory import estimate_memory
+from planner.memory.states import static_terms
+from planner.memory.step import PHASES, batch_terms, phase_breakdowns
+from planner.memory.timeline import CATEGORIES, category, step_timeline
+from planner.search import SearchSpace, enumerate_configs, totals_by_split
+
+ACCURACY = Path(__file__).resolve().parents[1] / "bench" / "results" / "accuracy-cpu.json"
+SMALL = {  # the accuracy bench's architectures at a glance: every block and attention variant
+    "gpt2": dict(model_type="gpt2", n_embd=384, n_layer=4, n_head=6, vocab_size=50257, n_positions=1024),
+    "bert": dict(model_type="bert", hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 intermediate_size=1024, vocab_size=30522, max_position_embeddings=512),
+    "phi3": dict(model_type="phi3", hidden_size=384, intermediate_size=1024, num_hidden_layers=3,
+                 num_attention_heads=6, num_key_value_heads=6, vocab_size=32064, max_position_embeddings=1024,
+                 tie_word_embeddings=False),
+}
+
+
+def _models():
+    models = [resolve_model(name) for name in ("meta-llama/Llama-2-7b-hf", "Qwen/Qwen2.5-1.5B", "mistralai/Mixtral-8x7B-v0.1")]
+    return models + [spec_from_config(cfg, model_id=f"small/{arch}", source="test") for arch, cfg in SMALL.items()]
+
+
+def _configs(model, gpu, rng: random.Random, n: int) -> list[TrainConfig]:
+    configs = list(enumerate_configs(model=model, gpu=gpu, target_batch=8, seq_len=min(512, model.max_seq_len), gpus=2,
+                                     space=SearchSpace(cpu_mem_bytes=1 << 40)))
+    configs += [c.replace(attention="eager") for c in configs[::5]]
+    configs += [c.replace(gpus=1) for c in configs[::3]]
+    return rng.sample(configs, min(n, len(configs)))
+
+
+def _cases():
+    rng = random.Random(9)
+    for gpu_name in ("a10g", "cpu"):
+        gpu = get_gpu(gpu_name)
+        for model in _models():
+            for config in _configs(model, gpu, rng, 40):
+                yield pytest.param(model, gpu, config, id=f"{gpu_name}-{model.id}-{config.label()}")
+
+
+@pytest.mark.parametrize("model, gpu, config", list(_cases()))
+def test_every_mark_holds_exactly_what_the_moment_lists(model, gpu, config):
+    kernels = gpu.kernels
+    moments = phase_breakdowns(static_terms(model, config, kernels), batch_terms(model, config, kernels),
+                               accumulating=config.grad_accum > 1)
+    timeline = step_timeline(model=model, config=config, kernels=kernels)
+    for name in PHASES:
+        assert timeline.live_at(timeline.marks[name]) == moments[name], name
+    totals = {name: sum(parts.values()) for name, parts in moments.items()}
+    assert max(timeline.curve()) == max(totals.values()) == timeline.peak
+    assert timeline.peak_phase == max(totals, key=lambda k: totals[k])
+    estimate = estimate_memory(model=model, config=config, gpu=gpu)
+    assert (estimate.peak_allocated_bytes, estimate.peak_phase, dict(estimate.breakdown)) == (
+        timeline.peak, timeline.peak_phase, timeline.breakdown())
+    # the search's fast path: on the cpu profile the process total is the allocated peak
+    if gpu.is_cpu:
+        [(total, host)] = totals_by_split(model=model, config=config, gpu=gpu, splits=[(config.micro_batch, config.grad_accum)])
+        assert (total, host) == (estimate.peak_allocated_bytes, estimate.cpu_bytes)
+
+
+def test_the_accuracy_rows_read_from_the_timeline_are_unchanged():
+    """Every stored CPU accuracy row re-predicted from its configuration: the same bytes, moment
+    and breakdown as when it was measured."""
+    archs = {
+        "llama": dict(model_type="llama", hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4, vocab_size=32000, max_position_embeddings=1024,
+                      rms_norm_eps=1e-5, tie_word_embeddings=False),
+    }
+    known = set(TrainConfig().to_dict())
+    rows = [r for r in json.loads(ACCURACY.read_text())
+            if r["arch"] in archs and r["predicted_bytes"] and set(r["config_dict"]) <= known]
+    assert rows
+    for row in rows:
+        spec = spec_from_config(archs[row["arch"]], model_id=f"bench/{row['arch']}", source="bench")
+        est = estimate_memory(model=spec, config=TrainConfig.from_dict(row["config_dict"]), gpu=get_gpu("cpu"))
+        assert (est.peak_allocated_bytes, est.peak_phase, dict(est.breakdown)) == (
+            row["predicted_bytes"], row["predicted_phase"], row["predicted_breakdown"]), row["config"]
+
+
+def test_the_timeline_walks_the_step_block_by_block():
+    model, gpu = resolve_model("meta-llama/Llama-2-7b-hf"), get_gpu("a10g")
+    config = TrainConfig(method="lora", micro_batch=2, seq_len=1024, grad_accum=4, grad_ckpt=True)
+    timeline = step_timeline(model=model, config=config, kernels=gpu.kernels)
+    wheres = [ev.where for ev in timeline.events]
+    for k in (1, 32):
+        assert f"micro-step 1: forward block {k}" in wheres and f"micro-step 4: backward block {k}" in wheres
+    assert "micro-step 4: end of backward" in wheres and "optimizer step" in wheres
+    assert any(ev.key == "activations/recompute" for ev in timeline.events)
+    # what is allocated in the step is freed in it: the model states remain
+    curve = timeline.curve()
+    resident = sum(ev.nbytes for ev in timeline.events if ev.where == "model states")
+    assert curve[-1] == resident
+    assert list(timeline.marks) == list(PHASES)
+    assert {category(ev.key) for ev in timeline.events} <= set(CATEGORIES)
