@@ -107,6 +107,11 @@ class KernelProfile:
     unified_memory_paging: bool
     """bitsandbytes' paged optimizer states live in cudaMallocManaged memory outside the caching
     allocator (bitsandbytes/functional.py get_paged); without CUDA they are ordinary tensors."""
+    bnb_8bit_step_whole_tensor: bool
+    """bitsandbytes' 8-bit blockwise optimizer step dequantises a whole tensor's states to fp32
+    temporaries (CPU backend: bitsandbytes 0.50 backends/cpu/ops.py
+    _optimizer_update_8bit_blockwise_cpu, inside one custom op that only c10's allocator count
+    sees); the CUDA kernel works block by block in registers and allocates nothing."""
 
     def dropout_mask_bytes(self, dropped_dtype_bytes: int) -> int:
         """Bytes per element of the mask dropout keeps for a tensor of this element size."""
@@ -118,11 +123,11 @@ class KernelProfile:
 
 CUDA_KERNELS = KernelProfile(
     name="cuda", dropout_mask=DropoutMask.BOOL, sdpa_dropout_math_fp32=False, autocast_softmax_fp32=True,
-    adamw=AdamWImpl.FOREACH, caching_allocator=True, unified_memory_paging=True,
+    adamw=AdamWImpl.FOREACH, caching_allocator=True, unified_memory_paging=True, bnb_8bit_step_whole_tensor=False,
 )
 CPU_KERNELS = KernelProfile(
     name="cpu", dropout_mask=DropoutMask.DROPPED_DTYPE, sdpa_dropout_math_fp32=True, autocast_softmax_fp32=False,
-    adamw=AdamWImpl.SINGLE_TENSOR, caching_allocator=False, unified_memory_paging=False,
+    adamw=AdamWImpl.SINGLE_TENSOR, caching_allocator=False, unified_memory_paging=False, bnb_8bit_step_whole_tensor=True,
 )
 
 
