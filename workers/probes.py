@@ -186,6 +186,8 @@ class AllocatorStream:
     def __init__(self) -> None:
         self._prof: Any = None
         self.allocations: list[tuple[int, int, int, int]] = []
+        self.made_by: list[str] = []
+        """Per allocation: the ops it happened in, innermost first (``aten::empty < my::op``)."""
         self.marks: list[tuple[int, str]] = []
 
     @property
@@ -219,19 +221,59 @@ class AllocatorStream:
         from torch._C._profiler import _EventType
 
         allocations, marks = [], []
-        stack = list(roots)
+        stack = [(event, ()) for event in roots]
         while stack:
-            event = stack.pop()
-            stack.extend(event.children)
+            event, ops = stack.pop()
             kind, fields = event.typed
             if kind == _EventType.Allocation and fields.device.type == "cpu":
-                allocations.append((event.start_time_ns, fields.total_allocated, fields.alloc_size, fields.ptr))
+                # the ops the allocation happened in, innermost first (for attribution)
+                allocations.append((event.start_time_ns, fields.total_allocated, fields.alloc_size, fields.ptr, ops))
             elif kind == _EventType.TorchOp and event.name.startswith(_MARK):
                 marks.append((event.start_time_ns, event.name[len(_MARK):]))
+            # the dispatch probe's own mode shows up as an op around every op: not a maker
+            own = kind != _EventType.TorchOp or event.name == "PythonDispatchMode"
+            inner = ops if own else (event.name,) + ops[:2]
+            stack.extend((child, inner) for child in event.children)
         # the running total orders events of one thread exactly; time orders threads
-        allocations.sort()
+        allocations.sort(key=lambda a: (a[0], a[1]))
         marks.sort()
-        self.allocations, self.marks = allocations, marks
+        self.allocations = [a[:4] for a in allocations]
+        self.made_by = [" < ".join(a[4]) for a in allocations]
+        self.marks = marks
+
+    def live_before(self, *, step_mark: str) -> dict[int, tuple[int, str]]:
+        """address -> (size, ops it was made in) of the blocks live as the last ``step_mark`` was set."""
+        t0 = max((t for t, name in self.marks if name == step_mark), default=None)
+        live: dict[int, tuple[int, str]] = {}
+        for (t, _, size, ptr), made_by in zip(self.allocations, self.made_by):
+            if t0 is None or t >= t0:
+                break
+            if size > 0:
+                live[ptr] = (size, made_by)
+            else:
+                live.pop(ptr, None)
+        return live
+
+    def live_at(self, *, step_mark: str, peak_bytes: int, excluded: Mapping[int, int] | None = None) -> list[tuple[int, str]]:
+        """(size, ops it was made in) of the blocks allocated in the step (after the last
+        ``step_mark``) and still live when the count first reached ``peak_bytes``: what the step
+        added at its peak."""
+        t0 = max((t for t, name in self.marks if name == step_mark), default=None)
+        if t0 is None or not self.allocations:
+            return []
+        offset = self.allocations[0][1] - self.allocations[0][2]
+        left_out = sum((excluded or {}).values())
+        live: dict[int, tuple[int, str]] = {}
+        for (t, total, size, ptr), made_by in zip(self.allocations, self.made_by):
+            if t < t0:
+                continue
+            if size > 0:
+                live[ptr] = (size, made_by)
+            else:
+                live.pop(ptr, None)
+            if total - offset - left_out >= peak_bytes:
+                break
+        return sorted(live.values(), reverse=True)
 
     def curve(self, *, step_mark: str, excluded: Mapping[int, int] | None = None) -> StepCurve | None:
         """The step that starts at the last ``step_mark`` marker (to the end of the stream), as live
@@ -252,6 +294,16 @@ class AllocatorStream:
             first_phase=next((name for t, name in reversed(phases) if t <= t0), ""),
             excluded=excluded,
         )
+
+
+def _grouped(blocks: Iterable[tuple[int, str]]) -> list[tuple[int, int, str]]:
+    """(bytes, count, made by) of ``(size, made by)`` blocks grouped by maker, largest first."""
+    groups: dict[str, list[int]] = {}
+    for size, made_by in blocks:
+        group = groups.setdefault(made_by, [0, 0])
+        group[0] += size
+        group[1] += 1
+    return sorted(((n, c, by) for by, (n, c) in groups.items()), reverse=True)
 
 
 class _StorageInfo:
@@ -289,6 +341,7 @@ class CpuProbe:
         self.limit_bytes = limit_bytes
         self._stream = AllocatorStream() if allocator else None
         self._excluded: dict[int, int] = {}
+        self._dispatch_ptrs: set[int] = set()
         self._curve: StepCurve | None = None
         self.trace = trace
         """Remember which op (and which library line) made each storage, and list the live ones
@@ -349,9 +402,9 @@ class CpuProbe:
             if self.trace:
                 self._list_live()
             # blocks standing for host memory: left out of the allocator's count too
-            self._excluded = {
-                st.data_ptr(): info.nbytes for st, (info, _) in list(self._infos.items()) if info.category == OFFLOADED
-            }
+            storages = [(st.data_ptr(), info) for st, (info, _) in list(self._infos.items())]
+            self._excluded = {ptr: info.nbytes for ptr, info in storages if info.category == OFFLOADED}
+            self._dispatch_ptrs = {ptr for ptr, info in storages if info.nbytes}
         if self._stream is not None:
             self._stream.mark("step")
 
@@ -420,6 +473,23 @@ class CpuProbe:
     def memory_phases(self) -> list[list] | None:
         """``[seconds since the measured step started, phase]`` of each phase change in it."""
         return self._curve.phases if self._curve is not None else None
+
+    def untracked_at_step_start(self) -> list[tuple[int, int, str]]:
+        """(bytes, count, ops) of the blocks the allocator held as the measured step began that are
+        no live storage of the dispatch count (made below the dispatcher, or kept alive in C++ after
+        the last Python reference to their storage died), grouped by the ops that made them."""
+        if self._curve is None:
+            return []
+        blocks = self._stream.live_before(step_mark="step")
+        return _grouped(v for ptr, v in blocks.items() if ptr not in self._dispatch_ptrs and ptr not in self._excluded)
+
+    def peak_allocations(self) -> list[tuple[int, int, str]]:
+        """(bytes, count, ops) of the blocks the measured step allocated that were live at the
+        allocator's peak, grouped by the ops that made them, largest first: the allocator's view
+        of what a step adds (it names kernels the dispatch count cannot see into)."""
+        if self._curve is None:
+            return []
+        return _grouped(self._stream.live_at(step_mark="step", peak_bytes=self._curve.peak_bytes, excluded=self._excluded))
 
     @property
     def peak_reserved_bytes(self) -> None:

@@ -113,6 +113,9 @@ def run_in_process(
         details["peak_dispatch_phase"] = probe.peak_dispatch_phase
         details["run_peak_bytes"] = probe.run_peak_bytes
         details["peak_breakdown"] = dict(probe.peak_breakdown)
+        # what the step had allocated at the allocator's peak, by the ops that made it (top groups)
+        details["peak_allocations"] = probe.peak_allocations()[:16]
+        details["untracked_at_step_start"] = probe.untracked_at_step_start()[:16]
     if trace:
         details["peak_storages"] = probe.peak_storages()
     ok = outcome is RunOutcome.OK
