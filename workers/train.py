@@ -116,6 +116,7 @@ def run_in_process(
         # what the step had allocated at the allocator's peak, by the ops that made it (top groups)
         details["peak_allocations"] = probe.peak_allocations()[:16]
         details["untracked_at_step_start"] = probe.untracked_at_step_start()[:16]
+        details["allocator_drift_bytes"] = probe.allocator_drift_bytes
     if trace:
         details["peak_storages"] = probe.peak_storages()
     ok = outcome is RunOutcome.OK
