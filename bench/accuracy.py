@@ -161,6 +161,8 @@ def _row(arch: str, config: TrainConfig, device: str) -> dict[str, Any]:
         "measured_breakdown": details.get("peak_breakdown", {}),
         "measured_phase": details.get("peak_phase", ""),
         "step_allocations_at_peak": details.get("peak_allocations", [])[:8],
+        "left_out_at_step_start": details.get("untracked_at_step_start", [])[:8],
+        "allocator_drift_bytes": details.get("allocator_drift_bytes"),
         "predicted_breakdown": predicted_breakdown,
         "predicted_phase": predicted_phase,
         "params_total": details.get("params_total"),

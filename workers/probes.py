@@ -177,6 +177,38 @@ def thin(points: list[list], max_points: int) -> list[list]:
     return [points[i] for i in sorted(keep)]
 
 
+def allocator_ledger(
+    raw: Iterable[tuple[int, int, int, int, str]],
+) -> tuple[list[tuple[int, int, int, int]], list[str], int]:
+    """c10's ``(time_ns, total_allocated, signed size, address, made by)`` events in order, as a
+    ledger of live blocks by address: ``(events (time_ns, bytes live, signed size, address), made
+    by per event, drift)``. An allocation at an address still live means that block's free was not
+    reported (it happened on a thread the profiler does not follow): a free of it is inserted
+    first. A free of a block the ledger does not hold (allocated before the profile) is skipped, as
+    c10 skips it. ``drift``: c10's final total minus the ledger's (blocks c10 still counts)."""
+    live: dict[int, int] = {}
+    events, made_by, total = [], [], 0
+    first = last = None
+    for t, c10_total, size, ptr, ops in raw:
+        if first is None:
+            first = c10_total - size  # c10's total when the profiler started
+        last = c10_total
+        if size > 0 and ptr in live:
+            total -= live[ptr]
+            events.append((t, total, -live.pop(ptr), ptr))
+            made_by.append("(freed on a thread the profiler does not follow)")
+        elif size < 0 and live.get(ptr) != -size:
+            continue
+        total += size
+        if size > 0:
+            live[ptr] = size
+        else:
+            del live[ptr]
+        events.append((t, total, size, ptr))
+        made_by.append(ops)
+    return events, made_by, (last - first - total) if first is not None else 0
+
+
 class AllocatorStream:
     """c10's CPU allocator events, recorded by the kineto profiler with ``profile_memory=True``.
 
@@ -244,28 +276,7 @@ class AllocatorStream:
         # c10's running total orders the events of one thread exactly; time orders threads
         raw.sort(key=lambda a: (a[0], a[1]))
         self.marks = sorted(marks)
-        self._ledger(raw)
-
-    def _ledger(self, raw: list[tuple[int, int, int, int, str]]) -> None:
-        live: dict[int, int] = {}
-        events, made_by, total = [], [], 0
-        for t, _, size, ptr, ops in raw:
-            if size > 0 and ptr in live:  # its free was not reported: it happened before now
-                total -= live[ptr]
-                events.append((t, total, -live.pop(ptr), ptr))
-                made_by.append("(free on a thread the profiler does not follow)")
-            elif size < 0 and live.get(ptr) != -size:
-                continue  # a block from before start(): never counted
-            total += size
-            if size > 0:
-                live[ptr] = size
-            else:
-                del live[ptr]
-            events.append((t, total, size, ptr))
-            made_by.append(ops)
-        self.events, self.made_by = events, made_by
-        offset = raw[0][1] - raw[0][2] if raw else 0  # c10's total when the profiler started
-        self.drift_bytes = (raw[-1][1] - offset - total) if raw else 0
+        self.events, self.made_by, self.drift_bytes = allocator_ledger(raw)
 
     def step_start_ns(self, step_mark: str) -> int | None:
         return max((t for t, name in self.marks if name == step_mark), default=None)
@@ -791,5 +802,5 @@ def make_probe(*, device: str, limit_bytes: int | None = None, trace: bool = Fal
 
 __all__ = [
     "CATEGORIES", "OFFLOADED", "AllocatorStream", "CpuProbe", "CudaProbe", "MemoryProbe", "ProbeMemoryLimitError",
-    "StepCurve", "cuda_step_curve", "make_probe", "step_curve",
+    "StepCurve", "allocator_ledger", "cuda_step_curve", "make_probe", "step_curve",
 ]
