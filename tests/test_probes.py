@@ -431,3 +431,24 @@ def test_on_a_run_where_nothing_escapes_the_dispatcher_the_two_counts_agree_to_t
         assert max(b for _, b in events) == m.peak_allocated_bytes
         assert events[0][1] == events[-1][1]  # the step frees what it allocated
         assert [name for _, name in d["memory_phases"]][:3] == ["forward", "backward", "optimizer"]
+
+
+@pytest.mark.parametrize(("precision", "per_element"), [("fp32", 20), ("bf16", 24)])
+def test_the_allocator_sees_bitsandbytes_cpu_8bit_step(precision, per_element):
+    """bitsandbytes' CPU 8-bit AdamW step (backends/cpu/ops.py _optimizer_update_8bit_blockwise_cpu)
+    makes, for the tensor it updates, fp32 copies of both states (4n + 4n), the gradient times
+    gnorm_scale (4n) and, for 16-bit parameters, p.float() (4n), then denom = sqrt(state2) /
+    correction (4n + 4n together): 20n (fp32) or 24n (bf16) bytes over what was live as the
+    optimizer phase began, for the largest tensor (the tiny llama's 1000 x 64 embedding and head,
+    n = 64,000), plus 0-dim scalar wrappers of a few bytes. The dispatch count sees none of it."""
+    from workers import run_in_process
+
+    config = TrainConfig(micro_batch=2, seq_len=32, precision=precision, optimizer="adamw_8bit")
+    m, d = run_in_process(model_config=TINY, config=config)
+    events, phases = d["memory_events"], d["memory_phases"]
+    t_opt = next(t for t, name in phases if name == "optimizer")
+    at_start = [b for t, b in events if t <= t_opt][-1]
+    extra = max(b for t, b in events if t > t_opt) - at_start
+    assert per_element * 64_000 <= extra <= per_element * 64_000 + 64, extra
+    assert m.peak_allocated_bytes == at_start + extra and d["peak_phase"] == "optimizer"
+    assert d["peak_dispatch_bytes"] < m.peak_allocated_bytes
