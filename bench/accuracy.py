@@ -9,7 +9,11 @@ error %), the median and maximum absolute error, and writes ``bench/results/accu
 (the table) and ``bench/results/accuracy-cpu.json`` (plus both breakdowns per row: the
 measured bytes per category at the peak and the model's terms).
 
-    python bench/accuracy.py [--quick] [--filter TEXT] [--jobs 1|2] [--render]
+    python bench/accuracy.py [--quick] [--filter TEXT] [--jobs 1|2] [--deadline-min M] [--resume] [--render]
+
+Each finished row is appended to ``results/accuracy-<device>.rows.jsonl`` as it comes in;
+``--resume`` takes the rows already there instead of measuring them again, and ``--deadline-min``
+starts no new measurement after M minutes (the rows left are listed as not measured).
 
 On a GPU machine run the same configurations with ``--device cuda`` (the CUDA probe:
 ``torch.cuda.max_memory_allocated`` of the last step); results go to ``accuracy-cuda.md``.
@@ -137,10 +141,12 @@ def _predict(arch: str, config: TrainConfig) -> tuple[int | None, dict[str, int]
     return est.peak_allocated_bytes, dict(est.breakdown), est.peak_phase
 
 
-def _row(arch: str, config: TrainConfig, device: str) -> dict[str, Any]:
+def _row(arch: str, config: TrainConfig, device: str, deadline: float | None = None) -> dict[str, Any]:
     from workers import measure_with_details
 
     t0 = time.monotonic()
+    if deadline is not None and t0 > deadline:
+        return _not_measured(arch, config)
     measurement, details = measure_with_details(model_config=ARCHS[arch], config=config, device=device, timeout_s=1200)
     predicted, predicted_breakdown, predicted_phase = _predict(arch, config)
     measured = measurement.peak_allocated_bytes
@@ -171,6 +177,49 @@ def _row(arch: str, config: TrainConfig, device: str) -> dict[str, Any]:
         "wall_s": round(time.monotonic() - t0, 1),
         "library_versions": dict(measurement.library_versions),
     }
+
+
+def _not_measured(arch: str, config: TrainConfig) -> dict[str, Any]:
+    predicted, breakdown, phase = _predict(arch, config)
+    return {
+        "arch": arch, "config": config.label(), "config_dict": config.to_dict(), "outcome": "not measured",
+        "error_text": "time box of this run", "predicted_bytes": predicted, "measured_bytes": None, "error_pct": None,
+        "dispatch_bytes": None, "dispatch_error_pct": None, "measured_phase": "", "predicted_breakdown": breakdown,
+        "predicted_phase": phase, "library_versions": {}, "wall_s": 0.0,
+    }
+
+
+def _priority(config: TrainConfig) -> int:
+    """Rows measured first: those the findings by row rest on (8-bit optimizers, ZeRO-3)."""
+    return 0 if config.zero == 3 or "8bit" in config.optimizer.value else 1
+
+
+def _measure_all(cases: list[tuple[str, TrainConfig]], *, device: str, jobs: int, deadline: float | None,
+                 progress: Path, resume: bool) -> list[dict[str, Any]]:
+    """Rows in the order of ``cases``; each finished row appended to ``progress`` (JSON lines)."""
+    done: dict[str, dict[str, Any]] = {}
+    if resume and progress.exists():
+        for line in progress.read_text().splitlines():
+            row = json.loads(line)
+            done[json.dumps(row["config_dict"], sort_keys=True) + row["arch"]] = row
+    elif progress.exists():
+        progress.unlink()
+    keys = [json.dumps(config.to_dict(), sort_keys=True) + arch for arch, config in cases]
+    order = sorted(range(len(cases)), key=lambda i: _priority(cases[i][1]))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {i: pool.submit(_row, *cases[i], device, deadline) for i in order if keys[i] not in done}
+        for i in order:
+            if keys[i] in done:
+                continue
+            row = futures[i].result()
+            done[keys[i]] = row
+            if row["outcome"] != "not measured":
+                with progress.open("a") as out:
+                    out.write(json.dumps(row, default=str) + "\n")
+            err = "-" if row["error_pct"] is None else f"{row['error_pct']:+.2f} %"
+            print(f"  {row['arch']:8} {row['config']:60} predicted {_fmt(row['predicted_bytes']):>10} "
+                  f"measured {_fmt(row['measured_bytes']):>10} {err:>9}  ({row['outcome']}, {row['wall_s']} s)", flush=True)
+    return [done[key] for key in keys]
 
 
 def _error(predicted: int | None, measured: int | None) -> float | None:
@@ -309,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--filter", dest="text", default=None, help="only configurations whose label contains TEXT")
     parser.add_argument("--jobs", type=int, default=2, choices=(1, 2), help="measurement processes at once (max 2)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
+    parser.add_argument("--deadline-min", type=float, default=None, help="start no measurement after M minutes")
+    parser.add_argument("--resume", action="store_true", help="reuse the rows of an interrupted run")
     parser.add_argument("--render", action="store_true",
                         help="rewrite the .md from the committed .json (and the current notes) without measuring")
     args = parser.parse_args(argv)
@@ -323,22 +374,16 @@ def main(argv: list[str] | None = None) -> int:
         print("no configuration matches --filter", file=sys.stderr)
         return 2
     print(f"measuring {len(cases)} configurations on {args.device}, {args.jobs} at a time ...", flush=True)
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(_row, arch, config, args.device) for arch, config in cases]
-        rows = []
-        for fut in futures:
-            row = fut.result()
-            rows.append(row)
-            err = "-" if row["error_pct"] is None else f"{row['error_pct']:+.2f} %"
-            print(f"  {row['arch']:8} {row['config']:60} predicted {_fmt(row['predicted_bytes']):>10} "
-                  f"measured {_fmt(row['measured_bytes']):>10} {err:>9}  ({row['outcome']}, {row['wall_s']} s)", flush=True)
-    text = _markdown(rows, device=args.device)
-    print()
-    print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = "cpu" if args.device == "cpu" else "cuda"
     if args.quick or args.text:
         suffix += "-partial"  # never overwrite the committed full table with a subset
+    deadline = time.monotonic() + 60 * args.deadline_min if args.deadline_min else None
+    rows = _measure_all(cases, device=args.device, jobs=args.jobs, deadline=deadline,
+                        progress=RESULTS / f"accuracy-{suffix}.rows.jsonl", resume=args.resume)
+    text = _markdown(rows, device=args.device)
+    print()
+    print(text)
     (RESULTS / f"accuracy-{suffix}.md").write_text(text)
     (RESULTS / f"accuracy-{suffix}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     print(f"wrote {RESULTS / f'accuracy-{suffix}.md'} and .json")
