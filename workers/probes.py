@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Container, Iterable, Mapping, Protocol, runtime_checkable
 
 #: categories ``CpuProbe`` attributes live bytes to (anything not retagged stays ``other``)
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "other", "offloaded")
@@ -111,10 +111,12 @@ class StepCurve:
     ``peak_phase``: the phase the peak fell in.
     """
 
-    __slots__ = ("peak_bytes", "events", "phases", "peak_phase")
+    __slots__ = ("peak_bytes", "peak_ns", "events", "phases", "peak_phase")
 
-    def __init__(self, *, peak_bytes: int, events: list[list], phases: list[list], peak_phase: str) -> None:
+    def __init__(self, *, peak_bytes: int, peak_ns: int, events: list[list], phases: list[list], peak_phase: str) -> None:
         self.peak_bytes = peak_bytes
+        self.peak_ns = peak_ns
+        """When the peak was first reached (the event clock; the step's start if never exceeded)."""
         self.events = events
         self.phases = phases
         self.peak_phase = peak_phase
@@ -155,7 +157,9 @@ def step_curve(
         if t_ns <= peak_ns:
             peak_phase = name
     phases = [[0.0, first_phase]] + [[(t - step_start_ns) / 1e9, name] for t, name in marks]
-    return StepCurve(peak_bytes=peak, events=thin(events, MAX_CURVE_POINTS), phases=phases, peak_phase=peak_phase)
+    return StepCurve(
+        peak_bytes=peak, peak_ns=peak_ns, events=thin(events, MAX_CURVE_POINTS), phases=phases, peak_phase=peak_phase
+    )
 
 
 def thin(points: list[list], max_points: int) -> list[list]:
@@ -173,29 +177,68 @@ def thin(points: list[list], max_points: int) -> list[list]:
     return [points[i] for i in sorted(keep)]
 
 
+def allocator_ledger(
+    raw: Iterable[tuple[int, int, int, int, str]],
+) -> tuple[list[tuple[int, int, int, int]], list[str], int]:
+    """c10's ``(time_ns, total_allocated, signed size, address, made by)`` events in order, as a
+    ledger of live blocks by address: ``(events (time_ns, bytes live, signed size, address), made
+    by per event, drift)``. An allocation at an address still live means that block's free was not
+    reported (it happened on a thread the profiler does not follow): a free of it is inserted
+    first. A free of a block the ledger does not hold (allocated before the profile) is skipped, as
+    c10 skips it. ``drift``: c10's final total minus the ledger's (blocks c10 still counts)."""
+    live: dict[int, int] = {}
+    events, made_by, total = [], [], 0
+    first = last = None
+    for t, c10_total, size, ptr, ops in raw:
+        if first is None:
+            first = c10_total - size  # c10's total when the profiler started
+        last = c10_total
+        if size > 0 and ptr in live:
+            total -= live[ptr]
+            events.append((t, total, -live.pop(ptr), ptr))
+            made_by.append("(freed on a thread the profiler does not follow)")
+        elif size < 0 and live.get(ptr) != -size:
+            continue
+        total += size
+        if size > 0:
+            live[ptr] = size
+        else:
+            del live[ptr]
+        events.append((t, total, size, ptr))
+        made_by.append(ops)
+    return events, made_by, (last - first - total) if first is not None else 0
+
+
 class AllocatorStream:
     """c10's CPU allocator events, recorded by the kineto profiler with ``profile_memory=True``.
 
     ``start()`` / ``stop()`` run the profiler; ``mark(name)`` drops a zero-length
     ``record_function`` range named ``planner::<name>`` whose start time is on the allocation
-    events' clock. After ``stop()``: ``allocations`` lists ``(time_ns, total_allocated,
-    alloc_size, ptr)`` of every CPU allocation (size > 0) and free (size < 0), in time order, and
-    ``marks`` lists ``(time_ns, name)``.
+    events' clock. After ``stop()``: ``events`` lists ``(time_ns, bytes live, signed size,
+    address)`` of every CPU allocation (size > 0) and free (size < 0) in time order, ``made_by``
+    the ops each happened in, and ``marks`` the ``(time_ns, name)`` markers.
+
+    Bytes live is a ledger of the reported blocks by address rather than c10's ``total_allocated``
+    itself: c10 reports (and subtracts) a free only on a thread the profiler follows
+    (``memoryProfilingEnabled()`` is thread-local), so a block freed on another thread (gloo's
+    workers drop DeepSpeed's gathered parameters) stays in ``allocated_`` for good, and the
+    running total drifts up run by run. The ledger frees such a block when its address is
+    allocated again; ``drift_bytes`` is how far c10's total ended above the ledger. Where every
+    free is reported the two are equal.
     """
 
     def __init__(self) -> None:
         self._prof: Any = None
-        self.allocations: list[tuple[int, int, int, int]] = []
+        self.events: list[tuple[int, int, int, int]] = []
+        self.made_by: list[str] = []
+        """Per event: the ops it happened in, innermost first (``aten::empty < my::op``)."""
         self.marks: list[tuple[int, str]] = []
-
-    @property
-    def running(self) -> bool:
-        return self._prof is not None
+        self.drift_bytes = 0
 
     def start(self) -> None:
         from torch.autograd.profiler import profile
 
-        # use_kineto: the event tree (with total_allocated) exists only in kineto results;
+        # use_kineto: the event tree (with the allocation fields) exists only in kineto results;
         # no shapes, stacks or flops: the cheapest profile that reports memory
         self._prof = profile(use_cpu=True, use_kineto=True, profile_memory=True)
         self._prof.__enter__()
@@ -218,40 +261,79 @@ class AllocatorStream:
     def _read(self, roots: list) -> None:
         from torch._C._profiler import _EventType
 
-        allocations, marks = [], []
-        stack = list(roots)
+        raw, marks = [], []
+        stack = [(event, ()) for event in roots]
         while stack:
-            event = stack.pop()
-            stack.extend(event.children)
+            event, ops = stack.pop()
             kind, fields = event.typed
             if kind == _EventType.Allocation and fields.device.type == "cpu":
-                allocations.append((event.start_time_ns, fields.total_allocated, fields.alloc_size, fields.ptr))
+                raw.append((event.start_time_ns, fields.total_allocated, fields.alloc_size, fields.ptr, " < ".join(ops)))
             elif kind == _EventType.TorchOp and event.name.startswith(_MARK):
                 marks.append((event.start_time_ns, event.name[len(_MARK):]))
-        # the running total orders events of one thread exactly; time orders threads
-        allocations.sort()
-        marks.sort()
-        self.allocations, self.marks = allocations, marks
+            # the dispatch probe's own mode shows up as an op around every op: not a maker
+            own = kind != _EventType.TorchOp or event.name == "PythonDispatchMode"
+            stack.extend((child, ops if own else (event.name,) + ops[:2]) for child in event.children)
+        # c10's running total orders the events of one thread exactly; time orders threads
+        raw.sort(key=lambda a: (a[0], a[1]))
+        self.marks = sorted(marks)
+        self.events, self.made_by, self.drift_bytes = allocator_ledger(raw)
 
-    def curve(self, *, step_mark: str, excluded: Mapping[int, int] | None = None) -> StepCurve | None:
+    def step_start_ns(self, step_mark: str) -> int | None:
+        return max((t for t, name in self.marks if name == step_mark), default=None)
+
+    def live_between(self, start_ns: int | None, end_ns: int) -> dict[int, tuple[int, str]]:
+        """address -> (size, ops it was made in) of the blocks allocated in [start_ns, end_ns]
+        (from the beginning when None) and live at end_ns."""
+        live: dict[int, tuple[int, str]] = {}
+        for (t, _, size, ptr), made_by in zip(self.events, self.made_by):
+            if t > end_ns:
+                break
+            if start_ns is not None and t < start_ns:
+                continue
+            if size > 0:
+                live[ptr] = (size, made_by)
+            else:
+                live.pop(ptr, None)
+        return live
+
+    def curve(
+        self, *, step_mark: str, excluded: Mapping[int, int] | None = None, known: Container[int] | None = None,
+    ) -> tuple[StepCurve, dict[int, tuple[int, str]]] | None:
         """The step that starts at the last ``step_mark`` marker (to the end of the stream), as live
-        bytes allocated since ``start()``; None when there is no such marker."""
-        starts = [t for t, name in self.marks if name == step_mark]
-        if not starts:
+        bytes allocated since ``start()``, and the blocks left out of it; None without a marker.
+
+        Left out: the blocks of ``excluded`` (addresses of host-memory stand-ins), and, given
+        ``known`` (the addresses of the storages another count knows live at the step's start),
+        the blocks live at the start that it does not know: blocks whose free the profiler
+        missed (see the class docstring), or blocks made below the dispatcher that outlive a step.
+        """
+        t0 = self.step_start_ns(step_mark)
+        if t0 is None:
             return None
-        t0 = starts[-1]
-        # allocated_ when the profiler started (blocks of an earlier profile in this process)
-        offset = self.allocations[0][1] - self.allocations[0][2] if self.allocations else 0
-        before = [total for t, total, _, _ in self.allocations if t < t0]
+        live = self.live_between(None, t0 - 1)
+        left_out = {ptr: live[ptr] for ptr in (excluded or {}) if ptr in live}
+        if known is not None:
+            left_out.update({ptr: block for ptr, block in live.items() if ptr not in known})
         phases = [(t, name.removeprefix("phase:")) for t, name in self.marks if name.startswith("phase:")]
-        return step_curve(
-            changes=[(t, total - offset, size, ptr) for t, total, size, ptr in self.allocations if t >= t0],
-            start_total=before[-1] - offset if before else 0,
+        curve = step_curve(
+            changes=[event for event in self.events if event[0] >= t0],
+            start_total=sum(size for size, _ in live.values()),
             step_start_ns=t0,
             phase_marks=[(t, name) for t, name in phases if t > t0],
             first_phase=next((name for t, name in reversed(phases) if t <= t0), ""),
-            excluded=excluded,
+            excluded={ptr: size for ptr, (size, _) in left_out.items()},
         )
+        return curve, left_out
+
+
+def _grouped(blocks: Iterable[tuple[int, str]]) -> list[tuple[int, int, str]]:
+    """(bytes, count, made by) of ``(size, made by)`` blocks grouped by maker, largest first."""
+    groups: dict[str, list[int]] = {}
+    for size, made_by in blocks:
+        group = groups.setdefault(made_by, [0, 0])
+        group[0] += size
+        group[1] += 1
+    return sorted(((n, c, by) for by, (n, c) in groups.items()), reverse=True)
 
 
 class _StorageInfo:
@@ -289,6 +371,8 @@ class CpuProbe:
         self.limit_bytes = limit_bytes
         self._stream = AllocatorStream() if allocator else None
         self._excluded: dict[int, int] = {}
+        self._dispatch_ptrs: set[int] = set()
+        self._left_out: list[tuple[int, str]] = []
         self._curve: StepCurve | None = None
         self.trace = trace
         """Remember which op (and which library line) made each storage, and list the live ones
@@ -349,9 +433,9 @@ class CpuProbe:
             if self.trace:
                 self._list_live()
             # blocks standing for host memory: left out of the allocator's count too
-            self._excluded = {
-                st.data_ptr(): info.nbytes for st, (info, _) in list(self._infos.items()) if info.category == OFFLOADED
-            }
+            storages = [(st.data_ptr(), info) for st, (info, _) in list(self._infos.items())]
+            self._excluded = {ptr: info.nbytes for ptr, info in storages if info.category == OFFLOADED}
+            self._dispatch_ptrs = {ptr for ptr, info in storages if info.nbytes}
         if self._stream is not None:
             self._stream.mark("step")
 
@@ -391,7 +475,10 @@ class CpuProbe:
         self._mode = None
         if self._stream is not None:
             self._stream.stop()
-            self._curve = self._stream.curve(step_mark="step", excluded=self._excluded)
+            found = self._stream.curve(step_mark="step", excluded=self._excluded, known=self._dispatch_ptrs)
+            if found is not None:
+                self._curve, left_out = found
+                self._left_out = [block for ptr, block in left_out.items() if ptr not in self._excluded]
 
     @property
     def reference(self) -> str:
@@ -420,6 +507,27 @@ class CpuProbe:
     def memory_phases(self) -> list[list] | None:
         """``[seconds since the measured step started, phase]`` of each phase change in it."""
         return self._curve.phases if self._curve is not None else None
+
+    @property
+    def allocator_drift_bytes(self) -> int:
+        """How far c10's running total ended above the probe's ledger of its events (blocks freed
+        on threads the profiler does not follow; ``AllocatorStream``)."""
+        return self._stream.drift_bytes if self._stream is not None else 0
+
+    def untracked_at_step_start(self) -> list[tuple[int, int, str]]:
+        """(bytes, count, ops) of the blocks the allocator's events left live as the measured step
+        began that are no live storage of the dispatch count, grouped by the ops that made them:
+        left out of the step's count (blocks freed on a thread the profiler does not follow, so
+        their free was never reported, or made below the dispatcher and kept across steps)."""
+        return _grouped(self._left_out)
+
+    def peak_allocations(self) -> list[tuple[int, int, str]]:
+        """(bytes, count, ops) of the blocks the measured step allocated that were live at the
+        allocator's peak, grouped by the ops that made them, largest first: the allocator's view
+        of what a step adds (it names kernels the dispatch count cannot see into)."""
+        if self._curve is None:
+            return []
+        return _grouped(self._stream.live_between(self._stream.step_start_ns("step"), self._curve.peak_ns).values())
 
     @property
     def peak_reserved_bytes(self) -> None:
@@ -694,5 +802,5 @@ def make_probe(*, device: str, limit_bytes: int | None = None, trace: bool = Fal
 
 __all__ = [
     "CATEGORIES", "OFFLOADED", "AllocatorStream", "CpuProbe", "CudaProbe", "MemoryProbe", "ProbeMemoryLimitError",
-    "StepCurve", "cuda_step_curve", "make_probe", "step_curve",
+    "StepCurve", "allocator_ledger", "cuda_step_curve", "make_probe", "step_curve",
 ]

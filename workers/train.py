@@ -7,7 +7,8 @@ MEASUREMENT CONVENTION (``planner.memory.estimate_memory`` predicts exactly this
   from ``torch.profiler``'s memory events, with the live tensor-storage bytes seen through the
   dispatcher beside them by category; CUDA: the caching allocator's ``max_memory_allocated``).
   details["memory_events"] is the measured step's curve, ``[seconds since the step started,
-  bytes allocated]`` (CPU: the allocator's running total; CUDA: the allocator's trace).
+  bytes allocated]`` (CPU: c10's allocation events; CUDA: the caching allocator's trace), and
+  details["memory_phases"] the ``[seconds, phase]`` of each phase change in it.
 * The run does ``steps`` optimizer steps (default 3, at least 2 so that optimizer states exist
   during the measured step). Each step is ``grad_accum`` micro-steps of forward -> loss /
   grad_accum -> backward, then ``optimizer.step()`` (through the GradScaler for fp16-mixed),
@@ -102,19 +103,7 @@ def run_in_process(
     finally:
         probe.stop()
         gc.collect()
-    details["peak_phase"] = probe.peak_phase
-    if getattr(probe, "memory_events", None) is not None:
-        details["memory_events"] = probe.memory_events
-        details["memory_phases"] = probe.memory_phases
-    if hasattr(probe, "run_peak_bytes"):
-        # the dispatch count, beside the allocator's: what each category held at its own peak
-        details["peak_reference"] = probe.reference
-        details["peak_dispatch_bytes"] = probe.peak_dispatch_bytes
-        details["peak_dispatch_phase"] = probe.peak_dispatch_phase
-        details["run_peak_bytes"] = probe.run_peak_bytes
-        details["peak_breakdown"] = dict(probe.peak_breakdown)
-    if trace:
-        details["peak_storages"] = probe.peak_storages()
+    details.update(_probe_details(probe, trace=trace))
     ok = outcome is RunOutcome.OK
     tokens = config.micro_batch * config.seq_len * config.grad_accum
     measurement = Measurement(
@@ -132,6 +121,32 @@ def run_in_process(
         error=error,
     )
     return measurement, details
+
+
+def _probe_details(probe, *, trace: bool) -> dict[str, Any]:
+    """What the probe knows beyond the peak: the measured curve and, on the CPU, the dispatch
+    count beside the allocator's with what each attributes the bytes to."""
+    out: dict[str, Any] = {"peak_phase": probe.peak_phase}
+    if probe.memory_events is not None:
+        out["memory_events"] = probe.memory_events
+        out["memory_phases"] = probe.memory_phases
+    if hasattr(probe, "peak_dispatch_bytes"):
+        out |= {
+            "peak_reference": probe.reference,
+            # the dispatch count: its peak, and what each category held at that peak
+            "peak_dispatch_bytes": probe.peak_dispatch_bytes,
+            "peak_dispatch_phase": probe.peak_dispatch_phase,
+            "run_peak_bytes": probe.run_peak_bytes,
+            "peak_breakdown": dict(probe.peak_breakdown),
+            # the allocator's attribution: what the step had allocated at its peak, by the ops
+            # that made it, and what it left out at the step's start (top groups)
+            "peak_allocations": probe.peak_allocations()[:16],
+            "untracked_at_step_start": probe.untracked_at_step_start()[:16],
+            "allocator_drift_bytes": probe.allocator_drift_bytes,
+        }
+    if trace:
+        out["peak_storages"] = probe.peak_storages()
+    return out
 
 
 def _check_args(*, model_config: Mapping[str, Any], device: str, steps: int, memory_limit_bytes: int | None) -> None:
