@@ -38,24 +38,8 @@ def tiny_config(tmp_path):
     return path
 
 
-#: runs whose measured peak (c10's CPU allocator) holds a term the model does not have yet:
-#: bitsandbytes' CPU 8-bit step makes fp32 temporaries of 20 B per element of the largest tensor
-#: (backends/cpu/ops.py _optimizer_update_8bit_blockwise_cpu; here the 2000 x 128 embedding:
-#: 5,120,000 B, measured -18.3 %; bench/results/accuracy-cpu.md). Strict: once the model has the
-#: term this run passes and the mark must go.
-KNOWN_GAPS = {"adamw_8bit": "bitsandbytes' CPU 8-bit step temporaries (20 B x the largest tensor) are not modelled yet"}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "options",
-    [
-        pytest.param(options, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[name])) if name in KNOWN_GAPS
-        else options
-        for name, options in RUNS.items()
-    ],
-    ids=list(RUNS),
-)
+@pytest.mark.parametrize("options", list(RUNS.values()), ids=list(RUNS))
 def test_measure_prints_measured_beside_predicted_and_stores_the_run(cli, tiny_config, options):
     args = ["measure", "--model", str(tiny_config), "--gpu", "cpu", "--micro-batch", "2", "--seq-len", "64", *options]
     r = cli(*args, "--json")
