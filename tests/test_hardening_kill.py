@@ -84,6 +84,7 @@ def test_killing_planner_measure_kills_its_child_and_leaks_no_job_dir(tmp_path, 
          "--timeout", "3600", "--no-save"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
+    child = None
     try:
         child = _wait(lambda: _children(parent.pid), 120, "the measurement child")[0]
         assert "workers.child" in Path(f"/proc/{child}/cmdline").read_text()
@@ -98,6 +99,8 @@ def test_killing_planner_measure_kills_its_child_and_leaks_no_job_dir(tmp_path, 
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+        if child is not None and _alive(child):  # a failed test must not leave a run behind
+            os.kill(child, signal.SIGKILL)
 
 
 def _dead_pid() -> int:
