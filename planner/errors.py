@@ -58,3 +58,8 @@ class StoreError(PlannerError):
 
 class SchemaOutOfDateError(StoreError):
     """The database schema is behind the code's models."""
+
+
+class GPUDetectionError(UnknownGPUError):
+    """``--gpu auto`` found no GPU it can plan for (no driver, no device, several models, or one
+    the catalog does not hold)."""
