@@ -220,3 +220,23 @@ def test_integer_errors_echo_the_bad_value(cli, args, option, bad, expected):
 def test_usage_errors_share_the_library_wording(cli, args, line):
     result = cli(*args)
     assert (result.code, result.err) == (2, line + "\n")
+
+
+# ---- the issue's other reproductions: no traceback, whoever's file the fix is in --------------------
+
+ISSUE_REPRODUCTIONS = {
+    "history -n 2**63": ["history", "-n", "9223372036854775808"],
+    "history --since year 1": ["history", "--since", "0001-01-01T00:00:00+01:00"],
+    "history --since year 9999": ["history", "--since", "9999-12-31T23:59:59-05:00"],
+    "estimate markup path": ["estimate", "-m", "dir/runs[/exp1]", "-g", "a10g"],
+    "models markup search": ["models", "--search", "[/]"],
+    "300-character name": ["estimate", "-m", "a" * 300, "-g", "a10g"],
+}
+
+
+@pytest.mark.parametrize("argv", list(ISSUE_REPRODUCTIONS.values()), ids=list(ISSUE_REPRODUCTIONS))
+def test_the_issue_reproductions_end_in_one_line(cli, argv):
+    result = cli(*argv)
+    assert result.code in (0, 2), result
+    assert "Traceback" not in result.out + result.err
+    assert result.code == 0 or ONE_ERROR_LINE.match(result.err), result
