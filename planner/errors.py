@@ -60,6 +60,20 @@ class SchemaOutOfDateError(StoreError):
     """The database schema is behind the code's models."""
 
 
+class ClusterUnavailableError(PlannerError):
+    """The Ray cluster (or its job API) cannot be reached, or has no node that can run the request."""
+
+    exit_code = 4
+
+
+class NoMatchingNodeError(ClusterUnavailableError):
+    """The Ray cluster is up but no alive node has the requested accelerator type and count."""
+
+
+class JobNotFoundError(PlannerError):
+    """A Ray job id the cluster does not know."""
+
+
 class GPUDetectionError(UnknownGPUError):
     """``--gpu auto`` found no GPU it can plan for (no driver, no device, several models, or one
     the catalog does not hold)."""

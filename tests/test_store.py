@@ -85,6 +85,46 @@ def test_set_status_and_ray_job(store):
         store.set_status(plan_id=plan_id, status="done")
 
 
+def test_status_reason_and_when_it_changed(store):
+    plan_id = store.save_plan(result=plan_result())
+    before = store.get_plan(plan_id=plan_id)
+    assert before.status_changed_at is None and before.status_reason is None
+    store.set_status(plan_id=plan_id, status="failed", reason="every candidate ran out of memory")
+    plan = store.get_plan(plan_id=plan_id)
+    assert plan.status is PlanStatus.FAILED and plan.status_reason == "every candidate ran out of memory"
+    assert plan.status_changed_at is not None and plan.status_changed_at.tzinfo is not None
+    assert plan.lease_until is None
+    assert plan.to_dict()["status_reason"] == "every candidate ran out of memory"
+
+
+def test_a_verifying_plan_whose_lease_ran_out_is_read_as_failed(store):
+    """A driver that died mid-verification leaves no plan verifying forever: the next reader
+    (show, history, the reuse lookup) marks it failed, with why."""
+    alive, dead = store.save_plan(result=plan_result()), store.save_plan(result=plan_result())
+    store.set_status(plan_id=alive, status="verifying", lease_s=600)
+    store.set_status(plan_id=dead, status="verifying", lease_s=-1)  # its lease ran out a second ago
+    assert store.expire_stale_verifications() == 1
+    assert store.expire_stale_verifications() == 0
+    failed = store.get_plan(plan_id=dead)
+    assert failed.status is PlanStatus.FAILED and "no sign of life since" in failed.status_reason
+    assert failed.lease_until is None
+    assert store.get_plan(plan_id=alive).status is PlanStatus.VERIFYING
+
+    store.set_status(plan_id=alive, status="verifying", lease_s=-1)
+    assert [p.status for p in store.history(limit=5) if p.id == alive] == [PlanStatus.FAILED]
+
+
+def test_renewing_the_lease_keeps_a_plan_verifying(store):
+    plan_id = store.save_plan(result=plan_result())
+    store.set_status(plan_id=plan_id, status="verifying", lease_s=-1)
+    store.renew_lease(plan_id=plan_id, lease_s=600)
+    plan = store.get_plan(plan_id=plan_id)
+    assert plan.status is PlanStatus.VERIFYING and plan.lease_until > plan.status_changed_at
+    store.set_status(plan_id=plan_id, status="verified", reason="2 of 2 candidates fit")
+    store.renew_lease(plan_id=plan_id, lease_s=600)  # a late renewal does not reopen a finished plan
+    assert store.get_plan(plan_id=plan_id).lease_until is None
+
+
 def test_single_measurement_is_a_measured_plan(store):
     req = request(constraints={"config": "lora mb2"})
     one = candidate(rank=1, micro_batch=2, grad_accum=8)
@@ -193,9 +233,9 @@ def test_schema_behind_is_refused_until_upgraded(db_url):
         command.downgrade(alembic_config(url=db_url, connection=conn), "base")
     with pytest.raises(SchemaOutOfDateError) as info:
         open_store(url=db_url)
-    assert str(info.value) == "database schema at base is behind this planner (0001): run 'planner db upgrade'"
-    assert upgrade_database(url=db_url) == (None, "0001")
-    assert upgrade_database(url=db_url) == ("0001", "0001")
+    assert str(info.value) == "database schema at base is behind this planner (0002): run 'planner db upgrade'"
+    assert upgrade_database(url=db_url) == (None, "0002")
+    assert upgrade_database(url=db_url) == ("0002", "0002")
     with open_store(url=db_url) as s:
         assert s.count_plans() == 0
 

@@ -15,6 +15,7 @@ from typing import Sequence
 _COMMAND_MODULES = (
     "planner.cli.plan",
     "planner.cli.suggest_cmd",
+    "planner.cli.jobs_cmd",
     "planner.cli.models_cmd",
     "planner.cli.gpus_cmd",
     "planner.cli.store",

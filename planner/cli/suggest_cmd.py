@@ -10,64 +10,199 @@ from planner.cli._common import console_to_stderr
 from planner.cli.plan import _GPU, _GPU_MEM, _GPUS, _JSON, _MODEL, _SEQ
 
 
+_VERIFY_HELP = "Verify the top candidates with short real runs on Ray workers (embedded Ray, or --ray-address)."
+
+
 def suggest(
     model: str = _MODEL,
     gpu: str = _GPU,
     target_batch: int = typer.Option(..., "--target-batch", "-b", help="Global batch: micro x accumulation x GPUs."),
     seq_len: Optional[int] = _SEQ,
     gpus: int = _GPUS,
-    gpu_mem: Optional[str] = _GPU_MEM,
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB (with --gpu cpu: the limit verification runs are held to)."),
     method: str = typer.Option("auto", "--method", help="auto|full|lora|qlora"),
     precision: str = typer.Option("auto", "--precision", help="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16"),
     no_offload: bool = typer.Option(False, "--no-offload", help="Do not consider DeepSpeed CPU offload."),
     cpu_mem: Optional[str] = typer.Option(None, "--cpu-mem", help="Host RAM offload may use (default: this machine's RAM)."),
-    top_k: int = typer.Option(5, "--top-k", "-k", help="Plans to show."),
+    top_k: int = typer.Option(5, "--top-k", "-k", help="Plans to show (and the pool verification falls back on)."),
+    verify: bool = typer.Option(False, "--verify", help=_VERIFY_HELP),
+    verify_top: int = typer.Option(3, "--verify-top", help="Candidates to verify fitting (default: 3)."),
+    steps: int = typer.Option(3, "--steps", help="Optimizer steps per verification run; the last is measured (default: 3)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to run on: auto, HOST:6379 or ray://HOST:10001 (default: $RAY_ADDRESS, else Ray embedded here)."),
+    run_timeout: float = typer.Option(900, "--run-timeout", help="Seconds before a verification run is killed (default: 900)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Plan again even when a verified plan for this request is stored."),
+    plan_id: Optional[str] = typer.Option(None, "--plan-id", hidden=True, help="Verify this stored plan of the same request (planner submit's jobs)."),
     db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not store this plan."),
     as_json: bool = _JSON,
 ) -> None:
     """Search every configuration that reaches --target-batch and rank what fits: the most faithful
-    method first (full > LoRA > QLoRA, narrowed by --method), then the fastest."""
-    from planner.cli._common import console, print_json
-    from planner.errors import NothingFitsError
-    from planner.planning import SuggestRequest, make_plan
+    method first (full > LoRA > QLoRA, narrowed by --method), then the fastest.
+
+    With --verify, the top candidates are trained for a few real steps on Ray workers and the
+    fastest that fits when run is the answer."""
+    from planner.cli._common import console
+
+    if no_save and (verify or plan_id):
+        from planner.errors import InvalidConfigError
+
+        raise InvalidConfigError("--verify stores its runs with the plan: drop --no-save")
+    options = _verify_options(verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout) if verify else None
+    if options is not None or plan_id is not None:
+        from planner.verify.cluster import check_reachable, import_ray
+
+        import_ray()  # Ray missing, or an unreachable cluster: one line before anything is planned or stored
+        if ray_address:
+            check_reachable(ray_address)
+    request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
+                       method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k)
+    planned = _plan(request, as_json=as_json)
+    out = console() if not as_json else console_to_stderr()
+    if not fresh and not no_save and plan_id is None:
+        reused = _stored_verified(planned.result.request, db=db)
+        if reused is not None:
+            _answer_from_store(out, reused, device=planned.device, as_json=as_json)
+            return
+    if plan_id is not None:
+        target = _adopt(plan_id, planned=planned, db=db)
+        if not as_json:
+            _print_suggestion(out, planned.result, spec=planned.spec, device=planned.device, seq_defaulted=planned.seq_defaulted,
+                              host=planned.host_bytes, no_offload=no_offload)
+            out.print(f"plan id: {target}")
+    else:
+        target = _save_and_print(out, planned, db=db, no_save=no_save, no_offload=no_offload, print_table=not as_json,
+                                 print_json_plan=as_json and options is None)
+    if options is not None or plan_id is not None:
+        _verify(out, target, planned=planned, db=db, options=options or _verify_options(
+            verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout), as_json=as_json)
+
+
+def _request(*, model, gpu, target_batch, seq_len, gpus, gpu_mem, method, precision, no_offload, cpu_mem, top_k):
+    from planner.planning import SuggestRequest
     from planner.units import parse_bytes
 
-    request = SuggestRequest(
+    return SuggestRequest(
         model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus,
         gpu_mem_bytes=parse_bytes(gpu_mem, option="--gpu-mem") if gpu_mem is not None else None,
         method=method, precision=precision, allow_offload=not no_offload,
         cpu_mem_bytes=parse_bytes(cpu_mem, option="--cpu-mem") if cpu_mem is not None else None, top_k=top_k,
     )
+
+
+def _verify_options(*, verify_top, steps, ray_address, run_timeout):
+    from planner.verify.driver import VerifyOptions
+
+    return VerifyOptions(top=verify_top, steps=steps, address=ray_address, timeout_s=run_timeout)
+
+
+def _plan(request, *, as_json: bool):
+    from planner.cli._common import print_json
+    from planner.errors import NothingFitsError
+    from planner.planning import make_plan
+
     try:
-        planned = make_plan(request)
+        return make_plan(request)
     except NothingFitsError as exc:
         if as_json and exc.result is not None:
             # scripts get the request and every family's closest try; the error line still goes
             # to stderr and the exit code stays 3
             print_json(exc.result.to_dict() | {"plan_id": None, "error": str(exc)})
         raise
-    result, spec, device = planned.result, planned.spec, planned.device
+
+
+def _save_and_print(out, planned, *, db, no_save: bool, no_offload: bool, print_table: bool, print_json_plan: bool) -> str | None:
+    """Store the plan, then print it (a reader that stops early, | head, loses no plan); a store
+    that fails still lets the table print first, then the error."""
+    from planner.cli._common import print_json
     from planner.cli.store import report_saved, save_plan
     from planner.errors import StoreError
 
-    # stored before anything is printed: a reader that stops early (| head) loses no plan; a
-    # store that fails still lets the table print first, then the error
+    result = planned.result
     try:
         saved, store_error = save_plan(result=result, db=db, save=not no_save), None
     except StoreError as exc:
         saved, store_error = None, exc
-    out = console() if not as_json else console_to_stderr()
-    if not as_json:
-        _print_suggestion(out, result, spec=spec, device=device, seq_defaulted=planned.seq_defaulted, host=planned.host_bytes,
-                          no_offload=no_offload)
+    if print_table:
+        _print_suggestion(out, result, spec=planned.spec, device=planned.device, seq_defaulted=planned.seq_defaulted,
+                          host=planned.host_bytes, no_offload=no_offload)
     if store_error is not None:
         raise store_error
     plan_id = report_saved(saved, console=out)
+    if print_json_plan:
+        print_json(result.to_dict() | {"plan_id": plan_id})
+    return plan_id
+
+
+def _stored_verified(request, *, db):
+    """The newest verified plan of an identical request, or None (also when the store is unreachable:
+    planning goes on and the save reports the store's error)."""
+    from planner.errors import StoreError
+    from planner.store import open_store
+
+    try:
+        with open_store(url=db) as store:
+            found = store.find_same_request(request=request)
+    except StoreError:
+        return None
+    return found if found is not None and found.verified else None
+
+
+def _answer_from_store(out, plan, *, device, as_json: bool) -> None:
+    from planner.cli._common import print_json
+    from planner.cli.verify_view import answer_position, print_verified, verification_dict
+
     if as_json:
-        data = result.to_dict()
-        data["plan_id"] = plan_id
-        print_json(data)
+        print_json(plan.to_result().to_dict() | {"plan_id": plan.id, "from_store": True,
+                                                 "verification": verification_dict(plan)})
+        return
+    when = plan.status_changed_at.strftime("%Y-%m-%d %H:%M UTC") if plan.status_changed_at else plan.created_at.strftime("%Y-%m-%d %H:%M UTC")
+    out.print(f"answered from the store: plan {plan.id} for this request was verified {when} "
+              "(--fresh plans and verifies again)")
+    print_verified(out, plan, answer=answer_position(plan), device_is_cpu=device.is_cpu)
+    out.print(f"plan id: {plan.id}")
+
+
+def _adopt(plan_id: str, *, planned, db) -> str:
+    """The stored plan a submitted job verifies: it must be this same request."""
+    from planner.errors import StoreError
+    from planner.store import constraints_hash, open_store
+
+    with open_store(url=db) as store:
+        plan = store.get_plan(plan_id=plan_id)
+    mine, theirs = planned.result.request, plan.request
+    same = (mine.model_fingerprint, mine.gpu, mine.gpu_count, mine.target_batch, mine.seq_len, constraints_hash(mine.constraints)) == (
+        theirs.model_fingerprint, theirs.gpu, theirs.gpu_count, theirs.target_batch, theirs.seq_len, constraints_hash(theirs.constraints))
+    if not same:
+        raise StoreError(f"plan {plan.id[:8]} was made for another request ({theirs.model_id} on {theirs.gpu_count} x "
+                         f"{theirs.gpu}, batch {theirs.target_batch}): run suggest with its options, or without --plan-id")
+    return plan.id
+
+
+def _verify(out, plan_id: str | None, *, planned, db, options, as_json: bool) -> None:
+    """Verify the stored plan on Ray, show progress, then measured vs predicted and the answer;
+    exit 1 when no candidate fit when run."""
+    from planner.cli._common import print_json
+    from planner.cli.verify_view import answer_position, print_verified, progress_display, verification_dict
+    from planner.store import PlanStatus, open_store
+    from planner.verify.driver import verify_plan
+
+    assert plan_id is not None
+    with open_store(url=db) as store:
+        display = progress_display(out)
+        try:
+            report = verify_plan(store=store, plan_id=plan_id, gpu=planned.device, model_config=planned.spec.config,
+                                 options=options, on_progress=display)
+        finally:
+            display.close()
+        plan = store.get_plan(plan_id=plan_id)
+    if as_json:
+        print_json(plan.to_result().to_dict() | {"plan_id": plan.id, "verification": verification_dict(plan, report)})
+    else:
+        for skipped in (r for r in report.runs if r.state == "skipped"):
+            out.print(f"  #{skipped.position + 1} skipped: {skipped.note}", markup=False)
+        print_verified(out, plan, answer=answer_position(plan), device_is_cpu=planned.device.is_cpu)
+    if plan.status is not PlanStatus.VERIFIED:
+        raise typer.Exit(1)
 
 
 def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: int, no_offload: bool) -> None:

@@ -46,6 +46,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 T = TypeVar("T")
 
+#: How long a verifying driver may stay silent before its plan is read as failed. The driver
+#: renews every few seconds while runs are under way, so this only bounds how long a dead
+#: driver's plan looks alive.
+DEFAULT_LEASE_S = 120.0
+
 _HEX_ID = re.compile(r"[0-9a-f]{1,32}")
 _RELATIVE = re.compile(r"^\s*(\d+)\s*([mhdw])\s*$", re.IGNORECASE)
 _UNIT = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -271,18 +276,67 @@ class Store:
 
         return self._run(work, write=True)
 
-    def set_status(self, *, plan_id: str, status: PlanStatus | str, ray_job_id: str | None = None) -> None:
-        """Move a plan to ``status`` (and note the Ray job verifying it, when given)."""
+    def set_status(
+        self, *, plan_id: str, status: PlanStatus | str, reason: str | None = None, ray_job_id: str | None = None,
+        lease_s: float | None = None,
+    ) -> None:
+        """Move a plan to ``status`` with why (``reason``), and note the Ray job verifying it when
+        given. ``verifying`` takes a lease of ``lease_s`` (default ``DEFAULT_LEASE_S``): the driver
+        renews it (``renew_lease``) while it runs, or readers mark the plan failed (its driver died).
+        Other statuses hold no lease."""
         status = parse_status(status) if isinstance(status, str) else status
+        if status is PlanStatus.VERIFYING:
+            lease_s = DEFAULT_LEASE_S if lease_s is None else lease_s
+        else:
+            lease_s = None
 
         def work(session: Session) -> None:
             row = session.get(PlanRequestRow, self._resolve(session, PlanRequestRow, plan_id, what="plan"))
             assert row is not None
+            now = utcnow()
             row.status = str(status)
+            row.status_reason = reason
+            row.status_changed_at = now
+            row.lease_until = now + timedelta(seconds=lease_s) if lease_s is not None else None
             if ray_job_id is not None:
                 row.ray_job_id = ray_job_id
 
         self._run(work, write=True)
+
+    def renew_lease(self, *, plan_id: str, lease_s: float) -> None:
+        """The verifying driver is alive: push the plan's lease ``lease_s`` seconds from now."""
+
+        def work(session: Session) -> None:
+            row = session.get(PlanRequestRow, self._resolve(session, PlanRequestRow, plan_id, what="plan"))
+            assert row is not None
+            if row.status == str(PlanStatus.VERIFYING):
+                row.lease_until = utcnow() + timedelta(seconds=lease_s)
+
+        self._run(work, write=True)
+
+    def expire_stale_verifications(self) -> int:
+        """Mark ``failed`` every ``verifying`` plan whose lease ran out (its driver died or was
+        killed); returns how many. Readers call it, so no plan stays ``verifying`` forever."""
+        r = PlanRequestRow
+        now = utcnow()
+        stale = (r.status == str(PlanStatus.VERIFYING)) & (r.lease_until < now)
+        # one cheap SELECT on the status index in the common case: nothing is stale
+        if self._run(lambda s: s.scalars(select(r.id).where(stale).limit(1)).first(), write=False) is None:
+            return 0
+
+        def work(session: Session) -> int:
+            rows = session.scalars(select(r).where(stale)).all()
+            for row in rows:
+                row.status = str(PlanStatus.FAILED)
+                row.status_reason = (
+                    "verification stopped unfinished: its driver gave no sign of life since "
+                    f"{row.lease_until:%Y-%m-%d %H:%M:%S} UTC (killed, or its machine went away); plan again with --fresh"
+                )
+                row.status_changed_at = now
+                row.lease_until = None
+            return len(rows)
+
+        return self._run(work, write=True)
 
     # ---- reading ---------------------------------------------------------------------------
     @staticmethod
@@ -296,6 +350,7 @@ class Store:
 
     def get_plan(self, *, plan_id: str) -> StoredPlan:
         """The plan with this id or unique id prefix, with its candidates and measurements."""
+        self.expire_stale_verifications()
         return self._run(
             lambda s: self._load_plan(s, self._resolve(s, PlanRequestRow, plan_id, what="plan")), write=False
         )
@@ -319,6 +374,8 @@ class Store:
             .order_by(case((r.status == str(PlanStatus.VERIFIED), 0), else_=1), r.created_at.desc(), r.id.desc())
             .limit(1)
         )
+
+        self.expire_stale_verifications()
 
         def work(session: Session) -> StoredPlan | None:
             plan_id = session.scalars(query).first()
@@ -350,6 +407,7 @@ class Store:
         if since is not None:
             query = query.where(r.created_at >= since)
         query = query.order_by(r.created_at.desc(), r.id.desc()).limit(limit)
+        self.expire_stale_verifications()
 
         def work(session: Session) -> list[PlanSummary]:
             rows = session.scalars(query).all()

@@ -88,6 +88,10 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(timezone.utc)
 
 
+#: The longest model id (catalog id, config path, HF id) the store keeps, on every backend
+#: (migration 0002; Linux paths reach 4096 but a config path past 1024 is a typo in practice).
+MODEL_ID_MAX_CHARS = 1024
+
 #: Fields copied one to one between ``PlanRequest`` and ``PlanRequestRow``.
 REQUEST_FIELDS = (
     "model_id", "model_fingerprint", "gpu", "gpu_count", "gpu_memory_bytes", "target_batch", "seq_len",
@@ -119,7 +123,7 @@ class PlanRequestRow(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    model_id: Mapped[str] = mapped_column(String(255))
+    model_id: Mapped[str] = mapped_column(String(MODEL_ID_MAX_CHARS))
     model_fingerprint: Mapped[str] = mapped_column(String(64))
     gpu: Mapped[str] = mapped_column(String(64))
     gpu_count: Mapped[int] = mapped_column(Integer)
@@ -131,6 +135,11 @@ class PlanRequestRow(Base):
     """sha256 of the canonical JSON of ``constraints``: equal requests compare on an index."""
     planner_version: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(16))
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    """Why the plan has its status (a failed verification's cause), shown by ``planner show``."""
+    status_changed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    """A ``verifying`` plan's driver renews this; past it, the plan is read as failed."""
     ray_job_id: Mapped[str | None] = mapped_column(String(128))
     rejected: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     searched: Mapped[int] = mapped_column(Integer)
@@ -173,6 +182,9 @@ class PlanRequestRow(Base):
             usable_bytes=self.usable_bytes,
             safety_margin_bytes=self.safety_margin_bytes,
             ray_job_id=self.ray_job_id,
+            status_reason=self.status_reason,
+            status_changed_at=self.status_changed_at,
+            lease_until=self.lease_until,
         )
 
 
@@ -273,6 +285,7 @@ class MeasurementRow(Base):
 
 __all__ = [
     "MEASUREMENT_FIELDS",
+    "MODEL_ID_MAX_CHARS",
     "REQUEST_FIELDS",
     "copy_fields",
     "Base", "CandidateRow", "MeasurementRow", "PlanRequestRow", "UTCDateTime", "VERSION_TABLE"]

@@ -115,6 +115,12 @@ class StoredPlan:
     safety_margin_bytes: int = 0
     ray_job_id: str | None = None
     """Ray job that verifies it, when it was submitted as one."""
+    status_reason: str | None = None
+    """Why it has its status: a failed verification's cause, or what verified it."""
+    status_changed_at: datetime | None = None
+    """When the status last changed (timezone-aware UTC); None for plans stored before 0.2."""
+    lease_until: datetime | None = None
+    """While ``verifying``: the time by which its driver must renew the lease."""
 
     @property
     def verified(self) -> bool:
@@ -139,6 +145,8 @@ class StoredPlan:
         return {
             **_identity(self),
             "ray_job_id": self.ray_job_id,
+            "status_reason": self.status_reason,
+            "status_changed_at": self.status_changed_at.isoformat() if self.status_changed_at else None,
             "request": self.request.to_dict(),
             "searched": self.searched,
             "usable_bytes": self.usable_bytes,

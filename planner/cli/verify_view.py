@@ -1,0 +1,151 @@
+"""How ``planner suggest --verify`` shows verification: a live table on a terminal, plain lines
+otherwise, and at the end measured beside predicted for every candidate that ran."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
+
+    from planner.store import StoredPlan
+    from planner.verify.driver import RunReport, VerificationReport
+
+
+def _state_text(report: "RunReport") -> str:
+    if report.state == "queued":
+        return "queued"
+    took = f" {report.elapsed_s:.0f}s" if report.elapsed_s is not None else ""
+    where = f" on {report.node}" if report.node else ""
+    return f"{report.state}{took}{where}"
+
+
+class LineProgress:
+    """One plain line per change of a run's state (logs, pipes, CI)."""
+
+    def __init__(self, console: "Console") -> None:
+        self.console = console
+        self.seen: dict[int, str] = {}
+
+    def __call__(self, reports: "tuple[RunReport, ...]", elapsed_s: float) -> None:
+        for r in reports:
+            if self.seen.get(r.position) != r.state:
+                self.seen[r.position] = r.state
+                note = f": {r.note}" if r.note and r.state.is_terminal() else ""
+                self.console.print(f"[{elapsed_s:6.1f}s] #{r.position + 1} {r.label}: {_state_text(r)}{note}", markup=False)
+
+    def close(self) -> None:
+        pass
+
+
+class LiveProgress:
+    """A table redrawn in place: queued / running / done per candidate with elapsed time."""
+
+    def __init__(self, console: "Console") -> None:
+        from rich.live import Live
+
+        self.live = Live(console=console, refresh_per_second=4, transient=True)
+        self.live.start()
+
+    def __call__(self, reports: "tuple[RunReport, ...]", elapsed_s: float) -> None:
+        from rich.table import Table
+
+        table = Table(title=f"verifying ({elapsed_s:.0f}s)", title_justify="left")
+        for name in ("#", "candidate", "state"):
+            table.add_column(name)
+        for r in reports:
+            table.add_row(str(r.position + 1), r.label, _state_text(r))
+        self.live.update(table)
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+def progress_display(console: "Console") -> Any:
+    """Live on an interactive terminal, plain lines otherwise."""
+    return LiveProgress(console) if console.is_terminal and sys.stdout.isatty() else LineProgress(console)
+
+
+def _err(predicted: float | None, measured: float | None) -> str:
+    if predicted is None or not measured:
+        return ""
+    return f"{(predicted - measured) / measured * 100:+.1f}%"
+
+
+def verification_table(plan: "StoredPlan", *, answer: int | None, reserved: bool) -> Any:
+    """Measured beside predicted for every candidate that ran (its latest run)."""
+    from rich.table import Table
+
+    from planner.units import format_bytes
+
+    table = Table(title="verified: measured vs predicted (error = (predicted - measured) / measured)", title_justify="left")
+    columns = ["#", "candidate", "outcome", "peak alloc pred", "measured", "err"]
+    if reserved:
+        columns += ["reserved pred", "measured", "err"]
+    columns += ["tokens/s pred", "measured", "err"]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("candidate", "outcome") else "right")
+    for stored in plan.candidates:
+        run = stored.latest
+        if run is None:
+            continue
+        p, m = stored.candidate, run.measurement
+        mark = " <- answer" if answer == stored.position else ""
+        row = [str(stored.position + 1), p.config.label() + mark, str(m.outcome),
+               format_bytes(p.memory.peak_allocated_bytes),
+               format_bytes(m.peak_allocated_bytes) if m.peak_allocated_bytes else "-",
+               _err(p.memory.peak_allocated_bytes, m.peak_allocated_bytes)]
+        if reserved:
+            row += [format_bytes(p.memory.peak_reserved_bytes),
+                    format_bytes(m.peak_reserved_bytes) if m.peak_reserved_bytes else "-",
+                    _err(p.memory.peak_reserved_bytes, m.peak_reserved_bytes)]
+        row += [f"{p.throughput.tokens_per_s:,.0f}", f"{m.tokens_per_s:,.0f}" if m.tokens_per_s else "-",
+                _err(p.throughput.tokens_per_s, m.tokens_per_s)]
+        table.add_row(*row)
+    return table
+
+
+def print_verified(console: "Console", plan: "StoredPlan", *, answer: int | None, device_is_cpu: bool) -> None:
+    """The verification's table, its verdict and the answer."""
+    console.print(verification_table(plan, answer=answer, reserved=not device_is_cpu))
+    for stored in plan.candidates:
+        run = stored.latest
+        if run is not None and run.measurement.error:
+            console.print(f"  #{stored.position + 1} {run.measurement.outcome}: "
+                          f"{run.measurement.error.strip().splitlines()[0][:300]}", markup=False)
+    when = plan.status_changed_at.strftime("%Y-%m-%d %H:%M UTC") if plan.status_changed_at else "?"
+    console.print(f"plan {plan.status} {when}: {plan.status_reason or ''}", markup=False)
+    if answer is not None:
+        best = plan.candidates[answer]
+        m = best.latest.measurement
+        console.print(f"answer: #{answer + 1} {best.candidate.config.label()} — fits when run "
+                      f"({m.tokens_per_s:,.0f} tokens/s measured)", markup=False)
+    if device_is_cpu:
+        console.print("tokens/s on the cpu profile: the throughput model is for GPUs; on the CPU a small model's "
+                      "step is mostly per-op overhead, which it does not model")
+
+
+def answer_position(plan: "StoredPlan") -> int | None:
+    """The fastest candidate that fit when run (by measured tokens/s), from the stored runs."""
+    fitting = [(s.latest.measurement.tokens_per_s or 0.0, -s.position, s.position) for s in plan.candidates
+               if s.latest is not None and str(s.latest.measurement.outcome) == "ok"]
+    return max(fitting)[2] if fitting else None
+
+
+def verification_dict(plan: "StoredPlan", report: "VerificationReport | None" = None) -> dict[str, Any]:
+    """The ``--json`` form: status, why, the answer and every run."""
+    return {
+        "status": str(plan.status),
+        "reason": plan.status_reason,
+        "status_changed_at": plan.status_changed_at.isoformat() if plan.status_changed_at else None,
+        "answer_rank": None if (a := answer_position(plan)) is None else a + 1,
+        "where": report.where if report else None,
+        "elapsed_s": report.elapsed_s if report else None,
+        "runs": [
+            {"rank": s.position + 1, "label": s.candidate.config.label(), **s.latest.to_dict()}
+            for s in plan.candidates if s.latest is not None
+        ],
+        "skipped": [{"rank": r.position + 1, "label": r.label, "reason": r.note}
+                    for r in (report.runs if report else ()) if r.state == "skipped"],
+    }
