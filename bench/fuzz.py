@@ -38,8 +38,6 @@ def fuzz_cli(examples: int, seed: int, home: Path) -> tuple[collections.Counter,
 
     import test_fuzz_cli as grammar
 
-    files = grammar.FuzzFiles(home / "fuzz")
-    files.create()
     counts: collections.Counter = collections.Counter()
     failures: dict[str, tuple[list[str], str]] = {}
 
@@ -61,7 +59,9 @@ def fuzz_cli(examples: int, seed: int, home: Path) -> tuple[collections.Counter,
         for problem in grammar.problems(outcome):
             failures.setdefault(problem, (argv, outcome.err[-300:]))
 
-    with grammar.measure_never_trains():
+    with grammar.closed_port() as port, grammar.measure_never_trains():
+        files = grammar.FuzzFiles(home / "fuzz", closed_port=port)
+        files.create()
         run()
     return counts, failures
 
@@ -103,7 +103,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="planner-fuzz-") as tmp:
         home = Path(tmp)
         os.environ.update(PLANNER_HOME=str(home / "home"), HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(home / "empty-hub"))
-        os.environ.pop("PLANNER_DATABASE_URL", None)
+        for name in ("RAY_ADDRESS", "PLANNER_DATABASE_URL"):  # test_fuzz_cli.FOREIGN_ENV
+            os.environ.pop(name, None)
         t0 = time.perf_counter()
         counts, failures = fuzz_cli(args.examples, args.seed, home)
         elapsed = time.perf_counter() - t0

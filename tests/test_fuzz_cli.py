@@ -79,9 +79,20 @@ _SINCE = st.one_of(
 
 @dataclass(frozen=True)
 class FuzzFiles:
-    """What the grammar may name on disk; everything under the test's own temporary folder."""
+    """What the grammar may name on disk; everything under the test's own temporary folder.
+
+    ``closed_port``: a local port bound by the fuzzer and never listened on, so a connection to
+    it is refused at once: every Ray or job-API address the grammar gives names it (never
+    ``auto`` or a default, which could reach a real cluster on this machine)."""
 
     root: Path
+    closed_port: int = 9
+
+    def ray_addresses(self) -> list[str]:
+        return [f"127.0.0.1:{self.closed_port}", f"ray://127.0.0.1:{self.closed_port}", f"http://127.0.0.1:{self.closed_port}"]
+
+    def job_api_addresses(self) -> list[str]:
+        return [f"http://127.0.0.1:{self.closed_port}", f"https://127.0.0.1:{self.closed_port}"]
 
     def paths(self) -> list[str]:
         return [str(self.root / name) for name in ("tiny", "tiny/config.json", "llama[v2]", "markup.json", "generated.json")]
@@ -142,10 +153,34 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
         "db upgrade": {**db},
         "db current": {**db},
     }
+    verify = {"--verify-top": _ints((1, 5)), "--steps": _ints((2, 5)), "--run-timeout": _FLOATS}
+    job_api = {"--address": st.sampled_from(files.job_api_addresses())}
+    job_id = st.one_of(st.sampled_from(["raysubmit_abc123", "", "x" * 300]), _ODD_TEXT, _MARKUP)
+    grammar.update({
+        # the Ray address always names the closed port (see ALWAYS): nothing is ever verified
+        "suggest": {**grammar["suggest"], **verify, "--verify": None, "--fresh": None,
+                    "--ray-address": st.sampled_from(files.ray_addresses()),
+                    "--plan-id": st.one_of(st.text("0123456789abcdef", max_size=32), _ODD_TEXT)},
+        "submit": {**{k: v for k, v in grammar["suggest"].items() if k != "--no-save"}, **verify, **job_api,
+                   "--verify": None, "--no-verify": None},
+        "jobs list": {**job_api, "--json": None},
+        "jobs status": {**job_api, **db, "--wait": None, "--timeout": _FLOATS, "--json": None},
+        "jobs logs": {**job_api},
+        "jobs stop": {**job_api},
+    })
     return grammar[command]
 
 
-COMMANDS = ("estimate", "measure", "suggest", "models", "gpus", "history", "show", "db upgrade", "db current")
+COMMANDS = ("estimate", "measure", "suggest", "submit", "models", "gpus", "history", "show", "jobs list", "jobs status",
+            "jobs logs", "jobs stop", "db upgrade", "db current")
+#: options given whenever a command runs, whatever else is drawn: measure with a --gpus it refuses
+#: before training; every command that could reach Ray or its job API with the closed port
+ALWAYS = {"measure": ["--gpus"], "submit": ["--address"], "jobs list": ["--address"], "jobs status": ["--address"],
+          "jobs logs": ["--address"], "jobs stop": ["--address"]}
+#: suggest reaches Ray only with --verify or --plan-id; then its --ray-address is the closed port
+ALWAYS_WITH = {("suggest", "--verify"): "--ray-address", ("suggest", "--plan-id"): "--ray-address"}
+#: commands with a positional argument, and what it is
+POSITIONAL = {"show": "plan id", "jobs status": "job id", "jobs logs": "job id", "jobs stop": "job id"}
 #: the short names the grammar may use instead of the long ones
 SHORT = {"--model": "-m", "--gpu": "-g", "--target-batch": "-b", "--top-k": "-k", "--limit": "-n", "--search": "-s"}
 
@@ -156,15 +191,15 @@ def argv_and_config(draw, files: FuzzFiles):
     command = draw(st.sampled_from(COMMANDS))
     grammar = option_grammar(files, command)
     argv = command.split()
-    if command == "show":
+    if command in POSITIONAL:
         argv.append(draw(st.one_of(st.text("0123456789abcdef", min_size=0, max_size=40), _ODD_TEXT, _MARKUP)))
     required = {"estimate": ["--model", "--gpu"], "suggest": ["--model", "--gpu", "--target-batch"],
-                "measure": ["--model", "--gpus"]}.get(command, [])
+                "submit": ["--model", "--gpu", "--target-batch"], "measure": ["--model"]}.get(command, [])
     chosen = draw(st.lists(st.sampled_from(sorted(grammar)), max_size=6, unique=True))
     # usually complete (so the library runs), sometimes not (so the usage errors run)
     names = ([*required, *(n for n in chosen if n not in required)] if draw(st.integers(0, 9)) else chosen)
-    if command == "measure" and "--gpus" not in names:
-        names.append("--gpus")
+    forced = ALWAYS.get(command, []) + [then for (cmd, given), then in ALWAYS_WITH.items() if cmd == command and given in names]
+    names += [name for name in forced if name not in names]
     for name in names:
         flag = SHORT.get(name, name) if draw(st.booleans()) else name
         value = grammar[name]
@@ -280,16 +315,21 @@ class TrainingStarted(AssertionError):
 
 @contextlib.contextmanager
 def measure_never_trains():
-    """Replace the worker entry points with a trap for as long as the fuzzer runs."""
-    import workers
-    import workers.runner
+    """Replace the entry points of training runs and of Ray sessions with a trap while the fuzzer runs."""
+    import importlib
 
     def trap(*args, **kwargs):
-        raise TrainingStarted("a fuzzed command started a training run")
+        raise TrainingStarted("a fuzzed command started a training run or a Ray session")
 
-    saved = {(mod, name): getattr(mod, name) for mod in (workers, workers.runner)
-             for name in ("measure", "measure_with_details") if hasattr(mod, name)}
-    saved[(workers.runner, "run_job")] = workers.runner.run_job
+    entry_points = {"workers": ("measure", "measure_with_details"), "workers.runner": ("measure", "measure_with_details", "run_job"),
+                    "planner.verify.driver": ("verify_plan",), "planner.verify.cluster": ("ray_session",)}
+    saved = {}
+    for module_name, names in entry_points.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # a branch without verification
+            continue
+        saved.update({(module, name): getattr(module, name) for name in names if hasattr(module, name)})
     try:
         for mod, name in saved:
             setattr(mod, name, trap)
@@ -307,12 +347,28 @@ def run_example(files: FuzzFiles, argv: list[str], config: str | dict | None) ->
 # ---- the properties --------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def closed_port():
+    """A local TCP port bound and never listened on: connecting to it is refused at once."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+#: environment a fuzzed command could otherwise follow to a real cluster or database
+FOREIGN_ENV = ("RAY_ADDRESS", "PLANNER_DATABASE_URL")
+
+
 @pytest.fixture
 def fuzz_files(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
-    files = FuzzFiles(tmp_path / "fuzz")
-    files.create()
-    with measure_never_trains():
+    for name in FOREIGN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    with closed_port() as port, measure_never_trains():
+        files = FuzzFiles(tmp_path / "fuzz", closed_port=port)
+        files.create()
         yield files
 
 
