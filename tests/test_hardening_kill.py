@@ -29,7 +29,7 @@ TINY = {
 
 
 def _children(pid: int) -> list[int]:
-    """Live (not zombie) processes whose parent is ``pid``."""
+    """Live (not zombie) measurement processes (``python -m workers.child``) whose parent is ``pid``."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -40,9 +40,16 @@ def _children(pid: int) -> list[int]:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'
         state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) == pid and state != "Z":
+        if int(ppid) == pid and state != "Z" and _is_measurement_child(int(entry.name)):
             found.append(int(entry.name))
     return found
+
+
+def _is_measurement_child(pid: int) -> bool:
+    try:
+        return "workers.child" in Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -87,7 +94,6 @@ def test_killing_planner_measure_kills_its_child_and_leaks_no_job_dir(tmp_path, 
     child = None
     try:
         child = _wait(lambda: _children(parent.pid), 120, "the measurement child")[0]
-        assert "workers.child" in Path(f"/proc/{child}/cmdline").read_text()
         assert [p.name for p in tmpdir.iterdir() if p.name.startswith(JOB_DIR_PREFIX)]
         _wait(lambda: _training(child), 120, "the child to load torch")
         time.sleep(0.5)
@@ -146,3 +152,11 @@ def test_a_sigterm_to_the_child_while_its_parent_lives_is_still_reported_as_sigt
     m, details = run_job({"model_config": TINY, "config": {}, "device": "cpu", "steps": 2, "fault": "hang"}, timeout_s=60)
     killer.join()
     assert "killed by SIGTERM" in m.error and not details["timed_out"]
+
+
+def test_an_orphaned_child_removes_only_a_job_directory(tmp_path):
+    precious = tmp_path / "not-a-job-dir"
+    precious.mkdir()
+    env = dict(os.environ, WORKERS_PARENT_PID=str(_dead_pid()), WORKERS_JOB_DIR=str(precious))
+    proc = subprocess.run([sys.executable, "-m", "workers.child"], input=b"{}", env=env, timeout=60, start_new_session=True)
+    assert proc.returncode == -signal.SIGKILL and precious.exists()

@@ -36,7 +36,10 @@ WATCHDOG_INTERVAL_S = 0.25
 
 def _orphaned(job_dir: str | None) -> None:
     """The parent is gone: remove the job directory and kill this process group, now."""
-    if job_dir:
+    from workers.runner import JOB_DIR_PREFIX
+
+    # only a job directory run_job made: a stray environment variable must not remove anything else
+    if job_dir and os.path.basename(job_dir.rstrip(os.sep)).startswith(JOB_DIR_PREFIX):
         shutil.rmtree(job_dir, ignore_errors=True)
     if os.getpgrp() == os.getpid():  # our own session (run_job starts it so): the whole group
         os.killpg(os.getpid(), signal.SIGKILL)
