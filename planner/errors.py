@@ -84,3 +84,8 @@ class AmbiguousIdError(StoreError):
 
 class UnstorableDataError(StoreError):
     """Data the store refuses to keep as it is (not plain JSON, a bad timestamp, an id too long)."""
+
+
+class GPUDetectionError(UnknownGPUError):
+    """``--gpu auto`` found no GPU it can plan for (no driver, no device, several models, or one
+    the catalog does not hold)."""

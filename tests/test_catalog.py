@@ -170,7 +170,7 @@ def test_unknown_model_names_the_three_closest_ids(tmp_path, monkeypatch):
         resolve_model("llama-2-7b")
     message = str(err.value)
     assert "\n" not in message
-    assert "closest catalog ids: meta-llama/Llama-2-7b-hf, meta-llama/Llama-2-70b-hf, meta-llama/Llama-3.2-1B;" in message
+    assert "closest catalog ids: meta-llama/Llama-2-7b-hf, meta-llama/Llama-2-70b-hf, meta-llama/Llama-2-13b-hf;" in message
     assert message.endswith("pass a path to a config.json to plan any model")
     with pytest.raises(UnknownModelError, match="closest catalog ids: Qwen/Qwen2.5-7B, Qwen/Qwen3-8B, Qwen/Qwen2.5-72B"):
         resolve_model("qwen-7b")

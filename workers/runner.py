@@ -5,6 +5,12 @@ The child is ``python -m workers.child`` in its own session (process group), so 
 it and anything it started (DeepSpeed's compile jobs) with SIGKILL. A child that dies from a
 signal (segfault, kill -9, abort) is outcome ``error`` naming the signal; nothing is retried.
 
+The child dies with its parent: a parent killed with ``kill -9`` runs no cleanup, so the child
+watches for it itself (``workers.child``: ``PR_SET_PDEATHSIG`` on Linux plus a thread polling
+its parent pid) and then removes the job directory and kills its process group. The job
+directory is named after the parent pid (``workers-job-<pid>-*``) so that one the child could not
+remove either (both killed at once) is swept by the next run once its owner pid is gone.
+
 Memory limit: ``memory_limit_bytes`` is enforced on the bytes the probe tracks (CPU: live tensor
 storage bytes; CUDA: ``torch.cuda.set_per_process_memory_fraction``), not with
 ``RLIMIT_AS``: the address space of a torch process is dominated by libraries and allocator
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -107,7 +114,11 @@ def run_job(job: dict[str, Any], *, timeout_s: float, device: str = "cpu", deeps
         env.pop(name, None)
     if device == "cpu":
         env.setdefault("DS_ACCELERATOR", "cpu")
-    with tempfile.TemporaryDirectory(prefix="workers-job-") as tmp:
+    sweep_orphaned_job_dirs()
+    with tempfile.TemporaryDirectory(prefix=f"{JOB_DIR_PREFIX}{os.getpid()}-") as tmp:
+        # the child checks its parent is this pid (closing the race of a parent that dies before
+        # the child arms PR_SET_PDEATHSIG) and removes this directory when the parent is gone
+        env.update({PARENT_PID_ENV: str(os.getpid()), JOB_DIR_ENV: tmp})
         job = dict(job, result_path=os.path.join(tmp, "result.json"))
         log_path = os.path.join(tmp, "child.log")
         with open(log_path, "wb") as log:
@@ -146,6 +157,47 @@ def run_job(job: dict[str, Any], *, timeout_s: float, device: str = "cpu", deeps
     return failed, {"returncode": proc.returncode, "timed_out": timed_out}
 
 
+#: job directories are ``<tmp>/workers-job-<parent pid>-<random>``
+JOB_DIR_PREFIX = "workers-job-"
+#: environment of the child: the pid it must outlive no longer than, and its job directory
+PARENT_PID_ENV = "WORKERS_PARENT_PID"
+JOB_DIR_ENV = "WORKERS_JOB_DIR"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_orphaned_job_dirs(root: str | None = None) -> list[str]:
+    """Remove the job directories whose owner pid is dead; returns the ones removed.
+
+    Normally the child removes its directory when its parent dies; this covers a child that was
+    killed together with its parent (``kill -9`` of the whole group, an OOM killer)."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(JOB_DIR_PREFIX):
+            continue
+        owner, sep, _ = name[len(JOB_DIR_PREFIX):].partition("-")
+        if not sep or not owner.isdigit() or _pid_alive(int(owner)):
+            continue  # a live owner's run, or a directory of the old naming we cannot attribute
+        path = os.path.join(root, name)
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            removed.append(path)
+    return removed
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -154,4 +206,4 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-__all__ = ["measure", "measure_with_details", "run_job"]
+__all__ = ["measure", "measure_with_details", "run_job", "sweep_orphaned_job_dirs"]

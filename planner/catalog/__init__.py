@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -112,9 +113,21 @@ def _find_catalog_id(name: str) -> str | None:
     return None
 
 
+#: The largest config.json we read. Real ones are a few KiB (the largest shipped: 3 KiB); a
+#: file of megabytes is a weights or tokenizer file passed by mistake, and reading it whole
+#: would cost its size in memory.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
 def load_config_file(path: Path) -> dict[str, Any]:
     """Read one config.json; ``ModelConfigError`` naming the file when it is not a JSON object."""
     try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ModelConfigError(
+                f"{path}: {size:,} bytes is too large for a config.json (at most {MAX_CONFIG_BYTES:,}); "
+                "pass the model's config.json"
+            )
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ModelConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from None
@@ -125,16 +138,40 @@ def load_config_file(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno} column {exc.colno}"
         raise ModelConfigError(f"{path}: not valid JSON ({exc.msg} at {where})") from None
+    except RecursionError:  # json's decoder recurses once per nested [ or {
+        raise ModelConfigError(f"{path}: nested too deeply to be a config.json; pass the model's config.json") from None
+    except ValueError as exc:  # e.g. an integer of more than sys.get_int_max_str_digits() digits
+        raise ModelConfigError(f"{path}: not a usable config.json ({exc})") from None
     if not isinstance(config, dict):
         raise ModelConfigError(f"{path}: a config.json must be a JSON object, got {type(config).__name__}")
     return config
 
 
+#: The longest model id we take from a config.json's ``_name_or_path`` (Hub ids are at most 96
+#: characters, huggingface_hub's REPO_ID_REGEX; the store keeps 255).
+MAX_ID_CHARS = 255
+
+
+def usable_name_or_path(value: Any) -> str | None:
+    """``_name_or_path`` of a config.json when it can be the model's id, else None.
+
+    The id is kept as written, rich markup such as ``org/model[/bold]`` included: it is the
+    user's name for the model (and the key its history is found by), and every printer escapes
+    it (``planner.cli._common.user_text``). What is refused is what no escaping makes safe to
+    print on one line: control characters (newlines, terminal escape sequences) and ids longer
+    than the store keeps; then the file's path is the id, as for a config without the key.
+    """
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_ID_CHARS:
+        return None
+    if any(not ch.isprintable() for ch in value):
+        return None
+    return value
+
+
 def _spec_from_file(path: Path, *, model_id: str | None = None) -> ModelSpec:
     config = load_config_file(path)
     if model_id is None:
-        name_or_path = config.get("_name_or_path")
-        model_id = name_or_path if isinstance(name_or_path, str) and name_or_path else str(path)
+        model_id = usable_name_or_path(config.get("_name_or_path")) or str(path)
     return spec_from_config(config, model_id=model_id, source=str(path))
 
 
@@ -147,8 +184,30 @@ def hf_cache_dir() -> Path:
     return Path("~/.cache/huggingface/hub").expanduser()
 
 
+def _path_kind(path: Path) -> str | None:
+    """``"dir"``, ``"file"`` or None; None too for what cannot be a path on this system (a name
+    longer than NAME_MAX, an embedded NUL byte, a directory we may not read)."""
+    try:
+        if path.is_dir():
+            return "dir"
+        if path.is_file():
+            return "file"
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _find_in_hf_cache(name: str) -> Path | None:
     """config.json of ``name`` in the local HF cache: the refs/main snapshot, else the newest."""
+    try:
+        return _find_in_hf_cache_unchecked(name)
+    except (OSError, ValueError, UnicodeDecodeError):
+        # a name no file system holds (too long, a NUL byte), an unreadable cache or ref file:
+        # not in the cache
+        return None
+
+
+def _find_in_hf_cache_unchecked(name: str) -> Path | None:
     hub = hf_cache_dir()
     folder_name = "models--" + name.strip().replace("/", "--")
     repo = hub / folder_name
@@ -166,18 +225,40 @@ def _find_in_hf_cache(name: str) -> Path | None:
     return max(configs, key=lambda p: p.stat().st_mtime) if configs else None
 
 
+_TOKEN_RE = re.compile(r"[a-z]+|[0-9]+(?:\.[0-9]+)*")
+
+
+def _tokens(text: str) -> list[str]:
+    """``Meta-Llama-3.1-8B`` -> ``["meta", "llama", "3.1", "8", "b"]``: words and version numbers."""
+    return _TOKEN_RE.findall(text.lower())
+
+
+def _match_score(query: str, candidate: str) -> tuple[float, float, float]:
+    """(share of the query's tokens the candidate holds, token-sequence ratio, character ratio).
+
+    Tokens first: ``Meta-Llama-3-8B`` holds every token of ``Llama-3-8B`` but ``Llama-3.1-8B``
+    lacks its ``3`` (a version is one token), while a character ratio alone ranks that first.
+    A word weighs twice a number: ``Llama-2-70b`` is nearer to ``Llama-2-7b`` than ``starcoder2-7b``."""
+    q, c = set(_tokens(query)), set(_tokens(candidate))
+    weight = {t: 1 if t[0].isdigit() or len(t) == 1 else 2 for t in q}
+    recall = sum(weight[t] for t in q if t in c) / sum(weight.values()) if q else 0.0
+    q_seq, c_seq = _tokens(query), _tokens(candidate)
+    return (
+        recall,
+        difflib.SequenceMatcher(None, q_seq, c_seq, autojunk=False).ratio(),
+        difflib.SequenceMatcher(None, query.lower(), candidate.lower(), autojunk=False).ratio(),
+    )
+
+
 def _closest_ids(name: str, n: int = 3) -> list[str]:
-    """Catalog ids nearest to ``name`` by difflib ratio against the whole id or its name part."""
-    query = name.strip().lower()
+    """Catalog ids nearest to ``name``: the better of matching the whole id or its name part."""
+    query = name.strip()[:200]  # the rest of a longer name changes no ranking, only the cost
 
-    def score(mid: str) -> float:
-        low = mid.lower()
-        return max(
-            difflib.SequenceMatcher(None, query, low).ratio(),
-            difflib.SequenceMatcher(None, query.rsplit("/", 1)[-1], low.rsplit("/", 1)[-1]).ratio(),
-        )
+    def score(mid: str) -> tuple[float, float, float]:
+        return max(_match_score(query, mid), _match_score(query.rsplit("/", 1)[-1], mid.rsplit("/", 1)[-1]))
 
-    return sorted(catalog_ids(), key=lambda mid: (-score(mid), mid.lower()))[:n]
+    scored = sorted(catalog_ids(), key=lambda mid: (tuple(-x for x in score(mid)), mid.lower()))
+    return scored[:n]
 
 
 def resolve_model(name: str) -> ModelSpec:
@@ -190,26 +271,41 @@ def resolve_model(name: str) -> ModelSpec:
     if canonical is not None:
         return _catalog_spec(canonical)
 
-    path = Path(name).expanduser()
-    if path.is_dir():
+    path = _expand(name)
+    kind = _path_kind(path)
+    if kind == "dir":
         config_path = path / "config.json"
-        if not config_path.is_file():
+        if _path_kind(config_path) != "file":
             raise ModelConfigError(
                 f"{path}: directory has no config.json; pass the model folder that holds it"
             )
         return _spec_from_file(config_path)
-    if path.is_file():
+    if kind == "file":
         return _spec_from_file(path)
 
     cached = _find_in_hf_cache(name)
     if cached is not None:
         return _spec_from_file(cached, model_id=name.strip())
 
+    shown = _shorten(name)
     if name.strip().endswith(".json") or name.strip().startswith((".", "/", "~")):
         # written as a path, not an id: say what is missing on disk
-        raise UnknownModelError(f"{name!r}: no such file or directory; check the path to the config.json or model folder")
+        raise UnknownModelError(f"{shown}: no such file or directory; check the path to the config.json or model folder")
     closest = ", ".join(_closest_ids(name))
     raise UnknownModelError(
-        f"model {name!r} not found in the catalog, on disk or in the local Hugging Face cache "
+        f"model {shown} not found in the catalog, on disk or in the local Hugging Face cache "
         f"({hf_cache_dir()}); closest catalog ids: {closest}; pass a path to a config.json to plan any model"
     )
+
+
+def _expand(name: str) -> Path:
+    try:
+        return Path(name).expanduser()
+    except RuntimeError:  # "~nosuchuser/...": no home to expand to; then it is the literal path
+        return Path(name)
+
+
+def _shorten(name: str, limit: int = 100) -> str:
+    """``repr`` of what the user typed, cut so that an error stays one readable line."""
+    text = repr(name)
+    return text if len(text) <= limit else f"{text[: limit - 3]}...' ({len(name)} characters)"

@@ -25,6 +25,50 @@ from planner.modelspec import LinearKind, LinearSpec, ModelSpec
 
 K = LinearKind
 
+# ---- bounds: what real models hold, with ~10x headroom ----------------------------------------------
+# A config.json value past these is a typo (an extra zero, a byte count for a token count), and
+# sizing it costs time and memory that grow with it (10^7 layers took minutes; 10^400 overflowed a
+# float). The largest values of released models, from their config.json files:
+#   layers: 126 (meta-llama/Llama-3.1-405B), 118 (PaLM 540B, Chowdhery et al. 2022, table 1)
+#   hidden: 20480 (Megatron-Turing NLG 530B, Smith et al. 2022), 16384 (Llama-3.1-405B)
+#   MLP width: 73728 (PaLM 540B), 53248 (Llama-3.1-405B)
+#   attention heads: 232 (tiiuae/falcon-180B); head_dim: 256 (google/gemma-2b)
+#   vocabulary: 262144 (google/gemma-3), 250880 (bigscience/bloom)
+#   positions: 10485760 (meta-llama/Llama-4-Scout, 10M context)
+#   experts: 2048 (google/switch-c-2048), 256 (deepseek-ai/DeepSeek-V3)
+# (shipped catalog and /work/shared/model-configs: at most 80 layers, hidden 8192, MLP 36864,
+# 71 heads, head_dim 256, vocabulary 256000, 131072 positions, 8 experts.)
+_LAYERS_MAX = 2_048
+_HIDDEN_MAX = 262_144
+_MLP_MAX = 1_048_576
+_HEADS_MAX = 4_096
+_VOCAB_MAX = 4_194_304
+_POSITIONS_MAX = 134_217_728
+_EXPERTS_MAX = 32_768
+
+#: key -> (largest value accepted, what that bound is)
+SIZE_BOUNDS: dict[str, tuple[int, str]] = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer"), (_LAYERS_MAX, "layers (largest real model: 126)")),
+    **dict.fromkeys(("hidden_size", "n_embd", "n_embed", "word_embed_proj_dim"),
+                    (_HIDDEN_MAX, "hidden size (largest real model: 20480)")),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"),
+                    (_MLP_MAX, "MLP width (largest real model: 73728)")),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads", "head_dim"),
+                    (_HEADS_MAX, "attention heads / head size (largest real model: 232 heads, head_dim 256)")),
+    **dict.fromkeys(("vocab_size", "type_vocab_size"), (_VOCAB_MAX, "vocabulary (largest real model: 262144)")),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "seq_length", "sliding_window"),
+                    (_POSITIONS_MAX, "positions (longest real context: 10485760)")),
+    **dict.fromkeys(("num_local_experts", "num_experts_per_tok"), (_EXPERTS_MAX, "experts (most in a real model: 2048)")),
+    "num_ln_in_parallel_attn": (16, "layer norms per falcon block (real models: 1 or 2)"),
+}
+#: any other size key: the largest bound above
+_OTHER_SIZE_MAX = (_POSITIONS_MAX, "sizes")
+
+
+def size_bound(key: str) -> tuple[int, str]:
+    """(largest accepted value, what it bounds) of a config.json size key."""
+    return SIZE_BOUNDS.get(key, _OTHER_SIZE_MAX)
+
 
 class _Config:
     """Typed, validated reads from one config.json; errors name the file and the key."""
@@ -51,7 +95,12 @@ class _Config:
                 raise self.error(f"missing {names}: the planner needs it to size the model")
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.error(f"{key} must be a whole number >= 1, got {value!r}")
+            raise self.error(f"{key} must be a whole number >= 1, got {_short(value)}")
+        bound, what = size_bound(key)
+        if value > bound:
+            raise self.error(
+                f"{key} {_short(value)} is past the bound on {what}: at most {bound:,}; check the config.json for a typo"
+            )
         return value
 
     def optional_size(self, key: str) -> int | None:
@@ -63,7 +112,7 @@ class _Config:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise self.error(f"{key} must be true or false, got {value!r}")
+            raise self.error(f"{key} must be true or false, got {_short(value)}")
         return value
 
     def prob(self, *keys: str, default: float = 0.0) -> float:
@@ -72,7 +121,7 @@ class _Config:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise self.error(f"{key} must be a dropout probability in [0, 1), got {value!r}")
+            raise self.error(f"{key} must be a dropout probability in [0, 1), got {_short(value)}")
         return float(value)
 
     def text(self, *keys: str, default: str) -> str:
@@ -80,7 +129,7 @@ class _Config:
         if value is None:
             return default
         if not isinstance(value, str):
-            raise self.error(f"{key} must be a string, got {value!r}")
+            raise self.error(f"{key} must be a string, got {_short(value)}")
         return value
 
     def heads(self, *, hidden: int, heads: int, kv_key: str | None, kv_default: int | None = None,
@@ -107,6 +156,12 @@ class _Config:
         if heads % kv:
             raise self.error(f"num_attention_heads {heads} is not a multiple of {kv_key} {kv}")
         return kv, head_dim
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """``repr`` of a config value cut to ``limit`` characters (an int of 400 digits stays one short line)."""
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 4000 else f"<{value.bit_length()}-bit integer>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ---- building blocks ----------------------------------------------------------------------------
@@ -528,7 +583,7 @@ def _bert_like(c: _Config, model_type: str) -> dict[str, Any]:
         # max_position_embeddings (514 for roberta) carries pad_token_id + 1 unusable rows.
         pad = c.raw.get("pad_token_id", 1)
         if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
-            raise c.error(f"pad_token_id must be a whole number >= 0, got {pad!r}")
+            raise c.error(f"pad_token_id must be a whole number >= 0, got {_short(pad)}")
         max_seq = max_pos - (pad + 1)
         if max_seq < 1:
             raise c.error(
@@ -615,6 +670,6 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str, source: str) -
         )
     builder = _BUILDERS.get(model_type)
     if builder is None:
-        raise ModelConfigError(f"{source}: unknown model_type {model_type!r}; supported: {supported}")
+        raise ModelConfigError(f"{source}: unknown model_type {_short(model_type)}; supported: {supported}")
     fields = builder(_Config(config, source), model_type)
     return ModelSpec(id=model_id, config=public_config(config), source=source, **fields)

@@ -7,6 +7,7 @@ until a command that needs it runs (``planner --help`` never loads torch).
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from typing import Sequence
 
@@ -34,6 +35,10 @@ def get_app():
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        # click's own help layout: rich's option table cuts a word longer than its column with
+        # an ellipsis, and the choice lists ("adamw|adamw_8bit|paged_adamw_8bit|...") are one
+        # word, so at 80 columns they were cut; click's wraps them, losing nothing
+        rich_markup_mode=None,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     def show_version(value: bool) -> None:
@@ -54,6 +59,68 @@ def get_app():
     return app
 
 
+#: ``a|b|c`` in an option's help: a list of choices, written as one word
+_CHOICES_RE = re.compile(r"(?<=[\w)])\|(?=[\w(])")
+
+
+def _wrappable_help(group):
+    """Show every choice list ``a|b|c`` of the options' help as ``a | b | c``.
+
+    The help wraps at spaces only; one 48-character word such as
+    ``adamw|adamw_8bit|paged_adamw_8bit|adafactor|sgd`` was cut mid-name (or, by rich's layout,
+    with an ellipsis) at 80 columns."""
+    commands = [group, *getattr(group, "commands", {}).values()]
+    for command in commands:
+        for param in command.params:
+            if getattr(param, "help", None):
+                param.help = _CHOICES_RE.sub(" | ", param.help)
+    return group
+
+
+#: what a value of each pydantic error family (typer >= 0.29 converts option values with
+#: pydantic: ``int_parsing``, ``float_parsing``, ``bool_parsing``) must be
+_EXPECTED = {"int": "a whole number", "float": "a number", "bool": "true or false"}
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _param_name(param: object) -> str | None:
+    """``--limit`` for an option (its longest name), ``PLAN_ID`` for an argument."""
+    opts = [o for o in getattr(param, "opts", None) or [] if isinstance(o, str)]
+    options = [o for o in opts if o.startswith("-")]
+    if options:
+        return max(options, key=len)
+    return opts[0].upper() if opts else None
+
+
+def usage_line(exc: BaseException, *, missing: tuple[type[BaseException], ...], command: str | None = None) -> str:
+    """One line for a usage error, in the wording of the library's errors: ``error: --limit must
+    be a whole number, got 'abc' (see 'planner history --help')``; the bad value is echoed.
+
+    ``command``: the subcommand the arguments named, for errors click raises without a context
+    (an option missing its value)."""
+    ctx = getattr(exc, "ctx", None)
+    path = ctx.command_path if ctx is not None else f"planner {command}" if command else "planner"
+    where = f"planner {path.split(' ', 1)[1]} --help" if " " in path else "planner --help"
+    name = _param_name(getattr(exc, "param", None))
+    cause = exc.__cause__
+    problems = cause.errors() if hasattr(cause, "errors") and callable(cause.errors) else []
+    if name and isinstance(exc, missing):
+        problem = f"{name} is required"
+    elif name and problems:
+        kind, bad = str(problems[0].get("type", "")), problems[0].get("input")
+        expected = _EXPECTED.get(kind.split("_")[0])
+        problem = (f"{name} must be {expected}, got {_shown(bad)}" if expected
+                   else f"{name} {_shown(bad)} is not valid: {str(problems[0].get('msg', '')).lower()}")
+    else:  # click's own wording ("No such option: --x (Possible options: ...)."), as a clause
+        text = exc.format_message().strip().rstrip(".")
+        problem = text[:1].lower() + text[1:]
+    return f"error: {problem} (see '{where}')"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point. Returns (and as a script exits with) the process exit code.
 
@@ -67,11 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     exits, aborts, no_args, usage = types["exit"], types["abort"], types["no_args"], types["usage"]
 
     args = list(sys.argv[1:] if argv is None else argv)
-    command = get_app()
-    try:
-        import typer.main
+    import typer.main
 
-        click_cmd = typer.main.get_command(command)
+    click_cmd = _wrappable_help(typer.main.get_command(get_app()))
+    try:
         # without standalone mode, click returns a command's typer.Exit(n) code instead of raising
         result = click_cmd.main(args=args, prog_name="planner", standalone_mode=False)
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0
@@ -81,10 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         echo(exc.ctx.get_help() if exc.ctx else "see 'planner --help'")
         code = 0
     except usage as exc:
-        ctx = getattr(exc, "ctx", None)
-        path = ctx.command_path if ctx is not None else "planner"
-        where = f"planner {path.split(' ', 1)[1]} --help" if " " in path else "planner --help"
-        echo(f"error: {exc.format_message()} (see '{where}')", err=True)
+        named = args[0] if args and args[0] in getattr(click_cmd, "commands", {}) else None
+        echo(usage_line(exc, missing=types["missing"], command=named), err=True)
         code = 2
     except aborts:
         echo("error: aborted", err=True)

@@ -33,6 +33,7 @@ def exception_types() -> dict[str, tuple[type[BaseException], ...]]:
         "abort": (typer.Abort, *optional("Abort")),
         "no_args": (errors.NoArgsIsHelpError,),
         "usage": (errors.UsageError,),
+        "missing": (errors.MissingParameter,),
     }
 
 
