@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "planner.cli.models_cmd",
     "planner.cli.gpus_cmd",
     "planner.cli.store",
+    "planner.cli.emit_cmd",
 )
 
 

@@ -9,7 +9,7 @@ model assumed (``planner.emit.settings``).
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, Sequence
 
 from planner.errors import PlannerError
@@ -48,7 +48,7 @@ def plan_files(
     files: dict[str, str] = {}
     dtype = settings.model_dtype(config)
     files["train.py"] = render_train_script(
-        model=request.model_id, plan_id=plan_id, rank=rank, label=config.label(), seq_len=config.seq_len,
+        model=_model_location(request.model_id), plan_id=plan_id, rank=rank, label=config.label(), seq_len=config.seq_len,
         dtype=dtype, dtype_why=_dtype_why(config, dtype), attention=config.attention.hf_name,
         masked_lm=spec.is_encoder, dataset=dataset,
     )
@@ -66,6 +66,13 @@ def plan_files(
         measurements=measurements, status=status, files=names,
     )
     return {name: files[name] for name in names}
+
+
+def _model_location(model_id: str) -> str:
+    """What ``from_pretrained`` loads: a catalog/HF id as is, the folder of a local config.json."""
+    if model_id.endswith(".json"):
+        return str(PurePath(model_id).parent)
+    return model_id
 
 
 def _dtype_why(config, dtype: str) -> str:
