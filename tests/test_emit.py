@@ -300,3 +300,24 @@ def test_force_overwrites_ours_removes_stale_ones_and_keeps_others(cli, plan_id,
     assert "plan " + plan_id in (out / "train.py").read_text()
     uses_lora = "lora" in json.loads(cli("show", plan_id, "--json").out)["candidates"][0]["config"]["method"]
     assert (out / "lora_config.json").exists() == uses_lora
+
+
+def test_plan_md_shows_what_was_measured(cli, plan_id, tmp_path):
+    from planner.results import Measurement, RunOutcome
+    from planner.store import PlanStatus, open_store
+
+    with open_store() as store:
+        plan = store.get_plan(plan_id=plan_id)
+        top = next(c for c in plan.candidates if c.candidate.rank == 1)
+        predicted = top.candidate.memory.peak_allocated_bytes
+        measured = round(predicted / 1.05)  # the prediction 5 % above the measurement
+        store.record_measurement(candidate_id=top.id, measurement=Measurement(
+            outcome=RunOutcome.OK, device="NVIDIA A100-SXM4-80GB", peak_allocated_bytes=measured, step_s=1.25,
+            tokens_per_s=3277.0))
+        store.set_status(plan_id=plan_id, status=PlanStatus.VERIFIED)
+    result = cli("emit", plan_id, tmp_path / "out")
+    assert result.code == 0, result
+    text = (tmp_path / "out" / "PLAN.md").read_text()
+    assert "Plan status: verified." in text
+    row = next(line for line in text.splitlines() if line.startswith("| ok | NVIDIA A100-SXM4-80GB"))
+    assert "+5.0%" in row and "1.25 s" in row and "3,277" in row

@@ -90,7 +90,8 @@ def _loop_assumptions(config: TrainConfig) -> list[str]:
 
 def _measured(candidate: Candidate, measurements: Sequence[Measurement], status: str) -> list[str]:
     if not measurements:
-        return [f"Not measured yet (plan status: {status}). `planner verify` or `planner measure` runs it for real."]
+        return [f"Not measured yet (plan status: {status}): verify the plan, or run this configuration with "
+                "`planner measure`, to see its real peak next to the prediction."]
     predicted = candidate.memory.peak_allocated_bytes
     rows = [f"Plan status: {status}.", "", "| outcome | device | peak allocated | vs predicted | step | tokens/s |",
             "|---|---|---:|---:|---:|---:|"]

@@ -127,7 +127,9 @@ def build_trainer(argv=None):
     model = add_adapters(load_model(cli.model), args)
     blocks, tokenizer = packed_sequences(read_rows(cli.dataset), cli.model)
     if MASKED_LM:
-        collator = DataCollatorForLanguageModeling(tokenizer, mlm=True)
+        from transformers import AutoTokenizer
+
+        collator = DataCollatorForLanguageModeling(tokenizer or AutoTokenizer.from_pretrained(cli.model), mlm=True)
         data = [{"input_ids": b} for b in blocks]
     else:
         collator = default_data_collator  # causal LM: the model shifts the labels itself
