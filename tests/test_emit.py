@@ -321,3 +321,12 @@ def test_plan_md_shows_what_was_measured(cli, plan_id, tmp_path):
     assert "Plan status: verified." in text
     row = next(line for line in text.splitlines() if line.startswith("| ok | NVIDIA A100-SXM4-80GB"))
     assert "+5.0%" in row and "1.25 s" in row and "3,277" in row
+
+
+def test_an_encoder_trains_as_masked_lm_without_a_causal_task(tmp_path):
+    from peft import LoraConfig
+
+    folder = emit_into(tmp_path / "bert", TrainConfig(method="lora", lora_targets=("query", "value"), seq_len=128),
+                       model="bert-base-uncased")
+    assert import_script(folder / "train.py").MASKED_LM is True
+    assert LoraConfig(**json.loads((folder / "lora_config.json").read_text())).task_type is None

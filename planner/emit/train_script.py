@@ -36,7 +36,7 @@ DATASET = $dataset_repr  # --dataset overrides
 SEQ_LEN = $seq_len  # tokens per sequence
 MODEL_DTYPE = $dtype_repr  # $dtype_why
 ATTENTION = $attention_repr  # transformers' attn_implementation
-MASKED_LM = $masked_lm  # an encoder, trained as masked LM
+MASKED_LM = $masked_lm  # True for an encoder (BERT-like), trained as masked LM
 
 
 def read_settings(name):
@@ -96,7 +96,8 @@ def packed_sequences(rows, model_name):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(model_name)
-        ids += tokenizer(row["text"])["input_ids"] + [tokenizer.eos_token_id or tokenizer.sep_token_id]
+        end = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+        ids += tokenizer(row["text"])["input_ids"] + ([end] if end is not None else [])
     blocks = [ids[i : i + SEQ_LEN] for i in range(0, len(ids) - SEQ_LEN + 1, SEQ_LEN)]
     if not blocks:
         raise SystemExit(f"the dataset holds {len(ids)} tokens, fewer than one sequence of {SEQ_LEN}")
@@ -106,7 +107,9 @@ def packed_sequences(rows, model_name):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=MODEL, help=f"model id or folder (default {MODEL})")
-    parser.add_argument("--dataset", default=DATASET, required=DATASET is None, help="text/json lines file or datasets name")
+    parser.add_argument(
+        "--dataset", default=DATASET, required=DATASET is None, help="a .txt or .jsonl file or a datasets name"
+    )
     parser.add_argument("--output-dir", default=None, help="where the model is saved (default: training_args.json)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
     return parser.parse_args(argv)
