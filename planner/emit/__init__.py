@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from planner.errors import PlannerError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from planner.config import TrainConfig
     from planner.modelspec import ModelSpec
     from planner.results import Candidate, Measurement, PlanRequest
     from planner.store import StoredCandidate, StoredPlan
@@ -75,12 +76,19 @@ def _model_location(model_id: str) -> str:
     return model_id
 
 
-def _dtype_why(config, dtype: str) -> str:
-    if dtype == "float32":
-        return "fp32 weights" + (", 16-bit compute by autocast (training_args.json)" if config.precision.is_mixed else "")
-    if config.method.value == "qlora":
-        return "the compute dtype; 4-bit weights come from bnb_config.json"
-    return f"pure {config.precision}: weights, gradients and optimizer states in {dtype}"
+def _dtype_why(config: "TrainConfig", dtype: str) -> str:
+    """The comment next to train.py's MODEL_DTYPE."""
+    from planner.config import Method
+
+    if config.method is Method.QLORA:
+        return "the compute dtype; the 4-bit weights come from bnb_config.json"
+    if dtype != "float32":
+        return f"pure {config.precision}: weights, gradients and optimizer states in {dtype}"
+    if config.precision.is_mixed and config.zero:
+        return "loaded in fp32; DeepSpeed casts it to 16-bit and keeps fp32 master weights (ds_config.json)"
+    if config.precision.is_mixed:
+        return "fp32 weights; 16-bit compute by autocast (bf16/fp16 in training_args.json)"
+    return "fp32 weights and compute"
 
 
 def pick_candidate(plan: "StoredPlan", *, rank: int) -> "StoredCandidate":

@@ -34,6 +34,14 @@ def _method_words(config: TrainConfig) -> str:
     return f"LoRA rank {config.lora_r} on {targets}, over {base}"
 
 
+def _precision_words(config: TrainConfig) -> str:
+    if config.zero and config.precision.is_mixed:
+        # deepspeed/runtime/engine.py: the bf16/fp16 mode casts the model, the optimizer keeps fp32 masters
+        dtype = "bf16" if config.precision.needs_bf16 else "fp16"
+        return f"DeepSpeed's {dtype} mode: {dtype} weights and compute, fp32 master weights in the optimizer partition"
+    return _PRECISION_WORDS[config.precision]
+
+
 def _in_words(config: TrainConfig, request: PlanRequest, spec: ModelSpec) -> list[str]:
     c = config
     lines = [
@@ -42,7 +50,7 @@ def _in_words(config: TrainConfig, request: PlanRequest, spec: ModelSpec) -> lis
         f"- batch: {c.micro_batch} sequences per device x {c.grad_accum} accumulation steps x {c.gpus} devices "
         f"= {c.global_batch} sequences of {c.seq_len} tokens per optimizer step",
         f"- method: {_method_words(c)}",
-        f"- precision: {_PRECISION_WORDS[c.precision]}",
+        f"- precision: {_precision_words(c)}",
         f"- optimizer: {_OPTIMIZER_WORDS[c.optimizer]}",
         f"- activation checkpointing: {'on, per decoder layer, non-reentrant' if c.grad_ckpt else 'off'}",
         f"- attention: {c.attention.hf_name}",
