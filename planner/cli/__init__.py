@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "planner.cli.models_cmd",
     "planner.cli.gpus_cmd",
     "planner.cli.store",
+    "planner.cli.emit_cmd",
     "planner.cli.serve_cmd",
 )
 

@@ -1,0 +1,160 @@
+"""Ready-to-run training files for a plan: ``planner emit`` and ``planner suggest --emit``.
+
+``plan_files`` builds every file's text from a candidate, the model and the request (pure, no
+I/O); ``write_plan_files`` takes a stored plan, resolves its model and writes them into a
+directory, refusing to overwrite anything without ``force``. Each setting is the one the memory
+model assumed (``planner.emit.settings``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any, Sequence
+
+from planner.errors import PlannerError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.config import TrainConfig
+    from planner.modelspec import ModelSpec
+    from planner.results import Candidate, Measurement, PlanRequest
+    from planner.store import StoredCandidate, StoredPlan
+
+#: every file ``plan_files`` can write, in the order PLAN.md lists them
+FILE_NAMES = ("train.py", "training_args.json", "ds_config.json", "lora_config.json", "bnb_config.json",
+              "accelerate_config.yaml", "PLAN.md")
+
+
+class OutputExistsError(PlannerError):
+    """The output directory already holds files (nothing is overwritten without --force)."""
+
+
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2) + "\n"
+
+
+def plan_files(
+    *, candidate: "Candidate", spec: "ModelSpec", request: "PlanRequest", plan_id: str = "-", rank: int = 1,
+    dataset: str | None = None, measurements: "Sequence[Measurement]" = (), status: str = "planned",
+    usable_bytes: int = 0,
+) -> dict[str, str]:
+    """File name -> text of every file for this candidate (only those its configuration uses)."""
+    from planner.emit import settings
+    from planner.emit.plan_md import render_plan_md
+    from planner.emit.train_script import render_train_script
+    from planner.gpus import get_gpu
+
+    config = candidate.config
+    on_cpu = get_gpu(request.gpu, memory_bytes=request.gpu_memory_bytes).is_cpu
+    files: dict[str, str] = {}
+    dtype = settings.model_dtype(config)
+    files["train.py"] = render_train_script(
+        model=_model_location(request.model_id), plan_id=plan_id, rank=rank, label=config.label(), seq_len=config.seq_len,
+        dtype=dtype, dtype_why=_dtype_why(config, dtype), attention=config.attention.hf_name,
+        masked_lm=spec.is_encoder, dataset=dataset,
+    )
+    files["training_args.json"] = _json(settings.training_arguments(config, on_cpu=on_cpu))
+    optional = {
+        "ds_config.json": settings.deepspeed_config(config, spec=spec, on_cpu=on_cpu),
+        "lora_config.json": settings.lora_config(config, spec=spec),
+        "bnb_config.json": settings.bnb_config(config),
+    }
+    files.update({name: _json(data) for name, data in optional.items() if data is not None})
+    files["accelerate_config.yaml"] = settings.to_yaml(settings.accelerate_config(config, on_cpu=on_cpu))
+    names = [n for n in FILE_NAMES if n in files or n == "PLAN.md"]
+    files["PLAN.md"] = render_plan_md(
+        candidate=candidate, spec=spec, request=request, plan_id=plan_id, rank=rank, usable_bytes=usable_bytes,
+        measurements=measurements, status=status, files=names,
+    )
+    return {name: files[name] for name in names}
+
+
+def _model_location(model_id: str) -> str:
+    """What ``from_pretrained`` loads: a catalog/HF id as is, the folder of a local config.json."""
+    if model_id.endswith(".json"):
+        return str(PurePath(model_id).parent)
+    return model_id
+
+
+def _dtype_why(config: "TrainConfig", dtype: str) -> str:
+    """The comment next to train.py's MODEL_DTYPE."""
+    from planner.config import Method
+
+    if config.method is Method.QLORA:
+        return "the compute dtype; the 4-bit weights come from bnb_config.json"
+    if dtype != "float32":
+        return f"pure {config.precision}: weights, gradients and optimizer states in {dtype}"
+    if config.precision.is_mixed and config.zero:
+        return "loaded in fp32; DeepSpeed casts it to 16-bit and keeps fp32 master weights (ds_config.json)"
+    if config.precision.is_mixed:
+        return "fp32 weights; 16-bit compute by autocast (bf16/fp16 in training_args.json)"
+    return "fp32 weights and compute"
+
+
+def pick_candidate(plan: "StoredPlan", *, rank: int) -> "StoredCandidate":
+    """The candidate with this rank (1 = best); a ``planner measure`` record's only candidate."""
+    ranked = {c.candidate.rank: c for c in plan.candidates if c.candidate.rank is not None}
+    if rank in ranked:
+        return ranked[rank]
+    if not ranked and len(plan.candidates) == 1 and rank == 1:
+        return plan.candidates[0]
+    if not ranked:
+        raise PlannerError(f"plan {plan.id[:8]} has no configuration that fits: nothing to emit; plan again with other limits")
+    raise PlannerError(f"plan {plan.id[:8]} has no rank {rank}: use --rank {min(ranked)} to {max(ranked)}")
+
+
+def resolve_plan_model(plan: "StoredPlan") -> "ModelSpec":
+    """The plan's model, resolved again and checked to be the one planned for."""
+    from planner.catalog import fingerprint, resolve_model
+
+    spec = resolve_model(plan.request.model_id)
+    if plan.request.model_fingerprint and fingerprint(spec) != plan.request.model_fingerprint:
+        raise PlannerError(
+            f"the config of {plan.request.model_id} changed since plan {plan.id[:8]} was made: "
+            "plan again with 'planner suggest' and emit that plan"
+        )
+    return spec
+
+
+def _check_directory(directory: Path, *, force: bool) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise OutputExistsError(f"{directory} is a file, not a directory: give a new or empty directory")
+    if force or not directory.exists():
+        return
+    present = sorted(p.name for p in directory.iterdir())
+    if present:
+        shown = ", ".join(present[:4]) + (", ..." if len(present) > 4 else "")
+        raise OutputExistsError(
+            f"{directory} already holds files ({shown}): give a new or empty directory, or --force to overwrite"
+        )
+
+
+def write_plan_files(
+    *, plan: "StoredPlan", rank: int = 1, directory: Path, force: bool = False, dataset: str | None = None,
+) -> list[Path]:
+    """Write the files of the plan's candidate ``rank`` into ``directory`` (created if missing).
+
+    A directory that already holds files is refused unless ``force``, which overwrites the
+    emitted names and removes emitted names this plan does not use (a stale lora_config.json
+    would be read by train.py); other files are left alone. Returns the paths written."""
+    directory = Path(directory)
+    stored = pick_candidate(plan, rank=rank)
+    spec = resolve_plan_model(plan)
+    files = plan_files(
+        candidate=stored.candidate, spec=spec, request=plan.request, plan_id=plan.id, rank=rank, dataset=dataset,
+        measurements=[m.measurement for m in stored.measurements], status=str(plan.status),
+        usable_bytes=plan.usable_bytes,
+    )
+    _check_directory(directory, force=force)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in set(FILE_NAMES) - set(files):
+        (directory / stale).unlink(missing_ok=True)
+    written = []
+    for name, text in files.items():
+        path = directory / name
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+__all__ = ["FILE_NAMES", "OutputExistsError", "pick_candidate", "plan_files", "resolve_plan_model", "write_plan_files"]

@@ -1,0 +1,151 @@
+"""``PLAN.md``: the plan in words, its predicted memory, the assumptions and what was measured."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from planner.config import Method, Optimizer, Precision, TrainConfig
+from planner.emit.settings import LORA_DROPOUT, MAX_GRAD_NORM, offload_words
+from planner.modelspec import ModelSpec
+from planner.results import Candidate, Measurement, PlanRequest
+from planner.units import format_bytes
+
+_PRECISION_WORDS = {
+    Precision.FP32: "fp32 weights, gradients and compute",
+    Precision.FP16_MIXED: "fp32 weights, fp16 autocast compute with a loss scaler (Trainer fp16=True)",
+    Precision.BF16_MIXED: "fp32 weights, bf16 autocast compute (Trainer bf16=True)",
+    Precision.FP16: "the model loaded in fp16: weights, gradients and optimizer states in fp16",
+    Precision.BF16: "the model loaded in bf16: weights, gradients and optimizer states in bf16",
+}
+_OPTIMIZER_WORDS = {
+    Optimizer.ADAMW: "AdamW (torch), two fp32 moments per trainable parameter",
+    Optimizer.ADAMW_8BIT: "bitsandbytes 8-bit AdamW (blockwise-quantized moments)",
+    Optimizer.PAGED_ADAMW_8BIT: "bitsandbytes paged 8-bit AdamW (moments in paged memory)",
+    Optimizer.ADAFACTOR: "Adafactor (factored second moment, no first moment)",
+    Optimizer.SGD: "SGD with momentum 0.9 (one buffer per trainable parameter)",
+}
+
+
+def _method_words(config: TrainConfig) -> str:
+    if config.method is Method.FULL:
+        return "full fine-tuning (every parameter trains)"
+    targets = "every linear layer but the output head" if config.lora_all_linear else ", ".join(config.lora_targets or ())
+    base = "a 4-bit NF4 base model (QLoRA)" if config.method is Method.QLORA else "a frozen base model"
+    return f"LoRA rank {config.lora_r} on {targets}, over {base}"
+
+
+def _precision_words(config: TrainConfig) -> str:
+    if config.zero and config.precision.is_mixed:
+        # deepspeed/runtime/engine.py: the bf16/fp16 mode casts the model, the optimizer keeps fp32 masters
+        dtype = "bf16" if config.precision.needs_bf16 else "fp16"
+        return f"DeepSpeed's {dtype} mode: {dtype} weights and compute, fp32 master weights in the optimizer partition"
+    return _PRECISION_WORDS[config.precision]
+
+
+def _in_words(config: TrainConfig, request: PlanRequest, spec: ModelSpec) -> list[str]:
+    c = config
+    lines = [
+        f"- model: {spec.id} ({spec.params_total:,} parameters)",
+        f"- devices: {c.gpus} x {request.gpu} ({format_bytes(request.gpu_memory_bytes)} each)",
+        f"- batch: {c.micro_batch} sequences per device x {c.grad_accum} accumulation steps x {c.gpus} devices "
+        f"= {c.global_batch} sequences of {c.seq_len} tokens per optimizer step",
+        f"- method: {_method_words(c)}",
+        f"- precision: {_precision_words(c)}",
+        f"- optimizer: {_OPTIMIZER_WORDS[c.optimizer]}",
+        f"- activation checkpointing: {'on, per decoder layer, non-reentrant' if c.grad_ckpt else 'off'}",
+        f"- attention: {c.attention.hf_name}",
+        f"- DeepSpeed: " + (f"ZeRO-{c.zero}, {offload_words(c)}" if c.zero else "not used"),
+    ]
+    return lines
+
+
+def _memory_table(candidate: Candidate, *, usable: int) -> list[str]:
+    m = candidate.memory
+    rows = ["| component | bytes | |", "|---|---:|---:|"]
+    for name, size in sorted(m.breakdown.items(), key=lambda kv: -kv[1]):
+        rows.append(f"| {name} | {size:,} | {format_bytes(size)} |")
+    rows += [
+        f"| **peak allocated** (at {m.peak_phase or 'peak'}) | {m.peak_allocated_bytes:,} | {format_bytes(m.peak_allocated_bytes)} |",
+        f"| peak reserved | {m.peak_reserved_bytes:,} | {format_bytes(m.peak_reserved_bytes)} |",
+        f"| process total | {m.process_total_bytes:,} | {format_bytes(m.process_total_bytes)} |",
+    ]
+    if usable:
+        rows.append(f"| usable on the device | {usable:,} | {format_bytes(usable)} |")
+    if m.cpu_bytes:
+        rows.append(f"| host RAM (offload) | {m.cpu_bytes:,} | {format_bytes(m.cpu_bytes)} |")
+    return rows
+
+
+def _loop_assumptions(config: TrainConfig) -> list[str]:
+    """What the emitted files make true and the prediction rests on."""
+    lines = [
+        f"every sequence is exactly {config.seq_len} tokens (packed, no padding, no attention mask)",
+        "no KV cache in training (use_cache=False); no evaluation while training",
+        "the HF Trainer's step: forward, loss, the outputs freed before backward; gradients zeroed (set to None) "
+        "after each optimizer step",
+        f"gradients clipped to norm {MAX_GRAD_NORM} (a few scalars per step)",
+    ]
+    if config.grad_ckpt:
+        lines.append("non-reentrant activation checkpointing of every decoder layer (use_reentrant=False)")
+    if config.method.uses_adapters:
+        lines.append(f"LoRA dropout {LORA_DROPOUT}: no dropped copy of each adapted layer's input")
+    if config.optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
+        lines.append("8-bit states for the embeddings too (train.py undoes the Trainer's 32-bit override)")
+    if config.zero:
+        lines.append("DeepSpeed buckets as in ds_config.json (reduce bucket hidden², not DeepSpeed's 5e8 default)")
+    return lines
+
+
+def _measured(candidate: Candidate, measurements: Sequence[Measurement], status: str) -> list[str]:
+    if not measurements:
+        return [f"Not measured yet (plan status: {status}): verify the plan, or run this configuration with "
+                "`planner measure`, to see its real peak next to the prediction."]
+    predicted = candidate.memory.peak_allocated_bytes
+    rows = [f"Plan status: {status}.", "", "| outcome | device | peak allocated | vs predicted | step | tokens/s |",
+            "|---|---|---:|---:|---:|---:|"]
+    for m in measurements:
+        peak = m.peak_allocated_bytes
+        error = f"{(predicted - peak) / peak:+.1%}" if peak else "-"
+        rows.append(
+            f"| {m.outcome} | {m.device} | {format_bytes(peak) if peak else '-'} | {error} | "
+            f"{f'{m.step_s:.3g} s' if m.step_s else '-'} | {f'{m.tokens_per_s:,.0f}' if m.tokens_per_s else '-'} |"
+        )
+        if m.error:
+            rows.append(f"| error: {m.error.splitlines()[0][:120] if m.error.strip() else ''} | | | | | |")
+    return rows
+
+
+def render_plan_md(
+    *, candidate: Candidate, spec: ModelSpec, request: PlanRequest, plan_id: str, rank: int, usable_bytes: int,
+    measurements: Sequence[Measurement], status: str, files: Sequence[str],
+) -> str:
+    """The text of ``PLAN.md``."""
+    c = candidate.config
+    t = candidate.throughput
+    parts = [
+        f"# Plan {plan_id}, #{rank}: {c.label()}",
+        "",
+        "## The plan",
+        *_in_words(c, request, spec),
+        "",
+        f"Predicted speed: {t.step_s:.3g} s per optimizer step, {t.tokens_per_s:,.0f} tokens/s.",
+        "",
+        "## Predicted memory per device",
+        *_memory_table(candidate, usable=usable_bytes),
+        "",
+        "## What the prediction assumes",
+        *(f"- {a}" for a in (*_loop_assumptions(c), *candidate.memory.assumptions, *t.assumptions)),
+        "",
+        "## Measured",
+        *_measured(candidate, measurements, status),
+        "",
+        "## Files",
+        *(f"- `{name}`" for name in files),
+        "",
+        "Run: `accelerate launch --config_file accelerate_config.yaml train.py --dataset DATA`",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+__all__ = ["render_plan_md"]

@@ -1,0 +1,202 @@
+"""Each emitted setting, derived from the plan's ``TrainConfig``: pure functions, no I/O, no torch.
+
+Every value here is one the memory model (``planner.memory``) and the measurement worker
+(``workers.train``) assume; a comment names where each comes from. The dicts are keyword
+arguments of the real library classes: ``transformers.TrainingArguments``, ``peft.LoraConfig``,
+``transformers.BitsAndBytesConfig``, DeepSpeed's config and accelerate's ``ClusterConfig``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
+from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
+from planner.emit.deepspeed import build as build_deepspeed
+from planner.modelspec import ModelSpec
+
+#: transformers' ``OptimizerNames`` value for each optimizer the planner models (transformers
+#: training_args.py OptimizerNames; trainer_optimizer.py builds torch.optim.AdamW for
+#: adamw_torch, bitsandbytes' AdamW with optim_bits=8 (is_paged for paged_) for the 8-bit ones,
+#: transformers' Adafactor with scale_parameter=False, relative_step=False, torch.optim.SGD)
+OPTIM_NAMES = {
+    Optimizer.ADAMW: "adamw_torch",
+    Optimizer.ADAMW_8BIT: "adamw_bnb_8bit",
+    Optimizer.PAGED_ADAMW_8BIT: "paged_adamw_8bit",
+    Optimizer.ADAFACTOR: "adafactor",
+    Optimizer.SGD: "sgd",
+}
+#: SGD keeps one momentum buffer per parameter in the memory model and the worker
+#: (torch.optim.SGD(momentum=0.9)); the Trainer's SGD has none unless optim_args says so
+#: (trainer_optimizer.py _get_sgd)
+SGD_OPTIM_ARGS = "momentum=0.9"
+#: the HF Trainer's default gradient clipping, written out so DeepSpeed clips alike
+MAX_GRAD_NORM = 1.0
+#: the checkpointing the worker applies (workers/train.py _apply_training_setup): non-reentrant,
+#: which saves each checkpointed block's input only and needs no input that requires grad
+CHECKPOINTING_KWARGS = {"use_reentrant": False}
+#: LoRA dropout: 0 makes peft use nn.Identity, so an adapter saves no dropped copy of its input
+#: (the memory model counts none; workers/train.py uses lora_dropout=0.0)
+LORA_DROPOUT = 0.0
+#: lora_alpha = 2 r (the worker's choice; alpha only scales the update, it costs no memory)
+LORA_ALPHA_PER_RANK = 2
+#: the file names the settings refer to each other by
+DEEPSPEED_FILE = "ds_config.json"
+OUTPUT_DIR = "output"
+
+
+def model_dtype(config: TrainConfig) -> str:
+    """The torch dtype the model is loaded in (``from_pretrained(dtype=...)``).
+
+    ``*-mixed`` and fp32 keep fp32 weights (autocast does 16-bit compute; with ZeRO DeepSpeed
+    casts to 16-bit itself and keeps the fp32 master copy); pure fp16/bf16 load the model in that
+    dtype, so weights, gradients and optimizer states are 16-bit; QLoRA loads the non-quantized
+    parts in the compute dtype (the worker's ``_build_qlora_base``)."""
+    if config.method is Method.QLORA or config.precision in (Precision.FP16, Precision.BF16):
+        return config.precision.compute_dtype
+    return "float32"
+
+
+def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
+    """Keyword arguments of ``transformers.TrainingArguments`` (transformers 5.x names)."""
+    args: dict[str, Any] = {
+        "output_dir": OUTPUT_DIR,
+        "per_device_train_batch_size": config.micro_batch,
+        "gradient_accumulation_steps": config.grad_accum,
+        # *-mixed is the Trainer's autocast (plus a GradScaler for fp16); pure 16-bit is the
+        # model's dtype (train.py MODEL_DTYPE) with both flags off
+        "bf16": config.precision is Precision.BF16_MIXED,
+        "fp16": config.precision is Precision.FP16_MIXED,
+        # transformers 5 renamed gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs)
+        # (the old names are deprecated aliases: training_args.py)
+        "activation_checkpointing": config.grad_ckpt,
+        "optim": OPTIM_NAMES[config.optimizer],
+        "learning_rate": LEARNING_RATE,
+        "weight_decay": WEIGHT_DECAY,
+        "adam_beta1": ADAM_BETAS[0],
+        "adam_beta2": ADAM_BETAS[1],
+        "adam_epsilon": ADAM_EPS,
+        "max_grad_norm": MAX_GRAD_NORM,
+        # no KV cache in training: the model counts none (the worker passes use_cache=False)
+        "use_cache": False,
+        # no evaluation during training: its activations and gathered logits are not planned
+        "eval_strategy": "no",
+        "num_train_epochs": 1,
+        "logging_steps": 10,
+        "save_strategy": "no",
+        "report_to": "none",
+    }
+    if config.grad_ckpt:
+        args["activation_checkpointing_kwargs"] = dict(CHECKPOINTING_KWARGS)
+    if config.optimizer is Optimizer.SGD:
+        args["optim_args"] = SGD_OPTIM_ARGS
+        # torch's SGD applies weight decay as grad + wd * param, a new tensor per parameter in
+        # the step (torch/optim/sgd.py _single_tensor_sgd); the model and the worker's SGD
+        # (weight_decay=0) update in place
+        args["weight_decay"] = 0.0
+    if config.zero:
+        args["deepspeed"] = DEEPSPEED_FILE
+    if on_cpu:
+        # the Trainer refuses bf16 on a machine without a GPU unless told to train on the CPU
+        args["use_cpu"] = True
+    return args
+
+
+def lora_config(config: TrainConfig, *, spec: ModelSpec) -> dict[str, Any] | None:
+    """Keyword arguments of ``peft.LoraConfig``; None for full fine-tuning."""
+    if not config.method.uses_adapters:
+        return None
+    targets: str | list[str] = "all-linear" if config.lora_all_linear else list(config.lora_targets or ())
+    return {
+        "r": config.lora_r,
+        "lora_alpha": LORA_ALPHA_PER_RANK * config.lora_r,
+        "lora_dropout": LORA_DROPOUT,
+        "target_modules": targets,
+        "bias": "none",
+        # encoders train as masked LM without a task head wrapper, as in the worker
+        "task_type": None if spec.is_encoder else "CAUSAL_LM",
+    }
+
+
+def bnb_config(config: TrainConfig) -> dict[str, Any] | None:
+    """Keyword arguments of ``transformers.BitsAndBytesConfig``; None unless QLoRA.
+
+    4-bit NF4 with double quantization (the memory model's ``_nf4_bytes``; QLoRA paper §3),
+    compute in the plan's 16-bit dtype."""
+    if config.method is not Method.QLORA:
+        return None
+    return {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": config.precision.compute_dtype,
+    }
+
+
+def deepspeed_config(config: TrainConfig, *, spec: ModelSpec, on_cpu: bool) -> dict[str, Any] | None:
+    """The DeepSpeed config (the worker's builder); None without ZeRO."""
+    if not config.zero:
+        return None
+    # pinned host buffers on a GPU machine, as the worker runs them (workers/train.py)
+    return build_deepspeed(config, hidden_size=spec.hidden_size, pin_memory=not on_cpu, gradient_clipping=MAX_GRAD_NORM)
+
+
+def accelerate_config(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
+    """accelerate's ``ClusterConfig`` fields for ``accelerate launch`` (one machine)."""
+    if config.zero:
+        distributed = "DEEPSPEED"
+    elif config.gpus > 1:
+        distributed = "MULTI_CPU" if on_cpu else "MULTI_GPU"
+    else:
+        distributed = "NO"
+    mixed = {Precision.BF16_MIXED: "bf16", Precision.FP16_MIXED: "fp16"}.get(config.precision, "no")
+    out: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": distributed,
+        "num_machines": 1,
+        "machine_rank": 0,
+        "num_processes": config.gpus,
+        "mixed_precision": mixed,
+        "use_cpu": on_cpu,
+        "debug": False,
+        "main_training_function": "main",
+        "rdzv_backend": "static",
+        "same_network": True,
+    }
+    if config.zero:
+        out["deepspeed_config"] = {
+            "deepspeed_config_file": DEEPSPEED_FILE,
+            # ZeRO-3 builds the model already partitioned (deepspeed.zero.Init)
+            "zero3_init_flag": config.zero == 3,
+        }
+    return out
+
+
+def to_yaml(data: dict[str, Any], indent: int = 0) -> str:
+    """A flat or nested dict of scalars as YAML (no PyYAML needed to write it)."""
+    lines = []
+    for key, value in data.items():
+        pad = " " * indent
+        if isinstance(value, dict):
+            lines.append(f"{pad}{key}:")
+            lines.append(to_yaml(value, indent + 2).rstrip("\n"))
+        elif isinstance(value, bool):
+            lines.append(f"{pad}{key}: {'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{pad}{key}: {value}")
+        else:
+            # quoted: "no" would otherwise read as the boolean false
+            lines.append(f"{pad}{key}: '{value}'")
+    return "\n".join(lines) + "\n"
+
+
+def offload_words(config: TrainConfig) -> str:
+    return {Offload.NONE: "no offload", Offload.OPTIMIZER: "optimizer states offloaded to CPU RAM",
+            Offload.OPTIMIZER_PARAMS: "optimizer states and parameters offloaded to CPU RAM"}[config.offload]
+
+
+__all__ = [
+    "CHECKPOINTING_KWARGS", "DEEPSPEED_FILE", "LORA_DROPOUT", "MAX_GRAD_NORM", "OPTIM_NAMES", "SGD_OPTIM_ARGS",
+    "accelerate_config", "bnb_config", "deepspeed_config", "lora_config", "model_dtype", "to_yaml",
+    "training_arguments",
+]

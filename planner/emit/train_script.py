@@ -1,0 +1,174 @@
+"""The emitted ``train.py``: a short script that trains with exactly the emitted settings.
+
+The script is a ``string.Template`` (``$name`` placeholders: Python code has no ``$``); only its
+header constants vary between plans, everything else reads the JSON files next to it.
+"""
+
+from __future__ import annotations
+
+from string import Template
+
+_TEMPLATE = Template('''\
+"""Fine-tune $model as planned by OOM Planner: plan $plan_id, #$rank.
+
+    $label
+
+Run it from anywhere, the settings are read from this file's folder:
+
+    accelerate launch --config_file accelerate_config.yaml train.py --dataset DATA
+    python train.py --dataset DATA            # one device
+
+DATA is a .txt file, a .json/.jsonl file with one {"text": ...} (or {"input_ids": [...]}) per
+line, or a Hugging Face datasets name (needs `pip install datasets`). Text is tokenized with the
+model's tokenizer and packed into sequences of exactly SEQ_LEN tokens: nothing is padded, no
+attention mask is built, which is what the memory prediction in PLAN.md assumes. So are
+training_args.json, lora_config.json, bnb_config.json and ds_config.json: change a value there and
+the prediction no longer holds.
+"""
+
+import argparse
+import json
+import pathlib
+
+HERE = pathlib.Path(__file__).resolve().parent
+MODEL = $model_repr  # a Hugging Face id or a local folder with the weights (--model overrides)
+DATASET = $dataset_repr  # --dataset overrides
+SEQ_LEN = $seq_len  # tokens per sequence
+MODEL_DTYPE = $dtype_repr  # $dtype_why
+ATTENTION = $attention_repr  # transformers' attn_implementation
+MASKED_LM = $masked_lm  # True for an encoder (BERT-like), trained as masked LM
+
+
+def read_settings(name):
+    path = HERE / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def load_model(name):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, BitsAndBytesConfig
+
+    bnb = read_settings("bnb_config.json")
+    auto = AutoModelForMaskedLM if MASKED_LM else AutoModelForCausalLM
+    model = auto.from_pretrained(
+        name, dtype=getattr(torch, MODEL_DTYPE), attn_implementation=ATTENTION,
+        quantization_config=BitsAndBytesConfig(**bnb) if bnb else None,
+    )
+    model.config.use_cache = False
+    return model
+
+
+def add_adapters(model, args):
+    lora = read_settings("lora_config.json")
+    if lora is None:
+        return model
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if read_settings("bnb_config.json"):
+        # upcasts the non-4-bit parameters to fp32 (the plan counts them so)
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=args.activation_checkpointing,
+            gradient_checkpointing_kwargs=args.activation_checkpointing_kwargs,
+        )
+    return get_peft_model(model, LoraConfig(**lora))
+
+
+def read_rows(name):
+    path = pathlib.Path(name)
+    if path.suffix == ".txt":
+        return [{"text": path.read_text(encoding="utf-8")}]
+    if path.suffix in (".json", ".jsonl"):
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    import datasets
+
+    return datasets.load_dataset(name, split="train")
+
+
+def packed_sequences(rows, model_name):
+    """Token ids of every row, concatenated and cut into SEQ_LEN blocks (the rest is dropped)."""
+    tokenizer = None
+    ids = []
+    for row in rows:
+        if "input_ids" in row:
+            ids += list(row["input_ids"])
+            continue
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_name)
+        end = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+        ids += tokenizer(row["text"])["input_ids"] + ([end] if end is not None else [])
+    blocks = [ids[i : i + SEQ_LEN] for i in range(0, len(ids) - SEQ_LEN + 1, SEQ_LEN)]
+    if not blocks:
+        raise SystemExit(f"the dataset holds {len(ids)} tokens, fewer than one sequence of {SEQ_LEN}")
+    return blocks, tokenizer
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=MODEL, help=f"model id or folder (default {MODEL})")
+    parser.add_argument(
+        "--dataset", default=DATASET, required=DATASET is None, help="a .txt or .jsonl file or a datasets name"
+    )
+    parser.add_argument("--output-dir", default=None, help="where the model is saved (default: training_args.json)")
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
+    return parser.parse_args(argv)
+
+
+def build_trainer(argv=None):
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments, default_data_collator
+
+    cli = parse_args(argv)
+    settings = read_settings("training_args.json")
+    if "deepspeed" in settings:
+        settings["deepspeed"] = str(HERE / settings["deepspeed"])
+    settings["output_dir"] = cli.output_dir or settings["output_dir"]
+    if cli.max_steps:
+        settings["max_steps"] = cli.max_steps
+    # before the model is loaded: with ZeRO-3 the weights load already partitioned
+    args = TrainingArguments(**settings)
+    model = add_adapters(load_model(cli.model), args)
+    blocks, tokenizer = packed_sequences(read_rows(cli.dataset), cli.model)
+    if MASKED_LM:
+        from transformers import AutoTokenizer
+
+        collator = DataCollatorForLanguageModeling(tokenizer or AutoTokenizer.from_pretrained(cli.model), mlm=True)
+        data = [{"input_ids": b} for b in blocks]
+    else:
+        collator = default_data_collator  # causal LM: the model shifts the labels itself
+        data = [{"input_ids": b, "labels": b} for b in blocks]
+    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
+    if "8bit" in args.optim:
+        # the Trainer keeps embedding states in 32 bits with 8-bit optimizers (transformers
+        # trainer.py create_optimizer); the plan counts them in 8 bits like every other tensor
+        import bitsandbytes
+
+        trainer.create_optimizer()
+        bitsandbytes.optim.GlobalOptimManager.get_instance().module_weight_config_triple.clear()
+    return trainer
+
+
+def main(argv=None):
+    trainer = build_trainer(argv)
+    trainer.train()
+    trainer.save_model()
+
+
+if __name__ == "__main__":
+    main()
+''')
+
+
+def render_train_script(
+    *, model: str, plan_id: str, rank: int, label: str, seq_len: int, dtype: str, dtype_why: str,
+    attention: str, masked_lm: bool, dataset: str | None,
+) -> str:
+    """The text of ``train.py`` for one plan."""
+    return _TEMPLATE.substitute(
+        model=model, plan_id=plan_id, rank=rank, label=label, model_repr=repr(model), dataset_repr=repr(dataset),
+        seq_len=seq_len, dtype_repr=repr(dtype), dtype_why=dtype_why, attention_repr=repr(attention),
+        masked_lm=masked_lm,
+    )
+
+
+__all__ = ["render_train_script"]
