@@ -101,6 +101,11 @@ class FuzzFiles:
     def generated(self) -> Path:
         return self.root / "generated.json"
 
+    def emit_dirs(self) -> list[str]:
+        """A new directory, one that holds files, a file, and one under a file."""
+        return [str(self.root / "emit-new"), str(self.root / "tiny"), str(self.root / "markup.json"),
+                str(self.root / "markup.json" / "below")]
+
     def db_urls(self) -> list[str]:
         return [f"sqlite:///{self.root / 'other.db'}", "not-a-url", "sqlite:///" + str(self.root / "missing-dir" / "x.db")]
 
@@ -137,14 +142,27 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
         "--zero": _ints((0, 3)), "--offload": _choice("none", "optimizer", "optimizer+params"),
     }
     db = {"--db": st.sampled_from(files.db_urls())}
+    picture = {
+        "--timeline": st.sampled_from([str(files.root / n) for n in ("t.png", "t.svg", "t.html", "t.txt", "missing/t.png")]),
+        "--alloc-conf": st.one_of(st.sampled_from(["max_split_size_mb:128,expandable_segments:True", "nonsense:1",
+                                                   "max_split_size_mb:-5", ""]), _ODD_TEXT),
+    }
+    config.update(picture)
+    emit = {"--emit": st.sampled_from(files.emit_dirs()), "--force": None,
+            "--dataset": st.one_of(st.sampled_from(["data.jsonl", "wikitext"]), _ODD_TEXT)}
     grammar: dict[str, dict[str, st.SearchStrategy[str] | None]] = {
         "estimate": {**shared, **config},
         # --gpus is never 1, so measure refuses before it trains (see measure_never_trains)
         "measure": {**shared, **config, **db, "--gpus": st.integers().filter(lambda n: n != 1).map(str),
                     "--steps": _ints((2, 5)), "--timeout": _FLOATS, "--no-save": None},
-        "suggest": {**shared, **db, "--target-batch": _ints((1, 512)), "--seq-len": _ints((1, 8192)),
+        "suggest": {**shared, **db, **emit, "--target-batch": _ints((1, 512)), "--seq-len": _ints((1, 8192)),
                     "--precision": config["--precision"], "--no-offload": None, "--cpu-mem": _SIZES,
                     "--top-k": _ints((1, 10)), "--no-save": None},
+        "emit": {**db, "--rank": _ints((-1, 10)), "--force": None, "--dataset": emit["--dataset"]},
+        # the port is always one serve refuses (see ALWAYS): no server ever starts
+        "serve": {**db, "--port": st.sampled_from(["0", "70000", "-1"]), "--host": st.sampled_from(["127.0.0.1", "", "::1"]),
+                  "--ray-address": st.sampled_from(files.job_api_addresses()), "--workers": _ints((0, 3)),
+                  "--log-level": _choice("info", "debug", "loud")},
         "models": {"--search": st.one_of(_ODD_TEXT, _MARKUP, st.sampled_from(["llama", "qwen2", "", "Q"])), "--json": None},
         "gpus": {"--json": None},
         "history": {**db, "--model": _models(files), "--gpu": _GPUS, "--status": _choice("planned", "verified", "failed", "verifying"),
@@ -161,8 +179,8 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
         "suggest": {**grammar["suggest"], **verify, "--verify": None, "--fresh": None,
                     "--ray-address": st.sampled_from(files.ray_addresses()),
                     "--plan-id": st.one_of(st.text("0123456789abcdef", max_size=32), _ODD_TEXT)},
-        "submit": {**{k: v for k, v in grammar["suggest"].items() if k != "--no-save"}, **verify, **job_api,
-                   "--verify": None, "--no-verify": None},
+        "submit": {**{k: v for k, v in grammar["suggest"].items() if k not in ("--no-save", *emit)}, **verify,
+                   **job_api, "--verify": None, "--no-verify": None},
         "jobs list": {**job_api, "--json": None},
         "jobs status": {**job_api, **db, "--wait": None, "--timeout": _FLOATS, "--json": None},
         "jobs logs": {**job_api},
@@ -171,16 +189,16 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
     return grammar[command]
 
 
-COMMANDS = ("estimate", "measure", "suggest", "submit", "models", "gpus", "history", "show", "jobs list", "jobs status",
-            "jobs logs", "jobs stop", "db upgrade", "db current")
+COMMANDS = ("estimate", "measure", "suggest", "submit", "models", "gpus", "history", "show", "emit", "serve", "jobs list",
+            "jobs status", "jobs logs", "jobs stop", "db upgrade", "db current")
 #: options given whenever a command runs, whatever else is drawn: measure with a --gpus it refuses
 #: before training; every command that could reach Ray or its job API with the closed port
-ALWAYS = {"measure": ["--gpus"], "submit": ["--address"], "jobs list": ["--address"], "jobs status": ["--address"],
+ALWAYS = {"measure": ["--gpus"], "serve": ["--port"], "submit": ["--address"], "jobs list": ["--address"], "jobs status": ["--address"],
           "jobs logs": ["--address"], "jobs stop": ["--address"]}
 #: suggest reaches Ray only with --verify or --plan-id; then its --ray-address is the closed port
 ALWAYS_WITH = {("suggest", "--verify"): "--ray-address", ("suggest", "--plan-id"): "--ray-address"}
 #: commands with a positional argument, and what it is
-POSITIONAL = {"show": "plan id", "jobs status": "job id", "jobs logs": "job id", "jobs stop": "job id"}
+POSITIONAL = {"show": "plan id", "emit": "plan id", "jobs status": "job id", "jobs logs": "job id", "jobs stop": "job id"}
 #: the short names the grammar may use instead of the long ones
 SHORT = {"--model": "-m", "--gpu": "-g", "--target-batch": "-b", "--top-k": "-k", "--limit": "-n", "--search": "-s"}
 
@@ -193,6 +211,8 @@ def argv_and_config(draw, files: FuzzFiles):
     argv = command.split()
     if command in POSITIONAL:
         argv.append(draw(st.one_of(st.text("0123456789abcdef", min_size=0, max_size=40), _ODD_TEXT, _MARKUP)))
+    if command == "emit":
+        argv.append(draw(st.sampled_from(files.emit_dirs())))
     required = {"estimate": ["--model", "--gpu"], "suggest": ["--model", "--gpu", "--target-batch"],
                 "submit": ["--model", "--gpu", "--target-batch"], "measure": ["--model"]}.get(command, [])
     chosen = draw(st.lists(st.sampled_from(sorted(grammar)), max_size=6, unique=True))

@@ -42,6 +42,9 @@ def suggest(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to run on: auto, HOST:6379 or ray://HOST:10001 (default: $RAY_ADDRESS, else Ray embedded here)."),
     run_timeout: float = RUN_TIMEOUT,
     fresh: bool = typer.Option(False, "--fresh", help="Plan again even when a verified plan for this request is stored."),
+    emit: Optional[str] = typer.Option(None, "--emit", help="Write the chosen plan's ready-to-run files (train.py, training_args.json, ...) to this new directory."),
+    force: bool = typer.Option(False, "--force", help="With --emit: write into a directory that already holds files."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="With --emit: train.py's default dataset (a .txt/.jsonl file or a datasets name)."),
     plan_id: Optional[str] = typer.Option(None, "--plan-id", hidden=True, help="Verify this stored plan of the same request (planner submit's jobs)."),
     db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not store this plan."),
@@ -54,10 +57,14 @@ def suggest(
     fastest that fits when run is the answer."""
     from planner.cli._common import console
 
-    if no_save and (verify or plan_id):
+    if no_save and (verify or plan_id or emit):
         from planner.errors import InvalidConfigError
 
-        raise InvalidConfigError("--verify stores its runs with the plan: drop --no-save")
+        raise InvalidConfigError(f"{'--emit' if emit else '--verify'} works from the stored plan: drop --no-save")
+    if emit is not None:
+        from planner.emit import check_directory
+
+        check_directory(emit, force=force)  # a directory holding other files fails before anything is planned
     options = _verify_options(verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout) if verify else None
     if options is not None or plan_id is not None:
         from planner.verify.cluster import check_reachable, import_ray
@@ -73,6 +80,7 @@ def suggest(
         reused = _stored_verified(planned.result.request, db=db)
         if reused is not None:
             _answer_from_store(out, reused, device=planned.device, as_json=as_json)
+            _emit(out, reused.id, directory=emit, force=force, dataset=dataset, db=db)
             return
     if plan_id is not None:
         target = _adopt(plan_id, planned=planned, db=db)
@@ -83,9 +91,32 @@ def suggest(
     else:
         target = _save_and_print(out, planned, db=db, no_save=no_save, no_offload=no_offload, print_table=not as_json,
                                  print_json_plan=as_json and options is None)
-    if options is not None or plan_id is not None:
-        _verify(out, target, planned=planned, db=db, options=options or _verify_options(
-            verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout), as_json=as_json)
+    try:
+        if options is not None or plan_id is not None:
+            _verify(out, target, planned=planned, db=db, options=options or _verify_options(
+                verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout), as_json=as_json)
+    finally:
+        _emit(out, target, directory=emit, force=force, dataset=dataset, db=db)
+
+
+def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, dataset: str | None, db) -> None:
+    """``--emit DIR``: the chosen plan's files, the fastest verified one when the plan was
+    verified, else rank 1 (``planner emit`` for another rank)."""
+    if directory is None or plan_id is None:
+        return
+    from pathlib import Path
+
+    from planner.cli.verify_view import answer_position
+    from planner.emit import write_plan_files
+    from planner.store import open_store
+
+    with open_store(url=db) as store:
+        plan = store.get_plan(plan_id=plan_id)
+    answer = answer_position(plan) if plan.verified else None
+    rank = plan.candidates[answer].candidate.rank if answer is not None else 1
+    written = write_plan_files(plan=plan, rank=rank, directory=Path(directory), force=force, dataset=dataset)
+    out.print(f"wrote {len(written)} files for plan #{rank} to {directory}: " + ", ".join(p.name for p in written),
+              markup=False)
 
 
 def _request(*, model, gpu, target_batch, seq_len, gpus, gpu_mem, method, precision, no_offload, cpu_mem, top_k):

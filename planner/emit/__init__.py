@@ -116,7 +116,10 @@ def resolve_plan_model(plan: "StoredPlan") -> "ModelSpec":
     return spec
 
 
-def _check_directory(directory: Path, *, force: bool) -> None:
+def check_directory(directory: Path | str, *, force: bool) -> None:
+    """Refuse a path that is a file, or a directory that holds files (unless ``force``): callers
+    check before they plan or store anything, ``write_plan_files`` again before it writes."""
+    directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise OutputExistsError(f"{directory} is a file, not a directory: give a new or empty directory")
     if force or not directory.exists():
@@ -145,7 +148,7 @@ def write_plan_files(
         measurements=[m.measurement for m in stored.measurements], status=str(plan.status),
         usable_bytes=plan.usable_bytes,
     )
-    _check_directory(directory, force=force)
+    check_directory(directory, force=force)
     directory.mkdir(parents=True, exist_ok=True)
     for stale in set(FILE_NAMES) - set(files):
         (directory / stale).unlink(missing_ok=True)
@@ -157,4 +160,4 @@ def write_plan_files(
     return written
 
 
-__all__ = ["FILE_NAMES", "OutputExistsError", "pick_candidate", "plan_files", "resolve_plan_model", "write_plan_files"]
+__all__ = ["FILE_NAMES", "OutputExistsError", "check_directory", "pick_candidate", "plan_files", "resolve_plan_model", "write_plan_files"]
