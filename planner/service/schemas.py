@@ -79,6 +79,9 @@ class EstimateBody(ModelChoice):
                                         description="all-linear or a comma list of module names (default: all-linear).")
     zero: StrictInt = Field(default=0, description="DeepSpeed ZeRO stage 0|1|2|3.")
     offload: str = Field(default="none", max_length=32, description="none|optimizer|optimizer+params")
+    alloc_conf: Optional[str] = Field(default=None, max_length=500, description=(
+        "PyTorch CUDA caching allocator settings as PYTORCH_CUDA_ALLOC_CONF takes them, e.g. "
+        "max_split_size_mb:128,expandable_segments:True: they change the predicted reserve."))
 
 
 class FieldError(BaseModel):
