@@ -133,3 +133,24 @@ def test_detection_errors_are_user_errors():
 def test_importing_detect_does_not_import_pynvml():
     code = "import sys, planner.detect; assert 'pynvml' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_gpu_auto_on_the_command_line_plans_for_the_gpu_it_found(nvml, cli):
+    """suggest and estimate take --gpu auto: what NVML found is said on stderr, the plan is for it."""
+    import json
+
+    nvml([("NVIDIA A10G", 23028 * MiB)] * 4)
+    r = cli("suggest", "-m", "gpt2", "-g", "auto", "-b", "8", "--json")
+    assert r.code == 0, r
+    assert "found 4 x NVIDIA A10G (23028 MiB, driver 535.104.05): planning for a10g" in r.err
+    assert json.loads(r.out)["request"]["gpu"] == "a10g"
+    e = cli("estimate", "-m", "gpt2", "-g", "AUTO", "--json")
+    assert e.code == 0 and json.loads(e.out)["device"]["name"] == "a10g"
+    nvml([])
+    r = cli("suggest", "-m", "gpt2", "-g", "auto", "-b", "8")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and r.err.startswith("error: ")
+
+
+def test_submit_refuses_gpu_auto(cli):
+    r = cli("submit", "-m", "gpt2", "-g", "auto", "-b", "8", "--address", "http://127.0.0.1:1")
+    assert r.code == 2 and "names the GPU of this machine" in r.err

@@ -46,3 +46,15 @@ def console_to_stderr():
     from rich.console import Console
 
     return Console(stderr=True, **PLAIN_TEXT)
+
+
+def catalog_gpu(gpu: str) -> str:
+    """``--gpu`` as the library takes it: ``auto`` finds this machine's GPU through NVML and says
+    on stderr what it found (``planner.detect``); any other name is passed on as given."""
+    from planner.detect import AUTO, detect_gpu
+
+    if gpu.strip().lower() != AUTO:
+        return gpu
+    detected = detect_gpu()
+    console_to_stderr().print(detected.describe())
+    return detected.name

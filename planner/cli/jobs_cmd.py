@@ -45,6 +45,9 @@ def submit(
 
     if not verify:
         raise InvalidConfigError("planner submit sends a verification: to plan without one, run planner suggest")
+    if gpu.strip().lower() == "auto":
+        raise InvalidConfigError("--gpu auto names the GPU of this machine, not of the cluster: name the GPU the job "
+                                 "verifies on, e.g. --gpu a10g (see 'planner gpus')")
     request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k)
     import logging

@@ -10,7 +10,7 @@ import typer
 
 # Options shared by estimate and measure (one definition, two commands).
 _MODEL = typer.Option(..., "--model", "-m", help="Catalog id, path to a config.json/model dir, or an HF id in the local cache.")
-_GPU = typer.Option(..., "--gpu", "-g", help="GPU name from 'planner gpus' (cpu: the CPU measurement profile).")
+_GPU = typer.Option(..., "--gpu", "-g", help="GPU name from 'planner gpus' (cpu: the CPU measurement profile; auto: this machine's GPU, through NVML).")
 _GPUS = typer.Option(1, "--gpus", help="Data-parallel devices.")
 _GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB.")
 _METHOD = typer.Option("full", "--method", help="full|lora|qlora")
@@ -36,9 +36,11 @@ _TIMELINE = typer.Option(None, "--timeline", help="Write a picture of memory ove
 
 
 def _resolve(model: str, gpu: str, gpu_mem: Optional[str]):
+    from planner.cli._common import catalog_gpu
     from planner.estimation import resolve
     from planner.units import parse_bytes
 
+    gpu = catalog_gpu(gpu)
     memory = parse_bytes(gpu_mem, option="--gpu-mem") if gpu_mem is not None else None
     return resolve(model=model, gpu=gpu, gpu_mem_bytes=memory)
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from planner.cli._common import console_to_stderr
+from planner.cli._common import catalog_gpu, console_to_stderr
 from planner.cli.plan import _GPU, _GPU_MEM, _GPUS, _JSON, _MODEL, _SEQ
 
 
@@ -72,7 +72,7 @@ def suggest(
         import_ray()  # Ray missing, or an unreachable cluster: one line before anything is planned or stored
         if ray_address:
             check_reachable(ray_address)
-    request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
+    request = _request(model=model, gpu=catalog_gpu(gpu), target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k)
     planned = _plan(request, as_json=as_json)
     out = console() if not as_json else console_to_stderr()
