@@ -349,7 +349,25 @@ class _StorageInfo:
 TRACE_RESOLUTION = 64 * 1024
 
 
-class CpuProbe:
+class _StepCurveViews:
+    """The measured step's curve as both probes expose it (``_curve``: a ``StepCurve`` once the
+    probe has stopped, else None)."""
+
+    _curve: "StepCurve | None" = None
+
+    @property
+    def memory_events(self) -> list[list] | None:
+        """``[seconds since the measured step started, bytes allocated]`` over that step, from the
+        allocator (c10's events on the CPU, the CUDA allocator's trace on a GPU)."""
+        return self._curve.events if self._curve is not None else None
+
+    @property
+    def memory_phases(self) -> list[list] | None:
+        """``[seconds since the measured step started, phase]`` of each phase change in it."""
+        return self._curve.phases if self._curve is not None else None
+
+
+class CpuProbe(_StepCurveViews):
     """Peak of the bytes c10's CPU allocator holds (``AllocatorStream``), and beside it the peak of
     live tensor-storage bytes seen through the dispatcher, by category.
 
@@ -499,16 +517,6 @@ class CpuProbe:
         return self._curve.peak_phase if self._curve is not None else self.peak_dispatch_phase
 
     @property
-    def memory_events(self) -> list[list] | None:
-        """``[seconds since the measured step started, bytes allocated]`` over that step (allocator)."""
-        return self._curve.events if self._curve is not None else None
-
-    @property
-    def memory_phases(self) -> list[list] | None:
-        """``[seconds since the measured step started, phase]`` of each phase change in it."""
-        return self._curve.phases if self._curve is not None else None
-
-    @property
     def allocator_drift_bytes(self) -> int:
         """How far c10's running total ended above the probe's ledger of its events (blocks freed
         on threads the profiler does not follow; ``AllocatorStream``)."""
@@ -647,7 +655,7 @@ def _make_mode(probe: CpuProbe):
     return _CountingMode()
 
 
-class CudaProbe:
+class CudaProbe(_StepCurveViews):
     """The CUDA caching allocator's peak statistics for one device.
 
     process total = peak reserved + what the process held outside the allocator at ``start()``
@@ -686,15 +694,6 @@ class CudaProbe:
     @property
     def peak_phase(self) -> str:
         return self._curve.peak_phase if self._curve is not None else ""
-
-    @property
-    def memory_events(self) -> list[list] | None:
-        """``[seconds since the measured step started, bytes allocated]`` from the allocator's trace."""
-        return self._curve.events if self._curve is not None else None
-
-    @property
-    def memory_phases(self) -> list[list] | None:
-        return self._curve.phases if self._curve is not None else None
 
     def start(self) -> None:
         import torch

@@ -52,29 +52,17 @@ class ServiceError(Exception):
         self.headers = headers
 
 
-def _store_status(exc: StoreError) -> int:
-    """An id the store cannot find 404, an ambiguous prefix 400, data it refuses to keep 422;
-    anything else is the database failing (503)."""
-    if isinstance(exc, RecordNotFoundError):
-        return 404
-    if isinstance(exc, AmbiguousIdError):
-        return 400
-    if isinstance(exc, UnstorableDataError):
-        return 422
-    return 503
+#: error kind -> HTTP status, most specific first (an unknown id 404, an ambiguous prefix 400, data
+#: the store refuses to keep 422, any other store failure is the database failing: 503)
+_STATUS_OF = (
+    (RecordNotFoundError, 404), (AmbiguousIdError, 400), (UnstorableDataError, 422), (StoreError, 503),
+    (MissingDependencyError, 501), (ClusterUnavailableError, 503), (JobNotFoundError, 404),
+)
 
 
 def status_for(exc: PlannerError) -> int:
-    """The HTTP status of a planner error."""
-    if isinstance(exc, StoreError):
-        return _store_status(exc)
-    if isinstance(exc, MissingDependencyError):
-        return 501
-    if isinstance(exc, ClusterUnavailableError):
-        return 503
-    if isinstance(exc, JobNotFoundError):
-        return 404
-    return 422
+    """The HTTP status of a planner error (422 for every other user mistake)."""
+    return next((status for kind, status in _STATUS_OF if isinstance(exc, kind)), 422)
 
 
 @functools.cache
