@@ -91,12 +91,11 @@ def suggest(
     else:
         target = _save_and_print(out, planned, db=db, no_save=no_save, no_offload=no_offload, print_table=not as_json,
                                  print_json_plan=as_json and options is None)
-    try:
-        if options is not None or plan_id is not None:
-            _verify(out, target, planned=planned, db=db, options=options or _verify_options(
-                verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout), as_json=as_json)
-    finally:
-        _emit(out, target, directory=emit, force=force, dataset=dataset, db=db)
+    if options is not None or plan_id is not None:
+        # a plan whose verification failed exits 1 here, and nothing is emitted for it
+        _verify(out, target, planned=planned, db=db, options=options or _verify_options(
+            verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout), as_json=as_json)
+    _emit(out, target, directory=emit, force=force, dataset=dataset, db=db)
 
 
 def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, dataset: str | None, db) -> None:
