@@ -330,3 +330,19 @@ def test_an_encoder_trains_as_masked_lm_without_a_causal_task(tmp_path):
                        model="bert-base-uncased")
     assert import_script(folder / "train.py").MASKED_LM is True
     assert LoraConfig(**json.loads((folder / "lora_config.json").read_text())).task_type is None
+
+
+def test_suggest_emit_writes_the_top_plan_and_refuses_a_full_directory_before_planning(cli, tmp_path):
+    import json
+
+    out = tmp_path / "run"
+    r = cli("suggest", "-m", "gpt2", "-g", "a10g", "-b", "8", "--emit", str(out))
+    assert r.code == 0, r
+    assert "wrote" in r.out and "for plan #1" in r.out
+    assert {"train.py", "training_args.json", "accelerate_config.yaml", "PLAN.md"} <= {p.name for p in out.iterdir()}
+    plans = json.loads(cli("history", "--json").out)
+    assert len(plans) == 1 and plans[0]["id"] in (out / "PLAN.md").read_text()
+    again = cli("suggest", "-m", "gpt2", "-g", "a10g", "-b", "8", "--fresh", "--emit", str(out))
+    assert again.code == 2 and "already holds files" in again.err and len(again.err.strip().splitlines()) == 1
+    assert len(json.loads(cli("history", "--json").out)) == 1  # refused before anything was planned or stored
+    assert cli("suggest", "-m", "gpt2", "-g", "a10g", "-b", "8", "--emit", str(out), "--no-save").code == 2
