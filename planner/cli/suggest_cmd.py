@@ -182,19 +182,17 @@ def _stored_verified(request, *, db):
 
     try:
         with open_store(url=db) as store:
-            found = store.find_same_request(request=request)
+            return store.find_verified(request=request)
     except StoreError:
         return None
-    return found if found is not None and found.verified else None
 
 
 def _answer_from_store(out, plan, *, device, as_json: bool) -> None:
     from planner.cli._common import print_json
-    from planner.cli.verify_view import answer_position, print_verified, verification_dict
+    from planner.cli.verify_view import answer_position, from_store_dict, print_verified
 
     if as_json:
-        print_json(plan.to_result().to_dict() | {"plan_id": plan.id, "from_store": True,
-                                                 "verification": verification_dict(plan)})
+        print_json(from_store_dict(plan))
         return
     when = plan.status_changed_at.strftime("%Y-%m-%d %H:%M UTC") if plan.status_changed_at else plan.created_at.strftime("%Y-%m-%d %H:%M UTC")
     out.print(f"answered from the store: plan {plan.id} for this request was verified {when} "

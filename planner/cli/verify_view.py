@@ -133,6 +133,11 @@ def answer_position(plan: "StoredPlan") -> int | None:
     return max(fitting)[2] if fitting else None
 
 
+def from_store_dict(plan: "StoredPlan") -> dict[str, Any]:
+    """``planner suggest --json`` (and ``POST /v1/plans``) of a request answered from the store."""
+    return plan.to_result().to_dict() | {"plan_id": plan.id, "from_store": True, "verification": verification_dict(plan)}
+
+
 def verification_dict(plan: "StoredPlan", report: "VerificationReport | None" = None) -> dict[str, Any]:
     """The ``--json`` form: status, why, the answer and every run."""
     return {

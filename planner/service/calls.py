@@ -88,15 +88,14 @@ def estimate(body: "EstimateBody") -> dict[str, Any]:
 
 def stored_verified(store: "Store", planned: "Planned") -> "StoredPlan | None":
     """The stored verified plan of this same request (``planner suggest`` answers with it too)."""
-    found = store.find_same_request(request=planned.result.request)
-    return found if found is not None and found.verified else None
+    return store.find_verified(request=planned.result.request)
 
 
 def from_store(plan: "StoredPlan") -> dict[str, Any]:
     """``planner suggest --json`` of a request answered from the store."""
-    from planner.cli.verify_view import verification_dict
+    from planner.cli.verify_view import from_store_dict
 
-    return plan.to_result().to_dict() | {"plan_id": plan.id, "from_store": True, "verification": verification_dict(plan)}
+    return from_store_dict(plan)
 
 
 def check_verifiable(body: "PlanBody") -> None:

@@ -393,6 +393,12 @@ class Store:
 
         return self._run(work, write=False)
 
+    def find_verified(self, *, request: PlanRequest) -> StoredPlan | None:
+        """The newest verified plan of an identical request, or None: what ``planner suggest``
+        and ``POST /v1/plans`` answer from instead of planning again."""
+        found = self.find_same_request(request=request)
+        return found if found is not None and found.verified else None
+
     def history(
         self,
         *,
