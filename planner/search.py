@@ -268,22 +268,17 @@ def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, u
     closest: dict[str, tuple[int, TrainConfig]] = {}
     searched = 0
     for base, splits in combinations:
-        totals = totals_by_split(model=model, config=base, gpu=gpu, splits=splits, memo=memo)
         searched += len(splits)
-        # micro-batches come in ascending order and memory grows with them: keep the largest that
-        # fits per combination, the fastest split (fewest micro-steps: least per-micro-step
-        # dequantisation and ZeRO-3 gathering, best kernel utilisation)
-        best = None
-        fam = None
-        for split, (total, host) in zip(splits, totals):
-            if total > usable or host > space.cpu_mem_bytes:
-                fam = fam or _family(base)
-                if fam not in closest or total < closest[fam][0]:
-                    closest[fam] = (total, base.with_split(micro_batch=split[0], grad_accum=split[1]))
-            else:
-                best = (split, total)
-        if best is not None:
-            largest_fit.append((base.with_split(micro_batch=best[0][0], grad_accum=best[0][1]), best[1]))
+        fit, miss = _fit_and_miss(model=model, config=base, gpu=gpu, splits=splits, memo=memo, usable=usable,
+                                  cpu_mem=space.cpu_mem_bytes)
+        if miss is not None:
+            fam = _family(base)
+            if fam not in closest or miss[0] < closest[fam][0]:
+                micro, accum = splits[miss[1]]
+                closest[fam] = (miss[0], base.with_split(micro_batch=micro, grad_accum=accum))
+        if fit is not None:
+            micro, accum = splits[fit[1]]
+            largest_fit.append((base.with_split(micro_batch=micro, grad_accum=accum), fit[0]))
     fitting = []
     for config, total in largest_fit:
         # ranking needs the speed only: the full estimate (with its assumptions) is made for
@@ -291,6 +286,55 @@ def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, u
         step_s = sum(step_breakdown(model=model, config=config, gpu=gpu).values())
         fitting.append((config, _Speed(tokens_per_second(config, step_s)), total))
     return fitting, closest, searched
+
+
+def _fit_and_miss(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, splits, memo: MemoryMemo, usable: int,
+                  cpu_mem: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """((total, index) of the largest fitting split, (total, index) of the smallest miss) of one
+    combination, None where there is none; ties go to the first split, as a scan in order finds.
+
+    What ``totals_by_split`` gives for every split, found with fewer evaluations: every split but
+    the last accumulates (micro < per-device batch), and along those the total never falls as the
+    micro-batch grows (each moment is affine in it with a slope >= 0, and the screen's reserve
+    grows with the peak), so the boundary between fitting and missing is found by bisection; the
+    last split, without accumulation, is evaluated on its own. Host RAM does not depend on the
+    split: over --cpu-mem, every split misses."""
+    static, parts = memo.static(config)
+    one, slope = memo.batch_line(config)
+    resident, paged = static.resident_bytes, static.paged
+    allocator = gpu.kernels.caching_allocator
+    lines = [[base + b1 for base, b1 in zip(parts[acc], one)] for acc in (0, 1)]
+    s0, s1, s2, s3, s4 = slope
+
+    def total(i: int) -> int:
+        micro, accum = splits[i]
+        k = micro - 1
+        a0, a1, a2, a3, a4 = lines[accum > 1]  # the five moments
+        peak = max(a0 + k * s0, a1 + k * s1, a2 + k * s2, a3 + k * s3, a4 + k * s4)
+        return reserved_and_total(model, gpu, peak=peak, static=resident, paged=paged)[1] if allocator else peak
+
+    last = len(splits) - 1
+    last_total = total(last)
+    host_fits = static.host <= cpu_mem
+    # the accumulating splits 0..last-1: lo fits (or -1), hi misses (or last)
+    lo, hi, lo_total, hi_total = -1, last, 0, 0
+    if last and not host_fits:
+        hi, hi_total = 0, total(0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        t = total(mid)
+        if t <= usable:
+            lo, lo_total = mid, t
+        else:
+            hi, hi_total = mid, t
+    miss = (hi_total, hi) if hi < last else None
+    if last_total > usable or not host_fits:
+        if miss is None or last_total < miss[0]:
+            miss = (last_total, last)
+        fit = (lo_total, lo) if lo >= 0 else None
+    else:
+        fit = (last_total, last)
+    return fit, miss
 
 
 def _request(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int, space: SearchSpace,

@@ -145,6 +145,7 @@ class Block:
 
     @property
     def key(self) -> tuple[int, int]:
+        """Its place in a pool: ordered by size, then address (BlockComparatorSize)."""
         return (self.size, self.addr)
 
     def is_split(self) -> bool:
@@ -161,21 +162,26 @@ class CachingAllocator:
     def __init__(self, *, capacity: int, config: AllocatorConfig = AllocatorConfig()) -> None:
         self.capacity, self.config = capacity, config
         self.max_split = config.max_split_size
-        self._keys: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # cached blocks by (size, addr)
+        # cached blocks by (size, addr), per pool: [large, small] (indexed by ``small``)
+        self._keys: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
         self._cached: dict[tuple[int, int], Block] = {}
         self.reserved = self.peak_reserved = self.allocated = 0
         self._addr = 0
         self._tails: dict[bool, Block] = {}  # expandable segments: each pool's last block
 
     # -- the pools ----------------------------------------------------------------------------
+    # (the replay makes thousands of these per plan shown: the key is built inline, not by the
+    # ``Block.key`` property)
     def _insert(self, block: Block) -> None:
-        bisect.insort(self._keys[block.small], block.key)
-        self._cached[block.key] = block
+        key = (block.size, block.addr)
+        bisect.insort(self._keys[block.small], key)
+        self._cached[key] = block
 
     def _remove(self, block: Block) -> None:
+        key = (block.size, block.addr)
         keys = self._keys[block.small]
-        del keys[bisect.bisect_left(keys, block.key)]
-        del self._cached[block.key]
+        del keys[bisect.bisect_left(keys, key)]
+        del self._cached[key]
 
     def _get_free_block(self, size: int, small: bool) -> Block | None:
         """Best fit with get_free_block's max_split_size rules."""
@@ -183,12 +189,14 @@ class CachingAllocator:
         i = bisect.bisect_left(keys, (size, -1))
         if i == len(keys):
             return None
-        block = self._cached[keys[i]]
+        key = keys[i]
+        block = self._cached[key]
         if size < self.max_split and block.size >= self.max_split:
             return None  # do not return an oversized block for a large request
         if size >= self.max_split and block.size >= size + kLargeBuffer:
             return None  # an oversize request is only rounded up within kLargeBuffer
-        self._remove(block)
+        del keys[i]
+        del self._cached[key]
         return block
 
     # -- segments -----------------------------------------------------------------------------
@@ -281,7 +289,7 @@ class CachingAllocator:
     # -- malloc and free ----------------------------------------------------------------------
     def malloc(self, request: int) -> Block:
         """Allocate ``request`` bytes (raises ``OutOfMemory``)."""
-        size = round_size(request)
+        size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize  # round_size
         small = size <= kSmallSize
         block = self._get_free_block(size, small)
         if block is None:
@@ -380,7 +388,10 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     for ev in events:
         if ev.op == "alloc":
             try:
-                live[ev.ident] = [allocator.malloc(n) for n in _sizes(ev.nbytes, ev.tensors) if n > 0]
+                if ev.tensors == 1:
+                    live[ev.ident] = [allocator.malloc(ev.nbytes)] if ev.nbytes > 0 else []
+                else:
+                    live[ev.ident] = [allocator.malloc(n) for n in _sizes(ev.nbytes, ev.tensors) if n > 0]
             except OutOfMemory:
                 if capacity >= UNLIMITED:
                     raise

@@ -2,7 +2,7 @@
 
 ``OPTIMIZERS[Optimizer.X]`` is the model of optimizer X. ``state_bytes`` takes the element counts
 of the trainable tensors (per-tensor rules such as bitsandbytes' 32-bit fallback for small
-tensors need them); ``step_transient`` the temporaries ``optimizer.step()`` holds beyond states
+tensors need them); ``step_transient`` (over (element count, tensors) pairs) the temporaries ``optimizer.step()`` holds beyond states
 and gradients on a device whose kernels are described by a ``KernelProfile``;
 ``update_bytes_per_param`` the device memory traffic of one update (``planner.throughput``).
 """
@@ -45,9 +45,11 @@ class OptimizerModel:
         """State of one flat fp32 tensor of ``partition`` elements (DeepSpeed's master partition)."""
         return self.state_bytes([partition], FP32)
 
-    def step_transient(self, sizes: tuple[int, ...] | list[int], param_bytes: int, kernels: KernelProfile) -> int:
-        """Temporaries inside ``optimizer.step()`` beyond states and gradients (none by default:
-        SGD updates in place)."""
+    def step_transient(self, counts: Iterable[tuple[int, int]], param_bytes: int, kernels: KernelProfile) -> int:
+        """Temporaries inside ``optimizer.step()`` beyond states and gradients, for trainable tensors
+        given as (element count, number of such tensors) pairs (``Trained.size_counts``: a model
+        has few distinct shapes, and the search asks for thousands of these). None by default:
+        SGD updates in place."""
         return 0
 
     def update_bytes_per_param(self, w: int) -> float:
@@ -64,15 +66,15 @@ class AdamW(OptimizerModel):
     def tensor_state_bytes(self, n: int, param_bytes: int) -> int:
         return 2 * n * param_bytes + FP32  # + the fp32 step tensor
 
-    def step_transient(self, sizes, param_bytes, kernels):
+    def step_transient(self, counts, param_bytes, kernels):
         """The foreach path's ``torch._foreach_sqrt(exp_avg_sqs)`` materialises one extra copy of
         every second moment (torch/optim/adamw.py _multi_tensor_adamw); tensor by tensor
         (_single_tensor_adamw) ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` holds two temporaries
         of the largest parameter; the fused kernel none."""
         if kernels.adamw is AdamWImpl.SINGLE_TENSOR:
-            return 2 * max(sizes, default=0) * param_bytes
+            return 2 * max((n for n, _ in counts), default=0) * param_bytes
         if kernels.adamw is AdamWImpl.FOREACH:
-            return sum(sizes) * param_bytes
+            return sum(n * copies for n, copies in counts) * param_bytes
         return 0
 
     def update_bytes_per_param(self, w):
@@ -129,12 +131,12 @@ class Adafactor(OptimizerModel):
         # a flat 1-D partition is not factored: one full fp32 vector
         return FP32 * partition
 
-    def step_transient(self, sizes, param_bytes, kernels):
+    def step_transient(self, counts, param_bytes, kernels):
         """Two full fp32 tensors of the current parameter at once: ``grad**2 + eps`` while
         ``_approx_sq_grad`` builds the factored estimate, then ``update`` while ``p.add_(-update)``
         makes its negation (Adafactor.step); a 16-bit parameter adds its fp32 copy and its
         gradient's (``p.float()``, ``grad.float()``)."""
-        return (2 + (2 if param_bytes == 2 else 0)) * max(sizes, default=0) * FP32
+        return (2 + (2 if param_bytes == 2 else 0)) * max((n for n, _ in counts), default=0) * FP32
 
     def update_bytes_per_param(self, w):
         """The passes of ``Adafactor.step`` over a 2-D weight: grad**2+eps (r g, w sq), row and
@@ -155,7 +157,7 @@ class AdamW8bit(OptimizerModel):
             return 2 * n * FP32
         return 2 * (n + math.ceil(n / BNB_8BIT_BLOCK) * FP32)
 
-    def step_transient(self, sizes, param_bytes, kernels):
+    def step_transient(self, counts, param_bytes, kernels):
         """On CUDA none: the kernel dequantises one block at a time in registers. bitsandbytes'
         CPU backend (backends/cpu/ops.py _optimizer_update_8bit_blockwise_cpu) makes, for the
         tensor it updates, fp32 copies of both states (4n + 4n), of the gradient times
@@ -166,7 +168,7 @@ class AdamW8bit(OptimizerModel):
         (tests/test_probes.py)."""
         if not kernels.bnb_8bit_step_whole_tensor:
             return 0
-        largest = max((n for n in sizes if n >= BNB_MIN_8BIT_SIZE), default=0)
+        largest = max((n for n, _ in counts if n >= BNB_MIN_8BIT_SIZE), default=0)
         return largest * (5 * FP32 + (FP32 if param_bytes < FP32 else 0))
 
     def update_bytes_per_param(self, w):

@@ -103,10 +103,10 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     if config.offload is Offload.NONE:
         if config.zero:
             # the optimizer steps one flat fp32 partition (see zero.zero_states)
-            sizes, param_bytes = [zero_partition(t, config)], FP32
+            counts, param_bytes = ((zero_partition(t, config), 1),), FP32
         else:
-            sizes, param_bytes = t.sizes, trainable_bytes(config.method, mode)
-        transient = OPTIMIZERS[config.optimizer].step_transient(sizes, param_bytes, kernels)
+            counts, param_bytes = t.size_counts, trainable_bytes(config.method, mode)
+        transient = OPTIMIZERS[config.optimizer].step_transient(counts, param_bytes, kernels)
     tied = 0
     if model.tied_embeddings and config.method is Method.FULL and config.offload is Offload.NONE:
         tied = 2 * model.vocab_size * model.hidden_size * mode.weight

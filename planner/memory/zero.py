@@ -96,7 +96,7 @@ def _offload_host(config: TrainConfig, t: Trained, out: dict[str, int], states_p
     trainable = t.count
     host = FP32 * trainable // n + states_per_device + FP32 * trainable // n
     if config.zero in (1, 2):
-        largest = max(t.sizes, default=0)
+        largest = max((n for n, _ in t.size_counts), default=0)
         host += gb * zero_partition(t, config) + gb * largest
         out["zero/offload_grad_buffer"] = gb * largest
     return host
