@@ -106,3 +106,24 @@ def test_the_timeline_walks_the_step_block_by_block():
     assert curve[-1] == resident
     assert list(timeline.marks) == list(PHASES)
     assert {category(ev.key) for ev in timeline.events} <= set(CATEGORIES)
+
+
+def test_phase_totals_are_the_sums_of_what_each_moment_lists():
+    """``phase_totals`` writes each moment's sum out for speed; ``phases`` is the one list of what
+    lives at each moment. Distinct powers of two for every term make any term missing, doubled
+    or put at the wrong moment change the sum."""
+    import dataclasses
+
+    from planner.memory.states import StaticTerms
+    from planner.memory.step import phase_totals, phases
+
+    names = [f.name for f in dataclasses.fields(StaticTerms) if f.name != "resident"]
+    static = StaticTerms(resident={"weights": 1}, **{name: 1 << (10 + 2 * i) for i, name in enumerate(names)})
+    batch = dict(saved=1 << 1, recompute=1 << 3, fwd_logits=1 << 5, bwd_logits=1 << 7)
+    for accumulating in (False, True):
+        listed = phases(static=static, **batch, accumulating=accumulating)
+        assert phase_totals(static=static, **batch, accumulating=accumulating) == tuple(
+            sum(parts.values()) for parts in listed.values())
+        # and every static term appears at some moment (else the powers above would not test it)
+        assert all(any(getattr(static, n) in parts.values() for parts in listed.values()) for n in names if n != "host"
+                   and n != "paged"), names
