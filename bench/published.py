@@ -101,8 +101,20 @@ def _measured_tokens_per_s(row: dict[str, Any]) -> float | None:
     return value * row["settings"]["seq_len"] if tp["unit"] == "samples/s" else value
 
 
-def score_row(row: dict[str, Any]) -> dict[str, Any]:
-    """Prediction and signed errors of one row; ``status`` is ``scored`` or ``unscorable``."""
+def stated_device(gpu: Any, source: dict[str, Any]) -> Any:
+    """The row's device as its source measured it: a source that prints its own CUDA context
+    (the HF page's ``torch.ones((1, 1)).to("cuda")`` -> "GPU memory occupied: 1343 MB", CUDA 11.2
+    loading every kernel module eagerly) is planned with that context instead of the planner's
+    lazy-loading constant (planner/gpus.py CUDA_CONTEXT_BYTES). A measured input of the run, like
+    its batch size; never a fitted factor."""
+    mib = source.get("context_mib")
+    return dataclasses.replace(gpu, cuda_context_bytes=int(mib) * 2**20) if mib else gpu
+
+
+def score_row(row: dict[str, Any], sources: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Prediction and signed errors of one row; ``status`` is ``scored`` or ``unscorable``.
+
+    ``sources``: the data file's sources (a source's measured CUDA context is applied to its rows)."""
     from planner.memory import estimate_memory
     from planner.throughput import estimate_throughput
 
@@ -112,11 +124,17 @@ def score_row(row: dict[str, Any]) -> dict[str, Any]:
         spec, gpu, config, unmodelled = map_row(row)
     except Unscorable as exc:
         return {**out, "status": "unscorable", "reason": str(exc)}
+    default_context = int(gpu.cuda_context_bytes)
+    gpu = stated_device(gpu, (sources or {}).get(row["source"], {}))
     estimate = estimate_memory(model=spec, config=config, gpu=gpu)
     predicted = int(getattr(estimate, METRICS[row["metric"]]))
     out.update(status="scored", model_type=spec.model_type, config=config, predicted=predicted,
                error=(predicted - out["measured"]) / out["measured"], unmodelled=unmodelled,
-               peak_phase=estimate.peak_phase, context_bytes=int(gpu.cuda_context_bytes))
+               peak_phase=estimate.peak_phase, context_bytes=int(gpu.cuda_context_bytes),
+               default_context_bytes=default_context, miss=row.get("miss", ""))
+    moment = first_block_backward(spec, config, gpu)
+    if moment is not None and row["metric"] == "max_memory_allocated":
+        out.update(block_moment=moment, block_moment_error=(moment - out["measured"]) / out["measured"])
     tokens = _measured_tokens_per_s(row)
     if tokens is not None:
         speed = estimate_throughput(model=spec, config=config, gpu=gpu)
@@ -126,7 +144,40 @@ def score_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def score_all(data: dict[str, Any]) -> list[dict[str, Any]]:
-    return [score_row(row) for row in data["rows"]]
+    return [score_row(row, data["sources"]) for row in data["rows"]]
+
+
+def first_block_backward(spec: Any, config: Any, gpu: Any) -> int | None:
+    """Allocated bytes at the backward of the last checkpointed block, a moment the model's five
+    (planner/memory/step.py PHASES) do not include: attribution, not prediction.
+
+    After the loss' backward and the head's, torch.utils.checkpoint recomputes the last block
+    (CheckpointFunction.backward / the non-reentrant unpack hook) while every block's checkpoint
+    is still held, then runs that block's backward. Live then: the resident states and every
+    saved tensor outside the head (all checkpoints, the embeddings' terms), the recomputed
+    block's saved tensors (the model's own ``recompute_bytes``), the gated MLP's backward at
+    ``act(gate) * up``, where the product's gradient and both operands' gradients exist at once
+    (three intermediate-sized tensors in the intermediate's dtype: the block's
+    ``mlp/intermediate`` term, which is those three saved tensors), and the residual stream's
+    gradient with the block's recomputed output. None without checkpointing."""
+    if not config.grad_ckpt:
+        return None
+    from planner.memory.activations import HEAD_TERMS, block_terms, breakdown_key
+    from planner.memory.dtypes import mode_of
+    from planner.memory.shapes import block_context, dims_of
+    from planner.memory.timeline import step_timeline
+
+    timeline = step_timeline(model=spec, config=config, kernels=gpu.kernels)
+    live = timeline.live_at(timeline.marks["backward_start"])
+    head = {breakdown_key(k) for k in HEAD_TERMS} | {"logits/transient", "autocast/weight_casts"}
+    block = block_terms(block_context(spec, config, gpu.kernels, first=False))
+    mlp = block.get("mlp/intermediate", 0)
+    if spec.num_experts:
+        # an MoE block runs its experts one after another: one expert's share of the routed tokens
+        mlp = mlp // spec.num_experts
+    dims, mode = dims_of(spec, config), mode_of(config)
+    residual = 2 * dims.tokens * dims.h * mode.residual
+    return sum(v for k, v in live.items() if k not in head) + sum(block.values()) + mlp + residual
 
 
 def _p90(values: list[float]) -> float:
