@@ -107,7 +107,7 @@ def _coerce(enum_type: type[enum.StrEnum], value: Any, name: str) -> Any:
         return enum_type(str(value))
     except ValueError:
         choices = "|".join(m.value for m in enum_type)
-        raise InvalidConfigError(f"{name} must be one of {choices}, got {value!r}") from None
+        raise InvalidConfigError(f"--{name.replace('_', '-')} must be one of {choices}, got {value!r}") from None
 
 
 #: Sanity bounds: far above any real run, low enough that every derived byte count fits the store's

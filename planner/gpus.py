@@ -33,7 +33,7 @@ from typing import Mapping
 
 from planner.config import Precision
 from planner.errors import InvalidConfigError, UnknownGPUError
-from planner.units import MiB
+from planner.units import GiB, MiB
 
 # ---- shared figures and their sources --------------------------------------------------------
 
@@ -132,6 +132,21 @@ CPU_KERNELS = KernelProfile(
 
 
 @dataclass(frozen=True, kw_only=True)
+class HostNode:
+    """A standard machine that holds this GPU: the host RAM a plan's offload may use by default
+    (``planner suggest`` without --cpu-mem plans for the node, not for the planning machine)."""
+
+    instance: str
+    """e.g. ``AWS g5.12xlarge``."""
+    gpus: int
+    """GPUs of this type in the machine."""
+    ram_bytes: int
+    """The machine's RAM as its provider lists it."""
+    source: str
+    """Where the figures come from."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class GPUSpec:
     """One device model: what the memory model plans against and the throughput model runs on."""
 
@@ -169,6 +184,9 @@ class GPUSpec:
     """How the device's kernels allocate (see ``KernelProfile``)."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """Field -> where its number comes from."""
+    nodes: tuple[HostNode, ...] = ()
+    """Standard machines with this GPU, fewest GPUs first (empty: none is standard, and offload
+    plans need --cpu-mem)."""
 
     def __post_init__(self) -> None:
         assert self.name == self.name.lower(), self.name
@@ -193,7 +211,14 @@ class GPUSpec:
         d["compute_capability"] = ".".join(map(str, self.compute_capability))
         d["sources"] = dict(self.sources)
         d["kernels"] = self.kernels.to_dict()
+        d["nodes"] = [dataclasses.asdict(n) for n in self.nodes]
         return d
+
+
+def standard_node(gpu: GPUSpec, gpus: int) -> HostNode | None:
+    """The smallest standard machine that holds ``gpus`` of this GPU, or None where the catalog
+    knows none (then the host RAM for offload must be given: --cpu-mem)."""
+    return min((n for n in gpu.nodes if n.gpus >= gpus), key=lambda n: (n.gpus, n.ram_bytes), default=None)
 
 
 def check_precision(gpu: GPUSpec, precision: Precision | str) -> None:
@@ -245,6 +270,7 @@ def _gpu(
     nvlink_gbs: float | None = None,
     nvlink: str = "",
     notes: Mapping[str, str] | None = None,
+    nodes: tuple[HostNode, ...] = (),
 ) -> GPUSpec:
     """Build one entry; fields without their own note are cited to the datasheet."""
     host = _PCIE[pcie_gen]
@@ -279,7 +305,21 @@ def _gpu(
         interconnect_gbs=nvlink_gbs or host,
         interconnect=nvlink or f"pcie{pcie_gen}",
         sources=sources,
+        nodes=nodes,
     )
+
+
+#: Host RAM of the standard machines of each GPU (instance pages as the providers list them).
+_AWS_BATCH = ("AWS Batch User Guide, 'GPU jobs' instance table (docs.aws.amazon.com/batch/latest/userguide/"
+              "gpu-jobs.html): GPUs and memory (GiB) per instance type")
+_TORCHX = ("torchx torchx/specs/named_resources_aws.py, AWS instance types as aws.amazon.com/ec2/instance-types "
+           "lists them (memMB = GiB x 1024 before its 0.96 ECS tax)")
+
+
+def _nodes(family: str, source: str, *sizes: tuple[str, int, int]) -> tuple[HostNode, ...]:
+    """(size, GPUs, RAM GiB) of an AWS instance family."""
+    return tuple(HostNode(instance=f"AWS {family}.{size}", gpus=n, ram_bytes=ram * GiB, source=source)
+                 for size, n, ram in sizes)
 
 
 _A100_SHEET = "NVIDIA A100 Tensor Core GPU datasheet (SXM4): 312 TFLOPS dense bf16/fp16, 19.5 fp32"
@@ -290,6 +330,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
         name="t4", display_name="NVIDIA T4", memory_mib=15360, memory_source=_MODAL_SMI, cc=(7, 5),
         fp16=65.0, bf16=0.0, fp32=8.1, bandwidth=320.0, pcie_gen=3,
         datasheet="NVIDIA T4 datasheet: 65 TFLOPS mixed-precision fp16, 8.1 fp32, 320 GB/s",
+        nodes=_nodes("g4dn", _AWS_BATCH, ("xlarge", 1, 16), ("12xlarge", 4, 192)) + _nodes("g4dn", _TORCHX, ("metal", 8, 384)),
     ),
     _gpu(
         name="a10g", display_name="NVIDIA A10G", memory_mib=23028, memory_source=_MODAL_SMI, cc=(8, 6),
@@ -304,16 +345,19 @@ _CATALOG: tuple[GPUSpec, ...] = (
             "fp32_tflops": "31.2 TFLOPS fp32 as quoted for A10/A10G (A10 datasheet); measured fp32 "
             "matmul 23.4 TFLOPS (zzc0721/torch-performance-test-data#126)",
         },
+        nodes=_nodes("g5", _AWS_BATCH, ("xlarge", 1, 16), ("12xlarge", 4, 192), ("48xlarge", 8, 768)),
     ),
     _gpu(
         name="l4", display_name="NVIDIA L4", memory_mib=23034, memory_source=_MODAL_SMI, cc=(8, 9),
         fp16=121.0, bf16=121.0, fp32=30.3, bandwidth=300.0, pcie_gen=4, fp8=True,
         datasheet="NVIDIA L4 datasheet: 242 TFLOPS bf16/fp16 with sparsity (121 dense), 30.3 fp32, 300 GB/s",
+        nodes=_nodes("g6", _AWS_BATCH, ("xlarge", 1, 16)),
     ),
     _gpu(
         name="l40s", display_name="NVIDIA L40S", memory_mib=46068, memory_source=_MODAL_SMI, cc=(8, 9),
         fp16=362.05, bf16=362.05, fp32=91.6, bandwidth=864.0, pcie_gen=4, fp8=True,
         datasheet="NVIDIA L40S datasheet: 733 TFLOPS bf16/fp16 with sparsity (362.05 dense), 91.6 fp32, 864 GB/s",
+        nodes=_nodes("g6e", _TORCHX, ("xlarge", 1, 32), ("12xlarge", 4, 384), ("48xlarge", 8, 1536)),
     ),
     _gpu(
         name="v100-16gb", display_name="Tesla V100-SXM2-16GB", memory_mib=16384, cc=(7, 0),
@@ -322,6 +366,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
         fp16=125.0, bf16=0.0, fp32=15.7, bandwidth=900.0, pcie_gen=3,
         nvlink_gbs=150.0, nvlink="nvlink2",
         datasheet="NVIDIA V100 datasheet (SXM2): 125 TFLOPS tensor, 15.7 fp32, 900 GB/s, NVLink 300 GB/s total",
+        nodes=_nodes("p3", _AWS_BATCH, ("2xlarge", 1, 61), ("8xlarge", 4, 244), ("16xlarge", 8, 488)),
     ),
     _gpu(
         name="v100-32gb", display_name="Tesla V100-SXM2-32GB", memory_mib=32768, cc=(7, 0),
@@ -330,24 +375,28 @@ _CATALOG: tuple[GPUSpec, ...] = (
         fp16=125.0, bf16=0.0, fp32=15.7, bandwidth=900.0, pcie_gen=3,
         nvlink_gbs=150.0, nvlink="nvlink2",
         datasheet="NVIDIA V100 datasheet (SXM2): 125 TFLOPS tensor, 15.7 fp32, 900 GB/s, NVLink 300 GB/s total",
+        nodes=_nodes("p3dn", _AWS_BATCH, ("24xlarge", 8, 768)),
     ),
     _gpu(
         name="a100-40gb", display_name="NVIDIA A100-SXM4-40GB", memory_mib=40960, memory_source=_MODAL_SMI,
         cc=(8, 0), fp16=312.0, bf16=312.0, fp32=19.5, bandwidth=1555.0, pcie_gen=4,
         nvlink_gbs=300.0, nvlink="nvlink3",
         datasheet=_A100_SHEET + ", 40GB: 1555 GB/s, NVLink 600 GB/s total",
+        nodes=_nodes("p4d", _TORCHX + "; AWS Compute Blog 'Amazon EC2 P4d instances deep dive': 1.1 TB of RAM", ("24xlarge", 8, 1152)),
     ),
     _gpu(
         name="a100-80gb", display_name="NVIDIA A100-SXM4-80GB", memory_mib=81920, memory_source=_MODAL_SMI,
         cc=(8, 0), fp16=312.0, bf16=312.0, fp32=19.5, bandwidth=2039.0, pcie_gen=4,
         nvlink_gbs=300.0, nvlink="nvlink3",
         datasheet=_A100_SHEET + ", 80GB SXM: 2039 GB/s, NVLink 600 GB/s total",
+        nodes=_nodes("p4de", _TORCHX, ("24xlarge", 8, 1152)),
     ),
     _gpu(
         name="h100-80gb", display_name="NVIDIA H100 80GB HBM3 (SXM5)", memory_mib=81559,
         memory_source=_MODAL_SMI, cc=(9, 0), fp16=989.4, bf16=989.4, fp32=66.9, bandwidth=3350.0,
         pcie_gen=5, fp8=True, nvlink_gbs=450.0, nvlink="nvlink4",
         datasheet=_H100_SHEET + ", 3.35 TB/s, NVLink 900 GB/s total",
+        nodes=_nodes("p5", _TORCHX, ("48xlarge", 8, 2048)),
     ),
     _gpu(
         name="h100-pcie", display_name="NVIDIA H100 PCIe", memory_mib=81559,
@@ -364,6 +413,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
         nvlink_gbs=450.0, nvlink="nvlink4",
         datasheet="NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS dense bf16 (1979 sparse), "
         "67 fp32, NVLink 900 GB/s total",
+        nodes=_nodes("p5e", _TORCHX, ("48xlarge", 8, 2048)),
     ),
     _gpu(
         name="rtx3090", display_name="NVIDIA GeForce RTX 3090", memory_mib=24576, cc=(8, 6),
@@ -493,8 +543,11 @@ __all__ = [
     "CUDA_KERNELS",
     "KernelProfile",
     "GPUSpec",
+    "HostNode",
     "check_precision",
     "get_gpu",
     "gpu_names",
     "list_gpus",
+    "physical_ram_bytes",
+    "standard_node",
 ]

@@ -18,6 +18,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: suggest's --method / --precision accept these besides the enum values
 AUTO = "auto"
+#: The most GPUs one node holds: --gpus counts the data-parallel devices of ONE node (the host RAM
+#: of offload plans is the node's, the interconnect is the node's). The largest standard machines
+#: hold 16 (NVIDIA DGX-2: 16 x V100; AWS p2.16xlarge: 16 x K80); the GPU catalog's AWS machines
+#: hold at most 8.
+MAX_GPUS_PER_NODE = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,9 +48,16 @@ class SuggestRequest:
     allow_offload: bool = True
     """Consider DeepSpeed CPU offload."""
     cpu_mem_bytes: int | None = None
-    """Host RAM offload may use; None: this machine's RAM."""
+    """Host RAM of the node for offload; None: the standard machine of ``gpus`` x ``gpu`` from the
+    catalog (``planner.gpus.standard_node``), this machine's RAM when the planning machine is the
+    node (``gpu`` cpu, or ``local_node``), else unknown and offload plans are refused."""
     top_k: int = 5
     """Plans to keep."""
+    prefer: str = "fidelity"
+    """Ranking policy: fidelity (the most faithful method first, then speed) or speed."""
+    local_node: bool = False
+    """The GPU was found on this machine (--gpu auto): the planning machine is the node, and its
+    RAM is the default host RAM for offload."""
 
     def to_cli_args(self) -> list[str]:
         """``planner suggest`` arguments that make the same request."""
@@ -66,6 +78,8 @@ class SuggestRequest:
             args += ["--cpu-mem", f"{self.cpu_mem_bytes}B"]
         if self.top_k != 5:
             args += ["--top-k", str(self.top_k)]
+        if self.prefer != "fidelity":
+            args += ["--prefer", self.prefer]
         return args
 
 
@@ -77,7 +91,9 @@ class Planned:
     spec: "ModelSpec"
     device: "GPUSpec"
     host_bytes: int
-    """Host RAM the search allowed offload to use."""
+    """Host RAM of the node the search allowed offload to use (0: not known)."""
+    host_source: str = ""
+    """Where ``host_bytes`` comes from ("" when not known: offload plans were refused)."""
     seq_defaulted: bool
     """True when the sequence length was not given and the default was used."""
 
@@ -90,7 +106,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None) -> Pl
     from planner.config import Method, Precision
     from planner.errors import InvalidConfigError
     from planner.estimation import default_seq_len, resolve
-    from planner.gpus import check_precision, get_gpu, physical_ram_bytes
+    from planner.gpus import check_precision, get_gpu
     from planner.search import SearchSpace, suggest
     from planner.limits import check_model_id
 
@@ -99,22 +115,54 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None) -> Pl
     else:
         device = get_gpu(request.gpu, memory_bytes=request.gpu_mem_bytes)
     if request.method != AUTO and request.method not in {m.value for m in Method}:
-        raise InvalidConfigError(f"--method {request.method!r} is not a method: use auto|{'|'.join(m.value for m in Method)}")
+        raise InvalidConfigError(f"--method must be one of auto|{'|'.join(m.value for m in Method)}, got {request.method!r}")
     if request.precision != AUTO and request.precision not in {p.value for p in Precision}:
         raise InvalidConfigError(
-            f"--precision {request.precision!r} is not a precision: use auto|{'|'.join(p.value for p in Precision)}"
+            f"--precision must be one of auto|{'|'.join(p.value for p in Precision)}, got {request.precision!r}"
         )
+    check_gpu_count(request.gpus)
     methods = tuple(Method) if request.method == AUTO else (Method(request.method),)
     precisions = None if request.precision == AUTO else (Precision(request.precision),)
     if precisions:
         check_precision(device, precisions[0])
-    host = request.cpu_mem_bytes if request.cpu_mem_bytes is not None else physical_ram_bytes()
-    space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host)
+    host, source = node_host_ram(request, device)
+    space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host,
+                        host_ram_source=source, prefer=request.prefer)
     check_model_id(spec.id)  # before anything is printed: the store would refuse it after
     seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
     result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=seq, gpus=request.gpus,
                      space=space, top_k=request.top_k, model_fingerprint=fingerprint(spec))
-    return Planned(result=result, spec=spec, device=device, host_bytes=host, seq_defaulted=request.seq_len is None)
+    return Planned(result=result, spec=spec, device=device, host_bytes=host, host_source=source,
+                   seq_defaulted=request.seq_len is None)
 
 
-__all__ = ["AUTO", "Planned", "SuggestRequest", "make_plan"]
+def check_gpu_count(gpus: object) -> None:
+    """--gpus: a whole number from 1 to the GPUs of one node."""
+    from planner.errors import InvalidConfigError
+
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise InvalidConfigError(f"--gpus must be a whole number >= 1, got {gpus!r}")
+    if gpus > MAX_GPUS_PER_NODE:
+        raise InvalidConfigError(
+            f"--gpus {gpus} is more GPUs than one node holds (at most {MAX_GPUS_PER_NODE}): the planner plans the "
+            "data-parallel GPUs of one node; give the GPUs per node"
+        )
+
+
+def node_host_ram(request: SuggestRequest, device: "GPUSpec") -> tuple[int, str]:
+    """(host RAM of the node for offload, where it comes from): --cpu-mem; this machine's RAM when
+    it is the node (the cpu profile, --gpu auto); the standard machine of the catalog; else
+    (0, "") and offload plans are refused with a reason that asks for --cpu-mem."""
+    from planner.gpus import physical_ram_bytes, standard_node
+
+    if request.cpu_mem_bytes is not None:
+        return request.cpu_mem_bytes, "--cpu-mem"
+    if device.is_cpu or request.local_node:
+        return physical_ram_bytes(), "this machine's RAM"
+    node = standard_node(device, request.gpus)
+    if node is None:
+        return 0, ""
+    return node.ram_bytes, f"{node.instance}, {node.gpus} x {device.display_name}; --cpu-mem for another host"
+
+
+__all__ = ["AUTO", "MAX_GPUS_PER_NODE", "Planned", "SuggestRequest", "check_gpu_count", "make_plan", "node_host_ram"]

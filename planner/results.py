@@ -231,13 +231,29 @@ class PlanResult:
     usable_bytes: int = 0
     """Capacity minus the safety margin: what a plan's process total must stay under."""
     safety_margin_bytes: int = 0
+    prefer: str = ""
+    """The ranking policy the plans are in (``planner.tradeoffs.Prefer``); "": the one the
+    request's constraints name (a stored plan), fidelity for plans made before there was one."""
+    alternative: Candidate | None = None
+    """The other policy's first plan, when it is not plan 1 (None for stored plans, which keep
+    their ranked plans only)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "request": self.request.to_dict(),
-            "plans": [c.to_dict() for c in self.plans],
+            "prefer": self.prefer or str(self.request.constraints.get("prefer", "fidelity")),
+            "plans": [self._explained(c) for c in self.plans],
+            "other_policy_best": self._explained(self.alternative) if self.alternative is not None else None,
             "rejected": [r.to_dict() for r in self.rejected],
             "searched": self.searched,
             "usable_bytes": self.usable_bytes,
             "safety_margin_bytes": self.safety_margin_bytes,
         }
+
+    def _explained(self, c: Candidate) -> dict[str, Any]:
+        """A plan as JSON with what it trades away and whether it runs near the edge."""
+        from planner.tradeoffs import near_edge, trade_offs
+
+        usable = self.usable_bytes
+        return c.to_dict() | {"near_edge": near_edge(c.memory, usable) if usable else False,
+                              "trade_offs": list(trade_offs(c.config, c.memory, usable=usable)) if usable else []}

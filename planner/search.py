@@ -4,8 +4,10 @@ The space: precision x method (full, LoRA and QLoRA with r in {8, 16, 32, 64} on
 projections or every linear) x gradient checkpointing x micro-batch (micro x accumulation x
 GPUs = target batch) x optimizer x DeepSpeed ZeRO 0-3 with CPU offload. Each candidate is
 predicted with ``planner.memory`` and ``planner.throughput``; candidates whose process total
-stays under the usable memory are ranked by fidelity tier (full > LoRA > QLoRA) then by
-predicted tokens/s.
+stays under the usable memory and whose offloaded states fit the node's host RAM are ranked by
+the requested policy (``planner.tradeoffs.Prefer``): fidelity tier (``fidelity_tier``) then
+predicted tokens/s, or tokens/s alone; a plan that fits by less than the allocator's expected
+overhead (``near_edge``) ranks after the ones that do not.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from planner.memory.step import NO_STATIC, batch_terms, phase_totals
 from planner.modelspec import LinearKind, ModelSpec
 from planner.results import Candidate, PlanRequest, PlanResult, Rejection, ThroughputEstimate
 from planner.throughput import estimate_throughput, step_breakdown, tokens_per_second
-from planner.units import MiB, format_bytes
+from planner.tradeoffs import Prefer, fidelity_tier, near_edge
+from planner.units import GiB, MiB, format_bytes
 
 LORA_RANKS = (8, 16, 32, 64)
 #: Keep this much of the device free: the allocator's fragmentation varies run to run and the
@@ -37,8 +40,20 @@ LORA_RANKS = (8, 16, 32, 64)
 #: assumption, shown with every plan).
 SAFETY_FRACTION = 0.05
 SAFETY_MIN = 512 * MiB
-#: Fidelity tiers: how faithful the trained model is to full fine-tuning.
-FIDELITY = {Method.FULL: 0, Method.LORA: 1, Method.QLORA: 2}
+#: Host RAM of the node that offload cannot use (stated assumptions, shown with every plan that
+#: considers offload): the kernel and hypervisor keep about 4% of an instance's nominal RAM (AWS
+#: Batch "Memory management": a container cannot be given the whole listed memory; torchx
+#: named_resources_aws.py MEM_TAX = 0.96), and each training process holds about 2 GiB of host
+#: memory for Python, torch and the CUDA runtime before any tensor (pytorch/pytorch#113326: max
+#: RSS 2,056,600 kB after `import torch` and one CUDA tensor; the HF Trainer's default
+#: dataloader_num_workers=0 adds no worker process).
+HOST_KERNEL_FRACTION = 0.04
+HOST_PER_PROCESS = 2 * GiB
+
+
+def host_reserve(node_ram: int, ranks: int) -> int:
+    """Host RAM of a node running ``ranks`` training processes that offload cannot use."""
+    return int(node_ram * HOST_KERNEL_FRACTION) + ranks * HOST_PER_PROCESS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,12 +63,19 @@ class SearchSpace:
     methods: tuple[Method, ...] = (Method.FULL, Method.LORA, Method.QLORA)
     """Methods to consider."""
     precisions: tuple[Precision, ...] | None = None
-    """None: every precision the GPU supports except pure fp16 (no fp32 master weights)."""
+    """None: fp32 and, in 16 bits, bf16-mixed and pure bf16 where the GPU has bf16, else
+    fp16-mixed and pure fp16 (``_precisions``)."""
     optimizers: tuple[Optimizer, ...] = tuple(Optimizer)
     allow_offload: bool = True
     """Consider DeepSpeed CPU offload (bounded by ``cpu_mem_bytes``)."""
     cpu_mem_bytes: int = 0
-    """Host RAM the offload plans may use (0: no offload plans fit)."""
+    """Host RAM of the node (--cpu-mem, or the standard machine's): every rank's offloaded states
+    and pinned buffers together must fit in it after ``host_reserve`` (0: no offload plan fits)."""
+    host_ram_source: str = "--cpu-mem"
+    """Where ``cpu_mem_bytes`` comes from, said with the plan; "" when the node's RAM is not
+    known (offload plans are refused with a reason that asks for --cpu-mem)."""
+    prefer: Prefer = Prefer.FIDELITY
+    """The ranking policy (``planner.tradeoffs.Prefer``)."""
     lora_ranks: tuple[int, ...] = LORA_RANKS
     """LoRA ranks to try, each a whole number >= 1."""
 
@@ -64,6 +86,16 @@ class SearchSpace:
             raise InvalidConfigError(f"LoRA ranks must be whole numbers >= 1, got {self.lora_ranks!r}")
         if isinstance(self.cpu_mem_bytes, bool) or not isinstance(self.cpu_mem_bytes, int) or self.cpu_mem_bytes < 0:
             raise InvalidConfigError(f"cpu_mem_bytes must be a whole number >= 0, got {self.cpu_mem_bytes!r}")
+        try:
+            object.__setattr__(self, "prefer", Prefer(self.prefer))
+        except ValueError:
+            raise InvalidConfigError(f"--prefer {self.prefer!r} is not a policy: use "
+                                     f"{'|'.join(p.value for p in Prefer)}") from None
+
+    def offload_budget(self, ranks: int) -> int:
+        """Host bytes one rank's offload may use: the node's RAM less ``host_reserve``, shared by
+        its ranks (each holds the same share: ZeRO partitions evenly)."""
+        return max(self.cpu_mem_bytes - host_reserve(self.cpu_mem_bytes, ranks), 0) // ranks
 
 
 def safety_margin(capacity: int) -> int:
@@ -85,9 +117,16 @@ def attention_targets(model: ModelSpec) -> tuple[str, ...]:
 
 
 def _precisions(gpu: GPUSpec, space: SearchSpace) -> tuple[Precision, ...]:
+    """fp32 and the 16-bit precisions of one 16-bit type: bf16 where the GPU has it (its exponent
+    range is fp32's, so it needs no loss scaling, and every bf16 GPU of the catalog runs bf16 and
+    fp16 at the same rate: bf16-mixed and fp16-mixed plans would be predicted alike), else fp16.
+    Pure 16-bit is searched too: for LoRA it is the usual recipe (16-bit frozen base, fp32
+    adapters); for full fine-tuning it ranks last under --prefer fidelity (``fidelity_tier``)."""
     if space.precisions is not None:
         return space.precisions
-    return tuple(p for p in Precision if p is not Precision.FP16 and gpu.supports(p))
+    if gpu.supports(Precision.BF16):
+        return (Precision.FP32, Precision.BF16_MIXED, Precision.BF16)
+    return (Precision.FP32, Precision.FP16_MIXED, Precision.FP16)
 
 
 def enumerate_configs(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int, space: SearchSpace) -> Iterator[TrainConfig]:
@@ -375,7 +414,10 @@ def suggest(
     usable = gpu.memory_bytes - margin
     memo = MemoryMemo(model, gpu)
     combinations = _combinations(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
-    fitting, closest, searched = _screen(combinations, model=model, gpu=gpu, memo=memo, usable=usable, space=space)
+    # the screen compares each candidate's host bytes, one rank's, with space.cpu_mem_bytes: it
+    # is handed one rank's share of the node's RAM (SearchSpace.offload_budget)
+    per_rank = dataclasses.replace(space, cpu_mem_bytes=space.offload_budget(gpus))
+    fitting, closest, searched = _screen(combinations, model=model, gpu=gpu, memo=memo, usable=usable, space=per_rank)
     request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space,
                        top_k=top_k, model_fingerprint=model_fingerprint)
 
@@ -384,40 +426,63 @@ def suggest(
 
     # each family's closest try (as the fast path screened it), most faithful method first, then
     # the nearest miss
-    by_tier = sorted(closest.items(), key=lambda kv: (FIDELITY[kv[1][1].method], kv[1][0]))
-    plans = _replayed_plans(_ranked(fitting), model=model, gpu=gpu, usable=usable, top_k=top_k)
+    by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
+    replays: dict[TrainConfig, object] = {}
+    plans = _replayed_plans(_ranked(fitting, space.prefer), model=model, gpu=gpu, usable=usable, top_k=top_k,
+                            prefer=space.prefer, replays=replays)
     if not plans:
         tried = {fam: missed(cfg, total) for fam, (total, cfg) in by_tier}
         rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
         raise NothingFitsError(
             _nothing_fits_message(model=model, gpu=gpu, closest=tried, usable=usable, space=space),
-            result=PlanResult(request=request, plans=(), rejected=rejected, searched=searched, usable_bytes=usable,
-                              safety_margin_bytes=margin),
+            result=PlanResult(request=dataclasses.replace(request, constraints={**request.constraints,
+                                                                               **_policy_constraints(space)}),
+                              plans=(), rejected=rejected, searched=searched, usable_bytes=usable,
+                              safety_margin_bytes=margin, prefer=str(space.prefer)),
         )
-    best_tier = FIDELITY[plans[0].config.method]
+    best_tier = fidelity_tier(plans[0].config)
     fitting_families = {_family(cfg) for cfg, _, _ in fitting}
     rejected = tuple(
         _rejection(missed(cfg, total), model=model, usable=usable, space=space)
         for fam, (total, cfg) in by_tier
-        if FIDELITY[cfg.method] <= best_tier and fam not in fitting_families
+        if fidelity_tier(cfg) <= best_tier and fam not in fitting_families
     )
-    return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable, safety_margin_bytes=margin)
+    other = Prefer.SPEED if space.prefer is Prefer.FIDELITY else Prefer.FIDELITY
+    theirs = _replayed_plans(_ranked(fitting, other), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
+                             prefer=other, replays=replays)
+    alternative = theirs[0] if theirs and theirs[0].config != plans[0].config else None
+    request = dataclasses.replace(request, constraints={**request.constraints, **_policy_constraints(space)})
+    return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
+                      safety_margin_bytes=margin, prefer=str(space.prefer), alternative=alternative)
 
 
-def _replayed_plans(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int) -> tuple[Candidate, ...]:
+def _policy_constraints(space: SearchSpace) -> dict:
+    """What shapes the answer beyond what ``_request`` records: the ranking policy (two requests
+    that differ in it get different answers)."""
+    return {"prefer": str(space.prefer)}
+
+
+def _replayed_plans(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
+                    prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None) -> tuple[Candidate, ...]:
     """The top plans with their full estimates. The fast path screens with the allocator's
     stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
     caching allocator replayed on its step, and one the replay finds too large for the usable
-    memory is dropped for the next."""
+    memory is dropped for the next. A plan the replay finds near the edge (``near_edge``) moves
+    after the shown plans that are not (within its fidelity tier under --prefer fidelity)."""
+    replays = {} if replays is None else replays
     while fitting:
         plans, dropped = [], set()
         for cfg, _, _ in _distinct(fitting, top_k):
-            memory = estimate_memory(model=model, config=cfg, gpu=gpu)
+            if cfg not in replays:
+                replays[cfg] = estimate_memory(model=model, config=cfg, gpu=gpu)
+            memory = replays[cfg]
             if memory.process_total_bytes > usable:
                 dropped.add(id(cfg))
             else:
                 plans.append((cfg, memory))
         if not dropped:
+            tier = fidelity_tier if prefer is Prefer.FIDELITY else (lambda _: 0)
+            plans.sort(key=lambda p: (tier(p[0]), near_edge(p[1], usable)))  # stable: rank order otherwise
             return tuple(Candidate(config=cfg, memory=memory, throughput=estimate_throughput(model=model, config=cfg, gpu=gpu),
                                    fits=True, rank=i + 1) for i, (cfg, memory) in enumerate(plans))
         fitting = [item for item in fitting if id(item[0]) not in dropped]
@@ -433,16 +498,18 @@ OPTIMIZER_PREFERENCE = {Optimizer.ADAMW: 0, Optimizer.ADAMW_8BIT: 1, Optimizer.P
 PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4}
 
 
-def _ranked(fitting: list[tuple]) -> list[tuple]:
-    """Fidelity tier first, then speed; plans within SPEED_TIE of the fastest plan of their
-    group are a tie, ordered by the preferences (a group is measured from its leader, so two plans
-    1% apart are never split by a fixed bucket boundary)."""
-    by_speed = sorted(fitting, key=lambda item: (FIDELITY[item[0].method], -item[1].tokens_per_s))
+def _ranked(fitting: list[tuple], prefer: Prefer = Prefer.FIDELITY) -> list[tuple]:
+    """Under ``fidelity``: fidelity tier first (``fidelity_tier``), then speed; under ``speed``:
+    speed alone. Plans within SPEED_TIE of the fastest plan of their group are a tie, ordered by
+    the preferences (a group is measured from its leader, so two plans 1% apart are never split
+    by a fixed bucket boundary)."""
+    tier = fidelity_tier if prefer is Prefer.FIDELITY else (lambda _: 0)
+    by_speed = sorted(fitting, key=lambda item: (tier(item[0]), -item[1].tokens_per_s))
     out: list[tuple] = []
     group: list[tuple] = []
     for item in by_speed:
         leader = group[0] if group else None
-        if leader is not None and (FIDELITY[item[0].method] != FIDELITY[leader[0].method]
+        if leader is not None and (tier(item[0]) != tier(leader[0])
                                    or item[1].tokens_per_s < leader[1].tokens_per_s / (1 + SPEED_TIE)):
             out += sorted(group, key=_tie_key)
             group = []
@@ -451,36 +518,44 @@ def _ranked(fitting: list[tuple]) -> list[tuple]:
 
 
 def _tie_key(item: tuple) -> tuple:
+    """Within a speed tie: the more faithful plan, then the usual optimizer, fewer moving parts,
+    the preferred precision, then the plan with more room on the device."""
     config, throughput, total = item
     moving_parts = (config.zero > 0) + (config.offload is not Offload.NONE) + (config.offload is Offload.OPTIMIZER_PARAMS)
-    return (OPTIMIZER_PREFERENCE[config.optimizer], moving_parts, PRECISION_PREFERENCE[config.precision], config.zero,
-            -throughput.tokens_per_s, total)
+    return (fidelity_tier(config), OPTIMIZER_PREFERENCE[config.optimizer], moving_parts,
+            PRECISION_PREFERENCE[config.precision], config.zero, total, -throughput.tokens_per_s)
 
 
-def _knobs_but_deepspeed(config: TrainConfig) -> tuple:
-    return (config.method, config.precision, config.optimizer, config.lora_r, config.lora_targets, config.grad_ckpt,
-            config.micro_batch, config.grad_accum)
+def _precision_class(config: TrainConfig) -> str:
+    """What the precision does to the trained model: fp32, mixed (fp32 weights, 16-bit compute;
+    bf16-mixed and fp16-mixed are one choice) or pure 16-bit weights. DeepSpeed's mixed mode
+    casts the model to 16 bits and keeps the fp32 copy of what trains only: for LoRA that is
+    pure 16-bit LoRA with DeepSpeed added."""
+    if config.precision is Precision.FP32:
+        return "fp32"
+    if config.precision.is_mixed and not (config.zero and config.method.uses_adapters):
+        return "mixed"
+    return "16-bit"
 
 
 def _distinct(ranked: list[tuple], k: int) -> list[tuple]:
-    """The top k, at most two per (method, precision, optimizer) so the list shows real choices,
-    and no plan that only adds ZeRO or offload to a shown one without being faster (it would use
-    DeepSpeed for nothing)."""
+    """The top k, one per (method, precision class, optimizer) and two per (method, precision
+    class), so the list shows real choices:
+    not r8 beside r16, bf16-mixed beside fp16-mixed with the same numbers, or a plan beside the
+    same plan with ZeRO or offload added (ZeRO-1 on one GPU) that is not faster (a variant that is
+    faster ranks first and is the one shown)."""
     out: list[tuple] = []
-    per_family: dict[str, int] = {}
-    shown_speed: dict[tuple, float] = {}  # the fastest shown plan per knobs but DeepSpeed
+    families: set[tuple] = set()
+    per_kind: dict[tuple, int] = {}  # at most two optimizers per (method, precision class)
     for c in ranked:
-        fam = _family(c[0])
-        if per_family.get(fam, 0) >= 2:
-            continue
-        knobs = _knobs_but_deepspeed(c[0])
-        if knobs in shown_speed and c[1].tokens_per_s <= shown_speed[knobs] * (1 + SPEED_TIE):
-            continue
-        shown_speed[knobs] = max(shown_speed.get(knobs, 0.0), c[1].tokens_per_s)
-        per_family[fam] = per_family.get(fam, 0) + 1
-        out.append(c)
-        if len(out) == k:
-            break
+        kind = (c[0].method, _precision_class(c[0]))
+        family = (*kind, c[0].optimizer)
+        if family not in families and per_kind.get(kind, 0) < 2:
+            families.add(family)
+            per_kind[kind] = per_kind.get(kind, 0) + 1
+            out.append(c)
+            if len(out) == k:
+                break
     return out
 
 
@@ -497,9 +572,9 @@ def _rejection(c: _Tried, *, model: ModelSpec, usable: int, space: SearchSpace) 
     plain = dataclasses.replace(c.config, zero=0, offload=Offload.NONE, gpus=c.config.gpus)
     states = model_states_bytes(model, plain)
     tried = c.config.label()
-    if c.cpu_bytes > space.cpu_mem_bytes and c.process_total_bytes <= usable:
+    if c.cpu_bytes > space.offload_budget(c.config.gpus) and c.process_total_bytes <= usable:
         reason = (f"model states need {format_bytes(states)} on the device; with {tried} they fit, but offload needs "
-                  f"{format_bytes(c.cpu_bytes)} of host RAM > {format_bytes(space.cpu_mem_bytes)} (--cpu-mem)")
+                  f"{host_shortfall(c.cpu_bytes, ranks=c.config.gpus, space=space)}")
     elif states > usable and (c.config.zero or c.config.offload is not Offload.NONE):
         reason = (f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable; the closest try, "
                   f"{tried}, needs {format_bytes(c.process_total_bytes)}")
@@ -517,11 +592,13 @@ def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, 
     need = best.process_total_bytes
     if need <= usable:
         # the device would hold it: what is missing is host RAM for the offloaded states
+        ranks = best.config.gpus
         return (
-            f"nothing fits {model.id} on {gpu.name} with {format_bytes(space.cpu_mem_bytes)} of host RAM for offload: "
-            f"the closest, {best.config.label()}, fits the device ({format_bytes(need)} of {format_bytes(usable)} usable) "
-            f"but needs {format_bytes(best.cpu_bytes)} of host RAM; try --cpu-mem {format_bytes(best.cpu_bytes).replace(' ', '')} "
-            "on a host that has it, more GPUs (--gpus) or a shorter --seq-len"
+            f"nothing fits {model.id} on {gpu.name} with the host RAM for offload: the closest, {best.config.label()}, "
+            f"fits the device ({format_bytes(need)} of {format_bytes(usable)} usable) but offload needs "
+            f"{host_shortfall(best.cpu_bytes, ranks=ranks, space=space)}; try --cpu-mem "
+            f"{format_bytes(node_ram_needed(best.cpu_bytes, ranks)).replace(' ', '')} on a host that has it, "
+            "more GPUs (--gpus) or a shorter --seq-len"
         )
     hints = []
     if Method.QLORA not in space.methods:
@@ -534,6 +611,29 @@ def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, 
         f"{best.config.label()}, needs {format_bytes(need)} ({format_bytes(need - usable)} too much); "
         f"try {', '.join(hints)}"
     )
+
+
+def node_ram_needed(rank_host_bytes: int, ranks: int) -> int:
+    """The smallest node RAM that holds ``ranks`` ranks' offload of ``rank_host_bytes`` each
+    after ``host_reserve``."""
+    offload = rank_host_bytes * ranks
+    ram = math.ceil((offload + ranks * HOST_PER_PROCESS) / (1 - HOST_KERNEL_FRACTION))
+    while ram - host_reserve(ram, ranks) < offload:  # int() rounding in host_reserve
+        ram += 1
+    return ram
+
+
+def host_shortfall(rank_host_bytes: int, *, ranks: int, space: SearchSpace) -> str:
+    """Why the node's host RAM does not hold an offload plan, in one clause."""
+    offload = rank_host_bytes * ranks
+    per = f" ({ranks} ranks x {format_bytes(rank_host_bytes)})" if ranks > 1 else ""
+    if not space.host_ram_source:
+        return (f"{format_bytes(offload)} of host RAM{per} and the catalog knows no standard machine with {ranks} of "
+                "this GPU: pass --cpu-mem with the node's RAM (e.g. --cpu-mem 256GiB) to consider offload")
+    reserve = host_reserve(space.cpu_mem_bytes, ranks)
+    return (f"{format_bytes(offload)} of host RAM on the node{per} + {format_bytes(reserve)} kept for the OS and "
+            f"{ranks} training process{'es' if ranks > 1 else ''} > {format_bytes(space.cpu_mem_bytes)} "
+            f"({space.host_ram_source})")
 
 
 class _Speed(NamedTuple):

@@ -130,7 +130,7 @@ def test_inline_config_is_planned_under_its_name(lite):
     (GPT2 | {"target_batch": 0}, 422, "target_batch", ">= 1"),
     (GPT2 | {"seq_len": 99999}, 422, "seq_len", "outside 1..1024"),
     (GPT2 | {"gpu": "h900"}, 422, "gpu", "unknown GPU"),
-    (GPT2 | {"method": "dora"}, 422, "method", "not a method"),
+    (GPT2 | {"method": "dora"}, 422, "method", "method must be one of auto|full|lora|qlora, got 'dora'"),
     (GPT2 | {"gpu_mem": "24"}, 422, "gpu_mem", "unit is required"),
     (GPT2 | {"gpu_mem": -5}, 422, "gpu_mem", "not a size"),
     (GPT2 | {"gpu_mem": "0GiB"}, 422, "gpu_mem", "larger than zero"),

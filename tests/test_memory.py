@@ -286,7 +286,18 @@ def test_zero2_offload_moves_master_and_moments_to_host(llama7b):
 def test_zero3_param_offload_moves_the_param_partition_too(llama7b):
     states, host = model_state_breakdown(llama7b, TrainConfig(zero=3, gpus=N, offload="optimizer+params"))
     assert "weights" not in states
-    assert host == 16 * PSI // N + 2 * PSI // N + 4 == 15_161_435_140
+    # host: fp32 master 4*PSI/N + moments 8*PSI/N + fp32 gradient partition 4*PSI/N + the `step`
+    # tensor 4, the 16-bit parameter partition 2*PSI/N and the pinned 16-bit gradient partition
+    # 2*PSI/N, which ZeRO-3 builds on the host under optimizer offload (deepspeed stage3.py
+    # l.333, l.791-795): 20*PSI/N + 4
+    assert "zero3/grad_partitions" not in states
+    assert host == 16 * PSI // N + 2 * PSI // N + 2 * PSI // N + 4 == 16_846_039_044
+
+
+def test_zero3_without_offload_keeps_the_gradient_partition_on_the_device(llama7b):
+    states, host = model_state_breakdown(llama7b, TrainConfig(zero=3, gpus=N, precision="bf16-mixed"))
+    assert host == 0
+    assert states["zero3/grad_partitions"] == 2 * PSI // N
 
 
 def test_zero_sgd_momentum_lives_on_the_fp32_master_partition(llama7b):

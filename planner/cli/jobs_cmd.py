@@ -9,7 +9,7 @@ import typer
 
 from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ
 from planner.cli.suggest_cmd import (
-    CPU_MEM, GPU_MEM, METHOD, NO_OFFLOAD, PRECISION, RUN_TIMEOUT, STEPS, TARGET_BATCH, TOP_K, VERIFY_TOP,
+    CPU_MEM, GPU_MEM, METHOD, NO_OFFLOAD, PRECISION, PREFER, RUN_TIMEOUT, STEPS, TARGET_BATCH, TOP_K, VERIFY_TOP,
 )
 
 _ADDRESS = typer.Option(None, "--address", help="The Ray job API, http://HEAD:8265 (default: $RAY_ADDRESS when it is http, else http://127.0.0.1:8265).")
@@ -28,6 +28,7 @@ def submit(
     no_offload: bool = NO_OFFLOAD,
     cpu_mem: Optional[str] = CPU_MEM,
     top_k: int = TOP_K,
+    prefer: str = PREFER,
     verify: bool = typer.Option(True, "--verify/--no-verify", help="The job verifies the plan (it always does: the flag is accepted as suggest's)."),
     verify_top: int = VERIFY_TOP,
     steps: int = STEPS,
@@ -49,7 +50,8 @@ def submit(
         raise InvalidConfigError("--gpu auto names the GPU of this machine, not of the cluster: name the GPU the job "
                                  "verifies on, e.g. --gpu a10g (see 'planner gpus')")
     request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
-                       method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k)
+                       method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k,
+                       prefer=prefer)
     import logging
 
     logging.getLogger("ray").setLevel(logging.WARNING)  # the SDK's INFO lines about uploading the config

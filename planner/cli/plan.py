@@ -119,6 +119,11 @@ def _print_sparkline(out, spec, device, config, memory) -> None:
               + (f", reserved {format_bytes(memory.peak_reserved_bytes)}" if curves.reserved is not None else ""), markup=False)
 
 
+#: ``planner estimate``'s exit code for a configuration that does not fit the usable memory (the
+#: same code as ``planner suggest`` when nothing fits: NothingFitsError.exit_code).
+DOES_NOT_FIT = 3
+
+
 def estimate(
     model: str = _MODEL, gpu: str = _GPU, gpus: int = _GPUS, gpu_mem: Optional[str] = _GPU_MEM,
     method: str = _METHOD, precision: str = _PRECISION, optimizer: str = _OPTIMIZER,
@@ -127,7 +132,7 @@ def estimate(
     lora_targets: Optional[str] = _LORA_TARGETS, zero: int = _ZERO, offload: str = _OFFLOAD,
     alloc_conf: Optional[str] = _ALLOC_CONF, timeline: Optional[str] = _TIMELINE, as_json: bool = _JSON,
 ) -> None:
-    """Predict memory and speed of ONE fully specified training configuration."""
+    """Predict memory and speed of ONE fully specified training configuration (exit 3 when it does not fit)."""
     from planner.cli._common import console, print_json
     from planner.estimation import build_config, draw_step, estimate_configuration
 
@@ -142,12 +147,14 @@ def estimate(
         data["timeline"] = draw_step(spec=spec, gpu=device, config=config, estimate=memory, path=timeline)
     if as_json:
         print_json(data)
-        return
-    out = console()
-    _print_estimate(out, data, memory)
-    _print_sparkline(out, spec, device, config, memory)
-    if timeline is not None:
-        out.print(f"timeline: {data['timeline']}", markup=False)
+    else:
+        out = console()
+        _print_estimate(out, data, memory)
+        _print_sparkline(out, spec, device, config, memory)
+        if timeline is not None:
+            out.print(f"timeline: {data['timeline']}", markup=False)
+    if not data["fits"]:
+        raise typer.Exit(DOES_NOT_FIT)  # the estimate is printed in full; scripts read the code
 
 
 def measure(

@@ -17,7 +17,8 @@ GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g.
 METHOD = typer.Option("auto", "--method", help="auto|full|lora|qlora")
 PRECISION = typer.Option("auto", "--precision", help="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16")
 NO_OFFLOAD = typer.Option(False, "--no-offload", help="Do not consider DeepSpeed CPU offload.")
-CPU_MEM = typer.Option(None, "--cpu-mem", help="Host RAM offload may use (default: this machine's RAM).")
+CPU_MEM = typer.Option(None, "--cpu-mem", help="Host RAM of the node for offload, e.g. 192GiB (default: the catalog's standard machine with --gpus of this GPU; this machine's with --gpu cpu/auto; offload needs it where the catalog knows none).")
+PREFER = typer.Option("fidelity", "--prefer", help="Ranking policy: fidelity (full > LoRA > QLoRA > pure-16-bit full, then speed) | speed (fastest first). The other policy's first plan is shown under the table.")
 TOP_K = typer.Option(5, "--top-k", "-k", help="Plans to show (and the pool verification falls back on).")
 VERIFY_TOP = typer.Option(3, "--verify-top", help="Candidates to verify fitting (default: 3).")
 STEPS = typer.Option(3, "--steps", help="Optimizer steps per verification run; the last is measured (default: 3).")
@@ -36,6 +37,7 @@ def suggest(
     no_offload: bool = NO_OFFLOAD,
     cpu_mem: Optional[str] = CPU_MEM,
     top_k: int = TOP_K,
+    prefer: str = PREFER,
     verify: bool = typer.Option(False, "--verify", help=_VERIFY_HELP),
     verify_top: int = VERIFY_TOP,
     steps: int = STEPS,
@@ -50,8 +52,10 @@ def suggest(
     no_save: bool = typer.Option(False, "--no-save", help="Do not store this plan."),
     as_json: bool = _JSON,
 ) -> None:
-    """Search every configuration that reaches --target-batch and rank what fits: the most faithful
-    method first (full > LoRA > QLoRA, narrowed by --method), then the fastest.
+    """Search every configuration that reaches --target-batch and rank what fits: by default the most
+    faithful method first (full > LoRA > QLoRA > full in pure 16-bit, narrowed by --method), then the
+    fastest; --prefer speed ranks by speed alone. A plan near the edge of the device ranks after the
+    ones that are not.
 
     With --verify, the top candidates are trained for a few real steps on Ray workers and the
     fastest that fits when run is the answer."""
@@ -73,7 +77,8 @@ def suggest(
         if ray_address:
             check_reachable(ray_address)
     request = _request(model=model, gpu=catalog_gpu(gpu), target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
-                       method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k)
+                       method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k,
+                       prefer=prefer, local_node=gpu.strip().lower() == "auto")
     planned = _plan(request, as_json=as_json)
     out = console() if not as_json else console_to_stderr()
     if not fresh and not no_save and plan_id is None:
@@ -86,7 +91,7 @@ def suggest(
         target = _adopt(plan_id, planned=planned, db=db)
         if not as_json:
             _print_suggestion(out, planned.result, spec=planned.spec, device=planned.device, seq_defaulted=planned.seq_defaulted,
-                              host=planned.host_bytes, no_offload=no_offload)
+                              host=planned.host_bytes, no_offload=no_offload, host_source=planned.host_source)
             out.print(f"plan id: {target}")
     else:
         target = _save_and_print(out, planned, db=db, no_save=no_save, no_offload=no_offload, print_table=not as_json,
@@ -118,7 +123,8 @@ def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, datas
               markup=False)
 
 
-def _request(*, model, gpu, target_batch, seq_len, gpus, gpu_mem, method, precision, no_offload, cpu_mem, top_k):
+def _request(*, model, gpu, target_batch, seq_len, gpus, gpu_mem, method, precision, no_offload, cpu_mem, top_k,
+             prefer="fidelity", local_node=False):
     from planner.planning import SuggestRequest
     from planner.units import parse_bytes
 
@@ -127,6 +133,7 @@ def _request(*, model, gpu, target_batch, seq_len, gpus, gpu_mem, method, precis
         gpu_mem_bytes=parse_bytes(gpu_mem, option="--gpu-mem") if gpu_mem is not None else None,
         method=method, precision=precision, allow_offload=not no_offload,
         cpu_mem_bytes=parse_bytes(cpu_mem, option="--cpu-mem") if cpu_mem is not None else None, top_k=top_k,
+        prefer=prefer, local_node=local_node,
     )
 
 
@@ -165,7 +172,7 @@ def _save_and_print(out, planned, *, db, no_save: bool, no_offload: bool, print_
         saved, store_error = None, exc
     if print_table:
         _print_suggestion(out, result, spec=planned.spec, device=planned.device, seq_defaulted=planned.seq_defaulted,
-                          host=planned.host_bytes, no_offload=no_offload)
+                          host=planned.host_bytes, no_offload=no_offload, host_source=planned.host_source)
     if store_error is not None:
         raise store_error
     plan_id = report_saved(saved, console=out)
@@ -244,7 +251,20 @@ def _verify(out, plan_id: str | None, *, planned, db, options, as_json: bool) ->
         raise typer.Exit(1)
 
 
-def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: int, no_offload: bool) -> None:
+def _host_line(*, host: int, host_source: str, no_offload: bool, gpus: int) -> str:
+    """How much host RAM the node has for offload, where the figure comes from, what is kept back."""
+    from planner.search import host_reserve
+    from planner.units import format_bytes
+
+    if no_offload:
+        return "host RAM for offload not considered"
+    if not host_source:
+        return "host RAM of the node not known (offload plans need --cpu-mem)"
+    return (f"host RAM of the node {format_bytes(host)} ({host_source}), {format_bytes(host_reserve(host, gpus))} of it "
+            f"kept for the OS and {gpus} training process{'es' if gpus > 1 else ''}")
+
+
+def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: int, no_offload: bool, host_source: str = "--cpu-mem") -> None:
     from rich.table import Table
 
     from planner.units import format_bytes
@@ -255,9 +275,11 @@ def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: i
     out.print(f"{spec.id} ({format_params(spec.params_total)} params) on {req.gpu_count} x {device.display_name}, "
               f"target batch {req.target_batch}, seq len {req.seq_len}" + (" (default: min(2048, model max))" if seq_defaulted else ""))
     out.print(f"device {format_bytes(device.memory_bytes)}, safety margin {format_bytes(result.safety_margin_bytes)}, "
-              f"usable {format_bytes(result.usable_bytes)}; host RAM for offload {'not considered' if no_offload else format_bytes(host)}; "
+              f"usable {format_bytes(result.usable_bytes)}; "
+              f"{_host_line(host=host, host_source=host_source, no_offload=no_offload, gpus=req.gpu_count)}; "
               f"{result.searched:,} configurations searched")
-    table = Table(title=f"top {len(result.plans)} plans")
+    table = Table(title=f"top {len(result.plans)} plans, ranked by {result.prefer or 'fidelity'}"
+                  + (" (the most faithful method first)" if (result.prefer or "fidelity") == "fidelity" else " (the fastest first)"))
     for col, justify in (("#", "right"), ("method", "left"), ("precision", "left"), ("optimizer", "left"), ("micro x accum", "right"),
                          ("ckpt", "left"), ("zero/offload", "left"), ("memory", "right"), ("headroom", "right"), ("tokens/s", "right"),
                          ("step", "right")):
@@ -271,16 +293,50 @@ def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: i
                       format_bytes(result.usable_bytes - plan.memory.process_total_bytes), f"{plan.throughput.tokens_per_s:,.0f}",
                       f"{plan.throughput.step_s:.3g}s")
     out.print(table)
+    _print_policy_and_notes(out, result)
     top = result.plans[0]
     biggest = sorted(top.memory.breakdown.items(), key=lambda kv: -kv[1])[:5]
+    ranks = req.gpu_count
     out.print("plan 1 memory: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in biggest)
-              + (f"; host RAM {format_bytes(top.memory.cpu_bytes)}" if top.memory.cpu_bytes else ""))
+              + (f"; host RAM {format_bytes(top.memory.cpu_bytes)}" + (
+                  f" per GPU, {format_bytes(top.memory.cpu_bytes * ranks)} on the node" if ranks > 1 else "")
+                 if top.memory.cpu_bytes else ""))
     for line in _knob_costs(top, spec=spec, device=device):
         out.print(f"  {line}", markup=False)
     if result.rejected:
         out.print("why the more faithful options do not fit:")
         for r in result.rejected[:6]:
             out.print(f"  {r.family}: {r.reason}", markup=False)
+
+
+def _print_policy_and_notes(out, result) -> None:
+    """The other policy's first plan in one line, then each plan's trade-offs (and edge warning)."""
+    from planner.tradeoffs import near_edge, trade_offs
+
+    alt = result.alternative
+    if alt is not None:
+        other = "speed" if (result.prefer or "fidelity") == "fidelity" else "fidelity"
+        out.print(f"--prefer {other} would rank first: {_short(alt.config)}, {alt.throughput.tokens_per_s:,.0f} tokens/s, "
+                  f"headroom {_fmt(result.usable_bytes - alt.memory.process_total_bytes)}"
+                  + (" (near the edge)" if near_edge(alt.memory, result.usable_bytes) else ""), markup=False)
+    out.print("trade-offs:")
+    for plan in result.plans:
+        notes = trade_offs(plan.config, plan.memory, usable=result.usable_bytes)
+        out.print(f"  {plan.rank}: " + ("; ".join(notes) if notes else "the reference recipe (full fine-tuning, AdamW, "
+                                         "fp32 master weights): nothing traded"), markup=False)
+
+
+def _short(c) -> str:
+    method = str(c.method) + (f" r{c.lora_r} {'all-linear' if c.lora_all_linear else 'attn'}" if c.method.uses_adapters else "")
+    zo = "" if not c.zero else f", zero{c.zero}" + (f"+{c.offload}" if str(c.offload) != "none" else "")
+    return (f"{method}, {c.precision}, {c.optimizer}, {c.micro_batch} x {c.grad_accum}"
+            f"{', ckpt' if c.grad_ckpt else ''}{zo}")
+
+
+def _fmt(n: int) -> str:
+    from planner.units import format_bytes
+
+    return format_bytes(n)
 
 
 def _knob_costs(plan, *, spec, device) -> list[str]:

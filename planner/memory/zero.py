@@ -73,8 +73,16 @@ def zero_states(model: ModelSpec, config: TrainConfig, t: Trained, *, weights: i
         if config.offload is Offload.OPTIMIZER_PARAMS:
             host += out.pop("weights", 0)
         # ZeRO-3 allocates the flat 16-bit gradient partition when it is built, so it is alive
-        # through the whole step (stage3.py _setup_for_real_optimizer grad_partitions_flat_buffer)
-        out["zero3/grad_partitions"] = grads * gb // param_bytes // n
+        # through the whole step (stage3.py _setup_for_real_optimizer grad_partitions_flat_buffer);
+        # with optimizer offload it is built on the host and pinned (deepspeed 0.19.8 stage3.py
+        # l.333: self.device = cpu when offload_optimizer; l.791-795: torch.zeros(..., device=
+        # self.device), then pin_memory), and partition_grads copies each reduced gradient there
+        # (l.2022-2045)
+        grad_partitions = grads * gb // param_bytes // n
+        if config.offload is Offload.NONE:
+            out["zero3/grad_partitions"] = grad_partitions
+        else:
+            host += grad_partitions
     else:
         out["gradients"] = grads * gb // param_bytes if config.zero == 1 else grads * gb // param_bytes // n
     out["zero/reduce_bucket"] = deepspeed_buckets(model.hidden_size)["reduce_bucket_size"] * gb
@@ -86,12 +94,19 @@ def zero_states(model: ModelSpec, config: TrainConfig, t: Trained, *, weights: i
 
 
 def _offload_host(config: TrainConfig, t: Trained, out: dict[str, int], states_per_device: int) -> int:
-    """Host bytes of ZeRO-Offload: the fp32 master partition, DeepSpeedCPUAdam's moments and the
-    fp32 gradient partition it steps from (ZeRO-Offload, Ren et al. 2021, §4.1); stage 1/2 add the
-    16-bit copy of the partition it writes back from (stage_1_and_2.py
-    param_buffer_of_bit16_for_cpu_offload_groups) and a host gradient buffer of the largest
-    parameter (temp_grad_buffer_for_cpu_offload). Adds to ``out`` the device-side staging buffer
-    gradients go through to the host, one parameter at a time (temp_grad_buffer_for_gpu_offload)."""
+    """Host bytes of ZeRO-Offload for one rank (every rank of the node holds as much): the fp32
+    master partition, DeepSpeedCPUAdam's moments and the fp32 gradient partition it steps from
+    (ZeRO-Offload, Ren et al. 2021, §4.1; pinned: stage3.py l.1338-1342 subgroup_gradient_buffer,
+    stage_1_and_2.py l.940-941); stage 1/2 add the pinned 16-bit copy of the partition it writes
+    back from (stage_1_and_2.py l.566-573 param_buffer_of_bit16_for_cpu_offload_groups) and a
+    pinned host gradient buffer of the largest parameter (l.654-658 temp_grad_buffer_for_cpu_offload).
+    Adds to ``out`` the device-side staging buffer gradients go through to the host, one parameter
+    at a time (temp_grad_buffer_for_gpu_offload). Line numbers: deepspeed 0.19.8.
+
+    Not counted: with gradient accumulation, stage 1/2 also keep a pinned 16-bit host buffer per
+    parameter of the partition (l.1823-1826 accumulated_grads_in_cpu, about 2 bytes per trainable
+    element / N), created on the first micro-step that is not an accumulation boundary
+    (l.2166-2167); the static terms the search memoises do not depend on the accumulation."""
     n, gb = config.gpus, comm_bytes(config)
     trainable = t.count
     host = FP32 * trainable // n + states_per_device + FP32 * trainable // n

@@ -55,8 +55,11 @@ class PlanBody(ModelChoice):
     method: str = Field(default="auto", max_length=32, description="auto|full|lora|qlora")
     precision: str = Field(default="auto", max_length=32, description="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16")
     allow_offload: bool = Field(default=True, description="Consider DeepSpeed CPU offload (false: --no-offload).")
-    cpu_mem: Size = Field(default=None, description=f"Host RAM offload may use: {_SIZE_HELP} (default: the server's RAM).")
+    cpu_mem: Size = Field(default=None, description=f"Host RAM of the node for offload: {_SIZE_HELP} (default: the "
+                          "catalog's standard machine with `gpus` of this GPU; where it knows none, offload plans need it).")
     top_k: StrictInt = Field(default=5, description="Plans to keep.")
+    prefer: str = Field(default="fidelity", max_length=32, description="Ranking policy: fidelity (the most faithful "
+                        "method first, then speed) | speed (the fastest first).")
     fresh: bool = Field(default=False, description="Plan again even when a verified plan of this request is stored.")
     verify: bool = Field(default=False, description="Verify the top candidates with real runs as a Ray job (answers 202).")
     verify_top: StrictInt = Field(default=3, description="With verify: candidates to verify fitting.")

@@ -1,0 +1,96 @@
+"""What a plan trades away, and how close to the edge of the device it runs: pure functions of a
+configuration and its memory estimate, shared by the ranking (``planner.search``), the CLI and
+the HTTP API.
+
+The ranking's two policies (``Prefer``) and the fidelity order they read live here too, so that
+every reader of a plan explains it with the same words.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
+from planner.results import MemoryEstimate
+from planner.units import format_bytes
+
+
+class Prefer(enum.StrEnum):
+    """How ``planner suggest`` ranks the plans that fit."""
+
+    FIDELITY = "fidelity"
+    """The most faithful fine-tuning first (``fidelity_tier``), then the fastest."""
+    SPEED = "speed"
+    """The fastest first, whatever it trains; fidelity breaks ties within 2% of speed."""
+
+
+def is_pure_16bit(config: TrainConfig) -> bool:
+    """Weights kept in 16 bits without an fp32 master copy (no autocast, no DeepSpeed mixed)."""
+    return config.precision in (Precision.BF16, Precision.FP16)
+
+
+def fidelity_tier(config: TrainConfig) -> int:
+    """How far the trained model may be from full fine-tuning with fp32 master weights (0).
+
+    1 LoRA (fp32 adapters whatever the precision: peft keeps them in fp32, planner.memory.dtypes
+    ADAPTER_BYTES), 2 QLoRA (the frozen base quantised to NF4), 3 full fine-tuning in pure 16-bit:
+    without fp32 master weights an update smaller than half a unit in the last place of the
+    weight is rounded away (bf16 keeps 8 significant bits, fp16 11), so fine-tuning at small
+    learning rates can stall (Micikevicius et al. 2018, "Mixed Precision Training", §3.1: the
+    fp32 master copy exists for exactly these updates; Zamirai et al. 2020, "Revisiting BFloat16
+    Training": pure bf16 needs stochastic rounding or Kahan summation to match fp32). Placing it
+    after QLoRA is this planner's stated judgement: a model that does not learn is the worse risk.
+    """
+    if config.method is Method.FULL:
+        return 3 if is_pure_16bit(config) else 0
+    return 1 if config.method is Method.LORA else 2
+
+
+def allocator_overhead(memory: MemoryEstimate) -> int:
+    """Reserved but not allocated at the peak: what the caching allocator replay expects to keep."""
+    return max(memory.peak_reserved_bytes - memory.peak_allocated_bytes, 0)
+
+
+def near_edge(memory: MemoryEstimate, usable: int) -> bool:
+    """The plan fits, but by less than the allocator's expected overhead: were the allocator to
+    keep twice what the replay predicts, it would pass the safety margin."""
+    return usable - memory.process_total_bytes < allocator_overhead(memory)
+
+
+def trade_offs(config: TrainConfig, memory: MemoryEstimate, *, usable: int) -> tuple[str, ...]:
+    """Short notes, each with its source, on what the plan gives up against full fine-tuning
+    with AdamW and fp32 master weights, and on its risk. Empty for that reference recipe."""
+    notes: list[str] = []
+    if near_edge(memory, usable):
+        notes.append(f"NEAR THE EDGE: {format_bytes(max(usable - memory.process_total_bytes, 0))} left < the "
+                     f"{format_bytes(allocator_overhead(memory))} the allocator keeps reserved; lower the micro-batch")
+    if is_pure_16bit(config) and config.method is Method.FULL:
+        notes.append("pure fp16, no fp32 master, no loss scaling: gradients underflow, updates < 2^-11 of a weight lost "
+                     "(Micikevicius et al. 2018)" if config.precision is Precision.FP16 else
+                     "pure bf16, no fp32 master: updates < 2^-8 of a weight rounded away, may stall (Zamirai et al. 2020)")
+    elif Precision.FP16 in (config.precision,) or config.precision is Precision.FP16_MIXED:
+        notes.append("fp16: needs dynamic loss scaling, overflowing steps skipped (torch.amp.GradScaler)")
+    if config.method is Method.LORA:
+        notes.append(f"LoRA r{config.lora_r}: adapters only, below full FT on hard tasks (Biderman et al. 2024)")
+    elif config.method is Method.QLORA:
+        notes.append(f"QLoRA r{config.lora_r}: NF4 base, matched 16-bit LoRA (Dettmers et al. 2023), dequantised at each use")
+    notes += _optimizer_note(config)
+    if config.offload is not Offload.NONE:
+        notes.append(f"offload: {format_bytes(memory.cpu_bytes)} pinned host RAM per GPU, step waits on PCIe "
+                     "(Ren et al. 2021)")
+    return tuple(notes)
+
+
+def _optimizer_note(config: TrainConfig) -> list[str]:
+    if config.optimizer is Optimizer.ADAMW_8BIT:
+        return ["8-bit AdamW: quantised moments, matched 32-bit (Dettmers et al. 2022)"]
+    if config.optimizer is Optimizer.PAGED_ADAMW_8BIT:
+        return ["paged 8-bit AdamW: quantised moments (Dettmers et al. 2022), paged to host under pressure"]
+    if config.optimizer is Optimizer.ADAFACTOR:
+        return ["Adafactor: factored 2nd moment, no momentum (Shazeer & Stern 2018)"]
+    if config.optimizer is Optimizer.SGD:
+        return ["SGD: trains LMs worse than AdamW at its settings (Zhao et al. 2024)"]
+    return []
+
+
+__all__ = ["Prefer", "allocator_overhead", "fidelity_tier", "is_pure_16bit", "near_edge", "trade_offs"]
