@@ -46,6 +46,16 @@ class SuggestRequest:
     """Host RAM offload may use; None: this machine's RAM."""
     top_k: int = 5
     """Plans to keep."""
+    lora_dropout: float = 0.0
+    """PEFT's lora_dropout of the LoRA/QLoRA candidates."""
+    loop: str = "trainer"
+    """trainer|manual: how the training step is written (``planner.config.Loop``)."""
+    fused_ce: bool = False
+    """A fused linear cross-entropy (Liger's)."""
+    packing: bool = True
+    """Sequences packed to seq_len (else padded to the longest in the batch)."""
+    use_cache: bool = False
+    """transformers' use_cache in the training forward."""
 
     def to_cli_args(self) -> list[str]:
         """``planner suggest`` arguments that make the same request."""
@@ -66,6 +76,13 @@ class SuggestRequest:
             args += ["--cpu-mem", f"{self.cpu_mem_bytes}B"]
         if self.top_k != 5:
             args += ["--top-k", str(self.top_k)]
+        if self.lora_dropout:
+            args += ["--lora-dropout", repr(float(self.lora_dropout))]
+        if self.loop != "trainer":
+            args += ["--loop", self.loop]
+        args += ["--fused-ce"] if self.fused_ce else []
+        args += [] if self.packing else ["--no-packing"]
+        args += ["--use-cache"] if self.use_cache else []
         return args
 
 
@@ -109,7 +126,9 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None) -> Pl
     if precisions:
         check_precision(device, precisions[0])
     host = request.cpu_mem_bytes if request.cpu_mem_bytes is not None else physical_ram_bytes()
-    space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host)
+    space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host,
+                        lora_dropout=request.lora_dropout, loop=request.loop, fused_ce=request.fused_ce,
+                        packing=request.packing, use_cache=request.use_cache)
     check_model_id(spec.id)  # before anything is printed: the store would refuse it after
     seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
     result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=seq, gpus=request.gpus,

@@ -14,7 +14,7 @@ def out_input(ctx: BlockContext, copy_bytes: int) -> int:
     attention output reaches o_proj as a separate (transposed, contiguous) copy and o_proj or a
     sharing adapter keeps it, plus the adapters' own input casts."""
     total = 0
-    if copy_bytes and (ctx.full or (ctx.o_targeted and not ctx.mode.adapter_input)):
+    if copy_bytes and (ctx.full or (ctx.o_targeted and ctx.adapter_saves_shared_input)):
         total += copy_bytes
     if not ctx.full and ctx.mode.adapter_input and ctx.o_targeted:
         total += sum(ctx.dims.tokens * lin.in_features * ctx.mode.adapter_input for lin in ctx.attn_out)
