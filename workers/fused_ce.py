@@ -98,5 +98,8 @@ def _ce_in_place(logits, target, loss_out, n: int) -> None:
     total = logits.sum(dim=-1, keepdim=True, dtype=torch.float32)
     loss_out.copy_(((total.log() - picked).squeeze(1) * valid) / max(n, 1))
     logits.div_(total.to(logits.dtype))
-    logits.scatter_add_(1, t, -valid[:, None].to(logits.dtype))
+    # minus one at each row's target (advanced indexing: row-sized temporaries only; scatter_add_
+    # on a 16-bit tensor would accumulate through an fp32 copy of the chunk on the CPU)
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    logits[rows, t[:, 0]] -= valid.to(logits.dtype)
     logits.mul_((valid[:, None].to(logits.dtype)) / max(n, 1))

@@ -143,9 +143,10 @@ def _dropped_bytes(ctx: BlockContext, lin: LinearSpec) -> int:
     """The dtype dropout runs in: peft's Linear casts its input to the fp32 adapter's dtype first
     (LoraLayer._cast_input_dtype in Linear.forward); bnb's Linear4bit LoRA casts only outside
     autocast (peft/tuners/lora/bnb.py: requires_conversion = not torch.is_autocast_enabled()), so
-    under autocast QLoRA drops the input as it comes: the residual stream's dtype before q/k/v and
-    gate/up, the attention output's before o_proj, the MLP product's before down."""
-    if ctx.config.method is not Method.QLORA or not ctx.mode.autocast:
+    under CUDA autocast QLoRA drops the input as it comes: the residual stream's dtype before q/k/v
+    and gate/up, the attention output's before o_proj, the MLP product's before down. That query
+    asks CUDA's autocast state only (KernelProfile.plain_autocast_query): on the CPU bnb casts too."""
+    if ctx.config.method is not Method.QLORA or not ctx.mode.autocast or not ctx.kernels.plain_autocast_query:
         return ADAPTER_BYTES
     return {LinearKind.ATTN_IN: ctx.mode.residual, LinearKind.MLP_IN: ctx.mode.residual,
             LinearKind.ATTN_OUT: ctx.mode.attn, LinearKind.MLP_OUT: ctx.mode.compute}[lin.kind]
@@ -288,11 +289,13 @@ def fused_ce_transient(dims: Dims, mode: DtypeMode) -> int:
     ``loss_1d`` of BT, the shifted int64 labels, the weight cast to the matmul dtype under
     autocast (the head's weights are fp32 there), one chunk's logits (chunk x V, which the kernel
     overwrites with their gradient) and the chunk x H product ``grad_logits @ weight`` before it is
-    copied into ``grad_input``, all in the matmul dtype."""
+    copied into ``grad_input``, all in the matmul dtype; and the loss' input, the final norm's
+    output (residual dtype), which the chunks read until the loop ends."""
     rows = fused_ce_chunk_rows(dims)
     matmul = HALF if mode.autocast else mode.weight
     weight_cast = dims.v * dims.h * HALF if mode.autocast and mode.weight != HALF else 0
-    return dims.tokens * (FP32 + INT64) + weight_cast + rows * (dims.v + dims.h) * matmul
+    hidden = dims.tokens * dims.h * mode.residual
+    return dims.tokens * (FP32 + INT64) + hidden + weight_cast + rows * (dims.v + dims.h) * matmul
 
 
 def kv_cache_block_bytes(model: ModelSpec, config: TrainConfig, dims: Dims, mode: DtypeMode) -> int:
