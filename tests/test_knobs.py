@@ -121,9 +121,10 @@ def test_fused_ce_refusals():
 # ---- use_cache -------------------------------------------------------------------------------------
 def test_kv_cache_in_a_training_forward(spec):
     """Per layer DynamicLayer keeps cat([empty, k]) and cat([empty, v]): 512 tokens x 4 kv heads x 64
-    = 131,072 elements each; k after rope in fp32 (bf16 projection x fp32 cos/sin), v bf16: 786,432
-    B per layer, 3,145,728 for 4. Checkpointing turns use_cache off."""
-    assert batch_terms(spec, _cfg(use_cache=True), get_gpu("cpu").kernels).kv_cache == 3_145_728
+    = 131,072 elements each; k after rope in fp32 (bf16 projection x fp32 cos/sin), and v promoted
+    to fp32 by the cat with an empty tensor made in k's dtype: 1,048,576 B per layer, 4,194,304 for
+    4. Checkpointing turns use_cache off."""
+    assert batch_terms(spec, _cfg(use_cache=True), get_gpu("cpu").kernels).kv_cache == 4_194_304
     assert batch_terms(spec, _cfg(use_cache=True, grad_ckpt=True), get_gpu("cpu").kernels).kv_cache == 0
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from planner.config import Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
-from planner.memory.attention import attention_terms
+from planner.memory.attention import attention_terms, padding_mask
 from planner.memory.dtypes import ADAPTER_BYTES, FP32, HALF, INT64, DtypeMode, mode_of
 from planner.memory.shapes import BlockContext, Dims, block_context, dims_of
 from planner.modelspec import LinearKind, LinearSpec, ModelSpec
@@ -228,6 +228,12 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         # the masked-LM head's transform: dense -> gelu -> LayerNorm before the decoder; gelu
         # saves the dense output (BertPredictionHeadTransform), the norm is counted as final_norm
         out["lm_head/transform"] = e * h * mode.compute
+    if padding_mask(config) and not model.is_encoder:
+        # transformers' 4D mask from the padding (masking_utils.create_causal_mask): (b, 1, s, s),
+        # bool for SDPA, additive in the model's dtype for eager; made before the first block and
+        # kept by every block's attention backward
+        mask = 1 if config.attention.value == "sdpa" else mode.residual
+        out["embeddings"] += dims.b * dims.s * dims.s * mask
     if model.embedding_dropout > 0 and (full or config.grad_ckpt):
         # its mask, kept only when the embeddings' output needs a gradient: trained embeddings,
         # or peft's enable_input_require_grads under checkpointing
@@ -303,13 +309,15 @@ def kv_cache_block_bytes(model: ModelSpec, config: TrainConfig, dims: Dims, mode
     without checkpointing, decoder models): ``DynamicLayer.update`` keeps ``torch.cat([empty,
     key_states])`` and the same for values (transformers/cache_utils.py), new tensors of b x kv x
     s x d. Keys are cached after rotary embedding, which multiplies the projection output by
-    cos/sin in the residual stream's dtype (type promotion: the residual's); values as the
-    projection made them."""
+    cos/sin in the residual stream's dtype (type promotion: the residual's); values in the keys'
+    dtype too, because ``DynamicLayer.lazy_initialization`` makes both empty tensors in
+    ``key_states.dtype`` and ``torch.cat`` promotes the 16-bit values to it (measured: a bf16-mixed
+    llama's cache is all fp32)."""
     if not config.builds_kv_cache or model.is_encoder:
         return 0
     kv = dims.tokens * dims.kv * dims.d
     key = mode.residual if model.position == "rope" else mode.compute
-    return kv * (key + mode.compute)
+    return 2 * kv * max(key, mode.compute)
 
 
 def manual_loop_logits(dims: Dims, mode: DtypeMode, config: TrainConfig) -> int:
