@@ -95,7 +95,9 @@ def _ce_in_place(logits, target, loss_out, n: int) -> None:
     top = logits.amax(dim=-1, keepdim=True)
     picked = logits.gather(1, t).float() - top.float()
     logits.sub_(top).exp_()
-    total = logits.sum(dim=-1, keepdim=True, dtype=torch.float32)
+    # sum(dtype=float32) of a 16-bit tensor would upcast the whole chunk first; the CPU's 16-bit sum
+    # accumulates in fp32 internally and returns the row sums only
+    total = logits.sum(dim=-1, keepdim=True).float()
     loss_out.copy_(((total.log() - picked).squeeze(1) * valid) / max(n, 1))
     logits.div_(total.to(logits.dtype))
     # minus one at each row's target (advanced indexing: row-sized temporaries only; scatter_add_
