@@ -110,13 +110,33 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     # ZeRO-3 on models whose input embedding is tied to the output head (gpt2 and gemma tie it)
     ("gpt2", dict(zero=3)),
     ("gemma", dict(zero=3)),
+    # the settings recipes use (planner/config.py): PEFT's lora_dropout (bf16 autocast, fp32, QLoRA,
+    # adapters on q/v only so the first block keeps no mask for them), a hand-written loop that keeps
+    # the outputs, a fused linear cross-entropy, padding to the longest, a KV cache in training
+    ("llama", dict(method="lora", lora_dropout=0.1)),
+    ("llama", dict(method="lora", precision="fp32", lora_dropout=0.05)),
+    ("qwen2", dict(method="qlora", lora_dropout=0.1)),
+    ("mistral", dict(method="lora", lora_dropout=0.1, lora_targets=("q_proj", "v_proj"))),
+    ("llama", dict(loop="manual")),
+    ("gpt2", dict(method="lora", loop="manual")),
+    ("llama", dict(method="lora", fused_ce=True)),
+    ("qwen2", dict(method="qlora", fused_ce=True, loop="manual")),
+    ("llama", dict(packing=False)),
+    ("llama", dict(loop="manual", use_cache=True)),
+    ("gpt2", dict(use_cache=True)),
+    ("llama", dict(method="lora", precision="fp32", use_cache=True)),
 ]
 
+#: the rows of the recipe settings (``--knobs`` measures only these)
+KNOB_KEYS = ("lora_dropout", "loop", "fused_ce", "packing", "use_cache")
 
-def _cases(*, quick: bool, text: str | None) -> list[tuple[str, TrainConfig]]:
+
+def _cases(*, quick: bool, text: str | None, knobs: bool = False) -> list[tuple[str, TrainConfig]]:
     seen: set[str] = set()
     out = []
     for arch, changes in CASES:
+        if knobs and not set(changes) & set(KNOB_KEYS):
+            continue
         if quick and arch in seen:
             continue
         seen.add(arch)
@@ -370,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one configuration per architecture")
     parser.add_argument("--filter", dest="text", default=None, help="only configurations whose label contains TEXT")
+    parser.add_argument("--knobs", action="store_true", help="only the rows of the recipe settings (lora_dropout, "
+                        "loop, fused_ce, packing, use_cache)")
     parser.add_argument("--jobs", type=int, default=2, choices=(1, 2), help="measurement processes at once (max 2)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
     parser.add_argument("--deadline-min", type=float, default=None, help="start no measurement after M minutes")
@@ -389,14 +411,16 @@ def main(argv: list[str] | None = None) -> int:
         (RESULTS / f"accuracy-{suffix}.md").write_text(_markdown(rows, device=args.device))
         print(f"wrote {RESULTS / f'accuracy-{suffix}.md'} from its .json")
         return 0
-    cases = _cases(quick=args.quick, text=args.text)
+    cases = _cases(quick=args.quick, text=args.text, knobs=args.knobs)
     if not cases:
         print("no configuration matches --filter", file=sys.stderr)
         return 2
     print(f"measuring {len(cases)} configurations on {args.device}, {args.jobs} at a time ...", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = "cpu" if args.device == "cpu" else "cuda"
-    if args.quick or args.text:
+    if args.knobs and not (args.quick or args.text):
+        suffix += "-knobs"  # the recipe settings' rows, their own table
+    elif args.quick or args.text or args.knobs:
         suffix += "-partial"  # never overwrite the committed full table with a subset
     deadline = time.monotonic() + 60 * args.deadline_min if args.deadline_min else None
     rows = _measure_all(cases, device=args.device, jobs=args.jobs, deadline=deadline,

@@ -82,6 +82,20 @@ class Attention(enum.StrEnum):
         return "flash_attention_2" if self is Attention.FLASH else self.value
 
 
+class Loop(enum.StrEnum):
+    """How the training step is written: it decides how long the model's outputs live."""
+
+    TRAINER = "trainer"
+    """HF Trainer: ``compute_loss`` returns the loss alone (transformers/trainer.py ``training_step``
+    calls ``compute_loss(model, inputs)`` with ``return_outputs=False``), so the outputs (logits,
+    KV cache) die before ``backward``."""
+    MANUAL = "manual"
+    """The common hand-written loop ``outputs = model(**batch); loss = outputs.loss; loss.backward();
+    optimizer.step(); optimizer.zero_grad()``: ``outputs`` (the logits, a KV cache if one was built)
+    stays alive through backward and the optimizer step until the next forward returns and the name
+    is bound to the new outputs."""
+
+
 class Offload(enum.StrEnum):
     NONE = "none"
     OPTIMIZER = "optimizer"
@@ -89,7 +103,9 @@ class Offload(enum.StrEnum):
 
 
 #: The version of ``TrainConfig.to_dict`` payloads this code writes; one without a ``version`` key
-#: was written before payloads carried one (version 1, no ``alloc_conf``).
+#: was written before payloads carried one (version 1, no ``alloc_conf``). The recipe knobs
+#: (``lora_dropout``, ``loop``, ``fused_ce``, ``packing``, ``use_cache``) were added within version 2:
+#: a payload without them decodes to their defaults, which are the behaviour it was planned with.
 CONFIG_VERSION = 2
 
 #: ``lora_targets`` value that adapts every linear layer but the output head (peft's "all-linear").
@@ -122,6 +138,14 @@ def _check_count(name: str, value: Any) -> None:
         raise InvalidConfigError(f"--{flag} must be a whole number >= 1, got {value!r}")
     if value > _UPPER_BOUNDS[name]:
         raise InvalidConfigError(f"--{flag} {value} is beyond any training run (at most {_UPPER_BOUNDS[name]:,}): check the number")
+
+
+def _check_dropout(value: Any) -> float:
+    """PEFT's ``lora_dropout``: a probability in [0, 1) (nn.Dropout refuses p outside [0, 1]; p = 1
+    drops every input and trains nothing)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
+        raise InvalidConfigError(f"--lora-dropout must be a probability from 0 to below 1 (recipes use 0.05-0.1), got {value!r}")
+    return float(value)
 
 
 def _lora_fields(lora_r: Any, lora_targets: Any) -> tuple[int, tuple[str, ...]]:
@@ -176,6 +200,27 @@ class TrainConfig:
     """PyTorch's CUDA caching allocator settings as ``PYTORCH_CUDA_ALLOC_CONF`` takes them, e.g.
     ``max_split_size_mb:128,expandable_segments:True`` (None: PyTorch's defaults). Stored in a
     canonical spelling; the memory model replays the allocator with them."""
+    lora_dropout: float = 0.0
+    """PEFT's ``LoraConfig.lora_dropout``; only for lora/qlora. With p > 0 each adapted module runs
+    its input through its own ``nn.Dropout`` (peft/tuners/lora/layer.py ``update_layer``: Identity
+    when p == 0) and keeps the mask (and, where lora_A does not save a cast of it, the dropped copy)
+    for backward."""
+    loop: Loop = Loop.TRAINER
+    """HF Trainer (the outputs die at the loss) or a hand-written loop (they live through backward)."""
+    fused_ce: bool = False
+    """A fused linear cross-entropy (Liger's ``LigerFusedLinearCrossEntropyLoss``): the lm_head and
+    the loss run chunk by chunk, the logits are never materialised and the head's gradients are
+    computed in the forward."""
+    packing: bool = True
+    """Sequences packed to the full ``seq_len`` (no padding, no attention mask; the model's
+    assumption so far). False: padded to the longest of the batch; the peak is the batch whose
+    longest sequence is ``seq_len``, with the attention mask transformers builds for the padding."""
+    use_cache: bool = False
+    """transformers' ``use_cache`` in the training forward: True builds a ``DynamicCache`` (K and V
+    of every layer) that lives as long as the outputs. The HF Trainer sets
+    ``model.config.use_cache = args.use_cache`` (False by default, transformers/trainer.py);
+    checkpointing turns it off (transformers/utils/generic.py, ``use_cache=True`` is incompatible
+    with gradient checkpointing), so it costs nothing with ``grad_ckpt``."""
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
@@ -184,6 +229,11 @@ class TrainConfig:
         set_("optimizer", _coerce(Optimizer, self.optimizer, "optimizer"))
         set_("attention", _coerce(Attention, self.attention, "attention"))
         set_("offload", _coerce(Offload, self.offload, "offload"))
+        set_("loop", _coerce(Loop, self.loop, "loop"))
+        set_("lora_dropout", _check_dropout(self.lora_dropout))
+        for flag in ("fused_ce", "packing", "use_cache"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         for name in ("micro_batch", "seq_len", "grad_accum", "gpus"):
             _check_count(name, getattr(self, name))
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
@@ -194,9 +244,9 @@ class TrainConfig:
             set_("alloc_conf", AllocatorConfig.parse(self.alloc_conf).spelling() or None)
 
         if self.method is Method.FULL:
-            if self.lora_r is not None or self.lora_targets is not None:
+            if self.lora_r is not None or self.lora_targets is not None or self.lora_dropout:
                 raise InvalidConfigError(
-                    "--lora-r/--lora-targets only apply to LoRA: use --method lora or qlora, "
+                    "--lora-r/--lora-targets/--lora-dropout only apply to LoRA: use --method lora or qlora, "
                     "or drop the LoRA options"
                 )
         else:
@@ -208,6 +258,17 @@ class TrainConfig:
             raise InvalidConfigError(
                 "--attention flash needs fp16 or bf16 compute (flash-attn has no fp32 kernel): "
                 "use --attention sdpa or a 16-bit --precision"
+            )
+        if self.fused_ce and self.method is Method.FULL:
+            raise UnsupportedError(
+                "--fused-ce with --method full is not modelled (the fused loss makes the trained head's "
+                "gradient in the forward): use --method lora or qlora, or drop --fused-ce"
+            )
+        if self.fused_ce and self.zero == 3:
+            raise UnsupportedError(
+                "--fused-ce with --zero 3: the fused loss reads lm_head.weight outside the module's forward, "
+                "where ZeRO-3 holds only a partition (Liger's fused_linear_cross_entropy_forward refuses it): "
+                "use --zero 2 or lower"
             )
         if self.offload is not Offload.NONE and self.zero == 0:
             raise InvalidConfigError(
@@ -247,6 +308,11 @@ class TrainConfig:
     @property
     def tokens_per_micro_step(self) -> int:
         return self.micro_batch * self.seq_len
+
+    @property
+    def builds_kv_cache(self) -> bool:
+        """The training forward builds a KV cache: ``use_cache`` without checkpointing."""
+        return self.use_cache and not self.grad_ckpt
 
     @property
     def lora_all_linear(self) -> bool:
@@ -298,6 +364,11 @@ class TrainConfig:
             "zero": self.zero,
             "offload": str(self.offload),
             "alloc_conf": self.alloc_conf,
+            "lora_dropout": self.lora_dropout,
+            "loop": str(self.loop),
+            "fused_ce": self.fused_ce,
+            "packing": self.packing,
+            "use_cache": self.use_cache,
         }
 
     @classmethod
@@ -329,6 +400,16 @@ class TrainConfig:
             parts.append(str(self.attention))
         if self.alloc_conf:
             parts.append(f"alloc {self.alloc_conf}")
+        if self.lora_dropout:
+            parts.append(f"dropout {self.lora_dropout:g}")
+        if self.loop is not Loop.TRAINER:
+            parts.append(f"{self.loop} loop")
+        if self.fused_ce:
+            parts.append("fused-ce")
+        if not self.packing:
+            parts.append("padded")
+        if self.builds_kv_cache:
+            parts.append("use_cache")
         return ", ".join(parts)
 
 
@@ -336,6 +417,7 @@ __all__ = [
     "ALL_LINEAR",
     "CONFIG_VERSION",
     "Attention",
+    "Loop",
     "Method",
     "Offload",
     "Optimizer",

@@ -19,7 +19,8 @@ DEFAULT_SEQ_LEN = 2048
 
 #: the TrainConfig fields that estimate and measure take as options of the same name
 CONFIG_OPTIONS = ("method", "precision", "optimizer", "micro_batch", "grad_accum", "gpus", "grad_ckpt",
-                  "attention", "lora_r", "lora_targets", "zero", "offload", "alloc_conf")
+                  "attention", "lora_r", "lora_targets", "zero", "offload", "alloc_conf", "lora_dropout", "loop",
+                  "fused_ce", "packing", "use_cache")
 
 
 def resolve(*, model: str, gpu: str, gpu_mem_bytes: int | None = None) -> "tuple[ModelSpec, GPUSpec]":
@@ -49,6 +50,8 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
         # the HF Trainer recipe: bf16 autocast where the device has bf16 (Ampere+), else fp16
         options["precision"] = "bf16-mixed" if gpu.bf16 else "fp16-mixed"
     config = TrainConfig(seq_len=seq, **options)
+    if config.fused_ce and spec.is_encoder:
+        raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {spec.id} is a masked-LM encoder: drop --fused-ce")
     check_precision(gpu, config.precision)
     check_attention(gpu, config.attention)
     targets = lora_targets(spec, config)  # unknown module names fail here, with the names that exist

@@ -112,6 +112,11 @@ class KernelProfile:
     temporaries (CPU backend: bitsandbytes 0.50 backends/cpu/ops.py
     _optimizer_update_8bit_blockwise_cpu, inside one custom op that only c10's allocator count
     sees); the CUDA kernel works block by block in registers and allocates nothing."""
+    plain_autocast_query: bool = True
+    """``torch.is_autocast_enabled()`` without a device type sees this device's autocast (it asks
+    CUDA's state: True under CUDA autocast, False under CPU autocast). peft's bnb LoRA layers ask it
+    (peft/tuners/lora/bnb.py ``requires_conversion = not torch.is_autocast_enabled()``), so on the
+    CPU they cast each adapter's input to the fp32 adapter dtype even under autocast."""
 
     def dropout_mask_bytes(self, dropped_dtype_bytes: int) -> int:
         """Bytes per element of the mask dropout keeps for a tensor of this element size."""
@@ -128,6 +133,7 @@ CUDA_KERNELS = KernelProfile(
 CPU_KERNELS = KernelProfile(
     name="cpu", dropout_mask=DropoutMask.DROPPED_DTYPE, sdpa_dropout_math_fp32=True, autocast_softmax_fp32=False,
     adamw=AdamWImpl.SINGLE_TENSOR, caching_allocator=False, unified_memory_paging=False, bnb_8bit_step_whole_tensor=True,
+    plain_autocast_query=False,
 )
 
 

@@ -58,6 +58,16 @@ class SuggestRequest:
     local_node: bool = False
     """The GPU was found on this machine (--gpu auto): the planning machine is the node, and its
     RAM is the default host RAM for offload."""
+    lora_dropout: float = 0.0
+    """PEFT's lora_dropout of the LoRA/QLoRA candidates."""
+    loop: str = "trainer"
+    """trainer|manual: how the training step is written (``planner.config.Loop``)."""
+    fused_ce: bool = False
+    """A fused linear cross-entropy (Liger's)."""
+    packing: bool = True
+    """Sequences packed to seq_len (else padded to the longest in the batch)."""
+    use_cache: bool = False
+    """transformers' use_cache in the training forward."""
 
     def to_cli_args(self) -> list[str]:
         """``planner suggest`` arguments that make the same request."""
@@ -80,6 +90,13 @@ class SuggestRequest:
             args += ["--top-k", str(self.top_k)]
         if self.prefer != "fidelity":
             args += ["--prefer", self.prefer]
+        if self.lora_dropout:
+            args += ["--lora-dropout", repr(float(self.lora_dropout))]
+        if self.loop != "trainer":
+            args += ["--loop", self.loop]
+        args += ["--fused-ce"] if self.fused_ce else []
+        args += [] if self.packing else ["--no-packing"]
+        args += ["--use-cache"] if self.use_cache else []
         return args
 
 
@@ -127,7 +144,9 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None) -> Pl
         check_precision(device, precisions[0])
     host, source = node_host_ram(request, device)
     space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host,
-                        host_ram_source=source, prefer=request.prefer)
+                        host_ram_source=source, prefer=request.prefer,
+                        lora_dropout=request.lora_dropout, loop=request.loop, fused_ce=request.fused_ce,
+                        packing=request.packing, use_cache=request.use_cache)
     check_model_id(spec.id)  # before anything is printed: the store would refuse it after
     seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
     result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=seq, gpus=request.gpus,

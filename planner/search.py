@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
 from planner import __version__
-from planner.config import ALL_LINEAR, Method, Offload, Optimizer, Precision, TrainConfig
+from planner.config import ALL_LINEAR, Loop, Method, Offload, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
 from planner.memory import estimate_memory, model_states_bytes
@@ -78,6 +78,18 @@ class SearchSpace:
     """The ranking policy (``planner.tradeoffs.Prefer``)."""
     lora_ranks: tuple[int, ...] = LORA_RANKS
     """LoRA ranks to try, each a whole number >= 1."""
+    lora_dropout: float = 0.0
+    """The recipe's settings, fixed by the user and given to every candidate (``TrainConfig``'s
+    fields of the same names; lora_dropout only to LoRA/QLoRA candidates)."""
+    loop: Loop = Loop.TRAINER
+    fused_ce: bool = False
+    packing: bool = True
+    use_cache: bool = False
+
+    def recipe(self, method: Method) -> dict:
+        """The fixed recipe settings of a candidate of ``method``."""
+        return {"lora_dropout": self.lora_dropout if method.uses_adapters else 0.0, "loop": self.loop,
+                "fused_ce": self.fused_ce, "packing": self.packing, "use_cache": self.use_cache}
 
     def __post_init__(self) -> None:
         if not self.methods or not self.optimizers:
@@ -91,6 +103,8 @@ class SearchSpace:
         except ValueError:
             raise InvalidConfigError(f"--prefer {self.prefer!r} is not a policy: use "
                                      f"{'|'.join(p.value for p in Prefer)}") from None
+        # the recipe settings, checked as TrainConfig checks them (else every candidate is refused)
+        TrainConfig(method=Method.LORA, **self.recipe(Method.LORA))
 
     def offload_budget(self, ranks: int) -> int:
         """Host bytes one rank's offload may use: the node's RAM less ``host_reserve``, shared by
@@ -177,7 +191,7 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
                     base = made[skeleton] = TrainConfig(
                         method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
                         seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False,
-                        lora_r=r, lora_targets=targets, zero=zero, offload=offload,
+                        lora_r=r, lora_targets=targets, zero=zero, offload=offload, **space.recipe(method),
                     )
             except PlannerError:
                 refused.add(skeleton)
@@ -198,7 +212,7 @@ def _batch_key(config: TrainConfig, b: int) -> tuple:
     dtype mode (bf16 and fp16 autocast type every tensor alike, so do pure bf16 and DeepSpeed's
     16-bit model)."""
     return (config.method, mode_of(config), config.lora_r, config.lora_targets, config.grad_ckpt, config.attention,
-            config.seq_len, b)
+            config.seq_len, b, config.lora_dropout, config.loop, config.fused_ce, config.packing, config.use_cache)
 
 
 class MemoryMemo:
@@ -246,7 +260,7 @@ class MemoryMemo:
                                     self.kernels, self.trained(config).target_names)
                 at.append(phase_totals(static=NO_STATIC, saved=terms.saved, recompute=terms.recompute,
                                        fwd_logits=terms.forward_logits, bwd_logits=terms.backward_logits,
-                                       accumulating=False))
+                                       accumulating=False, cache=terms.kv_cache, kept=terms.kept))
             self._batch[key] = (at[0], tuple(two - one for one, two in zip(*at)))
         return self._batch[key]
 
@@ -392,9 +406,18 @@ def _request(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int,
             "offload": space.allow_offload,
             "cpu_mem_bytes": space.cpu_mem_bytes if space.allow_offload else None,
             "top_k": top_k,
+            # the recipe settings that differ from the defaults: a stored plan is reused only for the same
+            **({"recipe": recipe} if (recipe := _recipe_constraints(space)) else {}),
         },
         planner_version=__version__,
     )
+
+
+def _recipe_constraints(space: SearchSpace) -> dict:
+    """The space's recipe settings that differ from TrainConfig's defaults, JSON-able."""
+    given = TrainConfig(method=Method.LORA, **space.recipe(Method.LORA)).to_dict()
+    default = TrainConfig(method=Method.LORA).to_dict()
+    return {k: given[k] for k in ("lora_dropout", "loop", "fused_ce", "packing", "use_cache") if given[k] != default[k]}
 
 
 def suggest(

@@ -739,9 +739,9 @@ def test_keys_a_newer_planner_writes_are_ignored():
     future = json.loads(json.dumps(OLD_CANDIDATE))
     future["memory"] |= {"version": 9, "timeline_svg": "<svg/>"}
     future["throughput"]["version"] = 9
-    future["config"] |= {"version": 9, "lora_dropout": 0.05}
-    with pytest.warns(UserWarning, match="lora_dropout"):
+    future["config"] |= {"version": 9, "rope_scaling_factor": 4.0}
+    with pytest.warns(UserWarning, match="rope_scaling_factor"):
         c = Candidate.from_dict(future)
     assert c.memory.peak_phase == "backward_start"
-    with pytest.raises(InvalidConfigError, match="lora_dropout"):
+    with pytest.raises(InvalidConfigError, match="rope_scaling_factor"):
         TrainConfig.from_dict(future["config"], strict=True)

@@ -46,7 +46,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from planner.config import Method, Optimizer, Precision, TrainConfig
+from planner.config import Loop, Method, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError
 from planner.results import Measurement, RunOutcome
 from workers.deepspeed_config import LEARNING_RATE
@@ -267,7 +267,7 @@ def _apply_training_setup(model, *, model_config: Mapping[str, Any], config: Tra
         lora = LoraConfig(
             r=config.lora_r,
             lora_alpha=2 * config.lora_r,
-            lora_dropout=0.0,
+            lora_dropout=config.lora_dropout,
             target_modules=targets,
             task_type=None if _is_encoder(model_config) else "CAUSAL_LM",
         )
@@ -339,7 +339,11 @@ def _train(
     model = _apply_training_setup(model, model_config=model_config, config=config)
     if config.method is Method.QLORA and device != "cpu":
         model = model.to(device)
-    model.config.use_cache = False
+    # the HF Trainer sets model.config.use_cache = args.use_cache (False by default); the config's
+    # use_cache says what the run does (checkpointing turns it off inside transformers)
+    model.config.use_cache = config.use_cache
+    if config.fused_ce:
+        _install_fused_ce(model, model_config=model_config)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     details["params_total"] = sum(p.numel() for p in model.parameters())
@@ -379,20 +383,24 @@ def _train(
     dev = torch.device(device)
     vocab = int(model_config.get("vocab_size") or model.config.vocab_size)
     gen = torch.Generator().manual_seed(seed)
-    batches = [
-        torch.randint(0, vocab, (config.micro_batch, config.seq_len), generator=gen).to(dev)
-        for _ in range(config.grad_accum)
-    ]
+    batches = [_batch(config, vocab=vocab, gen=gen, device=dev) for _ in range(config.grad_accum)]
+    held: list = [None]  # the manual loop's ``outputs``: alive until the next forward returns
 
     def set_phase(name: str) -> None:
         probe.phase = name
 
     def one_step() -> None:
-        for input_ids in batches:
+        for batch in batches:
             set_phase("forward")
             ctx = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
             with ctx:
-                loss = engine(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+                if config.loop is Loop.MANUAL:
+                    # outputs = model(**batch); loss = outputs.loss: the name keeps the outputs
+                    held[0] = engine(**batch, use_cache=config.use_cache)
+                    loss = held[0].loss
+                else:
+                    # HF Trainer: compute_loss returns the loss alone, the outputs die here
+                    loss = engine(**batch, use_cache=config.use_cache).loss
             set_phase("backward")
             if use_ds:
                 engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
@@ -441,6 +449,51 @@ def _train(
     if scaler is not None:
         details["grad_scaler_scale"] = float(scaler.get_scale())
     return step_s
+
+
+def _batch(config: TrainConfig, *, vocab: int, gen, device) -> dict[str, Any]:
+    """One micro-batch. Packed: ``micro_batch`` rows of ``seq_len`` real tokens, ``labels =
+    input_ids``, no attention mask. Padded to the longest: the first row is ``seq_len`` long (the
+    batch that sets the peak), the others shorter, right-padded, with the attention mask and
+    labels -100 on the padding (DataCollatorForSeq2Seq / DataCollatorWithPadding)."""
+    import torch
+
+    ids = torch.randint(0, vocab, (config.micro_batch, config.seq_len), generator=gen)
+    if config.packing:
+        ids = ids.to(device)
+        return {"input_ids": ids, "labels": ids}
+    lengths = torch.randint(1, config.seq_len + 1, (config.micro_batch,), generator=gen)
+    lengths[0] = config.seq_len
+    mask = (torch.arange(config.seq_len)[None, :] < lengths[:, None]).long()
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
+
+
+def _install_fused_ce(model, *, model_config: Mapping[str, Any]) -> None:
+    """Replace the causal LM's forward with a fused linear cross-entropy one, as Liger's
+    ``apply_liger_kernel_to_*`` does (its ``lce_forward``: the decoder, then the loss on the hidden
+    states without logits). liger-kernel runs on Triton (no CPU backend), so the loss is the torch
+    function ``workers.fused_ce.ChunkedLinearCrossEntropy``, which follows Liger's
+    ``fused_linear_cross_entropy_forward`` chunk by chunk."""
+    import types
+
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from workers.fused_ce import fused_linear_cross_entropy
+
+    if _is_encoder(model_config):
+        raise InvalidConfigError("--fused-ce applies to causal LMs: the worker has no fused masked-LM head")
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = getattr(base, base.base_model_prefix)
+    head = base.get_output_embeddings()
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, use_cache=None, **kwargs):
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+        hidden = out.last_hidden_state
+        loss = fused_linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, labels)
+        return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=out.past_key_values)
+
+    base.forward = types.MethodType(forward, base)
 
 
 def _tag_states(probe, *, model, optimizer, use_ds: bool) -> None:

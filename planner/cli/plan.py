@@ -32,6 +32,13 @@ _ALLOC_CONF = typer.Option(
     None, "--alloc-conf",
     help="PyTorch CUDA caching allocator settings as PYTORCH_CUDA_ALLOC_CONF takes them, e.g. max_split_size_mb:128,expandable_segments:True.",
 )
+_LORA_DROPOUT = typer.Option(0.0, "--lora-dropout", help="PEFT's lora_dropout for lora/qlora (recipes use 0.05-0.1; 0: no dropout).")
+_LOOP = typer.Option("trainer", "--loop", help="trainer|manual: the HF Trainer (the logits die at the loss) or a hand-written "
+                     "loop `outputs = model(**batch); outputs.loss.backward()` (outputs live through backward).")
+_FUSED_CE = typer.Option(False, "--fused-ce/--no-fused-ce", help="A fused linear cross-entropy (Liger's): the logits are never materialised.")
+_PACKING = typer.Option(True, "--packing/--no-packing", help="Sequences packed to --seq-len (default), or padded to the longest in the batch.")
+_USE_CACHE = typer.Option(False, "--use-cache/--no-use-cache", help="transformers' use_cache in the training forward (a KV cache; the "
+                          "HF Trainer turns it off, so does --grad-ckpt).")
 _TIMELINE = typer.Option(None, "--timeline", help="Write a picture of memory over one step: a .svg, .png or .html file.")
 
 
@@ -83,6 +90,9 @@ def _print_estimate(out, data: dict[str, Any], estimate) -> None:
     out.print(f"{m['id']}: {format_params(m['params'])} parameters, {format_params(m['trainable_params'])} trainable")
     out.print(f"config: {cfg['method']}, {cfg['precision']}, {cfg['optimizer']}, micro-batch {cfg['micro_batch']} x accum {cfg['grad_accum']}"
               f" x {cfg['gpus']} GPU, seq {cfg['seq_len']}, ckpt {'on' if cfg['grad_ckpt'] else 'off'}, zero {cfg['zero']}, offload {cfg['offload']}")
+    recipe = _recipe_line(cfg)
+    if recipe:
+        out.print(f"recipe: {recipe}", markup=False)
     table = Table(title=f"memory per device at the peak ({estimate.peak_phase})")
     table.add_column("component")
     table.add_column("bytes", justify="right")
@@ -105,6 +115,22 @@ def _print_estimate(out, data: dict[str, Any], estimate) -> None:
     out.print(f"throughput: {t['tokens_per_s']:,.0f} tokens/s, {t['step_s']:.3g} s per optimizer step")
     for note in list(estimate.assumptions) + list(t.get("assumptions", [])):
         out.print(f"  assumption: {note}", markup=False)
+
+
+def _recipe_line(cfg: dict[str, Any]) -> str:
+    """The recipe settings that differ from the HF Trainer defaults, for the config line."""
+    parts = []
+    if cfg.get("lora_dropout"):
+        parts.append(f"lora_dropout {cfg['lora_dropout']:g}")
+    if cfg.get("loop", "trainer") != "trainer":
+        parts.append(f"{cfg['loop']} loop (outputs kept through backward: loop/manual_outputs)")
+    if cfg.get("fused_ce"):
+        parts.append("fused linear cross-entropy")
+    if cfg.get("packing") is False:
+        parts.append("padded to the longest")
+    if cfg.get("use_cache"):
+        parts.append("use_cache" + (" (off under checkpointing)" if cfg.get("grad_ckpt") else ""))
+    return ", ".join(parts)
 
 
 def _print_sparkline(out, spec, device, config, memory) -> None:
@@ -130,7 +156,9 @@ def estimate(
     micro_batch: int = _MICRO, seq_len: Optional[int] = _SEQ, grad_accum: int = _ACCUM,
     grad_ckpt: bool = _CKPT, attention: str = _ATTENTION, lora_r: Optional[int] = _LORA_R,
     lora_targets: Optional[str] = _LORA_TARGETS, zero: int = _ZERO, offload: str = _OFFLOAD,
-    alloc_conf: Optional[str] = _ALLOC_CONF, timeline: Optional[str] = _TIMELINE, as_json: bool = _JSON,
+    alloc_conf: Optional[str] = _ALLOC_CONF, lora_dropout: float = _LORA_DROPOUT, loop: str = _LOOP,
+    fused_ce: bool = _FUSED_CE, packing: bool = _PACKING, use_cache: bool = _USE_CACHE,
+    timeline: Optional[str] = _TIMELINE, as_json: bool = _JSON,
 ) -> None:
     """Predict memory and speed of ONE fully specified training configuration (exit 3 when it does not fit)."""
     from planner.cli._common import console, print_json
@@ -164,7 +192,9 @@ def measure(
     micro_batch: int = _MICRO, seq_len: Optional[int] = _SEQ, grad_accum: int = _ACCUM,
     grad_ckpt: bool = _CKPT, attention: str = _ATTENTION, lora_r: Optional[int] = _LORA_R,
     lora_targets: Optional[str] = _LORA_TARGETS, zero: int = _ZERO, offload: str = _OFFLOAD,
-    alloc_conf: Optional[str] = _ALLOC_CONF, timeline: Optional[str] = _TIMELINE,
+    alloc_conf: Optional[str] = _ALLOC_CONF, lora_dropout: float = _LORA_DROPOUT, loop: str = _LOOP,
+    fused_ce: bool = _FUSED_CE, packing: bool = _PACKING, use_cache: bool = _USE_CACHE,
+    timeline: Optional[str] = _TIMELINE,
     steps: int = typer.Option(3, "--steps", help="Optimizer steps to run (the last one is measured)."),
     timeout: float = typer.Option(900, "--timeout", help="Seconds before the run is killed."),
     db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),

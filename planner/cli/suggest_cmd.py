@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from planner.cli._common import catalog_gpu, console_to_stderr
-from planner.cli.plan import _GPU, _GPU_MEM, _GPUS, _JSON, _MODEL, _SEQ
+from planner.cli.plan import _FUSED_CE, _GPU, _GPU_MEM, _GPUS, _JSON, _LOOP, _LORA_DROPOUT, _MODEL, _PACKING, _SEQ, _USE_CACHE
 
 
 _VERIFY_HELP = "Verify the top candidates with short real runs on Ray workers (embedded Ray, or --ray-address)."
@@ -38,6 +38,11 @@ def suggest(
     cpu_mem: Optional[str] = CPU_MEM,
     top_k: int = TOP_K,
     prefer: str = PREFER,
+    lora_dropout: float = _LORA_DROPOUT,
+    loop: str = _LOOP,
+    fused_ce: bool = _FUSED_CE,
+    packing: bool = _PACKING,
+    use_cache: bool = _USE_CACHE,
     verify: bool = typer.Option(False, "--verify", help=_VERIFY_HELP),
     verify_top: int = VERIFY_TOP,
     steps: int = STEPS,
@@ -78,7 +83,8 @@ def suggest(
             check_reachable(ray_address)
     request = _request(model=model, gpu=catalog_gpu(gpu), target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k,
-                       prefer=prefer, local_node=gpu.strip().lower() == "auto")
+                       prefer=prefer, local_node=gpu.strip().lower() == "auto",
+                       recipe=dict(lora_dropout=lora_dropout, loop=loop, fused_ce=fused_ce, packing=packing, use_cache=use_cache))
     planned = _plan(request, as_json=as_json)
     out = console() if not as_json else console_to_stderr()
     if not fresh and not no_save and plan_id is None:
@@ -124,7 +130,7 @@ def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, datas
 
 
 def _request(*, model, gpu, target_batch, seq_len, gpus, gpu_mem, method, precision, no_offload, cpu_mem, top_k,
-             prefer="fidelity", local_node=False):
+             prefer="fidelity", local_node=False, recipe=None):
     from planner.planning import SuggestRequest
     from planner.units import parse_bytes
 
@@ -134,6 +140,7 @@ def _request(*, model, gpu, target_batch, seq_len, gpus, gpu_mem, method, precis
         method=method, precision=precision, allow_offload=not no_offload,
         cpu_mem_bytes=parse_bytes(cpu_mem, option="--cpu-mem") if cpu_mem is not None else None, top_k=top_k,
         prefer=prefer, local_node=local_node,
+        **(recipe or {}),
     )
 
 

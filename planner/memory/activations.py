@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from planner.config import Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
-from planner.memory.attention import attention_terms
-from planner.memory.dtypes import FP32, HALF, INT64, DtypeMode, mode_of
+from planner.memory.attention import attention_terms, padding_mask
+from planner.memory.dtypes import ADAPTER_BYTES, FP32, HALF, INT64, DtypeMode, mode_of
 from planner.memory.shapes import BlockContext, Dims, block_context, dims_of
-from planner.modelspec import LinearKind, ModelSpec
+from planner.modelspec import LinearKind, LinearSpec, ModelSpec
 
 #: Intermediate-sized tensors an MLP activation (transformers' ACT2FN) saves for its backward,
 #: besides its output, counted with saved_tensors_hooks (transformers 5.23, torch 2.13). Fused
@@ -55,6 +55,9 @@ TERM_SOURCES = {
     "mlp/intermediate": "ACT2FN saved tensors, act*up operands, down_proj's input (LlamaMLP)",
     "dropout": "dropout masks (aten Dropout.cpp)",
     "lora/activations": "lora_B saves lora_A's output (peft LoraLayer.forward)",
+    "lora/dropout": "lora_dropout > 0: each adapter's nn.Dropout(x) keeps its mask (aten Dropout.cpp: bool on CUDA's fused "
+                    "kernel, the input's dtype on the CPU) and lora_A keeps the dropped copy where it saves no cast of it "
+                    "(peft/tuners/lora/layer.py Linear.forward: lora_B(lora_A(dropout(x))), one dropout per adapter)",
     "autocast/weight_casts": "16-bit weight copies F.linear saves under autocast",
     "lora/weight_casts": "16-bit copies of the fp32 adapters under autocast",
     "checkpoints": "torch.utils.checkpoint (non-reentrant) keeps each block's input",
@@ -65,6 +68,9 @@ TERM_SOURCES = {
     "lm_head/input": "lm_head's input (F.linear)",
     "loss/log_softmax": "cross_entropy = log_softmax + nll_loss: fp32 log-probabilities and int64 labels "
                         "(transformers/loss/loss_utils.py ForCausalLMLoss)",
+    "loss/fused_grad_input": "fused linear cross-entropy: the gradient of the head's input, computed in the forward "
+                             "and saved for backward (Liger ops/fused_linear_cross_entropy.py: grad_input = "
+                             "torch.zeros_like(_input), ctx.save_for_backward(grad_input, ...))",
 }
 
 
@@ -100,7 +106,8 @@ def _inputs(ctx: BlockContext, kind: LinearKind) -> int:
         return 0
     if mode.adapter_input:
         return sum(e * lin.in_features * mode.adapter_input for lin in hit)
-    return e * h * mode.residual
+    # lora_A saves the shared normed tensor, or with dropout each its own dropped copy (lora/dropout)
+    return e * h * mode.residual if ctx.adapter_saves_shared_input else 0
 
 
 def _mlp_intermediate(ctx: BlockContext) -> int:
@@ -112,7 +119,9 @@ def _mlp_intermediate(ctx: BlockContext) -> int:
     inter = ctx.dims.tokens * ctx.dims.i * mode.compute
     act_saved = ACTIVATION_SAVED.get(model.hidden_act, ACTIVATION_SAVED_DEFAULT)
     down = ctx.of_kind(LinearKind.MLP_OUT)
-    down_needs_input = ctx.full or any(ctx.targeted(lin) for lin in down)
+    # a targeted down saves the product unless, with dropout and no cast, lora_A saves its dropped copy
+    down_needs_input = ctx.full or (any(ctx.targeted(lin) for lin in down)
+                                    and (ctx.adapter_saves_shared_input or bool(mode.adapter_input)))
     if model.gated_mlp:
         saved_tensors = act_saved + 2 + (1 if down_needs_input else 0)
     else:
@@ -128,6 +137,38 @@ def _lora_activations(ctx: BlockContext) -> int:
     r = ctx.config.lora_r or 0
     a_bytes = HALF if ctx.mode.autocast else FP32
     return sum(lin.active * ctx.dims.tokens * r * a_bytes for lin in ctx.model.layer_linears if ctx.targeted(lin))
+
+
+def _dropped_bytes(ctx: BlockContext, lin: LinearSpec) -> int:
+    """The dtype dropout runs in: peft's Linear casts its input to the fp32 adapter's dtype first
+    (LoraLayer._cast_input_dtype in Linear.forward); bnb's Linear4bit LoRA casts only outside
+    autocast (peft/tuners/lora/bnb.py: requires_conversion = not torch.is_autocast_enabled()), so
+    under CUDA autocast QLoRA drops the input as it comes: the residual stream's dtype before q/k/v
+    and gate/up, the attention output's before o_proj, the MLP product's before down. That query
+    asks CUDA's autocast state only (KernelProfile.plain_autocast_query): on the CPU bnb casts too."""
+    if ctx.config.method is not Method.QLORA or not ctx.mode.autocast or not ctx.kernels.plain_autocast_query:
+        return ADAPTER_BYTES
+    return {LinearKind.ATTN_IN: ctx.mode.residual, LinearKind.MLP_IN: ctx.mode.residual,
+            LinearKind.ATTN_OUT: ctx.mode.attn, LinearKind.MLP_OUT: ctx.mode.compute}[lin.kind]
+
+
+def _lora_dropout(ctx: BlockContext) -> int:
+    """Per adapted linear (its own nn.Dropout, also where q, k and v read one tensor): the mask,
+    kept when the input needs a gradient (autograd records dropout only then), and the dropped
+    copy where lora_A saves it as it is. Under autocast lora_A saves a 16-bit cast of the dropped
+    copy instead of one of x (the same bytes, counted with the inputs) and pure 16-bit saves the
+    fp32 dropped copy instead of the fp32 cast (same): there only the mask is new."""
+    total = 0
+    for lin in ctx.model.layer_linears:
+        if not ctx.targeted(lin):
+            continue
+        n = lin.active * ctx.dims.tokens * lin.in_features
+        dropped = _dropped_bytes(ctx, lin)
+        if ctx.input_needs_grad(lin):
+            total += n * ctx.kernels.dropout_mask_bytes(dropped)
+        if not ctx.mode.adapter_input:
+            total += n * dropped
+    return total
 
 
 def _weight_casts(ctx: BlockContext) -> dict[str, int]:
@@ -165,6 +206,8 @@ def block_terms(ctx: BlockContext) -> dict[str, int]:
         out["dropout"] = 2 * e * h * ctx.kernels.dropout_mask_bytes(ctx.mode.compute)
     if ctx.targets:
         out["lora/activations"] = _lora_activations(ctx)
+        if ctx.lora_dropout:
+            out["lora/dropout"] = _lora_dropout(ctx)
     out.update(_weight_casts(ctx))
     return out
 
@@ -185,6 +228,12 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         # the masked-LM head's transform: dense -> gelu -> LayerNorm before the decoder; gelu
         # saves the dense output (BertPredictionHeadTransform), the norm is counted as final_norm
         out["lm_head/transform"] = e * h * mode.compute
+    if padding_mask(config) and not model.is_encoder:
+        # transformers' 4D mask from the padding (masking_utils.create_causal_mask): (b, 1, s, s),
+        # bool for SDPA, additive in the model's dtype for eager; made before the first block and
+        # kept by every block's attention backward
+        mask = 1 if config.attention.value == "sdpa" else mode.residual
+        out["embeddings"] += dims.b * dims.s * dims.s * mask
     if model.embedding_dropout > 0 and (full or config.grad_ckpt):
         # its mask, kept only when the embeddings' output needs a gradient: trained embeddings,
         # or peft's enable_input_require_grads under checkpointing
@@ -194,6 +243,12 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         out["final_norm"] = e * h * FP32 + e * FP32 + (e * h * normalised if full else 0)
     else:
         out["final_norm"] = e * h * mode.residual + 2 * e * FP32
+    if config.fused_ce:
+        # the head and the loss run without autograd inside the fused function: no lm_head input,
+        # weight cast or log-probabilities are saved, only the precomputed input gradient, in the
+        # dtype of the final norm's output (the residual stream's)
+        out["loss/fused_grad_input"] = e * h * mode.residual
+        return out
     if full:
         out["lm_head/input"] = e * h * (HALF if mode.autocast else mode.residual)
     if mode.autocast:
@@ -203,20 +258,74 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
 
 
 #: the model-level terms that belong to the output side (freed first in backward)
-HEAD_TERMS = frozenset({"lm_head/transform", "final_norm", "lm_head/input", "loss/log_softmax"})
+HEAD_TERMS = frozenset({"lm_head/transform", "final_norm", "lm_head/input", "loss/log_softmax", "loss/fused_grad_input"})
 
 
-def logits_forward_transient(dims: Dims, mode: DtypeMode) -> int:
+def logits_forward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig | None = None) -> int:
     """At the loss: the logits in the lm_head's output dtype + their fp32 upcast
-    (``logits.float()`` in ForCausalLMLoss), before the upcast is released."""
+    (``logits.float()`` in ForCausalLMLoss), before the upcast is released; with a fused
+    cross-entropy its chunk loop's working set (``fused_ce_transient``)."""
+    if config is not None and config.fused_ce:
+        return fused_ce_transient(dims, mode)
     ev = dims.tokens * dims.v
     return ev * mode.logits + (ev * FP32 if mode.logits != FP32 else 0)
 
 
-def logits_backward_transient(dims: Dims, mode: DtypeMode) -> int:
+def logits_backward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig | None = None) -> int:
     """Backward of the loss: nll_loss's dense fp32 gradient and log_softmax's fp32 grad input
-    exist together (the saved log-probabilities counted elsewhere)."""
+    exist together (the saved log-probabilities counted elsewhere). A fused cross-entropy's
+    backward scales its saved input gradient in place: nothing."""
+    if config is not None and config.fused_ce:
+        return 0
     return 2 * dims.tokens * dims.v * FP32
+
+
+def fused_ce_chunk_rows(dims: Dims) -> int:
+    """Liger's chunk of tokens: ``inc_factor = cdiv(V, H)``, ``chunk_size =
+    next_power_of_2(cdiv(BT, inc_factor))``, at most BT (ops/fused_linear_cross_entropy.py
+    ``fused_linear_cross_entropy_forward``), so a chunk's logits are about BT x H."""
+    inc = -(-dims.v // dims.h)
+    rows = -(-dims.tokens // inc)
+    return min(1 << (rows - 1).bit_length(), dims.tokens)
+
+
+def fused_ce_transient(dims: Dims, mode: DtypeMode) -> int:
+    """The fused cross-entropy's working set at its peak, inside the chunk loop (Liger's
+    ``fused_linear_cross_entropy_forward``; workers/fused_ce.py does the same in torch): the fp32
+    ``loss_1d`` of BT, the shifted int64 labels, the weight cast to the matmul dtype under
+    autocast (the head's weights are fp32 there), one chunk's logits (chunk x V, which the kernel
+    overwrites with their gradient) and the chunk x H product ``grad_logits @ weight`` before it is
+    copied into ``grad_input``, all in the matmul dtype; and the loss' input, the final norm's
+    output (residual dtype), which the chunks read until the loop ends."""
+    rows = fused_ce_chunk_rows(dims)
+    matmul = HALF if mode.autocast else mode.weight
+    weight_cast = dims.v * dims.h * HALF if mode.autocast and mode.weight != HALF else 0
+    hidden = dims.tokens * dims.h * mode.residual
+    return dims.tokens * (FP32 + INT64) + hidden + weight_cast + rows * (dims.v + dims.h) * matmul
+
+
+def kv_cache_block_bytes(model: ModelSpec, config: TrainConfig, dims: Dims, mode: DtypeMode) -> int:
+    """One block's ``DynamicCache`` layer when the training forward builds one (``use_cache``
+    without checkpointing, decoder models): ``DynamicLayer.update`` keeps ``torch.cat([empty,
+    key_states])`` and the same for values (transformers/cache_utils.py), new tensors of b x kv x
+    s x d. Keys are cached after rotary embedding, which multiplies the projection output by
+    cos/sin in the residual stream's dtype (type promotion: the residual's); values in the keys'
+    dtype too, because ``DynamicLayer.lazy_initialization`` makes both empty tensors in
+    ``key_states.dtype`` and ``torch.cat`` promotes the 16-bit values to it (measured: a bf16-mixed
+    llama's cache is all fp32)."""
+    if not config.builds_kv_cache or model.is_encoder:
+        return 0
+    kv = dims.tokens * dims.kv * dims.d
+    key = mode.residual if model.position == "rope" else mode.compute
+    return 2 * kv * max(key, mode.compute)
+
+
+def manual_loop_logits(dims: Dims, mode: DtypeMode, config: TrainConfig) -> int:
+    """The logits ``outputs.logits`` keeps in a hand-written loop (the lm_head's output); none
+    with a fused cross-entropy, whose forward returns no logits (Liger's lce_forward in training)."""
+    if config.fused_ce:
+        return 0
+    return dims.tokens * dims.v * mode.logits
 
 
 def breakdown_key(term: str) -> str:
@@ -273,5 +382,6 @@ def recompute_bytes(model: ModelSpec, config: TrainConfig, kernels: KernelProfil
 
 
 __all__ = ["ACTIVATION_SAVED", "ACTIVATION_SAVED_DEFAULT", "ACTIVATION_SAVES_OUTPUT", "HEAD_TERMS", "TERM_SOURCES",
-           "activation_breakdown", "block_terms", "breakdown_key", "checkpoint_bytes", "kernels_of",
-           "logits_backward_transient", "logits_forward_transient", "model_level_terms", "recompute_bytes"]
+           "activation_breakdown", "block_terms", "breakdown_key", "checkpoint_bytes", "fused_ce_chunk_rows",
+           "fused_ce_transient", "kernels_of", "kv_cache_block_bytes", "logits_backward_transient",
+           "logits_forward_transient", "manual_loop_logits", "model_level_terms", "recompute_bytes"]

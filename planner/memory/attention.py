@@ -14,7 +14,7 @@ def out_input(ctx: BlockContext, copy_bytes: int) -> int:
     attention output reaches o_proj as a separate (transposed, contiguous) copy and o_proj or a
     sharing adapter keeps it, plus the adapters' own input casts."""
     total = 0
-    if copy_bytes and (ctx.full or (ctx.o_targeted and not ctx.mode.adapter_input)):
+    if copy_bytes and (ctx.full or (ctx.o_targeted and ctx.adapter_saves_shared_input)):
         total += copy_bytes
     if not ctx.full and ctx.mode.adapter_input and ctx.o_targeted:
         total += sum(ctx.dims.tokens * lin.in_features * ctx.mode.adapter_input for lin in ctx.attn_out)
@@ -26,8 +26,10 @@ def attention_terms(ctx: BlockContext) -> dict[str, int]:
     dims, mode, model = ctx.dims, ctx.mode, ctx.model
     e = dims.tokens
     q = e * dims.a * dims.d
-    kvn = e * dims.kv * dims.d
     attention = ctx.config.attention
+    # with a padding mask transformers repeats k/v to every head before SDPA
+    # (integrations/sdpa_attention.py use_gqa_in_sdpa: GQA only when attention_mask is None)
+    kvn = q if padding_mask(ctx.config) and attention is Attention.SDPA else e * dims.kv * dims.d
     if attention is Attention.SDPA and ctx.kernels.sdpa_dropout_math_fp32 and model.attn_dropout > 0:
         # SDPA's flash kernel refuses dropout here, so training falls back to the math path,
         # which upcasts 16-bit inputs to fp32 and saves q·scale, kᵀ·scale and v (fp32, all
@@ -72,6 +74,13 @@ def _fused_kernel_terms(ctx: BlockContext, q: int, kvn: int) -> dict[str, int]:
             "attention/out_input": out_input(ctx, q * mode.attn if roped else 0)}
 
 
+def padding_mask(config) -> bool:
+    """Batches padded to the longest carry an attention mask into the model (not with flash-attn,
+    which unpads). The model assumes the worst batch is padded; a micro-batch of one never is,
+    where this over-counts the mask's terms."""
+    return not config.packing and config.attention is not Attention.FLASH
+
+
 def eager_probs_bytes_per_score(model: ModelSpec, mode: DtypeMode, kernels: KernelProfile) -> int:
     """Bytes per attention score the eager path keeps: softmax's output (its backward reads it),
     a cast for probs @ v when the dtypes differ, and with attention dropout the mask and the
@@ -97,4 +106,4 @@ def eager_probs_bytes_per_score(model: ModelSpec, mode: DtypeMode, kernels: Kern
     return kept + (p if dropout else 0)
 
 
-__all__ = ["attention_terms", "eager_probs_bytes_per_score", "out_input"]
+__all__ = ["attention_terms", "eager_probs_bytes_per_score", "out_input", "padding_mask"]

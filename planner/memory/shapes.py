@@ -94,6 +94,30 @@ class BlockContext:
     def attn_targeted(self) -> bool:
         return any(self.targeted(lin) for lin in self.of_kind(LinearKind.ATTN_IN) + self.attn_out)
 
+    @property
+    def lora_dropout(self) -> bool:
+        """PEFT applies an ``nn.Dropout`` to each adapter's input (Identity when p == 0)."""
+        return not self.full and self.config.lora_dropout > 0
+
+    @property
+    def adapter_saves_shared_input(self) -> bool:
+        """lora_A saves the very tensor the base layer reads (no cast, no dropout in between): fp32
+        LoRA and QLoRA without autocast. Otherwise it saves its own cast or its own dropped copy."""
+        return not self.full and not self.mode.adapter_input and not self.lora_dropout
+
+    def input_needs_grad(self, lin: LinearSpec) -> bool:
+        """Whether the input a linear of the block reads needs a gradient: everything does but, in
+        the first LoRA block without checkpointing, what only frozen layers computed."""
+        if self.block_input_needs_grad:
+            return True
+        upstream = {
+            LinearKind.ATTN_IN: (),
+            LinearKind.ATTN_OUT: (LinearKind.ATTN_IN,),
+            LinearKind.MLP_IN: () if self.model.parallel_block else (LinearKind.ATTN_IN, LinearKind.ATTN_OUT),
+            LinearKind.MLP_OUT: (LinearKind.MLP_IN,) + (() if self.model.parallel_block else (LinearKind.ATTN_IN, LinearKind.ATTN_OUT)),
+        }[lin.kind]
+        return any(self.targeted(other) for kind in upstream for other in self.of_kind(kind))
+
 
 def block_context(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, *, first: bool,
                   targets: frozenset[str] | None = None, dims: Dims | None = None) -> BlockContext:

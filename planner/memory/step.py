@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.config import TrainConfig
+from planner.config import Loop, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.activations import (
     activation_breakdown,
+    kv_cache_block_bytes,
     logits_backward_transient,
     logits_forward_transient,
+    manual_loop_logits,
     recompute_bytes,
 )
 from planner.memory.dtypes import mode_of
@@ -49,6 +51,11 @@ class BatchTerms:
     """The logits and their fp32 upcast at the loss."""
     backward_logits: int
     """The loss' backward: two fp32 tensors of the logits' size."""
+    kv_cache: int = 0
+    """The KV cache this forward builds (``use_cache`` without checkpointing), every layer's."""
+    kept: int = 0
+    """What a hand-written loop's ``outputs`` keeps past the loss (its logits and KV cache) until
+    the next forward returns; 0 with the HF Trainer, whose compute_loss drops the outputs."""
 
     @property
     def saved(self) -> int:
@@ -59,33 +66,41 @@ def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
                 targets: frozenset[str] | None = None) -> BatchTerms:
     """``targets``: the adapted linears' names, when the caller has them already."""
     dims, mode = dims_of(model, config), mode_of(config)
+    cache = model.num_layers * kv_cache_block_bytes(model, config, dims, mode)
+    manual = config.loop is Loop.MANUAL
     return BatchTerms(
         activations=activation_breakdown(model, config, kernels=kernels, targets=targets),
         recompute=recompute_bytes(model, config, kernels, targets),
-        forward_logits=logits_forward_transient(dims, mode),
-        backward_logits=logits_backward_transient(dims, mode),
+        forward_logits=logits_forward_transient(dims, mode, config),
+        backward_logits=logits_backward_transient(dims, mode, config),
+        kv_cache=cache,
+        kept=manual_loop_logits(dims, mode, config) + cache if manual else 0,
     )
 
 
 def phases(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
-           accumulating: bool) -> dict[str, dict[str, int]]:
+           accumulating: bool, cache: int = 0, kept: int = 0) -> dict[str, dict[str, int]]:
     """What lives beside the resident model states at each moment of a step, by breakdown
     component ("activations" stands for every saved-activation term). During accumulation the
-    previous micro-steps' gradients exist in the forward."""
+    previous micro-steps' gradients exist in the forward. ``cache``: the KV cache the forward
+    builds; ``kept``: what a hand-written loop's outputs keep (``BatchTerms``), at the end of the
+    forward those of the previous micro-step, which the name releases only when the forward
+    returns, afterwards this one's."""
     grads_fwd = static.gradients if accumulating else 0
+    loop = {"loop/manual_outputs": kept}
     return {
         # ZeRO-3 holds the running block's gathered parameters (lm_head's at the end of forward)
         "forward": {"activations": saved, "logits/transient": fwd_logits, "gradients": grads_fwd,
-                    "zero3/gathered_params": static.gathered},
+                    "zero3/gathered_params": static.gathered, "kv_cache": cache, **loop},
         # the loss' backward runs before any checkpointed block is recomputed or any parameter
         # is gathered again: both belong to the rest of backward, after the logits' gradients
         # are freed (measured: ZeRO-3 on one rank holds no gathered parameters here)
-        "backward_start": {"activations": saved, "logits/transient": bwd_logits, "gradients": grads_fwd},
+        "backward_start": {"activations": saved, "logits/transient": bwd_logits, "gradients": grads_fwd, **loop},
         "backward_end": {"activations/recompute": recompute, "gradients": static.gradients,
                          "zero3/gathered_params": static.gathered,
-                         "gradients/tied_embedding_partials": static.tied_gradient_sum},
-        "optimizer_start": {"gradients": static.gradients, "zero/gradient_flatten": static.zero_gradient_flatten},
-        "optimizer": {"gradients": static.optimizer_gradients, "optimizer_step/transient": static.optimizer_step},
+                         "gradients/tied_embedding_partials": static.tied_gradient_sum, **loop},
+        "optimizer_start": {"gradients": static.gradients, "zero/gradient_flatten": static.zero_gradient_flatten, **loop},
+        "optimizer": {"gradients": static.optimizer_gradients, "optimizer_step/transient": static.optimizer_step, **loop},
     }
 
 
@@ -94,7 +109,7 @@ NO_STATIC = StaticTerms(resident={}, gradients=0, gathered=0, paged=0, host=0, o
 
 
 def phase_totals(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
-                 accumulating: bool) -> tuple[int, ...]:
+                 accumulating: bool, cache: int = 0, kept: int = 0) -> tuple[int, ...]:
     """The bytes ``phases`` lists at each moment (resident states not included), as plain sums:
     the search's memo makes thousands of these, and building ``phases``' dicts to add them up
     took a quarter of a search (tests/test_timeline.py checks the two agree term by term). Every
@@ -103,11 +118,11 @@ def phase_totals(*, static: StaticTerms, saved: int, recompute: int, fwd_logits:
     search's fast path uses."""
     grads_fwd = static.gradients if accumulating else 0
     return (
-        saved + fwd_logits + grads_fwd + static.gathered,
-        saved + bwd_logits + grads_fwd,
-        recompute + static.gradients + static.gathered + static.tied_gradient_sum,
-        static.gradients + static.zero_gradient_flatten,
-        static.optimizer_gradients + static.optimizer_step,
+        saved + fwd_logits + grads_fwd + static.gathered + cache + kept,
+        saved + bwd_logits + grads_fwd + kept,
+        recompute + static.gradients + static.gathered + static.tied_gradient_sum + kept,
+        static.gradients + static.zero_gradient_flatten + kept,
+        static.optimizer_gradients + static.optimizer_step + kept,
     )
 
 
@@ -116,7 +131,7 @@ def phase_breakdowns(static: StaticTerms, batch: BatchTerms, *, accumulating: bo
     out = {}
     for name, parts in phases(static=static, saved=batch.saved, recompute=batch.recompute,
                               fwd_logits=batch.forward_logits, bwd_logits=batch.backward_logits,
-                              accumulating=accumulating).items():
+                              accumulating=accumulating, cache=batch.kv_cache, kept=batch.kept).items():
         breakdown = dict(static.resident)
         for component, size in parts.items():
             if component == "activations":

@@ -30,6 +30,7 @@ from planner.memory.activations import (
     block_terms,
     breakdown_key,
     checkpoint_bytes,
+    kv_cache_block_bytes,
     logits_backward_transient,
     logits_forward_transient,
     model_level_terms,
@@ -43,7 +44,8 @@ from planner.modelspec import ModelSpec
 
 #: model-level terms saved by the output side (freed first in backward); the rest belong to
 #: the embeddings (token ids, rotary tables, the embedding norm's input, its dropout mask)
-HEAD_TERMS = frozenset({"lm_head/transform", "final_norm", "lm_head/input", "loss/log_softmax", "autocast/weight_casts"})
+HEAD_TERMS = frozenset({"lm_head/transform", "final_norm", "lm_head/input", "loss/log_softmax", "autocast/weight_casts",
+                        "loss/fused_grad_input"})
 
 #: what the picture stacks: each breakdown key's category
 CATEGORIES = ("weights", "gradients", "optimizer states", "activations", "logits/loss", "temporaries")
@@ -57,7 +59,7 @@ def category(key: str) -> str:
         return "gradients"
     if key.startswith("optimizer_states"):
         return "optimizer states"
-    if key.startswith(("logits", "activations/loss")):
+    if key.startswith(("logits", "activations/loss", "loop/")):
         return "logits/loss"
     if key.startswith(("optimizer_step", "zero/gradient_flatten")):
         return "temporaries"
@@ -179,6 +181,10 @@ class _Step:
     backward_logits: int
     block_gradients: int
     """one block's share of the gradients (the rest are the head's and the embeddings')"""
+    cache: int
+    """one block's KV cache layer, when the forward builds one"""
+    kept: int
+    """what a hand-written loop's outputs keep past the loss (0 with the HF Trainer)"""
 
 
 def _block_gradient_share(model: ModelSpec, config: TrainConfig, t: Trained, gradients: int) -> int:
@@ -205,30 +211,39 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         model=model, config=config, static=static, first=first, rest=rest,
         embeddings={breakdown_key(k): v for k, v in level.items() if k not in HEAD_TERMS},
         head={breakdown_key(k): v for k, v in level.items() if k in HEAD_TERMS},
-        recompute=batch.recompute, forward_logits=logits_forward_transient(dims, mode),
-        backward_logits=logits_backward_transient(dims, mode),
+        recompute=batch.recompute, forward_logits=logits_forward_transient(dims, mode, config),
+        backward_logits=logits_backward_transient(dims, mode, config),
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
+        cache=kv_cache_block_bytes(model, config, dims, mode), kept=batch.kept,
     )
 
 
-def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], list[list[int]], list[int], int]:
-    """Forward: the (gathered, embeddings, blocks, head, logits) allocations."""
+def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], list[list[int]], list[int], list[int]]:
+    """Forward: the (gathered, embeddings, blocks, head, [logits and KV cache]) allocations."""
     gathered = b.alloc("zero3/gathered_params", s.static.gathered, f"{label}forward")
     embeddings = b.alloc_terms(s.embeddings, f"{label}embeddings")
-    blocks = [b.alloc_terms(s.first if k == 0 else s.rest, f"{label}forward block {k + 1}")
-              for k in range(s.model.num_layers)]
+    blocks, cache = [], []
+    for k in range(s.model.num_layers):
+        where = f"{label}forward block {k + 1}"
+        blocks.append(b.alloc_terms(s.first if k == 0 else s.rest, where))
+        cache.append(b.alloc("kv_cache", s.cache, where))
     head = b.alloc_terms(s.head, f"{label}head and loss")
     logits = b.alloc("logits/transient", s.forward_logits, f"{label}loss")
-    return [gathered], embeddings, blocks, head, logits
+    return [gathered], embeddings, blocks, head, [logits] + cache
 
 
-def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: bool) -> list[int]:
-    """One micro-step's forward and backward; returns the gradient allocations it made."""
-    gathered, embeddings, blocks, head, logits = _forward(b, s, label)
+def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: bool,
+                previous: int) -> tuple[list[int], int]:
+    """One micro-step's forward and backward; returns the gradient allocations it made and what
+    its outputs keep (a hand-written loop's outputs: alive until the next forward returns, when
+    ``previous``, the outputs the loop still held, are released)."""
+    gathered, embeddings, blocks, head, outputs = _forward(b, s, label)
     if marks:
         b.mark("forward")
-    b.free(logits, f"{label}loss")
+    b.free(previous, f"{label}outputs replaced")
+    b.free_all(outputs, f"{label}loss")
     b.free_all(gathered, f"{label}loss")
+    kept = b.alloc("loop/manual_outputs", s.kept, f"{label}loss")
     loss_grad = b.alloc("logits/transient", s.backward_logits, f"{label}loss backward")
     if marks:
         b.mark("backward_start")
@@ -249,7 +264,7 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     if marks:
         b.mark("backward_end")
     b.free_all([tied, recompute, gathered], where)
-    return grads
+    return grads, kept
 
 
 def _optimizer_step(b: _Builder, s: _Step, grads: list[int]) -> None:
@@ -274,12 +289,14 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     b = _Builder(unit=dims.tokens * dims.h * mode.compute)
     for key, nbytes in s.static.resident.items():
         b.alloc(key, nbytes, "model states", tensors=_resident_tensors(model, config, key, nbytes))
+    # a hand-written loop still holds the previous step's outputs when this step's forward runs
+    previous = b.alloc("loop/manual_outputs", s.kept, "outputs of the previous step")
     if config.grad_accum > 1:
-        grads = _micro_step(b, s, grads_exist=False, label="micro-step 1: ", marks=False)
+        grads, previous = _micro_step(b, s, grads_exist=False, label="micro-step 1: ", marks=False, previous=previous)
         last = f"micro-step {config.grad_accum}: "
-        _micro_step(b, s, grads_exist=True, label=last, marks=True)
+        _micro_step(b, s, grads_exist=True, label=last, marks=True, previous=previous)
     else:
-        grads = _micro_step(b, s, grads_exist=False, label="", marks=True)
+        grads, _ = _micro_step(b, s, grads_exist=False, label="", marks=True, previous=previous)
     _optimizer_step(b, s, grads)
     return Timeline(events=tuple(b.events), marks=dict(b.marks), host=s.static.host, outside_allocator=s.static.paged)
 
