@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ
+from planner.cli.plan import _FUSED_CE, _GPU, _GPUS, _JSON, _LOOP, _LORA_DROPOUT, _MODEL, _PACKING, _SEQ, _USE_CACHE
 from planner.cli.suggest_cmd import (
     CPU_MEM, GPU_MEM, METHOD, NO_OFFLOAD, PRECISION, PREFER, RUN_TIMEOUT, STEPS, TARGET_BATCH, TOP_K, VERIFY_TOP,
 )
@@ -29,6 +29,11 @@ def submit(
     cpu_mem: Optional[str] = CPU_MEM,
     top_k: int = TOP_K,
     prefer: str = PREFER,
+    lora_dropout: float = _LORA_DROPOUT,
+    loop: str = _LOOP,
+    fused_ce: bool = _FUSED_CE,
+    packing: bool = _PACKING,
+    use_cache: bool = _USE_CACHE,
     verify: bool = typer.Option(True, "--verify/--no-verify", help="The job verifies the plan (it always does: the flag is accepted as suggest's)."),
     verify_top: int = VERIFY_TOP,
     steps: int = STEPS,
@@ -51,7 +56,8 @@ def submit(
                                  "verifies on, e.g. --gpu a10g (see 'planner gpus')")
     request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k,
-                       prefer=prefer)
+                       prefer=prefer,
+                       recipe=dict(lora_dropout=lora_dropout, loop=loop, fused_ce=fused_ce, packing=packing, use_cache=use_cache))
     import logging
 
     logging.getLogger("ray").setLevel(logging.WARNING)  # the SDK's INFO lines about uploading the config

@@ -48,7 +48,18 @@ class ModelChoice(BaseModel):
         return config
 
 
-class PlanBody(ModelChoice):
+class RecipeFields(BaseModel):
+    """The recipe settings ``planner estimate`` and ``suggest`` take (``TrainConfig``'s fields)."""
+
+    lora_dropout: float = Field(default=0.0, description="PEFT's lora_dropout of LoRA/QLoRA (0 <= p < 1).")
+    loop: str = Field(default="trainer", max_length=32, description="trainer (HF Trainer: the logits die at the "
+                      "loss) | manual (outputs = model(**batch) kept through backward).")
+    fused_ce: bool = Field(default=False, description="A fused linear cross-entropy (Liger's): no full logits.")
+    packing: bool = Field(default=True, description="Sequences packed to seq_len (false: padded to the longest).")
+    use_cache: bool = Field(default=False, description="transformers' use_cache in the training forward.")
+
+
+class PlanBody(RecipeFields, ModelChoice):
     """``POST /v1/plans``: the request of ``planner suggest``."""
 
     target_batch: StrictInt = Field(examples=[32], description="Global batch in sequences: micro-batch x accumulation x GPUs.")
@@ -66,7 +77,7 @@ class PlanBody(ModelChoice):
     steps: StrictInt = Field(default=3, description="With verify: optimizer steps per verification run.")
 
 
-class EstimateBody(ModelChoice):
+class EstimateBody(RecipeFields, ModelChoice):
     """``POST /v1/estimate``: one fully specified configuration, as ``planner estimate``."""
 
     method: str = Field(default="full", max_length=32, description="full|lora|qlora")
@@ -100,4 +111,4 @@ class ErrorBody(BaseModel):
     errors: Optional[list[FieldError]] = Field(default=None, description="Every field that does not parse (422).")
 
 
-__all__ = ["EstimateBody", "ErrorBody", "FieldError", "ModelChoice", "PlanBody", "Size"]
+__all__ = ["EstimateBody", "ErrorBody", "FieldError", "ModelChoice", "PlanBody", "RecipeFields", "Size"]
