@@ -452,7 +452,7 @@ def suggest(
     by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
     replays: dict[TrainConfig, object] = {}
     plans = _replayed_plans(_ranked(fitting, space.prefer), model=model, gpu=gpu, usable=usable, top_k=top_k,
-                            prefer=space.prefer, replays=replays)
+                            prefer=space.prefer, replays=replays, memo=memo)
     if not plans:
         tried = {fam: missed(cfg, total) for fam, (total, cfg) in by_tier}
         rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
@@ -472,7 +472,7 @@ def suggest(
     )
     other = Prefer.SPEED if space.prefer is Prefer.FIDELITY else Prefer.FIDELITY
     theirs = _replayed_plans(_ranked(fitting, other), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
-                             prefer=other, replays=replays)
+                             prefer=other, replays=replays, memo=memo)
     alternative = theirs[0] if theirs and theirs[0].config != plans[0].config else None
     request = dataclasses.replace(request, constraints={**request.constraints, **_policy_constraints(space)})
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
@@ -486,13 +486,18 @@ def _policy_constraints(space: SearchSpace) -> dict:
 
 
 def _replayed_plans(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
-                    prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None) -> tuple[Candidate, ...]:
+                    prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None,
+                    memo: MemoryMemo | None = None) -> tuple[Candidate, ...]:
     """The top plans with their full estimates. The fast path screens with the allocator's
     stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
-    caching allocator replayed on its step, and one the replay finds too large for the usable
-    memory is dropped for the next. A plan the replay finds near the edge (``near_edge``) moves
-    after the shown plans that are not (within its fidelity tier under --prefer fidelity)."""
+    caching allocator replayed on its step. One the replay finds too large for the usable memory
+    gives way to the same configuration with the next smaller micro-batch (more accumulation),
+    ranked anew by its speed: the screen kept only each combination's largest fitting split, and
+    the replay has just said that split is too large. A plan the replay finds near the edge
+    (``near_edge``) moves after the shown plans that are not (within its fidelity tier under
+    --prefer fidelity)."""
     replays = {} if replays is None else replays
+    memo = memo or MemoryMemo(model, gpu)
     while fitting:
         plans, dropped = [], set()
         for cfg, _, _ in _distinct(fitting, top_k):
@@ -508,8 +513,25 @@ def _replayed_plans(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, usa
             plans.sort(key=lambda p: (tier(p[0]), near_edge(p[1], usable)))  # stable: rank order otherwise
             return tuple(Candidate(config=cfg, memory=memory, throughput=estimate_throughput(model=model, config=cfg, gpu=gpu),
                                    fits=True, rank=i + 1) for i, (cfg, memory) in enumerate(plans))
-        fitting = [item for item in fitting if id(item[0]) not in dropped]
+        kept = [item for item in fitting if id(item[0]) not in dropped]
+        smaller = [_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo)
+                   for item in fitting if id(item[0]) in dropped]
+        fitting = _ranked(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer)
     return ()
+
+
+def _next_smaller_split(config: TrainConfig, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo) -> tuple | None:
+    """(config, speed, screened total) of ``config`` with the next smaller micro-batch that divides
+    its per-device batch, or None at micro-batch 1."""
+    per_device = config.micro_batch * config.grad_accum
+    micro = max((d for d in _divisors(per_device) if d < config.micro_batch), default=None)
+    if micro is None:
+        return None
+    split = (micro, per_device // micro)
+    [(total, _host)] = totals_by_split(model=model, config=config, gpu=gpu, splits=[split], memo=memo)
+    smaller = config.with_split(micro_batch=split[0], grad_accum=split[1])
+    step_s = sum(step_breakdown(model=model, config=smaller, gpu=gpu).values())
+    return smaller, _Speed(tokens_per_second(smaller, step_s)), total
 
 
 #: Within 2% of predicted speed (below what the throughput model can tell apart), prefer the

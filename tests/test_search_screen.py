@@ -62,3 +62,27 @@ def test_the_requests_cover_every_outcome():
         for n in range(len(REQUESTS)):
             test_screen_equals_a_scan_of_every_split(n)
     assert set().union(*OUTCOMES.values()) == {(True, False), (True, True), (False, True)}
+
+
+def test_a_plan_the_replay_finds_too_large_gives_way_to_its_next_smaller_split():
+    """QLoRA r8 on Llama-2-7b at seq 4096, micro-batch 4 x 8: the screen's flat allocator overhead
+    says it fits an A10G (about 20.0 GiB of 21.4 usable), the allocator replay says it does not
+    (about 22.3 GiB). The plan shown is the same configuration at micro-batch 2 x 16, not nothing."""
+    from planner.config import TrainConfig
+    from planner.memory import estimate_memory
+    from planner.search import MemoryMemo, _next_smaller_split, _replayed_plans
+
+    model, gpu = resolve_model("meta-llama/Llama-2-7b-hf"), get_gpu("a10g")
+    usable = gpu.memory_bytes - safety_margin(gpu.memory_bytes)
+    memo = MemoryMemo(model, gpu)
+    big = TrainConfig(method="qlora", precision="bf16-mixed", micro_batch=4, grad_accum=8, seq_len=4096, grad_ckpt=True,
+                      lora_r=8, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    [(screened, _)] = totals_by_split(model=model, config=big, gpu=gpu, splits=[(4, 8)], memo=memo)
+    assert screened <= usable < estimate_memory(model=model, config=big, gpu=gpu).process_total_bytes
+    item = _next_smaller_split(big, model=model, gpu=gpu, memo=memo)
+    assert (item[0].micro_batch, item[0].grad_accum) == (2, 16)
+    [plan] = _replayed_plans([(big, None, screened)], model=model, gpu=gpu, usable=usable, top_k=1, memo=memo)
+    assert plan.config == big.with_split(micro_batch=2, grad_accum=16)
+    assert plan.memory.process_total_bytes <= usable
+    # micro-batch 1 has no smaller split
+    assert _next_smaller_split(big.with_split(micro_batch=1, grad_accum=32), model=model, gpu=gpu, memo=memo) is None
