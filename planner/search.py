@@ -16,6 +16,8 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add, mul
 from typing import Iterator, NamedTuple
 
 from planner import __version__
@@ -280,13 +282,12 @@ def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, spli
     one, slope = memo.batch_line(config)
     resident = static.resident_bytes
     lines = [[base + b1 for base, b1 in zip(parts[acc], one)] for acc in (0, 1)]
-    s0, s1, s2, s3, s4 = slope
     allocator = gpu.kernels.caching_allocator
     out = []
     for micro, accum in splits:
         k = micro - 1
-        a0, a1, a2, a3, a4 = lines[accum > 1]  # the five moments
-        peak = max(a0 + k * s0, a1 + k * s1, a2 + k * s2, a3 + k * s3, a4 + k * s4)
+        # each moment (step.PHASES) at this micro-batch; the largest is the peak
+        peak = max(map(add, lines[accum > 1], map(mul, slope, repeat(k))))
         total = reserved_and_total(model, gpu, peak=peak, static=resident, paged=static.paged)[1] if allocator else peak
         out.append((total, static.host))
     return out
@@ -357,13 +358,12 @@ def _fit_and_miss(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, splits
     resident, paged = static.resident_bytes, static.paged
     allocator = gpu.kernels.caching_allocator
     lines = [[base + b1 for base, b1 in zip(parts[acc], one)] for acc in (0, 1)]
-    s0, s1, s2, s3, s4 = slope
 
     def total(i: int) -> int:
         micro, accum = splits[i]
         k = micro - 1
-        a0, a1, a2, a3, a4 = lines[accum > 1]  # the five moments
-        peak = max(a0 + k * s0, a1 + k * s1, a2 + k * s2, a3 + k * s3, a4 + k * s4)
+        # each moment (step.PHASES) at this micro-batch; the largest is the peak
+        peak = max(map(add, lines[accum > 1], map(mul, slope, repeat(k))))
         return reserved_and_total(model, gpu, peak=peak, static=resident, paged=paged)[1] if allocator else peak
 
     last = len(splits) - 1
