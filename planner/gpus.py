@@ -169,10 +169,18 @@ class GPUSpec:
     """How the device's kernels allocate (see ``KernelProfile``)."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """Field -> where its number comes from."""
+    mfu: Mapping[str, float] = field(default_factory=dict)
+    """Calibrated matmul efficiency by ``matmul_dtype`` (``planner calibrate``); a dtype not in it
+    takes the throughput model's default."""
+    bandwidth_efficiency: float | None = None
+    """Calibrated fraction of ``mem_bandwidth_gbs`` memory-bound kernels reach; None: the default."""
+    calibration: str = ""
+    """The calibration these constants come from, as plans name it; "" for the catalog's defaults."""
 
     def __post_init__(self) -> None:
         assert self.name == self.name.lower(), self.name
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        object.__setattr__(self, "mfu", MappingProxyType(dict(self.mfu)))
         if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
             raise InvalidConfigError(f"GPU memory must be a positive byte count, got {self.memory_bytes!r}")
         assert self.bf16 == (self.bf16_tflops > 0), self.name
@@ -192,8 +200,18 @@ class GPUSpec:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["compute_capability"] = ".".join(map(str, self.compute_capability))
         d["sources"] = dict(self.sources)
+        d["mfu"] = dict(self.mfu)
         d["kernels"] = self.kernels.to_dict()
         return d
+
+
+def matmul_dtype(precision: Precision | str) -> str:
+    """``fp32``, ``fp16`` or ``bf16``: the peak a precision's matmuls run at (``peak_tflops``),
+    and the key of a calibrated MFU (mixed and pure 16-bit share their tensor cores)."""
+    precision = Precision(precision)
+    if precision is Precision.FP32:
+        return "fp32"
+    return "bf16" if precision.needs_bf16 else "fp16"
 
 
 def check_precision(gpu: GPUSpec, precision: Precision | str) -> None:
@@ -495,6 +513,7 @@ __all__ = [
     "GPUSpec",
     "check_precision",
     "get_gpu",
+    "matmul_dtype",
     "gpu_names",
     "list_gpus",
 ]
