@@ -74,7 +74,7 @@ def suggest(
             check_reachable(ray_address)
     request = _request(model=model, gpu=catalog_gpu(gpu), target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k)
-    planned = _plan(request, as_json=as_json)
+    planned = _plan(request, as_json=as_json, db=db)
     out = console() if not as_json else console_to_stderr()
     if not fresh and not no_save and plan_id is None:
         reused = _stored_verified(planned.result.request, db=db)
@@ -136,13 +136,17 @@ def _verify_options(*, verify_top, steps, ray_address, run_timeout):
     return VerifyOptions(top=verify_top, steps=steps, address=ray_address, timeout_s=run_timeout)
 
 
-def _plan(request, *, as_json: bool):
+def _plan(request, *, as_json: bool, db=None):
+    from planner.calibration.lookup import active_calibration
     from planner.cli._common import print_json
     from planner.errors import NothingFitsError
     from planner.planning import make_plan
 
+    calibration, note = active_calibration(request.gpu, db=db)
+    if note:
+        console_to_stderr().print(note)
     try:
-        return make_plan(request)
+        return make_plan(request, calibration=calibration)
     except NothingFitsError as exc:
         if as_json and exc.result is not None:
             # scripts get the request and every family's closest try; the error line still goes
@@ -257,6 +261,8 @@ def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: i
     out.print(f"device {format_bytes(device.memory_bytes)}, safety margin {format_bytes(result.safety_margin_bytes)}, "
               f"usable {format_bytes(result.usable_bytes)}; host RAM for offload {'not considered' if no_offload else format_bytes(host)}; "
               f"{result.searched:,} configurations searched")
+    if device.calibration:
+        out.print(f"uses {device.calibration}", markup=False)
     table = Table(title=f"top {len(result.plans)} plans")
     for col, justify in (("#", "right"), ("method", "left"), ("precision", "left"), ("optimizer", "left"), ("micro x accum", "right"),
                          ("ckpt", "left"), ("zero/offload", "left"), ("memory", "right"), ("headroom", "right"), ("tokens/s", "right"),
