@@ -65,7 +65,7 @@ def _print_outcome(out: "Console", outcome: "CalibrationOutcome") -> None:
     elif fit.allocated and not any(c.key == "cuda_context_bytes" for c in fit.constants):
         out.print(f"memory: nothing to fit on {outcome.gpu} (no CUDA context, no caching allocator)")
     if outcome.stored is not None:
-        out.print(f"stored {outcome.stored.describe()}")
+        out.print(f"stored {outcome.stored.describe()}", soft_wrap=True)
         out.print(f"plans on {outcome.gpu} now use it; 'planner calibrate --gpu {outcome.gpu} --reset' goes back to the defaults")
 
 

@@ -74,7 +74,7 @@ def suggest(
             check_reachable(ray_address)
     request = _request(model=model, gpu=catalog_gpu(gpu), target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k)
-    planned = _plan(request, as_json=as_json, db=db)
+    planned = _plan(request, as_json=as_json, db=db, say_unread=no_save)
     out = console() if not as_json else console_to_stderr()
     if not fresh and not no_save and plan_id is None:
         reused = _stored_verified(planned.result.request, db=db)
@@ -136,14 +136,16 @@ def _verify_options(*, verify_top, steps, ray_address, run_timeout):
     return VerifyOptions(top=verify_top, steps=steps, address=ray_address, timeout_s=run_timeout)
 
 
-def _plan(request, *, as_json: bool, db=None):
+def _plan(request, *, as_json: bool, db=None, say_unread: bool = True):
+    """Plan with the device's active calibration; a store that cannot be read is said on stderr
+    when ``say_unread`` (else saving the plan reports it)."""
     from planner.calibration.lookup import active_calibration
     from planner.cli._common import print_json
     from planner.errors import NothingFitsError
     from planner.planning import make_plan
 
     calibration, note = active_calibration(request.gpu, db=db)
-    if note:
+    if note and say_unread:
         console_to_stderr().print(note)
     try:
         return make_plan(request, calibration=calibration)
@@ -262,7 +264,7 @@ def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: i
               f"usable {format_bytes(result.usable_bytes)}; host RAM for offload {'not considered' if no_offload else format_bytes(host)}; "
               f"{result.searched:,} configurations searched")
     if device.calibration:
-        out.print(f"uses {device.calibration}", markup=False)
+        out.print(f"uses {device.calibration}", markup=False, soft_wrap=True)
     table = Table(title=f"top {len(result.plans)} plans")
     for col, justify in (("#", "right"), ("method", "left"), ("precision", "left"), ("optimizer", "left"), ("micro x accum", "right"),
                          ("ckpt", "left"), ("zero/offload", "left"), ("memory", "right"), ("headroom", "right"), ("tokens/s", "right"),
