@@ -302,7 +302,7 @@ HELD_BACK = [(1, 96), (2, 192), (4, 128)]
 
 
 @pytest.mark.slow
-def test_fitted_on_real_cpu_runs_it_predicts_held_back_runs_better(cli, tmp_path):
+def test_fitted_on_real_cpu_runs_it_predicts_held_back_runs_better(cli, tmp_path, capsys):
     """Seven real ``planner measure --gpu cpu`` runs of a tiny llama (about 6 s each): fit on four,
     check on the three held back (another database) that the calibrated constants predict their
     step time better than the defaults."""
@@ -333,8 +333,9 @@ def test_fitted_on_real_cpu_runs_it_predicts_held_back_runs_better(cli, tmp_path
     before = ErrorStats.of([(predict_step(s, mfu=defaults.mfu, bandwidth_efficiency=defaults.bandwidth_efficiency), s.measured_s)
                             for s in held.steps])
     after = ErrorStats.of([(predict_step(s, mfu=fitted_mfu, bandwidth_efficiency=fitted_bw), s.measured_s) for s in held.steps])
-    print(f"held back: median |error| {before.median_abs_pct:.1f}% -> {after.median_abs_pct:.1f}%, "
-          f"max {before.max_abs_pct:.1f}% -> {after.max_abs_pct:.1f}%; {calibration.describe()}")
+    with capsys.disabled():  # the numbers, for the record (pytest -s)
+        print(f"\nheld back: median |error| {before.median_abs_pct:.1f}% -> {after.median_abs_pct:.1f}%, "
+              f"max {before.max_abs_pct:.1f}% -> {after.max_abs_pct:.1f}%; {calibration.describe()}")
     assert after.median_abs_pct < before.median_abs_pct and after.max_abs_pct < before.max_abs_pct
 
     # a later plan uses it: estimate's step is the fit's prediction, and the calibration is named

@@ -255,7 +255,8 @@ def bounded_least_squares(rows: Sequence[Sequence[float]], targets: Sequence[flo
         free = [j for j, s in enumerate(states) if s is None]
         if free:
             # normal equations of the free unknowns, the fixed ones moved to the right-hand side
-            residual_targets = [t - sum(row[j] * u[j] for j in range(k) if states[j] is not None) for row, t in zip(rows, targets)]
+            fixed = [j for j in range(k) if states[j] is not None]
+            residual_targets = [t - sum(row[j] * u[j] for j in fixed) for row, t in zip(rows, targets)]
             matrix = [[sum(row[a] * row[b] for row in rows) + (pull if a == b else 0.0) for b in free] for a in free]
             rhs = [sum(row[a] * t for row, t in zip(rows, residual_targets)) + pull * prior[a] for a in free]
             solved = _solve(matrix, rhs)
@@ -326,7 +327,8 @@ def _step_constants(runs: Sequence[StepRun], defaults: CalibrationValues, min_ru
             before=errors(subset, defaults.mfu, defaults.bandwidth_efficiency),
             after=errors(subset, mfu_after, bw_after) if value is not None else None,
             at_bound=value is not None and (abs(value - lo) < 1e-9 or abs(value - hi) < 1e-9),
-            note="" if value is not None else f"needs {min_runs} runs where it is >= {MIN_SHARE:.0%} of the step, has {len(subset)}",
+            note="" if value is not None else
+            f"needs {min_runs} runs where it is >= {MIN_SHARE:.0%} of the step, has {len(subset)}",
         ))
     return tuple(out)
 
@@ -345,7 +347,8 @@ def _context_constant(runs: Sequence[MemoryRun], defaults: CalibrationValues, mi
 
     if len(samples) < min_runs:
         return ConstantFit(key=_CONTEXT, default=default, value=None, runs=len(samples), quantity="process total",
-                           before=totals(default), note=f"needs {min_runs} runs that measured the process total, has {len(samples)}")
+                           before=totals(default),
+                           note=f"needs {min_runs} runs that measured the process total, has {len(samples)}")
     median = statistics.median(s for _, s in samples)
     value = int(min(max(median, lo), hi))
     return ConstantFit(key=_CONTEXT, default=default, value=value, runs=len(samples), quantity="process total",
@@ -374,13 +377,15 @@ def fit_calibration(*, steps: Sequence[StepRun], memory: Sequence[MemoryRun], de
     def totals(ctx: int | None) -> ErrorStats | None:
         if ctx is None:
             return None
-        return ErrorStats.of([(r.predicted_reserved + r.predicted_outside + ctx, r.measured_total) for r in with_context])  # type: ignore[operator]
+        return ErrorStats.of([(r.predicted_reserved + r.predicted_outside + ctx, r.measured_total)  # type: ignore[operator]
+                              for r in with_context])
 
     return CalibrationFit(
         constants=tuple(constants),
-        step_before=ErrorStats.of([(predict_step(r, mfu=defaults.mfu, bandwidth_efficiency=defaults.bandwidth_efficiency), r.measured_s)
-                                   for r in steps]),
-        step_after=ErrorStats.of([(predict_step(r, mfu=mfu_after, bandwidth_efficiency=bw_after), r.measured_s) for r in steps]),
+        step_before=ErrorStats.of([(predict_step(r, mfu=defaults.mfu, bandwidth_efficiency=defaults.bandwidth_efficiency),
+                                    r.measured_s) for r in steps]),
+        step_after=ErrorStats.of([(predict_step(r, mfu=mfu_after, bandwidth_efficiency=bw_after), r.measured_s)
+                                  for r in steps]),
         total_before=totals(defaults.cuda_context_bytes),
         total_after=totals(context_after),
         allocated=ErrorStats.of([(r.predicted_allocated, r.measured_allocated) for r in memory]),

@@ -130,7 +130,8 @@ def apply_calibration(gpu: Any, calibration: Calibration | None) -> Any:
         changes["bandwidth_efficiency"] = values.bandwidth_efficiency
     if values.cuda_context_bytes is not None and not gpu.is_cpu:
         changes["cuda_context_bytes"] = values.cuda_context_bytes
-        sources["cuda_context_bytes"] = f"calibration #{calibration.id}: median of the measured process total less the peak reserved"
+        sources["cuda_context_bytes"] = (f"calibration #{calibration.id}: median of the measured process total "
+                                         "less the peak reserved")
     return dataclasses.replace(gpu, sources=sources, **changes)
 
 

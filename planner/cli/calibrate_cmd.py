@@ -84,8 +84,10 @@ def _reset(gpu: str, *, db: Optional[str], as_json: bool) -> None:
 
 
 def calibrate(
-    gpu: Optional[str] = typer.Option(None, "--gpu", "-g", help="Device to calibrate (cpu here); default: every device with stored runs."),
-    reset: bool = typer.Option(False, "--reset", help="Drop the device's active calibration: plans go back to the model's defaults."),
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu", "-g", help="Device to calibrate (cpu here); default: every device with stored runs."),
+    reset: bool = typer.Option(
+        False, "--reset", help="Drop the device's active calibration: plans go back to the model's defaults."),
     db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
