@@ -86,6 +86,13 @@ class UnstorableDataError(StoreError):
     """Data the store refuses to keep as it is (not plain JSON, a bad timestamp, an id too long)."""
 
 
+class NotEnoughMeasurementsError(PlannerError):
+    """``planner calibrate`` has too few stored runs to fit any constant; the message says how
+    many it needs and how to measure them."""
+
+    exit_code = 5
+
+
 class GPUDetectionError(UnknownGPUError):
     """``--gpu auto`` found no GPU it can plan for (no driver, no device, several models, or one
     the catalog does not hold)."""

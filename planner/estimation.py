@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from planner.calibration import Calibration
     from planner.config import TrainConfig
     from planner.gpus import GPUSpec
     from planner.modelspec import ModelSpec
@@ -23,13 +24,16 @@ CONFIG_OPTIONS = ("method", "precision", "optimizer", "micro_batch", "grad_accum
                   "fused_ce", "packing", "use_cache")
 
 
-def resolve(*, model: str, gpu: str, gpu_mem_bytes: int | None = None) -> "tuple[ModelSpec, GPUSpec]":
-    """The model (catalog id, config path or HF cache id) and the device (catalog name)."""
+def resolve(*, model: str, gpu: str, gpu_mem_bytes: int | None = None,
+            calibration: "Calibration | None" = None) -> "tuple[ModelSpec, GPUSpec]":
+    """The model (catalog id, config path or HF cache id) and the device (catalog name), with the
+    device's ``calibration`` (``planner calibrate``) applied when one is given."""
+    from planner.calibration import apply_calibration
     from planner.catalog import resolve_model
     from planner.gpus import get_gpu
 
     spec = resolve_model(model)
-    return spec, get_gpu(gpu, memory_bytes=gpu_mem_bytes)
+    return spec, apply_calibration(get_gpu(gpu, memory_bytes=gpu_mem_bytes), calibration)
 
 
 def default_seq_len(spec: "ModelSpec") -> int:

@@ -193,10 +193,18 @@ class GPUSpec:
     nodes: tuple[HostNode, ...] = ()
     """Standard machines with this GPU, fewest GPUs first (empty: none is standard, and offload
     plans need --cpu-mem)."""
+    mfu: Mapping[str, float] = field(default_factory=dict)
+    """Calibrated matmul efficiency by ``matmul_dtype`` (``planner calibrate``); a dtype not in it
+    takes the throughput model's default."""
+    bandwidth_efficiency: float | None = None
+    """Calibrated fraction of ``mem_bandwidth_gbs`` memory-bound kernels reach; None: the default."""
+    calibration: str = ""
+    """The calibration these constants come from, as plans name it; "" for the catalog's defaults."""
 
     def __post_init__(self) -> None:
         assert self.name == self.name.lower(), self.name
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        object.__setattr__(self, "mfu", MappingProxyType(dict(self.mfu)))
         if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
             raise InvalidConfigError(f"GPU memory must be a positive byte count, got {self.memory_bytes!r}")
         assert self.bf16 == (self.bf16_tflops > 0), self.name
@@ -216,6 +224,7 @@ class GPUSpec:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["compute_capability"] = ".".join(map(str, self.compute_capability))
         d["sources"] = dict(self.sources)
+        d["mfu"] = dict(self.mfu)
         d["kernels"] = self.kernels.to_dict()
         d["nodes"] = [dataclasses.asdict(n) for n in self.nodes]
         return d
@@ -225,6 +234,15 @@ def standard_node(gpu: GPUSpec, gpus: int) -> HostNode | None:
     """The smallest standard machine that holds ``gpus`` of this GPU, or None where the catalog
     knows none (then the host RAM for offload must be given: --cpu-mem)."""
     return min((n for n in gpu.nodes if n.gpus >= gpus), key=lambda n: (n.gpus, n.ram_bytes), default=None)
+
+
+def matmul_dtype(precision: Precision | str) -> str:
+    """``fp32``, ``fp16`` or ``bf16``: the peak a precision's matmuls run at (``peak_tflops``),
+    and the key of a calibrated MFU (mixed and pure 16-bit share their tensor cores)."""
+    precision = Precision(precision)
+    if precision is Precision.FP32:
+        return "fp32"
+    return "bf16" if precision.needs_bf16 else "fp16"
 
 
 def check_precision(gpu: GPUSpec, precision: Precision | str) -> None:
@@ -552,6 +570,7 @@ __all__ = [
     "HostNode",
     "check_precision",
     "get_gpu",
+    "matmul_dtype",
     "gpu_names",
     "list_gpus",
     "physical_ram_bytes",

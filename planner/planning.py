@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
+    from planner.calibration import Calibration
     from planner.gpus import GPUSpec
     from planner.modelspec import ModelSpec
     from planner.results import PlanResult
@@ -115,10 +116,13 @@ class Planned:
     """True when the sequence length was not given and the default was used."""
 
 
-def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None) -> Planned:
+def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
+              calibration: "Calibration | None" = None) -> Planned:
     """Resolve, validate and search. ``spec`` replaces resolving ``request.model`` (a config sent
-    inline over HTTP). Raises ``PlannerError``s for bad input and ``NothingFitsError`` (with the
-    closest tries) when nothing fits."""
+    inline over HTTP); ``calibration``: the device's active one (``planner calibrate``), which the
+    plans use and name in their assumptions. Raises ``PlannerError``s for bad input and
+    ``NothingFitsError`` (with the closest tries) when nothing fits."""
+    from planner.calibration import apply_calibration
     from planner.catalog import fingerprint
     from planner.config import Method, Precision
     from planner.errors import InvalidConfigError
@@ -131,6 +135,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None) -> Pl
         spec, device = resolve(model=request.model, gpu=request.gpu, gpu_mem_bytes=request.gpu_mem_bytes)
     else:
         device = get_gpu(request.gpu, memory_bytes=request.gpu_mem_bytes)
+    device = apply_calibration(device, calibration)
     if request.method != AUTO and request.method not in {m.value for m in Method}:
         raise InvalidConfigError(f"--method must be one of auto|{'|'.join(m.value for m in Method)}, got {request.method!r}")
     if request.precision != AUTO and request.precision not in {p.value for p in Precision}:

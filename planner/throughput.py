@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from planner.config import Method, Offload, Precision, TrainConfig
 from planner.errors import InvalidConfigError
-from planner.gpus import GPUSpec, check_precision
+from planner.gpus import GPUSpec, check_precision, matmul_dtype
 from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES
 from planner.memory.optimizers import OPTIMIZERS
 from planner.memory.parameters import lora_targets, trainable_params
@@ -226,10 +226,20 @@ def _dequant_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
 
 
 def default_utilization(*, gpu: GPUSpec, precision: Precision | str) -> float:
-    """The stated MFU for a device and precision (see the constants above)."""
+    """The MFU for a device and precision: the device's calibrated one (``planner calibrate``,
+    ``GPUSpec.mfu``) where it has one, else the stated constants above."""
+    calibrated = gpu.mfu.get(matmul_dtype(precision))
+    if calibrated is not None:
+        return calibrated
     if gpu.is_cpu:
         return MFU_CPU
     return MFU_FP32 if Precision(precision) is Precision.FP32 else MFU_TENSOR_CORES
+
+
+def bandwidth_efficiency(gpu: GPUSpec) -> float:
+    """Fraction of the datasheet bandwidth memory-bound kernels reach: the device's calibrated
+    one where it has one, else ``MEMORY_BANDWIDTH_EFFICIENCY``."""
+    return MEMORY_BANDWIDTH_EFFICIENCY if gpu.bandwidth_efficiency is None else gpu.bandwidth_efficiency
 
 
 def _utilization(gpu: GPUSpec, precision: Precision, utilization: float | None) -> float:
@@ -247,7 +257,7 @@ def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utili
     tokens_per_device = config.micro_batch * config.seq_len * config.grad_accum
     flops = flops_per_token(model=model, config=config)
     flop_rate = gpu.peak_tflops(config.precision) * 1e12 * utilization
-    device_bw = gpu.mem_bandwidth_gbs * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY
+    device_bw = gpu.mem_bandwidth_gbs * 1e9 * bandwidth_efficiency(gpu)
 
     trainable = trainable_params(model, config)
     if config.offload is not Offload.NONE:
@@ -275,6 +285,14 @@ def tokens_per_second(config: TrainConfig, step_s: float) -> float:
     return config.global_batch * config.seq_len / step_s
 
 
+def _mfu_source(gpu: GPUSpec, precision: Precision, *, given: bool) -> str:
+    if given:
+        return "given"
+    if matmul_dtype(precision) in gpu.mfu:
+        return "calibrated"
+    return "default; planner calibrate fits it from measurements"
+
+
 def estimate_throughput(
     *, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None
 ) -> ThroughputEstimate:
@@ -289,12 +307,13 @@ def estimate_throughput(
 
     assumptions = [
         f"matmuls at {utilization:.0%} of {gpu.display_name}'s {gpu.peak_tflops(config.precision):g} "
-        f"TFLOP/s {config.precision} peak (MFU {'given' if utilization_given else 'default'}; calibrate with a measurement)",
+        f"TFLOP/s {config.precision} peak (MFU {_mfu_source(gpu, config.precision, given=utilization_given)})",
         "parts add up with no overlap of compute, communication and copies (conservative)",
         "causal attention counted as the full T x T product (not halved)",
     ]
     if breakdown["dequant"] or not offloaded:
-        assumptions.append(f"memory-bound kernels at {MEMORY_BANDWIDTH_EFFICIENCY:.0%} of {gpu.mem_bandwidth_gbs:g} GB/s")
+        assumptions.append(f"memory-bound kernels at {bandwidth_efficiency(gpu):.0%} of {gpu.mem_bandwidth_gbs:g} GB/s"
+                           + (" (calibrated)" if gpu.bandwidth_efficiency is not None else ""))
     if config.gpus > 1:
         assumptions.append(
             f"collectives over {gpu.interconnect} at {gpu.interconnect_gbs:g} GB/s per direction, ring algorithm"
@@ -304,6 +323,8 @@ def estimate_throughput(
             f"CPU Adam at {HOST_DRAM_GBS_PER_RANK if not gpu.is_cpu else gpu.mem_bandwidth_gbs:g} GB/s of host "
             f"DRAM per rank; copies over {gpu.host_link_gbs:g} GB/s host link"
         )
+    if gpu.calibration:
+        assumptions.append(gpu.calibration)
     tokens_per_device = config.micro_batch * config.seq_len * config.grad_accum
     return ThroughputEstimate(
         step_s=step_s,
@@ -316,6 +337,7 @@ def estimate_throughput(
 
 __all__ = [
     "FlopsPerToken",
+    "bandwidth_efficiency",
     "comm_bytes_per_step",
     "default_utilization",
     "estimate_throughput",

@@ -151,7 +151,7 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
     emit = {"--emit": st.sampled_from(files.emit_dirs()), "--force": None,
             "--dataset": st.one_of(st.sampled_from(["data.jsonl", "wikitext"]), _ODD_TEXT)}
     grammar: dict[str, dict[str, st.SearchStrategy[str] | None]] = {
-        "estimate": {**shared, **config},
+        "estimate": {**shared, **config, **db},
         # --gpus is never 1, so measure refuses before it trains (see measure_never_trains)
         "measure": {**shared, **config, **db, "--gpus": st.integers().filter(lambda n: n != 1).map(str),
                     "--steps": _ints((2, 5)), "--timeout": _FLOATS, "--no-save": None},
@@ -170,6 +170,7 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
         "show": {**db, "--json": None},
         "db upgrade": {**db},
         "db current": {**db},
+        "calibrate": {**db, "--gpu": _GPUS, "--reset": None, "--json": None},
     }
     verify = {"--verify-top": _ints((1, 5)), "--steps": _ints((2, 5)), "--run-timeout": _FLOATS}
     job_api = {"--address": st.sampled_from(files.job_api_addresses())}
@@ -190,7 +191,7 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
 
 
 COMMANDS = ("estimate", "measure", "suggest", "submit", "models", "gpus", "history", "show", "emit", "serve", "jobs list",
-            "jobs status", "jobs logs", "jobs stop", "db upgrade", "db current")
+            "jobs status", "jobs logs", "jobs stop", "db upgrade", "db current", "calibrate")
 #: options given whenever a command runs, whatever else is drawn: measure with a --gpus it refuses
 #: before training; every command that could reach Ray or its job API with the closed port
 ALWAYS = {"measure": ["--gpus"], "serve": ["--port"], "submit": ["--address"], "jobs list": ["--address"], "jobs status": ["--address"],

@@ -14,7 +14,7 @@ from planner.store import upgrade_database
 from planner.store.dbmodels import VERSION_TABLE, Base
 from planner.store.schema import HEAD_REVISION, alembic_config, head_revision, migrations_dir
 
-MODEL_TABLES = {"plan_requests", "plan_candidates", "plan_measurements"}
+MODEL_TABLES = {"plan_requests", "plan_candidates", "plan_measurements", "calibrations"}
 
 
 def _drift(engine) -> list:
@@ -31,7 +31,7 @@ def test_upgrade_yields_the_models_then_down_and_up_again(db_url):
     engine = create_engine(db_url)
     try:
         assert _tables(engine) == set()
-        assert upgrade_database(url=db_url) == (None, "0002")
+        assert upgrade_database(url=db_url) == (None, "0003")
         assert _tables(engine) == MODEL_TABLES | {VERSION_TABLE}
         assert _drift(engine) == []
         # the indexes the history and reuse queries rely on exist
@@ -44,7 +44,7 @@ def test_upgrade_yields_the_models_then_down_and_up_again(db_url):
         with engine.connect() as conn:
             assert MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_heads() == ()
 
-        assert upgrade_database(url=db_url) == (None, "0002")
+        assert upgrade_database(url=db_url) == (None, "0003")
         assert _drift(engine) == []
     finally:
         engine.dispose()
@@ -65,9 +65,10 @@ def test_drift_check_sees_a_difference(sqlite_url):
 
 def test_one_linear_history_and_the_ini_matches():
     script = ScriptDirectory.from_config(alembic_config(url="sqlite://"))
-    assert script.get_heads() == ["0002"] == [head_revision()]
+    assert script.get_heads() == ["0003"] == [head_revision()]
     # the constant the fast "already at head" check compares with must follow new migrations
     assert HEAD_REVISION == head_revision()
+    assert script.get_revision("0003").down_revision == "0002"
     assert script.get_revision("0002").down_revision == "0001"
     assert script.get_revision("0001").down_revision is None
     ini = (migrations_dir().parent / "alembic.ini").read_text()
@@ -100,7 +101,7 @@ def test_a_plan_stored_at_0001_survives_the_upgrade_to_0002(db_url):
                 "rejected, searched, usable_bytes, safety_margin_bytes) VALUES ('ab0cd', "
                 "'2026-11-20 10:00:00', 'gpt2', 'f', 'a10g', 1, 1, 8, 1024, '{}', 'h', '0.1.0', 'planned', '[]', "
                 "3, 1, 1)"))
-        assert upgrade_database(url=db_url) == ("0001", "0002")
+        assert upgrade_database(url=db_url) == ("0001", "0003")
         assert _drift(engine) == []
         with open_store(url=db_url) as store:
             plan = store.get_plan(plan_id="ab0cd")

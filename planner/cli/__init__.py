@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "planner.cli.store",
     "planner.cli.emit_cmd",
     "planner.cli.serve_cmd",
+    "planner.cli.calibrate_cmd",
 )
 
 

@@ -42,14 +42,21 @@ _USE_CACHE = typer.Option(False, "--use-cache/--no-use-cache", help="transformer
 _TIMELINE = typer.Option(None, "--timeline", help="Write a picture of memory over one step: a .svg, .png or .html file.")
 
 
-def _resolve(model: str, gpu: str, gpu_mem: Optional[str]):
-    from planner.cli._common import catalog_gpu
+def _resolve(model: str, gpu: str, gpu_mem: Optional[str], db: Optional[str]):
+    """The model and the device, with the device's active calibration (``planner calibrate``)."""
+    from planner.calibration import apply_calibration
+    from planner.calibration.lookup import active_calibration
+    from planner.cli._common import catalog_gpu, console_to_stderr
     from planner.estimation import resolve
     from planner.units import parse_bytes
 
     gpu = catalog_gpu(gpu)
     memory = parse_bytes(gpu_mem, option="--gpu-mem") if gpu_mem is not None else None
-    return resolve(model=model, gpu=gpu, gpu_mem_bytes=memory)
+    spec, device = resolve(model=model, gpu=gpu, gpu_mem_bytes=memory)  # bad input fails before the store is read
+    calibration, note = active_calibration(device.name, db=db)
+    if note:
+        console_to_stderr().print(note)
+    return spec, apply_calibration(device, calibration)
 
 
 def _config_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -159,6 +166,7 @@ def estimate(
     alloc_conf: Optional[str] = _ALLOC_CONF, lora_dropout: float = _LORA_DROPOUT, loop: str = _LOOP,
     fused_ce: bool = _FUSED_CE, packing: bool = _PACKING, use_cache: bool = _USE_CACHE,
     timeline: Optional[str] = _TIMELINE, as_json: bool = _JSON,
+    db: Optional[str] = typer.Option(None, "--db", help="Database URL to read the device's calibration from (default: PLANNER_DATABASE_URL or the local SQLite file)."),
 ) -> None:
     """Predict memory and speed of ONE fully specified training configuration (exit 3 when it does not fit)."""
     from planner.cli._common import console, print_json
@@ -168,7 +176,7 @@ def estimate(
         from planner.plot import check_path
 
         check_path(timeline)
-    spec, device = _resolve(model, gpu, gpu_mem)
+    spec, device = _resolve(model, gpu, gpu_mem, db)
     data, memory = estimate_configuration(spec=spec, gpu=device, seq_len=seq_len, **_config_options(locals()))
     config = build_config(spec, device, seq_len=seq_len, **_config_options(locals()))
     if timeline is not None:
@@ -213,7 +221,7 @@ def measure(
         from planner.plot import check_path
 
         check_path(timeline)
-    spec, device = _resolve(model, gpu, gpu_mem)
+    spec, device = _resolve(model, gpu, gpu_mem, db)
     if gpus != 1:
         raise InvalidConfigError("planner measure runs on one device: use --gpus 1 (ZeRO runs as one rank)")
     config = build_config(spec, device, seq_len=seq_len, **_config_options(locals()))

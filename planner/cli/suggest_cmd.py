@@ -85,7 +85,7 @@ def suggest(
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k,
                        prefer=prefer, local_node=gpu.strip().lower() == "auto",
                        recipe=dict(lora_dropout=lora_dropout, loop=loop, fused_ce=fused_ce, packing=packing, use_cache=use_cache))
-    planned = _plan(request, as_json=as_json)
+    planned = _plan(request, as_json=as_json, db=db, say_unread=no_save)
     out = console() if not as_json else console_to_stderr()
     if not fresh and not no_save and plan_id is None:
         reused = _stored_verified(planned.result.request, db=db)
@@ -150,13 +150,19 @@ def _verify_options(*, verify_top, steps, ray_address, run_timeout):
     return VerifyOptions(top=verify_top, steps=steps, address=ray_address, timeout_s=run_timeout)
 
 
-def _plan(request, *, as_json: bool):
+def _plan(request, *, as_json: bool, db=None, say_unread: bool = True):
+    """Plan with the device's active calibration; a store that cannot be read is said on stderr
+    when ``say_unread`` (else saving the plan reports it)."""
+    from planner.calibration.lookup import active_calibration
     from planner.cli._common import print_json
     from planner.errors import NothingFitsError
     from planner.planning import make_plan
 
+    calibration, note = active_calibration(request.gpu, db=db)
+    if note and say_unread:
+        console_to_stderr().print(note)
     try:
-        return make_plan(request)
+        return make_plan(request, calibration=calibration)
     except NothingFitsError as exc:
         if as_json and exc.result is not None:
             # scripts get the request and every family's closest try; the error line still goes
@@ -285,6 +291,8 @@ def _print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: i
               f"usable {format_bytes(result.usable_bytes)}; "
               f"{_host_line(host=host, host_source=host_source, no_offload=no_offload, gpus=req.gpu_count)}; "
               f"{result.searched:,} configurations searched")
+    if device.calibration:
+        out.print(f"uses {device.calibration}", markup=False, soft_wrap=True)
     table = Table(title=f"top {len(result.plans)} plans, ranked by {result.prefer or 'fidelity'}"
                   + (" (the most faithful method first)" if (result.prefer or "fidelity") == "fidelity" else " (the fastest first)"))
     for col, justify in (("#", "right"), ("method", "left"), ("precision", "left"), ("optimizer", "left"), ("micro x accum", "right"),

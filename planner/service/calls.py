@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from planner.errors import InvalidConfigError, UnknownModelError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from planner.calibration import Calibration
     from planner.modelspec import ModelSpec
     from planner.planning import Planned, SuggestRequest
     from planner.service.schemas import EstimateBody, ModelChoice, PlanBody, Size
@@ -64,25 +65,27 @@ def suggest_request(body: "PlanBody") -> "SuggestRequest":
     )
 
 
-def make_plan(body: "PlanBody") -> "Planned":
-    """``planner suggest``'s search (``NothingFitsError`` carries the closest tries)."""
+def make_plan(body: "PlanBody", *, calibration: "Calibration | None" = None) -> "Planned":
+    """``planner suggest``'s search (``NothingFitsError`` carries the closest tries), with the
+    device's active calibration."""
     from planner.planning import make_plan as plan
 
     spec = inline_spec(body)
-    return plan(suggest_request(body), spec=spec)
+    return plan(suggest_request(body), spec=spec, calibration=calibration)
 
 
-def estimate(body: "EstimateBody") -> dict[str, Any]:
-    """``planner estimate --json`` of one configuration."""
+def estimate(body: "EstimateBody", *, calibration: "Calibration | None" = None) -> dict[str, Any]:
+    """``planner estimate --json`` of one configuration, with the device's active calibration."""
+    from planner.calibration import apply_calibration
     from planner.estimation import CONFIG_OPTIONS, estimate_configuration, resolve
     from planner.gpus import get_gpu
 
     gpu_mem = size_bytes(body.gpu_mem, field="gpu_mem")
     spec = inline_spec(body)
     if spec is None:
-        spec, device = resolve(model=body.model, gpu=body.gpu, gpu_mem_bytes=gpu_mem)
+        spec, device = resolve(model=body.model, gpu=body.gpu, gpu_mem_bytes=gpu_mem, calibration=calibration)
     else:
-        device = get_gpu(body.gpu, memory_bytes=gpu_mem)
+        device = apply_calibration(get_gpu(body.gpu, memory_bytes=gpu_mem), calibration)
     options = {name: getattr(body, name) for name in CONFIG_OPTIONS}
     data, _memory = estimate_configuration(spec=spec, gpu=device, seq_len=body.seq_len, **options)
     return data

@@ -43,6 +43,18 @@ def _holder(request: Request) -> StoreHolder:
     return request.app.state.holder
 
 
+def _calibration(request: Request, gpu: str) -> Any:
+    """The device's active calibration (``planner calibrate``); None when the store cannot say
+    (a plan never fails for want of one)."""
+    from planner.calibration.lookup import calibration_in
+    from planner.errors import StoreError
+
+    try:
+        return calibration_in(_holder(request).get(), gpu)
+    except StoreError:
+        return None
+
+
 @router.post("/v1/plans", status_code=201, tags=["plans"], dependencies=[Security(bearer)],
              responses={**_WRITE_ERRORS, 200: {"description": "The stored verified plan of this same request."},
                         202: {"description": "With verify: the plan id and the Ray job id."},
@@ -57,7 +69,7 @@ def create_plan(body: PlanBody, request: Request) -> Any:
     arrive."""
     if body.verify:
         calls.check_verifiable(body)
-    planned = calls.make_plan(body)
+    planned = calls.make_plan(body, calibration=_calibration(request, body.gpu))
     store = _holder(request).get()
     stored = None if body.fresh else calls.stored_verified(store, planned)
     if stored is not None:
@@ -116,9 +128,10 @@ def get_plan(request: Request, plan_id: str = _PLAN_ID) -> dict[str, Any]:
 
 
 @router.post("/v1/estimate", tags=["estimate"], dependencies=[Security(bearer)], responses=_WRITE_ERRORS)
-def estimate(body: EstimateBody) -> dict[str, Any]:
-    """Memory and speed of one configuration (``planner estimate --json``); stores nothing."""
-    return calls.estimate(body)
+def estimate(body: EstimateBody, request: Request) -> dict[str, Any]:
+    """Memory and speed of one configuration (``planner estimate --json``), with the device's
+    calibration; stores nothing."""
+    return calls.estimate(body, calibration=_calibration(request, body.gpu))
 
 
 @router.get("/v1/gpus", tags=["catalog"])

@@ -22,6 +22,7 @@ from planner.store.api import (
 )
 from planner.store.engine import default_database_url
 from planner.store.entities import (
+    MeasuredRun,
     PlanStatus,
     PlanSummary,
     StoredCandidate,
@@ -31,6 +32,7 @@ from planner.store.entities import (
 )
 
 __all__ = [
+    "MeasuredRun",
     "PlanStatus",
     "PlanSummary",
     "Store",

@@ -26,6 +26,7 @@ from planner.store.dbmodels import (
     MEASUREMENT_FIELDS,
     REQUEST_FIELDS,
     Base,
+    CalibrationRow,
     CandidateRow,
     MeasurementRow,
     PlanRequestRow,
@@ -40,9 +41,10 @@ from planner.store.engine import (
     retry_locked,
     safe_url,
 )
-from planner.store.entities import PlanStatus, PlanSummary, StoredPlan, parse_status
+from planner.store.entities import MeasuredRun, PlanStatus, PlanSummary, StoredPlan, parse_status
 
 if TYPE_CHECKING:  # pragma: no cover
+    from planner.calibration import Calibration, CalibrationValues
     from planner.store.schema import SchemaState
 
 T = TypeVar("T")
@@ -457,6 +459,94 @@ class Store:
             ]
 
         return self._run(work, write=False)
+
+    # ---- calibration -----------------------------------------------------------------------
+    def measured_runs(self, *, gpu: str) -> list[MeasuredRun]:
+        """Every stored run that ended ``ok`` on ``gpu`` (the stored request's GPU, any case),
+        oldest first, with the configuration it ran."""
+        c, m, r = CandidateRow, MeasurementRow, PlanRequestRow
+        query = (
+            select(m, c, r).join(c, m.candidate_id == c.id).join(r, c.plan_id == r.id)
+            .where(func.lower(r.gpu) == gpu.lower(), m.outcome == "ok")
+            .order_by(m.recorded_at, m.id)
+        )
+
+        def work(session: Session) -> list[MeasuredRun]:
+            return [
+                MeasuredRun(plan_id=req.id, request=req.request_entity(), candidate=cand.candidate_entity(),
+                            measurement=meas.to_entity())
+                for meas, cand, req in session.execute(query).all()
+            ]
+
+        return self._run(work, write=False)
+
+    def measured_gpus(self) -> dict[str, int]:
+        """GPU name -> number of ``ok`` runs stored for it."""
+        c, m, r = CandidateRow, MeasurementRow, PlanRequestRow
+        query = (
+            select(r.gpu, func.count()).select_from(m).join(c, m.candidate_id == c.id).join(r, c.plan_id == r.id)
+            .where(m.outcome == "ok").group_by(r.gpu).order_by(r.gpu)
+        )
+        return self._run(lambda session: {gpu: n for gpu, n in session.execute(query).all()}, write=False)
+
+    def save_calibration(
+        self, *, gpu: str, values: "CalibrationValues", defaults: "CalibrationValues", report: Mapping[str, Any],
+        measurement_ids: list[str], planner_version: str = "",
+    ) -> "Calibration":
+        """Store a calibration of ``gpu`` as its active one (the previous one stays, inactive)."""
+        row = CalibrationRow(
+            gpu=gpu, created_at=utcnow(), active=True, dropped_at=None, measurements=len(measurement_ids),
+            constants=canonical_json(values.to_dict(), what="the calibration"),
+            defaults=canonical_json(defaults.to_dict(), what="the calibration's defaults"),
+            report=canonical_json(dict(report), what="the calibration's report"),
+            measurement_ids=list(measurement_ids), planner_version=planner_version[:32],
+        )
+
+        def work(session: Session) -> "Calibration":
+            self._drop_active(session, gpu)
+            session.add(row)
+            session.flush()
+            return row.to_entity()
+
+        return self._run(work, write=True)
+
+    @staticmethod
+    def _drop_active(session: Session, gpu: str) -> list[CalibrationRow]:
+        rows = session.scalars(select(CalibrationRow).where(CalibrationRow.gpu == gpu, CalibrationRow.active.is_(True))).all()
+        now = utcnow()
+        for old in rows:
+            old.active, old.dropped_at = False, now
+        session.flush()
+        return list(rows)
+
+    def active_calibration(self, *, gpu: str) -> "Calibration | None":
+        """The calibration plans on ``gpu`` use, or None (the model's defaults)."""
+        k = CalibrationRow
+        query = select(k).where(k.gpu == gpu, k.active.is_(True)).order_by(k.id.desc()).limit(1)
+
+        def work(session: Session) -> "Calibration | None":
+            row = session.scalars(query).first()
+            return None if row is None else row.to_entity()
+
+        return self._run(work, write=False)
+
+    def reset_calibration(self, *, gpu: str) -> "Calibration | None":
+        """Drop ``gpu``'s active calibration (plans go back to the defaults); returns the dropped
+        one as it was, or None when there was none."""
+
+        def work(session: Session) -> "Calibration | None":
+            dropped = self._drop_active(session, gpu)
+            return max((row.to_entity() for row in dropped), key=lambda c: c.id, default=None)
+
+        return self._run(work, write=True)
+
+    def calibrations(self, *, gpu: str | None = None) -> list["Calibration"]:
+        """Every calibration (of ``gpu``), newest first, active or not."""
+        k = CalibrationRow
+        query = select(k).order_by(k.id.desc())
+        if gpu:
+            query = query.where(k.gpu == gpu)
+        return self._run(lambda session: [row.to_entity() for row in session.scalars(query).all()], write=False)
 
     def count_plans(self) -> int:
         """Number of stored plan requests (of every status)."""

@@ -31,6 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from planner.calibration.values import Calibration, CalibrationValues
 from planner.config import TrainConfig
 from planner.limits import MODEL_ID_MAX_CHARS
 from planner.results import (
@@ -280,7 +281,45 @@ class MeasurementRow(Base):
         )
 
 
+class CalibrationRow(Base):
+    """One ``planner calibrate`` fit of one device: the constants, their defaults and the errors
+    before and after. The newest active row of a GPU is what plans use; ``--reset`` and a newer
+    calibration deactivate it, so every version stays readable."""
+
+    __tablename__ = "calibrations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    """The calibration's number (#3), increasing across devices."""
+    gpu: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    active: Mapped[bool] = mapped_column(Boolean)
+    dropped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    measurements: Mapped[int] = mapped_column(Integer)
+    constants: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """``CalibrationValues.to_dict()``: the fitted constants."""
+    defaults: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """The model's defaults of the same constants."""
+    report: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """``CalibrationFit.to_dict()``: errors before and after, per constant."""
+    measurement_ids: Mapped[list[str]] = mapped_column(JSON)
+    planner_version: Mapped[str] = mapped_column(String(32))
+
+    __table_args__ = (
+        # the active calibration of a device: its newest active row
+        Index("ix_calibrations_gpu_active", "gpu", "active", "id"),
+    )
+
+    def to_entity(self) -> Calibration:
+        return Calibration(
+            id=self.id, gpu=self.gpu, created_at=self.created_at, active=self.active, dropped_at=self.dropped_at,
+            measurements=self.measurements, values=CalibrationValues.from_dict(self.constants),
+            defaults=CalibrationValues.from_dict(self.defaults), report=dict(self.report),
+            measurement_ids=tuple(self.measurement_ids), planner_version=self.planner_version,
+        )
+
+
 __all__ = [
+    "CalibrationRow",
     "MEASUREMENT_FIELDS",
     "REQUEST_FIELDS",
     "copy_fields",

@@ -100,6 +100,17 @@ class StoredCandidate:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MeasuredRun:
+    """A stored run with the request and the configuration it ran (``planner calibrate`` fits on these)."""
+
+    plan_id: str
+    request: PlanRequest
+    candidate: Candidate
+    """The configuration run, with the prediction made when it was stored."""
+    measurement: StoredMeasurement
+
+
+@dataclass(frozen=True, kw_only=True)
 class StoredPlan:
     """A stored ``planner suggest`` answer (or a ``planner measure`` record) with everything measured since."""
 
@@ -194,6 +205,7 @@ class PlanSummary:
 
 
 __all__ = [
+    "MeasuredRun",
     "PlanStatus",
     "PlanSummary",
     "StoredCandidate",

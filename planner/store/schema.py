@@ -26,7 +26,7 @@ BASE = "base"
 #: The newest revision in migrations/versions (tests/test_migrations.py checks it is Alembic's
 #: head). It lets the common case, a database already at head, be confirmed with one SELECT and
 #: without importing Alembic and parsing the migration scripts (~0.15 s of a cold CLI start).
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 #: Key of PostgreSQL's advisory lock that serialises schema creation between processes.
 _PG_MIGRATION_LOCK = "oom-planner-migrations"
 

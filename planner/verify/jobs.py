@@ -126,7 +126,9 @@ def submit_verification(*, request: "SuggestRequest", address: str, database_url
 
     VerifyOptions(top=verify_top, steps=steps, timeout_s=run_timeout_s)  # validate before anything runs
     address = job_address(address)
-    planned = make_plan(request)
+    from planner.calibration.lookup import active_calibration
+
+    planned = make_plan(request, calibration=active_calibration(request.gpu, db=database_url)[0])
     # what this machine defaulted (host RAM for offload; the cpu profile's memory) is pinned, so
     # the job's driver, on another machine, makes the very same request
     request = replace(request, cpu_mem_bytes=planned.host_bytes,

@@ -1,0 +1,52 @@
+"""The active calibration of a device, for the commands and the API that plan.
+
+A plan goes on without a calibration when the store cannot say (a database behind this
+planner's schema has no calibrations; an unreachable one is reported in one note): calibrating
+is an improvement, never a reason a plan fails.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.calibration.values import Calibration
+    from planner.store import Store
+
+
+def catalog_name(gpu: str) -> str | None:
+    """The catalog name of ``gpu`` as typed (``A10G`` -> ``a10g``), None when it names none."""
+    from planner.errors import UnknownGPUError
+    from planner.gpus import get_gpu
+
+    try:
+        return get_gpu(gpu).name
+    except UnknownGPUError:
+        return None
+
+
+def calibration_in(store: "Store", gpu: str) -> "Calibration | None":
+    """``gpu``'s active calibration in an open store."""
+    name = catalog_name(gpu)
+    return store.active_calibration(gpu=name) if name else None
+
+
+def active_calibration(gpu: str, *, db: str | None) -> "tuple[Calibration | None, str | None]":
+    """(``gpu``'s active calibration in the store at ``db``, a note to print when the store
+    could not be read). Never creates the database."""
+    from planner.errors import SchemaOutOfDateError, StoreError
+    from planner.store import open_store
+
+    name = catalog_name(gpu)
+    if name is None:
+        return None, None  # the plan reports the unknown GPU itself
+    try:
+        with open_store(url=db, create=False) as store:
+            return store.active_calibration(gpu=name), None
+    except SchemaOutOfDateError:
+        return None, None  # a new or older database: nothing calibrated in it
+    except StoreError as exc:
+        return None, f"note: calibration not checked, the model's defaults are used: {exc}"
+
+
+__all__ = ["active_calibration", "calibration_in", "catalog_name"]
