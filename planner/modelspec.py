@@ -8,6 +8,7 @@ LoRA can be sized from the same linear layers peft would wrap.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from dataclasses import dataclass, field
@@ -157,6 +158,14 @@ class ModelSpec:
         encoder-only model, the encoder's and the decoder's of an encoder-decoder."""
         out = ((self.num_layers, self.layer_linears),)
         return out + ((self.decoder_layers, self.decoder_linears),) if self.decoder_layers else out
+
+    @functools.cached_property
+    def decoder_view(self) -> "ModelSpec":
+        """An encoder-decoder seen from its decoder stack: a decoder block's linears and norms in
+        the fields that describe a block (``num_layers``, ``layer_linears``, ``layer_norm_params``)."""
+        return dataclasses.replace(self, num_layers=self.decoder_layers, layer_linears=self.decoder_linears,
+                                   layer_norm_params=self.decoder_norm_params, decoder_layers=0, decoder_linears=(),
+                                   decoder_norm_params=0)
 
     @functools.cached_property
     def block_linear_params(self) -> int:
