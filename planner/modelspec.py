@@ -8,6 +8,7 @@ LoRA can be sized from the same linear layers peft would wrap.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ class LinearKind(enum.StrEnum):
     MLP_IN = "mlp_in"  # up/gate/fc1 (fused gate_up included)
     MLP_OUT = "mlp_out"  # down/fc2
     ROUTER = "router"  # MoE gate
+    CROSS_ATTN_IN = "cross_attn_in"  # encoder-decoder: cross-attention q (decoder side), k/v (encoder output)
+    CROSS_ATTN_OUT = "cross_attn_out"  # encoder-decoder: cross-attention output projection
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +97,7 @@ class ModelSpec:
     parallel_block: bool = False
     """Attention and MLP read the same normed input (falcon, phi, gpt_neox with parallel residual)."""
     position: str = "rope"
-    """``rope``, ``learned``, ``alibi`` (bloom) or ``none``."""
+    """``rope``, ``learned``, ``alibi`` (bloom), ``relative`` (T5's bucketed bias) or ``none``."""
     eager_softmax: str = "fp32"
     """How the eager attention computes its probabilities (transformers' modeling files):
     ``fp32`` softmax(dtype=float32) cast back to q's dtype (llama family, phi, opt, gpt_neox,
@@ -113,6 +116,19 @@ class ModelSpec:
     experts_per_token: int = 0
     sliding_window: int | None = None
 
+    # ---- encoder-decoder models (T5): the fields above describe the encoder stack -------------
+    decoder_layers: int = 0
+    """Blocks of the decoder stack; 0 for a decoder-only or encoder-only model. When > 0,
+    ``num_layers``, ``layer_linears``, ``layer_norm_params`` describe the ENCODER's blocks."""
+    decoder_linears: tuple[LinearSpec, ...] = ()
+    """Every linear layer of one decoder block: self-attention, cross-attention (kinds
+    ``CROSS_ATTN_*``), MLP."""
+    decoder_norm_params: int = 0
+    """Norm weights of one decoder block."""
+    relative_attention_buckets: int = 0
+    """T5's relative position buckets: the first block of each stack holds a
+    ``[buckets, heads]`` embedding (counted in ``other_embedding_params``)."""
+
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     """The config.json as read (``_source`` and other private keys dropped)."""
     source: str = ""
@@ -128,11 +144,41 @@ class ModelSpec:
         return sum(lin.params for lin in self.layer_linears)
 
     @functools.cached_property
+    def decoder_params_per_layer(self) -> int:
+        """Parameters of one decoder block of an encoder-decoder model (0 otherwise)."""
+        return sum(lin.params for lin in self.decoder_linears) + self.decoder_norm_params
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.decoder_layers > 0
+
+    @functools.cached_property
+    def stacks(self) -> tuple[tuple[int, tuple[LinearSpec, ...]], ...]:
+        """(blocks, linears of one block) of each stack: the one stack of a decoder-only or
+        encoder-only model, the encoder's and the decoder's of an encoder-decoder."""
+        out = ((self.num_layers, self.layer_linears),)
+        return out + ((self.decoder_layers, self.decoder_linears),) if self.decoder_layers else out
+
+    @functools.cached_property
+    def decoder_view(self) -> "ModelSpec":
+        """An encoder-decoder seen from its decoder stack: a decoder block's linears and norms in
+        the fields that describe a block (``num_layers``, ``layer_linears``, ``layer_norm_params``)."""
+        return dataclasses.replace(self, num_layers=self.decoder_layers, layer_linears=self.decoder_linears,
+                                   layer_norm_params=self.decoder_norm_params, decoder_layers=0, decoder_linears=(),
+                                   decoder_norm_params=0)
+
+    @functools.cached_property
+    def block_linear_params(self) -> int:
+        """Parameters of every block's linear layers, over all stacks."""
+        return sum(n * sum(lin.params for lin in linears) for n, linears in self.stacks)
+
+    @functools.cached_property
     def params_total(self) -> int:
         return (
             self.embedding_params
             + self.other_embedding_params
             + self.num_layers * self.params_per_layer
+            + self.decoder_layers * self.decoder_params_per_layer
             + self.final_norm_params
             + self.head_params
         )
@@ -140,8 +186,8 @@ class ModelSpec:
     @functools.cached_property
     def params_active(self) -> int:
         """Parameters each token passes through (differs from the total for MoE)."""
-        inactive = sum(lin.params - lin.active_params for lin in self.layer_linears)
-        return self.params_total - self.num_layers * inactive
+        inactive = sum(n * sum(lin.params - lin.active_params for lin in linears) for n, linears in self.stacks)
+        return self.params_total - inactive
 
     @functools.cached_property
     def fused_qkv(self) -> bool:
@@ -163,7 +209,7 @@ class ModelSpec:
 
     @functools.cached_property
     def _linear_names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(lin.name for lin in self.layer_linears))
+        return tuple(dict.fromkeys(lin.name for _, linears in self.stacks for lin in linears))
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -171,7 +217,7 @@ class ModelSpec:
             "architecture": self.model_type,
             "params": self.params_total,
             "active_params": self.params_active,
-            "layers": self.num_layers,
+            "layers": self.num_layers + self.decoder_layers,
             "hidden_size": self.hidden_size,
             "vocab_size": self.vocab_size,
             "max_seq_len": self.max_seq_len,

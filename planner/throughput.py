@@ -29,7 +29,7 @@ from planner.errors import InvalidConfigError
 from planner.gpus import GPUSpec, check_precision, matmul_dtype
 from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES
 from planner.memory.optimizers import OPTIMIZERS
-from planner.memory.parameters import lora_targets, trainable_params
+from planner.memory.parameters import stack_targets, trainable_params
 from planner.modelspec import ModelSpec
 from planner.results import ThroughputEstimate
 
@@ -87,8 +87,17 @@ class FlopsPerToken:
 
 
 def _layer_matmul_weights(model: ModelSpec) -> int:
-    """Weights every token multiplies in the decoder layers (active experts only, no biases)."""
-    return model.num_layers * sum(lin.active * lin.in_features * lin.out_features for lin in model.layer_linears)
+    """Weights every token multiplies in the blocks (active experts only, no biases). An
+    encoder-decoder's target is as long as its source (``planner.memory.encdec``), so per source
+    token both stacks count: the encoder's blocks for the source token, the decoder's (self- and
+    cross-attention projections and MLP) for the target token."""
+    return sum(n * sum(lin.active * lin.in_features * lin.out_features for lin in linears) for n, linears in model.stacks)
+
+
+def _attention_layers(model: ModelSpec) -> int:
+    """Attention products per token: one per block, plus the decoder's cross-attention (its
+    scores are target x source, the same size when the lengths are equal)."""
+    return model.num_layers + 2 * model.decoder_layers
 
 
 def _attention_context(model: ModelSpec, seq_len: int) -> int:
@@ -110,16 +119,15 @@ def flops_per_token(*, model: ModelSpec, config: TrainConfig) -> FlopsPerToken:
     """
     n_layers = _layer_matmul_weights(model)
     n_head = model.lm_head_params
-    attention_forward = 4 * model.num_layers * _attention_context(model, config.seq_len) * model.num_heads * model.head_dim
+    attention_forward = 4 * _attention_layers(model) * _attention_context(model, config.seq_len) * model.num_heads * model.head_dim
     if config.method is Method.FULL:
         adapter = 0
         linear = 6 * (n_layers + n_head)
     else:
         r = config.lora_r
         assert r is not None
-        adapter = model.num_layers * sum(
-            lin.active * r * (lin.in_features + lin.out_features) for lin in lora_targets(model, config)
-        )
+        adapter = sum(n * sum(lin.active * r * (lin.in_features + lin.out_features) for lin in linears)
+                      for n, linears in stack_targets(model, config.lora_targets))
         linear = 4 * (n_layers + n_head) + 6 * adapter
     recompute = 2 * (n_layers + adapter) + attention_forward if config.grad_ckpt else 0
     return FlopsPerToken(linear=float(linear), attention=float(3 * attention_forward), recompute=float(recompute))
@@ -217,7 +225,7 @@ def _dequant_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
         return 0.0
     # Every stored 4-bit weight (all experts) is dequantised per call: forward, backward and the
     # checkpoint recompute. The output head stays 16-bit (transformers skips lm_head).
-    quantized = model.num_layers * sum(lin.count * lin.in_features * lin.out_features for lin in model.layer_linears)
+    quantized = sum(n * sum(lin.count * lin.in_features * lin.out_features for lin in linears) for n, linears in model.stacks)
     passes = 2 + int(config.grad_ckpt)
     return quantized * (NF4_READ_BYTES + DEQUANT_WRITE_BYTES) * passes * config.grad_accum
 

@@ -138,7 +138,7 @@ def test_inline_config_is_planned_under_its_name(lite):
     (GPT2 | {"colour": "red"}, 422, "colour", "Extra inputs"),
     (GPT2 | {"model": "gtp2"}, 422, "model", "not a catalog id"),
     (GPT2 | {"config": {"model_type": "gpt2"}}, 422, "config", "config: missing"),
-    (GPT2 | {"config": {"model_type": "t5"}}, 422, "config", "config: model_type t5"),
+    (GPT2 | {"config": {"model_type": "bart"}}, 422, "config", "config: model_type bart"),
     (GPT2 | {"config": {"model_type": "mamba"}}, 422, "config", "config: unknown model_type 'mamba'"),
 ])
 def test_bad_plan_requests_name_the_field(lite, body, status, field, words):

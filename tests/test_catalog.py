@@ -206,12 +206,12 @@ def test_malformed_config_is_one_line_naming_the_file(tmp_path, case):
     assert problem in message
 
 
-def test_t5_is_unsupported_with_the_supported_list(tmp_path):
-    t5 = {"model_type": "t5", "d_model": 1024, "num_layers": 24, "num_heads": 16, "vocab_size": 32128}
-    path = write_config(tmp_path / "t5", t5)
+def test_bart_is_unsupported_with_the_supported_list(tmp_path):
+    bart = {"model_type": "bart", "d_model": 1024, "encoder_layers": 12, "vocab_size": 50265}
+    path = write_config(tmp_path / "bart", bart)
     with pytest.raises(UnsupportedError) as err:
         resolve_model(path)
-    assert "model_type t5 (encoder-decoder) is not supported yet; supported: bert, bloom, falcon" in str(err.value)
+    assert "model_type bart (encoder-decoder) is not supported yet; supported: bert, bloom, falcon" in str(err.value)
 
 
 # ---- laziness: no torch, no catalog read at import ------------------------------------------------

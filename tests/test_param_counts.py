@@ -1,39 +1,86 @@
 """The ModelSpec formulas against the real transformers models, built on the meta device.
 
-For every catalog model (and small variants that exercise each builder's options and transformers'
-defaults for missing keys): ``params_total`` must equal ``sum(p.numel() for p in
-model.parameters())`` of the model we train (AutoModelForCausalLM, or AutoModelForMaskedLM for
-bert/roberta), and ``layer_linears`` must list exactly the linear layers of block 0 with the
-same names, shapes and biases, which is what LoRA sizing relies on.
+For every catalog model, every config.json in the shared folder of real configs
+(``../shared/model-configs``, enumerated) and small variants that exercise each builder's options
+and transformers' defaults for missing keys: ``params_total`` must equal ``sum(p.numel() for p in
+model.parameters())`` of the model we train (AutoModelForCausalLM, AutoModelForMaskedLM for
+bert/roberta, AutoModelForSeq2SeqLM for t5), and ``layer_linears`` must list exactly the linear
+layers of block 0 with the same names, shapes and biases, which is what LoRA sizing relies on.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import pytest
 
-from planner.catalog import catalog_ids, resolve_model, spec_from_config
+from planner.catalog import catalog_ids, load_config_file, resolve_model, spec_from_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-def build_meta_model(config: dict, *, encoder: bool):
+def build_meta_model(config: dict, *, encoder: bool, seq2seq: bool = False):
     """The model the planner trains, on the meta device (no memory, no weights, no network)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
     hf_config = AutoConfig.for_model(**config)
-    auto = AutoModelForMaskedLM if encoder else AutoModelForCausalLM
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForMaskedLM if encoder else AutoModelForCausalLM
     with torch.device("meta"):
         return auto.from_config(hf_config), hf_config
 
 
+def build_for(spec, config: dict | None = None):
+    return build_meta_model(dict(spec.config if config is None else config), encoder=spec.is_encoder,
+                            seq2seq=spec.is_encoder_decoder)
+
+
 @functools.cache
 def catalog_model(model_id: str):
-    spec = resolve_model(model_id)
-    model, _ = build_meta_model(dict(spec.config), encoder=spec.is_encoder)
+    model, _ = build_for(resolve_model(model_id))
     return model
+
+
+# ---- the shared folder of real configs: every one resolves and counts exactly ----------------------
+
+
+def shared_configs_dir() -> Path | None:
+    """``$PLANNER_SHARED_CONFIGS``, else ``shared/model-configs`` beside the checkout (the
+    project's layout: /work/main and /work/shared), else /work/shared/model-configs."""
+    candidates = [os.environ.get("PLANNER_SHARED_CONFIGS"),
+                  Path(__file__).resolve().parents[2] / "shared" / "model-configs",
+                  "/work/shared/model-configs"]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+SHARED = shared_configs_dir()
+SHARED_CONFIGS = sorted(str(p.relative_to(SHARED)) for p in SHARED.glob("**/config.json")) if SHARED else []
+
+
+def test_the_shared_folder_is_there_and_holds_configs():
+    if SHARED is None:
+        pytest.skip("no shared model-configs folder (set PLANNER_SHARED_CONFIGS to its path)")
+    assert len(SHARED_CONFIGS) >= 40 and "_/t5-large/config.json" in SHARED_CONFIGS
+
+
+@pytest.mark.parametrize("relpath", SHARED_CONFIGS)
+def test_every_shared_config_resolves_and_counts_exactly(relpath):
+    """Each config.json of the folder resolves (by path) and its parameter count equals the
+    transformers model's; the ones the catalog ships are the same config under their id."""
+    path = SHARED / relpath
+    spec = resolve_model(str(path))
+    config = load_config_file(path)
+    model, _ = build_for(spec, {k: v for k, v in config.items() if not k.startswith("_")})
+    assert spec.params_total == n_params(model)
+    org, name = Path(relpath).parts[:2]
+    model_id = name if org == "_" else f"{org}/{name}"
+    assert model_id in catalog_ids(), f"{model_id} is in the shared folder but not in the catalog"
+    assert resolve_model(model_id).params_total == spec.params_total
 
 
 def first_block(model, num_layers: int):
@@ -95,10 +142,30 @@ def test_catalog_param_count_is_exact(model_id):
 @pytest.mark.parametrize("model_id", catalog_ids())
 def test_catalog_layer_linears_match_block_zero(model_id):
     spec = resolve_model(model_id)
-    block = first_block(catalog_model(model_id), spec.num_layers)
+    model = catalog_model(model_id)
+    if spec.is_encoder_decoder:
+        check_encoder_decoder_blocks(spec, model)
+        return
+    block = first_block(model, spec.num_layers)
     assert spec_linears(spec) == real_linears(block)
     # norms and any other per-block parameters too: the whole block adds up
     assert spec.params_per_layer == n_params(block)
+
+
+def check_encoder_decoder_blocks(spec, model) -> None:
+    """T5: the encoder's and the decoder's block 0 hold the spec's linears; a block's parameters
+    are its linears and norms, plus the relative position bias in block 0 of each stack."""
+    bias = spec.relative_attention_buckets * spec.num_heads
+    for stack, linears, per_layer, layers in (
+        (model.encoder, spec.layer_linears, spec.params_per_layer, spec.num_layers),
+        (model.decoder, spec.decoder_linears, spec.decoder_params_per_layer, spec.decoder_layers),
+    ):
+        assert len(stack.block) == layers
+        block = stack.block[0]
+        spec_side = sorted((lin.name, lin.in_features, lin.out_features, lin.bias, lin.count) for lin in linears)
+        # relative_attention_bias is an nn.Embedding, not a linear map
+        assert spec_side == [row for row in real_linears(block) if row[0] != "relative_attention_bias"]
+        assert per_layer + bias == n_params(block)
 
 
 def test_mixtral_total_and_active_by_hand():
@@ -232,6 +299,14 @@ VARIANTS = {
         "type_vocab_size": 3,
     },
     "roberta-defaults": {"model_type": "roberta", "intermediate_size": 96, **SMALL},
+    # T5 v1.0: only the required sizes; relu MLP, decoder as deep as the encoder
+    "t5-required-only": {"model_type": "t5", "d_model": 64, "num_layers": 2, "num_heads": 4, "d_kv": 16,
+                         "d_ff": 96, "vocab_size": 100},
+    # T5 v1.1 / Flan-T5: gated-gelu, "untied" (in transformers v5 only the output scaling goes),
+    # heads * d_kv != d_model, a shallower decoder, other bucket count
+    "t5-v1_1-style": {"model_type": "t5", "d_model": 64, "num_layers": 3, "num_decoder_layers": 2,
+                      "num_heads": 6, "d_kv": 8, "d_ff": 80, "vocab_size": 100, "feed_forward_proj": "gated-gelu",
+                      "tie_word_embeddings": False, "relative_attention_num_buckets": 16},
 }
 
 
@@ -239,8 +314,14 @@ VARIANTS = {
 def test_variant_counts_linears_and_defaults(name):
     config = VARIANTS[name]
     spec = spec_from_config(config, model_id=name, source="test")
-    model, hf = build_meta_model(dict(config), encoder=spec.is_encoder)
+    model, hf = build_for(spec, config)
     assert spec.params_total == n_params(model)
+    if spec.is_encoder_decoder:
+        check_encoder_decoder_blocks(spec, model)
+        assert (spec.decoder_layers, spec.hidden_act, spec.gated_mlp) == (
+            hf.num_decoder_layers, hf.dense_act_fn, hf.is_gated_act)
+        assert model.lm_head.weight is model.shared.weight and spec.tied_embeddings and not spec.head_params
+        return
     block = first_block(model, spec.num_layers)
     assert spec_linears(spec) == real_linears(block)
     assert spec.params_per_layer == n_params(block)

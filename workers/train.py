@@ -49,6 +49,7 @@ from typing import Any, Mapping
 from planner.config import Loop, Method, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError
 from planner.results import Measurement, RunOutcome
+from workers import seq2seq
 from workers.deepspeed_config import LEARNING_RATE
 from workers.deepspeed_config import build as build_deepspeed_config
 
@@ -210,22 +211,22 @@ def _is_encoder(model_config: Mapping[str, Any]) -> bool:
 def _build_model(*, model_config: dict[str, Any], config: TrainConfig, checkpoint_dir: str | None):
     """The transformers model in the dtype the precision stores weights in (random or local)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers import AutoConfig
 
-    auto = AutoModelForMaskedLM if _is_encoder(model_config) else AutoModelForCausalLM
+    auto = seq2seq.auto_class(model_config, encoder=_is_encoder(model_config))
     pure16 = config.precision in (Precision.FP16, Precision.BF16)
     dtype = _torch_dtype(config.precision.compute_dtype) if pure16 else torch.float32
     attn = config.attention.hf_name
     if checkpoint_dir is not None:
         return auto.from_pretrained(checkpoint_dir, local_files_only=True, dtype=dtype, attn_implementation=attn)
     cfg = {k: v for k, v in model_config.items() if not k.startswith("_") and k not in ("model_type", "torch_dtype", "dtype")}
-    hf_config = AutoConfig.for_model(str(model_config["model_type"]), **cfg)
+    hf_config = AutoConfig.for_model(str(model_config["model_type"]), **seq2seq.config_kwargs(model_config, cfg))
     return auto.from_config(hf_config, attn_implementation=attn, dtype=dtype)
 
 
 def _build_qlora_base(*, model_config: dict[str, Any], config: TrainConfig, checkpoint_dir: str | None, tmp: str):
     """Reload the (random or local) weights through bitsandbytes' 4-bit NF4 loading path."""
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig
 
     compute = _torch_dtype(config.precision.compute_dtype)
     if checkpoint_dir is None:
@@ -236,7 +237,7 @@ def _build_qlora_base(*, model_config: dict[str, Any], config: TrainConfig, chec
         del random_model
         gc.collect()
         checkpoint_dir = tmp
-    auto = AutoModelForMaskedLM if _is_encoder(model_config) else AutoModelForCausalLM
+    auto = seq2seq.auto_class(model_config, encoder=_is_encoder(model_config))
     quant = BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
@@ -269,7 +270,7 @@ def _apply_training_setup(model, *, model_config: Mapping[str, Any], config: Tra
             lora_alpha=2 * config.lora_r,
             lora_dropout=config.lora_dropout,
             target_modules=targets,
-            task_type=None if _is_encoder(model_config) else "CAUSAL_LM",
+            task_type=seq2seq.peft_task_type(model_config, encoder=_is_encoder(model_config)),
         )
         model = get_peft_model(model, lora)
     return model

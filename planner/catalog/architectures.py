@@ -48,12 +48,15 @@ _EXPERTS_MAX = 32_768
 
 #: key -> (largest value accepted, what that bound is)
 SIZE_BOUNDS: dict[str, tuple[int, str]] = {
-    **dict.fromkeys(("num_hidden_layers", "n_layer"), (_LAYERS_MAX, "layers (largest real model: 126)")),
-    **dict.fromkeys(("hidden_size", "n_embd", "n_embed", "word_embed_proj_dim"),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"),
+                    (_LAYERS_MAX, "layers (largest real model: 126)")),
+    **dict.fromkeys(("hidden_size", "n_embd", "n_embed", "word_embed_proj_dim", "d_model"),
                     (_HIDDEN_MAX, "hidden size (largest real model: 20480)")),
-    **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"),
+    # T5's d_ff reaches 65536 (t5-11b)
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff"),
                     (_MLP_MAX, "MLP width (largest real model: 73728)")),
-    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads", "head_dim"),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads", "head_dim",
+                     "num_heads", "d_kv"),
                     (_HEADS_MAX, "attention heads / head size (largest real model: 232 heads, head_dim 256)")),
     **dict.fromkeys(("vocab_size", "type_vocab_size"), (_VOCAB_MAX, "vocabulary (largest real model: 262144)")),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "seq_length", "sliding_window"),
@@ -616,6 +619,15 @@ def _bert_like(c: _Config, model_type: str) -> dict[str, Any]:
     )
 
 
+# ---- encoder-decoder: t5 (planner/catalog/t5.py) --------------------------------------------------------
+
+
+def _t5(c: _Config, model_type: str) -> dict[str, Any]:
+    from planner.catalog.t5 import t5_fields  # imports this module's building blocks
+
+    return t5_fields(c, model_type)
+
+
 # ---- dispatch -------------------------------------------------------------------------------------------
 
 _BUILDERS: dict[str, Callable[[_Config, str], dict[str, Any]]] = {
@@ -630,11 +642,11 @@ _BUILDERS: dict[str, Callable[[_Config, str], dict[str, Any]]] = {
     "falcon": _falcon,
     "bert": _bert_like,
     "roberta": _bert_like,
+    "t5": _t5,
 }
 
 #: model types that are recognised but have no builder yet, with the reason
 _UNSUPPORTED = {
-    "t5": "encoder-decoder",
     "mt5": "encoder-decoder",
     "bart": "encoder-decoder",
     "whisper": "encoder-decoder",

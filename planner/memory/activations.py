@@ -349,6 +349,10 @@ def activation_breakdown(model: ModelSpec, config: TrainConfig, *, kernels: Kern
     kernels of ``kernels``, else of the CPU profile when ``is_cpu``, else CUDA's; ``targets``:
     the adapted linears' names when the caller has them)."""
     kernels = kernels_of(kernels, is_cpu)
+    if model.is_encoder_decoder:
+        from planner.memory import encdec  # encdec builds on this module
+
+        return {breakdown_key(k): v for k, v in encdec.activation_breakdown(model, config, kernels, targets).items()}
     dims, mode = dims_of(model, config), mode_of(config)
     total: dict[str, int] = {}
 
@@ -378,6 +382,10 @@ def recompute_bytes(model: ModelSpec, config: TrainConfig, kernels: KernelProfil
     """Under checkpointing, one (non-first) block's saved tensors rebuilt during backward."""
     if not config.grad_ckpt:
         return 0
+    if model.is_encoder_decoder:
+        from planner.memory import encdec
+
+        return encdec.recompute_bytes(model, config, kernels, targets)
     return sum(block_terms(block_context(model, config, kernels, first=False, targets=targets)).values())
 
 

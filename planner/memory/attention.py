@@ -37,7 +37,7 @@ def attention_terms(ctx: BlockContext) -> dict[str, int]:
         # (b, a, s, d) output needs a contiguous copy before o_proj. Measured on gpt2 and bert
         # (bench/accuracy.py, CPU probe).
         scores = dims.b * dims.a * dims.s * dims.s
-        return {"attention/core": 4 * 3 * q + 4 * 3 * scores, "attention/out_input": out_input(ctx, e * dims.h * mode.attn)}
+        return {"attention/core": 4 * 3 * q + 4 * 3 * scores, "attention/out_input": out_input(ctx, q * mode.attn)}
     if attention in (Attention.SDPA, Attention.FLASH):
         return _fused_kernel_terms(ctx, q, kvn)
     # eager: q and k for the scores, the fp32 softmax and its cast back for probs @ v, v repeated
@@ -47,7 +47,7 @@ def attention_terms(ctx: BlockContext) -> dict[str, int]:
     return {
         "attention/core": mode.attn * 3 * q,
         "attention/probs": scores * eager_probs_bytes_per_score(model, mode, ctx.kernels),
-        "attention/out_input": out_input(ctx, e * dims.h * mode.attn),
+        "attention/out_input": out_input(ctx, q * mode.attn),
     }
 
 

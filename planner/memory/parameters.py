@@ -16,18 +16,19 @@ from planner.modelspec import LinearSpec, ModelSpec
 
 
 def lora_targets(model: ModelSpec, config: TrainConfig) -> tuple[LinearSpec, ...]:
-    """The per-block linear layers LoRA wraps (peft's "all-linear" skips only the output head)."""
+    """The per-block linear layers LoRA wraps (peft's "all-linear" skips only the output head);
+    for an encoder-decoder, those of an encoder block followed by those of a decoder block."""
     if not config.method.uses_adapters:
         return ()
     return targeted_linears(model, config.lora_targets)
 
 
-def targeted_linears(model: ModelSpec, targets: tuple[str, ...] | None) -> tuple[LinearSpec, ...]:
-    """The block's linears named by ``targets`` (or all of them for ``all-linear``); unknown
-    names are a user error that lists the names the model has."""
+def _check_names(model: ModelSpec, targets: tuple[str, ...] | None) -> frozenset[str] | None:
+    """The target names (None for ``all-linear``); unknown names are a user error that lists
+    the names the model has."""
     if targets == (ALL_LINEAR,):
-        return tuple(model.layer_linears)
-    names = set(targets or ())
+        return None
+    names = frozenset(targets or ())
     available = model.linear_names()
     missing = sorted(names - set(available))
     if missing:
@@ -35,13 +36,29 @@ def targeted_linears(model: ModelSpec, targets: tuple[str, ...] | None) -> tuple
             f"--lora-targets {','.join(missing)} not found in {model.id}: "
             f"its linear layers are {','.join(available)} (or use all-linear)"
         )
-    return tuple(lin for lin in model.layer_linears if lin.name in names)
+    return names
+
+
+def targeted_linears(model: ModelSpec, targets: tuple[str, ...] | None) -> tuple[LinearSpec, ...]:
+    """The linears of one block of each stack named by ``targets`` (all of them for
+    ``all-linear``). peft matches leaf names, so T5's ``q`` adapts the self-attention and the
+    cross-attention (``EncDecAttention``) query alike."""
+    return tuple(lin for _, linears in stack_targets(model, targets) for lin in linears)
+
+
+def stack_targets(model: ModelSpec, targets: tuple[str, ...] | None) -> tuple[tuple[int, tuple[LinearSpec, ...]], ...]:
+    """(blocks, targeted linears of one block) of each stack (``ModelSpec.stacks``)."""
+    names = _check_names(model, targets)
+    return tuple((n, tuple(lin for lin in linears if names is None or lin.name in names)) for n, linears in model.stacks)
 
 
 def lora_params(model: ModelSpec, config: TrainConfig) -> int:
     """LoRA adds A (r x in) and B (out x r) per wrapped linear (per expert copy)."""
+    if not config.method.uses_adapters:
+        return 0
     r = config.lora_r or 0
-    return model.num_layers * sum(lin.count * r * (lin.in_features + lin.out_features) for lin in lora_targets(model, config))
+    return sum(n * sum(lin.count * r * (lin.in_features + lin.out_features) for lin in linears)
+               for n, linears in stack_targets(model, config.lora_targets))
 
 
 def trainable_params(model: ModelSpec, config: TrainConfig) -> int:
@@ -56,33 +73,47 @@ def param_tensor_sizes(model: ModelSpec, config: TrainConfig) -> tuple[int, ...]
     if config.method.uses_adapters:
         r = config.lora_r or 0
         sizes: list[int] = []
-        for lin in lora_targets(model, config):
-            sizes += [r * lin.in_features, r * lin.out_features] * lin.count
-        return tuple(sizes * model.num_layers)
+        for n, linears in stack_targets(model, config.lora_targets):
+            one: list[int] = []
+            for lin in linears:
+                one += [r * lin.in_features, r * lin.out_features] * lin.count
+            sizes += one * n
+        return tuple(sizes)
     sizes = [model.embedding_params]
-    if model.other_embedding_params:
+    if model.is_encoder_decoder:  # T5: one relative-position table per stack
+        sizes += [model.other_embedding_params // 2] * 2
+    elif model.other_embedding_params:
         sizes.append(model.other_embedding_params)
-    per_layer: list[int] = []
-    for lin in model.layer_linears:
-        per_layer += [lin.in_features * lin.out_features] * lin.count
-        if lin.bias:
-            per_layer += [lin.out_features] * lin.count
-    # norm weights/biases are tensors of hidden_size (q/k norms of head_dim are smaller still)
-    norm = model.layer_norm_params + model.layer_other_params
-    while norm > 0:
-        per_layer.append(min(norm, model.hidden_size))
-        norm -= model.hidden_size
-    sizes += per_layer * model.num_layers
-    if model.final_norm_params:
+    norms = (model.layer_norm_params + model.layer_other_params, model.decoder_norm_params)
+    for (n, linears), norm in zip(model.stacks, norms):
+        sizes += _block_tensor_sizes(linears, norm, model.hidden_size) * n
+    if model.is_encoder_decoder:  # each stack's final norm
+        sizes += _hidden_chunks(model.final_norm_params, model.hidden_size)
+    elif model.final_norm_params:
         sizes.append(model.final_norm_params)
     if model.head_params:
         sizes.append(model.head_params)
     return tuple(sizes)
 
 
+def _hidden_chunks(total: int, hidden: int) -> list[int]:
+    """Norm weights/biases as tensors of hidden_size (q/k norms of head_dim are smaller still)."""
+    return [min(total - start, hidden) for start in range(0, total, hidden)]
+
+
+def _block_tensor_sizes(linears: tuple[LinearSpec, ...], norm: int, hidden: int) -> list[int]:
+    """Element counts of one block's parameter tensors."""
+    out: list[int] = []
+    for lin in linears:
+        out += [lin.in_features * lin.out_features] * lin.count
+        if lin.bias:
+            out += [lin.out_features] * lin.count
+    return out + _hidden_chunks(norm, hidden)
+
+
 def quantized_linear_params(model: ModelSpec) -> int:
     """bitsandbytes quantises every nn.Linear but the output head (get_keys_to_not_convert)."""
-    return model.num_layers * model.linear_params_per_layer
+    return model.block_linear_params
 
 
 @dataclass(frozen=True)
@@ -112,7 +143,5 @@ def trained(model: ModelSpec, config: TrainConfig) -> Trained:
                    sizes=param_tensor_sizes(model, config))
 
 
-__all__ = [
-    "Trained",
-    "trained","lora_params", "lora_targets", "param_tensor_sizes", "quantized_linear_params", "targeted_linears",
-           "trainable_params"]
+__all__ = ["Trained", "lora_params", "lora_targets", "param_tensor_sizes", "quantized_linear_params", "stack_targets",
+           "targeted_linears", "trainable_params", "trained"]

@@ -185,13 +185,29 @@ class _Step:
     """one block's KV cache layer, when the forward builds one"""
     kept: int
     """what a hand-written loop's outputs keep past the loss (0 with the HF Trainer)"""
+    blocks: tuple[dict[str, int], ...] = ()
+    """encoder-decoder: every block's saved tensors, encoder then decoder (``first``/``rest`` unused)"""
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.blocks) if self.blocks else self.model.num_layers
+
+    def block(self, k: int) -> dict[str, int]:
+        if self.blocks:
+            return self.blocks[k]
+        return self.first if k == 0 else self.rest
 
 
 def _block_gradient_share(model: ModelSpec, config: TrainConfig, t: Trained, gradients: int) -> int:
     """Gradient bytes of one block, in proportion to its trainable parameters."""
     if not t.count:
         return 0
-    per_layer = t.count // model.num_layers if config.method.uses_adapters else model.params_per_layer
+    if model.is_encoder_decoder:  # the blocks' average share (all gradients exist at backward_end)
+        blocks = model.num_layers + model.decoder_layers
+        per_layer = (t.count if config.method.uses_adapters else model.num_layers * model.params_per_layer
+                     + model.decoder_layers * model.decoder_params_per_layer) // blocks
+    else:
+        per_layer = t.count // model.num_layers if config.method.uses_adapters else model.params_per_layer
     return gradients * per_layer // t.count
 
 
@@ -206,11 +222,18 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         first = keyed(block_terms(block_context(model, config, kernels, first=True, targets=t.target_names, dims=dims)))
         rest = keyed(block_terms(block_context(model, config, kernels, first=False, targets=t.target_names, dims=dims)))
     level = {k: v for k, v in model_level_terms(model, config, dims, mode, kernels).items() if v}
+    embeddings = {breakdown_key(k): v for k, v in level.items() if k not in HEAD_TERMS}
+    head = {breakdown_key(k): v for k, v in level.items() if k in HEAD_TERMS}
+    blocks: tuple[dict[str, int], ...] = ()
+    if model.is_encoder_decoder:
+        from planner.memory.encdec import timeline_parts
+
+        embeddings, block_list, head = timeline_parts(model, config, kernels, t.target_names)
+        blocks = tuple(block_list)
     batch = batch_terms(model, config, kernels, t.target_names)
     return _Step(
-        model=model, config=config, static=static, first=first, rest=rest,
-        embeddings={breakdown_key(k): v for k, v in level.items() if k not in HEAD_TERMS},
-        head={breakdown_key(k): v for k, v in level.items() if k in HEAD_TERMS},
+        model=model, config=config, static=static, first=first, rest=rest, blocks=blocks,
+        embeddings=embeddings, head=head,
         recompute=batch.recompute, forward_logits=logits_forward_transient(dims, mode, config),
         backward_logits=logits_backward_transient(dims, mode, config),
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
@@ -223,10 +246,11 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
     gathered = b.alloc("zero3/gathered_params", s.static.gathered, f"{label}forward")
     embeddings = b.alloc_terms(s.embeddings, f"{label}embeddings")
     blocks, cache = [], []
-    for k in range(s.model.num_layers):
+    for k in range(s.n_blocks):
         where = f"{label}forward block {k + 1}"
-        blocks.append(b.alloc_terms(s.first if k == 0 else s.rest, where))
-        cache.append(b.alloc("kv_cache", s.cache, where))
+        blocks.append(b.alloc_terms(s.block(k), where))
+        if k < s.model.num_layers:  # batch_terms counts num_layers cache layers
+            cache.append(b.alloc("kv_cache", s.cache, where))
     head = b.alloc_terms(s.head, f"{label}head and loss")
     logits = b.alloc("logits/transient", s.forward_logits, f"{label}loss")
     return [gathered], embeddings, blocks, head, [logits] + cache
@@ -251,14 +275,14 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     b.free_all(head, f"{label}head backward")
     gathered = b.alloc("zero3/gathered_params", s.static.gathered, f"{label}backward")
     grads: list[int] = []
-    for k in reversed(range(s.model.num_layers)):
+    for k in reversed(range(s.n_blocks)):
         where = f"{label}backward block {k + 1}"
         b.free_all(blocks[k] + (embeddings if k == 0 else []), where)
         if not grads_exist:
             grads.append(b.alloc("gradients", s.block_gradients, where))
     where = f"{label}end of backward"
     if not grads_exist:
-        grads.append(b.alloc("gradients", s.static.gradients - s.block_gradients * s.model.num_layers, where))
+        grads.append(b.alloc("gradients", s.static.gradients - s.block_gradients * s.n_blocks, where))
     recompute = b.alloc("activations/recompute", s.recompute, where)
     tied = b.alloc("gradients/tied_embedding_partials", s.static.tied_gradient_sum, where)
     if marks:
