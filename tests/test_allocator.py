@@ -162,3 +162,64 @@ def test_alloc_conf_parsing():
     for bad in ("max_split_size_mb:20", "max_split_size_mb:x", "expandable_segments:yes", "nonsense:1", "max_split_size_mb"):
         with pytest.raises(InvalidConfigError):
             AllocatorConfig.parse(bad)
+
+
+def _one_by_one(self, request, count):
+    return [self.malloc(request) for _ in range(count)]
+
+
+def _replays_both_ways(timeline, config, gpu, monkeypatch):
+    from planner.memory.allocator import CachingAllocator
+    from planner.memory.estimate import replay_timeline
+
+    fast, trace_fast = replay_timeline(timeline, config, gpu, trace := []), list(trace)
+    with monkeypatch.context() as m:
+        m.setattr(CachingAllocator, "malloc_many", _one_by_one)
+        slow = replay_timeline(timeline, config, gpu, trace := [])
+    return fast, trace_fast, slow, trace
+
+
+@pytest.mark.parametrize("model_id, gpu_name, batch, seq", [
+    ("meta-llama/Llama-2-7b-hf", "a10g", 32, 4096),
+    ("Qwen/Qwen2.5-1.5B", "t4", 16, 1024),
+    ("gpt2", "h100", 8, 1024),
+])
+def test_malloc_many_is_malloc_in_a_row(model_id, gpu_name, batch, seq, monkeypatch):
+    """The carving fast path for many equal small tensors (LoRA's optimizer states) gives the same
+    reserve after every event as one malloc per tensor, on the timelines of a sample of the
+    search's candidates, with and without max_split_size_mb (expandable segments take malloc)."""
+    import itertools
+
+    from planner.catalog import resolve_model
+    from planner.gpus import get_gpu
+    from planner.memory.timeline import step_timeline
+    from planner.search import SearchSpace, enumerate_configs
+
+    model, gpu = resolve_model(model_id), get_gpu(gpu_name)
+    configs = list(enumerate_configs(model=model, gpu=gpu, target_batch=batch, seq_len=seq, gpus=1,
+                                     space=SearchSpace(cpu_mem_bytes=64 << 30)))
+    for config in itertools.islice(configs, 0, None, max(1, len(configs) // 25)):
+        for conf in (None, "max_split_size_mb:64"):
+            cfg = config.replace(alloc_conf=conf) if conf else config
+            timeline = step_timeline(model=model, config=cfg, kernels=gpu.kernels)
+            fast, trace_fast, slow, trace_slow = _replays_both_ways(timeline, cfg, gpu, monkeypatch)
+            assert fast == slow and trace_fast == trace_slow, cfg.label()
+
+
+def test_malloc_many_by_hand():
+    """Three 700 KiB tensors, then two: 700 KiB rounds to 716,800 B; a 2 MiB segment holds two
+    (2,097,152 - 2 x 716,800 = 663,552 B stay cached, too small for a third), so three take two
+    segments with 663,552 and 1,380,352 B cached; the next two: the 1,380,352 B remainder holds
+    one (663,552 left), the other opens a third segment."""
+    from planner.memory.allocator import CachingAllocator
+
+    a = CachingAllocator(capacity=1 << 30)
+    blocks = a.malloc_many(700 * 1024, 3)
+    assert [b.size for b in blocks] == [716_800] * 3 and a.reserved == 2 * 2 * MiB
+    assert sorted(k[0] for k in a._keys[True]) == [663_552, 1_380_352]
+    more = a.malloc_many(700 * 1024, 2)
+    assert a.reserved == 3 * 2 * MiB and a.allocated == 5 * 716_800
+    assert sorted(k[0] for k in a._keys[True]) == [663_552, 663_552, 1_380_352]
+    for b in blocks + more:
+        a.free(b)
+    assert a.allocated == 0 and sorted(k[0] for k in a._keys[True]) == [2 * MiB] * 3

@@ -304,6 +304,49 @@ class CachingAllocator:
         self.allocated += block.size
         return block
 
+    def malloc_many(self, request: int, count: int) -> list[Block]:
+        """``count`` mallocs of ``request`` bytes in a row, as ``malloc`` makes them (a LoRA
+        optimizer's states are a thousand such tensors). While no cached small block can hold
+        the request, each malloc opens a 2 MiB segment and the next ones best-fit its remainder,
+        the only cached block large enough: that carving is done here in one pass; every other
+        case goes through ``malloc``."""
+        size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize
+        if size > kSmallSize or self.config.expandable_segments:
+            return [self.malloc(request) for _ in range(count)]
+        keys, out = self._keys[True], []
+        while len(out) < count:
+            if (keys and keys[-1][0] >= size) or self.reserved + kSmallBuffer > self.capacity:
+                out.append(self.malloc(request))  # a cached block fits, or the device is full
+                continue
+            segment = self._new_segment(kSmallBuffer, True)
+            assert segment is not None
+            out += self._carve(segment, size, count - len(out))
+        return out
+
+    def _carve(self, block: Block, size: int, most: int) -> list[Block]:
+        """Up to ``most`` blocks of ``size`` from the front of the free ``block``, each split off as
+        ``_split`` does (the last takes the block whole when nothing would remain); what remains
+        is cached."""
+        out = []
+        while len(out) < most and block.size >= size:
+            if block.size - size >= kMinBlockSize:
+                front = Block(size, block.addr, True, block.segment)
+                front.prev, front.next = block.prev, block
+                if block.prev is not None:
+                    block.prev.next = front
+                block.prev = front
+                block.addr += size
+                block.size -= size
+            else:
+                front, block = block, None
+            front.allocated = True
+            self.allocated += size
+            out.append(front)
+            if block is None:
+                return out
+        self._insert(block)
+        return out
+
     def _should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
         if block.small or self.config.expandable_segments:
@@ -369,9 +412,15 @@ class Replay:
         return self.reserved_at_peak - self.allocated_peak
 
 
-def _sizes(nbytes: int, tensors: int) -> list[int]:
+def _malloc_event(allocator: CachingAllocator, nbytes: int, tensors: int) -> list[Block]:
+    """The blocks of one event: ``tensors`` equal tensors of ``nbytes`` in all (the last takes
+    the remainder of the division), in order."""
+    if tensors == 1:
+        return [allocator.malloc(nbytes)] if nbytes > 0 else []
     each = nbytes // tensors
-    return [each] * (tensors - 1) + [nbytes - each * (tensors - 1)]
+    last = nbytes - each * (tensors - 1)
+    blocks = allocator.malloc_many(each, tensors - 1) if each > 0 else []
+    return blocks + ([allocator.malloc(last)] if last > 0 else [])
 
 
 def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig(),
@@ -388,10 +437,7 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     for ev in events:
         if ev.op == "alloc":
             try:
-                if ev.tensors == 1:
-                    live[ev.ident] = [allocator.malloc(ev.nbytes)] if ev.nbytes > 0 else []
-                else:
-                    live[ev.ident] = [allocator.malloc(n) for n in _sizes(ev.nbytes, ev.tensors) if n > 0]
+                live[ev.ident] = _malloc_event(allocator, ev.nbytes, ev.tensors)
             except OutOfMemory:
                 if capacity >= UNLIMITED:
                     raise
