@@ -305,32 +305,33 @@ class CachingAllocator:
         return block
 
     def malloc_many(self, request: int, count: int) -> list[Block]:
-        """``count`` mallocs of ``request`` bytes in a row, as ``malloc`` makes them (a LoRA
-        optimizer's states are a thousand such tensors). While no cached small block can hold
-        the request, each malloc opens a 2 MiB segment and the next ones best-fit its remainder,
-        the only cached block large enough: that carving is done here in one pass; every other
-        case goes through ``malloc``."""
+        """``count`` mallocs of ``request`` bytes in a row, as ``malloc`` makes them (a model's
+        weights, a LoRA optimizer's states: hundreds of equal tensors). While no cached block of
+        the pool can hold the request, each malloc opens a segment and the next ones best-fit its
+        remainder, the only cached block large enough: that carving is done here in one pass;
+        every other case goes through ``malloc``."""
         size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize
-        if size > kSmallSize or self.config.expandable_segments:
+        if self.config.expandable_segments:
             return [self.malloc(request) for _ in range(count)]
-        keys, out = self._keys[True], []
+        small = size <= kSmallSize
+        keys, segment_size, out = self._keys[small], allocation_size(size), []
         while len(out) < count:
-            if (keys and keys[-1][0] >= size) or self.reserved + kSmallBuffer > self.capacity:
-                out.append(self.malloc(request))  # a cached block fits, or the device is full
+            if (keys and keys[-1][0] >= size) or self.reserved + segment_size > self.capacity:
+                out.append(self.malloc(request))  # a cached block may fit, or the device is full
                 continue
-            segment = self._new_segment(kSmallBuffer, True)
+            segment = self._new_segment(segment_size, small)
             assert segment is not None
             out += self._carve(segment, size, count - len(out))
         return out
 
     def _carve(self, block: Block, size: int, most: int) -> list[Block]:
         """Up to ``most`` blocks of ``size`` from the front of the free ``block``, each split off as
-        ``_split`` does (the last takes the block whole when nothing would remain); what remains
+        ``_split`` does when ``_should_split`` says so, else taking the block whole; what remains
         is cached."""
         out = []
         while len(out) < most and block.size >= size:
-            if block.size - size >= kMinBlockSize:
-                front = Block(size, block.addr, True, block.segment)
+            if self._should_split(block, size):
+                front = Block(size, block.addr, block.small, block.segment)
                 front.prev, front.next = block.prev, block
                 if block.prev is not None:
                     block.prev.next = front
@@ -340,7 +341,7 @@ class CachingAllocator:
             else:
                 front, block = block, None
             front.allocated = True
-            self.allocated += size
+            self.allocated += front.size
             out.append(front)
             if block is None:
                 return out
