@@ -5,7 +5,7 @@ No imports: the planning path checks them without loading SQLAlchemy.
 
 from __future__ import annotations
 
-from planner.errors import UnstorableDataError
+from planner.errors import InvalidConfigError, UnstorableDataError
 
 #: The longest model id (catalog id, config path, HF id) the store keeps, on every backend
 #: (migration 0002; Linux paths reach 4096 but a config path past 1024 is a typo in practice).
@@ -22,4 +22,22 @@ def check_model_id(model_id: str) -> None:
         )
 
 
-__all__ = ["MODEL_ID_MAX_CHARS", "check_model_id"]
+#: The most GPUs one node holds: --gpus counts the data-parallel devices of ONE node (the host RAM
+#: of offload plans is the node's, the interconnect is the node's). The largest standard machines
+#: hold 16 (NVIDIA DGX-2: 16 x V100; AWS p2.16xlarge: 16 x K80); the GPU catalog's AWS machines
+#: hold at most 8.
+MAX_GPUS_PER_NODE = 16
+
+
+def check_gpu_count(gpus: object) -> None:
+    """--gpus: a whole number from 1 to the GPUs of one node."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise InvalidConfigError(f"--gpus must be a whole number >= 1, got {gpus!r}")
+    if gpus > MAX_GPUS_PER_NODE:
+        raise InvalidConfigError(
+            f"--gpus {gpus} is more GPUs than one node holds (at most {MAX_GPUS_PER_NODE}): the planner plans the "
+            "data-parallel GPUs of one node; give the GPUs per node"
+        )
+
+
+__all__ = ["MAX_GPUS_PER_NODE", "MODEL_ID_MAX_CHARS", "check_gpu_count", "check_model_id"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from planner.limits import MAX_GPUS_PER_NODE, check_gpu_count
+
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration
     from planner.gpus import GPUSpec
@@ -19,11 +21,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: suggest's --method / --precision accept these besides the enum values
 AUTO = "auto"
-#: The most GPUs one node holds: --gpus counts the data-parallel devices of ONE node (the host RAM
-#: of offload plans is the node's, the interconnect is the node's). The largest standard machines
-#: hold 16 (NVIDIA DGX-2: 16 x V100; AWS p2.16xlarge: 16 x K80); the GPU catalog's AWS machines
-#: hold at most 8.
-MAX_GPUS_PER_NODE = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,8 +125,8 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     from planner.errors import InvalidConfigError
     from planner.estimation import default_seq_len, resolve
     from planner.gpus import check_precision, get_gpu
-    from planner.search import SearchSpace, suggest
     from planner.limits import check_model_id
+    from planner.search import SearchSpace, suggest
 
     if spec is None:
         spec, device = resolve(model=request.model, gpu=request.gpu, gpu_mem_bytes=request.gpu_mem_bytes)
@@ -158,19 +155,6 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
                      space=space, top_k=request.top_k, model_fingerprint=fingerprint(spec))
     return Planned(result=result, spec=spec, device=device, host_bytes=host, host_source=source,
                    seq_defaulted=request.seq_len is None)
-
-
-def check_gpu_count(gpus: object) -> None:
-    """--gpus: a whole number from 1 to the GPUs of one node."""
-    from planner.errors import InvalidConfigError
-
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise InvalidConfigError(f"--gpus must be a whole number >= 1, got {gpus!r}")
-    if gpus > MAX_GPUS_PER_NODE:
-        raise InvalidConfigError(
-            f"--gpus {gpus} is more GPUs than one node holds (at most {MAX_GPUS_PER_NODE}): the planner plans the "
-            "data-parallel GPUs of one node; give the GPUs per node"
-        )
 
 
 def node_host_ram(request: SuggestRequest, device: "GPUSpec") -> tuple[int, str]:

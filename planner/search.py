@@ -24,6 +24,7 @@ from planner import __version__
 from planner.config import ALL_LINEAR, Loop, Method, Offload, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
+from planner.limits import check_gpu_count
 from planner.memory import estimate_memory, model_states_bytes
 from planner.memory.reserve import reserved_and_total
 from planner.memory.dtypes import mode_of
@@ -305,8 +306,7 @@ def _check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: i
             f"--target-batch {target_batch} is more than {MAX_TARGET_BATCH:,} sequences per optimizer step: "
             "give the global batch in sequences, e.g. 32"
         )
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise InvalidConfigError(f"--gpus must be a whole number >= 1, got {gpus!r}")
+    check_gpu_count(gpus)
     if seq_len < 1 or seq_len > model.max_seq_len:
         raise InvalidConfigError(
             f"--seq-len {seq_len} is outside 1..{model.max_seq_len}, the longest {model.id} allows"

@@ -331,13 +331,7 @@ class CachingAllocator:
         out = []
         while len(out) < most and block.size >= size:
             if self._should_split(block, size):
-                front = Block(size, block.addr, block.small, block.segment)
-                front.prev, front.next = block.prev, block
-                if block.prev is not None:
-                    block.prev.next = front
-                block.prev = front
-                block.addr += size
-                block.size -= size
+                front = self._split_front(block, size)
             else:
                 front, block = block, None
             front.allocated = True
@@ -356,6 +350,14 @@ class CachingAllocator:
 
     def _split(self, block: Block, size: int) -> Block:
         """alloc_found_block: the request takes the front, the remainder stays cached."""
+        front = self._split_front(block, size)
+        self._insert(block)
+        return front
+
+    @staticmethod
+    def _split_front(block: Block, size: int) -> Block:
+        """A new block of ``size`` at the front of ``block``, linked before it; ``block`` keeps the
+        rest (and is not cached here)."""
         front = Block(size, block.addr, block.small, block.segment)
         front.prev, front.next = block.prev, block
         if block.prev is not None:
@@ -363,7 +365,6 @@ class CachingAllocator:
         block.prev = front
         block.addr += size
         block.size -= size
-        self._insert(block)
         return front
 
     def free(self, block: Block) -> None:
