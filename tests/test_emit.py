@@ -46,6 +46,10 @@ PLANS = [
     dict(method="qlora", precision="bf16", optimizer="adamw_8bit", gpus=3, seq_len=96),
     dict(method="lora", precision="bf16-mixed", optimizer="adamw_8bit", zero=1, gpus=2, seq_len=96),
     dict(method="qlora", precision="fp32", seq_len=100),
+    # the recipe settings (--lora-dropout, --fused-ce, --no-packing, --use-cache)
+    dict(method="lora", precision="bf16-mixed", lora_dropout=0.05, fused_ce=True, packing=False, use_cache=True,
+         seq_len=256),
+    dict(method="qlora", precision="bf16-mixed", lora_dropout=0.1, grad_ckpt=True, packing=False, seq_len=512),
 ]
 
 
@@ -126,9 +130,9 @@ def adapters_back(folder: Path) -> tuple[dict, object]:
         assert bnb is None
         return {"method": "full"}, None
     lora = LoraConfig(**json.loads((folder / "lora_config.json").read_text()))
-    assert lora.lora_dropout == 0.0  # no dropout: no dropped copy of each adapter's input
     targets = ("all-linear",) if lora.target_modules == "all-linear" else tuple(sorted(lora.target_modules))
-    return {"method": "qlora" if bnb else "lora", "lora_r": lora.r, "lora_targets": targets}, bnb
+    return {"method": "qlora" if bnb else "lora", "lora_r": lora.r, "lora_targets": targets,
+            "lora_dropout": lora.lora_dropout}, bnb
 
 
 def deepspeed_back(folder: Path, args, hidden: int) -> dict:
@@ -169,12 +173,16 @@ def knobs_back(folder: Path, hidden: int) -> TrainConfig:
     adapters, bnb = adapters_back(folder)
     if args.activation_checkpointing:
         assert args.activation_checkpointing_kwargs == {"use_reentrant": False}
-    assert args.use_cache is False
+    assert script.USE_CACHE == args.use_cache
+    if args.use_liger_kernel:  # the fused linear cross-entropy alone
+        assert args.liger_kernel_config == {"fused_linear_cross_entropy": True, "cross_entropy": False,
+                                            "rms_norm": False, "rope": False, "swiglu": False}
     attention = {"flash_attention_2": "flash"}.get(script.ATTENTION, script.ATTENTION)
     return TrainConfig(
         **adapters, precision=precision_back(args, script, bnb), optimizer=optimizer_back(args),
         micro_batch=args.per_device_train_batch_size, grad_accum=args.gradient_accumulation_steps,
         seq_len=script.SEQ_LEN, grad_ckpt=args.activation_checkpointing, attention=attention,
+        fused_ce=args.use_liger_kernel, packing=script.PACKED, use_cache=args.use_cache,
         **deepspeed_back(folder, args, hidden), **accelerate_back(folder, args),
     )
 
@@ -189,6 +197,9 @@ def test_the_plans_cover_every_knob():
     assert {c.lora_all_linear for c in configs if c.method.uses_adapters} == {True, False}
     assert len({c.gpus for c in configs}) > 2 and len({c.micro_batch for c in configs}) > 2
     assert len({c.grad_accum for c in configs}) > 2 and len({c.lora_r for c in configs}) > 3
+    for field in ("fused_ce", "packing", "use_cache"):
+        assert {getattr(c, field) for c in configs} == {False, True}, field
+    assert len({c.lora_dropout for c in configs}) > 2
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda kw: TrainConfig(**kw).label())
@@ -330,6 +341,20 @@ def test_an_encoder_trains_as_masked_lm_without_a_causal_task(tmp_path):
                        model="bert-base-uncased")
     assert import_script(folder / "train.py").MASKED_LM is True
     assert LoraConfig(**json.loads((folder / "lora_config.json").read_text())).task_type is None
+
+
+def test_an_encoder_decoder_trains_as_seq2seq(tmp_path):
+    from peft import LoraConfig
+
+    folder = emit_into(tmp_path / "t5", TrainConfig(method="lora", seq_len=256), model="t5-large")
+    script = import_script(folder / "train.py")
+    assert (script.SEQ2SEQ, script.MASKED_LM) == (True, False)
+    assert LoraConfig(**json.loads((folder / "lora_config.json").read_text())).task_type == "SEQ_2_SEQ_LM"
+
+
+def test_a_manual_loop_plan_says_the_emitted_trainer_needs_less(tmp_path):
+    folder = emit_into(tmp_path / "manual", TrainConfig(method="lora", loop="manual", seq_len=256))
+    assert "train.py uses the HF Trainer, which frees them: it needs less" in (folder / "PLAN.md").read_text()
 
 
 def test_suggest_emit_writes_the_top_plan_and_refuses_a_full_directory_before_planning(cli, tmp_path):

@@ -129,6 +129,9 @@ SCRIPT_RUNS = [
      "adapter_model.safetensors"),
     ("zero2-offload", dict(precision="bf16-mixed", zero=2, offload="optimizer", micro_batch=2, seq_len=32), "data.txt",
      "model.safetensors"),
+    # one row per sequence, padded per batch with an attention mask; LoRA dropout
+    ("lora-padded", dict(method="lora", precision="bf16-mixed", lora_dropout=0.1, packing=False, micro_batch=2,
+                         seq_len=32), "text.jsonl", "adapter_model.safetensors"),
 ]
 
 

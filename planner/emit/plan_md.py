@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from planner.config import Method, Optimizer, Precision, TrainConfig
-from planner.emit.settings import LORA_DROPOUT, MAX_GRAD_NORM, offload_words
+from planner.config import Loop
+from planner.emit.settings import MAX_GRAD_NORM, offload_words
 from planner.modelspec import ModelSpec
 from planner.results import Candidate, Measurement, PlanRequest
 from planner.units import format_bytes
@@ -79,16 +80,27 @@ def _memory_table(candidate: Candidate, *, usable: int) -> list[str]:
 def _loop_assumptions(config: TrainConfig) -> list[str]:
     """What the emitted files make true and the prediction rests on."""
     lines = [
-        f"every sequence is exactly {config.seq_len} tokens (packed, no padding, no attention mask)",
-        "no KV cache in training (use_cache=False); no evaluation while training",
+        f"every sequence is exactly {config.seq_len} tokens (packed, no padding, no attention mask)" if config.packing
+        else f"sequences padded to the longest in the batch, with an attention mask; the plan takes the longest as "
+             f"{config.seq_len} tokens (train.py truncates to it)",
+        ("a KV cache built in the forward (use_cache=True" + (", which transformers turns off under checkpointing)"
+                                                                if config.grad_ckpt else ")")
+         if config.use_cache else "no KV cache in training (use_cache=False)") + "; no evaluation while training",
         "the HF Trainer's step: forward, loss, the outputs freed before backward; gradients zeroed (set to None) "
         "after each optimizer step",
         f"gradients clipped to norm {MAX_GRAD_NORM} (a few scalars per step)",
     ]
+    if config.loop is Loop.MANUAL:
+        lines.append("the plan counts a hand-written loop that keeps `outputs` (logits, KV cache) alive through "
+                     "backward (--loop manual); train.py uses the HF Trainer, which frees them: it needs less")
+    if config.fused_ce:
+        lines.append("Liger's fused linear cross-entropy only (use_liger_kernel with liger_kernel_config; needs "
+                     "`pip install liger-kernel` and a CUDA GPU): the full logits are never materialised")
     if config.grad_ckpt:
         lines.append("non-reentrant activation checkpointing of every decoder layer (use_reentrant=False)")
     if config.method.uses_adapters:
-        lines.append(f"LoRA dropout {LORA_DROPOUT}: no dropped copy of each adapted layer's input")
+        lines.append(f"LoRA dropout {config.lora_dropout}: " + ("each adapted layer keeps a dropped copy of its input and "
+                     "the mask" if config.lora_dropout else "no dropped copy of each adapted layer's input"))
     if config.optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
         lines.append("8-bit states for the embeddings too (train.py undoes the Trainer's 32-bit override)")
     if config.zero:

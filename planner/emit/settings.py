@@ -35,9 +35,12 @@ MAX_GRAD_NORM = 1.0
 #: the checkpointing the worker applies (workers/train.py _apply_training_setup): non-reentrant,
 #: which saves each checkpointed block's input only and needs no input that requires grad
 CHECKPOINTING_KWARGS = {"use_reentrant": False}
-#: LoRA dropout: 0 makes peft use nn.Identity, so an adapter saves no dropped copy of its input
-#: (the memory model counts none; workers/train.py uses lora_dropout=0.0)
-LORA_DROPOUT = 0.0
+#: Liger's kernels the Trainer applies with use_liger_kernel (transformers integrations/liger.py
+#: apply_liger_kernel passes these to _apply_liger_kernel_to_instance): only the fused linear
+#: cross-entropy the plan counts (``--fused-ce``); the others change activations the model
+#: counts for the stock modules
+LIGER_FUSED_CE_ONLY = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rms_norm": False,
+                       "rope": False, "swiglu": False}
 #: lora_alpha = 2 r (the worker's choice; alpha only scales the update, it costs no memory)
 LORA_ALPHA_PER_RANK = 2
 #: the file names the settings refer to each other by
@@ -77,8 +80,8 @@ def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
         "adam_beta2": ADAM_BETAS[1],
         "adam_epsilon": ADAM_EPS,
         "max_grad_norm": MAX_GRAD_NORM,
-        # no KV cache in training: the model counts none (the worker passes use_cache=False)
-        "use_cache": False,
+        # the KV cache the plan counts (``--use-cache``; transformers drops it under checkpointing)
+        "use_cache": config.use_cache,
         # no evaluation during training: its activations and gathered logits are not planned
         "eval_strategy": "no",
         "num_train_epochs": 1,
@@ -96,6 +99,9 @@ def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
         args["weight_decay"] = 0.0
     if config.zero:
         args["deepspeed"] = DEEPSPEED_FILE
+    if config.fused_ce:
+        args["use_liger_kernel"] = True
+        args["liger_kernel_config"] = dict(LIGER_FUSED_CE_ONLY)
     if on_cpu:
         # the Trainer refuses bf16 on a machine without a GPU unless told to train on the CPU
         args["use_cpu"] = True
@@ -110,11 +116,11 @@ def lora_config(config: TrainConfig, *, spec: ModelSpec) -> dict[str, Any] | Non
     return {
         "r": config.lora_r,
         "lora_alpha": LORA_ALPHA_PER_RANK * config.lora_r,
-        "lora_dropout": LORA_DROPOUT,
+        "lora_dropout": config.lora_dropout,
         "target_modules": targets,
         "bias": "none",
         # encoders train as masked LM without a task head wrapper, as in the worker
-        "task_type": None if spec.is_encoder else "CAUSAL_LM",
+        "task_type": None if spec.is_encoder else "SEQ_2_SEQ_LM" if spec.is_encoder_decoder else "CAUSAL_LM",
     }
 
 
@@ -196,7 +202,7 @@ def offload_words(config: TrainConfig) -> str:
 
 
 __all__ = [
-    "CHECKPOINTING_KWARGS", "DEEPSPEED_FILE", "LORA_DROPOUT", "MAX_GRAD_NORM", "OPTIM_NAMES", "SGD_OPTIM_ARGS",
+    "CHECKPOINTING_KWARGS", "DEEPSPEED_FILE", "LIGER_FUSED_CE_ONLY", "MAX_GRAD_NORM", "OPTIM_NAMES", "SGD_OPTIM_ARGS",
     "accelerate_config", "bnb_config", "deepspeed_config", "lora_config", "model_dtype", "to_yaml",
     "training_arguments",
 ]

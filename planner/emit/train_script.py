@@ -20,8 +20,7 @@ Run it from anywhere, the settings are read from this file's folder:
 
 DATA is a .txt file, a .json/.jsonl file with one {"text": ...} (or {"input_ids": [...]}) per
 line, or a Hugging Face datasets name (needs `pip install datasets`). Text is tokenized with the
-model's tokenizer and packed into sequences of exactly SEQ_LEN tokens: nothing is padded, no
-attention mask is built, which is what the memory prediction in PLAN.md assumes. So are
+model's tokenizer and $data_doc, which is what the memory prediction in PLAN.md assumes. So are
 training_args.json, lora_config.json, bnb_config.json and ds_config.json: change a value there and
 the prediction no longer holds.
 """
@@ -37,6 +36,9 @@ SEQ_LEN = $seq_len  # tokens per sequence
 MODEL_DTYPE = $dtype_repr  # $dtype_why
 ATTENTION = $attention_repr  # transformers' attn_implementation
 MASKED_LM = $masked_lm  # True for an encoder (BERT-like), trained as masked LM
+SEQ2SEQ = $seq2seq  # True for an encoder-decoder (T5-like): the labels are the input, shifted by the model
+PACKED = $packed  # True: sequences packed to SEQ_LEN; False: one row per sequence, padded per batch
+USE_CACHE = $use_cache  # transformers' use_cache in the training forward
 
 
 def read_settings(name):
@@ -46,15 +48,15 @@ def read_settings(name):
 
 def load_model(name):
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, BitsAndBytesConfig
 
     bnb = read_settings("bnb_config.json")
-    auto = AutoModelForMaskedLM if MASKED_LM else AutoModelForCausalLM
+    auto = AutoModelForMaskedLM if MASKED_LM else AutoModelForSeq2SeqLM if SEQ2SEQ else AutoModelForCausalLM
     model = auto.from_pretrained(
         name, dtype=getattr(torch, MODEL_DTYPE), attn_implementation=ATTENTION,
         quantization_config=BitsAndBytesConfig(**bnb) if bnb else None,
     )
-    model.config.use_cache = False
+    model.config.use_cache = USE_CACHE
     return model
 
 
@@ -104,6 +106,18 @@ def packed_sequences(rows, model_name):
     return blocks, tokenizer
 
 
+def padded_rows(rows, model_name):
+    """One sequence per row, truncated to SEQ_LEN tokens; the collator pads each batch to its longest."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_name)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    blocks = [list(row["input_ids"])[:SEQ_LEN] if "input_ids" in row
+              else tokenizer(row["text"], truncation=True, max_length=SEQ_LEN)["input_ids"] for row in rows]
+    return [b for b in blocks if b], tokenizer
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=MODEL, help=f"model id or folder (default {MODEL})")
@@ -128,14 +142,19 @@ def build_trainer(argv=None):
     # before the model is loaded: with ZeRO-3 the weights load already partitioned
     args = TrainingArguments(**settings)
     model = add_adapters(load_model(cli.model), args)
-    blocks, tokenizer = packed_sequences(read_rows(cli.dataset), cli.model)
-    if MASKED_LM:
+    rows = read_rows(cli.dataset)
+    blocks, tokenizer = packed_sequences(rows, cli.model) if PACKED else padded_rows(rows, cli.model)
+    if not PACKED and not MASKED_LM:
+        # pads input_ids and the attention mask; labels are input_ids with padding set to -100
+        collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+        data = [{"input_ids": b} for b in blocks]
+    elif MASKED_LM:
         from transformers import AutoTokenizer
 
         collator = DataCollatorForLanguageModeling(tokenizer or AutoTokenizer.from_pretrained(cli.model), mlm=True)
         data = [{"input_ids": b} for b in blocks]
     else:
-        collator = default_data_collator  # causal LM: the model shifts the labels itself
+        collator = default_data_collator  # the model shifts the labels itself
         data = [{"input_ids": b, "labels": b} for b in blocks]
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
     if "8bit" in args.optim:
@@ -161,13 +180,17 @@ if __name__ == "__main__":
 
 def render_train_script(
     *, model: str, plan_id: str, rank: int, label: str, seq_len: int, dtype: str, dtype_why: str,
-    attention: str, masked_lm: bool, dataset: str | None,
+    attention: str, masked_lm: bool, dataset: str | None, seq2seq: bool = False, packed: bool = True,
+    use_cache: bool = False,
 ) -> str:
     """The text of ``train.py`` for one plan."""
+    data_doc = ("packed into sequences of exactly SEQ_LEN tokens: nothing is padded, no attention mask is built"
+                if packed else "each row is one sequence of at most SEQ_LEN tokens, padded to the longest in its "
+                "batch with an attention mask (the plan counts batches whose longest is SEQ_LEN)")
     return _TEMPLATE.substitute(
         model=model, plan_id=plan_id, rank=rank, label=label, model_repr=repr(model), dataset_repr=repr(dataset),
         seq_len=seq_len, dtype_repr=repr(dtype), dtype_why=dtype_why, attention_repr=repr(attention),
-        masked_lm=masked_lm,
+        masked_lm=masked_lm, seq2seq=seq2seq, packed=packed, use_cache=use_cache, data_doc=data_doc,
     )
 
 
