@@ -30,7 +30,7 @@ from planner.memory.reserve import reserved_and_total
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, trained
 from planner.memory.states import StaticTerms, static_terms
-from planner.memory.step import NO_STATIC, batch_terms, phase_totals
+from planner.memory.step import NO_STATIC, batch_terms, first_block_gradients, phase_totals
 from planner.modelspec import LinearKind, ModelSpec
 from planner.results import Candidate, PlanRequest, PlanResult, Rejection, ThroughputEstimate
 from planner.throughput import estimate_throughput, step_breakdown, tokens_per_second
@@ -241,11 +241,14 @@ class MemoryMemo:
         moment's static part."""
         key = _static_key(config)
         if key not in self._static:
-            static = static_terms(self.model, config, self.kernels, self.trained(config))
+            t = self.trained(config)
+            static = static_terms(self.model, config, self.kernels, t)
             resident = static.resident_bytes
+            block_grads = sum(first_block_gradients(self.model, config, static.gradients, t))
             parts = tuple(
                 tuple(resident + x for x in phase_totals(
-                    static=static, saved=0, recompute=0, fwd_logits=0, bwd_logits=0, accumulating=acc))
+                    static=static, saved=0, recompute=0, fwd_logits=0, bwd_logits=0, accumulating=acc,
+                    block_grads=block_grads))
                 for acc in (False, True)
             )
             self._static[key] = (static, parts)
@@ -263,7 +266,8 @@ class MemoryMemo:
                                     self.kernels, self.trained(config).target_names)
                 at.append(phase_totals(static=NO_STATIC, saved=terms.saved, recompute=terms.recompute,
                                        fwd_logits=terms.forward_logits, bwd_logits=terms.backward_logits,
-                                       accumulating=False, cache=terms.kv_cache, kept=terms.kept))
+                                       accumulating=False, cache=terms.kv_cache, kept=terms.kept,
+                                       block_live=terms.block_live))
             self._batch[key] = (at[0], tuple(two - one for one, two in zip(*at)))
         return self._batch[key]
 

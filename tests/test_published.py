@@ -199,29 +199,21 @@ def test_a_source_that_measures_its_context_plans_its_rows_with_it():
     assert published.score_row(ROWS["fms-mistral-lora-bs4-nvidia"], DATA["sources"])["context_bytes"] == 512 * 2**20
 
 
-def test_checkpointed_block_backward_is_attributed_from_the_models_own_terms():
-    from planner.memory.activations import HEAD_TERMS, block_terms, breakdown_key
-    from planner.memory.shapes import block_context
-    from planner.memory.timeline import step_timeline
+def test_the_checkpointed_block_backward_is_the_models_own_moment():
+    from planner.memory import estimate_memory
 
     # no checkpointing, no such moment
     spec, gpu, config, _ = published.map_row(ROWS["hf-vanilla-bs4"])
-    assert published.first_block_backward(spec, config, gpu) is None
-    # Mistral QLoRA, batch 4 x 4096 tokens, fp32 residual stream (prepare_model_for_kbit_training): the residual
-    # gradient and the recomputed block's output are 2 x 16384 x 4096 x 4 B = 536,870,912 B on top of what lives
-    # at the loss' backward outside the head, the recomputed block and its MLP product's three gradients
+    assert published.block_moment(spec, config, gpu) is None
+    # Mistral QLoRA, fp32 residual stream (prepare_model_for_kbit_training): the moment is the predicted peak
     spec, gpu, config, _ = published.map_row(ROWS["fms-mistral-qlora-bs4-alloc"])
-    moment = published.first_block_backward(spec, config, gpu)
-    timeline = step_timeline(model=spec, config=config, kernels=gpu.kernels)
-    live = timeline.live_at(timeline.marks["backward_start"])
-    head = {breakdown_key(k) for k in HEAD_TERMS} | {"logits/transient", "autocast/weight_casts"}
-    block = block_terms(block_context(spec, config, gpu.kernels, first=False))
-    rest = sum(v for k, v in live.items() if k not in head) + sum(block.values()) + block["mlp/intermediate"]
-    assert moment - rest == 2 * 4 * 4096 * 4096 * 4 == 536_870_912
-    # the finding: above the model's peak for fp32-residual QLoRA, below it for pure-fp16 LoRA of the same file
-    assert moment > timeline.peak
+    moment, others = published.block_moment(spec, config, gpu)
+    est = estimate_memory(model=spec, config=config, gpu=gpu)
+    assert moment > others and est.peak_phase == "first_block_backward" and est.peak_allocated_bytes == moment
+    # pure-fp16 LoRA of the same file: below the other moments
     spec, gpu, config, _ = published.map_row(ROWS["fms-mistral-lora-bs4-alloc"])
-    assert published.first_block_backward(spec, config, gpu) < step_timeline(model=spec, config=config, kernels=gpu.kernels).peak
+    moment, others = published.block_moment(spec, config, gpu)
+    assert moment < others
 
 
 def test_every_fully_stated_row_that_misses_the_target_says_why():

@@ -15,7 +15,8 @@ from planner.config import TrainConfig
 from planner.gpus import get_gpu
 from planner.memory import estimate_memory
 from planner.memory.states import static_terms
-from planner.memory.step import PHASES, batch_terms, phase_breakdowns
+from planner.memory.parameters import trained
+from planner.memory.step import PHASES, batch_terms, first_block_gradients, phase_breakdowns
 from planner.memory.timeline import CATEGORIES, category, step_timeline
 from planner.search import SearchSpace, enumerate_configs, totals_by_split
 
@@ -31,7 +32,8 @@ SMALL = {  # the accuracy bench's architectures at a glance: every block and att
 
 
 def _models():
-    models = [resolve_model(name) for name in ("meta-llama/Llama-2-7b-hf", "Qwen/Qwen2.5-1.5B", "mistralai/Mixtral-8x7B-v0.1")]
+    models = [resolve_model(name) for name in ("meta-llama/Llama-2-7b-hf", "Qwen/Qwen2.5-1.5B", "mistralai/Mixtral-8x7B-v0.1",
+                                               "t5-large")]
     return models + [spec_from_config(cfg, model_id=f"small/{arch}", source="test") for arch, cfg in SMALL.items()]
 
 
@@ -55,8 +57,10 @@ def _cases():
 @pytest.mark.parametrize("model, gpu, config", list(_cases()))
 def test_every_mark_holds_exactly_what_the_moment_lists(model, gpu, config):
     kernels = gpu.kernels
-    moments = phase_breakdowns(static_terms(model, config, kernels), batch_terms(model, config, kernels),
-                               accumulating=config.grad_accum > 1)
+    t = trained(model, config)
+    static = static_terms(model, config, kernels, t)
+    moments = phase_breakdowns(static, batch_terms(model, config, kernels), accumulating=config.grad_accum > 1,
+                               block_grads=sum(first_block_gradients(model, config, static.gradients, t)))
     timeline = step_timeline(model=model, config=config, kernels=kernels)
     for name in PHASES:
         assert timeline.live_at(timeline.marks[name]) == moments[name], name
@@ -119,7 +123,8 @@ def test_phase_totals_are_the_sums_of_what_each_moment_lists():
 
     names = [f.name for f in dataclasses.fields(StaticTerms) if f.name != "resident"]
     static = StaticTerms(resident={"weights": 1}, **{name: 1 << (10 + 2 * i) for i, name in enumerate(names)})
-    batch = dict(saved=1 << 1, recompute=1 << 3, fwd_logits=1 << 5, bwd_logits=1 << 7)
+    batch = dict(saved=1 << 1, recompute=1 << 3, fwd_logits=1 << 5, bwd_logits=1 << 7, block_live=1 << 9,
+                 block_grads=1 << 40)
     for accumulating in (False, True):
         listed = phases(static=static, **batch, accumulating=accumulating)
         assert phase_totals(static=static, **batch, accumulating=accumulating) == tuple(

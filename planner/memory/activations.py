@@ -21,6 +21,7 @@ from planner.config import Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
 from planner.memory.attention import attention_terms, padding_mask
 from planner.memory.dtypes import ADAPTER_BYTES, FP32, HALF, INT64, DtypeMode, mode_of
+from planner.memory.parameters import lora_targets
 from planner.memory.shapes import BlockContext, Dims, block_context, dims_of
 from planner.modelspec import LinearKind, LinearSpec, ModelSpec
 
@@ -62,6 +63,8 @@ TERM_SOURCES = {
     "lora/weight_casts": "16-bit copies of the fp32 adapters under autocast",
     "checkpoints": "torch.utils.checkpoint (non-reentrant) keeps each block's input",
     "recompute": "one block's saved tensors rebuilt during backward under checkpointing",
+    "block_backward": "the backward of the last block (the first backward reaches): the gradient of its output and the "
+                      "MLP's gradients at the activation product (block_backward_terms)",
     "embeddings": "int64 token ids (embedding backward), rotary cos/sin, embedding LayerNorm input",
     "lm_head/transform": "BertPredictionHeadTransform's gelu input",
     "final_norm": "the final norm's saved tensors",
@@ -152,7 +155,7 @@ def _dropped_bytes(ctx: BlockContext, lin: LinearSpec) -> int:
             LinearKind.ATTN_OUT: ctx.mode.attn, LinearKind.MLP_OUT: ctx.mode.compute}[lin.kind]
 
 
-def _lora_dropout(ctx: BlockContext) -> int:
+def _lora_dropout(ctx: BlockContext, kinds: frozenset[LinearKind] | None = None) -> int:
     """Per adapted linear (its own nn.Dropout, also where q, k and v read one tensor): the mask,
     kept when the input needs a gradient (autograd records dropout only then), and the dropped
     copy where lora_A saves it as it is. Under autocast lora_A saves a 16-bit cast of the dropped
@@ -160,7 +163,7 @@ def _lora_dropout(ctx: BlockContext) -> int:
     fp32 dropped copy instead of the fp32 cast (same): there only the mask is new."""
     total = 0
     for lin in ctx.model.layer_linears:
-        if not ctx.targeted(lin):
+        if not ctx.targeted(lin) or (kinds is not None and lin.kind not in kinds):
             continue
         n = lin.active * ctx.dims.tokens * lin.in_features
         dropped = _dropped_bytes(ctx, lin)
@@ -389,7 +392,93 @@ def recompute_bytes(model: ModelSpec, config: TrainConfig, kernels: KernelProfil
     return sum(block_terms(block_context(model, config, kernels, first=False, targets=targets)).values())
 
 
+#: the MLP's output projection (down_proj / fc2 / dense_4h_to_h), the first linear backward reaches in a block
+_DOWN = frozenset({LinearKind.MLP_OUT})
+
+
+def _down_saved(ctx: BlockContext) -> int:
+    """What the MLP's output projection saved, released once its backward ran (autograd frees a
+    node's saved tensors after it runs; torch.utils.checkpoint's unpack_hook drops its reference
+    to a recomputed one as it hands it out: ``holder.handles[gid] = None``, torch 2.13
+    utils/checkpoint.py:1206): its input (the activation product, or the adapter's cast of it),
+    lora_B's input (lora_A's output), the 16-bit weight casts and the adapter dropout. Not the
+    product when the activation keeps it as its own output (relu)."""
+    model, mode, e = ctx.model, ctx.mode, ctx.dims.tokens
+    down = ctx.of_kind(LinearKind.MLP_OUT)
+    targeted = [lin for lin in down if ctx.targeted(lin)]
+    keeps_output = not model.gated_mlp and model.hidden_act in ACTIVATION_SAVES_OUTPUT
+    inter = ctx.dims.tokens * ctx.dims.i * mode.compute
+    total = 0
+    if (ctx.full or (targeted and (ctx.adapter_saves_shared_input or bool(mode.adapter_input)))) and not keeps_output:
+        total += inter  # _mlp_intermediate's "down saves the product"
+        if not ctx.full and mode.adapter_input:
+            total += sum(e * lin.in_features * (mode.adapter_input - mode.compute) for lin in targeted)
+    r = ctx.config.lora_r or 0
+    total += sum(lin.active * e * r * (HALF if mode.autocast else FP32) for lin in targeted)
+    if mode.autocast:
+        if ctx.config.method is not Method.QLORA:
+            total += sum(lin.count * lin.in_features * lin.out_features * 2 for lin in down)
+        total += sum(lin.count * r * (lin.out_features + lin.in_features) * 2 for lin in targeted)
+    if targeted and ctx.lora_dropout:
+        total += _lora_dropout(ctx, _DOWN)
+    return total
+
+
+def block_backward_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                         targets: frozenset[str] | None = None) -> dict[str, int]:
+    """What the backward of the last block (the first block backward reaches) adds to the saved
+    tensors that outlive the head's backward, by term; its peak is at the MLP's activation
+    product (measured on the CPU, tests/test_block_backward.py).
+
+    * ``recompute`` (checkpointing): the block's saved tensors rebuilt while every checkpoint is
+      still held (torch.utils.checkpoint, non-reentrant: the first unpack_hook runs
+      ``frame.recompute_fn`` under enable_grad, utils/checkpoint.py:1175-1183; transformers'
+      GradientCheckpointingLayer wraps each decoder layer, modeling_layers.py), less what the MLP's
+      output projection saved (released by then, ``_down_saved``), less the block's own input
+      when the first norm's saved input is that very tensor: LayerNorm saves its input, and
+      RMSNorm's ``hidden_states.to(torch.float32)`` (modeling_llama.py LlamaRMSNorm.forward) is
+      the same tensor when the residual stream is fp32 (autocast, QLoRA after
+      prepare_model_for_kbit_training), so the checkpoint is counted once;
+    * ``block_backward``: the gradient of the block's output (the residual stream's dtype), held
+      until the attention half's gradient is added to it, and the MLP's gradients at the product
+      ``act(gate) * up`` (LlamaMLP.forward): the product's gradient and both operands' (mul's
+      backward: grad * other for each, derivatives.yaml ``mul.Tensor``), three intermediate-sized
+      tensors in the projections' output dtype; with LoRA on the output projection the product's
+      gradient is first the sum of the base layer's and the adapter's (autograd's input buffer
+      adds them out of place), three again. A plain MLP (fc1 -> act -> fc2) holds two: the
+      activation's output gradient and its input's. QLoRA's projections return fp32
+      (bitsandbytes Linear4bit.forward ``out.to(inp_dtype)``, nn/modules.py; MatMul4Bit.backward
+      returns ``grad_A`` in the input's dtype, autograd/_functions.py), so these are fp32. An MoE
+      block runs its experts one after another (MixtralSparseMoeBlock), one expert's share of
+      the routed tokens at a time. Without checkpointing the block's saved tensors are already
+      alive; the released output-projection tensors come off this term instead.
+    """
+    dims = dims_of(model, config)
+    ctx = block_context(model, config, kernels, first=model.num_layers == 1, targets=targets, dims=dims)
+    mode, e = ctx.mode, dims.tokens
+    experts = max(model.num_experts, 1)
+    grads = (3 if model.gated_mlp else 2) * e * dims.i * mode.compute // experts
+    released = _down_saved(ctx) // experts
+    g_out = e * dims.h * mode.residual
+    if not config.grad_ckpt:
+        return {"block_backward": g_out + grads - released}
+    first_norm_holds_input = model.norm != "rmsnorm" or mode.residual == FP32
+    own = checkpoint_bytes(model, dims, mode) if first_norm_holds_input else 0
+    return {"recompute": sum(block_terms(ctx).values()) - released - own, "block_backward": g_out + grads}
+
+
+def down_gradient_params(model: ModelSpec, config: TrainConfig, targets: frozenset[str] | None = None) -> int:
+    """Trainable elements of one block's MLP output projection, whose gradient its backward
+    makes first (full: the weight and bias; LoRA: A and B of each adapted one)."""
+    down = [lin for lin in model.layer_linears if lin.kind is LinearKind.MLP_OUT]
+    if config.method is Method.FULL:
+        return sum(lin.params for lin in down)
+    r = config.lora_r or 0
+    names = targets if targets is not None else frozenset(lin.name for lin in lora_targets(model, config))
+    return sum(lin.count * r * (lin.in_features + lin.out_features) for lin in down if lin.name in names)
+
+
 __all__ = ["ACTIVATION_SAVED", "ACTIVATION_SAVED_DEFAULT", "ACTIVATION_SAVES_OUTPUT", "HEAD_TERMS", "TERM_SOURCES",
-           "activation_breakdown", "block_terms", "breakdown_key", "checkpoint_bytes", "fused_ce_chunk_rows",
+           "activation_breakdown", "block_backward_terms", "block_terms", "breakdown_key", "checkpoint_bytes", "down_gradient_params", "fused_ce_chunk_rows",
            "fused_ce_transient", "kernels_of", "kv_cache_block_bytes", "logits_backward_transient",
            "logits_forward_transient", "manual_loop_logits", "model_level_terms", "recompute_bytes"]

@@ -1,12 +1,17 @@
 """The moments of one optimizer step at which memory can peak, and what lives at each.
 
-A training step goes through five moments, and the peak is the largest:
+A training step goes through six moments, and the peak is the largest:
 
 * ``forward``: static model states + every tensor saved for backward + the logits/loss
   temporaries at the end of the forward pass (the last micro-step of an accumulation, when the
   previous micro-steps' gradients already exist);
 * ``backward_start``: the saved tensors are still alive and the loss' backward allocates the
   gradient of the logits (for large vocabularies this is the peak);
+* ``first_block_backward``: the backward of the last block, the first one backward reaches: the
+  head's saved tensors are gone, every block's checkpoint (or saved tensors) is still held, under
+  checkpointing the block is recomputed, and its MLP's gradients sit on top
+  (``activations.block_backward_terms``; for small vocabularies and long sequences, and for QLoRA's
+  fp32 residual stream, this is the peak);
 * ``backward_end``: most saved tensors are released and every gradient exists;
 * ``optimizer_start``: DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition;
 * ``optimizer``: gradients + optimizer states + the optimizer's own temporaries.
@@ -18,25 +23,35 @@ search's fast path evaluates (``planner.search``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from planner.config import Loop, TrainConfig
+from planner.config import Loop, Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.activations import (
+    HEAD_TERMS,
     activation_breakdown,
+    block_backward_terms,
+    breakdown_key,
+    down_gradient_params,
     kv_cache_block_bytes,
     logits_backward_transient,
     logits_forward_transient,
     manual_loop_logits,
+    model_level_terms,
     recompute_bytes,
 )
 from planner.memory.dtypes import mode_of
+from planner.memory.parameters import Trained
 from planner.memory.shapes import dims_of
 from planner.memory.states import StaticTerms
 from planner.modelspec import ModelSpec
 
 #: the moments of a step, in the order they happen
-PHASES = ("forward", "backward_start", "backward_end", "optimizer_start", "optimizer")
+PHASES = ("forward", "backward_start", "first_block_backward", "backward_end", "optimizer_start", "optimizer")
+
+#: model-level saved tensors the output side keeps, freed by the head's backward before any block's
+#: (the lm_head's 16-bit weight cast under autocast among them)
+HEAD_SAVED = HEAD_TERMS | {"autocast/weight_casts"}
 
 
 @dataclass(frozen=True)
@@ -56,10 +71,17 @@ class BatchTerms:
     kept: int = 0
     """What a hand-written loop's ``outputs`` keeps past the loss (its logits and KV cache) until
     the next forward returns; 0 with the HF Trainer, whose compute_loss drops the outputs."""
+    block_backward: dict[str, int] = field(default_factory=dict)
+    """Activations live at the first block's backward, by breakdown key: the saved tensors less
+    the head's, plus ``activations.block_backward_terms``."""
 
     @property
     def saved(self) -> int:
         return sum(self.activations.values())
+
+    @property
+    def block_live(self) -> int:
+        return sum(self.block_backward.values())
 
 
 def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
@@ -68,24 +90,65 @@ def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     dims, mode = dims_of(model, config), mode_of(config)
     cache = model.num_layers * kv_cache_block_bytes(model, config, dims, mode)
     manual = config.loop is Loop.MANUAL
+    activations = activation_breakdown(model, config, kernels=kernels, targets=targets)
     return BatchTerms(
-        activations=activation_breakdown(model, config, kernels=kernels, targets=targets),
+        activations=activations,
         recompute=recompute_bytes(model, config, kernels, targets),
         forward_logits=logits_forward_transient(dims, mode, config),
         backward_logits=logits_backward_transient(dims, mode, config),
         kv_cache=cache,
         kept=manual_loop_logits(dims, mode, config) + cache if manual else 0,
+        block_backward=_block_backward(model, config, kernels, targets, activations),
     )
 
 
+def _block_backward(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, targets: frozenset[str] | None,
+                    activations: dict[str, int]) -> dict[str, int]:
+    """The saved tensors less the head's (``HEAD_SAVED``), plus what the first block's backward adds."""
+    live = dict(activations)
+    if model.is_encoder_decoder:
+        # the decoder's head: its final norm and dropout too (``encdec.timeline_parts``)
+        from planner.memory.encdec import timeline_parts
+
+        for key, nbytes in timeline_parts(model, config, kernels, targets)[2].items():
+            live[key] -= nbytes
+    else:
+        level = model_level_terms(model, config, dims_of(model, config), mode_of(config), kernels)
+        for term, nbytes in level.items():
+            if term in HEAD_SAVED and nbytes:
+                live[breakdown_key(term)] -= nbytes
+    for term, nbytes in block_backward_terms(model, config, kernels, targets).items():
+        key = breakdown_key(term)
+        live[key] = live.get(key, 0) + nbytes
+    return {k: v for k, v in live.items() if v}
+
+
+def first_block_gradients(model: ModelSpec, config: TrainConfig, gradients: int, t: Trained) -> tuple[int, int]:
+    """(the head's, the MLP output projection's) shares of ``gradients`` (in proportion to their
+    trainable elements, as the timeline shares them out): what exists at the first block's
+    backward besides earlier micro-steps' gradients. Full fine-tuning: the head's backward has
+    made the lm_head's and the final norm's (a tied head's partial, vocab x hidden, waits in the
+    embedding's input buffer); then the output projection's backward makes its own."""
+    if not t.count:
+        return 0, 0
+    head = 0
+    if config.method is Method.FULL:
+        head = model.head_params + model.final_norm_params + (model.lm_head_params if model.tied_embeddings else 0)
+    down = down_gradient_params(model, config, t.target_names)
+    return gradients * head // t.count, gradients * down // t.count
+
+
 def phases(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
-           accumulating: bool, cache: int = 0, kept: int = 0) -> dict[str, dict[str, int]]:
+           accumulating: bool, cache: int = 0, kept: int = 0, block_live: int = 0,
+           block_grads: int = 0) -> dict[str, dict[str, int]]:
     """What lives beside the resident model states at each moment of a step, by breakdown
     component ("activations" stands for every saved-activation term). During accumulation the
     previous micro-steps' gradients exist in the forward. ``cache``: the KV cache the forward
     builds; ``kept``: what a hand-written loop's outputs keep (``BatchTerms``), at the end of the
     forward those of the previous micro-step, which the name releases only when the forward
-    returns, afterwards this one's."""
+    returns, afterwards this one's. ``block_live``: the activations live at the first block's
+    backward (``BatchTerms.block_backward``, listed as "activations/first_block"); ``block_grads``:
+    the gradients made by then (``first_block_gradients``), unless earlier micro-steps' exist."""
     grads_fwd = static.gradients if accumulating else 0
     loop = {"loop/manual_outputs": kept}
     return {
@@ -96,6 +159,11 @@ def phases(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, 
         # is gathered again: both belong to the rest of backward, after the logits' gradients
         # are freed (measured: ZeRO-3 on one rank holds no gathered parameters here)
         "backward_start": {"activations": saved, "logits/transient": bwd_logits, "gradients": grads_fwd, **loop},
+        # the head's gradients are made and its saved tensors freed; the running block's
+        # parameters are gathered again under ZeRO-3
+        "first_block_backward": {"activations/first_block": block_live,
+                                 "gradients": static.gradients if accumulating else block_grads,
+                                 "zero3/gathered_params": static.gathered, **loop},
         "backward_end": {"activations/recompute": recompute, "gradients": static.gradients,
                          "zero3/gathered_params": static.gathered,
                          "gradients/tied_embedding_partials": static.tied_gradient_sum, **loop},
@@ -109,37 +177,44 @@ NO_STATIC = StaticTerms(resident={}, gradients=0, gathered=0, paged=0, host=0, o
 
 
 def phase_totals(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
-                 accumulating: bool, cache: int = 0, kept: int = 0) -> tuple[int, ...]:
+                 accumulating: bool, cache: int = 0, kept: int = 0, block_live: int = 0,
+                 block_grads: int = 0) -> tuple[int, ...]:
     """The bytes ``phases`` lists at each moment (resident states not included), as plain sums:
     the search's memo makes thousands of these, and building ``phases``' dicts to add them up
     took a quarter of a search (tests/test_timeline.py checks the two agree term by term). Every
     moment is a sum of static and per-micro-batch terms, so the totals are additive:
     totals(static, batch) = totals(static, no batch) + totals(NO_STATIC, batch), which the
-    search's fast path uses."""
+    search's fast path uses (``block_grads`` is a static term, ``block_live`` a per-micro-batch one)."""
     grads_fwd = static.gradients if accumulating else 0
     return (
         saved + fwd_logits + grads_fwd + static.gathered + cache + kept,
         saved + bwd_logits + grads_fwd + kept,
+        block_live + (static.gradients if accumulating else block_grads) + static.gathered + kept,
         recompute + static.gradients + static.gathered + static.tied_gradient_sum + kept,
         static.gradients + static.zero_gradient_flatten + kept,
         static.optimizer_gradients + static.optimizer_step + kept,
     )
 
 
-def phase_breakdowns(static: StaticTerms, batch: BatchTerms, *, accumulating: bool) -> dict[str, dict[str, int]]:
+def phase_breakdowns(static: StaticTerms, batch: BatchTerms, *, accumulating: bool,
+                     block_grads: int = 0) -> dict[str, dict[str, int]]:
     """Every moment's live bytes by breakdown key, resident states included (zero terms dropped)."""
     out = {}
     for name, parts in phases(static=static, saved=batch.saved, recompute=batch.recompute,
                               fwd_logits=batch.forward_logits, bwd_logits=batch.backward_logits,
-                              accumulating=accumulating, cache=batch.kv_cache, kept=batch.kept).items():
+                              accumulating=accumulating, cache=batch.kv_cache, kept=batch.kept,
+                              block_live=batch.block_live, block_grads=block_grads).items():
         breakdown = dict(static.resident)
         for component, size in parts.items():
             if component == "activations":
                 breakdown.update(batch.activations)
+            elif component == "activations/first_block":
+                breakdown.update(batch.block_backward)
             else:
                 breakdown[component] = size
         out[name] = {k: int(v) for k, v in breakdown.items() if v}
     return out
 
 
-__all__ = ["NO_STATIC", "PHASES", "BatchTerms", "batch_terms", "phase_breakdowns", "phase_totals", "phases"]
+__all__ = ["HEAD_SAVED", "NO_STATIC", "PHASES", "BatchTerms", "batch_terms", "first_block_gradients", "phase_breakdowns",
+           "phase_totals", "phases"]

@@ -2,9 +2,12 @@
 
 Forward block by block (the running block's ZeRO-3 parameters, the embeddings' saved tensors,
 each block's saved tensors or its checkpoint, the head's, the logits at the loss), the loss'
-backward, backward block by block (each block's saved tensors released and its gradients made),
-the end of backward (the recomputed block under checkpointing, the output head's and the
-embeddings' gradients, a tied embedding's two partial gradients), and the optimizer step
+backward, the head's (its gradients made, its saved tensors freed), the backward of the last
+block (recomputed under checkpointing while every checkpoint is held, its MLP output projection's
+gradients and the gradients at the activation product on top), backward block by block (each
+block's saved tensors released and its gradients made), the end of backward (the recomputed
+block under checkpointing, the embeddings' gradients, a tied embedding's two partial
+gradients), and the optimizer step
 (ZeRO's flattened gradients, the step's temporaries). With gradient accumulation the first
 micro-step is drawn, then the last one, in which the earlier micro-steps' gradients exist; the
 ones between repeat the last.
@@ -13,10 +16,12 @@ The moments of ``planner.memory.step`` are marks on this timeline, and the live 
 mark are exactly what ``step.phases`` lists: peak, moment and breakdown are read from here.
 Between marks the events are ordered so that no point exceeds the marks around it, which is the
 accounting the moments make (measured exact on the CPU rows of bench/accuracy.py): within a
-block, backward releases the saved tensors before it makes the gradients; the output head's and
-the embeddings' gradients, and under checkpointing the recomputed block, are drawn at the end
-of backward where the model counts them. (A recomputed block really runs while the earlier
-blocks' checkpoints are alive; the model does not count those few residual-sized tensors.)
+block, backward releases the saved tensors before it makes the gradients; the embeddings'
+gradients, and under checkpointing the first block's recompute, are drawn at the end of
+backward where the model counts them. The recompute of the last block, the first backward
+reaches, is drawn where it runs, with every checkpoint alive (``first_block_backward``); the
+blocks between are recomputed one at a time while fewer checkpoints and more gradients live,
+which those two moments bound.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.activations import (
+    block_backward_terms,
     block_terms,
     breakdown_key,
     checkpoint_bytes,
@@ -39,7 +45,7 @@ from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, lora_targets, trained
 from planner.memory.shapes import block_context, dims_of
 from planner.memory.states import StaticTerms, static_terms
-from planner.memory.step import PHASES, batch_terms
+from planner.memory.step import PHASES, batch_terms, first_block_gradients
 from planner.modelspec import ModelSpec
 
 #: model-level terms saved by the output side (freed first in backward); the rest belong to
@@ -185,6 +191,13 @@ class _Step:
     """one block's KV cache layer, when the forward builds one"""
     kept: int
     """what a hand-written loop's outputs keep past the loss (0 with the HF Trainer)"""
+    block_backward: dict[str, int]
+    """what the last block's backward adds to the saved tensors (recompute, its gradients at the
+    activation product), by breakdown key"""
+    head_gradients: int
+    """the head's share of the gradients, made before any block's"""
+    down_gradients: int
+    """the last block's MLP output projection's share, made first in that block"""
     blocks: tuple[dict[str, int], ...] = ()
     """encoder-decoder: every block's saved tensors, encoder then decoder (``first``/``rest`` unused)"""
 
@@ -231,6 +244,9 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         embeddings, block_list, head = timeline_parts(model, config, kernels, t.target_names)
         blocks = tuple(block_list)
     batch = batch_terms(model, config, kernels, t.target_names)
+    # what the last block's backward adds to the saved tensors left after the head's backward
+    added = {breakdown_key(k): v for k, v in block_backward_terms(model, config, kernels, t.target_names).items() if v}
+    head_gradients, down_gradients = first_block_gradients(model, config, static.gradients, t)
     return _Step(
         model=model, config=config, static=static, first=first, rest=rest, blocks=blocks,
         embeddings=embeddings, head=head,
@@ -238,6 +254,7 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         backward_logits=logits_backward_transient(dims, mode, config),
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
         cache=kv_cache_block_bytes(model, config, dims, mode), kept=batch.kept,
+        block_backward=added, head_gradients=head_gradients, down_gradients=down_gradients,
     )
 
 
@@ -275,14 +292,25 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     b.free_all(head, f"{label}head backward")
     gathered = b.alloc("zero3/gathered_params", s.static.gathered, f"{label}backward")
     grads: list[int] = []
-    for k in reversed(range(s.n_blocks)):
+    layers = s.n_blocks
+    if not grads_exist:
+        grads.append(b.alloc("gradients", s.head_gradients, f"{label}head backward"))
+        grads.append(b.alloc("gradients", s.down_gradients, f"{label}backward block {layers}"))
+    # the last block's backward: recomputed under checkpointing with every checkpoint held
+    inside = b.alloc_terms(s.block_backward, f"{label}backward block {layers}")
+    if marks:
+        b.mark("first_block_backward")
+    b.free_all(inside, f"{label}backward block {layers}")
+    for k in reversed(range(layers)):
         where = f"{label}backward block {k + 1}"
         b.free_all(blocks[k] + (embeddings if k == 0 else []), where)
         if not grads_exist:
-            grads.append(b.alloc("gradients", s.block_gradients, where))
+            made = s.down_gradients if k == layers - 1 else 0
+            grads.append(b.alloc("gradients", s.block_gradients - made, where))
     where = f"{label}end of backward"
     if not grads_exist:
-        grads.append(b.alloc("gradients", s.static.gradients - s.block_gradients * s.n_blocks, where))
+        rest = s.static.gradients - s.block_gradients * layers - s.head_gradients
+        grads.append(b.alloc("gradients", rest, where))
     recompute = b.alloc("activations/recompute", s.recompute, where)
     tied = b.alloc("gradients/tied_embedding_partials", s.static.tied_gradient_sum, where)
     if marks:
