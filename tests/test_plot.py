@@ -30,7 +30,9 @@ def test_the_estimate_picture_is_a_png_with_the_capacity_line_and_the_peak_label
 
     path = tmp_path / "t.png"
     result = cli("estimate", "--model", LLAMA, "--gpu", "a10g", "--method", "lora", "--timeline", path)
-    assert result.code == 0, result.err
+    # fp32 weights under autocast and no checkpointing do not fit an A10G (exit 3): the picture is
+    # drawn all the same, it shows by how much
+    assert result.code == 3 and "does NOT fit" in result.out, result.err
     assert f"timeline: {path}" in result.out
     assert "one step: " in result.out and "peak" in result.out
     with Image.open(path) as image:
@@ -65,7 +67,7 @@ def test_svg_and_html_pictures_carry_their_labels(cli, tmp_path):
     pytest.importorskip("matplotlib")
     for name in ("t.svg", "t.html"):
         path = tmp_path / name
-        assert cli("estimate", "--model", LLAMA, "--gpu", "a10g", "--method", "qlora", "--timeline", path).code == 0
+        assert cli("estimate", "--model", LLAMA, "--gpu", "a10g", "--method", "qlora", "--timeline", path).code == 3
         text = path.read_text()
         assert "capacity 22.5 GiB" in text and "peak " in text and "backward_start" in text
     bad = cli("estimate", "--model", LLAMA, "--gpu", "a10g", "--timeline", tmp_path / "t.jpg")
