@@ -199,3 +199,26 @@ def test_submit_is_not_documented_to_exit_1_and_never_does():
 
     assert "submit" not in _exit_code_rows()[1]
     assert "typer.Exit" not in inspect.getsource(jobs_cmd.submit)
+
+
+def test_suggest_names_its_run_timeout_option_as_it_is_called(cli):
+    """VerifyOptions said --timeout, an option suggest and submit do not have (theirs is
+    --run-timeout); measure's is --timeout."""
+    assert_user_error(cli("suggest", "-m", "gpt2", "-g", "t4", "-b", "4", "--verify", "--run-timeout", "-1"),
+                      "error: --run-timeout must be between 0 and 86400 seconds, got -1.0")
+
+
+@pytest.mark.parametrize(("extra", "line"), [
+    (["--lora-dropout", "0.1"], "error: --lora-dropout only applies to LoRA: use --method lora or qlora, or drop it"),
+    (["--lora-r", "8", "--lora-dropout", "0.1"],
+     "error: --lora-r/--lora-dropout only apply to LoRA: use --method lora or qlora, or drop them"),
+])
+def test_lora_options_with_full_fine_tuning_are_named_as_given(cli, extra, line):
+    """The line named all three LoRA options whatever was given, and the API's field was lora_r
+    for a request that sent only lora_dropout."""
+    assert_user_error(cli("estimate", "-m", "gpt2", "-g", "t4", "--method", "full", *extra), line)
+
+
+def test_api_names_the_lora_field_that_was_sent(api):
+    response = api.post("/v1/estimate", json={**GPT2, "lora_dropout": 0.1})
+    assert response.status_code == 422 and response.json()["field"] == "lora_dropout", response.text

@@ -109,7 +109,14 @@ class FuzzFiles:
                 str(self.root / "markup.json" / "below")]
 
     def db_urls(self) -> list[str]:
-        return [f"sqlite:///{self.root / 'other.db'}", "not-a-url", "sqlite:///" + str(self.root / "missing-dir" / "x.db")]
+        return [f"sqlite:///{self.root / 'other.db'}", "not-a-url", "sqlite:///" + str(self.root / "missing-dir" / "x.db"),
+                f"sqlite:///{self.old_db}"]
+
+    @property
+    def old_db(self) -> Path:
+        """A database at schema 0002 (before calibrations, migration 0003): every command must
+        say 'planner db upgrade' or go on without it, never fail on the missing table."""
+        return self.root / "old-0002.db"
 
     def create(self) -> None:
         for folder, config in (("tiny", TINY), ("llama[v2]", TINY)):
@@ -117,6 +124,12 @@ class FuzzFiles:
             (self.root / folder / "config.json").write_text(json.dumps(config))
         (self.root / "markup.json").write_text(json.dumps({**TINY, "_name_or_path": "org/model[/bold]"}))
         self.generated.write_text(json.dumps(TINY))
+        if not self.old_db.exists():
+            from alembic import command
+
+            from planner.store.schema import alembic_config
+
+            command.upgrade(alembic_config(url=f"sqlite:///{self.old_db}"), "0002")
 
 
 def _models(files: FuzzFiles) -> st.SearchStrategy[str]:
