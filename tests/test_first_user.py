@@ -222,3 +222,13 @@ def test_lora_options_with_full_fine_tuning_are_named_as_given(cli, extra, line)
 def test_api_names_the_lora_field_that_was_sent(api):
     response = api.post("/v1/estimate", json={**GPT2, "lora_dropout": 0.1})
     assert response.status_code == 422 and response.json()["field"] == "lora_dropout", response.text
+
+
+@pytest.mark.parametrize("where", ["missing/t.png", "a-file/t.svg", "folder.png"])
+def test_a_timeline_that_cannot_be_written_is_refused_before_the_estimate(cli, tmp_path, where):
+    """bench/fuzz.py: --timeline in a missing folder raised FileNotFoundError after the estimate."""
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "folder.png").mkdir()
+    result = cli("estimate", "-m", "gpt2", "-g", "t4", "--timeline", tmp_path / where)
+    assert_user_error(result, "error: --timeline ")
+    assert result.out == ""
