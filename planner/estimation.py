@@ -40,6 +40,14 @@ def default_seq_len(spec: "ModelSpec") -> int:
     return min(DEFAULT_SEQ_LEN, spec.max_seq_len)
 
 
+def check_recipe(spec: "ModelSpec", *, fused_ce: bool) -> None:
+    """The recipe settings this model cannot take (estimate and suggest alike)."""
+    from planner.errors import InvalidConfigError
+
+    if fused_ce and spec.is_encoder:
+        raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {spec.id} is a masked-LM encoder: drop --fused-ce")
+
+
 def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **options: Any) -> "TrainConfig":
     """A validated TrainConfig for this model and device (one-line errors on bad input)."""
     from planner.config import TrainConfig
@@ -57,8 +65,7 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
         # the HF Trainer recipe: bf16 autocast where the device has bf16 (Ampere+), else fp16
         options["precision"] = "bf16-mixed" if gpu.bf16 else "fp16-mixed"
     config = TrainConfig(seq_len=seq, **options)
-    if config.fused_ce and spec.is_encoder:
-        raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {spec.id} is a masked-LM encoder: drop --fused-ce")
+    check_recipe(spec, fused_ce=config.fused_ce)
     check_precision(gpu, config.precision)
     check_attention(gpu, config.attention)
     targets = lora_targets(spec, config)  # unknown module names fail here, with the names that exist
