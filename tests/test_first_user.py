@@ -232,3 +232,13 @@ def test_a_timeline_that_cannot_be_written_is_refused_before_the_estimate(cli, t
     result = cli("estimate", "-m", "gpt2", "-g", "t4", "--timeline", tmp_path / where)
     assert_user_error(result, "error: --timeline ")
     assert result.out == ""
+
+
+def test_use_cache_on_an_encoder_says_it_is_ignored(cli):
+    """BERT has no KV cache (the model adds nothing); the recipe line said 'use_cache' as if it
+    cost something."""
+    with_cache = cli("estimate", "-m", "bert-base-uncased", "-g", "t4", "--use-cache")
+    assert with_cache.code == 0, with_cache
+    assert "recipe: use_cache (ignored: an encoder has no KV cache)" in with_cache.out
+    decoder = cli("estimate", "-m", "gpt2", "-g", "t4", "--use-cache")
+    assert "recipe: use_cache\n" in decoder.out, decoder

@@ -86,7 +86,7 @@ def _bar(breakdown: dict[str, int], capacity: int, width: int = 60) -> list[str]
     return [f"[{bar[:width]}] {'over capacity' if used > cap_cells else ''}".rstrip(), "  " + "  ".join(legend)]
 
 
-def _print_estimate(out, data: dict[str, Any], estimate) -> None:
+def _print_estimate(out, data: dict[str, Any], estimate, *, encoder: bool = False) -> None:
     from rich.table import Table
 
     from planner.units import format_bytes
@@ -97,7 +97,7 @@ def _print_estimate(out, data: dict[str, Any], estimate) -> None:
     out.print(f"{m['id']}: {format_params(m['params'])} parameters, {format_params(m['trainable_params'])} trainable")
     out.print(f"config: {cfg['method']}, {cfg['precision']}, {cfg['optimizer']}, micro-batch {cfg['micro_batch']} x accum {cfg['grad_accum']}"
               f" x {cfg['gpus']} GPU, seq {cfg['seq_len']}, ckpt {'on' if cfg['grad_ckpt'] else 'off'}, zero {cfg['zero']}, offload {cfg['offload']}")
-    recipe = _recipe_line(cfg)
+    recipe = _recipe_line(cfg, encoder=encoder)
     if recipe:
         out.print(f"recipe: {recipe}", markup=False)
     table = Table(title=f"memory per device at the peak ({estimate.peak_phase})")
@@ -124,8 +124,10 @@ def _print_estimate(out, data: dict[str, Any], estimate) -> None:
         out.print(f"  assumption: {note}", markup=False)
 
 
-def _recipe_line(cfg: dict[str, Any]) -> str:
-    """The recipe settings that differ from the HF Trainer defaults, for the config line."""
+def _recipe_line(cfg: dict[str, Any], *, encoder: bool = False) -> str:
+    """The recipe settings that differ from the HF Trainer defaults, for the config line; a
+    setting the step ignores says so (use_cache under checkpointing, or in an encoder, which
+    has no KV cache: memory/activations.py ``kv_cache_block_bytes``)."""
     parts = []
     if cfg.get("lora_dropout"):
         parts.append(f"lora_dropout {cfg['lora_dropout']:g}")
@@ -136,7 +138,8 @@ def _recipe_line(cfg: dict[str, Any]) -> str:
     if cfg.get("packing") is False:
         parts.append("padded to the longest")
     if cfg.get("use_cache"):
-        parts.append("use_cache" + (" (off under checkpointing)" if cfg.get("grad_ckpt") else ""))
+        parts.append("use_cache" + (" (ignored: an encoder has no KV cache)" if encoder
+                                    else " (off under checkpointing)" if cfg.get("grad_ckpt") else ""))
     return ", ".join(parts)
 
 
@@ -185,7 +188,7 @@ def estimate(
         print_json(data)
     else:
         out = console()
-        _print_estimate(out, data, memory)
+        _print_estimate(out, data, memory, encoder=spec.is_encoder)
         _print_sparkline(out, spec, device, config, memory)
         if timeline is not None:
             out.print(f"timeline: {data['timeline']}", markup=False)
