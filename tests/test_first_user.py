@@ -260,3 +260,20 @@ def test_near_the_edge_never_asks_to_lower_a_micro_batch_of_one():
     assert hint(micro_batch=2) == "lower the micro-batch"
     assert hint(micro_batch=1) == "turn on gradient checkpointing"
     assert hint(micro_batch=1, grad_ckpt=True) == "a shorter --seq-len, or a lighter method or optimizer"
+
+
+def test_measure_prints_the_recipe_it_trained(cli, monkeypatch, tmp_path):
+    """measure's header named method, precision and split but not the recipe knobs, so a run
+    with --fused-ce --loop manual read like a plain one."""
+    import workers
+
+    from planner.results import Measurement, RunOutcome
+    from test_hardening_cli import write_config
+
+    config = write_config(tmp_path / "tiny")
+    run = Measurement(outcome=RunOutcome.OK, device="cpu", peak_allocated_bytes=2 << 20, step_s=0.1, tokens_per_s=640.0)
+    monkeypatch.setattr(workers, "measure_with_details", lambda **kwargs: (run, {}))
+    result = cli("measure", "-m", config.parent, "--method", "lora", "--fused-ce", "--loop", "manual", "--seq-len", "32",
+                 "--no-save")
+    assert result.code == 0, result
+    assert "recipe: manual loop (outputs kept through backward: loop/manual_outputs), fused linear cross-entropy\n" in result.out

@@ -335,6 +335,9 @@ def _print_measurement(out, data, predicted, measured) -> None:
               f"{data['config']['optimizer']}, micro-batch {data['config']['micro_batch']} x {data['config']['grad_accum']}, "
               f"seq {data['config']['seq_len']}, ckpt {'on' if data['config']['grad_ckpt'] else 'off'}, zero {data['config']['zero']}"
               f"{', offload ' + data['config']['offload'] if data['config']['offload'] != 'none' else ''}")
+    recipe = _recipe_line(data["config"])
+    if recipe:  # the knobs the run was trained with, as estimate prints them
+        out.print(f"recipe: {recipe}", markup=False)
     out.print(f"outcome: {measured.outcome}" + (f" ({measured.error})" if measured.error else ""), markup=False)
     table = Table(title="predicted vs measured")
     table.add_column("")
