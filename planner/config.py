@@ -244,10 +244,13 @@ class TrainConfig:
             set_("alloc_conf", AllocatorConfig.parse(self.alloc_conf).spelling() or None)
 
         if self.method is Method.FULL:
-            if self.lora_r is not None or self.lora_targets is not None or self.lora_dropout:
+            # the options given, by name: the API names the first as the request's field
+            given = [name for name, value in (("--lora-r", self.lora_r), ("--lora-targets", self.lora_targets),
+                                              ("--lora-dropout", self.lora_dropout or None)) if value is not None]
+            if given:
                 raise InvalidConfigError(
-                    "--lora-r/--lora-targets/--lora-dropout only apply to LoRA: use --method lora or qlora, "
-                    "or drop the LoRA options"
+                    f"{'/'.join(given)} only appl{'ies' if len(given) == 1 else 'y'} to LoRA: use --method lora or "
+                    f"qlora, or drop {'it' if len(given) == 1 else 'them'}"
                 )
         else:
             r, targets = _lora_fields(self.lora_r, self.lora_targets)

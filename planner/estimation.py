@@ -40,13 +40,24 @@ def default_seq_len(spec: "ModelSpec") -> int:
     return min(DEFAULT_SEQ_LEN, spec.max_seq_len)
 
 
+def check_recipe(spec: "ModelSpec", *, fused_ce: bool) -> None:
+    """The recipe settings this model cannot take (estimate and suggest alike)."""
+    from planner.errors import InvalidConfigError
+
+    if fused_ce and spec.is_encoder:
+        raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {spec.id} is a masked-LM encoder: drop --fused-ce")
+
+
 def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **options: Any) -> "TrainConfig":
     """A validated TrainConfig for this model and device (one-line errors on bad input)."""
     from planner.config import TrainConfig
     from planner.errors import InvalidConfigError
     from planner.gpus import check_attention, check_precision
     from planner.memory import lora_targets
+    from planner.planning import check_gpu_count
 
+    # the GPUs of one node, as suggest bounds them (the interconnect and host RAM are one node's)
+    check_gpu_count(options.get("gpus", 1))
     seq = default_seq_len(spec) if seq_len is None else seq_len
     if seq > spec.max_seq_len:
         raise InvalidConfigError(f"--seq-len {seq} is longer than {spec.id} allows ({spec.max_seq_len}): use at most {spec.max_seq_len}")
@@ -54,8 +65,7 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
         # the HF Trainer recipe: bf16 autocast where the device has bf16 (Ampere+), else fp16
         options["precision"] = "bf16-mixed" if gpu.bf16 else "fp16-mixed"
     config = TrainConfig(seq_len=seq, **options)
-    if config.fused_ce and spec.is_encoder:
-        raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {spec.id} is a masked-LM encoder: drop --fused-ce")
+    check_recipe(spec, fused_ce=config.fused_ce)
     check_precision(gpu, config.precision)
     check_attention(gpu, config.attention)
     targets = lora_targets(spec, config)  # unknown module names fail here, with the names that exist

@@ -11,6 +11,10 @@ from planner.errors import InvalidConfigError, UnstorableDataError
 #: (migration 0002; Linux paths reach 4096 but a config path past 1024 is a typo in practice).
 MODEL_ID_MAX_CHARS = 1024
 
+#: The most plans one history query returns (``planner history -n/--limit``): SQLite's LIMIT is a
+#: signed 64-bit integer, and no terminal or script wants more at once.
+MAX_HISTORY = 100_000
+
 
 def check_model_id(model_id: str) -> None:
     """Refuse a model id the store could not keep (PostgreSQL refuses what SQLite would silently
@@ -40,4 +44,4 @@ def check_gpu_count(gpus: object) -> None:
         )
 
 
-__all__ = ["MAX_GPUS_PER_NODE", "MODEL_ID_MAX_CHARS", "check_gpu_count", "check_model_id"]
+__all__ = ["MAX_GPUS_PER_NODE", "MAX_HISTORY", "MODEL_ID_MAX_CHARS", "check_gpu_count", "check_model_id"]

@@ -173,9 +173,17 @@ def write_picture(fig, path: str | Path) -> Path:
 
 
 def check_path(path: str | Path) -> None:
-    """Refuse an unknown extension before anything is computed."""
-    if Path(path).suffix.lower() not in FORMATS:
+    """Refuse an unknown extension, a folder, or a file in a folder that does not exist, before
+    anything is computed (a missing folder raised FileNotFoundError after the estimate)."""
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
         raise InvalidConfigError(f"--timeline {path}: write a .svg, .png or .html file")
+    if path.is_dir():
+        raise InvalidConfigError(f"--timeline {path} is a folder: give a file name, e.g. {path / 'step.svg'}")
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        raise InvalidConfigError(f"--timeline {path}: the folder {folder} does not exist (or is a file): create it "
+                                 "or give a path in an existing folder")
 
 
 def _pyplot():

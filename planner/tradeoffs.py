@@ -57,13 +57,22 @@ def near_edge(memory: MemoryEstimate, usable: int) -> bool:
     return usable - memory.process_total_bytes < allocator_overhead(memory)
 
 
+def _room_hint(config: TrainConfig) -> str:
+    """What makes room for a plan near the edge: a micro-batch of 1 cannot be lowered."""
+    if config.micro_batch > 1:
+        return "lower the micro-batch"
+    if not config.grad_ckpt:
+        return "turn on gradient checkpointing"
+    return "a shorter --seq-len, or a lighter method or optimizer"
+
+
 def trade_offs(config: TrainConfig, memory: MemoryEstimate, *, usable: int) -> tuple[str, ...]:
     """Short notes, each with its source, on what the plan gives up against full fine-tuning
     with AdamW and fp32 master weights, and on its risk. Empty for that reference recipe."""
     notes: list[str] = []
     if near_edge(memory, usable):
         notes.append(f"NEAR THE EDGE: {format_bytes(max(usable - memory.process_total_bytes, 0))} left < the "
-                     f"{format_bytes(allocator_overhead(memory))} the allocator keeps reserved; lower the micro-batch")
+                     f"{format_bytes(allocator_overhead(memory))} the allocator keeps reserved; {_room_hint(config)}")
     if is_pure_16bit(config) and config.method is Method.FULL:
         notes.append("pure fp16, no fp32 master, no loss scaling: gradients underflow, updates < 2^-11 of a weight lost "
                      "(Micikevicius et al. 2018)" if config.precision is Precision.FP16 else

@@ -132,7 +132,7 @@ def test_inline_config_is_planned_under_its_name(lite):
     (GPT2 | {"gpu": "h900"}, 422, "gpu", "unknown GPU"),
     (GPT2 | {"method": "dora"}, 422, "method", "method must be one of auto|full|lora|qlora, got 'dora'"),
     (GPT2 | {"gpu_mem": "24"}, 422, "gpu_mem", "unit is required"),
-    (GPT2 | {"gpu_mem": -5}, 422, "gpu_mem", "not a size"),
+    (GPT2 | {"gpu_mem": -5}, 422, "gpu_mem", "gpu_mem must be larger than zero, got -5"),
     (GPT2 | {"gpu_mem": "0GiB"}, 422, "gpu_mem", "larger than zero"),
     (GPT2 | {"cpu_mem": 10**40}, 422, "cpu_mem", "more than 1 PiB"),
     (GPT2 | {"colour": "red"}, 422, "colour", "Extra inputs"),

@@ -86,8 +86,17 @@ def deep_bodies():
         "seq_len": small, "gpus": small, "gpu_mem": size, "cpu_mem": size, "top_k": small,
         "method": st.sampled_from(["auto", "full", "lora", "qlora", "dora"]),
         "precision": st.sampled_from(["auto", "fp32", "fp16-mixed", "bf16-mixed", "fp16", "bf16", "fp8"]),
-        "allow_offload": st.booleans(),
+        "allow_offload": st.booleans(), "prefer": st.sampled_from(["fidelity", "speed", "fast"]), **recipe_fields(),
     })
+
+
+def recipe_fields() -> dict:
+    """The recipe knobs of both bodies (PlanBody and EstimateBody), valid and not."""
+    from hypothesis import strategies as st
+
+    return {"lora_dropout": st.one_of(st.sampled_from([0, 0.0, 0.05, 0.1, 0.999, 1, -0.1]), st.floats(allow_nan=False, allow_infinity=False)),
+            "loop": st.sampled_from(["trainer", "manual", "Manual", ""]), "fused_ce": st.booleans(),
+            "packing": st.booleans(), "use_cache": st.booleans()}
 
 
 def deep_estimates():
@@ -101,7 +110,7 @@ def deep_estimates():
             "precision": st.sampled_from(["fp32", "fp16-mixed", "bf16-mixed", "fp16", "bf16"]),
             "optimizer": st.sampled_from(["adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd"]),
             "attention": st.sampled_from(["sdpa", "eager", "flash"]), "lora_targets": st.sampled_from(["all-linear", "q_proj", "nope"]),
-            "offload": st.sampled_from(["none", "optimizer", "optimizer+params"]),
+            "offload": st.sampled_from(["none", "optimizer", "optimizer+params"]), **recipe_fields(),
         }))
 
 

@@ -69,6 +69,8 @@ _FLOATS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True).map(repr), st.sampled_from(["nan", "inf", "-inf", "1e400", "0", "-5", "0.001"]),
     _ODD_TEXT,
 )
+_DROPOUTS = _mostly(st.sampled_from(["0", "0.05", "0.1", "0.0"]),
+                    st.sampled_from(["1", "0.999999", "-0.1", "nan", "inf", "-0", "1e-320", "5%", ""]), _FLOATS)
 _GPUS = _choice("t4", "a10g", "l4", "h100", "h100-80gb", "a100-40gb", "rtx4090", "cpu", "A10G", "nvidia-t4", "auto")
 _SINCE = st.one_of(
     st.sampled_from(["7d", "12h", "30m", "2026-11-01", "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-05:00",
@@ -107,7 +109,14 @@ class FuzzFiles:
                 str(self.root / "markup.json" / "below")]
 
     def db_urls(self) -> list[str]:
-        return [f"sqlite:///{self.root / 'other.db'}", "not-a-url", "sqlite:///" + str(self.root / "missing-dir" / "x.db")]
+        return [f"sqlite:///{self.root / 'other.db'}", "not-a-url", "sqlite:///" + str(self.root / "missing-dir" / "x.db"),
+                f"sqlite:///{self.old_db}"]
+
+    @property
+    def old_db(self) -> Path:
+        """A database at schema 0002 (before calibrations, migration 0003): every command must
+        say 'planner db upgrade' or go on without it, never fail on the missing table."""
+        return self.root / "old-0002.db"
 
     def create(self) -> None:
         for folder, config in (("tiny", TINY), ("llama[v2]", TINY)):
@@ -115,6 +124,12 @@ class FuzzFiles:
             (self.root / folder / "config.json").write_text(json.dumps(config))
         (self.root / "markup.json").write_text(json.dumps({**TINY, "_name_or_path": "org/model[/bold]"}))
         self.generated.write_text(json.dumps(TINY))
+        if not self.old_db.exists():
+            from alembic import command
+
+            from planner.store.schema import alembic_config
+
+            command.upgrade(alembic_config(url=f"sqlite:///{self.old_db}"), "0002")
 
 
 def _models(files: FuzzFiles) -> st.SearchStrategy[str]:
@@ -130,7 +145,7 @@ def _models(files: FuzzFiles) -> st.SearchStrategy[str]:
 def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrategy[str] | None]:
     """option -> strategy of its value (None: a flag), for one command."""
     shared = {
-        "--model": _models(files), "--gpu": _GPUS, "--gpus": _ints((1, 8)), "--gpu-mem": _SIZES,
+        "--model": _models(files), "--gpu": _GPUS, "--gpus": _ints((1, 17)), "--gpu-mem": _SIZES,
         "--method": _choice("full", "lora", "qlora", "auto"), "--json": None,
     }
     config = {
@@ -141,6 +156,10 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
         "--lora-r": _ints((1, 256)), "--lora-targets": _choice("all-linear", "q_proj,v_proj", ",", "q_proj,,v_proj"),
         "--zero": _ints((0, 3)), "--offload": _choice("none", "optimizer", "optimizer+params"),
     }
+    # the recipe knobs of estimate, measure, suggest and submit (fixed by the user, given to every candidate)
+    recipe = {"--lora-dropout": _DROPOUTS, "--loop": _choice("trainer", "manual"), "--fused-ce": None, "--no-fused-ce": None,
+              "--packing": None, "--no-packing": None, "--use-cache": None, "--no-use-cache": None}
+    shared.update(recipe)
     db = {"--db": st.sampled_from(files.db_urls())}
     picture = {
         "--timeline": st.sampled_from([str(files.root / n) for n in ("t.png", "t.svg", "t.html", "t.txt", "missing/t.png")]),
@@ -157,7 +176,7 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
                     "--steps": _ints((2, 5)), "--timeout": _FLOATS, "--no-save": None},
         "suggest": {**shared, **db, **emit, "--target-batch": _ints((1, 512)), "--seq-len": _ints((1, 8192)),
                     "--precision": config["--precision"], "--no-offload": None, "--cpu-mem": _SIZES,
-                    "--top-k": _ints((1, 10)), "--no-save": None},
+                    "--top-k": _ints((1, 10)), "--no-save": None, "--prefer": _choice("fidelity", "speed")},
         "emit": {**db, "--rank": _ints((-1, 10)), "--force": None, "--dataset": emit["--dataset"]},
         # the port is always one serve refuses (see ALWAYS): no server ever starts
         "serve": {**db, "--port": st.sampled_from(["0", "70000", "-1"]), "--host": st.sampled_from(["127.0.0.1", "", "::1"]),

@@ -197,8 +197,11 @@ def test_help_at_80_columns_keeps_every_choice_list_whole(cli, monkeypatch, comm
 
 
 @pytest.mark.parametrize("args, option, bad, expected", [
-    (["history", "-n", "abc"], "--limit", "abc", "a whole number"),
-    (["suggest", "-m", "gpt2", "-g", "t4", "-b", "x"], "--target-batch", "x", "a whole number"),
+    # the option as it was typed: -n is not called --limit, -b not --target-batch
+    (["history", "-n", "abc"], "-n", "abc", "a whole number"),
+    (["history", "--limit", "abc"], "--limit", "abc", "a whole number"),
+    (["suggest", "-m", "gpt2", "-g", "t4", "-b", "x"], "-b", "x", "a whole number"),
+    (["suggest", "-m", "gpt2", "-g", "t4", "--target-batch", "x"], "--target-batch", "x", "a whole number"),
     (["estimate", "-m", "gpt2", "-g", "t4", "--gpus", "1.5"], "--gpus", "1.5", "a whole number"),
     (["estimate", "-m", "gpt2", "-g", "t4", "--micro-batch", "two"], "--micro-batch", "two", "a whole number"),
     (["measure", "-m", "gpt2", "--steps", "1e3"], "--steps", "1e3", "a whole number"),

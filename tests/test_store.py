@@ -155,7 +155,7 @@ def test_history_is_newest_first_and_filters(store):
     assert [r.id for r in store.history(limit=2)] == [nothing, mistral]
     assert store.history(since=datetime.now(timezone.utc) + timedelta(hours=1)) == []
     assert len(store.history(since=parse_since("1h"))) == 3
-    with pytest.raises(PlannerError, match="-n must be a whole number"):
+    with pytest.raises(PlannerError, match="^--limit must be a whole number from 1 to 100,000, got 0$"):
         store.history(limit=0)
 
 

@@ -79,7 +79,7 @@ def test_which_nodes_can_run_a_verification():
 @pytest.mark.parametrize("kwargs, message", [
     ({"top": 0}, "--verify-top must be a whole number from 1 to 50, got 0"),
     ({"steps": 1}, "--steps must be a whole number from 2 to 100, got 1"),
-    ({"timeout_s": 0}, "--timeout must be between 0 and 86400 seconds"),
+    ({"timeout_s": 0}, "--run-timeout must be between 0 and 86400 seconds"),
 ])
 def test_verify_options_are_validated_where_they_are_made(kwargs, message):
     from planner.verify.driver import VerifyOptions

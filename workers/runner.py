@@ -71,7 +71,7 @@ def measure_with_details(
     from workers.train import _check_args
 
     _check_args(model_config=model_config, device=device, steps=steps, memory_limit_bytes=memory_limit_bytes)
-    if timeout_s <= 0:
+    if not timeout_s > 0:  # NaN too: it reached proc.communicate(timeout=nan) after the child started
         from planner.errors import InvalidConfigError
 
         raise InvalidConfigError(f"timeout must be > 0 seconds, got {timeout_s}")

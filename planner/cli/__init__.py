@@ -84,37 +84,69 @@ def _wrappable_help(group):
 _EXPECTED = {"int": "a whole number", "float": "a number", "bool": "true or false"}
 
 
+#: a whole number as the user may type it: echoed as a number (``got -1``), as the library's
+#: errors echo theirs, not as a quoted string
+_WHOLE_NUMBER = re.compile(r"[+-]?\d+")
+
+
 def _shown(value: object, limit: int = 60) -> str:
-    text = repr(value)
+    text = value.strip() if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value.strip()) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _param_name(param: object) -> str | None:
-    """``--limit`` for an option (its longest name), ``PLAN_ID`` for an argument."""
+def _param_name(param: object, args: Sequence[str] = ()) -> str | None:
+    """The option as the user typed it (``-n`` or ``--limit``: the last spelling of it in
+    ``args``, whose value click keeps), else its longest name; ``PLAN_ID`` for an argument."""
     opts = [o for o in getattr(param, "opts", None) or [] if isinstance(o, str)]
-    options = [o for o in opts if o.startswith("-")]
+    options = [o for o in (*opts, *(getattr(param, "secondary_opts", None) or [])) if isinstance(o, str) and o.startswith("-")]
+    typed = None
+    for arg in args:
+        if arg == "--":
+            break
+        for option in options:
+            long = option.startswith("--")
+            if arg == option or arg.startswith(option + "=" if long else option) and (long or len(option) == 2):
+                typed = option
+    if typed:
+        return typed
     if options:
-        return max(options, key=len)
+        return max((o for o in options if o in opts), key=len, default=max(options, key=len))
     return opts[0].upper() if opts else None
 
 
-def usage_line(exc: BaseException, *, missing: tuple[type[BaseException], ...], command: str | None = None) -> str:
+def _bounds(param: object, kind: str) -> str | None:
+    """``a whole number from 1 to 100,000`` for an option declared with ``min``/``max`` that a
+    value broke (pydantic's ``greater_than_equal``/``less_than_equal``), in the library's words."""
+    if kind not in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        return None
+    low, high = getattr(param, "min", None), getattr(param, "max", None)
+    fmt = lambda v: f"{v:,}" if isinstance(v, int) else f"{v:g}"  # noqa: E731
+    what = "a whole number" if isinstance(low if low is not None else high, int) else "a number"
+    if low is not None and high is not None:
+        return f"{what} from {fmt(low)} to {fmt(high)}"
+    return f"{what} >= {fmt(low)}" if low is not None else f"{what} <= {fmt(high)}" if high is not None else None
+
+
+def usage_line(exc: BaseException, *, missing: tuple[type[BaseException], ...], command: str | None = None,
+               args: Sequence[str] = ()) -> str:
     """One line for a usage error, in the wording of the library's errors: ``error: --limit must
-    be a whole number, got 'abc' (see 'planner history --help')``; the bad value is echoed.
+    be a whole number, got 'abc' (see 'planner history --help')``; the bad value is echoed and
+    the option named as it was typed in ``args`` (``-n`` or ``--limit``).
 
     ``command``: the subcommand the arguments named, for errors click raises without a context
     (an option missing its value)."""
     ctx = getattr(exc, "ctx", None)
     path = ctx.command_path if ctx is not None else f"planner {command}" if command else "planner"
     where = f"planner {path.split(' ', 1)[1]} --help" if " " in path else "planner --help"
-    name = _param_name(getattr(exc, "param", None))
+    param = getattr(exc, "param", None)
+    name = _param_name(param, args)
     cause = exc.__cause__
     problems = cause.errors() if hasattr(cause, "errors") and callable(cause.errors) else []
     if name and isinstance(exc, missing):
         problem = f"{name} is required"
     elif name and problems:
         kind, bad = str(problems[0].get("type", "")), problems[0].get("input")
-        expected = _EXPECTED.get(kind.split("_")[0])
+        expected = _bounds(param, kind) or _EXPECTED.get(kind.split("_")[0])
         problem = (f"{name} must be {expected}, got {_shown(bad)}" if expected
                    else f"{name} {_shown(bad)} is not valid: {str(problems[0].get('msg', '')).lower()}")
     else:  # click's own wording ("No such option: --x (Possible options: ...)."), as a clause
@@ -150,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 0
     except usage as exc:
         named = args[0] if args and args[0] in getattr(click_cmd, "commands", {}) else None
-        echo(usage_line(exc, missing=types["missing"], command=named), err=True)
+        echo(usage_line(exc, missing=types["missing"], command=named, args=args), err=True)
         code = 2
     except aborts:
         echo("error: aborted", err=True)

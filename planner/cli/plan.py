@@ -86,7 +86,7 @@ def _bar(breakdown: dict[str, int], capacity: int, width: int = 60) -> list[str]
     return [f"[{bar[:width]}] {'over capacity' if used > cap_cells else ''}".rstrip(), "  " + "  ".join(legend)]
 
 
-def _print_estimate(out, data: dict[str, Any], estimate) -> None:
+def _print_estimate(out, data: dict[str, Any], estimate, *, encoder: bool = False) -> None:
     from rich.table import Table
 
     from planner.units import format_bytes
@@ -97,7 +97,7 @@ def _print_estimate(out, data: dict[str, Any], estimate) -> None:
     out.print(f"{m['id']}: {format_params(m['params'])} parameters, {format_params(m['trainable_params'])} trainable")
     out.print(f"config: {cfg['method']}, {cfg['precision']}, {cfg['optimizer']}, micro-batch {cfg['micro_batch']} x accum {cfg['grad_accum']}"
               f" x {cfg['gpus']} GPU, seq {cfg['seq_len']}, ckpt {'on' if cfg['grad_ckpt'] else 'off'}, zero {cfg['zero']}, offload {cfg['offload']}")
-    recipe = _recipe_line(cfg)
+    recipe = _recipe_line(cfg, encoder=encoder)
     if recipe:
         out.print(f"recipe: {recipe}", markup=False)
     table = Table(title=f"memory per device at the peak ({estimate.peak_phase})")
@@ -124,8 +124,10 @@ def _print_estimate(out, data: dict[str, Any], estimate) -> None:
         out.print(f"  assumption: {note}", markup=False)
 
 
-def _recipe_line(cfg: dict[str, Any]) -> str:
-    """The recipe settings that differ from the HF Trainer defaults, for the config line."""
+def _recipe_line(cfg: dict[str, Any], *, encoder: bool = False) -> str:
+    """The recipe settings that differ from the HF Trainer defaults, for the config line; a
+    setting the step ignores says so (use_cache under checkpointing, or in an encoder, which
+    has no KV cache: memory/activations.py ``kv_cache_block_bytes``)."""
     parts = []
     if cfg.get("lora_dropout"):
         parts.append(f"lora_dropout {cfg['lora_dropout']:g}")
@@ -136,7 +138,8 @@ def _recipe_line(cfg: dict[str, Any]) -> str:
     if cfg.get("packing") is False:
         parts.append("padded to the longest")
     if cfg.get("use_cache"):
-        parts.append("use_cache" + (" (off under checkpointing)" if cfg.get("grad_ckpt") else ""))
+        parts.append("use_cache" + (" (ignored: an encoder has no KV cache)" if encoder
+                                    else " (off under checkpointing)" if cfg.get("grad_ckpt") else ""))
     return ", ".join(parts)
 
 
@@ -185,7 +188,7 @@ def estimate(
         print_json(data)
     else:
         out = console()
-        _print_estimate(out, data, memory)
+        _print_estimate(out, data, memory, encoder=spec.is_encoder)
         _print_sparkline(out, spec, device, config, memory)
         if timeline is not None:
             out.print(f"timeline: {data['timeline']}", markup=False)
@@ -217,6 +220,11 @@ def measure(
     from planner.search import safety_margin
     from planner.throughput import estimate_throughput
 
+    from planner.verify.driver import check_run_limits
+
+    # a run's steps and timeout as a verification run's (2-100 steps, 0-86400 s; NaN refused too),
+    # before anything is resolved or started: --timeout nan reached the child process's wait
+    check_run_limits(steps=steps, timeout_s=timeout, timeout_option="--timeout")
     if timeline is not None:
         from planner.plot import check_path
 
@@ -327,6 +335,9 @@ def _print_measurement(out, data, predicted, measured) -> None:
               f"{data['config']['optimizer']}, micro-batch {data['config']['micro_batch']} x {data['config']['grad_accum']}, "
               f"seq {data['config']['seq_len']}, ckpt {'on' if data['config']['grad_ckpt'] else 'off'}, zero {data['config']['zero']}"
               f"{', offload ' + data['config']['offload'] if data['config']['offload'] != 'none' else ''}")
+    recipe = _recipe_line(data["config"])
+    if recipe:  # the knobs the run was trained with, as estimate prints them
+        out.print(f"recipe: {recipe}", markup=False)
     out.print(f"outcome: {measured.outcome}" + (f" ({measured.error})" if measured.error else ""), markup=False)
     table = Table(title="predicted vs measured")
     table.add_column("")

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from planner.limits import MAX_HISTORY
+
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
@@ -261,7 +263,7 @@ def history(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name (any case)."),
     status: Optional[str] = typer.Option(None, "--status", help="planned|verifying|verified|failed|measured"),
     since: Optional[str] = typer.Option(None, "--since", help="Only plans since: 7d, 12h, 30m or 2026-11-01."),
-    limit: int = typer.Option(20, "-n", "--limit", help="Show at most this many plans."),
+    limit: int = typer.Option(20, "-n", "--limit", min=1, max=MAX_HISTORY, help="Show at most this many plans."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:

@@ -123,6 +123,12 @@ def check_directory(directory: Path | str, *, force: bool) -> None:
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise OutputExistsError(f"{directory} is a file, not a directory: give a new or empty directory")
+    # a new directory is made with its parents: the nearest one that exists must be a directory
+    # (under a file, mkdir raised NotADirectoryError after the plan was made and stored)
+    existing = next((p for p in directory.absolute().parents if p.exists()), None)
+    if not directory.exists() and existing is not None and not existing.is_dir():
+        raise OutputExistsError(f"{directory} cannot be made: {existing} is a file, not a directory; "
+                                "give a new or empty directory")
     if force or not directory.exists():
         return
     present = sorted(p.name for p in directory.iterdir())

@@ -2,6 +2,8 @@
 
 They check shapes and types only (a field's name and reason on a 422); every value is validated by
 the library the CLI calls, so the API and ``planner suggest``/``estimate`` accept the same things.
+Types are strict: a number is not a flag (``"fused_ce": 1``) and text is not a number
+(``"lora_dropout": "0.1"``; ``true`` was taken as a dropout of 1.0).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 from planner.service.settings import MAX_CONFIG_BYTES
 
@@ -51,12 +53,12 @@ class ModelChoice(BaseModel):
 class RecipeFields(BaseModel):
     """The recipe settings ``planner estimate`` and ``suggest`` take (``TrainConfig``'s fields)."""
 
-    lora_dropout: float = Field(default=0.0, description="PEFT's lora_dropout of LoRA/QLoRA (0 <= p < 1).")
+    lora_dropout: StrictFloat = Field(default=0.0, description="PEFT's lora_dropout of LoRA/QLoRA (0 <= p < 1).")
     loop: str = Field(default="trainer", max_length=32, description="trainer (HF Trainer: the logits die at the "
                       "loss) | manual (outputs = model(**batch) kept through backward).")
-    fused_ce: bool = Field(default=False, description="A fused linear cross-entropy (Liger's): no full logits.")
-    packing: bool = Field(default=True, description="Sequences packed to seq_len (false: padded to the longest).")
-    use_cache: bool = Field(default=False, description="transformers' use_cache in the training forward.")
+    fused_ce: StrictBool = Field(default=False, description="A fused linear cross-entropy (Liger's): no full logits.")
+    packing: StrictBool = Field(default=True, description="Sequences packed to seq_len (false: padded to the longest).")
+    use_cache: StrictBool = Field(default=False, description="transformers' use_cache in the training forward.")
 
 
 class PlanBody(RecipeFields, ModelChoice):
@@ -65,14 +67,14 @@ class PlanBody(RecipeFields, ModelChoice):
     target_batch: StrictInt = Field(examples=[32], description="Global batch in sequences: micro-batch x accumulation x GPUs.")
     method: str = Field(default="auto", max_length=32, description="auto|full|lora|qlora")
     precision: str = Field(default="auto", max_length=32, description="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16")
-    allow_offload: bool = Field(default=True, description="Consider DeepSpeed CPU offload (false: --no-offload).")
+    allow_offload: StrictBool = Field(default=True, description="Consider DeepSpeed CPU offload (false: --no-offload).")
     cpu_mem: Size = Field(default=None, description=f"Host RAM of the node for offload: {_SIZE_HELP} (default: the "
                           "catalog's standard machine with `gpus` of this GPU; where it knows none, offload plans need it).")
     top_k: StrictInt = Field(default=5, description="Plans to keep.")
     prefer: str = Field(default="fidelity", max_length=32, description="Ranking policy: fidelity (the most faithful "
                         "method first, then speed) | speed (the fastest first).")
-    fresh: bool = Field(default=False, description="Plan again even when a verified plan of this request is stored.")
-    verify: bool = Field(default=False, description="Verify the top candidates with real runs as a Ray job (answers 202).")
+    fresh: StrictBool = Field(default=False, description="Plan again even when a verified plan of this request is stored.")
+    verify: StrictBool = Field(default=False, description="Verify the top candidates with real runs as a Ray job (answers 202).")
     verify_top: StrictInt = Field(default=3, description="With verify: candidates to verify fitting.")
     steps: StrictInt = Field(default=3, description="With verify: optimizer steps per verification run.")
 
@@ -86,7 +88,7 @@ class EstimateBody(RecipeFields, ModelChoice):
     optimizer: str = Field(default="adamw", max_length=32, description="adamw|adamw_8bit|paged_adamw_8bit|adafactor|sgd")
     micro_batch: StrictInt = Field(default=1, description="Sequences per forward/backward on one device.")
     grad_accum: StrictInt = Field(default=1, description="Micro-steps per optimizer step.")
-    grad_ckpt: bool = Field(default=False, description="Gradient checkpointing.")
+    grad_ckpt: StrictBool = Field(default=False, description="Gradient checkpointing.")
     attention: str = Field(default="sdpa", max_length=32, description="sdpa|eager|flash")
     lora_r: Optional[StrictInt] = Field(default=None, description="LoRA rank (default: 16 for lora/qlora).")
     lora_targets: Optional[str] = Field(default=None, max_length=1000,

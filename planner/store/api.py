@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from planner.errors import AmbiguousIdError, PlannerError, RecordNotFoundError, StoreError, UnstorableDataError
 from planner.results import Candidate, Measurement, PlanRequest, PlanResult
-from planner.limits import check_model_id
+from planner.limits import MAX_HISTORY, check_model_id
 from planner.store.dbmodels import (
     MEASUREMENT_FIELDS,
     REQUEST_FIELDS,
@@ -54,9 +54,6 @@ T = TypeVar("T")
 #: driver's plan looks alive.
 DEFAULT_LEASE_S = 120.0
 
-#: The most plans one history query returns (-n): SQLite's LIMIT is a signed 64-bit integer,
-#: and no terminal or script wants more at once.
-MAX_HISTORY = 100_000
 
 _HEX_ID = re.compile(r"[0-9a-f]{1,32}")
 _RELATIVE = re.compile(r"^\s*(\d+)\s*([mhdw])\s*$", re.IGNORECASE)
@@ -413,7 +410,9 @@ class Store:
         """Past plans, newest first. ``model`` matches any part of the model id and ``gpu`` the
         whole GPU name, both ignoring case."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_HISTORY:
-            raise PlannerError(f"-n must be a whole number from 1 to {MAX_HISTORY:,}, got {limit!r}")
+            # the option's long name (the API names its field "limit"); the CLI checks the value
+            # first and names the option as it was typed (-n or --limit)
+            raise PlannerError(f"--limit must be a whole number from 1 to {MAX_HISTORY:,}, got {limit!r}")
         r = PlanRequestRow
         query = select(r)
         if model:

@@ -69,11 +69,22 @@ class VerifyOptions:
     """CPUs of an embedded Ray (None: all of this machine's)."""
 
     def __post_init__(self) -> None:
-        for name, value, low, high in (("--verify-top", self.top, 1, 50), ("--steps", self.steps, 2, 100)):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise InvalidConfigError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
-        if not 0 < self.timeout_s <= 86400:
-            raise InvalidConfigError(f"--timeout must be between 0 and 86400 seconds, got {self.timeout_s!r}")
+        _check_whole("--verify-top", self.top, 1, 50)
+        check_run_limits(steps=self.steps, timeout_s=self.timeout_s)
+
+
+def _check_whole(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidConfigError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+
+
+def check_run_limits(*, steps: object, timeout_s: float, timeout_option: str = "--run-timeout") -> None:
+    """One run's optimizer steps (2-100: the last is measured, after the optimizer states exist)
+    and the seconds before it is killed (0-86400; NaN refused), named as the command calls them:
+    suggest and submit ``--run-timeout``, measure ``--timeout``."""
+    _check_whole("--steps", steps, 2, 100)
+    if not 0 < timeout_s <= 86400:
+        raise InvalidConfigError(f"{timeout_option} must be between 0 and 86400 seconds, got {timeout_s!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,5 +307,5 @@ def current_job_id() -> str | None:
         return None
 
 
-__all__ = ["LEASE_S", "RunReport", "RunState", "VerificationReport", "VerifyOptions", "current_job_id", "skip_reason",
+__all__ = ["LEASE_S", "RunReport", "RunState", "VerificationReport", "VerifyOptions", "check_run_limits", "current_job_id", "skip_reason",
            "verify_plan"]
