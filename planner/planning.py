@@ -123,7 +123,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     from planner.catalog import fingerprint
     from planner.config import Method, Precision
     from planner.errors import InvalidConfigError
-    from planner.estimation import default_seq_len, resolve
+    from planner.estimation import check_recipe, default_seq_len, resolve
     from planner.gpus import check_precision, get_gpu
     from planner.limits import check_model_id
     from planner.search import SearchSpace, suggest
@@ -149,6 +149,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
                         host_ram_source=source, prefer=request.prefer,
                         lora_dropout=request.lora_dropout, loop=request.loop, fused_ce=request.fused_ce,
                         packing=request.packing, use_cache=request.use_cache)
+    check_recipe(spec, fused_ce=request.fused_ce)  # estimate's check: no fused CE for an encoder
     check_model_id(spec.id)  # before anything is printed: the store would refuse it after
     seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
     result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=seq, gpus=request.gpus,

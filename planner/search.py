@@ -103,11 +103,23 @@ class SearchSpace:
             raise InvalidConfigError(f"cpu_mem_bytes must be a whole number >= 0, got {self.cpu_mem_bytes!r}")
         try:
             object.__setattr__(self, "prefer", Prefer(self.prefer))
-        except ValueError:
-            raise InvalidConfigError(f"--prefer {self.prefer!r} is not a policy: use "
-                                     f"{'|'.join(p.value for p in Prefer)}") from None
-        # the recipe settings, checked as TrainConfig checks them (else every candidate is refused)
-        TrainConfig(method=Method.LORA, **self.recipe(Method.LORA))
+        except ValueError:  # the wording of every bad choice (TrainConfig's _coerce)
+            raise InvalidConfigError(f"--prefer must be one of {'|'.join(p.value for p in Prefer)}, "
+                                     f"got {self.prefer!r}") from None
+        # the recipe settings, checked as TrainConfig checks them with each method searched: a
+        # recipe no method takes is the user's mistake, said as estimate says it (exit 2), not
+        # "no configuration of the searched space is valid" (exit 3)
+        if self.lora_dropout and not any(m.uses_adapters for m in self.methods):
+            TrainConfig(method=self.methods[0], lora_dropout=self.lora_dropout)  # raises the LoRA-only line
+        refusals = []
+        for method in self.methods:
+            try:
+                TrainConfig(method=method, **self.recipe(method))
+                break
+            except PlannerError as exc:  # InvalidConfigError or UnsupportedError
+                refusals.append(exc)
+        else:
+            raise refusals[0]
 
     def offload_budget(self, ranks: int) -> int:
         """Host bytes one rank's offload may use: the node's RAM less ``host_reserve``, shared by
@@ -311,12 +323,15 @@ def _check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: i
             "give the global batch in sequences, e.g. 32"
         )
     check_gpu_count(gpus)
-    if seq_len < 1 or seq_len > model.max_seq_len:
+    # estimate's wording (estimation.build_config, TrainConfig): one line per mistake on every command
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise InvalidConfigError(f"--seq-len must be a whole number >= 1, got {seq_len!r}")
+    if seq_len > model.max_seq_len:
         raise InvalidConfigError(
-            f"--seq-len {seq_len} is outside 1..{model.max_seq_len}, the longest {model.id} allows"
+            f"--seq-len {seq_len} is longer than {model.id} allows ({model.max_seq_len}): use at most {model.max_seq_len}"
         )
-    if top_k < 1:
-        raise InvalidConfigError(f"--top-k must be >= 1, got {top_k}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise InvalidConfigError(f"--top-k must be a whole number >= 1, got {top_k!r}")
 
 
 def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, usable: int, space: SearchSpace):

@@ -128,7 +128,7 @@ def test_inline_config_is_planned_under_its_name(lite):
     ({"gpu": "a10g", "target_batch": 8}, 422, "model", "Field required"),
     (GPT2 | {"target_batch": "eight"}, 422, "target_batch", "valid integer"),
     (GPT2 | {"target_batch": 0}, 422, "target_batch", ">= 1"),
-    (GPT2 | {"seq_len": 99999}, 422, "seq_len", "outside 1..1024"),
+    (GPT2 | {"seq_len": 99999}, 422, "seq_len", "seq_len 99999 is longer than gpt2 allows (1024)"),
     (GPT2 | {"gpu": "h900"}, 422, "gpu", "unknown GPU"),
     (GPT2 | {"method": "dora"}, 422, "method", "method must be one of auto|full|lora|qlora, got 'dora'"),
     (GPT2 | {"gpu_mem": "24"}, 422, "gpu_mem", "unit is required"),

@@ -133,7 +133,7 @@ def test_prefer_decides_lora_with_offload_against_a_faster_qlora():
 
 
 def test_unknown_policy_is_one_clear_error():
-    with pytest.raises(InvalidConfigError, match="--prefer 'fast' is not a policy: use fidelity|speed"):
+    with pytest.raises(InvalidConfigError, match=r"--prefer must be one of fidelity\|speed, got 'fast'"):
         make_plan(SuggestRequest(model="gpt2", gpu="a10g", target_batch=8, prefer="fast"))
 
 

@@ -74,7 +74,10 @@ def suggest(
         from planner.emit import check_directory
 
         check_directory(emit, force=force)  # a directory holding other files fails before anything is planned
-    options = _verify_options(verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout) if verify else None
+    # --verify-top, --steps and --run-timeout are checked with or without --verify (a bad value was
+    # ignored without it; with it, refused)
+    checked = _verify_options(verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout)
+    options = checked if verify else None
     if options is not None or plan_id is not None:
         from planner.verify.cluster import check_reachable, import_ray
 

@@ -108,7 +108,7 @@ class FieldError(BaseModel):
 class ErrorBody(BaseModel):
     """Every 4xx/5xx answer: one line saying what is wrong and how to fix it."""
 
-    error: str = Field(examples=["seq_len 9000 is outside 1..4096, the longest meta-llama/Llama-2-7b-hf allows"])
+    error: str = Field(examples=["seq_len 9000 is longer than meta-llama/Llama-2-7b-hf allows (4096): use at most 4096"])
     field: Optional[str] = Field(default=None, description="The request field the error is about, when there is one.")
     errors: Optional[list[FieldError]] = Field(default=None, description="Every field that does not parse (422).")
 
