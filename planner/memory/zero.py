@@ -49,7 +49,7 @@ def deepspeed_buckets(hidden_size: int) -> dict[str, int]:
     }
 
 
-def zero3_live_params(sizes: tuple[int, ...], *, max_live: int, persistence_threshold: int) -> int:
+def zero3_live_params(sizes: tuple[int, ...], *, max_live: int, max_reuse: int, persistence_threshold: int) -> int:
     """Most elements of partitioned parameters ZeRO-3 holds gathered at once, from the element
     counts ``sizes`` of every parameter tensor (frozen ones too).
 
@@ -59,17 +59,18 @@ def zero3_live_params(sizes: tuple[int, ...], *, max_live: int, persistence_thre
     ``numel_prefetching < min(max_live - n_available, prefetch_bucket)`` (l.452-478): the loop
     adds a whole parameter past the bound, and it runs at every module's pre-forward and
     pre-backward hook, parameter-less ones included, so the look-ahead grows up to max_live
-    whatever the bucket. A parameter is not released while it is reused within
-    max_reuse_distance elements of the trace (l.653-662); kept ones count in ``n_available`` too,
-    so they only shift which parameters fill max_live. Persistent parameters (``numel <=
-    stage3_param_persistence_threshold``, partition_parameters.py l.1292) never leave. Hence
-    at most max_live elements plus one parameter past the bound, the largest at worst (with a
-    tied embedding, the output head's weight, prefetched while the last blocks still hold up to
-    max_live), and never more than the partitioned parameters themselves. Measured on the CPU
-    (tests/test_zero3_live.py): bloom, 30 blocks, max_live 3,921,700, largest parameter
-    4,032,000: 7,767,552 elements gathered at most, 2.4 % under this bound."""
+    whatever the bucket. A module's parameters are not released while they are used again within
+    max_reuse_distance elements of the trace (l.653-662), however many are gathered: the kept
+    ones are the parameters of the next max_reuse_distance elements. Persistent parameters
+    (``numel <= stage3_param_persistence_threshold``, partition_parameters.py l.1292) never
+    leave. Hence at most max(max_live, max_reuse_distance) elements plus one parameter past the
+    bound, the largest at worst (with a tied embedding, the output head's weight, prefetched while
+    the last blocks still hold up to max_live), and never more than the partitioned parameters
+    themselves. Measured on the CPU (tests/test_zero3_live.py; a 30-block bloom scaled from
+    bloom-7b1, max_live = max_reuse = 3,921,700, tied embedding 4,032,000: 7,767,552 elements at
+    most, 2.4 % under this bound)."""
     partitioned = [s for s in sizes if s > persistence_threshold]
-    return min(sum(partitioned), max_live + max(partitioned, default=0))
+    return min(sum(partitioned), max(max_live, max_reuse) + max(partitioned, default=0))
 
 
 @functools.lru_cache(maxsize=256)
@@ -82,7 +83,8 @@ def zero3_param_split(model: ModelSpec, adapter_sizes: tuple[int, ...], persiste
     even with parameter offload (l.1829-1830)."""
     sizes = param_tensor_sizes(model, _FULL) + adapter_sizes
     persistent = sum(s for s in sizes if s <= persistence_threshold)
-    live = zero3_live_params(sizes, max_live=DS_MAX_LIVE_PARAMETERS, persistence_threshold=persistence_threshold)
+    live = zero3_live_params(sizes, max_live=DS_MAX_LIVE_PARAMETERS, max_reuse=DS_MAX_REUSE_DISTANCE,
+                             persistence_threshold=persistence_threshold)
     return sum(sizes) - persistent, persistent, live
 
 
