@@ -242,8 +242,14 @@ def test_invalid_lora_target_names_the_available_ones():
 N = 8
 H7 = 4096
 BUCKET = H7 * H7 * 2  # reduce bucket: hidden^2 16-bit elements (HF "auto") = 33,554,432 B
-#: ZeRO-3 gathers one layer's 16-bit params (+ the prefetched next one): 202,383,360 x 2 B x 2
-GATHERED = (202_375_168 + 8_192) * 2 * 2
+#: ZeRO-3's persistent parameters (numel <= stage3_param_persistence_threshold = 10 x hidden =
+#: 40,960): llama's RMSNorm weights, 2 per block + the final one, 65 x 4096 = 266,240 elements,
+#: whole on every rank (planner/memory/zero.py zero3_param_split)
+PERSISTENT = 65 * 4096
+#: ZeRO-3 holds at most stage3_max_live_parameters (1e9, DeepSpeed's default) + the largest
+#: partitioned parameter (the embedding or the head, 32000 x 4096) gathered, in 16 bits
+#: (zero.py zero3_live_params): (1e9 + 131,072,000) x 2 B = 2,262,144,000 B
+GATHERED = (10**9 + 32000 * 4096) * 2
 
 
 @pytest.mark.parametrize(
@@ -251,7 +257,8 @@ GATHERED = (202_375_168 + 8_192) * 2 * 2
     [
         (1, 2 * PSI + 2 * PSI + 12 * PSI // N, BUCKET),  # = 13.48e9 + 13.48e9 + 10.11e9
         (2, 2 * PSI + 14 * PSI // N, BUCKET),
-        (3, 16 * PSI // N, BUCKET + GATHERED),
+        # the persistent params are whole on every rank: 2 B x 266,240 x (1 - 1/8) = 465,920 B more
+        (3, 16 * PSI // N, BUCKET + GATHERED + 2 * PERSISTENT - 2 * PERSISTENT // N),
     ],
 )
 def test_zero_stages_follow_the_paper(llama7b, stage, paper_bytes, extra):
@@ -285,13 +292,14 @@ def test_zero2_offload_moves_master_and_moments_to_host(llama7b):
 
 def test_zero3_param_offload_moves_the_param_partition_too(llama7b):
     states, host = model_state_breakdown(llama7b, TrainConfig(zero=3, gpus=N, offload="optimizer+params"))
-    assert "weights" not in states
+    # the persistent params stay whole on the device (partition_parameters.py l.1829-1830)
+    assert states["weights"] == 2 * PERSISTENT == 532_480
     # host: fp32 master 4*PSI/N + moments 8*PSI/N + fp32 gradient partition 4*PSI/N + the `step`
-    # tensor 4, the 16-bit parameter partition 2*PSI/N and the pinned 16-bit gradient partition
-    # 2*PSI/N, which ZeRO-3 builds on the host under optimizer offload (deepspeed stage3.py
-    # l.333, l.791-795): 20*PSI/N + 4
+    # tensor 4, the 16-bit partition of the partitioned params 2*(PSI - PERSISTENT)/N and the
+    # pinned 16-bit gradient partition 2*PSI/N, which ZeRO-3 builds on the host under optimizer
+    # offload (deepspeed stage3.py l.333, l.791-795)
     assert "zero3/grad_partitions" not in states
-    assert host == 16 * PSI // N + 2 * PSI // N + 2 * PSI // N + 4 == 16_846_039_044
+    assert host == 16 * PSI // N + 2 * (PSI - PERSISTENT) // N + 2 * PSI // N + 4 == 16_845_972_484
 
 
 def test_zero3_without_offload_keeps_the_gradient_partition_on_the_device(llama7b):

@@ -9,13 +9,21 @@ and runs the optimizer (its own or the client's) on that flat tensor
 
 from __future__ import annotations
 
+import functools
 import math
 
 from planner.config import Method, Offload, TrainConfig
 from planner.memory.dtypes import FP32, HALF
 from planner.memory.optimizers import OPTIMIZERS
-from planner.memory.parameters import Trained
+from planner.memory.parameters import Trained, param_tensor_sizes
 from planner.modelspec import ModelSpec
+
+#: DeepSpeed's defaults for the two ZeRO-3 bounds our configs leave unset (deepspeed 0.19.8
+#: runtime/zero/config.py l.245 max_live_parameters, l.251 max_reuse_distance: pp_int(1e9))
+DS_MAX_LIVE_PARAMETERS = 10**9
+DS_MAX_REUSE_DISTANCE = 10**9
+#: the base model's tensors whatever the method (``param_tensor_sizes`` reads only the method)
+_FULL = TrainConfig(method=Method.FULL)
 
 
 def deepspeed_buckets(hidden_size: int) -> dict[str, int]:
@@ -26,15 +34,76 @@ def deepspeed_buckets(hidden_size: int) -> dict[str, int]:
     Trainer's "auto" values scale with the model instead (transformers integrations/deepspeed.py
     HfTrainerDeepSpeedConfig): reduce bucket hidden², ZeRO-3 prefetch 0.9·hidden², parameter
     persistence threshold 10·hidden. ``workers.deepspeed_config`` writes these; the model counts
-    the reduce bucket (``zero/reduce_bucket``) and, for ZeRO-3, two layers of gathered parameters,
-    which cover the prefetch.
+    the reduce bucket (``zero/reduce_bucket``) and, for ZeRO-3, the gathered parameters
+    (``zero3_live_params``). Neither our configs nor the HF Trainer set stage3_max_live_parameters
+    or stage3_max_reuse_distance, so DeepSpeed's 1e9 defaults apply; they are listed here as the
+    values the model uses.
     """
     return {
         "reduce_bucket_size": hidden_size * hidden_size,
         "allgather_bucket_size": hidden_size * hidden_size,
         "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
         "stage3_param_persistence_threshold": 10 * hidden_size,
+        "stage3_max_live_parameters": DS_MAX_LIVE_PARAMETERS,
+        "stage3_max_reuse_distance": DS_MAX_REUSE_DISTANCE,
     }
+
+
+def zero3_live_params(sizes: tuple[int, ...], *, max_live: int, max_reuse: int, persistence_threshold: int) -> int:
+    """Most elements of partitioned parameters ZeRO-3 holds gathered at once, from the element
+    counts ``sizes`` of every parameter tensor (frozen ones too).
+
+    DeepSpeed's coordinator (deepspeed 0.19.8 runtime/zero/partitioned_param_coordinator.py)
+    fetches a module's parameters when the module runs, whatever their number (l.366-376), and
+    after each fetch, with a complete trace, prefetches the next parameters of the trace while
+    ``numel_prefetching < min(max_live - n_available, prefetch_bucket)`` (l.452-478): the loop
+    adds a whole parameter past the bound, and it runs at every module's pre-forward and
+    pre-backward hook, parameter-less ones included, so the look-ahead grows up to max_live
+    whatever the bucket. A module's parameters are not released while they are used again within
+    max_reuse_distance elements of the trace (l.653-662), however many are gathered: the kept
+    ones are the parameters of the next max_reuse_distance elements. Persistent parameters
+    (``numel <= stage3_param_persistence_threshold``, partition_parameters.py l.1292) never
+    leave. Hence at most max(max_live, max_reuse_distance) elements plus one parameter past the
+    bound, the largest at worst (with a tied embedding, the output head's weight, prefetched while
+    the last blocks still hold up to max_live), and never more than the partitioned parameters
+    themselves. Measured on the CPU (tests/test_zero3_live.py; a 30-block bloom scaled from
+    bloom-7b1, max_live = max_reuse = 3,921,700, tied embedding 4,032,000: 7,767,552 elements at
+    most, 2.4 % under this bound)."""
+    partitioned = [s for s in sizes if s > persistence_threshold]
+    return min(sum(partitioned), max(max_live, max_reuse) + max(partitioned, default=0))
+
+
+@functools.lru_cache(maxsize=256)
+def zero3_param_split(model: ModelSpec, adapter_sizes: tuple[int, ...], persistence_threshold: int) -> tuple[int, int, int]:
+    """(partitioned elements, persistent elements, elements gathered at most) of a ZeRO-3 model:
+    the base model's tensors and the adapters' (``adapter_sizes``). ZeRO-3 partitions every
+    parameter, trainable or frozen (zero.Init converts the whole module: partition_parameters.py
+    l.1286-1297 decides persistence by size alone, ``_partition_param`` l.1778 on every
+    parameter), except the persistent ones, which stay whole on every rank and on the device
+    even with parameter offload (l.1829-1830)."""
+    sizes = param_tensor_sizes(model, _FULL) + adapter_sizes
+    persistent = sum(s for s in sizes if s <= persistence_threshold)
+    live = zero3_live_params(sizes, max_live=DS_MAX_LIVE_PARAMETERS, max_reuse=DS_MAX_REUSE_DISTANCE,
+                             persistence_threshold=persistence_threshold)
+    return sum(sizes) - persistent, persistent, live
+
+
+def zero3_gathered_bytes(model: ModelSpec, config: TrainConfig, t: Trained) -> int:
+    """Device bytes of ZeRO-3's gathered parameters at most (forward and backward).
+
+    A gather allocates only when the parameter is not already whole on the device: on one rank
+    without parameter offload DeepSpeed hands the partition itself to the module (all_gather_
+    coalesced, partition_parameters.py l.1563: world size 1 -> ``_no_gather_coalesced``;
+    NoGatherHandle l.74: ``param.ds_tensor.data.to(device)``, the same tensor), so it costs
+    nothing; with parameter offload that ``.to`` copies from the host, and on N ranks the
+    all-gather fills a new buffer of ceil(numel / N) * N elements (l.1388) in the 16-bit (or
+    fp32) communication dtype."""
+    if config.gpus == 1 and config.offload is not Offload.OPTIMIZER_PARAMS:
+        return 0
+    adapters = t.sizes if config.method.uses_adapters else ()
+    threshold = deepspeed_buckets(model.hidden_size)["stage3_param_persistence_threshold"]
+    _, _, live = zero3_param_split(model, adapters, threshold)
+    return live * comm_bytes(config)
 
 
 def zero_partition(t: Trained, config: TrainConfig) -> int:
@@ -66,12 +135,8 @@ def zero_states(model: ModelSpec, config: TrainConfig, t: Trained, *, weights: i
         # DeepSpeed casts the model to its communication dtype
         out["weights"] = model.params_total * gb
     if config.zero == 3:
-        if full:
-            out["weights"] //= n
-        # one layer's parameters gathered at a time (+ prefetch), persistent small tensors
-        out["zero3/gathered_params"] = model.params_per_layer * gb * 2
-        if config.offload is Offload.OPTIMIZER_PARAMS:
-            host += out.pop("weights", 0)
+        host += _zero3_weights(model, config, t, out)
+        out["zero3/gathered_params"] = zero3_gathered_bytes(model, config, t)
         # ZeRO-3 allocates the flat 16-bit gradient partition when it is built, so it is alive
         # through the whole step (stage3.py _setup_for_real_optimizer grad_partitions_flat_buffer);
         # with optimizer offload it is built on the host and pinned (deepspeed 0.19.8 stage3.py
@@ -91,6 +156,25 @@ def zero_states(model: ModelSpec, config: TrainConfig, t: Trained, *, weights: i
         out["optimizer_states"] = states_per_device
         return out, host
     return out, host + _offload_host(config, t, out, states_per_device)
+
+
+def _zero3_weights(model: ModelSpec, config: TrainConfig, t: Trained, out: dict[str, int]) -> int:
+    """Splits ``out["weights"]`` (the whole model's weights, frozen LoRA base weights included)
+    into what ZeRO-3 keeps on this device and returns the host bytes: every rank holds 1/N of
+    the partitioned parameters (on the host with parameter offload) and the persistent ones whole
+    (``zero3_param_split``)."""
+    if "weights" not in out:
+        return 0
+    per_element = out["weights"] / model.params_total
+    base_persistent = zero3_param_split(
+        model, (), deepspeed_buckets(model.hidden_size)["stage3_param_persistence_threshold"])[1]
+    partition = int((model.params_total - base_persistent) * per_element) // config.gpus
+    persistent = int(base_persistent * per_element)
+    if config.offload is Offload.OPTIMIZER_PARAMS:
+        out["weights"] = persistent
+        return partition
+    out["weights"] = partition + persistent
+    return 0
 
 
 def _offload_host(config: TrainConfig, t: Trained, out: dict[str, int], states_per_device: int) -> int:
@@ -144,5 +228,6 @@ def gradient_flatten(t: Trained, config: TrainConfig) -> int:
     return partition * HALF + FP32 * partition if config.precision.is_mixed else FP32 * partition
 
 
-__all__ = ["comm_bytes", "deepspeed_buckets", "gradient_flatten", "optimizer_phase_gradients", "zero_partition",
-           "zero_states"]
+__all__ = ["DS_MAX_LIVE_PARAMETERS", "DS_MAX_REUSE_DISTANCE", "comm_bytes", "deepspeed_buckets", "gradient_flatten",
+           "optimizer_phase_gradients", "zero3_gathered_bytes", "zero3_live_params", "zero3_param_split",
+           "zero_partition", "zero_states"]
