@@ -133,11 +133,17 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     # the backward of the last checkpointed block as the peak (small vocabulary, 1024 tokens): the
     # block recomputed while every checkpoint is held, its MLP's gradients on top (QLoRA's fp32
     # residual stream and projection outputs); full fine-tuning keeps its peak at the end of
-    # backward (the moment stays below it). Not yet rows: LoRA with fp32 adapters on 16-bit
-    # activations (bf16-mixed -10.9 %, pure bf16 -18.6 % measured), whose peak inside that
-    # backward is at down_proj, where peft's fp32 cast of the adapter's input gets its gradient
+    # backward (the moment stays below it)
     ("llama-v2k", dict(method="qlora", grad_ckpt=True, seq_len=1024)),
     ("llama-v2k", dict(grad_ckpt=True, seq_len=1024)),
+    # LoRA with fp32 adapters on 16-bit activations, checkpointed: the peak is the end of the last
+    # block's recompute (planner/memory/step.py first_block_recompute), before its backward frees
+    # anything: bf16-mixed inside down_proj's adapter (peft's fp32 cast of the product alive
+    # beside lora_A's bf16 cast of it), pure bf16 inside up_proj's adapter sum (fp32 lora_B output
+    # + bf16 base output, promoted on the CPU); without checkpointing the loss is the peak
+    ("llama-v2k", dict(method="lora", grad_ckpt=True, seq_len=1024)),
+    ("llama-v2k", dict(method="lora", grad_ckpt=True, seq_len=1024, precision="bf16")),
+    ("llama-v2k", dict(method="lora", seq_len=1024, precision="bf16")),
 ]
 
 #: the rows of the recipe settings (``--knobs`` measures only these)
