@@ -1,5 +1,6 @@
-"""The sixth moment: the backward of the last block, the first one backward reaches
-(planner/memory/step.py ``first_block_backward``, activations.py ``block_backward_terms``)."""
+"""The backward of the last block, the first one backward reaches: before it frees anything (the end
+of its recompute, planner/memory/step.py ``first_block_recompute``, activations.py ``recompute_end_terms``)
+and once its MLP output projection's backward ran (``first_block_backward``, ``block_backward_terms``)."""
 
 from __future__ import annotations
 
