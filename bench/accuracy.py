@@ -10,10 +10,14 @@ error %), the median and maximum absolute error, and writes ``bench/results/accu
 measured bytes per category at the peak and the model's terms).
 
     python bench/accuracy.py [--quick] [--filter TEXT] [--jobs 1|2] [--deadline-min M] [--resume] [--render]
+                             [--repredict] [--merge-partial]
 
 Each finished row is appended to ``results/accuracy-<device>.rows.jsonl`` as it comes in;
 ``--resume`` takes the rows already there instead of measuring them again, and ``--deadline-min``
 starts no new measurement after M minutes (the rows left are listed as not measured).
+``--merge-partial`` puts the measured rows of the last ``--filter``/``--quick`` run
+(``accuracy-<device>-partial.json``) into the full table (a re-measured row in its place, new rows
+at the end), re-predicts every row with the current model, and rewrites the table's .json and .md.
 
 On a GPU machine run the same configurations with ``--device cuda`` (the CUDA probe:
 ``torch.cuda.max_memory_allocated`` of the last step); results go to ``accuracy-cuda.md``.
@@ -133,11 +137,18 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     # the backward of the last checkpointed block as the peak (small vocabulary, 1024 tokens): the
     # block recomputed while every checkpoint is held, its MLP's gradients on top (QLoRA's fp32
     # residual stream and projection outputs); full fine-tuning keeps its peak at the end of
-    # backward (the moment stays below it). Not yet rows: LoRA with fp32 adapters on 16-bit
-    # activations (bf16-mixed -10.9 %, pure bf16 -18.6 % measured), whose peak inside that
-    # backward is at down_proj, where peft's fp32 cast of the adapter's input gets its gradient
+    # backward (the moment stays below it)
     ("llama-v2k", dict(method="qlora", grad_ckpt=True, seq_len=1024)),
     ("llama-v2k", dict(grad_ckpt=True, seq_len=1024)),
+    # LoRA with fp32 adapters on 16-bit activations, checkpointed: the peak is the end of the last
+    # block's recompute (planner/memory/step.py first_block_recompute), before its backward frees
+    # anything: bf16-mixed inside down_proj's adapter (peft's fp32 cast of the product alive
+    # beside lora_A's bf16 cast of it), pure bf16 inside up_proj's adapter sum (fp32 lora_B output
+    # + bf16 base output, promoted on the CPU); without checkpointing the loss is the peak
+    ("llama-v2k", dict(method="lora", grad_ckpt=True, seq_len=1024)),
+    ("llama-v2k", dict(method="lora", grad_ckpt=True, seq_len=1024, precision="bf16")),
+    ("llama-v2k", dict(method="lora", seq_len=1024)),
+    ("llama-v2k", dict(method="lora", seq_len=1024, precision="bf16")),
 ]
 
 #: the rows of the recipe settings (``--knobs`` measures only these)
@@ -296,7 +307,7 @@ CPU_NOTES = [
     "allocator's peak by the ops they were allocated in, beside the model's breakdown.",
 ]
 
-#: Findings under the rows they explain: (arch, text in the config label, finding).
+#: Findings under the rows they explain: (arch, text in the config label or "^" + its beginning, finding).
 ROW_NOTES: list[tuple[str, str, str]] = [
     ("", "adamw_8bit", (
         "bitsandbytes' CPU 8-bit step allocates below the dispatcher (the custom op "
@@ -339,13 +350,32 @@ ROW_NOTES: list[tuple[str, str, str]] = [
         "a few bytes. In the run of this table c10's total ended 25,362,432 B above the ledger for qwen2 "
         "(its embedding 24,576,000 + one MLP weight 786,432), 35,389,440 B for gemma (its embedding "
         "32000 x 512 x 2 = 32,768,000 + 2,621,440 of layer weights) and 0 B for gpt2.")),
+    ("llama-v2k", "^lora r16 all-linear, bf16", (
+        "LoRA with fp32 adapters on 16-bit activations, checkpointed (the llama-v2k rows with ckpt; before the "
+        "model's `first_block_recompute` moment they read -10.9 % and -18.6 %): the peak is the end of the last "
+        "block's recompute, before its backward frees anything (the recompute runs inside lora_B's MmBackward0 "
+        "of down_proj, the first node that unpacks a saved tensor, and stops at the block's last saved tensor: "
+        "torch utils/checkpoint.py `_StopRecomputationError`). bf16-mixed: inside down_proj's adapter, every saved "
+        "tensor of the block alive beside the forward's locals that nothing saves: the MLP's fp32 input (RMSNorm "
+        "output; gate/up save bf16 casts of it) 4,194,304 B, the bf16 product act(gate)*up 5,636,096, peft's fp32 "
+        "copy of it (`_cast_input_dtype`, tuners_utils.py:2235; lora_A saves autocast's bf16 cast of that copy) "
+        "11,272,192, the base down_proj's bf16 output 2,097,152; and the gradients held: the block output's fp32 "
+        "4,194,304, its bf16 cast 2,097,152, grad*scaling 2,097,152. The 314,336 B left (-0.19 %) are a bf16 "
+        "matmul's scratch inside lora_A's mm (296,576 B, allocated and freed within the op) and small rotary and "
+        "norm tensors. Pure bf16: inside up_proj's `result + lora_B(lora_A(x)) * scaling` (lora/layer.py:1102), "
+        "the bf16 base output, the fp32 scaled adapter output, their fp32 sum and the base output promoted to "
+        "fp32 first (11,272,192 B: aten TensorIterator.cpp compute_types promotes a mixed-dtype input by a "
+        "temporary copy on the CPU, below the dispatcher: the dispatch count misses it, hence +8.29 % against "
+        "it). Without checkpointing both peak at the loss' backward as before (exact).")),
 ]
 
 
 def _row_notes(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for arch, text, note in ROW_NOTES:
-        numbers = [str(i) for i, r in enumerate(rows, 1) if arch in (r["arch"], "") and text in r["config"]]
+        # text: a part of the config label, or with a leading "^" its beginning
+        hit = (lambda c: c.startswith(text[1:])) if text.startswith("^") else (lambda c: text in c)
+        numbers = [str(i) for i, r in enumerate(rows, 1) if arch in (r["arch"], "") and hit(r["config"])]
         if numbers:
             lines.append(f"- Row{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}: {note}")
     return lines
@@ -395,6 +425,32 @@ def _markdown(rows: list[dict[str, Any]], *, device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _row_key(arch: str, config_dict: dict[str, Any]) -> str:
+    """A row's configuration as today's TrainConfig writes it (rows stored before a field existed lack it)."""
+    return json.dumps(TrainConfig.from_dict(config_dict).to_dict(), sort_keys=True) + arch
+
+
+def _merge_partial(suffix: str, *, device: str) -> int:
+    """The full table with the partial run's measured rows put in (replacing a row of the same
+    configuration in its place, new rows after the table's in ``CASES`` order), all re-predicted."""
+    full_path, partial_path = RESULTS / f"accuracy-{suffix}.json", RESULTS / f"accuracy-{suffix}-partial.json"
+    if not partial_path.exists():
+        print(f"no {partial_path.name}: run with --filter TEXT first", file=sys.stderr)
+        return 2
+    rows = {_row_key(r["arch"], r["config_dict"]): r for r in json.loads(full_path.read_text())}
+    added = [r for r in json.loads(partial_path.read_text()) if r["outcome"] != "not measured"]
+    new = {_row_key(r["arch"], r["config_dict"]): r for r in added}
+    order = {_row_key(arch, TrainConfig(**(_BASE | changes)).to_dict()): i for i, (arch, changes) in enumerate(CASES)}
+    # the table's rows keep their places (a re-measured one replaced in place); new ones follow in CASES order
+    merged = [new.pop(key, row) for key, row in rows.items()]
+    merged += sorted(new.values(), key=lambda r: order.get(_row_key(r["arch"], r["config_dict"]), len(order)))
+    merged = [_repredicted(row) for row in merged]
+    full_path.write_text(json.dumps(merged, indent=2, default=str) + "\n")
+    (RESULTS / f"accuracy-{suffix}.md").write_text(_markdown(merged, device=device))
+    print(f"merged {len(added)} rows into {full_path.name} ({len(merged)} rows) and rewrote the .md")
+    return 0
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f}"
 
@@ -414,7 +470,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repredict", action="store_true",
                         help="predict every committed row again with the current model (the measurements stay "
                              "as measured), then rewrite the .json and the .md")
+    parser.add_argument("--merge-partial", action="store_true",
+                        help="put the measured rows of the last --filter/--quick run into the full table, "
+                             "every row re-predicted with the current model")
     args = parser.parse_args(argv)
+    if args.merge_partial:
+        return _merge_partial("cpu" if args.device == "cpu" else "cuda", device=args.device)
     if args.render or args.repredict:
         suffix = "cpu" if args.device == "cpu" else "cuda"
         rows = json.loads((RESULTS / f"accuracy-{suffix}.json").read_text())

@@ -117,6 +117,10 @@ class KernelProfile:
     CUDA's state: True under CUDA autocast, False under CPU autocast). peft's bnb LoRA layers ask it
     (peft/tuners/lora/bnb.py ``requires_conversion = not torch.is_autocast_enabled()``), so on the
     CPU they cast each adapter's input to the fp32 adapter dtype even under autocast."""
+    promotes_inputs_by_copy: bool = False
+    """An elementwise op on inputs of two dtypes (bf16 + fp32) first copies the narrower input to the
+    common dtype (aten TensorIterator.cpp ``compute_types``, on the CPU only: "Promotes inputs by
+    creating temporaries of the correct dtype"); CUDA kernels cast while they load."""
 
     def dropout_mask_bytes(self, dropped_dtype_bytes: int) -> int:
         """Bytes per element of the mask dropout keeps for a tensor of this element size."""
@@ -133,7 +137,7 @@ CUDA_KERNELS = KernelProfile(
 CPU_KERNELS = KernelProfile(
     name="cpu", dropout_mask=DropoutMask.DROPPED_DTYPE, sdpa_dropout_math_fp32=True, autocast_softmax_fp32=False,
     adamw=AdamWImpl.SINGLE_TENSOR, caching_allocator=False, unified_memory_paging=False, bnb_8bit_step_whole_tensor=True,
-    plain_autocast_query=False,
+    plain_autocast_query=False, promotes_inputs_by_copy=True,
 )
 
 

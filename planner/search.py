@@ -256,11 +256,11 @@ class MemoryMemo:
             t = self.trained(config)
             static = static_terms(self.model, config, self.kernels, t)
             resident = static.resident_bytes
-            block_grads = sum(first_block_gradients(self.model, config, static.gradients, t))
+            head_grads, down_grads = first_block_gradients(self.model, config, static.gradients, t)
             parts = tuple(
                 tuple(resident + x for x in phase_totals(
                     static=static, saved=0, recompute=0, fwd_logits=0, bwd_logits=0, accumulating=acc,
-                    block_grads=block_grads))
+                    block_grads=head_grads + down_grads, head_grads=head_grads))
                 for acc in (False, True)
             )
             self._static[key] = (static, parts)
@@ -279,7 +279,7 @@ class MemoryMemo:
                 at.append(phase_totals(static=NO_STATIC, saved=terms.saved, recompute=terms.recompute,
                                        fwd_logits=terms.forward_logits, bwd_logits=terms.backward_logits,
                                        accumulating=False, cache=terms.kv_cache, kept=terms.kept,
-                                       block_live=terms.block_live))
+                                       block_live=terms.block_live, recompute_live=terms.recompute_live))
             self._batch[key] = (at[0], tuple(two - one for one, two in zip(*at)))
         return self._batch[key]
 

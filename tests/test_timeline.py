@@ -59,8 +59,9 @@ def test_every_mark_holds_exactly_what_the_moment_lists(model, gpu, config):
     kernels = gpu.kernels
     t = trained(model, config)
     static = static_terms(model, config, kernels, t)
+    head_grads, down_grads = first_block_gradients(model, config, static.gradients, t)
     moments = phase_breakdowns(static, batch_terms(model, config, kernels), accumulating=config.grad_accum > 1,
-                               block_grads=sum(first_block_gradients(model, config, static.gradients, t)))
+                               block_grads=head_grads + down_grads, head_grads=head_grads)
     timeline = step_timeline(model=model, config=config, kernels=kernels)
     for name in PHASES:
         assert timeline.live_at(timeline.marks[name]) == moments[name], name
@@ -124,7 +125,7 @@ def test_phase_totals_are_the_sums_of_what_each_moment_lists():
     names = [f.name for f in dataclasses.fields(StaticTerms) if f.name != "resident"]
     static = StaticTerms(resident={"weights": 1}, **{name: 1 << (10 + 2 * i) for i, name in enumerate(names)})
     batch = dict(saved=1 << 1, recompute=1 << 3, fwd_logits=1 << 5, bwd_logits=1 << 7, block_live=1 << 9,
-                 block_grads=1 << 40)
+                 block_grads=1 << 40, recompute_live=1 << 42, head_grads=1 << 44)
     for accumulating in (False, True):
         listed = phases(static=static, **batch, accumulating=accumulating)
         assert phase_totals(static=static, **batch, accumulating=accumulating) == tuple(

@@ -63,6 +63,8 @@ TERM_SOURCES = {
     "lora/weight_casts": "16-bit copies of the fp32 adapters under autocast",
     "checkpoints": "torch.utils.checkpoint (non-reentrant) keeps each block's input",
     "recompute": "one block's saved tensors rebuilt during backward under checkpointing",
+    "recompute_locals": "the recomputed block's forward tensors nothing saves, alive where the recompute stops "
+                        "(activations.recompute_end_terms)",
     "block_backward": "the backward of the last block (the first backward reaches): the gradient of its output and the "
                       "MLP's gradients at the activation product (block_backward_terms)",
     "embeddings": "int64 token ids (embedding backward), rotary cos/sin, embedding LayerNorm input",
@@ -467,6 +469,103 @@ def block_backward_terms(model: ModelSpec, config: TrainConfig, kernels: KernelP
     return {"recompute": sum(block_terms(ctx).values()) - released - own, "block_backward": g_out + grads}
 
 
+def _read_as_is(ctx: BlockContext, kind: LinearKind, input_bytes: int) -> bool:
+    """Whether a linear of ``kind`` saves the very tensor it reads (no autocast cast of it, no
+    peft cast or dropped copy of it): then that tensor is a saved one, else a local of the forward."""
+    if ctx.full:
+        return not ctx.mode.autocast or input_bytes == HALF
+    return ctx.adapter_saves_shared_input and any(ctx.targeted(lin) for lin in ctx.of_kind(kind))
+
+
+def _grads_before_down(ctx: BlockContext) -> int:
+    """The gradients the last block's backward holds when its first saved tensor is unpacked:
+    the block output's (the residual stream's dtype, kept for the residual branch), the MLP
+    output's cast to the projections' dtype when it differs (the engine casts a gradient to its
+    input's dtype, torch/csrc/autograd/engine.cpp validate_outputs), and with LoRA on the output
+    projection the base output's share when peft's sum ran in another dtype (pure 16-bit: fp32
+    adapter output + 16-bit base output, cast back by ``result.to(torch_result_dtype)``) and
+    ``grad * scaling`` in lora_B's output dtype, the input of lora_B's MmBackward."""
+    mode, e, h = ctx.mode, ctx.dims.tokens, ctx.dims.h
+    total = mode.residual + (mode.compute if mode.compute != mode.residual else 0)
+    if any(ctx.targeted(lin) for lin in ctx.of_kind(LinearKind.MLP_OUT)):
+        lora_out = HALF if mode.autocast else ADAPTER_BYTES
+        total += (mode.compute if max(mode.compute, lora_out) != mode.compute else 0) + lora_out
+    return e * h * total
+
+
+def _recompute_stops(ctx: BlockContext) -> list[tuple[int, int]]:
+    """(saved tensors not yet rebuilt, the forward's locals) at the two instants of the last
+    block's recompute where it can peak (torch.utils.checkpoint's recompute runs the block's
+    forward until its last saved tensor is packed: ``_StopRecomputationError``, utils/checkpoint.py).
+
+    * inside the MLP's output projection, its last saved tensor being packed (lora_B's under LoRA):
+      alive as locals besides the saved tensors are the MLP's input and the post-attention residual
+      (LlamaDecoderLayer.forward ``residual``; LlamaMLP.forward's ``x``) unless a norm or linear
+      saves them as they are, the product act(gate) * up unless saved as it is, and with LoRA the
+      base projection's output (peft Linear.forward ``result``, made before the adapter) and
+      peft's fp32 cast of a 16-bit product (LoraLayer._cast_input_dtype, tuners_utils.py:2235,
+      ``x.to(dtype)``), which lora_A saves only outside autocast and without dropout;
+    * gated MLPs with LoRA on the up projection (run after the gate's, LlamaMLP.forward), in
+      peft's ``result + lora_B(lora_A(dropout(x))) * scaling`` (lora/layer.py:1102): the base
+      output, the scaled adapter output (lora_B's dtype: 16-bit under autocast, else fp32), their
+      sum in the promoted dtype, and on the CPU the base output promoted to it (TensorIterator.cpp
+      compute_types: "Promotes inputs by creating temporaries of the correct dtype", CPU only); the
+      up projection's output and everything the output projection saves are not made yet."""
+    model, mode, e, h = ctx.model, ctx.mode, ctx.dims.tokens, ctx.dims.h
+    experts = max(model.num_experts, 1)
+    inter = e * ctx.dims.i // experts
+    outer = 0 if _read_as_is(ctx, LinearKind.MLP_IN, mode.residual) else e * h * mode.residual
+    if model.norm == "rmsnorm" and mode.residual != FP32 and not model.parallel_block:
+        outer += e * h * mode.residual  # the residual; RMSNorm saved its fp32 copy
+    keeps_output = not model.gated_mlp and model.hidden_act in ACTIVATION_SAVES_OUTPUT
+    down = [lin for lin in ctx.of_kind(LinearKind.MLP_OUT) if ctx.targeted(lin)]
+    local = outer + (0 if keeps_output or _read_as_is(ctx, LinearKind.MLP_OUT, mode.compute) else inter * mode.compute)
+    if down:
+        if mode.compute != ADAPTER_BYTES and (mode.autocast or ctx.lora_dropout):
+            local += inter * ADAPTER_BYTES
+        local += sum(lin.active * e * lin.out_features * mode.compute for lin in down)
+    stops = [(0, local)]
+    up = [lin for lin in ctx.of_kind(LinearKind.MLP_IN) if ctx.targeted(lin)]
+    if model.gated_mlp and up:
+        lora_out = HALF if mode.autocast else ADAPTER_BYTES
+        if ctx.config.method is Method.QLORA and not (mode.autocast and ctx.kernels.plain_autocast_query):
+            # bnb's LoRA casts the adapter output to the base output's dtype before the sum
+            # (peft/tuners/lora/bnb.py:549-552 ``output = output.to(expected_dtype)``): no promotion
+            at_sum = mode.compute * 3 + max(lora_out - mode.compute, 0)
+        else:
+            summed = max(mode.compute, lora_out)
+            promoted = summed if lora_out != mode.compute and ctx.kernels.promotes_inputs_by_copy else 0
+            at_sum = mode.compute + lora_out + summed + promoted
+        stops.append((inter * mode.compute + _down_saved(ctx) // experts, outer + inter * at_sum))
+    return stops
+
+
+def recompute_end_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                        targets: frozenset[str] | None = None) -> dict[str, int]:
+    """What the last block adds to the saved tensors that outlive the head's backward before its
+    backward frees anything (planner/memory/step.py ``first_block_recompute``), by term:
+
+    * under checkpointing, at the larger of ``_recompute_stops``: ``recompute``, the block's saved
+      tensors rebuilt so far (less the block's own input where the first norm saves it as it is,
+      as in ``block_backward_terms``); ``recompute_locals``, the forward's tensors alive there
+      that nothing saves; ``block_backward``, the gradients held (``_grads_before_down``);
+    * without checkpointing, the start of that backward: the gradients it holds.
+
+    Measured on bench/accuracy.py's llama-v2k (tests/test_block_backward.py): bf16-mixed LoRA
+    peaks inside down_proj's adapter (the fp32 cast of the product beside lora_A's bf16 cast),
+    pure bf16 LoRA inside up_proj's adapter sum."""
+    dims = dims_of(model, config)
+    ctx = block_context(model, config, kernels, first=model.num_layers == 1, targets=targets, dims=dims)
+    grads = _grads_before_down(ctx)
+    if not config.grad_ckpt:
+        return {"block_backward": grads}
+    first_norm_holds_input = model.norm != "rmsnorm" or ctx.mode.residual == FP32
+    own = checkpoint_bytes(model, dims, ctx.mode) if first_norm_holds_input else 0
+    missing, local = max(_recompute_stops(ctx), key=lambda stop: stop[1] - stop[0])
+    return {"recompute": sum(block_terms(ctx).values()) - missing - own, "recompute_locals": local,
+            "block_backward": grads}
+
+
 def down_gradient_params(model: ModelSpec, config: TrainConfig, targets: frozenset[str] | None = None) -> int:
     """Trainable elements of one block's MLP output projection, whose gradient its backward
     makes first (full: the weight and bias; LoRA: A and B of each adapted one)."""
@@ -480,5 +579,5 @@ def down_gradient_params(model: ModelSpec, config: TrainConfig, targets: frozens
 
 __all__ = ["ACTIVATION_SAVED", "ACTIVATION_SAVED_DEFAULT", "ACTIVATION_SAVES_OUTPUT", "HEAD_TERMS", "TERM_SOURCES",
            "activation_breakdown", "block_backward_terms", "block_terms", "breakdown_key", "checkpoint_bytes", "down_gradient_params", "fused_ce_chunk_rows",
-           "fused_ce_transient", "kernels_of", "kv_cache_block_bytes", "logits_backward_transient",
+           "fused_ce_transient", "kernels_of", "kv_cache_block_bytes", "logits_backward_transient", "recompute_end_terms",
            "logits_forward_transient", "manual_loop_logits", "model_level_terms", "recompute_bytes"]

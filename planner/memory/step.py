@@ -1,12 +1,17 @@
 """The moments of one optimizer step at which memory can peak, and what lives at each.
 
-A training step goes through six moments, and the peak is the largest:
+A training step goes through seven moments, and the peak is the largest:
 
 * ``forward``: static model states + every tensor saved for backward + the logits/loss
   temporaries at the end of the forward pass (the last micro-step of an accumulation, when the
   previous micro-steps' gradients already exist);
 * ``backward_start``: the saved tensors are still alive and the loss' backward allocates the
   gradient of the logits (for large vocabularies this is the peak);
+* ``first_block_recompute``: the backward of the last block, before it frees anything: under
+  checkpointing the end of its recompute, where the forward's locals (the MLP's input, peft's
+  fp32 cast of a 16-bit product, an adapter's output sum) are alive beside every saved tensor of
+  the block (``activations.recompute_end_terms``; LoRA with fp32 adapters on 16-bit activations
+  peaks here);
 * ``first_block_backward``: the backward of the last block, the first one backward reaches: the
   head's saved tensors are gone, every block's checkpoint (or saved tensors) is still held, under
   checkpointing the block is recomputed, and its MLP's gradients sit on top
@@ -39,6 +44,7 @@ from planner.memory.activations import (
     manual_loop_logits,
     model_level_terms,
     recompute_bytes,
+    recompute_end_terms,
 )
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained
@@ -47,7 +53,7 @@ from planner.memory.states import StaticTerms
 from planner.modelspec import ModelSpec
 
 #: the moments of a step, in the order they happen
-PHASES = ("forward", "backward_start", "first_block_backward", "backward_end", "optimizer_start", "optimizer")
+PHASES = ("forward", "backward_start", "first_block_recompute", "first_block_backward", "backward_end", "optimizer_start", "optimizer")
 
 #: model-level saved tensors the output side keeps, freed by the head's backward before any block's
 #: (the lm_head's 16-bit weight cast under autocast among them)
@@ -74,6 +80,9 @@ class BatchTerms:
     block_backward: dict[str, int] = field(default_factory=dict)
     """Activations live at the first block's backward, by breakdown key: the saved tensors less
     the head's, plus ``activations.block_backward_terms``."""
+    recompute_end: dict[str, int] = field(default_factory=dict)
+    """Activations live before that backward frees anything, by breakdown key: the saved tensors
+    less the head's, plus ``activations.recompute_end_terms``."""
 
     @property
     def saved(self) -> int:
@@ -82,6 +91,10 @@ class BatchTerms:
     @property
     def block_live(self) -> int:
         return sum(self.block_backward.values())
+
+    @property
+    def recompute_live(self) -> int:
+        return sum(self.recompute_end.values())
 
 
 def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
@@ -98,13 +111,15 @@ def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
         backward_logits=logits_backward_transient(dims, mode, config),
         kv_cache=cache,
         kept=manual_loop_logits(dims, mode, config) + cache if manual else 0,
-        block_backward=_block_backward(model, config, kernels, targets, activations),
+        block_backward=_block_backward(model, config, kernels, targets, activations, block_backward_terms),
+        recompute_end=_block_backward(model, config, kernels, targets, activations, recompute_end_terms),
     )
 
 
 def _block_backward(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, targets: frozenset[str] | None,
-                    activations: dict[str, int]) -> dict[str, int]:
-    """The saved tensors less the head's (``HEAD_SAVED``), plus what the first block's backward adds."""
+                    activations: dict[str, int], added) -> dict[str, int]:
+    """The saved tensors less the head's (``HEAD_SAVED``), plus what the first block's backward adds
+    at one of its instants (``added``: ``block_backward_terms`` or ``recompute_end_terms``)."""
     live = dict(activations)
     if model.is_encoder_decoder:
         # the decoder's head: its final norm and dropout too (``encdec.timeline_parts``)
@@ -117,7 +132,7 @@ def _block_backward(model: ModelSpec, config: TrainConfig, kernels: KernelProfil
         for term, nbytes in level.items():
             if term in HEAD_SAVED and nbytes:
                 live[breakdown_key(term)] -= nbytes
-    for term, nbytes in block_backward_terms(model, config, kernels, targets).items():
+    for term, nbytes in added(model, config, kernels, targets).items():
         key = breakdown_key(term)
         live[key] = live.get(key, 0) + nbytes
     return {k: v for k, v in live.items() if v}
@@ -140,7 +155,7 @@ def first_block_gradients(model: ModelSpec, config: TrainConfig, gradients: int,
 
 def phases(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
            accumulating: bool, cache: int = 0, kept: int = 0, block_live: int = 0,
-           block_grads: int = 0) -> dict[str, dict[str, int]]:
+           block_grads: int = 0, recompute_live: int = 0, head_grads: int = 0) -> dict[str, dict[str, int]]:
     """What lives beside the resident model states at each moment of a step, by breakdown
     component ("activations" stands for every saved-activation term). During accumulation the
     previous micro-steps' gradients exist in the forward. ``cache``: the KV cache the forward
@@ -148,7 +163,10 @@ def phases(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, 
     forward those of the previous micro-step, which the name releases only when the forward
     returns, afterwards this one's. ``block_live``: the activations live at the first block's
     backward (``BatchTerms.block_backward``, listed as "activations/first_block"); ``block_grads``:
-    the gradients made by then (``first_block_gradients``), unless earlier micro-steps' exist."""
+    the gradients made by then (``first_block_gradients``), unless earlier micro-steps' exist;
+    ``recompute_live``: the activations live before that backward frees anything
+    (``BatchTerms.recompute_end``, listed as "activations/first_block_recompute"), when only the
+    head's gradients (``head_grads``) are made."""
     grads_fwd = static.gradients if accumulating else 0
     loop = {"loop/manual_outputs": kept}
     return {
@@ -160,7 +178,11 @@ def phases(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, 
         # are freed (measured: ZeRO-3 on one rank holds no gathered parameters here)
         "backward_start": {"activations": saved, "logits/transient": bwd_logits, "gradients": grads_fwd, **loop},
         # the head's gradients are made and its saved tensors freed; the running block's
-        # parameters are gathered again under ZeRO-3
+        # parameters are gathered again under ZeRO-3; the last block is recomputed
+        "first_block_recompute": {"activations/first_block_recompute": recompute_live,
+                                  "gradients": static.gradients if accumulating else head_grads,
+                                  "zero3/gathered_params": static.gathered, **loop},
+        # its MLP output projection's backward ran: its saved tensors freed, its gradients made
         "first_block_backward": {"activations/first_block": block_live,
                                  "gradients": static.gradients if accumulating else block_grads,
                                  "zero3/gathered_params": static.gathered, **loop},
@@ -178,17 +200,19 @@ NO_STATIC = StaticTerms(resident={}, gradients=0, gathered=0, paged=0, host=0, o
 
 def phase_totals(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
                  accumulating: bool, cache: int = 0, kept: int = 0, block_live: int = 0,
-                 block_grads: int = 0) -> tuple[int, ...]:
+                 block_grads: int = 0, recompute_live: int = 0, head_grads: int = 0) -> tuple[int, ...]:
     """The bytes ``phases`` lists at each moment (resident states not included), as plain sums:
     the search's memo makes thousands of these, and building ``phases``' dicts to add them up
     took a quarter of a search (tests/test_timeline.py checks the two agree term by term). Every
     moment is a sum of static and per-micro-batch terms, so the totals are additive:
     totals(static, batch) = totals(static, no batch) + totals(NO_STATIC, batch), which the
-    search's fast path uses (``block_grads`` is a static term, ``block_live`` a per-micro-batch one)."""
+    search's fast path uses (``block_grads`` and ``head_grads`` are static terms, ``block_live`` and
+    ``recompute_live`` per-micro-batch ones)."""
     grads_fwd = static.gradients if accumulating else 0
     return (
         saved + fwd_logits + grads_fwd + static.gathered + cache + kept,
         saved + bwd_logits + grads_fwd + kept,
+        recompute_live + (static.gradients if accumulating else head_grads) + static.gathered + kept,
         block_live + (static.gradients if accumulating else block_grads) + static.gathered + kept,
         recompute + static.gradients + static.gathered + static.tied_gradient_sum + kept,
         static.gradients + static.zero_gradient_flatten + kept,
@@ -197,19 +221,22 @@ def phase_totals(*, static: StaticTerms, saved: int, recompute: int, fwd_logits:
 
 
 def phase_breakdowns(static: StaticTerms, batch: BatchTerms, *, accumulating: bool,
-                     block_grads: int = 0) -> dict[str, dict[str, int]]:
+                     block_grads: int = 0, head_grads: int = 0) -> dict[str, dict[str, int]]:
     """Every moment's live bytes by breakdown key, resident states included (zero terms dropped)."""
     out = {}
     for name, parts in phases(static=static, saved=batch.saved, recompute=batch.recompute,
                               fwd_logits=batch.forward_logits, bwd_logits=batch.backward_logits,
                               accumulating=accumulating, cache=batch.kv_cache, kept=batch.kept,
-                              block_live=batch.block_live, block_grads=block_grads).items():
+                              block_live=batch.block_live, block_grads=block_grads,
+                              recompute_live=batch.recompute_live, head_grads=head_grads).items():
         breakdown = dict(static.resident)
         for component, size in parts.items():
             if component == "activations":
                 breakdown.update(batch.activations)
             elif component == "activations/first_block":
                 breakdown.update(batch.block_backward)
+            elif component == "activations/first_block_recompute":
+                breakdown.update(batch.recompute_end)
             else:
                 breakdown[component] = size
         out[name] = {k: int(v) for k, v in breakdown.items() if v}

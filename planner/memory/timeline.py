@@ -3,8 +3,9 @@
 Forward block by block (the running block's ZeRO-3 parameters, the embeddings' saved tensors,
 each block's saved tensors or its checkpoint, the head's, the logits at the loss), the loss'
 backward, the head's (its gradients made, its saved tensors freed), the backward of the last
-block (recomputed under checkpointing while every checkpoint is held, its MLP output projection's
-gradients and the gradients at the activation product on top), backward block by block (each
+block (recomputed under checkpointing while every checkpoint is held, with the forward's locals
+where the recompute stops; then its MLP output projection's gradients and the gradients at the
+activation product), backward block by block (each
 block's saved tensors released and its gradients made), the end of backward (the recomputed
 block under checkpointing, the embeddings' gradients, a tied embedding's two partial
 gradients), and the optimizer step
@@ -19,7 +20,8 @@ accounting the moments make (measured exact on the CPU rows of bench/accuracy.py
 block, backward releases the saved tensors before it makes the gradients; the embeddings'
 gradients, and under checkpointing the first block's recompute, are drawn at the end of
 backward where the model counts them. The recompute of the last block, the first backward
-reaches, is drawn where it runs, with every checkpoint alive (``first_block_backward``); the
+reaches, is drawn where it runs, with every checkpoint alive (``first_block_recompute``, then
+``first_block_backward`` once the output projection's backward ran); the
 blocks between are recomputed one at a time while fewer checkpoints and more gradients live,
 which those two moments bound.
 """
@@ -33,6 +35,7 @@ from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.activations import (
     block_backward_terms,
+    recompute_end_terms,
     block_terms,
     breakdown_key,
     checkpoint_bytes,
@@ -194,6 +197,9 @@ class _Step:
     block_backward: dict[str, int]
     """what the last block's backward adds to the saved tensors (recompute, its gradients at the
     activation product), by breakdown key"""
+    recompute_end: dict[str, int]
+    """what the last block adds to the saved tensors before its backward frees anything (the end
+    of its recompute under checkpointing), by breakdown key"""
     head_gradients: int
     """the head's share of the gradients, made before any block's"""
     down_gradients: int
@@ -246,6 +252,7 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
     batch = batch_terms(model, config, kernels, t.target_names)
     # what the last block's backward adds to the saved tensors left after the head's backward
     added = {breakdown_key(k): v for k, v in block_backward_terms(model, config, kernels, t.target_names).items() if v}
+    before = {breakdown_key(k): v for k, v in recompute_end_terms(model, config, kernels, t.target_names).items() if v}
     head_gradients, down_gradients = first_block_gradients(model, config, static.gradients, t)
     return _Step(
         model=model, config=config, static=static, first=first, rest=rest, blocks=blocks,
@@ -254,7 +261,7 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         backward_logits=logits_backward_transient(dims, mode, config),
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
         cache=kv_cache_block_bytes(model, config, dims, mode), kept=batch.kept,
-        block_backward=added, head_gradients=head_gradients, down_gradients=down_gradients,
+        block_backward=added, recompute_end=before, head_gradients=head_gradients, down_gradients=down_gradients,
     )
 
 
@@ -295,8 +302,13 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     layers = s.n_blocks
     if not grads_exist:
         grads.append(b.alloc("gradients", s.head_gradients, f"{label}head backward"))
-        grads.append(b.alloc("gradients", s.down_gradients, f"{label}backward block {layers}"))
     # the last block's backward: recomputed under checkpointing with every checkpoint held
+    inside = b.alloc_terms(s.recompute_end, f"{label}backward block {layers}")
+    if marks:
+        b.mark("first_block_recompute")
+    b.free_all(inside, f"{label}backward block {layers}")
+    if not grads_exist:
+        grads.append(b.alloc("gradients", s.down_gradients, f"{label}backward block {layers}"))
     inside = b.alloc_terms(s.block_backward, f"{label}backward block {layers}")
     if marks:
         b.mark("first_block_backward")
