@@ -357,13 +357,13 @@ def _metric(data: dict[str, Any], row_id: str) -> str:
 
 def _block_moment_lines(results: list[dict[str, Any]]) -> list[str]:
     rows = [r for r in results if r.get("block_moment") is not None]
-    lines = ["The model's sixth moment, `first_block_backward` (planner/memory/step.py PHASES; terms in "
+    lines = ["The model's `first_block_backward` moment (planner/memory/step.py PHASES; terms in "
              "planner/memory/activations.py `block_backward_terms`): the backward of the last checkpointed block, the first "
              "backward reaches, with every block's checkpoint held, that block recomputed (less what its MLP output "
              "projection saved, released by then), the gradient of its output and the MLP's three gradients at the "
              "activation product. Measured on the CPU (bench/results/accuracy-cpu.md, the llama-v2k rows: QLoRA from "
              "-29 % to -0.05 %). Below, every checkpointed max_memory_allocated row: the moment, the largest of the "
-             "other five, and the row's error without the moment. A row moved where the moment is its peak.", "",
+             "other moments (the end of the block's recompute among them), and the row's error without the moment. A row moved where the moment is its peak.", "",
              "| row | measured GiB | predicted GiB | error | first_block_backward GiB | other moments' max GiB | error without it | moved |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
