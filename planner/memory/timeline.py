@@ -280,6 +280,14 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
     return [gathered], embeddings, blocks, head, [logits] + cache
 
 
+def _instant(b: _Builder, terms: dict[str, int], mark: str | None, where: str) -> None:
+    """Tensors alive for one instant of a block's backward: allocated, marked, freed."""
+    inside = b.alloc_terms(terms, where)
+    if mark:
+        b.mark(mark)
+    b.free_all(inside, where)
+
+
 def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: bool,
                 previous: int) -> tuple[list[int], int]:
     """One micro-step's forward and backward; returns the gradient allocations it made and what
@@ -303,16 +311,11 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     if not grads_exist:
         grads.append(b.alloc("gradients", s.head_gradients, f"{label}head backward"))
     # the last block's backward: recomputed under checkpointing with every checkpoint held
-    inside = b.alloc_terms(s.recompute_end, f"{label}backward block {layers}")
-    if marks:
-        b.mark("first_block_recompute")
-    b.free_all(inside, f"{label}backward block {layers}")
+    where = f"{label}backward block {layers}"
+    _instant(b, s.recompute_end, "first_block_recompute" if marks else None, where)
     if not grads_exist:
-        grads.append(b.alloc("gradients", s.down_gradients, f"{label}backward block {layers}"))
-    inside = b.alloc_terms(s.block_backward, f"{label}backward block {layers}")
-    if marks:
-        b.mark("first_block_backward")
-    b.free_all(inside, f"{label}backward block {layers}")
+        grads.append(b.alloc("gradients", s.down_gradients, where))
+    _instant(b, s.block_backward, "first_block_backward" if marks else None, where)
     for k in reversed(range(layers)):
         where = f"{label}backward block {k + 1}"
         b.free_all(blocks[k] + (embeddings if k == 0 else []), where)
