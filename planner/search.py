@@ -425,6 +425,8 @@ def _request(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int,
             "offload": space.allow_offload,
             "cpu_mem_bytes": space.cpu_mem_bytes if space.allow_offload else None,
             "top_k": top_k,
+            # the ranking policy: two requests that differ in it get different answers
+            "prefer": str(space.prefer),
             # the recipe settings that differ from the defaults: a stored plan is reused only for the same
             **({"recipe": recipe} if (recipe := _recipe_constraints(space)) else {}),
         },
@@ -477,9 +479,7 @@ def suggest(
         rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
         raise NothingFitsError(
             _nothing_fits_message(model=model, gpu=gpu, closest=tried, usable=usable, space=space),
-            result=PlanResult(request=dataclasses.replace(request, constraints={**request.constraints,
-                                                                               **_policy_constraints(space)}),
-                              plans=(), rejected=rejected, searched=searched, usable_bytes=usable,
+            result=PlanResult(request=request, plans=(), rejected=rejected, searched=searched, usable_bytes=usable,
                               safety_margin_bytes=margin, prefer=str(space.prefer)),
         )
     best_tier = fidelity_tier(plans[0].config)
@@ -493,15 +493,8 @@ def suggest(
     theirs = _replayed_plans(_ranked(fitting, other), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
                              prefer=other, replays=replays, memo=memo)
     alternative = theirs[0] if theirs and theirs[0].config != plans[0].config else None
-    request = dataclasses.replace(request, constraints={**request.constraints, **_policy_constraints(space)})
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
                       safety_margin_bytes=margin, prefer=str(space.prefer), alternative=alternative)
-
-
-def _policy_constraints(space: SearchSpace) -> dict:
-    """What shapes the answer beyond what ``_request`` records: the ranking policy (two requests
-    that differ in it get different answers)."""
-    return {"prefer": str(space.prefer)}
 
 
 def _replayed_plans(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
