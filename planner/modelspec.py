@@ -140,6 +140,11 @@ class ModelSpec:
         return sum(lin.params for lin in self.layer_linears) + self.layer_norm_params + self.layer_other_params
 
     @functools.cached_property
+    def linears_by_kind(self) -> "Mapping[LinearKind, tuple[LinearSpec, ...]]":
+        """One block's linears grouped by kind (the activation terms ask for them per block)."""
+        return {kind: tuple(lin for lin in self.layer_linears if lin.kind is kind) for kind in LinearKind}
+
+    @functools.cached_property
     def linear_params_per_layer(self) -> int:
         return sum(lin.params for lin in self.layer_linears)
 

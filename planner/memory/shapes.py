@@ -73,11 +73,7 @@ class BlockContext:
         return self.full or not self.first or self.config.grad_ckpt
 
     def of_kind(self, kind: LinearKind) -> list[LinearSpec]:
-        return self._by_kind[kind]
-
-    @functools.cached_property
-    def _by_kind(self) -> dict[LinearKind, list[LinearSpec]]:
-        return {kind: [lin for lin in self.model.layer_linears if lin.kind is kind] for kind in LinearKind}
+        return list(self.model.linears_by_kind[kind])
 
     def targeted(self, lin: LinearSpec) -> bool:
         return lin.name in self.targets
