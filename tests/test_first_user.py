@@ -79,7 +79,8 @@ def test_integer_usage_errors_echo_numbers_as_typed(cli):
     ("--timeout", "nan", "--timeout must be between 0 and 86400 seconds, got nan"),
     ("--timeout", "inf", "--timeout must be between 0 and 86400 seconds, got inf"),
     ("--timeout", "0", "--timeout must be between 0 and 86400 seconds, got 0.0"),
-    ("--steps", "1", "--steps must be a whole number from 2 to 100, got 1"),
+    ("--steps", "1", "--steps must be a whole number from 2 to 1000000, got 1"),
+    ("--steps", "1000001", "--steps must be a whole number from 2 to 1000000, got 1000001"),
 ])
 def test_measure_refuses_its_run_limits_before_anything_runs(cli, monkeypatch, option, value, line):
     import workers

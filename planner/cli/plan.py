@@ -220,11 +220,11 @@ def measure(
     from planner.search import safety_margin
     from planner.throughput import estimate_throughput
 
-    from planner.verify.driver import check_run_limits
+    from planner.verify.driver import MEASURE_MAX_STEPS, check_run_limits
 
-    # a run's steps and timeout as a verification run's (2-100 steps, 0-86400 s; NaN refused too),
+    # a run's steps (2 to MEASURE_MAX_STEPS) and timeout (0-86400 s; NaN refused too),
     # before anything is resolved or started: --timeout nan reached the child process's wait
-    check_run_limits(steps=steps, timeout_s=timeout, timeout_option="--timeout")
+    check_run_limits(steps=steps, timeout_s=timeout, timeout_option="--timeout", max_steps=MEASURE_MAX_STEPS)
     if timeline is not None:
         from planner.plot import check_path
 

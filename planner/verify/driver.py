@@ -78,11 +78,19 @@ def _check_whole(name: str, value: object, low: int, high: int) -> None:
         raise InvalidConfigError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
 
 
-def check_run_limits(*, steps: object, timeout_s: float, timeout_option: str = "--run-timeout") -> None:
-    """One run's optimizer steps (2-100: the last is measured, after the optimizer states exist)
-    and the seconds before it is killed (0-86400; NaN refused), named as the command calls them:
-    suggest and submit ``--run-timeout``, measure ``--timeout``."""
-    _check_whole("--steps", steps, 2, 100)
+#: Optimizer steps of one verification run: a few are enough to measure the peak (the last is
+#: measured, after the optimizer states exist), and a run per candidate holds a GPU
+VERIFY_MAX_STEPS = 100
+#: ``planner measure`` may run long (a step-time measurement, a kill test): only a typo is refused
+MEASURE_MAX_STEPS = 1_000_000
+
+
+def check_run_limits(*, steps: object, timeout_s: float, timeout_option: str = "--run-timeout",
+                     max_steps: int = VERIFY_MAX_STEPS) -> None:
+    """One run's optimizer steps (2 to ``max_steps``: the last is measured, after the optimizer
+    states exist) and the seconds before it is killed (0-86400; NaN refused), named as the command
+    calls them: suggest and submit ``--run-timeout``, measure ``--timeout``."""
+    _check_whole("--steps", steps, 2, max_steps)
     if not 0 < timeout_s <= 86400:
         raise InvalidConfigError(f"{timeout_option} must be between 0 and 86400 seconds, got {timeout_s!r}")
 
