@@ -103,6 +103,7 @@ def run_in_process(
         error = f"{type(exc).__name__}: {exc}".strip()
     finally:
         probe.stop()
+        _reset_deepspeed_linear()
         gc.collect()
     details.update(_probe_details(probe, trace=trace))
     ok = outcome is RunOutcome.OK
@@ -122,6 +123,23 @@ def run_in_process(
         error=error,
     )
     return measurement, details
+
+
+def _reset_deepspeed_linear() -> None:
+    """Give this process back the stock ``torch.nn.functional.linear``. DeepSpeed's ZeRO-3 swaps in
+    its memory-efficient linear for the rest of the process ("This will persist unless manually
+    reset": deepspeed/runtime/zero/partition_parameters.py ``_enable_mem_efficient_linear``, which
+    keeps the original as ``InsertPostInitMethodToModuleSubClasses.linear_bk``), so a later run in
+    the same process (the tests' and benches' in-process runs) trained through it and saved fewer
+    tensors than its configuration does. A run in a fresh process (measure, Ray) never sees it."""
+    import sys
+
+    zero_init = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+    original = getattr(getattr(zero_init, "InsertPostInitMethodToModuleSubClasses", None), "linear_bk", None)
+    if original is not None:
+        import torch
+
+        torch.nn.functional.linear = original
 
 
 def _probe_details(probe, *, trace: bool) -> dict[str, Any]:
