@@ -72,14 +72,14 @@ class BlockContext:
         makes the inputs require grad (peft's ``enable_input_require_grads``)."""
         return self.full or not self.first or self.config.grad_ckpt
 
-    def of_kind(self, kind: LinearKind) -> list[LinearSpec]:
-        return list(self.model.linears_by_kind[kind])
+    def of_kind(self, kind: LinearKind) -> tuple[LinearSpec, ...]:
+        return self.model.linears_by_kind[kind]
 
     def targeted(self, lin: LinearSpec) -> bool:
         return lin.name in self.targets
 
     @property
-    def attn_out(self) -> list[LinearSpec]:
+    def attn_out(self) -> tuple[LinearSpec, ...]:
         return self.of_kind(LinearKind.ATTN_OUT)
 
     @functools.cached_property
