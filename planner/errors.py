@@ -60,6 +60,10 @@ class SchemaOutOfDateError(StoreError):
     """The database schema is behind the code's models."""
 
 
+class DatabaseMissingError(StoreError):
+    """A store opened only to read (``create=False``) names an SQLite file that does not exist."""
+
+
 class ClusterUnavailableError(PlannerError):
     """The Ray cluster (or its job API) cannot be reached, or has no node that can run the request."""
 

@@ -345,3 +345,18 @@ def test_fitted_on_real_cpu_runs_it_predicts_held_back_runs_better(cli, tmp_path
     assert calibration.describe() in est["throughput"]["assumptions"]
     # the held-back runs come back in the order they ran: HELD_BACK[1] is micro-batch 2 x 192
     assert est["throughput"]["step_s"] == pytest.approx(predict_step(held.steps[1], mfu=fitted_mfu, bandwidth_efficiency=fitted_bw))
+
+
+def test_looking_up_a_calibration_leaves_no_database_behind(cli, planner_home):
+    """estimate reads the device's calibration from the store; with no database yet it plans
+    with the defaults and does not create one (opening a missing SQLite file creates it)."""
+    r = cli("estimate", "--model", "gpt2", "--gpu", "a10g", "--json")
+    assert r.code == 0, r
+    assert not any("calibration #" in a for a in json.loads(r.out)["throughput"]["assumptions"])
+    assert not (planner_home / "planner.db").exists()
+    from planner.errors import DatabaseMissingError
+    from planner.store import open_store
+
+    with pytest.raises(DatabaseMissingError, match="no database at"):
+        open_store(create=False)
+    assert not (planner_home / "planner.db").exists()

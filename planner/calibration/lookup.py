@@ -34,7 +34,7 @@ def calibration_in(store: "Store", gpu: str) -> "Calibration | None":
 def active_calibration(gpu: str, *, db: str | None) -> "tuple[Calibration | None, str | None]":
     """(``gpu``'s active calibration in the store at ``db``, a note to print when the store
     could not be read). Never creates the database."""
-    from planner.errors import SchemaOutOfDateError, StoreError
+    from planner.errors import DatabaseMissingError, SchemaOutOfDateError, StoreError
     from planner.store import open_store
 
     name = catalog_name(gpu)
@@ -43,8 +43,8 @@ def active_calibration(gpu: str, *, db: str | None) -> "tuple[Calibration | None
     try:
         with open_store(url=db, create=False) as store:
             return store.active_calibration(gpu=name), None
-    except SchemaOutOfDateError:
-        return None, None  # a new or older database: nothing calibrated in it
+    except (DatabaseMissingError, SchemaOutOfDateError):
+        return None, None  # no database yet, or a new or older one: nothing calibrated in it
     except StoreError as exc:
         return None, f"note: calibration not checked, the model's defaults are used: {exc}"
 

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, case, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
-from planner.errors import AmbiguousIdError, PlannerError, RecordNotFoundError, StoreError, UnstorableDataError
+from planner.errors import AmbiguousIdError, DatabaseMissingError, PlannerError, RecordNotFoundError, StoreError, UnstorableDataError
 from planner.results import Candidate, Measurement, PlanRequest, PlanResult
 from planner.limits import MAX_HISTORY, check_model_id
 from planner.store.dbmodels import (
@@ -574,6 +574,8 @@ def open_store(*, url: str | None = None, create: bool = True) -> Store:
     from planner.store.schema import ensure_schema
 
     url = url or default_database_url()
+    if not create:
+        _check_sqlite_file_exists(url)
     engine = make_engine(url)
     try:
         retry_locked(lambda: ensure_schema(engine, url=url, create=create))
@@ -584,6 +586,22 @@ def open_store(*, url: str | None = None, create: bool = True) -> Store:
         engine.dispose()
         raise open_failure(url, exc) from None
     return Store(engine=engine, url=url)
+
+
+def _check_sqlite_file_exists(url: str) -> None:
+    """Opening an SQLite file that does not exist creates it (an empty file, before any schema):
+    a store opened only to read must not leave one behind."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - make_engine reports a bad URL in its own words
+        return
+    path = parsed.database
+    if parsed.get_backend_name() == "sqlite" and path and path != ":memory:" and not Path(path).exists():
+        raise DatabaseMissingError(f"no database at {safe_url(url)} yet: it is created by the first plan stored")
 
 
 def _with_engine(url: str | None, work: Callable[[Engine, str], T]) -> T:
