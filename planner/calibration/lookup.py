@@ -35,13 +35,13 @@ def active_calibration(gpu: str, *, db: str | None) -> "tuple[Calibration | None
     """(``gpu``'s active calibration in the store at ``db``, a note to print when the store
     could not be read). Never creates the database."""
     from planner.errors import DatabaseMissingError, SchemaOutOfDateError, StoreError
-    from planner.store import open_store
+    from planner.store.lite import open_for_command
 
     name = catalog_name(gpu)
     if name is None:
         return None, None  # the plan reports the unknown GPU itself
     try:
-        with open_store(url=db, create=False) as store:
+        with open_for_command(url=db, create=False) as store:
             return store.active_calibration(gpu=name), None
     except (DatabaseMissingError, SchemaOutOfDateError):
         return None, None  # no database yet, or a new or older one: nothing calibrated in it

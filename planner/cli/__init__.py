@@ -80,7 +80,8 @@ def _wrappable_help(group):
 
 
 #: what a value of each pydantic error family (typer >= 0.29 converts option values with
-#: pydantic: ``int_parsing``, ``float_parsing``, ``bool_parsing``) must be
+#: pydantic: ``int_parsing``, ``float_parsing``, ``bool_parsing``; ``_click_problems`` words
+#: older typer's click errors alike) must be
 _EXPECTED = {"int": "a whole number", "float": "a number", "bool": "true or false"}
 
 
@@ -94,24 +95,70 @@ def _shown(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _param_name(param: object, args: Sequence[str] = ()) -> str | None:
-    """The option as the user typed it (``-n`` or ``--limit``: the last spelling of it in
-    ``args``, whose value click keeps), else its longest name; ``PLAN_ID`` for an argument."""
+def _typed(param: object, args: Sequence[str] = ()) -> tuple[str | None, str | None]:
+    """(the option as the user typed it, its value): ``-n`` or ``--limit``, the last spelling of it
+    in ``args``, whose value click keeps (None, None when it was not typed)."""
     opts = [o for o in getattr(param, "opts", None) or [] if isinstance(o, str)]
     options = [o for o in (*opts, *(getattr(param, "secondary_opts", None) or [])) if isinstance(o, str) and o.startswith("-")]
-    typed = None
-    for arg in args:
+    typed, value = None, None
+    for n, arg in enumerate(args):
         if arg == "--":
             break
         for option in options:
             long = option.startswith("--")
-            if arg == option or arg.startswith(option + "=" if long else option) and (long or len(option) == 2):
-                typed = option
+            if arg == option:
+                typed, value = option, args[n + 1] if n + 1 < len(args) else None
+            elif arg.startswith(option + "=" if long else option) and (long or len(option) == 2):
+                typed, value = option, arg[len(option) + long:]
+    return typed, value
+
+
+def _param_name(param: object, args: Sequence[str] = ()) -> str | None:
+    """The option as the user typed it (``_typed``), else its longest name; ``PLAN_ID`` for an
+    argument."""
+    typed = _typed(param, args)[0]
     if typed:
         return typed
+    opts = [o for o in getattr(param, "opts", None) or [] if isinstance(o, str)]
+    options = [o for o in (*opts, *(getattr(param, "secondary_opts", None) or [])) if isinstance(o, str) and o.startswith("-")]
     if options:
         return max((o for o in options if o in opts), key=len, default=max(options, key=len))
     return opts[0].upper() if opts else None
+
+
+def _limits(param: object) -> tuple[object, object]:
+    """An option's ``min``/``max``: typer >= 0.29 keeps them on the option, older typer on its
+    click range type."""
+    kept = getattr(param, "min", None), getattr(param, "max", None)
+    if kept != (None, None):
+        return kept
+    kind = getattr(param, "type", None)
+    return getattr(kind, "min", None), getattr(kind, "max", None)
+
+
+def _click_problems(exc: BaseException, param: object, args: Sequence[str]) -> list[dict]:
+    """click's own conversion errors as the pydantic problems ``usage_line`` words (typer < 0.29
+    converts option values with click's types: "'abc' is not a valid integer", "0 is not in the
+    range 1<=x<=100000"): the kind of value expected and the value as it was typed."""
+    from planner.cli._click import click_module
+
+    types = click_module().types
+    kind = getattr(param, "type", None)
+    family = ("int" if isinstance(kind, types.IntParamType) else "float" if isinstance(kind, types.FloatParamType)
+              else None)
+    value = _typed(param, args)[1]
+    if family is None or value is None or not isinstance(exc, click_module().exceptions.BadParameter):
+        return []
+    try:
+        number = int(value) if family == "int" else float(value)
+    except ValueError:
+        return [{"type": f"{family}_parsing", "input": value}]
+    low, high = _limits(param)
+    if low is not None and number < low:
+        return [{"type": "greater_than_equal", "input": value}]
+    if high is not None and number > high:
+        return [{"type": "less_than_equal", "input": value}]
+    return []
 
 
 def _bounds(param: object, kind: str) -> str | None:
@@ -119,7 +166,7 @@ def _bounds(param: object, kind: str) -> str | None:
     value broke (pydantic's ``greater_than_equal``/``less_than_equal``), in the library's words."""
     if kind not in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
         return None
-    low, high = getattr(param, "min", None), getattr(param, "max", None)
+    low, high = _limits(param)
     fmt = lambda v: f"{v:,}" if isinstance(v, int) else f"{v:g}"  # noqa: E731
     what = "a whole number" if isinstance(low if low is not None else high, int) else "a number"
     if low is not None and high is not None:
@@ -141,7 +188,8 @@ def usage_line(exc: BaseException, *, missing: tuple[type[BaseException], ...], 
     param = getattr(exc, "param", None)
     name = _param_name(param, args)
     cause = exc.__cause__
-    problems = cause.errors() if hasattr(cause, "errors") and callable(cause.errors) else []
+    problems = (cause.errors() if hasattr(cause, "errors") and callable(cause.errors)
+                else _click_problems(exc, param, args))
     if name and isinstance(exc, missing):
         problem = f"{name} is required"
     elif name and problems:

@@ -1,8 +1,8 @@
 """The click that typer runs on.
 
-typer >= 0.29 vendors click as ``typer._click`` and no longer depends on click (a light install
-has no ``click`` at all); older typer runs on click itself. The CLI reaches click only through
-here, so it works with either.
+typer 0.28 and later vendor click as ``typer._click`` and no longer depend on click (a light
+install has no ``click`` at all); older typer runs on click itself. The CLI reaches click only
+through here, so it works with either.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from types import ModuleType
 
 def click_module() -> ModuleType:
     try:
-        from typer import _click  # typer >= 0.29
+        from typer import _click  # typer >= 0.28
 
         return _click
-    except ImportError:  # pragma: no cover - typer < 0.29
+    except ImportError:  # pragma: no cover - typer < 0.28
         import click
 
         return click

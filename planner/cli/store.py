@@ -197,10 +197,10 @@ def save_plan(*, result: "PlanResult", db: str | None, save: bool) -> SavedPlan:
     """Look up a past plan for the same request and store this one when ``save``; prints
     nothing, so that the plan is stored even when the output is cut short (``| head``)."""
     from planner.errors import StoreError
-    from planner.store import open_store
+    from planner.store.lite import open_for_command
 
     try:
-        store = open_store(url=db)
+        store = open_for_command(url=db)
     except StoreError as exc:
         if save:
             raise

@@ -12,38 +12,35 @@ another database, e.g. ``postgresql+psycopg://user@host/db``); the schema is man
 Alembic is imported only when a schema has to be checked or migrated.
 """
 
-from planner.store.api import (
-    Store,
-    constraints_hash,
-    database_revision,
-    open_store,
-    parse_since,
-    upgrade_database,
-)
-from planner.store.engine import default_database_url
-from planner.store.entities import (
-    MeasuredRun,
-    PlanStatus,
-    PlanSummary,
-    StoredCandidate,
-    StoredMeasurement,
-    StoredPlan,
-    parse_status,
-)
+from __future__ import annotations
 
-__all__ = [
-    "MeasuredRun",
-    "PlanStatus",
-    "PlanSummary",
-    "Store",
-    "StoredCandidate",
-    "StoredMeasurement",
-    "StoredPlan",
-    "constraints_hash",
-    "database_revision",
-    "default_database_url",
-    "open_store",
-    "parse_since",
-    "parse_status",
-    "upgrade_database",
-]
+import importlib
+from typing import Any
+
+#: name -> module that defines it. Imported on first use (PEP 562), so that importing an entity
+#: (``planner.store.entities``) or the SQLite path of the one-shot commands does not import
+#: SQLAlchemy through ``planner.store.api``.
+_EXPORTS = {
+    **dict.fromkeys(("Store", "database_revision", "open_store", "parse_since", "upgrade_database"), "planner.store.api"),
+    "constraints_hash": "planner.store.codec",
+    "default_database_url": "planner.store.engine",
+    "open_for_command": "planner.store.lite",
+    **dict.fromkeys(("MeasuredRun", "PlanStatus", "PlanSummary", "StoredCandidate", "StoredMeasurement", "StoredPlan",
+                     "parse_status"), "planner.store.entities"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+__all__ = sorted(_EXPORTS)

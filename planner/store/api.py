@@ -7,10 +7,7 @@ retried while SQLite reports the database locked (see ``planner.store.engine``).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-import uuid
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
@@ -19,19 +16,20 @@ from sqlalchemy import Engine, case, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
-from planner.errors import AmbiguousIdError, DatabaseMissingError, PlannerError, RecordNotFoundError, StoreError, UnstorableDataError
+from planner.errors import AmbiguousIdError, PlannerError, RecordNotFoundError, StoreError
 from planner.results import Candidate, Measurement, PlanRequest, PlanResult
-from planner.limits import MAX_HISTORY, check_model_id
-from planner.store.dbmodels import (
-    MEASUREMENT_FIELDS,
-    REQUEST_FIELDS,
-    Base,
-    CalibrationRow,
-    CandidateRow,
-    MeasurementRow,
-    PlanRequestRow,
-    copy_fields,
+from planner.limits import MAX_HISTORY
+from planner.store.codec import (
+    candidate_values,
+    canonical_json,
+    constraints_hash,
+    measurement_values,
+    new_id,
+    request_values,
+    stale_reason,
+    utcnow,
 )
+from planner.store.dbmodels import Base, CalibrationRow, CandidateRow, MeasurementRow, PlanRequestRow
 from planner.store.engine import (
     WRITE_OPTION,
     db_failure,
@@ -60,34 +58,6 @@ _RELATIVE = re.compile(r"^\s*(\d+)\s*([mhdw])\s*$", re.IGNORECASE)
 _UNIT = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
-def new_id() -> str:
-    """A uuid4 as 32 hex digits; any unique prefix of it names the same thing."""
-    return uuid.uuid4().hex
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def canonical_json(value: Any, *, what: str) -> Any:
-    """``value`` as plain JSON data (dicts, lists, str, numbers, bools, None).
-
-    Refuses what the database could not store faithfully: objects json cannot encode and
-    NaN/infinity (PostgreSQL's ``json`` rejects them).
-    """
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise UnstorableDataError(f"cannot store {what}: it is not plain JSON data ({exc})") from None
-
-
-def constraints_hash(constraints: Mapping[str, Any]) -> str:
-    """sha256 of the constraints' canonical JSON (sorted keys, no spaces): equal dicts, equal hash."""
-    data = canonical_json(dict(constraints), what="the request's constraints")
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def parse_since(text: str, /, *, now: datetime | None = None) -> datetime:
     """``7d``, ``12h``, ``30m``, ``2w`` before ``now``, or an ISO date/time (UTC when naive)."""
     now = now or utcnow()
@@ -114,69 +84,19 @@ def parse_since(text: str, /, *, now: datetime | None = None) -> datetime:
         raise PlannerError(f"--since {text!r} falls outside the years 1-9999 in UTC: write e.g. 7d or 2026-11-01") from None
 
 
-def _timestamp(text: str, *, what: str) -> datetime | None:
-    if not text:
-        return None
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise UnstorableDataError(f"cannot store the measurement: {what} {text!r} is not an ISO 8601 time") from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
-
-
 # ---- entity -> row -------------------------------------------------------------------------
-def _request_row(
-    *, plan_id: str, request: PlanRequest, status: PlanStatus, result: PlanResult | None, ray_job_id: str | None
-) -> PlanRequestRow:
-    check_model_id(request.model_id)
-    return PlanRequestRow(
-        id=plan_id,
-        created_at=utcnow(),
-        constraints=canonical_json(dict(request.constraints), what="the request's constraints"),
-        constraints_hash=constraints_hash(request.constraints),
-        status=str(status),
-        ray_job_id=ray_job_id,
-        rejected=canonical_json(
-            [r.to_dict() for r in result.rejected] if result else [], what="the rejected families"
-        ),
-        searched=result.searched if result else 0,
-        usable_bytes=result.usable_bytes if result else 0,
-        safety_margin_bytes=result.safety_margin_bytes if result else 0,
-        **copy_fields(request, REQUEST_FIELDS),
-    )
+def _request_row(*, plan_id: str, request: PlanRequest, status: PlanStatus, result: PlanResult | None,
+                 ray_job_id: str | None) -> PlanRequestRow:
+    return PlanRequestRow(**request_values(plan_id=plan_id, request=request, status=status, result=result,
+                                           ray_job_id=ray_job_id))
 
 
 def _candidate_row(*, plan_id: str, position: int, candidate: Candidate) -> CandidateRow:
-    what = f"candidate {position + 1} ({candidate.config.label()})"
-    return CandidateRow(
-        id=new_id(),
-        plan_id=plan_id,
-        position=position,
-        rank=candidate.rank,
-        label=candidate.config.label()[:255],
-        config=canonical_json(candidate.config.to_dict(), what=f"{what}: its config"),
-        memory=canonical_json(candidate.memory.to_dict(), what=f"{what}: its memory estimate"),
-        throughput=canonical_json(candidate.throughput.to_dict(), what=f"{what}: its throughput estimate"),
-        fits=candidate.fits,
-        predicted_peak_allocated_bytes=candidate.memory.peak_allocated_bytes,
-        predicted_process_total_bytes=candidate.memory.process_total_bytes,
-        predicted_step_s=candidate.throughput.step_s,
-        predicted_tokens_per_s=candidate.throughput.tokens_per_s,
-    )
+    return CandidateRow(**candidate_values(plan_id=plan_id, position=position, candidate=candidate))
 
 
 def _measurement_row(*, candidate_id: str, measurement: Measurement) -> MeasurementRow:
-    m = measurement
-    return MeasurementRow(
-        id=new_id(),
-        candidate_id=candidate_id,
-        recorded_at=utcnow(),
-        outcome=str(m.outcome),
-        library_versions=canonical_json(dict(m.library_versions), what="the measurement's library versions"),
-        started_at=_timestamp(m.started_at, what="started_at"),
-        finished_at=_timestamp(m.finished_at, what="finished_at"),
-        **copy_fields(m, MEASUREMENT_FIELDS),
-    )
+    return MeasurementRow(**measurement_values(candidate_id=candidate_id, measurement=measurement))
 
 
 class Store:
@@ -337,10 +257,7 @@ class Store:
             rows = session.scalars(select(r).where(stale)).all()
             for row in rows:
                 row.status = str(PlanStatus.FAILED)
-                row.status_reason = (
-                    "verification stopped unfinished: its driver gave no sign of life since "
-                    f"{row.lease_until:%Y-%m-%d %H:%M:%S} UTC (killed, or its machine went away); plan again with --fresh"
-                )
+                row.status_reason = stale_reason(row.lease_until)
                 row.status_changed_at = now
                 row.lease_until = None
             return len(rows)
@@ -595,13 +512,15 @@ def _check_sqlite_file_exists(url: str) -> None:
 
     from sqlalchemy.engine import make_url
 
+    from planner.store.lite import missing_database
+
     try:
         parsed = make_url(url)
     except Exception:  # noqa: BLE001 - make_engine reports a bad URL in its own words
         return
     path = parsed.database
     if parsed.get_backend_name() == "sqlite" and path and path != ":memory:" and not Path(path).exists():
-        raise DatabaseMissingError(f"no database at {safe_url(url)} yet: it is created by the first plan stored")
+        raise missing_database(safe_url(url))
 
 
 def _with_engine(url: str | None, work: Callable[[Engine, str], T]) -> T:

@@ -31,27 +31,13 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from planner.calibration.values import Calibration, CalibrationValues
-from planner.config import TrainConfig
+from planner.calibration.values import Calibration
 from planner.limits import MODEL_ID_MAX_CHARS
-from planner.results import (
-    Candidate,
-    Measurement,
-    MemoryEstimate,
-    PlanRequest,
-    Rejection,
-    ThroughputEstimate,
-)
-from planner.store.entities import (
-    PlanStatus,
-    StoredCandidate,
-    StoredMeasurement,
-    StoredPlan,
-)
-
-#: Alembic's revision table; named for the planner so a shared PostgreSQL database whose other
-#: applications also use Alembic keeps one ``alembic_version`` each.
-VERSION_TABLE = "planner_alembic_version"
+from planner.results import Candidate, PlanRequest
+from planner.store import codec
+from planner.store.codec import MEASUREMENT_FIELDS, REQUEST_FIELDS, copy_fields
+from planner.store.entities import StoredCandidate, StoredMeasurement, StoredPlan
+from planner.store.revision import VERSION_TABLE
 
 #: Deterministic constraint names, so migrations can name what they alter or drop
 #: (https://alembic.sqlalchemy.org/en/latest/naming.html).
@@ -88,26 +74,6 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             return value.replace(tzinfo=timezone.utc)
         return value.astimezone(timezone.utc)
-
-
-#: Fields copied one to one between ``PlanRequest`` and ``PlanRequestRow``.
-REQUEST_FIELDS = (
-    "model_id", "model_fingerprint", "gpu", "gpu_count", "gpu_memory_bytes", "target_batch", "seq_len",
-    "planner_version",
-)
-#: Fields copied one to one between ``Measurement`` and ``MeasurementRow``.
-MEASUREMENT_FIELDS = (
-    "device", "peak_allocated_bytes", "peak_reserved_bytes", "process_total_bytes", "step_s", "tokens_per_s",
-    "node", "error",
-)
-
-
-def copy_fields(source: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    return {name: getattr(source, name) for name in names}
-
-
-def _iso(value: datetime | None) -> str:
-    return value.isoformat() if value is not None else ""
 
 
 class Base(DeclarativeBase):
@@ -163,27 +129,10 @@ class PlanRequestRow(Base):
     )
 
     def request_entity(self) -> PlanRequest:
-        return PlanRequest(constraints=dict(self.constraints), **copy_fields(self, REQUEST_FIELDS))
+        return codec.request_entity(self)
 
     def to_entity(self) -> StoredPlan:
-        return StoredPlan(
-            id=self.id,
-            created_at=self.created_at,
-            status=PlanStatus(self.status),
-            request=self.request_entity(),
-            candidates=tuple(c.to_entity() for c in self.candidates),
-            rejected=tuple(
-                Rejection(family=r["family"], reason=r["reason"], config=r.get("config"))
-                for r in self.rejected
-            ),
-            searched=self.searched,
-            usable_bytes=self.usable_bytes,
-            safety_margin_bytes=self.safety_margin_bytes,
-            ray_job_id=self.ray_job_id,
-            status_reason=self.status_reason,
-            status_changed_at=self.status_changed_at,
-            lease_until=self.lease_until,
-        )
+        return codec.plan_entity(self, tuple(c.to_entity() for c in self.candidates))
 
 
 class CandidateRow(Base):
@@ -220,21 +169,10 @@ class CandidateRow(Base):
     )
 
     def candidate_entity(self) -> Candidate:
-        return Candidate(
-            rank=self.rank,
-            config=TrainConfig.from_dict(self.config),
-            memory=MemoryEstimate.from_dict(self.memory),
-            throughput=ThroughputEstimate.from_dict(self.throughput),
-            fits=self.fits,
-        )
+        return codec.candidate_entity(self)
 
     def to_entity(self) -> StoredCandidate:
-        return StoredCandidate(
-            id=self.id,
-            position=self.position,
-            candidate=self.candidate_entity(),
-            measurements=tuple(m.to_entity() for m in self.measurements),
-        )
+        return codec.stored_candidate(self, tuple(m.to_entity() for m in self.measurements))
 
 
 class MeasurementRow(Base):
@@ -267,18 +205,7 @@ class MeasurementRow(Base):
     )
 
     def to_entity(self) -> StoredMeasurement:
-        return StoredMeasurement(
-            id=self.id,
-            candidate_id=self.candidate_id,
-            recorded_at=self.recorded_at,
-            measurement=Measurement(
-                outcome=self.outcome,
-                library_versions=dict(self.library_versions),
-                started_at=_iso(self.started_at),
-                finished_at=_iso(self.finished_at),
-                **copy_fields(self, MEASUREMENT_FIELDS),
-            ),
-        )
+        return codec.measurement_entity(self)
 
 
 class CalibrationRow(Base):
@@ -310,12 +237,7 @@ class CalibrationRow(Base):
     )
 
     def to_entity(self) -> Calibration:
-        return Calibration(
-            id=self.id, gpu=self.gpu, created_at=self.created_at, active=self.active, dropped_at=self.dropped_at,
-            measurements=self.measurements, values=CalibrationValues.from_dict(self.constants),
-            defaults=CalibrationValues.from_dict(self.defaults), report=dict(self.report),
-            measurement_ids=tuple(self.measurement_ids), planner_version=self.planner_version,
-        )
+        return codec.calibration_entity(self)
 
 
 __all__ = [

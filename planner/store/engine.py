@@ -6,21 +6,25 @@ front means a waiting writer queues on the busy handler instead of failing half-
 ``SQLITE_BUSY`` when it upgrades a read lock (https://www.sqlite.org/lang_transaction.html,
 "BEGIN IMMEDIATE"; https://www.sqlite.org/wal.html, "Sometimes Queries Return SQLITE_BUSY").
 Whatever still comes back as ``database is locked`` is retried with bounded backoff.
+
+SQLAlchemy is imported by the functions that make or read engines, not by this module: the
+SQLite path of the one-shot commands (``planner.store.lite``) uses the locations, settings and
+retries here without it.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, TypeVar
-
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from planner.errors import StoreError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sqlalchemy import Engine
 
 T = TypeVar("T")
 
@@ -70,6 +74,11 @@ def default_database_url() -> str:
 
 def safe_url(url: str) -> str:
     """The URL with any password masked, for messages."""
+    if "@" not in url:
+        return url  # no credentials in it (the SQLite default): nothing to mask
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
@@ -94,7 +103,8 @@ def db_failure(url: str, exc: BaseException) -> StoreError:
     return StoreError(f"database {safe_url(url)} failed: {_first_line(exc)}")
 
 
-def _on_sqlite_connect(dbapi_connection: Any, connection_record: Any) -> None:
+def configure_sqlite(dbapi_connection: Any, connection_record: Any = None) -> None:
+    """The settings of every SQLite connection (SQLAlchemy's "connect" event, and ``planner.store.lite``)."""
     # Let SQLAlchemy's "begin" event emit BEGIN itself; pysqlite's own implicit BEGIN would
     # defer the lock and commit DDL early (SQLAlchemy docs, "Serializable isolation /
     # Savepoints / Transactional DDL" for pysqlite).
@@ -121,11 +131,15 @@ def make_engine(url: str) -> Engine:
 
     Nothing connects yet: the first connection is made (and its failure reported) by the caller.
     """
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
     try:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
             engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-            event.listen(engine, "connect", _on_sqlite_connect)
+            event.listen(engine, "connect", configure_sqlite)
             event.listen(engine, "begin", _on_sqlite_begin)
             return engine
         return create_engine(parsed, pool_pre_ping=True)
@@ -142,11 +156,19 @@ def make_engine(url: str) -> Engine:
 
 
 def is_sqlite_locked(exc: BaseException) -> bool:
-    """SQLite's ``database is locked`` / ``database table is locked`` / busy errors."""
-    if not isinstance(exc, OperationalError):
-        return False
-    text = str(getattr(exc, "orig", exc)).lower()
-    return "locked" in text or "busy" in text
+    """SQLite's ``database is locked`` / ``database table is locked`` / busy errors, as SQLAlchemy
+    wraps them (``OperationalError.orig``) or as sqlite3 raises them."""
+    import sqlite3
+
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc)
+    else:
+        # an SQLAlchemy error can only exist once SQLAlchemy is imported: no import needed to ask
+        sa_exc = sys.modules.get("sqlalchemy.exc")
+        if sa_exc is None or not isinstance(exc, sa_exc.OperationalError):
+            return False
+        text = str(getattr(exc, "orig", exc))
+    return "locked" in text.lower() or "busy" in text.lower()
 
 
 def retry_locked(work: Callable[[], T], *, sleep: Callable[[float], None] = time.sleep) -> T:
@@ -155,7 +177,7 @@ def retry_locked(work: Callable[[], T], *, sleep: Callable[[float], None] = time
     for attempt in range(LOCKED_RETRIES + 1):
         try:
             return work()
-        except OperationalError as exc:
+        except Exception as exc:  # noqa: BLE001 - only SQLite's lock errors are retried, the rest re-raised
             if attempt == LOCKED_RETRIES or not is_sqlite_locked(exc):
                 raise
             delay = min(cap, first * 2**attempt)
@@ -165,6 +187,7 @@ def retry_locked(work: Callable[[], T], *, sleep: Callable[[float], None] = time
 
 __all__ = [
     "DATABASE_URL_ENV",
+    "configure_sqlite",
     "data_dir",
     "db_failure",
     "default_database_url",

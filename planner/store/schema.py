@@ -18,15 +18,12 @@ from typing import Any
 from sqlalchemy import Connection, Engine, inspect, text
 
 from planner.errors import SchemaOutOfDateError, StoreError
-from planner.store.dbmodels import VERSION_TABLE, Base
+from planner.store.dbmodels import Base
 from planner.store.engine import WRITE_OPTION, safe_url
+from planner.store.revision import HEAD_REVISION, VERSION_TABLE
 
 #: What ``planner db current`` prints for a database without any revision.
 BASE = "base"
-#: The newest revision in migrations/versions (tests/test_migrations.py checks it is Alembic's
-#: head). It lets the common case, a database already at head, be confirmed with one SELECT and
-#: without importing Alembic and parsing the migration scripts (~0.15 s of a cold CLI start).
-HEAD_REVISION = "0003"
 #: Key of PostgreSQL's advisory lock that serialises schema creation between processes.
 _PG_MIGRATION_LOCK = "oom-planner-migrations"
 

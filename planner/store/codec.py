@@ -1,0 +1,218 @@
+"""The store's rows as plain values, and the entities made from them: no SQLAlchemy here.
+
+Both ways of reaching the database share this module, so a column is named and converted in one
+place: the ORM rows of ``planner.store.dbmodels`` are built from the ``*_values`` dicts and turn
+into entities through the ``*_entity`` functions, and so do the plain tuples of
+``planner.store.lite`` (the SQLite path of the one-shot commands, which must not pay SQLAlchemy's
+import). A "row" here is anything whose attributes are the table's columns: an ORM object or a
+``types.SimpleNamespace`` of a fetched tuple.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Mapping
+
+from planner.errors import UnstorableDataError
+from planner.limits import check_model_id
+from planner.results import Candidate, Measurement, MemoryEstimate, PlanRequest, PlanResult, Rejection, ThroughputEstimate
+from planner.store.entities import PlanStatus, StoredCandidate, StoredMeasurement, StoredPlan
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.calibration.values import Calibration
+
+#: Fields copied one to one between ``PlanRequest`` and its row.
+REQUEST_FIELDS = (
+    "model_id", "model_fingerprint", "gpu", "gpu_count", "gpu_memory_bytes", "target_batch", "seq_len",
+    "planner_version",
+)
+#: Fields copied one to one between ``Measurement`` and its row.
+MEASUREMENT_FIELDS = (
+    "device", "peak_allocated_bytes", "peak_reserved_bytes", "process_total_bytes", "step_s", "tokens_per_s",
+    "node", "error",
+)
+def copy_fields(source: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(source, name) for name in names}
+
+
+def new_id() -> str:
+    """A uuid4 as 32 hex digits; any unique prefix of it names the same thing."""
+    return uuid.uuid4().hex
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def canonical_json(value: Any, *, what: str) -> Any:
+    """``value`` as plain JSON data (dicts, lists, str, numbers, bools, None).
+
+    Refuses what the database could not store faithfully: objects json cannot encode and
+    NaN/infinity (PostgreSQL's ``json`` rejects them).
+    """
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise UnstorableDataError(f"cannot store {what}: it is not plain JSON data ({exc})") from None
+
+
+def constraints_hash(constraints: Mapping[str, Any]) -> str:
+    """sha256 of the constraints' canonical JSON (sorted keys, no spaces): equal dicts, equal hash."""
+    data = canonical_json(dict(constraints), what="the request's constraints")
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _iso(value: datetime | None) -> str:
+    return value.isoformat() if value is not None else ""
+
+
+# ---- entity -> row values --------------------------------------------------------------------
+def request_values(
+    *, plan_id: str, request: PlanRequest, status: PlanStatus, result: PlanResult | None, ray_job_id: str | None
+) -> dict[str, Any]:
+    """The ``plan_requests`` row of a new plan (or ``planner measure`` record)."""
+    check_model_id(request.model_id)
+    return dict(
+        id=plan_id,
+        created_at=utcnow(),
+        constraints=canonical_json(dict(request.constraints), what="the request's constraints"),
+        constraints_hash=constraints_hash(request.constraints),
+        status=str(status),
+        ray_job_id=ray_job_id,
+        rejected=canonical_json(
+            [r.to_dict() for r in result.rejected] if result else [], what="the rejected families"
+        ),
+        searched=result.searched if result else 0,
+        usable_bytes=result.usable_bytes if result else 0,
+        safety_margin_bytes=result.safety_margin_bytes if result else 0,
+        **copy_fields(request, REQUEST_FIELDS),
+    )
+
+
+def candidate_values(*, plan_id: str, position: int, candidate: Candidate) -> dict[str, Any]:
+    """The ``plan_candidates`` row of one candidate of a plan."""
+    what = f"candidate {position + 1} ({candidate.config.label()})"
+    return dict(
+        id=new_id(),
+        plan_id=plan_id,
+        position=position,
+        rank=candidate.rank,
+        label=candidate.config.label()[:255],
+        config=canonical_json(candidate.config.to_dict(), what=f"{what}: its config"),
+        memory=canonical_json(candidate.memory.to_dict(), what=f"{what}: its memory estimate"),
+        throughput=canonical_json(candidate.throughput.to_dict(), what=f"{what}: its throughput estimate"),
+        fits=candidate.fits,
+        predicted_peak_allocated_bytes=candidate.memory.peak_allocated_bytes,
+        predicted_process_total_bytes=candidate.memory.process_total_bytes,
+        predicted_step_s=candidate.throughput.step_s,
+        predicted_tokens_per_s=candidate.throughput.tokens_per_s,
+    )
+
+
+def _timestamp(text: str, *, what: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise UnstorableDataError(f"cannot store the measurement: {what} {text!r} is not an ISO 8601 time") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def measurement_values(*, candidate_id: str, measurement: Measurement) -> dict[str, Any]:
+    """The ``plan_measurements`` row of one real run."""
+    m = measurement
+    return dict(
+        id=new_id(),
+        candidate_id=candidate_id,
+        recorded_at=utcnow(),
+        outcome=str(m.outcome),
+        library_versions=canonical_json(dict(m.library_versions), what="the measurement's library versions"),
+        started_at=_timestamp(m.started_at, what="started_at"),
+        finished_at=_timestamp(m.finished_at, what="finished_at"),
+        **copy_fields(m, MEASUREMENT_FIELDS),
+    )
+
+
+def stale_reason(lease_until: datetime) -> str:
+    """Why a ``verifying`` plan whose lease ran out is read as failed."""
+    return (
+        "verification stopped unfinished: its driver gave no sign of life since "
+        f"{lease_until:%Y-%m-%d %H:%M:%S} UTC (killed, or its machine went away); plan again with --fresh"
+    )
+
+
+# ---- row -> entity ---------------------------------------------------------------------------
+def request_entity(row: Any) -> PlanRequest:
+    return PlanRequest(constraints=dict(row.constraints), **copy_fields(row, REQUEST_FIELDS))
+
+
+def plan_entity(row: Any, candidates: tuple[StoredCandidate, ...]) -> StoredPlan:
+    return StoredPlan(
+        id=row.id,
+        created_at=row.created_at,
+        status=PlanStatus(row.status),
+        request=request_entity(row),
+        candidates=candidates,
+        rejected=tuple(Rejection(family=r["family"], reason=r["reason"], config=r.get("config")) for r in row.rejected),
+        searched=row.searched,
+        usable_bytes=row.usable_bytes,
+        safety_margin_bytes=row.safety_margin_bytes,
+        ray_job_id=row.ray_job_id,
+        status_reason=row.status_reason,
+        status_changed_at=row.status_changed_at,
+        lease_until=row.lease_until,
+    )
+
+
+def candidate_entity(row: Any) -> Candidate:
+    from planner.config import TrainConfig
+
+    return Candidate(
+        rank=row.rank,
+        config=TrainConfig.from_dict(row.config),
+        memory=MemoryEstimate.from_dict(row.memory),
+        throughput=ThroughputEstimate.from_dict(row.throughput),
+        fits=row.fits,
+    )
+
+
+def stored_candidate(row: Any, measurements: tuple[StoredMeasurement, ...]) -> StoredCandidate:
+    return StoredCandidate(id=row.id, position=row.position, candidate=candidate_entity(row), measurements=measurements)
+
+
+def measurement_entity(row: Any) -> StoredMeasurement:
+    return StoredMeasurement(
+        id=row.id,
+        candidate_id=row.candidate_id,
+        recorded_at=row.recorded_at,
+        measurement=Measurement(
+            outcome=row.outcome,
+            library_versions=dict(row.library_versions),
+            started_at=_iso(row.started_at),
+            finished_at=_iso(row.finished_at),
+            **copy_fields(row, MEASUREMENT_FIELDS),
+        ),
+    )
+
+
+def calibration_entity(row: Any) -> "Calibration":
+    from planner.calibration.values import Calibration, CalibrationValues
+
+    return Calibration(
+        id=row.id, gpu=row.gpu, created_at=row.created_at, active=row.active, dropped_at=row.dropped_at,
+        measurements=row.measurements, values=CalibrationValues.from_dict(row.constants),
+        defaults=CalibrationValues.from_dict(row.defaults), report=dict(row.report),
+        measurement_ids=tuple(row.measurement_ids), planner_version=row.planner_version,
+    )
+
+
+__all__ = [
+    "MEASUREMENT_FIELDS", "REQUEST_FIELDS", "calibration_entity", "candidate_entity", "candidate_values", "canonical_json",
+    "constraints_hash", "copy_fields", "measurement_entity", "measurement_values", "new_id", "plan_entity",
+    "request_entity", "request_values", "stale_reason", "stored_candidate", "utcnow",
+]
