@@ -68,6 +68,35 @@ def test_the_cli_runs_without_the_click_package(planner_home):
     assert "Traceback" not in proc.stderr
 
 
+def test_the_command_table_is_what_the_modules_register():
+    """``planner.cli.COMMANDS`` names each command's module: a run that names its command builds
+    only that module (the others' options are not built), and every command is in it."""
+    import importlib
+
+    import typer
+
+    from planner.cli import _COMMAND_MODULES, COMMANDS
+
+    registered = {}
+    for module in _COMMAND_MODULES:
+        app = typer.Typer()
+        importlib.import_module(module).register(app)
+        names = [c.name for c in app.registered_commands] + [g.name for g in app.registered_groups]
+        registered.update(dict.fromkeys(names, module))
+    assert registered == COMMANDS
+
+
+def test_a_named_command_is_the_same_command_alone(cli):
+    import typer.main
+
+    from planner.cli import COMMANDS, get_app
+
+    whole = typer.main.get_command(get_app())
+    for name in COMMANDS:
+        alone = typer.main.get_command(get_app(name))
+        assert [p.name for p in alone.commands[name].params] == [p.name for p in whole.commands[name].params]
+
+
 def test_suggest_against_a_database_at_head_does_not_import_alembic(planner_home):
     """The first run creates the store through Alembic; later runs confirm the schema with one
     SELECT (planner.store.schema.HEAD_REVISION), keeping Alembic off the cold path."""

@@ -6,21 +6,31 @@ constants; ``runs`` turns stored measurements into the fit's runs (it resolves m
 ``lookup`` finds the active calibration of a device in the store for the commands and the API.
 """
 
-from planner.calibration.fit import (
-    BOUNDS,
-    MIN_RUNS,
-    MIN_SHARE,
-    CalibrationFit,
-    ConstantFit,
-    ErrorStats,
-    MemoryRun,
-    StepRun,
-    fit_calibration,
-    predict_step,
-)
-from planner.calibration.values import Calibration, CalibrationValues, apply_calibration
+from __future__ import annotations
 
-__all__ = [
-    "BOUNDS", "MIN_RUNS", "MIN_SHARE", "Calibration", "CalibrationFit", "CalibrationValues", "ConstantFit", "ErrorStats",
-    "MemoryRun", "StepRun", "apply_calibration", "fit_calibration", "predict_step",
-]
+import importlib
+from typing import Any
+
+#: name -> module that defines it, imported on first use (PEP 562): a plan that only looks up
+#: its device's calibration (``lookup``, ``values``) does not import the fit.
+_EXPORTS = {
+    **dict.fromkeys(("BOUNDS", "MIN_RUNS", "MIN_SHARE", "CalibrationFit", "ConstantFit", "ErrorStats", "MemoryRun",
+                     "StepRun", "fit_calibration", "predict_step"), "planner.calibration.fit"),
+    **dict.fromkeys(("Calibration", "CalibrationValues", "apply_calibration"), "planner.calibration.values"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+__all__ = sorted(_EXPORTS)

@@ -23,10 +23,20 @@ _COMMAND_MODULES = (
     "planner.cli.serve_cmd",
     "planner.cli.calibrate_cmd",
 )
+#: each command (or command group) of the app and the module that registers it
+#: (tests/test_cli_plan.py checks this against what the modules register): a run that names its
+#: command builds only that module's commands, not every command's options
+COMMANDS = {
+    "estimate": "planner.cli.plan", "measure": "planner.cli.plan", "suggest": "planner.cli.suggest_cmd",
+    "submit": "planner.cli.jobs_cmd", "jobs": "planner.cli.jobs_cmd", "models": "planner.cli.models_cmd",
+    "gpus": "planner.cli.gpus_cmd", "history": "planner.cli.store", "show": "planner.cli.store", "db": "planner.cli.store",
+    "emit": "planner.cli.emit_cmd", "serve": "planner.cli.serve_cmd", "calibrate": "planner.cli.calibrate_cmd",
+}
 
 
 @functools.cache
-def get_app():
+def get_app(command: str | None = None):
+    """The typer app with every command, or only the commands of ``command``'s module."""
     import importlib
 
     import typer
@@ -56,7 +66,7 @@ def get_app():
     ) -> None:
         """Find the fastest way to fine-tune a model on a GPU without running out of memory."""
 
-    for name in _COMMAND_MODULES:
+    for name in (COMMANDS[command],) if command in COMMANDS else _COMMAND_MODULES:
         importlib.import_module(name).register(app)
     return app
 
@@ -218,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     import typer.main
 
-    click_cmd = _wrappable_help(typer.main.get_command(get_app()))
+    named = args[0] if args and args[0] in COMMANDS else None
+    click_cmd = _wrappable_help(typer.main.get_command(get_app(named)))
     try:
         # without standalone mode, click returns a command's typer.Exit(n) code instead of raising
         result = click_cmd.main(args=args, prog_name="planner", standalone_mode=False)
@@ -229,7 +240,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         echo(exc.ctx.get_help() if exc.ctx else "see 'planner --help'")
         code = 0
     except usage as exc:
-        named = args[0] if args and args[0] in getattr(click_cmd, "commands", {}) else None
         echo(usage_line(exc, missing=types["missing"], command=named, args=args), err=True)
         code = 2
     except aborts:
