@@ -133,6 +133,8 @@ _UPPER_BOUNDS = {"micro_batch": 1 << 20, "grad_accum": 1 << 20, "seq_len": 1 << 
 
 def _check_count(name: str, value: Any) -> None:
     """A whole number from 1 to the field's sanity bound, or the one-line error naming the option."""
+    if type(value) is int and 0 < value <= _UPPER_BOUNDS[name]:  # the common case (bool is not int exactly)
+        return
     flag = name.replace("_", "-")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidConfigError(f"--{flag} must be a whole number >= 1, got {value!r}")
@@ -151,14 +153,17 @@ def _check_dropout(value: Any) -> float:
 def _lora_fields(lora_r: Any, lora_targets: Any) -> tuple[int, tuple[str, ...]]:
     """The LoRA rank and targets of a LoRA/QLoRA configuration, defaulted and checked."""
     r = DEFAULT_LORA_R if lora_r is None else lora_r
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+    if type(r) is int and 0 < r <= _UPPER_BOUNDS["lora_r"]:
+        pass  # the common case
+    elif isinstance(r, bool) or not isinstance(r, int) or r < 1:
         raise InvalidConfigError(f"--lora-r must be a whole number >= 1, got {r!r}")
-    if r > _UPPER_BOUNDS["lora_r"]:
+    elif r > _UPPER_BOUNDS["lora_r"]:
         raise InvalidConfigError(f"--lora-r {r} is beyond any adapter (at most {_UPPER_BOUNDS['lora_r']:,}): use e.g. 16")
     targets = DEFAULT_LORA_TARGETS if lora_targets is None else lora_targets
-    if isinstance(targets, str):
-        targets = tuple(t.strip() for t in targets.split(",") if t.strip())
-    targets = tuple(targets)
+    if type(targets) is not tuple:  # a tuple is kept as it is (the common case)
+        if isinstance(targets, str):
+            targets = tuple(t.strip() for t in targets.split(",") if t.strip())
+        targets = tuple(targets)
     if not targets:
         raise InvalidConfigError("--lora-targets is empty: give all-linear or module names like q_proj,v_proj")
     if ALL_LINEAR in targets and len(targets) > 1:
@@ -166,7 +171,25 @@ def _lora_fields(lora_r: Any, lora_targets: Any) -> tuple[int, tuple[str, ...]]:
     return r, targets
 
 
-@dataclass(frozen=True, kw_only=True)
+#: The enum-valued fields of ``TrainConfig``, in the order they are checked, with their types.
+_ENUM_FIELDS = (("method", Method), ("precision", Precision), ("optimizer", Optimizer), ("attention", Attention),
+                ("offload", Offload), ("loop", Loop))
+#: The count fields of ``TrainConfig``, in the order they are checked, with their bounds.
+_COUNT_BOUNDS = tuple((name, _UPPER_BOUNDS[name]) for name in ("micro_batch", "seq_len", "grad_accum", "gpus"))
+#: The members ``TrainConfig``'s checks compare with, bound once: reading a member through its class
+#: goes through ``EnumType.__getattr__``'s slow attribute path on CPython 3.11 (~0.3 us a read).
+_FULL, _QLORA = Method.FULL, Method.QLORA
+_FP32 = Precision.FP32
+_PURE_16BIT = (Precision.FP16, Precision.BF16)
+_FLASH = Attention.FLASH
+_NO_OFFLOAD, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
+_ADAMW, _PAGED_ADAMW_8BIT = Optimizer.ADAMW, Optimizer.PAGED_ADAMW_8BIT
+#: The copy constructors make an instance and give it its fields' dict at once, as ``__init__``
+#: does (``object.__setattr__`` because the dataclass is frozen).
+_new, _set = object.__new__, object.__setattr__
+
+
+@dataclass(frozen=True, kw_only=True, init=False)
 class TrainConfig:
     """One fully specified fine-tuning configuration (per device unless said otherwise)."""
 
@@ -222,28 +245,68 @@ class TrainConfig:
     checkpointing turns it off (transformers/utils/generic.py, ``use_cache=True`` is incompatible
     with gradient checkpointing), so it costs nothing with ``grad_ckpt``."""
 
+    def __init__(self, *, method: Method | str = Method.FULL, precision: Precision | str = Precision.BF16_MIXED,
+                 optimizer: Optimizer | str = Optimizer.ADAMW, micro_batch: int = 1, seq_len: int = 512,
+                 grad_accum: int = 1, gpus: int = 1, grad_ckpt: bool = False, attention: Attention | str = Attention.SDPA,
+                 lora_r: int | None = None, lora_targets: tuple[str, ...] | str | None = None, zero: int = 0,
+                 offload: Offload | str = Offload.NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
+                 loop: Loop | str = Loop.TRAINER, fused_ce: bool = False, packing: bool = True,
+                 use_cache: bool = False) -> None:
+        # The dataclass's own __init__ with every field and its default (a test holds them equal),
+        # setting all fields at once: the generated one makes one object.__setattr__ call per frozen
+        # field, half the cost of a construction (the search makes hundreds per request).
+        _set(self, "__dict__", {
+            "method": method, "precision": precision, "optimizer": optimizer, "micro_batch": micro_batch,
+            "seq_len": seq_len, "grad_accum": grad_accum, "gpus": gpus, "grad_ckpt": grad_ckpt,
+            "attention": attention, "lora_r": lora_r, "lora_targets": lora_targets, "zero": zero, "offload": offload,
+            "alloc_conf": alloc_conf, "lora_dropout": lora_dropout, "loop": loop, "fused_ce": fused_ce,
+            "packing": packing, "use_cache": use_cache,
+        })
+        self.__post_init__()
+
     def __post_init__(self) -> None:
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
-        set_("method", _coerce(Method, self.method, "method"))
-        set_("precision", _coerce(Precision, self.precision, "precision"))
-        set_("optimizer", _coerce(Optimizer, self.optimizer, "optimizer"))
-        set_("attention", _coerce(Attention, self.attention, "attention"))
-        set_("offload", _coerce(Offload, self.offload, "offload"))
-        set_("loop", _coerce(Loop, self.loop, "loop"))
-        set_("lora_dropout", _check_dropout(self.lora_dropout))
-        for flag in ("fused_ce", "packing", "use_cache"):
-            if not isinstance(getattr(self, flag), bool):
-                raise InvalidConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
-        for name in ("micro_batch", "seq_len", "grad_accum", "gpus"):
-            _check_count(name, getattr(self, name))
-        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
-            raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.alloc_conf is not None:
+        # Every check, in the order the errors are given (a configuration with two mistakes is
+        # told of the first). Fast on valid input: the search builds hundreds of these per
+        # request, and most values arrive as the right type.
+        self._check_fields()
+        self._check_adapters()
+        self._check_combination()
+
+    def _check_fields(self) -> None:
+        """Each field on its own: enums coerced from their spelling, flags, counts, ZeRO stage,
+        the allocator settings. (Fields are written to ``__dict__`` as ``object.__setattr__``
+        would write them, at a fraction of its cost.)"""
+        fields = self.__dict__
+        # each group's common case first, in one test: the search builds hundreds of these
+        if not (type(fields["method"]) is Method and type(fields["precision"]) is Precision
+                and type(fields["optimizer"]) is Optimizer and type(fields["attention"]) is Attention
+                and type(fields["offload"]) is Offload and type(fields["loop"]) is Loop):
+            for name, enum_type in _ENUM_FIELDS:
+                if type(fields[name]) is not enum_type:  # a member is of its class exactly
+                    fields[name] = _coerce(enum_type, fields[name], name)
+        dropout = fields["lora_dropout"]
+        if type(dropout) is not float or not 0.0 <= dropout < 1.0:
+            fields["lora_dropout"] = _check_dropout(dropout)
+        if not (type(fields["fused_ce"]) is bool and type(fields["packing"]) is bool  # bool has no subclasses
+                and type(fields["use_cache"]) is bool):
+            flag = next(flag for flag in ("fused_ce", "packing", "use_cache") if type(fields[flag]) is not bool)
+            raise InvalidConfigError(f"{flag} must be true or false, got {fields[flag]!r}")
+        for name, bound in _COUNT_BOUNDS:
+            value = fields[name]
+            if type(value) is not int or not 0 < value <= bound:  # else _check_count passes it
+                _check_count(name, value)
+        zero = fields["zero"]
+        if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
+            raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {zero!r}")
+        if fields["alloc_conf"] is not None:
             from planner.memory.allocator import AllocatorConfig
 
-            set_("alloc_conf", AllocatorConfig.parse(self.alloc_conf).spelling() or None)
+            fields["alloc_conf"] = AllocatorConfig.parse(fields["alloc_conf"]).spelling() or None
 
-        if self.method is Method.FULL:
+    def _check_adapters(self) -> None:
+        """LoRA's rank and targets defaulted and checked for LoRA/QLoRA; refused for full
+        fine-tuning."""
+        if self.method is _FULL:
             # the options given, by name: the API names the first as the request's field
             given = [name for name, value in (("--lora-r", self.lora_r), ("--lora-targets", self.lora_targets),
                                               ("--lora-dropout", self.lora_dropout or None)) if value is not None]
@@ -253,16 +316,19 @@ class TrainConfig:
                     f"qlora, or drop {'it' if len(given) == 1 else 'them'}"
                 )
         else:
-            r, targets = _lora_fields(self.lora_r, self.lora_targets)
-            set_("lora_r", r)
-            set_("lora_targets", targets)
+            fields = self.__dict__
+            fields["lora_r"], fields["lora_targets"] = _lora_fields(fields["lora_r"], fields["lora_targets"])
 
-        if self.attention is Attention.FLASH and self.precision is Precision.FP32:
+    def _check_combination(self) -> None:
+        """Fields that exclude each other. Each condition reads its int or bool field first: an
+        enum member read through its class costs ~0.3 us on CPython 3.11 (``EnumType`` has a
+        ``__getattr__``), and most configurations are decided by ``zero`` and the flags."""
+        if self.attention is _FLASH and self.precision is _FP32:
             raise InvalidConfigError(
                 "--attention flash needs fp16 or bf16 compute (flash-attn has no fp32 kernel): "
                 "use --attention sdpa or a 16-bit --precision"
             )
-        if self.fused_ce and self.method is Method.FULL:
+        if self.fused_ce and self.method is _FULL:
             raise UnsupportedError(
                 "--fused-ce with --method full is not modelled (the fused loss makes the trained head's "
                 "gradient in the forward): use --method lora or qlora, or drop --fused-ce"
@@ -273,35 +339,39 @@ class TrainConfig:
                 "where ZeRO-3 holds only a partition (Liger's fused_linear_cross_entropy_forward refuses it): "
                 "use --zero 2 or lower"
             )
-        if self.offload is not Offload.NONE and self.zero == 0:
+        if self.zero == 0 and self.offload is not _NO_OFFLOAD:
             raise InvalidConfigError(
                 f"--offload {self.offload} is a DeepSpeed ZeRO feature: add --zero 1, 2 or 3"
             )
-        if self.offload is Offload.OPTIMIZER_PARAMS and self.zero != 3:
+        if self.zero != 3 and self.offload is _OFFLOAD_PARAMS:
             raise InvalidConfigError(
                 "--offload optimizer+params needs --zero 3 (only ZeRO-3 partitions parameters)"
             )
         if self.zero > 0:
-            if self.precision in (Precision.FP16, Precision.BF16):
-                raise UnsupportedError(
-                    f"--precision {self.precision} with --zero {self.zero}: DeepSpeed always keeps "
-                    f"fp32 master weights, use --precision {self.precision}-mixed"
-                )
-            if self.offload is not Offload.NONE and self.optimizer is not Optimizer.ADAMW:
-                raise UnsupportedError(
-                    f"--offload with --optimizer {self.optimizer}: DeepSpeed offloads only its "
-                    "CPU Adam, use --optimizer adamw"
-                )
-            if self.optimizer is Optimizer.PAGED_ADAMW_8BIT:
-                raise UnsupportedError(
-                    "--optimizer paged_adamw_8bit with --zero: paging and ZeRO partitioning do "
-                    "not combine, use adamw_8bit"
-                )
-            if self.method is Method.QLORA and self.zero == 3:
-                raise UnsupportedError(
-                    "--method qlora with --zero 3 is not modelled (4-bit weights cannot be "
-                    "partitioned without quant_storage tricks): use --zero 2 or lower"
-                )
+            self._check_deepspeed()
+
+    def _check_deepspeed(self) -> None:
+        """What DeepSpeed ZeRO does not take (or the memory model does not cover)."""
+        if self.precision in _PURE_16BIT:
+            raise UnsupportedError(
+                f"--precision {self.precision} with --zero {self.zero}: DeepSpeed always keeps "
+                f"fp32 master weights, use --precision {self.precision}-mixed"
+            )
+        if self.offload is not _NO_OFFLOAD and self.optimizer is not _ADAMW:
+            raise UnsupportedError(
+                f"--offload with --optimizer {self.optimizer}: DeepSpeed offloads only its "
+                "CPU Adam, use --optimizer adamw"
+            )
+        if self.optimizer is _PAGED_ADAMW_8BIT:
+            raise UnsupportedError(
+                "--optimizer paged_adamw_8bit with --zero: paging and ZeRO partitioning do "
+                "not combine, use adamw_8bit"
+            )
+        if self.zero == 3 and self.method is _QLORA:
+            raise UnsupportedError(
+                "--method qlora with --zero 3 is not modelled (4-bit weights cannot be "
+                "partitioned without quant_storage tricks): use --zero 2 or lower"
+            )
 
     # ---- derived -------------------------------------------------------------------------
     @property
@@ -328,24 +398,29 @@ class TrainConfig:
         """This configuration with another micro-batch x accumulation split (and optionally
         checkpointing switched). The new values are checked; nothing else in ``__post_init__``
         reads them together with another field, so the rest is not validated again: the search
-        and the memory model make tens of thousands of these (a third of the search's time with
-        ``replace``)."""
-        _check_count("micro_batch", micro_batch)
-        _check_count("grad_accum", grad_accum)
-        copy = object.__new__(TrainConfig)
-        copy.__dict__.update(
-            self.__dict__, micro_batch=micro_batch, grad_accum=grad_accum,
-            grad_ckpt=self.grad_ckpt if grad_ckpt is None else bool(grad_ckpt),
-        )
+        and the memory model make tens of thousands of these (``tests/test_search_speed_paths.py``
+        holds them equal to full constructions over the search's space)."""
+        if type(micro_batch) is not int or not 0 < micro_batch <= _UPPER_BOUNDS["micro_batch"]:  # else it passes
+            _check_count("micro_batch", micro_batch)
+        if type(grad_accum) is not int or not 0 < grad_accum <= _UPPER_BOUNDS["grad_accum"]:
+            _check_count("grad_accum", grad_accum)
+        fields = self.__dict__.copy()
+        fields["micro_batch"] = micro_batch
+        fields["grad_accum"] = grad_accum
+        if grad_ckpt is not None:
+            fields["grad_ckpt"] = bool(grad_ckpt)
+        copy = _new(TrainConfig)  # holding ``fields`` as they are: what changed was checked above
+        _set(copy, "__dict__", fields)
         return copy
 
     def with_lora(self, *, lora_r: int, lora_targets: tuple[str, ...]) -> "TrainConfig":
         """This LoRA/QLoRA configuration with another rank and targets, checked as ``__post_init__``
         checks them (no other field reads them): the search makes one per adapter variant."""
-        assert self.method.uses_adapters, self.method
-        r, targets = _lora_fields(lora_r, lora_targets)
-        copy = object.__new__(TrainConfig)
-        copy.__dict__.update(self.__dict__, lora_r=r, lora_targets=targets)
+        assert self.method is not _FULL, self.method
+        fields = self.__dict__.copy()
+        fields["lora_r"], fields["lora_targets"] = _lora_fields(lora_r, lora_targets)
+        copy = _new(TrainConfig)
+        _set(copy, "__dict__", fields)
         return copy
 
     def to_dict(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ assumptions, meant to be calibrated against measured runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.config import Method, Offload, Precision, TrainConfig
 from planner.errors import InvalidConfigError
@@ -178,10 +179,13 @@ def comm_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
     DeepSpeed communicates in the model dtype (``communication_data_type`` defaults to fp16/bf16,
     deepspeed/runtime/engine.py); fp32 training sends 4 B.
     """
+    return _comm_bytes(config, trainable_params(model, config), model.params_total)
+
+
+def _comm_bytes(config: TrainConfig, trainable: int, params_total: int) -> float:
     n = config.gpus
     if n == 1:
         return 0.0
-    trainable = trainable_params(model, config)
     f = _ring(n)
     if config.zero == 0:
         return 2 * f * trainable * _trainable_bytes(config)
@@ -191,7 +195,7 @@ def comm_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
     if config.zero == 2:
         return f * trainable * cb * (config.grad_accum + 1)
     gathers = 2 + int(config.grad_ckpt)
-    per_micro = f * cb * (gathers * model.params_total + trainable)
+    per_micro = f * cb * (gathers * params_total + trainable)
     return per_micro * config.grad_accum
 
 
@@ -207,25 +211,36 @@ def offload_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
     """
     if config.offload is Offload.NONE:
         return 0.0
+    return _offload_bytes(config, trainable_params(model, config), model.params_total)
+
+
+def _offload_bytes(config: TrainConfig, trainable: int, params_total: int) -> float:
+    if config.offload is Offload.NONE:
+        return 0.0
     n = config.gpus
     cb = config.precision.compute_bytes
-    partition = trainable_params(model, config) / n
+    partition = trainable / n
     grad_copies = config.grad_accum if config.zero >= 2 else 1
     total = partition * cb * grad_copies
     if config.offload is Offload.OPTIMIZER:
         total += partition * cb
     else:
         gathers = 2 + int(config.grad_ckpt)
-        total += gathers * (model.params_total / n) * cb * config.grad_accum
+        total += gathers * (params_total / n) * cb * config.grad_accum
     return total
 
 
-def _dequant_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
+def _quantized_weights(model: ModelSpec) -> int:
+    """Weights stored in 4 bits under QLoRA: every block linear, all experts (the output head
+    stays 16-bit: transformers skips lm_head)."""
+    return sum(n * sum(lin.count * lin.in_features * lin.out_features for lin in linears) for n, linears in model.stacks)
+
+
+def _dequant_bytes(config: TrainConfig, quantized: int) -> float:
     if config.method is not Method.QLORA:
         return 0.0
-    # Every stored 4-bit weight (all experts) is dequantised per call: forward, backward and the
-    # checkpoint recompute. The output head stays 16-bit (transformers skips lm_head).
-    quantized = sum(n * sum(lin.count * lin.in_features * lin.out_features for lin in linears) for n, linears in model.stacks)
+    # Every stored 4-bit weight is dequantised per call: forward, backward and the checkpoint
+    # recompute.
     passes = 2 + int(config.grad_ckpt)
     return quantized * (NF4_READ_BYTES + DEQUANT_WRITE_BYTES) * passes * config.grad_accum
 
@@ -258,34 +273,117 @@ def _utilization(gpu: GPUSpec, precision: Precision, utilization: float | None) 
     return utilization
 
 
+#: The parts of a step, in the order ``step_breakdown`` lists them (and the search sums them).
+PARTS = ("compute", "attention", "recompute", "dequant", "optimizer", "comm", "offload")
+
+
+class _Rates(NamedTuple):
+    """The rates one device gives one precision, each the divisor of a part of the step (a tuple:
+    ``step_breakdown`` makes one per call)."""
+
+    flop_rate: float
+    """Matmul FLOP/s: the precision's peak x the utilisation."""
+    device_bw: float
+    """Bytes/s of device memory-bound kernels."""
+    host_bw: float
+    """Bytes/s of host DRAM one rank's DeepSpeed CPU Adam gets."""
+    link_bw: float
+    """Bytes/s each device sends over the interconnect."""
+    host_link_bw: float
+    """Bytes/s between host and device."""
+
+
+def _rates(gpu: GPUSpec, precision: Precision, utilization: float | None) -> _Rates:
+    return _Rates(
+        flop_rate=gpu.peak_tflops(precision) * 1e12 * _utilization(gpu, precision, utilization),
+        device_bw=gpu.mem_bandwidth_gbs * 1e9 * bandwidth_efficiency(gpu),
+        # DeepSpeed CPU Adam at host DRAM speed (on the CPU profile the host is the device itself)
+        host_bw=(gpu.mem_bandwidth_gbs if gpu.is_cpu else HOST_DRAM_GBS_PER_RANK) * 1e9,
+        link_bw=gpu.interconnect_gbs * 1e9,
+        host_link_bw=gpu.host_link_gbs * 1e9,
+    )
+
+
+def _update_bytes_per_param(config: TrainConfig) -> float:
+    """Bytes the optimizer update moves per trainable parameter: DeepSpeed's CPU Adam on the host
+    under offload, else ``optimizer_bytes_per_param`` on the device."""
+    if config.offload is not Offload.NONE:
+        return CPU_ADAM_BYTES_PER_PARAM + (CPU_ADAM_HALF_COPY_BYTES if config.precision.is_mixed else 0)
+    return optimizer_bytes_per_param(config=config)
+
+
+def _step_parts(config: TrainConfig, *, rates: _Rates, flops: FlopsPerToken, trainable: int, update_bytes: float,
+                params_total: int, quantized: int) -> tuple[float, ...]:
+    """Seconds of each of ``PARTS`` from what the configuration's terms depend on beyond itself
+    (``step_breakdown`` computes those afresh, ``ThroughputMemo`` once per search)."""
+    tokens_per_device = config.micro_batch * config.seq_len * config.grad_accum
+    flop_rate = rates.flop_rate
+    if config.offload is not Offload.NONE:
+        optimizer_s = trainable / config.gpus * update_bytes / rates.host_bw
+    else:
+        stepped = trainable / config.gpus if config.zero >= 1 else trainable
+        optimizer_s = stepped * update_bytes / rates.device_bw
+    return (
+        flops.linear * tokens_per_device / flop_rate,
+        flops.attention * tokens_per_device / flop_rate,
+        flops.recompute * tokens_per_device / flop_rate,
+        _dequant_bytes(config, quantized) / rates.device_bw,
+        optimizer_s,
+        _comm_bytes(config, trainable, params_total) / rates.link_bw,
+        _offload_bytes(config, trainable, params_total) / rates.host_link_bw,
+    )
+
+
 def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None) -> dict[str, float]:
     """Seconds of one optimizer step by part (the search ranks on their sum; see
     ``estimate_throughput`` for the assumptions)."""
-    utilization = _utilization(gpu, config.precision, utilization)
-    tokens_per_device = config.micro_batch * config.seq_len * config.grad_accum
-    flops = flops_per_token(model=model, config=config)
-    flop_rate = gpu.peak_tflops(config.precision) * 1e12 * utilization
-    device_bw = gpu.mem_bandwidth_gbs * 1e9 * bandwidth_efficiency(gpu)
+    parts = _step_parts(
+        config, rates=_rates(gpu, config.precision, utilization), flops=flops_per_token(model=model, config=config),
+        trainable=trainable_params(model, config), update_bytes=_update_bytes_per_param(config),
+        params_total=model.params_total, quantized=_quantized_weights(model) if config.method is Method.QLORA else 0,
+    )
+    return dict(zip(PARTS, parts))
 
-    trainable = trainable_params(model, config)
-    if config.offload is not Offload.NONE:
-        # DeepSpeed CPU Adam on this rank's partition, at host DRAM speed (on the CPU profile the
-        # host is the device itself).
-        host_bw = (gpu.mem_bandwidth_gbs if gpu.is_cpu else HOST_DRAM_GBS_PER_RANK) * 1e9
-        per_param = CPU_ADAM_BYTES_PER_PARAM + (CPU_ADAM_HALF_COPY_BYTES if config.precision.is_mixed else 0)
-        optimizer_s = trainable / config.gpus * per_param / host_bw
-    else:
-        stepped = trainable / config.gpus if config.zero >= 1 else trainable
-        optimizer_s = stepped * optimizer_bytes_per_param(config=config) / device_bw
-    return {
-        "compute": flops.linear * tokens_per_device / flop_rate,
-        "attention": flops.attention * tokens_per_device / flop_rate,
-        "recompute": flops.recompute * tokens_per_device / flop_rate,
-        "dequant": _dequant_bytes_per_step(model=model, config=config) / device_bw,
-        "optimizer": optimizer_s,
-        "comm": comm_bytes_per_step(model=model, config=config) / (gpu.interconnect_gbs * 1e9),
-        "offload": offload_bytes_per_step(model=model, config=config) / (gpu.host_link_gbs * 1e9),
-    }
+
+class ThroughputMemo:
+    """``step_breakdown`` for many configurations of one model on one device, with what does not
+    change between them computed once: the search ranks thousands of candidates that share their
+    FLOPs per token and trainable parameters (per adapter set, checkpointing and sequence length)
+    and their rates and update traffic (per method, precision, optimizer, ZeRO stage and offload).
+    Each memo is keyed on exactly the fields its values read. Lives as long as the search that
+    holds it (beside ``planner.search.MemoryMemo``), so it never outlives its model or device."""
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, utilization: float | None = None) -> None:
+        self.model, self.gpu, self.utilization = model, gpu, utilization
+        self._quantized: int | None = None
+        # (method, lora_r, lora_targets, grad_ckpt, seq_len) -> (FLOPs per token, trainable params)
+        self._shape: dict[tuple, tuple[FlopsPerToken, int]] = {}
+        # (method, precision, optimizer, zero, offload) -> (rates, update bytes per parameter)
+        self._device: dict[tuple, tuple[_Rates, float]] = {}
+
+    def breakdown(self, config: TrainConfig) -> dict[str, float]:
+        """``step_breakdown(model=, config=, gpu=, utilization=)``, the same floats."""
+        return dict(zip(PARTS, self._parts(config)))
+
+    def step_seconds(self, config: TrainConfig) -> float:
+        """``sum(step_breakdown(...).values())``, the same float (summed in the same order)."""
+        return sum(self._parts(config))
+
+    def _parts(self, config: TrainConfig) -> tuple[float, ...]:
+        key = (config.method, config.lora_r, config.lora_targets, config.grad_ckpt, config.seq_len)
+        shape = self._shape.get(key)
+        if shape is None:
+            shape = self._shape[key] = (flops_per_token(model=self.model, config=config),
+                                        trainable_params(self.model, config))
+        key = (config.method, config.precision, config.optimizer, config.zero, config.offload)
+        device = self._device.get(key)
+        if device is None:
+            device = self._device[key] = (_rates(self.gpu, config.precision, self.utilization),
+                                          _update_bytes_per_param(config))
+        if self._quantized is None:
+            self._quantized = _quantized_weights(self.model)
+        return _step_parts(config, rates=device[0], flops=shape[0], trainable=shape[1], update_bytes=device[1],
+                           params_total=self.model.params_total, quantized=self._quantized)
 
 
 def tokens_per_second(config: TrainConfig, step_s: float) -> float:
@@ -344,7 +442,9 @@ def estimate_throughput(
 
 
 __all__ = [
+    "PARTS",
     "FlopsPerToken",
+    "ThroughputMemo",
     "bandwidth_efficiency",
     "comm_bytes_per_step",
     "default_utilization",
