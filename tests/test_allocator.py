@@ -82,7 +82,7 @@ def test_best_fit_takes_the_smallest_cached_block_that_fits():
     a.free(y)
     reuse = a.malloc(25 * MiB)  # fits both: the 30 MiB block is the best fit, split 25 + 5
     assert reuse.size == 25 * MiB and a.reserved == 70 * MiB
-    assert sorted(k[0] for k in a._keys[False]) == [5 * MiB, 40 * MiB]
+    assert sorted(k[0] for k in a.cached_keys(False)) == [5 * MiB, 40 * MiB]
 
 
 def test_freed_neighbours_merge_back_into_one_block():
@@ -91,7 +91,7 @@ def test_freed_neighbours_merge_back_into_one_block():
     assert a.reserved == 20 * MiB
     a.free(p)
     a.free(q)
-    assert [k[0] for k in a._keys[False]] == [20 * MiB]  # merged into the whole segment
+    assert [k[0] for k in a.cached_keys(False)] == [20 * MiB]  # merged into the whole segment
 
 
 def test_max_split_size_blocks_are_not_split_and_small_requests_skip_them():
@@ -164,8 +164,14 @@ def test_alloc_conf_parsing():
             AllocatorConfig.parse(bad)
 
 
-def _one_by_one(self, request, count):
-    return [self.malloc(request) for _ in range(count)]
+def _one_by_one(self, nbytes, tensors, freed=True):
+    """An event as one malloc per tensor, each its own block (the straightforward replay)."""
+    if tensors == 1:
+        return [self.malloc(nbytes)] if nbytes > 0 else []
+    each = nbytes // tensors
+    last = nbytes - each * (tensors - 1)
+    blocks = [self.malloc(each) for _ in range(tensors - 1)] if each > 0 else []
+    return blocks + ([self.malloc(last)] if last > 0 else [])
 
 
 def _replays_both_ways(timeline, config, gpu, monkeypatch):
@@ -174,7 +180,7 @@ def _replays_both_ways(timeline, config, gpu, monkeypatch):
 
     fast, trace_fast = replay_timeline(timeline, config, gpu, trace := []), list(trace)
     with monkeypatch.context() as m:
-        m.setattr(CachingAllocator, "malloc_many", _one_by_one)
+        m.setattr(CachingAllocator, "malloc_tensors", _one_by_one)
         slow = replay_timeline(timeline, config, gpu, trace := [])
     return fast, trace_fast, slow, trace
 
@@ -184,10 +190,11 @@ def _replays_both_ways(timeline, config, gpu, monkeypatch):
     ("Qwen/Qwen2.5-1.5B", "t4", 16, 1024),
     ("gpt2", "h100", 8, 1024),
 ])
-def test_malloc_many_is_malloc_in_a_row(model_id, gpu_name, batch, seq, monkeypatch):
-    """The carving fast path for many equal small tensors (LoRA's optimizer states) gives the same
-    reserve after every event as one malloc per tensor, on the timelines of a sample of the
-    search's candidates, with and without max_split_size_mb (expandable segments take malloc)."""
+def test_malloc_tensors_is_malloc_in_a_row(model_id, gpu_name, batch, seq, monkeypatch):
+    """The replay's path (runs of adjacent tensors as one block, nothing kept for tensors never
+    freed, many equal tensors carved or given new segments at once) gives the same reserve after
+    every event as one malloc per tensor, on the timelines of a sample of the search's
+    candidates, with and without max_split_size_mb."""
     import itertools
 
     from planner.catalog import resolve_model
@@ -206,20 +213,126 @@ def test_malloc_many_is_malloc_in_a_row(model_id, gpu_name, batch, seq, monkeypa
             assert fast == slow and trace_fast == trace_slow, cfg.label()
 
 
-def test_malloc_many_by_hand():
+def test_malloc_tensors_by_hand():
     """Three 700 KiB tensors, then two: 700 KiB rounds to 716,800 B; a 2 MiB segment holds two
     (2,097,152 - 2 x 716,800 = 663,552 B stay cached, too small for a third), so three take two
-    segments with 663,552 and 1,380,352 B cached; the next two: the 1,380,352 B remainder holds
-    one (663,552 left), the other opens a third segment."""
+    segments with 663,552 and 1,380,352 B cached, the first two side by side (one block of the
+    event); the next two: the 1,380,352 B remainder holds one (663,552 left), the other opens a
+    third segment."""
     from planner.memory.allocator import CachingAllocator
 
     a = CachingAllocator(capacity=1 << 30)
-    blocks = a.malloc_many(700 * 1024, 3)
-    assert [b.size for b in blocks] == [716_800] * 3 and a.reserved == 2 * 2 * MiB
-    assert sorted(k[0] for k in a._keys[True]) == [663_552, 1_380_352]
-    more = a.malloc_many(700 * 1024, 2)
+    blocks = a.malloc_tensors(3 * 700 * 1024, 3)
+    assert [b.size for b in blocks] == [2 * 716_800, 716_800] and a.reserved == 2 * 2 * MiB
+    assert sorted(k[0] for k in a.cached_keys(True)) == [663_552, 1_380_352]
+    more = a.malloc_tensors(2 * 700 * 1024, 2)
+    assert [b.size for b in more] == [716_800] * 2
     assert a.reserved == 3 * 2 * MiB and a.allocated == 5 * 716_800
-    assert sorted(k[0] for k in a._keys[True]) == [663_552, 663_552, 1_380_352]
+    assert sorted(k[0] for k in a.cached_keys(True)) == [663_552, 663_552, 1_380_352]
     for b in blocks + more:
         a.free(b)
-    assert a.allocated == 0 and sorted(k[0] for k in a._keys[True]) == [2 * MiB] * 3
+    assert a.allocated == 0 and sorted(k[0] for k in a.cached_keys(True)) == [2 * MiB] * 3
+
+
+def test_tensors_never_freed_keep_no_block_and_place_the_rest_alike():
+    """An event never freed (the model states) gets no block; the cached blocks around it, the
+    reserve and what is allocated are those of the same event made block by block."""
+    from planner.memory.allocator import CachingAllocator
+
+    kept, plain = CachingAllocator(capacity=1 << 40), CachingAllocator(capacity=1 << 40)
+    for nbytes, tensors in [(30 * 700 * 1024, 30), (5 * 46 * MiB + 7, 5), (3 * MiB, 1), (40 * 3 * MiB, 40)]:
+        assert kept.malloc_tensors(nbytes, tensors, freed=False) == []
+        plain.malloc_tensors(nbytes, tensors)
+        _assert_same_state(kept, plain)
+    # a kept tensor cut right after a freed one: freeing that one must not merge across it
+    for request in (300 * 1024, 3 * MiB):
+        freed_kept, freed_plain = kept.malloc_tensors(request, 1), plain.malloc_tensors(request, 1)
+        kept.malloc_tensors(request, 1, freed=False)
+        plain.malloc_tensors(request, 1)
+        for a, blocks in ((kept, freed_kept), (plain, freed_plain)):
+            for block in blocks:
+                a.free(block)
+        _assert_same_state(kept, plain)
+
+
+def _state(a, split=True):
+    """Everything of an allocator a later malloc or free can see: reserve, peak, allocated, and
+    each cached block's key (size, address) and whether it is split (release_cached_blocks frees
+    unsplit ones; ``split=False`` leaves that out, for speed)."""
+    return (a.reserved, a.peak_reserved, a.allocated, a._keys,
+            split and [[a._cached[k].is_split() for k in a._keys[s]] for s in (False, True)])
+
+
+def _assert_same_state(a, b, where=""):
+    assert _state(a) == _state(b), where
+
+
+def _events_both_ways(events, capacity, conf):
+    """The events on two allocators, the replay's path and one malloc per tensor, compared after
+    every event; the index of the event that ran out of memory (both must), else None."""
+    from planner.memory.allocator import CachingAllocator, OutOfMemory
+
+    fast, slow = (CachingAllocator(capacity=capacity, config=AllocatorConfig.parse(conf)) for _ in range(2))
+    freed = {ev.ident for ev in events if ev.op == "free"}
+    live_fast, live_slow = {}, {}
+    for n, ev in enumerate(events):
+        if ev.op == "alloc":
+            try:
+                live_slow[ev.ident] = _one_by_one(slow, ev.nbytes, ev.tensors)
+            except OutOfMemory:
+                with pytest.raises(OutOfMemory):
+                    fast.malloc_tensors(ev.nbytes, ev.tensors, freed=ev.ident in freed)
+                return n
+            live_fast[ev.ident] = fast.malloc_tensors(ev.nbytes, ev.tensors, freed=ev.ident in freed)
+        else:
+            for blocks, a in ((live_fast.pop(ev.ident), fast), (live_slow.pop(ev.ident), slow)):
+                for block in blocks:
+                    a.free(block)
+        split = n % 16 == 0 or n == len(events) - 1
+        assert _state(fast, split) == _state(slow, split), f"event {n}: {ev}"
+    return None
+
+
+def _sampled_cases(n_per: int):
+    """(model, gpu, config) over several of the catalog's models and the search's knobs (methods,
+    precisions, checkpointing, ZeRO stages, splits), each with an allocator setting."""
+    import random
+
+    from planner.catalog import resolve_model
+    from planner.gpus import get_gpu
+    from planner.search import SearchSpace, enumerate_configs
+
+    rng = random.Random(11)
+    confs = [None, "max_split_size_mb:64", "max_split_size_mb:21", "expandable_segments:True"]
+    for model_id in ("meta-llama/Llama-2-7b-hf", "Qwen/Qwen2.5-1.5B", "gpt2", "mistralai/Mixtral-8x7B-v0.1",
+                     "t5-large", "microsoft/phi-2", "google/gemma-2-9b"):
+        model = resolve_model(model_id)
+        for gpu_name in ("a10g", "t4", "h100-80gb"):
+            gpu = get_gpu(gpu_name)
+            configs = list(enumerate_configs(model=model, gpu=gpu, target_batch=16, seq_len=min(1024, model.max_seq_len),
+                                             gpus=rng.choice([1, 2]), space=SearchSpace(cpu_mem_bytes=1 << 40)))
+            for config in rng.sample(configs, min(n_per, len(configs))):
+                conf = rng.choice(confs)
+                yield model, gpu, config.replace(alloc_conf=conf) if conf else config
+
+
+@pytest.mark.parametrize("model, gpu, config", [pytest.param(*case, id=f"{case[0].id}-{case[1].name}-{case[2].label()}")
+                                                for case in _sampled_cases(3)])
+def test_the_replay_matches_malloc_one_tensor_at_a_time_event_by_event(model, gpu, config, monkeypatch):
+    """After every event of the step, on the device's memory and on one 64 MiB short of the
+    step's peak reserve (so releases and out-of-memory retries run), the replay's allocator holds
+    exactly the cached blocks, reserve and allocation of one malloc and one block per tensor; and
+    estimate_memory gives every field the same."""
+    from planner.memory.allocator import CachingAllocator
+    from planner.memory.estimate import estimate_memory
+    from planner.memory.timeline import step_timeline
+
+    timeline = step_timeline(model=model, config=config, kernels=gpu.kernels)
+    capacity = gpu.memory_bytes - int(gpu.cuda_context_bytes) - timeline.outside_allocator
+    peak = replay(timeline.events, capacity=1 << 64, config=AllocatorConfig.parse(config.alloc_conf)).peak_reserved
+    for cap in (capacity, 1 << 64, max(peak - 64 * MiB, MiB)):
+        _events_both_ways(timeline.events, cap, config.alloc_conf)
+    fast = estimate_memory(model=model, config=config, gpu=gpu)
+    with monkeypatch.context() as m:
+        m.setattr(CachingAllocator, "malloc_tensors", _one_by_one)
+        assert estimate_memory(model=model, config=config, gpu=gpu) == fast

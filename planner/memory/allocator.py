@@ -137,11 +137,16 @@ class Block:
 
     __slots__ = ("size", "addr", "small", "allocated", "prev", "next", "segment")
 
-    def __init__(self, size: int, addr: int, small: bool, segment: int) -> None:
-        self.size, self.addr, self.small, self.segment = size, addr, small, segment
-        self.allocated = False
-        self.prev: Block | None = None
-        self.next: Block | None = None
+    def __init__(self, size: int, addr: int, small: bool, segment: int, allocated: bool = False,
+                 prev: Block | None = None, next: Block | None = None) -> None:  # noqa: A002 (the list's link)
+        # one assignment each: the replay makes thousands (a tuple assignment builds a tuple)
+        self.size = size
+        self.addr = addr
+        self.small = small
+        self.segment = segment
+        self.allocated = allocated
+        self.prev = prev
+        self.next = next
 
     @property
     def key(self) -> tuple[int, int]:
@@ -156,56 +161,72 @@ class OutOfMemory(Exception):
     """The replay could not place a request even after freeing every cached segment."""
 
 
+#: a pool's order, by size then address (BlockComparatorSize), as one int: ``size << 64 | addr``
+#: (a tuple's comparison costs several int comparisons, and the replay's best fits and frees
+#: are mostly comparisons); addresses stay below 2**64
+_ADDR = 64
+_ADDR_MASK = (1 << _ADDR) - 1
+
+
 class CachingAllocator:
     """One device's caching allocator (one stream), on a device of ``capacity`` bytes."""
 
     def __init__(self, *, capacity: int, config: AllocatorConfig = AllocatorConfig()) -> None:
         self.capacity, self.config = capacity, config
         self.max_split = config.max_split_size
-        # cached blocks by (size, addr), per pool: [large, small] (indexed by ``small``)
-        self._keys: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
-        self._cached: dict[tuple[int, int], Block] = {}
+        # cached blocks, per pool ([large, small], indexed by ``small``): their sorted keys
+        # (``size << _ADDR | addr``) and the block of each key
+        self._keys: tuple[list[int], list[int]] = ([], [])
+        self._cached: dict[int, Block] = {}
         self.reserved = self.peak_reserved = self.allocated = 0
         self._addr = 0
         self._tails: dict[bool, Block] = {}  # expandable segments: each pool's last block
+        # the allocated neighbour that stands for every tensor never freed (``malloc_tensors``);
+        # its own links and size mean nothing
+        self._never_freed = Block(0, -1, False, -3, allocated=True)
+        self._plans: dict[int, tuple] = {}  # _plan's, by request
+
+    def cached_keys(self, small: bool) -> list[tuple[int, int]]:
+        """The cached blocks of a pool as (size, addr), in best-fit order."""
+        return [(key >> _ADDR, key & _ADDR_MASK) for key in self._keys[small]]
 
     # -- the pools ----------------------------------------------------------------------------
-    # (the replay makes thousands of these per plan shown: the key is built inline, not by the
-    # ``Block.key`` property)
     def _insert(self, block: Block) -> None:
-        key = (block.size, block.addr)
+        key = block.size << _ADDR | block.addr
         bisect.insort(self._keys[block.small], key)
         self._cached[key] = block
 
     def _remove(self, block: Block) -> None:
-        key = (block.size, block.addr)
+        key = block.size << _ADDR | block.addr
         keys = self._keys[block.small]
         del keys[bisect.bisect_left(keys, key)]
         del self._cached[key]
 
+    def _limit(self, size: int) -> int:
+        """get_free_block's max_split_size rules as a bound on keys: a request below the limit
+        does not take a block at or above it; one at or above it is only rounded up within
+        kLargeBuffer."""
+        return (self.max_split if size < self.max_split else size + kLargeBuffer) << _ADDR
+
     def _get_free_block(self, size: int, small: bool) -> Block | None:
-        """Best fit with get_free_block's max_split_size rules."""
+        """Best fit with get_free_block's max_split_size rules: the smallest cached block >= the
+        request, if the rules let it be taken."""
         keys = self._keys[small]
-        i = bisect.bisect_left(keys, (size, -1))
-        if i == len(keys):
+        i = bisect.bisect_left(keys, size << _ADDR)
+        if i == len(keys) or keys[i] >= self._limit(size):
             return None
-        key = keys[i]
-        block = self._cached[key]
-        if size < self.max_split and block.size >= self.max_split:
-            return None  # do not return an oversized block for a large request
-        if size >= self.max_split and block.size >= size + kLargeBuffer:
-            return None  # an oversize request is only rounded up within kLargeBuffer
-        del keys[i]
-        del self._cached[key]
-        return block
+        return self._cached.pop(keys.pop(i))
 
     # -- segments -----------------------------------------------------------------------------
     def _new_segment(self, size: int, small: bool) -> Block | None:
-        if self.reserved + size > self.capacity:
+        reserved = self.reserved + size
+        if reserved > self.capacity:
             return None
-        block = Block(size, self._addr, small, segment=self._addr)
+        block = Block(size, self._addr, small, self._addr)
         self._addr += size
-        self._grow(size)
+        self.reserved = reserved
+        if reserved > self.peak_reserved:
+            self.peak_reserved = reserved
         return block
 
     def _grow(self, size: int) -> None:
@@ -238,6 +259,15 @@ class CachingAllocator:
             return self._expand(size, small)
         return self._new_segment(allocation_size(size), small)
 
+    def _alloc_or_release(self, size: int, small: bool, request: int) -> Block:
+        """A new segment for a request no cached block holds; when the device is full, after
+        releasing cached oversize blocks, then every cached segment (raises ``OutOfMemory``)."""
+        block = (self._alloc_block(size, small)
+                 or (self.release_available_cached_blocks(size, small) and self._alloc_block(size, small))
+                 or (self.release_cached_blocks() and self._alloc_block(size, small)))
+        if not block:
+            raise OutOfMemory(f"{request} bytes with {self.reserved} reserved of {self.capacity}")
+        return block
 
     # -- releasing cached memory ------------------------------------------------------------------
     def _release(self, block: Block) -> None:
@@ -251,12 +281,12 @@ class CachingAllocator:
             return False
         keys = self._keys[small]
         target = max(size, self.max_split)
-        i = bisect.bisect_left(keys, (target, -1))
+        i = bisect.bisect_left(keys, target << _ADDR)
         if i < len(keys):
             self._release(self._cached[keys[i]])
             return True
         freed = 0
-        while keys and freed < target and keys[-1][0] >= self.max_split:
+        while keys and freed < target and keys[-1] >> _ADDR >= self.max_split:
             block = self._cached[keys[-1]]
             freed += block.size
             self._release(block)
@@ -288,59 +318,15 @@ class CachingAllocator:
 
     # -- malloc and free ----------------------------------------------------------------------
     def malloc(self, request: int) -> Block:
-        """Allocate ``request`` bytes (raises ``OutOfMemory``)."""
+        """Allocate ``request`` bytes (raises ``OutOfMemory``): one tensor, one block."""
         size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize  # round_size
         small = size <= kSmallSize
-        block = self._get_free_block(size, small)
-        if block is None:
-            block = (self._alloc_block(size, small)
-                     or (self.release_available_cached_blocks(size, small) and self._alloc_block(size, small))
-                     or (self.release_cached_blocks() and self._alloc_block(size, small)))
-        if not block:
-            raise OutOfMemory(f"{request} bytes with {self.reserved} reserved of {self.capacity}")
+        block = self._get_free_block(size, small) or self._alloc_or_release(size, small, request)
         if self._should_split(block, size):
             block = self._split(block, size)
         block.allocated = True
         self.allocated += block.size
         return block
-
-    def malloc_many(self, request: int, count: int) -> list[Block]:
-        """``count`` mallocs of ``request`` bytes in a row, as ``malloc`` makes them (a model's
-        weights, a LoRA optimizer's states: hundreds of equal tensors). While no cached block of
-        the pool can hold the request, each malloc opens a segment and the next ones best-fit its
-        remainder, the only cached block large enough: that carving is done here in one pass;
-        every other case goes through ``malloc``."""
-        size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize
-        if self.config.expandable_segments:
-            return [self.malloc(request) for _ in range(count)]
-        small = size <= kSmallSize
-        keys, segment_size, out = self._keys[small], allocation_size(size), []
-        while len(out) < count:
-            if (keys and keys[-1][0] >= size) or self.reserved + segment_size > self.capacity:
-                out.append(self.malloc(request))  # a cached block may fit, or the device is full
-                continue
-            segment = self._new_segment(segment_size, small)
-            assert segment is not None
-            out += self._carve(segment, size, count - len(out))
-        return out
-
-    def _carve(self, block: Block, size: int, most: int) -> list[Block]:
-        """Up to ``most`` blocks of ``size`` from the front of the free ``block``, each split off as
-        ``_split`` does when ``_should_split`` says so, else taking the block whole; what remains
-        is cached."""
-        out = []
-        while len(out) < most and block.size >= size:
-            if self._should_split(block, size):
-                front = self._split_front(block, size)
-            else:
-                front, block = block, None
-            front.allocated = True
-            self.allocated += front.size
-            out.append(front)
-            if block is None:
-                return out
-        self._insert(block)
-        return out
 
     def _should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
@@ -350,49 +336,199 @@ class CachingAllocator:
 
     def _split(self, block: Block, size: int) -> Block:
         """alloc_found_block: the request takes the front, the remainder stays cached."""
-        front = self._split_front(block, size)
-        self._insert(block)
-        return front
-
-    @staticmethod
-    def _split_front(block: Block, size: int) -> Block:
-        """A new block of ``size`` at the front of ``block``, linked before it; ``block`` keeps the
-        rest (and is not cached here)."""
-        front = Block(size, block.addr, block.small, block.segment)
-        front.prev, front.next = block.prev, block
+        front = Block(size, block.addr, block.small, block.segment, False, block.prev, block)
         if block.prev is not None:
             block.prev.next = front
         block.prev = front
         block.addr += size
         block.size -= size
+        self._insert(block)
         return front
 
     def free(self, block: Block) -> None:
-        """free_block: merge with free neighbours of the segment, then cache."""
+        """free_block: merge with free neighbours of the segment, then cache (the pool's removals
+        and insertion written out: the replay frees every block it makes)."""
         block.allocated = False
-        self.allocated -= block.size
-        for neighbour in (block.prev, block.next):
-            if neighbour is None or neighbour.allocated:
-                continue
-            self._remove(neighbour)
-            if neighbour is block.prev:
-                block.addr = neighbour.addr
-                block.prev = neighbour.prev
-                if block.prev is not None:
-                    block.prev.next = block
-            else:
-                block.next = neighbour.next
-                if block.next is not None:
-                    block.next.prev = block
-                if self._tails.get(block.small) is neighbour:
-                    self._tails[block.small] = block
-            block.size += neighbour.size
-        self._insert(block)
+        size = block.size
+        self.allocated -= size
+        keys, cached = self._keys[block.small], self._cached
+        prev, after = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            key = prev.size << _ADDR | prev.addr
+            del keys[bisect.bisect_left(keys, key)], cached[key]
+            size += prev.size
+            block.addr, block.prev = prev.addr, prev.prev
+            if prev.prev is not None:
+                prev.prev.next = block
+        if after is not None and not after.allocated:
+            key = after.size << _ADDR | after.addr
+            del keys[bisect.bisect_left(keys, key)], cached[key]
+            size += after.size
+            block.next = after.next
+            if after.next is not None:
+                after.next.prev = block
+            if self._tails and self._tails.get(block.small) is after:  # (expandable segments)
+                self._tails[block.small] = block
+        block.size = size
+        key = size << _ADDR | block.addr
+        bisect.insort(keys, key)
+        cached[key] = block
 
     @property
     def cached(self) -> int:
         """Reserved but not allocated."""
         return self.reserved - self.allocated
+
+    # -- the replay's path: one event's tensors --------------------------------------------------
+    def malloc_tensors(self, nbytes: int, tensors: int, freed: bool = True) -> list[Block]:
+        """The blocks of one event: ``tensors`` equal tensors of ``nbytes`` in all (the last takes
+        the remainder of the division), each placed in order exactly as ``malloc`` places it (raises
+        ``OutOfMemory``). The replay frees an event's tensors together, so consecutive tensors that
+        lie next to each other in a segment are one block (a run): freeing it merges the free
+        neighbours that freeing them one by one merges. The tensors of an event never freed
+        (``freed=False``: the model states) get no block: ``_never_freed`` stands for each, the
+        allocated neighbour of the cached blocks beside it."""
+        runs: list[Block] = []
+        run = None if freed else self._never_freed
+        if tensors == 1:
+            if nbytes > 0:
+                run = self._take(nbytes, 1, run, runs)
+        else:
+            each = nbytes // tensors
+            last = nbytes - each * (tensors - 1)
+            if each > 0:
+                run = self._take(each, tensors - 1, run, runs)
+            if last > 0:
+                run = self._take(last, 1, run, runs)
+        if freed and run is not None:
+            runs.append(run)
+        return runs
+
+    def _plan(self, request: int) -> tuple[int, bool, int, int, int, int, bool]:
+        """What ``_take`` needs to know of a request, once per request size (the step's tensors
+        come in few sizes): its size (round_size), pool, lowest key, get_free_block's limit, the
+        least remainder should_split splits off, its new segment (get_allocation_size), and
+        whether a new segment holds only it."""
+        size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize  # round_size
+        small = size <= kSmallSize
+        expandable = self.config.expandable_segments
+        # should_split: a remainder of kMinBlockSize in the small pool and in an expandable
+        # segment; more than kSmallSize in the large pool, and only below max_split_size
+        least = kMinBlockSize if small or expandable else kSmallSize + 1 if size < self.max_split else UNLIMITED
+        segment = allocation_size(size)
+        # a fresh segment holds one request: what a split leaves is smaller than the request
+        one_each = not expandable and (segment - size < least or segment - size < size)
+        plan = self._plans[request] = (size, small, size << _ADDR, self._limit(size), least, segment, one_each)
+        return plan
+
+    def _take(self, request: int, count: int, run: Block | None, runs: list[Block]) -> Block | None:
+        """``count`` mallocs of ``request`` bytes joined to the open ``run`` (finished runs go to
+        ``runs``); returns the run open after the last. ``malloc``'s steps written out (this is
+        the replay's hot path), and a block found is carved while what remains of it holds the
+        next request below get_free_block's max_split_size limit: it is then that malloc's best
+        fit (it is smaller than the pool's best fit it was cut from, and when it was a new
+        segment, no cached block could be taken)."""
+        size, small, low, limit, least, segment, one_each = self._plans.get(request) or self._plan(request)
+        keys, cached, never_freed = self._keys[small], self._cached, self._never_freed
+        expandable = self.config.expandable_segments
+        while count:
+            i = bisect.bisect_left(keys, low)
+            if i < len(keys) and keys[i] < limit:  # get_free_block's best fit
+                block = cached.pop(keys.pop(i))
+            else:
+                if one_each and count > 2:  # no cached block may be taken, by any of the requests left
+                    count, run = self._fresh(size, segment, least, count, run, runs)
+                    if not count:
+                        break
+                if expandable or not (block := self._new_segment(segment, small)):
+                    block = self._alloc_or_release(size, small, request)
+            while True:
+                count -= 1
+                rest = block.size - size
+                if rest < least:
+                    self.allocated += block.size
+                    run = self._join_whole(block, run, runs)
+                    break
+                self.allocated += size
+                prev = block.prev  # alloc_found_block's split: the request takes the front
+                if prev is run and run is not None:  # right after the run (or both never freed)
+                    run.size += size
+                elif run is never_freed:  # the front lies between: never freed, like the run
+                    if prev is not None:
+                        prev.next = run
+                    block.prev = run
+                else:
+                    front = Block(size, block.addr, small, block.segment, True, prev, block)
+                    if prev is not None:
+                        prev.next = front
+                    block.prev = front
+                    if run is not None:
+                        runs.append(run)
+                    run = front
+                block.addr += size
+                block.size = rest
+                key = rest << _ADDR | block.addr
+                if not count or key < low or key >= limit:
+                    bisect.insort(keys, key)
+                    cached[key] = block
+                    break
+        return run
+
+    def _fresh(self, size: int, segment: int, least: int, count: int, run: Block | None,
+               runs: list[Block]) -> tuple[int, Block | None]:
+        """Requests of ``size`` that each open a new segment of ``segment`` bytes (no cached block
+        may be taken and a segment's remainder cannot hold another): as many of ``count`` as the
+        device holds, made at once. Each takes its segment's front (should_split: a remainder of
+        at least ``least``, cached) or the whole segment. Returns the requests left and the open
+        run (a new segment is never next to it)."""
+        made = min(count, (self.capacity - self.reserved) // segment)
+        if made <= 0:
+            return count, run
+        small, rest, start = size <= kSmallSize, segment - size, self._addr
+        addrs = range(start, start + made * segment, segment)
+        self._addr += made * segment
+        self.reserved += made * segment
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.allocated += made * (size if rest >= least else segment)
+        never_freed = self._never_freed
+        if run is not never_freed:
+            fronts = [Block(size if rest >= least else segment, addr, small, addr, True) for addr in addrs]
+            if run is not None:
+                runs.append(run)
+            runs += fronts[:-1]
+            run = fronts[-1]
+        if rest >= least:
+            if run is never_freed:  # never freed: the remainders' neighbour before is _never_freed
+                rests = [Block(rest, addr + size, small, addr, False, run) for addr in addrs]
+            else:
+                rests = [Block(rest, addr + size, small, addr, False, front) for addr, front in zip(addrs, fronts)]
+                for front, remainder in zip(fronts, rests):
+                    front.next = remainder
+            # equal sizes, addresses above every cached block's: one place in the pool
+            keys, new = self._keys[small], [rest << _ADDR | addr + size for addr in addrs]
+            j = bisect.bisect_left(keys, new[0])
+            keys[j:j] = new
+            self._cached.update(zip(new, rests))
+        return count - made, run
+
+    def _join_whole(self, block: Block, run: Block | None, runs: list[Block]) -> Block | None:
+        """The request takes all of ``block`` (not split): joined to ``run`` when it lies right
+        after it, else the block is the new run."""
+        if run is self._never_freed:
+            block.allocated = True  # stays as the allocated neighbour of the blocks beside it
+            return run
+        if run is not None and block.prev is run:
+            run.size += block.size
+            run.next = after = block.next
+            if after is not None:
+                after.prev = run
+            if self._tails.get(block.small) is block:
+                self._tails[block.small] = run
+            return run
+        block.allocated = True
+        if run is not None:
+            runs.append(run)
+        return block
 
 
 @dataclass(frozen=True)
@@ -414,17 +550,6 @@ class Replay:
         return self.reserved_at_peak - self.allocated_peak
 
 
-def _malloc_event(allocator: CachingAllocator, nbytes: int, tensors: int) -> list[Block]:
-    """The blocks of one event: ``tensors`` equal tensors of ``nbytes`` in all (the last takes
-    the remainder of the division), in order."""
-    if tensors == 1:
-        return [allocator.malloc(nbytes)] if nbytes > 0 else []
-    each = nbytes // tensors
-    last = nbytes - each * (tensors - 1)
-    blocks = allocator.malloc_many(each, tensors - 1) if each > 0 else []
-    return blocks + ([allocator.malloc(last)] if last > 0 else [])
-
-
 def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig(),
            trace: list[int] | None = None) -> Replay:
     """Replay ``events`` (``planner.memory.timeline.Event``: alloc/free of ``tensors`` equal
@@ -434,12 +559,14 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     allocator = CachingAllocator(capacity=capacity, config=config)
     if trace is not None:
         trace[:] = [0]
+    malloc, free = allocator.malloc_tensors, allocator.free
     live: dict[int, list[Block]] = {}
+    freed = {ev.ident for ev in events if ev.op == "free"}
     requested = peak = reserved_at_peak = 0
     for ev in events:
         if ev.op == "alloc":
             try:
-                live[ev.ident] = _malloc_event(allocator, ev.nbytes, ev.tensors)
+                live[ev.ident] = malloc(ev.nbytes, ev.tensors, ev.ident in freed)
             except OutOfMemory:
                 if capacity >= UNLIMITED:
                     raise
@@ -450,8 +577,8 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
             if requested > peak:
                 peak, reserved_at_peak = requested, allocator.reserved
         else:
-            for block in live.pop(ev.ident, []):
-                allocator.free(block)
+            for block in live.pop(ev.ident, ()):
+                free(block)
             requested -= ev.nbytes
         if trace is not None:
             trace.append(allocator.reserved)
