@@ -463,15 +463,19 @@ class CachingAllocator:
                 if run is not None:
                     runs.append(run)
                 run = front
-            count, taken, rest, whole = self._carve(count, size, rest, least, limit >> _ADDR)
-            self.allocated += size + taken
-            run.size += taken  # (meaningless for _never_freed)
-            block.addr += size + taken
+            self.allocated += size
+            block.addr += size
+            if count:  # the next requests, from what remains
+                count, taken, rest, whole = self._carve(count, size, rest, least, limit >> _ADDR)
+                self.allocated += taken
+                run.size += taken  # (meaningless for _never_freed)
+                block.addr += taken
+                if whole:  # the last request took what remained
+                    block.size = rest
+                    self.allocated += rest
+                    run = self._join_whole(block, run, runs)
+                    continue
             block.size = rest
-            if whole:  # the last request took what remained
-                self.allocated += rest
-                run = self._join_whole(block, run, runs)
-                continue
             key = rest << _ADDR | block.addr
             bisect.insort(keys, key)
             cached[key] = block
