@@ -4,6 +4,7 @@ path gives the same peak."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -133,3 +134,18 @@ def test_phase_totals_are_the_sums_of_what_each_moment_lists():
         # and every static term appears at some moment (else the powers above would not test it)
         assert all(any(getattr(static, n) in parts.values() for parts in listed.values()) for n in names if n != "host"
                    and n != "paged"), names
+
+
+def test_events_are_immutable_and_only_computed_tensor_counts_are_clamped():
+    """The builder's grain: a term's tensor count is its bytes over one token-hidden tensor, kept
+    within 1..64; counts given (the model states: one per parameter tensor) are kept as given."""
+    model, gpu = resolve_model("meta-llama/Llama-2-7b-hf"), get_gpu("a10g")
+    config = TrainConfig(method="lora", micro_batch=2, seq_len=1024, grad_accum=2)
+    timeline = step_timeline(model=model, config=config, kernels=gpu.kernels)
+    weights = next(ev for ev in timeline.events if ev.key == "weights")
+    assert weights.tensors == model.num_layers * (len(model.layer_linears) + 2) + 3 > 64
+    assert all(1 <= ev.tensors <= 64 for ev in timeline.events if ev.where != "model states")
+    with pytest.raises(AttributeError):
+        weights.nbytes = 0
+    assert timeline.curve() == [0, *itertools.accumulate(ev.nbytes if ev.op == "alloc" else -ev.nbytes
+                                                         for ev in timeline.events)]

@@ -442,37 +442,60 @@ class CachingAllocator:
                         break
                 if expandable or not (block := self._new_segment(segment, small)):
                     block = self._alloc_or_release(size, small, request)
-            while True:
-                count -= 1
-                rest = block.size - size
-                if rest < least:
-                    self.allocated += block.size
+            count -= 1
+            rest = block.size - size
+            if rest < least:  # should_split says no: the request takes the whole block
+                self.allocated += block.size
+                run = self._join_whole(block, run, runs)
+                continue
+            prev = block.prev  # alloc_found_block's split: the request takes the front
+            if prev is run and run is not None:  # right after the run (or both never freed)
+                run.size += size
+            elif run is never_freed:  # the front lies between: never freed, like the run
+                if prev is not None:
+                    prev.next = run
+                block.prev = run
+            else:
+                front = Block(size, block.addr, small, block.segment, True, prev, block)
+                if prev is not None:
+                    prev.next = front
+                block.prev = front
+                if run is not None:
+                    runs.append(run)
+                run = front
+            self.allocated += size
+            block.addr += size
+            if count:  # the next requests, from what remains
+                count, taken, rest, whole = self._carve(count, size, rest, least, limit >> _ADDR)
+                self.allocated += taken
+                run.size += taken  # (meaningless for _never_freed)
+                block.addr += taken
+                if whole:  # the last request took what remained
+                    block.size = rest
+                    self.allocated += rest
                     run = self._join_whole(block, run, runs)
-                    break
-                self.allocated += size
-                prev = block.prev  # alloc_found_block's split: the request takes the front
-                if prev is run and run is not None:  # right after the run (or both never freed)
-                    run.size += size
-                elif run is never_freed:  # the front lies between: never freed, like the run
-                    if prev is not None:
-                        prev.next = run
-                    block.prev = run
-                else:
-                    front = Block(size, block.addr, small, block.segment, True, prev, block)
-                    if prev is not None:
-                        prev.next = front
-                    block.prev = front
-                    if run is not None:
-                        runs.append(run)
-                    run = front
-                block.addr += size
-                block.size = rest
-                key = rest << _ADDR | block.addr
-                if not count or key < low or key >= limit:
-                    bisect.insort(keys, key)
-                    cached[key] = block
-                    break
+                    continue
+            block.size = rest
+            key = rest << _ADDR | block.addr
+            bisect.insort(keys, key)
+            cached[key] = block
         return run
+
+    def _carve(self, count: int, size: int, rest: int, least: int, limit: int) -> tuple[int, int, int, bool]:
+        """The next of ``count`` requests of ``size`` taken from what remains (``rest`` bytes) of
+        the block the last one split: while it holds a request below get_free_block's limit it is
+        that malloc's best fit (smaller than the best fit it was cut from, or a new segment when
+        no cached block could be taken); each splits off its front while should_split leaves
+        ``least``, then one takes it whole. Returns the requests left, the bytes the splits took,
+        what remains, and whether a request took it whole."""
+        if not count or rest < size or rest >= limit:
+            return count, 0, rest, False
+        splits = min(count, (rest - least) // size) if rest - size >= least else 0
+        count -= splits
+        rest -= splits * size
+        if count and rest >= size:  # its split would leave less than ``least``: taken whole
+            return count - 1, splits * size, rest, True
+        return count, splits * size, rest, False
 
     def _fresh(self, size: int, segment: int, least: int, count: int, run: Block | None,
                runs: list[Block]) -> tuple[int, Block | None]:

@@ -29,7 +29,9 @@ which those two moments bound.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
@@ -75,9 +77,10 @@ def category(key: str) -> str:
     return "activations"
 
 
-@dataclass(frozen=True)
-class Event:
-    """One allocation or free of ``nbytes`` under a breakdown key."""
+class Event(NamedTuple):
+    """One allocation or free of ``nbytes`` under a breakdown key. (An immutable named tuple, not
+    a frozen dataclass: a step has hundreds to thousands of events, made for every plan shown,
+    and a frozen dataclass takes three times as long to make, 1.5 against 0.45 us.)"""
 
     op: str
     """``alloc`` or ``free``."""
@@ -110,17 +113,16 @@ class Timeline:
 
     @functools.cached_property
     def _curve(self) -> tuple[int, ...]:
-        out, live = [0], 0
-        for ev in self.events:
-            live += ev.nbytes if ev.op == "alloc" else -ev.nbytes
-            out.append(live)
-        return tuple(out)
+        return tuple(itertools.accumulate([ev.nbytes if ev.op == "alloc" else -ev.nbytes for ev in self.events],
+                                          initial=0))
 
     def live_at(self, done: int) -> dict[str, int]:
         """Live bytes by breakdown key once ``done`` events happened."""
         live: dict[str, int] = {}
+        get = live.get
         for ev in self.events[:done]:
-            live[ev.key] = live.get(ev.key, 0) + (ev.nbytes if ev.op == "alloc" else -ev.nbytes)
+            key = ev.key
+            live[key] = get(key, 0) + (ev.nbytes if ev.op == "alloc" else -ev.nbytes)
         return {k: v for k, v in live.items() if v}
 
     @functools.cached_property
@@ -149,24 +151,27 @@ class _Builder:
         self._allocs: dict[int, Event] = {}
 
     def alloc(self, key: str, nbytes: int, where: str, tensors: int | None = None) -> int:
-        self._next += 1
+        self._next = ident = self._next + 1
         if nbytes:
-            count = tensors if tensors is not None else max(1, min(64, round(nbytes / self.unit)))
-            self._allocs[self._next] = Event("alloc", key, int(nbytes), count, self._next, where)
-            self.events.append(self._allocs[self._next])
-        return self._next
+            if tensors is None:  # max(1, min(64, ...)), written out: the builder's hot path
+                tensors = round(nbytes / self.unit)
+                tensors = 1 if tensors < 1 else 64 if tensors > 64 else tensors
+            self._allocs[ident] = event = Event("alloc", key, int(nbytes), tensors, ident, where)
+            self.events.append(event)
+        return ident
 
     def alloc_terms(self, terms: dict[str, int], where: str) -> list[int]:
         return [self.alloc(key, nbytes, where) for key, nbytes in terms.items()]
 
     def free(self, ident: int, where: str) -> None:
-        ev = self._allocs.pop(ident, None)  # None: a zero-byte allocation, never made
-        if ev is not None:
-            self.events.append(Event("free", ev.key, ev.nbytes, ev.tensors, ident, where))
+        self.free_all((ident,), where)
 
-    def free_all(self, idents: list[int], where: str) -> None:
+    def free_all(self, idents: list[int] | tuple[int, ...], where: str) -> None:
+        allocs, events = self._allocs, self.events
         for ident in idents:
-            self.free(ident, where)
+            ev = allocs.pop(ident, None)  # None: a zero-byte allocation, never made
+            if ev is not None:
+                events.append(Event("free", ev.key, ev.nbytes, ev.tensors, ident, where))
 
     def mark(self, name: str) -> None:
         self.marks[name] = len(self.events)
