@@ -206,7 +206,9 @@ class CachingAllocator:
         """get_free_block's max_split_size rules as a bound on keys: a request below the limit
         does not take a block at or above it; one at or above it is only rounded up within
         kLargeBuffer."""
-        return (self.max_split if size < self.max_split else size + kLargeBuffer) << _ADDR
+        if size < self.max_split:
+            return self.max_split << _ADDR  # do not return an oversized block for a large request
+        return (size + kLargeBuffer) << _ADDR  # an oversize request is only rounded up within kLargeBuffer
 
     def _get_free_block(self, size: int, small: bool) -> Block | None:
         """Best fit with get_free_block's max_split_size rules: the smallest cached block >= the
