@@ -33,7 +33,7 @@ from planner.memory.states import StaticTerms, static_terms
 from planner.memory.step import NO_STATIC, batch_terms, first_block_gradients, phase_totals
 from planner.modelspec import LinearKind, ModelSpec
 from planner.results import Candidate, PlanRequest, PlanResult, Rejection, ThroughputEstimate
-from planner.throughput import estimate_throughput, step_breakdown, tokens_per_second
+from planner.throughput import ThroughputMemo, estimate_throughput, step_breakdown, tokens_per_second
 from planner.tradeoffs import Prefer, fidelity_tier, near_edge
 from planner.units import GiB, MiB, format_bytes
 
@@ -353,10 +353,11 @@ def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, u
             micro, accum = splits[fit[1]]
             largest_fit.append((base.with_split(micro_batch=micro, grad_accum=accum), fit[0]))
     fitting = []
+    speeds = ThroughputMemo(model, gpu)  # the throughput model's shared terms, for this search
     for config, total in largest_fit:
         # ranking needs the speed only: the full estimate (with its assumptions) is made for
         # the plans shown
-        step_s = sum(step_breakdown(model=model, config=config, gpu=gpu).values())
+        step_s = speeds.step_seconds(config)
         fitting.append((config, _Speed(tokens_per_second(config, step_s)), total))
     return fitting, closest, searched
 
