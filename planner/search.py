@@ -17,7 +17,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from itertools import repeat
-from operator import add, mul
+from operator import add, mul, sub
 from typing import Iterator, NamedTuple
 
 from planner import __version__
@@ -26,11 +26,11 @@ from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
 from planner.limits import check_gpu_count
 from planner.memory import estimate_memory, model_states_bytes
-from planner.memory.reserve import reserved_and_total
+from planner.memory.reserve import peak_independent, process_total
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, trained
 from planner.memory.states import StaticTerms, static_terms
-from planner.memory.step import NO_STATIC, batch_terms, first_block_gradients, phase_totals
+from planner.memory.step import batch_totals, first_block_gradients, first_block_params, phase_totals
 from planner.modelspec import LinearKind, ModelSpec
 from planner.results import Candidate, PlanRequest, PlanResult, Rejection, ThroughputEstimate
 from planner.throughput import ThroughputMemo, estimate_throughput, step_breakdown, tokens_per_second
@@ -230,6 +230,18 @@ def _batch_key(config: TrainConfig, b: int) -> tuple:
             config.seq_len, b, config.lora_dropout, config.loop, config.fused_ce, config.packing, config.use_cache)
 
 
+class _Static(NamedTuple):
+    """One static key's terms, as the screen reads them."""
+
+    terms: StaticTerms
+    parts: tuple[tuple[int, ...], tuple[int, ...]]
+    """Per accumulating (False, True): the resident states plus each moment's static part."""
+    resident: int
+    """``terms.resident_bytes``."""
+    fixed: int
+    """What the screen's reserve adds to any peak besides fragmentation (``reserve.peak_independent``)."""
+
+
 class MemoryMemo:
     """The memory model's terms for one model on one device, memoised for one search: thousands
     of candidates share what they train (per adapter set), their model states (per static key)
@@ -238,76 +250,87 @@ class MemoryMemo:
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec) -> None:
         self.model, self.gpu, self.kernels = model, gpu, gpu.kernels
-        self._trained: dict[tuple, Trained] = {}
-        self._static: dict[tuple, tuple[StaticTerms, tuple]] = {}
+        self._trained: dict[tuple, tuple[Trained, tuple[int, int]]] = {}
+        self._static: dict[tuple, _Static] = {}
         self._batch: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
-    def trained(self, config: TrainConfig) -> Trained:
+    def _adapters(self, config: TrainConfig) -> tuple[Trained, tuple[int, int]]:
+        """What ``config`` trains and its first block's trainable elements (``first_block_params``):
+        both depend on the adapter set only."""
         key = (config.method.uses_adapters, config.lora_r, config.lora_targets)
-        if key not in self._trained:
-            self._trained[key] = trained(self.model, config)
-        return self._trained[key]
+        found = self._trained.get(key)
+        if found is None:
+            t = trained(self.model, config)
+            found = self._trained[key] = (t, first_block_params(self.model, config, t))
+        return found
 
-    def static(self, config: TrainConfig) -> tuple[StaticTerms, tuple]:
+    def trained(self, config: TrainConfig) -> Trained:
+        return self._adapters(config)[0]
+
+    def static(self, config: TrainConfig) -> _Static:
         """The static terms and, per accumulating (False, True), the resident states plus each
         moment's static part."""
         key = _static_key(config)
-        if key not in self._static:
-            t = self.trained(config)
-            static = static_terms(self.model, config, self.kernels, t)
-            resident = static.resident_bytes
-            head_grads, down_grads = first_block_gradients(self.model, config, static.gradients, t)
-            parts = tuple(
-                tuple(resident + x for x in phase_totals(
-                    static=static, saved=0, recompute=0, fwd_logits=0, bwd_logits=0, accumulating=acc,
-                    block_grads=head_grads + down_grads, head_grads=head_grads))
-                for acc in (False, True)
-            )
-            self._static[key] = (static, parts)
-        return self._static[key]
+        found = self._static.get(key)
+        if found is None:
+            found = self._static[key] = self._static_terms(config)
+        return found
+
+    def _static_terms(self, config: TrainConfig) -> _Static:
+        t, params = self._adapters(config)
+        static = static_terms(self.model, config, self.kernels, t)
+        resident = static.resident_bytes
+        head_grads, down_grads = first_block_gradients(self.model, config, static.gradients, t, params)
+        parts = tuple(
+            tuple([resident + x for x in phase_totals(
+                static=static, saved=0, recompute=0, fwd_logits=0, bwd_logits=0, accumulating=acc,
+                block_grads=head_grads + down_grads, head_grads=head_grads)])
+            for acc in (False, True)
+        )
+        return _Static(static, parts, resident, peak_independent(self.model, self.gpu, paged=static.paged))
 
     def batch_line(self, config: TrainConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Each moment's per-micro-batch part at b = 1 and its increase per sample (every term is
         affine in the micro-batch); shared by every optimizer and ZeRO stage of the same method,
         precision and shape."""
         key = _batch_key(config, 0)
-        if key not in self._batch:
-            at = []
-            for b in (1, 2):
-                terms = batch_terms(self.model, config.with_split(micro_batch=b, grad_accum=config.grad_accum),
-                                    self.kernels, self.trained(config).target_names)
-                at.append(phase_totals(static=NO_STATIC, saved=terms.saved, recompute=terms.recompute,
-                                       fwd_logits=terms.forward_logits, bwd_logits=terms.backward_logits,
-                                       accumulating=False, cache=terms.kv_cache, kept=terms.kept,
-                                       block_live=terms.block_live, recompute_live=terms.recompute_live))
-            self._batch[key] = (at[0], tuple(two - one for one, two in zip(*at)))
-        return self._batch[key]
+        found = self._batch.get(key)
+        if found is None:
+            targets = self.trained(config).target_names
+            one, two = (batch_totals(self.model, config.with_split(micro_batch=b, grad_accum=config.grad_accum),
+                                     self.kernels, targets) for b in (1, 2))
+            found = self._batch[key] = (one, tuple(map(sub, two, one)))
+        return found
+
+    def split_total(self, config: TrainConfig):
+        """(total(micro, accumulation), host bytes) of ``config``: its process total at any split,
+        exactly as ``estimate_memory``'s screen computes it. Each moment of
+        ``planner.memory.step.phases`` is a sum of static terms and per-micro-batch terms, the
+        latter affine in the micro-batch (``phase_totals``), so a split costs seven multiply-adds
+        and the largest."""
+        static = self.static(config)
+        one, slope = self.batch_line(config)
+        single, accumulating = (tuple(map(add, part, one)) for part in static.parts)
+        resident, fixed = static.resident, static.fixed
+
+        def peak(micro: int, accum: int) -> int:
+            # each moment (step.PHASES) at this micro-batch; the largest is the peak
+            return max(map(add, accumulating if accum > 1 else single, map(mul, slope, repeat(micro - 1))))
+
+        def total(micro: int, accum: int) -> int:
+            return process_total(peak(micro, accum), static=resident, fixed=fixed)
+
+        return (total if self.kernels.caching_allocator else peak), static.terms.host
 
 
 def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, splits,
                     memo: MemoryMemo | None = None) -> list[tuple[int, int]]:
     """(process_total_bytes, cpu_bytes) of ``config`` with each (micro_batch, grad_accum) of
     ``splits`` instead of its own, exactly as ``estimate_memory`` computes them: the search's
-    inner loop.
-
-    Each moment of ``planner.memory.step.phases`` is a sum of static terms and per-micro-batch
-    terms, the latter affine in the micro-batch (``phase_totals``), so a split costs five
-    multiply-adds.
-    """
+    inner loop (``MemoryMemo.split_total``)."""
     memo = memo or MemoryMemo(model, gpu)
-    static, parts = memo.static(config)
-    one, slope = memo.batch_line(config)
-    resident = static.resident_bytes
-    lines = [[base + b1 for base, b1 in zip(parts[acc], one)] for acc in (0, 1)]
-    allocator = gpu.kernels.caching_allocator
-    out = []
-    for micro, accum in splits:
-        k = micro - 1
-        # each moment (step.PHASES) at this micro-batch; the largest is the peak
-        peak = max(map(add, lines[accum > 1], map(mul, slope, repeat(k))))
-        total = reserved_and_total(model, gpu, peak=peak, static=resident, paged=static.paged)[1] if allocator else peak
-        out.append((total, static.host))
-    return out
+    total, host = memo.split_total(config)
+    return [(total(micro, accum), host) for micro, accum in splits]
 
 
 def _family(config: TrainConfig) -> str:
@@ -373,22 +396,14 @@ def _fit_and_miss(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, splits
     grows with the peak), so the boundary between fitting and missing is found by bisection; the
     last split, without accumulation, is evaluated on its own. Host RAM does not depend on the
     split: over --cpu-mem, every split misses."""
-    static, parts = memo.static(config)
-    one, slope = memo.batch_line(config)
-    resident, paged = static.resident_bytes, static.paged
-    allocator = gpu.kernels.caching_allocator
-    lines = [[base + b1 for base, b1 in zip(parts[acc], one)] for acc in (0, 1)]
+    split_total, host = memo.split_total(config)
 
     def total(i: int) -> int:
-        micro, accum = splits[i]
-        k = micro - 1
-        # each moment (step.PHASES) at this micro-batch; the largest is the peak
-        peak = max(map(add, lines[accum > 1], map(mul, slope, repeat(k))))
-        return reserved_and_total(model, gpu, peak=peak, static=resident, paged=paged)[1] if allocator else peak
+        return split_total(*splits[i])
 
     last = len(splits) - 1
     last_total = total(last)
-    host_fits = static.host <= cpu_mem
+    host_fits = host <= cpu_mem
     # the accumulating splits 0..last-1: lo fits (or -1), hi misses (or last)
     lo, hi, lo_total, hi_total = -1, last, 0, 0
     if last and not host_fits:
@@ -467,7 +482,7 @@ def suggest(
                        top_k=top_k, model_fingerprint=model_fingerprint)
 
     def missed(cfg: TrainConfig, total: int) -> _Tried:
-        return _Tried(config=cfg, process_total_bytes=total, cpu_bytes=memo.static(cfg)[0].host)
+        return _Tried(config=cfg, process_total_bytes=total, cpu_bytes=memo.static(cfg).terms.host)
 
     # each family's closest try (as the fast path screened it), most faithful method first, then
     # the nearest miss

@@ -17,12 +17,14 @@ term's source is in ``TERM_SOURCES``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from planner.config import Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
 from planner.memory.attention import attention_terms, padding_mask
 from planner.memory.dtypes import ADAPTER_BYTES, FP32, HALF, INT64, DtypeMode, mode_of
 from planner.memory.parameters import lora_targets
-from planner.memory.shapes import BlockContext, Dims, block_context, dims_of
+from planner.memory.shapes import BlockContext, Dims, block_context, block_input_needs_grad, dims_of
 from planner.modelspec import LinearKind, LinearSpec, ModelSpec
 
 #: Intermediate-sized tensors an MLP activation (transformers' ACT2FN) saves for its backward,
@@ -103,14 +105,12 @@ def _inputs(ctx: BlockContext, kind: LinearKind) -> int:
     """Input copies saved by the linears of a group reading the same (normed) tensor: under
     autocast one 16-bit copy per linear, else the shared tensor; with LoRA only the adapted ones."""
     e, h, mode = ctx.dims.tokens, ctx.dims.h, ctx.mode
-    group = ctx.of_kind(kind)
     if ctx.full:
-        return sum(e * lin.in_features * 2 for lin in group) if mode.autocast else e * h * mode.compute
-    hit = [lin for lin in group if ctx.targeted(lin)]
-    if not hit:
+        return e * 2 * sum([lin.in_features for lin in ctx.of_kind(kind)]) if mode.autocast else e * h * mode.compute
+    if kind not in ctx.targeted_kinds:
         return 0
     if mode.adapter_input:
-        return sum(e * lin.in_features * mode.adapter_input for lin in hit)
+        return e * mode.adapter_input * sum([lin.in_features for lin in ctx.adapted_of(kind)])
     # lora_A saves the shared normed tensor, or with dropout each its own dropped copy (lora/dropout)
     return e * h * mode.residual if ctx.adapter_saves_shared_input else 0
 
@@ -123,9 +123,8 @@ def _mlp_intermediate(ctx: BlockContext) -> int:
     model, mode = ctx.model, ctx.mode
     inter = ctx.dims.tokens * ctx.dims.i * mode.compute
     act_saved = ACTIVATION_SAVED.get(model.hidden_act, ACTIVATION_SAVED_DEFAULT)
-    down = ctx.of_kind(LinearKind.MLP_OUT)
     # a targeted down saves the product unless, with dropout and no cast, lora_A saves its dropped copy
-    down_needs_input = ctx.full or (any(ctx.targeted(lin) for lin in down)
+    down_needs_input = ctx.full or (LinearKind.MLP_OUT in ctx.targeted_kinds
                                     and (ctx.adapter_saves_shared_input or bool(mode.adapter_input)))
     if model.gated_mlp:
         saved_tensors = act_saved + 2 + (1 if down_needs_input else 0)
@@ -133,7 +132,8 @@ def _mlp_intermediate(ctx: BlockContext) -> int:
         saved_tensors = act_saved + (1 if down_needs_input or model.hidden_act in ACTIVATION_SAVES_OUTPUT else 0)
     total = saved_tensors * inter
     if not ctx.full and mode.adapter_input:
-        total += sum(ctx.dims.tokens * lin.in_features * (mode.adapter_input - mode.compute) for lin in down if ctx.targeted(lin))
+        down = ctx.adapted_of(LinearKind.MLP_OUT)
+        total += ctx.dims.tokens * (mode.adapter_input - mode.compute) * sum([lin.in_features for lin in down])
     return total
 
 
@@ -141,7 +141,7 @@ def _lora_activations(ctx: BlockContext) -> int:
     """lora_B saves lora_A's output (tokens x r), 16-bit under autocast."""
     r = ctx.config.lora_r or 0
     a_bytes = HALF if ctx.mode.autocast else FP32
-    return sum(lin.active * ctx.dims.tokens * r * a_bytes for lin in ctx.model.layer_linears if ctx.targeted(lin))
+    return ctx.dims.tokens * r * a_bytes * sum([lin.active for lin in ctx.adapted])
 
 
 def _dropped_bytes(ctx: BlockContext, lin: LinearSpec) -> int:
@@ -164,8 +164,8 @@ def _lora_dropout(ctx: BlockContext, kinds: frozenset[LinearKind] | None = None)
     copy instead of one of x (the same bytes, counted with the inputs) and pure 16-bit saves the
     fp32 dropped copy instead of the fp32 cast (same): there only the mask is new."""
     total = 0
-    for lin in ctx.model.layer_linears:
-        if not ctx.targeted(lin) or (kinds is not None and lin.kind not in kinds):
+    for lin in ctx.adapted:
+        if kinds is not None and lin.kind not in kinds:
             continue
         n = lin.active * ctx.dims.tokens * lin.in_features
         dropped = _dropped_bytes(ctx, lin)
@@ -184,17 +184,18 @@ def _weight_casts(ctx: BlockContext) -> dict[str, int]:
     out = {}
     if not ctx.mode.autocast:
         return out
+    all_inputs = ctx.block_input_needs_grad
     if ctx.config.method is not Method.QLORA:
-        out["autocast/weight_casts"] = sum(
-            lin.count * lin.in_features * lin.out_features * 2 for lin in ctx.model.layer_linears
-            if ctx.full or ctx.block_input_needs_grad or lin.kind is not LinearKind.ATTN_IN
-        )
+        out["autocast/weight_casts"] = 2 * sum([
+            lin.count * lin.in_features * lin.out_features for lin in ctx.model.layer_linears
+            if ctx.full or all_inputs or lin.kind is not LinearKind.ATTN_IN
+        ])
     if ctx.targets:
         r = ctx.config.lora_r or 0
-        out["lora/weight_casts"] = sum(
-            lin.count * r * (lin.out_features + (lin.in_features if ctx.block_input_needs_grad or lin.kind is not LinearKind.ATTN_IN else 0)) * 2
-            for lin in ctx.model.layer_linears if ctx.targeted(lin)
-        )
+        out["lora/weight_casts"] = 2 * r * sum([
+            lin.count * (lin.out_features + (lin.in_features if all_inputs or lin.kind is not LinearKind.ATTN_IN else 0))
+            for lin in ctx.adapted
+        ])
     return out
 
 
@@ -359,27 +360,44 @@ def activation_breakdown(model: ModelSpec, config: TrainConfig, *, kernels: Kern
 
         return {breakdown_key(k): v for k, v in encdec.activation_breakdown(model, config, kernels, targets).items()}
     dims, mode = dims_of(model, config), mode_of(config)
-    total: dict[str, int] = {}
-
-    def merge(part: dict[str, int], times: int = 1) -> None:
-        for k, v in part.items():
-            key = breakdown_key(k)
-            total[key] = total.get(key, 0) + v * times
-
+    level = model_level_terms(model, config, dims, mode, kernels)
     if config.grad_ckpt:
+        return _saved_breakdown(model.num_layers, checkpoint_bytes(model, dims, mode), None, level)
+    _, first, _, rest = _block_pair(model, config, kernels, targets, dims)
+    return _saved_breakdown(model.num_layers, 0, (first, rest), level)
+
+
+def _block_pair(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, targets: frozenset[str] | None,
+                dims: Dims) -> tuple[BlockContext, dict[str, int], BlockContext, dict[str, int]]:
+    """(first block's context, its terms, a later block's context, its terms): the first block
+    differs from the others only when its input needs no gradient, so its context and terms are
+    made anew only then."""
+    rest_ctx = block_context(model, config, kernels, first=False, targets=targets, dims=dims)
+    rest = block_terms(rest_ctx)
+    if block_input_needs_grad(config, first=True):
+        return rest_ctx, rest, rest_ctx, rest
+    first_ctx = block_context(model, config, kernels, first=True, targets=rest_ctx.targets, dims=dims)
+    return first_ctx, block_terms(first_ctx), rest_ctx, rest
+
+
+def _saved_breakdown(layers: int, checkpoint: int, blocks: tuple[dict[str, int], dict[str, int]] | None,
+                     level: dict[str, int]) -> dict[str, int]:
+    """The whole forward's saved bytes by breakdown key: every block's (``blocks``: the first
+    block's terms and every later one's; None under checkpointing, where each of the ``layers``
+    blocks keeps its input, ``checkpoint`` bytes) and the model-level terms ``level``. Summed by
+    term, then keyed (``breakdown_key`` is one-to-one: the same sums, in the same order)."""
+    if blocks is None:
         # Non-reentrant checkpointing keeps each block's input (the residual stream) and
         # recomputes one block at a time during backward (torch.utils.checkpoint).
-        total["activations/checkpoints"] = model.num_layers * checkpoint_bytes(model, dims, mode)
+        total = {"checkpoints": layers * checkpoint}
     else:
-        first_ctx = block_context(model, config, kernels, first=True, targets=targets, dims=dims)
-        rest_ctx = block_context(model, config, kernels, first=False, targets=first_ctx.targets, dims=dims)
-        rest = block_terms(rest_ctx)
-        # the first block differs from the others only when its input needs no gradient
-        same = first_ctx.block_input_needs_grad == rest_ctx.block_input_needs_grad
-        merge(rest if same else block_terms(first_ctx))
-        merge(rest, model.num_layers - 1)
-    merge(model_level_terms(model, config, dims, mode, kernels))
-    return {k: v for k, v in total.items() if v}
+        total = dict(blocks[0])
+        rest = layers - 1
+        for k, v in blocks[1].items():
+            total[k] = total.get(k, 0) + v * rest
+    for k, v in level.items():
+        total[k] = total.get(k, 0) + v
+    return {breakdown_key(k): v for k, v in total.items() if v}
 
 
 def recompute_bytes(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
@@ -407,7 +425,7 @@ def _down_saved(ctx: BlockContext) -> int:
     product when the activation keeps it as its own output (relu)."""
     model, mode, e = ctx.model, ctx.mode, ctx.dims.tokens
     down = ctx.of_kind(LinearKind.MLP_OUT)
-    targeted = [lin for lin in down if ctx.targeted(lin)]
+    targeted = ctx.adapted_of(LinearKind.MLP_OUT)
     keeps_output = not model.gated_mlp and model.hidden_act in ACTIVATION_SAVES_OUTPUT
     inter = ctx.dims.tokens * ctx.dims.i * mode.compute
     total = 0
@@ -455,18 +473,30 @@ def block_backward_terms(model: ModelSpec, config: TrainConfig, kernels: KernelP
       the routed tokens at a time. Without checkpointing the block's saved tensors are already
       alive; the released output-projection tensors come off this term instead.
     """
-    dims = dims_of(model, config)
-    ctx = block_context(model, config, kernels, first=model.num_layers == 1, targets=targets, dims=dims)
-    mode, e = ctx.mode, dims.tokens
+    ctx = block_context(model, config, kernels, first=model.num_layers == 1, targets=targets)
+    saved = sum(block_terms(ctx).values()) if config.grad_ckpt else 0
+    return _block_backward_at(ctx, saved, _down_saved(ctx))
+
+
+def _block_backward_at(ctx: BlockContext, saved: int, down: int) -> dict[str, int]:
+    """``block_backward_terms`` of the last block's context, given what the block saves
+    (``block_terms``' sum; read under checkpointing only) and ``_down_saved`` of it."""
+    model, dims, mode, e = ctx.model, ctx.dims, ctx.mode, ctx.dims.tokens
     experts = max(model.num_experts, 1)
     grads = (3 if model.gated_mlp else 2) * e * dims.i * mode.compute // experts
-    released = _down_saved(ctx) // experts
+    released = down // experts
     g_out = e * dims.h * mode.residual
-    if not config.grad_ckpt:
+    if not ctx.config.grad_ckpt:
         return {"block_backward": g_out + grads - released}
-    first_norm_holds_input = model.norm != "rmsnorm" or mode.residual == FP32
-    own = checkpoint_bytes(model, dims, mode) if first_norm_holds_input else 0
-    return {"recompute": sum(block_terms(ctx).values()) - released - own, "block_backward": g_out + grads}
+    return {"recompute": saved - released - _own_checkpoint(ctx), "block_backward": g_out + grads}
+
+
+def _own_checkpoint(ctx: BlockContext) -> int:
+    """The block's own checkpointed input when its first norm saves that very tensor: LayerNorm
+    saves its input, and RMSNorm's fp32 cast is the same tensor when the residual stream is fp32
+    (see ``block_backward_terms``): counted once."""
+    first_norm_holds_input = ctx.model.norm != "rmsnorm" or ctx.mode.residual == FP32
+    return checkpoint_bytes(ctx.model, ctx.dims, ctx.mode) if first_norm_holds_input else 0
 
 
 def _read_as_is(ctx: BlockContext, kind: LinearKind, input_bytes: int) -> bool:
@@ -474,7 +504,7 @@ def _read_as_is(ctx: BlockContext, kind: LinearKind, input_bytes: int) -> bool:
     peft cast or dropped copy of it): then that tensor is a saved one, else a local of the forward."""
     if ctx.full:
         return not ctx.mode.autocast or input_bytes == HALF
-    return ctx.adapter_saves_shared_input and any(ctx.targeted(lin) for lin in ctx.of_kind(kind))
+    return ctx.adapter_saves_shared_input and kind in ctx.targeted_kinds
 
 
 def _grads_before_down(ctx: BlockContext) -> int:
@@ -487,13 +517,13 @@ def _grads_before_down(ctx: BlockContext) -> int:
     ``grad * scaling`` in lora_B's output dtype, the input of lora_B's MmBackward."""
     mode, e, h = ctx.mode, ctx.dims.tokens, ctx.dims.h
     total = mode.residual + (mode.compute if mode.compute != mode.residual else 0)
-    if any(ctx.targeted(lin) for lin in ctx.of_kind(LinearKind.MLP_OUT)):
+    if LinearKind.MLP_OUT in ctx.targeted_kinds:
         lora_out = HALF if mode.autocast else ADAPTER_BYTES
         total += (mode.compute if max(mode.compute, lora_out) != mode.compute else 0) + lora_out
     return e * h * total
 
 
-def _recompute_stops(ctx: BlockContext) -> list[tuple[int, int]]:
+def _recompute_stops(ctx: BlockContext, down_saved: int) -> list[tuple[int, int]]:
     """(saved tensors not yet rebuilt, the forward's locals) at the two instants of the last
     block's recompute where it can peak (torch.utils.checkpoint's recompute runs the block's
     forward until its last saved tensor is packed: ``_StopRecomputationError``, utils/checkpoint.py).
@@ -510,7 +540,9 @@ def _recompute_stops(ctx: BlockContext) -> list[tuple[int, int]]:
       output, the scaled adapter output (lora_B's dtype: 16-bit under autocast, else fp32), their
       sum in the promoted dtype, and on the CPU the base output promoted to it (TensorIterator.cpp
       compute_types: "Promotes inputs by creating temporaries of the correct dtype", CPU only); the
-      up projection's output and everything the output projection saves are not made yet."""
+      up projection's output and everything the output projection saves are not made yet.
+
+    ``down_saved``: ``_down_saved(ctx)``."""
     model, mode, e, h = ctx.model, ctx.mode, ctx.dims.tokens, ctx.dims.h
     experts = max(model.num_experts, 1)
     inter = e * ctx.dims.i // experts
@@ -518,14 +550,14 @@ def _recompute_stops(ctx: BlockContext) -> list[tuple[int, int]]:
     if model.norm == "rmsnorm" and mode.residual != FP32 and not model.parallel_block:
         outer += e * h * mode.residual  # the residual; RMSNorm saved its fp32 copy
     keeps_output = not model.gated_mlp and model.hidden_act in ACTIVATION_SAVES_OUTPUT
-    down = [lin for lin in ctx.of_kind(LinearKind.MLP_OUT) if ctx.targeted(lin)]
+    down = ctx.adapted_of(LinearKind.MLP_OUT)
     local = outer + (0 if keeps_output or _read_as_is(ctx, LinearKind.MLP_OUT, mode.compute) else inter * mode.compute)
     if down:
         if mode.compute != ADAPTER_BYTES and (mode.autocast or ctx.lora_dropout):
             local += inter * ADAPTER_BYTES
         local += sum(lin.active * e * lin.out_features * mode.compute for lin in down)
     stops = [(0, local)]
-    up = [lin for lin in ctx.of_kind(LinearKind.MLP_IN) if ctx.targeted(lin)]
+    up = ctx.adapted_of(LinearKind.MLP_IN)
     if model.gated_mlp and up:
         lora_out = HALF if mode.autocast else ADAPTER_BYTES
         if ctx.config.method is Method.QLORA and not (mode.autocast and ctx.kernels.plain_autocast_query):
@@ -536,7 +568,7 @@ def _recompute_stops(ctx: BlockContext) -> list[tuple[int, int]]:
             summed = max(mode.compute, lora_out)
             promoted = summed if lora_out != mode.compute and ctx.kernels.promotes_inputs_by_copy else 0
             at_sum = mode.compute + lora_out + summed + promoted
-        stops.append((inter * mode.compute + _down_saved(ctx) // experts, outer + inter * at_sum))
+        stops.append((inter * mode.compute + down_saved // experts, outer + inter * at_sum))
     return stops
 
 
@@ -554,16 +586,79 @@ def recompute_end_terms(model: ModelSpec, config: TrainConfig, kernels: KernelPr
     Measured on bench/accuracy.py's llama-v2k (tests/test_block_backward.py): bf16-mixed LoRA
     peaks inside down_proj's adapter (the fp32 cast of the product beside lora_A's bf16 cast),
     pure bf16 LoRA inside up_proj's adapter sum."""
-    dims = dims_of(model, config)
-    ctx = block_context(model, config, kernels, first=model.num_layers == 1, targets=targets, dims=dims)
-    grads = _grads_before_down(ctx)
+    ctx = block_context(model, config, kernels, first=model.num_layers == 1, targets=targets)
     if not config.grad_ckpt:
+        return _recompute_end_at(ctx, 0, 0)
+    return _recompute_end_at(ctx, sum(block_terms(ctx).values()), _down_saved(ctx))
+
+
+def _recompute_end_at(ctx: BlockContext, saved: int, down: int) -> dict[str, int]:
+    """``recompute_end_terms`` of the last block's context, given what the block saves
+    (``block_terms``' sum) and ``_down_saved`` of it (both read under checkpointing only)."""
+    grads = _grads_before_down(ctx)
+    if not ctx.config.grad_ckpt:
         return {"block_backward": grads}
-    first_norm_holds_input = model.norm != "rmsnorm" or ctx.mode.residual == FP32
-    own = checkpoint_bytes(model, dims, ctx.mode) if first_norm_holds_input else 0
-    missing, local = max(_recompute_stops(ctx), key=lambda stop: stop[1] - stop[0])
-    return {"recompute": sum(block_terms(ctx).values()) - missing - own, "recompute_locals": local,
+    missing, local = max(_recompute_stops(ctx, down), key=lambda stop: stop[1] - stop[0])
+    return {"recompute": saved - missing - _own_checkpoint(ctx), "recompute_locals": local,
             "block_backward": grads}
+
+
+@dataclass(frozen=True)
+class StepActivations:
+    """A decoder-only configuration's activation terms of one micro-step, from one context per
+    block kind: what ``activation_breakdown``, ``recompute_bytes``, ``model_level_terms``,
+    ``block_backward_terms`` and ``recompute_end_terms`` give, each of which would build the
+    block's context and its terms anew (``planner.memory.step`` needs them all)."""
+
+    layers: int
+    """Blocks of the model."""
+    blocks: tuple[dict[str, int], dict[str, int]] | None
+    """The first block's saved terms and every later block's; None under checkpointing."""
+    checkpoint: int
+    """Under checkpointing, one block's checkpointed input (``checkpoint_bytes``); else 0."""
+    level: dict[str, int]
+    """``model_level_terms``, by term."""
+    recompute: int
+    """``recompute_bytes``."""
+    block_backward: dict[str, int]
+    """``block_backward_terms``, by term."""
+    recompute_end: dict[str, int]
+    """``recompute_end_terms``, by term."""
+
+    def saved(self) -> dict[str, int]:
+        """``activation_breakdown``: saved for backward over the whole forward, by breakdown key."""
+        return _saved_breakdown(self.layers, self.checkpoint, self.blocks, self.level)
+
+    def saved_bytes(self) -> int:
+        """The sum of ``saved()``, without building it."""
+        if self.blocks is None:
+            blocks = self.layers * self.checkpoint
+        else:
+            blocks = sum(self.blocks[0].values()) + (self.layers - 1) * sum(self.blocks[1].values())
+        return blocks + sum(self.level.values())
+
+
+def step_activations(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                     targets: frozenset[str] | None = None, dims: Dims | None = None) -> StepActivations:
+    """The activation terms of a decoder-only model (``StepActivations``), each block's terms
+    computed once: a later block's serve the whole forward, the recompute and the last block's
+    backward (the last block is the first one when there is only one). ``dims``: when the
+    caller has them."""
+    dims = dims or dims_of(model, config)
+    first, first_terms, rest, rest_terms = _block_pair(model, config, kernels, targets, dims)
+    level = model_level_terms(model, config, dims, rest.mode, kernels)
+    ckpt = config.grad_ckpt
+    last, last_terms = (first, first_terms) if model.num_layers == 1 else (rest, rest_terms)
+    last_saved, down = sum(last_terms.values()), _down_saved(last)
+    return StepActivations(
+        layers=model.num_layers,
+        blocks=None if ckpt else (first_terms, rest_terms),
+        checkpoint=checkpoint_bytes(model, dims, rest.mode) if ckpt else 0,
+        level=level,
+        recompute=sum(rest_terms.values()) if ckpt else 0,
+        block_backward=_block_backward_at(last, last_saved, down),
+        recompute_end=_recompute_end_at(last, last_saved, down),
+    )
 
 
 def down_gradient_params(model: ModelSpec, config: TrainConfig, targets: frozenset[str] | None = None) -> int:
@@ -580,4 +675,5 @@ def down_gradient_params(model: ModelSpec, config: TrainConfig, targets: frozens
 __all__ = ["ACTIVATION_SAVED", "ACTIVATION_SAVED_DEFAULT", "ACTIVATION_SAVES_OUTPUT", "HEAD_TERMS", "TERM_SOURCES",
            "activation_breakdown", "block_backward_terms", "block_terms", "breakdown_key", "checkpoint_bytes", "down_gradient_params", "fused_ce_chunk_rows",
            "fused_ce_transient", "kernels_of", "kv_cache_block_bytes", "logits_backward_transient", "recompute_end_terms",
-           "logits_forward_transient", "manual_loop_logits", "model_level_terms", "recompute_bytes"]
+           "logits_forward_transient", "manual_loop_logits", "model_level_terms", "recompute_bytes", "StepActivations",
+           "step_activations"]

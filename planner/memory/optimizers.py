@@ -43,7 +43,7 @@ class OptimizerModel:
 
     def flat_partition_state_bytes(self, partition: int) -> int:
         """State of one flat fp32 tensor of ``partition`` elements (DeepSpeed's master partition)."""
-        return self.state_bytes([partition], FP32)
+        return self._counted_state_bytes(((partition, 1),), FP32)
 
     def step_transient(self, counts: Iterable[tuple[int, int]], param_bytes: int, kernels: KernelProfile) -> int:
         """Temporaries inside ``optimizer.step()`` beyond states and gradients, for trainable tensors

@@ -25,10 +25,30 @@ def reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged: 
 
     Large-block rounding on the live large tensors plus the stated fragmentation of the
     activation churn; the CUDA context and paged (unified-memory) states come on top."""
-    n_large = model.num_layers * 8 + 4
     transient = max(peak - static, 0)
-    reserved = peak + n_large * CUDA_ROUND_LARGE // 2 + int(CUDA_FRAGMENTATION * transient)
+    reserved = peak + _large_rounding(model) + int(CUDA_FRAGMENTATION * transient)
     return reserved, reserved + int(gpu.cuda_context_bytes) + paged
+
+
+def _large_rounding(model: ModelSpec) -> int:
+    """Large-block rounding: 1 MiB on average per large live tensor, about eight per block
+    (its weights' and activations') and four outside the blocks."""
+    n_large = model.num_layers * 8 + 4
+    return n_large * CUDA_ROUND_LARGE // 2
+
+
+def peak_independent(model: ModelSpec, gpu, *, paged: int) -> int:
+    """What ``reserved_and_total``'s process total adds to any peak besides fragmentation: the
+    large-block rounding, the CUDA context and the paged states (whole numbers, so adding them
+    first changes no byte)."""
+    return _large_rounding(model) + int(gpu.cuda_context_bytes) + paged
+
+
+def process_total(peak: int, *, static: int, fixed: int) -> int:
+    """``reserved_and_total(...)[1]`` from ``fixed = peak_independent(...)``: the search evaluates
+    thousands of peaks per device and configuration (tests/test_search_screen.py checks the two
+    agree)."""
+    return peak + fixed + int(CUDA_FRAGMENTATION * max(peak - static, 0))
 
 
 def reserve_assumption() -> str:
@@ -36,4 +56,5 @@ def reserve_assumption() -> str:
             "(uncalibrated on GPU)")
 
 
-__all__ = ["CUDA_FRAGMENTATION", "CUDA_ROUND_LARGE", "reserve_assumption", "reserved_and_total"]
+__all__ = ["CUDA_FRAGMENTATION", "CUDA_ROUND_LARGE", "peak_independent", "process_total", "reserve_assumption",
+           "reserved_and_total"]

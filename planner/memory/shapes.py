@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
@@ -32,10 +31,11 @@ class Dims:
     """intermediate size (times the experts each token visits)"""
     v: int
     """vocabulary"""
+    tokens: int = field(init=False, repr=False, compare=False)
+    """b * s: nearly every term reads it (a plain attribute, set as the dims are made)"""
 
-    @property
-    def tokens(self) -> int:
-        return self.b * self.s
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", self.b * self.s)
 
 
 def dims_of(model: ModelSpec, config: TrainConfig) -> Dims:
@@ -49,7 +49,9 @@ def dims_of(model: ModelSpec, config: TrainConfig) -> Dims:
 
 @dataclass(frozen=True, kw_only=True)
 class BlockContext:
-    """Everything one transformer block's activation terms depend on."""
+    """Everything one transformer block's activation terms depend on. What the terms read of the
+    configuration is derived once, as the context is made (``__post_init__``): a block's terms
+    read it dozens of times, and the search makes hundreds of contexts."""
 
     model: ModelSpec
     config: TrainConfig
@@ -60,17 +62,36 @@ class BlockContext:
     """The block reading the (frozen, for LoRA) embedding's output."""
     targets: frozenset[str]
     """Names of the linears LoRA adapts (empty for full fine-tuning)."""
+    full: bool = field(init=False, repr=False, compare=False)
+    """Full fine-tuning."""
+    block_input_needs_grad: bool = field(init=False, repr=False, compare=False)
+    """Autograd saves an operand only when the other operand needs a gradient. In the first
+    block under LoRA nothing upstream of the first adapter needs one, unless checkpointing
+    makes the inputs require grad (peft's ``enable_input_require_grads``)."""
+    lora_dropout: bool = field(init=False, repr=False, compare=False)
+    """PEFT applies an ``nn.Dropout`` to each adapter's input (Identity when p == 0)."""
+    adapter_saves_shared_input: bool = field(init=False, repr=False, compare=False)
+    """lora_A saves the very tensor the base layer reads (no cast, no dropout in between): fp32
+    LoRA and QLoRA without autocast. Otherwise it saves its own cast or its own dropped copy."""
+    adapted: tuple[LinearSpec, ...] = field(init=False, repr=False, compare=False)
+    """The block's linears LoRA adapts, in the block's order."""
+    targeted_kinds: frozenset[LinearKind] = field(init=False, repr=False, compare=False)
+    """The kinds of the block's linears LoRA adapts at least one of."""
 
-    @functools.cached_property
-    def full(self) -> bool:
-        return self.config.method is Method.FULL
-
-    @functools.cached_property
-    def block_input_needs_grad(self) -> bool:
-        """Autograd saves an operand only when the other operand needs a gradient. In the first
-        block under LoRA nothing upstream of the first adapter needs one, unless checkpointing
-        makes the inputs require grad (peft's ``enable_input_require_grads``)."""
-        return self.full or not self.first or self.config.grad_ckpt
+    def __post_init__(self) -> None:
+        full = self.config.method is Method.FULL
+        lora_dropout = not full and self.config.lora_dropout > 0
+        derived = {
+            "full": full,
+            "block_input_needs_grad": block_input_needs_grad(self.config, first=self.first),
+            "lora_dropout": lora_dropout,
+            "adapter_saves_shared_input": not full and not self.mode.adapter_input and not lora_dropout,
+        }
+        targets = self.targets
+        derived["adapted"] = adapted = tuple([lin for lin in self.model.layer_linears if lin.name in targets])
+        derived["targeted_kinds"] = frozenset([lin.kind for lin in adapted])
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     def of_kind(self, kind: LinearKind) -> tuple[LinearSpec, ...]:
         return self.model.linears_by_kind[kind]
@@ -78,28 +99,21 @@ class BlockContext:
     def targeted(self, lin: LinearSpec) -> bool:
         return lin.name in self.targets
 
+    def adapted_of(self, kind: LinearKind) -> tuple[LinearSpec, ...]:
+        """The linears of ``kind`` LoRA adapts."""
+        return tuple([lin for lin in self.adapted if lin.kind is kind]) if kind in self.targeted_kinds else ()
+
     @property
     def attn_out(self) -> tuple[LinearSpec, ...]:
         return self.of_kind(LinearKind.ATTN_OUT)
 
-    @functools.cached_property
+    @property
     def o_targeted(self) -> bool:
-        return any(self.targeted(lin) for lin in self.attn_out)
+        return LinearKind.ATTN_OUT in self.targeted_kinds
 
-    @functools.cached_property
+    @property
     def attn_targeted(self) -> bool:
-        return any(self.targeted(lin) for lin in self.of_kind(LinearKind.ATTN_IN) + self.attn_out)
-
-    @property
-    def lora_dropout(self) -> bool:
-        """PEFT applies an ``nn.Dropout`` to each adapter's input (Identity when p == 0)."""
-        return not self.full and self.config.lora_dropout > 0
-
-    @property
-    def adapter_saves_shared_input(self) -> bool:
-        """lora_A saves the very tensor the base layer reads (no cast, no dropout in between): fp32
-        LoRA and QLoRA without autocast. Otherwise it saves its own cast or its own dropped copy."""
-        return not self.full and not self.mode.adapter_input and not self.lora_dropout
+        return LinearKind.ATTN_IN in self.targeted_kinds or LinearKind.ATTN_OUT in self.targeted_kinds
 
     def input_needs_grad(self, lin: LinearSpec) -> bool:
         """Whether the input a linear of the block reads needs a gradient: everything does but, in
@@ -112,7 +126,12 @@ class BlockContext:
             LinearKind.MLP_IN: () if self.model.parallel_block else (LinearKind.ATTN_IN, LinearKind.ATTN_OUT),
             LinearKind.MLP_OUT: (LinearKind.MLP_IN,) + (() if self.model.parallel_block else (LinearKind.ATTN_IN, LinearKind.ATTN_OUT)),
         }[lin.kind]
-        return any(self.targeted(other) for kind in upstream for other in self.of_kind(kind))
+        return any(kind in self.targeted_kinds for kind in upstream)
+
+
+def block_input_needs_grad(config: TrainConfig, *, first: bool) -> bool:
+    """``BlockContext.block_input_needs_grad`` of the first block or a later one."""
+    return config.method is Method.FULL or not first or config.grad_ckpt
 
 
 def block_context(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, *, first: bool,
@@ -124,4 +143,4 @@ def block_context(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
                         kernels=kernels, first=first, targets=targets)
 
 
-__all__ = ["BlockContext", "Dims", "block_context", "dims_of"]
+__all__ = ["BlockContext", "Dims", "block_context", "block_input_needs_grad", "dims_of"]

@@ -42,9 +42,9 @@ from planner.memory.activations import (
     logits_backward_transient,
     logits_forward_transient,
     manual_loop_logits,
-    model_level_terms,
     recompute_bytes,
     recompute_end_terms,
+    step_activations,
 )
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained
@@ -101,56 +101,101 @@ def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
                 targets: frozenset[str] | None = None) -> BatchTerms:
     """``targets``: the adapted linears' names, when the caller has them already."""
     dims, mode = dims_of(model, config), mode_of(config)
-    cache = model.num_layers * kv_cache_block_bytes(model, config, dims, mode)
-    manual = config.loop is Loop.MANUAL
-    activations = activation_breakdown(model, config, kernels=kernels, targets=targets)
-    return BatchTerms(
-        activations=activations,
-        recompute=recompute_bytes(model, config, kernels, targets),
-        forward_logits=logits_forward_transient(dims, mode, config),
-        backward_logits=logits_backward_transient(dims, mode, config),
-        kv_cache=cache,
-        kept=manual_loop_logits(dims, mode, config) + cache if manual else 0,
-        block_backward=_block_backward(model, config, kernels, targets, activations, block_backward_terms),
-        recompute_end=_block_backward(model, config, kernels, targets, activations, recompute_end_terms),
-    )
-
-
-def _block_backward(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, targets: frozenset[str] | None,
-                    activations: dict[str, int], added) -> dict[str, int]:
-    """The saved tensors less the head's (``HEAD_SAVED``), plus what the first block's backward adds
-    at one of its instants (``added``: ``block_backward_terms`` or ``recompute_end_terms``)."""
-    live = dict(activations)
+    fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode)
     if model.is_encoder_decoder:
         # the decoder's head: its final norm and dropout too (``encdec.timeline_parts``)
         from planner.memory.encdec import timeline_parts
 
-        for key, nbytes in timeline_parts(model, config, kernels, targets)[2].items():
-            live[key] -= nbytes
+        activations = activation_breakdown(model, config, kernels=kernels, targets=targets)
+        recompute = recompute_bytes(model, config, kernels, targets)
+        head = timeline_parts(model, config, kernels, targets)[2]
+        block_added = block_backward_terms(model, config, kernels, targets)
+        end_added = recompute_end_terms(model, config, kernels, targets)
     else:
-        level = model_level_terms(model, config, dims_of(model, config), mode_of(config), kernels)
-        for term, nbytes in level.items():
-            if term in HEAD_SAVED and nbytes:
-                live[breakdown_key(term)] -= nbytes
-    for term, nbytes in added(model, config, kernels, targets).items():
+        # one pass over the block serves the saved tensors, the recompute and both moments of the
+        # last block's backward
+        step = step_activations(model, config, kernels, targets, dims)
+        activations, recompute = step.saved(), step.recompute
+        head = {breakdown_key(term): nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED and nbytes}
+        block_added, end_added = step.block_backward, step.recompute_end
+    return BatchTerms(
+        activations=activations, recompute=recompute, forward_logits=fwd_logits, backward_logits=bwd_logits,
+        kv_cache=cache, kept=kept,
+        block_backward=_block_backward(activations, head, block_added),
+        recompute_end=_block_backward(activations, head, end_added),
+    )
+
+
+def _output_terms(model: ModelSpec, config: TrainConfig, dims, mode) -> tuple[int, int, int, int]:
+    """(``BatchTerms``' forward_logits, backward_logits, kv_cache, kept)."""
+    cache = model.num_layers * kv_cache_block_bytes(model, config, dims, mode)
+    kept = manual_loop_logits(dims, mode, config) + cache if config.loop is Loop.MANUAL else 0
+    return logits_forward_transient(dims, mode, config), logits_backward_transient(dims, mode, config), cache, kept
+
+
+def batch_totals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                 targets: frozenset[str] | None = None) -> tuple[int, ...]:
+    """Each moment's per-micro-batch part, ``phase_totals(static=NO_STATIC, ...)`` of
+    ``batch_terms``, from the terms' sums: the search's memo reads nothing else, and keying and
+    merging the breakdowns was half of ``batch_terms`` (tests/test_search_screen.py checks the
+    two agree). The first block's live activations are the saved ones less the head's plus what
+    its backward adds (``_block_backward``): sums of sums."""
+    if model.is_encoder_decoder:
+        return batch_phase_totals(batch_terms(model, config, kernels, targets))
+    dims, mode = dims_of(model, config), mode_of(config)
+    fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode)
+    step = step_activations(model, config, kernels, targets, dims)
+    saved = step.saved_bytes()
+    live = saved - sum([nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED])
+    return phase_totals(static=NO_STATIC, saved=saved, recompute=step.recompute, fwd_logits=fwd_logits,
+                        bwd_logits=bwd_logits, accumulating=False, cache=cache, kept=kept,
+                        block_live=live + sum(step.block_backward.values()),
+                        recompute_live=live + sum(step.recompute_end.values()))
+
+
+def batch_phase_totals(terms: BatchTerms) -> tuple[int, ...]:
+    """``phase_totals(static=NO_STATIC, ...)`` of ``terms``: the part of each moment a micro-batch adds."""
+    return phase_totals(static=NO_STATIC, saved=terms.saved, recompute=terms.recompute,
+                        fwd_logits=terms.forward_logits, bwd_logits=terms.backward_logits, accumulating=False,
+                        cache=terms.kv_cache, kept=terms.kept, block_live=terms.block_live,
+                        recompute_live=terms.recompute_live)
+
+
+def _block_backward(activations: dict[str, int], head: dict[str, int], added: dict[str, int]) -> dict[str, int]:
+    """The saved tensors (``activations``) less the head's (``head``, by breakdown key: the
+    ``HEAD_SAVED`` terms, an encoder-decoder's decoder head), plus what the first block's backward
+    adds at one of its instants (``added``, by term: ``block_backward_terms`` or
+    ``recompute_end_terms``)."""
+    live = dict(activations)
+    for key, nbytes in head.items():
+        live[key] -= nbytes
+    for term, nbytes in added.items():
         key = breakdown_key(term)
         live[key] = live.get(key, 0) + nbytes
     return {k: v for k, v in live.items() if v}
 
 
-def first_block_gradients(model: ModelSpec, config: TrainConfig, gradients: int, t: Trained) -> tuple[int, int]:
+def first_block_gradients(model: ModelSpec, config: TrainConfig, gradients: int, t: Trained,
+                          params: tuple[int, int] | None = None) -> tuple[int, int]:
     """(the head's, the MLP output projection's) shares of ``gradients`` (in proportion to their
     trainable elements, as the timeline shares them out): what exists at the first block's
     backward besides earlier micro-steps' gradients. Full fine-tuning: the head's backward has
     made the lm_head's and the final norm's (a tied head's partial, vocab x hidden, waits in the
-    embedding's input buffer); then the output projection's backward makes its own."""
+    embedding's input buffer); then the output projection's backward makes its own. ``params``:
+    ``first_block_params``, when the caller has them (the search's memo, per adapter set)."""
     if not t.count:
         return 0, 0
+    head, down = params or first_block_params(model, config, t)
+    return gradients * head // t.count, gradients * down // t.count
+
+
+def first_block_params(model: ModelSpec, config: TrainConfig, t: Trained) -> tuple[int, int]:
+    """(the head's, the MLP output projection's) trainable elements (``first_block_gradients``):
+    they depend on what trains only, not on the precision, optimizer or ZeRO stage."""
     head = 0
     if config.method is Method.FULL:
         head = model.head_params + model.final_norm_params + (model.lm_head_params if model.tied_embeddings else 0)
-    down = down_gradient_params(model, config, t.target_names)
-    return gradients * head // t.count, gradients * down // t.count
+    return head, down_gradient_params(model, config, t.target_names)
 
 
 def phases(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
@@ -243,5 +288,5 @@ def phase_breakdowns(static: StaticTerms, batch: BatchTerms, *, accumulating: bo
     return out
 
 
-__all__ = ["HEAD_SAVED", "NO_STATIC", "PHASES", "BatchTerms", "batch_terms", "first_block_gradients", "phase_breakdowns",
-           "phase_totals", "phases"]
+__all__ = ["HEAD_SAVED", "NO_STATIC", "PHASES", "BatchTerms", "batch_phase_totals", "batch_terms", "batch_totals",
+           "first_block_gradients", "first_block_params", "phase_breakdowns", "phase_totals", "phases"]
