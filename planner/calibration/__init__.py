@@ -8,8 +8,7 @@ constants; ``runs`` turns stored measurements into the fit's runs (it resolves m
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from planner.lazy import lazy_exports
 
 #: name -> module that defines it, imported on first use (PEP 562): a plan that only looks up
 #: its device's calibration (``lookup``, ``values``) does not import the fit.
@@ -20,17 +19,6 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 __all__ = sorted(_EXPORTS)

@@ -14,8 +14,7 @@ Alembic is imported only when a schema has to be checked or migrated.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from planner.lazy import lazy_exports
 
 #: name -> module that defines it. Imported on first use (PEP 562), so that importing an entity
 #: (``planner.store.entities``) or the SQLite path of the one-shot commands does not import
@@ -30,17 +29,6 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 __all__ = sorted(_EXPORTS)
