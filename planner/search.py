@@ -16,8 +16,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from itertools import repeat
-from operator import add, mul, sub
+from operator import sub
 from typing import Iterator, NamedTuple
 
 from planner import __version__
@@ -26,13 +25,13 @@ from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
 from planner.limits import check_gpu_count
 from planner.memory import estimate_memory, model_states_bytes
-from planner.memory.reserve import peak_independent, process_total
+from planner.memory.reserve import largest_peak, peak_independent, process_total
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, trained
 from planner.memory.states import StaticTerms, static_terms
 from planner.memory.step import batch_totals, first_block_gradients, first_block_params, phase_totals
 from planner.modelspec import LinearKind, ModelSpec
-from planner.results import Candidate, PlanRequest, PlanResult, Rejection, ThroughputEstimate
+from planner.results import Candidate, PlanRequest, PlanResult, Rejection
 from planner.throughput import ThroughputMemo, estimate_throughput, step_breakdown, tokens_per_second
 from planner.tradeoffs import Prefer, fidelity_tier, near_edge
 from planner.units import GiB, MiB, format_bytes
@@ -217,9 +216,18 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
 
 # ---- the fast path: memoised terms and affine phase lines --------------------------------------
 def _static_key(config: TrainConfig) -> tuple:
-    """What the batch-independent terms depend on."""
-    return (config.method, config.precision, config.optimizer, config.zero, config.offload, config.gpus,
-            config.lora_r, config.lora_targets)
+    """What the batch-independent terms (``states.static_terms``) read of a configuration, and
+    nothing more, so configurations they predict alike share them: of the precision, a stored
+    weight's bytes (unquantised weights and full fine-tuning's trainable tensors; QLoRA's are NF4
+    and fp32 whatever the precision) and, under DeepSpeed, whether it is mixed (its 16-bit
+    communication dtype, ``zero.comm_bytes``); ZeRO-2 on one GPU partitions gradients over one
+    rank, as ZeRO-1 does. (tests/test_search_screen.py checks that configurations of one key have
+    equal terms.)"""
+    zero = config.zero
+    return (config.method, None if config.method is Method.QLORA else mode_of(config).weight,
+            config.precision.is_mixed if zero else None, config.optimizer,
+            1 if zero == 2 and config.gpus == 1 else zero, config.offload, config.gpus, config.lora_r,
+            config.lora_targets)
 
 
 def _batch_key(config: TrainConfig, b: int) -> tuple:
@@ -240,6 +248,16 @@ class _Static(NamedTuple):
     """``terms.resident_bytes``."""
     fixed: int
     """What the screen's reserve adds to any peak besides fragmentation (``reserve.peak_independent``)."""
+    ceilings: dict[int, int]
+    """The largest peak that fits, by usable bytes (``reserve.largest_peak``), filled as ``_fit_and_miss`` screens."""
+    screens_as: tuple
+    """What the screen reads of these terms (parts, resident, fixed, host), one object per value in
+    its memo: configurations whose terms are equal (a ZeRO stage that changes nothing on one GPU)
+    screen alike, and the screen tells them by identity."""
+
+    def total(self, peak: int, caching: bool) -> int:
+        """The screen's process total of an allocated peak (the peak itself without a caching allocator)."""
+        return process_total(peak, static=self.resident, fixed=self.fixed) if caching else peak
 
 
 class MemoryMemo:
@@ -250,9 +268,13 @@ class MemoryMemo:
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec) -> None:
         self.model, self.gpu, self.kernels = model, gpu, gpu.kernels
+        self.caching = gpu.kernels.caching_allocator
         self._trained: dict[tuple, tuple[Trained, tuple[int, int]]] = {}
         self._static: dict[tuple, _Static] = {}
         self._batch: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        # one object per value of the static terms' screened part and of a batch line
+        # (``_Static.screens_as``, ``batch_line``): the screen keys its results by their identity
+        self._values: dict[tuple, tuple] = {}
 
     def _adapters(self, config: TrainConfig) -> tuple[Trained, tuple[int, int]]:
         """What ``config`` trains and its first block's trainable elements (``first_block_params``):
@@ -287,40 +309,49 @@ class MemoryMemo:
                 block_grads=head_grads + down_grads, head_grads=head_grads)])
             for acc in (False, True)
         )
-        return _Static(static, parts, resident, peak_independent(self.model, self.gpu, paged=static.paged))
+        fixed = peak_independent(self.model, self.gpu, paged=static.paged)
+        value = (parts, resident, fixed, static.host)
+        return _Static(static, parts, resident, fixed, {}, self._values.setdefault(value, value))
 
     def batch_line(self, config: TrainConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Each moment's per-micro-batch part at b = 1 and its increase per sample (every term is
         affine in the micro-batch); shared by every optimizer and ZeRO stage of the same method,
-        precision and shape."""
+        precision and shape, and one object per value (``_screen``)."""
         key = _batch_key(config, 0)
         found = self._batch.get(key)
         if found is None:
             targets = self.trained(config).target_names
             one, two = (batch_totals(self.model, config.with_split(micro_batch=b, grad_accum=config.grad_accum),
                                      self.kernels, targets) for b in (1, 2))
-            found = self._batch[key] = (one, tuple(map(sub, two, one)))
+            line = (one, tuple(map(sub, two, one)))
+            found = self._batch[key] = self._values.setdefault(line, line)
         return found
 
     def split_total(self, config: TrainConfig):
         """(total(micro, accumulation), host bytes) of ``config``: its process total at any split,
         exactly as ``estimate_memory``'s screen computes it. Each moment of
         ``planner.memory.step.phases`` is a sum of static terms and per-micro-batch terms, the
-        latter affine in the micro-batch (``phase_totals``), so a split costs seven multiply-adds
-        and the largest."""
+        latter affine in the micro-batch (``phase_totals``), so a split costs seven multiply-adds,
+        the largest, and the reserve on top."""
         static = self.static(config)
         one, slope = self.batch_line(config)
-        single, accumulating = (tuple(map(add, part, one)) for part in static.parts)
-        resident, fixed = static.resident, static.fixed
-
-        def peak(micro: int, accum: int) -> int:
-            # each moment (step.PHASES) at this micro-batch; the largest is the peak
-            return max(map(add, accumulating if accum > 1 else single, map(mul, slope, repeat(micro - 1))))
+        caching = self.caching
 
         def total(micro: int, accum: int) -> int:
-            return process_total(peak(micro, accum), static=resident, fixed=fixed)
+            return static.total(_peak(static.parts[accum > 1], one, slope, micro), caching)
 
-        return (total if self.kernels.caching_allocator else peak), static.terms.host
+        return total, static.terms.host
+
+    def fit_and_miss(self, config: TrainConfig, splits, *, usable: int, cpu_mem: int):
+        """``_fit_and_miss`` of ``config``'s terms."""
+        return _fit_and_miss(self.static(config), self.batch_line(config), splits, usable, cpu_mem, self.caching)
+
+
+def _peak(parts: tuple[int, ...], one: tuple[int, ...], slope: tuple[int, ...], micro: int) -> int:
+    """The largest moment at this micro-batch (the allocated peak): each moment's static part,
+    its per-micro-batch part at b = 1, and its slope times the samples beyond the first."""
+    k = micro - 1
+    return max([p + o + s * k for p, o, s in zip(parts, one, slope)])
 
 
 def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, splits,
@@ -359,14 +390,21 @@ def _check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: i
 
 def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, usable: int, space: SearchSpace):
     """(fitting [(config, speed, total)], each family's closest miss {family: (total, config)},
-    candidates searched) with the fast path's totals."""
+    candidates searched) with the fast path's totals. Combinations whose terms are equal (a bf16
+    plan and its fp16 twin, one dtype mode; a ZeRO stage that changes nothing on one GPU) share
+    one screening: the memo hands out one object per value (``_Static.screens_as``, ``batch_line``)."""
     largest_fit: list[tuple[TrainConfig, int]] = []
     closest: dict[str, tuple[int, TrainConfig]] = {}
-    searched = 0
+    screened: dict[tuple[int, int], tuple] = {}
+    searched, cpu_mem = 0, space.cpu_mem_bytes
     for base, splits in combinations:
         searched += len(splits)
-        fit, miss = _fit_and_miss(model=model, config=base, gpu=gpu, splits=splits, memo=memo, usable=usable,
-                                  cpu_mem=space.cpu_mem_bytes)
+        static, line = memo.static(base), memo.batch_line(base)
+        found = screened.get((id(static.screens_as), id(line)))
+        if found is None:
+            found = screened[id(static.screens_as), id(line)] = _fit_and_miss(static, line, splits, usable, cpu_mem,
+                                                                              memo.caching)
+        fit, miss = found
         if miss is not None:
             fam = _family(base)
             if fam not in closest or miss[0] < closest[fam][0]:
@@ -385,43 +423,56 @@ def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, u
     return fitting, closest, searched
 
 
-def _fit_and_miss(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, splits, memo: MemoryMemo, usable: int,
-                  cpu_mem: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+def _fit_and_miss(static: _Static, line: tuple[tuple[int, ...], tuple[int, ...]], splits, usable: int, cpu_mem: int,
+                  caching: bool) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
     """((total, index) of the largest fitting split, (total, index) of the smallest miss) of one
-    combination, None where there is none; ties go to the first split, as a scan in order finds.
+    combination (its static terms and batch line), None where there is none; ties go to the first
+    split, as a scan in order finds.
 
-    What ``totals_by_split`` gives for every split, found with fewer evaluations: every split but
-    the last accumulates (micro < per-device batch), and along those the total never falls as the
-    micro-batch grows (each moment is affine in it with a slope >= 0, and the screen's reserve
-    grows with the peak), so the boundary between fitting and missing is found by bisection; the
-    last split, without accumulation, is evaluated on its own. Host RAM does not depend on the
-    split: over --cpu-mem, every split misses."""
-    split_total, host = memo.split_total(config)
-
-    def total(i: int) -> int:
-        return split_total(*splits[i])
-
+    What ``totals_by_split`` gives for every split, found with fewer evaluations: a split fits
+    when its peak is at most the largest peak whose process total is usable
+    (``reserve.largest_peak``), so only peaks are compared; every split but the last accumulates
+    (micro < per-device batch), and along those the peak never falls as the micro-batch grows
+    (each moment is affine in it with a slope >= 0), so the boundary between fitting and missing
+    is found by bisection; the last split, without accumulation, is evaluated on its own. Host RAM
+    does not depend on the split: over --cpu-mem, every split misses. (The search's inner loop:
+    the peaks are written out, ``_peak``'s sum, as a call per peak cost a fifth of the screen.)"""
+    single, accumulating = static.parts
+    one, slope = line
+    ceiling = static.ceilings.get(usable)
+    if ceiling is None:
+        ceiling = static.ceilings[usable] = (largest_peak(usable, static=static.resident, fixed=static.fixed)
+                                             if caching else usable)
     last = len(splits) - 1
-    last_total = total(last)
-    host_fits = host <= cpu_mem
-    # the accumulating splits 0..last-1: lo fits (or -1), hi misses (or last)
-    lo, hi, lo_total, hi_total = -1, last, 0, 0
-    if last and not host_fits:
-        hi, hi_total = 0, total(0)
+    k = splits[last][0] - 1
+    last_peak = max([p + o + s * k for p, o, s in zip(single, one, slope)])
+    host_fits = static.terms.host <= cpu_mem
+    # the accumulating splits 0..last-1: lo fits (or -1), hi misses (or last); the first is tried
+    # first, as most combinations miss at every split (62% for the bench request)
+    lo, hi, lo_peak, hi_peak = -1, last, 0, 0
+    if last:
+        k = splits[0][0] - 1
+        peak = max([p + o + s * k for p, o, s in zip(accumulating, one, slope)])
+        if peak > ceiling or not host_fits:
+            hi, hi_peak = 0, peak
+        else:
+            lo, lo_peak = 0, peak
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        t = total(mid)
-        if t <= usable:
-            lo, lo_total = mid, t
+        k = splits[mid][0] - 1
+        peak = max([p + o + s * k for p, o, s in zip(accumulating, one, slope)])
+        if peak <= ceiling:
+            lo, lo_peak = mid, peak
         else:
-            hi, hi_total = mid, t
-    miss = (hi_total, hi) if hi < last else None
-    if last_total > usable or not host_fits:
+            hi, hi_peak = mid, peak
+    miss = (static.total(hi_peak, caching), hi) if hi < last else None
+    if last_peak > ceiling or not host_fits:
+        last_total = static.total(last_peak, caching)
         if miss is None or last_total < miss[0]:
             miss = (last_total, last)
-        fit = (lo_total, lo) if lo >= 0 else None
+        fit = (static.total(lo_peak, caching), lo) if lo >= 0 else None
     else:
-        fit = (last_total, last)
+        fit = (static.total(last_peak, caching), last)
     return fit, miss
 
 

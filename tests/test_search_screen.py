@@ -1,6 +1,6 @@
 """The search's screen finds, per combination, what a scan of every split finds.
 
-``_fit_and_miss`` bisects the accumulating splits instead of evaluating each; these tests compare
+``_fit_and_miss`` (``MemoryMemo.fit_and_miss``) bisects the accumulating splits instead of evaluating each; these tests compare
 it with ``totals_by_split`` (every split evaluated, the exact reference the timeline tests pin)
 on requests that exercise each branch: fits at every split, at none, host RAM over --cpu-mem,
 one split only, the cpu profile (no caching allocator) and many GPUs."""
@@ -11,7 +11,8 @@ import pytest
 
 from planner.catalog import resolve_model
 from planner.gpus import get_gpu
-from planner.search import MemoryMemo, SearchSpace, _combinations, _fit_and_miss, safety_margin, totals_by_split
+from planner.config import Precision
+from planner.search import MemoryMemo, SearchSpace, _combinations, safety_margin, totals_by_split
 
 GiB = 1024**3
 
@@ -50,7 +51,7 @@ def test_screen_equals_a_scan_of_every_split(n):
     outcomes = set()
     for base, splits in _combinations(model=model, gpu=gpu, target_batch=batch, seq_len=seq, gpus=gpus, space=space):
         expected = _scan(totals_by_split(model=model, config=base, gpu=gpu, splits=splits, memo=memo), usable, cpu_mem)
-        got = _fit_and_miss(model=model, config=base, gpu=gpu, splits=splits, memo=memo, usable=usable, cpu_mem=cpu_mem)
+        got = memo.fit_and_miss(base, splits, usable=usable, cpu_mem=cpu_mem)
         assert got == expected, base.label()
         outcomes.add((expected[0] is not None, expected[1] is not None))
     OUTCOMES[n] = outcomes
@@ -189,3 +190,80 @@ def test_the_screens_process_total_is_the_reserves():
                         peak = max(peak, 0)
                         assert process_total(peak, static=static, fixed=fixed) == reserved_and_total(
                             model, gpu, peak=peak, static=static, paged=paged)[1]
+
+
+def test_largest_peak_is_the_last_peak_whose_total_is_usable():
+    """``reserve.largest_peak``: its total is usable and one byte more is not, below and above the
+    static bytes (where the fragmentation's share starts), at the edge where only the fixed part
+    fits, and -1 when not even that fits. Hand-derived case: fixed 100, static 1,000, usable
+    2,150: a peak of 2,000 totals 2,000 + 100 + int(0.05 x 1,000) = 2,150, and 2,001 totals 2,151."""
+    from planner.memory.reserve import largest_peak, process_total
+
+    assert largest_peak(2_150, static=1_000, fixed=100) == 2_000
+    assert largest_peak(99, static=1_000, fixed=100) == -1
+    assert largest_peak(100, static=1_000, fixed=100) == 0
+    assert largest_peak(1_100, static=1_000, fixed=100) == 1_000  # the static bytes: no fragmentation yet
+    for static in (0, 1, 7 * GiB + 12_345, 20 * GiB):
+        for fixed in (0, 1_234_567, 2 * GiB + 1):
+            for usable in (fixed, fixed + static, fixed + static + 19, 21 * GiB + 333, 22 * GiB, 80 * GiB - 1):
+                peak = largest_peak(usable, static=static, fixed=fixed)
+                assert peak >= 0 and process_total(peak, static=static, fixed=fixed) <= usable
+                assert process_total(peak + 1, static=static, fixed=fixed) > usable
+
+
+#: requests whose spaces hold every key rule: QLoRA over precisions, ZeRO-1/2 on one GPU and on
+#: two, offload, a model with a tied head (gpt2), the CPU (no paging, no caching allocator)
+KEY_REQUESTS = [("meta-llama/Llama-2-7b-hf", "a10g", 1), ("gpt2", "t4", 2), ("Qwen/Qwen2.5-1.5B", "cpu", 1),
+                ("microsoft/phi-2", "h100", 1)]
+
+
+@pytest.mark.parametrize("model_id,gpu_name,gpus", KEY_REQUESTS)
+def test_configurations_of_one_static_key_have_equal_terms(model_id, gpu_name, gpus):
+    """The memo's static key (``search._static_key``) leaves out what the static terms do not read
+    (the precision beyond a weight's bytes and DeepSpeed's communication dtype, ZeRO-2 against
+    ZeRO-1 on one GPU): every configuration of every precision that shares a key has the same
+    ``static_terms``, computed directly, and the keys do merge configurations (else the test
+    would prove nothing)."""
+    from planner.config import Precision
+    from planner.memory.states import static_terms
+    from planner.search import _static_key
+
+    model, gpu = resolve_model(model_id), get_gpu(gpu_name)
+    space = SearchSpace(cpu_mem_bytes=512 * GiB, precisions=tuple(Precision))
+    first: dict[tuple, tuple] = {}
+    merged = 0
+    for base, _ in _combinations(model=model, gpu=gpu, target_batch=4 * gpus, seq_len=256, gpus=gpus, space=space):
+        terms = static_terms(model, base, gpu.kernels)
+        key = _static_key(base)
+        if key in first:
+            assert terms == first[key][1], (base.label(), first[key][0].label())
+            merged += first[key][0].precision != base.precision or first[key][0].zero != base.zero
+        else:
+            first[key] = (base, terms)
+    assert merged
+
+
+@pytest.mark.parametrize("n", [0, 1, 4])
+def test_the_screen_shares_results_only_between_equal_terms(n):
+    """``_screen`` screens once per value of the terms (the memo hands out one object per value):
+    its fitting plans and each family's closest miss are what screening every combination with a
+    memo of its own finds."""
+    from planner.search import _family, _screen
+
+    model_id, gpu_name, batch, seq, gpus, cpu_mem = REQUESTS[n]
+    model, gpu = resolve_model(model_id), get_gpu(gpu_name)
+    usable = gpu.memory_bytes - safety_margin(gpu.memory_bytes)
+    space = SearchSpace(cpu_mem_bytes=cpu_mem, precisions=tuple(Precision))
+    combinations = list(_combinations(model=model, gpu=gpu, target_batch=batch, seq_len=seq, gpus=gpus, space=space))
+    fitting, closest, searched = _screen(iter(combinations), model=model, gpu=gpu, memo=MemoryMemo(model, gpu),
+                                         usable=usable, space=space)
+    fits, misses = [], {}
+    for base, splits in combinations:
+        fit, miss = MemoryMemo(model, gpu).fit_and_miss(base, splits, usable=usable, cpu_mem=cpu_mem)
+        if fit is not None:
+            fits.append((base.with_split(micro_batch=splits[fit[1]][0], grad_accum=splits[fit[1]][1]), fit[0]))
+        if miss is not None and (_family(base) not in misses or miss[0] < misses[_family(base)][0]):
+            misses[_family(base)] = (miss[0], base.with_split(micro_batch=splits[miss[1]][0], grad_accum=splits[miss[1]][1]))
+    assert [(config, total) for config, _, total in fitting] == fits
+    assert closest == misses
+    assert searched == sum(len(splits) for _, splits in combinations)

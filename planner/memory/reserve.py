@@ -51,10 +51,29 @@ def process_total(peak: int, *, static: int, fixed: int) -> int:
     return peak + fixed + int(CUDA_FRAGMENTATION * max(peak - static, 0))
 
 
+def largest_peak(usable: int, *, static: int, fixed: int) -> int:
+    """The largest peak whose ``process_total`` is at most ``usable`` (-1 when even no tensor
+    would fit): ``process_total`` grows strictly with the peak, so a split fits exactly when its
+    peak is at most this, and the search's screen compares peaks alone. Below ``static`` the
+    total is the peak plus ``fixed``; above it the fragmentation's share is solved for, then the
+    float's rounding in ``int()`` is settled by stepping one byte (at most a few steps)."""
+    room = usable - fixed
+    if room < 0:
+        return -1
+    if room <= static:
+        return room
+    peak = static + int((room - static) / (1 + CUDA_FRAGMENTATION))
+    while process_total(peak + 1, static=static, fixed=fixed) <= usable:
+        peak += 1
+    while process_total(peak, static=static, fixed=fixed) > usable:
+        peak -= 1
+    return peak
+
+
 def reserve_assumption() -> str:
     return (f"allocator: +1 MiB rounding per large tensor and {CUDA_FRAGMENTATION:.0%} of transient bytes reserved "
             "(uncalibrated on GPU)")
 
 
-__all__ = ["CUDA_FRAGMENTATION", "CUDA_ROUND_LARGE", "peak_independent", "process_total", "reserve_assumption",
+__all__ = ["CUDA_FRAGMENTATION", "CUDA_ROUND_LARGE", "largest_peak", "peak_independent", "process_total", "reserve_assumption",
            "reserved_and_total"]
