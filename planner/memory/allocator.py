@@ -161,23 +161,19 @@ class OutOfMemory(Exception):
     """The replay could not place a request even after freeing every cached segment."""
 
 
-#: a pool's order, by size then address (BlockComparatorSize), as one int: ``size << 64 | addr``
-#: (a tuple's comparison costs several int comparisons, and the replay's best fits and frees
-#: are mostly comparisons); addresses stay below 2**64
-_ADDR = 64
-_ADDR_MASK = (1 << _ADDR) - 1
-
-
 class CachingAllocator:
     """One device's caching allocator (one stream), on a device of ``capacity`` bytes."""
 
     def __init__(self, *, capacity: int, config: AllocatorConfig = AllocatorConfig()) -> None:
         self.capacity, self.config = capacity, config
         self.max_split = config.max_split_size
-        # cached blocks, per pool ([large, small], indexed by ``small``): their sorted keys
-        # (``size << _ADDR | addr``) and the block of each key
-        self._keys: tuple[list[int], list[int]] = ([], [])
-        self._cached: dict[int, Block] = {}
+        # cached blocks, per pool ([large, small], indexed by ``small``), in BlockComparatorSize's
+        # order (size, then address) as the pool's sizes, sorted, and a bucket per size of its
+        # blocks' addresses, sorted: a step's blocks come in few sizes (a pool holds hundreds of
+        # blocks of under ten sizes), so best fit and a free search a short list, not the pool
+        self._sizes: tuple[list[int], list[int]] = ([], [])
+        self._buckets: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
+        self._cached: dict[int, Block] = {}  # by address (a cached block's is its own)
         self.reserved = self.peak_reserved = self.allocated = 0
         self._addr = 0
         self._tails: dict[bool, Block] = {}  # expandable segments: each pool's last block
@@ -188,36 +184,51 @@ class CachingAllocator:
 
     def cached_keys(self, small: bool) -> list[tuple[int, int]]:
         """The cached blocks of a pool as (size, addr), in best-fit order."""
-        return [(key >> _ADDR, key & _ADDR_MASK) for key in self._keys[small]]
+        buckets = self._buckets[small]
+        return [(size, addr) for size in self._sizes[small] for addr in buckets[size]]
 
     # -- the pools ----------------------------------------------------------------------------
     def _insert(self, block: Block) -> None:
-        key = block.size << _ADDR | block.addr
-        bisect.insort(self._keys[block.small], key)
-        self._cached[key] = block
+        bucket = self._buckets[block.small].get(block.size)
+        if bucket is None:  # a size new to the pool
+            self._buckets[block.small][block.size] = [block.addr]
+            bisect.insort(self._sizes[block.small], block.size)
+        else:
+            bisect.insort(bucket, block.addr)
+        self._cached[block.addr] = block
 
     def _remove(self, block: Block) -> None:
-        key = block.size << _ADDR | block.addr
-        keys = self._keys[block.small]
-        del keys[bisect.bisect_left(keys, key)]
-        del self._cached[key]
+        buckets = self._buckets[block.small]
+        bucket = buckets[block.size]
+        if len(bucket) == 1:  # the last of its size
+            del buckets[block.size]
+            sizes = self._sizes[block.small]
+            del sizes[bisect.bisect_left(sizes, block.size)]
+        else:
+            del bucket[bisect.bisect_left(bucket, block.addr)]
+        del self._cached[block.addr]
 
     def _limit(self, size: int) -> int:
-        """get_free_block's max_split_size rules as a bound on keys: a request below the limit
+        """get_free_block's max_split_size rules as a bound on sizes: a request below the limit
         does not take a block at or above it; one at or above it is only rounded up within
         kLargeBuffer."""
         if size < self.max_split:
-            return self.max_split << _ADDR  # do not return an oversized block for a large request
-        return (size + kLargeBuffer) << _ADDR  # an oversize request is only rounded up within kLargeBuffer
+            return self.max_split  # do not return an oversized block for a large request
+        return size + kLargeBuffer  # an oversize request is only rounded up within kLargeBuffer
 
-    def _get_free_block(self, size: int, small: bool) -> Block | None:
-        """Best fit with get_free_block's max_split_size rules: the smallest cached block >= the
-        request, if the rules let it be taken."""
-        keys = self._keys[small]
-        i = bisect.bisect_left(keys, size << _ADDR)
-        if i == len(keys) or keys[i] >= self._limit(size):
+    def _get_free_block(self, size: int, small: bool, limit: int = UNLIMITED) -> Block | None:
+        """Best fit: the smallest cached block >= the request (the lowest address of the least
+        size), if it is below ``limit`` (get_free_block's max_split_size rules, ``_limit``)."""
+        sizes = self._sizes[small]
+        i = bisect.bisect_left(sizes, size)
+        if i == len(sizes) or sizes[i] >= limit:
             return None
-        return self._cached.pop(keys.pop(i))
+        found = sizes[i]
+        bucket = self._buckets[small][found]
+        if len(bucket) == 1:  # the last of its size
+            del self._buckets[small][found], sizes[i]
+            return self._cached.pop(bucket[0])
+        return self._cached.pop(bucket.pop(0))
 
     # -- segments -----------------------------------------------------------------------------
     def _new_segment(self, size: int, small: bool) -> Block | None:
@@ -281,15 +292,15 @@ class CachingAllocator:
         ones until enough is freed (only with max_split_size_mb set)."""
         if self.max_split == UNLIMITED:
             return False
-        keys = self._keys[small]
         target = max(size, self.max_split)
-        i = bisect.bisect_left(keys, target << _ADDR)
-        if i < len(keys):
-            self._release(self._cached[keys[i]])
+        block = self._get_free_block(target, small)
+        if block is not None:
+            self.reserved -= block.size
             return True
         freed = 0
-        while keys and freed < target and keys[-1] >> _ADDR >= self.max_split:
-            block = self._cached[keys[-1]]
+        sizes, buckets = self._sizes[small], self._buckets[small]
+        while sizes and freed < target and sizes[-1] >= self.max_split:
+            block = self._cached[buckets[sizes[-1]][-1]]  # the largest, at the highest address
             freed += block.size
             self._release(block)
         return freed >= target
@@ -298,8 +309,7 @@ class CachingAllocator:
         """Free every cached block that is a whole segment; unmap an expandable segment's free
         tail pages."""
         for small in (True, False):
-            for key in list(self._keys[small]):
-                block = self._cached[key]
+            for block in [block for block in self._cached.values() if block.small == small]:
                 if not block.is_split() and block.segment >= 0:
                     self._release(block)
             tail = self._tails.get(small)
@@ -323,7 +333,7 @@ class CachingAllocator:
         """Allocate ``request`` bytes (raises ``OutOfMemory``): one tensor, one block."""
         size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize  # round_size
         small = size <= kSmallSize
-        block = self._get_free_block(size, small) or self._alloc_or_release(size, small, request)
+        block = self._get_free_block(size, small, self._limit(size)) or self._alloc_or_release(size, small, request)
         if self._should_split(block, size):
             block = self._split(block, size)
         block.allocated = True
@@ -348,23 +358,19 @@ class CachingAllocator:
         return front
 
     def free(self, block: Block) -> None:
-        """free_block: merge with free neighbours of the segment, then cache (the pool's removals
-        and insertion written out: the replay frees every block it makes)."""
+        """free_block: merge with free neighbours of the segment, then cache."""
         block.allocated = False
         size = block.size
         self.allocated -= size
-        keys, cached = self._keys[block.small], self._cached
         prev, after = block.prev, block.next
         if prev is not None and not prev.allocated:
-            key = prev.size << _ADDR | prev.addr
-            del keys[bisect.bisect_left(keys, key)], cached[key]
+            self._remove(prev)
             size += prev.size
             block.addr, block.prev = prev.addr, prev.prev
             if prev.prev is not None:
                 prev.prev.next = block
         if after is not None and not after.allocated:
-            key = after.size << _ADDR | after.addr
-            del keys[bisect.bisect_left(keys, key)], cached[key]
+            self._remove(after)
             size += after.size
             block.next = after.next
             if after.next is not None:
@@ -372,9 +378,7 @@ class CachingAllocator:
             if self._tails and self._tails.get(block.small) is after:  # (expandable segments)
                 self._tails[block.small] = block
         block.size = size
-        key = size << _ADDR | block.addr
-        bisect.insort(keys, key)
-        cached[key] = block
+        self._insert(block)
 
     @property
     def cached(self) -> int:
@@ -406,9 +410,9 @@ class CachingAllocator:
             runs.append(run)
         return runs
 
-    def _plan(self, request: int) -> tuple[int, bool, int, int, int, int, bool]:
+    def _plan(self, request: int) -> tuple[int, bool, int, int, int, bool]:
         """What ``_take`` needs to know of a request, once per request size (the step's tensors
-        come in few sizes): its size (round_size), pool, lowest key, get_free_block's limit, the
+        come in few sizes): its size (round_size), pool, get_free_block's limit, the
         least remainder should_split splits off, its new segment (get_allocation_size), and
         whether a new segment holds only it."""
         size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize  # round_size
@@ -420,7 +424,7 @@ class CachingAllocator:
         segment = allocation_size(size)
         # a fresh segment holds one request: what a split leaves is smaller than the request
         one_each = not expandable and (segment - size < least or segment - size < size)
-        plan = self._plans[request] = (size, small, size << _ADDR, self._limit(size), least, segment, one_each)
+        plan = self._plans[request] = (size, small, self._limit(size), least, segment, one_each)
         return plan
 
     def _take(self, request: int, count: int, run: Block | None, runs: list[Block]) -> Block | None:
@@ -430,13 +434,18 @@ class CachingAllocator:
         next request below get_free_block's max_split_size limit: it is then that malloc's best
         fit (it is smaller than the pool's best fit it was cut from, and when it was a new
         segment, no cached block could be taken)."""
-        size, small, low, limit, least, segment, one_each = self._plans.get(request) or self._plan(request)
-        keys, cached, never_freed = self._keys[small], self._cached, self._never_freed
+        size, small, limit, least, segment, one_each = self._plans.get(request) or self._plan(request)
+        sizes, buckets, cached, never_freed = self._sizes[small], self._buckets[small], self._cached, self._never_freed
         expandable = self.config.expandable_segments
         while count:
-            i = bisect.bisect_left(keys, low)
-            if i < len(keys) and keys[i] < limit:  # get_free_block's best fit
-                block = cached.pop(keys.pop(i))
+            i = bisect.bisect_left(sizes, size)
+            if i < len(sizes) and sizes[i] < limit:  # get_free_block's best fit (``_get_free_block``)
+                bucket = buckets[sizes[i]]
+                if len(bucket) == 1:
+                    del buckets[sizes[i]], sizes[i]
+                    block = cached.pop(bucket[0])
+                else:
+                    block = cached.pop(bucket.pop(0))
             else:
                 if one_each and count > 2:  # no cached block may be taken, by any of the requests left
                     count, run = self._fresh(size, segment, least, count, run, runs)
@@ -468,7 +477,7 @@ class CachingAllocator:
             self.allocated += size
             block.addr += size
             if count:  # the next requests, from what remains
-                count, taken, rest, whole = self._carve(count, size, rest, least, limit >> _ADDR)
+                count, taken, rest, whole = self._carve(count, size, rest, least, limit)
                 self.allocated += taken
                 run.size += taken  # (meaningless for _never_freed)
                 block.addr += taken
@@ -478,9 +487,7 @@ class CachingAllocator:
                     run = self._join_whole(block, run, runs)
                     continue
             block.size = rest
-            key = rest << _ADDR | block.addr
-            bisect.insort(keys, key)
-            cached[key] = block
+            self._insert(block)
         return run
 
     def _carve(self, count: int, size: int, rest: int, least: int, limit: int) -> tuple[int, int, int, bool]:
@@ -529,10 +536,14 @@ class CachingAllocator:
                 rests = [Block(rest, addr + size, small, addr, False, front) for addr, front in zip(addrs, fronts)]
                 for front, remainder in zip(fronts, rests):
                     front.next = remainder
-            # equal sizes, addresses above every cached block's: one place in the pool
-            keys, new = self._keys[small], [rest << _ADDR | addr + size for addr in addrs]
-            j = bisect.bisect_left(keys, new[0])
-            keys[j:j] = new
+            # equal sizes, addresses above every cached block's: the end of their size's bucket
+            new = [addr + size for addr in addrs]
+            bucket = self._buckets[small].get(rest)
+            if bucket is None:
+                self._buckets[small][rest] = new
+                bisect.insort(self._sizes[small], rest)
+            else:
+                bucket += new
             self._cached.update(zip(new, rests))
         return count - made, run
 
