@@ -174,6 +174,9 @@ class CachingAllocator:
         self._sizes: tuple[list[int], list[int]] = ([], [])
         self._buckets: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
         self._cached: dict[int, Block] = {}  # by address (a cached block's is its own)
+        # Blocks a free merged into a neighbour, to be made again: the replay makes thousands
+        # of blocks, and setting a spare's fields costs a third of making a Block
+        self._spare: list[Block] = []
         self.reserved = self.peak_reserved = self.allocated = 0
         self._addr = 0
         self._tails: dict[bool, Block] = {}  # expandable segments: each pool's last block
@@ -235,7 +238,13 @@ class CachingAllocator:
         reserved = self.reserved + size
         if reserved > self.capacity:
             return None
-        block = Block(size, self._addr, small, self._addr)
+        if self._spare:
+            block = self._spare.pop()
+            block.size, block.addr, block.small = size, self._addr, small
+            block.segment, block.allocated, block.prev = self._addr, False, None
+            block.next = None
+        else:
+            block = Block(size, self._addr, small, self._addr)
         self._addr += size
         self.reserved = reserved
         if reserved > self.peak_reserved:
@@ -359,26 +368,50 @@ class CachingAllocator:
 
     def free(self, block: Block) -> None:
         """free_block: merge with free neighbours of the segment, then cache."""
-        block.allocated = False
-        size = block.size
-        self.allocated -= size
-        prev, after = block.prev, block.next
-        if prev is not None and not prev.allocated:
-            self._remove(prev)
-            size += prev.size
-            block.addr, block.prev = prev.addr, prev.prev
-            if prev.prev is not None:
-                prev.prev.next = block
-        if after is not None and not after.allocated:
-            self._remove(after)
-            size += after.size
-            block.next = after.next
-            if after.next is not None:
-                after.next.prev = block
-            if self._tails and self._tails.get(block.small) is after:  # (expandable segments)
-                self._tails[block.small] = block
-        block.size = size
-        self._insert(block)
+        self.free_blocks((block,))
+
+    def free_blocks(self, blocks) -> None:
+        """``free`` of each block in turn (the replay frees an event's blocks together), the
+        commonest merge (with the remainder after it) and the insertion written out."""
+        cached, all_buckets, spare, tails = self._cached, self._buckets, self._spare, self._tails
+        freed = 0
+        for block in blocks:
+            block.allocated = False
+            size = block.size
+            freed += size
+            prev, after = block.prev, block.next
+            if prev is not None and not prev.allocated:
+                self._remove(prev)
+                size += prev.size
+                block.addr, block.prev = prev.addr, prev.prev
+                if prev.prev is not None:
+                    prev.prev.next = block
+                spare.append(prev)
+            buckets = all_buckets[block.small]
+            if after is not None and not after.allocated:
+                bucket = buckets[after.size]  # ``_remove(after)``
+                if len(bucket) == 1:
+                    sizes = self._sizes[block.small]
+                    del buckets[after.size], sizes[bisect.bisect_left(sizes, after.size)]
+                else:
+                    del bucket[bisect.bisect_left(bucket, after.addr)]
+                del cached[after.addr]
+                size += after.size
+                block.next = after.next
+                if after.next is not None:
+                    after.next.prev = block
+                if tails and tails.get(block.small) is after:  # (expandable segments)
+                    tails[block.small] = block
+                spare.append(after)
+            block.size = size
+            bucket = buckets.get(size)  # ``_insert(block)``
+            if bucket is None:
+                buckets[size] = [block.addr]
+                bisect.insort(self._sizes[block.small], size)
+            else:
+                bisect.insort(bucket, block.addr)
+            cached[block.addr] = block
+        self.allocated -= freed
 
     @property
     def cached(self) -> int:
@@ -410,11 +443,12 @@ class CachingAllocator:
             runs.append(run)
         return runs
 
-    def _plan(self, request: int) -> tuple[int, bool, int, int, int, bool]:
+    def _plan(self, request: int) -> tuple:
         """What ``_take`` needs to know of a request, once per request size (the step's tensors
         come in few sizes): its size (round_size), pool, get_free_block's limit, the
         least remainder should_split splits off, its new segment (get_allocation_size), and
-        whether a new segment holds only it."""
+        whether a new segment holds only it; its pool's sizes and buckets, and whether segments
+        are expandable."""
         size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize  # round_size
         small = size <= kSmallSize
         expandable = self.config.expandable_segments
@@ -424,7 +458,8 @@ class CachingAllocator:
         segment = allocation_size(size)
         # a fresh segment holds one request: what a split leaves is smaller than the request
         one_each = not expandable and (segment - size < least or segment - size < size)
-        plan = self._plans[request] = (size, small, self._limit(size), least, segment, one_each)
+        plan = self._plans[request] = (size, small, self._limit(size), least, segment, one_each,
+                                       self._sizes[small], self._buckets[small], expandable)
         return plan
 
     def _take(self, request: int, count: int, run: Block | None, runs: list[Block]) -> Block | None:
@@ -434,9 +469,9 @@ class CachingAllocator:
         next request below get_free_block's max_split_size limit: it is then that malloc's best
         fit (it is smaller than the pool's best fit it was cut from, and when it was a new
         segment, no cached block could be taken)."""
-        size, small, limit, least, segment, one_each = self._plans.get(request) or self._plan(request)
-        sizes, buckets, cached, never_freed = self._sizes[small], self._buckets[small], self._cached, self._never_freed
-        expandable = self.config.expandable_segments
+        size, small, limit, least, segment, one_each, sizes, buckets, expandable = (
+            self._plans.get(request) or self._plan(request))
+        cached, never_freed, spare = self._cached, self._never_freed, self._spare
         while count:
             i = bisect.bisect_left(sizes, size)
             if i < len(sizes) and sizes[i] < limit:  # get_free_block's best fit (``_get_free_block``)
@@ -467,7 +502,13 @@ class CachingAllocator:
                     prev.next = run
                 block.prev = run
             else:
-                front = Block(size, block.addr, small, block.segment, True, prev, block)
+                if spare:  # (three fields a statement: a longer tuple assignment builds a tuple)
+                    front = spare.pop()
+                    front.size, front.addr, front.small = size, block.addr, small
+                    front.segment, front.allocated, front.prev = block.segment, True, prev
+                    front.next = block
+                else:
+                    front = Block(size, block.addr, small, block.segment, True, prev, block)
                 if prev is not None:
                     prev.next = front
                 block.prev = front
@@ -476,7 +517,7 @@ class CachingAllocator:
                 run = front
             self.allocated += size
             block.addr += size
-            if count:  # the next requests, from what remains
+            if count and size <= rest < limit:  # the next requests, from what remains
                 count, taken, rest, whole = self._carve(count, size, rest, least, limit)
                 self.allocated += taken
                 run.size += taken  # (meaningless for _never_freed)
@@ -595,27 +636,27 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     allocator = CachingAllocator(capacity=capacity, config=config)
     if trace is not None:
         trace[:] = [0]
-    malloc, free = allocator.malloc_tensors, allocator.free
+    malloc, free = allocator.malloc_tensors, allocator.free_blocks
     live: dict[int, list[Block]] = {}
-    freed = {ev.ident for ev in events if ev.op == "free"}
+    # (the events unpacked: a named tuple's field by name is a slower lookup than by position)
+    freed = {ident for op, _, _, _, ident, _ in events if op == "free"}
     requested = peak = reserved_at_peak = 0
-    for ev in events:
-        if ev.op == "alloc":
+    for op, _, nbytes, tensors, ident, where in events:
+        if op == "alloc":
             try:
-                live[ev.ident] = malloc(ev.nbytes, ev.tensors, ev.ident in freed)
+                live[ident] = malloc(nbytes, tensors, ident in freed)
             except OutOfMemory:
                 if capacity >= UNLIMITED:
                     raise
                 again = replay(events, capacity=UNLIMITED, config=config, trace=trace)
                 return Replay(peak_reserved=again.peak_reserved, reserved_at_peak=again.reserved_at_peak,
-                              allocated_peak=again.allocated_peak, out_of_memory=ev.where or "the step")
-            requested += ev.nbytes
+                              allocated_peak=again.allocated_peak, out_of_memory=where or "the step")
+            requested += nbytes
             if requested > peak:
                 peak, reserved_at_peak = requested, allocator.reserved
         else:
-            for block in live.pop(ev.ident, ()):
-                free(block)
-            requested -= ev.nbytes
+            free(live.pop(ident, ()))
+            requested -= nbytes
         if trace is not None:
             trace.append(allocator.reserved)
     return Replay(peak_reserved=allocator.peak_reserved, reserved_at_peak=reserved_at_peak, allocated_peak=peak)
