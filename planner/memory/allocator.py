@@ -464,11 +464,9 @@ class CachingAllocator:
 
     def _take(self, request: int, count: int, run: Block | None, runs: list[Block]) -> Block | None:
         """``count`` mallocs of ``request`` bytes joined to the open ``run`` (finished runs go to
-        ``runs``); returns the run open after the last. ``malloc``'s steps written out (this is
-        the replay's hot path), and a block found is carved while what remains of it holds the
-        next request below get_free_block's max_split_size limit: it is then that malloc's best
-        fit (it is smaller than the pool's best fit it was cut from, and when it was a new
-        segment, no cached block could be taken)."""
+        ``runs``); returns the run open after the last. ``malloc`` written out (the hot path); a
+        block found is carved while its remainder holds the next request below get_free_block's
+        limit: it is then that malloc's best fit (``_carve``)."""
         size, small, limit, least, segment, one_each, sizes, buckets, expandable = (
             self._plans.get(request) or self._plan(request))
         cached, never_freed, spare = self._cached, self._never_freed, self._spare
@@ -501,8 +499,8 @@ class CachingAllocator:
                 if prev is not None:
                     prev.next = run
                 block.prev = run
-            else:
-                if spare:  # (three fields a statement: a longer tuple assignment builds a tuple)
+            else:  # (three fields a statement: a longer tuple assignment builds a tuple)
+                if spare:
                     front = spare.pop()
                     front.size, front.addr, front.small = size, block.addr, small
                     front.segment, front.allocated, front.prev = block.segment, True, prev
