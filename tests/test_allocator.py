@@ -259,8 +259,13 @@ def _state(a, split=True):
     """Everything of an allocator a later malloc or free can see: reserve, peak, allocated, and
     each cached block's key (size, address) and whether it is split (release_cached_blocks frees
     unsplit ones; ``split=False`` leaves that out, for speed)."""
-    return (a.reserved, a.peak_reserved, a.allocated, a._keys,
-            split and [[a._cached[k].is_split() for k in a._keys[s]] for s in (False, True)])
+    keys = [a.cached_keys(small) for small in (False, True)]
+    if split:  # each block cached under its own key, in its own pool
+        for small, pool in enumerate(keys):
+            assert all(a._cached[addr].size == size and a._cached[addr].small == small for size, addr in pool)
+        assert len(a._cached) == len(keys[0]) + len(keys[1])
+    return (a.reserved, a.peak_reserved, a.allocated, keys,
+            split and [[a._cached[addr].is_split() for _, addr in pool] for pool in keys])
 
 
 def _assert_same_state(a, b, where=""):

@@ -161,23 +161,22 @@ class OutOfMemory(Exception):
     """The replay could not place a request even after freeing every cached segment."""
 
 
-#: a pool's order, by size then address (BlockComparatorSize), as one int: ``size << 64 | addr``
-#: (a tuple's comparison costs several int comparisons, and the replay's best fits and frees
-#: are mostly comparisons); addresses stay below 2**64
-_ADDR = 64
-_ADDR_MASK = (1 << _ADDR) - 1
-
-
 class CachingAllocator:
     """One device's caching allocator (one stream), on a device of ``capacity`` bytes."""
 
     def __init__(self, *, capacity: int, config: AllocatorConfig = AllocatorConfig()) -> None:
         self.capacity, self.config = capacity, config
         self.max_split = config.max_split_size
-        # cached blocks, per pool ([large, small], indexed by ``small``): their sorted keys
-        # (``size << _ADDR | addr``) and the block of each key
-        self._keys: tuple[list[int], list[int]] = ([], [])
-        self._cached: dict[int, Block] = {}
+        # cached blocks, per pool ([large, small], indexed by ``small``), in BlockComparatorSize's
+        # order (size, then address) as the pool's sizes, sorted, and a bucket per size of its
+        # blocks' addresses, sorted: a step's blocks come in few sizes (a pool holds hundreds of
+        # blocks of under ten sizes), so best fit and a free search a short list, not the pool
+        self._sizes: tuple[list[int], list[int]] = ([], [])
+        self._buckets: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
+        self._cached: dict[int, Block] = {}  # by address (a cached block's is its own)
+        # Blocks a free merged into a neighbour, to be made again: the replay makes thousands
+        # of blocks, and setting a spare's fields costs a third of making a Block
+        self._spare: list[Block] = []
         self.reserved = self.peak_reserved = self.allocated = 0
         self._addr = 0
         self._tails: dict[bool, Block] = {}  # expandable segments: each pool's last block
@@ -188,43 +187,64 @@ class CachingAllocator:
 
     def cached_keys(self, small: bool) -> list[tuple[int, int]]:
         """The cached blocks of a pool as (size, addr), in best-fit order."""
-        return [(key >> _ADDR, key & _ADDR_MASK) for key in self._keys[small]]
+        buckets = self._buckets[small]
+        return [(size, addr) for size in self._sizes[small] for addr in buckets[size]]
 
     # -- the pools ----------------------------------------------------------------------------
     def _insert(self, block: Block) -> None:
-        key = block.size << _ADDR | block.addr
-        bisect.insort(self._keys[block.small], key)
-        self._cached[key] = block
+        bucket = self._buckets[block.small].get(block.size)
+        if bucket is None:  # a size new to the pool
+            self._buckets[block.small][block.size] = [block.addr]
+            bisect.insort(self._sizes[block.small], block.size)
+        else:
+            bisect.insort(bucket, block.addr)
+        self._cached[block.addr] = block
 
     def _remove(self, block: Block) -> None:
-        key = block.size << _ADDR | block.addr
-        keys = self._keys[block.small]
-        del keys[bisect.bisect_left(keys, key)]
-        del self._cached[key]
+        buckets = self._buckets[block.small]
+        bucket = buckets[block.size]
+        if len(bucket) == 1:  # the last of its size
+            del buckets[block.size]
+            sizes = self._sizes[block.small]
+            del sizes[bisect.bisect_left(sizes, block.size)]
+        else:
+            del bucket[bisect.bisect_left(bucket, block.addr)]
+        del self._cached[block.addr]
 
     def _limit(self, size: int) -> int:
-        """get_free_block's max_split_size rules as a bound on keys: a request below the limit
+        """get_free_block's max_split_size rules as a bound on sizes: a request below the limit
         does not take a block at or above it; one at or above it is only rounded up within
         kLargeBuffer."""
         if size < self.max_split:
-            return self.max_split << _ADDR  # do not return an oversized block for a large request
-        return (size + kLargeBuffer) << _ADDR  # an oversize request is only rounded up within kLargeBuffer
+            return self.max_split  # do not return an oversized block for a large request
+        return size + kLargeBuffer  # an oversize request is only rounded up within kLargeBuffer
 
-    def _get_free_block(self, size: int, small: bool) -> Block | None:
-        """Best fit with get_free_block's max_split_size rules: the smallest cached block >= the
-        request, if the rules let it be taken."""
-        keys = self._keys[small]
-        i = bisect.bisect_left(keys, size << _ADDR)
-        if i == len(keys) or keys[i] >= self._limit(size):
+    def _get_free_block(self, size: int, small: bool, limit: int = UNLIMITED) -> Block | None:
+        """Best fit: the smallest cached block >= the request (the lowest address of the least
+        size), if it is below ``limit`` (get_free_block's max_split_size rules, ``_limit``)."""
+        sizes = self._sizes[small]
+        i = bisect.bisect_left(sizes, size)
+        if i == len(sizes) or sizes[i] >= limit:
             return None
-        return self._cached.pop(keys.pop(i))
+        found = sizes[i]
+        bucket = self._buckets[small][found]
+        if len(bucket) == 1:  # the last of its size
+            del self._buckets[small][found], sizes[i]
+            return self._cached.pop(bucket[0])
+        return self._cached.pop(bucket.pop(0))
 
     # -- segments -----------------------------------------------------------------------------
     def _new_segment(self, size: int, small: bool) -> Block | None:
         reserved = self.reserved + size
         if reserved > self.capacity:
             return None
-        block = Block(size, self._addr, small, self._addr)
+        if self._spare:
+            block = self._spare.pop()
+            block.size, block.addr, block.small = size, self._addr, small
+            block.segment, block.allocated, block.prev = self._addr, False, None
+            block.next = None
+        else:
+            block = Block(size, self._addr, small, self._addr)
         self._addr += size
         self.reserved = reserved
         if reserved > self.peak_reserved:
@@ -281,15 +301,15 @@ class CachingAllocator:
         ones until enough is freed (only with max_split_size_mb set)."""
         if self.max_split == UNLIMITED:
             return False
-        keys = self._keys[small]
         target = max(size, self.max_split)
-        i = bisect.bisect_left(keys, target << _ADDR)
-        if i < len(keys):
-            self._release(self._cached[keys[i]])
+        block = self._get_free_block(target, small)
+        if block is not None:
+            self.reserved -= block.size
             return True
         freed = 0
-        while keys and freed < target and keys[-1] >> _ADDR >= self.max_split:
-            block = self._cached[keys[-1]]
+        sizes, buckets = self._sizes[small], self._buckets[small]
+        while sizes and freed < target and sizes[-1] >= self.max_split:
+            block = self._cached[buckets[sizes[-1]][-1]]  # the largest, at the highest address
             freed += block.size
             self._release(block)
         return freed >= target
@@ -298,8 +318,7 @@ class CachingAllocator:
         """Free every cached block that is a whole segment; unmap an expandable segment's free
         tail pages."""
         for small in (True, False):
-            for key in list(self._keys[small]):
-                block = self._cached[key]
+            for block in [block for block in self._cached.values() if block.small == small]:
                 if not block.is_split() and block.segment >= 0:
                     self._release(block)
             tail = self._tails.get(small)
@@ -323,7 +342,7 @@ class CachingAllocator:
         """Allocate ``request`` bytes (raises ``OutOfMemory``): one tensor, one block."""
         size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize  # round_size
         small = size <= kSmallSize
-        block = self._get_free_block(size, small) or self._alloc_or_release(size, small, request)
+        block = self._get_free_block(size, small, self._limit(size)) or self._alloc_or_release(size, small, request)
         if self._should_split(block, size):
             block = self._split(block, size)
         block.allocated = True
@@ -348,33 +367,51 @@ class CachingAllocator:
         return front
 
     def free(self, block: Block) -> None:
-        """free_block: merge with free neighbours of the segment, then cache (the pool's removals
-        and insertion written out: the replay frees every block it makes)."""
-        block.allocated = False
-        size = block.size
-        self.allocated -= size
-        keys, cached = self._keys[block.small], self._cached
-        prev, after = block.prev, block.next
-        if prev is not None and not prev.allocated:
-            key = prev.size << _ADDR | prev.addr
-            del keys[bisect.bisect_left(keys, key)], cached[key]
-            size += prev.size
-            block.addr, block.prev = prev.addr, prev.prev
-            if prev.prev is not None:
-                prev.prev.next = block
-        if after is not None and not after.allocated:
-            key = after.size << _ADDR | after.addr
-            del keys[bisect.bisect_left(keys, key)], cached[key]
-            size += after.size
-            block.next = after.next
-            if after.next is not None:
-                after.next.prev = block
-            if self._tails and self._tails.get(block.small) is after:  # (expandable segments)
-                self._tails[block.small] = block
-        block.size = size
-        key = size << _ADDR | block.addr
-        bisect.insort(keys, key)
-        cached[key] = block
+        """free_block: merge with free neighbours of the segment, then cache."""
+        self.free_blocks((block,))
+
+    def free_blocks(self, blocks) -> None:
+        """``free`` of each block in turn (the replay frees an event's blocks together), the
+        commonest merge (with the remainder after it) and the insertion written out."""
+        cached, all_buckets, spare, tails = self._cached, self._buckets, self._spare, self._tails
+        freed = 0
+        for block in blocks:
+            block.allocated = False
+            size = block.size
+            freed += size
+            prev, after = block.prev, block.next
+            if prev is not None and not prev.allocated:
+                self._remove(prev)
+                size += prev.size
+                block.addr, block.prev = prev.addr, prev.prev
+                if prev.prev is not None:
+                    prev.prev.next = block
+                spare.append(prev)
+            buckets = all_buckets[block.small]
+            if after is not None and not after.allocated:
+                bucket = buckets[after.size]  # ``_remove(after)``
+                if len(bucket) == 1:
+                    sizes = self._sizes[block.small]
+                    del buckets[after.size], sizes[bisect.bisect_left(sizes, after.size)]
+                else:
+                    del bucket[bisect.bisect_left(bucket, after.addr)]
+                del cached[after.addr]
+                size += after.size
+                block.next = after.next
+                if after.next is not None:
+                    after.next.prev = block
+                if tails and tails.get(block.small) is after:  # (expandable segments)
+                    tails[block.small] = block
+                spare.append(after)
+            block.size = size
+            bucket = buckets.get(size)  # ``_insert(block)``
+            if bucket is None:
+                buckets[size] = [block.addr]
+                bisect.insort(self._sizes[block.small], size)
+            else:
+                bisect.insort(bucket, block.addr)
+            cached[block.addr] = block
+        self.allocated -= freed
 
     @property
     def cached(self) -> int:
@@ -406,11 +443,12 @@ class CachingAllocator:
             runs.append(run)
         return runs
 
-    def _plan(self, request: int) -> tuple[int, bool, int, int, int, int, bool]:
+    def _plan(self, request: int) -> tuple:
         """What ``_take`` needs to know of a request, once per request size (the step's tensors
-        come in few sizes): its size (round_size), pool, lowest key, get_free_block's limit, the
+        come in few sizes): its size (round_size), pool, get_free_block's limit, the
         least remainder should_split splits off, its new segment (get_allocation_size), and
-        whether a new segment holds only it."""
+        whether a new segment holds only it; its pool's sizes and buckets, and whether segments
+        are expandable."""
         size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize  # round_size
         small = size <= kSmallSize
         expandable = self.config.expandable_segments
@@ -420,23 +458,27 @@ class CachingAllocator:
         segment = allocation_size(size)
         # a fresh segment holds one request: what a split leaves is smaller than the request
         one_each = not expandable and (segment - size < least or segment - size < size)
-        plan = self._plans[request] = (size, small, size << _ADDR, self._limit(size), least, segment, one_each)
+        plan = self._plans[request] = (size, small, self._limit(size), least, segment, one_each,
+                                       self._sizes[small], self._buckets[small], expandable)
         return plan
 
     def _take(self, request: int, count: int, run: Block | None, runs: list[Block]) -> Block | None:
         """``count`` mallocs of ``request`` bytes joined to the open ``run`` (finished runs go to
-        ``runs``); returns the run open after the last. ``malloc``'s steps written out (this is
-        the replay's hot path), and a block found is carved while what remains of it holds the
-        next request below get_free_block's max_split_size limit: it is then that malloc's best
-        fit (it is smaller than the pool's best fit it was cut from, and when it was a new
-        segment, no cached block could be taken)."""
-        size, small, low, limit, least, segment, one_each = self._plans.get(request) or self._plan(request)
-        keys, cached, never_freed = self._keys[small], self._cached, self._never_freed
-        expandable = self.config.expandable_segments
+        ``runs``); returns the run open after the last. ``malloc`` written out (the hot path); a
+        block found is carved while its remainder holds the next request below get_free_block's
+        limit: it is then that malloc's best fit (``_carve``)."""
+        size, small, limit, least, segment, one_each, sizes, buckets, expandable = (
+            self._plans.get(request) or self._plan(request))
+        cached, never_freed, spare = self._cached, self._never_freed, self._spare
         while count:
-            i = bisect.bisect_left(keys, low)
-            if i < len(keys) and keys[i] < limit:  # get_free_block's best fit
-                block = cached.pop(keys.pop(i))
+            i = bisect.bisect_left(sizes, size)
+            if i < len(sizes) and sizes[i] < limit:  # get_free_block's best fit (``_get_free_block``)
+                bucket = buckets[sizes[i]]
+                if len(bucket) == 1:
+                    del buckets[sizes[i]], sizes[i]
+                    block = cached.pop(bucket[0])
+                else:
+                    block = cached.pop(bucket.pop(0))
             else:
                 if one_each and count > 2:  # no cached block may be taken, by any of the requests left
                     count, run = self._fresh(size, segment, least, count, run, runs)
@@ -457,8 +499,14 @@ class CachingAllocator:
                 if prev is not None:
                     prev.next = run
                 block.prev = run
-            else:
-                front = Block(size, block.addr, small, block.segment, True, prev, block)
+            else:  # (three fields a statement: a longer tuple assignment builds a tuple)
+                if spare:
+                    front = spare.pop()
+                    front.size, front.addr, front.small = size, block.addr, small
+                    front.segment, front.allocated, front.prev = block.segment, True, prev
+                    front.next = block
+                else:
+                    front = Block(size, block.addr, small, block.segment, True, prev, block)
                 if prev is not None:
                     prev.next = front
                 block.prev = front
@@ -467,8 +515,8 @@ class CachingAllocator:
                 run = front
             self.allocated += size
             block.addr += size
-            if count:  # the next requests, from what remains
-                count, taken, rest, whole = self._carve(count, size, rest, least, limit >> _ADDR)
+            if count and size <= rest < limit:  # the next requests, from what remains
+                count, taken, rest, whole = self._carve(count, size, rest, least, limit)
                 self.allocated += taken
                 run.size += taken  # (meaningless for _never_freed)
                 block.addr += taken
@@ -478,9 +526,7 @@ class CachingAllocator:
                     run = self._join_whole(block, run, runs)
                     continue
             block.size = rest
-            key = rest << _ADDR | block.addr
-            bisect.insort(keys, key)
-            cached[key] = block
+            self._insert(block)
         return run
 
     def _carve(self, count: int, size: int, rest: int, least: int, limit: int) -> tuple[int, int, int, bool]:
@@ -529,10 +575,14 @@ class CachingAllocator:
                 rests = [Block(rest, addr + size, small, addr, False, front) for addr, front in zip(addrs, fronts)]
                 for front, remainder in zip(fronts, rests):
                     front.next = remainder
-            # equal sizes, addresses above every cached block's: one place in the pool
-            keys, new = self._keys[small], [rest << _ADDR | addr + size for addr in addrs]
-            j = bisect.bisect_left(keys, new[0])
-            keys[j:j] = new
+            # equal sizes, addresses above every cached block's: the end of their size's bucket
+            new = [addr + size for addr in addrs]
+            bucket = self._buckets[small].get(rest)
+            if bucket is None:
+                self._buckets[small][rest] = new
+                bisect.insort(self._sizes[small], rest)
+            else:
+                bucket += new
             self._cached.update(zip(new, rests))
         return count - made, run
 
@@ -584,27 +634,27 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     allocator = CachingAllocator(capacity=capacity, config=config)
     if trace is not None:
         trace[:] = [0]
-    malloc, free = allocator.malloc_tensors, allocator.free
+    malloc, free = allocator.malloc_tensors, allocator.free_blocks
     live: dict[int, list[Block]] = {}
-    freed = {ev.ident for ev in events if ev.op == "free"}
+    # (the events unpacked: a named tuple's field by name is a slower lookup than by position)
+    freed = {ident for op, _, _, _, ident, _ in events if op == "free"}
     requested = peak = reserved_at_peak = 0
-    for ev in events:
-        if ev.op == "alloc":
+    for op, _, nbytes, tensors, ident, where in events:
+        if op == "alloc":
             try:
-                live[ev.ident] = malloc(ev.nbytes, ev.tensors, ev.ident in freed)
+                live[ident] = malloc(nbytes, tensors, ident in freed)
             except OutOfMemory:
                 if capacity >= UNLIMITED:
                     raise
                 again = replay(events, capacity=UNLIMITED, config=config, trace=trace)
                 return Replay(peak_reserved=again.peak_reserved, reserved_at_peak=again.reserved_at_peak,
-                              allocated_peak=again.allocated_peak, out_of_memory=ev.where or "the step")
-            requested += ev.nbytes
+                              allocated_peak=again.allocated_peak, out_of_memory=where or "the step")
+            requested += nbytes
             if requested > peak:
                 peak, reserved_at_peak = requested, allocator.reserved
         else:
-            for block in live.pop(ev.ident, ()):
-                free(block)
-            requested -= ev.nbytes
+            free(live.pop(ident, ()))
+            requested -= nbytes
         if trace is not None:
             trace.append(allocator.reserved)
     return Replay(peak_reserved=allocator.peak_reserved, reserved_at_peak=reserved_at_peak, allocated_peak=peak)
