@@ -626,17 +626,20 @@ def _ranked(fitting: list[tuple], prefer: Prefer = Prefer.FIDELITY) -> list[tupl
     """Under ``fidelity``: fidelity tier first (``fidelity_tier``), then speed; under ``speed``:
     speed alone. Plans within SPEED_TIE of the fastest plan of their group are a tie, ordered by
     the preferences (a group is measured from its leader, so two plans 1% apart are never split
-    by a fixed bucket boundary)."""
-    tier = fidelity_tier if prefer is Prefer.FIDELITY else (lambda _: 0)
-    by_speed = sorted(fitting, key=lambda item: (tier(item[0]), -item[1].tokens_per_s))
+    by a fixed bucket boundary). Each plan's tier and speed are read once (the search ranks
+    every fitting plan twice, once per policy); equal keys keep the input order."""
+    fidelity = prefer is Prefer.FIDELITY
+    by_speed = sorted([(fidelity_tier(item[0]) if fidelity else 0, -item[1].tokens_per_s, n, item)
+                       for n, item in enumerate(fitting)])
     out: list[tuple] = []
     group: list[tuple] = []
-    for item in by_speed:
-        leader = group[0] if group else None
-        if leader is not None and (tier(item[0]) != tier(leader[0])
-                                   or item[1].tokens_per_s < leader[1].tokens_per_s / (1 + SPEED_TIE)):
+    leader_tier, floor = 0, 0.0
+    for tier, neg_speed, _, item in by_speed:
+        if group and (tier != leader_tier or -neg_speed < floor):
             out += sorted(group, key=_tie_key)
             group = []
+        if not group:
+            leader_tier, floor = tier, -neg_speed / (1 + SPEED_TIE)
         group.append(item)
     return out + sorted(group, key=_tie_key)
 
