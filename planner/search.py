@@ -394,7 +394,7 @@ def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, u
     plan and its fp16 twin, one dtype mode; a ZeRO stage that changes nothing on one GPU) share
     one screening: the memo hands out one object per value (``_Static.screens_as``, ``batch_line``)."""
     largest_fit: list[tuple[TrainConfig, int]] = []
-    closest: dict[str, tuple[int, TrainConfig]] = {}
+    closest: dict[tuple, tuple[int, TrainConfig]] = {}
     screened: dict[tuple[int, int], tuple] = {}
     searched, cpu_mem = 0, space.cpu_mem_bytes
     for base, splits in combinations:
@@ -406,7 +406,7 @@ def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, u
                                                                               memo.caching)
         fit, miss = found
         if miss is not None:
-            fam = _family(base)
+            fam = (base.method, base.precision, base.optimizer)  # _family's, as a string once at the end
             if fam not in closest or miss[0] < closest[fam][0]:
                 micro, accum = splits[miss[1]]
                 closest[fam] = (miss[0], base.with_split(micro_batch=micro, grad_accum=accum))
@@ -420,7 +420,7 @@ def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, u
         # the plans shown
         step_s = speeds.step_seconds(config)
         fitting.append((config, _Speed(tokens_per_second(config, step_s)), total))
-    return fitting, closest, searched
+    return fitting, {_family(config): (total, config) for total, config in closest.values()}, searched
 
 
 def _fit_and_miss(static: _Static, line: tuple[tuple[int, ...], tuple[int, ...]], splits, usable: int, cpu_mem: int,
@@ -550,7 +550,7 @@ def suggest(
                               safety_margin_bytes=margin, prefer=str(space.prefer)),
         )
     best_tier = fidelity_tier(plans[0].config)
-    fitting_families = {_family(cfg) for cfg, _, _ in fitting}
+    fitting_families = {_family(cfg) for cfg in {(cfg.method, cfg.precision, cfg.optimizer): cfg for cfg, _, _ in fitting}.values()}
     rejected = tuple(
         _rejection(missed(cfg, total), model=model, usable=usable, space=space)
         for fam, (total, cfg) in by_tier
