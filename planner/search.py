@@ -17,7 +17,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from operator import sub
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 from planner import __version__
 from planner.config import ALL_LINEAR, Loop, Method, Offload, Optimizer, Precision, TrainConfig
@@ -539,7 +539,7 @@ def suggest(
     # the nearest miss
     by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
     replays: dict[TrainConfig, object] = {}
-    plans = _replayed_plans(_ranked(fitting, space.prefer), model=model, gpu=gpu, usable=usable, top_k=top_k,
+    plans = _replayed_plans(_ranking(fitting, space.prefer), model=model, gpu=gpu, usable=usable, top_k=top_k,
                             prefer=space.prefer, replays=replays, memo=memo)
     if not plans:
         tried = {fam: missed(cfg, total) for fam, (total, cfg) in by_tier}
@@ -557,14 +557,14 @@ def suggest(
         if fidelity_tier(cfg) <= best_tier and fam not in fitting_families
     )
     other = Prefer.SPEED if space.prefer is Prefer.FIDELITY else Prefer.FIDELITY
-    theirs = _replayed_plans(_ranked(fitting, other), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
+    theirs = _replayed_plans(_ranking(fitting, other), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
                              prefer=other, replays=replays, memo=memo)
     alternative = theirs[0] if theirs and theirs[0].config != plans[0].config else None
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
                       safety_margin_bytes=margin, prefer=str(space.prefer), alternative=alternative)
 
 
-def _replayed_plans(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
+def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
                     prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None,
                     memo: MemoryMemo | None = None) -> tuple[Candidate, ...]:
     """The top plans with their full estimates. The fast path screens with the allocator's
@@ -577,9 +577,10 @@ def _replayed_plans(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, usa
     --prefer fidelity)."""
     replays = {} if replays is None else replays
     memo = memo or MemoryMemo(model, gpu)
-    while fitting:
+    ranked, read = iter(fitting), []  # read: the ranked plans _distinct has gone through
+    while True:
         plans, dropped = [], set()
-        for cfg, _, _ in _distinct(fitting, top_k):
+        for cfg, _, _ in _distinct(ranked, top_k, read):
             if cfg not in replays:
                 replays[cfg] = estimate_memory(model=model, config=cfg, gpu=gpu)
             memory = replays[cfg]
@@ -592,11 +593,11 @@ def _replayed_plans(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, usa
             plans.sort(key=lambda p: (tier(p[0]), near_edge(p[1], usable)))  # stable: rank order otherwise
             return tuple(Candidate(config=cfg, memory=memory, throughput=estimate_throughput(model=model, config=cfg, gpu=gpu),
                                    fits=True, rank=i + 1) for i, (cfg, memory) in enumerate(plans))
+        fitting = read + list(ranked)
         kept = [item for item in fitting if id(item[0]) not in dropped]
         smaller = [_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo)
                    for item in fitting if id(item[0]) in dropped]
-        fitting = _ranked(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer)
-    return ()
+        ranked, read = _ranking(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer), []
 
 
 def _next_smaller_split(config: TrainConfig, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo) -> tuple | None:
@@ -626,22 +627,27 @@ def _ranked(fitting: list[tuple], prefer: Prefer = Prefer.FIDELITY) -> list[tupl
     """Under ``fidelity``: fidelity tier first (``fidelity_tier``), then speed; under ``speed``:
     speed alone. Plans within SPEED_TIE of the fastest plan of their group are a tie, ordered by
     the preferences (a group is measured from its leader, so two plans 1% apart are never split
-    by a fixed bucket boundary). Each plan's tier and speed are read once (the search ranks
-    every fitting plan twice, once per policy); equal keys keep the input order."""
+    by a fixed bucket boundary)."""
+    return list(_ranking(fitting, prefer))
+
+
+def _ranking(fitting: list[tuple], prefer: Prefer = Prefer.FIDELITY) -> Iterator[tuple]:
+    """``_ranked``'s order, put in preference order one speed group at a time as it is read: the
+    search shows the first few of about a thousand fitting plans, once per policy. Each plan's
+    tier and speed are read once; equal keys keep the input order."""
     fidelity = prefer is Prefer.FIDELITY
     by_speed = sorted([(fidelity_tier(item[0]) if fidelity else 0, -item[1].tokens_per_s, n, item)
                        for n, item in enumerate(fitting)])
-    out: list[tuple] = []
     group: list[tuple] = []
     leader_tier, floor = 0, 0.0
     for tier, neg_speed, _, item in by_speed:
         if group and (tier != leader_tier or -neg_speed < floor):
-            out += sorted(group, key=_tie_key)
+            yield from sorted(group, key=_tie_key)
             group = []
         if not group:
             leader_tier, floor = tier, -neg_speed / (1 + SPEED_TIE)
         group.append(item)
-    return out + sorted(group, key=_tie_key)
+    yield from sorted(group, key=_tie_key)
 
 
 def _tie_key(item: tuple) -> tuple:
@@ -665,16 +671,18 @@ def _precision_class(config: TrainConfig) -> str:
     return "16-bit"
 
 
-def _distinct(ranked: list[tuple], k: int) -> list[tuple]:
+def _distinct(ranked: Iterator[tuple], k: int, read: list[tuple]) -> list[tuple]:
     """The top k, one per (method, precision class, optimizer) and two per (method, precision
     class), so the list shows real choices:
     not r8 beside r16, bf16-mixed beside fp16-mixed with the same numbers, or a plan beside the
     same plan with ZeRO or offload added (ZeRO-1 on one GPU) that is not faster (a variant that is
-    faster ranks first and is the one shown)."""
+    faster ranks first and is the one shown). Every plan taken from ``ranked`` is appended to
+    ``read``."""
     out: list[tuple] = []
     families: set[tuple] = set()
     per_kind: dict[tuple, int] = {}  # at most two optimizers per (method, precision class)
     for c in ranked:
+        read.append(c)
         kind = (c[0].method, _precision_class(c[0]))
         family = (*kind, c[0].optimizer)
         if family not in families and per_kind.get(kind, 0) < 2:
