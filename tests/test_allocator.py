@@ -264,6 +264,9 @@ def _state(a, split=True):
         for small, pool in enumerate(keys):
             assert all(a._cached[addr].size == size and a._cached[addr].small == small for size, addr in pool)
         assert len(a._cached) == len(keys[0]) + len(keys[1])
+        # two free blocks are never next to each other (free merges them; the replay's batches
+        # of requests from one bucket rely on it)
+        assert all(n is None or n.allocated for b in a._cached.values() for n in (b.prev, b.next))
     return (a.reserved, a.peak_reserved, a.allocated, keys,
             split and [[a._cached[addr].is_split() for _, addr in pool] for pool in keys])
 

@@ -477,9 +477,11 @@ class CachingAllocator:
                 if len(bucket) == 1:
                     del buckets[sizes[i]], sizes[i]
                     block = cached.pop(bucket[0])
+                    bucket = None  # (none of its size left)
                 else:
                     block = cached.pop(bucket.pop(0))
             else:
+                bucket = None
                 if one_each and count > 2:  # no cached block may be taken, by any of the requests left
                     count, run = self._fresh(size, segment, least, count, run, runs)
                     if not count:
@@ -488,62 +490,131 @@ class CachingAllocator:
                     block = self._alloc_or_release(size, small, request)
             count -= 1
             rest = block.size - size
+            # what it leaves cached cannot hold the next request: that one's best fit is the bucket's next
+            follow = bucket and count and (rest < size or rest < least)
             if rest < least:  # should_split says no: the request takes the whole block
                 self.allocated += block.size
                 run = self._join_whole(block, run, runs)
-                continue
-            prev = block.prev  # alloc_found_block's split: the request takes the front
-            if prev is run and run is not None:  # right after the run (or both never freed)
-                run.size += size
-            elif run is never_freed:  # the front lies between: never freed, like the run
-                if prev is not None:
-                    prev.next = run
-                block.prev = run
-            else:  # (three fields a statement: a longer tuple assignment builds a tuple)
-                if spare:
-                    front = spare.pop()
-                    front.size, front.addr, front.small = size, block.addr, small
-                    front.segment, front.allocated, front.prev = block.segment, True, prev
-                    front.next = block
+            else:
+                prev = block.prev  # alloc_found_block's split: the request takes the front
+                if prev is run and run is not None:  # right after the run (or both never freed)
+                    run.size += size
+                elif run is never_freed:  # the front lies between: never freed, like the run
+                    if prev is not None:
+                        prev.next = run
+                    block.prev = run
                 else:
-                    front = Block(size, block.addr, small, block.segment, True, prev, block)
-                if prev is not None:
-                    prev.next = front
-                block.prev = front
-                if run is not None:
-                    runs.append(run)
-                run = front
-            self.allocated += size
-            block.addr += size
-            if count and size <= rest < limit:  # the next requests, from what remains
-                count, taken, rest, whole = self._carve(count, size, rest, least, limit)
-                self.allocated += taken
-                run.size += taken  # (meaningless for _never_freed)
-                block.addr += taken
-                if whole:  # the last request took what remained
-                    block.size = rest
-                    self.allocated += rest
-                    run = self._join_whole(block, run, runs)
-                    continue
-            block.size = rest
-            self._insert(block)
+                    if run is not None:
+                        runs.append(run)
+                    run = self._front(size, block, prev)
+                self.allocated += size
+                block.addr += size
+                block.size = rest
+                if count and size <= rest < limit:  # the next requests, from what remains
+                    count, run = self._carve(block, size, least, limit, count, run, runs)
+                else:
+                    self._insert(block)
+            if follow:
+                count, run = self._follow(bucket, block.small, size, least, count, run, runs)
         return run
 
-    def _carve(self, count: int, size: int, rest: int, least: int, limit: int) -> tuple[int, int, int, bool]:
-        """The next of ``count`` requests of ``size`` taken from what remains (``rest`` bytes) of
-        the block the last one split: while it holds a request below get_free_block's limit it is
-        that malloc's best fit (smaller than the best fit it was cut from, or a new segment when
-        no cached block could be taken); each splits off its front while should_split leaves
-        ``least``, then one takes it whole. Returns the requests left, the bytes the splits took,
-        what remains, and whether a request took it whole."""
-        if not count or rest < size or rest >= limit:
-            return count, 0, rest, False
+    def _front(self, size: int, block: Block, prev: Block | None) -> Block:
+        """alloc_found_block's split: the request's block, the front of ``block`` (a spare if
+        there is one), between ``prev`` and it."""
+        if self._spare:  # (three fields a statement: a longer tuple assignment builds a tuple)
+            front = self._spare.pop()
+            front.size, front.addr, front.small = size, block.addr, block.small
+            front.segment, front.allocated, front.prev = block.segment, True, prev
+            front.next = block
+        else:
+            front = Block(size, block.addr, block.small, block.segment, True, prev, block)
+        if prev is not None:
+            prev.next = front
+        block.prev = front
+        return front
+
+    def _carve(self, block: Block, size: int, least: int, limit: int, count: int, run: Block,
+               runs: list[Block]) -> tuple[int, Block | None]:
+        """The next of ``count`` requests of ``size`` taken from what remains of ``block`` after
+        the last one split off its front (``run`` ends right before it): while it holds a request
+        below get_free_block's limit it is that malloc's best fit (smaller than the best fit it
+        was cut from, or a new segment when no cached block could be taken); each splits off its
+        front while should_split leaves ``least``, then one takes it whole, or what remains is
+        cached. Returns the requests left and the open run."""
+        rest = block.size
         splits = min(count, (rest - least) // size) if rest - size >= least else 0
         count -= splits
-        rest -= splits * size
+        taken = splits * size
+        rest -= taken
+        self.allocated += taken
+        run.size += taken  # (meaningless for _never_freed)
+        block.addr += taken
+        block.size = rest
         if count and rest >= size:  # its split would leave less than ``least``: taken whole
-            return count - 1, splits * size, rest, True
-        return count, splits * size, rest, False
+            self.allocated += rest
+            return count - 1, self._join_whole(block, run, runs)
+        self._insert(block)
+        return count, run
+
+    def _follow(self, bucket: list[int], small: bool, size: int, least: int, count: int, run: Block | None,
+                runs: list[Block]) -> tuple[int, Block | None]:
+        """The requests after one that took a block of ``bucket`` and left cached less than a
+        request: nothing else in the pool changed, so each one's best fit is the bucket's next
+        address; up to ``count`` take them in order, at once. Each splits off its front as the
+        first did or takes its block whole; none lies right after the run (two free blocks are
+        never next to each other: ``free_blocks`` merges them). Returns the requests left and the
+        open run."""
+        taken = min(count, len(bucket))
+        addrs = bucket[:taken]
+        found = self._cached[addrs[0]].size
+        if taken == len(bucket):  # the last of its size
+            sizes = self._sizes[small]
+            del self._buckets[small][found], sizes[bisect.bisect_left(sizes, found)]
+        else:
+            del bucket[:taken]
+        blocks = list(map(self._cached.pop, addrs))
+        never_freed, rest = self._never_freed, found - size
+        if rest < least:  # taken whole
+            self.allocated += taken * found
+            for block in blocks:
+                block.allocated = True
+            if run is not never_freed:
+                if run is not None:
+                    runs.append(run)
+                runs += blocks[:-1]
+                run = blocks[-1]
+            return count - taken, run
+        self.allocated += taken * size
+        if run is never_freed:
+            for block in blocks:
+                if block.prev is not None:
+                    block.prev.next = run
+                block.prev = run
+                block.addr += size
+                block.size = rest
+        else:
+            if run is not None:
+                runs.append(run)
+            for block in blocks:
+                runs.append(self._front(size, block, block.prev))
+                block.addr += size
+                block.size = rest
+            run = runs.pop()
+        self._insert_all(rest, small, blocks)
+        return count - taken, run
+
+    def _insert_all(self, size: int, small: bool, blocks: list[Block]) -> None:
+        """``_insert`` of blocks of one size, in address order."""
+        addrs = [block.addr for block in blocks]
+        bucket = self._buckets[small].get(size)
+        if bucket is None:
+            self._buckets[small][size] = addrs
+            bisect.insort(self._sizes[small], size)
+        else:
+            bucket += addrs
+            if bucket[-len(addrs) - 1] > addrs[0]:
+                bucket.sort()
+        self._cached.update(zip(addrs, blocks))
 
     def _fresh(self, size: int, segment: int, least: int, count: int, run: Block | None,
                runs: list[Block]) -> tuple[int, Block | None]:
