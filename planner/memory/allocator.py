@@ -133,20 +133,9 @@ def allocation_size(size: int) -> int:
 
 
 class Block:
-    """A piece of a segment: allocated or cached."""
+    """A piece of a segment: allocated or cached (made by ``_block``)."""
 
     __slots__ = ("size", "addr", "small", "allocated", "prev", "next", "segment")
-
-    def __init__(self, size: int, addr: int, small: bool, segment: int, allocated: bool = False,
-                 prev: Block | None = None, next: Block | None = None) -> None:  # noqa: A002 (the list's link)
-        # one assignment each: the replay makes thousands (a tuple assignment builds a tuple)
-        self.size = size
-        self.addr = addr
-        self.small = small
-        self.segment = segment
-        self.allocated = allocated
-        self.prev = prev
-        self.next = next
 
     @property
     def key(self) -> tuple[int, int]:
@@ -155,6 +144,22 @@ class Block:
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
+
+
+def _block(size: int, addr: int, small: bool, segment: int, allocated: bool = False, prev: Block | None = None,
+           next: Block | None = None) -> Block:  # noqa: A002 (the list's link)
+    """A new Block. Block has no ``__init__``: the replay makes thousands, and a class call that
+    runs a Python ``__init__`` costs half as much again as this (a Python call; ``Block()`` is
+    all C). One assignment a field: a tuple assignment builds a tuple."""
+    block = Block()
+    block.size = size
+    block.addr = addr
+    block.small = small
+    block.segment = segment
+    block.allocated = allocated
+    block.prev = prev
+    block.next = next
+    return block
 
 
 class OutOfMemory(Exception):
@@ -182,7 +187,7 @@ class CachingAllocator:
         self._tails: dict[bool, Block] = {}  # expandable segments: each pool's last block
         # the allocated neighbour that stands for every tensor never freed (``malloc_tensors``);
         # its own links and size mean nothing
-        self._never_freed = Block(0, -1, False, -3, allocated=True)
+        self._never_freed = _block(0, -1, False, -3, allocated=True)
         self._plans: dict[int, tuple] = {}  # _plan's, by request
 
     def cached_keys(self, small: bool) -> list[tuple[int, int]]:
@@ -244,7 +249,7 @@ class CachingAllocator:
             block.segment, block.allocated, block.prev = self._addr, False, None
             block.next = None
         else:
-            block = Block(size, self._addr, small, self._addr)
+            block = _block(size, self._addr, small, self._addr)
         self._addr += size
         self.reserved = reserved
         if reserved > self.peak_reserved:
@@ -269,7 +274,7 @@ class CachingAllocator:
             self._remove(tail)
             tail.size += grow
             return tail
-        block = Block(grow, self._addr, small, segment=-1 if small else -2)
+        block = _block(grow, self._addr, small, segment=-1 if small else -2)
         self._addr += grow
         if tail is not None:
             tail.next, block.prev = block, tail
@@ -357,7 +362,7 @@ class CachingAllocator:
 
     def _split(self, block: Block, size: int) -> Block:
         """alloc_found_block: the request takes the front, the remainder stays cached."""
-        front = Block(size, block.addr, block.small, block.segment, False, block.prev, block)
+        front = _block(size, block.addr, block.small, block.segment, False, block.prev, block)
         if block.prev is not None:
             block.prev.next = front
         block.prev = front
@@ -527,7 +532,7 @@ class CachingAllocator:
             front.segment, front.allocated, front.prev = block.segment, True, prev
             front.next = block
         else:
-            front = Block(size, block.addr, block.small, block.segment, True, prev, block)
+            front = _block(size, block.addr, block.small, block.segment, True, prev, block)
         if prev is not None:
             prev.next = front
         block.prev = front
@@ -634,16 +639,16 @@ class CachingAllocator:
         self.allocated += made * (size if rest >= least else segment)
         never_freed = self._never_freed
         if run is not never_freed:
-            fronts = [Block(size if rest >= least else segment, addr, small, addr, True) for addr in addrs]
+            fronts = [_block(size if rest >= least else segment, addr, small, addr, True) for addr in addrs]
             if run is not None:
                 runs.append(run)
             runs += fronts[:-1]
             run = fronts[-1]
         if rest >= least:
             if run is never_freed:  # never freed: the remainders' neighbour before is _never_freed
-                rests = [Block(rest, addr + size, small, addr, False, run) for addr in addrs]
+                rests = [_block(rest, addr + size, small, addr, False, run) for addr in addrs]
             else:
-                rests = [Block(rest, addr + size, small, addr, False, front) for addr, front in zip(addrs, fronts)]
+                rests = [_block(rest, addr + size, small, addr, False, front) for addr, front in zip(addrs, fronts)]
                 for front, remainder in zip(fronts, rests):
                     front.next = remainder
             # equal sizes, addresses above every cached block's: the end of their size's bucket
