@@ -713,7 +713,7 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     malloc, free = allocator.malloc_tensors, allocator.free_blocks
     live: dict[int, list[Block]] = {}
     # (the events unpacked: a named tuple's field by name is a slower lookup than by position)
-    freed = {ident for op, _, _, _, ident, _ in events if op == "free"}
+    freed = {event[4] for event in events if event[0] == "free"}  # (by position: see below)
     requested = peak = reserved_at_peak = 0
     for op, _, nbytes, tensors, ident, where in events:
         if op == "alloc":
