@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from itertools import repeat
 
 from planner.errors import InvalidConfigError
 
@@ -637,18 +638,31 @@ class CachingAllocator:
         self.reserved += made * segment
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         self.allocated += made * (size if rest >= least else segment)
-        never_freed = self._never_freed
+        never_freed, fronts = self._never_freed, None
         if run is not never_freed:
-            fronts = [_block(size if rest >= least else segment, addr, small, addr, True) for addr in addrs]
+            fronts = [Block() for _ in addrs]  # (made here, not by _block: a call each costs a third)
+            for front, addr in zip(fronts, addrs):
+                front.size = size if rest >= least else segment
+                front.addr = front.segment = addr
+                front.small = small
+                front.allocated = True
+                front.prev = front.next = None
             if run is not None:
                 runs.append(run)
             runs += fronts[:-1]
             run = fronts[-1]
         if rest >= least:
-            if run is never_freed:  # never freed: the remainders' neighbour before is _never_freed
-                rests = [_block(rest, addr + size, small, addr, False, run) for addr in addrs]
-            else:
-                rests = [_block(rest, addr + size, small, addr, False, front) for addr, front in zip(addrs, fronts)]
+            # the remainders: cached, after their fronts (never freed: after _never_freed)
+            rests = [Block() for _ in addrs]
+            for remainder, addr, front in zip(rests, addrs, fronts or repeat(run)):
+                remainder.size = rest
+                remainder.addr = addr + size
+                remainder.small = small
+                remainder.segment = addr
+                remainder.allocated = False
+                remainder.prev = front
+                remainder.next = None
+            if fronts:
                 for front, remainder in zip(fronts, rests):
                     front.next = remainder
             # equal sizes, addresses above every cached block's: the end of their size's bucket
