@@ -435,16 +435,15 @@ class CachingAllocator:
         allocated neighbour of the cached blocks beside it."""
         runs: list[Block] = []
         run = None if freed else self._never_freed
-        if tensors == 1:
-            if nbytes > 0:
-                run = self._take(nbytes, 1, run, runs)
+        each = nbytes // tensors
+        last = nbytes - each * (tensors - 1)
+        if last == each:  # (one _take for all: commonly the division leaves nothing)
+            if each > 0:
+                run = self._take(each, tensors, run, runs)
         else:
-            each = nbytes // tensors
-            last = nbytes - each * (tensors - 1)
             if each > 0:
                 run = self._take(each, tensors - 1, run, runs)
-            if last > 0:
-                run = self._take(last, 1, run, runs)
+            run = self._take(last, 1, run, runs)  # (last > each >= 0)
         if freed and run is not None:
             runs.append(run)
         return runs
