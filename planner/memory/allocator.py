@@ -668,7 +668,7 @@ class CachingAllocator:
 
     def _fresh(self, size: int, segment: int, least: int, count: int, run: Block | None,
                runs: list[Block]) -> tuple[int, Block | None]:
-        """Requests of ``size`` that each open a new segment of ``segment`` bytes (no cached block
+        """Requests of ``size`` that each open a new segment of ``segment`` units (no cached block
         may be taken and a segment's remainder cannot hold another): as many of ``count`` as the
         device holds, made at once. Each takes its segment's front (should_split: a remainder of
         at least ``least``, cached) or the whole segment. Returns the requests left and the open
