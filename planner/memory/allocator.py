@@ -160,14 +160,14 @@ class Block:
         return self.prev is not None or self.next is not None
 
 
-def _block(size: int, addr: int, small: bool, segment: int, allocated: bool = False, prev: Block | None = None,
+def _block(units: int, at: int, small: bool, segment: int, allocated: bool = False, prev: Block | None = None,
            next: Block | None = None) -> Block:  # noqa: A002 (the list's link)
-    """A new Block (``size`` and ``addr`` in units). Block has no ``__init__``: the replay makes thousands, and a class call that
+    """A new Block. Block has no ``__init__``: the replay makes thousands, and a class call that
     runs a Python ``__init__`` costs half as much again as this (a Python call; ``Block()`` is
     all C). One assignment a field: a tuple assignment builds a tuple."""
     block = Block()
-    block.units = size
-    block.at = addr
+    block.units = units
+    block.at = at
     block.small = small
     block.segment = segment
     block.allocated = allocated
@@ -225,7 +225,8 @@ class CachingAllocator:
     def cached_keys(self, small: bool) -> list[tuple[int, int]]:
         """The cached blocks of a pool as (size, addr) in bytes, in best-fit order."""
         buckets = self._buckets[small]
-        return [(size * kMinBlockSize, addr * kMinBlockSize) for size in self._sizes[small] for addr in buckets[size]]
+        return [(size * kMinBlockSize, addr * kMinBlockSize)
+                for size in self._sizes[small] for addr in buckets[size]]
 
     @property
     def reserved(self) -> int:
