@@ -261,11 +261,16 @@ def _state(a, split=True):
     unsplit ones; ``split=False`` leaves that out, for speed)."""
     keys = [a.cached_keys(small) for small in (False, True)]
     if split:  # each block cached under its own key, in its own pool
+        by_addr = {block.addr: block for block in a._cached.values()}
         for small, pool in enumerate(keys):
-            assert all(a._cached[addr].size == size and a._cached[addr].small == small for size, addr in pool)
-        assert len(a._cached) == len(keys[0]) + len(keys[1])
+            assert all(by_addr[addr].size == size and by_addr[addr].small == small for size, addr in pool)
+        assert len(a._cached) == len(by_addr) == len(keys[0]) + len(keys[1])
+        # two free blocks are never next to each other (free merges them; the replay's batches
+        # of requests from one bucket rely on it)
+        assert all(n is None or n.allocated for b in a._cached.values() for n in (b.prev, b.next))
+    by_addr = {block.addr: block for block in a._cached.values()} if split else {}
     return (a.reserved, a.peak_reserved, a.allocated, keys,
-            split and [[a._cached[addr].is_split() for _, addr in pool] for pool in keys])
+            split and [[by_addr[addr].is_split() for _, addr in pool] for pool in keys])
 
 
 def _assert_same_state(a, b, where=""):

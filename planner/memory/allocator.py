@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from itertools import repeat
 
 from planner.errors import InvalidConfigError
 
@@ -133,20 +134,22 @@ def allocation_size(size: int) -> int:
 
 
 class Block:
-    """A piece of a segment: allocated or cached."""
+    """A piece of a segment: allocated or cached (made by ``_block``). Its size and address are
+    kept in ``units`` of kMinBlockSize (every block's size is a multiple: round_size), as are
+    the allocator's: ints below 2**30 (a device under 512 GiB), which Python adds, compares
+    and hashes fastest."""
 
-    __slots__ = ("size", "addr", "small", "allocated", "prev", "next", "segment")
+    __slots__ = ("units", "at", "small", "allocated", "prev", "next", "segment")
 
-    def __init__(self, size: int, addr: int, small: bool, segment: int, allocated: bool = False,
-                 prev: Block | None = None, next: Block | None = None) -> None:  # noqa: A002 (the list's link)
-        # one assignment each: the replay makes thousands (a tuple assignment builds a tuple)
-        self.size = size
-        self.addr = addr
-        self.small = small
-        self.segment = segment
-        self.allocated = allocated
-        self.prev = prev
-        self.next = next
+    @property
+    def size(self) -> int:
+        """Bytes."""
+        return self.units * kMinBlockSize
+
+    @property
+    def addr(self) -> int:
+        """Bytes from the first segment's start."""
+        return self.at * kMinBlockSize
 
     @property
     def key(self) -> tuple[int, int]:
@@ -155,6 +158,38 @@ class Block:
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
+
+
+def _block(units: int, at: int, small: bool, segment: int, allocated: bool = False, prev: Block | None = None,
+           next: Block | None = None) -> Block:  # noqa: A002 (the list's link)
+    """A new Block. Block has no ``__init__``: the replay makes thousands, and a class call that
+    runs a Python ``__init__`` costs half as much again as this (a Python call; ``Block()`` is
+    all C). One assignment a field: a tuple assignment builds a tuple."""
+    block = Block()
+    block.units = units
+    block.at = at
+    block.small = small
+    block.segment = segment
+    block.allocated = allocated
+    block.prev = prev
+    block.next = next
+    return block
+
+
+# get_allocation_size's and should_split's sizes in units (see Block)
+_SMALL_SIZE = kSmallSize // kMinBlockSize
+_SMALL_BUFFER = kSmallBuffer // kMinBlockSize
+_LARGE_BUFFER = kLargeBuffer // kMinBlockSize
+
+
+def _units(request: int) -> int:
+    """round_size, in units."""
+    return (request + kMinBlockSize - 1) // kMinBlockSize or 1
+
+
+def _segment_units(size: int) -> int:
+    """allocation_size of ``size`` units, in units (segments are whole MiBs)."""
+    return allocation_size(size * kMinBlockSize) // kMinBlockSize
 
 
 class OutOfMemory(Exception):
@@ -166,7 +201,9 @@ class CachingAllocator:
 
     def __init__(self, *, capacity: int, config: AllocatorConfig = AllocatorConfig()) -> None:
         self.capacity, self.config = capacity, config
-        self.max_split = config.max_split_size
+        # (sizes, addresses and the sums below in units of kMinBlockSize: see Block)
+        self._room = capacity // kMinBlockSize  # (a reserve fits in it iff its bytes fit in capacity)
+        self._max_split = config.max_split_size // kMinBlockSize
         # cached blocks, per pool ([large, small], indexed by ``small``), in BlockComparatorSize's
         # order (size, then address) as the pool's sizes, sorted, and a bucket per size of its
         # blocks' addresses, sorted: a step's blocks come in few sizes (a pool holds hundreds of
@@ -177,47 +214,62 @@ class CachingAllocator:
         # Blocks a free merged into a neighbour, to be made again: the replay makes thousands
         # of blocks, and setting a spare's fields costs a third of making a Block
         self._spare: list[Block] = []
-        self.reserved = self.peak_reserved = self.allocated = 0
+        self._reserved = self._peak_reserved = self._allocated = 0
         self._addr = 0
         self._tails: dict[bool, Block] = {}  # expandable segments: each pool's last block
         # the allocated neighbour that stands for every tensor never freed (``malloc_tensors``);
         # its own links and size mean nothing
-        self._never_freed = Block(0, -1, False, -3, allocated=True)
+        self._never_freed = _block(0, -1, False, -3, allocated=True)
         self._plans: dict[int, tuple] = {}  # _plan's, by request
 
     def cached_keys(self, small: bool) -> list[tuple[int, int]]:
-        """The cached blocks of a pool as (size, addr), in best-fit order."""
+        """The cached blocks of a pool as (size, addr) in bytes, in best-fit order."""
         buckets = self._buckets[small]
-        return [(size, addr) for size in self._sizes[small] for addr in buckets[size]]
+        return [(size * kMinBlockSize, addr * kMinBlockSize)
+                for size in self._sizes[small] for addr in buckets[size]]
+
+    @property
+    def reserved(self) -> int:
+        """Bytes in segments (``torch.cuda.memory_reserved``)."""
+        return self._reserved * kMinBlockSize
+
+    @property
+    def peak_reserved(self) -> int:
+        return self._peak_reserved * kMinBlockSize
+
+    @property
+    def allocated(self) -> int:
+        """Bytes in allocated blocks (requests rounded up)."""
+        return self._allocated * kMinBlockSize
 
     # -- the pools ----------------------------------------------------------------------------
     def _insert(self, block: Block) -> None:
-        bucket = self._buckets[block.small].get(block.size)
+        bucket = self._buckets[block.small].get(block.units)
         if bucket is None:  # a size new to the pool
-            self._buckets[block.small][block.size] = [block.addr]
-            bisect.insort(self._sizes[block.small], block.size)
+            self._buckets[block.small][block.units] = [block.at]
+            bisect.insort(self._sizes[block.small], block.units)
         else:
-            bisect.insort(bucket, block.addr)
-        self._cached[block.addr] = block
+            bisect.insort(bucket, block.at)
+        self._cached[block.at] = block
 
     def _remove(self, block: Block) -> None:
         buckets = self._buckets[block.small]
-        bucket = buckets[block.size]
+        bucket = buckets[block.units]
         if len(bucket) == 1:  # the last of its size
-            del buckets[block.size]
+            del buckets[block.units]
             sizes = self._sizes[block.small]
-            del sizes[bisect.bisect_left(sizes, block.size)]
+            del sizes[bisect.bisect_left(sizes, block.units)]
         else:
-            del bucket[bisect.bisect_left(bucket, block.addr)]
-        del self._cached[block.addr]
+            del bucket[bisect.bisect_left(bucket, block.at)]
+        del self._cached[block.at]
 
     def _limit(self, size: int) -> int:
         """get_free_block's max_split_size rules as a bound on sizes: a request below the limit
         does not take a block at or above it; one at or above it is only rounded up within
         kLargeBuffer."""
-        if size < self.max_split:
-            return self.max_split  # do not return an oversized block for a large request
-        return size + kLargeBuffer  # an oversize request is only rounded up within kLargeBuffer
+        if size < self._max_split:
+            return self._max_split  # do not return an oversized block for a large request
+        return size + _LARGE_BUFFER  # an oversize request is only rounded up within kLargeBuffer
 
     def _get_free_block(self, size: int, small: bool, limit: int = UNLIMITED) -> Block | None:
         """Best fit: the smallest cached block >= the request (the lowest address of the least
@@ -235,41 +287,41 @@ class CachingAllocator:
 
     # -- segments -----------------------------------------------------------------------------
     def _new_segment(self, size: int, small: bool) -> Block | None:
-        reserved = self.reserved + size
-        if reserved > self.capacity:
+        reserved = self._reserved + size
+        if reserved > self._room:
             return None
         if self._spare:
             block = self._spare.pop()
-            block.size, block.addr, block.small = size, self._addr, small
+            block.units, block.at, block.small = size, self._addr, small
             block.segment, block.allocated, block.prev = self._addr, False, None
             block.next = None
         else:
-            block = Block(size, self._addr, small, self._addr)
+            block = _block(size, self._addr, small, self._addr)
         self._addr += size
-        self.reserved = reserved
-        if reserved > self.peak_reserved:
-            self.peak_reserved = reserved
+        self._reserved = reserved
+        if reserved > self._peak_reserved:
+            self._peak_reserved = reserved
         return block
 
     def _grow(self, size: int) -> None:
-        self.reserved += size
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self._reserved += size
+        self._peak_reserved = max(self._peak_reserved, self._reserved)
 
     def _expand(self, size: int, small: bool) -> Block | None:
         """An expandable segment maps more pages at its end (2 MiB small, 20 MiB large)."""
-        page = kSmallBuffer if small else kLargeBuffer
+        page = _SMALL_BUFFER if small else _LARGE_BUFFER
         tail = self._tails.get(small)
         free_tail = tail is not None and not tail.allocated
-        need = size - (tail.size if free_tail else 0)
+        need = size - (tail.units if free_tail else 0)
         grow = page * ((need + page - 1) // page)
-        if self.reserved + grow > self.capacity:
+        if self._reserved + grow > self._room:
             return None
         self._grow(grow)
         if free_tail:
             self._remove(tail)
-            tail.size += grow
+            tail.units += grow
             return tail
-        block = Block(grow, self._addr, small, segment=-1 if small else -2)
+        block = _block(grow, self._addr, small, segment=-1 if small else -2)
         self._addr += grow
         if tail is not None:
             tail.next, block.prev = block, tail
@@ -279,7 +331,7 @@ class CachingAllocator:
     def _alloc_block(self, size: int, small: bool) -> Block | None:
         if self.config.expandable_segments:
             return self._expand(size, small)
-        return self._new_segment(allocation_size(size), small)
+        return self._new_segment(_segment_units(size), small)
 
     def _alloc_or_release(self, size: int, small: bool, request: int) -> Block:
         """A new segment for a request no cached block holds; when the device is full, after
@@ -294,23 +346,23 @@ class CachingAllocator:
     # -- releasing cached memory ------------------------------------------------------------------
     def _release(self, block: Block) -> None:
         self._remove(block)
-        self.reserved -= block.size
+        self._reserved -= block.units
 
     def release_available_cached_blocks(self, size: int, small: bool) -> bool:
         """Free one cached oversize block >= max(size, max_split_size), or the largest oversize
         ones until enough is freed (only with max_split_size_mb set)."""
-        if self.max_split == UNLIMITED:
+        if self.config.max_split_size_mb is None:
             return False
-        target = max(size, self.max_split)
+        target = max(size, self._max_split)
         block = self._get_free_block(target, small)
         if block is not None:
-            self.reserved -= block.size
+            self._reserved -= block.units
             return True
         freed = 0
         sizes, buckets = self._sizes[small], self._buckets[small]
-        while sizes and freed < target and sizes[-1] >= self.max_split:
+        while sizes and freed < target and sizes[-1] >= self._max_split:
             block = self._cached[buckets[sizes[-1]][-1]]  # the largest, at the highest address
-            freed += block.size
+            freed += block.units
             self._release(block)
         return freed >= target
 
@@ -323,13 +375,13 @@ class CachingAllocator:
                     self._release(block)
             tail = self._tails.get(small)
             if tail is not None and not tail.allocated:
-                page = kSmallBuffer if small else kLargeBuffer
-                unmapped = tail.size // page * page
+                page = _SMALL_BUFFER if small else _LARGE_BUFFER
+                unmapped = tail.units // page * page
                 if unmapped:
                     self._remove(tail)
-                    tail.size -= unmapped
-                    self.reserved -= unmapped
-                    if tail.size:
+                    tail.units -= unmapped
+                    self._reserved -= unmapped
+                    if tail.units:
                         self._insert(tail)
                     else:
                         self._tails[small] = tail.prev
@@ -340,29 +392,29 @@ class CachingAllocator:
     # -- malloc and free ----------------------------------------------------------------------
     def malloc(self, request: int) -> Block:
         """Allocate ``request`` bytes (raises ``OutOfMemory``): one tensor, one block."""
-        size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize  # round_size
-        small = size <= kSmallSize
+        size = _units(request)  # round_size
+        small = size <= _SMALL_SIZE
         block = self._get_free_block(size, small, self._limit(size)) or self._alloc_or_release(size, small, request)
         if self._should_split(block, size):
             block = self._split(block, size)
         block.allocated = True
-        self.allocated += block.size
+        self._allocated += block.units
         return block
 
     def _should_split(self, block: Block, size: int) -> bool:
-        remaining = block.size - size
+        remaining = block.units - size
         if block.small or self.config.expandable_segments:
-            return remaining >= kMinBlockSize
-        return size < self.max_split and remaining > kSmallSize
+            return remaining >= 1  # (kMinBlockSize)
+        return size < self._max_split and remaining > _SMALL_SIZE
 
     def _split(self, block: Block, size: int) -> Block:
         """alloc_found_block: the request takes the front, the remainder stays cached."""
-        front = Block(size, block.addr, block.small, block.segment, False, block.prev, block)
+        front = _block(size, block.at, block.small, block.segment, False, block.prev, block)
         if block.prev is not None:
             block.prev.next = front
         block.prev = front
-        block.addr += size
-        block.size -= size
+        block.at += size
+        block.units -= size
         self._insert(block)
         return front
 
@@ -377,41 +429,41 @@ class CachingAllocator:
         freed = 0
         for block in blocks:
             block.allocated = False
-            size = block.size
+            size = block.units
             freed += size
             prev, after = block.prev, block.next
             if prev is not None and not prev.allocated:
                 self._remove(prev)
-                size += prev.size
-                block.addr, block.prev = prev.addr, prev.prev
+                size += prev.units
+                block.at, block.prev = prev.at, prev.prev
                 if prev.prev is not None:
                     prev.prev.next = block
                 spare.append(prev)
             buckets = all_buckets[block.small]
             if after is not None and not after.allocated:
-                bucket = buckets[after.size]  # ``_remove(after)``
+                bucket = buckets[after.units]  # ``_remove(after)``
                 if len(bucket) == 1:
                     sizes = self._sizes[block.small]
-                    del buckets[after.size], sizes[bisect.bisect_left(sizes, after.size)]
+                    del buckets[after.units], sizes[bisect.bisect_left(sizes, after.units)]
                 else:
-                    del bucket[bisect.bisect_left(bucket, after.addr)]
-                del cached[after.addr]
-                size += after.size
+                    del bucket[bisect.bisect_left(bucket, after.at)]
+                del cached[after.at]
+                size += after.units
                 block.next = after.next
                 if after.next is not None:
                     after.next.prev = block
                 if tails and tails.get(block.small) is after:  # (expandable segments)
                     tails[block.small] = block
                 spare.append(after)
-            block.size = size
+            block.units = size
             bucket = buckets.get(size)  # ``_insert(block)``
             if bucket is None:
-                buckets[size] = [block.addr]
+                buckets[size] = [block.at]
                 bisect.insort(self._sizes[block.small], size)
             else:
-                bisect.insort(bucket, block.addr)
-            cached[block.addr] = block
-        self.allocated -= freed
+                bisect.insort(bucket, block.at)
+            cached[block.at] = block
+        self._allocated -= freed
 
     @property
     def cached(self) -> int:
@@ -429,16 +481,15 @@ class CachingAllocator:
         allocated neighbour of the cached blocks beside it."""
         runs: list[Block] = []
         run = None if freed else self._never_freed
-        if tensors == 1:
-            if nbytes > 0:
-                run = self._take(nbytes, 1, run, runs)
+        each = nbytes // tensors
+        last = nbytes - each * (tensors - 1)
+        if last == each:  # (one _take for all: commonly the division leaves nothing)
+            if each > 0:
+                run = self._take(each, tensors, run, runs)
         else:
-            each = nbytes // tensors
-            last = nbytes - each * (tensors - 1)
             if each > 0:
                 run = self._take(each, tensors - 1, run, runs)
-            if last > 0:
-                run = self._take(last, 1, run, runs)
+            run = self._take(last, 1, run, runs)  # (last > each >= 0)
         if freed and run is not None:
             runs.append(run)
         return runs
@@ -449,13 +500,13 @@ class CachingAllocator:
         least remainder should_split splits off, its new segment (get_allocation_size), and
         whether a new segment holds only it; its pool's sizes and buckets, and whether segments
         are expandable."""
-        size = kMinBlockSize * ((request + kMinBlockSize - 1) // kMinBlockSize) or kMinBlockSize  # round_size
-        small = size <= kSmallSize
+        size = _units(request)  # round_size
+        small = size <= _SMALL_SIZE
         expandable = self.config.expandable_segments
         # should_split: a remainder of kMinBlockSize in the small pool and in an expandable
         # segment; more than kSmallSize in the large pool, and only below max_split_size
-        least = kMinBlockSize if small or expandable else kSmallSize + 1 if size < self.max_split else UNLIMITED
-        segment = allocation_size(size)
+        least = 1 if small or expandable else _SMALL_SIZE + 1 if size < self._max_split else UNLIMITED
+        segment = _segment_units(size)
         # a fresh segment holds one request: what a split leaves is smaller than the request
         one_each = not expandable and (segment - size < least or segment - size < size)
         plan = self._plans[request] = (size, small, self._limit(size), least, segment, one_each,
@@ -477,9 +528,11 @@ class CachingAllocator:
                 if len(bucket) == 1:
                     del buckets[sizes[i]], sizes[i]
                     block = cached.pop(bucket[0])
+                    bucket = None  # (none of its size left)
                 else:
                     block = cached.pop(bucket.pop(0))
             else:
+                bucket = None
                 if one_each and count > 2:  # no cached block may be taken, by any of the requests left
                     count, run = self._fresh(size, segment, least, count, run, runs)
                     if not count:
@@ -487,92 +540,174 @@ class CachingAllocator:
                 if expandable or not (block := self._new_segment(segment, small)):
                     block = self._alloc_or_release(size, small, request)
             count -= 1
-            rest = block.size - size
+            rest = block.units - size
+            # what it leaves cached cannot hold the next request: that one's best fit is the bucket's next
+            follow = bucket and count and (rest < size or rest < least)
             if rest < least:  # should_split says no: the request takes the whole block
-                self.allocated += block.size
+                self._allocated += block.units
                 run = self._join_whole(block, run, runs)
-                continue
-            prev = block.prev  # alloc_found_block's split: the request takes the front
-            if prev is run and run is not None:  # right after the run (or both never freed)
-                run.size += size
-            elif run is never_freed:  # the front lies between: never freed, like the run
-                if prev is not None:
-                    prev.next = run
-                block.prev = run
-            else:  # (three fields a statement: a longer tuple assignment builds a tuple)
-                if spare:
-                    front = spare.pop()
-                    front.size, front.addr, front.small = size, block.addr, small
-                    front.segment, front.allocated, front.prev = block.segment, True, prev
-                    front.next = block
+            else:
+                prev = block.prev  # alloc_found_block's split: the request takes the front
+                if prev is run and run is not None:  # right after the run (or both never freed)
+                    run.units += size
+                elif run is never_freed:  # the front lies between: never freed, like the run
+                    if prev is not None:
+                        prev.next = run
+                    block.prev = run
                 else:
-                    front = Block(size, block.addr, small, block.segment, True, prev, block)
-                if prev is not None:
-                    prev.next = front
-                block.prev = front
-                if run is not None:
-                    runs.append(run)
-                run = front
-            self.allocated += size
-            block.addr += size
-            if count and size <= rest < limit:  # the next requests, from what remains
-                count, taken, rest, whole = self._carve(count, size, rest, least, limit)
-                self.allocated += taken
-                run.size += taken  # (meaningless for _never_freed)
-                block.addr += taken
-                if whole:  # the last request took what remained
-                    block.size = rest
-                    self.allocated += rest
-                    run = self._join_whole(block, run, runs)
-                    continue
-            block.size = rest
-            self._insert(block)
+                    if run is not None:
+                        runs.append(run)
+                    run = self._front(size, block, prev)
+                self._allocated += size
+                block.at += size
+                block.units = rest
+                if count and size <= rest < limit:  # the next requests, from what remains
+                    count, run = self._carve(block, size, least, limit, count, run, runs)
+                else:
+                    self._insert(block)
+            if follow:
+                count, run = self._follow(bucket, block.small, size, least, count, run, runs)
         return run
 
-    def _carve(self, count: int, size: int, rest: int, least: int, limit: int) -> tuple[int, int, int, bool]:
-        """The next of ``count`` requests of ``size`` taken from what remains (``rest`` bytes) of
-        the block the last one split: while it holds a request below get_free_block's limit it is
-        that malloc's best fit (smaller than the best fit it was cut from, or a new segment when
-        no cached block could be taken); each splits off its front while should_split leaves
-        ``least``, then one takes it whole. Returns the requests left, the bytes the splits took,
-        what remains, and whether a request took it whole."""
-        if not count or rest < size or rest >= limit:
-            return count, 0, rest, False
+    def _front(self, size: int, block: Block, prev: Block | None) -> Block:
+        """alloc_found_block's split: the request's block, the front of ``block`` (a spare if
+        there is one), between ``prev`` and it."""
+        if self._spare:  # (three fields a statement: a longer tuple assignment builds a tuple)
+            front = self._spare.pop()
+            front.units, front.at, front.small = size, block.at, block.small
+            front.segment, front.allocated, front.prev = block.segment, True, prev
+            front.next = block
+        else:
+            front = _block(size, block.at, block.small, block.segment, True, prev, block)
+        if prev is not None:
+            prev.next = front
+        block.prev = front
+        return front
+
+    def _carve(self, block: Block, size: int, least: int, limit: int, count: int, run: Block,
+               runs: list[Block]) -> tuple[int, Block | None]:
+        """The next of ``count`` requests of ``size`` taken from what remains of ``block`` after
+        the last one split off its front (``run`` ends right before it): while it holds a request
+        below get_free_block's limit it is that malloc's best fit (smaller than the best fit it
+        was cut from, or a new segment when no cached block could be taken); each splits off its
+        front while should_split leaves ``least``, then one takes it whole, or what remains is
+        cached. Returns the requests left and the open run."""
+        rest = block.units
         splits = min(count, (rest - least) // size) if rest - size >= least else 0
         count -= splits
-        rest -= splits * size
+        taken = splits * size
+        rest -= taken
+        self._allocated += taken
+        run.units += taken  # (meaningless for _never_freed)
+        block.at += taken
+        block.units = rest
         if count and rest >= size:  # its split would leave less than ``least``: taken whole
-            return count - 1, splits * size, rest, True
-        return count, splits * size, rest, False
+            self._allocated += rest
+            return count - 1, self._join_whole(block, run, runs)
+        self._insert(block)
+        return count, run
+
+    def _follow(self, bucket: list[int], small: bool, size: int, least: int, count: int, run: Block | None,
+                runs: list[Block]) -> tuple[int, Block | None]:
+        """The requests after one that took a block of ``bucket`` and left cached less than a
+        request: nothing else in the pool changed, so each one's best fit is the bucket's next
+        address; up to ``count`` take them in order, at once. Each splits off its front as the
+        first did or takes its block whole; none lies right after the run (two free blocks are
+        never next to each other: ``free_blocks`` merges them). Returns the requests left and the
+        open run."""
+        taken = min(count, len(bucket))
+        addrs = bucket[:taken]
+        found = self._cached[addrs[0]].units
+        if taken == len(bucket):  # the last of its size
+            sizes = self._sizes[small]
+            del self._buckets[small][found], sizes[bisect.bisect_left(sizes, found)]
+        else:
+            del bucket[:taken]
+        blocks = list(map(self._cached.pop, addrs))
+        never_freed, rest = self._never_freed, found - size
+        if rest < least:  # taken whole
+            self._allocated += taken * found
+            for block in blocks:
+                block.allocated = True
+            if run is not never_freed:
+                if run is not None:
+                    runs.append(run)
+                runs += blocks[:-1]
+                run = blocks[-1]
+            return count - taken, run
+        self._allocated += taken * size
+        if run is never_freed:
+            for block in blocks:
+                if block.prev is not None:
+                    block.prev.next = run
+                block.prev = run
+                block.at += size
+                block.units = rest
+        else:
+            if run is not None:
+                runs.append(run)
+            for block in blocks:
+                runs.append(self._front(size, block, block.prev))
+                block.at += size
+                block.units = rest
+            run = runs.pop()
+        self._insert_all(rest, small, blocks)
+        return count - taken, run
+
+    def _insert_all(self, size: int, small: bool, blocks: list[Block]) -> None:
+        """``_insert`` of blocks of one size, in address order."""
+        addrs = [block.at for block in blocks]
+        bucket = self._buckets[small].get(size)
+        if bucket is None:
+            self._buckets[small][size] = addrs
+            bisect.insort(self._sizes[small], size)
+        else:
+            bucket += addrs
+            if bucket[-len(addrs) - 1] > addrs[0]:
+                bucket.sort()
+        self._cached.update(zip(addrs, blocks))
 
     def _fresh(self, size: int, segment: int, least: int, count: int, run: Block | None,
                runs: list[Block]) -> tuple[int, Block | None]:
-        """Requests of ``size`` that each open a new segment of ``segment`` bytes (no cached block
+        """Requests of ``size`` that each open a new segment of ``segment`` units (no cached block
         may be taken and a segment's remainder cannot hold another): as many of ``count`` as the
         device holds, made at once. Each takes its segment's front (should_split: a remainder of
         at least ``least``, cached) or the whole segment. Returns the requests left and the open
         run (a new segment is never next to it)."""
-        made = min(count, (self.capacity - self.reserved) // segment)
+        made = min(count, (self._room - self._reserved) // segment)
         if made <= 0:
             return count, run
-        small, rest, start = size <= kSmallSize, segment - size, self._addr
+        small, rest, start = size <= _SMALL_SIZE, segment - size, self._addr
         addrs = range(start, start + made * segment, segment)
         self._addr += made * segment
-        self.reserved += made * segment
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
-        self.allocated += made * (size if rest >= least else segment)
-        never_freed = self._never_freed
+        self._reserved += made * segment
+        self._peak_reserved = max(self._peak_reserved, self._reserved)
+        self._allocated += made * (size if rest >= least else segment)
+        never_freed, fronts = self._never_freed, None
         if run is not never_freed:
-            fronts = [Block(size if rest >= least else segment, addr, small, addr, True) for addr in addrs]
+            fronts = [Block() for _ in addrs]  # (made here, not by _block: a call each costs a third)
+            for front, addr in zip(fronts, addrs):
+                front.units = size if rest >= least else segment
+                front.at = front.segment = addr
+                front.small = small
+                front.allocated = True
+                front.prev = front.next = None
             if run is not None:
                 runs.append(run)
             runs += fronts[:-1]
             run = fronts[-1]
         if rest >= least:
-            if run is never_freed:  # never freed: the remainders' neighbour before is _never_freed
-                rests = [Block(rest, addr + size, small, addr, False, run) for addr in addrs]
-            else:
-                rests = [Block(rest, addr + size, small, addr, False, front) for addr, front in zip(addrs, fronts)]
+            # the remainders: cached, after their fronts (never freed: after _never_freed)
+            rests = [Block() for _ in addrs]
+            for remainder, addr, front in zip(rests, addrs, fronts or repeat(run)):
+                remainder.units = rest
+                remainder.at = addr + size
+                remainder.small = small
+                remainder.segment = addr
+                remainder.allocated = False
+                remainder.prev = front
+                remainder.next = None
+            if fronts:
                 for front, remainder in zip(fronts, rests):
                     front.next = remainder
             # equal sizes, addresses above every cached block's: the end of their size's bucket
@@ -593,7 +728,7 @@ class CachingAllocator:
             block.allocated = True  # stays as the allocated neighbour of the blocks beside it
             return run
         if run is not None and block.prev is run:
-            run.size += block.size
+            run.units += block.units
             run.next = after = block.next
             if after is not None:
                 after.prev = run
@@ -637,7 +772,7 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     malloc, free = allocator.malloc_tensors, allocator.free_blocks
     live: dict[int, list[Block]] = {}
     # (the events unpacked: a named tuple's field by name is a slower lookup than by position)
-    freed = {ident for op, _, _, _, ident, _ in events if op == "free"}
+    freed = {event[4] for event in events if event[0] == "free"}  # (by position: see below)
     requested = peak = reserved_at_peak = 0
     for op, _, nbytes, tensors, ident, where in events:
         if op == "alloc":
