@@ -141,6 +141,49 @@ def test_expandable_segments_grow_by_pages_and_split_at_512_bytes():
     assert b.reserved == 46 * MiB
 
 
+def test_each_pool_grows_its_own_expandable_segment():
+    """An expandable segment grows at its own end (PyTorch reserves each one a virtual address
+    range of its own, CUDACachingAllocator.cpp ExpandableSegment), so a pool's segment growing in
+    place never runs into the other pool's blocks. Hand-derived: 30 MiB maps two 20 MiB pages of
+    the large pool (10 MiB left free at its end); 1 KiB maps a 2 MiB page of the small pool; 10 MiB
+    + 1 KiB takes the free 10 MiB end and one more large page (62 MiB reserved), leaving its
+    remainder at 40 MiB + 1 KiB of the large segment. (With one address counter for both pools
+    the small page lay at 40 MiB, its remainder at 40 MiB + 1 KiB too, and the two cached blocks
+    collided.) Freed, each pool holds one cached block: 60 MiB and 2 MiB."""
+    a = allocator("expandable_segments:True")
+    blocks = [a.malloc(30 * MiB), a.malloc(1024), a.malloc(10 * MiB + 1024)]
+    assert a.reserved == a.peak_reserved == 62 * MiB
+    large = a.cached_keys(False)
+    assert [size for size, _ in large] == [20 * MiB - 1024] and len(a.cached_keys(True)) == 1
+    for block in blocks:
+        a.free(block)
+    assert [size for size, _ in a.cached_keys(False)] == [60 * MiB]
+    assert [size for size, _ in a.cached_keys(True)] == [2 * MiB]
+    assert a.allocated == 0 and a.reserved == 62 * MiB
+    a.release_cached_blocks()  # both pools' free pages unmapped
+    assert a.reserved == 0
+
+
+def test_with_expandable_segments_no_oversize_block_is_released_only_free_pages_unmapped():
+    """max_split_size_mb with expandable segments: release_available_cached_blocks skips blocks
+    of an expandable segment (CUDACachingAllocator.cpp), so a request the device cannot map
+    unmaps the free pages at each segment's end (release_cached_blocks) and retries.
+    Hand-derived, on 60 MiB: 30 MiB maps 40 MiB of the large pool; 1 KiB a 2 MiB small page
+    (42 MiB); the 30 MiB freed leaves a free 40 MiB end; 50 MiB would map one more 20 MiB page
+    (62 MiB > 60): the 40 MiB free end is unmapped (2 MiB left), and 50 MiB needs three new pages,
+    60 MiB, more than the 58 MiB left: out of memory, with 2 MiB reserved. 30 MiB then maps 40."""
+    a = allocator("max_split_size_mb:21,expandable_segments:True", capacity=60 * MiB)
+    big = a.malloc(30 * MiB)
+    a.malloc(1024)
+    a.free(big)
+    assert a.reserved == 42 * MiB and [size for size, _ in a.cached_keys(False)] == [40 * MiB]
+    with pytest.raises(OutOfMemory):
+        a.malloc(50 * MiB)
+    assert a.reserved == 2 * MiB and a.cached_keys(False) == []
+    a.malloc(30 * MiB)
+    assert a.reserved == 42 * MiB
+
+
 def test_replay_reports_reserve_and_fragmentation_at_the_peak():
     def ev(op, ident, nbytes, tensors=1):
         return Event(op, "x", nbytes, tensors, ident, "")
@@ -313,7 +356,8 @@ def _sampled_cases(n_per: int):
     from planner.search import SearchSpace, enumerate_configs
 
     rng = random.Random(11)
-    confs = [None, "max_split_size_mb:64", "max_split_size_mb:21", "expandable_segments:True"]
+    confs = [None, "max_split_size_mb:64", "max_split_size_mb:21", "expandable_segments:True",
+             "max_split_size_mb:64,expandable_segments:True"]
     for model_id in ("meta-llama/Llama-2-7b-hf", "Qwen/Qwen2.5-1.5B", "gpt2", "mistralai/Mixtral-8x7B-v0.1",
                      "t5-large", "microsoft/phi-2", "google/gemma-2-9b"):
         model = resolve_model(model_id)

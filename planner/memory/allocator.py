@@ -308,7 +308,12 @@ class CachingAllocator:
         self._peak_reserved = max(self._peak_reserved, self._reserved)
 
     def _expand(self, size: int, small: bool) -> Block | None:
-        """An expandable segment maps more pages at its end (2 MiB small, 20 MiB large)."""
+        """An expandable segment maps more pages at its end (2 MiB small, 20 MiB large). Each
+        pool's segment has an address range of its own (CUDACachingAllocator.cpp
+        ExpandableSegment reserves its virtual range up front and maps pages into it), its
+        blocks end to end from the pool's base: the large pool's at 0, the small pool's above
+        every address the large one can reach (its mapped pages never exceed the device), so a
+        segment grown in place never overlaps the other pool's blocks."""
         page = _SMALL_BUFFER if small else _LARGE_BUFFER
         tail = self._tails.get(small)
         free_tail = tail is not None and not tail.allocated
@@ -321,8 +326,8 @@ class CachingAllocator:
             self._remove(tail)
             tail.units += grow
             return tail
-        block = _block(grow, self._addr, small, segment=-1 if small else -2)
-        self._addr += grow
+        at = tail.at + tail.units if tail is not None else self._room if small else 0
+        block = _block(grow, at, small, segment=-1 if small else -2)
         if tail is not None:
             tail.next, block.prev = block, tail
         self._tails[small] = block
@@ -350,8 +355,11 @@ class CachingAllocator:
 
     def release_available_cached_blocks(self, size: int, small: bool) -> bool:
         """Free one cached oversize block >= max(size, max_split_size), or the largest oversize
-        ones until enough is freed (only with max_split_size_mb set)."""
-        if self.config.max_split_size_mb is None:
+        ones until enough is freed (only with max_split_size_mb set). Blocks of an expandable
+        segment are skipped (CUDACachingAllocator.cpp release_available_cached_blocks:
+        ``if (!(*cur)->expandable_segment_) release_block``): with expandable segments every
+        block is one, and their free pages are unmapped by ``release_cached_blocks`` instead."""
+        if self.config.max_split_size_mb is None or self.config.expandable_segments:
             return False
         target = max(size, self._max_split)
         block = self._get_free_block(target, small)
