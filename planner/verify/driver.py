@@ -244,6 +244,10 @@ def _drive(runs: _Runs, *, on_progress: ProgressFn | None) -> None:
 
     renewed = time.monotonic()
     runs.submit_more()
+    if on_progress is not None:
+        # the runs as submitted, before the first look: on a quick cluster they start within
+        # the first POLL_S, and the user would never see them queued
+        on_progress(runs.snapshot(), time.monotonic() - runs.began)
     while runs.running:
         ready, _ = ray.wait(list(runs.running), num_returns=1, timeout=POLL_S)
         runs.look()
