@@ -368,6 +368,11 @@ def _family(config: TrainConfig) -> str:
     return f"{config.method}, {config.precision}, {config.optimizer}"
 
 
+def _family_key(config: TrainConfig) -> tuple:
+    """What ``_family`` words, as a key (formatting the string costs more than the search needs)."""
+    return (config.method, config.precision, config.optimizer)
+
+
 def _check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: int, top_k: int) -> None:
     if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
         raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch!r}")
@@ -406,7 +411,7 @@ def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, u
                                                                               memo.caching)
         fit, miss = found
         if miss is not None:
-            fam = (base.method, base.precision, base.optimizer)  # _family's, as a string once at the end
+            fam = (base.method, base.precision, base.optimizer)  # _family_key (inline: the inner loop)
             if fam not in closest or miss[0] < closest[fam][0]:
                 micro, accum = splits[miss[1]]
                 closest[fam] = (miss[0], base.with_split(micro_batch=micro, grad_accum=accum))
@@ -550,11 +555,11 @@ def suggest(
                               safety_margin_bytes=margin, prefer=str(space.prefer)),
         )
     best_tier = fidelity_tier(plans[0].config)
-    fitting_families = {_family(cfg) for cfg in {(cfg.method, cfg.precision, cfg.optimizer): cfg for cfg, _, _ in fitting}.values()}
+    fitting_families = {_family_key(cfg) for cfg, _, _ in fitting}
     rejected = tuple(
         _rejection(missed(cfg, total), model=model, usable=usable, space=space)
         for fam, (total, cfg) in by_tier
-        if fidelity_tier(cfg) <= best_tier and fam not in fitting_families
+        if fidelity_tier(cfg) <= best_tier and _family_key(cfg) not in fitting_families
     )
     other = Prefer.SPEED if space.prefer is Prefer.FIDELITY else Prefer.FIDELITY
     theirs = _replayed_plans(_ranking(fitting, other), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
@@ -623,18 +628,14 @@ OPTIMIZER_PREFERENCE = {Optimizer.ADAMW: 0, Optimizer.ADAMW_8BIT: 1, Optimizer.P
 PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4}
 
 
-def _ranked(fitting: list[tuple], prefer: Prefer = Prefer.FIDELITY) -> list[tuple]:
-    """Under ``fidelity``: fidelity tier first (``fidelity_tier``), then speed; under ``speed``:
-    speed alone. Plans within SPEED_TIE of the fastest plan of their group are a tie, ordered by
-    the preferences (a group is measured from its leader, so two plans 1% apart are never split
-    by a fixed bucket boundary)."""
-    return list(_ranking(fitting, prefer))
-
-
 def _ranking(fitting: list[tuple], prefer: Prefer = Prefer.FIDELITY) -> Iterator[tuple]:
-    """``_ranked``'s order, put in preference order one speed group at a time as it is read: the
-    search shows the first few of about a thousand fitting plans, once per policy. Each plan's
-    tier and speed are read once; equal keys keep the input order."""
+    """The fitting plans in rank order. Under ``fidelity``: fidelity tier first
+    (``fidelity_tier``), then speed; under ``speed``: speed alone. Plans within SPEED_TIE of the
+    fastest plan of their group are a tie, ordered by the preferences (a group is measured from
+    its leader, so two plans 1% apart are never split by a fixed bucket boundary). Each group is
+    put in preference order only when the reader reaches it: the search shows the first few of
+    about a thousand fitting plans, once per policy. Each plan's tier and speed are read once;
+    equal keys keep the input order."""
     fidelity = prefer is Prefer.FIDELITY
     by_speed = sorted([(fidelity_tier(item[0]) if fidelity else 0, -item[1].tokens_per_s, n, item)
                        for n, item in enumerate(fitting)])
