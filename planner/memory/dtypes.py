@@ -77,20 +77,9 @@ def trainable_bytes(method: Method, mode: DtypeMode) -> int:
     return mode.weight if method is Method.FULL else ADAPTER_BYTES
 
 
-#: one instance per distinct mode: bf16 and fp16 (and DeepSpeed's 16-bit model and pure 16-bit)
-#: give equal modes, and the search's memo keys hold them, so equal modes are the same object and
-#: a key compares them by identity, not field by field
-_MODES: dict[DtypeMode, DtypeMode] = {}
-
-
 @functools.cache
 def dtype_mode(method: Method, precision: Precision, deepspeed: bool) -> DtypeMode:
     """The dtype mode of (method, precision) with or without DeepSpeed."""
-    mode = _dtype_mode(method, precision, deepspeed)
-    return _MODES.setdefault(mode, mode)
-
-
-def _dtype_mode(method: Method, precision: Precision, deepspeed: bool) -> DtypeMode:
     lora = method.uses_adapters
     p = precision
     if deepspeed and p.is_mixed:
