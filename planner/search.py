@@ -440,8 +440,7 @@ def _fit_and_miss(static: _Static, line: tuple[tuple[int, ...], tuple[int, ...]]
     (micro < per-device batch), and along those the peak never falls as the micro-batch grows
     (each moment is affine in it with a slope >= 0), so the boundary between fitting and missing
     is found by bisection; the last split, without accumulation, is evaluated on its own. Host RAM
-    does not depend on the split: over --cpu-mem, every split misses. (The search's inner loop:
-    the peaks are written out, ``_peak``'s sum, as a call per peak cost a fifth of the screen.)"""
+    does not depend on the split: over --cpu-mem, every split misses."""
     single, accumulating = static.parts
     one, slope = line
     ceiling = static.ceilings.get(usable)
@@ -449,23 +448,20 @@ def _fit_and_miss(static: _Static, line: tuple[tuple[int, ...], tuple[int, ...]]
         ceiling = static.ceilings[usable] = (largest_peak(usable, static=static.resident, fixed=static.fixed)
                                              if caching else usable)
     last = len(splits) - 1
-    k = splits[last][0] - 1
-    last_peak = max([p + o + s * k for p, o, s in zip(single, one, slope)])
+    last_peak = _peak(single, one, slope, splits[last][0])
     host_fits = static.terms.host <= cpu_mem
     # the accumulating splits 0..last-1: lo fits (or -1), hi misses (or last); the first is tried
     # first, as most combinations miss at every split (62% for the bench request)
     lo, hi, lo_peak, hi_peak = -1, last, 0, 0
     if last:
-        k = splits[0][0] - 1
-        peak = max([p + o + s * k for p, o, s in zip(accumulating, one, slope)])
+        peak = _peak(accumulating, one, slope, splits[0][0])
         if peak > ceiling or not host_fits:
             hi, hi_peak = 0, peak
         else:
             lo, lo_peak = 0, peak
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        k = splits[mid][0] - 1
-        peak = max([p + o + s * k for p, o, s in zip(accumulating, one, slope)])
+        peak = _peak(accumulating, one, slope, splits[mid][0])
         if peak <= ceiling:
             lo, lo_peak = mid, peak
         else:
