@@ -411,7 +411,7 @@ def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, u
                                                                               memo.caching)
         fit, miss = found
         if miss is not None:
-            fam = (base.method, base.precision, base.optimizer)  # _family_key (inline: the inner loop)
+            fam = _family_key(base)
             if fam not in closest or miss[0] < closest[fam][0]:
                 micro, accum = splits[miss[1]]
                 closest[fam] = (miss[0], base.with_split(micro_batch=micro, grad_accum=accum))
