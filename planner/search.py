@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import warnings
 from dataclasses import dataclass
 from operator import sub
 from typing import Iterable, Iterator, NamedTuple
@@ -22,7 +23,7 @@ from typing import Iterable, Iterator, NamedTuple
 from planner import __version__
 from planner.config import ALL_LINEAR, Loop, Method, Offload, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
-from planner.gpus import GPUSpec
+from planner.gpus import GPUSpec, check_precision
 from planner.limits import check_gpu_count
 from planner.memory import estimate_memory, model_states_bytes
 from planner.memory.reserve import largest_peak, peak_independent, process_total
@@ -66,7 +67,8 @@ class SearchSpace:
     """Methods to consider."""
     precisions: tuple[Precision, ...] | None = None
     """None: fp32 and, in 16 bits, bf16-mixed and pure bf16 where the GPU has bf16, else
-    fp16-mixed and pure fp16 (``_precisions``)."""
+    fp16-mixed and pure fp16 (``_precisions``). Precisions the GPU cannot run are skipped, with a
+    warning; when none is left, ``suggest`` refuses the space with the fix."""
     optimizers: tuple[Optimizer, ...] = tuple(Optimizer)
     allow_offload: bool = True
     """Consider DeepSpeed CPU offload (bounded by ``cpu_mem_bytes``)."""
@@ -149,9 +151,14 @@ def _precisions(gpu: GPUSpec, space: SearchSpace) -> tuple[Precision, ...]:
     range is fp32's, so it needs no loss scaling, and every bf16 GPU of the catalog runs bf16 and
     fp16 at the same rate: bf16-mixed and fp16-mixed plans would be predicted alike), else fp16.
     Pure 16-bit is searched too: for LoRA it is the usual recipe (16-bit frozen base, fp32
-    adapters); for full fine-tuning it ranks last under --prefer fidelity (``fidelity_tier``)."""
+    adapters); for full fine-tuning it ranks last under --prefer fidelity (``fidelity_tier``).
+    The space's own precisions: those the GPU runs (bf16 needs compute capability 8.0; its
+    matmuls would have no rate to predict with); a space with none of them is the user's mistake."""
     if space.precisions is not None:
-        return space.precisions
+        runs = tuple(p for p in space.precisions if gpu.supports(p))
+        if not runs:
+            check_precision(gpu, space.precisions[0])  # raises the line that names the fix
+        return runs
     if gpu.supports(Precision.BF16):
         return (Precision.FP32, Precision.BF16_MIXED, Precision.BF16)
     return (Precision.FP32, Precision.FP16_MIXED, Precision.FP16)
@@ -522,6 +529,10 @@ def suggest(
 ) -> PlanResult:
     """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does."""
     _check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
+    skipped = [str(p) for p in space.precisions or () if p not in _precisions(gpu, space)]
+    if skipped:
+        warnings.warn(f"{gpu.display_name} cannot run {', '.join(skipped)} (bf16 needs compute capability 8.0): "
+                      "searching the space's other precisions", stacklevel=2)
     margin = safety_margin(gpu.memory_bytes)
     usable = gpu.memory_bytes - margin
     memo = MemoryMemo(model, gpu)

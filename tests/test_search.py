@@ -60,6 +60,21 @@ def test_no_bf16_on_t4(llama7b):
     assert a10g_precisions == {Precision.FP32, Precision.BF16_MIXED, Precision.BF16}
 
 
+def test_a_space_of_every_precision_on_t4_skips_bf16_with_a_warning(llama7b):
+    """A library caller's space may name precisions the GPU cannot run (every precision, on a
+    T4): they are skipped with a warning, not predicted at a rate of zero (this raised
+    ZeroDivisionError); a space of none the GPU runs is refused with the fix."""
+    t4 = get_gpu("t4")
+    with pytest.warns(UserWarning, match="cannot run bf16-mixed, bf16"):
+        result = suggest(model=llama7b, gpu=t4, target_batch=8, seq_len=512,
+                         space=SearchSpace(cpu_mem_bytes=64 * GiB, precisions=tuple(Precision)), top_k=20)
+    shown = {p.config.precision for p in result.plans}
+    assert shown and not shown & {Precision.BF16, Precision.BF16_MIXED}
+    assert Precision.FP16 in shown
+    with pytest.raises(InvalidConfigError, match="no bf16 support .* use fp16 .or fp32."):
+        suggest(model=llama7b, gpu=t4, target_batch=8, seq_len=512, space=SearchSpace(precisions=(Precision.BF16,)))
+
+
 def test_searches_at_least_5000_configurations(llama7b_a10g):
     assert llama7b_a10g.searched >= 5000
 
