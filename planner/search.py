@@ -171,18 +171,53 @@ def enumerate_configs(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_
             yield base.with_split(micro_batch=micro, grad_accum=accum)
 
 
-def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
-                  space: SearchSpace) -> Iterator[tuple[TrainConfig, list[tuple[int, int]]]]:
-    """Each valid combination of the space's knobs but the split (a validated ``TrainConfig``
-    with the whole per-device batch as its micro-batch), with every (micro, accumulation) split
-    of the per-device batch in ascending micro-batch order."""
+class _Knobs(NamedTuple):
+    """One valid (method, precision, optimizer, ZeRO stage, offload) of the space."""
+
+    config: TrainConfig
+    """Validated, with the whole per-device batch as its micro-batch, no checkpointing and its
+    row's first adapter variant."""
+    family: tuple
+    """``_family_key``."""
+    static_prefix: tuple
+    """``_static_key`` less the adapter fields it ends with: knobs of one prefix share their
+    static terms per adapter variant."""
+    batch_prefix: tuple
+    """``_batch_key`` less the adapter and checkpointing fields: knobs of one prefix share their
+    batch lines per adapter variant and checkpointing."""
+
+    def variant(self, lora: tuple[int | None, tuple[str, ...] | None], first: bool) -> TrainConfig:
+        """This combination with an adapter variant of its row (``first``: the row's first,
+        which ``config`` has)."""
+        return self.config if first else self.config.with_lora(lora_r=lora[0], lora_targets=lora[1])
+
+
+class _Row(NamedTuple):
+    """The valid knobs of one method and precision, in the order the space lists optimizers and
+    then (ZeRO stage, offload), and the adapter variants each combines with ([(None, None)] for
+    full fine-tuning)."""
+
+    variants: list[tuple[int | None, tuple[str, ...] | None]]
+    knobs: list[_Knobs]
+
+
+def _per_device_splits(target_batch: int, gpus: int) -> list[tuple[int, int]]:
+    """Every (micro, accumulation) split of the per-device batch, in ascending micro-batch order."""
     if target_batch % gpus:
         raise InvalidConfigError(
             f"--target-batch {target_batch} cannot be split over {gpus} GPUs (micro x accumulation x GPUs "
             f"= batch): use a multiple of {gpus}"
         )
     per_device = target_batch // gpus
-    splits = [(micro, per_device // micro) for micro in _divisors(per_device)]
+    return [(micro, per_device // micro) for micro in _divisors(per_device)]
+
+
+def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int, space: SearchSpace) -> list[_Row]:
+    """The space's valid knobs, a row per method and precision. Each (method, precision,
+    optimizer, zero, offload) is validated once, with the first adapter variant: the same refusal
+    holds for every variant (SearchSpace checked the ranks; the targets are the model's), and the
+    others are copies (``with_lora``)."""
+    per_device = _per_device_splits(target_batch, gpus)[-1][0]
     lora_variants: list[tuple[int | None, tuple[str, ...] | None]] = []
     attn = attention_targets(model)
     for r in space.lora_ranks:
@@ -192,33 +227,43 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
     zero_offload = [(0, Offload.NONE), (1, Offload.NONE), (2, Offload.NONE), (3, Offload.NONE)]
     if space.allow_offload:
         zero_offload += [(1, Offload.OPTIMIZER), (2, Offload.OPTIMIZER), (3, Offload.OPTIMIZER), (3, Offload.OPTIMIZER_PARAMS)]
-    # (method, precision, optimizer, zero, offload) that TrainConfig refused: the same refusal
-    # holds for every LoRA variant (SearchSpace checked the ranks; the targets are the model's);
-    # the ones it took, to copy per LoRA variant
-    refused: set[tuple] = set()
-    made: dict[tuple, TrainConfig] = {}
+    rows = []
     for method in space.methods:
         variants = [(None, None)] if method is Method.FULL else lora_variants
-        for precision, (r, targets), optimizer, (zero, offload) in itertools.product(
-            _precisions(gpu, space), variants, space.optimizers, zero_offload
-        ):
-            skeleton = (method, precision, optimizer, zero, offload)
-            if skeleton in refused:
-                continue
-            try:
-                if skeleton in made:
-                    base = made[skeleton].with_lora(lora_r=r, lora_targets=targets)
-                else:
-                    base = made[skeleton] = TrainConfig(
+        r, targets = variants[0]
+        for precision in _precisions(gpu, space):
+            knobs = []
+            for optimizer, (zero, offload) in itertools.product(space.optimizers, zero_offload):
+                try:
+                    config = TrainConfig(
                         method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
                         seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False,
                         lora_r=r, lora_targets=targets, zero=zero, offload=offload, **space.recipe(method),
                     )
-            except PlannerError:
-                refused.add(skeleton)
-                continue  # the combination is invalid whatever the split and checkpointing
-            for ckpt in (False, True):
-                yield (base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True) if ckpt else base), splits
+                except PlannerError:
+                    continue  # the combination is invalid whatever the adapters, split and checkpointing
+                batch_key = _batch_key(config, 0)
+                knobs.append(_Knobs(config, _family_key(config), _static_key(config)[:-2],
+                                    batch_key[:2] + batch_key[5:]))
+            rows.append(_Row(variants, knobs))
+    return rows
+
+
+def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
+                  space: SearchSpace) -> Iterator[tuple[TrainConfig, list[tuple[int, int]]]]:
+    """Each valid combination of the space's knobs but the split (a validated ``TrainConfig``
+    with the whole per-device batch as its micro-batch), with every (micro, accumulation) split
+    of the per-device batch in ascending micro-batch order: per method and precision (``_rows``),
+    per adapter variant, per optimizer and (ZeRO stage, offload), without then with checkpointing.
+    (``_screen`` walks the same order over the rows.)"""
+    splits = _per_device_splits(target_batch, gpus)
+    per_device = splits[-1][0]
+    for row in _rows(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space):
+        for n, lora in enumerate(row.variants):
+            for knobs in row.knobs:
+                base = knobs.variant(lora, n == 0)
+                yield base, splits
+                yield base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True), splits
 
 
 # ---- the fast path: memoised terms and affine phase lines --------------------------------------
@@ -400,39 +445,64 @@ def _check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: i
         raise InvalidConfigError(f"--top-k must be a whole number >= 1, got {top_k!r}")
 
 
-def _screen(combinations, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo, usable: int, space: SearchSpace):
+def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo,
+            usable: int, space: SearchSpace):
     """(fitting [(config, speed, total)], each family's closest miss {family: (total, config)},
-    candidates searched) with the fast path's totals. Combinations whose terms are equal (a bf16
-    plan and its fp16 twin, one dtype mode; a ZeRO stage that changes nothing on one GPU) share
-    one screening: the memo hands out one object per value (``_Static.screens_as``, ``batch_line``)."""
+    candidates searched) of every combination of ``_combinations``, in its order, with the fast
+    path's totals. A combination is made (``_Knobs.variant``) only when the memo has not its terms
+    yet or it fits or comes closest: its knobs' prefixes and adapter variant find its terms in
+    tables that hand out what the memo did (``static_slot``, ``line_slot``). Combinations whose
+    terms are equal (a bf16 plan and its fp16 twin, one dtype mode; a ZeRO stage that changes
+    nothing on one GPU) share one screening: the memo hands out one object per value
+    (``_Static.screens_as``, ``batch_line``)."""
     largest_fit: list[tuple[TrainConfig, int]] = []
     closest: dict[tuple, tuple[int, TrainConfig]] = {}
     screened: dict[tuple[int, int], tuple] = {}
-    searched, cpu_mem = 0, space.cpu_mem_bytes
-    for base, splits in combinations:
-        searched += len(splits)
-        static, line = memo.static(base), memo.batch_line(base)
-        found = screened.get((id(static.screens_as), id(line)))
-        if found is None:
-            found = screened[id(static.screens_as), id(line)] = _fit_and_miss(static, line, splits, usable, cpu_mem,
-                                                                              memo.caching)
-        fit, miss = found
-        if miss is not None:
-            fam = _family_key(base)
-            if fam not in closest or miss[0] < closest[fam][0]:
-                micro, accum = splits[miss[1]]
-                closest[fam] = (miss[0], base.with_split(micro_batch=micro, grad_accum=accum))
-        if fit is not None:
-            micro, accum = splits[fit[1]]
-            largest_fit.append((base.with_split(micro_batch=micro, grad_accum=accum), fit[0]))
-    fitting = []
+    statics: dict[tuple, list] = {}  # static prefix -> per adapter variant
+    lines: dict[tuple, list] = {}  # batch prefix -> per adapter variant: (without, with checkpointing)
+    searched, cpu_mem, caching, per_device = 0, space.cpu_mem_bytes, memo.caching, splits[-1][0]
+    for row in rows:
+        n = len(row.variants)
+        slots = [(knobs, statics.setdefault(knobs.static_prefix, [None] * n),
+                  lines.setdefault(knobs.batch_prefix, [None] * n)) for knobs in row.knobs]
+        for v, lora in enumerate(row.variants):
+            for knobs, static_slot, line_slot in slots:
+                searched += 2 * len(splits)
+                base = None
+                static = static_slot[v]
+                if static is None:
+                    base = knobs.variant(lora, v == 0)
+                    static = static_slot[v] = memo.static(base)
+                pair = line_slot[v]
+                if pair is None:
+                    base = base or knobs.variant(lora, v == 0)
+                    ckpt = base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True)
+                    pair = line_slot[v] = (memo.batch_line(base), memo.batch_line(ckpt))
+                for ckpt, line in enumerate(pair):
+                    found = screened.get((id(static.screens_as), id(line)))
+                    if found is None:
+                        found = screened[id(static.screens_as), id(line)] = _fit_and_miss(
+                            static, line, splits, usable, cpu_mem, caching)
+                    fit, miss = found
+                    if miss is not None and (knobs.family not in closest or miss[0] < closest[knobs.family][0]):
+                        base = base or knobs.variant(lora, v == 0)
+                        micro, accum = splits[miss[1]]
+                        closest[knobs.family] = (miss[0], base.with_split(micro_batch=micro, grad_accum=accum,
+                                                                          grad_ckpt=ckpt == 1))
+                    if fit is not None:
+                        base = base or knobs.variant(lora, v == 0)
+                        micro, accum = splits[fit[1]]
+                        largest_fit.append((base.with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1),
+                                            fit[0]))
+    return _with_speeds(largest_fit, model, gpu), {_family(c): (total, c) for total, c in closest.values()}, searched
+
+
+def _with_speeds(largest_fit: list[tuple[TrainConfig, int]], model: ModelSpec, gpu: GPUSpec) -> list[tuple]:
+    """(config, speed, total) of each fitting plan: ranking needs the speed only; the full
+    estimate (with its assumptions) is made for the plans shown."""
     speeds = ThroughputMemo(model, gpu)  # the throughput model's shared terms, for this search
-    for config, total in largest_fit:
-        # ranking needs the speed only: the full estimate (with its assumptions) is made for
-        # the plans shown
-        step_s = speeds.step_seconds(config)
-        fitting.append((config, _Speed(tokens_per_second(config, step_s)), total))
-    return fitting, {_family(config): (total, config) for total, config in closest.values()}, searched
+    return [(config, _Speed(tokens_per_second(config, speeds.step_seconds(config))), total)
+            for config, total in largest_fit]
 
 
 def _fit_and_miss(static: _Static, line: tuple[tuple[int, ...], tuple[int, ...]], splits, usable: int, cpu_mem: int,
@@ -536,11 +606,12 @@ def suggest(
     margin = safety_margin(gpu.memory_bytes)
     usable = gpu.memory_bytes - margin
     memo = MemoryMemo(model, gpu)
-    combinations = _combinations(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
+    splits = _per_device_splits(target_batch, gpus)
+    rows = _rows(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
     # the screen compares each candidate's host bytes, one rank's, with space.cpu_mem_bytes: it
     # is handed one rank's share of the node's RAM (SearchSpace.offload_budget)
     per_rank = dataclasses.replace(space, cpu_mem_bytes=space.offload_budget(gpus))
-    fitting, closest, searched = _screen(combinations, model=model, gpu=gpu, memo=memo, usable=usable, space=per_rank)
+    fitting, closest, searched = _screen(rows, splits, model=model, gpu=gpu, memo=memo, usable=usable, space=per_rank)
     request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space,
                        top_k=top_k, model_fingerprint=model_fingerprint)
 

@@ -248,14 +248,15 @@ def test_the_screen_shares_results_only_between_equal_terms(n):
     """``_screen`` screens once per value of the terms (the memo hands out one object per value):
     its fitting plans and each family's closest miss are what screening every combination with a
     memo of its own finds."""
-    from planner.search import _family, _screen
+    from planner.search import _family, _rows, _screen
 
     model_id, gpu_name, batch, seq, gpus, cpu_mem = REQUESTS[n]
     model, gpu = resolve_model(model_id), get_gpu(gpu_name)
     usable = gpu.memory_bytes - safety_margin(gpu.memory_bytes)
     space = SearchSpace(cpu_mem_bytes=cpu_mem, precisions=tuple(Precision))
     combinations = list(_combinations(model=model, gpu=gpu, target_batch=batch, seq_len=seq, gpus=gpus, space=space))
-    fitting, closest, searched = _screen(iter(combinations), model=model, gpu=gpu, memo=MemoryMemo(model, gpu),
+    rows = _rows(model=model, gpu=gpu, target_batch=batch, seq_len=seq, gpus=gpus, space=space)
+    fitting, closest, searched = _screen(rows, combinations[0][1], model=model, gpu=gpu, memo=MemoryMemo(model, gpu),
                                          usable=usable, space=space)
     fits, misses = [], {}
     for base, splits in combinations:
