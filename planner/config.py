@@ -423,6 +423,23 @@ class TrainConfig:
         _set(copy, "__dict__", fields)
         return copy
 
+    def with_knobs(self, *, optimizer: Optimizer, zero: int, offload: Offload) -> "TrainConfig":
+        """This configuration with another optimizer, ZeRO stage and offload, checked as
+        ``__post_init__`` checks them: each on its own, then the combination checks, the only
+        ones that read them with another field (the search validates the optimizers and stages of
+        each method and precision by copying one construction; ``tests/test_search_speed_paths.py``
+        holds them equal to full constructions and refused where those are)."""
+        fields = self.__dict__.copy()
+        fields["optimizer"] = optimizer if type(optimizer) is Optimizer else _coerce(Optimizer, optimizer, "optimizer")
+        fields["offload"] = offload if type(offload) is Offload else _coerce(Offload, offload, "offload")
+        if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
+            raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {zero!r}")
+        fields["zero"] = zero
+        copy = _new(TrainConfig)
+        _set(copy, "__dict__", fields)
+        copy._check_combination()
+        return copy
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict with the CLI's option names as keys (underscored), and the
         payload's ``version``."""

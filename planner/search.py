@@ -232,14 +232,13 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
         variants = [(None, None)] if method is Method.FULL else lora_variants
         r, targets = variants[0]
         for precision in _precisions(gpu, space):
-            knobs = []
+            knobs: list[_Knobs] = []
             for optimizer, (zero, offload) in itertools.product(space.optimizers, zero_offload):
-                try:
-                    config = TrainConfig(
-                        method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
-                        seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False,
-                        lora_r=r, lora_targets=targets, zero=zero, offload=offload, **space.recipe(method),
-                    )
+                try:  # the row's first valid construction, copied with each other optimizer and stage
+                    config = knobs[0].config.with_knobs(optimizer=optimizer, zero=zero, offload=offload) if knobs else (
+                        TrainConfig(method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
+                                    seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False, lora_r=r,
+                                    lora_targets=targets, zero=zero, offload=offload, **space.recipe(method)))
                 except PlannerError:
                     continue  # the combination is invalid whatever the adapters, split and checkpointing
                 batch_key = _batch_key(config, 0)
