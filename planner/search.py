@@ -17,7 +17,7 @@ import itertools
 import math
 import warnings
 from dataclasses import dataclass
-from operator import sub
+from operator import add, sub
 from typing import Iterable, Iterator, NamedTuple
 
 from planner import __version__
@@ -395,7 +395,8 @@ class MemoryMemo:
 
     def fit_and_miss(self, config: TrainConfig, splits, *, usable: int, cpu_mem: int):
         """``_fit_and_miss`` of ``config``'s terms."""
-        return _fit_and_miss(self.static(config), self.batch_line(config), splits, usable, cpu_mem, self.caching)
+        return _fit_and_miss(self.static(config), _line_at(self.batch_line(config), splits), usable, cpu_mem,
+                             self.caching)
 
 
 def _peak(parts: tuple[int, ...], one: tuple[int, ...], slope: tuple[int, ...], micro: int) -> int:
@@ -403,6 +404,13 @@ def _peak(parts: tuple[int, ...], one: tuple[int, ...], slope: tuple[int, ...], 
     its per-micro-batch part at b = 1, and its slope times the samples beyond the first."""
     k = micro - 1
     return max([p + o + s * k for p, o, s in zip(parts, one, slope)])
+
+
+def _line_at(line: tuple[tuple[int, ...], tuple[int, ...]], splits) -> list[tuple[int, ...]]:
+    """Each moment's per-micro-batch part at each split's micro-batch: ``_peak`` less the static
+    part, which the screen then adds moment by moment (a batch line meets several static terms)."""
+    one, slope = line
+    return [tuple([o + s * (micro - 1) for o, s in zip(one, slope)]) for micro, _ in splits]
 
 
 def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, splits,
@@ -476,12 +484,13 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                 if pair is None:
                     base = base or knobs.variant(lora, v == 0)
                     ckpt = base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True)
-                    pair = line_slot[v] = (memo.batch_line(base), memo.batch_line(ckpt))
-                for ckpt, line in enumerate(pair):
+                    pair = line_slot[v] = tuple((line, _line_at(line, splits))
+                                                for line in (memo.batch_line(base), memo.batch_line(ckpt)))
+                for ckpt, (line, at) in enumerate(pair):
                     found = screened.get((id(static.screens_as), id(line)))
                     if found is None:
                         found = screened[id(static.screens_as), id(line)] = _fit_and_miss(
-                            static, line, splits, usable, cpu_mem, caching)
+                            static, at, usable, cpu_mem, caching)
                     fit, miss = found
                     if miss is not None and (knobs.family not in closest or miss[0] < closest[knobs.family][0]):
                         base = base or knobs.variant(lora, v == 0)
@@ -504,11 +513,11 @@ def _with_speeds(largest_fit: list[tuple[TrainConfig, int]], model: ModelSpec, g
             for config, total in largest_fit]
 
 
-def _fit_and_miss(static: _Static, line: tuple[tuple[int, ...], tuple[int, ...]], splits, usable: int, cpu_mem: int,
+def _fit_and_miss(static: _Static, at: list[tuple[int, ...]], usable: int, cpu_mem: int,
                   caching: bool) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
     """((total, index) of the largest fitting split, (total, index) of the smallest miss) of one
-    combination (its static terms and batch line), None where there is none; ties go to the first
-    split, as a scan in order finds.
+    combination (its static terms, and its batch line at each split: ``_line_at``), None where
+    there is none; ties go to the first split, as a scan in order finds.
 
     What ``totals_by_split`` gives for every split, found with fewer evaluations: a split fits
     when its peak is at most the largest peak whose process total is usable
@@ -518,26 +527,25 @@ def _fit_and_miss(static: _Static, line: tuple[tuple[int, ...], tuple[int, ...]]
     is found by bisection; the last split, without accumulation, is evaluated on its own. Host RAM
     does not depend on the split: over --cpu-mem, every split misses."""
     single, accumulating = static.parts
-    one, slope = line
     ceiling = static.ceilings.get(usable)
     if ceiling is None:
         ceiling = static.ceilings[usable] = (largest_peak(usable, static=static.resident, fixed=static.fixed)
                                              if caching else usable)
-    last = len(splits) - 1
-    last_peak = _peak(single, one, slope, splits[last][0])
+    last = len(at) - 1
+    last_peak = max(map(add, single, at[last]))
     host_fits = static.terms.host <= cpu_mem
     # the accumulating splits 0..last-1: lo fits (or -1), hi misses (or last); the first is tried
     # first, as most combinations miss at every split (62% for the bench request)
     lo, hi, lo_peak, hi_peak = -1, last, 0, 0
     if last:
-        peak = _peak(accumulating, one, slope, splits[0][0])
+        peak = max(map(add, accumulating, at[0]))
         if peak > ceiling or not host_fits:
             hi, hi_peak = 0, peak
         else:
             lo, lo_peak = 0, peak
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        peak = _peak(accumulating, one, slope, splits[mid][0])
+        peak = max(map(add, accumulating, at[mid]))
         if peak <= ceiling:
             lo, lo_peak = mid, peak
         else:
