@@ -363,20 +363,20 @@ def activation_breakdown(model: ModelSpec, config: TrainConfig, *, kernels: Kern
     level = model_level_terms(model, config, dims, mode, kernels)
     if config.grad_ckpt:
         return _saved_breakdown(model.num_layers, checkpoint_bytes(model, dims, mode), None, level)
-    _, first, _, rest = _block_pair(model, config, kernels, targets, dims)
+    _, first, _, rest = _block_pair(model, config, kernels, targets, dims, mode)
     return _saved_breakdown(model.num_layers, 0, (first, rest), level)
 
 
 def _block_pair(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, targets: frozenset[str] | None,
-                dims: Dims) -> tuple[BlockContext, dict[str, int], BlockContext, dict[str, int]]:
+                dims: Dims, mode: DtypeMode | None = None) -> tuple[BlockContext, dict[str, int], BlockContext, dict[str, int]]:
     """(first block's context, its terms, a later block's context, its terms): the first block
     differs from the others only when its input needs no gradient, so its context and terms are
     made anew only then."""
-    rest_ctx = block_context(model, config, kernels, first=False, targets=targets, dims=dims)
+    rest_ctx = block_context(model, config, kernels, first=False, targets=targets, dims=dims, mode=mode)
     rest = block_terms(rest_ctx)
     if block_input_needs_grad(config, first=True):
         return rest_ctx, rest, rest_ctx, rest
-    first_ctx = block_context(model, config, kernels, first=True, targets=rest_ctx.targets, dims=dims)
+    first_ctx = rest_ctx.as_first(True)
     return first_ctx, block_terms(first_ctx), rest_ctx, rest
 
 
@@ -639,13 +639,14 @@ class StepActivations:
 
 
 def step_activations(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
-                     targets: frozenset[str] | None = None, dims: Dims | None = None) -> StepActivations:
+                     targets: frozenset[str] | None = None, dims: Dims | None = None,
+                     mode: DtypeMode | None = None) -> StepActivations:
     """The activation terms of a decoder-only model (``StepActivations``), each block's terms
     computed once: a later block's serve the whole forward, the recompute and the last block's
-    backward (the last block is the first one when there is only one). ``dims``: when the
-    caller has them."""
+    backward (the last block is the first one when there is only one). ``dims`` and ``mode``:
+    when the caller has them."""
     dims = dims or dims_of(model, config)
-    first, first_terms, rest, rest_terms = _block_pair(model, config, kernels, targets, dims)
+    first, first_terms, rest, rest_terms = _block_pair(model, config, kernels, targets, dims, mode)
     level = model_level_terms(model, config, dims, rest.mode, kernels)
     ckpt = config.grad_ckpt
     last, last_terms = (first, first_terms) if model.num_layers == 1 else (rest, rest_terms)

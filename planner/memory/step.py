@@ -114,7 +114,7 @@ def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     else:
         # one pass over the block serves the saved tensors, the recompute and both moments of the
         # last block's backward
-        step = step_activations(model, config, kernels, targets, dims)
+        step = step_activations(model, config, kernels, targets, dims, mode)
         activations, recompute = step.saved(), step.recompute
         head = {breakdown_key(term): nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED and nbytes}
         block_added, end_added = step.block_backward, step.recompute_end
@@ -144,7 +144,7 @@ def batch_totals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
         return batch_phase_totals(batch_terms(model, config, kernels, targets))
     dims, mode = dims_of(model, config), mode_of(config)
     fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode)
-    step = step_activations(model, config, kernels, targets, dims)
+    step = step_activations(model, config, kernels, targets, dims, mode)
     saved = step.saved_bytes()
     live = saved - sum([nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED])
     return phase_totals(static=NO_STATIC, saved=saved, recompute=step.recompute, fwd_logits=fwd_logits,
