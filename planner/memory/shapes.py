@@ -108,9 +108,10 @@ class BlockContext:
         object.__setattr__(copy, "__dict__", {**self.__dict__, **changed})
         return copy
 
-    def at(self, dims: Dims) -> BlockContext:
-        """This block at other sizes (another micro-batch): nothing derived reads them."""
-        return self._but(dims=dims)
+    def at(self, config: TrainConfig, dims: Dims) -> BlockContext:
+        """This block in ``config``, which differs from this one's in its micro-batch only, at its
+        sizes ``dims``: nothing derived reads the micro-batch."""
+        return self._but(config=config, dims=dims)
 
     def as_first(self, first: bool) -> BlockContext:
         """This context as the first block or a later one: only whether its input needs a gradient

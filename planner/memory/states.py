@@ -82,6 +82,16 @@ class StaticTerms:
     and the embedding's backward), which autograd's input buffer adds into a third tensor: the
     two partials are alive with every other gradient at the end of backward (measured on gpt2)."""
 
+    def __init__(self, *, resident: dict[str, int], gradients: int, gathered: int, paged: int, host: int,
+                 optimizer_step: int, optimizer_gradients: int, zero_gradient_flatten: int = 0,
+                 tied_gradient_sum: int = 0) -> None:
+        # every field at once (as ``shapes.Dims``): the generated __init__ sets each through
+        # object.__setattr__, and the search makes one of these per static key
+        object.__setattr__(self, "__dict__", {
+            "resident": resident, "gradients": gradients, "gathered": gathered, "paged": paged, "host": host,
+            "optimizer_step": optimizer_step, "optimizer_gradients": optimizer_gradients,
+            "zero_gradient_flatten": zero_gradient_flatten, "tied_gradient_sum": tied_gradient_sum})
+
     @property
     def resident_bytes(self) -> int:
         return sum(self.resident.values())
