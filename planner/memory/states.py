@@ -11,18 +11,19 @@ from dataclasses import dataclass
 
 from planner.config import Method, Offload, Optimizer, TrainConfig
 from planner.gpus import KernelProfile
-from planner.memory.dtypes import ADAPTER_BYTES, FP32, mode_of, nf4_bytes, trainable_bytes
+from planner.memory.dtypes import ADAPTER_BYTES, FP32, DtypeMode, mode_of, nf4_bytes, trainable_bytes
 from planner.memory.optimizers import OPTIMIZERS
 from planner.memory.parameters import Trained, quantized_linear_params, trained
 from planner.memory.zero import gradient_flatten, optimizer_phase_gradients, zero_partition, zero_states
 from planner.modelspec import ModelSpec
 
 
-def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | None = None) -> tuple[dict[str, int], int]:
+def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | None = None,
+                          mode: DtypeMode | None = None) -> tuple[dict[str, int], int]:
     """(device bytes by component, host bytes) of weights, gradients and optimizer states
-    (``t``: what the configuration trains, when the caller has it already)."""
+    (``t``: what the configuration trains, and ``mode``: its dtype mode, when the caller has them)."""
     t = t or trained(model, config)
-    mode = mode_of(config)
+    mode = mode or mode_of(config)
     trainable = t.count
     param_bytes = trainable_bytes(config.method, mode)
     out: dict[str, int] = {}
@@ -102,13 +103,13 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     states are split off where they live in unified memory: max_memory_allocated does not see
     them while nvidia-smi does when they are resident (bitsandbytes/functional.py get_paged)."""
     t = t or trained(model, config)
-    states, host = model_state_breakdown(model, config, t)
+    mode = mode_of(config)
+    states, host = model_state_breakdown(model, config, t, mode)
     gradients = states.pop("gradients", 0)
     gathered = states.pop("zero3/gathered_params", 0)
     paged = 0
     if config.optimizer is Optimizer.PAGED_ADAMW_8BIT and kernels.unified_memory_paging:
         paged = states.pop("optimizer_states", 0)
-    mode = mode_of(config)
     transient = 0
     if config.offload is Offload.NONE:
         if config.zero:
