@@ -431,13 +431,13 @@ def _down_saved(ctx: BlockContext) -> int:
     if (ctx.full or (targeted and (ctx.adapter_saves_shared_input or bool(mode.adapter_input)))) and not keeps_output:
         total += inter  # _mlp_intermediate's "down saves the product"
         if not ctx.full and mode.adapter_input:
-            total += sum(e * lin.in_features * (mode.adapter_input - mode.compute) for lin in targeted)
+            total += sum([e * lin.in_features * (mode.adapter_input - mode.compute) for lin in targeted])
     r = ctx.config.lora_r or 0
-    total += sum(lin.active * e * r * (HALF if mode.autocast else FP32) for lin in targeted)
+    total += sum([lin.active * e * r * (HALF if mode.autocast else FP32) for lin in targeted])
     if mode.autocast:
         if ctx.config.method is not Method.QLORA:
-            total += sum(lin.count * lin.in_features * lin.out_features * 2 for lin in down)
-        total += sum(lin.count * r * (lin.out_features + lin.in_features) * 2 for lin in targeted)
+            total += sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down])
+        total += sum([lin.count * r * (lin.out_features + lin.in_features) * 2 for lin in targeted])
     if targeted and ctx.lora_dropout:
         total += _lora_dropout(ctx, _DOWN)
     return total
@@ -554,7 +554,7 @@ def _recompute_stops(ctx: BlockContext, down_saved: int) -> list[tuple[int, int]
     if down:
         if mode.compute != ADAPTER_BYTES and (mode.autocast or ctx.lora_dropout):
             local += inter * ADAPTER_BYTES
-        local += sum(lin.active * e * lin.out_features * mode.compute for lin in down)
+        local += sum([lin.active * e * lin.out_features * mode.compute for lin in down])
     stops = [(0, local)]
     up = ctx.adapted_of(LinearKind.MLP_IN)
     if model.gated_mlp and up:

@@ -81,6 +81,10 @@ class BlockContext:
     """The kinds of the block's linears LoRA adapts at least one of."""
     adapted_by_kind: dict[LinearKind, tuple[LinearSpec, ...]] = field(init=False, repr=False, compare=False)
     """``adapted`` by kind (``adapted_of``), in the block's order."""
+    o_targeted: bool = field(init=False, repr=False, compare=False)
+    """LoRA adapts the attention's output projection."""
+    attn_targeted: bool = field(init=False, repr=False, compare=False)
+    """LoRA adapts an attention projection, input or output."""
 
     def __init__(self, *, model: ModelSpec, config: TrainConfig, dims: Dims, mode: DtypeMode, kernels: KernelProfile,
                  first: bool, targets: frozenset[str]) -> None:
@@ -99,6 +103,8 @@ class BlockContext:
             "lora_dropout": lora_dropout,
             "adapter_saves_shared_input": not full and not mode.adapter_input and not lora_dropout,
             "adapted": adapted, "targeted_kinds": frozenset(by_kind), "adapted_by_kind": by_kind,
+            "o_targeted": LinearKind.ATTN_OUT in by_kind,
+            "attn_targeted": LinearKind.ATTN_IN in by_kind or LinearKind.ATTN_OUT in by_kind,
         })
 
     def _but(self, **changed) -> BlockContext:
@@ -131,14 +137,6 @@ class BlockContext:
     @property
     def attn_out(self) -> tuple[LinearSpec, ...]:
         return self.of_kind(LinearKind.ATTN_OUT)
-
-    @property
-    def o_targeted(self) -> bool:
-        return LinearKind.ATTN_OUT in self.targeted_kinds
-
-    @property
-    def attn_targeted(self) -> bool:
-        return LinearKind.ATTN_IN in self.targeted_kinds or LinearKind.ATTN_OUT in self.targeted_kinds
 
     def input_needs_grad(self, lin: LinearSpec) -> bool:
         """Whether the input a linear of the block reads needs a gradient: everything does but, in
