@@ -363,20 +363,19 @@ def activation_breakdown(model: ModelSpec, config: TrainConfig, *, kernels: Kern
     level = model_level_terms(model, config, dims, mode, kernels)
     if config.grad_ckpt:
         return _saved_breakdown(model.num_layers, checkpoint_bytes(model, dims, mode), None, level)
-    _, first, _, rest = _block_pair(model, config, kernels, targets, dims)
+    _, first, _, rest = _block_pair(block_context(model, config, kernels, first=False, targets=targets, dims=dims,
+                                                  mode=mode))
     return _saved_breakdown(model.num_layers, 0, (first, rest), level)
 
 
-def _block_pair(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, targets: frozenset[str] | None,
-                dims: Dims) -> tuple[BlockContext, dict[str, int], BlockContext, dict[str, int]]:
-    """(first block's context, its terms, a later block's context, its terms): the first block
-    differs from the others only when its input needs no gradient, so its context and terms are
-    made anew only then."""
-    rest_ctx = block_context(model, config, kernels, first=False, targets=targets, dims=dims)
+def _block_pair(rest_ctx: BlockContext) -> tuple[BlockContext, dict[str, int], BlockContext, dict[str, int]]:
+    """(first block's context, its terms, a later block's context, its terms), from the later
+    block's context: the first block differs from the others only when its input needs no
+    gradient, so its context and terms are made anew only then."""
     rest = block_terms(rest_ctx)
-    if block_input_needs_grad(config, first=True):
+    if block_input_needs_grad(rest_ctx.config, first=True):
         return rest_ctx, rest, rest_ctx, rest
-    first_ctx = block_context(model, config, kernels, first=True, targets=rest_ctx.targets, dims=dims)
+    first_ctx = rest_ctx.as_first(True)
     return first_ctx, block_terms(first_ctx), rest_ctx, rest
 
 
@@ -432,13 +431,13 @@ def _down_saved(ctx: BlockContext) -> int:
     if (ctx.full or (targeted and (ctx.adapter_saves_shared_input or bool(mode.adapter_input)))) and not keeps_output:
         total += inter  # _mlp_intermediate's "down saves the product"
         if not ctx.full and mode.adapter_input:
-            total += sum(e * lin.in_features * (mode.adapter_input - mode.compute) for lin in targeted)
+            total += sum([e * lin.in_features * (mode.adapter_input - mode.compute) for lin in targeted])
     r = ctx.config.lora_r or 0
-    total += sum(lin.active * e * r * (HALF if mode.autocast else FP32) for lin in targeted)
+    total += sum([lin.active * e * r * (HALF if mode.autocast else FP32) for lin in targeted])
     if mode.autocast:
         if ctx.config.method is not Method.QLORA:
-            total += sum(lin.count * lin.in_features * lin.out_features * 2 for lin in down)
-        total += sum(lin.count * r * (lin.out_features + lin.in_features) * 2 for lin in targeted)
+            total += sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down])
+        total += sum([lin.count * r * (lin.out_features + lin.in_features) * 2 for lin in targeted])
     if targeted and ctx.lora_dropout:
         total += _lora_dropout(ctx, _DOWN)
     return total
@@ -555,7 +554,7 @@ def _recompute_stops(ctx: BlockContext, down_saved: int) -> list[tuple[int, int]
     if down:
         if mode.compute != ADAPTER_BYTES and (mode.autocast or ctx.lora_dropout):
             local += inter * ADAPTER_BYTES
-        local += sum(lin.active * e * lin.out_features * mode.compute for lin in down)
+        local += sum([lin.active * e * lin.out_features * mode.compute for lin in down])
     stops = [(0, local)]
     up = ctx.adapted_of(LinearKind.MLP_IN)
     if model.gated_mlp and up:
@@ -625,6 +624,15 @@ class StepActivations:
     recompute_end: dict[str, int]
     """``recompute_end_terms``, by term."""
 
+    def __init__(self, *, layers: int, blocks: tuple[dict[str, int], dict[str, int]] | None, checkpoint: int,
+                 level: dict[str, int], recompute: int, block_backward: dict[str, int],
+                 recompute_end: dict[str, int]) -> None:
+        # every field at once (as ``shapes.Dims``): the generated __init__ sets each through
+        # object.__setattr__, and the search makes one of these per micro-batch of a batch line
+        object.__setattr__(self, "__dict__", {
+            "layers": layers, "blocks": blocks, "checkpoint": checkpoint, "level": level, "recompute": recompute,
+            "block_backward": block_backward, "recompute_end": recompute_end})
+
     def saved(self) -> dict[str, int]:
         """``activation_breakdown``: saved for backward over the whole forward, by breakdown key."""
         return _saved_breakdown(self.layers, self.checkpoint, self.blocks, self.level)
@@ -639,14 +647,21 @@ class StepActivations:
 
 
 def step_activations(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
-                     targets: frozenset[str] | None = None, dims: Dims | None = None) -> StepActivations:
+                     targets: frozenset[str] | None = None, dims: Dims | None = None,
+                     mode: DtypeMode | None = None) -> StepActivations:
     """The activation terms of a decoder-only model (``StepActivations``), each block's terms
     computed once: a later block's serve the whole forward, the recompute and the last block's
-    backward (the last block is the first one when there is only one). ``dims``: when the
-    caller has them."""
-    dims = dims or dims_of(model, config)
-    first, first_terms, rest, rest_terms = _block_pair(model, config, kernels, targets, dims)
-    level = model_level_terms(model, config, dims, rest.mode, kernels)
+    backward (the last block is the first one when there is only one). ``dims`` and ``mode``:
+    when the caller has them."""
+    return block_step_activations(block_context(model, config, kernels, first=False, targets=targets, dims=dims,
+                                                mode=mode))
+
+
+def block_step_activations(ctx: BlockContext) -> StepActivations:
+    """``step_activations`` from a later block's context ``ctx``, when the caller has one."""
+    model, config, dims = ctx.model, ctx.config, ctx.dims
+    first, first_terms, rest, rest_terms = _block_pair(ctx)
+    level = model_level_terms(model, config, dims, rest.mode, ctx.kernels)
     ckpt = config.grad_ckpt
     last, last_terms = (first, first_terms) if model.num_layers == 1 else (rest, rest_terms)
     last_saved, down = sum(last_terms.values()), _down_saved(last)
@@ -676,4 +691,4 @@ __all__ = ["ACTIVATION_SAVED", "ACTIVATION_SAVED_DEFAULT", "ACTIVATION_SAVES_OUT
            "activation_breakdown", "block_backward_terms", "block_terms", "breakdown_key", "checkpoint_bytes", "down_gradient_params", "fused_ce_chunk_rows",
            "fused_ce_transient", "kernels_of", "kv_cache_block_bytes", "logits_backward_transient", "recompute_end_terms",
            "logits_forward_transient", "manual_loop_logits", "model_level_terms", "recompute_bytes", "StepActivations",
-           "step_activations"]
+           "step_activations", "block_step_activations"]

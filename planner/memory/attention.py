@@ -17,7 +17,7 @@ def out_input(ctx: BlockContext, copy_bytes: int) -> int:
     if copy_bytes and (ctx.full or (ctx.o_targeted and ctx.adapter_saves_shared_input)):
         total += copy_bytes
     if not ctx.full and ctx.mode.adapter_input and ctx.o_targeted:
-        total += sum(ctx.dims.tokens * lin.in_features * ctx.mode.adapter_input for lin in ctx.attn_out)
+        total += sum([ctx.dims.tokens * lin.in_features * ctx.mode.adapter_input for lin in ctx.attn_out])
     return total
 
 

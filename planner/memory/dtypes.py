@@ -8,7 +8,7 @@ and the dtype mode a (method, precision, DeepSpeed) combination runs in.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.config import Method, Precision
 
@@ -64,11 +64,12 @@ class DtypeMode:
     """bytes of a stored (unquantised) weight element."""
     adapter_input: int
     """bytes of the input copy each LoRA adapter saves (0: it shares the base layer's input)."""
+    logits: int = field(init=False, repr=False, compare=False)
+    """bytes of the lm_head's output: 16-bit under autocast, else the weights' dtype (a plain
+    attribute: the output terms read it at every micro-batch the search tries)."""
 
-    @property
-    def logits(self) -> int:
-        """bytes of the lm_head's output: 16-bit under autocast, else the weights' dtype."""
-        return HALF if self.autocast else self.weight
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "logits", HALF if self.autocast else self.weight)
 
 
 def trainable_bytes(method: Method, mode: DtypeMode) -> int:

@@ -34,8 +34,10 @@ class Dims:
     tokens: int = field(init=False, repr=False, compare=False)
     """b * s: nearly every term reads it (a plain attribute, set as the dims are made)"""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", self.b * self.s)
+    def __init__(self, *, b: int, s: int, h: int, a: int, kv: int, d: int, i: int, v: int) -> None:
+        # every field at once, as ``BlockContext.__init__`` sets its own
+        object.__setattr__(self, "__dict__", {"b": b, "s": s, "h": h, "a": a, "kv": kv, "d": d, "i": i, "v": v,
+                                              "tokens": b * s})
 
 
 def dims_of(model: ModelSpec, config: TrainConfig) -> Dims:
@@ -50,7 +52,7 @@ def dims_of(model: ModelSpec, config: TrainConfig) -> Dims:
 @dataclass(frozen=True, kw_only=True)
 class BlockContext:
     """Everything one transformer block's activation terms depend on. What the terms read of the
-    configuration is derived once, as the context is made (``__post_init__``): a block's terms
+    configuration is derived once, as the context is made (``__init__``): a block's terms
     read it dozens of times, and the search makes hundreds of contexts."""
 
     model: ModelSpec
@@ -77,21 +79,50 @@ class BlockContext:
     """The block's linears LoRA adapts, in the block's order."""
     targeted_kinds: frozenset[LinearKind] = field(init=False, repr=False, compare=False)
     """The kinds of the block's linears LoRA adapts at least one of."""
+    adapted_by_kind: dict[LinearKind, tuple[LinearSpec, ...]] = field(init=False, repr=False, compare=False)
+    """``adapted`` by kind (``adapted_of``), in the block's order."""
+    o_targeted: bool = field(init=False, repr=False, compare=False)
+    """LoRA adapts the attention's output projection."""
+    attn_targeted: bool = field(init=False, repr=False, compare=False)
+    """LoRA adapts an attention projection, input or output."""
 
-    def __post_init__(self) -> None:
-        full = self.config.method is Method.FULL
-        lora_dropout = not full and self.config.lora_dropout > 0
-        derived = {
-            "full": full,
-            "block_input_needs_grad": block_input_needs_grad(self.config, first=self.first),
+    def __init__(self, *, model: ModelSpec, config: TrainConfig, dims: Dims, mode: DtypeMode, kernels: KernelProfile,
+                 first: bool, targets: frozenset[str]) -> None:
+        # every field, the derived ones too, set at once as ``TrainConfig.__init__`` sets its own:
+        # the generated __init__ and a __post_init__ set each frozen field through
+        # object.__setattr__, and the search makes hundreds of contexts
+        full = config.method is Method.FULL
+        lora_dropout = not full and config.lora_dropout > 0
+        by_kind: dict[LinearKind, tuple[LinearSpec, ...]] = {}
+        adapted = tuple([lin for lin in model.layer_linears if lin.name in targets]) if targets else ()
+        for lin in adapted:
+            by_kind[lin.kind] = by_kind.get(lin.kind, ()) + (lin,)
+        object.__setattr__(self, "__dict__", {
+            "model": model, "config": config, "dims": dims, "mode": mode, "kernels": kernels, "first": first,
+            "targets": targets, "full": full, "block_input_needs_grad": block_input_needs_grad(config, first=first),
             "lora_dropout": lora_dropout,
-            "adapter_saves_shared_input": not full and not self.mode.adapter_input and not lora_dropout,
-        }
-        targets = self.targets
-        derived["adapted"] = adapted = tuple([lin for lin in self.model.layer_linears if lin.name in targets])
-        derived["targeted_kinds"] = frozenset([lin.kind for lin in adapted])
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
+            "adapter_saves_shared_input": not full and not mode.adapter_input and not lora_dropout,
+            "adapted": adapted, "targeted_kinds": frozenset(by_kind), "adapted_by_kind": by_kind,
+            "o_targeted": LinearKind.ATTN_OUT in by_kind,
+            "attn_targeted": LinearKind.ATTN_IN in by_kind or LinearKind.ATTN_OUT in by_kind,
+        })
+
+    def _but(self, **changed) -> BlockContext:
+        """This context with ``changed`` fields, the derived ones as they are (the callers change
+        only what those do not read, or also what they derive from it)."""
+        copy = object.__new__(BlockContext)
+        object.__setattr__(copy, "__dict__", {**self.__dict__, **changed})
+        return copy
+
+    def at(self, config: TrainConfig, dims: Dims) -> BlockContext:
+        """This block in ``config``, which differs from this one's in its micro-batch only, at its
+        sizes ``dims``: nothing derived reads the micro-batch."""
+        return self._but(config=config, dims=dims)
+
+    def as_first(self, first: bool) -> BlockContext:
+        """This context as the first block or a later one: only whether its input needs a gradient
+        depends on it."""
+        return self._but(first=first, block_input_needs_grad=block_input_needs_grad(self.config, first=first))
 
     def of_kind(self, kind: LinearKind) -> tuple[LinearSpec, ...]:
         return self.model.linears_by_kind[kind]
@@ -101,19 +132,11 @@ class BlockContext:
 
     def adapted_of(self, kind: LinearKind) -> tuple[LinearSpec, ...]:
         """The linears of ``kind`` LoRA adapts."""
-        return tuple([lin for lin in self.adapted if lin.kind is kind]) if kind in self.targeted_kinds else ()
+        return self.adapted_by_kind.get(kind, ())
 
     @property
     def attn_out(self) -> tuple[LinearSpec, ...]:
         return self.of_kind(LinearKind.ATTN_OUT)
-
-    @property
-    def o_targeted(self) -> bool:
-        return LinearKind.ATTN_OUT in self.targeted_kinds
-
-    @property
-    def attn_targeted(self) -> bool:
-        return LinearKind.ATTN_IN in self.targeted_kinds or LinearKind.ATTN_OUT in self.targeted_kinds
 
     def input_needs_grad(self, lin: LinearSpec) -> bool:
         """Whether the input a linear of the block reads needs a gradient: everything does but, in
@@ -135,11 +158,12 @@ def block_input_needs_grad(config: TrainConfig, *, first: bool) -> bool:
 
 
 def block_context(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, *, first: bool,
-                  targets: frozenset[str] | None = None, dims: Dims | None = None) -> BlockContext:
-    """``targets`` (the adapted linears' names) and ``dims``: when the caller has them already."""
+                  targets: frozenset[str] | None = None, dims: Dims | None = None,
+                  mode: DtypeMode | None = None) -> BlockContext:
+    """``targets`` (the adapted linears' names), ``dims`` and ``mode``: when the caller has them already."""
     if targets is None:
         targets = frozenset(lin.name for lin in lora_targets(model, config))
-    return BlockContext(model=model, config=config, dims=dims or dims_of(model, config), mode=mode_of(config),
+    return BlockContext(model=model, config=config, dims=dims or dims_of(model, config), mode=mode or mode_of(config),
                         kernels=kernels, first=first, targets=targets)
 
 

@@ -11,18 +11,19 @@ from dataclasses import dataclass
 
 from planner.config import Method, Offload, Optimizer, TrainConfig
 from planner.gpus import KernelProfile
-from planner.memory.dtypes import ADAPTER_BYTES, FP32, mode_of, nf4_bytes, trainable_bytes
+from planner.memory.dtypes import ADAPTER_BYTES, FP32, DtypeMode, mode_of, nf4_bytes, trainable_bytes
 from planner.memory.optimizers import OPTIMIZERS
 from planner.memory.parameters import Trained, quantized_linear_params, trained
 from planner.memory.zero import gradient_flatten, optimizer_phase_gradients, zero_partition, zero_states
 from planner.modelspec import ModelSpec
 
 
-def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | None = None) -> tuple[dict[str, int], int]:
+def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | None = None,
+                          mode: DtypeMode | None = None) -> tuple[dict[str, int], int]:
     """(device bytes by component, host bytes) of weights, gradients and optimizer states
-    (``t``: what the configuration trains, when the caller has it already)."""
+    (``t``: what the configuration trains, and ``mode``: its dtype mode, when the caller has them)."""
     t = t or trained(model, config)
-    mode = mode_of(config)
+    mode = mode or mode_of(config)
     trainable = t.count
     param_bytes = trainable_bytes(config.method, mode)
     out: dict[str, int] = {}
@@ -82,6 +83,16 @@ class StaticTerms:
     and the embedding's backward), which autograd's input buffer adds into a third tensor: the
     two partials are alive with every other gradient at the end of backward (measured on gpt2)."""
 
+    def __init__(self, *, resident: dict[str, int], gradients: int, gathered: int, paged: int, host: int,
+                 optimizer_step: int, optimizer_gradients: int, zero_gradient_flatten: int = 0,
+                 tied_gradient_sum: int = 0) -> None:
+        # every field at once (as ``shapes.Dims``): the generated __init__ sets each through
+        # object.__setattr__, and the search makes one of these per static key
+        object.__setattr__(self, "__dict__", {
+            "resident": resident, "gradients": gradients, "gathered": gathered, "paged": paged, "host": host,
+            "optimizer_step": optimizer_step, "optimizer_gradients": optimizer_gradients,
+            "zero_gradient_flatten": zero_gradient_flatten, "tied_gradient_sum": tied_gradient_sum})
+
     @property
     def resident_bytes(self) -> int:
         return sum(self.resident.values())
@@ -92,13 +103,13 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     states are split off where they live in unified memory: max_memory_allocated does not see
     them while nvidia-smi does when they are resident (bitsandbytes/functional.py get_paged)."""
     t = t or trained(model, config)
-    states, host = model_state_breakdown(model, config, t)
+    mode = mode_of(config)
+    states, host = model_state_breakdown(model, config, t, mode)
     gradients = states.pop("gradients", 0)
     gathered = states.pop("zero3/gathered_params", 0)
     paged = 0
     if config.optimizer is Optimizer.PAGED_ADAMW_8BIT and kernels.unified_memory_paging:
         paged = states.pop("optimizer_states", 0)
-    mode = mode_of(config)
     transient = 0
     if config.offload is Offload.NONE:
         if config.zero:

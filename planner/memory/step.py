@@ -29,6 +29,7 @@ search's fast path evaluates (``planner.search``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import sub
 
 from planner.config import Loop, Method, TrainConfig
 from planner.gpus import KernelProfile
@@ -36,6 +37,7 @@ from planner.memory.activations import (
     HEAD_TERMS,
     activation_breakdown,
     block_backward_terms,
+    block_step_activations,
     breakdown_key,
     down_gradient_params,
     kv_cache_block_bytes,
@@ -48,7 +50,7 @@ from planner.memory.activations import (
 )
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained
-from planner.memory.shapes import dims_of
+from planner.memory.shapes import BlockContext, block_context, dims_of
 from planner.memory.states import StaticTerms
 from planner.modelspec import ModelSpec
 
@@ -114,7 +116,7 @@ def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     else:
         # one pass over the block serves the saved tensors, the recompute and both moments of the
         # last block's backward
-        step = step_activations(model, config, kernels, targets, dims)
+        step = step_activations(model, config, kernels, targets, dims, mode)
         activations, recompute = step.saved(), step.recompute
         head = {breakdown_key(term): nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED and nbytes}
         block_added, end_added = step.block_backward, step.recompute_end
@@ -142,9 +144,31 @@ def batch_totals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     its backward adds (``_block_backward``): sums of sums."""
     if model.is_encoder_decoder:
         return batch_phase_totals(batch_terms(model, config, kernels, targets))
-    dims, mode = dims_of(model, config), mode_of(config)
+    return _decoder_totals(model, config, block_context(model, config, kernels, first=False, targets=targets))
+
+
+def batch_line(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+               targets: frozenset[str] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each moment's per-micro-batch part at micro-batch 1 and its increase per sample, exactly
+    ``batch_totals`` at micro-batch 1 and (that at 2) - (that at 1), ``config``'s accumulation
+    kept (the search's memo: every term is affine in the micro-batch). A decoder-only model's two
+    evaluations share a later block's context, which reads no size (``BlockContext.at``);
+    tests/test_batch_line.py holds this equal to the two calls."""
+    one, two = (config.with_split(micro_batch=b, grad_accum=config.grad_accum) for b in (1, 2))
+    if model.is_encoder_decoder:
+        at_one, at_two = batch_totals(model, one, kernels, targets), batch_totals(model, two, kernels, targets)
+    else:
+        ctx = block_context(model, one, kernels, first=False, targets=targets)
+        at_one = _decoder_totals(model, one, ctx)
+        at_two = _decoder_totals(model, two, ctx.at(two, dims_of(model, two)))
+    return at_one, tuple(map(sub, at_two, at_one))
+
+
+def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext) -> tuple[int, ...]:
+    """``batch_totals`` of a decoder-only model, from a later block's context ``ctx``."""
+    dims, mode = ctx.dims, ctx.mode
     fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode)
-    step = step_activations(model, config, kernels, targets, dims)
+    step = block_step_activations(ctx)
     saved = step.saved_bytes()
     live = saved - sum([nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED])
     return phase_totals(static=NO_STATIC, saved=saved, recompute=step.recompute, fwd_logits=fwd_logits,
@@ -288,5 +312,5 @@ def phase_breakdowns(static: StaticTerms, batch: BatchTerms, *, accumulating: bo
     return out
 
 
-__all__ = ["HEAD_SAVED", "NO_STATIC", "PHASES", "BatchTerms", "batch_phase_totals", "batch_terms", "batch_totals",
+__all__ = ["HEAD_SAVED", "NO_STATIC", "PHASES", "BatchTerms", "batch_phase_totals", "batch_line", "batch_terms", "batch_totals",
            "first_block_gradients", "first_block_params", "phase_breakdowns", "phase_totals", "phases"]

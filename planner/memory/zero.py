@@ -40,13 +40,24 @@ def deepspeed_buckets(hidden_size: int) -> dict[str, int]:
     values the model uses.
     """
     return {
-        "reduce_bucket_size": hidden_size * hidden_size,
+        "reduce_bucket_size": reduce_bucket_size(hidden_size),
         "allgather_bucket_size": hidden_size * hidden_size,
         "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
-        "stage3_param_persistence_threshold": 10 * hidden_size,
+        "stage3_param_persistence_threshold": persistence_threshold(hidden_size),
         "stage3_max_live_parameters": DS_MAX_LIVE_PARAMETERS,
         "stage3_max_reuse_distance": DS_MAX_REUSE_DISTANCE,
     }
+
+
+def reduce_bucket_size(hidden_size: int) -> int:
+    """``deepspeed_buckets``' reduce bucket (elements), which the model counts: the terms read it
+    alone, without building the whole dict."""
+    return hidden_size * hidden_size
+
+
+def persistence_threshold(hidden_size: int) -> int:
+    """``deepspeed_buckets``' stage3_param_persistence_threshold (elements), read alone too."""
+    return 10 * hidden_size
 
 
 def zero3_live_params(sizes: tuple[int, ...], *, max_live: int, max_reuse: int, persistence_threshold: int) -> int:
@@ -101,7 +112,7 @@ def zero3_gathered_bytes(model: ModelSpec, config: TrainConfig, t: Trained) -> i
     if config.gpus == 1 and config.offload is not Offload.OPTIMIZER_PARAMS:
         return 0
     adapters = t.sizes if config.method.uses_adapters else ()
-    threshold = deepspeed_buckets(model.hidden_size)["stage3_param_persistence_threshold"]
+    threshold = persistence_threshold(model.hidden_size)
     _, _, live = zero3_param_split(model, adapters, threshold)
     return live * comm_bytes(config)
 
@@ -150,7 +161,7 @@ def zero_states(model: ModelSpec, config: TrainConfig, t: Trained, *, weights: i
             host += grad_partitions
     else:
         out["gradients"] = grads * gb // param_bytes if config.zero == 1 else grads * gb // param_bytes // n
-    out["zero/reduce_bucket"] = deepspeed_buckets(model.hidden_size)["reduce_bucket_size"] * gb
+    out["zero/reduce_bucket"] = reduce_bucket_size(model.hidden_size) * gb
     if config.offload is Offload.NONE:
         out["master_weights"] = FP32 * trainable // n
         out["optimizer_states"] = states_per_device
@@ -167,7 +178,7 @@ def _zero3_weights(model: ModelSpec, config: TrainConfig, t: Trained, out: dict[
         return 0
     per_element = out["weights"] / model.params_total
     base_persistent = zero3_param_split(
-        model, (), deepspeed_buckets(model.hidden_size)["stage3_param_persistence_threshold"])[1]
+        model, (), persistence_threshold(model.hidden_size))[1]
     partition = int((model.params_total - base_persistent) * per_element) // config.gpus
     persistent = int(base_persistent * per_element)
     if config.offload is Offload.OPTIMIZER_PARAMS:
@@ -229,5 +240,6 @@ def gradient_flatten(t: Trained, config: TrainConfig) -> int:
 
 
 __all__ = ["DS_MAX_LIVE_PARAMETERS", "DS_MAX_REUSE_DISTANCE", "comm_bytes", "deepspeed_buckets", "gradient_flatten",
+           "persistence_threshold", "reduce_bucket_size",
            "optimizer_phase_gradients", "zero3_gathered_bytes", "zero3_live_params", "zero3_param_split",
            "zero_partition", "zero_states"]
