@@ -17,7 +17,7 @@ import itertools
 import math
 import warnings
 from dataclasses import dataclass
-from operator import add, sub
+from operator import add
 from typing import Iterable, Iterator, NamedTuple
 
 from planner import __version__
@@ -30,7 +30,7 @@ from planner.memory.reserve import largest_peak, peak_independent, process_total
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, trained
 from planner.memory.states import StaticTerms, static_terms
-from planner.memory.step import batch_totals, first_block_gradients, first_block_params, phase_totals
+from planner.memory.step import batch_line, first_block_gradients, first_block_params, phase_totals
 from planner.modelspec import LinearKind, ModelSpec
 from planner.results import Candidate, PlanRequest, PlanResult, Rejection
 from planner.throughput import ThroughputMemo, estimate_throughput, step_breakdown, tokens_per_second
@@ -371,10 +371,7 @@ class MemoryMemo:
         key = _batch_key(config, 0)
         found = self._batch.get(key)
         if found is None:
-            targets = self.trained(config).target_names
-            one, two = (batch_totals(self.model, config.with_split(micro_batch=b, grad_accum=config.grad_accum),
-                                     self.kernels, targets) for b in (1, 2))
-            line = (one, tuple(map(sub, two, one)))
+            line = batch_line(self.model, config, self.kernels, self.trained(config).target_names)
             found = self._batch[key] = self._values.setdefault(line, line)
         return found
 
