@@ -188,3 +188,33 @@ def test_real_t5_runs_agree_with_the_model(measured_errors):
     off = [(label, round(err, 2)) for label, err, bound in measured_errors if abs(err) > bound]
     assert not off, measured_errors
     assert statistics.median(abs(err) for _, err, _ in measured_errors) <= 3, measured_errors
+
+
+def test_lora_dropout_masks_of_the_first_blocks_by_hand():
+    """LoRA dropout keeps its mask where the adapter's input needs a gradient. Targets wi,wo on
+    the tiny T5, first blocks without checkpointing (this raised KeyError on the cross-attention
+    linears): in the encoder, wi reads what only frozen layers made (no mask) and wo reads wi's
+    adapted output (a mask); in the decoder, the cross-attention's k/v read the encoder output,
+    which the encoder's adapters make need a gradient, so wi and wo both keep masks. bf16-mixed on
+    the CPU: peft drops the input cast to the fp32 adapter's dtype, and the CPU's mask has the
+    dropped tensor's dtype (4 bytes an element); the dropped copy is counted with the inputs
+    (measured on a small T5 in real CPU runs: the peak dropout adds matched this model to the
+    byte for q,v, wi,wo and all-linear targets)."""
+    from planner.memory.activations import _lora_dropout
+    from planner.memory.shapes import block_context
+
+    config = TrainConfig(method="lora", precision="bf16-mixed", micro_batch=2, seq_len=16, lora_r=4,
+                         lora_targets=("wi", "wo"), lora_dropout=0.1)
+    kernels = get_gpu("cpu").kernels
+    tokens, d_model, d_ff, mask = 2 * 16, 64, 96, 4
+    assert kernels.dropout_mask_bytes(4) == mask
+    spec = tiny()
+    encoder = block_context(spec, config, kernels, first=True)
+    decoder = block_context(spec.decoder_view, config, kernels, first=True)
+    assert _lora_dropout(encoder) == tokens * d_ff * mask
+    assert _lora_dropout(decoder) == tokens * (d_model + d_ff) * mask
+    # a later block: every adapted input needs a gradient
+    assert _lora_dropout(block_context(spec, config, kernels, first=False)) == tokens * (d_model + d_ff) * mask
+    # and the whole step is estimated on a GPU profile too (QLoRA's dtype rule knows the kinds)
+    for method in ("lora", "qlora"):
+        estimate_memory(model=spec, config=config.replace(method=method, lora_targets=("all-linear",)), gpu=get_gpu("a10g"))

@@ -149,12 +149,16 @@ def _dropped_bytes(ctx: BlockContext, lin: LinearSpec) -> int:
     (LoraLayer._cast_input_dtype in Linear.forward); bnb's Linear4bit LoRA casts only outside
     autocast (peft/tuners/lora/bnb.py: requires_conversion = not torch.is_autocast_enabled()), so
     under CUDA autocast QLoRA drops the input as it comes: the residual stream's dtype before q/k/v
-    and gate/up, the attention output's before o_proj, the MLP product's before down. That query
-    asks CUDA's autocast state only (KernelProfile.plain_autocast_query): on the CPU bnb casts too."""
+    and gate/up (and an MoE router and a cross-attention's q/k/v, which read the normed stream or
+    the encoder output), the attention output's before o_proj, the MLP product's before down. That
+    query asks CUDA's autocast state only (KernelProfile.plain_autocast_query): on the CPU bnb
+    casts too."""
     if ctx.config.method is not Method.QLORA or not ctx.mode.autocast or not ctx.kernels.plain_autocast_query:
         return ADAPTER_BYTES
-    return {LinearKind.ATTN_IN: ctx.mode.residual, LinearKind.MLP_IN: ctx.mode.residual,
-            LinearKind.ATTN_OUT: ctx.mode.attn, LinearKind.MLP_OUT: ctx.mode.compute}[lin.kind]
+    kind = lin.kind
+    if kind in (LinearKind.ATTN_IN, LinearKind.MLP_IN, LinearKind.ROUTER, LinearKind.CROSS_ATTN_IN):
+        return ctx.mode.residual
+    return ctx.mode.compute if kind is LinearKind.MLP_OUT else ctx.mode.attn  # (ATTN_OUT, CROSS_ATTN_OUT)
 
 
 def _lora_dropout(ctx: BlockContext, kinds: frozenset[LinearKind] | None = None) -> int:

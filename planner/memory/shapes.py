@@ -140,15 +140,26 @@ class BlockContext:
 
     def input_needs_grad(self, lin: LinearSpec) -> bool:
         """Whether the input a linear of the block reads needs a gradient: everything does but, in
-        the first LoRA block without checkpointing, what only frozen layers computed."""
+        the first LoRA block without checkpointing, what only frozen layers computed. An MoE
+        router reads what the experts' input linears read. In an encoder-decoder's first decoder
+        block, the cross-attention's k and v read the encoder output, which needs a gradient when
+        the encoder has adapters: with LoRA it always has (T5's encoder and decoder linears have
+        the same names, q/k/v/o/wi/wo, so targets adapt both stacks), and so does everything
+        after the cross-attention; its q reads the self-attention's output."""
         if self.block_input_needs_grad:
             return True
-        upstream = {
-            LinearKind.ATTN_IN: (),
-            LinearKind.ATTN_OUT: (LinearKind.ATTN_IN,),
-            LinearKind.MLP_IN: () if self.model.parallel_block else (LinearKind.ATTN_IN, LinearKind.ATTN_OUT),
-            LinearKind.MLP_OUT: (LinearKind.MLP_IN,) + (() if self.model.parallel_block else (LinearKind.ATTN_IN, LinearKind.ATTN_OUT)),
-        }[lin.kind]
+        kind, attention = lin.kind, (LinearKind.ATTN_IN, LinearKind.ATTN_OUT)
+        if kind is LinearKind.ATTN_IN:
+            return False
+        if kind is LinearKind.ATTN_OUT or (kind is LinearKind.CROSS_ATTN_IN and lin.name == "q"):
+            upstream = attention[:1] if kind is LinearKind.ATTN_OUT else attention
+        elif self.of_kind(LinearKind.CROSS_ATTN_IN):  # after the encoder output, in a decoder block
+            return bool(self.targets)
+        elif kind in (LinearKind.MLP_IN, LinearKind.ROUTER):
+            upstream = () if self.model.parallel_block else attention
+        else:
+            assert kind is LinearKind.MLP_OUT, kind
+            upstream = (LinearKind.MLP_IN,) + (() if self.model.parallel_block else attention)
         return any(kind in self.targeted_kinds for kind in upstream)
 
 
