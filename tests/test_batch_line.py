@@ -36,8 +36,7 @@ SETTINGS = [
 def _configs(model):
     """Every recipe and setting, with and without checkpointing, at a micro-batch and accumulation
     other than the line's, LoRA at two ranks on every linear, on one linear and on the attention
-    projections, with and without adapter dropout (skipped where ``input_needs_grad`` knows no
-    router or cross-attention linear: a known gap that raises alike either way)."""
+    projections, with and without adapter dropout."""
     from planner.search import attention_targets
 
     for (method, precision, extra), settings, ckpt in itertools.product(RECIPES, SETTINGS, (False, True)):
@@ -46,8 +45,7 @@ def _configs(model):
             first = model.linear_names()[0]
             adapters = [{"lora_r": r, "lora_targets": targets, "lora_dropout": dropout}
                         for r, targets, dropout in itertools.product(
-                            (8, 64), [(ALL_LINEAR,), (first,), attention_targets(model)], (0.0, 0.1))
-                        if not (dropout and (model.is_moe or model.is_encoder_decoder))]
+                            (8, 64), [(ALL_LINEAR,), (first,), attention_targets(model)], (0.0, 0.1))]
         for lora in adapters:
             try:
                 yield TrainConfig(method=method, precision=precision, micro_batch=3, grad_accum=4, grad_ckpt=ckpt,
