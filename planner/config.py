@@ -150,6 +150,12 @@ def _check_dropout(value: Any) -> float:
     return float(value)
 
 
+def _check_zero(zero: Any) -> None:
+    """A DeepSpeed ZeRO stage: 0 (none) to 3."""
+    if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
+        raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {zero!r}")
+
+
 def _lora_fields(lora_r: Any, lora_targets: Any) -> tuple[int, tuple[str, ...]]:
     """The LoRA rank and targets of a LoRA/QLoRA configuration, defaulted and checked."""
     r = DEFAULT_LORA_R if lora_r is None else lora_r
@@ -295,9 +301,7 @@ class TrainConfig:
             value = fields[name]
             if type(value) is not int or not 0 < value <= bound:  # else _check_count passes it
                 _check_count(name, value)
-        zero = fields["zero"]
-        if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
-            raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {zero!r}")
+        _check_zero(fields["zero"])
         if fields["alloc_conf"] is not None:
             from planner.memory.allocator import AllocatorConfig
 
@@ -432,8 +436,7 @@ class TrainConfig:
         fields = self.__dict__.copy()
         fields["optimizer"] = optimizer if type(optimizer) is Optimizer else _coerce(Optimizer, optimizer, "optimizer")
         fields["offload"] = offload if type(offload) is Offload else _coerce(Offload, offload, "offload")
-        if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
-            raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {zero!r}")
+        _check_zero(zero)
         fields["zero"] = zero
         copy = _new(TrainConfig)
         _set(copy, "__dict__", fields)

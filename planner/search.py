@@ -183,7 +183,7 @@ class _Knobs(NamedTuple):
     """``_static_key`` less the adapter fields it ends with: knobs of one prefix share their
     static terms per adapter variant."""
     batch_prefix: tuple
-    """``_batch_key`` less the adapter and checkpointing fields: knobs of one prefix share their
+    """``_batch_key`` less the adapter and checkpointing fields it ends with: knobs of one prefix share their
     batch lines per adapter variant and checkpointing."""
 
     def variant(self, lora: tuple[int | None, tuple[str, ...] | None], first: bool) -> TrainConfig:
@@ -212,7 +212,8 @@ def _per_device_splits(target_batch: int, gpus: int) -> list[tuple[int, int]]:
     return [(micro, per_device // micro) for micro in _divisors(per_device)]
 
 
-def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int, space: SearchSpace) -> list[_Row]:
+def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
+          space: SearchSpace) -> list[_Row]:
     """The space's valid knobs, a row per method and precision. Each (method, precision,
     optimizer, zero, offload) is validated once, with the first adapter variant: the same refusal
     holds for every variant (SearchSpace checked the ranks; the targets are the model's), and the
@@ -235,15 +236,17 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
             knobs: list[_Knobs] = []
             for optimizer, (zero, offload) in itertools.product(space.optimizers, zero_offload):
                 try:  # the row's first valid construction, copied with each other optimizer and stage
-                    config = knobs[0].config.with_knobs(optimizer=optimizer, zero=zero, offload=offload) if knobs else (
-                        TrainConfig(method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
-                                    seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False, lora_r=r,
-                                    lora_targets=targets, zero=zero, offload=offload, **space.recipe(method)))
+                    if knobs:
+                        config = knobs[0].config.with_knobs(optimizer=optimizer, zero=zero, offload=offload)
+                    else:
+                        config = TrainConfig(
+                            method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
+                            seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False, lora_r=r,
+                            lora_targets=targets, zero=zero, offload=offload, **space.recipe(method))
                 except PlannerError:
                     continue  # the combination is invalid whatever the adapters, split and checkpointing
-                batch_key = _batch_key(config, 0)
                 knobs.append(_Knobs(config, _family_key(config), _static_key(config)[:-2],
-                                    batch_key[:2] + batch_key[5:]))
+                                    _batch_key(config)[:-3]))
             rows.append(_Row(variants, knobs))
     return rows
 
@@ -281,12 +284,12 @@ def _static_key(config: TrainConfig) -> tuple:
             config.lora_targets)
 
 
-def _batch_key(config: TrainConfig, b: int) -> tuple:
+def _batch_key(config: TrainConfig) -> tuple:
     """What the per-micro-batch terms depend on: the precision and DeepSpeed only through the
     dtype mode (bf16 and fp16 autocast type every tensor alike, so do pure bf16 and DeepSpeed's
-    16-bit model)."""
-    return (config.method, mode_of(config), config.lora_r, config.lora_targets, config.grad_ckpt, config.attention,
-            config.seq_len, b, config.lora_dropout, config.loop, config.fused_ce, config.packing, config.use_cache)
+    16-bit model). The adapter fields and checkpointing come last (``_Knobs.batch_prefix``)."""
+    return (config.method, mode_of(config), config.attention, config.seq_len, config.lora_dropout, config.loop,
+            config.fused_ce, config.packing, config.use_cache, config.lora_r, config.lora_targets, config.grad_ckpt)
 
 
 class _Static(NamedTuple):
@@ -368,7 +371,7 @@ class MemoryMemo:
         """Each moment's per-micro-batch part at b = 1 and its increase per sample (every term is
         affine in the micro-batch); shared by every optimizer and ZeRO stage of the same method,
         precision and shape, and one object per value (``_screen``)."""
-        key = _batch_key(config, 0)
+        key = _batch_key(config)
         found = self._batch.get(key)
         if found is None:
             line = batch_line(self.model, config, self.kernels, self.trained(config).target_names)
