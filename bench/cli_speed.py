@@ -7,7 +7,7 @@ Prints (a) the wall time of cold runs of
 subprocess (a fresh interpreter each time: imports, catalog read, search, printing, and storing
 the plan in SQLite in a temporary ``PLANNER_HOME``): the first run, which creates the database,
 and the median of the next RUNS; then the same with ``--no-save``; and (b) SEARCH_RUNS in-process
-``planner.search.suggest`` calls on the same request: configurations searched and milliseconds
+``planner.ranking.suggest`` calls on the same request: configurations searched and milliseconds
 per call, wall and CPU (each call builds its own memo, so every call is what one CLI request
 pays; the CPU time is less inflated by other processes than the wall time), with the part spent on the
 full estimates of the plans shown (timeline + allocator replay) beside it; then the same request
@@ -76,7 +76,7 @@ def cold_cli_seconds(*, save: bool) -> list[float]:
 
 def search_ms(*, every_precision: bool) -> tuple[int, list[float], list[float], list[float]]:
     """(candidates, wall ms, CPU ms, CPU ms of the shown plans' full estimates) of SEARCH_RUNS calls."""
-    from planner import search
+    from planner import ranking, search
     from planner.catalog import resolve_model
     from planner.config import Precision
     from planner.estimation import default_seq_len
@@ -88,7 +88,7 @@ def search_ms(*, every_precision: bool) -> tuple[int, list[float], list[float], 
     space = search.SearchSpace(cpu_mem_bytes=physical_ram_bytes(),
                                precisions=tuple(Precision) if every_precision else None)
     plans_cpu = [0.0]
-    replayed = search._replayed_plans
+    replayed = ranking._replayed_plans
 
     def timed_plans(*args, **kwargs):
         start = time.process_time()
@@ -97,19 +97,19 @@ def search_ms(*, every_precision: bool) -> tuple[int, list[float], list[float], 
         finally:
             plans_cpu[-1] += (time.process_time() - start) * 1000
 
-    search._replayed_plans = timed_plans
+    ranking._replayed_plans = timed_plans
     wall, cpu, plans, searched = [], [], [], 0
     try:
         for _ in range(SEARCH_RUNS):
             plans_cpu.append(0.0)
             start, start_cpu = time.perf_counter(), time.process_time()
-            result = search.suggest(model=model, gpu=gpu, target_batch=TARGET_BATCH, seq_len=default_seq_len(model), space=space)
+            result = ranking.suggest(model=model, gpu=gpu, target_batch=TARGET_BATCH, seq_len=default_seq_len(model), space=space)
             wall.append((time.perf_counter() - start) * 1000)
             cpu.append((time.process_time() - start_cpu) * 1000)
             plans.append(plans_cpu[-1])
             searched = result.searched
     finally:
-        search._replayed_plans = replayed
+        ranking._replayed_plans = replayed
     return searched, wall, cpu, plans
 
 
@@ -128,7 +128,7 @@ def main() -> int:
     for every_precision in (False, True):
         searched, wall, cpu, plans = search_ms(every_precision=every_precision)
         space = "every precision" if every_precision else "the default space"
-        print(f"(b) in-process planner.search.suggest, same request, {space}: {searched:,} candidates; median of {SEARCH_RUNS} "
+        print(f"(b) in-process planner.ranking.suggest, same request, {space}: {searched:,} candidates; median of {SEARCH_RUNS} "
               f"calls: {statistics.median(wall):.1f} ms wall, {statistics.median(cpu):.1f} ms CPU (fastest {min(cpu):.1f}), of which "
               f"{statistics.median(plans):.1f} ms CPU for the full estimates of the plans shown (timeline + allocator replay)")
         print(f"    wall: {', '.join(f'{t:.1f}' for t in wall)}; CPU: {', '.join(f'{t:.1f}' for t in cpu)}; "

@@ -144,11 +144,14 @@ def _every_precision(fields: dict[str, Any]):
     from planner.catalog import fingerprint
     from planner.config import Precision
     from planner.estimation import default_seq_len, resolve
-    from planner.search import SearchSpace, suggest
+    from planner.host import node_host_ram
+    from planner.ranking import suggest
+    from planner.search import SearchSpace
 
     request = planning.SuggestRequest(**fields)
     spec, device = resolve(model=request.model, gpu=request.gpu, gpu_mem_bytes=request.gpu_mem_bytes)
-    host, source = planning.node_host_ram(request, device)
+    host, source = node_host_ram(cpu_mem_bytes=request.cpu_mem_bytes, local_node=request.local_node,
+                                 gpus=request.gpus, device=device)
     space = SearchSpace(precisions=tuple(Precision), cpu_mem_bytes=host, host_ram_source=source)
     result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=default_seq_len(spec),
                      gpus=request.gpus, space=space, model_fingerprint=fingerprint(spec))

@@ -125,8 +125,10 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     from planner.errors import InvalidConfigError
     from planner.estimation import check_recipe, default_seq_len, resolve
     from planner.gpus import check_precision, get_gpu
+    from planner.host import node_host_ram
     from planner.limits import check_model_id
-    from planner.search import SearchSpace, suggest
+    from planner.ranking import suggest
+    from planner.search import SearchSpace
 
     if spec is None:
         spec, device = resolve(model=request.model, gpu=request.gpu, gpu_mem_bytes=request.gpu_mem_bytes)
@@ -144,7 +146,8 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     precisions = None if request.precision == AUTO else (Precision(request.precision),)
     if precisions:
         check_precision(device, precisions[0])
-    host, source = node_host_ram(request, device)
+    host, source = node_host_ram(cpu_mem_bytes=request.cpu_mem_bytes, local_node=request.local_node, gpus=request.gpus,
+                                 device=device)
     space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host,
                         host_ram_source=source, prefer=request.prefer,
                         lora_dropout=request.lora_dropout, loop=request.loop, fused_ce=request.fused_ce,
@@ -158,20 +161,6 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
                    seq_defaulted=request.seq_len is None)
 
 
-def node_host_ram(request: SuggestRequest, device: "GPUSpec") -> tuple[int, str]:
-    """(host RAM of the node for offload, where it comes from): --cpu-mem; this machine's RAM when
-    it is the node (the cpu profile, --gpu auto); the standard machine of the catalog; else
-    (0, "") and offload plans are refused with a reason that asks for --cpu-mem."""
-    from planner.gpus import physical_ram_bytes, standard_node
-
-    if request.cpu_mem_bytes is not None:
-        return request.cpu_mem_bytes, "--cpu-mem"
-    if device.is_cpu or request.local_node:
-        return physical_ram_bytes(), "this machine's RAM"
-    node = standard_node(device, request.gpus)
-    if node is None:
-        return 0, ""
-    return node.ram_bytes, f"{node.instance}, {node.gpus} x {device.display_name}; --cpu-mem for another host"
 
 
-__all__ = ["AUTO", "MAX_GPUS_PER_NODE", "Planned", "SuggestRequest", "check_gpu_count", "make_plan", "node_host_ram"]
+__all__ = ["AUTO", "MAX_GPUS_PER_NODE", "Planned", "SuggestRequest", "check_gpu_count", "make_plan"]

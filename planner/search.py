@@ -1,13 +1,13 @@
-"""Search every training configuration that reaches a target global batch and rank what fits.
+"""The search space and its screen: every training configuration that reaches a target global
+batch, and which of them fit.
 
 The space: precision x method (full, LoRA and QLoRA with r in {8, 16, 32, 64} on the attention
 projections or every linear) x gradient checkpointing x micro-batch (micro x accumulation x
-GPUs = target batch) x optimizer x DeepSpeed ZeRO 0-3 with CPU offload. Each candidate is
-predicted with ``planner.memory`` and ``planner.throughput``; candidates whose process total
-stays under the usable memory and whose offloaded states fit the node's host RAM are ranked by
-the requested policy (``planner.tradeoffs.Prefer``): fidelity tier (``fidelity_tier``) then
-predicted tokens/s, or tokens/s alone; a plan that fits by less than the allocator's expected
-overhead (``near_edge``) ranks after the ones that do not.
+GPUs = target batch) x optimizer x DeepSpeed ZeRO 0-3 with CPU offload. ``screen`` predicts each
+candidate with the memory model's affine fast path (``MemoryMemo``) and ``planner.throughput``,
+and keeps every combination's largest split whose process total stays under the usable memory
+and whose offloaded states fit the node's host RAM, and each family's closest miss;
+``planner.ranking`` ranks what fits.
 """
 
 from __future__ import annotations
@@ -18,24 +18,24 @@ import math
 import warnings
 from dataclasses import dataclass
 from operator import add
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterator, NamedTuple
 
 from planner import __version__
 from planner.config import ALL_LINEAR, Loop, Method, Offload, Optimizer, Precision, TrainConfig
-from planner.errors import InvalidConfigError, NothingFitsError, PlannerError
+from planner.errors import InvalidConfigError, PlannerError
 from planner.gpus import GPUSpec, check_precision
 from planner.limits import check_gpu_count
-from planner.memory import estimate_memory, model_states_bytes
 from planner.memory.reserve import largest_peak, peak_independent, process_total
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, trained
 from planner.memory.states import StaticTerms, static_terms
 from planner.memory.step import batch_line, first_block_gradients, first_block_params, phase_totals
 from planner.modelspec import LinearKind, ModelSpec
-from planner.results import Candidate, PlanRequest, PlanResult, Rejection
-from planner.throughput import ThroughputMemo, estimate_throughput, step_breakdown, tokens_per_second
-from planner.tradeoffs import Prefer, fidelity_tier, near_edge
-from planner.units import GiB, MiB, format_bytes
+from planner.host import host_reserve
+from planner.results import PlanRequest
+from planner.throughput import ThroughputMemo, tokens_per_second
+from planner.tradeoffs import Prefer
+from planner.units import MiB
 
 LORA_RANKS = (8, 16, 32, 64)
 #: Keep this much of the device free: the allocator's fragmentation varies run to run and the
@@ -43,20 +43,6 @@ LORA_RANKS = (8, 16, 32, 64)
 #: assumption, shown with every plan).
 SAFETY_FRACTION = 0.05
 SAFETY_MIN = 512 * MiB
-#: Host RAM of the node that offload cannot use (stated assumptions, shown with every plan that
-#: considers offload): the kernel and hypervisor keep about 4% of an instance's nominal RAM (AWS
-#: Batch "Memory management": a container cannot be given the whole listed memory; torchx
-#: named_resources_aws.py MEM_TAX = 0.96), and each training process holds about 2 GiB of host
-#: memory for Python, torch and the CUDA runtime before any tensor (pytorch/pytorch#113326: max
-#: RSS 2,056,600 kB after `import torch` and one CUDA tensor; the HF Trainer's default
-#: dataloader_num_workers=0 adds no worker process).
-HOST_KERNEL_FRACTION = 0.04
-HOST_PER_PROCESS = 2 * GiB
-
-
-def host_reserve(node_ram: int, ranks: int) -> int:
-    """Host RAM of a node running ``ranks`` training processes that offload cannot use."""
-    return int(node_ram * HOST_KERNEL_FRACTION) + ranks * HOST_PER_PROCESS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,7 +123,7 @@ def safety_margin(capacity: int) -> int:
 MAX_TARGET_BATCH = 1 << 20
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
 
@@ -178,7 +164,7 @@ class _Knobs(NamedTuple):
     """Validated, with the whole per-device batch as its micro-batch, no checkpointing and its
     row's first adapter variant."""
     family: tuple
-    """``_family_key``."""
+    """``family_key``."""
     static_prefix: tuple
     """``_static_key`` less the adapter fields it ends with: knobs of one prefix share their
     static terms per adapter variant."""
@@ -209,7 +195,7 @@ def _per_device_splits(target_batch: int, gpus: int) -> list[tuple[int, int]]:
             f"= batch): use a multiple of {gpus}"
         )
     per_device = target_batch // gpus
-    return [(micro, per_device // micro) for micro in _divisors(per_device)]
+    return [(micro, per_device // micro) for micro in divisors(per_device)]
 
 
 def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
@@ -245,7 +231,7 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
                             lora_targets=targets, zero=zero, offload=offload, **space.recipe(method))
                 except PlannerError:
                     continue  # the combination is invalid whatever the adapters, split and checkpointing
-                knobs.append(_Knobs(config, _family_key(config), _static_key(config)[:-2],
+                knobs.append(_Knobs(config, family_key(config), _static_key(config)[:-2],
                                     _batch_key(config)[:-3]))
             rows.append(_Row(variants, knobs))
     return rows
@@ -423,16 +409,16 @@ def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, spli
     return [(total(micro, accum), host) for micro, accum in splits]
 
 
-def _family(config: TrainConfig) -> str:
+def family_label(config: TrainConfig) -> str:
     return f"{config.method}, {config.precision}, {config.optimizer}"
 
 
-def _family_key(config: TrainConfig) -> tuple:
-    """What ``_family`` words, as a key (formatting the string costs more than the search needs)."""
+def family_key(config: TrainConfig) -> tuple:
+    """What ``family_label`` words, as a key (formatting the string costs more than the search needs)."""
     return (config.method, config.precision, config.optimizer)
 
 
-def _check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: int, top_k: int) -> None:
+def check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: int, top_k: int) -> None:
     if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
         raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch!r}")
     if target_batch > MAX_TARGET_BATCH:
@@ -502,14 +488,14 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                         micro, accum = splits[fit[1]]
                         largest_fit.append((base.with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1),
                                             fit[0]))
-    return _with_speeds(largest_fit, model, gpu), {_family(c): (total, c) for total, c in closest.values()}, searched
+    return _with_speeds(largest_fit, model, gpu), {family_label(c): (total, c) for total, c in closest.values()}, searched
 
 
 def _with_speeds(largest_fit: list[tuple[TrainConfig, int]], model: ModelSpec, gpu: GPUSpec) -> list[tuple]:
     """(config, speed, total) of each fitting plan: ranking needs the speed only; the full
     estimate (with its assumptions) is made for the plans shown."""
     speeds = ThroughputMemo(model, gpu)  # the throughput model's shared terms, for this search
-    return [(config, _Speed(tokens_per_second(config, speeds.step_seconds(config))), total)
+    return [(config, Speed(tokens_per_second(config, speeds.step_seconds(config))), total)
             for config, total in largest_fit]
 
 
@@ -561,7 +547,44 @@ def _fit_and_miss(static: _Static, at: list[tuple[int, ...]], usable: int, cpu_m
     return fit, miss
 
 
-def _request(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int, space: SearchSpace,
+class Screened(NamedTuple):
+    """What ``screen`` found: the fitting plans and each family's closest miss, for the ranking."""
+
+    fitting: list[tuple]
+    """(config, speed, screened process total) of each combination's largest fitting split."""
+    closest: dict[str, tuple[int, TrainConfig]]
+    """Each family's closest miss (``family_label``): (screened process total, config)."""
+    searched: int
+    """Candidates searched."""
+    memo: "MemoryMemo"
+    """The terms the screen computed, for what the ranking asks of them."""
+    usable: int
+    """Device memory less the safety margin: what a plan's process total must stay under."""
+    margin: int
+    """The safety margin (``safety_margin``)."""
+
+
+def screen(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
+           space: SearchSpace) -> Screened:
+    """Screen every combination of the space with the fast path (``_screen``), warning of the
+    space's precisions the GPU cannot run."""
+    skipped = [str(p) for p in space.precisions or () if p not in _precisions(gpu, space)]
+    if skipped:
+        warnings.warn(f"{gpu.display_name} cannot run {', '.join(skipped)} (bf16 needs compute capability 8.0): "
+                      "searching the space's other precisions", stacklevel=3)
+    margin = safety_margin(gpu.memory_bytes)
+    usable = gpu.memory_bytes - margin
+    memo = MemoryMemo(model, gpu)
+    splits = _per_device_splits(target_batch, gpus)
+    rows = _rows(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
+    # the screen compares each candidate's host bytes, one rank's, with space.cpu_mem_bytes: it
+    # is handed one rank's share of the node's RAM (SearchSpace.offload_budget)
+    per_rank = dataclasses.replace(space, cpu_mem_bytes=space.offload_budget(gpus))
+    fitting, closest, searched = _screen(rows, splits, model=model, gpu=gpu, memo=memo, usable=usable, space=per_rank)
+    return Screened(fitting, closest, searched, memo, usable, margin)
+
+
+def plan_request(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int, space: SearchSpace,
              top_k: int, model_fingerprint: str) -> PlanRequest:
     return PlanRequest(
         model_id=model.id,
@@ -593,271 +616,15 @@ def _recipe_constraints(space: SearchSpace) -> dict:
     return {k: given[k] for k in ("lora_dropout", "loop", "fused_ce", "packing", "use_cache") if given[k] != default[k]}
 
 
-def suggest(
-    *,
-    model: ModelSpec,
-    gpu: GPUSpec,
-    target_batch: int,
-    seq_len: int,
-    gpus: int = 1,
-    space: SearchSpace = SearchSpace(),
-    top_k: int = 5,
-    model_fingerprint: str = "",
-) -> PlanResult:
-    """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does."""
-    _check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
-    skipped = [str(p) for p in space.precisions or () if p not in _precisions(gpu, space)]
-    if skipped:
-        warnings.warn(f"{gpu.display_name} cannot run {', '.join(skipped)} (bf16 needs compute capability 8.0): "
-                      "searching the space's other precisions", stacklevel=2)
-    margin = safety_margin(gpu.memory_bytes)
-    usable = gpu.memory_bytes - margin
-    memo = MemoryMemo(model, gpu)
-    splits = _per_device_splits(target_batch, gpus)
-    rows = _rows(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
-    # the screen compares each candidate's host bytes, one rank's, with space.cpu_mem_bytes: it
-    # is handed one rank's share of the node's RAM (SearchSpace.offload_budget)
-    per_rank = dataclasses.replace(space, cpu_mem_bytes=space.offload_budget(gpus))
-    fitting, closest, searched = _screen(rows, splits, model=model, gpu=gpu, memo=memo, usable=usable, space=per_rank)
-    request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space,
-                       top_k=top_k, model_fingerprint=model_fingerprint)
-
-    def missed(cfg: TrainConfig, total: int) -> _Tried:
-        return _Tried(config=cfg, process_total_bytes=total, cpu_bytes=memo.static(cfg).terms.host)
-
-    # each family's closest try (as the fast path screened it), most faithful method first, then
-    # the nearest miss
-    by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
-    replays: dict[TrainConfig, object] = {}
-    plans = _replayed_plans(_ranking(fitting, space.prefer), model=model, gpu=gpu, usable=usable, top_k=top_k,
-                            prefer=space.prefer, replays=replays, memo=memo)
-    if not plans:
-        tried = {fam: missed(cfg, total) for fam, (total, cfg) in by_tier}
-        rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
-        raise NothingFitsError(
-            _nothing_fits_message(model=model, gpu=gpu, closest=tried, usable=usable, space=space),
-            result=PlanResult(request=request, plans=(), rejected=rejected, searched=searched, usable_bytes=usable,
-                              safety_margin_bytes=margin, prefer=str(space.prefer)),
-        )
-    best_tier = fidelity_tier(plans[0].config)
-    fitting_families = {_family_key(cfg) for cfg, _, _ in fitting}
-    rejected = tuple(
-        _rejection(missed(cfg, total), model=model, usable=usable, space=space)
-        for fam, (total, cfg) in by_tier
-        if fidelity_tier(cfg) <= best_tier and _family_key(cfg) not in fitting_families
-    )
-    other = Prefer.SPEED if space.prefer is Prefer.FIDELITY else Prefer.FIDELITY
-    theirs = _replayed_plans(_ranking(fitting, other), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
-                             prefer=other, replays=replays, memo=memo)
-    alternative = theirs[0] if theirs and theirs[0].config != plans[0].config else None
-    return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
-                      safety_margin_bytes=margin, prefer=str(space.prefer), alternative=alternative)
 
 
-def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
-                    prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None,
-                    memo: MemoryMemo | None = None) -> tuple[Candidate, ...]:
-    """The top plans with their full estimates. The fast path screens with the allocator's
-    stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
-    caching allocator replayed on its step. One the replay finds too large for the usable memory
-    gives way to the same configuration with the next smaller micro-batch (more accumulation),
-    ranked anew by its speed: the screen kept only each combination's largest fitting split, and
-    the replay has just said that split is too large. A plan the replay finds near the edge
-    (``near_edge``) moves after the shown plans that are not (within its fidelity tier under
-    --prefer fidelity)."""
-    replays = {} if replays is None else replays
-    memo = memo or MemoryMemo(model, gpu)
-    ranked, read = iter(fitting), []  # read: the ranked plans _distinct has gone through
-    while True:
-        plans, dropped = [], set()
-        for cfg, _, _ in _distinct(ranked, top_k, read):
-            if cfg not in replays:
-                replays[cfg] = estimate_memory(model=model, config=cfg, gpu=gpu)
-            memory = replays[cfg]
-            if memory.process_total_bytes > usable:
-                dropped.add(id(cfg))
-            else:
-                plans.append((cfg, memory))
-        if not dropped:
-            tier = fidelity_tier if prefer is Prefer.FIDELITY else (lambda _: 0)
-            plans.sort(key=lambda p: (tier(p[0]), near_edge(p[1], usable)))  # stable: rank order otherwise
-            return tuple(Candidate(config=cfg, memory=memory, throughput=estimate_throughput(model=model, config=cfg, gpu=gpu),
-                                   fits=True, rank=i + 1) for i, (cfg, memory) in enumerate(plans))
-        fitting = read + list(ranked)
-        kept = [item for item in fitting if id(item[0]) not in dropped]
-        smaller = [_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo)
-                   for item in fitting if id(item[0]) in dropped]
-        ranked, read = _ranking(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer), []
 
 
-def _next_smaller_split(config: TrainConfig, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo) -> tuple | None:
-    """(config, speed, screened total) of ``config`` with the next smaller micro-batch that divides
-    its per-device batch, or None at micro-batch 1."""
-    per_device = config.micro_batch * config.grad_accum
-    micro = max((d for d in _divisors(per_device) if d < config.micro_batch), default=None)
-    if micro is None:
-        return None
-    split = (micro, per_device // micro)
-    [(total, _host)] = totals_by_split(model=model, config=config, gpu=gpu, splits=[split], memo=memo)
-    smaller = config.with_split(micro_batch=split[0], grad_accum=split[1])
-    step_s = sum(step_breakdown(model=model, config=smaller, gpu=gpu).values())
-    return smaller, _Speed(tokens_per_second(smaller, step_s)), total
 
 
-#: Within 2% of predicted speed (below what the throughput model can tell apart), prefer the
-#: optimizer that trains closest to the usual recipe (AdamW), then the plan with fewer moving
-#: parts (no DeepSpeed, then no offload), then fp32 master weights. On one GPU, ZeRO without
-#: offload saves nothing, and a tie means offload bought nothing either.
-SPEED_TIE = 0.02
-OPTIMIZER_PREFERENCE = {Optimizer.ADAMW: 0, Optimizer.ADAMW_8BIT: 1, Optimizer.PAGED_ADAMW_8BIT: 2, Optimizer.ADAFACTOR: 3, Optimizer.SGD: 4}
-PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4}
 
 
-def _ranking(fitting: list[tuple], prefer: Prefer = Prefer.FIDELITY) -> Iterator[tuple]:
-    """The fitting plans in rank order. Under ``fidelity``: fidelity tier first
-    (``fidelity_tier``), then speed; under ``speed``: speed alone. Plans within SPEED_TIE of the
-    fastest plan of their group are a tie, ordered by the preferences (a group is measured from
-    its leader, so two plans 1% apart are never split by a fixed bucket boundary). Each group is
-    put in preference order only when the reader reaches it: the search shows the first few of
-    about a thousand fitting plans, once per policy. Each plan's tier and speed are read once;
-    equal keys keep the input order."""
-    fidelity = prefer is Prefer.FIDELITY
-    by_speed = sorted([(fidelity_tier(item[0]) if fidelity else 0, -item[1].tokens_per_s, n, item)
-                       for n, item in enumerate(fitting)])
-    group: list[tuple] = []
-    leader_tier, floor = 0, 0.0
-    for tier, neg_speed, _, item in by_speed:
-        if group and (tier != leader_tier or -neg_speed < floor):
-            yield from sorted(group, key=_tie_key)
-            group = []
-        if not group:
-            leader_tier, floor = tier, -neg_speed / (1 + SPEED_TIE)
-        group.append(item)
-    yield from sorted(group, key=_tie_key)
-
-
-def _tie_key(item: tuple) -> tuple:
-    """Within a speed tie: the more faithful plan, then the usual optimizer, fewer moving parts,
-    the preferred precision, then the plan with more room on the device."""
-    config, throughput, total = item
-    moving_parts = (config.zero > 0) + (config.offload is not Offload.NONE) + (config.offload is Offload.OPTIMIZER_PARAMS)
-    return (fidelity_tier(config), OPTIMIZER_PREFERENCE[config.optimizer], moving_parts,
-            PRECISION_PREFERENCE[config.precision], config.zero, total, -throughput.tokens_per_s)
-
-
-def _precision_class(config: TrainConfig) -> str:
-    """What the precision does to the trained model: fp32, mixed (fp32 weights, 16-bit compute;
-    bf16-mixed and fp16-mixed are one choice) or pure 16-bit weights. DeepSpeed's mixed mode
-    casts the model to 16 bits and keeps the fp32 copy of what trains only: for LoRA that is
-    pure 16-bit LoRA with DeepSpeed added."""
-    if config.precision is Precision.FP32:
-        return "fp32"
-    if config.precision.is_mixed and not (config.zero and config.method.uses_adapters):
-        return "mixed"
-    return "16-bit"
-
-
-def _distinct(ranked: Iterator[tuple], k: int, read: list[tuple]) -> list[tuple]:
-    """The top k, one per (method, precision class, optimizer) and two per (method, precision
-    class), so the list shows real choices:
-    not r8 beside r16, bf16-mixed beside fp16-mixed with the same numbers, or a plan beside the
-    same plan with ZeRO or offload added (ZeRO-1 on one GPU) that is not faster (a variant that is
-    faster ranks first and is the one shown). Every plan taken from ``ranked`` is appended to
-    ``read``."""
-    out: list[tuple] = []
-    families: set[tuple] = set()
-    per_kind: dict[tuple, int] = {}  # at most two optimizers per (method, precision class)
-    for c in ranked:
-        read.append(c)
-        kind = (c[0].method, _precision_class(c[0]))
-        family = (*kind, c[0].optimizer)
-        if family not in families and per_kind.get(kind, 0) < 2:
-            families.add(family)
-            per_kind[kind] = per_kind.get(kind, 0) + 1
-            out.append(c)
-            if len(out) == k:
-                break
-    return out
-
-
-class _Tried(NamedTuple):
-    """A family's closest try, as the fast path screened it."""
-
-    config: TrainConfig
-    process_total_bytes: int
-    cpu_bytes: int
-
-
-def _rejection(c: _Tried, *, model: ModelSpec, usable: int, space: SearchSpace) -> Rejection:
-    """One line for a family: its plain model states if they alone overflow, else its closest try."""
-    plain = dataclasses.replace(c.config, zero=0, offload=Offload.NONE, gpus=c.config.gpus)
-    states = model_states_bytes(model, plain)
-    tried = c.config.label()
-    if c.cpu_bytes > space.offload_budget(c.config.gpus) and c.process_total_bytes <= usable:
-        reason = (f"model states need {format_bytes(states)} on the device; with {tried} they fit, but offload needs "
-                  f"{host_shortfall(c.cpu_bytes, ranks=c.config.gpus, space=space)}")
-    elif states > usable and (c.config.zero or c.config.offload is not Offload.NONE):
-        reason = (f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable; the closest try, "
-                  f"{tried}, needs {format_bytes(c.process_total_bytes)}")
-    elif states > usable:
-        reason = f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable"
-    else:
-        reason = f"the smallest try, {tried}, needs {format_bytes(c.process_total_bytes)} > {format_bytes(usable)} usable"
-    return Rejection(family=_family(c.config), reason=reason, config=c.config.to_dict())
-
-
-def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, _Tried], usable: int, space: SearchSpace) -> str:
-    if not closest:
-        return f"no configuration of the searched space is valid for {model.id} on {gpu.name}: widen --method/--precision"
-    best = min(closest.values(), key=lambda c: c.process_total_bytes)
-    need = best.process_total_bytes
-    if need <= usable:
-        # the device would hold it: what is missing is host RAM for the offloaded states
-        ranks = best.config.gpus
-        return (
-            f"nothing fits {model.id} on {gpu.name} with the host RAM for offload: the closest, {best.config.label()}, "
-            f"fits the device ({format_bytes(need)} of {format_bytes(usable)} usable) but offload needs "
-            f"{host_shortfall(best.cpu_bytes, ranks=ranks, space=space)}; try --cpu-mem "
-            f"{format_bytes(node_ram_needed(best.cpu_bytes, ranks)).replace(' ', '')} on a host that has it, "
-            "more GPUs (--gpus) or a shorter --seq-len"
-        )
-    hints = []
-    if Method.QLORA not in space.methods:
-        hints.append("--method qlora")
-    if not space.allow_offload:
-        hints.append("allowing offload")
-    hints += ["more GPUs (--gpus)", "a shorter --seq-len", "a larger GPU"]
-    return (
-        f"nothing fits {model.id} on {gpu.name} ({format_bytes(usable)} usable): the closest, "
-        f"{best.config.label()}, needs {format_bytes(need)} ({format_bytes(need - usable)} too much); "
-        f"try {', '.join(hints)}"
-    )
-
-
-def node_ram_needed(rank_host_bytes: int, ranks: int) -> int:
-    """The smallest node RAM that holds ``ranks`` ranks' offload of ``rank_host_bytes`` each
-    after ``host_reserve``."""
-    offload = rank_host_bytes * ranks
-    ram = math.ceil((offload + ranks * HOST_PER_PROCESS) / (1 - HOST_KERNEL_FRACTION))
-    while ram - host_reserve(ram, ranks) < offload:  # int() rounding in host_reserve
-        ram += 1
-    return ram
-
-
-def host_shortfall(rank_host_bytes: int, *, ranks: int, space: SearchSpace) -> str:
-    """Why the node's host RAM does not hold an offload plan, in one clause."""
-    offload = rank_host_bytes * ranks
-    per = f" ({ranks} ranks x {format_bytes(rank_host_bytes)})" if ranks > 1 else ""
-    if not space.host_ram_source:
-        return (f"{format_bytes(offload)} of host RAM{per} and the catalog knows no standard machine with {ranks} of "
-                "this GPU: pass --cpu-mem with the node's RAM (e.g. --cpu-mem 256GiB) to consider offload")
-    reserve = host_reserve(space.cpu_mem_bytes, ranks)
-    return (f"{format_bytes(offload)} of host RAM on the node{per} + {format_bytes(reserve)} kept for the OS and "
-            f"{ranks} training process{'es' if ranks > 1 else ''} > {format_bytes(space.cpu_mem_bytes)} "
-            f"({space.host_ram_source})")
-
-
-class _Speed(NamedTuple):
+class Speed(NamedTuple):
     """What the ranking reads of a fitting candidate's throughput."""
 
     tokens_per_s: float

@@ -14,7 +14,8 @@ from planner.errors import InvalidConfigError, NothingFitsError
 from planner.gpus import get_gpu, standard_node
 from planner.planning import MAX_GPUS_PER_NODE, SuggestRequest, make_plan
 from planner.results import MemoryEstimate
-from planner.search import HOST_PER_PROCESS, SearchSpace, host_reserve, node_ram_needed
+from planner.host import HOST_PER_PROCESS, host_reserve, node_ram_needed
+from planner.search import SearchSpace
 from planner.tradeoffs import Prefer, fidelity_tier, is_pure_16bit, near_edge, trade_offs
 from planner.units import GiB, MiB
 

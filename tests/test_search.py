@@ -8,7 +8,8 @@ from planner.catalog import resolve_model
 from planner.config import Method, Offload, Precision
 from planner.errors import InvalidConfigError, NothingFitsError
 from planner.gpus import get_gpu
-from planner.search import SPEED_TIE, SearchSpace, enumerate_configs, suggest
+from planner.ranking import SPEED_TIE, suggest
+from planner.search import SearchSpace, enumerate_configs
 from planner.tradeoffs import fidelity_tier, near_edge
 
 GiB = 1024**3

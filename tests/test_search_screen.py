@@ -71,7 +71,8 @@ def test_a_plan_the_replay_finds_too_large_gives_way_to_its_next_smaller_split()
     (about 22.3 GiB). The plan shown is the same configuration at micro-batch 2 x 16, not nothing."""
     from planner.config import TrainConfig
     from planner.memory import estimate_memory
-    from planner.search import MemoryMemo, _next_smaller_split, _replayed_plans
+    from planner.ranking import _next_smaller_split, _replayed_plans
+    from planner.search import MemoryMemo
 
     model, gpu = resolve_model("meta-llama/Llama-2-7b-hf"), get_gpu("a10g")
     usable = gpu.memory_bytes - safety_margin(gpu.memory_bytes)
@@ -246,7 +247,7 @@ def test_the_screen_shares_results_only_between_equal_terms(n):
     """``_screen`` screens once per value of the terms (the memo hands out one object per value):
     its fitting plans and each family's closest miss are what screening every combination with a
     memo of its own finds."""
-    from planner.search import _family, _rows, _screen
+    from planner.search import _rows, _screen, family_label
 
     model_id, gpu_name, batch, seq, gpus, cpu_mem = REQUESTS[n]
     model, gpu = resolve_model(model_id), get_gpu(gpu_name)
@@ -261,8 +262,8 @@ def test_the_screen_shares_results_only_between_equal_terms(n):
         fit, miss = MemoryMemo(model, gpu).fit_and_miss(base, splits, usable=usable, cpu_mem=cpu_mem)
         if fit is not None:
             fits.append((base.with_split(micro_batch=splits[fit[1]][0], grad_accum=splits[fit[1]][1]), fit[0]))
-        if miss is not None and (_family(base) not in misses or miss[0] < misses[_family(base)][0]):
-            misses[_family(base)] = (miss[0], base.with_split(micro_batch=splits[miss[1]][0], grad_accum=splits[miss[1]][1]))
+        if miss is not None and (family_label(base) not in misses or miss[0] < misses[family_label(base)][0]):
+            misses[family_label(base)] = (miss[0], base.with_split(micro_batch=splits[miss[1]][0], grad_accum=splits[miss[1]][1]))
     assert [(config, total) for config, _, total in fitting] == fits
     assert closest == misses
     assert searched == sum(len(splits) for _, splits in combinations)

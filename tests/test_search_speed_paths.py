@@ -22,7 +22,7 @@ from planner.catalog import resolve_model
 from planner.config import ALL_LINEAR, Loop, Method, Offload, TrainConfig
 from planner.errors import InvalidConfigError, PlannerError
 from planner.gpus import get_gpu
-from planner.search import SearchSpace, _combinations, _divisors, _precisions, attention_targets
+from planner.search import SearchSpace, _combinations, _precisions, attention_targets, divisors
 from planner.throughput import ThroughputMemo, step_breakdown
 
 GiB = 1024**3
@@ -69,7 +69,7 @@ def _every_construction(model, gpu, *, target_batch, seq_len, gpus, space):
     for method in space.methods:
         for precision, (r, targets), optimizer, (zero, offload), ckpt, micro in itertools.product(
             _precisions(gpu, space), [(None, None)] if method is Method.FULL else variants, space.optimizers,
-            zero_offload, (False, True), _divisors(per_device),
+            zero_offload, (False, True), divisors(per_device),
         ):
             key = (method, precision, r, targets, optimizer, zero, offload, ckpt, micro)
             try:

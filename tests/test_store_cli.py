@@ -202,12 +202,12 @@ def test_help_does_not_load_the_store():
 def test_suggest_stores_the_plan_before_printing_it(cli, monkeypatch):
     """A reader that stops early (planner suggest | head) breaks the pipe while the plan is
     printed: the plan must already be stored."""
-    import planner.cli.suggest_cmd as plan_cmd
+    import planner.cli.suggest_view as view
 
     def reader_gone(*args, **kwargs):
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(plan_cmd, "_print_suggestion", reader_gone)
+    monkeypatch.setattr(view, "print_suggestion", reader_gone)
     r = cli("suggest", "--model", "gpt2", "--gpu", "a10g", "--target-batch", "8")
     assert r.code != 0
     from planner.store import open_store

@@ -37,16 +37,6 @@ from planner.memory.states import model_state_breakdown, model_states_bytes
 from planner.memory.zero import deepspeed_buckets
 
 
-def __getattr__(name: str):
-    # the search's fast path, importable from here as before it moved (planner.search imports
-    # this package, so the name is looked up on first use)
-    if name == "totals_by_split":
-        from planner.search import totals_by_split
-
-        return totals_by_split
-    raise AttributeError(f"module 'planner.memory' has no attribute {name!r}")
-
-
 __all__ = [
     "ACTIVATION_SAVED",
     "ACTIVATION_SAVED_DEFAULT",
@@ -68,5 +58,4 @@ __all__ = [
     "optimizer_state_bytes",
     "param_tensor_sizes",
     "trainable_params",
-    "totals_by_split",
 ]

@@ -1,0 +1,271 @@
+"""Which plans first: the ranking of what the screen found to fit, the full estimate of the plans
+shown, and why the rest does not fit.
+
+``suggest`` is the search's answer: ``planner.search.screen`` finds every combination's largest
+fitting split and each family's closest miss with the fast path; the fitting plans are ranked by
+the requested policy (``planner.tradeoffs.Prefer``): fidelity tier (``fidelity_tier``) then
+predicted tokens/s, or tokens/s alone; each plan shown is estimated in full (the caching allocator
+replayed); a plan that fits by less than the allocator's expected overhead (``near_edge``) ranks
+after the ones that do not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Iterator, NamedTuple
+
+from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
+from planner.errors import NothingFitsError
+from planner.gpus import GPUSpec
+from planner.host import host_shortfall, node_ram_needed
+from planner.memory import estimate_memory, model_states_bytes
+from planner.modelspec import ModelSpec
+from planner.results import Candidate, PlanResult, Rejection
+from planner.search import (
+    MemoryMemo,
+    SearchSpace,
+    Speed,
+    check_request,
+    divisors,
+    family_key,
+    family_label,
+    plan_request,
+    screen,
+    totals_by_split,
+)
+from planner.throughput import estimate_throughput, step_breakdown, tokens_per_second
+from planner.tradeoffs import Prefer, fidelity_tier, near_edge
+from planner.units import format_bytes
+
+
+def suggest(
+    *,
+    model: ModelSpec,
+    gpu: GPUSpec,
+    target_batch: int,
+    seq_len: int,
+    gpus: int = 1,
+    space: SearchSpace = SearchSpace(),
+    top_k: int = 5,
+    model_fingerprint: str = "",
+) -> PlanResult:
+    """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does."""
+    check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
+    fitting, closest, searched, memo, usable, margin = screen(
+        model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
+    request = plan_request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space,
+                           top_k=top_k, model_fingerprint=model_fingerprint)
+
+    def missed(cfg: TrainConfig, total: int) -> _Tried:
+        return _Tried(config=cfg, process_total_bytes=total, cpu_bytes=memo.static(cfg).terms.host)
+
+    # each family's closest try (as the fast path screened it), most faithful method first, then
+    # the nearest miss
+    by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
+    replays: dict[TrainConfig, object] = {}
+    plans = _replayed_plans(_ranking(fitting, space.prefer), model=model, gpu=gpu, usable=usable, top_k=top_k,
+                            prefer=space.prefer, replays=replays, memo=memo)
+    if not plans:
+        tried = {fam: missed(cfg, total) for fam, (total, cfg) in by_tier}
+        rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
+        raise NothingFitsError(
+            _nothing_fits_message(model=model, gpu=gpu, closest=tried, usable=usable, space=space),
+            result=PlanResult(request=request, plans=(), rejected=rejected, searched=searched, usable_bytes=usable,
+                              safety_margin_bytes=margin, prefer=str(space.prefer)),
+        )
+    best_tier = fidelity_tier(plans[0].config)
+    fitting_families = {family_key(cfg) for cfg, _, _ in fitting}
+    rejected = tuple(
+        _rejection(missed(cfg, total), model=model, usable=usable, space=space)
+        for fam, (total, cfg) in by_tier
+        if fidelity_tier(cfg) <= best_tier and family_key(cfg) not in fitting_families
+    )
+    other = Prefer.SPEED if space.prefer is Prefer.FIDELITY else Prefer.FIDELITY
+    theirs = _replayed_plans(_ranking(fitting, other), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
+                             prefer=other, replays=replays, memo=memo)
+    alternative = theirs[0] if theirs and theirs[0].config != plans[0].config else None
+    return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
+                      safety_margin_bytes=margin, prefer=str(space.prefer), alternative=alternative)
+
+
+def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
+                    prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None,
+                    memo: MemoryMemo | None = None) -> tuple[Candidate, ...]:
+    """The top plans with their full estimates. The fast path screens with the allocator's
+    stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
+    caching allocator replayed on its step. One the replay finds too large for the usable memory
+    gives way to the same configuration with the next smaller micro-batch (more accumulation),
+    ranked anew by its speed: the screen kept only each combination's largest fitting split, and
+    the replay has just said that split is too large. A plan the replay finds near the edge
+    (``near_edge``) moves after the shown plans that are not (within its fidelity tier under
+    --prefer fidelity)."""
+    replays = {} if replays is None else replays
+    memo = memo or MemoryMemo(model, gpu)
+    ranked, read = iter(fitting), []  # read: the ranked plans _distinct has gone through
+    while True:
+        plans, dropped = [], set()
+        for cfg, _, _ in _distinct(ranked, top_k, read):
+            if cfg not in replays:
+                replays[cfg] = estimate_memory(model=model, config=cfg, gpu=gpu)
+            memory = replays[cfg]
+            if memory.process_total_bytes > usable:
+                dropped.add(id(cfg))
+            else:
+                plans.append((cfg, memory))
+        if not dropped:
+            tier = fidelity_tier if prefer is Prefer.FIDELITY else (lambda _: 0)
+            plans.sort(key=lambda p: (tier(p[0]), near_edge(p[1], usable)))  # stable: rank order otherwise
+            return tuple(Candidate(config=cfg, memory=memory, throughput=estimate_throughput(model=model, config=cfg, gpu=gpu),
+                                   fits=True, rank=i + 1) for i, (cfg, memory) in enumerate(plans))
+        fitting = read + list(ranked)
+        kept = [item for item in fitting if id(item[0]) not in dropped]
+        smaller = [_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo)
+                   for item in fitting if id(item[0]) in dropped]
+        ranked, read = _ranking(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer), []
+
+
+def _next_smaller_split(config: TrainConfig, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo) -> tuple | None:
+    """(config, speed, screened total) of ``config`` with the next smaller micro-batch that divides
+    its per-device batch, or None at micro-batch 1."""
+    per_device = config.micro_batch * config.grad_accum
+    micro = max((d for d in divisors(per_device) if d < config.micro_batch), default=None)
+    if micro is None:
+        return None
+    split = (micro, per_device // micro)
+    [(total, _host)] = totals_by_split(model=model, config=config, gpu=gpu, splits=[split], memo=memo)
+    smaller = config.with_split(micro_batch=split[0], grad_accum=split[1])
+    step_s = sum(step_breakdown(model=model, config=smaller, gpu=gpu).values())
+    return smaller, Speed(tokens_per_second(smaller, step_s)), total
+
+
+#: Within 2% of predicted speed (below what the throughput model can tell apart), prefer the
+#: optimizer that trains closest to the usual recipe (AdamW), then the plan with fewer moving
+#: parts (no DeepSpeed, then no offload), then fp32 master weights. On one GPU, ZeRO without
+#: offload saves nothing, and a tie means offload bought nothing either.
+SPEED_TIE = 0.02
+OPTIMIZER_PREFERENCE = {Optimizer.ADAMW: 0, Optimizer.ADAMW_8BIT: 1, Optimizer.PAGED_ADAMW_8BIT: 2, Optimizer.ADAFACTOR: 3, Optimizer.SGD: 4}
+PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4}
+
+
+def _ranking(fitting: list[tuple], prefer: Prefer = Prefer.FIDELITY) -> Iterator[tuple]:
+    """The fitting plans in rank order. Under ``fidelity``: fidelity tier first
+    (``fidelity_tier``), then speed; under ``speed``: speed alone. Plans within SPEED_TIE of the
+    fastest plan of their group are a tie, ordered by the preferences (a group is measured from
+    its leader, so two plans 1% apart are never split by a fixed bucket boundary). Each group is
+    put in preference order only when the reader reaches it: the search shows the first few of
+    about a thousand fitting plans, once per policy. Each plan's tier and speed are read once;
+    equal keys keep the input order."""
+    fidelity = prefer is Prefer.FIDELITY
+    by_speed = sorted([(fidelity_tier(item[0]) if fidelity else 0, -item[1].tokens_per_s, n, item)
+                       for n, item in enumerate(fitting)])
+    group: list[tuple] = []
+    leader_tier, floor = 0, 0.0
+    for tier, neg_speed, _, item in by_speed:
+        if group and (tier != leader_tier or -neg_speed < floor):
+            yield from sorted(group, key=_tie_key)
+            group = []
+        if not group:
+            leader_tier, floor = tier, -neg_speed / (1 + SPEED_TIE)
+        group.append(item)
+    yield from sorted(group, key=_tie_key)
+
+
+def _tie_key(item: tuple) -> tuple:
+    """Within a speed tie: the more faithful plan, then the usual optimizer, fewer moving parts,
+    the preferred precision, then the plan with more room on the device."""
+    config, throughput, total = item
+    moving_parts = (config.zero > 0) + (config.offload is not Offload.NONE) + (config.offload is Offload.OPTIMIZER_PARAMS)
+    return (fidelity_tier(config), OPTIMIZER_PREFERENCE[config.optimizer], moving_parts,
+            PRECISION_PREFERENCE[config.precision], config.zero, total, -throughput.tokens_per_s)
+
+
+def _precision_class(config: TrainConfig) -> str:
+    """What the precision does to the trained model: fp32, mixed (fp32 weights, 16-bit compute;
+    bf16-mixed and fp16-mixed are one choice) or pure 16-bit weights. DeepSpeed's mixed mode
+    casts the model to 16 bits and keeps the fp32 copy of what trains only: for LoRA that is
+    pure 16-bit LoRA with DeepSpeed added."""
+    if config.precision is Precision.FP32:
+        return "fp32"
+    if config.precision.is_mixed and not (config.zero and config.method.uses_adapters):
+        return "mixed"
+    return "16-bit"
+
+
+def _distinct(ranked: Iterator[tuple], k: int, read: list[tuple]) -> list[tuple]:
+    """The top k, one per (method, precision class, optimizer) and two per (method, precision
+    class), so the list shows real choices:
+    not r8 beside r16, bf16-mixed beside fp16-mixed with the same numbers, or a plan beside the
+    same plan with ZeRO or offload added (ZeRO-1 on one GPU) that is not faster (a variant that is
+    faster ranks first and is the one shown). Every plan taken from ``ranked`` is appended to
+    ``read``."""
+    out: list[tuple] = []
+    families: set[tuple] = set()
+    per_kind: dict[tuple, int] = {}  # at most two optimizers per (method, precision class)
+    for c in ranked:
+        read.append(c)
+        kind = (c[0].method, _precision_class(c[0]))
+        family = (*kind, c[0].optimizer)
+        if family not in families and per_kind.get(kind, 0) < 2:
+            families.add(family)
+            per_kind[kind] = per_kind.get(kind, 0) + 1
+            out.append(c)
+            if len(out) == k:
+                break
+    return out
+
+
+class _Tried(NamedTuple):
+    """A family's closest try, as the fast path screened it."""
+
+    config: TrainConfig
+    process_total_bytes: int
+    cpu_bytes: int
+
+
+def _rejection(c: _Tried, *, model: ModelSpec, usable: int, space: SearchSpace) -> Rejection:
+    """One line for a family: its plain model states if they alone overflow, else its closest try."""
+    plain = dataclasses.replace(c.config, zero=0, offload=Offload.NONE, gpus=c.config.gpus)
+    states = model_states_bytes(model, plain)
+    tried = c.config.label()
+    if c.cpu_bytes > space.offload_budget(c.config.gpus) and c.process_total_bytes <= usable:
+        reason = (f"model states need {format_bytes(states)} on the device; with {tried} they fit, but offload needs "
+                  f"{host_shortfall(c.cpu_bytes, ranks=c.config.gpus, space=space)}")
+    elif states > usable and (c.config.zero or c.config.offload is not Offload.NONE):
+        reason = (f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable; the closest try, "
+                  f"{tried}, needs {format_bytes(c.process_total_bytes)}")
+    elif states > usable:
+        reason = f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable"
+    else:
+        reason = f"the smallest try, {tried}, needs {format_bytes(c.process_total_bytes)} > {format_bytes(usable)} usable"
+    return Rejection(family=family_label(c.config), reason=reason, config=c.config.to_dict())
+
+
+def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, _Tried], usable: int, space: SearchSpace) -> str:
+    if not closest:
+        return f"no configuration of the searched space is valid for {model.id} on {gpu.name}: widen --method/--precision"
+    best = min(closest.values(), key=lambda c: c.process_total_bytes)
+    need = best.process_total_bytes
+    if need <= usable:
+        # the device would hold it: what is missing is host RAM for the offloaded states
+        ranks = best.config.gpus
+        return (
+            f"nothing fits {model.id} on {gpu.name} with the host RAM for offload: the closest, {best.config.label()}, "
+            f"fits the device ({format_bytes(need)} of {format_bytes(usable)} usable) but offload needs "
+            f"{host_shortfall(best.cpu_bytes, ranks=ranks, space=space)}; try --cpu-mem "
+            f"{format_bytes(node_ram_needed(best.cpu_bytes, ranks)).replace(' ', '')} on a host that has it, "
+            "more GPUs (--gpus) or a shorter --seq-len"
+        )
+    hints = []
+    if Method.QLORA not in space.methods:
+        hints.append("--method qlora")
+    if not space.allow_offload:
+        hints.append("allowing offload")
+    hints += ["more GPUs (--gpus)", "a shorter --seq-len", "a larger GPU"]
+    return (
+        f"nothing fits {model.id} on {gpu.name} ({format_bytes(usable)} usable): the closest, "
+        f"{best.config.label()}, needs {format_bytes(need)} ({format_bytes(need - usable)} too much); "
+        f"try {', '.join(hints)}"
+    )
+
+
+__all__ = ["OPTIMIZER_PREFERENCE", "PRECISION_PREFERENCE", "SPEED_TIE", "suggest"]
