@@ -14,7 +14,6 @@ from planner.units import GiB, format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.gpus import GPUSpec
-    from planner.search import SearchSpace
 
 #: Host RAM of the node that offload cannot use (stated assumptions, shown with every plan that
 #: considers offload): the kernel and hypervisor keep about 4% of an instance's nominal RAM (AWS
@@ -42,17 +41,17 @@ def node_ram_needed(rank_host_bytes: int, ranks: int) -> int:
     return ram
 
 
-def host_shortfall(rank_host_bytes: int, *, ranks: int, space: "SearchSpace") -> str:
-    """Why the node's host RAM does not hold an offload plan, in one clause."""
+def host_shortfall(rank_host_bytes: int, *, ranks: int, node_ram: int, source: str) -> str:
+    """Why the node's host RAM (``node_ram``, from ``source``; "" when not known) does not hold an
+    offload plan, in one clause."""
     offload = rank_host_bytes * ranks
     per = f" ({ranks} ranks x {format_bytes(rank_host_bytes)})" if ranks > 1 else ""
-    if not space.host_ram_source:
+    if not source:
         return (f"{format_bytes(offload)} of host RAM{per} and the catalog knows no standard machine with {ranks} of "
                 "this GPU: pass --cpu-mem with the node's RAM (e.g. --cpu-mem 256GiB) to consider offload")
-    reserve = host_reserve(space.cpu_mem_bytes, ranks)
+    reserve = host_reserve(node_ram, ranks)
     return (f"{format_bytes(offload)} of host RAM on the node{per} + {format_bytes(reserve)} kept for the OS and "
-            f"{ranks} training process{'es' if ranks > 1 else ''} > {format_bytes(space.cpu_mem_bytes)} "
-            f"({space.host_ram_source})")
+            f"{ranks} training process{'es' if ranks > 1 else ''} > {format_bytes(node_ram)} ({source})")
 
 
 def node_host_ram(*, cpu_mem_bytes: int | None, local_node: bool, gpus: int, device: "GPUSpec") -> tuple[int, str]:

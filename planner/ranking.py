@@ -228,8 +228,9 @@ def _rejection(c: _Tried, *, model: ModelSpec, usable: int, space: SearchSpace) 
     states = model_states_bytes(model, plain)
     tried = c.config.label()
     if c.cpu_bytes > space.offload_budget(c.config.gpus) and c.process_total_bytes <= usable:
-        reason = (f"model states need {format_bytes(states)} on the device; with {tried} they fit, but offload needs "
-                  f"{host_shortfall(c.cpu_bytes, ranks=c.config.gpus, space=space)}")
+        shortfall = host_shortfall(c.cpu_bytes, ranks=c.config.gpus, node_ram=space.cpu_mem_bytes,
+                                   source=space.host_ram_source)
+        reason = f"model states need {format_bytes(states)} on the device; with {tried} they fit, but offload needs {shortfall}"
     elif states > usable and (c.config.zero or c.config.offload is not Offload.NONE):
         reason = (f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable; the closest try, "
                   f"{tried}, needs {format_bytes(c.process_total_bytes)}")
@@ -248,10 +249,11 @@ def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, 
     if need <= usable:
         # the device would hold it: what is missing is host RAM for the offloaded states
         ranks = best.config.gpus
+        shortfall = host_shortfall(best.cpu_bytes, ranks=ranks, node_ram=space.cpu_mem_bytes, source=space.host_ram_source)
         return (
             f"nothing fits {model.id} on {gpu.name} with the host RAM for offload: the closest, {best.config.label()}, "
             f"fits the device ({format_bytes(need)} of {format_bytes(usable)} usable) but offload needs "
-            f"{host_shortfall(best.cpu_bytes, ranks=ranks, space=space)}; try --cpu-mem "
+            f"{shortfall}; try --cpu-mem "
             f"{format_bytes(node_ram_needed(best.cpu_bytes, ranks)).replace(' ', '')} on a host that has it, "
             "more GPUs (--gpus) or a shorter --seq-len"
         )
