@@ -134,7 +134,7 @@ def test_a_huge_file_is_not_read_whole(cli, tmp_path):
 def test_every_real_config_is_inside_the_bounds():
     """The bounds leave every shipped catalog model (and a 10x larger one) accepted."""
     from planner.catalog import catalog_ids, resolve_model
-    from planner.catalog.architectures import SIZE_BOUNDS
+    from planner.catalog.blocks import SIZE_BOUNDS
 
     for model_id in catalog_ids():
         spec = resolve_model(model_id)

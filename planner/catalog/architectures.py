@@ -20,216 +20,22 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from planner.catalog.blocks import (
+    FUSED_QKV_NAMES,
+    ConfigReader,
+    K,
+    common_fields,
+    fused_qkv_block,
+    lin,
+    qkvo,
+    short,
+    swiglu,
+    two_layer_mlp,
+    untied_head,
+)
+from planner.catalog.t5 import t5_fields
 from planner.errors import ModelConfigError, UnsupportedError
-from planner.modelspec import LinearKind, LinearSpec, ModelSpec
-
-K = LinearKind
-
-# ---- bounds: what real models hold, with ~10x headroom ----------------------------------------------
-# A config.json value past these is a typo (an extra zero, a byte count for a token count), and
-# sizing it costs time and memory that grow with it (10^7 layers took minutes; 10^400 overflowed a
-# float). The largest values of released models, from their config.json files:
-#   layers: 126 (meta-llama/Llama-3.1-405B), 118 (PaLM 540B, Chowdhery et al. 2022, table 1)
-#   hidden: 20480 (Megatron-Turing NLG 530B, Smith et al. 2022), 16384 (Llama-3.1-405B)
-#   MLP width: 73728 (PaLM 540B), 53248 (Llama-3.1-405B)
-#   attention heads: 232 (tiiuae/falcon-180B); head_dim: 256 (google/gemma-2b)
-#   vocabulary: 262144 (google/gemma-3), 250880 (bigscience/bloom)
-#   positions: 10485760 (meta-llama/Llama-4-Scout, 10M context)
-#   experts: 2048 (google/switch-c-2048), 256 (deepseek-ai/DeepSeek-V3)
-# (shipped catalog and /work/shared/model-configs: at most 80 layers, hidden 8192, MLP 36864,
-# 71 heads, head_dim 256, vocabulary 256000, 131072 positions, 8 experts.)
-_LAYERS_MAX = 2_048
-_HIDDEN_MAX = 262_144
-_MLP_MAX = 1_048_576
-_HEADS_MAX = 4_096
-_VOCAB_MAX = 4_194_304
-_POSITIONS_MAX = 134_217_728
-_EXPERTS_MAX = 32_768
-
-#: key -> (largest value accepted, what that bound is)
-SIZE_BOUNDS: dict[str, tuple[int, str]] = {
-    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"),
-                    (_LAYERS_MAX, "layers (largest real model: 126)")),
-    **dict.fromkeys(("hidden_size", "n_embd", "n_embed", "word_embed_proj_dim", "d_model"),
-                    (_HIDDEN_MAX, "hidden size (largest real model: 20480)")),
-    # T5's d_ff reaches 65536 (t5-11b)
-    **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff"),
-                    (_MLP_MAX, "MLP width (largest real model: 73728)")),
-    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads", "head_dim",
-                     "num_heads", "d_kv"),
-                    (_HEADS_MAX, "attention heads / head size (largest real model: 232 heads, head_dim 256)")),
-    **dict.fromkeys(("vocab_size", "type_vocab_size"), (_VOCAB_MAX, "vocabulary (largest real model: 262144)")),
-    **dict.fromkeys(("max_position_embeddings", "n_positions", "seq_length", "sliding_window"),
-                    (_POSITIONS_MAX, "positions (longest real context: 10485760)")),
-    **dict.fromkeys(("num_local_experts", "num_experts_per_tok"), (_EXPERTS_MAX, "experts (most in a real model: 2048)")),
-    "num_ln_in_parallel_attn": (16, "layer norms per falcon block (real models: 1 or 2)"),
-}
-#: any other size key: the largest bound above
-_OTHER_SIZE_MAX = (_POSITIONS_MAX, "sizes")
-
-
-def size_bound(key: str) -> tuple[int, str]:
-    """(largest accepted value, what it bounds) of a config.json size key."""
-    return SIZE_BOUNDS.get(key, _OTHER_SIZE_MAX)
-
-
-class _Config:
-    """Typed, validated reads from one config.json; errors name the file and the key."""
-
-    def __init__(self, raw: Mapping[str, Any], source: str) -> None:
-        self.raw = raw
-        self.source = source
-
-    def error(self, problem: str) -> ModelConfigError:
-        return ModelConfigError(f"{self.source}: {problem}")
-
-    def _lookup(self, keys: tuple[str, ...]) -> tuple[str, Any]:
-        for key in keys:
-            if key in self.raw and self.raw[key] is not None:
-                return key, self.raw[key]
-        return keys[0], None
-
-    def size(self, *keys: str, default: int | None = None) -> int:
-        """A positive whole number; required when ``default`` is None."""
-        key, value = self._lookup(keys)
-        if value is None:
-            if default is None:
-                names = " or ".join(keys)
-                raise self.error(f"missing {names}: the planner needs it to size the model")
-            return default
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.error(f"{key} must be a whole number >= 1, got {_short(value)}")
-        bound, what = size_bound(key)
-        if value > bound:
-            raise self.error(
-                f"{key} {_short(value)} is past the bound on {what}: at most {bound:,}; check the config.json for a typo"
-            )
-        return value
-
-    def optional_size(self, key: str) -> int | None:
-        """A positive whole number, or None when the key is absent or null."""
-        return None if self.raw.get(key) is None else self.size(key)
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.raw.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.error(f"{key} must be true or false, got {_short(value)}")
-        return value
-
-    def prob(self, *keys: str, default: float = 0.0) -> float:
-        """A dropout probability in [0, 1)."""
-        key, value = self._lookup(keys)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise self.error(f"{key} must be a dropout probability in [0, 1), got {_short(value)}")
-        return float(value)
-
-    def text(self, *keys: str, default: str) -> str:
-        key, value = self._lookup(keys)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            raise self.error(f"{key} must be a string, got {_short(value)}")
-        return value
-
-    def heads(self, *, hidden: int, heads: int, kv_key: str | None, kv_default: int | None = None,
-              head_dim_key: bool = False, head_dim_default: int | None = None) -> tuple[int, int]:
-        """(num_kv_heads, head_dim) after checking they divide evenly.
-
-        ``kv_default``: the number of kv heads transformers assumes when the key is absent (some
-        config classes default it to a fixed number, e.g. mistral 8); None means "= heads", which
-        is also what an explicit null means. ``head_dim_key``: the architecture reads an explicit
-        ``head_dim`` (llama family, gemma, qwen3); its default is ``head_dim_default`` or else
-        hidden / heads.
-        """
-        if head_dim_default is None:
-            if hidden % heads and not (head_dim_key and self.raw.get("head_dim") is not None):
-                raise self.error(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
-            head_dim_default = hidden // heads
-        head_dim = self.size("head_dim", default=head_dim_default) if head_dim_key else head_dim_default
-        if kv_key is None:
-            kv = heads
-        elif kv_key not in self.raw:
-            kv = kv_default or heads
-        else:
-            kv = self.size(kv_key, default=heads)
-        if heads % kv:
-            raise self.error(f"num_attention_heads {heads} is not a multiple of {kv_key} {kv}")
-        return kv, head_dim
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    """``repr`` of a config value cut to ``limit`` characters (an int of 400 digits stays one short line)."""
-    text = repr(value) if not isinstance(value, int) or value.bit_length() < 4000 else f"<{value.bit_length()}-bit integer>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# ---- building blocks ----------------------------------------------------------------------------
-
-
-def _lin(
-    name: str, n_in: int, n_out: int, bias: bool, kind: LinearKind, count: int = 1, active: int | None = None
-) -> LinearSpec:
-    return LinearSpec(
-        name=name, in_features=n_in, out_features=n_out, bias=bias, kind=kind,
-        count=count, active=count if active is None else active,
-    )
-
-
-def _qkvo(
-    hidden: int, heads: int, kv: int, head_dim: int, *, qkv_bias: bool, o_bias: bool, o_name: str = "o_proj"
-) -> list[LinearSpec]:
-    """Separate q/k/v projections (grouped-query when kv < heads) and the output projection."""
-    q_out, kv_out = heads * head_dim, kv * head_dim
-    return [
-        _lin("q_proj", hidden, q_out, qkv_bias, K.ATTN_IN),
-        _lin("k_proj", hidden, kv_out, qkv_bias, K.ATTN_IN),
-        _lin("v_proj", hidden, kv_out, qkv_bias, K.ATTN_IN),
-        _lin(o_name, q_out, hidden, o_bias, K.ATTN_OUT),
-    ]
-
-
-def _swiglu(hidden: int, inter: int, *, bias: bool = False) -> list[LinearSpec]:
-    return [
-        _lin("gate_proj", hidden, inter, bias, K.MLP_IN),
-        _lin("up_proj", hidden, inter, bias, K.MLP_IN),
-        _lin("down_proj", inter, hidden, bias, K.MLP_OUT),
-    ]
-
-
-def _two_layer_mlp(names: tuple[str, str], hidden: int, inter: int, *, bias: bool) -> list[LinearSpec]:
-    return [_lin(names[0], hidden, inter, bias, K.MLP_IN), _lin(names[1], inter, hidden, bias, K.MLP_OUT)]
-
-
-#: leaf names of the fused-qkv blocks (gpt_neox, bloom, falcon): qkv, attention out, MLP up, MLP down
-_FUSED_QKV_NAMES = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
-
-
-def _fused_qkv_block(names: tuple[str, str, str, str], hidden: int, qkv_out: int, inter: int, *,
-                     attn_bias: bool, mlp_bias: bool) -> tuple[LinearSpec, ...]:
-    """One fused q/k/v projection, the attention output and a two-layer MLP."""
-    qkv, out, up, down = names
-    return (
-        _lin(qkv, hidden, qkv_out, attn_bias, K.ATTN_IN),
-        _lin(out, hidden, hidden, attn_bias, K.ATTN_OUT),
-        *_two_layer_mlp((up, down), hidden, inter, bias=mlp_bias),
-    )
-
-
-def _untied_head(vocab: int, n_in: int, *, tied: bool, bias: bool = False) -> int:
-    """Parameters the lm_head adds beyond the token embedding (weight only when untied)."""
-    return (0 if tied else vocab * n_in) + (vocab if bias else 0)
-
-
-def _common(*, model_type: str, hidden: int, layers: int, heads: int, vocab: int) -> dict[str, Any]:
-    return {
-        "model_type": model_type, "hidden_size": hidden, "num_layers": layers,
-        "num_heads": heads, "vocab_size": vocab,
-    }
-
+from planner.modelspec import ModelSpec
 
 # ---- llama family: llama, mistral, mixtral, qwen2, qwen3, gemma, gemma2 -----------------------------
 
@@ -247,7 +53,7 @@ _LLAMA_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _llama_family(c: _Config, model_type: str) -> dict[str, Any]:
+def _llama_family(c: ConfigReader, model_type: str) -> dict[str, Any]:
     d = _LLAMA_FAMILY_DEFAULTS[model_type]
     hidden = c.size("hidden_size")
     layers = c.size("num_hidden_layers")
@@ -269,7 +75,7 @@ def _llama_family(c: _Config, model_type: str) -> dict[str, Any]:
         qkv_bias = o_bias = False  # modeling_mistral.py / modeling_mixtral.py: bias=False
     else:
         qkv_bias = o_bias = attention_bias
-    linears = _qkvo(hidden, heads, kv, head_dim, qkv_bias=qkv_bias, o_bias=o_bias)
+    linears = qkvo(hidden, heads, kv, head_dim, qkv_bias=qkv_bias, o_bias=o_bias)
 
     experts = top_k = 0
     if model_type == "mixtral":
@@ -281,13 +87,13 @@ def _llama_family(c: _Config, model_type: str) -> dict[str, Any]:
         # gate_up_proj [E, 2I, H], down_proj [E, H, I]) and the router as mlp.gate.weight [E, H]
         # (MixtralTopKRouter): not nn.Linear modules, so peft reaches them via target_parameters.
         linears += [
-            _lin("gate", hidden, experts, False, K.ROUTER),
-            _lin("gate_up_proj", hidden, 2 * inter, False, K.MLP_IN, count=experts, active=top_k),
-            _lin("down_proj", inter, hidden, False, K.MLP_OUT, count=experts, active=top_k),
+            lin("gate", hidden, experts, False, K.ROUTER),
+            lin("gate_up_proj", hidden, 2 * inter, False, K.MLP_IN, count=experts, active=top_k),
+            lin("down_proj", inter, hidden, False, K.MLP_OUT, count=experts, active=top_k),
         ]
     else:
         mlp_bias = c.flag("mlp_bias", False) if model_type == "llama" else False
-        linears += _swiglu(hidden, inter, bias=mlp_bias)
+        linears += swiglu(hidden, inter, bias=mlp_bias)
 
     # RMSNorm: weight only. gemma2 has four per layer (input, post_attention, pre_feedforward,
     # post_feedforward: modeling_gemma2.py Gemma2DecoderLayer); qwen3 adds q_norm/k_norm over head_dim.
@@ -314,12 +120,12 @@ def _llama_family(c: _Config, model_type: str) -> dict[str, Any]:
         # null = full attention; absent = the config class default
         sliding = c.optional_size("sliding_window") if "sliding_window" in c.raw else d.get("sliding_window")
     return dict(
-        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        common_fields(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=False, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
         max_seq_len=c.size("max_position_embeddings", default=d["max_pos"]),
         layer_linears=tuple(linears), layer_norm_params=norms,
         embedding_params=vocab * hidden, final_norm_params=hidden,
-        head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        head_params=untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
         hidden_act=act, gated_mlp=True, norm="rmsnorm", norm_weight_fp32=model_type in ("gemma", "gemma2"),
         position="rope", attn_dropout=c.prob("attention_dropout"), hidden_dropout=0.0,
         num_experts=experts, experts_per_token=top_k, sliding_window=sliding,
@@ -329,24 +135,24 @@ def _llama_family(c: _Config, model_type: str) -> dict[str, Any]:
 # ---- phi (phi-1/1.5/2) and phi3 (phi-3, phi-4) ------------------------------------------------------
 
 
-def _phi(c: _Config, model_type: str) -> dict[str, Any]:
+def _phi(c: ConfigReader, model_type: str) -> dict[str, Any]:
     hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
     heads, vocab, inter = c.size("num_attention_heads"), c.size("vocab_size"), c.size("intermediate_size")
     kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads")
     # modeling_phi.py PhiAttention: q/k/v and `dense` all carry a bias; fc1/fc2 too; one
     # input_layernorm (LayerNorm, weight+bias) per parallel block; optional q/k LayerNorms.
-    linears = _qkvo(hidden, heads, kv, head_dim, qkv_bias=True, o_bias=True, o_name="dense")
-    linears += _two_layer_mlp(("fc1", "fc2"), hidden, inter, bias=True)
+    linears = qkvo(hidden, heads, kv, head_dim, qkv_bias=True, o_bias=True, o_name="dense")
+    linears += two_layer_mlp(("fc1", "fc2"), hidden, inter, bias=True)
     norms = 2 * hidden + (2 * 2 * head_dim if c.flag("qk_layernorm", False) else 0)
     tied = c.flag("tie_word_embeddings", False)
     return dict(
-        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        common_fields(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=False, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
         max_seq_len=c.size("max_position_embeddings", default=2048),
         layer_linears=tuple(linears), layer_norm_params=norms,
         embedding_params=vocab * hidden, final_norm_params=2 * hidden,
         # PhiForCausalLM: lm_head = nn.Linear(hidden, vocab, bias=True)
-        head_params=_untied_head(vocab, hidden, tied=tied, bias=True), tied_embeddings=tied,
+        head_params=untied_head(vocab, hidden, tied=tied, bias=True), tied_embeddings=tied,
         hidden_act=c.text("hidden_act", default="gelu_new"), gated_mlp=False, norm="layernorm",
         parallel_block=True, position="rope",
         attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("resid_pdrop"),
@@ -354,25 +160,25 @@ def _phi(c: _Config, model_type: str) -> dict[str, Any]:
     )
 
 
-def _phi3(c: _Config, model_type: str) -> dict[str, Any]:
+def _phi3(c: ConfigReader, model_type: str) -> dict[str, Any]:
     hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
     heads, vocab, inter = c.size("num_attention_heads"), c.size("vocab_size"), c.size("intermediate_size")
     kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads")
     # modeling_phi3.py: fused qkv_proj (heads + 2 kv) * head_dim and gate_up_proj 2 * I, no biases.
     linears = (
-        _lin("qkv_proj", hidden, (heads + 2 * kv) * head_dim, False, K.ATTN_IN),
-        _lin("o_proj", heads * head_dim, hidden, False, K.ATTN_OUT),
-        _lin("gate_up_proj", hidden, 2 * inter, False, K.MLP_IN),
-        _lin("down_proj", inter, hidden, False, K.MLP_OUT),
+        lin("qkv_proj", hidden, (heads + 2 * kv) * head_dim, False, K.ATTN_IN),
+        lin("o_proj", heads * head_dim, hidden, False, K.ATTN_OUT),
+        lin("gate_up_proj", hidden, 2 * inter, False, K.MLP_IN),
+        lin("down_proj", inter, hidden, False, K.MLP_OUT),
     )
     tied = c.flag("tie_word_embeddings", False)
     return dict(
-        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        common_fields(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=False, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
         max_seq_len=c.size("max_position_embeddings", default=4096),
         layer_linears=linears, layer_norm_params=2 * hidden,
         embedding_params=vocab * hidden, final_norm_params=hidden,
-        head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        head_params=untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
         hidden_act=c.text("hidden_act", default="silu"), gated_mlp=True, norm="rmsnorm", position="rope",
         attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("resid_pdrop"),
         embedding_dropout=c.prob("embd_pdrop"), sliding_window=c.optional_size("sliding_window"),
@@ -382,23 +188,23 @@ def _phi3(c: _Config, model_type: str) -> dict[str, Any]:
 # ---- starcoder2 --------------------------------------------------------------------------------------
 
 
-def _starcoder2(c: _Config, model_type: str) -> dict[str, Any]:
+def _starcoder2(c: ConfigReader, model_type: str) -> dict[str, Any]:
     hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
     heads, vocab, inter = c.size("num_attention_heads"), c.size("vocab_size"), c.size("intermediate_size")
     # configuration_starcoder2.py: num_key_value_heads defaults to 2
     kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=2)
     bias = c.flag("use_bias", True)  # configuration_starcoder2.py: use_bias=True
-    linears = _qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
-    linears += _two_layer_mlp(("c_fc", "c_proj"), hidden, inter, bias=bias)
+    linears = qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
+    linears += two_layer_mlp(("c_fc", "c_proj"), hidden, inter, bias=bias)
     tied = c.flag("tie_word_embeddings", True)
     return dict(
-        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        common_fields(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=False, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
         max_seq_len=c.size("max_position_embeddings", default=4096),
         # two nn.LayerNorm (weight+bias) per layer and a final one (modeling_starcoder2.py)
         layer_linears=tuple(linears), layer_norm_params=4 * hidden,
         embedding_params=vocab * hidden, final_norm_params=2 * hidden,
-        head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        head_params=untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
         hidden_act=c.text("hidden_act", default="gelu_pytorch_tanh"), gated_mlp=False, norm="layernorm",
         position="rope", attn_dropout=c.prob("attention_dropout"), hidden_dropout=c.prob("residual_dropout"),
         embedding_dropout=c.prob("embedding_dropout"), sliding_window=c.optional_size("sliding_window"),
@@ -408,7 +214,7 @@ def _starcoder2(c: _Config, model_type: str) -> dict[str, Any]:
 # ---- gpt2, gpt_neox, opt, bloom, falcon -------------------------------------------------------------
 
 
-def _gpt2(c: _Config, model_type: str) -> dict[str, Any]:
+def _gpt2(c: ConfigReader, model_type: str) -> dict[str, Any]:
     hidden, layers = c.size("n_embd", "hidden_size"), c.size("n_layer", "num_hidden_layers")
     heads, vocab = c.size("n_head", "num_attention_heads"), c.size("vocab_size")
     if c.flag("add_cross_attention", False):
@@ -420,14 +226,14 @@ def _gpt2(c: _Config, model_type: str) -> dict[str, Any]:
     positions = c.size("n_positions", "max_position_embeddings", default=1024)
     # HF Conv1D stores weights as [in, out]; the math sees (in_features, out_features) as for Linear.
     names = ("c_attn", "c_proj", "c_fc", "c_proj")
-    linears = _fused_qkv_block(names, hidden, 3 * hidden, inter, attn_bias=True, mlp_bias=True)
+    linears = fused_qkv_block(names, hidden, 3 * hidden, inter, attn_bias=True, mlp_bias=True)
     tied = c.flag("tie_word_embeddings", True)
     return dict(
-        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        common_fields(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=False, num_kv_heads=heads, head_dim=head_dim, intermediate_size=inter,
         max_seq_len=positions, layer_linears=linears, layer_norm_params=4 * hidden,
         embedding_params=vocab * hidden, other_embedding_params=positions * hidden,  # wpe
-        final_norm_params=2 * hidden, head_params=_untied_head(vocab, hidden, tied=tied),
+        final_norm_params=2 * hidden, head_params=untied_head(vocab, hidden, tied=tied),
         tied_embeddings=tied,
         hidden_act=c.text("activation_function", default="gelu_new"), gated_mlp=False, norm="layernorm",
         position="learned", attn_dropout=c.prob("attn_pdrop", default=0.1),
@@ -436,21 +242,21 @@ def _gpt2(c: _Config, model_type: str) -> dict[str, Any]:
     )
 
 
-def _gpt_neox(c: _Config, model_type: str) -> dict[str, Any]:
+def _gpt_neox(c: ConfigReader, model_type: str) -> dict[str, Any]:
     hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
     heads, vocab, inter = c.size("num_attention_heads"), c.size("vocab_size"), c.size("intermediate_size")
     _, head_dim = c.heads(hidden=hidden, heads=heads, kv_key=None)
     bias = c.flag("attention_bias", True)
     # modeling_gpt_neox.py: fused query_key_value and dense (bias=attention_bias), MLP always biased.
-    linears = _fused_qkv_block(_FUSED_QKV_NAMES, hidden, 3 * hidden, inter, attn_bias=bias, mlp_bias=True)
+    linears = fused_qkv_block(FUSED_QKV_NAMES, hidden, 3 * hidden, inter, attn_bias=bias, mlp_bias=True)
     tied = c.flag("tie_word_embeddings", False)  # separate embed_out/lm_head by default
     return dict(
-        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        common_fields(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=False, num_kv_heads=heads, head_dim=head_dim, intermediate_size=inter,
         max_seq_len=c.size("max_position_embeddings", default=2048),
         layer_linears=linears, layer_norm_params=4 * hidden,
         embedding_params=vocab * hidden, final_norm_params=2 * hidden,
-        head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        head_params=untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
         hidden_act=c.text("hidden_act", default="gelu"), gated_mlp=False, norm="layernorm",
         parallel_block=c.flag("use_parallel_residual", True), position="rope",
         # GPTNeoXModel.emb_dropout uses hidden_dropout too
@@ -459,7 +265,7 @@ def _gpt_neox(c: _Config, model_type: str) -> dict[str, Any]:
     )
 
 
-def _opt(c: _Config, model_type: str) -> dict[str, Any]:
+def _opt(c: ConfigReader, model_type: str) -> dict[str, Any]:
     hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
     heads, vocab, ffn = c.size("num_attention_heads"), c.size("vocab_size"), c.size("ffn_dim")
     _, head_dim = c.heads(hidden=hidden, heads=heads, kv_key=None)
@@ -467,8 +273,8 @@ def _opt(c: _Config, model_type: str) -> dict[str, Any]:
     bias = c.flag("enable_bias", True)
     affine = c.flag("layer_norm_elementwise_affine", True)
     max_pos = c.size("max_position_embeddings", default=2048)
-    linears = _qkvo(hidden, heads, heads, head_dim, qkv_bias=bias, o_bias=bias, o_name="out_proj")
-    linears += _two_layer_mlp(("fc1", "fc2"), hidden, ffn, bias=bias)
+    linears = qkvo(hidden, heads, heads, head_dim, qkv_bias=bias, o_bias=bias, o_name="out_proj")
+    linears += two_layer_mlp(("fc1", "fc2"), hidden, ffn, bias=bias)
     norm = 2 * hidden if affine else 0
     # OPTLearnedPositionalEmbedding keeps 2 extra rows (offset 2, modeling_opt.py); opt-350m style
     # models embed in word_embed_proj_dim and add bias-free project_in/project_out.
@@ -479,11 +285,11 @@ def _opt(c: _Config, model_type: str) -> dict[str, Any]:
     final = norm if has_final else 0
     tied = c.flag("tie_word_embeddings", True)
     return dict(
-        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        common_fields(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=False, num_kv_heads=heads, head_dim=head_dim, intermediate_size=ffn,
         max_seq_len=max_pos, layer_linears=tuple(linears), layer_norm_params=2 * norm,
         embedding_params=vocab * proj, other_embedding_params=other, final_norm_params=final,
-        head_params=_untied_head(vocab, proj, tied=tied), tied_embeddings=tied,
+        head_params=untied_head(vocab, proj, tied=tied), tied_embeddings=tied,
         hidden_act=c.text("activation_function", default="relu"), gated_mlp=False, norm="layernorm",
         position="learned", attn_dropout=c.prob("attention_dropout"),
         # OPTDecoder drops out the embeddings with the same probability
@@ -497,21 +303,21 @@ def _opt(c: _Config, model_type: str) -> dict[str, Any]:
 BLOOM_DEFAULT_SEQ_LEN = 2048
 
 
-def _bloom(c: _Config, model_type: str) -> dict[str, Any]:
+def _bloom(c: ConfigReader, model_type: str) -> dict[str, Any]:
     hidden, layers = c.size("hidden_size", "n_embed"), c.size("n_layer", "num_hidden_layers")
     heads, vocab = c.size("n_head", "num_attention_heads"), c.size("vocab_size")
     _, head_dim = c.heads(hidden=hidden, heads=heads, kv_key=None)
     inter = 4 * hidden  # modeling_bloom.py BloomMLP: fixed 4 * hidden (n_inner is not read)
-    linears = _fused_qkv_block(_FUSED_QKV_NAMES, hidden, 3 * hidden, inter, attn_bias=True, mlp_bias=True)
+    linears = fused_qkv_block(FUSED_QKV_NAMES, hidden, 3 * hidden, inter, attn_bias=True, mlp_bias=True)
     tied = c.flag("tie_word_embeddings", True)
     return dict(
-        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        common_fields(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=False, num_kv_heads=heads, head_dim=head_dim, intermediate_size=inter,
         max_seq_len=c.size("seq_length", default=BLOOM_DEFAULT_SEQ_LEN),
         layer_linears=linears, layer_norm_params=4 * hidden,
         embedding_params=vocab * hidden, other_embedding_params=2 * hidden,  # word_embeddings_layernorm
         embedding_norm=True,
-        final_norm_params=2 * hidden, head_params=_untied_head(vocab, hidden, tied=tied),
+        final_norm_params=2 * hidden, head_params=untied_head(vocab, hidden, tied=tied),
         tied_embeddings=tied,
         # bloom_gelu_forward (modeling_bloom.py) is the tanh approximation of GELU
         hidden_act="gelu_pytorch_tanh", gated_mlp=False, norm="layernorm", position="alibi",
@@ -519,7 +325,7 @@ def _bloom(c: _Config, model_type: str) -> dict[str, Any]:
     )
 
 
-def _falcon(c: _Config, model_type: str) -> dict[str, Any]:
+def _falcon(c: ConfigReader, model_type: str) -> dict[str, Any]:
     hidden = c.size("hidden_size", "n_embed")
     layers, heads = c.size("num_hidden_layers", "n_layer"), c.size("num_attention_heads", "n_head")
     vocab = c.size("vocab_size")
@@ -540,21 +346,21 @@ def _falcon(c: _Config, model_type: str) -> dict[str, Any]:
         raise c.error(f"num_attention_heads {heads} is not a multiple of num_kv_heads {kv}")
     inter = c.size("ffn_hidden_size", default=4 * hidden)
     qkv_out = (heads + 2 * kv) * head_dim
-    linears = _fused_qkv_block(_FUSED_QKV_NAMES, hidden, qkv_out, inter, attn_bias=bias, mlp_bias=bias)
+    linears = fused_qkv_block(FUSED_QKV_NAMES, hidden, qkv_out, inter, attn_bias=bias, mlp_bias=bias)
     # FalconDecoderLayer: two LayerNorms unless parallel_attn with one (num_ln_in_parallel_attn
     # defaults to 2 for the new architecture, else 1).
     num_ln = c.size("num_ln_in_parallel_attn", default=2 if new_arch else 1) if parallel else 2
     norms = (2 if num_ln == 2 else 1) * 2 * hidden
     tied = c.flag("tie_word_embeddings", True)
     return dict(
-        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        common_fields(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=False, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
         # configuration_falcon.py: max_position_embeddings defaults to 2048 (falcon-7b/40b's
         # training length); the rotary cache is built for it.
         max_seq_len=c.size("max_position_embeddings", default=2048),
         layer_linears=linears, layer_norm_params=norms,
         embedding_params=vocab * hidden, final_norm_params=2 * hidden,
-        head_params=_untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        head_params=untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
         hidden_act=c.text("activation", default="gelu"), gated_mlp=False, norm="layernorm",
         parallel_block=parallel or new_arch, position="alibi" if c.flag("alibi", False) else "rope",
         eager_softmax="residual",
@@ -565,7 +371,7 @@ def _falcon(c: _Config, model_type: str) -> dict[str, Any]:
 # ---- encoders: bert, roberta --------------------------------------------------------------------------
 
 
-def _bert_like(c: _Config, model_type: str) -> dict[str, Any]:
+def _bert_like(c: ConfigReader, model_type: str) -> dict[str, Any]:
     hidden, layers = c.size("hidden_size"), c.size("num_hidden_layers")
     heads, vocab, inter = c.size("num_attention_heads"), c.size("vocab_size"), c.size("intermediate_size")
     _, head_dim = c.heads(hidden=hidden, heads=heads, kv_key=None)
@@ -574,19 +380,19 @@ def _bert_like(c: _Config, model_type: str) -> dict[str, Any]:
     # modeling_bert.py BertLayer: query/key/value, attention.output.dense, intermediate.dense,
     # output.dense, all biased; two LayerNorms (weight+bias).
     linears = (
-        _lin("query", hidden, hidden, True, K.ATTN_IN),
-        _lin("key", hidden, hidden, True, K.ATTN_IN),
-        _lin("value", hidden, hidden, True, K.ATTN_IN),
-        _lin("dense", hidden, hidden, True, K.ATTN_OUT),
-        _lin("dense", hidden, inter, True, K.MLP_IN),
-        _lin("dense", inter, hidden, True, K.MLP_OUT),
+        lin("query", hidden, hidden, True, K.ATTN_IN),
+        lin("key", hidden, hidden, True, K.ATTN_IN),
+        lin("value", hidden, hidden, True, K.ATTN_IN),
+        lin("dense", hidden, hidden, True, K.ATTN_OUT),
+        lin("dense", hidden, inter, True, K.MLP_IN),
+        lin("dense", inter, hidden, True, K.MLP_OUT),
     )
     if model_type == "roberta":
         # Positions start at padding_idx + 1 (modeling_roberta.py create_position_ids_*), so
         # max_position_embeddings (514 for roberta) carries pad_token_id + 1 unusable rows.
         pad = c.raw.get("pad_token_id", 1)
         if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
-            raise c.error(f"pad_token_id must be a whole number >= 0, got {_short(pad)}")
+            raise c.error(f"pad_token_id must be a whole number >= 0, got {short(pad)}")
         max_seq = max_pos - (pad + 1)
         if max_seq < 1:
             raise c.error(
@@ -600,9 +406,9 @@ def _bert_like(c: _Config, model_type: str) -> dict[str, Any]:
     # decoder.weight to the word embedding and decoder.bias to that bias, but only when
     # tie_word_embeddings is on: untied, the decoder keeps its own weight and bias.
     transform = hidden * hidden + hidden + 2 * hidden
-    head = transform + vocab + _untied_head(vocab, hidden, tied=tied, bias=not tied)
+    head = transform + vocab + untied_head(vocab, hidden, tied=tied, bias=not tied)
     return dict(
-        _common(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
+        common_fields(model_type=model_type, hidden=hidden, layers=layers, heads=heads, vocab=vocab),
         is_encoder=True, num_kv_heads=heads, head_dim=head_dim, intermediate_size=inter, max_seq_len=max_seq,
         layer_linears=linears, layer_norm_params=4 * hidden,
         embedding_params=vocab * hidden,
@@ -622,15 +428,9 @@ def _bert_like(c: _Config, model_type: str) -> dict[str, Any]:
 # ---- encoder-decoder: t5 (planner/catalog/t5.py) --------------------------------------------------------
 
 
-def _t5(c: _Config, model_type: str) -> dict[str, Any]:
-    from planner.catalog.t5 import t5_fields  # imports this module's building blocks
-
-    return t5_fields(c, model_type)
-
-
 # ---- dispatch -------------------------------------------------------------------------------------------
 
-_BUILDERS: dict[str, Callable[[_Config, str], dict[str, Any]]] = {
+_BUILDERS: dict[str, Callable[[ConfigReader, str], dict[str, Any]]] = {
     **{t: _llama_family for t in _LLAMA_FAMILY_DEFAULTS},
     "phi": _phi,
     "phi3": _phi3,
@@ -642,7 +442,7 @@ _BUILDERS: dict[str, Callable[[_Config, str], dict[str, Any]]] = {
     "falcon": _falcon,
     "bert": _bert_like,
     "roberta": _bert_like,
-    "t5": _t5,
+    "t5": t5_fields,
 }
 
 #: model types that are recognised but have no builder yet, with the reason
@@ -682,6 +482,6 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str, source: str) -
         )
     builder = _BUILDERS.get(model_type)
     if builder is None:
-        raise ModelConfigError(f"{source}: unknown model_type {_short(model_type)}; supported: {supported}")
-    fields = builder(_Config(config, source), model_type)
+        raise ModelConfigError(f"{source}: unknown model_type {short(model_type)}; supported: {supported}")
+    fields = builder(ConfigReader(config, source), model_type)
     return ModelSpec(id=model_id, config=public_config(config), source=source, **fields)

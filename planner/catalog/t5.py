@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.catalog.architectures import _common, _Config, _lin
+from planner.catalog.blocks import ConfigReader, common_fields, lin
 from planner.modelspec import LinearKind as K
 from planner.modelspec import LinearSpec
 
@@ -37,7 +37,7 @@ from planner.modelspec import LinearSpec
 T5_DEFAULT_SEQ_LEN = 512
 
 
-def _mlp(c: _Config, d_model: int, d_ff: int) -> tuple[list[LinearSpec], str, bool]:
+def _mlp(c: ConfigReader, d_model: int, d_ff: int) -> tuple[list[LinearSpec], str, bool]:
     """(MLP linears, activation, gated): ``feed_forward_proj`` is ``ACT`` or ``gated-ACT``;
     ``gated-gelu`` means ``gelu_new`` (configuration_t5.py l.69-75)."""
     proj = c.text("feed_forward_proj", default="relu")
@@ -48,23 +48,23 @@ def _mlp(c: _Config, d_model: int, d_ff: int) -> tuple[list[LinearSpec], str, bo
     if proj == "gated-gelu":
         act = "gelu_new"
     if gated:
-        linears = [_lin("wi_0", d_model, d_ff, False, K.MLP_IN), _lin("wi_1", d_model, d_ff, False, K.MLP_IN)]
+        linears = [lin("wi_0", d_model, d_ff, False, K.MLP_IN), lin("wi_1", d_model, d_ff, False, K.MLP_IN)]
     else:
-        linears = [_lin("wi", d_model, d_ff, False, K.MLP_IN)]
-    return linears + [_lin("wo", d_ff, d_model, False, K.MLP_OUT)], act, gated
+        linears = [lin("wi", d_model, d_ff, False, K.MLP_IN)]
+    return linears + [lin("wo", d_ff, d_model, False, K.MLP_OUT)], act, gated
 
 
 def _attention(d_model: int, inner: int, *, cross: bool) -> list[LinearSpec]:
     k_in, k_out = (K.CROSS_ATTN_IN, K.CROSS_ATTN_OUT) if cross else (K.ATTN_IN, K.ATTN_OUT)
     return [
-        _lin("q", d_model, inner, False, k_in),
-        _lin("k", d_model, inner, False, k_in),
-        _lin("v", d_model, inner, False, k_in),
-        _lin("o", inner, d_model, False, k_out),
+        lin("q", d_model, inner, False, k_in),
+        lin("k", d_model, inner, False, k_in),
+        lin("v", d_model, inner, False, k_in),
+        lin("o", inner, d_model, False, k_out),
     ]
 
 
-def t5_fields(c: _Config, model_type: str) -> dict[str, Any]:
+def t5_fields(c: ConfigReader, model_type: str) -> dict[str, Any]:
     """The ``ModelSpec`` fields of a T5 config. The sizes that define the model are required
     (T5Config's defaults describe t5-small, a silent hole for any other model); the rest take
     T5Config's defaults (configuration_t5.py l.44-62)."""
@@ -76,7 +76,7 @@ def t5_fields(c: _Config, model_type: str) -> dict[str, Any]:
     mlp, act, gated = _mlp(c, d_model, d_ff)
     dropout = c.prob("dropout_rate", default=0.1)
     return dict(
-        _common(model_type=model_type, hidden=d_model, layers=layers, heads=heads, vocab=vocab),
+        common_fields(model_type=model_type, hidden=d_model, layers=layers, heads=heads, vocab=vocab),
         is_encoder=False, num_kv_heads=heads, head_dim=d_kv, intermediate_size=d_ff,
         max_seq_len=c.size("n_positions", default=T5_DEFAULT_SEQ_LEN),
         layer_linears=tuple(_attention(d_model, inner, cross=False) + mlp),
