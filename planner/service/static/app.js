@@ -166,7 +166,13 @@ async function submit(event) {
 document.addEventListener("DOMContentLoaded", () => {
   const token = document.getElementById("token");
   token.value = sessionStorage.getItem("planner-token") || "";
-  token.addEventListener("change", () => sessionStorage.setItem("planner-token", token.value));
+  token.addEventListener("change", () => {
+    sessionStorage.setItem("planner-token", token.value);
+    showError("");
+    // a server that protects reads answered 401 without the token: read again with it
+    loadChoices().catch(e => showError("cannot reach the server: " + e));
+    loadHistory().catch(e => showError("cannot reach the server: " + e));
+  });
   document.getElementById("plan-form").addEventListener("submit", submit);
   loadChoices().catch(e => showError("cannot reach the server: " + e));
   loadHistory().catch(e => showError("cannot reach the server: " + e));
