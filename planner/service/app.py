@@ -210,7 +210,7 @@ def index_html() -> str:
 def build_app(settings: ServiceSettings) -> "FastAPI":
     """The app for ``settings``; its store opens in the background at startup and closes at shutdown."""
     from fastapi import FastAPI
-    from fastapi.responses import HTMLResponse, JSONResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
     from fastapi.staticfiles import StaticFiles
 
     from planner import __version__
@@ -251,6 +251,10 @@ def build_app(settings: ServiceSettings) -> "FastAPI":
     @app.api_route("/docs", methods=["GET", "HEAD"], include_in_schema=False)
     def docs() -> HTMLResponse:
         return HTMLResponse(static_text("docs.html"), headers=PAGE_HEADERS)
+
+    @app.api_route("/favicon.ico", methods=["GET", "HEAD"], include_in_schema=False)
+    def favicon() -> Response:
+        return Response(status_code=204)  # none: browsers ask for it, a 404 would be logged as an error
 
     @app.head("/healthz", include_in_schema=False)
     @app.get("/healthz", tags=["service"],

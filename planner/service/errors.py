@@ -139,13 +139,11 @@ def install_handlers(app: "FastAPI") -> None:
     from sqlalchemy.exc import SQLAlchemyError
     from starlette.exceptions import HTTPException
 
-    from planner.store.engine import scrub
-
     secrets = app.state.settings.secrets
 
     def answer(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> "JSONResponse":
         if secrets and isinstance(body.get("error"), str):
-            body = body | {"error": scrub(body["error"], secrets)}
+            body = body | {"error": secrets.scrub(body["error"])}
         return JSONResponse(body, status_code=status, headers=headers)
 
     def planner_error(request: "Request", exc: PlannerError) -> "JSONResponse":

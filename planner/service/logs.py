@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from planner.store.engine import MASK
+from planner.store.engine import Secrets
 
 #: the loggers whose records are masked where they are made; ``planner serve`` also puts the
 #: filter on every handler (``log_config``), which sees the records of every logger
@@ -18,18 +18,14 @@ LOGGERS = ("planner", "planner.service", "planner.service.access", "planner.stor
 class RedactSecrets(logging.Filter):
     """Masks ``secrets`` in a record's message and traceback (the record is changed, then passed)."""
 
-    def __init__(self, secrets: tuple[str, ...] | None = None) -> None:
+    def __init__(self, secrets: Secrets | None = None) -> None:
         super().__init__()
         if secrets is None:  # made by logging.config from ``log_config``: the settings of the environment
             from planner.service.settings import ServiceSettings
 
             secrets = ServiceSettings.from_env().secrets
-        self.secrets = tuple(sorted(set(secrets), key=len, reverse=True))
-
-    def _mask(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, MASK)
-        return text
+        self.secrets = secrets
+        self._mask = secrets.scrub
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.secrets:
@@ -45,7 +41,7 @@ class RedactSecrets(logging.Filter):
         return True
 
 
-def redact_logs(secrets: tuple[str, ...]) -> None:
+def redact_logs(secrets: Secrets) -> None:
     """Put one ``RedactSecrets`` on each of ``LOGGERS`` (replacing the one an earlier app put)."""
     for name in LOGGERS:
         logger = logging.getLogger(name)

@@ -6,8 +6,13 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from planner.errors import PlannerError
 from planner.store.deadlines import Timeouts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.store.engine import Secrets
 
 #: Bearer token(s) with every right: POSTs, and reads when reads are protected. Unset: the API is
 #: open, as on a laptop. Several tokens, comma-separated: one per person or service, each named
@@ -23,6 +28,9 @@ DATABASE_URL_ENV = "PLANNER_DATABASE_URL"
 #: Per-request budgets: CPU seconds of the thread that answers, and growth of the process's memory.
 CPU_BUDGET_ENV = "PLANNER_API_CPU_SECONDS"
 MEMORY_BUDGET_ENV = "PLANNER_API_MEMORY"
+#: Seconds the service waits for its database (``planner.store.deadlines.Timeouts``), by field.
+DB_TIMEOUT_ENVS = {"connect_s": "PLANNER_DB_CONNECT_TIMEOUT", "statement_s": "PLANNER_DB_STATEMENT_TIMEOUT",
+                   "pool_s": "PLANNER_DB_POOL_TIMEOUT"}
 
 #: Largest request body read (bytes). A real config.json is 0.5-5 KiB (the catalog's largest is
 #: under 4 KiB); 256 KiB leaves room for long id2label maps while bounding what one request can
@@ -109,36 +117,45 @@ class ServiceSettings:
         return bool(self.read_tokens)
 
     @property
-    def secrets(self) -> tuple[str, ...]:
-        """What must never be printed: the tokens and the database URL's user part and query
+    def secrets(self) -> "Secrets":
+        """What must never be printed: the tokens, and the database URL's user part and query
         values (``planner.store.engine.url_secrets``)."""
-        from planner.store.engine import default_database_url, url_secrets
+        from planner.store.engine import Secrets, default_database_url, url_secrets
 
         url = self.database_url or os.environ.get(DATABASE_URL_ENV) or None
-        found = (*self.write_tokens, *self.read_tokens, *url_secrets(url))
         if url is None:
             try:
-                found += url_secrets(default_database_url())
+                url = default_database_url()
             except PlannerError:
-                pass
-        return tuple(sorted(set(found), key=len, reverse=True))
+                url = None
+        return Secrets(credentials=(*self.write_tokens, *self.read_tokens)) + url_secrets(url)
 
     @classmethod
     def from_env(cls) -> "ServiceSettings":
         """From ``PLANNER_DATABASE_URL``, ``PLANNER_API_TOKEN``, ``PLANNER_API_READ_TOKEN``,
-        ``PLANNER_RAY_ADDRESS``, ``PLANNER_API_CPU_SECONDS`` and ``PLANNER_API_MEMORY``."""
+        ``PLANNER_RAY_ADDRESS``, ``PLANNER_API_CPU_SECONDS``, ``PLANNER_API_MEMORY`` and
+        ``PLANNER_DB_CONNECT_TIMEOUT`` / ``_STATEMENT_TIMEOUT`` / ``_POOL_TIMEOUT``."""
 
         def env(name: str) -> str | None:
             value = os.environ.get(name)
             return value if value is None or value.strip() or name in (TOKEN_ENV, READ_TOKEN_ENV) else None
 
-        budgets: dict[str, object] = {}
-        cpu = env(CPU_BUDGET_ENV)
-        if cpu is not None:
+        def seconds(name: str) -> float | None:
+            value = env(name)
             try:
-                budgets["cpu_budget_s"] = float(cpu)
+                return None if value is None else float(value)
             except ValueError:
-                raise PlannerError(f"{CPU_BUDGET_ENV} {cpu!r} is not a number of seconds: write e.g. 10") from None
+                raise PlannerError(f"{name} {value!r} is not a number of seconds: write e.g. 10") from None
+
+        budgets: dict[str, object] = {}
+        if (cpu := seconds(CPU_BUDGET_ENV)) is not None:
+            budgets["cpu_budget_s"] = cpu
+        waits = {field: value for field, name in DB_TIMEOUT_ENVS.items() if (value := seconds(name)) is not None}
+        if waits:
+            try:
+                budgets["db_timeouts"] = Timeouts(**waits)
+            except ValueError as exc:
+                raise PlannerError(f"{' / '.join(DB_TIMEOUT_ENVS.values())}: {exc}") from None
         memory = env(MEMORY_BUDGET_ENV)
         if memory is not None:
             from planner.units import parse_bytes
@@ -148,5 +165,5 @@ class ServiceSettings:
                    ray_address=env(RAY_ADDRESS_ENV), **budgets)
 
 
-__all__ = ["CPU_BUDGET_ENV", "DATABASE_URL_ENV", "MAX_BODY_BYTES", "MAX_CONFIG_BYTES", "MEMORY_BUDGET_ENV",
+__all__ = ["CPU_BUDGET_ENV", "DATABASE_URL_ENV", "DB_TIMEOUT_ENVS", "MAX_BODY_BYTES", "MAX_CONFIG_BYTES", "MEMORY_BUDGET_ENV",
            "READ_TOKEN_ENV", "RAY_ADDRESS_ENV", "ServiceSettings", "TOKEN_ENV", "token_id"]

@@ -20,7 +20,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from planner.errors import StoreError
 
@@ -96,40 +96,66 @@ def safe_url(url: str) -> str:
     return f"{base}?{masked}" + ("#" + MASK if hash_ else "")
 
 
-def url_secrets(url: str | None) -> tuple[str, ...]:
-    """The parts of ``url`` that ``safe_url`` masks (user name, password, query values), as
-    written and percent-decoded, longest first: what ``scrub`` removes from a driver's message,
-    which may quote them (libpq: 'password authentication failed for user "..."', an invalid
-    option echoed from the connection string). Values under 3 characters or all digits are left:
-    removing every "5" of a message would hide more than it protects."""
+#: query keys whose values are credentials wherever they appear (libpq: password, sslpassword,
+#: passfile; anything named like a secret)
+_SECRET_KEYS = ("pass", "secret", "token", "key")
+
+
+class Secrets:
+    """What a message must not show: credentials (passwords, tokens), masked wherever they
+    appear, and identities (a user name, a query value such as ``host=``), masked where they stand
+    as a word of their own: the user ``postgres`` in 'authentication failed for user "postgres"',
+    not in ``postgresql+psycopg://``. Values under 3 characters or all digits are left: masking
+    every "5" of a message would hide more than it protects."""
+
+    def __init__(self, credentials: Iterable[str] = (), identities: Iterable[str] = ()) -> None:
+        keep = lambda parts: {p for p in parts if p and len(p) >= 3 and not p.isdigit()}  # noqa: E731
+        self.credentials = tuple(sorted(keep(credentials), key=len, reverse=True))
+        self.identities = tuple(sorted(keep(identities) - set(self.credentials), key=len, reverse=True))
+        words = "|".join(re.escape(i) for i in self.identities)
+        self._words = re.compile(rf"(?<![\w.+-])(?:{words})(?![\w.+-])") if words else None
+
+    def __add__(self, other: "Secrets") -> "Secrets":
+        return Secrets(self.credentials + other.credentials, self.identities + other.identities)
+
+    def __bool__(self) -> bool:
+        return bool(self.credentials or self.identities)
+
+    def scrub(self, text: str) -> str:
+        for secret in self.credentials:
+            text = text.replace(secret, MASK)
+        return self._words.sub(MASK, text) if self._words is not None else text
+
+
+def url_secrets(url: str | None) -> Secrets:
+    """The parts of ``url`` that ``safe_url`` masks, as written and percent-decoded: its password
+    and the query values of keys named like secrets are credentials; the user name and the other
+    query values identities. A driver's message may quote them (libpq: 'password authentication
+    failed for user "..."', an option echoed from the connection string)."""
     if not url:
-        return ()
+        return Secrets()
     from urllib.parse import unquote_plus
 
     base, _, query = str(url).partition("?")
-    found: set[str] = set()
+    credentials: set[str] = set()
+    identities: set[str] = set()
     match = _USERINFO.match(base)
-    if match:
-        user, _, password = match.group("user").partition(":")
-        found.update((user, password))
+    userinfo = match.group("user") if match and "://" in base else base.rpartition("@")[0] if "@" in base else ""
+    user, _, password = userinfo.partition(":")
+    identities.add(user)
+    credentials.add(password)
     for piece in query.partition("#")[0].split("&"):
-        found.add(piece.partition("=")[2])
-    found |= {unquote_plus(part) for part in found}
-    return tuple(sorted((part for part in found if len(part) >= 3 and not part.isdigit()), key=len, reverse=True))
-
-
-def scrub(text: str, secrets: tuple[str, ...]) -> str:
-    """``text`` with every one of ``secrets`` replaced by ``***``."""
-    for secret in secrets:
-        text = text.replace(secret, MASK)
-    return text
+        key, _, value = piece.partition("=")
+        (credentials if any(word in key.lower() for word in _SECRET_KEYS) else identities).add(value)
+    decoded = lambda parts: parts | {unquote_plus(p) for p in parts}  # noqa: E731
+    return Secrets(decoded(credentials), decoded(identities))
 
 
 def _first_line(exc: BaseException, url: str) -> str:
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip().splitlines()
     line = text[0].strip() if text else type(orig).__name__
-    return scrub(line, url_secrets(url))
+    return url_secrets(url).scrub(line)
 
 
 def open_failure(url: str, exc: BaseException) -> StoreError:
@@ -201,7 +227,7 @@ def make_engine(url: str) -> Engine:
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise StoreError(
             f"cannot open database {safe_url(url)}: not a database URL this planner can use "
-            f"({scrub(str(exc), url_secrets(url))}); write e.g. sqlite:///path/planner.db or postgresql+psycopg://user@host/db"
+            f"({url_secrets(url).scrub(str(exc))}); write e.g. sqlite:///path/planner.db or postgresql+psycopg://user@host/db"
         ) from None
     except ImportError as exc:
         raise StoreError(
@@ -293,6 +319,6 @@ __all__ = [
     "open_failure",
     "retry_locked",
     "safe_url",
-    "scrub",
+    "Secrets",
     "url_secrets",
 ]
