@@ -84,11 +84,18 @@ def check_gpu_count(gpus: object) -> None:
 #   divisors of the per-device batch (at most 240 below the 2^20 batch bound), screened by
 #   bisection; activations, attention and throughput are closed forms of the sizes.
 #
-# The bounds below keep the worst request within them near 1 s of CPU and 150 MB on that machine
-# (bench/api_speed.py --cost prints the worst case), with room for real models: the largest
-# resolvable today (Qwen/Qwen2.5-72B) needs 9,630 sizings and 80 x 21 = 1,680 block replays;
-# the largest real MoE (Qwen3.5-397B-A17B: 60 layers x 512 experts x 3 expert linears, 92,826
-# tensors) would need 928,260 sizings, and Llama-3.1-405B's 126 layers 2,646 block replays.
+# The bounds below keep the worst request within them near 1 s of CPU and 60 MB on that machine
+# (time.process_time and the peak RSS around planner.planning.make_plan of inline configs at
+# each bound: 64 layers x 1,630 experts with every method, 0.6 s and 52 MB; 160 x 3,270 with full
+# fine-tuning, 0.9 s and 46 MB; 2,048 blocks with top_k 1, 0.9 s), with room for real models: the
+# largest resolvable today (Qwen/Qwen2.5-72B) needs 9,630 sizings and 80 x 21 = 1,680 block
+# replays; the largest real MoE (Qwen3.5-397B-A17B, 60 layers x 512 experts) holds at most
+# 60 x 512 x 3 = 92,160 expert tensors, under a million sizings with the rest of the model, and
+# Llama-3.1-405B's 126 layers need 2,646 block replays with every plan shown.
+# What they cannot bound: when the replay finds a plan too large, the ranking replays the next
+# smaller split and the next plans (planner.ranking._replayed_plans), up to a few hundred plans on
+# a small device (Qwen2.5-0.5B on 12 GiB: 278); 190 layers of it on 40 GiB took 4 s. The service
+# holds every request to a CPU budget for that (planner.service.budget).
 
 #: Tensor sizings one request may cost: parameter tensors x (2 + adapter sets searched).
 MAX_TENSOR_SIZINGS = 2**21

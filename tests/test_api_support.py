@@ -152,6 +152,11 @@ class FreezableProxy:
     def freeze(self) -> None:
         self._thawed.clear()
 
+    def upstream_ports(self) -> list[int]:
+        """The local ports of the proxy's connections to the database (its backends' client_port)."""
+        with self._lock:
+            return [upstream.getsockname()[1] for _, upstream in self._pairs if upstream.fileno() >= 0]
+
     def thaw(self) -> None:
         self._thawed.set()
 
