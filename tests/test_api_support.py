@@ -92,9 +92,8 @@ def fake_verify(monkeypatch: Any, submit: Callable[..., Any]) -> list[dict[str, 
 
 
 # ---- databases that fail: a port that never answers, a proxy that hangs ----------------------------
-class SilentPort:
-    """A TCP port on 127.0.0.1 that accepts every connection and never sends a byte: a database
-    that is hung (or a firewall that swallows packets after the handshake)."""
+class _Listener:
+    """A TCP port on 127.0.0.1 whose accepted connections go to ``_take``, in a thread of its own."""
 
     def __init__(self) -> None:
         import threading
@@ -103,7 +102,6 @@ class SilentPort:
         self._server.bind(("127.0.0.1", 0))
         self._server.listen(256)
         self.port = self._server.getsockname()[1]
-        self._held: list[socket.socket] = []
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -113,22 +111,40 @@ class SilentPort:
                 conn, _ = self._server.accept()
             except OSError:
                 return
-            self._held.append(conn)  # held open, never read, never answered
+            self._take(conn)
 
-    def close(self) -> None:
-        self._closed = True
-        self._server.close()
-        for conn in self._held:
-            conn.close()
+    def _take(self, conn: socket.socket) -> None:
+        raise NotImplementedError
 
-    def __enter__(self) -> "SilentPort":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
 
-class FreezableProxy:
+
+class SilentPort(_Listener):
+    """A TCP port on 127.0.0.1 that accepts every connection and never sends a byte: a database
+    that is hung (or a firewall that swallows packets after the handshake)."""
+
+    def __init__(self) -> None:
+        self._held: list[socket.socket] = []
+        super().__init__()
+
+    def _take(self, conn: socket.socket) -> None:
+        self._held.append(conn)  # held open, never read, never answered
+
+    def close(self) -> None:
+        super().close()
+        for conn in self._held:
+            conn.close()
+
+
+class FreezableProxy(_Listener):
     """A TCP proxy on 127.0.0.1 in front of a real database. ``freeze()``: every connection stays
     open and nothing is relayed any more, new connections are accepted and left unanswered (the
     database hangs mid-run); ``thaw()``: relaying resumes and new connections reach the database;
@@ -138,16 +154,16 @@ class FreezableProxy:
         import threading
 
         self._upstream = (host, port)
-        self._server = socket.socket()
-        self._server.bind(("127.0.0.1", 0))
-        self._server.listen(256)
-        self.port = self._server.getsockname()[1]
         self._thawed = threading.Event()
         self._thawed.set()
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
+
+    def _take(self, conn: socket.socket) -> None:
+        import threading
+
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def freeze(self) -> None:
         self._thawed.clear()
@@ -168,16 +184,6 @@ class FreezableProxy:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
-
-    def _accept(self) -> None:
-        import threading
-
-        while not self._closed:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         import threading
@@ -214,16 +220,9 @@ class FreezableProxy:
                 sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        self._closed = True
-        self._server.close()
+        super().close()
         self.thaw()
         self.cut()
-
-    def __enter__(self) -> "FreezableProxy":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def url_through(url: str, port: int) -> str:

@@ -6,13 +6,6 @@
 
 const METHODS = ["get", "post", "put", "patch", "delete", "head"];
 
-function el(tag, text, attrs) {
-  const node = document.createElement(tag);
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
-  return node;
-}
-
 function refName(ref) {
   return ref.split("/").pop();
 }
