@@ -167,6 +167,8 @@ class Budgets:
         grown = [e for e in live if e.fired is None and rss - e.rss0 > self.memory_bytes]
         if grown:  # the memory is the process's: stop the request that has run longest on the CPU
             self._fire(max(grown, key=lambda e: e.cpu()), MemoryBudgetExceeded)
+            for entry in live:  # the growth is the stopped one's: the others count from here
+                entry.rss0 = rss
 
     def _fire(self, entry: _Running, kind: type[Stopped]) -> None:
         entry.fired = kind
