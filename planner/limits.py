@@ -61,7 +61,7 @@ def check_gpu_count(gpus: object) -> None:
 
 
 # ---- what one request may cost ------------------------------------------------------------------
-# Every size of a config.json has its own bound (planner.catalog.architectures.SIZE_BOUNDS), but
+# Every size of a config.json has its own bound (SIZE_BOUNDS of planner.catalog), but
 # the work of a plan grows with their products: one inline MoE config inside every bound (2,048
 # layers x 32,768 experts) took minutes and 8.5 GB. What grows, read off planner/memory and the
 # search (profiled: cProfile of planner.planning.make_plan on inline configs):

@@ -26,7 +26,7 @@ from planner.limits import (
     plans_replayed,
 )
 
-#: the issue's request: every size at its documented bound (planner.catalog.architectures)
+#: the issue's request: every size at its documented bound (the SIZE_BOUNDS of planner.catalog)
 MIXTRAL_AT_THE_BOUNDS = {"num_hidden_layers": 2048, "num_local_experts": 32768, "num_experts_per_tok": 32768}
 HUGE = {"gpu": "h100", "gpus": 16, "target_batch": 1_048_576}
 
