@@ -53,11 +53,14 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
     from planner.config import TrainConfig
     from planner.errors import InvalidConfigError
     from planner.gpus import check_attention, check_precision
+    from planner.limits import check_estimate_cost, check_model_id
     from planner.memory import lora_targets
     from planner.planning import check_gpu_count
 
     # the GPUs of one node, as suggest bounds them (the interconnect and host RAM are one node's)
     check_gpu_count(options.get("gpus", 1))
+    check_model_id(spec.id)  # printable, as suggest's (its output and a measure's record show it)
+    check_estimate_cost(spec)  # before any work: the bounds of planner.limits
     seq = default_seq_len(spec) if seq_len is None else seq_len
     if seq > spec.max_seq_len:
         raise InvalidConfigError(f"--seq-len {seq} is longer than {spec.id} allows ({spec.max_seq_len}): use at most {spec.max_seq_len}")

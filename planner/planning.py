@@ -126,7 +126,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     from planner.estimation import check_recipe, default_seq_len, resolve
     from planner.gpus import check_precision, get_gpu
     from planner.host import node_host_ram
-    from planner.limits import check_model_id
+    from planner.limits import check_model_id, check_search_cost
     from planner.ranking import suggest
     from planner.search import SearchSpace
 
@@ -154,6 +154,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
                         packing=request.packing, use_cache=request.use_cache)
     check_recipe(spec, fused_ce=request.fused_ce)  # estimate's check: no fused CE for an encoder
     check_model_id(spec.id)  # before anything is printed: the store would refuse it after
+    check_search_cost(spec, methods=space.methods, lora_ranks=space.lora_ranks, top_k=request.top_k)
     seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
     result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=seq, gpus=request.gpus,
                      space=space, top_k=request.top_k, model_fingerprint=fingerprint(spec))

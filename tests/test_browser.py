@@ -112,3 +112,53 @@ def test_the_form_shows_ranked_plans_with_memory_bars_and_history(browser, sqlit
         error = wait.until(lambda d: d.find_element(By.ID, "error").text)
         assert "not a catalog id" in error
         assert len(httpx.get(url + "/v1/plans").json()["plans"]) == 1
+
+
+@pytest.mark.slow
+def test_the_docs_page_lists_every_route_without_leaving_the_server(browser, sqlite_url, tmp_path):
+    """/docs is the package's own page under the CSP: every route of /openapi.json is shown, and
+    the browser fetched nothing from any other origin."""
+    import httpx
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with running_server(env={"PLANNER_DATABASE_URL": sqlite_url}, log=tmp_path / "serve.log") as url:
+        browser.get(url + "/docs")
+        wait = WebDriverWait(browser, WAIT_S)
+        headings = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#operations h2"))
+        spec = httpx.get(url + "/openapi.json").json()
+        expected = {f"{method.upper()} {path}" for path, item in spec["paths"].items() for method in item}
+        assert {h.text for h in headings} == expected
+        body = browser.find_element(By.ID, "operations").text
+        assert "target_batch" in body and "Authorization: Bearer" in body
+        origins = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        assert origins and all(name.startswith(url) for name in origins), origins
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+@pytest.mark.slow
+def test_a_long_model_name_wraps_in_the_history_table(browser, sqlite_url, tmp_path):
+    """A 200-character model name (an inline config's name) wraps inside its cell: the history
+    table stays within the window and the other columns keep their width."""
+    import httpx
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from planner.catalog import resolve_model
+
+    name = "acme/" + "very-long-model-name-" * 9 + "x" * 6
+    assert len(name) == 200
+    with running_server(env={"PLANNER_DATABASE_URL": sqlite_url}, log=tmp_path / "serve.log") as url:
+        answer = httpx.post(url + "/v1/plans", timeout=60, json={
+            "model": name, "config": dict(resolve_model("gpt2").config), "gpu": "a10g", "target_batch": 8})
+        assert answer.status_code == 201, answer.text
+        browser.get(url + "/")
+        wait = WebDriverWait(browser, WAIT_S)
+        row = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#history tbody tr"))[0]
+        cell = row.find_elements(By.TAG_NAME, "td")[2]
+        assert cell.text.replace("\n", "") == name
+        table = browser.find_element(By.ID, "history")
+        viewport = browser.execute_script("return document.documentElement.clientWidth")
+        assert table.size["width"] <= viewport, (table.size, viewport)
+        line = browser.execute_script("return parseFloat(getComputedStyle(arguments[0]).lineHeight)", cell)
+        assert cell.size["height"] > 2.5 * line  # it wrapped, over three lines at least

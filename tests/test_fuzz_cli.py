@@ -181,7 +181,7 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
         # the port is always one serve refuses (see ALWAYS): no server ever starts
         "serve": {**db, "--port": st.sampled_from(["0", "70000", "-1"]), "--host": st.sampled_from(["127.0.0.1", "", "::1"]),
                   "--ray-address": st.sampled_from(files.job_api_addresses()), "--workers": _ints((0, 3)),
-                  "--log-level": _choice("info", "debug", "loud")},
+                  "--log-level": _choice("info", "debug", "loud"), "--graceful-timeout": _ints((1, 600))},
         "models": {"--search": st.one_of(_ODD_TEXT, _MARKUP, st.sampled_from(["llama", "qwen2", "", "Q"])), "--json": None},
         "gpus": {"--json": None},
         "history": {**db, "--model": _models(files), "--gpu": _GPUS, "--status": _choice("planned", "verified", "failed", "verifying"),

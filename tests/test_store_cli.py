@@ -102,7 +102,8 @@ def test_show_unknown_ambiguous_and_malformed_ids(cli, filled):
 
 def test_unreachable_database_is_one_line(cli):
     line = one_error_line(cli("history", "--db", "postgresql+psycopg://postgres@127.0.0.1:1/none"))
-    assert line.startswith("error: cannot open database postgresql+psycopg://postgres@127.0.0.1:1/none: ")
+    # the user part is masked, like a password (planner.store.engine.safe_url)
+    assert line.startswith("error: cannot open database postgresql+psycopg://***@127.0.0.1:1/none: ")
     assert line.endswith("check --db or PLANNER_DATABASE_URL")
     one_error_line(cli("show", "abc", "--db", "mysql+nodriver://x/y"))
 

@@ -8,6 +8,10 @@ import typer
 
 from planner.cli.store import DB_HELP
 
+#: How long a stopping server lets running requests finish: a request's CPU budget (10 s by default)
+#: bounds how long one may run anyway.
+GRACEFUL_TIMEOUT_S = 10
+
 
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface, as in a container)."),
@@ -19,11 +23,17 @@ def serve(
     workers: int = typer.Option(
         1, "--workers", "-w", help="Server processes: a search is CPU-bound and holds the GIL, so one per core scales it."
     ),
-    log_level: str = typer.Option("info", "--log-level", help="critical|error|warning|info|debug"),
+    log_level: str = typer.Option("info", "--log-level", help="critical|error|warning|info|debug (info: one line per request, with the caller's token id)."),
+    graceful_timeout: int = typer.Option(
+        GRACEFUL_TIMEOUT_S, "--graceful-timeout",
+        help="Seconds a stopping server (SIGTERM, Ctrl-C) lets running requests finish before it stops them (1-600).",
+    ),
 ) -> None:
-    """Serve the planner over HTTP: the JSON API (OpenAPI at /docs) and the web page at /.
+    """Serve the planner over HTTP: the JSON API (documented at /docs) and the web page at /.
 
-    Every POST needs 'Authorization: Bearer <token>' when PLANNER_API_TOKEN is set (in the environment, never on the command line)."""
+    Every POST needs 'Authorization: Bearer <token>' when PLANNER_API_TOKEN is set, and every read when
+    PLANNER_API_READ_TOKEN is set (both in the environment, never on the command line). The server binds
+    at once and opens its database in the background: /healthz answers while the database is down."""
     import os
 
     from planner.errors import MissingDependencyError, PlannerError
@@ -42,6 +52,8 @@ def serve(
         raise PlannerError(f"--workers {workers} is out of range: use 1-64, about one per CPU core")
     if log_level not in ("critical", "error", "warning", "info", "debug"):
         raise PlannerError(f"--log-level {log_level!r} is not a level: use critical|error|warning|info|debug")
+    if not 1 <= graceful_timeout <= 600:
+        raise PlannerError(f"--graceful-timeout {graceful_timeout} is out of range: use 1-600 seconds, e.g. 10")
     from planner.service.settings import DATABASE_URL_ENV, RAY_ADDRESS_ENV, ServiceSettings
 
     # every server process builds its app from the environment (uvicorn imports the factory in
@@ -55,12 +67,19 @@ def serve(
 
         console_to_stderr().print(f"warning: PLANNER_API_TOKEN is not set: anyone who reaches {host}:{port} can "
                                   "plan and submit verification jobs", markup=False)
+    from planner.service.logs import log_config
+
+    # the planner logs one line per request (who called: the token's id); uvicorn's own access
+    # log would repeat it without the caller. Past the graceful timeout uvicorn cancels what is
+    # left and the app's shutdown stops the requests still running (planner.service.budget).
+    options = dict(host=host, port=port, log_level=log_level, log_config=log_config(log_level), access_log=False,
+                   timeout_graceful_shutdown=graceful_timeout)
     if workers == 1:
         from planner.service import create_app
 
-        uvicorn.run(create_app(), host=host, port=port, log_level=log_level)
+        uvicorn.run(create_app(), **options)
     else:
-        uvicorn.run("planner.service:create_app", factory=True, workers=workers, host=host, port=port, log_level=log_level)
+        uvicorn.run("planner.service:create_app", factory=True, workers=workers, **options)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,5 +1,9 @@
 """``planner history``, ``planner show`` and ``planner db``: past plans and the store's schema.
 
+Whatever the store holds is printed through ``planner.text.visible`` and never as Rich markup:
+a model id stored by an older planner (or a measurement's error, several lines by nature) may hold
+control characters, and must reach the terminal as text, not as escape sequences or markup.
+
 Also the helpers ``planner suggest`` and ``planner measure`` use to store what they produced
 (``save_plan``, ``report_saved``, ``save_measurement``). ``planner.store`` (SQLAlchemy) is
 imported inside the functions, so ``planner --help`` does not load it.
@@ -14,15 +18,29 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from planner.limits import MAX_HISTORY
+from planner.text import visible
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
+    from rich.text import Text
 
     from planner.results import Candidate, Measurement, PlanRequest, PlanResult
     from planner.store import PlanSummary, StoredCandidate, StoredPlan
 
 DB_HELP = "Database URL, e.g. postgresql+psycopg://user@host/db (default: $PLANNER_DATABASE_URL or the SQLite file in the data directory)."
 SHORT_ID = 8
+
+
+def _cell(value: Any) -> "Text":
+    """A table cell of stored text: unprintable characters escaped, no markup."""
+    from rich.text import Text
+
+    return Text(visible(value))
+
+
+def _say(console: "Console", line: str) -> None:
+    """A line holding stored text: unprintable characters escaped, no markup."""
+    console.print(visible(line), markup=False, emoji=False)
 
 
 def _when(moment: datetime) -> str:
@@ -53,7 +71,7 @@ def comparison_table(candidates: "list[tuple[int, StoredCandidate]]", *, title: 
 
     from planner.units import format_bytes
 
-    table = Table(title=title, title_justify="left")
+    table = Table(title=visible(title), title_justify="left")
     for name in ("#", "run", "outcome", "device", "quantity", "predicted", "measured", "error"):
         table.add_column(name, justify="right" if name in ("#", "predicted", "measured", "error") else "left")
     for number, stored in candidates:
@@ -67,7 +85,7 @@ def comparison_table(candidates: "list[tuple[int, StoredCandidate]]", *, title: 
                 ("step time", speed.step_s, m.step_s, lambda s: f"{s:.3g} s"),
                 ("tokens/s", speed.tokens_per_s, m.tokens_per_s, lambda t: f"{t:,.0f}"),
             ]
-            head = [str(number), run.id[:SHORT_ID], str(m.outcome), m.device]
+            head = [str(number), _cell(run.id[:SHORT_ID]), _cell(m.outcome), _cell(m.device)]
             for quantity, predicted, measured, fmt in rows:
                 table.add_row(
                     *head, quantity, fmt(predicted),
@@ -76,7 +94,8 @@ def comparison_table(candidates: "list[tuple[int, StoredCandidate]]", *, title: 
                 )
                 head = ["", "", "", ""]
             if m.error:
-                table.add_row("", "", "", "", "error", "", m.error.splitlines()[0][:80] if m.error.strip() else "", "")
+                first = m.error.strip().splitlines()[0][:80] if m.error.strip() else ""
+                table.add_row("", "", "", "", "error", "", _cell(first), "")
     return table
 
 
@@ -94,12 +113,12 @@ def _candidates_table(plan: "StoredPlan") -> Any:
         c = stored.candidate
         latest = stored.latest
         table.add_row(
-            str(number), "-" if c.rank is None else str(c.rank), c.config.label(), "yes" if c.fits else "no",
+            str(number), "-" if c.rank is None else str(c.rank), _cell(c.config.label()), "yes" if c.fits else "no",
             format_bytes(c.memory.peak_allocated_bytes), format_bytes(c.memory.process_total_bytes),
             f"{c.throughput.step_s:.3g} s", f"{c.throughput.tokens_per_s:,.0f}",
             "never" if latest is None else f"{latest.measurement.outcome} ({len(stored.measurements)} run"
             + ("s)" if len(stored.measurements) > 1 else ")"),
-            stored.id[:SHORT_ID],
+            _cell(stored.id[:SHORT_ID]),
         )
     return table
 
@@ -140,13 +159,12 @@ def print_plan(plan: "StoredPlan", *, console: "Console") -> None:
     from planner.units import format_bytes
 
     r = plan.request
-    console.print(f"plan {plan.id}  ({plan.status}, {_when(plan.created_at)})")
-    console.print(
-        f"model {r.model_id} (config {r.model_fingerprint[:12]})  on {_gpu(r.gpu, r.gpu_count)} "
-        f"({format_bytes(r.gpu_memory_bytes)})  target batch {r.target_batch} x {r.seq_len} tokens"
-    )
+    _say(console, f"plan {plan.id}  ({plan.status}, {_when(plan.created_at)})")
+    _say(console,
+         f"model {r.model_id} (config {r.model_fingerprint[:12]})  on {_gpu(r.gpu, r.gpu_count)} "
+         f"({format_bytes(r.gpu_memory_bytes)})  target batch {r.target_batch} x {r.seq_len} tokens")
     if r.constraints:
-        console.print("constraints: " + "; ".join(f"{k} {_constraint(v)}" for k, v in r.constraints.items()), markup=False)
+        _say(console, "constraints: " + "; ".join(f"{k} {_constraint(v)}" for k, v in r.constraints.items()))
     if plan.searched:
         console.print(
             f"searched {plan.searched} configurations; usable {format_bytes(plan.usable_bytes)} "
@@ -154,17 +172,17 @@ def print_plan(plan: "StoredPlan", *, console: "Console") -> None:
         )
     if plan.status_reason:
         when = f" ({_when(plan.status_changed_at)})" if plan.status_changed_at else ""
-        console.print(f"{plan.status}{when}: {plan.status_reason}", markup=False)
+        _say(console, f"{plan.status}{when}: {plan.status_reason}")
     if plan.ray_job_id:
-        console.print(f"ray job: {plan.ray_job_id}", markup=False)
+        _say(console, f"ray job: {plan.ray_job_id}")
     console.print(_candidates_table(plan))
     for line in _breakdowns(plan):
-        console.print(line)
+        _say(console, line)
     measured = [(n, c) for n, c in enumerate(plan.candidates, start=1) if c.measurements]
     if measured:
         console.print(comparison_table(measured, title="predicted vs measured (error = (predicted - measured) / measured)"))
     for rejection in plan.rejected:
-        console.print(f"rejected {rejection.family}: {rejection.reason}")
+        _say(console, f"rejected {rejection.family}: {rejection.reason}")
 
 
 def _history_table(rows: "list[PlanSummary]") -> Any:
@@ -176,8 +194,9 @@ def _history_table(rows: "list[PlanSummary]") -> Any:
         table.add_column(name, justify="right" if name == "batch" else "left", no_wrap=name != "top plan")
     for row in rows:
         table.add_row(
-            row.id[:SHORT_ID], row.created_at.strftime("%Y-%m-%d %H:%M"), row.model_id, _gpu(row.gpu, row.gpu_count),
-            f"{row.target_batch} x {row.seq_len}", row.top_plan or "nothing fits", _verified(row.status),
+            _cell(row.id[:SHORT_ID]), row.created_at.strftime("%Y-%m-%d %H:%M"), _cell(row.model_id),
+            _cell(_gpu(row.gpu, row.gpu_count)), f"{row.target_batch} x {row.seq_len}",
+            _cell(row.top_plan or "nothing fits"), _cell(_verified(row.status)),
             str(row.measurements) if row.measurements else "-",
         )
     return table
@@ -215,14 +234,13 @@ def report_saved(saved: SavedPlan, *, console: "Console") -> str | None:
     """Say whether this request was planned before (and what its measurements showed) and
     print ``plan id: <id>``; returns the id (None when not saved)."""
     if saved.note:
-        console.print(saved.note)
+        _say(console, saved.note)
     existing = saved.existing
     if existing is not None:
         state = "verified" if existing.verified else f"not verified ({existing.status})"
-        console.print(
-            f"a plan for this request exists: {existing.id[:SHORT_ID]} from {_when(existing.created_at)}, "
-            f"{state} (planner show {existing.id[:SHORT_ID]})"
-        )
+        _say(console,
+             f"a plan for this request exists: {existing.id[:SHORT_ID]} from {_when(existing.created_at)}, "
+             f"{state} (planner show {existing.id[:SHORT_ID]})")
         measured = [(n, c) for n, c in enumerate(existing.candidates, start=1) if c.measurements]
         if measured:
             console.print(comparison_table(measured, title=f"measured for plan {existing.id[:SHORT_ID]}"))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from planner.text import visible
+
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
@@ -32,7 +34,7 @@ class LineProgress:
         for r in reports:
             if self.seen.get(r.position) != r.state:
                 self.seen[r.position] = r.state
-                note = f": {r.note}" if r.note and r.state.is_terminal() else ""
+                note = f": {visible(r.note)}" if r.note and r.state.is_terminal() else ""
                 self.console.print(f"[{elapsed_s:6.1f}s] #{r.position + 1} {r.label}: {_state_text(r)}{note}", markup=False)
 
     def close(self) -> None:
@@ -113,9 +115,9 @@ def print_verified(console: "Console", plan: "StoredPlan", *, answer: int | None
         run = stored.latest
         if run is not None and run.measurement.error:
             console.print(f"  #{stored.position + 1} {run.measurement.outcome}: "
-                          f"{run.measurement.error.strip().splitlines()[0][:300]}", markup=False)
+                          f"{visible(run.measurement.error.strip().splitlines()[0][:300])}", markup=False)
     when = plan.status_changed_at.strftime("%Y-%m-%d %H:%M UTC") if plan.status_changed_at else "?"
-    console.print(f"plan {plan.status} {when}: {plan.status_reason or ''}", markup=False)
+    console.print(f"plan {plan.status} {when}: {visible(plan.status_reason or '')}", markup=False)
     if answer is not None:
         best = plan.candidates[answer]
         m = best.latest.measurement

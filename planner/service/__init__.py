@@ -6,7 +6,8 @@ JSON forms; they decide nothing themselves. FastAPI is imported only when an app
 importing this package (or ``planner --help``) loads nothing heavy::
 
     from planner.service import create_app
-    app = create_app()   # settings from PLANNER_DATABASE_URL, PLANNER_API_TOKEN, PLANNER_RAY_ADDRESS
+    app = create_app()   # settings from PLANNER_DATABASE_URL, PLANNER_API_TOKEN, PLANNER_API_READ_TOKEN, ...
+                         # (planner.service.settings.ServiceSettings.from_env)
 """
 
 from __future__ import annotations

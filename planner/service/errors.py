@@ -4,9 +4,14 @@
   names its CLI option; ``NothingFitsError`` -> 422 with every family's closest try, exactly as
   ``planner suggest --json`` prints it;
 - an unknown plan id -> 404, an ambiguous id prefix -> 400;
-- the database or the Ray cluster unreachable -> 503 with the reason; a missing extra -> 501;
+- the database or the Ray cluster unreachable -> 503 with the reason, and so is a database that
+  does not answer in time (the pool's wait, the statement timeout: ``planner.store.deadlines``);
+  a missing extra -> 501;
 - request validation (types, missing fields) -> 422 with each field and the reason;
 - anything else -> a logged traceback and a plain 500 (a bug to fix, not an answer).
+
+No answer carries a secret: every error line is passed through ``scrub`` with the server's
+tokens and its database URL's user part and query values (``ServiceSettings.secrets``).
 """
 
 from __future__ import annotations
@@ -113,23 +118,49 @@ def validation_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
     return {"error": line, "field": fields[0]["field"] if fields else "body", "errors": fields}
 
 
+def database_busy(exc: BaseException, request: "Request") -> str:
+    """The 503 line of an SQLAlchemy error no store method wrapped: the pool's wait for a free
+    connection ran out (TimeoutError), or the driver failed outside a transaction."""
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    from planner.store.engine import db_failure
+
+    settings = request.app.state.settings
+    if isinstance(exc, PoolTimeout):
+        return (f"the database did not answer in time: all its connections stayed busy for "
+                f"{settings.db_timeouts.pool_s:g} s (it is slow, hung or overloaded); retry in a moment")
+    return str(db_failure(settings.database_url or "database", exc))
+
+
 def install_handlers(app: "FastAPI") -> None:
     """Register the handlers above on ``app``."""
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from sqlalchemy.exc import SQLAlchemyError
     from starlette.exceptions import HTTPException
 
+    secrets = app.state.settings.secrets
+
+    def answer(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> "JSONResponse":
+        if secrets and isinstance(body.get("error"), str):
+            body = body | {"error": secrets.scrub(body["error"])}
+        return JSONResponse(body, status_code=status, headers=headers)
+
     def planner_error(request: "Request", exc: PlannerError) -> "JSONResponse":
-        return JSONResponse(planner_error_body(exc), status_code=status_for(exc))
+        return answer(planner_error_body(exc), status_for(exc))
 
     def service_error(request: "Request", exc: ServiceError) -> "JSONResponse":
-        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=exc.headers)
+        return answer({"error": str(exc)}, exc.status, exc.headers)
+
+    def database_error(request: "Request", exc: SQLAlchemyError) -> "JSONResponse":
+        log.warning("database error answering %s %s: %s", request.method, request.url.path, type(exc).__name__)
+        return answer({"error": database_busy(exc, request)}, 503)
 
     def invalid(request: "Request", exc: RequestValidationError) -> "JSONResponse":
-        return JSONResponse(validation_body(list(exc.errors())), status_code=422)
+        return answer(validation_body(list(exc.errors())), 422)
 
     def http_error(request: "Request", exc: HTTPException) -> "JSONResponse":
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+        return answer({"error": str(exc.detail)}, exc.status_code, exc.headers)
 
     def unexpected(request: "Request", exc: Exception) -> "JSONResponse":
         log.exception("unexpected error answering %s %s", request.method, request.url.path)
@@ -137,6 +168,7 @@ def install_handlers(app: "FastAPI") -> None:
 
     app.add_exception_handler(PlannerError, planner_error)
     app.add_exception_handler(ServiceError, service_error)
+    app.add_exception_handler(SQLAlchemyError, database_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 
 from planner.service import calls
+from planner.service.budget import BudgetedRoute
 from planner.service.errors import ServiceError
 from planner.service.schemas import ErrorBody, EstimateBody, PlanBody
 from planner.service.state import StoreHolder
@@ -21,20 +22,23 @@ from planner.store import PlanStatus
 
 #: documents the Bearer scheme in the OpenAPI; the check itself is ``planner.service.app.Guard``
 #: (it runs before the body is read, so a request without the token never gets past 401)
-bearer = HTTPBearer(auto_error=False, description="PLANNER_API_TOKEN, required on every POST when the server sets it")
+bearer = HTTPBearer(auto_error=False, description="A token of PLANNER_API_TOKEN, required on every POST when the server "
+                    "sets it; on reads too (or one of PLANNER_API_READ_TOKEN) when the server sets PLANNER_API_READ_TOKEN")
 
 def _error(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
 
 
-router = APIRouter(responses={
-    422: _error("A field that does not parse or a value the planner refuses (the field is named)."),
+#: every sync route runs under the per-request CPU and memory budgets (``planner.service.budget``)
+router = APIRouter(route_class=BudgetedRoute, responses={
+    422: _error("A field that does not parse, a value the planner refuses (the field is named), or a request past "
+                "the server's CPU budget."),
     500: _error("A bug: logged on the server, never answered with a traceback."),
 })
 
 _WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
     401: _error("Missing or wrong bearer token (only when PLANNER_API_TOKEN is set)."),
-    413: _error("Request body too large."),
+    413: _error("Request body too large, or a request past the server's memory budget."),
 }
 _PLAN_ID = Path(pattern=r"^[0-9a-fA-F]{1,32}$", description="A plan id, or its first characters.")
 
@@ -150,18 +154,6 @@ def models(
     from planner.catalog import list_catalog
 
     return [spec.summary() for spec in list_catalog(search=search)]
-
-
-@router.get("/healthz", tags=["service"], responses={503: {"description": "The database cannot be reached."}})
-def healthz(request: Request) -> Any:
-    """Whether the service can reach its database (and how many plans it holds)."""
-    from planner.errors import StoreError
-
-    try:
-        plans = _holder(request).get().count_plans()
-    except StoreError as exc:
-        return JSONResponse({"status": "unavailable", "database": str(exc)}, status_code=503)
-    return {"status": "ok", "database": "ok", "plans": plans}
 
 
 __all__ = ["router"]

@@ -6,13 +6,6 @@
 const COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
 const OVERHEAD = "allocator + CUDA context";
 
-function el(tag, text, attrs) {
-  const node = document.createElement(tag);
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
-  return node;
-}
-
 function gib(bytes) {
   const units = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
   for (const [unit, size] of units) if (Math.abs(bytes) >= size) return (bytes / size).toFixed(2) + " " + unit;
@@ -166,7 +159,13 @@ async function submit(event) {
 document.addEventListener("DOMContentLoaded", () => {
   const token = document.getElementById("token");
   token.value = sessionStorage.getItem("planner-token") || "";
-  token.addEventListener("change", () => sessionStorage.setItem("planner-token", token.value));
+  token.addEventListener("change", () => {
+    sessionStorage.setItem("planner-token", token.value);
+    showError("");
+    // a server that protects reads answered 401 without the token: read again with it
+    loadChoices().catch(e => showError("cannot reach the server: " + e));
+    loadHistory().catch(e => showError("cannot reach the server: " + e));
+  });
   document.getElementById("plan-form").addEventListener("submit", submit);
   loadChoices().catch(e => showError("cannot reach the server: " + e));
   loadHistory().catch(e => showError("cannot reach the server: " + e));
