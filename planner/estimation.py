@@ -53,9 +53,8 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
     from planner.config import TrainConfig
     from planner.errors import InvalidConfigError
     from planner.gpus import check_attention, check_precision
-    from planner.limits import check_estimate_cost, check_model_id
+    from planner.limits import check_estimate_cost, check_gpu_count, check_model_id
     from planner.memory import lora_targets
-    from planner.planning import check_gpu_count
 
     # the GPUs of one node, as suggest bounds them (the interconnect and host RAM are one node's)
     check_gpu_count(options.get("gpus", 1))

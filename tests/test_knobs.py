@@ -19,8 +19,9 @@ from planner.config import TrainConfig
 from planner.errors import InvalidConfigError, UnsupportedError
 from planner.gpus import get_gpu
 from planner.memory import estimate_memory
-from planner.memory.activations import activation_breakdown, fused_ce_chunk_rows, fused_ce_transient
+from planner.memory.activations import fused_ce_chunk_rows, fused_ce_transient
 from planner.memory.dtypes import mode_of
+from planner.memory.saved import activation_breakdown
 from planner.memory.shapes import dims_of
 from planner.memory.step import batch_terms
 from planner.search import MemoryMemo, totals_by_split

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from planner.catalog import resolve_model
-from planner.gpus import get_gpu
 from planner.config import Precision
+from planner.gpus import get_gpu
 from planner.search import MemoryMemo, SearchSpace, _combinations, safety_margin, totals_by_split
 
 GiB = 1024**3
@@ -143,11 +143,14 @@ def test_the_memos_batch_totals_are_the_sums_of_batch_terms(model):
     functions give, on the CUDA and CPU kernels."""
     from planner.config import Method
     from planner.memory.activations import (
-        activation_breakdown, block_backward_terms, model_level_terms, recompute_bytes, recompute_end_terms,
+        block_backward_terms,
+        model_level_terms,
+        recompute_end_terms,
         step_activations,
     )
     from planner.memory.dtypes import mode_of
     from planner.memory.parameters import trained
+    from planner.memory.saved import activation_breakdown, recompute_bytes
     from planner.memory.shapes import dims_of
     from planner.memory.step import batch_phase_totals, batch_terms, batch_totals
 

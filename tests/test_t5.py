@@ -11,7 +11,7 @@ from planner.catalog import resolve_model, spec_from_config
 from planner.config import TrainConfig
 from planner.gpus import get_gpu
 from planner.memory import estimate_memory, lora_params
-from planner.memory.activations import activation_breakdown
+from planner.memory.saved import activation_breakdown
 from planner.throughput import flops_per_token
 
 #: a tiny T5 v1.0 with heads * d_kv (32) != d_model (64), dropout on, as the worker trains it

@@ -26,16 +26,15 @@ from planner.memory.activations import (
     ACTIVATION_SAVED,
     ACTIVATION_SAVED_DEFAULT,
     ACTIVATION_SAVES_OUTPUT,
-    activation_breakdown,
 )
 from planner.memory.dtypes import BNB_8BIT_BLOCK, BNB_MIN_8BIT_SIZE, NF4_BLOCK, NF4_DQ_BLOCK
 from planner.memory.estimate import estimate_memory
 from planner.memory.optimizers import OPTIMIZERS, optimizer_state_bytes
 from planner.memory.parameters import lora_params, lora_targets, param_tensor_sizes, trainable_params
 from planner.memory.reserve import CUDA_FRAGMENTATION, CUDA_ROUND_LARGE
+from planner.memory.saved import activation_breakdown
 from planner.memory.states import model_state_breakdown, model_states_bytes
 from planner.memory.zero import deepspeed_buckets
-
 
 __all__ = [
     "ACTIVATION_SAVED",

@@ -353,16 +353,11 @@ def checkpoint_bytes(model: ModelSpec, dims: Dims, mode: DtypeMode) -> int:
     return dims.tokens * dims.h * mode.residual
 
 
-def activation_breakdown(model: ModelSpec, config: TrainConfig, *, kernels: KernelProfile | None = None,
-                         is_cpu: bool = False, targets: frozenset[str] | None = None) -> dict[str, int]:
-    """Bytes saved for backward over the whole forward pass, by component (one device; the
-    kernels of ``kernels``, else of the CPU profile when ``is_cpu``, else CUDA's; ``targets``:
-    the adapted linears' names when the caller has them)."""
-    kernels = kernels_of(kernels, is_cpu)
-    if model.is_encoder_decoder:
-        from planner.memory import encdec  # encdec builds on this module
-
-        return {breakdown_key(k): v for k, v in encdec.activation_breakdown(model, config, kernels, targets).items()}
+def decoder_activation_breakdown(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                                 targets: frozenset[str] | None = None) -> dict[str, int]:
+    """Bytes a decoder-only (or encoder-only) model saves for backward over the whole forward
+    pass, by breakdown key (``planner.memory.saved.activation_breakdown`` is the entry point
+    for any model; ``targets``: the adapted linears' names when the caller has them)."""
     dims, mode = dims_of(model, config), mode_of(config)
     level = model_level_terms(model, config, dims, mode, kernels)
     if config.grad_ckpt:
@@ -403,15 +398,12 @@ def _saved_breakdown(layers: int, checkpoint: int, blocks: tuple[dict[str, int],
     return {breakdown_key(k): v for k, v in total.items() if v}
 
 
-def recompute_bytes(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
-                    targets: frozenset[str] | None = None) -> int:
-    """Under checkpointing, one (non-first) block's saved tensors rebuilt during backward."""
+def decoder_recompute_bytes(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                            targets: frozenset[str] | None = None) -> int:
+    """Under checkpointing, one (non-first) block's saved tensors rebuilt during backward, for a
+    decoder-only (or encoder-only) model (``planner.memory.saved.recompute_bytes`` for any)."""
     if not config.grad_ckpt:
         return 0
-    if model.is_encoder_decoder:
-        from planner.memory import encdec
-
-        return encdec.recompute_bytes(model, config, kernels, targets)
     return sum(block_terms(block_context(model, config, kernels, first=False, targets=targets)).values())
 
 
@@ -609,7 +601,7 @@ def _recompute_end_at(ctx: BlockContext, saved: int, down: int) -> dict[str, int
 @dataclass(frozen=True)
 class StepActivations:
     """A decoder-only configuration's activation terms of one micro-step, from one context per
-    block kind: what ``activation_breakdown``, ``recompute_bytes``, ``model_level_terms``,
+    block kind: what ``decoder_activation_breakdown``, ``decoder_recompute_bytes``, ``model_level_terms``,
     ``block_backward_terms`` and ``recompute_end_terms`` give, each of which would build the
     block's context and its terms anew (``planner.memory.step`` needs them all)."""
 
@@ -622,7 +614,7 @@ class StepActivations:
     level: dict[str, int]
     """``model_level_terms``, by term."""
     recompute: int
-    """``recompute_bytes``."""
+    """``decoder_recompute_bytes``."""
     block_backward: dict[str, int]
     """``block_backward_terms``, by term."""
     recompute_end: dict[str, int]
@@ -638,7 +630,7 @@ class StepActivations:
             "block_backward": block_backward, "recompute_end": recompute_end})
 
     def saved(self) -> dict[str, int]:
-        """``activation_breakdown``: saved for backward over the whole forward, by breakdown key."""
+        """``decoder_activation_breakdown``: saved for backward over the whole forward, by breakdown key."""
         return _saved_breakdown(self.layers, self.checkpoint, self.blocks, self.level)
 
     def saved_bytes(self) -> int:
@@ -691,8 +683,29 @@ def down_gradient_params(model: ModelSpec, config: TrainConfig, targets: frozens
     return sum(lin.count * r * (lin.in_features + lin.out_features) for lin in down if lin.name in names)
 
 
-__all__ = ["ACTIVATION_SAVED", "ACTIVATION_SAVED_DEFAULT", "ACTIVATION_SAVES_OUTPUT", "HEAD_TERMS", "TERM_SOURCES",
-           "activation_breakdown", "block_backward_terms", "block_terms", "breakdown_key", "checkpoint_bytes", "down_gradient_params", "fused_ce_chunk_rows",
-           "fused_ce_transient", "kernels_of", "kv_cache_block_bytes", "logits_backward_transient", "recompute_end_terms",
-           "logits_forward_transient", "manual_loop_logits", "model_level_terms", "recompute_bytes", "StepActivations",
-           "step_activations", "block_step_activations"]
+__all__ = [
+    "ACTIVATION_SAVED",
+    "ACTIVATION_SAVED_DEFAULT",
+    "ACTIVATION_SAVES_OUTPUT",
+    "HEAD_TERMS",
+    "TERM_SOURCES",
+    "StepActivations",
+    "block_backward_terms",
+    "block_step_activations",
+    "block_terms",
+    "breakdown_key",
+    "checkpoint_bytes",
+    "decoder_activation_breakdown",
+    "decoder_recompute_bytes",
+    "down_gradient_params",
+    "fused_ce_chunk_rows",
+    "fused_ce_transient",
+    "kernels_of",
+    "kv_cache_block_bytes",
+    "logits_backward_transient",
+    "logits_forward_transient",
+    "manual_loop_logits",
+    "model_level_terms",
+    "recompute_end_terms",
+    "step_activations",
+]

@@ -42,6 +42,7 @@ from planner.memory.activations import (
     ACTIVATION_SAVED_DEFAULT,
     _norm_bytes,
     block_terms,
+    breakdown_key,
     model_level_terms,
 )
 from planner.memory.attention import attention_terms
@@ -217,7 +218,7 @@ def recompute_bytes(model: ModelSpec, config: TrainConfig, kernels: KernelProfil
 
 def activation_breakdown(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
                          targets: frozenset[str] | None = None) -> dict[str, int]:
-    """Saved for backward over the whole forward pass, by term (``activations.activation_breakdown``
+    """Saved for backward over the whole forward pass, by term (``planner.memory.saved.activation_breakdown``
     for an encoder-decoder; keys without the ``activations/`` prefix)."""
     blocks = checkpointed_block_list(model, config) if config.grad_ckpt else block_list(model, config, kernels, targets)
     total: dict[str, int] = {}
@@ -230,8 +231,6 @@ def activation_breakdown(model: ModelSpec, config: TrainConfig, kernels: KernelP
 
 
 def _keyed(terms: dict[str, int]) -> dict[str, int]:
-    from planner.memory.activations import breakdown_key
-
     return {breakdown_key(k): v for k, v in terms.items() if v}
 
 

@@ -35,7 +35,6 @@ from planner.config import Loop, Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.activations import (
     HEAD_TERMS,
-    activation_breakdown,
     block_backward_terms,
     block_step_activations,
     breakdown_key,
@@ -44,12 +43,12 @@ from planner.memory.activations import (
     logits_backward_transient,
     logits_forward_transient,
     manual_loop_logits,
-    recompute_bytes,
     recompute_end_terms,
     step_activations,
 )
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained
+from planner.memory.saved import activation_breakdown, recompute_bytes
 from planner.memory.shapes import BlockContext, block_context, dims_of
 from planner.memory.states import StaticTerms
 from planner.modelspec import ModelSpec
@@ -312,5 +311,18 @@ def phase_breakdowns(static: StaticTerms, batch: BatchTerms, *, accumulating: bo
     return out
 
 
-__all__ = ["HEAD_SAVED", "NO_STATIC", "PHASES", "BatchTerms", "batch_phase_totals", "batch_line", "batch_terms", "batch_totals",
-           "first_block_gradients", "first_block_params", "phase_breakdowns", "phase_totals", "phases"]
+__all__ = [
+    "HEAD_SAVED",
+    "NO_STATIC",
+    "PHASES",
+    "BatchTerms",
+    "batch_line",
+    "batch_phase_totals",
+    "batch_terms",
+    "batch_totals",
+    "first_block_gradients",
+    "first_block_params",
+    "phase_breakdowns",
+    "phase_totals",
+    "phases",
+]
