@@ -120,16 +120,29 @@ def test_dependencies_start_in_order(config):
     assert services["migrate"].get("restart") in (None, "no")
 
 
-def test_every_service_reads_the_database_and_token_from_the_environment(config):
+def test_the_database_url_is_a_file_and_the_token_from_the_environment(config):
+    """The URL, password included, is a mounted file named by PLANNER_DATABASE_URL_FILE, in no
+    service's environment: a verification job is handed the path (issue 22, item 1)."""
     services = config["services"]
     url = f"postgresql+psycopg://planner:{SECRETS['POSTGRES_PASSWORD']}@postgres:5432/planner"
+    [source] = [name for name, c in config["configs"].items() if c.get("content") == url]
     for name in ("migrate", "api", "ray-head"):
-        assert services[name]["environment"]["PLANNER_DATABASE_URL"] == url, name
+        [mount] = services[name]["configs"]
+        assert mount["source"] == source and mount["target"] == "/run/planner/database-url", name
+        assert int(str(mount["mode"]), 8) & 0o077 == 0 and str(mount["uid"]) == "1000", name  # the image's user only
+    for name in ("migrate", "api"):
+        assert services[name]["environment"]["PLANNER_DATABASE_URL_FILE"] == "/run/planner/database-url", name
+    for name, service in services.items():
+        environment = json.dumps(service.get("environment") or {})
+        assert "PLANNER_DATABASE_URL\"" not in environment and SECRETS["POSTGRES_PASSWORD"] not in environment \
+            or name == "postgres", name
     # GPU workers only train: the job's driver on the head writes the store
-    assert "PLANNER_DATABASE_URL" not in (services["ray-gpu-worker"].get("environment") or {})
+    assert not services["ray-gpu-worker"].get("configs")
     assert services["api"]["environment"]["PLANNER_API_TOKEN"] == SECRETS["PLANNER_API_TOKEN"]
     assert services["api"]["environment"]["PLANNER_RAY_ADDRESS"] == "http://ray-head:8265"
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == SECRETS["POSTGRES_PASSWORD"]
+    # the read token is documented next to the write token, for teams (commented: it has no default)
+    assert "# PLANNER_API_READ_TOKEN: ${PLANNER_API_READ_TOKEN:?" in COMPOSE.read_text()
 
 
 def test_ray_nodes(config):

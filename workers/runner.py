@@ -98,6 +98,20 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
+#: Set in a verification run's environment (``planner.verify.runs``) to "<plan id>:<candidate id>"
+#: and kept in its measurement process's, so that an operator, or a test, can find the process of
+#: one run.
+RUN_ENV_MARKER = "PLANNER_VERIFY_RUN"
+
+
+def child_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The measurement process's environment: this one without the planner's settings (the
+    database URL or its file, the API's tokens: a training run needs none, and it runs library
+    code that a credential has no business near), except the run's marker
+    (``RUN_ENV_MARKER``, by which an operator finds a run's process)."""
+    return {k: v for k, v in environ.items() if not k.startswith("PLANNER_") or k == RUN_ENV_MARKER}
+
+
 #: torch.distributed's rendezvous variables (torchrun / the deepspeed launcher set them)
 DISTRIBUTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -107,7 +121,8 @@ def run_job(job: dict[str, Any], *, timeout_s: float, device: str = "cpu", deeps
     from workers.train import library_versions
 
     started = _now()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env = child_env(os.environ)
+    env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     # The child is one rank of its own: a launcher's (or an in-process run's) rendezvous would
     # make it join another process group or bind a port that is already taken.
     for name in DISTRIBUTED_ENV:
@@ -206,4 +221,4 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-__all__ = ["measure", "measure_with_details", "run_job", "sweep_orphaned_job_dirs"]
+__all__ = ["RUN_ENV_MARKER", "child_env", "measure", "measure_with_details", "run_job", "sweep_orphaned_job_dirs"]

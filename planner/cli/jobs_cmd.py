@@ -13,7 +13,8 @@ from planner.cli.suggest_cmd import (
 )
 
 _ADDRESS = typer.Option(None, "--address", help="The Ray job API, http://HEAD:8265 (default: $RAY_ADDRESS when it is http, else http://127.0.0.1:8265).")
-_DB = typer.Option(None, "--db", help="Database URL the job writes to (default: PLANNER_DATABASE_URL or the local SQLite file).")
+_DB = typer.Option(None, "--db", help="Database URL the job writes to, without a password (default: PLANNER_DATABASE_URL, "
+                   "the file PLANNER_DATABASE_URL_FILE names, which the job is given by path, or the local SQLite file).")
 
 
 def submit(
@@ -62,7 +63,7 @@ def submit(
 
     logging.getLogger("ray").setLevel(logging.WARNING)  # the SDK's INFO lines about uploading the config
     url = db or default_database_url()
-    sent = submit_verification(request=request, address=address, database_url=url, verify_top=verify_top, steps=steps,
+    sent = submit_verification(request=request, address=address, database_url=db, verify_top=verify_top, steps=steps,
                                run_timeout_s=run_timeout)
     if as_json:
         print_json({"job_id": sent.job_id, "plan_id": sent.plan_id, "address": sent.address, "entrypoint": sent.entrypoint})

@@ -219,7 +219,7 @@ def build_app(settings: ServiceSettings) -> "FastAPI":
     from planner.service.logs import redact_logs
     from planner.service.routes import router
 
-    holder = StoreHolder(url=settings.database_url, timeouts=settings.db_timeouts)
+    holder = StoreHolder(url=settings.store_url(), timeouts=settings.db_timeouts)
     probe = HealthProbe(holder)
     budgets = Budgets(cpu_s=settings.cpu_budget_s, memory_bytes=settings.memory_budget_bytes)
     redact_logs(settings.secrets)

@@ -93,8 +93,11 @@ def _submit_verification(body: PlanBody, request: Request, *, database_url: str)
                                 "dashboard (e.g. http://ray-head:8265) where 'planner serve' runs")
     from planner.verify import submit_verification
 
+    # the job is told its database by reference (the file's path, or a URL without a password),
+    # never by a credential (planner.verify.jobs); only catalog ids travel, nothing of this disk
     submission = submit_verification(request=calls.suggest_request(body), address=address, database_url=database_url,
-                                     verify_top=body.verify_top, steps=body.steps)
+                                     database_url_file=request.app.state.settings.database_url_file,
+                                     local_files=False, verify_top=body.verify_top, steps=body.steps)
     location = f"/v1/plans/{submission.plan_id}"
     return JSONResponse({"plan_id": submission.plan_id, "job_id": submission.job_id, "plan_url": location},
                         status_code=202, headers={"Location": location})
@@ -108,18 +111,24 @@ def list_plans(
     status: Optional[PlanStatus] = Query(None, description="Only plans in this status."),
     since: Optional[str] = Query(None, max_length=64, description="Only plans since: 7d, 12h, 30m or 2026-11-01."),
     limit: int = Query(20, ge=1, le=500, description="Plans per page."),
-    offset: int = Query(0, ge=0, le=99_000, description="Plans to skip (newest first)."),
+    offset: int = Query(0, ge=0, le=99_000, description="Plans to skip (newest first; after `after` when given)."),
+    after: Optional[str] = Query(None, max_length=64, description="Start after this plan: the `next_cursor` of the "
+                                 "previous page. Pages walked by cursor stay put when plans are added meanwhile."),
 ) -> dict[str, Any]:
-    """Past plans, newest first (``planner history --json``), a page at a time."""
-    from planner.store import parse_since
+    """Past plans, newest first (``planner history --json``), a page at a time: ``next_offset``
+    and ``next_cursor`` name the next page (null on the last)."""
+    from planner.store import HistoryCursor, parse_since
 
     since_at = parse_since(since) if since else None
+    cursor = HistoryCursor.decode(after) if after else None
     store = _holder(request).get()
-    rows = store.history(model=model, gpu=gpu, status=status, since=since_at, limit=offset + limit + 1)
-    page = rows[offset:offset + limit]
-    more = len(rows) > offset + limit
+    # one more row than the page says whether there is a next page; the page is cut in SQL
+    rows = store.history(model=model, gpu=gpu, status=status, since=since_at, limit=limit + 1, offset=offset,
+                         after=cursor)
+    page, more = rows[:limit], len(rows) > limit
     return {"plans": [row.to_dict() for row in page], "limit": limit, "offset": offset,
-            "next_offset": offset + limit if more else None}
+            "next_offset": offset + limit if more else None,
+            "next_cursor": HistoryCursor.of(page[-1]).encode() if more else None}
 
 
 @router.get("/v1/plans/{plan_id}", tags=["plans"],

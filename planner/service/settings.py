@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from planner.errors import PlannerError
-from planner.store.deadlines import Timeouts
+from planner.store.deadlines import TIMEOUT_ENVS, Timeouts
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.store.engine import Secrets
@@ -25,12 +25,14 @@ READ_TOKEN_ENV = "PLANNER_API_READ_TOKEN"
 RAY_ADDRESS_ENV = "PLANNER_RAY_ADDRESS"
 #: The store's URL (the same variable the CLI reads).
 DATABASE_URL_ENV = "PLANNER_DATABASE_URL"
+#: Or a file holding it (a mounted secret): verification jobs are then given its path, never the
+#: URL (``planner.verify.jobs``), and a URL with a password can be verified with.
+DATABASE_URL_FILE_ENV = "PLANNER_DATABASE_URL_FILE"
 #: Per-request budgets: CPU seconds of the thread that answers, and growth of the process's memory.
 CPU_BUDGET_ENV = "PLANNER_API_CPU_SECONDS"
 MEMORY_BUDGET_ENV = "PLANNER_API_MEMORY"
 #: Seconds the service waits for its database (``planner.store.deadlines.Timeouts``), by field.
-DB_TIMEOUT_ENVS = {"connect_s": "PLANNER_DB_CONNECT_TIMEOUT", "statement_s": "PLANNER_DB_STATEMENT_TIMEOUT",
-                   "pool_s": "PLANNER_DB_POOL_TIMEOUT"}
+DB_TIMEOUT_ENVS = TIMEOUT_ENVS
 
 #: Largest request body read (bytes). A real config.json is 0.5-5 KiB (the catalog's largest is
 #: under 4 KiB); 256 KiB leaves room for long id2label maps while bounding what one request can
@@ -70,6 +72,9 @@ class ServiceSettings:
 
     database_url: str | None = None
     """Store URL; None: the CLI's default (``$PLANNER_DATABASE_URL`` or the local SQLite file)."""
+    database_url_file: str | None = None
+    """Path of a file holding the store URL (instead of ``database_url``); a verification job is
+    given this path, which the Ray head must mount at the same place."""
     token: str | None = None
     """Write token(s), comma-separated: required on every POST (and they read too); None: writes are open."""
     read_token: str | None = None
@@ -86,6 +91,8 @@ class ServiceSettings:
     """How long the service waits for its database (``planner.store.deadlines``)."""
 
     def __post_init__(self) -> None:
+        if self.database_url and self.database_url_file:
+            raise PlannerError(f"both {DATABASE_URL_ENV} and {DATABASE_URL_FILE_ENV} are set: unset one of them")
         writers = _tokens(self.token, TOKEN_ENV)
         readers = _tokens(self.read_token, READ_TOKEN_ENV)
         if readers and not writers:
@@ -116,13 +123,25 @@ class ServiceSettings:
     def reads_protected(self) -> bool:
         return bool(self.read_tokens)
 
+    def store_url(self) -> str | None:
+        """The store's URL: ``database_url``, or what the file ``database_url_file`` holds (read
+        now: a secret rotated in place is picked up by the next app); None: the CLI's default."""
+        if self.database_url_file:
+            from planner.store.engine import read_url_file
+
+            return read_url_file(self.database_url_file)
+        return self.database_url
+
     @property
     def secrets(self) -> "Secrets":
         """What must never be printed: the tokens, and the database URL's user part and query
         values (``planner.store.engine.url_secrets``)."""
         from planner.store.engine import Secrets, default_database_url, url_secrets
 
-        url = self.database_url or os.environ.get(DATABASE_URL_ENV) or None
+        try:
+            url = self.store_url() or os.environ.get(DATABASE_URL_ENV) or None
+        except PlannerError:
+            url = None
         if url is None:
             try:
                 url = default_database_url()
@@ -132,7 +151,7 @@ class ServiceSettings:
 
     @classmethod
     def from_env(cls) -> "ServiceSettings":
-        """From ``PLANNER_DATABASE_URL``, ``PLANNER_API_TOKEN``, ``PLANNER_API_READ_TOKEN``,
+        """From ``PLANNER_DATABASE_URL`` (or ``PLANNER_DATABASE_URL_FILE``), ``PLANNER_API_TOKEN``, ``PLANNER_API_READ_TOKEN``,
         ``PLANNER_RAY_ADDRESS``, ``PLANNER_API_CPU_SECONDS``, ``PLANNER_API_MEMORY`` and
         ``PLANNER_DB_CONNECT_TIMEOUT`` / ``_STATEMENT_TIMEOUT`` / ``_POOL_TIMEOUT``."""
 
@@ -161,9 +180,9 @@ class ServiceSettings:
             from planner.units import parse_bytes
 
             budgets["memory_budget_bytes"] = parse_bytes(memory, option=MEMORY_BUDGET_ENV)
-        return cls(database_url=env(DATABASE_URL_ENV), token=env(TOKEN_ENV), read_token=env(READ_TOKEN_ENV),
+        return cls(database_url=env(DATABASE_URL_ENV), database_url_file=env(DATABASE_URL_FILE_ENV), token=env(TOKEN_ENV), read_token=env(READ_TOKEN_ENV),
                    ray_address=env(RAY_ADDRESS_ENV), **budgets)
 
 
-__all__ = ["CPU_BUDGET_ENV", "DATABASE_URL_ENV", "DB_TIMEOUT_ENVS", "MAX_BODY_BYTES", "MAX_CONFIG_BYTES", "MEMORY_BUDGET_ENV",
+__all__ = ["CPU_BUDGET_ENV", "DATABASE_URL_ENV", "DATABASE_URL_FILE_ENV", "DB_TIMEOUT_ENVS", "MAX_BODY_BYTES", "MAX_CONFIG_BYTES", "MEMORY_BUDGET_ENV",
            "READ_TOKEN_ENV", "RAY_ADDRESS_ENV", "ServiceSettings", "TOKEN_ENV", "token_id"]

@@ -24,7 +24,7 @@ _EXPORTS = {
     "constraints_hash": "planner.store.codec",
     "default_database_url": "planner.store.engine",
     "open_for_command": "planner.store.lite",
-    **dict.fromkeys(("MeasuredRun", "PlanStatus", "PlanSummary", "StoredCandidate", "StoredMeasurement", "StoredPlan",
+    **dict.fromkeys(("HistoryCursor", "MeasuredRun", "PlanStatus", "PlanSummary", "StoredCandidate", "StoredMeasurement", "StoredPlan",
                      "parse_status"), "planner.store.entities"),
 }
 

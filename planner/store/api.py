@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from datetime import date, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
-from sqlalchemy import Engine, case, func, select
+from sqlalchemy import Engine, and_, case, func, or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
@@ -39,7 +39,7 @@ from planner.store.engine import (
     retry_locked,
     safe_url,
 )
-from planner.store.entities import MeasuredRun, PlanStatus, PlanSummary, StoredPlan, parse_status
+from planner.store.entities import HistoryCursor, MeasuredRun, PlanStatus, PlanSummary, StoredPlan, parse_status
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration, CalibrationValues
@@ -323,40 +323,47 @@ class Store:
         status: PlanStatus | str | None = None,
         since: datetime | None = None,
         limit: int = 20,
+        offset: int = 0,
+        after: HistoryCursor | None = None,
     ) -> list[PlanSummary]:
-        """Past plans, newest first. ``model`` matches any part of the model id and ``gpu`` the
-        whole GPU name, both ignoring case."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_HISTORY:
-            # the option's long name (the API names its field "limit"); the CLI checks the value
-            # first and names the option as it was typed (-n or --limit)
-            raise PlannerError(f"--limit must be a whole number from 1 to {MAX_HISTORY:,}, got {limit!r}")
-        r = PlanRequestRow
-        query = select(r)
+        """Past plans, newest first (by creation time, then id). ``model`` matches any part of the
+        model id and ``gpu`` the whole GPU name, both ignoring case; ``after`` starts after that
+        plan (a keyset cursor: ``HistoryCursor.of(the last row of a page)``) and ``offset`` skips
+        that many more.
+
+        One statement whatever the page: the page is cut in SQL (``LIMIT``/``OFFSET`` on the
+        creation-time index, after the keyset condition) and each row's rank-1 label, candidate
+        and run counts are subqueries over that page only. Nothing is loaded to be skipped and no
+        id list is sent back, so a page deep in 100,000 plans stays under the drivers' bind
+        parameter limits (65,535 on SQLite and PostgreSQL) and costs about what the first does."""
+        for name, value, low in (("--limit", limit, 1), ("offset", offset, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_HISTORY:
+                # the option's long name (the API names its field "limit"); the CLI checks the value
+                # first and names the option as it was typed (-n or --limit)
+                raise PlannerError(f"{name} must be a whole number from {low} to {MAX_HISTORY:,}, got {value!r}")
+        r, c, m = PlanRequestRow, CandidateRow, MeasurementRow
+        page = select(r.id, r.created_at, r.status, r.model_id, r.gpu, r.gpu_count, r.target_batch, r.seq_len)
         if model:
-            query = query.where(r.model_id.icontains(model, autoescape=True))
+            page = page.where(r.model_id.icontains(model, autoescape=True))
         if gpu:
-            query = query.where(func.lower(r.gpu) == gpu.lower())
+            page = page.where(func.lower(r.gpu) == gpu.lower())
         if status is not None:
-            query = query.where(r.status == str(parse_status(status) if isinstance(status, str) else status))
+            page = page.where(r.status == str(parse_status(status) if isinstance(status, str) else status))
         if since is not None:
-            query = query.where(r.created_at >= since)
-        query = query.order_by(r.created_at.desc(), r.id.desc()).limit(limit)
+            page = page.where(r.created_at >= since)
+        if after is not None:
+            page = page.where(or_(r.created_at < after.created_at,
+                                  and_(r.created_at == after.created_at, r.id < after.id)))
+        p = page.order_by(r.created_at.desc(), r.id.desc()).limit(limit).offset(offset).subquery("page")
+        top = select(c.label).where(c.plan_id == p.c.id, c.rank == 1).limit(1).scalar_subquery()
+        candidates = select(func.count()).select_from(c).where(c.plan_id == p.c.id).scalar_subquery()
+        runs = (select(func.count()).select_from(m).join(c, m.candidate_id == c.id)
+                .where(c.plan_id == p.c.id).scalar_subquery())
+        query = select(p, top.label("top"), candidates.label("n_candidates"), runs.label("n_runs")).order_by(
+            p.c.created_at.desc(), p.c.id.desc())
         self.expire_stale_verifications()
 
         def work(session: Session) -> list[PlanSummary]:
-            rows = session.scalars(query).all()
-            ids = [row.id for row in rows]
-            c, m = CandidateRow, MeasurementRow
-            tops = dict(session.execute(select(c.plan_id, c.label).where(c.plan_id.in_(ids), c.rank == 1)).all())
-            counts = dict(
-                session.execute(select(c.plan_id, func.count()).where(c.plan_id.in_(ids)).group_by(c.plan_id)).all()
-            )
-            runs = dict(
-                session.execute(
-                    select(c.plan_id, func.count()).join(m, m.candidate_id == c.id)
-                    .where(c.plan_id.in_(ids)).group_by(c.plan_id)
-                ).all()
-            )
             return [
                 PlanSummary(
                     id=row.id,
@@ -367,11 +374,11 @@ class Store:
                     gpu_count=row.gpu_count,
                     target_batch=row.target_batch,
                     seq_len=row.seq_len,
-                    top_plan=tops.get(row.id),
-                    candidates=counts.get(row.id, 0),
-                    measurements=runs.get(row.id, 0),
+                    top_plan=row.top,
+                    candidates=row.n_candidates or 0,
+                    measurements=row.n_runs or 0,
                 )
-                for row in rows
+                for row in session.execute(query)
             ]
 
         return self._run(work, write=False)

@@ -64,6 +64,12 @@ class Timeouts:
                 raise ValueError(f"{name} must be a number of seconds in (0, 3600], got {value!r}")
 
 
+#: The variables that set ``Timeouts``, by field (the service reads them; a verification job's
+#: driver is handed them, ``planner.verify.jobs.FORWARDED_ENV``: they hold no secret)
+TIMEOUT_ENVS = {"connect_s": "PLANNER_DB_CONNECT_TIMEOUT", "statement_s": "PLANNER_DB_STATEMENT_TIMEOUT",
+                "pool_s": "PLANNER_DB_POOL_TIMEOUT"}
+
+
 _CURRENT: ContextVar[Timeouts | None] = ContextVar("planner_db_timeouts", default=None)
 
 
@@ -224,4 +230,4 @@ def pool_args(timeouts: Timeouts) -> dict[str, Any]:
     return {"pool_timeout": timeouts.pool_s, "pool_size": timeouts.pool_size, "max_overflow": timeouts.max_overflow}
 
 
-__all__ = ["Timeouts", "current", "overrun", "pool_args", "postgres_connect_args", "using", "watch_engine"]
+__all__ = ["TIMEOUT_ENVS", "Timeouts", "current", "overrun", "pool_args", "postgres_connect_args", "using", "watch_engine"]

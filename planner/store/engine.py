@@ -31,6 +31,11 @@ T = TypeVar("T")
 
 #: Environment variable naming the database (any SQLAlchemy URL).
 DATABASE_URL_ENV = "PLANNER_DATABASE_URL"
+#: Environment variable naming a file that holds the database URL (the ``_FILE`` convention of
+#: Docker and Kubernetes secrets, as the postgres image's POSTGRES_PASSWORD_FILE). A verification
+#: job is handed this path, never the URL (``planner.verify.jobs``), so the password stays in a
+#: file on the machines that mount it.
+DATABASE_URL_FILE_ENV = "PLANNER_DATABASE_URL_FILE"
 #: Environment variable overriding the data directory (tests set it).
 HOME_ENV = "PLANNER_HOME"
 #: Execution option that makes the SQLite ``begin`` hook take the write lock at once.
@@ -55,11 +60,18 @@ def data_dir() -> Path:
 
 
 def default_database_url() -> str:
-    """``$PLANNER_DATABASE_URL`` if set, else the SQLite file ``<data dir>/planner.db``.
+    """``$PLANNER_DATABASE_URL`` if set, else the URL in the file ``$PLANNER_DATABASE_URL_FILE``
+    names, else the SQLite file ``<data dir>/planner.db``. Both variables set is refused: which
+    one wins would be a guess.
 
     The data directory is created on first use.
     """
     url = os.environ.get(DATABASE_URL_ENV, "").strip()
+    path = os.environ.get(DATABASE_URL_FILE_ENV, "").strip()
+    if url and path:
+        raise StoreError(f"both {DATABASE_URL_ENV} and {DATABASE_URL_FILE_ENV} are set: unset one of them")
+    if path:
+        return read_url_file(path)
     if url:
         return url
     directory = data_dir()
@@ -71,6 +83,31 @@ def default_database_url() -> str:
             f"set {HOME_ENV} or {DATABASE_URL_ENV}"
         ) from None
     return f"sqlite:///{directory / 'planner.db'}"
+
+
+def read_url_file(path: str) -> str:
+    """The database URL held in the file at ``path`` (its first line, trimmed); one line naming
+    the file, never its content, when it cannot be read or holds no URL."""
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            text = f.read(64 * 1024)
+    except OSError as exc:
+        raise StoreError(f"cannot read {DATABASE_URL_FILE_ENV} {path}: {exc.strerror or exc}; "
+                         "give the path of a readable file that holds the database URL") from None
+    except UnicodeDecodeError:
+        raise StoreError(f"{DATABASE_URL_FILE_ENV} {path} is not a text file: it must hold the database URL") from None
+    lines = text.strip().splitlines()
+    url = lines[0].strip() if lines else ""
+    if "://" not in url:
+        raise StoreError(f"{DATABASE_URL_FILE_ENV} {path} holds no database URL: write one line such as "
+                         "postgresql+psycopg://user:password@host:5432/db")
+    return url
+
+
+def url_has_credentials(url: str) -> bool:
+    """Whether ``url`` carries a credential: a password in its user part, or a query value whose
+    key is named like one (``?password=``, ``sslpassword``, ``passfile``...)."""
+    return bool(url_secrets(url).credentials)
 
 
 #: what a masked part of a URL reads as
@@ -310,6 +347,7 @@ def retry_locked(work: Callable[[], T], *, sleep: Callable[[float], None] = time
 
 __all__ = [
     "DATABASE_URL_ENV",
+    "DATABASE_URL_FILE_ENV",
     "configure_sqlite",
     "data_dir",
     "db_failure",
@@ -317,8 +355,10 @@ __all__ = [
     "is_sqlite_locked",
     "make_engine",
     "open_failure",
+    "read_url_file",
     "retry_locked",
     "safe_url",
     "Secrets",
+    "url_has_credentials",
     "url_secrets",
 ]

@@ -7,8 +7,9 @@ They wrap the shared result types of ``planner.results`` (``PlanRequest``, ``Can
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from planner.results import Candidate, Measurement, PlanRequest, PlanResult, Rejection
@@ -204,7 +205,44 @@ class PlanSummary:
         }
 
 
+@dataclass(frozen=True, kw_only=True)
+class HistoryCursor:
+    """Where a page of history ends: the last plan's creation time and id (history is ordered
+    by both, newest first), so the next page starts after it whatever was stored since."""
+
+    created_at: datetime
+    id: str
+
+    @classmethod
+    def of(cls, row: PlanSummary) -> "HistoryCursor":
+        return cls(created_at=row.created_at, id=row.id)
+
+    def encode(self) -> str:
+        """``<microseconds since the epoch, UTC>-<plan id>``: URL-safe and exact to the microsecond
+        both stores keep."""
+        delta = self.created_at.astimezone(timezone.utc) - _EPOCH
+        micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        return f"{micros}-{self.id}"
+
+    @classmethod
+    def decode(cls, text: str) -> "HistoryCursor":
+        """The cursor ``encode`` wrote; ``InvalidConfigError`` naming the field for anything else."""
+        from planner.errors import InvalidConfigError
+
+        micros, sep, plan_id = text.partition("-")
+        if not sep or not micros.isdigit() or len(micros) > 18 or not _PLAN_ID.fullmatch(plan_id):
+            raise InvalidConfigError(f"--after {text[:80]!r} is not a history cursor: pass the next_cursor "
+                                     "of the previous page as it was")
+        return cls(created_at=_EPOCH + timedelta(microseconds=int(micros)), id=plan_id)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: a stored plan's id: 32 lowercase hex digits (``planner.store.codec.new_id``)
+_PLAN_ID = re.compile(r"[0-9a-f]{32}")
+
+
 __all__ = [
+    "HistoryCursor",
     "MeasuredRun",
     "PlanStatus",
     "PlanSummary",

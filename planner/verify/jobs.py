@@ -3,11 +3,30 @@
 
 A submitted job's entrypoint is ``planner suggest <the request> --verify --plan-id ID``: the plan
 is made and stored here first (so bad input fails here, before anything is sent, and the plan id
-is known at once), and the job's driver verifies that stored plan on the cluster, writing to the
-database named in its runtime environment (``PLANNER_DATABASE_URL`` and the other ``PLANNER_*``
-settings of this process). ``ray job submit --address … -- planner suggest … --verify`` by hand
-works too: the driver then plans and stores the plan itself, with the job id
-(``planner.verify.driver.current_job_id``).
+is known at once), and the job's driver verifies that stored plan on the cluster. ``ray job
+submit --address … -- planner suggest … --verify`` by hand works too: the driver then plans and
+stores the plan itself, with the job id (``planner.verify.driver.current_job_id``).
+
+What a job carries is not secret. Ray stores a job's entrypoint, runtime environment and
+metadata with the job, returns them to anyone who reaches the dashboard's job API
+(``GET /api/jobs/``), and hands the runtime environment's variables to every worker process of
+the job. So:
+
+* the runtime environment's variables are an allow-list (``FORWARDED_ENV``: the database
+  timeouts, ``HF_HUB_OFFLINE``), never this process's ``PLANNER_*`` settings (the API's tokens);
+* the driver is told its database by reference (``job_database``): the path of a file holding
+  the URL (``PLANNER_DATABASE_URL_FILE``, a secret mounted on the head at the same path, as
+  docker-compose.yml does) or, for a URL that holds no credential (a SQLite file, PostgreSQL
+  with trust, peer or a ~/.pgpass on the head), ``--db URL`` on the entrypoint, which only the
+  driver's process sees. A URL with a password and no file is refused before anything is stored.
+* only the driver, on the head, opens the database: runs hand their measurements back to it as
+  task results (``planner.verify.runs``), and run processes get no database setting at all.
+
+Why this and not results returned to the submitter: ``planner submit`` and the service answer at
+once and may be gone when the runs end (a laptop closed, a server restarted), and the driver
+renews the plan's lease while it runs; the driver writing the store itself keeps a verification
+whole without a client that waits. A per-job database role would need PostgreSQL-only row
+security for SQLite's single file.
 """
 
 from __future__ import annotations
@@ -21,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.errors import ClusterUnavailableError, JobNotFoundError
+from planner.errors import ClusterUnavailableError, JobNotFoundError, StoreError
+from planner.store.deadlines import TIMEOUT_ENVS
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.planning import SuggestRequest
@@ -94,9 +114,22 @@ def _call(what: str, job_id: str, fn: Any, *args: Any) -> Any:
         raise ClusterUnavailableError(f"cannot {what} job {job_id}: {text.strip().splitlines()[0][:300]}") from None
 
 
-def _model_argument(request: "SuggestRequest") -> tuple[str, str | None]:
-    """(the --model to send, a folder to upload as the job's working_dir). A config.json on this
-    disk travels with the job: the cluster cannot read this machine's files."""
+def _model_argument(request: "SuggestRequest", *, local_files: bool) -> tuple[str, str | None]:
+    """(the --model to send, a folder to upload as the job's working_dir). A catalog id is sent
+    as is, whatever this disk holds under that name (``resolve_model`` takes the catalog first, so
+    the cluster plans the model planned here); a config.json on this disk travels with the job (the
+    cluster cannot read this machine's files), unless ``local_files`` is False (the service: it
+    never reads its own disk for a model)."""
+    from planner.catalog import catalog_source
+    from planner.errors import UnknownModelError
+
+    try:
+        catalog_source(request.model)
+        return request.model, None
+    except UnknownModelError:
+        if not local_files:
+            raise UnknownModelError(f"model {request.model!r} is not a catalog id (GET /v1/models lists them): "
+                                    "a verification job resolves the model by its catalog id") from None
     path = Path(request.model).expanduser()
     config = path / "config.json" if path.is_dir() else path
     if not config.is_file():
@@ -106,42 +139,78 @@ def _model_argument(request: "SuggestRequest") -> tuple[str, str | None]:
     return "config.json", folder
 
 
-def submission_env(database_url: str) -> dict[str, str]:
-    """The job's environment: the database it writes to and this process's PLANNER_* settings."""
-    env = {k: v for k, v in os.environ.items() if k.startswith("PLANNER_")}
-    env["PLANNER_DATABASE_URL"] = database_url
+#: The variables a job's runtime environment carries from this process, when set here: none is
+#: a secret (Ray stores them with the job and shows them; every worker of the job inherits them)
+FORWARDED_ENV = tuple(TIMEOUT_ENVS.values())
+
+
+def job_database(database_url: str, *, url_file: str | None) -> tuple[list[str], dict[str, str]]:
+    """How the job's driver finds its database, as (entrypoint arguments, runtime environment
+    variables), neither holding a credential: the path of a file on the head holding the URL when
+    ``url_file`` is given, else the URL itself on the entrypoint when it holds no credential.
+    ``StoreError`` (before anything is stored or sent) for a URL with a password and no file."""
+    from planner.store.engine import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV, url_has_credentials
+
+    if url_file:
+        # blank the head's own URL variable, if it has one: the file names the database the plan is in
+        return [], {DATABASE_URL_FILE_ENV: url_file, DATABASE_URL_ENV: ""}
+    if url_has_credentials(database_url):
+        raise StoreError(
+            f"the database URL holds a password, and a Ray job's settings are stored by Ray and shown by its job API: "
+            f"put the URL in a file the cluster's head can read at the same path and set {DATABASE_URL_FILE_ENV} to it "
+            f"(instead of {DATABASE_URL_ENV} or --db), or use a URL without a password (PostgreSQL reads a "
+            "~/.pgpass on the head)")
+    return ["--db", database_url], {}
+
+
+def submission_env(*, database_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The job's runtime environment variables: the allow-list ``FORWARDED_ENV`` as set here, the
+    database reference of ``job_database``, and no Hugging Face downloads."""
+    env = {name: os.environ[name] for name in FORWARDED_ENV if os.environ.get(name, "").strip()}
+    env.update(database_env or {})
     env["HF_HUB_OFFLINE"] = "1"
     return env
 
 
 def submit_verification(*, request: "SuggestRequest", address: str, database_url: str | None = None,
-                        verify_top: int = 3, steps: int = 3, run_timeout_s: float = 900.0) -> Submission:
+                        database_url_file: str | None = None, local_files: bool = True, verify_top: int = 3,
+                        steps: int = 3, run_timeout_s: float = 900.0) -> Submission:
     """Plan ``request`` here, store it, and submit its verification as a Ray job. Bad input and
-    "nothing fits" raise here; an unreachable job API raises before anything is stored."""
+    "nothing fits" raise here; an unreachable job API and a database the job could only be told
+    by its password raise before anything is stored.
+
+    ``database_url`` is where the plan is stored here (default: ``default_database_url()``);
+    ``database_url_file`` the path, on the head, of a file holding that URL, which the job is
+    given instead of it (default: ``$PLANNER_DATABASE_URL_FILE`` when ``database_url`` is not
+    given). ``local_files=False`` (the service) sends catalog ids only, never a file of this disk."""
     from dataclasses import replace
 
     from planner.planning import make_plan
     from planner.store import PlanStatus, default_database_url, open_store
+    from planner.store.engine import DATABASE_URL_FILE_ENV
     from planner.verify.driver import VerifyOptions
 
     VerifyOptions(top=verify_top, steps=steps, timeout_s=run_timeout_s)  # validate before anything runs
+    if database_url is None and database_url_file is None:
+        database_url_file = os.environ.get(DATABASE_URL_FILE_ENV, "").strip() or None
+    url = database_url or default_database_url()
+    db_args, db_env = job_database(url, url_file=database_url_file)
     address = job_address(address)
     from planner.calibration.lookup import active_calibration
 
-    planned = make_plan(request, calibration=active_calibration(request.gpu, db=database_url)[0])
+    planned = make_plan(request, calibration=active_calibration(request.gpu, db=url)[0])
     # what this machine defaulted (host RAM for offload; the cpu profile's memory) is pinned, so
     # the job's driver, on another machine, makes the very same request
     request = replace(request, cpu_mem_bytes=planned.host_bytes,
                       gpu_mem_bytes=planned.device.memory_bytes if planned.device.is_cpu else request.gpu_mem_bytes)
     client = job_client(address)
-    url = database_url or default_database_url()
-    model_arg, working_dir = _model_argument(request)
+    model_arg, working_dir = _model_argument(request, local_files=local_files)
     args = ["planner", "suggest", *replace(request, model=model_arg).to_cli_args(), "--verify", "--verify-top",
-            str(verify_top), "--steps", str(steps), "--run-timeout", f"{run_timeout_s:g}"]
+            str(verify_top), "--steps", str(steps), "--run-timeout", f"{run_timeout_s:g}", *db_args]
     with open_store(url=url) as store:
         plan_id = store.save_plan(result=planned.result)
         entrypoint = shlex.join([*args, "--plan-id", plan_id])
-        runtime_env: dict[str, Any] = {"env_vars": submission_env(url)}
+        runtime_env: dict[str, Any] = {"env_vars": submission_env(database_env=db_env)}
         if working_dir:
             runtime_env["working_dir"] = working_dir
         try:
@@ -195,5 +264,5 @@ def wait_for_job(*, address: str, job_id: str, timeout_s: float, poll_s: float =
         time.sleep(poll_s)
 
 
-__all__ = ["DEFAULT_ADDRESS", "PLAN_ID_KEY", "Submission", "job_address", "job_client", "job_info", "job_logs",
+__all__ = ["DEFAULT_ADDRESS", "FORWARDED_ENV", "PLAN_ID_KEY", "Submission", "job_address", "job_client", "job_database", "job_info", "job_logs",
            "list_jobs", "stop_job", "submission_env", "submit_verification", "wait_for_job"]

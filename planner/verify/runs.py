@@ -13,15 +13,18 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from planner.store.engine import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from planner.verify.accelerators import ray_accelerator, run_resources
+from workers.runner import RUN_ENV_MARKER
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.config import TrainConfig
     from planner.gpus import GPUSpec
 
-#: Set in a run's environment (and so its measurement process's) to "<plan id>:<candidate id>",
-#: so that an operator, or a test, can find the process of one run.
-RUN_ENV_MARKER = "PLANNER_VERIFY_RUN"
+#: What a run's worker process drops from the environment the job gave it: the database
+#: reference (``planner.verify.jobs.job_database``) is for the job's driver, which alone writes
+#: the store; a run hands its measurement back as its task's result
+DRIVER_ONLY_ENV = (DATABASE_URL_ENV, DATABASE_URL_FILE_ENV)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +60,8 @@ def run_on_worker(job: dict[str, Any], board: Any) -> dict[str, Any]:
     import workers
     from planner.config import TrainConfig
 
+    for name in DRIVER_ONLY_ENV:  # the job's database reference is the driver's alone
+        os.environ.pop(name, None)
     node_id = ray.get_runtime_context().get_node_id()
     board.started.remote(job["key"], node_id, time.time())
     os.environ[RUN_ENV_MARKER] = job["key"]  # inherited by the measurement process
@@ -108,4 +113,4 @@ def submit_run(run: RunSpec, *, gpu: "GPUSpec", gpus: int, board: Any) -> tuple[
     return task.options(**options).remote(run.to_job(), board), group
 
 
-__all__ = ["Board", "RUN_ENV_MARKER", "RunSpec", "new_board", "run_on_worker", "submit_run"]
+__all__ = ["DRIVER_ONLY_ENV", "RUN_ENV_MARKER", "Board", "RunSpec", "new_board", "run_on_worker", "submit_run"]
