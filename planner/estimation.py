@@ -41,8 +41,12 @@ def default_seq_len(spec: "ModelSpec") -> int:
 
 
 def check_recipe(spec: "ModelSpec", *, fused_ce: bool) -> None:
-    """The recipe settings this model cannot take (estimate and suggest alike)."""
+    """The recipe settings this model cannot take (estimate and suggest alike), and an architecture
+    whose features the memory model has no terms for yet (``check_plannable``)."""
+    from planner.catalog import check_plannable
     from planner.errors import InvalidConfigError
+
+    check_plannable(spec)
 
     if fused_ce and spec.is_encoder:
         raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {spec.id} is a masked-LM encoder: drop --fused-ce")

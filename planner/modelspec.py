@@ -52,6 +52,28 @@ class LinearSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BlockGroup:
+    """Blocks of a decoder that differ from block 0 (``ModelSpec.layer_linears``): DeepSeek-V3's MoE
+    blocks after its dense first ones, the full-attention blocks between Gated DeltaNet ones
+    (Qwen3-Next, Qwen3.5), Nemotron-H's MoE and attention blocks between Mamba2 ones, Gemma 4's
+    global-attention blocks. Counted in ``ModelSpec.params_total``; the memory model does not read
+    them yet (a model with any is refused for planning: ``ModelSpec.unmodelled``)."""
+
+    label: str
+    """What these blocks are, e.g. ``full_attention``, ``moe``."""
+    count: int
+    linears: tuple[LinearSpec, ...]
+    other_params: int
+    """Norm weights and any other parameters of one such block outside its linears."""
+    first: int
+    """Index of the first such block."""
+
+    @property
+    def params(self) -> int:
+        return sum(lin.params for lin in self.linears) + self.other_params
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """Architecture of one model, independent of how it is trained."""
 
@@ -116,6 +138,21 @@ class ModelSpec:
     experts_per_token: int = 0
     sliding_window: int | None = None
 
+    other_blocks: tuple[BlockGroup, ...] = ()
+    """Blocks unlike block 0 (heterogeneous decoders); ``num_layers`` counts them too."""
+    unmodelled: tuple[str, ...] = ()
+    """Architecture features the memory model has no terms for yet (experts beyond Mixtral's
+    block, multi-head latent attention, linear-attention or Mamba2 layers, per-layer head sizes,
+    ...): planning such a model is refused rather than answered as if it were dense."""
+    wrapper_type: str = ""
+    """The multimodal wrapper's ``model_type`` when the config has a ``text_config`` (gemma3,
+    qwen3_5, llama4, ...): the spec is then its language model alone (what
+    ``AutoModelForCausalLM`` builds from ``text_config``), trained text-only; the vision tower is
+    neither counted nor loaded."""
+    alias_of: str = ""
+    """The catalog id whose config this id resolved to (``-Instruct``/``-it``/``-Chat`` variants
+    share their base model's architecture)."""
+
     # ---- encoder-decoder models (T5): the fields above describe the encoder stack -------------
     decoder_layers: int = 0
     """Blocks of the decoder stack; 0 for a decoder-only or encoder-only model. When > 0,
@@ -137,7 +174,13 @@ class ModelSpec:
     # ---- parameter counts (cached: the search reads them thousands of times; the spec is frozen)
     @functools.cached_property
     def params_per_layer(self) -> int:
+        """Parameters of block 0 (every block unless ``other_blocks`` says otherwise)."""
         return sum(lin.params for lin in self.layer_linears) + self.layer_norm_params + self.layer_other_params
+
+    @functools.cached_property
+    def blocks_like_first(self) -> int:
+        """How many blocks are like block 0."""
+        return self.num_layers - sum(g.count for g in self.other_blocks)
 
     @functools.cached_property
     def linears_by_kind(self) -> "Mapping[LinearKind, tuple[LinearSpec, ...]]":
@@ -173,16 +216,26 @@ class ModelSpec:
                                    decoder_norm_params=0)
 
     @functools.cached_property
+    def all_blocks(self) -> tuple[tuple[int, tuple[LinearSpec, ...]], ...]:
+        """(blocks, linears of one block) of every kind of block: ``stacks`` with the blocks like
+        block 0 counted apart from ``other_blocks``."""
+        first = ((self.blocks_like_first, self.layer_linears),)
+        rest = tuple((g.count, g.linears) for g in self.other_blocks)
+        dec = ((self.decoder_layers, self.decoder_linears),) if self.decoder_layers else ()
+        return first + rest + dec
+
+    @functools.cached_property
     def block_linear_params(self) -> int:
         """Parameters of every block's linear layers, over all stacks."""
-        return sum(n * sum(lin.params for lin in linears) for n, linears in self.stacks)
+        return sum(n * sum(lin.params for lin in linears) for n, linears in self.all_blocks)
 
     @functools.cached_property
     def params_total(self) -> int:
         return (
             self.embedding_params
             + self.other_embedding_params
-            + self.num_layers * self.params_per_layer
+            + self.blocks_like_first * self.params_per_layer
+            + sum(g.count * g.params for g in self.other_blocks)
             + self.decoder_layers * self.decoder_params_per_layer
             + self.final_norm_params
             + self.head_params
@@ -191,7 +244,7 @@ class ModelSpec:
     @functools.cached_property
     def params_active(self) -> int:
         """Parameters each token passes through (differs from the total for MoE)."""
-        inactive = sum(n * sum(lin.params - lin.active_params for lin in linears) for n, linears in self.stacks)
+        inactive = sum(n * sum(lin.params - lin.active_params for lin in linears) for n, linears in self.all_blocks)
         return self.params_total - inactive
 
     @functools.cached_property
@@ -214,7 +267,7 @@ class ModelSpec:
 
     @functools.cached_property
     def _linear_names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(lin.name for _, linears in self.stacks for lin in linears))
+        return tuple(dict.fromkeys(lin.name for _, linears in self.all_blocks for lin in linears))
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -222,6 +275,9 @@ class ModelSpec:
             "architecture": self.model_type,
             "params": self.params_total,
             "active_params": self.params_active,
+            "moe": self.is_moe,
+            "experts": self.num_experts,
+            "experts_per_token": self.experts_per_token,
             "layers": self.num_layers + self.decoder_layers,
             "hidden_size": self.hidden_size,
             "vocab_size": self.vocab_size,

@@ -17,16 +17,24 @@ from pathlib import Path
 import pytest
 
 from planner.catalog import catalog_ids, load_config_file, resolve_model, spec_from_config
+from planner.errors import ModelConfigError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
 def build_meta_model(config: dict, *, encoder: bool, seq2seq: bool = False):
-    """The model the planner trains, on the meta device (no memory, no weights, no network)."""
+    """The model the planner trains, on the meta device (no memory, no weights, no network).
+
+    A multimodal wrapper (a config with ``text_config``: gemma3, gemma4, llama4, qwen3_5) is
+    planned as its language model trained text-only: ``AutoModelForCausalLM`` over
+    ``get_text_config()`` (for gemma3/gemma4/llama4 the wrapper config itself would build the
+    whole ForConditionalGeneration, vision tower included; for qwen3_5 it builds the same LM)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
     hf_config = AutoConfig.for_model(**config)
+    if isinstance(config.get("text_config"), dict):
+        hf_config = hf_config.get_text_config()
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForMaskedLM if encoder else AutoModelForCausalLM
     with torch.device("meta"):
         return auto.from_config(hf_config), hf_config
@@ -68,34 +76,75 @@ def test_the_shared_folder_is_there_and_holds_configs():
     assert len(SHARED_CONFIGS) >= 40 and "_/t5-large/config.json" in SHARED_CONFIGS
 
 
+#: shared configs whose model_type only the checkpoint's own code builds (trust_remote_code):
+#: they resolve to one line saying so, by path and by id
+REMOTE_CODE_CONFIGS = {"moonshotai/Kimi-K2-Instruct": "kimi_k2",
+                       "nvidia/Llama-3_3-Nemotron-Super-49B-v1": "nemotron-nas"}
+
+
 @pytest.mark.parametrize("relpath", SHARED_CONFIGS)
 def test_every_shared_config_resolves_and_counts_exactly(relpath):
     """Each config.json of the folder resolves (by path) and its parameter count equals the
-    transformers model's; the ones the catalog ships are the same config under their id."""
+    transformers model's; the ones the catalog ships are the same config under their id; block 0
+    and one block of each other kind hold the spec's linears."""
     path = SHARED / relpath
+    org, name = Path(relpath).parts[:2]
+    model_id = name if org == "_" else f"{org}/{name}"
+    if model_id in REMOTE_CODE_CONFIGS:
+        for name_or_path in (str(path), model_id):
+            with pytest.raises(ModelConfigError, match=f"model_type {REMOTE_CODE_CONFIGS[model_id]} needs the model's "
+                                                       "own code \\(trust_remote_code=True\\)") as err:
+                resolve_model(name_or_path)
+            assert "\n" not in str(err.value)
+        return
     spec = resolve_model(str(path))
     config = load_config_file(path)
     model, _ = build_for(spec, {k: v for k, v in config.items() if not k.startswith("_")})
     assert spec.params_total == n_params(model)
-    org, name = Path(relpath).parts[:2]
-    model_id = name if org == "_" else f"{org}/{name}"
+    if spec.other_blocks or spec.unmodelled or spec.wrapper_type:  # the new families: their blocks too
+        check_blocks(spec, model)
     assert model_id in catalog_ids(), f"{model_id} is in the shared folder but not in the catalog"
     assert resolve_model(model_id).params_total == spec.params_total
 
 
-def first_block(model, num_layers: int):
-    """Block 0: the first module of the (only) ModuleList that holds one entry per layer."""
+def check_blocks(spec, model) -> None:
+    """Block 0 holds ``layer_linears`` and the first block of each ``other_blocks`` group its
+    linears; each block's parameters add up."""
+    layers = blocks_of(model, spec.num_layers)
+    assert spec_linears(spec) == real_linears(layers[0])
+    assert spec.params_per_layer == n_params(layers[0])
+    for group in spec.other_blocks:
+        block = layers[group.first]
+        assert sorted((lin.name, lin.in_features, lin.out_features, lin.bias, lin.count) for lin in group.linears) \
+            == real_linears(block), group.label
+        assert group.params == n_params(block), group.label
+
+
+def blocks_of(model, num_layers: int):
+    """The (only) ModuleList that holds one entry per layer."""
     for module in model.modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers:
-            return module[0]
+            return module
     raise AssertionError("no ModuleList of transformer blocks found")
+
+
+def first_block(model, num_layers: int):
+    """Block 0: the first module of the (only) ModuleList that holds one entry per layer."""
+    return blocks_of(model, num_layers)[0]
+
+
+#: expert stacks stored input-first, [E, in, out] (modeling_gpt_oss.py GptOssExperts
+#: ``gate_up_proj [E, H, 2I]``; modeling_llama4.py Llama4TextExperts); the others are [E, out, in]
+IN_FIRST_EXPERTS = {"GptOssExperts", "Llama4TextExperts"}
 
 
 def real_linears(block) -> list[tuple[str, int, int, bool, int]]:
     """(leaf name, in, out, bias, copies) of every linear map in one block.
 
     nn.Linear and HF Conv1D (weight stored [in, out]) modules, plus the weight tensors transformers
-    v5 keeps outside nn.Linear: Mixtral's expert stacks [E, out, in] and its router weight [E, H].
+    v5 keeps outside nn.Linear: expert stacks [E, out, in] (or [E, in, out]: ``IN_FIRST_EXPERTS``)
+    with an optional ``<name>_bias`` [E, out], and routers' bare weight [E, H] with an optional
+    ``bias`` [E] beside it (gpt-oss).
     """
     from transformers.pytorch_utils import Conv1D
 
@@ -111,14 +160,20 @@ def real_linears(block) -> list[tuple[str, int, int, bool, int]]:
         else:
             continue
         covered.update(f"{name}.{p}" for p, _ in module.named_parameters())
-    for name, param in block.named_parameters():
-        if name in covered:
+    params = dict(block.named_parameters())
+    for name, param in params.items():
+        if name in covered or name.endswith("_bias"):
             continue
         owner, _, leaf = name.rpartition(".")
+        if isinstance(block.get_submodule(owner), torch.nn.Conv1d):  # Mamba2 / Gated DeltaNet conv: no linear
+            continue
         if param.dim() == 3:  # expert stack [count, out, in]
-            found.append((leaf, param.shape[2], param.shape[1], False, param.shape[0]))
+            n_out, n_in = param.shape[1], param.shape[2]
+            if type(block.get_submodule(owner)).__name__ in IN_FIRST_EXPERTS:
+                n_in, n_out = n_out, n_in
+            found.append((leaf, n_in, n_out, f"{name}_bias" in params, param.shape[0]))
         elif param.dim() == 2:  # a bare weight used with F.linear (router): named by its module
-            found.append((owner.rsplit(".", 1)[-1], param.shape[1], param.shape[0], False, 1))
+            found.append((owner.rsplit(".", 1)[-1], param.shape[1], param.shape[0], f"{owner}.bias" in params, 1))
     return sorted(found)
 
 

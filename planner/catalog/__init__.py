@@ -15,6 +15,7 @@ and cached for the process.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import hashlib
@@ -26,15 +27,17 @@ from typing import Any, Mapping
 
 from planner.catalog.architectures import (
     ENCODER_MODEL_TYPES,
+    REMOTE_CODE,
     SUPPORTED_MODEL_TYPES,
     public_config,
     spec_from_config,
 )
-from planner.errors import ModelConfigError, UnknownModelError
+from planner.errors import ModelConfigError, UnknownModelError, UnsupportedError
 from planner.modelspec import ModelSpec
 
 __all__ = [
     "ENCODER_MODEL_TYPES",
+    "check_plannable",
     "SUPPORTED_MODEL_TYPES",
     "catalog_ids",
     "catalog_source",
@@ -70,8 +73,11 @@ def _catalog_spec(model_id: str) -> ModelSpec:
 
 
 def catalog_ids() -> list[str]:
-    """Every catalog id, sorted case-insensitively."""
-    return sorted(_catalog(), key=str.lower)
+    """Every catalog id the planner builds, sorted case-insensitively. The catalog also ships
+    configs whose model_type needs the checkpoint's own code (``REMOTE_CODE``): resolving those
+    ids gives the one-line ``ModelConfigError`` saying so, and they are listed nowhere."""
+    return sorted((mid for mid, config in _catalog().items() if config.get("model_type") not in REMOTE_CODE),
+                  key=str.lower)
 
 
 def catalog_source(model_id: str) -> str:
@@ -83,12 +89,37 @@ def catalog_source(model_id: str) -> str:
 
 
 def list_catalog(*, search: str | None = None) -> list[ModelSpec]:
-    """Catalog models whose id or architecture contains ``search`` (any case), sorted by id."""
+    """Catalog models whose id or architecture contains ``search`` (any case), or whose id holds
+    each of its words and versions in order (``llama 3`` finds ``Meta-Llama-3-8B`` and
+    ``Llama-3.1-8B``, not ``Llama-2-13b``), sorted by id."""
     needle = (search or "").strip().lower()
     specs = [_catalog_spec(mid) for mid in catalog_ids()]
     if needle:
-        specs = [s for s in specs if needle in s.id.lower() or needle in s.model_type.lower()]
+        specs = [s for s in specs if needle in s.id.lower() or needle in s.model_type.lower()
+                 or needle in (s.wrapper_type or "") or _holds_in_order(_tokens(s.id), _tokens(needle))]
     return specs
+
+
+def _holds_in_order(tokens: list[str], query: list[str]) -> bool:
+    """Each query token starts a later token of ``tokens`` (a version ``3`` starts ``3.1`` but not
+    ``32``)."""
+    if not query:
+        return False
+    it = iter(tokens)
+    return all(any(t == q or t.startswith(q + ".") or (q[0].isalpha() and t.startswith(q)) for t in it) for q in query)
+
+
+def check_plannable(spec: ModelSpec) -> None:
+    """``UnsupportedError`` (one line) when the memory model has no terms for a feature of this
+    architecture (``ModelSpec.unmodelled``): a dense answer for an MoE, MLA or hybrid model would be
+    silently wrong, so estimate and suggest refuse it; its parameter counts stay available."""
+    if spec.unmodelled:
+        features = "; ".join(spec.unmodelled)
+        raise UnsupportedError(
+            f"{spec.id} ({spec.model_type}) has what the memory model does not model yet: {features}; a dense "
+            f"model's answer would be wrong, so it is not planned ('planner models --search {spec.model_type}' "
+            "shows its parameter counts)"
+        )
 
 
 def fingerprint(spec_or_config: ModelSpec | Mapping[str, Any]) -> str:
@@ -110,6 +141,28 @@ def _find_catalog_id(name: str) -> str | None:
         bare = key.split("/", 1)[1]
         if bare in lower and "/" not in lower[bare]:
             return lower[bare]
+    return None
+
+
+#: the suffix that names a fine-tuned (or base) release of one architecture: ``-Instruct``
+#: (Llama 3.x, Qwen2.5, Mistral), ``-it``/``-pt`` (Gemma), ``-Chat``; also before a version
+#: (``Mixtral-8x7B-Instruct-v0.1`` is ``Mixtral-8x7B-v0.1``)
+_VARIANT = re.compile(r"-(?:instruct|it|pt|chat)(?=$|-v?[0-9])", re.IGNORECASE)
+_VARIANT_SUFFIXES = ("-Instruct", "-it", "-pt", "-Chat")
+
+
+def _variant_of(name: str) -> str | None:
+    """The catalog id whose architecture a release variant of it shares: ``-Instruct``/``-it``/
+    ``-Chat`` ids of a catalog base model, or a base id of a catalog ``-Instruct``/``-it`` model
+    (chat and instruction tuning change the weights, not the config's sizes)."""
+    key = name.strip()
+    org, slash, bare = key.rpartition("/")
+    stripped = _VARIANT.sub("", bare, count=1)
+    candidates = ([stripped] if stripped != bare else []) + [stripped + suffix for suffix in _VARIANT_SUFFIXES]
+    for candidate in candidates:
+        found = _find_catalog_id(f"{org}{slash}{candidate}")
+        if found is not None and found.lower() != key.lower():
+            return found
     return None
 
 
@@ -286,6 +339,10 @@ def resolve_model(name: str) -> ModelSpec:
     cached = _find_in_hf_cache(name)
     if cached is not None:
         return _spec_from_file(cached, model_id=name.strip())
+
+    base = _variant_of(name)
+    if base is not None:
+        return dataclasses.replace(_catalog_spec(base), id=name.strip(), alias_of=base)
 
     shown = _shorten(name)
     if name.strip().endswith(".json") or name.strip().startswith((".", "/", "~")):

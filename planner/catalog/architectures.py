@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from planner.catalog import modern
 from planner.catalog.blocks import (
     FUSED_QKV_NAMES,
     ConfigReader,
@@ -443,6 +444,38 @@ _BUILDERS: dict[str, Callable[[ConfigReader, str], dict[str, Any]]] = {
     "bert": _bert_like,
     "roberta": _bert_like,
     "t5": t5_fields,
+    "granite": modern.granite,
+    "olmo2": modern.olmo2,
+    "gemma3_text": modern.gemma3_text,
+    "qwen3_moe": modern.qwen3_moe,
+    "gpt_oss": modern.gpt_oss,
+    "deepseek_v3": modern.deepseek_v3,
+    "llama4_text": modern.llama4_text,
+    "qwen3_next": modern.qwen_hybrid,
+    "qwen3_5_text": modern.qwen_hybrid,
+    "qwen3_5_moe_text": modern.qwen_hybrid,
+    "nemotron_h": modern.nemotron_h,
+    "gemma4_text": modern.gemma4_text,
+}
+
+#: multimodal wrappers (image-text-to-text) -> the model_type of their ``text_config``: the
+#: planner plans the language model, trained text-only (``ModelSpec.wrapper_type``)
+WRAPPERS = {
+    "gemma3": "gemma3_text",
+    "gemma4": "gemma4_text",
+    "llama4": "llama4_text",
+    "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
+}
+
+#: model types transformers 5.24 has no class for: the checkpoint ships its own modeling code
+#: (``auto_map`` in its config.json, loaded with trust_remote_code=True), which the planner does
+#: not run; the fix for each
+REMOTE_CODE = {
+    "kimi_k2": "Kimi-K2 is DeepSeek-V3's architecture (its config names DeepseekV3ForCausalLM): plan it "
+               "from a copy of its config.json with \"model_type\": \"deepseek_v3\"",
+    "nemotron-nas": "its blocks are searched per layer (block_configs: some without attention or MLP) "
+                    "and no built-in transformers class builds them; plan a model of a built-in architecture",
 }
 
 #: model types that are recognised but have no builder yet, with the reason
@@ -452,10 +485,25 @@ _UNSUPPORTED = {
     "whisper": "encoder-decoder",
 }
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted({*_BUILDERS, *(w for w, t in WRAPPERS.items() if t in _BUILDERS)}))
 
 #: model types trained as masked LMs (AutoModelForMaskedLM); every other type is a causal decoder
 ENCODER_MODEL_TYPES = frozenset({"bert", "roberta"})
+
+
+def _wrapper_spec(config: Mapping[str, Any], model_type: str, *, model_id: str, source: str) -> ModelSpec:
+    """The language model of a multimodal wrapper: its ``text_config`` built as a causal LM (what
+    ``AutoModelForCausalLM.from_config(config.get_text_config())`` builds), the wrapper's
+    ``tie_word_embeddings`` applying when the text config has none."""
+    text = config.get("text_config")
+    if not isinstance(text, Mapping):
+        raise ModelConfigError(f"{source}: model_type {model_type} is a multimodal wrapper: its config needs a "
+                               "text_config object (the language model's config)")
+    text = {**text, "model_type": WRAPPERS[model_type]}
+    if text.get("tie_word_embeddings") is None and config.get("tie_word_embeddings") is not None:
+        text["tie_word_embeddings"] = config["tie_word_embeddings"]
+    fields = _BUILDERS[text["model_type"]](ConfigReader(text, f"{source} (text_config)"), text["model_type"])
+    return ModelSpec(id=model_id, config=public_config(config), source=source, wrapper_type=model_type, **fields)
 
 
 def public_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -475,6 +523,14 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str, source: str) -
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
     if not isinstance(model_type, str) or not model_type:
         raise ModelConfigError(f"{source}: missing model_type (one of {supported})")
+    if model_type in REMOTE_CODE:
+        where = f"catalog id {model_id}" if source == "catalog" else source
+        raise ModelConfigError(
+            f"{where}: model_type {model_type} needs the model's own code (trust_remote_code=True), which the "
+            f"planner does not run; {REMOTE_CODE[model_type]}"
+        )
+    if model_type in WRAPPERS and WRAPPERS[model_type] in _BUILDERS:
+        return _wrapper_spec(config, model_type, model_id=model_id, source=source)
     if model_type in _UNSUPPORTED:
         raise UnsupportedError(
             f"{source}: model_type {model_type} ({_UNSUPPORTED[model_type]}) is not supported yet; "

@@ -16,6 +16,20 @@ def format_params(n: int) -> str:
     return f"{value:.{decimals}f}{unit}"
 
 
+def describe_model(spec) -> str:
+    """``id (N params)`` with what else the user should know: the active parameters per token of an
+    MoE, the catalog model whose architecture a release variant (``-Instruct``/``-it``/``-Chat``)
+    resolved to, the multimodal wrapper whose language model this is."""
+    notes = [f"{format_params(spec.params_total)} params"]
+    if spec.is_moe:
+        notes.append(f"{format_params(spec.params_active)} active per token")
+    if spec.alias_of:
+        notes.append(f"architecture of {spec.alias_of}")
+    if spec.wrapper_type:
+        notes.append(f"language model of the {spec.wrapper_type} wrapper, trained text-only")
+    return f"{spec.id} ({'; '.join(notes)})"
+
+
 def models(
     search: Optional[str] = typer.Option(
         None, "--search", "-s", help="Only ids or architectures containing TEXT."
@@ -40,12 +54,15 @@ def models(
     table.add_column("id")
     table.add_column("architecture")
     table.add_column("parameters", justify="right")
+    table.add_column("active per token", justify="right")
     table.add_column("max seq len", justify="right")
+    table.add_column("plannable")
     for spec in specs:
-        params = format_params(spec.params_total)
-        if spec.is_moe:
-            params = f"{params} ({format_params(spec.params_active)} active)"
-        table.add_row(spec.id, spec.model_type, params, str(spec.max_seq_len))
+        architecture = f"{spec.model_type} ({spec.wrapper_type} text)" if spec.wrapper_type else spec.model_type
+        active = f"{format_params(spec.params_active)} ({spec.experts_per_token}/{spec.num_experts} experts)" \
+            if spec.is_moe else "all"
+        plannable = "no: " + "; ".join(spec.unmodelled) if spec.unmodelled else "yes"
+        table.add_row(spec.id, architecture, format_params(spec.params_total), active, str(spec.max_seq_len), plannable)
     out.print(table)
 
 

@@ -23,9 +23,9 @@ def print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: in
     from planner.units import format_bytes
 
     req = result.request
-    from planner.cli.models_cmd import format_params
+    from planner.cli.models_cmd import describe_model
 
-    out.print(f"{spec.id} ({format_params(spec.params_total)} params) on {req.gpu_count} x {device.display_name}, "
+    out.print(f"{describe_model(spec)} on {req.gpu_count} x {device.display_name}, "
               f"target batch {req.target_batch}, seq len {req.seq_len}" + (" (default: min(2048, model max))" if seq_defaulted else ""))
     out.print(f"device {format_bytes(device.memory_bytes)}, safety margin {format_bytes(result.safety_margin_bytes)}, "
               f"usable {format_bytes(result.usable_bytes)}; "

@@ -1,0 +1,468 @@
+"""Builders of the 2025-2026 decoder families: dense (granite, olmo2, gemma3), mixture-of-experts
+(qwen3_moe, gpt_oss, deepseek_v3, llama4) and hybrid (qwen3_next, qwen3_5, qwen3_5_moe, gemma4,
+nemotron_h) models.
+
+Each builder lists every block's parameter-holding modules as transformers 5.24 builds them
+(``transformers/models/<type>/modeling_<type>.py``, cited per builder), so that ``params_total``
+equals the meta-device model's count (tests/test_param_counts.py). Blocks that differ from block 0
+(DeepSeek's MoE blocks after its dense ones, full-attention blocks among linear-attention ones,
+Gemma 4's global blocks) go to ``ModelSpec.other_blocks``; ``layer_linears`` is block 0, the block
+the test compares. Expert weights are 3D parameters (``gate_up_proj [E, 2I, H]``, ``down_proj
+[E, H, I]``), one ``LinearSpec`` with ``count`` experts and ``active`` top-k: peft reaches them
+through ``target_parameters``, while ``target_modules="all-linear"`` wraps the attention, router,
+shared-expert and dense-MLP ``nn.Linear`` modules listed with them.
+
+What the memory model has no terms for yet is listed in ``ModelSpec.unmodelled``
+(``FEATURE_*``); planning such a model is refused (``planner.catalog.check_plannable``).
+
+Pure module: no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from planner.catalog.blocks import ConfigReader, K, common_fields, lin, qkvo, swiglu, untied_head
+from planner.errors import UnsupportedError
+from planner.modelspec import BlockGroup, LinearSpec
+
+# ---- features the memory model does not model yet (ModelSpec.unmodelled) --------------------------
+FEATURE_MOE = "mixture-of-experts blocks"
+FEATURE_MLA = "multi-head latent attention (MLA)"
+FEATURE_LINEAR_ATTN = "Gated DeltaNet linear attention"
+FEATURE_MAMBA = "Mamba2 layers"
+FEATURE_HEAD_SIZES = "per-layer head sizes"
+FEATURE_SINKS = "attention sinks"
+
+Block = tuple[str, tuple[LinearSpec, ...], int]
+"""(label, linears, other parameters) of one decoder block."""
+
+
+def group_blocks(blocks: Sequence[Block]) -> tuple[tuple[LinearSpec, ...], int, tuple[BlockGroup, ...]]:
+    """Block 0's linears and other parameters, and the groups of blocks unlike it."""
+    first = blocks[0]
+    groups: dict[Block, list[int]] = {}
+    for index, block in enumerate(blocks):
+        if block[1:] != first[1:]:
+            groups.setdefault(block, []).append(index)
+    others = tuple(BlockGroup(label=label, count=len(idx), linears=linears, other_params=other, first=idx[0])
+                   for (label, linears, other), idx in groups.items())
+    return first[1], first[2], others
+
+
+def decoder_fields(c: ConfigReader, *, model_type: str, hidden: int, heads: int, kv: int, head_dim: int,
+                   inter: int, vocab: int, blocks: Sequence[Block], tied: bool, max_pos: int, act: str,
+                   final_norm: int, **extra: Any) -> dict[str, Any]:
+    """The ModelSpec fields every decoder-only builder here shares."""
+    linears, other, groups = group_blocks(blocks)
+    return dict(
+        common_fields(model_type=model_type, hidden=hidden, layers=len(blocks), heads=heads, vocab=vocab),
+        is_encoder=False, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter, max_seq_len=max_pos,
+        layer_linears=linears, layer_norm_params=other, other_blocks=groups,
+        embedding_params=vocab * hidden, final_norm_params=final_norm,
+        head_params=untied_head(vocab, hidden, tied=tied), tied_embeddings=tied,
+        hidden_act=act, gated_mlp=True, norm="rmsnorm", position="rope",
+        attn_dropout=c.prob("attention_dropout"), **extra,
+    )
+
+
+def experts(hidden: int, inter: int, count: int, top_k: int, *, up: str = "gate_up_proj", gated: bool = True,
+            bias: bool = False) -> list[LinearSpec]:
+    """The routed experts as HF stacks them: ``gate_up_proj`` (fused gate and up: 2I outputs; just
+    ``up_proj`` for a non-gated MLP) and ``down_proj``, ``count`` copies, ``top_k`` per token."""
+    return [
+        lin(up, hidden, (2 if gated else 1) * inter, bias, K.MLP_IN, count=count, active=top_k),
+        lin("down_proj", inter, hidden, bias, K.MLP_OUT, count=count, active=top_k),
+    ]
+
+
+def _top_k(c: ConfigReader, experts_key: str, k_key: str, *, experts_default: int | None = None,
+           k_default: int | None = None) -> tuple[int, int]:
+    count = c.size(experts_key, default=experts_default)
+    top_k = c.size(k_key, default=k_default)
+    if top_k > count:
+        raise c.error(f"{k_key} {top_k} is larger than {experts_key} {count}")
+    return count, top_k
+
+
+def _layer_types(c: ConfigReader, layers: int, default: list[str]) -> list[str]:
+    types = c.raw.get("layer_types")
+    if types is None:
+        return default
+    if not isinstance(types, list) or len(types) != layers or not all(isinstance(t, str) for t in types):
+        raise c.error(f"layer_types must be a list of {layers} layer type names (one per layer)")
+    return types
+
+
+# ---- dense: granite, olmo2, gemma3 ----------------------------------------------------------------------
+
+
+def granite(c: ConfigReader, model_type: str) -> dict[str, Any]:
+    """modeling_granite.py: the llama block (q/k/v/o with ``attention_bias``, SwiGLU with
+    ``mlp_bias``, two RMSNorms). Its multipliers (embedding, residual, attention, logits scaling)
+    multiply by Python scalars, which save nothing for backward; configuration_granite.py
+    defaults: untied, 2048 positions, kv heads = heads."""
+    hidden, heads = c.size("hidden_size"), c.size("num_attention_heads")
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads")
+    inter, vocab, layers = c.size("intermediate_size"), c.size("vocab_size"), c.size("num_hidden_layers")
+    bias = c.flag("attention_bias", False)
+    linears = tuple(qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
+                    + swiglu(hidden, inter, bias=c.flag("mlp_bias", False)))
+    return decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter, vocab=vocab,
+        blocks=[("decoder", linears, 2 * hidden)] * layers, tied=c.flag("tie_word_embeddings", False),
+        max_pos=c.size("max_position_embeddings", default=2048), act=c.text("hidden_act", default="silu"),
+        final_norm=hidden,
+    )
+
+
+def olmo2(c: ConfigReader, model_type: str) -> dict[str, Any]:
+    """modeling_olmo2.py: no input norm; ``post_attention_layernorm`` and
+    ``post_feedforward_layernorm`` normalise the sublayers' outputs, and ``q_norm``/``k_norm``
+    are RMSNorms over the whole q (heads * head_dim) and k (kv * head_dim) projections.
+    configuration_olmo2.py defaults: untied, 2048 positions, kv heads = heads, no biases."""
+    hidden, heads = c.size("hidden_size"), c.size("num_attention_heads")
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads")
+    inter, vocab, layers = c.size("intermediate_size"), c.size("vocab_size"), c.size("num_hidden_layers")
+    bias = c.flag("attention_bias", False)
+    linears = tuple(qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias) + swiglu(hidden, inter))
+    norms = 2 * hidden + heads * head_dim + kv * head_dim
+    return decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter, vocab=vocab,
+        blocks=[("decoder", linears, norms)] * layers, tied=c.flag("tie_word_embeddings", False),
+        max_pos=c.size("max_position_embeddings", default=2048), act=c.text("hidden_act", default="silu"),
+        final_norm=hidden,
+    )
+
+
+def gemma3_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
+    """modeling_gemma3.py Gemma3DecoderLayer: gemma2's block (four RMSNorms, GeGLU) plus
+    ``q_norm``/``k_norm`` over head_dim; sliding and full attention differ only in the mask (same
+    weights). configuration_gemma3.py Gemma3TextConfig defaults fill what the multimodal configs
+    leave out (google/gemma-3-4b-it's text_config has no heads or vocabulary): vocab 262208, hidden
+    2304, MLP 9216, 26 layers, 8 heads, 4 kv heads, head_dim 256, 131072 positions, window 4096,
+    tied embeddings."""
+    hidden = c.size("hidden_size", default=2304)
+    heads = c.size("num_attention_heads", default=8)
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=4,
+                           head_dim_key=True, head_dim_default=256)
+    inter = c.size("intermediate_size", default=9216)
+    vocab, layers = c.size("vocab_size", default=262_208), c.size("num_hidden_layers", default=26)
+    bias = c.flag("attention_bias", False)
+    linears = tuple(qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias) + swiglu(hidden, inter))
+    return decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter, vocab=vocab,
+        blocks=[("decoder", linears, 4 * hidden + 2 * head_dim)] * layers, tied=c.flag("tie_word_embeddings", True),
+        max_pos=c.size("max_position_embeddings", default=131_072),
+        act=c.text("hidden_activation", default="gelu_pytorch_tanh"), final_norm=hidden,
+        norm_weight_fp32=True, sliding_window=c.size("sliding_window", default=4096),
+    )
+
+
+# ---- mixture of experts: qwen3_moe, gpt_oss, deepseek_v3, llama4 ----------------------------------------
+
+
+def qwen3_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
+    """modeling_qwen3_moe.py: qwen3 attention (q/k norms over head_dim; head_dim from the config
+    or hidden / heads), Qwen3MoeSparseMoeBlock (router ``gate.weight [E, H]``, Qwen3MoeExperts
+    stacks) on layers where ``(i + 1) % decoder_sparse_step == 0`` and not in ``mlp_only_layers``,
+    else a dense SwiGLU of ``intermediate_size``. configuration_qwen3_moe.py defaults: 128
+    experts, top-8, expert MLP 768, step 1, untied, 32768 positions, kv heads 4."""
+    hidden, heads = c.size("hidden_size"), c.size("num_attention_heads")
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=4,
+                           head_dim_key=True)
+    vocab, layers = c.size("vocab_size"), c.size("num_hidden_layers")
+    inter = c.size("intermediate_size", default=6144)
+    moe_inter = c.size("moe_intermediate_size", default=768)
+    count, top_k = _top_k(c, "num_experts", "num_experts_per_tok", experts_default=128, k_default=8)
+    step = c.size("decoder_sparse_step", default=1)
+    dense_only = set(c.raw.get("mlp_only_layers") or [])
+    bias = c.flag("attention_bias", False)
+    attn = qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
+    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER)] + experts(hidden, moe_inter, count, top_k))
+    dense = tuple(attn + swiglu(hidden, inter))
+    norms = 2 * hidden + 2 * head_dim
+    blocks = [("moe", moe, norms) if i not in dense_only and (i + 1) % step == 0 else ("dense", dense, norms)
+              for i in range(layers)]
+    return decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=moe_inter,
+        vocab=vocab, blocks=blocks, tied=c.flag("tie_word_embeddings", False),
+        max_pos=c.size("max_position_embeddings", default=32768), act=c.text("hidden_act", default="silu"),
+        final_norm=hidden, num_experts=count, experts_per_token=top_k, unmodelled=(FEATURE_MOE,),
+    )
+
+
+def gpt_oss(c: ConfigReader, model_type: str) -> dict[str, Any]:
+    """modeling_gpt_oss.py: q/k/v/o with biases (``attention_bias`` default True), a learned
+    ``sinks`` logit per head, GptOssTopKRouter (``router.weight [E, H]`` + ``router.bias [E]``),
+    GptOssExperts stacks stored input-first (``gate_up_proj [E, H, 2I]`` + ``gate_up_proj_bias``,
+    ``down_proj [E, I, H]`` + bias); sliding and full layers share weights.
+    configuration_gpt_oss.py defaults: 128 experts, top-4, head_dim 64, 64/8 heads, window 128.
+    The released checkpoints hold the experts in MXFP4; fine-tuning de-quantizes them to bf16
+    (transformers' Mxfp4Config(dequantize=True), the published recipe): these are the bf16 counts."""
+    hidden, heads = c.size("hidden_size"), c.size("num_attention_heads", default=64)
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=8,
+                           head_dim_key=True, head_dim_default=64)
+    vocab, layers = c.size("vocab_size"), c.size("num_hidden_layers")
+    inter = c.size("intermediate_size", default=2880)
+    count, top_k = _top_k(c, "num_local_experts", "num_experts_per_tok", experts_default=128, k_default=4)
+    bias = c.flag("attention_bias", True)
+    linears = tuple(qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
+                    + [lin("router", hidden, count, True, K.ROUTER)]
+                    + experts(hidden, inter, count, top_k, bias=True))
+    return decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter,
+        vocab=vocab, blocks=[("moe", linears, 2 * hidden + heads)] * layers,
+        tied=c.flag("tie_word_embeddings", False), max_pos=c.size("max_position_embeddings", default=131_072),
+        act=c.text("hidden_act", default="silu"), final_norm=hidden, num_experts=count, experts_per_token=top_k,
+        sliding_window=c.size("sliding_window", default=128), unmodelled=(FEATURE_MOE, FEATURE_SINKS),
+    )
+
+
+def deepseek_v3(c: ConfigReader, model_type: str) -> dict[str, Any]:
+    """modeling_deepseek_v3.py DeepseekV3Attention (MLA): ``q_a_proj`` -> ``q_a_layernorm`` ->
+    ``q_b_proj`` (or one ``q_proj`` when q_lora_rank is null), ``kv_a_proj_with_mqa`` (kv_lora_rank
+    + rope dims) -> ``kv_a_layernorm`` -> ``kv_b_proj`` (heads * (nope + v)), ``o_proj``; the first
+    ``first_k_dense_replace`` layers have a dense SwiGLU, the rest DeepseekV3MoE: router
+    ``gate.weight [E, H]`` (its e_score_correction_bias is a buffer), expert stacks and
+    ``shared_experts`` (a SwiGLU of n_shared_experts * moe_intermediate_size).
+    configuration_deepseek_v3.py defaults are DeepSeek-V3's own sizes."""
+    hidden, heads = c.size("hidden_size", default=7168), c.size("num_attention_heads", default=128)
+    vocab, layers = c.size("vocab_size", default=129_280), c.size("num_hidden_layers", default=61)
+    inter, moe_inter = c.size("intermediate_size", default=18432), c.size("moe_intermediate_size", default=2048)
+    count, top_k = _top_k(c, "n_routed_experts", "num_experts_per_tok", experts_default=256, k_default=8)
+    shared = c.raw.get("n_shared_experts", 1) or 0
+    q_rank = c.optional_size("q_lora_rank") if "q_lora_rank" in c.raw else 1536
+    kv_rank = c.size("kv_lora_rank", default=512)
+    nope, rope = c.size("qk_nope_head_dim", default=128), c.size("qk_rope_head_dim", default=64)
+    v_dim = c.size("v_head_dim", default=128)
+    dense_first = min(c.raw.get("first_k_dense_replace", 3) or 0, layers)
+    bias = c.flag("attention_bias", False)
+    qk = nope + rope
+    if q_rank is None:
+        q = [lin("q_proj", hidden, heads * qk, False, K.ATTN_IN)]
+    else:
+        q = [lin("q_a_proj", hidden, q_rank, bias, K.ATTN_IN), lin("q_b_proj", q_rank, heads * qk, False, K.ATTN_IN)]
+    attn = q + [
+        lin("kv_a_proj_with_mqa", hidden, kv_rank + rope, bias, K.ATTN_IN),
+        lin("kv_b_proj", kv_rank, heads * (nope + v_dim), False, K.ATTN_IN),
+        lin("o_proj", heads * v_dim, hidden, bias, K.ATTN_OUT),
+    ]
+    norms = 2 * hidden + (q_rank or 0) + kv_rank
+    dense = tuple(attn + swiglu(hidden, inter))
+    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER)] + experts(hidden, moe_inter, count, top_k)
+                + (swiglu(hidden, moe_inter * shared) if shared else []))
+    blocks = [("dense", dense, norms) if i < dense_first else ("moe", moe, norms) for i in range(layers)]
+    return decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=heads, head_dim=qk, inter=moe_inter, vocab=vocab,
+        blocks=blocks, tied=c.flag("tie_word_embeddings", False),
+        max_pos=c.size("max_position_embeddings", default=4096), act=c.text("hidden_act", default="silu"),
+        final_norm=hidden, num_experts=count, experts_per_token=top_k, unmodelled=(FEATURE_MOE, FEATURE_MLA),
+    )
+
+
+def llama4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
+    """modeling_llama4.py: llama attention (its qk norm is a weightless L2 norm), Llama4TextMoe on
+    ``moe_layers`` (router: an ``nn.Linear`` subclass named ``router``; Llama4TextExperts stacks
+    stored input-first ``gate_up_proj [E, H, 2I]``, ``down_proj [E, I, H]``; a ``shared_expert``
+    SwiGLU of ``intermediate_size``), else a dense SwiGLU of ``intermediate_size_mlp``.
+    configuration_llama4.py defaults: Llama 4 Scout's sizes, moe_layers every
+    ``interleave_moe_layer_step``-th layer, untied."""
+    hidden, heads = c.size("hidden_size", default=5120), c.size("num_attention_heads", default=40)
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=8,
+                           head_dim_key=True, head_dim_default=128)
+    vocab, layers = c.size("vocab_size", default=202_048), c.size("num_hidden_layers", default=48)
+    inter, inter_mlp = c.size("intermediate_size", default=8192), c.size("intermediate_size_mlp", default=16384)
+    count, top_k = _top_k(c, "num_local_experts", "num_experts_per_tok", experts_default=16, k_default=1)
+    step = c.size("interleave_moe_layer_step", default=1)
+    moe_layers = c.raw.get("moe_layers")
+    moe_set = set(moe_layers) if isinstance(moe_layers, list) else set(range(step - 1, layers, step))
+    bias = c.flag("attention_bias", False)
+    attn = qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
+    moe = tuple(attn + [lin("router", hidden, count, False, K.ROUTER)] + experts(hidden, inter, count, top_k)
+                + swiglu(hidden, inter))
+    dense = tuple(attn + swiglu(hidden, inter_mlp))
+    blocks = [("moe", moe, 2 * hidden) if i in moe_set else ("dense", dense, 2 * hidden) for i in range(layers)]
+    return decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter, vocab=vocab,
+        blocks=blocks, tied=c.flag("tie_word_embeddings", False),
+        max_pos=c.size("max_position_embeddings", default=131_072), act=c.text("hidden_act", default="silu"),
+        final_norm=hidden, num_experts=count, experts_per_token=top_k, unmodelled=(FEATURE_MOE,),
+    )
+
+
+# ---- hybrid: qwen3_next, qwen3_5, qwen3_5_moe, nemotron_h, gemma4 --------------------------------------
+
+
+def _gated_deltanet(c: ConfigReader, hidden: int, *, split_proj: bool) -> tuple[list[LinearSpec], int]:
+    """A Gated DeltaNet token mixer (Qwen3NextGatedDeltaNet, modeling_qwen3_next.py; Qwen3_5GatedDeltaNet,
+    modeling_qwen3_5.py): q/k/v/z and b/a projections (fused ``in_proj_qkvz`` + ``in_proj_ba`` in
+    Qwen3-Next, four ``in_proj_*`` in Qwen3.5), ``out_proj``; outside linears a depthwise
+    ``conv1d`` over q/k/v (no bias), ``dt_bias`` and ``A_log`` per value head and a gated
+    RMSNorm over the value head dim. Defaults: configuration_qwen3_next.py / _qwen3_5.py."""
+    k_heads, v_heads = c.size("linear_num_key_heads", default=16), c.size("linear_num_value_heads", default=32)
+    k_dim, v_dim = c.size("linear_key_head_dim", default=128), c.size("linear_value_head_dim", default=128)
+    kernel = c.size("linear_conv_kernel_dim", default=4)
+    key, value = k_heads * k_dim, v_heads * v_dim
+    if split_proj:
+        projections = [lin("in_proj_qkv", hidden, 2 * key + value, False, K.ATTN_IN),
+                       lin("in_proj_z", hidden, value, False, K.ATTN_IN),
+                       lin("in_proj_b", hidden, v_heads, False, K.ATTN_IN),
+                       lin("in_proj_a", hidden, v_heads, False, K.ATTN_IN)]
+    else:
+        projections = [lin("in_proj_qkvz", hidden, 2 * key + 2 * value, False, K.ATTN_IN),
+                       lin("in_proj_ba", hidden, 2 * v_heads, False, K.ATTN_IN)]
+    other = (2 * key + value) * kernel + 2 * v_heads + v_dim
+    return projections + [lin("out_proj", value, hidden, False, K.ATTN_OUT)], other
+
+
+def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
+    """qwen3_next (modeling_qwen3_next.py), qwen3_5_text (modeling_qwen3_5.py), qwen3_5_moe_text
+    (modeling_qwen3_5_moe.py): ``layer_types`` (default: full attention every
+    ``full_attention_interval`` = 4th layer, else linear attention) choose Gated DeltaNet or gated
+    attention (``q_proj`` twice as wide: the output gate; q/k norms over head_dim); the MLP is a
+    SparseMoeBlock (router ``gate``, expert stacks, ``shared_expert`` SwiGLU and its one-output
+    ``shared_expert_gate``) in the MoE types (qwen3_next: unless in ``mlp_only_layers`` or off the
+    ``decoder_sparse_step``), a dense SwiGLU in qwen3_5_text."""
+    hidden, heads = c.size("hidden_size"), c.size("num_attention_heads", default=16)
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=2,
+                           head_dim_key=True, head_dim_default=256)
+    vocab, layers = c.size("vocab_size"), c.size("num_hidden_layers")
+    interval = c.size("full_attention_interval", default=4)
+    types = _layer_types(c, layers, ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                     for i in range(layers)])
+    bias = c.flag("attention_bias", False)
+    full = [lin("q_proj", hidden, 2 * heads * head_dim, bias, K.ATTN_IN)] + qkvo(
+        hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)[1:]
+    linear, linear_other = _gated_deltanet(c, hidden, split_proj=model_type != "qwen3_next")
+    moe_type = model_type != "qwen3_5_text"
+    count = top_k = 0
+    if moe_type:
+        count, top_k = _top_k(c, "num_experts", "num_experts_per_tok", experts_default=512 if model_type == "qwen3_next"
+                              else 256, k_default=10 if model_type == "qwen3_next" else 8)
+        moe_inter = c.size("moe_intermediate_size", default=512)
+        shared = c.size("shared_expert_intermediate_size", default=512)
+        mlp_moe = ([lin("gate", hidden, count, False, K.ROUTER)] + experts(hidden, moe_inter, count, top_k)
+                   + swiglu(hidden, shared) + [lin("shared_expert_gate", hidden, 1, False, K.ROUTER)])
+    inter = c.size("intermediate_size", default=5632 if model_type == "qwen3_next" else 12288) \
+        if not moe_type or model_type == "qwen3_next" else 0
+    step = c.size("decoder_sparse_step", default=1) if model_type == "qwen3_next" else 1
+    dense_only = set(c.raw.get("mlp_only_layers") or []) if model_type == "qwen3_next" else set()
+    blocks: list[Block] = []
+    for i, kind in enumerate(types):
+        mixer, other = (linear, linear_other) if kind == "linear_attention" else (full, 2 * head_dim)
+        is_moe = moe_type and i not in dense_only and (i + 1) % step == 0
+        mlp = mlp_moe if is_moe else swiglu(hidden, inter)
+        blocks.append((f"{kind}{' moe' if is_moe else ''}", tuple(mixer + mlp), other + 2 * hidden))
+    return decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim,
+        inter=c.size("moe_intermediate_size", default=512) if moe_type else inter, vocab=vocab, blocks=blocks,
+        tied=c.flag("tie_word_embeddings", False), max_pos=c.size("max_position_embeddings", default=32768),
+        act=c.text("hidden_act", default="silu"), final_norm=hidden, num_experts=count, experts_per_token=top_k,
+        unmodelled=(FEATURE_LINEAR_ATTN,) + ((FEATURE_MOE,) if moe_type else ()),
+    )
+
+
+#: nemotron_h's hybrid_override_pattern letters (configuration_nemotron_h.py)
+_NEMOTRON_BLOCKS = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
+
+
+def nemotron_h(c: ConfigReader, model_type: str) -> dict[str, Any]:
+    """modeling_nemotron_h.py NemotronHBlock: one RMSNorm and one mixer per block, chosen by
+    ``hybrid_override_pattern`` (M Mamba2, E MoE, * attention, - MLP). Mamba2 mixer: ``in_proj``
+    (hidden -> intermediate + conv_dim + heads, intermediate = mamba heads * head dim, conv_dim =
+    intermediate + 2 * n_groups * state), depthwise ``conv1d`` (bias: use_conv_bias),
+    ``dt_bias``/``A_log``/``D`` per head, gated RMSNorm over intermediate, ``out_proj``. MoE:
+    non-gated relu2 experts (``up_proj [E, I, H]``, ``down_proj``), router ``gate.weight``,
+    ``shared_experts`` up/down MLP; attention q/k/v/o without biases."""
+    hidden, heads = c.size("hidden_size"), c.size("num_attention_heads")
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=8,
+                           head_dim_key=True, head_dim_default=128)
+    vocab = c.size("vocab_size")
+    pattern = c.raw.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set(_NEMOTRON_BLOCKS):
+        raise c.error("hybrid_override_pattern must be a string of M, E, * and - (one letter per layer)")
+    if c.raw.get("moe_latent_size") is not None:
+        raise c.error("moe_latent_size (latent MoE projections) is not supported yet")
+    m_heads, m_dim = c.size("mamba_num_heads", default=128), c.size("mamba_head_dim", default=64)
+    groups, state, kernel = c.size("n_groups", default=8), c.size("ssm_state_size", default=128), c.size("conv_kernel", default=4)
+    use_bias, conv_bias = c.flag("use_bias", False), c.flag("use_conv_bias", True)
+    m_inter = m_heads * m_dim
+    conv = m_inter + 2 * groups * state
+    mamba = (lin("in_proj", hidden, m_inter + conv + m_heads, use_bias, K.ATTN_IN),
+             lin("out_proj", m_inter, hidden, use_bias, K.ATTN_OUT))
+    mamba_other = conv * kernel + (conv if conv_bias else 0) + 3 * m_heads + m_inter
+    attn = tuple(qkvo(hidden, heads, kv, head_dim, qkv_bias=False, o_bias=False))
+    mlp_bias = c.flag("mlp_bias", False)
+    inter = c.size("intermediate_size")
+    mlp = (lin("up_proj", hidden, inter, mlp_bias, K.MLP_IN), lin("down_proj", inter, hidden, mlp_bias, K.MLP_OUT))
+    count = top_k = 0
+    moe: tuple[LinearSpec, ...] = ()
+    if "E" in pattern:
+        count, top_k = _top_k(c, "n_routed_experts", "num_experts_per_tok", experts_default=8, k_default=2)
+        moe_inter = c.size("moe_intermediate_size", default=7688)
+        shared = c.size("moe_shared_expert_intermediate_size", default=7688)
+        moe = tuple([lin("gate", hidden, count, False, K.ROUTER)]
+                    + experts(hidden, moe_inter, count, top_k, up="up_proj", gated=False)
+                    + [lin("up_proj", hidden, shared, mlp_bias, K.MLP_IN),
+                       lin("down_proj", shared, hidden, mlp_bias, K.MLP_OUT)])
+    kinds = {"M": (mamba, mamba_other), "E": (moe, 0), "*": (attn, 0), "-": (mlp, 0)}
+    blocks = [(_NEMOTRON_BLOCKS[ch], kinds[ch][0], kinds[ch][1] + hidden) for ch in pattern]
+    if "num_hidden_layers" in c.raw and c.size("num_hidden_layers") != len(blocks):
+        raise c.error(f"num_hidden_layers {c.raw['num_hidden_layers']} differs from the {len(blocks)} letters of "
+                      "hybrid_override_pattern")
+    fields = decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim,
+        inter=c.size("moe_intermediate_size", default=7688) if count else inter, vocab=vocab, blocks=blocks,
+        tied=c.flag("tie_word_embeddings", False), max_pos=c.size("max_position_embeddings", default=4096),
+        act=c.text("mlp_hidden_act", default="relu2"), final_norm=hidden, num_experts=count,
+        experts_per_token=top_k, unmodelled=(FEATURE_MAMBA,) + ((FEATURE_MOE,) if count else ()),
+    )
+    return dict(fields, gated_mlp=False)
+
+
+def gemma4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
+    """modeling_gemma4.py Gemma4TextDecoderLayer: four block RMSNorms, Gemma4TextAttention
+    (``q_norm``/``k_norm`` over the layer's head_dim, a weightless ``v_norm``; full-attention layers
+    take ``global_head_dim`` and ``num_global_key_value_heads``, and with ``attention_k_eq_v`` have
+    no ``v_proj``: configuration_gemma4.py per_layer_config), a GeGLU MLP and with
+    ``enable_moe_block`` a router (``proj`` linear, ``scale [H]``, ``per_expert_scale [E]``),
+    expert stacks and three more norms. Per-layer input embeddings and kv-shared layers (the
+    small Gemma 4 models) are not supported yet."""
+    if c.raw.get("hidden_size_per_layer_input", 256) or c.raw.get("num_kv_shared_layers", 0):
+        raise UnsupportedError(f"{c.source}: Gemma 4 with per-layer input embeddings (hidden_size_per_layer_input) "
+                               "or kv-shared layers (num_kv_shared_layers) is not supported yet")
+    hidden, heads = c.size("hidden_size", default=2304), c.size("num_attention_heads", default=8)
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=4,
+                           head_dim_key=True, head_dim_default=256)
+    vocab, layers = c.size("vocab_size", default=262_144), c.size("num_hidden_layers", default=30)
+    inter = c.size("intermediate_size", default=9216)
+    types = _layer_types(c, layers, ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                     for i in range(layers)])
+    types[-1] = "full_attention"  # configuration_gemma4.py forces the last layer to full attention
+    k_eq_v = c.flag("attention_k_eq_v", False)
+    global_dim = c.size("global_head_dim", default=512)
+    global_kv = c.size("num_global_key_value_heads", default=kv) if k_eq_v else kv
+    bias = c.flag("attention_bias", False)
+    moe: list[LinearSpec] = []
+    moe_other = count = top_k = 0
+    if c.flag("enable_moe_block", False):
+        count, top_k = _top_k(c, "num_experts", "top_k_experts")
+        moe = [lin("proj", hidden, count, False, K.ROUTER)] + experts(hidden, c.size("moe_intermediate_size"), count, top_k)
+        moe_other = hidden + count + 3 * hidden
+    blocks: list[Block] = []
+    for kind in types:
+        dim, n_kv = (global_dim, global_kv) if kind == "full_attention" else (head_dim, kv)
+        attn = qkvo(hidden, heads, n_kv, dim, qkv_bias=bias, o_bias=bias)
+        if k_eq_v and kind == "full_attention":
+            attn = [a for a in attn if a.name != "v_proj"]
+        blocks.append((kind, tuple(attn + swiglu(hidden, inter) + moe), 4 * hidden + 2 * dim + moe_other))
+    return decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter, vocab=vocab,
+        blocks=blocks, tied=c.flag("tie_word_embeddings", True),
+        max_pos=c.size("max_position_embeddings", default=131_072),
+        act=c.text("hidden_activation", default="gelu_pytorch_tanh"), final_norm=hidden, norm_weight_fp32=False,
+        sliding_window=c.size("sliding_window", default=512), num_experts=count, experts_per_token=top_k,
+        unmodelled=(FEATURE_HEAD_SIZES,) + ((FEATURE_MOE,) if count else ()),
+    )
