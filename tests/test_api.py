@@ -249,10 +249,19 @@ def test_server_paths_and_caches_are_never_read(lite, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     opened = []
     monkeypatch.setattr(catalog, "load_config_file", lambda path: opened.append(path) or {})
-    for model in (str(config), str(tmp_path), "acme/secret", "~/.ssh/id_rsa", "../../etc/passwd"):
-        for path, body in (("/v1/plans", GPT2 | {"model": model}), ("/v1/estimate", {"model": model, "gpu": "a10g"})):
+    # a folder named like a catalog id in the server's working directory (issue 22, item 8)
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps(catalog_config("gpt2") | {"n_layer": 2}))
+    monkeypatch.chdir(tmp_path)
+    for model in (str(config), str(tmp_path), "acme/secret", "~/.ssh/id_rsa", "../../etc/passwd", "gpt2/config.json",
+                  "./gpt2", "config.json"):
+        for path, body in (("/v1/plans", GPT2 | {"model": model}), ("/v1/plans", GPT2 | {"model": model, "verify": True}),
+                           ("/v1/estimate", {"model": model, "gpu": "a10g"})):
             answer = lite.post(path, json=body)
             assert answer.status_code == 422 and answer.json()["field"] == "model", answer.text
+            assert "not a catalog id" in answer.json()["error"] and "\n" not in answer.json()["error"]
+    planned = lite.post("/v1/plans", json=GPT2)  # the catalog's gpt2 (12 layers), not ./gpt2
+    assert planned.status_code == 201 and planned.json()["request"]["model_id"] == "gpt2"
     assert opened == []
 
 

@@ -230,3 +230,24 @@ def test_history_finds_a_gpu_by_the_alias_suggest_accepts(cli):
         rows = json.loads(cli("history", "--json", "--gpu", name).out)
         assert [r["gpu"] for r in rows] == ["h100-80gb"], name
     assert json.loads(cli("history", "--json", "--gpu", "a10g").out) == []
+
+
+def test_commands_wait_for_a_hung_database_server_as_the_service_does(cli, monkeypatch):
+    """A PostgreSQL port that accepts and never answers: history, show and suggest's save fail in
+    seconds with one line (the service's connect timeout, PLANNER_DB_CONNECT_TIMEOUT), not never."""
+    import time
+
+    from test_api_support import SilentPort
+
+    monkeypatch.setenv("PLANNER_DB_CONNECT_TIMEOUT", "2")
+    with SilentPort() as hung:
+        url = f"postgresql+psycopg://planner@127.0.0.1:{hung.port}/planner"
+        for args in (("history",), ("show", "abc"), ("db", "current")):
+            start = time.monotonic()
+            r = cli(*args, "--db", url)
+            took = time.monotonic() - start
+            assert r.code == 2 and took < 8, (args, r, took)
+            assert "timeout expired" in r.err and len(r.err.strip().splitlines()) == 1, r
+    monkeypatch.setenv("PLANNER_DB_STATEMENT_TIMEOUT", "soon")
+    r = cli("history", "--db", "postgresql+psycopg://planner@127.0.0.1:1/planner")
+    assert r.code == 2 and "PLANNER_DB_STATEMENT_TIMEOUT 'soon' is not a number of seconds" in r.err

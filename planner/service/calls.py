@@ -38,11 +38,22 @@ def size_bytes(value: "Size", *, field: str) -> int | None:
     return parse_bytes(value, option=option)
 
 
+def _looks_like_a_path(model: str) -> bool:
+    """Written as a path: ``./gpt2`` would otherwise be read as the org ``.`` of the catalog's
+    ``gpt2`` (``<org>/<name>`` finds an org-less id), while its sender meant a folder."""
+    name = model.strip()
+    return name.startswith((".", "/", "~", "\\")) or name.lower().endswith(".json") or "\\" in name \
+        or any(part in (".", "..") for part in name.split("/"))
+
+
 def require_catalog_id(model: str) -> None:
-    """``UnknownModelError`` unless ``model`` is a catalog id (so nothing on disk is read)."""
+    """``UnknownModelError`` unless ``model`` is a catalog id (so nothing on disk is read), and
+    not written as a path."""
     from planner.catalog import catalog_source
 
     try:
+        if _looks_like_a_path(model):
+            raise UnknownModelError(model)
         catalog_source(model)
     except UnknownModelError:
         raise UnknownModelError(

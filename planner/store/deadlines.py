@@ -19,7 +19,10 @@ with them:
 * pool: how long a request waits for a free connection (SQLAlchemy's ``pool_timeout``); the
   service answers its ``TimeoutError`` as 503 too.
 
-The watchdog only watches engines made under ``using``: the command line keeps its behaviour.
+The command line waits the same way for a database server (``command_line``: the same defaults
+and variables), so ``planner history`` on a hung PostgreSQL fails in seconds with one line
+instead of hanging; its SQLite keeps waiting up to 30 s for another writer's lock (many
+concurrent commands queue there, ``planner.store.engine.SQLITE_BUSY_TIMEOUT_MS``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ import time
 import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Mapping
 
 log = logging.getLogger("planner.store")
 
@@ -68,6 +74,35 @@ class Timeouts:
 #: driver is handed them, ``planner.verify.jobs.FORWARDED_ENV``: they hold no secret)
 TIMEOUT_ENVS = {"connect_s": "PLANNER_DB_CONNECT_TIMEOUT", "statement_s": "PLANNER_DB_STATEMENT_TIMEOUT",
                 "pool_s": "PLANNER_DB_POOL_TIMEOUT"}
+
+
+def from_env(environ: "Mapping[str, str] | None" = None) -> Timeouts:
+    """``Timeouts`` with the fields the ``TIMEOUT_ENVS`` variables set (unset or blank: the
+    default); ``ValueError`` naming the variable for a value that is not a number of seconds."""
+    environ = os.environ if environ is None else environ
+    fields: dict[str, float] = {}
+    for name, variable in TIMEOUT_ENVS.items():
+        value = environ.get(variable, "").strip()
+        if not value:
+            continue
+        try:
+            fields[name] = float(value)
+        except ValueError:
+            raise ValueError(f"{variable} {value[:40]!r} is not a number of seconds: write e.g. 10") from None
+    try:
+        return Timeouts(**fields)
+    except ValueError as exc:
+        raise ValueError(f"{' / '.join(TIMEOUT_ENVS.values())}: {exc}") from None
+
+
+def command_line() -> Timeouts:
+    """What a command (not the service) waits for a database server: ``from_env``, as one line."""
+    from planner.errors import StoreError
+
+    try:
+        return from_env()
+    except ValueError as exc:
+        raise StoreError(str(exc)) from None
 
 
 _CURRENT: ContextVar[Timeouts | None] = ContextVar("planner_db_timeouts", default=None)
@@ -230,4 +265,4 @@ def pool_args(timeouts: Timeouts) -> dict[str, Any]:
     return {"pool_timeout": timeouts.pool_s, "pool_size": timeouts.pool_size, "max_overflow": timeouts.max_overflow}
 
 
-__all__ = ["TIMEOUT_ENVS", "Timeouts", "current", "overrun", "pool_args", "postgres_connect_args", "using", "watch_engine"]
+__all__ = ["TIMEOUT_ENVS", "Timeouts", "command_line", "current", "from_env", "overrun", "pool_args", "postgres_connect_args", "using", "watch_engine"]

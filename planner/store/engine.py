@@ -246,7 +246,8 @@ def _on_sqlite_begin(conn: Any) -> None:
 def make_engine(url: str) -> Engine:
     """An engine for ``url``; bad URLs and missing drivers are one-line ``StoreError``s. Made
     under ``planner.store.deadlines.using`` (the service), it waits for its database only as long
-    as those timeouts say.
+    as those timeouts say; a database server outside it (the command line) gets the same
+    timeouts from the environment (``deadlines.command_line``).
 
     Nothing connects yet: the first connection is made (and its failure reported) by the caller.
     """
@@ -260,7 +261,8 @@ def make_engine(url: str) -> Engine:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_engine(parsed, timeouts)
-        return _server_engine(parsed, timeouts)
+        # a command waits for a server as the service does (planner.store.deadlines.command_line)
+        return _server_engine(parsed, timeouts if timeouts is not None else deadlines.command_line())
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise StoreError(
             f"cannot open database {safe_url(url)}: not a database URL this planner can use "
