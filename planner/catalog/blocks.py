@@ -160,11 +160,12 @@ def short(value: Any, limit: int = 40) -> str:
 
 
 def lin(
-    name: str, n_in: int, n_out: int, bias: bool, kind: LinearKind, count: int = 1, active: int | None = None
+    name: str, n_in: int, n_out: int, bias: bool, kind: LinearKind, count: int = 1, active: int | None = None,
+    *, module: bool = True,
 ) -> LinearSpec:
     return LinearSpec(
         name=name, in_features=n_in, out_features=n_out, bias=bias, kind=kind,
-        count=count, active=count if active is None else active,
+        count=count, active=count if active is None else active, module=module,
     )
 
 

@@ -72,8 +72,8 @@ def experts(hidden: int, inter: int, count: int, top_k: int, *, up: str = "gate_
     """The routed experts as HF stacks them: ``gate_up_proj`` (fused gate and up: 2I outputs; just
     ``up_proj`` for a non-gated MLP) and ``down_proj``, ``count`` copies, ``top_k`` per token."""
     return [
-        lin(up, hidden, (2 if gated else 1) * inter, bias, K.MLP_IN, count=count, active=top_k),
-        lin("down_proj", inter, hidden, bias, K.MLP_OUT, count=count, active=top_k),
+        lin(up, hidden, (2 if gated else 1) * inter, bias, K.MLP_IN, count=count, active=top_k, module=False),
+        lin("down_proj", inter, hidden, bias, K.MLP_OUT, count=count, active=top_k, module=False),
     ]
 
 
@@ -180,7 +180,7 @@ def qwen3_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
     dense_only = set(c.raw.get("mlp_only_layers") or [])
     bias = c.flag("attention_bias", False)
     attn = qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
-    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER)] + experts(hidden, moe_inter, count, top_k))
+    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)] + experts(hidden, moe_inter, count, top_k))
     dense = tuple(attn + swiglu(hidden, inter))
     norms = 2 * hidden + 2 * head_dim
     blocks = [("moe", moe, norms) if i not in dense_only and (i + 1) % step == 0 else ("dense", dense, norms)
@@ -209,7 +209,7 @@ def gpt_oss(c: ConfigReader, model_type: str) -> dict[str, Any]:
     count, top_k = _top_k(c, "num_local_experts", "num_experts_per_tok", experts_default=128, k_default=4)
     bias = c.flag("attention_bias", True)
     linears = tuple(qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
-                    + [lin("router", hidden, count, True, K.ROUTER)]
+                    + [lin("router", hidden, count, True, K.ROUTER, module=False)]
                     + experts(hidden, inter, count, top_k, bias=True))
     return decoder_fields(
         c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter,
@@ -251,7 +251,7 @@ def deepseek_v3(c: ConfigReader, model_type: str) -> dict[str, Any]:
     ]
     norms = 2 * hidden + (q_rank or 0) + kv_rank
     dense = tuple(attn + swiglu(hidden, inter))
-    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER)] + experts(hidden, moe_inter, count, top_k)
+    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)] + experts(hidden, moe_inter, count, top_k)
                 + (swiglu(hidden, moe_inter * shared) if shared else []))
     blocks = [("dense", dense, norms) if i < dense_first else ("moe", moe, norms) for i in range(layers)]
     return decoder_fields(
@@ -343,7 +343,7 @@ def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
                               else 256, k_default=10 if model_type == "qwen3_next" else 8)
         moe_inter = c.size("moe_intermediate_size", default=512)
         shared = c.size("shared_expert_intermediate_size", default=512)
-        mlp_moe = ([lin("gate", hidden, count, False, K.ROUTER)] + experts(hidden, moe_inter, count, top_k)
+        mlp_moe = ([lin("gate", hidden, count, False, K.ROUTER, module=False)] + experts(hidden, moe_inter, count, top_k)
                    + swiglu(hidden, shared) + [lin("shared_expert_gate", hidden, 1, False, K.ROUTER)])
     inter = c.size("intermediate_size", default=5632 if model_type == "qwen3_next" else 12288) \
         if not moe_type or model_type == "qwen3_next" else 0
@@ -403,7 +403,7 @@ def nemotron_h(c: ConfigReader, model_type: str) -> dict[str, Any]:
         count, top_k = _top_k(c, "n_routed_experts", "num_experts_per_tok", experts_default=8, k_default=2)
         moe_inter = c.size("moe_intermediate_size", default=7688)
         shared = c.size("moe_shared_expert_intermediate_size", default=7688)
-        moe = tuple([lin("gate", hidden, count, False, K.ROUTER)]
+        moe = tuple([lin("gate", hidden, count, False, K.ROUTER, module=False)]
                     + experts(hidden, moe_inter, count, top_k, up="up_proj", gated=False)
                     + [lin("up_proj", hidden, shared, mlp_bias, K.MLP_IN),
                        lin("down_proj", shared, hidden, mlp_bias, K.MLP_OUT)])
