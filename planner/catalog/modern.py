@@ -177,7 +177,7 @@ def qwen3_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
     moe_inter = c.size("moe_intermediate_size", default=768)
     count, top_k = _top_k(c, "num_experts", "num_experts_per_tok", experts_default=128, k_default=8)
     step = c.size("decoder_sparse_step", default=1)
-    dense_only = set(c.raw.get("mlp_only_layers") or [])
+    dense_only = c.layer_indices("mlp_only_layers") or set()
     bias = c.flag("attention_bias", False)
     attn = qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
     moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)] + experts(hidden, moe_inter, count, top_k))
@@ -232,12 +232,12 @@ def deepseek_v3(c: ConfigReader, model_type: str) -> dict[str, Any]:
     vocab, layers = c.size("vocab_size", default=129_280), c.size("num_hidden_layers", default=61)
     inter, moe_inter = c.size("intermediate_size", default=18432), c.size("moe_intermediate_size", default=2048)
     count, top_k = _top_k(c, "n_routed_experts", "num_experts_per_tok", experts_default=256, k_default=8)
-    shared = c.raw.get("n_shared_experts", 1) or 0
+    shared = c.count("n_shared_experts", 1)
     q_rank = c.optional_size("q_lora_rank") if "q_lora_rank" in c.raw else 1536
     kv_rank = c.size("kv_lora_rank", default=512)
     nope, rope = c.size("qk_nope_head_dim", default=128), c.size("qk_rope_head_dim", default=64)
     v_dim = c.size("v_head_dim", default=128)
-    dense_first = min(c.raw.get("first_k_dense_replace", 3) or 0, layers)
+    dense_first = c.count("first_k_dense_replace", 3)
     bias = c.flag("attention_bias", False)
     qk = nope + rope
     if q_rank is None:
@@ -276,8 +276,8 @@ def llama4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
     inter, inter_mlp = c.size("intermediate_size", default=8192), c.size("intermediate_size_mlp", default=16384)
     count, top_k = _top_k(c, "num_local_experts", "num_experts_per_tok", experts_default=16, k_default=1)
     step = c.size("interleave_moe_layer_step", default=1)
-    moe_layers = c.raw.get("moe_layers")
-    moe_set = set(moe_layers) if isinstance(moe_layers, list) else set(range(step - 1, layers, step))
+    moe_layers = c.layer_indices("moe_layers")
+    moe_set = moe_layers if moe_layers is not None else set(range(step - 1, layers, step))
     bias = c.flag("attention_bias", False)
     attn = qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
     moe = tuple(attn + [lin("router", hidden, count, False, K.ROUTER)] + experts(hidden, inter, count, top_k)
@@ -348,7 +348,7 @@ def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
     inter = c.size("intermediate_size", default=5632 if model_type == "qwen3_next" else 12288) \
         if not moe_type or model_type == "qwen3_next" else 0
     step = c.size("decoder_sparse_step", default=1) if model_type == "qwen3_next" else 1
-    dense_only = set(c.raw.get("mlp_only_layers") or []) if model_type == "qwen3_next" else set()
+    dense_only = (c.layer_indices("mlp_only_layers") or set()) if model_type == "qwen3_next" else set()
     blocks: list[Block] = []
     for i, kind in enumerate(types):
         mixer, other = (linear, linear_other) if kind == "linear_attention" else (full, 2 * head_dim)
