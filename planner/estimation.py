@@ -90,7 +90,10 @@ def estimate_dict(spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig", esti
 
     return {
         "model": {"id": spec.id, "params": spec.params_total, "active_params": spec.params_active,
-                  "trainable_params": trainable_params(spec, config)},
+                  "trainable_params": trainable_params(spec, config),
+                  # a release variant's base architecture, a wrapper's language model: only when so
+                  **({"architecture_of": spec.alias_of} if spec.alias_of else {}),
+                  **({"language_model_of": spec.wrapper_type} if spec.wrapper_type else {})},
         "config": {"model": spec.id, "gpu": gpu.name, "gpu_mem": gpu.memory_bytes, **config.to_dict()},
         "memory": estimate.to_dict(),
         "allocator": {"peak_reserved_bytes": estimate.peak_reserved_bytes, "fragmentation_bytes": estimate.fragmentation_bytes,

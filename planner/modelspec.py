@@ -41,6 +41,10 @@ class LinearSpec:
     """Copies per layer (the number of experts for MoE expert weights)."""
     active: int = 1
     """Copies each token passes through (top-k for experts, else ``count``)."""
+    module: bool = True
+    """An ``nn.Linear`` (or ``Conv1D``) module, which peft's ``target_modules`` (``all-linear``
+    included) wraps; False for a bare weight used with ``F.linear``: transformers v5's expert
+    stacks and most MoE routers, which LoRA reaches only through peft's ``target_parameters``."""
 
     @property
     def params(self) -> int:

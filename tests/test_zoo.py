@@ -117,3 +117,31 @@ def test_multimodal_wrapper_is_its_language_model():
     assert (spec.wrapper_type, spec.model_type, spec.num_heads, spec.num_kv_heads, spec.vocab_size) == (
         "gemma3", "gemma3_text", 8, 4, 262_208)
     assert spec.tied_embeddings and spec.head_params == 0
+
+
+@pytest.mark.parametrize(("model_id", "key", "value", "problem"), [
+    ("Qwen/Qwen3-30B-A3B", "mlp_only_layers", 3, "mlp_only_layers must be a list of layer indices"),
+    ("deepseek-ai/DeepSeek-V3", "first_k_dense_replace", "3", "first_k_dense_replace must be a whole number >= 0"),
+    ("deepseek-ai/DeepSeek-V3", "num_experts_per_tok", 300, "num_experts_per_tok 300 is larger than n_routed_experts"),
+    ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "hybrid_override_pattern", "MXM", "hybrid_override_pattern must be"),
+    ("openai/gpt-oss-20b", "layer_types", ["full_attention"], None),  # gpt-oss reads no layer_types for sizes
+])
+def test_malformed_new_configs_are_one_line(model_id, key, value, problem):
+    from planner.catalog import spec_from_config
+    from planner.errors import ModelConfigError
+
+    config = {**resolve_model(model_id).config, key: value}
+    if problem is None:
+        spec_from_config(config, model_id=model_id, source="test")
+        return
+    with pytest.raises(ModelConfigError, match=problem) as err:
+        spec_from_config(config, model_id=model_id, source="test")
+    assert "\n" not in str(err.value) and str(err.value).startswith("test: ")
+
+
+def test_a_wrapper_without_text_config_says_what_is_missing():
+    from planner.catalog import spec_from_config
+    from planner.errors import ModelConfigError
+
+    with pytest.raises(ModelConfigError, match="needs a text_config object"):
+        spec_from_config({"model_type": "gemma3"}, model_id="x", source="test")

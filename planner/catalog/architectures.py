@@ -88,9 +88,9 @@ def _llama_family(c: ConfigReader, model_type: str) -> dict[str, Any]:
         # gate_up_proj [E, 2I, H], down_proj [E, H, I]) and the router as mlp.gate.weight [E, H]
         # (MixtralTopKRouter): not nn.Linear modules, so peft reaches them via target_parameters.
         linears += [
-            lin("gate", hidden, experts, False, K.ROUTER),
-            lin("gate_up_proj", hidden, 2 * inter, False, K.MLP_IN, count=experts, active=top_k),
-            lin("down_proj", inter, hidden, False, K.MLP_OUT, count=experts, active=top_k),
+            lin("gate", hidden, experts, False, K.ROUTER, module=False),
+            lin("gate_up_proj", hidden, 2 * inter, False, K.MLP_IN, count=experts, active=top_k, module=False),
+            lin("down_proj", inter, hidden, False, K.MLP_OUT, count=experts, active=top_k, module=False),
         ]
     else:
         mlp_bias = c.flag("mlp_bias", False) if model_type == "llama" else False

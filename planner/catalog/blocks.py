@@ -25,8 +25,9 @@ K = LinearKind
 #   vocabulary: 262144 (google/gemma-3), 250880 (bigscience/bloom)
 #   positions: 10485760 (meta-llama/Llama-4-Scout, 10M context)
 #   experts: 2048 (google/switch-c-2048), 256 (deepseek-ai/DeepSeek-V3)
-# (shipped catalog and /work/shared/model-configs: at most 80 layers, hidden 8192, MLP 36864,
-# 71 heads, head_dim 256, vocabulary 256000, 131072 positions, 8 experts.)
+# (shipped catalog and /work/shared/model-configs: at most 94 layers (Qwen3-235B-A22B), hidden
+# 8192, MLP 36864, 128 heads, head_dim 512 (Gemma 4 global layers), vocabulary 262208, 10485760
+# positions (Llama 4 Scout), 512 experts (Qwen3-Next, Qwen3.5-397B).)
 _LAYERS_MAX = 2_048
 _HIDDEN_MAX = 262_144
 _MLP_MAX = 1_048_576
@@ -50,7 +51,14 @@ SIZE_BOUNDS: dict[str, tuple[int, str]] = {
     **dict.fromkeys(("vocab_size", "type_vocab_size"), (_VOCAB_MAX, "vocabulary (largest real model: 262144)")),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "seq_length", "sliding_window"),
                     (_POSITIONS_MAX, "positions (longest real context: 10485760)")),
-    **dict.fromkeys(("num_local_experts", "num_experts_per_tok"), (_EXPERTS_MAX, "experts (most in a real model: 2048)")),
+    **dict.fromkeys(("num_local_experts", "num_experts_per_tok", "num_experts", "n_routed_experts", "top_k_experts",
+                     "n_shared_experts"), (_EXPERTS_MAX, "experts (most in a real model: 2048)")),
+    **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size", "intermediate_size_mlp",
+                     "moe_shared_expert_intermediate_size"), (_MLP_MAX, "MLP width (largest real model: 73728)")),
+    **dict.fromkeys(("num_global_key_value_heads", "global_head_dim", "linear_num_key_heads", "linear_num_value_heads",
+                     "linear_key_head_dim", "linear_value_head_dim", "mamba_num_heads", "mamba_head_dim"),
+                    (_HEADS_MAX, "attention heads / head size (largest real model: 232 heads, head_dim 256)")),
+    "first_k_dense_replace": (_LAYERS_MAX, "layers (largest real model: 126)"),
     "num_ln_in_parallel_attn": (16, "layer norms per falcon block (real models: 1 or 2)"),
 }
 #: any other size key: the largest bound above
@@ -98,6 +106,27 @@ class ConfigReader:
     def optional_size(self, key: str) -> int | None:
         """A positive whole number, or None when the key is absent or null."""
         return None if self.raw.get(key) is None else self.size(key)
+
+    def count(self, key: str, default: int) -> int:
+        """A whole number >= 0 (a count that may be zero: dense first layers, shared experts)."""
+        value = self.raw.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.error(f"{key} must be a whole number >= 0, got {short(value)}")
+        bound, what = size_bound(key)
+        if value > bound:
+            raise self.error(f"{key} {short(value)} is past the bound on {what}: at most {bound:,}")
+        return value
+
+    def layer_indices(self, key: str) -> set[int] | None:
+        """A list of layer indices (``mlp_only_layers``, ``moe_layers``), or None when absent or null."""
+        value = self.raw.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in value):
+            raise self.error(f"{key} must be a list of layer indices (whole numbers >= 0), got {short(value)}")
+        return set(value)
 
     def flag(self, key: str, default: bool) -> bool:
         value = self.raw.get(key)
@@ -160,11 +189,12 @@ def short(value: Any, limit: int = 40) -> str:
 
 
 def lin(
-    name: str, n_in: int, n_out: int, bias: bool, kind: LinearKind, count: int = 1, active: int | None = None
+    name: str, n_in: int, n_out: int, bias: bool, kind: LinearKind, count: int = 1, active: int | None = None,
+    *, module: bool = True,
 ) -> LinearSpec:
     return LinearSpec(
         name=name, in_features=n_in, out_features=n_out, bias=bias, kind=kind,
-        count=count, active=count if active is None else active,
+        count=count, active=count if active is None else active, module=module,
     )
 
 

@@ -72,8 +72,8 @@ def experts(hidden: int, inter: int, count: int, top_k: int, *, up: str = "gate_
     """The routed experts as HF stacks them: ``gate_up_proj`` (fused gate and up: 2I outputs; just
     ``up_proj`` for a non-gated MLP) and ``down_proj``, ``count`` copies, ``top_k`` per token."""
     return [
-        lin(up, hidden, (2 if gated else 1) * inter, bias, K.MLP_IN, count=count, active=top_k),
-        lin("down_proj", inter, hidden, bias, K.MLP_OUT, count=count, active=top_k),
+        lin(up, hidden, (2 if gated else 1) * inter, bias, K.MLP_IN, count=count, active=top_k, module=False),
+        lin("down_proj", inter, hidden, bias, K.MLP_OUT, count=count, active=top_k, module=False),
     ]
 
 
@@ -177,10 +177,10 @@ def qwen3_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
     moe_inter = c.size("moe_intermediate_size", default=768)
     count, top_k = _top_k(c, "num_experts", "num_experts_per_tok", experts_default=128, k_default=8)
     step = c.size("decoder_sparse_step", default=1)
-    dense_only = set(c.raw.get("mlp_only_layers") or [])
+    dense_only = c.layer_indices("mlp_only_layers") or set()
     bias = c.flag("attention_bias", False)
     attn = qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
-    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER)] + experts(hidden, moe_inter, count, top_k))
+    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)] + experts(hidden, moe_inter, count, top_k))
     dense = tuple(attn + swiglu(hidden, inter))
     norms = 2 * hidden + 2 * head_dim
     blocks = [("moe", moe, norms) if i not in dense_only and (i + 1) % step == 0 else ("dense", dense, norms)
@@ -209,7 +209,7 @@ def gpt_oss(c: ConfigReader, model_type: str) -> dict[str, Any]:
     count, top_k = _top_k(c, "num_local_experts", "num_experts_per_tok", experts_default=128, k_default=4)
     bias = c.flag("attention_bias", True)
     linears = tuple(qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
-                    + [lin("router", hidden, count, True, K.ROUTER)]
+                    + [lin("router", hidden, count, True, K.ROUTER, module=False)]
                     + experts(hidden, inter, count, top_k, bias=True))
     return decoder_fields(
         c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter,
@@ -232,12 +232,12 @@ def deepseek_v3(c: ConfigReader, model_type: str) -> dict[str, Any]:
     vocab, layers = c.size("vocab_size", default=129_280), c.size("num_hidden_layers", default=61)
     inter, moe_inter = c.size("intermediate_size", default=18432), c.size("moe_intermediate_size", default=2048)
     count, top_k = _top_k(c, "n_routed_experts", "num_experts_per_tok", experts_default=256, k_default=8)
-    shared = c.raw.get("n_shared_experts", 1) or 0
+    shared = c.count("n_shared_experts", 1)
     q_rank = c.optional_size("q_lora_rank") if "q_lora_rank" in c.raw else 1536
     kv_rank = c.size("kv_lora_rank", default=512)
     nope, rope = c.size("qk_nope_head_dim", default=128), c.size("qk_rope_head_dim", default=64)
     v_dim = c.size("v_head_dim", default=128)
-    dense_first = min(c.raw.get("first_k_dense_replace", 3) or 0, layers)
+    dense_first = c.count("first_k_dense_replace", 3)
     bias = c.flag("attention_bias", False)
     qk = nope + rope
     if q_rank is None:
@@ -251,7 +251,7 @@ def deepseek_v3(c: ConfigReader, model_type: str) -> dict[str, Any]:
     ]
     norms = 2 * hidden + (q_rank or 0) + kv_rank
     dense = tuple(attn + swiglu(hidden, inter))
-    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER)] + experts(hidden, moe_inter, count, top_k)
+    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)] + experts(hidden, moe_inter, count, top_k)
                 + (swiglu(hidden, moe_inter * shared) if shared else []))
     blocks = [("dense", dense, norms) if i < dense_first else ("moe", moe, norms) for i in range(layers)]
     return decoder_fields(
@@ -276,8 +276,8 @@ def llama4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
     inter, inter_mlp = c.size("intermediate_size", default=8192), c.size("intermediate_size_mlp", default=16384)
     count, top_k = _top_k(c, "num_local_experts", "num_experts_per_tok", experts_default=16, k_default=1)
     step = c.size("interleave_moe_layer_step", default=1)
-    moe_layers = c.raw.get("moe_layers")
-    moe_set = set(moe_layers) if isinstance(moe_layers, list) else set(range(step - 1, layers, step))
+    moe_layers = c.layer_indices("moe_layers")
+    moe_set = moe_layers if moe_layers is not None else set(range(step - 1, layers, step))
     bias = c.flag("attention_bias", False)
     attn = qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
     moe = tuple(attn + [lin("router", hidden, count, False, K.ROUTER)] + experts(hidden, inter, count, top_k)
@@ -343,12 +343,12 @@ def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
                               else 256, k_default=10 if model_type == "qwen3_next" else 8)
         moe_inter = c.size("moe_intermediate_size", default=512)
         shared = c.size("shared_expert_intermediate_size", default=512)
-        mlp_moe = ([lin("gate", hidden, count, False, K.ROUTER)] + experts(hidden, moe_inter, count, top_k)
+        mlp_moe = ([lin("gate", hidden, count, False, K.ROUTER, module=False)] + experts(hidden, moe_inter, count, top_k)
                    + swiglu(hidden, shared) + [lin("shared_expert_gate", hidden, 1, False, K.ROUTER)])
     inter = c.size("intermediate_size", default=5632 if model_type == "qwen3_next" else 12288) \
         if not moe_type or model_type == "qwen3_next" else 0
     step = c.size("decoder_sparse_step", default=1) if model_type == "qwen3_next" else 1
-    dense_only = set(c.raw.get("mlp_only_layers") or []) if model_type == "qwen3_next" else set()
+    dense_only = (c.layer_indices("mlp_only_layers") or set()) if model_type == "qwen3_next" else set()
     blocks: list[Block] = []
     for i, kind in enumerate(types):
         mixer, other = (linear, linear_other) if kind == "linear_attention" else (full, 2 * head_dim)
@@ -403,7 +403,7 @@ def nemotron_h(c: ConfigReader, model_type: str) -> dict[str, Any]:
         count, top_k = _top_k(c, "n_routed_experts", "num_experts_per_tok", experts_default=8, k_default=2)
         moe_inter = c.size("moe_intermediate_size", default=7688)
         shared = c.size("moe_shared_expert_intermediate_size", default=7688)
-        moe = tuple([lin("gate", hidden, count, False, K.ROUTER)]
+        moe = tuple([lin("gate", hidden, count, False, K.ROUTER, module=False)]
                     + experts(hidden, moe_inter, count, top_k, up="up_proj", gated=False)
                     + [lin("up_proj", hidden, shared, mlp_bias, K.MLP_IN),
                        lin("down_proj", shared, hidden, mlp_bias, K.MLP_OUT)])

@@ -94,7 +94,9 @@ def _print_estimate(out, data: dict[str, Any], estimate, *, encoder: bool = Fals
     m, cfg, dev = data["model"], data["config"], data["device"]
     from planner.cli.models_cmd import format_params
 
-    out.print(f"{m['id']}: {format_params(m['params'])} parameters, {format_params(m['trainable_params'])} trainable")
+    notes = "".join(f" ({what} {m[key]})" for key, what in (("architecture_of", "architecture of"),
+                                                            ("language_model_of", "language model of the wrapper")) if key in m)
+    out.print(f"{m['id']}{notes}: {format_params(m['params'])} parameters, {format_params(m['trainable_params'])} trainable")
     out.print(f"config: {cfg['method']}, {cfg['precision']}, {cfg['optimizer']}, micro-batch {cfg['micro_batch']} x accum {cfg['grad_accum']}"
               f" x {cfg['gpus']} GPU, seq {cfg['seq_len']}, ckpt {'on' if cfg['grad_ckpt'] else 'off'}, zero {cfg['zero']}, offload {cfg['offload']}")
     recipe = _recipe_line(cfg, encoder=encoder)
