@@ -26,7 +26,8 @@ BULK = 100_000
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-def _bulk_rows(n: int) -> list[dict]:
+def bulk_plan_rows(n: int) -> list[dict]:
+    """``n`` plan rows as ``save_plan`` writes a plan's own (no candidates), newest last (bench/history_speed.py uses them too)."""
     rows = []
     for i in range(n):
         second = i - (1 if i % 7 == 6 else 0)
@@ -45,7 +46,7 @@ def _bulk_rows(n: int) -> list[dict]:
 def filled(db_url):
     """(url, ids newest first): BULK bulk plans and 3 real ones (newest), the middle one measured."""
     with open_store(url=db_url) as store:
-        rows = _bulk_rows(BULK)
+        rows = bulk_plan_rows(BULK)
         with store.session_scope(write=True) as session:
             for start in range(0, BULK, 10_000):
                 session.execute(insert(PlanRequestRow), rows[start:start + 10_000])
