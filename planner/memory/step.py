@@ -395,15 +395,6 @@ def first_block_params(model: ModelSpec, config: TrainConfig, t: Trained) -> tup
     return head, down_gradient_params(model, config, t.target_names)
 
 
-def phase_totals(*, static: StaticTerms, accumulating: bool, block_grads: int = 0, head_grads: int = 0,
-                 **batch: int) -> tuple[int, ...]:
-    """The search's static part of each moment (its per-micro-batch ``batch`` terms all 0), until
-    it reads ``static_moments`` of ``static_sizes`` itself."""
-    assert not any(batch.values()), batch
-    return static_moments(static_sizes(static, accumulating=accumulating, head_grads=head_grads,
-                                       down_grads=block_grads - head_grads))
-
-
 def part_value(part: Part, static: StaticSizes, batch: BatchTerms) -> int | dict[str, int]:
     """What ``part`` reads: bytes, or bytes by breakdown key for a ``by_key`` part."""
     return getattr(static if part.static else batch, part.size)
@@ -441,7 +432,6 @@ __all__ = [
     "first_block_params",
     "moment_breakdowns",
     "part_value",
-    "phase_totals",
     "static_moments",
     "static_sizes",
 ]
