@@ -29,7 +29,7 @@ from planner.memory.reserve import largest_peak, peak_independent, process_total
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, trained
 from planner.memory.states import StaticTerms, static_terms
-from planner.memory.step import batch_line, first_block_gradients, first_block_params, phase_totals
+from planner.memory.step import batch_line, first_block_gradients, first_block_params, static_moments, static_sizes
 from planner.modelspec import LinearKind, ModelSpec
 from planner.host import host_reserve
 from planner.results import PlanRequest
@@ -344,9 +344,8 @@ class MemoryMemo:
         resident = static.resident_bytes
         head_grads, down_grads = first_block_gradients(self.model, config, static.gradients, t, params)
         parts = tuple(
-            tuple([resident + x for x in phase_totals(
-                static=static, saved=0, recompute=0, fwd_logits=0, bwd_logits=0, accumulating=acc,
-                block_grads=head_grads + down_grads, head_grads=head_grads)])
+            tuple([resident + x for x in static_moments(
+                static_sizes(static, accumulating=acc, head_grads=head_grads, down_grads=down_grads))])
             for acc in (False, True)
         )
         fixed = peak_independent(self.model, self.gpu, paged=static.paged)
@@ -367,9 +366,9 @@ class MemoryMemo:
     def split_total(self, config: TrainConfig):
         """(total(micro, accumulation), host bytes) of ``config``: its process total at any split,
         exactly as ``estimate_memory``'s screen computes it. Each moment of
-        ``planner.memory.step.phases`` is a sum of static terms and per-micro-batch terms, the
-        latter affine in the micro-batch (``phase_totals``), so a split costs seven multiply-adds,
-        the largest, and the reserve on top."""
+        ``planner.memory.step.MOMENTS`` is a sum of static parts and per-micro-batch parts, the
+        latter affine in the micro-batch (``static_moments``, ``batch_moments``), so a split costs
+        seven multiply-adds, the largest, and the reserve on top."""
         static = self.static(config)
         one, slope = self.batch_line(config)
         caching = self.caching

@@ -138,7 +138,7 @@ def _shortcut_models():
 @pytest.mark.parametrize("model", _shortcut_models(), ids=lambda m: m.id)
 def test_the_memos_batch_totals_are_the_sums_of_batch_terms(model):
     """``step.batch_totals`` (the memo's per-micro-batch moments from the terms' sums) equals
-    ``phase_totals`` of ``batch_terms`` (the breakdowns estimate_memory shows), and
+    ``batch_moments`` of ``batch_terms`` (the breakdowns estimate_memory shows), and
     ``activations.step_activations`` (one context per block kind) gives what the separate
     functions give, on the CUDA and CPU kernels."""
     from planner.config import Method
@@ -152,15 +152,15 @@ def test_the_memos_batch_totals_are_the_sums_of_batch_terms(model):
     from planner.memory.parameters import trained
     from planner.memory.saved import activation_breakdown, recompute_bytes
     from planner.memory.shapes import dims_of
-    from planner.memory.step import batch_phase_totals, batch_terms, batch_totals
+    from planner.memory.step import batch_moments, batch_terms, batch_totals
 
     checked = 0
     for config in _shortcut_configs(model):
         targets = trained(model, config).target_names if config.method is not Method.FULL else None
         for gpu in ("a10g", "cpu"):
             kernels = get_gpu(gpu).kernels
-            assert batch_totals(model, config, kernels, targets) == batch_phase_totals(
-                batch_terms(model, config, kernels, targets)), (config.label(), gpu)
+            assert batch_totals(model, config, kernels, targets) == batch_moments(
+                batch_terms(model, config, kernels, targets).sizes()), (config.label(), gpu)
             if model.is_encoder_decoder:
                 continue
             step = step_activations(model, config, kernels, targets)

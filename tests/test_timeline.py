@@ -1,5 +1,5 @@
 """The step's timeline against the moments' sums: at every mark the live bytes are exactly what
-``planner.memory.step.phases`` lists, no point between marks exceeds them, and the search's fast
+``planner.memory.step.MOMENTS`` lists, no point between marks exceeds them, and the search's fast
 path gives the same peak."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from planner.catalog import resolve_model, spec_from_config
 from planner.config import TrainConfig
 from planner.gpus import get_gpu
 from planner.memory import estimate_memory
-from planner.memory.states import static_terms
 from planner.memory.parameters import trained
-from planner.memory.step import PHASES, batch_terms, first_block_gradients, phase_breakdowns
+from planner.memory.states import static_terms
+from planner.memory.step import PHASES, batch_terms, first_block_gradients, moment_breakdowns, static_sizes
 from planner.memory.timeline import CATEGORIES, category, step_timeline
 from planner.search import SearchSpace, enumerate_configs, totals_by_split
 
@@ -61,8 +61,8 @@ def test_every_mark_holds_exactly_what_the_moment_lists(model, gpu, config):
     t = trained(model, config)
     static = static_terms(model, config, kernels, t)
     head_grads, down_grads = first_block_gradients(model, config, static.gradients, t)
-    moments = phase_breakdowns(static, batch_terms(model, config, kernels), accumulating=config.grad_accum > 1,
-                               block_grads=head_grads + down_grads, head_grads=head_grads)
+    sizes = static_sizes(static, accumulating=config.grad_accum > 1, head_grads=head_grads, down_grads=down_grads)
+    moments = moment_breakdowns(static.resident, sizes, batch_terms(model, config, kernels))
     timeline = step_timeline(model=model, config=config, kernels=kernels)
     for name in PHASES:
         assert timeline.live_at(timeline.marks[name]) == moments[name], name
@@ -114,26 +114,37 @@ def test_the_timeline_walks_the_step_block_by_block():
     assert {category(ev.key) for ev in timeline.events} <= set(CATEGORIES)
 
 
-def test_phase_totals_are_the_sums_of_what_each_moment_lists():
-    """``phase_totals`` writes each moment's sum out for speed; ``phases`` is the one list of what
-    lives at each moment. Distinct powers of two for every term make any term missing, doubled
-    or put at the wrong moment change the sum."""
+def test_the_moments_sums_are_the_sums_of_what_each_moment_lists():
+    """``static_moments`` and ``batch_moments`` (the search's fast path) and ``moment_breakdowns``
+    are read from the one table ``MOMENTS``. Distinct powers of two for every size make any size
+    missing, doubled or expanded at the wrong moment change a sum; every size is read at some
+    moment, and every moment's transient parts are among its parts."""
     import dataclasses
 
-    from planner.memory.states import StaticTerms
-    from planner.memory.step import phase_totals, phases
+    from planner.memory.step import (
+        MOMENTS,
+        BatchSizes,
+        BatchTerms,
+        StaticSizes,
+        batch_moments,
+        moment_breakdowns,
+        static_moments,
+    )
 
-    names = [f.name for f in dataclasses.fields(StaticTerms) if f.name != "resident"]
-    static = StaticTerms(resident={"weights": 1}, **{name: 1 << (10 + 2 * i) for i, name in enumerate(names)})
-    batch = dict(saved=1 << 1, recompute=1 << 3, fwd_logits=1 << 5, bwd_logits=1 << 7, block_live=1 << 9,
-                 block_grads=1 << 40, recompute_live=1 << 42, head_grads=1 << 44)
-    for accumulating in (False, True):
-        listed = phases(static=static, **batch, accumulating=accumulating)
-        assert phase_totals(static=static, **batch, accumulating=accumulating) == tuple(
-            sum(parts.values()) for parts in listed.values())
-        # and every static term appears at some moment (else the powers above would not test it)
-        assert all(any(getattr(static, n) in parts.values() for parts in listed.values()) for n in names if n != "host"
-                   and n != "paged"), names
+    static_names = [f.name for f in dataclasses.fields(StaticSizes)]
+    static = StaticSizes(**{name: 1 << (20 + i) for i, name in enumerate(static_names)})
+    batch = BatchTerms(activations={"activations/a": 1 << 1, "activations/b": 1 << 2}, recompute=1 << 3,
+                       forward_logits=1 << 4, backward_logits=1 << 5, kv_cache=1 << 6, kept=1 << 7,
+                       head={"activations/b": 1 << 2}, after_head={"activations/a": 1 << 1},
+                       block_backward={"activations/a": 1 << 8, "activations/c": 1 << 9},
+                       recompute_end={"activations/d": 1 << 10})
+    listed = moment_breakdowns({"weights": 1 << 40}, static, batch)
+    sums = [a + b + (1 << 40) for a, b in zip(static_moments(static), batch_moments(batch.sizes()))]
+    assert sums == [sum(parts.values()) for parts in listed.values()]
+    read = {part.size for moment in MOMENTS for part in moment.parts}
+    assert read == set(static_names) | {f.name for f in dataclasses.fields(BatchSizes)}
+    assert listed["first_block_backward"]["activations/a"] == (1 << 1) + (1 << 8)
+    assert "activations/b" not in listed["first_block_recompute"]
 
 
 def test_events_are_immutable_and_only_computed_tensor_counts_are_clamped():

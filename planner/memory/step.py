@@ -21,15 +21,19 @@ A training step goes through seven moments, and the peak is the largest:
 * ``optimizer_start``: DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition;
 * ``optimizer``: gradients + optimizer states + the optimizer's own temporaries.
 
-``planner.memory.timeline`` lists the allocations and frees between these moments; the
-moments' totals are sums of a few terms each, affine in the micro-batch, which is what the
-search's fast path evaluates (``planner.search``).
+The moments are written once, in ``MOMENTS``: each lists its parts (a breakdown key, the size it
+reads, whether that size is static or grows with the micro-batch, and whether it is allocated
+for that instant only). The rest is derived from that table: each moment's static and
+per-micro-batch sums (``static_moments``, ``batch_moments``: the search's fast path, additive by
+construction since every part is on one side), every moment's breakdown (``moment_breakdowns``),
+and the timeline's instants (``planner.memory.timeline`` allocates a moment's transient parts at
+its mark and checks that the bytes its walk holds there are the moment's).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import sub
+from operator import attrgetter, sub
 
 from planner.config import Loop, Method, TrainConfig
 from planner.gpus import KernelProfile
@@ -53,17 +57,205 @@ from planner.memory.shapes import BlockContext, block_context, dims_of
 from planner.memory.states import StaticTerms
 from planner.modelspec import ModelSpec
 
-#: the moments of a step, in the order they happen
-PHASES = ("forward", "backward_start", "first_block_recompute", "first_block_backward", "backward_end", "optimizer_start", "optimizer")
-
 #: model-level saved tensors the output side keeps, freed by the head's backward before any block's
 #: (the lm_head's 16-bit weight cast under autocast among them)
 HEAD_SAVED = HEAD_TERMS | {"autocast/weight_casts"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One thing alive at a moment of the step."""
+
+    key: str
+    """The breakdown key its bytes count under (a ``by_key`` part: the name of its group)."""
+    size: str
+    """The attribute it reads: of ``StaticSizes`` when ``static``, else of ``BatchSizes`` (its sum)
+    and ``BatchTerms`` (by breakdown key when ``by_key``)."""
+    static: bool
+    """Batch-independent (model states, gradients, optimizer temporaries), else per micro-batch
+    and affine in it."""
+    transient: bool = False
+    """Alive for this instant only: the timeline allocates it just before the moment's mark and
+    frees it just after; what is not transient the timeline's walk holds there."""
+    by_key: bool = False
+    """Several breakdown keys (the saved activations): ``BatchTerms``' attribute is a dict."""
+    tensors: int | None = None
+    """The allocator replay's grain, when it is not the term's bytes over one activation."""
+
+
+@dataclass(frozen=True, slots=True)
+class Moment:
+    name: str
+    parts: tuple[Part, ...]
+
+    @property
+    def transients(self) -> tuple[Part, ...]:
+        return tuple([part for part in self.parts if part.transient])
+
+
+def _static(key: str, size: str, **how) -> Part:
+    return Part(key, size, True, **how)
+
+
+def _batch(key: str, size: str, **how) -> Part:
+    return Part(key, size, False, **how)
+
+
+#: what a hand-written loop's outputs keep (``BatchTerms.kept``): at the end of the forward those of
+#: the previous micro-step, which the name releases only when the forward returns, afterwards this
+#: one's; alive at every moment
+_KEPT = _batch("loop/manual_outputs", "kept")
+
+#: the moments of a step, in the order they happen, and what lives at each beside the resident
+#: model states
+MOMENTS = (
+    # ZeRO-3 holds the running block's gathered parameters (lm_head's at the end of forward);
+    # during accumulation the previous micro-steps' gradients exist
+    Moment("forward", (
+        _batch("activations", "activations", by_key=True),
+        _batch("logits/transient", "forward_logits", transient=True),
+        _static("gradients", "gradients_forward"),
+        _static("zero3/gathered_params", "gathered"),
+        _batch("kv_cache", "kv_cache"),
+        _KEPT)),
+    # the loss' backward runs before any checkpointed block is recomputed or any parameter is
+    # gathered again: both belong to the rest of backward, after the logits' gradients are freed
+    # (measured: ZeRO-3 on one rank holds no gathered parameters here)
+    Moment("backward_start", (
+        _batch("activations", "activations", by_key=True),
+        _batch("logits/transient", "backward_logits", transient=True),
+        _static("gradients", "gradients_forward"),
+        _KEPT)),
+    # the head's gradients are made and its saved tensors freed; the running block's parameters
+    # are gathered again under ZeRO-3; the last block is recomputed
+    # (``activations.recompute_end_terms``)
+    Moment("first_block_recompute", (
+        _batch("activations", "after_head", by_key=True),
+        _batch("activations/first_block_recompute", "recompute_end", by_key=True, transient=True),
+        _static("gradients", "gradients_head"),
+        _static("zero3/gathered_params", "gathered"),
+        _KEPT)),
+    # its MLP output projection's backward ran: its saved tensors freed, its gradients made
+    # (``activations.block_backward_terms``)
+    Moment("first_block_backward", (
+        _batch("activations", "after_head", by_key=True),
+        _batch("activations/first_block", "block_backward", by_key=True, transient=True),
+        _static("gradients", "gradients_block"),
+        _static("zero3/gathered_params", "gathered"),
+        _KEPT)),
+    Moment("backward_end", (
+        _batch("activations/recompute", "recompute", transient=True),
+        _static("gradients", "gradients"),
+        _static("zero3/gathered_params", "gathered"),
+        _static("gradients/tied_embedding_partials", "tied_partials", transient=True),
+        _KEPT)),
+    # DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition (two buffers)
+    Moment("optimizer_start", (
+        _static("gradients", "gradients"),
+        _static("zero/gradient_flatten", "gradient_flatten", transient=True, tensors=2),
+        _KEPT)),
+    Moment("optimizer", (
+        _static("gradients", "optimizer_gradients"),
+        _static("optimizer_step/transient", "optimizer_step", transient=True),
+        _KEPT)),
+)
+
+#: the moments' names, in the order they happen
+PHASES = tuple([moment.name for moment in MOMENTS])
+#: each moment by name
+MOMENT = {moment.name: moment for moment in MOMENTS}
+
+
+@dataclass(frozen=True, slots=True)
+class StaticSizes:
+    """The batch-independent sizes the moments read (``MOMENTS``' static parts), of one
+    configuration on one device."""
+
+    gradients: int
+    """Every gradient (``StaticTerms.gradients``)."""
+    gradients_forward: int
+    """Alive through a micro-step's forward and the loss' backward: the earlier micro-steps' when
+    accumulating, else none."""
+    gradients_head: int
+    """Alive at the last block's recompute: the head's, made by its backward (every one when
+    accumulating)."""
+    gradients_block: int
+    """Alive at the last block's backward: the head's and its MLP output projection's
+    (``first_block_gradients``; every one when accumulating)."""
+    gathered: int
+    """ZeRO-3: the running block's gathered parameters."""
+    tied_partials: int
+    """``StaticTerms.tied_gradient_sum``."""
+    gradient_flatten: int
+    """``StaticTerms.zero_gradient_flatten``."""
+    optimizer_gradients: int
+    """Gradient bytes alive while the optimizer steps."""
+    optimizer_step: int
+    """Temporaries inside optimizer.step()."""
+
+
+def static_sizes(static: StaticTerms, *, accumulating: bool, head_grads: int = 0, down_grads: int = 0) -> StaticSizes:
+    """``static``'s sizes as the moments read them; ``head_grads`` and ``down_grads``: the head's
+    and the last block's MLP output projection's gradients (``first_block_gradients``)."""
+    every = static.gradients
+    return StaticSizes(
+        gradients=every, gradients_forward=every if accumulating else 0,
+        gradients_head=every if accumulating else head_grads,
+        gradients_block=every if accumulating else head_grads + down_grads,
+        gathered=static.gathered, tied_partials=static.tied_gradient_sum,
+        gradient_flatten=static.zero_gradient_flatten, optimizer_gradients=static.optimizer_gradients,
+        optimizer_step=static.optimizer_step,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSizes:
+    """The per-micro-batch sizes the moments read (``MOMENTS``' batch parts), each a sum of
+    ``BatchTerms``' attribute of the same name."""
+
+    activations: int
+    after_head: int
+    recompute_end: int
+    block_backward: int
+    recompute: int
+    forward_logits: int
+    backward_logits: int
+    kv_cache: int
+    kept: int
+
+
+def _getters(static: bool) -> tuple:
+    """Per moment, a getter of its ``static`` (else per-micro-batch) parts' sizes, as a tuple."""
+    getters = []
+    for moment in MOMENTS:
+        sizes = [part.size for part in moment.parts if part.static is static]
+        if not sizes:
+            getters.append(lambda obj: ())
+        elif len(sizes) == 1:  # (attrgetter of one name gives the value, not a tuple)
+            getters.append(lambda obj, get=attrgetter(sizes[0]): (get(obj),))
+        else:
+            getters.append(attrgetter(*sizes))
+    return tuple(getters)
+
+
+_STATIC_GETTERS, _BATCH_GETTERS = _getters(True), _getters(False)
+
+
+def static_moments(sizes: StaticSizes) -> tuple[int, ...]:
+    """Each moment's static part, the resident states not included."""
+    return tuple([sum(get(sizes)) for get in _STATIC_GETTERS])
+
+
+def batch_moments(sizes: BatchSizes) -> tuple[int, ...]:
+    """Each moment's per-micro-batch part. A moment's bytes are ``static_moments`` + this (+ the
+    resident states): every part is on one side, which the search's fast path relies on."""
+    return tuple([sum(get(sizes)) for get in _BATCH_GETTERS])
+
+
+@dataclass(frozen=True, slots=True)
 class BatchTerms:
-    """The per-micro-batch terms of one configuration (each affine in the micro-batch)."""
+    """The per-micro-batch terms of one configuration (each affine in the micro-batch), by
+    breakdown key where ``MOMENTS`` reads them so."""
 
     activations: dict[str, int]
     """Saved for backward over the whole forward pass, by breakdown key."""
@@ -78,24 +270,24 @@ class BatchTerms:
     kept: int = 0
     """What a hand-written loop's ``outputs`` keeps past the loss (its logits and KV cache) until
     the next forward returns; 0 with the HF Trainer, whose compute_loss drops the outputs."""
+    head: dict[str, int] = field(default_factory=dict)
+    """The head's saved tensors (``HEAD_SAVED``; an encoder-decoder's decoder head), by breakdown
+    key: freed by its backward, before any block's."""
+    after_head: dict[str, int] = field(default_factory=dict)
+    """The saved tensors left once the head's backward ran (``activations`` less ``head``)."""
     block_backward: dict[str, int] = field(default_factory=dict)
-    """Activations live at the first block's backward, by breakdown key: the saved tensors less
-    the head's, plus ``activations.block_backward_terms``."""
+    """What the last block's backward adds to them at its MLP output projection's backward
+    (``activations.block_backward_terms``), by breakdown key."""
     recompute_end: dict[str, int] = field(default_factory=dict)
-    """Activations live before that backward frees anything, by breakdown key: the saved tensors
-    less the head's, plus ``activations.recompute_end_terms``."""
+    """What it adds before that backward frees anything (``activations.recompute_end_terms``),
+    by breakdown key."""
 
-    @property
-    def saved(self) -> int:
-        return sum(self.activations.values())
-
-    @property
-    def block_live(self) -> int:
-        return sum(self.block_backward.values())
-
-    @property
-    def recompute_live(self) -> int:
-        return sum(self.recompute_end.values())
+    def sizes(self) -> BatchSizes:
+        return BatchSizes(
+            activations=sum(self.activations.values()), after_head=sum(self.after_head.values()),
+            recompute_end=sum(self.recompute_end.values()), block_backward=sum(self.block_backward.values()),
+            recompute=self.recompute, forward_logits=self.forward_logits, backward_logits=self.backward_logits,
+            kv_cache=self.kv_cache, kept=self.kept)
 
 
 def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
@@ -119,12 +311,19 @@ def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
         activations, recompute = step.saved(), step.recompute
         head = {breakdown_key(term): nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED and nbytes}
         block_added, end_added = step.block_backward, step.recompute_end
+    after_head = dict(activations)
+    for key, nbytes in head.items():
+        after_head[key] -= nbytes
     return BatchTerms(
         activations=activations, recompute=recompute, forward_logits=fwd_logits, backward_logits=bwd_logits,
-        kv_cache=cache, kept=kept,
-        block_backward=_block_backward(activations, head, block_added),
-        recompute_end=_block_backward(activations, head, end_added),
+        kv_cache=cache, kept=kept, head=head, after_head={k: v for k, v in after_head.items() if v},
+        block_backward=_keyed(block_added), recompute_end=_keyed(end_added),
     )
+
+
+def _keyed(terms: dict[str, int]) -> dict[str, int]:
+    """Activation terms by breakdown key, zero ones dropped."""
+    return {breakdown_key(term): nbytes for term, nbytes in terms.items() if nbytes}
 
 
 def _output_terms(model: ModelSpec, config: TrainConfig, dims, mode) -> tuple[int, int, int, int]:
@@ -136,13 +335,11 @@ def _output_terms(model: ModelSpec, config: TrainConfig, dims, mode) -> tuple[in
 
 def batch_totals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
                  targets: frozenset[str] | None = None) -> tuple[int, ...]:
-    """Each moment's per-micro-batch part, ``phase_totals(static=NO_STATIC, ...)`` of
-    ``batch_terms``, from the terms' sums: the search's memo reads nothing else, and keying and
-    merging the breakdowns was half of ``batch_terms`` (tests/test_search_screen.py checks the
-    two agree). The first block's live activations are the saved ones less the head's plus what
-    its backward adds (``_block_backward``): sums of sums."""
+    """Each moment's per-micro-batch part, ``batch_moments`` of ``batch_terms``' sizes, from the
+    terms' sums: the search's memo reads nothing else, and keying the breakdowns was half of
+    ``batch_terms`` (tests/test_search_screen.py checks the two agree)."""
     if model.is_encoder_decoder:
-        return batch_phase_totals(batch_terms(model, config, kernels, targets))
+        return batch_moments(batch_terms(model, config, kernels, targets).sizes())
     return _decoder_totals(model, config, block_context(model, config, kernels, first=False, targets=targets))
 
 
@@ -169,33 +366,10 @@ def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext) ->
     fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode)
     step = block_step_activations(ctx)
     saved = step.saved_bytes()
-    live = saved - sum([nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED])
-    return phase_totals(static=NO_STATIC, saved=saved, recompute=step.recompute, fwd_logits=fwd_logits,
-                        bwd_logits=bwd_logits, accumulating=False, cache=cache, kept=kept,
-                        block_live=live + sum(step.block_backward.values()),
-                        recompute_live=live + sum(step.recompute_end.values()))
-
-
-def batch_phase_totals(terms: BatchTerms) -> tuple[int, ...]:
-    """``phase_totals(static=NO_STATIC, ...)`` of ``terms``: the part of each moment a micro-batch adds."""
-    return phase_totals(static=NO_STATIC, saved=terms.saved, recompute=terms.recompute,
-                        fwd_logits=terms.forward_logits, bwd_logits=terms.backward_logits, accumulating=False,
-                        cache=terms.kv_cache, kept=terms.kept, block_live=terms.block_live,
-                        recompute_live=terms.recompute_live)
-
-
-def _block_backward(activations: dict[str, int], head: dict[str, int], added: dict[str, int]) -> dict[str, int]:
-    """The saved tensors (``activations``) less the head's (``head``, by breakdown key: the
-    ``HEAD_SAVED`` terms, an encoder-decoder's decoder head), plus what the first block's backward
-    adds at one of its instants (``added``, by term: ``block_backward_terms`` or
-    ``recompute_end_terms``)."""
-    live = dict(activations)
-    for key, nbytes in head.items():
-        live[key] -= nbytes
-    for term, nbytes in added.items():
-        key = breakdown_key(term)
-        live[key] = live.get(key, 0) + nbytes
-    return {k: v for k, v in live.items() if v}
+    return batch_moments(BatchSizes(
+        activations=saved, after_head=saved - sum([nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED]),
+        recompute_end=sum(step.recompute_end.values()), block_backward=sum(step.block_backward.values()),
+        recompute=step.recompute, forward_logits=fwd_logits, backward_logits=bwd_logits, kv_cache=cache, kept=kept))
 
 
 def first_block_gradients(model: ModelSpec, config: TrainConfig, gradients: int, t: Trained,
@@ -221,108 +395,43 @@ def first_block_params(model: ModelSpec, config: TrainConfig, t: Trained) -> tup
     return head, down_gradient_params(model, config, t.target_names)
 
 
-def phases(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
-           accumulating: bool, cache: int = 0, kept: int = 0, block_live: int = 0,
-           block_grads: int = 0, recompute_live: int = 0, head_grads: int = 0) -> dict[str, dict[str, int]]:
-    """What lives beside the resident model states at each moment of a step, by breakdown
-    component ("activations" stands for every saved-activation term). During accumulation the
-    previous micro-steps' gradients exist in the forward. ``cache``: the KV cache the forward
-    builds; ``kept``: what a hand-written loop's outputs keep (``BatchTerms``), at the end of the
-    forward those of the previous micro-step, which the name releases only when the forward
-    returns, afterwards this one's. ``block_live``: the activations live at the first block's
-    backward (``BatchTerms.block_backward``, listed as "activations/first_block"); ``block_grads``:
-    the gradients made by then (``first_block_gradients``), unless earlier micro-steps' exist;
-    ``recompute_live``: the activations live before that backward frees anything
-    (``BatchTerms.recompute_end``, listed as "activations/first_block_recompute"), when only the
-    head's gradients (``head_grads``) are made."""
-    grads_fwd = static.gradients if accumulating else 0
-    loop = {"loop/manual_outputs": kept}
-    return {
-        # ZeRO-3 holds the running block's gathered parameters (lm_head's at the end of forward)
-        "forward": {"activations": saved, "logits/transient": fwd_logits, "gradients": grads_fwd,
-                    "zero3/gathered_params": static.gathered, "kv_cache": cache, **loop},
-        # the loss' backward runs before any checkpointed block is recomputed or any parameter
-        # is gathered again: both belong to the rest of backward, after the logits' gradients
-        # are freed (measured: ZeRO-3 on one rank holds no gathered parameters here)
-        "backward_start": {"activations": saved, "logits/transient": bwd_logits, "gradients": grads_fwd, **loop},
-        # the head's gradients are made and its saved tensors freed; the running block's
-        # parameters are gathered again under ZeRO-3; the last block is recomputed
-        "first_block_recompute": {"activations/first_block_recompute": recompute_live,
-                                  "gradients": static.gradients if accumulating else head_grads,
-                                  "zero3/gathered_params": static.gathered, **loop},
-        # its MLP output projection's backward ran: its saved tensors freed, its gradients made
-        "first_block_backward": {"activations/first_block": block_live,
-                                 "gradients": static.gradients if accumulating else block_grads,
-                                 "zero3/gathered_params": static.gathered, **loop},
-        "backward_end": {"activations/recompute": recompute, "gradients": static.gradients,
-                         "zero3/gathered_params": static.gathered,
-                         "gradients/tied_embedding_partials": static.tied_gradient_sum, **loop},
-        "optimizer_start": {"gradients": static.gradients, "zero/gradient_flatten": static.zero_gradient_flatten, **loop},
-        "optimizer": {"gradients": static.optimizer_gradients, "optimizer_step/transient": static.optimizer_step, **loop},
-    }
+def part_value(part: Part, static: StaticSizes, batch: BatchTerms) -> int | dict[str, int]:
+    """What ``part`` reads: bytes, or bytes by breakdown key for a ``by_key`` part."""
+    return getattr(static if part.static else batch, part.size)
 
 
-#: no model states: ``phase_totals(NO_STATIC, ...)`` is the part of each moment a micro-batch adds
-NO_STATIC = StaticTerms(resident={}, gradients=0, gathered=0, paged=0, host=0, optimizer_step=0, optimizer_gradients=0)
-
-
-def phase_totals(*, static: StaticTerms, saved: int, recompute: int, fwd_logits: int, bwd_logits: int,
-                 accumulating: bool, cache: int = 0, kept: int = 0, block_live: int = 0,
-                 block_grads: int = 0, recompute_live: int = 0, head_grads: int = 0) -> tuple[int, ...]:
-    """The bytes ``phases`` lists at each moment (resident states not included), as plain sums:
-    the search's memo makes thousands of these, and building ``phases``' dicts to add them up
-    took a quarter of a search (tests/test_timeline.py checks the two agree term by term). Every
-    moment is a sum of static and per-micro-batch terms, so the totals are additive:
-    totals(static, batch) = totals(static, no batch) + totals(NO_STATIC, batch), which the
-    search's fast path uses (``block_grads`` and ``head_grads`` are static terms, ``block_live`` and
-    ``recompute_live`` per-micro-batch ones)."""
-    grads_fwd = static.gradients if accumulating else 0
-    return (
-        saved + fwd_logits + grads_fwd + static.gathered + cache + kept,
-        saved + bwd_logits + grads_fwd + kept,
-        recompute_live + (static.gradients if accumulating else head_grads) + static.gathered + kept,
-        block_live + (static.gradients if accumulating else block_grads) + static.gathered + kept,
-        recompute + static.gradients + static.gathered + static.tied_gradient_sum + kept,
-        static.gradients + static.zero_gradient_flatten + kept,
-        static.optimizer_gradients + static.optimizer_step + kept,
-    )
-
-
-def phase_breakdowns(static: StaticTerms, batch: BatchTerms, *, accumulating: bool,
-                     block_grads: int = 0, head_grads: int = 0) -> dict[str, dict[str, int]]:
-    """Every moment's live bytes by breakdown key, resident states included (zero terms dropped)."""
+def moment_breakdowns(resident: dict[str, int], static: StaticSizes, batch: BatchTerms) -> dict[str, dict[str, int]]:
+    """Every moment's live bytes by breakdown key, the ``resident`` model states included (zero
+    terms dropped): what the timeline holds at each mark (tests/test_timeline.py)."""
     out = {}
-    for name, parts in phases(static=static, saved=batch.saved, recompute=batch.recompute,
-                              fwd_logits=batch.forward_logits, bwd_logits=batch.backward_logits,
-                              accumulating=accumulating, cache=batch.kv_cache, kept=batch.kept,
-                              block_live=batch.block_live, block_grads=block_grads,
-                              recompute_live=batch.recompute_live, head_grads=head_grads).items():
-        breakdown = dict(static.resident)
-        for component, size in parts.items():
-            if component == "activations":
-                breakdown.update(batch.activations)
-            elif component == "activations/first_block":
-                breakdown.update(batch.block_backward)
-            elif component == "activations/first_block_recompute":
-                breakdown.update(batch.recompute_end)
-            else:
-                breakdown[component] = size
-        out[name] = {k: int(v) for k, v in breakdown.items() if v}
+    for moment in MOMENTS:
+        live = dict(resident)
+        for part in moment.parts:
+            value = part_value(part, static, batch)
+            for key, nbytes in value.items() if part.by_key else ((part.key, value),):
+                live[key] = live.get(key, 0) + nbytes
+        out[moment.name] = {k: int(v) for k, v in live.items() if v}
     return out
 
 
 __all__ = [
     "HEAD_SAVED",
-    "NO_STATIC",
+    "MOMENT",
+    "MOMENTS",
     "PHASES",
+    "BatchSizes",
     "BatchTerms",
+    "Moment",
+    "Part",
+    "StaticSizes",
     "batch_line",
-    "batch_phase_totals",
+    "batch_moments",
     "batch_terms",
     "batch_totals",
     "first_block_gradients",
     "first_block_params",
-    "phase_breakdowns",
-    "phase_totals",
-    "phases",
+    "moment_breakdowns",
+    "part_value",
+    "static_moments",
+    "static_sizes",
 ]

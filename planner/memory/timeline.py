@@ -36,27 +36,31 @@ from typing import NamedTuple
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.activations import (
-    block_backward_terms,
-    recompute_end_terms,
     block_terms,
     breakdown_key,
     checkpoint_bytes,
     kv_cache_block_bytes,
-    logits_backward_transient,
-    logits_forward_transient,
     model_level_terms,
 )
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, lora_targets, trained
 from planner.memory.shapes import block_context, dims_of
 from planner.memory.states import StaticTerms, static_terms
-from planner.memory.step import PHASES, batch_terms, first_block_gradients
+from planner.memory.step import (
+    HEAD_SAVED,
+    MOMENT,
+    MOMENTS,
+    PHASES,
+    BatchTerms,
+    StaticSizes,
+    batch_moments,
+    batch_terms,
+    first_block_gradients,
+    part_value,
+    static_moments,
+    static_sizes,
+)
 from planner.modelspec import ModelSpec
-
-#: model-level terms saved by the output side (freed first in backward); the rest belong to
-#: the embeddings (token ids, rotary tables, the embedding norm's input, its dropout mask)
-HEAD_TERMS = frozenset({"lm_head/transform", "final_norm", "lm_head/input", "loss/log_softmax", "autocast/weight_casts",
-                        "loss/fused_grad_input"})
 
 #: what the picture stacks: each breakdown key's category
 CATEGORIES = ("weights", "gradients", "optimizer states", "activations", "logits/loss", "temporaries")
@@ -179,32 +183,25 @@ class _Builder:
 
 @dataclass(frozen=True)
 class _Step:
-    """What one micro-step allocates, by part."""
+    """What one micro-step allocates, by part: the moments' sizes, and how the walk between them
+    spreads the held ones over the blocks."""
 
     model: ModelSpec
     config: TrainConfig
     static: StaticTerms
+    sizes: StaticSizes
+    """The static sizes the moments read (``step.MOMENTS``)."""
+    batch: BatchTerms
+    """The per-micro-batch terms the moments read; ``batch.head``: the head's saved tensors."""
     first: dict[str, int]
     """the first block's saved tensors by breakdown key (or its checkpoint)"""
     rest: dict[str, int]
     """every other block's"""
     embeddings: dict[str, int]
-    head: dict[str, int]
-    recompute: int
-    forward_logits: int
-    backward_logits: int
     block_gradients: int
     """one block's share of the gradients (the rest are the head's and the embeddings')"""
     cache: int
     """one block's KV cache layer, when the forward builds one"""
-    kept: int
-    """what a hand-written loop's outputs keep past the loss (0 with the HF Trainer)"""
-    block_backward: dict[str, int]
-    """what the last block's backward adds to the saved tensors (recompute, its gradients at the
-    activation product), by breakdown key"""
-    recompute_end: dict[str, int]
-    """what the last block adds to the saved tensors before its backward frees anything (the end
-    of its recompute under checkpointing), by breakdown key"""
     head_gradients: int
     """the head's share of the gradients, made before any block's"""
     down_gradients: int
@@ -245,33 +242,29 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         keyed = lambda terms: {breakdown_key(k): v for k, v in terms.items() if v}  # noqa: E731
         first = keyed(block_terms(block_context(model, config, kernels, first=True, targets=t.target_names, dims=dims)))
         rest = keyed(block_terms(block_context(model, config, kernels, first=False, targets=t.target_names, dims=dims)))
-    level = {k: v for k, v in model_level_terms(model, config, dims, mode, kernels).items() if v}
-    embeddings = {breakdown_key(k): v for k, v in level.items() if k not in HEAD_TERMS}
-    head = {breakdown_key(k): v for k, v in level.items() if k in HEAD_TERMS}
     blocks: tuple[dict[str, int], ...] = ()
     if model.is_encoder_decoder:
         from planner.memory.encdec import timeline_parts
 
-        embeddings, block_list, head = timeline_parts(model, config, kernels, t.target_names)
+        embeddings, block_list, _ = timeline_parts(model, config, kernels, t.target_names)
         blocks = tuple(block_list)
-    batch = batch_terms(model, config, kernels, t.target_names)
-    # what the last block's backward adds to the saved tensors left after the head's backward
-    added = {breakdown_key(k): v for k, v in block_backward_terms(model, config, kernels, t.target_names).items() if v}
-    before = {breakdown_key(k): v for k, v in recompute_end_terms(model, config, kernels, t.target_names).items() if v}
+    else:  # the model-level terms that are not the head's: token ids, rotary tables, the embedding norm's input
+        level = model_level_terms(model, config, dims, mode, kernels)
+        embeddings = {breakdown_key(k): v for k, v in level.items() if v and k not in HEAD_SAVED}
     head_gradients, down_gradients = first_block_gradients(model, config, static.gradients, t)
     return _Step(
-        model=model, config=config, static=static, first=first, rest=rest, blocks=blocks,
-        embeddings=embeddings, head=head,
-        recompute=batch.recompute, forward_logits=logits_forward_transient(dims, mode, config),
-        backward_logits=logits_backward_transient(dims, mode, config),
+        model=model, config=config, static=static, first=first, rest=rest, blocks=blocks, embeddings=embeddings,
+        sizes=static_sizes(static, accumulating=config.grad_accum > 1, head_grads=head_gradients,
+                           down_grads=down_gradients),
+        batch=batch_terms(model, config, kernels, t.target_names),
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
-        cache=kv_cache_block_bytes(model, config, dims, mode), kept=batch.kept,
-        block_backward=added, recompute_end=before, head_gradients=head_gradients, down_gradients=down_gradients,
+        cache=kv_cache_block_bytes(model, config, dims, mode),
+        head_gradients=head_gradients, down_gradients=down_gradients,
     )
 
 
 def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], list[list[int]], list[int], list[int]]:
-    """Forward: the (gathered, embeddings, blocks, head, [logits and KV cache]) allocations."""
+    """Forward up to the loss: the (gathered, embeddings, blocks, head, KV cache) allocations."""
     gathered = b.alloc("zero3/gathered_params", s.static.gathered, f"{label}forward")
     embeddings = b.alloc_terms(s.embeddings, f"{label}embeddings")
     blocks, cache = [], []
@@ -280,17 +273,23 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
         blocks.append(b.alloc_terms(s.block(k), where))
         if k < s.model.num_layers:  # batch_terms counts num_layers cache layers
             cache.append(b.alloc("kv_cache", s.cache, where))
-    head = b.alloc_terms(s.head, f"{label}head and loss")
-    logits = b.alloc("logits/transient", s.forward_logits, f"{label}loss")
-    return [gathered], embeddings, blocks, head, [logits] + cache
+    head = b.alloc_terms(s.batch.head, f"{label}head and loss")
+    return [gathered], embeddings, blocks, head, cache
 
 
-def _instant(b: _Builder, terms: dict[str, int], mark: str | None, where: str) -> None:
-    """Tensors alive for one instant of a block's backward: allocated, marked, freed."""
-    inside = b.alloc_terms(terms, where)
+def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
+    """A moment of the step (``step.MOMENT``): its transient parts allocated, the moment marked
+    (``mark``: on the micro-step the moments are read from), and they are freed."""
+    made: list[int] = []
+    for part in MOMENT[name].transients:
+        value = part_value(part, s.sizes, s.batch)
+        if part.by_key:
+            made += b.alloc_terms(value, where)
+        else:
+            made.append(b.alloc(part.key, value, where, part.tensors))
     if mark:
-        b.mark(mark)
-    b.free_all(inside, where)
+        b.mark(name)
+    b.free_all(made, where)
 
 
 def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: bool,
@@ -298,17 +297,13 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     """One micro-step's forward and backward; returns the gradient allocations it made and what
     its outputs keep (a hand-written loop's outputs: alive until the next forward returns, when
     ``previous``, the outputs the loop still held, are released)."""
-    gathered, embeddings, blocks, head, outputs = _forward(b, s, label)
-    if marks:
-        b.mark("forward")
+    gathered, embeddings, blocks, head, cache = _forward(b, s, label)
+    _instant(b, s, "forward", marks, f"{label}loss")
     b.free(previous, f"{label}outputs replaced")
-    b.free_all(outputs, f"{label}loss")
+    b.free_all(cache, f"{label}loss")
     b.free_all(gathered, f"{label}loss")
-    kept = b.alloc("loop/manual_outputs", s.kept, f"{label}loss")
-    loss_grad = b.alloc("logits/transient", s.backward_logits, f"{label}loss backward")
-    if marks:
-        b.mark("backward_start")
-    b.free(loss_grad, f"{label}loss backward")
+    kept = b.alloc("loop/manual_outputs", s.batch.kept, f"{label}loss")
+    _instant(b, s, "backward_start", marks, f"{label}loss backward")
     b.free_all(head, f"{label}head backward")
     gathered = b.alloc("zero3/gathered_params", s.static.gathered, f"{label}backward")
     grads: list[int] = []
@@ -317,10 +312,10 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
         grads.append(b.alloc("gradients", s.head_gradients, f"{label}head backward"))
     # the last block's backward: recomputed under checkpointing with every checkpoint held
     where = f"{label}backward block {layers}"
-    _instant(b, s.recompute_end, "first_block_recompute" if marks else None, where)
+    _instant(b, s, "first_block_recompute", marks, where)
     if not grads_exist:
         grads.append(b.alloc("gradients", s.down_gradients, where))
-    _instant(b, s.block_backward, "first_block_backward" if marks else None, where)
+    _instant(b, s, "first_block_backward", marks, where)
     for k in reversed(range(layers)):
         where = f"{label}backward block {k + 1}"
         b.free_all(blocks[k] + (embeddings if k == 0 else []), where)
@@ -331,26 +326,19 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     if not grads_exist:
         rest = s.static.gradients - s.block_gradients * layers - s.head_gradients
         grads.append(b.alloc("gradients", rest, where))
-    recompute = b.alloc("activations/recompute", s.recompute, where)
-    tied = b.alloc("gradients/tied_embedding_partials", s.static.tied_gradient_sum, where)
-    if marks:
-        b.mark("backward_end")
-    b.free_all([tied, recompute, gathered], where)
+    _instant(b, s, "backward_end", marks, where)
+    b.free(gathered, where)
     return grads, kept
 
 
 def _optimizer_step(b: _Builder, s: _Step, grads: list[int]) -> None:
-    flatten = b.alloc("zero/gradient_flatten", s.static.zero_gradient_flatten, "optimizer step", tensors=2)
-    b.mark("optimizer_start")
-    b.free(flatten, "optimizer step")
+    _instant(b, s, "optimizer_start", True, "optimizer step")
     if s.static.optimizer_gradients != s.static.gradients:
         # ZeRO steps from one flat fp32 partition and frees the 16-bit gradients first; with
         # offload the step runs on the host
         b.free_all(grads, "optimizer step")
         grads = [b.alloc("gradients", s.static.optimizer_gradients, "optimizer step", tensors=1)]
-    transient = b.alloc("optimizer_step/transient", s.static.optimizer_step, "optimizer step")
-    b.mark("optimizer")
-    b.free(transient, "optimizer step")
+    _instant(b, s, "optimizer", True, "optimizer step")
     b.free_all(grads, "zero_grad")
 
 
@@ -362,7 +350,7 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     for key, nbytes in s.static.resident.items():
         b.alloc(key, nbytes, "model states", tensors=_resident_tensors(model, config, key, nbytes))
     # a hand-written loop still holds the previous step's outputs when this step's forward runs
-    previous = b.alloc("loop/manual_outputs", s.kept, "outputs of the previous step")
+    previous = b.alloc("loop/manual_outputs", s.batch.kept, "outputs of the previous step")
     if config.grad_accum > 1:
         grads, previous = _micro_step(b, s, grads_exist=False, label="micro-step 1: ", marks=False, previous=previous)
         last = f"micro-step {config.grad_accum}: "
@@ -370,7 +358,13 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     else:
         grads, _ = _micro_step(b, s, grads_exist=False, label="", marks=True, previous=previous)
     _optimizer_step(b, s, grads)
-    return Timeline(events=tuple(b.events), marks=dict(b.marks), host=s.static.host, outside_allocator=s.static.paged)
+    timeline = Timeline(events=tuple(b.events), marks=dict(b.marks), host=s.static.host,
+                        outside_allocator=s.static.paged)
+    # the walk holds at each mark what the moment lists (its transient parts come from the list)
+    curve, resident = timeline._curve, s.static.resident_bytes
+    for moment, fixed, batch in zip(MOMENTS, static_moments(s.sizes), batch_moments(s.batch.sizes())):
+        assert curve[timeline.marks[moment.name]] == resident + fixed + batch, moment.name
+    return timeline
 
 
 def _resident_tensors(model: ModelSpec, config: TrainConfig, key: str, nbytes: int) -> int:
