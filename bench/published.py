@@ -465,14 +465,75 @@ def _print_summary(results: list[dict[str, Any]]) -> None:
               f"p90 {_p90(speed) * 100:5.1f}%")
 
 
+# --- the memory error distribution the planner ships (planner/uncertainty.py MEMORY_ERROR) ---------
+
+#: a method's own distribution needs this many fully-stated rows; with fewer it is pooled over methods
+MIN_ROWS = 8
+
+
+def _order_stat(ordered: list[float], q: float, *, upper: bool) -> float:
+    """The q-quantile of ``ordered`` as an order statistic, rounded outward (the lower quantile
+    down, the upper up), so an interval between two of them covers at least its share of the rows
+    it was taken from."""
+    import math as _math
+
+    at = q * (len(ordered) - 1)
+    return ordered[_math.ceil(at) if upper else _math.floor(at)]
+
+
+def uncertainty_table(results: list[dict[str, Any]]) -> dict[tuple[str, bool], tuple[int, float, float, float]]:
+    """{(method or "all", guessed): (rows, q05, median, q95)} of ln(measured / predicted) over the
+    scored rows, every counter together (a plan is compared with the device by its process total;
+    the counters measure parts of it, and split by counter no cell of stated rows but full/NVML has
+    8 rows). ``guessed``: rows with at least one guessed setting, whose error is the guess's as
+    much as the model's. A method with fewer than MIN_ROWS rows of a kind takes the pooled ("all")
+    entry's median and its interval widened to hold the method's own rows."""
+    import math as _math
+
+    cells: dict[tuple[str, bool], list[float]] = {}
+    for r in results:
+        if r["status"] != "scored":
+            continue
+        x = _math.log(r["measured"] / r["predicted"])
+        guessed = bool(r["guessed"])
+        cells.setdefault((str(r["config"].method), guessed), []).append(x)
+        cells.setdefault(("all", guessed), []).append(x)
+    table = {}
+    for key, xs in sorted(cells.items(), key=lambda kv: (kv[0][0] != "all", kv[0])):
+        xs.sort()
+        # four decimals, rounded outward as the order statistics are
+        own = (len(xs), _math.floor(_order_stat(xs, 0.05, upper=False) * 1e4) / 1e4, round(statistics.median(xs), 4),
+               _math.ceil(_order_stat(xs, 0.95, upper=True) * 1e4) / 1e4)
+        if len(xs) < MIN_ROWS and key[0] != "all":
+            # too few rows for quantiles of its own: the pooled interval, widened to hold this
+            # method's rows (the pooled median)
+            _, q05, median, q95 = table[("all", key[1])]
+            own = (len(xs), min(q05, _math.floor(xs[0] * 1e4) / 1e4), median, max(q95, _math.ceil(xs[-1] * 1e4) / 1e4))
+        table[key] = own
+    return table
+
+
+def _print_uncertainty(results: list[dict[str, Any]]) -> None:
+    """The table as the Python constant planner/uncertainty.py ships."""
+    print("MEMORY_ERROR = {  # (method, guessed): (rows, q05, median, q95) of ln(measured / predicted)")
+    for key, value in uncertainty_table(results).items():
+        print(f"    {key!r}: {value!r},")
+    print("}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=Path, default=ROWS, help="the data file (default: bench/published_rows.json)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the markdown report to write")
     parser.add_argument("--quiet", action="store_true", help="write the report, print nothing")
+    parser.add_argument("--uncertainty", action="store_true",
+                        help="print the memory error table planner/uncertainty.py ships, write nothing")
     args = parser.parse_args(argv)
     data = load(args.rows)
     results = score_all(data)
+    if args.uncertainty:
+        _print_uncertainty(results)
+        return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(markdown(results, data))
     if not args.quiet:

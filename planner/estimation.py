@@ -68,8 +68,9 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
     if seq > spec.max_seq_len:
         raise InvalidConfigError(f"--seq-len {seq} is longer than {spec.id} allows ({spec.max_seq_len}): use at most {spec.max_seq_len}")
     if options.get("precision") is None:
-        # the HF Trainer recipe: bf16 autocast where the device has bf16 (Ampere+), else fp16
-        options["precision"] = "bf16-mixed" if gpu.bf16 else "fp16-mixed"
+        from planner.defaults import default_precision
+
+        options["precision"] = default_precision(options.get("method", "full"), gpu)
     config = TrainConfig(seq_len=seq, **options)
     check_recipe(spec, fused_ce=config.fused_ce)
     check_precision(gpu, config.precision)

@@ -344,6 +344,19 @@ _TORCHX = ("torchx torchx/specs/named_resources_aws.py, AWS instance types as aw
            "lists them (memMB = GiB x 1024 before its 0.96 ECS tax)")
 
 
+#: Google Cloud's A2 and A3 machine types, the one-, two- and four-GPU machines of these GPUs (AWS
+#: sells A100s and H100s in 8-GPU nodes only, so a one-GPU request would plan the 8-GPU node's
+#: RAM). The tables give memory in GB; it is read as 10^9 bytes, the smaller of the two readings.
+_GCP = ("Google Cloud docs, 'GPU machine types' (cloud.google.com/compute/docs/gpus): A2 Standard, A2 Ultra and "
+        "A3 High machine types, GPUs and memory (GB) per machine type")
+
+
+def _gcp_nodes(family: str, *sizes: tuple[int, int]) -> tuple[HostNode, ...]:
+    """(GPUs, RAM GB) of a Google Cloud machine series: ``{family}-{n}g``."""
+    return tuple(HostNode(instance=f"GCP {family}-{n}g", gpus=n, ram_bytes=ram * 10**9, source=_GCP)
+                 for n, ram in sizes)
+
+
 def _nodes(family: str, source: str, *sizes: tuple[str, int, int]) -> tuple[HostNode, ...]:
     """(size, GPUs, RAM GiB) of an AWS instance family."""
     return tuple(HostNode(instance=f"AWS {family}.{size}", gpus=n, ram_bytes=ram * GiB, source=source)
@@ -410,21 +423,22 @@ _CATALOG: tuple[GPUSpec, ...] = (
         cc=(8, 0), fp16=312.0, bf16=312.0, fp32=19.5, bandwidth=1555.0, pcie_gen=4,
         nvlink_gbs=300.0, nvlink="nvlink3",
         datasheet=_A100_SHEET + ", 40GB: 1555 GB/s, NVLink 600 GB/s total",
-        nodes=_nodes("p4d", _TORCHX + "; AWS Compute Blog 'Amazon EC2 P4d instances deep dive': 1.1 TB of RAM", ("24xlarge", 8, 1152)),
+        nodes=_nodes("p4d", _TORCHX + "; AWS Compute Blog 'Amazon EC2 P4d instances deep dive': 1.1 TB of RAM", ("24xlarge", 8, 1152))
+        + _gcp_nodes("a2-highgpu", (1, 85), (2, 170), (4, 340)),
     ),
     _gpu(
         name="a100-80gb", display_name="NVIDIA A100-SXM4-80GB", memory_mib=81920, memory_source=_MODAL_SMI,
         cc=(8, 0), fp16=312.0, bf16=312.0, fp32=19.5, bandwidth=2039.0, pcie_gen=4,
         nvlink_gbs=300.0, nvlink="nvlink3",
         datasheet=_A100_SHEET + ", 80GB SXM: 2039 GB/s, NVLink 600 GB/s total",
-        nodes=_nodes("p4de", _TORCHX, ("24xlarge", 8, 1152)),
+        nodes=_nodes("p4de", _TORCHX, ("24xlarge", 8, 1152)) + _gcp_nodes("a2-ultragpu", (1, 170), (2, 340), (4, 680)),
     ),
     _gpu(
         name="h100-80gb", display_name="NVIDIA H100 80GB HBM3 (SXM5)", memory_mib=81559,
         memory_source=_MODAL_SMI, cc=(9, 0), fp16=989.4, bf16=989.4, fp32=66.9, bandwidth=3350.0,
         pcie_gen=5, fp8=True, nvlink_gbs=450.0, nvlink="nvlink4",
         datasheet=_H100_SHEET + ", 3.35 TB/s, NVLink 900 GB/s total",
-        nodes=_nodes("p5", _TORCHX, ("48xlarge", 8, 2048)),
+        nodes=_nodes("p5", _TORCHX, ("48xlarge", 8, 2048)) + _gcp_nodes("a3-highgpu", (1, 234), (2, 468), (4, 936)),
     ),
     _gpu(
         name="h100-pcie", display_name="NVIDIA H100 PCIe", memory_mib=81559,

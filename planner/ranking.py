@@ -5,8 +5,11 @@ shown, and why the rest does not fit.
 fitting split and each family's closest miss with the fast path; the fitting plans are ranked by
 the requested policy (``planner.tradeoffs.Prefer``): fidelity tier (``fidelity_tier``) then
 predicted tokens/s, or tokens/s alone; each plan shown is estimated in full (the caching allocator
-replayed); a plan that fits by less than the allocator's expected overhead (``near_edge``) ranks
-after the ones that do not.
+replayed). A plan whose probability of running out of memory is over
+``planner.uncertainty.NEAR_EDGE_PROBABILITY`` is near the edge (``planner.tradeoffs.near_edge``):
+each near-the-edge plan the screen found is joined by the same configuration at its largest split
+that is not (``_with_safe_splits``), and near-the-edge plans rank after every plan that is not, so
+each slot shown is its fastest safe plan where it has one.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from planner.search import (
     screen,
     totals_by_split,
 )
-from planner.throughput import estimate_throughput, step_breakdown, tokens_per_second
-from planner.tradeoffs import Prefer, fidelity_tier, near_edge
+from planner.throughput import ThroughputMemo, estimate_throughput, step_breakdown, tokens_per_second
+from planner.tradeoffs import Prefer, fidelity_tier, memory_interval, near_edge, oom_risk
+from planner.uncertainty import safe_total, spread
 from planner.units import format_bytes
 
 
@@ -63,8 +67,10 @@ def suggest(
     # the nearest miss
     by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
     replays: dict[TrainConfig, object] = {}
-    plans = _replayed_plans(_ranking(fitting, space.prefer), model=model, gpu=gpu, usable=usable, top_k=top_k,
-                            prefer=space.prefer, replays=replays, memo=memo)
+    fitting = _with_safe_splits(fitting, model=model, gpu=gpu, memo=memo)
+    exotic = _exotic(memo, node_ram=space.cpu_mem_bytes)
+    plans = _replayed_plans(_ranking(fitting, space.prefer, gpu=gpu, exotic=exotic), model=model, gpu=gpu,
+                            usable=usable, top_k=top_k, prefer=space.prefer, replays=replays, memo=memo, exotic=exotic)
     if not plans:
         tried = {fam: missed(cfg, total) for fam, (total, cfg) in by_tier}
         rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
@@ -81,47 +87,111 @@ def suggest(
         if fidelity_tier(cfg) <= best_tier and family_key(cfg) not in fitting_families
     )
     other = Prefer.SPEED if space.prefer is Prefer.FIDELITY else Prefer.FIDELITY
-    theirs = _replayed_plans(_ranking(fitting, other), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
-                             prefer=other, replays=replays, memo=memo)
+    theirs = _replayed_plans(_ranking(fitting, other, gpu=gpu, exotic=exotic), model=model, gpu=gpu, usable=usable,
+                             top_k=min(top_k, 3), prefer=other, replays=replays, memo=memo, exotic=exotic)
     alternative = theirs[0] if theirs and theirs[0].config != plans[0].config else None
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
                       safety_margin_bytes=margin, prefer=str(space.prefer), alternative=alternative)
 
 
+#: An offload plan whose ranks pin more than this share of the node's RAM is exotic: what is left
+#: is the OS's, the training processes' and the data's (planner.host.host_reserve keeps the least
+#: of it), and pinned pages cannot be swapped out.
+EXOTIC_HOST_SHARE = 0.5
+
+
+def _exotic(memo: MemoryMemo, *, node_ram: int):
+    """Whether a configuration is one an expert runs only when it wins on speed or is the only way
+    to fit: ZeRO on one GPU without offload (it shards nothing; it saves memory only because
+    DeepSpeed keeps the model in 16-bit) and offload that pins more than EXOTIC_HOST_SHARE of the
+    node's RAM."""
+    def exotic(config: TrainConfig) -> bool:
+        if config.offload is Offload.NONE:
+            return bool(config.zero) and config.gpus == 1
+        return memo.static(config).terms.host * config.gpus > EXOTIC_HOST_SHARE * node_ram
+
+    return exotic
+
+
+def _safe_bound(config: TrainConfig, gpu: GPUSpec, bounds: dict) -> int:
+    """The largest process total of ``config``'s method that is not near the edge of ``gpu``."""
+    bound = bounds.get(config.method)
+    if bound is None:
+        bound = bounds[config.method] = safe_total(gpu.memory_bytes, spread(config.method))
+    return bound
+
+
+def _with_safe_splits(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo) -> list[tuple]:
+    """``fitting`` and, for each plan of it that is near the edge, the same configuration at its
+    largest split that is not (more accumulation, same batch), when one exists. The screen keeps
+    each combination's largest fitting split; the one an expert runs is the largest that fits
+    with room for the model's measured error (``planner.uncertainty``)."""
+    bounds: dict = {}
+    speeds: ThroughputMemo | None = None
+    out = list(fitting)
+    for config, _, total in fitting:
+        bound = _safe_bound(config, gpu, bounds)
+        if total <= bound or config.micro_batch == 1:
+            continue
+        per_device = config.micro_batch * config.grad_accum
+        split_total, _host = memo.split_total(config)
+        for micro in reversed(divisors(per_device)):
+            if micro < config.micro_batch and (safe := split_total(micro, per_device // micro)) <= bound:
+                speeds = speeds or ThroughputMemo(model, gpu)
+                smaller = config.with_split(micro_batch=micro, grad_accum=per_device // micro)
+                out.append((smaller, Speed(tokens_per_second(smaller, speeds.step_seconds(smaller))), safe))
+                break
+    return out
+
+
 def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
                     prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None,
-                    memo: MemoryMemo | None = None) -> tuple[Candidate, ...]:
+                    memo: MemoryMemo | None = None, exotic=None) -> tuple[Candidate, ...]:
     """The top plans with their full estimates. The fast path screens with the allocator's
     stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
     caching allocator replayed on its step. One the replay finds too large for the usable memory
     gives way to the same configuration with the next smaller micro-batch (more accumulation),
     ranked anew by its speed: the screen kept only each combination's largest fitting split, and
     the replay has just said that split is too large. A plan the replay finds near the edge
-    (``near_edge``) moves after the shown plans that are not (within its fidelity tier under
-    --prefer fidelity)."""
+    (``near_edge``) where the screen did not moves after every plan that is not, and the same
+    configuration with the next smaller micro-batch joins the ranking: the slot it stood for may
+    have a safe plan the replay has not seen yet."""
     replays = {} if replays is None else replays
     memo = memo or MemoryMemo(model, gpu)
+    capacity = gpu.memory_bytes
     ranked, read = iter(fitting), []  # read: the ranked plans _distinct has gone through
+    edgy: set[int] = set()  # ids of the configurations the replay found near the edge
     while True:
-        plans, dropped = [], set()
-        for cfg, _, _ in _distinct(ranked, top_k, read):
+        plans, dropped, moved = [], set(), set()
+        for cfg, _, total in _distinct(ranked, top_k, read):
             if cfg not in replays:
                 replays[cfg] = estimate_memory(model=model, config=cfg, gpu=gpu)
             memory = replays[cfg]
             if memory.process_total_bytes > usable:
                 dropped.add(id(cfg))
-            else:
-                plans.append((cfg, memory))
-        if not dropped:
-            tier = fidelity_tier if prefer is Prefer.FIDELITY else (lambda _: 0)
-            plans.sort(key=lambda p: (tier(p[0]), near_edge(p[1], usable)))  # stable: rank order otherwise
-            return tuple(Candidate(config=cfg, memory=memory, throughput=estimate_throughput(model=model, config=cfg, gpu=gpu),
+                continue
+            plans.append((cfg, memory))
+            if (id(cfg) not in edgy and total <= _safe_bound(cfg, gpu, {})
+                    and near_edge(cfg, memory, capacity=capacity)):
+                moved.add(id(cfg))
+        if not dropped and not moved:
+            plans.sort(key=lambda p: near_edge(p[0], p[1], capacity=capacity))  # stable: rank order otherwise
+            return tuple(Candidate(config=cfg, memory=_with_uncertainty(cfg, memory, gpu),
+                                   throughput=estimate_throughput(model=model, config=cfg, gpu=gpu),
                                    fits=True, rank=i + 1) for i, (cfg, memory) in enumerate(plans))
+        edgy |= moved
         fitting = read + list(ranked)
         kept = [item for item in fitting if id(item[0]) not in dropped]
         smaller = [_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo)
-                   for item in fitting if id(item[0]) in dropped]
-        ranked, read = _ranking(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer), []
+                   for item in fitting if id(item[0]) in dropped or id(item[0]) in moved]
+        ranked, read = _ranking(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer,
+                                gpu=gpu, edgy=edgy, exotic=exotic), []
+
+
+def _with_uncertainty(config: TrainConfig, memory, gpu: GPUSpec):
+    """The plan's memory with its 90% interval and probability of running out of memory."""
+    return memory.with_uncertainty(interval=memory_interval(config, memory),
+                                   oom_probability=oom_risk(config, memory, capacity=gpu.memory_bytes))
 
 
 def _next_smaller_split(config: TrainConfig, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo) -> tuple | None:
@@ -147,17 +217,37 @@ OPTIMIZER_PREFERENCE = {Optimizer.ADAMW: 0, Optimizer.ADAMW_8BIT: 1, Optimizer.P
 PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4}
 
 
-def _ranking(fitting: list[tuple], prefer: Prefer = Prefer.FIDELITY) -> Iterator[tuple]:
-    """The fitting plans in rank order. Under ``fidelity``: fidelity tier first
-    (``fidelity_tier``), then speed; under ``speed``: speed alone. Plans within SPEED_TIE of the
+def _ranking(fitting: list[tuple], prefer: Prefer = Prefer.FIDELITY, *, gpu: GPUSpec | None = None,
+             edgy: set[int] = frozenset(), exotic=None) -> Iterator[tuple]:
+    """The fitting plans in rank order: the plans that are not near the edge of ``gpu`` (by their
+    screened totals, ``_safe_bound``, or, ids in ``edgy``, by their replays) before those that are;
+    among each, the ``exotic`` plans (``_exotic``) that are not faster than every other plan of
+    their kind after the others; then, under ``fidelity``, fidelity
+    tier (``fidelity_tier``), then speed; under ``speed``, speed alone. Plans within SPEED_TIE of the
     fastest plan of their group are a tie, ordered by the preferences (a group is measured from
     its leader, so two plans 1% apart are never split by a fixed bucket boundary). Each group is
     put in preference order only when the reader reaches it: the search shows the first few of
     about a thousand fitting plans, once per policy. Each plan's tier and speed are read once;
     equal keys keep the input order."""
     fidelity = prefer is Prefer.FIDELITY
-    by_speed = sorted([(fidelity_tier(item[0]) if fidelity else 0, -item[1].tokens_per_s, n, item)
-                       for n, item in enumerate(fitting)])
+    bounds: dict = {}
+
+    def edge(item: tuple) -> int:
+        return int(gpu is not None and (item[2] > _safe_bound(item[0], gpu, bounds) or id(item[0]) in edgy))
+
+    edges = [edge(item) for item in fitting]
+    odd = [0] * len(fitting)
+    if exotic is not None:
+        odd = [int(exotic(item[0])) for item in fitting]
+        # the fastest plain plan of each edge class: an exotic plan not faster ranks after the plain ones
+        best = [0.0, 0.0]
+        for item, e, o in zip(fitting, edges, odd):
+            if not o:
+                best[e] = max(best[e], item[1].tokens_per_s)
+        odd = [int(o and item[1].tokens_per_s <= best[e] * (1 + SPEED_TIE)) for item, e, o in zip(fitting, edges, odd)]
+    # the group key: near the edge, then exotic, then (under fidelity) the fidelity tier (0-3)
+    by_speed = sorted([(e * 8 + o * 4 + (fidelity_tier(item[0]) if fidelity else 0), -item[1].tokens_per_s, n, item)
+                       for n, (item, e, o) in enumerate(zip(fitting, edges, odd))])
     group: list[tuple] = []
     leader_tier, floor = 0, 0.0
     for tier, neg_speed, _, item in by_speed:

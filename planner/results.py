@@ -14,7 +14,7 @@ from typing import Any, Mapping
 #: The payload versions this code writes. A payload without a ``version`` key was written before
 #: payloads carried one (version 1); every version decodes: keys this code does not know are
 #: ignored, keys a payload lacks take their defaults.
-MEMORY_VERSION = 2
+MEMORY_VERSION = 3
 THROUGHPUT_VERSION = 2
 
 
@@ -46,11 +46,18 @@ class MemoryEstimate:
     fragmentation_bytes: int = 0
     """Reserved but unallocated at the allocated peak: free pieces of the caching allocator's
     segments (0 where there is no caching allocator; payloads of version 1 did not have it)."""
+    peak_interval_bytes: tuple[int, int] | None = None
+    """[low, high]: the 90% central interval of ``process_total_bytes`` from the model's measured
+    error (``planner.uncertainty``); None where it was not stated (payloads before version 3)."""
+    oom_probability: float | None = None
+    """The probability (0-1) that the process total passes the device planned for
+    (``planner.uncertainty.oom_probability``); None where it was not stated."""
 
     def to_dict(self) -> dict[str, Any]:
         d = {"version": MEMORY_VERSION, **asdict(self)}
         d["breakdown"] = dict(self.breakdown)
         d["assumptions"] = list(self.assumptions)
+        d["peak_interval_bytes"] = list(self.peak_interval_bytes) if self.peak_interval_bytes is not None else None
         return d
 
     @classmethod
@@ -58,7 +65,14 @@ class MemoryEstimate:
         d = known_fields(cls, data)
         d["breakdown"] = dict(d.get("breakdown", {}))
         d["assumptions"] = tuple(d.get("assumptions", ()))
+        if d.get("peak_interval_bytes") is not None:
+            low, high = d["peak_interval_bytes"]
+            d["peak_interval_bytes"] = (int(low), int(high))
         return cls(**d)
+
+    def with_uncertainty(self, *, interval: tuple[int, int], oom_probability: float) -> "MemoryEstimate":
+        """This estimate with its stated interval and probability of running out of memory."""
+        return dataclasses.replace(self, peak_interval_bytes=interval, oom_probability=oom_probability)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +178,7 @@ class Candidate:
             "memory": self.memory.to_dict(),
             "throughput": self.throughput.to_dict(),
             "fits": self.fits,
+            "oom_probability": self.memory.oom_probability,
         }
 
     @classmethod
@@ -251,9 +266,14 @@ class PlanResult:
         }
 
     def _explained(self, c: Candidate) -> dict[str, Any]:
-        """A plan as JSON with what it trades away and whether it runs near the edge."""
-        from planner.tradeoffs import near_edge, trade_offs
+        """A plan as JSON with what it trades away, how likely it is to run out of memory and
+        whether that makes it near the edge (a stored plan made before plans carried the
+        probability gets it computed here, against the device it was planned for)."""
+        from planner.tradeoffs import memory_interval, near_edge, oom_risk, trade_offs
 
-        usable = self.usable_bytes
-        return c.to_dict() | {"near_edge": near_edge(c.memory, usable) if usable else False,
-                              "trade_offs": list(trade_offs(c.config, c.memory, usable=usable)) if usable else []}
+        capacity = self.request.gpu_memory_bytes
+        if c.memory.oom_probability is None and capacity:
+            c = dataclasses.replace(c, memory=c.memory.with_uncertainty(
+                interval=memory_interval(c.config, c.memory), oom_probability=oom_risk(c.config, c.memory, capacity=capacity)))
+        return c.to_dict() | {"near_edge": near_edge(c.config, c.memory, capacity=capacity) if capacity else False,
+                              "trade_offs": list(trade_offs(c.config, c.memory, capacity=capacity)) if capacity else []}

@@ -12,6 +12,7 @@ import enum
 
 from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
 from planner.results import MemoryEstimate
+from planner.uncertainty import NEAR_EDGE_PROBABILITY, Spread, oom_probability, peak_interval, spread
 from planner.units import format_bytes
 
 
@@ -51,10 +52,22 @@ def allocator_overhead(memory: MemoryEstimate) -> int:
     return max(memory.peak_reserved_bytes - memory.peak_allocated_bytes, 0)
 
 
-def near_edge(memory: MemoryEstimate, usable: int) -> bool:
-    """The plan fits, but by less than the allocator's expected overhead: were the allocator to
-    keep twice what the replay predicts, it would pass the safety margin."""
-    return usable - memory.process_total_bytes < allocator_overhead(memory)
+def oom_risk(config: TrainConfig, memory: MemoryEstimate, *, capacity: int,
+             calibrated: Spread | None = None) -> float:
+    """The probability that the plan's process total passes the device's ``capacity``, from the
+    memory model's measured error for its method (``planner.uncertainty``)."""
+    return oom_probability(memory.process_total_bytes, capacity, spread(config.method, calibrated=calibrated))
+
+
+def memory_interval(config: TrainConfig, memory: MemoryEstimate, *, calibrated: Spread | None = None) -> tuple[int, int]:
+    """The 90% central interval of the plan's process total (``planner.uncertainty.peak_interval``)."""
+    return peak_interval(memory.process_total_bytes, spread(config.method, calibrated=calibrated))
+
+
+def near_edge(config: TrainConfig, memory: MemoryEstimate, *, capacity: int) -> bool:
+    """The probability of running out of memory is over NEAR_EDGE_PROBABILITY (5%): the device's
+    capacity lies inside the plan's 90% interval (``planner.uncertainty``)."""
+    return oom_risk(config, memory, capacity=capacity) > NEAR_EDGE_PROBABILITY
 
 
 def _room_hint(config: TrainConfig) -> str:
@@ -66,13 +79,14 @@ def _room_hint(config: TrainConfig) -> str:
     return "a shorter --seq-len, or a lighter method or optimizer"
 
 
-def trade_offs(config: TrainConfig, memory: MemoryEstimate, *, usable: int) -> tuple[str, ...]:
+def trade_offs(config: TrainConfig, memory: MemoryEstimate, *, capacity: int) -> tuple[str, ...]:
     """Short notes, each with its source, on what the plan gives up against full fine-tuning
     with AdamW and fp32 master weights, and on its risk. Empty for that reference recipe."""
     notes: list[str] = []
-    if near_edge(memory, usable):
-        notes.append(f"NEAR THE EDGE: {format_bytes(max(usable - memory.process_total_bytes, 0))} left < the "
-                     f"{format_bytes(allocator_overhead(memory))} the allocator keeps reserved; {_room_hint(config)}")
+    if near_edge(config, memory, capacity=capacity):
+        high = memory_interval(config, memory)[1]
+        notes.append(f"NEAR THE EDGE: {oom_risk(config, memory, capacity=capacity):.0%} chance of running out of memory "
+                     f"(90% interval up to {format_bytes(high)} of {format_bytes(capacity)}); {_room_hint(config)}")
     if is_pure_16bit(config) and config.method is Method.FULL:
         notes.append("pure fp16, no fp32 master, no loss scaling: gradients underflow, updates < 2^-11 of a weight lost "
                      "(Micikevicius et al. 2018)" if config.precision is Precision.FP16 else
@@ -84,6 +98,11 @@ def trade_offs(config: TrainConfig, memory: MemoryEstimate, *, usable: int) -> t
     elif config.method is Method.QLORA:
         notes.append(f"QLoRA r{config.lora_r}: NF4 base, matched 16-bit LoRA (Dettmers et al. 2023), dequantised at each use")
     notes += _optimizer_note(config)
+    if config.zero and config.gpus == 1 and config.offload is Offload.NONE:
+        notes.append(f"ZeRO-{config.zero} on one GPU shards nothing; it ranks where it is faster than the plans without "
+                     "DeepSpeed or fits where they do not: DeepSpeed keeps the model in 16-bit with the fp32 master in "
+                     "the optimizer, which lets a larger micro-batch fit "
+                     "(deepspeed runtime/engine.py _configure_distributed_model)")
     if config.offload is not Offload.NONE:
         notes.append(f"offload: {format_bytes(memory.cpu_bytes)} pinned host RAM per GPU, step waits on PCIe "
                      "(Ren et al. 2021)")
@@ -102,4 +121,5 @@ def _optimizer_note(config: TrainConfig) -> list[str]:
     return []
 
 
-__all__ = ["Prefer", "allocator_overhead", "fidelity_tier", "is_pure_16bit", "near_edge", "trade_offs"]
+__all__ = ["Prefer", "allocator_overhead", "fidelity_tier", "is_pure_16bit", "memory_interval", "near_edge", "oom_risk",
+           "trade_offs"]

@@ -275,9 +275,13 @@ def test_estimate_defaults_to_the_mixed_precision_the_gpu_has(cli):
     """bf16 autocast where the device has bf16, fp16 autocast on a T4 (no bf16): the default
     works on every GPU of the catalog instead of failing on the older ones."""
     for gpu, expected in (("t4", "fp16-mixed"), ("v100-16gb", "fp16-mixed"), ("a10g", "bf16-mixed"), ("cpu", "bf16-mixed")):
-        r = cli("estimate", "--model", "gpt2", "--gpu", gpu, "--method", "lora", "--json")
+        r = cli("estimate", "--model", "gpt2", "--gpu", gpu, "--json")
         assert r.code == 0, r
         assert json.loads(r.out)["config"]["precision"] == expected
+        # LoRA: the 16-bit frozen base of the same type (planner.defaults)
+        r = cli("estimate", "--model", "gpt2", "--gpu", gpu, "--method", "lora", "--json")
+        assert r.code == 0, r
+        assert json.loads(r.out)["config"]["precision"] == expected.removesuffix("-mixed")
     # asked for explicitly, bf16 on a T4 is still refused with the reason
     r = cli("estimate", "--model", "gpt2", "--gpu", "t4", "--precision", "bf16-mixed")
     assert r.code == 2 and "no bf16 support" in r.err

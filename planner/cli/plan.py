@@ -15,7 +15,8 @@ _GPUS = typer.Option(1, "--gpus", help="Data-parallel devices.")
 _GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB.")
 _METHOD = typer.Option("full", "--method", help="full|lora|qlora")
 _PRECISION = typer.Option(
-    None, "--precision", help="fp32|fp16-mixed|bf16-mixed|fp16|bf16 (default: bf16-mixed, or fp16-mixed where the GPU has no bf16)."
+    None, "--precision", help="fp32|fp16-mixed|bf16-mixed|fp16|bf16 (default: bf16-mixed, or fp16-mixed where the GPU has no bf16; "
+    "lora: bf16, or fp16, a 16-bit frozen base with fp32 adapters)."
 )
 _OPTIMIZER = typer.Option("adamw", "--optimizer", help="adamw|adamw_8bit|paged_adamw_8bit|adafactor|sgd")
 _MICRO = typer.Option(1, "--micro-batch", help="Sequences per forward/backward on one device.")

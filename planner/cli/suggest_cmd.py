@@ -116,7 +116,7 @@ def suggest(
 
 def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, dataset: str | None, db) -> None:
     """``--emit DIR``: the chosen plan's files, the fastest verified one when the plan was
-    verified, else rank 1 (``planner emit`` for another rank)."""
+    verified, else the first that is not near the edge (``planner emit`` for another rank)."""
     if directory is None or plan_id is None:
         return
     from pathlib import Path
@@ -128,7 +128,19 @@ def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, datas
     with open_store(url=db) as store:
         plan = store.get_plan(plan_id=plan_id)
     answer = answer_position(plan) if plan.verified else None
-    rank = plan.candidates[answer].candidate.rank if answer is not None else 1
+    if answer is not None:
+        rank = plan.candidates[answer].candidate.rank
+    else:  # the first plan that is not near the edge: one that is is never written by default
+        from planner.uncertainty import NEAR_EDGE_PROBABILITY
+
+        safe = [c.candidate.rank for c in plan.candidates if c.candidate.rank is not None
+                and (c.candidate.memory.oom_probability or 0.0) <= NEAR_EDGE_PROBABILITY]
+        if not safe:
+            out.print(f"nothing written to {directory}: every plan is near the edge (over "
+                      f"{NEAR_EDGE_PROBABILITY:.0%} chance of running out of memory); `planner emit {plan_id} "
+                      f"{directory} --rank 1` writes plan #1 anyway", markup=False)
+            return
+        rank = min(safe)
     written = write_plan_files(plan=plan, rank=rank, directory=Path(directory), force=force, dataset=dataset)
     out.print(f"wrote {len(written)} files for plan #{rank} to {directory}: " + ", ".join(p.name for p in written),
               markup=False)

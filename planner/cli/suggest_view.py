@@ -36,8 +36,8 @@ def print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: in
     table = Table(title=f"top {len(result.plans)} plans, ranked by {result.prefer or 'fidelity'}"
                   + (" (the most faithful method first)" if (result.prefer or "fidelity") == "fidelity" else " (the fastest first)"))
     for col, justify in (("#", "right"), ("method", "left"), ("precision", "left"), ("optimizer", "left"), ("micro x accum", "right"),
-                         ("ckpt", "left"), ("zero/offload", "left"), ("memory", "right"), ("headroom", "right"), ("tokens/s", "right"),
-                         ("step", "right")):
+                         ("ckpt", "left"), ("zero/offload", "left"), ("memory", "right"), ("90% interval", "right"),
+                         ("OOM risk", "right"), ("tokens/s", "right"), ("step", "right")):
         table.add_column(col, justify=justify)
     for plan in result.plans:
         c = plan.config
@@ -45,9 +45,11 @@ def print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: in
         zo = "-" if not c.zero else f"zero{c.zero}" + (f"+{c.offload}" if str(c.offload) != "none" else "")
         table.add_row(str(plan.rank), method, str(c.precision), str(c.optimizer), f"{c.micro_batch} x {c.grad_accum}",
                       "on" if c.grad_ckpt else "off", zo, format_bytes(plan.memory.process_total_bytes),
-                      format_bytes(result.usable_bytes - plan.memory.process_total_bytes), f"{plan.throughput.tokens_per_s:,.0f}",
+                      _interval(plan), _risk(plan.memory.oom_probability), f"{plan.throughput.tokens_per_s:,.0f}",
                       f"{plan.throughput.step_s:.3g}s")
     out.print(table)
+    out.print(f"OOM risk: the chance the process passes the device's {format_bytes(device.memory_bytes)}, from the memory "
+              "model's error on published runs (README, \"How sure\"); over 5% is near the edge", markup=False)
     _print_policy_and_notes(out, result)
     top = result.plans[0]
     biggest = sorted(top.memory.breakdown.items(), key=lambda kv: -kv[1])[:5]
@@ -64,19 +66,38 @@ def print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: in
             out.print(f"  {r.family}: {r.reason}", markup=False)
 
 
+def _interval(plan) -> str:
+    from planner.units import format_bytes
+
+    if plan.memory.peak_interval_bytes is None:
+        return "-"
+    low, high = plan.memory.peak_interval_bytes
+    return f"{format_bytes(low)}-{format_bytes(high)}"
+
+
+def _risk(p: float | None) -> str:
+    """A probability as the table shows it: below 0.1% is "<0.1%", over 99.9% is ">99.9%"."""
+    if p is None:
+        return "-"
+    if p < 0.001:
+        return "<0.1%"
+    return ">99.9%" if p > 0.999 else f"{p:.1%}"
+
+
 def _print_policy_and_notes(out, result) -> None:
     """The other policy's first plan in one line, then each plan's trade-offs (and edge warning)."""
     from planner.tradeoffs import near_edge, trade_offs
 
     alt = result.alternative
+    capacity = result.request.gpu_memory_bytes
     if alt is not None:
         other = "speed" if (result.prefer or "fidelity") == "fidelity" else "fidelity"
         out.print(f"--prefer {other} would rank first: {_short(alt.config)}, {alt.throughput.tokens_per_s:,.0f} tokens/s, "
                   f"headroom {_fmt(result.usable_bytes - alt.memory.process_total_bytes)}"
-                  + (" (near the edge)" if near_edge(alt.memory, result.usable_bytes) else ""), markup=False)
+                  + (" (near the edge)" if near_edge(alt.config, alt.memory, capacity=capacity) else ""), markup=False)
     out.print("trade-offs:")
     for plan in result.plans:
-        notes = trade_offs(plan.config, plan.memory, usable=result.usable_bytes)
+        notes = trade_offs(plan.config, plan.memory, capacity=capacity)
         out.print(f"  {plan.rank}: " + ("; ".join(notes) if notes else "the reference recipe (full fine-tuning, AdamW, "
                                          "fp32 master weights): nothing traded"), markup=False)
 

@@ -53,6 +53,17 @@ function bar(memory, capacity, usable, palette) {
   return box;
 }
 
+// a plan's probability of running out of memory as the CLI's table shows it
+function risk(p) {
+  if (p === null || p === undefined) return "-";
+  if (p < 0.001) return "<0.1%";
+  return p > 0.999 ? ">99.9%" : (100 * p).toFixed(1) + "%";
+}
+
+function interval(range) {
+  return range ? "90% interval " + gib(range[0]) + " - " + gib(range[1]) : "";
+}
+
 function renderPlans(data) {
   const body = document.querySelector("#plans tbody");
   body.replaceChildren();
@@ -63,6 +74,8 @@ function renderPlans(data) {
     const cell = el("td");
     cell.appendChild(bar(plan.memory, capacity, data.usable_bytes, palette));
     row.append(cell, el("td", gib(plan.memory.process_total_bytes), {class: "num"}),
+               el("td", risk(plan.oom_probability), {class: "num" + (plan.near_edge ? " edge" : ""),
+                  title: interval(plan.memory.peak_interval_bytes)}),
                el("td", Math.round(plan.throughput.tokens_per_s).toLocaleString(), {class: "num"}),
                el("td", plan.throughput.step_s.toPrecision(3) + " s", {class: "num"}));
     body.appendChild(row);

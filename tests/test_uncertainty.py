@@ -1,0 +1,98 @@
+"""How sure a plan's memory is (issue 20, item 2): the interval and the probability of running out
+of memory, from the model's error on the published GPU measurements (bench/published.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from planner.uncertainty import (
+    CENTRAL,
+    MEMORY_ERROR,
+    NEAR_EDGE_PROBABILITY,
+    Spread,
+    oom_probability,
+    peak_interval,
+    safe_total,
+    spread,
+)
+from planner.units import GiB
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "published.py"
+_spec = importlib.util.spec_from_file_location("bench_published_uncertainty", BENCH)
+published = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(published)
+
+
+@pytest.fixture(scope="module")
+def scored():
+    return [r for r in published.score_all(published.load()) if r["status"] == "scored"]
+
+
+def test_the_stated_interval_covers_its_share_of_the_published_rows(scored):
+    """On the published bench the 90% interval of each row's prediction (widened where its
+    settings were guessed) holds the measured value in at least 90% of the rows, and so it does
+    for the fully stated rows alone."""
+    def covered(rows):
+        hits = 0
+        for r in rows:
+            low, high = peak_interval(r["predicted"], spread(r["config"].method, guessed=bool(r["guessed"])))
+            hits += low <= r["measured"] <= high
+        return hits / len(rows)
+
+    assert len(scored) >= 50
+    assert covered(scored) >= CENTRAL
+    assert covered([r for r in scored if not r["guessed"]]) >= CENTRAL
+
+
+def test_the_shipped_table_is_the_bench_s(scored):
+    """MEMORY_ERROR is what ``python bench/published.py --uncertainty`` prints: a change of the
+    memory model or of the rows changes it, and the constant must be written anew."""
+    table = published.uncertainty_table(scored)
+    assert set(table) == set(MEMORY_ERROR)
+    for key, (rows, q05, median, q95) in table.items():
+        shipped = MEMORY_ERROR[key]
+        assert shipped[0] == rows, key
+        assert max(abs(a - b) for a, b in zip(shipped[1:], (q05, median, q95))) < 0.01, (
+            f"{key}: the bench now gives {(rows, q05, median, q95)}; write planner/uncertainty.py MEMORY_ERROR anew "
+            "from python bench/published.py --uncertainty")
+
+
+def test_probability_by_hand():
+    """Full fine-tuning: median 0.0247, q95 0.1904 (upper scale (0.1904 - 0.0247) / 1.6449 =
+    0.10074), q05 -0.1619 (lower scale 0.11345)."""
+    s = spread("full")
+    assert (s.q05, s.median, s.q95) == (-0.1619, 0.0247, 0.1904)
+    cap = 24 * GiB
+    # at the interval's upper end the probability is 5% exactly
+    assert oom_probability(safe_total(cap, s), cap, s) == pytest.approx(NEAR_EDGE_PROBABILITY, abs=1e-6)
+    # a prediction e^-0.1254 of the device: z = (0.1254 - 0.0247) / 0.10074 = 0.9996 -> 15.88%
+    assert oom_probability(int(cap * math.exp(-0.1254)), cap, s) == pytest.approx(0.1587, abs=2e-4)
+    # the prediction at the device: t = 0 < median: P(x > 0) = Phi(0.0247 / 0.11345) = Phi(0.2177) = 0.5862
+    assert oom_probability(cap, cap, s) == pytest.approx(0.5862, abs=2e-4)
+    # far below: nothing; past the device by far: certain
+    assert oom_probability(cap // 4, cap, s) < 1e-6 and oom_probability(4 * cap, cap, s) > 1 - 1e-6
+    low, high = peak_interval(10 * GiB, s)
+    assert (low, high) == (int(10 * GiB * math.exp(-0.1619)), math.ceil(10 * GiB * math.exp(0.1904)))
+
+
+def test_methods_with_few_rows_take_the_pooled_entry_and_guesses_widen():
+    """LoRA has 4 fully stated rows: the pooled median and interval, widened to its largest
+    under-prediction (ln ratio 0.1957 against the pooled 0.1904)."""
+    lora, pooled = spread("lora"), spread("all")
+    assert lora.median == pooled.median and lora.q05 == pooled.q05 and lora.q95 == 0.1957 > pooled.q95
+    stated, guessed = spread("qlora"), spread("qlora", guessed=True)
+    assert guessed.q95 - guessed.q05 > stated.q95 - stated.q05
+
+
+def test_a_device_calibration_narrows_the_spread():
+    runs = [0.01, -0.01, 0.02, 0.0, 0.015, -0.005, 0.01, 0.005]
+    own = Spread.from_residuals(runs, "8 runs on this device")
+    assert own is not None and (own.q05, own.q95) == (-0.01, 0.02)
+    assert spread("full", calibrated=own) is own
+    assert Spread.from_residuals(runs[:7], "too few") is None
+    wide = Spread(-1.0, 0.0, 1.0, "wide")
+    assert spread("full", calibrated=wide) != wide
