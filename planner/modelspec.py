@@ -282,6 +282,8 @@ class ModelSpec:
             "moe": self.is_moe,
             "experts": self.num_experts,
             "experts_per_token": self.experts_per_token,
+            "not_modelled": list(self.unmodelled),
+            "language_model_of": self.wrapper_type or None,
             "layers": self.num_layers + self.decoder_layers,
             "hidden_size": self.hidden_size,
             "vocab_size": self.vocab_size,

@@ -93,6 +93,7 @@ def test_unmodelled_features_refuse_to_plan_in_one_line(model_id, feature):
     with pytest.raises(UnsupportedError, match=feature) as err:
         estimate_configuration(spec=spec, gpu=get_gpu("h100-80gb"), method="lora")
     assert "\n" not in str(err.value) and "not model" in str(err.value)
+    assert any(feature in f for f in spec.summary()["not_modelled"])  # planner models --json says so too
 
 
 @pytest.mark.parametrize("model_id", [
@@ -117,6 +118,7 @@ def test_multimodal_wrapper_is_its_language_model():
     assert (spec.wrapper_type, spec.model_type, spec.num_heads, spec.num_kv_heads, spec.vocab_size) == (
         "gemma3", "gemma3_text", 8, 4, 262_208)
     assert spec.tied_embeddings and spec.head_params == 0
+    assert spec.summary()["language_model_of"] == "gemma3" and spec.summary()["not_modelled"] == []
 
 
 @pytest.mark.parametrize(("model_id", "key", "value", "problem"), [
