@@ -484,8 +484,8 @@ def _order_stat(ordered: list[float], q: float, *, upper: bool) -> float:
 def uncertainty_table(results: list[dict[str, Any]]) -> dict[tuple[str, bool], tuple[int, float, float, float]]:
     """{(method or "all", guessed): (rows, q05, median, q95)} of ln(measured / predicted) over the
     scored rows, every counter together (a plan is compared with the device by its process total;
-    the counters measure parts of it, and split by counter no cell of stated rows but full/NVML has
-    8 rows). ``guessed``: rows with at least one guessed setting, whose error is the guess's as
+    the counters measure parts of it, and split by counter and method only full fine-tuning's NVML
+    rows, 11, reach MIN_ROWS stated rows). ``guessed``: rows with at least one guessed setting, whose error is the guess's as
     much as the model's. A method with fewer than MIN_ROWS rows of a kind takes the pooled ("all")
     entry's median and its interval widened to hold the method's own rows."""
     import math as _math

@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Iterator, NamedTuple
 
-from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
+from planner.advice import advice
+from planner.config import Offload, Optimizer, Precision, TrainConfig
 from planner.errors import NothingFitsError
 from planner.gpus import GPUSpec
 from planner.host import host_shortfall, node_ram_needed
@@ -91,7 +92,8 @@ def suggest(
                              top_k=min(top_k, 3), prefer=other, replays=replays, memo=memo, exotic=exotic)
     alternative = theirs[0] if theirs and theirs[0].config != plans[0].config else None
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
-                      safety_margin_bytes=margin, prefer=str(space.prefer), alternative=alternative)
+                      safety_margin_bytes=margin, prefer=str(space.prefer), alternative=alternative,
+                      advice=_edge_advice(plans, model=model, gpu=gpu, space=space))
 
 
 #: An offload plan whose ranks pin more than this share of the node's RAM is exotic: what is left
@@ -347,17 +349,27 @@ def _nothing_fits_message(*, model: ModelSpec, gpu: GPUSpec, closest: dict[str, 
             f"{format_bytes(node_ram_needed(best.cpu_bytes, ranks)).replace(' ', '')} on a host that has it, "
             "more GPUs (--gpus) or a shorter --seq-len"
         )
-    hints = []
-    if Method.QLORA not in space.methods:
-        hints.append("--method qlora")
+    hints = advice(model=model, gpu=gpu, config=best.config, total=need, target=usable, space=space,
+                   others=tuple(c.config for c in closest.values()))
     if not space.allow_offload:
-        hints.append("allowing offload")
-    hints += ["more GPUs (--gpus)", "a shorter --seq-len", "a larger GPU"]
+        hints.append("allowing offload (drop --no-offload)")
     return (
         f"nothing fits {model.id} on {gpu.name} ({format_bytes(usable)} usable): the closest, "
         f"{best.config.label()}, needs {format_bytes(need)} ({format_bytes(need - usable)} too much); "
-        f"try {', '.join(hints)}"
+        + (f"what would change that: {', '.join(hints)}" if hints else
+           "none of the planner's options lowers it: a GPU with more memory than the catalog's, or another model")
     )
+
+
+def _edge_advice(plans: tuple[Candidate, ...], *, model: ModelSpec, gpu: GPUSpec, space: SearchSpace) -> tuple[str, ...]:
+    """What would give room when every plan shown is near the edge: the options that lower the
+    first plan's process total, with how much, against the largest total that is not near the edge."""
+    capacity = gpu.memory_bytes
+    if not plans or any(not near_edge(p.config, p.memory, capacity=capacity) for p in plans):
+        return ()
+    top = plans[0]
+    return tuple(advice(model=model, gpu=gpu, config=top.config, total=top.memory.process_total_bytes,
+                        target=_safe_bound(top.config, gpu, {}), space=space))
 
 
 __all__ = ["OPTIMIZER_PREFERENCE", "PRECISION_PREFERENCE", "SPEED_TIE", "suggest"]

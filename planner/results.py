@@ -252,6 +252,9 @@ class PlanResult:
     alternative: Candidate | None = None
     """The other policy's first plan, when it is not plan 1 (None for stored plans, which keep
     their ranked plans only)."""
+    advice: tuple[str, ...] = ()
+    """When every plan is near the edge: which of the planner's options would give room, each with
+    the memory it saves (``planner.advice``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -263,6 +266,7 @@ class PlanResult:
             "searched": self.searched,
             "usable_bytes": self.usable_bytes,
             "safety_margin_bytes": self.safety_margin_bytes,
+            **({"advice": list(self.advice)} if self.advice else {}),
         }
 
     def _explained(self, c: Candidate) -> dict[str, Any]:

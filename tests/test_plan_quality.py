@@ -360,3 +360,34 @@ def test_property_top_plan_is_safe_when_a_safe_plan_exists_and_never_fp32_beside
             assert not mixed, (model, gpu, batch, top.config.label(), mixed[0].config.label())
 
     check()
+
+
+# ---- issue 20, item 5: advice that helps ------------------------------------------------------
+
+
+def test_nothing_fits_names_the_options_that_help_with_their_savings():
+    """The issue: "Nothing fits ... try more GPUs" for a micro-batch-1, 16k-context request where
+    more GPUs cannot help and the planner's own --fused-ce would fit it."""
+    with pytest.raises(NothingFitsError) as err:
+        make_plan(SuggestRequest(model="meta-llama/Llama-3.2-1B", gpu="t4", target_batch=1, seq_len=16384, method="lora"))
+    message = str(err.value)
+    assert "--fused-ce saves" in message and "GiB (enough)" in message.split("--fused-ce saves")[1].split(",")[0]
+    assert "--seq-len 8192 saves" in message and "a bigger GPU: --gpu" in message
+    assert "--gpus" not in message  # one sequence per device: more GPUs hold no less
+
+
+def test_only_near_the_edge_plans_come_with_advice(cli, tmp_path):
+    """gpt2, full fine-tuning, one 1024-token sequence on a 1.6 GiB slice: the only plans are near
+    the edge; the answer says what would give room, and --emit writes nothing by default."""
+    result = make_plan(SuggestRequest(model="gpt2", gpu="t4", target_batch=1, seq_len=1024, gpu_mem_bytes=1600 * MiB,
+                                      method="full")).result
+    capacity = result.request.gpu_memory_bytes
+    assert all(near_edge(p.config, p.memory, capacity=capacity) for p in result.plans)
+    assert any(a.startswith("--seq-len 512 saves") for a in result.advice)
+    assert all("--gpu t4 " not in a for a in result.advice)  # not the same GPU again
+    assert result.to_dict()["advice"] == list(result.advice)
+    r = cli("suggest", "-m", "gpt2", "-g", "t4", "-b", "1", "--seq-len", "1024", "--gpu-mem", "1600MiB", "--method", "full",
+            "--emit", str(tmp_path / "run"))
+    assert r.code == 0, r
+    assert "every plan is near the edge; what would give room: --seq-len 512 saves" in r.out
+    assert "nothing written to " in r.out and not (tmp_path / "run" / "train.py").exists()

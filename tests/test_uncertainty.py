@@ -96,3 +96,19 @@ def test_a_device_calibration_narrows_the_spread():
     assert Spread.from_residuals(runs[:7], "too few") is None
     wide = Spread(-1.0, 0.0, 1.0, "wide")
     assert spread("full", calibrated=wide) != wide
+
+
+def test_the_store_keeps_the_probability_and_the_interval(cli):
+    """A stored plan answers with the oom_probability and the interval it was planned with (the
+    memory payload carries them; no migration: it is JSON)."""
+    import json
+    import re
+
+    r = cli("suggest", "-m", "Qwen/Qwen2.5-0.5B", "-g", "a10g", "-b", "32")
+    assert r.code == 0, r
+    plan_id = re.search(r"plan id: (\S+)", r.out).group(1)
+    shown = cli("show", plan_id, "--json")
+    assert shown.code == 0, shown
+    text = json.dumps(json.loads(shown.out))
+    assert '"oom_probability": 0.' in text or '"oom_probability": 1' in text
+    assert '"peak_interval_bytes": [' in text

@@ -95,6 +95,9 @@ def _print_policy_and_notes(out, result) -> None:
         out.print(f"--prefer {other} would rank first: {_short(alt.config)}, {alt.throughput.tokens_per_s:,.0f} tokens/s, "
                   f"headroom {_fmt(result.usable_bytes - alt.memory.process_total_bytes)}"
                   + (" (near the edge)" if near_edge(alt.config, alt.memory, capacity=capacity) else ""), markup=False)
+    if result.advice:
+        out.print("every plan is near the edge; what would give room: " + ", ".join(result.advice), markup=False,
+                  soft_wrap=True)
     out.print("trade-offs:")
     for plan in result.plans:
         notes = trade_offs(plan.config, plan.memory, capacity=capacity)
