@@ -25,8 +25,17 @@ DEADLINE_S = 600
 
 
 @pytest.mark.slow
-def test_verify_over_http_runs_as_a_ray_job_and_the_plan_shows_it(sqlite_url, ray_head):
+def test_verify_over_http_runs_as_a_ray_job_and_the_plan_shows_it(sqlite_url, ray_head, tmp_path, monkeypatch):
     pytest.importorskip("torch")
+    import json
+
+    from ray.job_submission import JobSubmissionClient
+
+    # a folder named like the catalog id in the server's working directory is never read nor sent
+    # (issue 22, item 8): the job verifies the catalog's gpt2, the model that was planned
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1}))
+    monkeypatch.chdir(tmp_path)
     settings = ServiceSettings(database_url=sqlite_url, ray_address=ray_head)
     with TestClient(create_app(settings)) as client:
         answer = client.post("/v1/plans", json=REQUEST)
@@ -45,6 +54,10 @@ def test_verify_over_http_runs_as_a_ray_job_and_the_plan_shows_it(sqlite_url, ra
             time.sleep(2)
     assert plan["status"] == "verified", (seen, plan)
     assert plan["ray_job_id"] == job_id
+    job = JobSubmissionClient(ray_head).get_job_info(job_id)
+    assert "--model gpt2 " in job.entrypoint and "working_dir" not in (job.runtime_env or {})
+    # the database went by reference: this SQLite URL (no credential) on the driver's command line
+    assert f"--db {sqlite_url}" in job.entrypoint and job.runtime_env["env_vars"] == {"HF_HUB_OFFLINE": "1"}
     runs = [m for c in plan["candidates"] for m in c["measurements"]]
     assert len(runs) == 1 and runs[0]["outcome"] == "ok" and runs[0]["peak_allocated_bytes"] > 0
     assert seen[0] in ("planned", "verifying")
