@@ -119,8 +119,6 @@ def test_the_moments_sums_are_the_sums_of_what_each_moment_lists():
     are read from the one table ``MOMENTS``. Distinct powers of two for every size make any size
     missing, doubled or expanded at the wrong moment change a sum; every size is read at some
     moment, and every moment's transient parts are among its parts."""
-    import dataclasses
-
     from planner.memory.step import (
         MOMENTS,
         BatchSizes,
@@ -131,7 +129,7 @@ def test_the_moments_sums_are_the_sums_of_what_each_moment_lists():
         static_moments,
     )
 
-    static_names = [f.name for f in dataclasses.fields(StaticSizes)]
+    static_names = list(StaticSizes._fields)
     static = StaticSizes(**{name: 1 << (20 + i) for i, name in enumerate(static_names)})
     batch = BatchTerms(activations={"activations/a": 1 << 1, "activations/b": 1 << 2}, recompute=1 << 3,
                        forward_logits=1 << 4, backward_logits=1 << 5, kv_cache=1 << 6, kept=1 << 7,
@@ -142,7 +140,7 @@ def test_the_moments_sums_are_the_sums_of_what_each_moment_lists():
     sums = [a + b + (1 << 40) for a, b in zip(static_moments(static), batch_moments(batch.sizes()))]
     assert sums == [sum(parts.values()) for parts in listed.values()]
     read = {part.size for moment in MOMENTS for part in moment.parts}
-    assert read == set(static_names) | {f.name for f in dataclasses.fields(BatchSizes)}
+    assert read == set(static_names) | set(BatchSizes._fields)
     assert listed["first_block_backward"]["activations/a"] == (1 << 1) + (1 << 8)
     assert "activations/b" not in listed["first_block_recompute"]
 

@@ -598,7 +598,7 @@ def _recompute_end_at(ctx: BlockContext, saved: int, down: int) -> dict[str, int
             "block_backward": grads}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepActivations:
     """A decoder-only configuration's activation terms of one micro-step, from one context per
     block kind: what ``decoder_activation_breakdown``, ``decoder_recompute_bytes``, ``model_level_terms``,
@@ -619,16 +619,6 @@ class StepActivations:
     """``block_backward_terms``, by term."""
     recompute_end: dict[str, int]
     """``recompute_end_terms``, by term."""
-
-    def __init__(self, *, layers: int, blocks: tuple[dict[str, int], dict[str, int]] | None, checkpoint: int,
-                 level: dict[str, int], recompute: int, block_backward: dict[str, int],
-                 recompute_end: dict[str, int]) -> None:
-        # every field at once (as ``shapes.Dims``): the generated __init__ sets each through
-        # object.__setattr__, and the search makes one of these per micro-batch of a batch line
-        object.__setattr__(self, "__dict__", {
-            "layers": layers, "blocks": blocks, "checkpoint": checkpoint, "level": level, "recompute": recompute,
-            "block_backward": block_backward, "recompute_end": recompute_end})
-
     def saved(self) -> dict[str, int]:
         """``decoder_activation_breakdown``: saved for backward over the whole forward, by breakdown key."""
         return _saved_breakdown(self.layers, self.checkpoint, self.blocks, self.level)

@@ -11,7 +11,7 @@ from planner.memory.parameters import lora_targets
 from planner.modelspec import LinearKind, LinearSpec, ModelSpec
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Dims:
     """Sizes one forward pass works with (per device, per micro-step)."""
 
@@ -34,10 +34,8 @@ class Dims:
     tokens: int = field(init=False, repr=False, compare=False)
     """b * s: nearly every term reads it (a plain attribute, set as the dims are made)"""
 
-    def __init__(self, *, b: int, s: int, h: int, a: int, kv: int, d: int, i: int, v: int) -> None:
-        # every field at once, as ``BlockContext.__init__`` sets its own
-        object.__setattr__(self, "__dict__", {"b": b, "s": s, "h": h, "a": a, "kv": kv, "d": d, "i": i, "v": v,
-                                              "tokens": b * s})
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", self.b * self.s)
 
 
 def dims_of(model: ModelSpec, config: TrainConfig) -> Dims:
@@ -49,11 +47,11 @@ def dims_of(model: ModelSpec, config: TrainConfig) -> Dims:
                 kv=model.num_kv_heads, d=model.head_dim, i=inter, v=model.vocab_size)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BlockContext:
     """Everything one transformer block's activation terms depend on. What the terms read of the
-    configuration is derived once, as the context is made (``__init__``): a block's terms
-    read it dozens of times, and the search makes hundreds of contexts."""
+    configuration is derived once, as the context is made (``__post_init__``): a block's terms
+    read it dozens of times."""
 
     model: ModelSpec
     config: TrainConfig
@@ -86,32 +84,31 @@ class BlockContext:
     attn_targeted: bool = field(init=False, repr=False, compare=False)
     """LoRA adapts an attention projection, input or output."""
 
-    def __init__(self, *, model: ModelSpec, config: TrainConfig, dims: Dims, mode: DtypeMode, kernels: KernelProfile,
-                 first: bool, targets: frozenset[str]) -> None:
-        # every field, the derived ones too, set at once as ``TrainConfig.__init__`` sets its own:
-        # the generated __init__ and a __post_init__ set each frozen field through
-        # object.__setattr__, and the search makes hundreds of contexts
+    def __post_init__(self) -> None:
+        config, targets = self.config, self.targets
         full = config.method is Method.FULL
         lora_dropout = not full and config.lora_dropout > 0
         by_kind: dict[LinearKind, tuple[LinearSpec, ...]] = {}
-        adapted = tuple([lin for lin in model.layer_linears if lin.name in targets]) if targets else ()
+        adapted = tuple([lin for lin in self.model.layer_linears if lin.name in targets]) if targets else ()
         for lin in adapted:
             by_kind[lin.kind] = by_kind.get(lin.kind, ()) + (lin,)
-        object.__setattr__(self, "__dict__", {
-            "model": model, "config": config, "dims": dims, "mode": mode, "kernels": kernels, "first": first,
-            "targets": targets, "full": full, "block_input_needs_grad": block_input_needs_grad(config, first=first),
+        derived = {
+            "full": full, "block_input_needs_grad": block_input_needs_grad(config, first=self.first),
             "lora_dropout": lora_dropout,
-            "adapter_saves_shared_input": not full and not mode.adapter_input and not lora_dropout,
+            "adapter_saves_shared_input": not full and not self.mode.adapter_input and not lora_dropout,
             "adapted": adapted, "targeted_kinds": frozenset(by_kind), "adapted_by_kind": by_kind,
             "o_targeted": LinearKind.ATTN_OUT in by_kind,
             "attn_targeted": LinearKind.ATTN_IN in by_kind or LinearKind.ATTN_OUT in by_kind,
-        })
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     def _but(self, **changed) -> BlockContext:
         """This context with ``changed`` fields, the derived ones as they are (the callers change
         only what those do not read, or also what they derive from it)."""
         copy = object.__new__(BlockContext)
-        object.__setattr__(copy, "__dict__", {**self.__dict__, **changed})
+        for name in _CONTEXT_SLOTS:
+            object.__setattr__(copy, name, changed[name] if name in changed else getattr(self, name))
         return copy
 
     def at(self, config: TrainConfig, dims: Dims) -> BlockContext:
@@ -161,6 +158,10 @@ class BlockContext:
             assert kind is LinearKind.MLP_OUT, kind
             upstream = (LinearKind.MLP_IN,) + (() if self.model.parallel_block else attention)
         return any(kind in self.targeted_kinds for kind in upstream)
+
+
+#: every field of a context, the derived ones too (``BlockContext._but``)
+_CONTEXT_SLOTS = BlockContext.__slots__
 
 
 def block_input_needs_grad(config: TrainConfig, *, first: bool) -> bool:

@@ -58,7 +58,7 @@ def model_states_bytes(model: ModelSpec, config: TrainConfig) -> int:
     return sum(states.values())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StaticTerms:
     """The batch-independent terms of one configuration on one device."""
 
@@ -82,16 +82,6 @@ class StaticTerms:
     """A trained embedding tied to the output head gets two partial gradients (the head's matmul
     and the embedding's backward), which autograd's input buffer adds into a third tensor: the
     two partials are alive with every other gradient at the end of backward (measured on gpt2)."""
-
-    def __init__(self, *, resident: dict[str, int], gradients: int, gathered: int, paged: int, host: int,
-                 optimizer_step: int, optimizer_gradients: int, zero_gradient_flatten: int = 0,
-                 tied_gradient_sum: int = 0) -> None:
-        # every field at once (as ``shapes.Dims``): the generated __init__ sets each through
-        # object.__setattr__, and the search makes one of these per static key
-        object.__setattr__(self, "__dict__", {
-            "resident": resident, "gradients": gradients, "gathered": gathered, "paged": paged, "host": host,
-            "optimizer_step": optimizer_step, "optimizer_gradients": optimizer_gradients,
-            "zero_gradient_flatten": zero_gradient_flatten, "tied_gradient_sum": tied_gradient_sum})
 
     @property
     def resident_bytes(self) -> int:

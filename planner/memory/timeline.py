@@ -13,8 +13,10 @@ gradients), and the optimizer step
 micro-step is drawn, then the last one, in which the earlier micro-steps' gradients exist; the
 ones between repeat the last.
 
-The moments of ``planner.memory.step`` are marks on this timeline, and the live bytes at each
-mark are exactly what ``step.phases`` lists: peak, moment and breakdown are read from here.
+The moments of ``planner.memory.step.MOMENTS`` are marks on this timeline: at each, the moment's
+transient parts are allocated, the mark made, and they are freed (``_instant``); what the walk
+holds there is the moment's other parts, and the live bytes at each mark are the moment's total
+(checked as the timeline is made). Peak, moment and breakdown are read from here.
 Between marks the events are ordered so that no point exceeds the marks around it, which is the
 accounting the moments make (measured exact on the CPU rows of bench/accuracy.py): within a
 block, backward releases the saved tensors before it makes the gradients; the embeddings'
