@@ -9,11 +9,22 @@ every reader of a plan explains it with the same words.
 from __future__ import annotations
 
 import enum
+from typing import Protocol
 
 from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
-from planner.results import MemoryEstimate
 from planner.uncertainty import NEAR_EDGE_PROBABILITY, Spread, oom_probability, peak_interval, spread
 from planner.units import format_bytes
+
+
+class MemoryEstimate(Protocol):
+    """The figures of a memory estimate these functions read (``planner.results.MemoryEstimate``
+    has them; named here so that the result types, which explain a plan with these functions,
+    are not imported back)."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    process_total_bytes: int
+    cpu_bytes: int
 
 
 class Prefer(enum.StrEnum):

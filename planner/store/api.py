@@ -519,7 +519,7 @@ def _check_sqlite_file_exists(url: str) -> None:
 
     from sqlalchemy.engine import make_url
 
-    from planner.store.lite import missing_database
+    from planner.store.engine import missing_database
 
     try:
         parsed = make_url(url)

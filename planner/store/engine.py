@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
-from planner.errors import StoreError
+from planner.errors import DatabaseMissingError, StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from sqlalchemy import Engine
@@ -347,6 +347,11 @@ def retry_locked(work: Callable[[], T], *, sleep: Callable[[float], None] = time
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def missing_database(url: str) -> DatabaseMissingError:
+    """A store opened only to read finds no SQLite file (and must not create an empty one)."""
+    return DatabaseMissingError(f"no database at {url} yet: it is created by the first plan stored")
+
+
 __all__ = [
     "DATABASE_URL_ENV",
     "DATABASE_URL_FILE_ENV",
@@ -356,6 +361,7 @@ __all__ = [
     "default_database_url",
     "is_sqlite_locked",
     "make_engine",
+    "missing_database",
     "open_failure",
     "read_url_file",
     "retry_locked",

@@ -30,7 +30,6 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 from urllib.parse import quote
 
-from planner.errors import DatabaseMissingError
 from planner.results import PlanRequest, PlanResult
 from planner.store import codec
 from planner.store.engine import (
@@ -38,6 +37,7 @@ from planner.store.engine import (
     configure_sqlite,
     db_failure,
     default_database_url,
+    missing_database,
     open_failure,
     retry_locked,
 )
@@ -88,11 +88,6 @@ def sqlite_path(url: str) -> str | None:
     if not path or path == ":memory:" or any(ch in path for ch in "?%#"):
         return None
     return path
-
-
-def missing_database(url: str) -> DatabaseMissingError:
-    """A store opened only to read finds no SQLite file (and must not create an empty one)."""
-    return DatabaseMissingError(f"no database at {url} yet: it is created by the first plan stored")
 
 
 def _encode(column: str, value: Any) -> Any:
@@ -299,4 +294,4 @@ def open_for_command(*, url: str | None = None, create: bool = True) -> "LiteSto
     return open_store(url=url, create=create)
 
 
-__all__ = ["LiteStore", "missing_database", "open_for_command", "sqlite_path"]
+__all__ = ["LiteStore", "open_for_command", "sqlite_path"]
