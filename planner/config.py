@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from planner.errors import InvalidConfigError, UnsupportedError
+from planner.optim import OPTIMIZERS, Optimizer, names
 
 
 class Method(enum.StrEnum):
@@ -61,14 +62,6 @@ class Precision(enum.StrEnum):
         if self is Precision.FP32:
             return "float32"
         return "bfloat16" if self.needs_bf16 else "float16"
-
-
-class Optimizer(enum.StrEnum):
-    ADAMW = "adamw"
-    ADAMW_8BIT = "adamw_8bit"
-    PAGED_ADAMW_8BIT = "paged_adamw_8bit"
-    ADAFACTOR = "adafactor"
-    SGD = "sgd"
 
 
 class Attention(enum.StrEnum):
@@ -189,7 +182,10 @@ _FP32 = Precision.FP32
 _PURE_16BIT = (Precision.FP16, Precision.BF16)
 _FLASH = Attention.FLASH
 _NO_OFFLOAD, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
-_ADAMW, _PAGED_ADAMW_8BIT = Optimizer.ADAMW, Optimizer.PAGED_ADAMW_8BIT
+#: What DeepSpeed takes of each optimizer (``planner.optim``): the ones it offloads, and each paged
+#: one's unpaged twin (ZeRO's partitions are not paged).
+_OFFLOADABLE = tuple(o for o in Optimizer if OPTIMIZERS[o].deepspeed_offload)
+_UNPAGED = {o: OPTIMIZERS[o].unpaged for o in Optimizer if OPTIMIZERS[o].paged}
 #: The copy constructors make an instance and give it its fields' dict at once, as ``__init__``
 #: does (``object.__setattr__`` because the dataclass is frozen).
 _new, _set = object.__new__, object.__setattr__
@@ -204,7 +200,7 @@ class TrainConfig:
     precision: Precision = Precision.BF16_MIXED
     """Numeric precision; see ``Precision``."""
     optimizer: Optimizer = Optimizer.ADAMW
-    """torch AdamW, bitsandbytes AdamW8bit / PagedAdamW8bit, transformers Adafactor, SGD+momentum."""
+    """An optimizer of the registry, by name (``planner.optim``: one descriptor module each)."""
     micro_batch: int = 1
     """Sequences per forward/backward on one device."""
     seq_len: int = 512
@@ -361,15 +357,15 @@ class TrainConfig:
                 f"--precision {self.precision} with --zero {self.zero}: DeepSpeed always keeps "
                 f"fp32 master weights, use --precision {self.precision}-mixed"
             )
-        if self.offload is not _NO_OFFLOAD and self.optimizer is not _ADAMW:
+        if self.offload is not _NO_OFFLOAD and self.optimizer not in _OFFLOADABLE:
             raise UnsupportedError(
                 f"--offload with --optimizer {self.optimizer}: DeepSpeed offloads only its "
-                "CPU Adam, use --optimizer adamw"
+                f"CPU Adam, use --optimizer {names(_OFFLOADABLE)}"
             )
-        if self.optimizer is _PAGED_ADAMW_8BIT:
+        if self.optimizer in _UNPAGED:
             raise UnsupportedError(
-                "--optimizer paged_adamw_8bit with --zero: paging and ZeRO partitioning do "
-                "not combine, use adamw_8bit"
+                f"--optimizer {self.optimizer} with --zero: paging and ZeRO partitioning do "
+                f"not combine, use {_UNPAGED[self.optimizer]}"
             )
         if self.zero == 3 and self.method is _QLORA:
             raise UnsupportedError(

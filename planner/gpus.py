@@ -33,6 +33,7 @@ from typing import Mapping
 
 from planner.config import Precision
 from planner.errors import InvalidConfigError, UnknownGPUError
+from planner.optim.adamw import AdamWImpl
 from planner.units import GiB, MiB
 
 # ---- shared figures and their sources --------------------------------------------------------
@@ -58,17 +59,6 @@ _MODAL_SMI = "nvidia-smi total as listed in modal-labs/modal-client#2797"
 #: Some totals changed with the driver: V100s and the RTX A6000 report more since about R515 (and
 #: the A6000 less with ECC on). The catalog holds what current drivers (R535 and later) print.
 _DRIVER_NOTE = "current drivers (R515+); older drivers print less"
-
-
-class AdamWImpl(enum.StrEnum):
-    """Which torch.optim.AdamW code path steps the parameters (torch/optim/adamw.py)."""
-
-    SINGLE_TENSOR = "single_tensor"
-    """``_single_tensor_adamw``: one parameter at a time."""
-    FOREACH = "foreach"
-    """``_multi_tensor_adamw``: ``torch._foreach_*`` over every parameter at once."""
-    FUSED = "fused"
-    """``_fused_adamw``: one fused kernel, no temporaries outside it."""
 
 
 class DropoutMask(enum.StrEnum):

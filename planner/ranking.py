@@ -24,6 +24,7 @@ from planner.gpus import GPUSpec
 from planner.host import host_shortfall, node_ram_needed
 from planner.memory import estimate_memory, model_states_bytes
 from planner.modelspec import ModelSpec
+from planner.optim import OPTIMIZERS
 from planner.results import Candidate, PlanResult, Rejection
 from planner.search import (
     MemoryMemo,
@@ -215,7 +216,7 @@ def _next_smaller_split(config: TrainConfig, *, model: ModelSpec, gpu: GPUSpec, 
 #: parts (no DeepSpeed, then no offload), then fp32 master weights. On one GPU, ZeRO without
 #: offload saves nothing, and a tie means offload bought nothing either.
 SPEED_TIE = 0.02
-OPTIMIZER_PREFERENCE = {Optimizer.ADAMW: 0, Optimizer.ADAMW_8BIT: 1, Optimizer.PAGED_ADAMW_8BIT: 2, Optimizer.ADAFACTOR: 3, Optimizer.SGD: 4}
+OPTIMIZER_PREFERENCE = {o: OPTIMIZERS[o].preference for o in Optimizer}  # each optimizer's descriptor (planner.optim)
 PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4}
 
 

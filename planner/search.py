@@ -31,6 +31,7 @@ from planner.memory.parameters import Trained, trained
 from planner.memory.states import StaticTerms, static_terms
 from planner.memory.step import batch_line, first_block_gradients, first_block_params, static_moments, static_sizes
 from planner.modelspec import LinearKind, ModelSpec
+from planner.optim import SEARCHED
 from planner.host import host_reserve
 from planner.results import PlanRequest
 from planner.throughput import ThroughputMemo, tokens_per_second
@@ -55,7 +56,8 @@ class SearchSpace:
     """None: fp32 and, in 16 bits, bf16-mixed and pure bf16 where the GPU has bf16, else
     fp16-mixed and pure fp16 (``_precisions``). Precisions the GPU cannot run are skipped, with a
     warning; when none is left, ``suggest`` refuses the space with the fix."""
-    optimizers: tuple[Optimizer, ...] = tuple(Optimizer)
+    optimizers: tuple[Optimizer, ...] = SEARCHED
+    """The optimizers tried (default: the registry's ``SEARCHED``, those that take AdamW's recipe)."""
     allow_offload: bool = True
     """Consider DeepSpeed CPU offload (bounded by ``cpu_mem_bytes``)."""
     cpu_mem_bytes: int = 0

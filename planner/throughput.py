@@ -29,9 +29,9 @@ from planner.config import Method, Offload, Precision, TrainConfig
 from planner.errors import InvalidConfigError
 from planner.gpus import GPUSpec, check_precision, matmul_dtype
 from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES
-from planner.memory.optimizers import OPTIMIZERS
 from planner.memory.parameters import stack_targets, trainable_params
 from planner.modelspec import ModelSpec
+from planner.optim import OPTIMIZERS
 from planner.results import ThroughputEstimate
 
 # ---- stated assumptions (calibrate with measurements) ----------------------------------------
@@ -147,14 +147,14 @@ def _trainable_bytes(config: TrainConfig) -> int:
 def optimizer_bytes_per_param(*, config: TrainConfig) -> float:
     """Device memory traffic of one optimizer update per trainable parameter.
 
-    Each optimizer's own traffic is its class's ``update_bytes_per_param`` in
-    ``planner.memory.optimizers`` (AdamW 7w: HF's default ``adamw_torch_fused`` for torch >= 2.8
+    Each optimizer's own traffic is its memory model's ``update_bytes_per_param`` in its
+    descriptor (``planner.optim``; AdamW 7w: HF's default ``adamw_torch_fused`` for torch >= 2.8
     reads param, grad and both moments and writes three; 8-bit AdamW 3w + 4·(1 + 4/256); SGD 5w;
     Adafactor 16 fp32 passes). ZeRO (DeepSpeed keeps an fp32 master copy for 16-bit training):
     +4 B read of the master and +2 B write of the 16-bit model weight per parameter
     (``_update_fp16``-style copy back).
     """
-    per_param = OPTIMIZERS[config.optimizer].update_bytes_per_param(_trainable_bytes(config))
+    per_param = OPTIMIZERS[config.optimizer].memory.update_bytes_per_param(_trainable_bytes(config))
     if config.zero and config.precision.is_mixed:
         per_param += 4 + 2
     return per_param

@@ -11,7 +11,8 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
-from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
+from planner.config import Method, Offload, Precision, TrainConfig
+from planner.optim import OPTIMIZERS
 from planner.uncertainty import NEAR_EDGE_PROBABILITY, Spread, oom_probability, peak_interval, spread
 from planner.units import format_bytes
 
@@ -121,15 +122,8 @@ def trade_offs(config: TrainConfig, memory: MemoryEstimate, *, capacity: int) ->
 
 
 def _optimizer_note(config: TrainConfig) -> list[str]:
-    if config.optimizer is Optimizer.ADAMW_8BIT:
-        return ["8-bit AdamW: quantised moments, matched 32-bit (Dettmers et al. 2022)"]
-    if config.optimizer is Optimizer.PAGED_ADAMW_8BIT:
-        return ["paged 8-bit AdamW: quantised moments (Dettmers et al. 2022), paged to host under pressure"]
-    if config.optimizer is Optimizer.ADAFACTOR:
-        return ["Adafactor: factored 2nd moment, no momentum (Shazeer & Stern 2018)"]
-    if config.optimizer is Optimizer.SGD:
-        return ["SGD: trains LMs worse than AdamW at its settings (Zhao et al. 2024)"]
-    return []
+    note = OPTIMIZERS[config.optimizer].note  # the optimizer's descriptor (planner.optim)
+    return [note] if note else []
 
 
 __all__ = ["Prefer", "allocator_overhead", "fidelity_tier", "is_pure_16bit", "memory_interval", "near_edge", "oom_risk",

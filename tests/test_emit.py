@@ -21,6 +21,7 @@ from planner.config import Attention, Method, Offload, Optimizer, Precision, Tra
 from planner.emit import plan_files
 from planner.gpus import get_gpu
 from planner.memory import estimate_memory
+from planner.optim import OPTIMIZERS
 from planner.results import Candidate, PlanRequest
 from planner.throughput import estimate_throughput
 
@@ -51,6 +52,10 @@ PLANS = [
          seq_len=256),
     dict(method="qlora", precision="bf16-mixed", lora_dropout=0.1, grad_ckpt=True, packing=False, seq_len=512),
 ]
+#: a LoRA plan for each registered optimizer the plans above do not name (planner.optim: adding an
+#: optimizer is its descriptor module and its tests, and its emitted files are held here as well)
+PLANS += [dict(method="lora", precision="bf16-mixed", optimizer=str(o), seq_len=128)
+          for o in Optimizer if o not in {plan.get("optimizer", "adamw") for plan in PLANS}]
 
 
 def candidate_for(spec, gpu, config: TrainConfig) -> Candidate:
@@ -108,14 +113,17 @@ def precision_back(args, script, bnb) -> str:
 
 
 def optimizer_back(args) -> str:
+    """The registered optimizer whose HF name the emitted arguments carry, with the arguments its
+    descriptor sets beside it."""
     from transformers.training_args import OptimizerNames
 
     if args.optim == OptimizerNames.SGD:
         # the memory model's SGD: one momentum buffer, in-place update (no weight-decay copy)
         assert args.optim_args == "momentum=0.9" and args.weight_decay == 0.0
-    return {OptimizerNames.ADAMW_TORCH: "adamw", OptimizerNames.ADAMW_BNB: "adamw_8bit",
-            OptimizerNames.PAGED_ADAMW_8BIT: "paged_adamw_8bit", OptimizerNames.ADAFACTOR: "adafactor",
-            OptimizerNames.SGD: "sgd"}[args.optim]
+    [spec] = [spec for spec in OPTIMIZERS.values() if spec.hf_optim == args.optim]
+    for key, value in spec.hf_args.items():
+        assert getattr(args, key) == value, key
+    return spec.name
 
 
 def adapters_back(folder: Path) -> tuple[dict, object]:

@@ -27,10 +27,10 @@ from planner.memory import (
     lora_params,
     model_state_breakdown,
     model_states_bytes,
-    optimizer_state_bytes,
     trainable_params,
 )
 from planner.modelspec import LinearKind, LinearSpec, ModelSpec
+from planner.optim import optimizer_state_bytes
 
 # ---- fixtures ---------------------------------------------------------------------------------
 

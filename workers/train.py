@@ -46,8 +46,9 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from planner.config import Loop, Method, Optimizer, Precision, TrainConfig
+from planner.config import Loop, Method, Precision, TrainConfig
 from planner.errors import InvalidConfigError
+from planner.optim import OPTIMIZERS
 from planner.results import Measurement, RunOutcome
 from workers import seq2seq
 from workers.deepspeed_config import LEARNING_RATE
@@ -295,22 +296,8 @@ def _apply_training_setup(model, *, model_config: Mapping[str, Any], config: Tra
 
 
 def _build_optimizer(config: TrainConfig, params: list):
-    import torch
-
-    if config.optimizer is Optimizer.ADAMW:
-        return torch.optim.AdamW(params, lr=LEARNING_RATE)
-    if config.optimizer is Optimizer.SGD:
-        return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9)
-    if config.optimizer is Optimizer.ADAFACTOR:
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=LEARNING_RATE, scale_parameter=False, relative_step=False, warmup_init=False)
-    import bitsandbytes as bnb
-
-    if config.optimizer is Optimizer.ADAMW_8BIT:
-        return bnb.optim.AdamW8bit(params, lr=LEARNING_RATE)
-    assert config.optimizer is Optimizer.PAGED_ADAMW_8BIT, config.optimizer
-    return bnb.optim.PagedAdamW8bit(params, lr=LEARNING_RATE)
+    """The optimizer as its descriptor builds it (``planner.optim``)."""
+    return OPTIMIZERS[config.optimizer].build(params, lr=LEARNING_RATE)
 
 
 def _init_single_process_distributed(device: str) -> None:

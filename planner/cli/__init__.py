@@ -48,7 +48,7 @@ def get_app(command: str | None = None):
         add_completion=False,
         pretty_exceptions_enable=False,
         # click's own help layout: rich's option table cuts a word longer than its column with
-        # an ellipsis, and the choice lists ("adamw|adamw_8bit|paged_adamw_8bit|...") are one
+        # an ellipsis, and the choice lists ("full|lora|qlora", the optimizers' names) are one
         # word, so at 80 columns they were cut; click's wraps them, losing nothing
         rich_markup_mode=None,
         context_settings={"help_option_names": ["-h", "--help"]},
@@ -78,9 +78,8 @@ _CHOICES_RE = re.compile(r"(?<=[\w)])\|(?=[\w(])")
 def _wrappable_help(group):
     """Show every choice list ``a|b|c`` of the options' help as ``a | b | c``.
 
-    The help wraps at spaces only; one 48-character word such as
-    ``adamw|adamw_8bit|paged_adamw_8bit|adafactor|sgd`` was cut mid-name (or, by rich's layout,
-    with an ellipsis) at 80 columns."""
+    The help wraps at spaces only; one long word such as the list of the optimizers' names (48
+    characters and more) was cut mid-name (or, by rich's layout, with an ellipsis) at 80 columns."""
     commands = [group, *getattr(group, "commands", {}).values()]
     for command in commands:
         for param in command.params:

@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 import typer
 
+from planner.optim import names as optimizer_names
+
 # Options shared by estimate and measure (one definition, two commands).
 _MODEL = typer.Option(..., "--model", "-m", help="Catalog id, path to a config.json/model dir, or an HF id in the local cache.")
 _GPU = typer.Option(..., "--gpu", "-g", help="GPU name from 'planner gpus' (cpu: the CPU measurement profile; auto: this machine's GPU, through NVML).")
@@ -18,7 +20,7 @@ _PRECISION = typer.Option(
     None, "--precision", help="fp32|fp16-mixed|bf16-mixed|fp16|bf16 (default: bf16-mixed, or fp16-mixed where the GPU has no bf16; "
     "lora: bf16, or fp16, a 16-bit frozen base with fp32 adapters)."
 )
-_OPTIMIZER = typer.Option("adamw", "--optimizer", help="adamw|adamw_8bit|paged_adamw_8bit|adafactor|sgd")
+_OPTIMIZER = typer.Option("adamw", "--optimizer", help=optimizer_names())
 _MICRO = typer.Option(1, "--micro-batch", help="Sequences per forward/backward on one device.")
 _SEQ = typer.Option(None, "--seq-len", help="Tokens per sequence (default: min(2048, the model's maximum)).")
 _ACCUM = typer.Option(1, "--grad-accum", help="Micro-steps per optimizer step.")
@@ -311,14 +313,18 @@ def _check_worker_libraries(config) -> None:
     light install does not have."""
     import importlib.util
 
-    from planner.config import Method, Optimizer
+    from planner.config import Method
     from planner.errors import MissingDependencyError
+    from planner.optim import OPTIMIZERS
 
     needed = ["torch", "transformers", "accelerate"]
     if config.method.uses_adapters:
         needed.append("peft")
-    if config.method is Method.QLORA or config.optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
+    if config.method is Method.QLORA:
         needed.append("bitsandbytes")
+    library = OPTIMIZERS[config.optimizer].library
+    if library and library not in needed:
+        needed.append(library)
     if config.zero:
         needed.append("deepspeed")
     missing = [name for name in needed if importlib.util.find_spec(name) is None]

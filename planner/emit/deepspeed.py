@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.config import Offload, Optimizer, Precision, TrainConfig
+from planner.config import Offload, Precision, TrainConfig
 from planner.errors import InvalidConfigError
 from planner.memory import deepspeed_buckets
+from planner.optim import OPTIMIZERS
 
 #: learning rate of every optimizer a run builds (the value does not change memory)
 LEARNING_RATE = 1e-4
@@ -68,19 +69,14 @@ def build(
     }
     if gradient_clipping is not None:
         ds["gradient_clipping"] = gradient_clipping
-    if config.optimizer is Optimizer.ADAMW:
-        params: dict[str, Any] = {
-            "lr": LEARNING_RATE, "betas": list(ADAM_BETAS), "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY,
-        }
-        if config.offload is Offload.NONE:
-            # torch.optim.AdamW instead of FusedAdam (a CUDA-only extension): deepspeed
-            # runtime/engine.py _configure_basic_optimizer, "torch_adam"
-            params["torch_adam"] = True
-        # with offload DeepSpeed builds DeepSpeedCPUAdam from this section
-        ds["optimizer"] = {"type": "AdamW", "params": params}
+    section = OPTIMIZERS[config.optimizer].deepspeed_section
+    if section is not None:
+        # DeepSpeed builds the optimizer itself from this section (with offload, its CPU optimizer)
+        ds["optimizer"] = section(lr=LEARNING_RATE, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY,
+                                  offload=config.offload is not Offload.NONE)
     else:
-        # SGD, Adafactor and the bitsandbytes optimizers are passed to deepspeed.initialize as
-        # client optimizers, which ZeRO refuses unless told (engine.py _do_optimizer_sanity_check)
+        # the others are passed to deepspeed.initialize as client optimizers, which ZeRO refuses
+        # unless told (engine.py _do_optimizer_sanity_check)
         ds["zero_allow_untested_optimizer"] = True
     return ds
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from planner.config import Method, Optimizer, Precision, TrainConfig
+from planner.config import Method, Precision, TrainConfig
 from planner.config import Loop
 from planner.emit.settings import MAX_GRAD_NORM, offload_words
 from planner.modelspec import ModelSpec
+from planner.optim import OPTIMIZERS
 from planner.results import Candidate, Measurement, PlanRequest
 from planner.units import format_bytes
 
@@ -17,13 +18,6 @@ _PRECISION_WORDS = {
     Precision.BF16_MIXED: "fp32 weights, bf16 autocast compute (Trainer bf16=True)",
     Precision.FP16: "the model loaded in fp16: weights, gradients and optimizer states in fp16",
     Precision.BF16: "the model loaded in bf16: weights, gradients and optimizer states in bf16",
-}
-_OPTIMIZER_WORDS = {
-    Optimizer.ADAMW: "AdamW (torch), two fp32 moments per trainable parameter",
-    Optimizer.ADAMW_8BIT: "bitsandbytes 8-bit AdamW (blockwise-quantized moments)",
-    Optimizer.PAGED_ADAMW_8BIT: "bitsandbytes paged 8-bit AdamW (moments in paged memory)",
-    Optimizer.ADAFACTOR: "Adafactor (factored second moment, no first moment)",
-    Optimizer.SGD: "SGD with momentum 0.9 (one buffer per trainable parameter)",
 }
 
 
@@ -52,7 +46,7 @@ def _in_words(config: TrainConfig, request: PlanRequest, spec: ModelSpec) -> lis
         f"= {c.global_batch} sequences of {c.seq_len} tokens per optimizer step",
         f"- method: {_method_words(c)}",
         f"- precision: {_precision_words(c)}",
-        f"- optimizer: {_OPTIMIZER_WORDS[c.optimizer]}",
+        f"- optimizer: {OPTIMIZERS[c.optimizer].words}",
         f"- activation checkpointing: {'on, per decoder layer, non-reentrant' if c.grad_ckpt else 'off'}",
         f"- attention: {c.attention.hf_name}",
         f"- DeepSpeed: " + (f"ZeRO-{c.zero}, {offload_words(c)}" if c.zero else "not used"),
@@ -101,7 +95,7 @@ def _loop_assumptions(config: TrainConfig) -> list[str]:
     if config.method.uses_adapters:
         lines.append(f"LoRA dropout {config.lora_dropout}: " + ("each adapted layer keeps a dropped copy of its input and "
                      "the mask" if config.lora_dropout else "no dropped copy of each adapted layer's input"))
-    if config.optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
+    if OPTIMIZERS[config.optimizer].bnb_8bit_states:
         lines.append("8-bit states for the embeddings too (train.py undoes the Trainer's 32-bit override)")
     if config.zero:
         lines.append("DeepSpeed buckets as in ds_config.json (reduce bucket hidden², not DeepSpeed's 5e8 default)")

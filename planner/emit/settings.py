@@ -10,26 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.config import Method, Offload, Optimizer, Precision, TrainConfig
+from planner.config import Method, Offload, Precision, TrainConfig
 from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
 from planner.emit.deepspeed import build as build_deepspeed
 from planner.modelspec import ModelSpec
+from planner.optim import OPTIMIZERS
 
-#: transformers' ``OptimizerNames`` value for each optimizer the planner models (transformers
-#: training_args.py OptimizerNames; trainer_optimizer.py builds torch.optim.AdamW for
-#: adamw_torch, bitsandbytes' AdamW with optim_bits=8 (is_paged for paged_) for the 8-bit ones,
-#: transformers' Adafactor with scale_parameter=False, relative_step=False, torch.optim.SGD)
-OPTIM_NAMES = {
-    Optimizer.ADAMW: "adamw_torch",
-    Optimizer.ADAMW_8BIT: "adamw_bnb_8bit",
-    Optimizer.PAGED_ADAMW_8BIT: "paged_adamw_8bit",
-    Optimizer.ADAFACTOR: "adafactor",
-    Optimizer.SGD: "sgd",
-}
-#: SGD keeps one momentum buffer per parameter in the memory model and the worker
-#: (torch.optim.SGD(momentum=0.9)); the Trainer's SGD has none unless optim_args says so
-#: (trainer_optimizer.py _get_sgd)
-SGD_OPTIM_ARGS = "momentum=0.9"
 #: the HF Trainer's default gradient clipping, written out so DeepSpeed clips alike
 MAX_GRAD_NORM = 1.0
 #: the checkpointing the worker applies (workers/train.py _apply_training_setup): non-reentrant,
@@ -73,7 +59,8 @@ def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
         # transformers 5 renamed gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs)
         # (the old names are deprecated aliases: training_args.py)
         "activation_checkpointing": config.grad_ckpt,
-        "optim": OPTIM_NAMES[config.optimizer],
+        # transformers' OptimizerNames value and the arguments beside it: the optimizer's descriptor
+        "optim": OPTIMIZERS[config.optimizer].hf_optim,
         "learning_rate": LEARNING_RATE,
         "weight_decay": WEIGHT_DECAY,
         "adam_beta1": ADAM_BETAS[0],
@@ -91,12 +78,7 @@ def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
     }
     if config.grad_ckpt:
         args["activation_checkpointing_kwargs"] = dict(CHECKPOINTING_KWARGS)
-    if config.optimizer is Optimizer.SGD:
-        args["optim_args"] = SGD_OPTIM_ARGS
-        # torch's SGD applies weight decay as grad + wd * param, a new tensor per parameter in
-        # the step (torch/optim/sgd.py _single_tensor_sgd); the model and the worker's SGD
-        # (weight_decay=0) update in place
-        args["weight_decay"] = 0.0
+    args.update(OPTIMIZERS[config.optimizer].hf_args)
     if config.zero:
         args["deepspeed"] = DEEPSPEED_FILE
     if config.fused_ce:
@@ -202,7 +184,7 @@ def offload_words(config: TrainConfig) -> str:
 
 
 __all__ = [
-    "CHECKPOINTING_KWARGS", "DEEPSPEED_FILE", "LIGER_FUSED_CE_ONLY", "MAX_GRAD_NORM", "OPTIM_NAMES", "SGD_OPTIM_ARGS",
+    "CHECKPOINTING_KWARGS", "DEEPSPEED_FILE", "LIGER_FUSED_CE_ONLY", "MAX_GRAD_NORM",
     "accelerate_config", "bnb_config", "deepspeed_config", "lora_config", "model_dtype", "to_yaml",
     "training_arguments",
 ]

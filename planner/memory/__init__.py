@@ -6,7 +6,6 @@ returns a ``MemoryEstimate`` whose ``breakdown`` names every term and sums to
 
 * ``dtypes``: element sizes, the dtype mode of a configuration, the bitsandbytes block layouts;
 * ``parameters``: what is trained (LoRA targets, trainable counts, tensor sizes);
-* ``optimizers``: one class per optimizer (state bytes, step temporaries, traffic);
 * ``shapes``, ``activations``, ``attention``: the tensors saved for backward, block by block,
   as named terms with their sources;
 * ``zero``: DeepSpeed ZeRO partitioning, buckets and offload;
@@ -16,6 +15,7 @@ returns a ``MemoryEstimate`` whose ``breakdown`` names every term and sums to
   and its breakdown are read;
 * ``reserve``: from allocated to reserved and the process total.
 
+Each optimizer's states, step temporaries and traffic come from its descriptor (``planner.optim``).
 Device behaviour comes from the device's ``KernelProfile`` (``planner.gpus``). The search's
 memo and its affine fast path live in ``planner.search``.
 """
@@ -29,7 +29,6 @@ from planner.memory.activations import (
 )
 from planner.memory.dtypes import BNB_8BIT_BLOCK, BNB_MIN_8BIT_SIZE, NF4_BLOCK, NF4_DQ_BLOCK
 from planner.memory.estimate import estimate_memory
-from planner.memory.optimizers import OPTIMIZERS, optimizer_state_bytes
 from planner.memory.parameters import lora_params, lora_targets, param_tensor_sizes, trainable_params
 from planner.memory.reserve import CUDA_FRAGMENTATION, CUDA_ROUND_LARGE
 from planner.memory.saved import activation_breakdown
@@ -46,7 +45,6 @@ __all__ = [
     "CUDA_ROUND_LARGE",
     "NF4_BLOCK",
     "NF4_DQ_BLOCK",
-    "OPTIMIZERS",
     "activation_breakdown",
     "deepspeed_buckets",
     "estimate_memory",
@@ -54,7 +52,6 @@ __all__ = [
     "lora_targets",
     "model_state_breakdown",
     "model_states_bytes",
-    "optimizer_state_bytes",
     "param_tensor_sizes",
     "trainable_params",
 ]

@@ -11,9 +11,12 @@ import functools
 from dataclasses import dataclass, field
 
 from planner.config import Method, Precision
+from planner.optim.bnb import BNB_8BIT_BLOCK, BNB_8BIT_STATE_BYTES, BNB_MIN_8BIT_SIZE
+from planner.optim.spec import FP32
 
-#: bytes of an fp32 element (master weights, optimizer moments, the loss' log-probabilities)
-FP32 = 4
+# FP32 (bytes of an fp32 element: master weights, optimizer moments, log-probabilities) and the
+# 8-bit optimizer layout of bitsandbytes are defined with the optimizers (planner.optim).
+
 #: bytes of an fp16/bf16 element
 HALF = 2
 #: bytes of an int64 element (token ids and labels the embedding and the loss keep)
@@ -29,14 +32,6 @@ ADAPTER_BYTES = FP32
 #: 256 of them (QLoRA paper, Dettmers et al. 2023, §3: 0.127 bits/param instead of 0.5).
 NF4_BLOCK = 64
 NF4_DQ_BLOCK = 256
-#: bitsandbytes 8-bit optimizers: blockwise quantisation with 256-element blocks and an fp32
-#: absmax per block (bnb.optim.optimizer.Optimizer8bit / Optimizer2State.init_state: blocksize =
-#: 256; Dettmers et al. 2022 "8-bit Optimizers").
-BNB_8BIT_BLOCK = 256
-#: bnb keeps 32-bit states for tensors smaller than this (Optimizer8bit min_8bit_size=4096).
-BNB_MIN_8BIT_SIZE = 4096
-#: Bytes per element of one 8-bit optimizer state with its share of the block's fp32 absmax.
-BNB_8BIT_STATE_BYTES = 1 + FP32 / BNB_8BIT_BLOCK
 #: NF4 bytes read per weight: 0.5 B plus the block constants (8/64 + 32/(64*256) bit with double
 #: quantisation, the layout of ``nf4_bytes``).
 NF4_READ_BYTES = 0.5 + 1 / NF4_BLOCK + 4 / (NF4_BLOCK * NF4_DQ_BLOCK)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.config import Method, Offload, Optimizer, TrainConfig
+from planner.config import Method, Offload, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.dtypes import ADAPTER_BYTES, FP32, DtypeMode, mode_of, nf4_bytes, trainable_bytes
-from planner.memory.optimizers import OPTIMIZERS
 from planner.memory.parameters import Trained, quantized_linear_params, trained
 from planner.memory.zero import gradient_flatten, optimizer_phase_gradients, zero_partition, zero_states
 from planner.modelspec import ModelSpec
+from planner.optim import OPTIMIZERS
 
 
 def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | None = None,
@@ -43,7 +43,7 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | No
         out.update(zero_out)
         return out, host
     out["gradients"] = grads
-    out["optimizer_states"] = OPTIMIZERS[config.optimizer].model_state_bytes(model, config, t, param_bytes)
+    out["optimizer_states"] = OPTIMIZERS[config.optimizer].memory.model_state_bytes(model, config, t, param_bytes)
     if config.gpus > 1:
         # DDP copies every gradient into its flat buckets (gradient_as_bucket_view=False, the
         # default; torch DDP docs: "saved memory size will be equal to the total gradients size"
@@ -98,7 +98,7 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     gradients = states.pop("gradients", 0)
     gathered = states.pop("zero3/gathered_params", 0)
     paged = 0
-    if config.optimizer is Optimizer.PAGED_ADAMW_8BIT and kernels.unified_memory_paging:
+    if OPTIMIZERS[config.optimizer].paged and kernels.unified_memory_paging:
         paged = states.pop("optimizer_states", 0)
     transient = 0
     if config.offload is Offload.NONE:
@@ -107,7 +107,7 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
             counts, param_bytes = ((zero_partition(t, config), 1),), FP32
         else:
             counts, param_bytes = t.size_counts, trainable_bytes(config.method, mode)
-        transient = OPTIMIZERS[config.optimizer].step_transient(counts, param_bytes, kernels)
+        transient = OPTIMIZERS[config.optimizer].memory.step_transient(counts, param_bytes, kernels)
     tied = 0
     if model.tied_embeddings and config.method is Method.FULL and config.offload is Offload.NONE:
         tied = 2 * model.vocab_size * model.hidden_size * mode.weight

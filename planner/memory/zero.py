@@ -14,9 +14,9 @@ import math
 
 from planner.config import Method, Offload, TrainConfig
 from planner.memory.dtypes import FP32, HALF
-from planner.memory.optimizers import OPTIMIZERS
 from planner.memory.parameters import Trained, param_tensor_sizes
 from planner.modelspec import ModelSpec
+from planner.optim import OPTIMIZERS
 
 #: DeepSpeed's defaults for the two ZeRO-3 bounds our configs leave unset (deepspeed 0.19.8
 #: runtime/zero/config.py l.245 max_live_parameters, l.251 max_reuse_distance: pp_int(1e9))
@@ -139,7 +139,7 @@ def zero_states(model: ModelSpec, config: TrainConfig, t: Trained, *, weights: i
     partition = zero_partition(t, config)
     # the optimizer steps one flat fp32 partition: no per-tensor 8-bit threshold, no Adafactor
     # factoring of a 1-D tensor
-    states_per_device = OPTIMIZERS[config.optimizer].flat_partition_state_bytes(partition)
+    states_per_device = OPTIMIZERS[config.optimizer].memory.flat_partition_state_bytes(partition)
     out: dict[str, int] = {} if weights is None else {"weights": weights}
     host = 0
     if full:

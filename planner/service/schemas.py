@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
+from planner.optim import names as optimizer_names
 from planner.service.settings import MAX_CONFIG_BYTES
 
 #: a size: bytes as a whole number, or a string with its unit as on the command line ("20GiB")
@@ -85,7 +86,7 @@ class EstimateBody(RecipeFields, ModelChoice):
     method: str = Field(default="full", max_length=32, description="full|lora|qlora")
     precision: Optional[str] = Field(default=None, max_length=32,
                                      description="fp32|fp16-mixed|bf16-mixed|fp16|bf16 (default: the device's mixed precision).")
-    optimizer: str = Field(default="adamw", max_length=32, description="adamw|adamw_8bit|paged_adamw_8bit|adafactor|sgd")
+    optimizer: str = Field(default="adamw", max_length=32, description=optimizer_names())
     micro_batch: StrictInt = Field(default=1, description="Sequences per forward/backward on one device.")
     grad_accum: StrictInt = Field(default=1, description="Micro-steps per optimizer step.")
     grad_ckpt: StrictBool = Field(default=False, description="Gradient checkpointing.")

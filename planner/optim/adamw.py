@@ -1,0 +1,72 @@
+"""torch.optim.AdamW: the usual recipe, and the only optimizer DeepSpeed builds and offloads itself."""
+
+from __future__ import annotations
+
+import enum
+
+from planner.optim.spec import FP32, OptimizerModel, OptimizerSpec
+
+
+class AdamWImpl(enum.StrEnum):
+    """Which torch.optim.AdamW code path steps the parameters (torch/optim/adamw.py); a device's
+    ``planner.gpus.KernelProfile`` names the one torch picks there."""
+
+    SINGLE_TENSOR = "single_tensor"
+    """``_single_tensor_adamw``: one parameter at a time."""
+    FOREACH = "foreach"
+    """``_multi_tensor_adamw``: ``torch._foreach_*`` over every parameter at once."""
+    FUSED = "fused"
+    """``_fused_adamw``: one fused kernel, no temporaries outside it."""
+
+
+class AdamWMemory(OptimizerModel):
+    """torch.optim.AdamW: exp_avg and exp_avg_sq like the parameter plus a 4-byte fp32 ``step``
+    tensor per parameter (torch/optim/adamw.py _init_group)."""
+
+    def tensor_state_bytes(self, n: int, param_bytes: int) -> int:
+        return 2 * n * param_bytes + FP32  # + the fp32 step tensor
+
+    def step_transient(self, counts, param_bytes, kernels):
+        """The foreach path's ``torch._foreach_sqrt(exp_avg_sqs)`` materialises one extra copy of
+        every second moment (torch/optim/adamw.py _multi_tensor_adamw); tensor by tensor
+        (_single_tensor_adamw) ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` holds two temporaries
+        of the largest parameter; the fused kernel none."""
+        if kernels.adamw is AdamWImpl.SINGLE_TENSOR:
+            return 2 * max((n for n, _ in counts), default=0) * param_bytes
+        if kernels.adamw is AdamWImpl.FOREACH:
+            return sum(n * copies for n, copies in counts) * param_bytes
+        return 0
+
+    def update_bytes_per_param(self, w):
+        """Read param, grad, exp_avg, exp_avg_sq; write param, exp_avg, exp_avg_sq => 7w."""
+        return 7.0 * w
+
+
+def build(params, *, lr: float):
+    import torch
+
+    return torch.optim.AdamW(params, lr=lr)
+
+
+def deepspeed_section(*, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                      offload: bool) -> dict:
+    """DeepSpeed builds AdamW itself from this section: DeepSpeedCPUAdam with offload."""
+    params: dict = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay}
+    if not offload:
+        # torch.optim.AdamW instead of FusedAdam (a CUDA-only extension): deepspeed
+        # runtime/engine.py _configure_basic_optimizer, "torch_adam"
+        params["torch_adam"] = True
+    return {"type": "AdamW", "params": params}
+
+
+SPECS = (
+    OptimizerSpec(
+        name="adamw", memory=AdamWMemory(), build=build, preference=0,
+        # transformers trainer_optimizer.py builds torch.optim.AdamW for adamw_torch
+        hf_optim="adamw_torch",
+        words="AdamW (torch), two fp32 moments per trainable parameter",
+        deepspeed_section=deepspeed_section, deepspeed_offload=True,
+    ),
+)
+
+__all__ = ["SPECS", "AdamWImpl", "AdamWMemory"]

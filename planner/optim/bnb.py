@@ -1,0 +1,32 @@
+"""bitsandbytes' 8-bit optimizer states: the blockwise layout every 8-bit optimizer of it shares.
+
+Not a descriptor: the rules the descriptors of bitsandbytes' optimizers (``adamw_8bit``,
+``lion``) build their memory models from.
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.optim.spec import FP32
+
+#: bitsandbytes 8-bit optimizers: blockwise quantisation with 256-element blocks and an fp32
+#: absmax per block (bnb.optim.optimizer.Optimizer8bit / Optimizer2State.init_state: blocksize =
+#: 256; Dettmers et al. 2022 "8-bit Optimizers").
+BNB_8BIT_BLOCK = 256
+#: bnb keeps 32-bit states for tensors smaller than this (Optimizer8bit min_8bit_size=4096).
+BNB_MIN_8BIT_SIZE = 4096
+#: Bytes per element of one 8-bit optimizer state with its share of the block's fp32 absmax.
+BNB_8BIT_STATE_BYTES = 1 + FP32 / BNB_8BIT_BLOCK
+
+
+def blockwise_state_bytes(n: int, states: int) -> int:
+    """``states`` optimizer states of one tensor of ``n`` elements: fp32 under
+    ``BNB_MIN_8BIT_SIZE`` elements, else one uint8 per element and one fp32 absmax per block each
+    (bitsandbytes/optim/optimizer.py ``Optimizer1State.init_state`` / ``Optimizer2State.init_state``)."""
+    if n < BNB_MIN_8BIT_SIZE:
+        return states * n * FP32
+    return states * (n + math.ceil(n / BNB_8BIT_BLOCK) * FP32)
+
+
+__all__ = ["BNB_8BIT_BLOCK", "BNB_8BIT_STATE_BYTES", "BNB_MIN_8BIT_SIZE", "blockwise_state_bytes"]

@@ -1,0 +1,114 @@
+"""What a descriptor of an optimizer holds: ``OptimizerSpec``, and the shape of its memory model.
+
+One ``OptimizerSpec`` per optimizer (``planner.optim.<name>``) carries every fact the planner
+uses about it: the memory model, the names and settings of the libraries that run it, the words
+and notes the plans print, its place in the ranking, and how the worker builds it. This module
+imports nothing of the planner: the descriptors sit below ``planner.config``, whose
+``Optimizer`` type is built from them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+#: bytes of an fp32 element (the dtype of every optimizer state that is neither 8-bit nor the
+#: parameter's own: torch's ``step`` tensors, bitsandbytes' 32-bit states and block scales,
+#: Adafactor's factors, DeepSpeed's master partition)
+FP32 = 4
+
+
+class OptimizerModel:
+    """What one optimizer keeps and allocates (subclasses fill in the rules).
+
+    ``state_bytes`` takes the element counts of the trainable tensors (per-tensor rules such as
+    bitsandbytes' 32-bit fallback for small tensors need them); ``step_transient`` (over (element
+    count, tensors) pairs) the temporaries ``optimizer.step()`` holds beyond states and gradients
+    on a device whose kernels are described by a ``planner.gpus.KernelProfile``;
+    ``update_bytes_per_param`` the device memory traffic of one update (``planner.throughput``).
+    """
+
+    def tensor_state_bytes(self, n: int, param_bytes: int) -> int:
+        """Persistent state of one trainable tensor of ``n`` elements."""
+        raise NotImplementedError
+
+    def state_bytes(self, sizes: Iterable[int], param_bytes: int) -> int:
+        """Persistent state of trainable tensors of these element counts."""
+        return self._counted_state_bytes(Counter(sizes).items(), param_bytes)
+
+    def _counted_state_bytes(self, counts: Iterable[tuple[int, int]], param_bytes: int) -> int:
+        # a model has few distinct tensor shapes: (elements, tensors) pairs
+        return sum(self.tensor_state_bytes(n, param_bytes) * copies for n, copies in counts)
+
+    def model_state_bytes(self, model, config, t, param_bytes: int) -> int:
+        """Persistent state of the configuration's trainable tensors ``t`` (a
+        ``planner.memory.parameters.Trained`` of ``model``, a ``ModelSpec``)."""
+        return self._counted_state_bytes(t.size_counts, param_bytes)
+
+    def flat_partition_state_bytes(self, partition: int) -> int:
+        """State of one flat fp32 tensor of ``partition`` elements (DeepSpeed's master partition)."""
+        return self._counted_state_bytes(((partition, 1),), FP32)
+
+    def step_transient(self, counts: Iterable[tuple[int, int]], param_bytes: int, kernels) -> int:
+        """Temporaries inside ``optimizer.step()`` beyond states and gradients, for trainable tensors
+        given as (element count, number of such tensors) pairs (``Trained.size_counts``: a model
+        has few distinct shapes, and the search asks for thousands of these). None by default:
+        SGD updates in place."""
+        return 0
+
+    def update_bytes_per_param(self, w: int) -> float:
+        """Device memory traffic of one update per trainable parameter of ``w`` bytes."""
+        raise NotImplementedError
+
+
+#: ``build(params, *, lr)``: the torch optimizer the measurement worker steps (torch and the
+#: optimizer's library imported inside it, when it is called)
+Builder = Callable[..., Any]
+#: ``deepspeed_section(*, lr, betas, eps, weight_decay, offload)``: the ``optimizer`` section of a
+#: ds_config that makes DeepSpeed build this optimizer itself
+DeepSpeedSection = Callable[..., "dict[str, Any]"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    """Everything the planner knows about one optimizer, read by name from ``planner.optim``."""
+
+    name: str
+    """The planner's name: ``--optimizer``, the API's ``optimizer``, stored payloads."""
+    memory: OptimizerModel
+    """Its states, step temporaries and update traffic."""
+    build: Builder
+    """The worker's construction of the torch optimizer (``workers.train``)."""
+    hf_optim: str
+    """``transformers.TrainingArguments.optim`` that makes the HF Trainer build the optimizer the
+    memory model counts (transformers training_args.py ``OptimizerNames``)."""
+    words: str
+    """What PLAN.md says the optimizer is."""
+    preference: int
+    """Within a speed tie, lower ranks first: closest to the usual recipe (AdamW) first
+    (``planner.ranking``). Also the order of the registry, the CLI's list and the search space."""
+    hf_args: Mapping[str, Any] = field(default_factory=dict)
+    """TrainingArguments beside ``optim`` that the Trainer needs to build what the model counts."""
+    note: str | None = None
+    """Its trade-off against AdamW, with the source, as the plans show it (None: AdamW itself)."""
+    library: str | None = None
+    """The package the run needs beyond torch, transformers and accelerate (None: none)."""
+    paged: bool = False
+    """States in bitsandbytes' paged (unified) memory, outside the caching allocator on CUDA."""
+    unpaged: str | None = None
+    """The same optimizer without paging (ZeRO's partitions cannot be paged: the fix to name)."""
+    bnb_8bit_states: bool = False
+    """bitsandbytes 8-bit states: the HF Trainer keeps the embeddings' states in 32 bits (trainer.py
+    ``create_optimizer``, ``register_module_override``), the emitted train.py undoes that."""
+    deepspeed_section: DeepSpeedSection | None = None
+    """The ds_config ``optimizer`` section; None: the optimizer is handed to DeepSpeed as a client
+    optimizer (``zero_allow_untested_optimizer``)."""
+    deepspeed_offload: bool = False
+    """DeepSpeed can offload its states to the host (only its own CPU optimizers step there)."""
+    searched: bool = True
+    """``suggest`` tries it by default. False for an optimizer that is not a drop-in for AdamW's
+    hyperparameters (it is planned when named)."""
+
+
+__all__ = ["FP32", "Builder", "DeepSpeedSection", "OptimizerModel", "OptimizerSpec"]
