@@ -86,9 +86,16 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
 
 def estimate_dict(spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig", estimate: "MemoryEstimate",
                   throughput: "ThroughputEstimate", usable: int) -> dict[str, Any]:
-    """The JSON form of one estimate (``planner estimate --json``)."""
+    """The JSON form of one estimate (``planner estimate --json``), with the plan's 90% interval
+    (``memory.peak_interval_bytes``) and its probability of running out of memory
+    (``oom_probability``, and ``near_edge`` past NEAR_EDGE_PROBABILITY) as suggest gives them
+    (``planner.tradeoffs``)."""
     from planner.memory import trainable_params
+    from planner.tradeoffs import memory_interval, near_edge, oom_risk
 
+    if estimate.oom_probability is None:
+        estimate = estimate.with_uncertainty(interval=memory_interval(config, estimate),
+                                             oom_probability=oom_risk(config, estimate, capacity=gpu.memory_bytes))
     return {
         "model": {"id": spec.id, "params": spec.params_total, "active_params": spec.params_active,
                   "trainable_params": trainable_params(spec, config),
@@ -101,6 +108,8 @@ def estimate_dict(spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig", esti
                       "alloc_conf": config.alloc_conf, "replayed": gpu.kernels.caching_allocator},
         "device": {"name": gpu.name, "capacity_bytes": gpu.memory_bytes, "usable_bytes": usable},
         "fits": estimate.process_total_bytes <= usable,
+        "oom_probability": estimate.oom_probability,
+        "near_edge": near_edge(config, estimate, capacity=gpu.memory_bytes),
         "throughput": throughput.to_dict(),
     }
 

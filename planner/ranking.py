@@ -40,7 +40,7 @@ from planner.search import (
 )
 from planner.throughput import ThroughputMemo, estimate_throughput, step_breakdown, tokens_per_second
 from planner.tradeoffs import Prefer, fidelity_tier, memory_interval, near_edge, oom_risk
-from planner.uncertainty import safe_total, spread
+from planner.uncertainty import NEAR_EDGE_PROBABILITY, oom_probability, safe_total, spread
 from planner.units import format_bytes
 
 
@@ -88,6 +88,8 @@ def suggest(
         for fam, (total, cfg) in by_tier
         if fidelity_tier(cfg) <= best_tier and family_key(cfg) not in fitting_families
     )
+    # the families that fit only near the edge first: they are the ones a user asks about
+    rejected = _edge_only(fitting, plans, best_tier=best_tier, gpu=gpu) + rejected
     other = Prefer.SPEED if space.prefer is Prefer.FIDELITY else Prefer.FIDELITY
     theirs = _replayed_plans(_ranking(fitting, other, gpu=gpu, exotic=exotic), model=model, gpu=gpu, usable=usable,
                              top_k=min(top_k, 3), prefer=other, replays=replays, memo=memo, exotic=exotic)
@@ -313,6 +315,29 @@ class _Tried(NamedTuple):
     config: TrainConfig
     process_total_bytes: int
     cpu_bytes: int
+
+
+def _edge_only(fitting: list[tuple], plans: tuple[Candidate, ...], *, best_tier: int, gpu: GPUSpec) -> tuple[Rejection, ...]:
+    """A line for each family at least as faithful as #1 that fits only near the edge and is not
+    shown (a safe plan exists, so the ranking keeps it out: issue 20, item 1): its safest plan and
+    that plan's probability of running out of memory. Without it, e.g. full fine-tuning of
+    Llama-3.2-1B on a T4 (fp32 Adafactor, 19% OOM risk) would leave the list with no word."""
+    shown = {family_key(c.config) for c in plans}
+    safest: dict[tuple, tuple] = {}
+    for item in fitting:
+        key = family_key(item[0])
+        if key not in shown and fidelity_tier(item[0]) <= best_tier and (key not in safest or item[2] < safest[key][2]):
+            safest[key] = item
+    bounds: dict = {}
+    lines = []
+    for config, _, total in sorted(safest.values(), key=lambda item: (fidelity_tier(item[0]), item[2])):
+        if total <= _safe_bound(config, gpu, bounds):
+            continue  # a safe plan of this family exists: it is left out for speed or variety, not for memory
+        risk = oom_probability(total, gpu.memory_bytes, spread(config.method))
+        reason = (f"fits only near the edge: its safest plan, {config.label()}, needs {format_bytes(total)}, an OOM risk "
+                  f"of {risk:.0%} (over {NEAR_EDGE_PROBABILITY:.0%}); shown only when no safe plan exists")
+        lines.append(Rejection(family=family_label(config), reason=reason, config=config.to_dict()))
+    return tuple(lines)
 
 
 def _rejection(c: _Tried, *, model: ModelSpec, usable: int, space: SearchSpace) -> Rejection:

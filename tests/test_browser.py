@@ -102,6 +102,20 @@ def test_the_form_shows_ranked_plans_with_memory_bars_and_history(browser, sqlit
         top = plan["candidates"][0]["memory"]
         capacity = plan["request"]["gpu_memory_bytes"]
         assert used == pytest.approx(top["process_total_bytes"] / capacity, abs=0.02)
+        # the OOM-risk column: each plan's probability as the CLI's table prints it, its 90% interval
+        # on hover, and the near-the-edge mark where the probability is over 5%
+        from planner.cli.suggest_view import _risk
+        from planner.uncertainty import NEAR_EDGE_PROBABILITY
+
+        heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#plans thead th")]
+        assert heads[4] == "OOM risk", heads
+        for row, candidate in zip(rows, plan["candidates"]):
+            risk_cell = row.find_elements(By.TAG_NAME, "td")[4]
+            assert candidate["oom_probability"] is not None
+            assert risk_cell.text == _risk(candidate["oom_probability"])
+            assert risk_cell.get_attribute("title").startswith("90% interval ")
+            near = candidate["oom_probability"] > NEAR_EDGE_PROBABILITY
+            assert ("edge" in risk_cell.get_attribute("class").split()) == near
         summary = browser.find_element(By.ID, "summary").text
         assert "meta-llama/Llama-2-7b-hf" in summary and stored[0]["id"][:8] in summary
         history = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#history tbody tr"))

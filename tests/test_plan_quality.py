@@ -391,3 +391,26 @@ def test_only_near_the_edge_plans_come_with_advice(cli, tmp_path):
     assert r.code == 0, r
     assert "every plan is near the edge; what would give room: --seq-len 512 saves" in r.out
     assert "nothing written to " in r.out and not (tmp_path / "run" / "train.py").exists()
+
+
+def test_a_family_that_fits_only_near_the_edge_says_so():
+    """Full fine-tuning of Llama-3.2-1B on a T4 fits only near the edge (fp32 Adafactor): it is
+    not shown beside the safe LoRA plans, and the 'why' lines say it fits, how close to the edge
+    its safest plan is, and why it is left out."""
+    from planner.uncertainty import NEAR_EDGE_PROBABILITY, oom_probability, spread
+
+    result = make_plan(SuggestRequest(model="meta-llama/Llama-3.2-1B", gpu="t4", target_batch=128)).result
+    assert all(p.config.method is not Method.FULL for p in result.plans)
+    assert all(not near_edge(p.config, p.memory, capacity=get_gpu("t4").memory_bytes) for p in result.plans)
+    edge = [r for r in result.rejected if "fits only near the edge" in r.reason]
+    assert edge and edge[0].family == "full, fp32, adafactor", [r.family for r in result.rejected]
+    assert result.rejected[0] is edge[0]  # first: the option a user asks about
+    # the risk stated is the probability of the plan named, over the threshold
+    import re
+
+    stated = float(re.search(r"needs ([\d.]+) GiB, an OOM risk of (\d+)%", edge[0].reason).group(2)) / 100
+    total = float(re.search(r"needs ([\d.]+) GiB", edge[0].reason).group(1)) * GiB
+    assert stated > NEAR_EDGE_PROBABILITY
+    assert stated == pytest.approx(oom_probability(int(total), get_gpu("t4").memory_bytes, spread("full")), abs=0.02)
+    # a family with a safe plan that is left out for variety gets no such line
+    assert all(r.family.startswith("full") for r in edge)

@@ -112,3 +112,31 @@ def test_the_store_keeps_the_probability_and_the_interval(cli):
     text = json.dumps(json.loads(shown.out))
     assert '"oom_probability": 0.' in text or '"oom_probability": 1' in text
     assert '"peak_interval_bytes": [' in text
+
+
+def test_estimate_states_the_probability_and_the_interval(cli):
+    """``planner estimate`` gives the interval and the OOM risk as suggest does: in --json (the
+    memory's peak_interval_bytes, oom_probability and near_edge) and in one text line."""
+    import json
+
+    from planner.gpus import get_gpu
+
+    args = ("estimate", "-m", "meta-llama/Llama-3.2-1B", "-g", "t4", "--method", "lora")
+    r = cli(*args, "--json")
+    assert r.code == 0, r
+    d = json.loads(r.out)
+    total, capacity = d["memory"]["process_total_bytes"], get_gpu("t4").memory_bytes
+    assert d["device"]["capacity_bytes"] == capacity
+    expected = oom_probability(total, capacity, spread("lora"))
+    assert d["oom_probability"] == pytest.approx(expected) and d["memory"]["oom_probability"] == d["oom_probability"]
+    assert 0.05 < expected < 0.95  # this one sits inside its interval: a case where the number matters
+    assert d["near_edge"] is True
+    assert d["memory"]["peak_interval_bytes"] == list(peak_interval(total, spread("lora")))
+    text = cli(*args)
+    assert text.code == 0, text
+    assert f"OOM risk {expected:.1%}, near the edge (over 5%)" in text.out
+    # a plan far from the edge: a small risk, not near the edge, the same line without the warning
+    small = json.loads(cli("estimate", "-m", "gpt2", "-g", "a100-80gb", "--json").out)
+    assert small["oom_probability"] < 0.001 and small["near_edge"] is False
+    low, high = small["memory"]["peak_interval_bytes"]
+    assert low < small["memory"]["process_total_bytes"] < high

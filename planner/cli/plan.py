@@ -123,6 +123,12 @@ def _print_estimate(out, data: dict[str, Any], estimate, *, encoder: bool = Fals
     verdict = "fits" if data["fits"] else "does NOT fit"
     out.print(f"{dev['name']}: {format_bytes(dev['capacity_bytes'])}, {format_bytes(dev['usable_bytes'])} usable after the safety margin: {verdict}"
               f" (headroom {format_bytes(dev['usable_bytes'] - estimate.process_total_bytes)})")
+    from planner.cli.suggest_view import _risk
+
+    low, high = data["memory"]["peak_interval_bytes"]
+    out.print(f"how sure: process total {format_bytes(low)}-{format_bytes(high)} (90% interval), OOM risk "
+              f"{_risk(data['oom_probability'])}{', near the edge (over 5%)' if data['near_edge'] else ''}: from the memory "
+              "model's error on published runs (README, \"How sure\")", markup=False)
     t = data["throughput"]
     out.print(f"throughput: {t['tokens_per_s']:,.0f} tokens/s, {t['step_s']:.3g} s per optimizer step")
     for note in list(estimate.assumptions) + list(t.get("assumptions", [])):
