@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("planner.memory", "planner.throughput")),
     ("search", ("planner.search", "planner.ranking", "planner.defaults", "planner.advice")),
     ("store", ("planner.store", "planner.calibration")),
-    ("use cases", ("planner.planning", "planner.estimation", "planner.usecases", "planner.emit", "planner.plot",
+    ("use cases", ("planner.planning", "planner.estimation", "planner.answers", "planner.usecases", "planner.emit", "planner.plot",
                    "planner.verify", "workers")),
     ("surfaces", ("planner.cli", "planner.service", "planner.__main__")),
 )

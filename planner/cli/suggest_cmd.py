@@ -123,7 +123,7 @@ def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, datas
 
     from planner.emit import write_plan_files
     from planner.store import open_store
-    from planner.verify.answers import answer_position
+    from planner.answers import answer_position
 
     with open_store(url=db) as store:
         plan = store.get_plan(plan_id=plan_id)
@@ -229,7 +229,7 @@ def _stored_verified(request, *, db):
 def _answer_from_store(out, plan, *, device, as_json: bool) -> None:
     from planner.cli._common import print_json
     from planner.cli.verify_view import print_verified
-    from planner.verify.answers import answer_position, from_store_dict
+    from planner.answers import answer_position, from_store_dict
 
     if as_json:
         print_json(from_store_dict(plan))
@@ -263,7 +263,7 @@ def _verify(out, plan_id: str | None, *, planned, db, options, as_json: bool) ->
     from planner.cli._common import print_json
     from planner.cli.verify_view import print_verified, progress_display
     from planner.store import PlanStatus, open_store
-    from planner.verify.answers import answer_position, verification_dict
+    from planner.answers import answer_position, verification_dict
     from planner.verify.driver import verify_plan
 
     assert plan_id is not None

@@ -117,7 +117,7 @@ def stored_verified(store: "Store", planned: "Planned") -> "StoredPlan | None":
 
 def from_store(plan: "StoredPlan") -> dict[str, Any]:
     """``planner suggest --json`` of a request answered from the store."""
-    from planner.verify.answers import from_store_dict
+    from planner.answers import from_store_dict
 
     return from_store_dict(plan)
 
