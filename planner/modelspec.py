@@ -120,6 +120,16 @@ class ModelSpec:
     norm_weight_fp32: bool = False
     """The RMSNorm multiplies by its weight in fp32, so it saves the fp32 normalised tensor
     (Gemma: ``output * (1.0 + self.weight.float())``) instead of one in the model's dtype."""
+    norm_placement: str = "pre"
+    """Where a block's norms over the hidden size sit: ``pre`` one before each sublayer (llama),
+    ``sandwich`` also one after each sublayer's output (Gemma 2/3: ``post_attention_layernorm``
+    and ``post_feedforward_layernorm`` besides ``input_layernorm`` and ``pre_feedforward_layernorm``,
+    modeling_gemma2.py Gemma2DecoderLayer.forward), ``post`` only after each sublayer's output
+    (OLMo 2: modeling_olmo2.py Olmo2DecoderLayer.forward)."""
+    qk_norm: str = ""
+    """RMSNorms on the query and key projections: ``head`` over head_dim (Qwen3, Gemma 3:
+    ``self.q_norm(self.q_proj(x).view(hidden_shape))``), ``projection`` over the whole projection
+    (OLMo 2: ``self.q_norm(self.q_proj(x))``), ``""`` none."""
     parallel_block: bool = False
     """Attention and MLP read the same normed input (falcon, phi, gpt_neox with parallel residual)."""
     position: str = "rope"

@@ -132,7 +132,8 @@ def olmo2(c: ConfigReader, model_type: str) -> dict[str, Any]:
         c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter, vocab=vocab,
         blocks=[("decoder", linears, norms)] * layers, tied=c.flag("tie_word_embeddings", False),
         max_pos=c.size("max_position_embeddings", default=2048), act=c.text("hidden_act", default="silu"),
-        final_norm=hidden,
+        final_norm=hidden, norm_placement="post", qk_norm="projection",
+        norm_weight_fp32=True,  # Olmo2RMSNorm.forward: (self.weight * hidden_states).to(input_dtype), in fp32
     )
 
 
@@ -156,7 +157,8 @@ def gemma3_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
         blocks=[("decoder", linears, 4 * hidden + 2 * head_dim)] * layers, tied=c.flag("tie_word_embeddings", True),
         max_pos=c.size("max_position_embeddings", default=131_072),
         act=c.text("hidden_activation", default="gelu_pytorch_tanh"), final_norm=hidden,
-        norm_weight_fp32=True, sliding_window=c.size("sliding_window", default=4096),
+        norm_weight_fp32=True, sliding_window=c.size("sliding_window", default=4096), norm_placement="sandwich",
+        qk_norm="head",
     )
 
 
@@ -189,7 +191,7 @@ def qwen3_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
         c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=moe_inter,
         vocab=vocab, blocks=blocks, tied=c.flag("tie_word_embeddings", False),
         max_pos=c.size("max_position_embeddings", default=32768), act=c.text("hidden_act", default="silu"),
-        final_norm=hidden, num_experts=count, experts_per_token=top_k, unmodelled=(FEATURE_MOE,),
+        final_norm=hidden, num_experts=count, experts_per_token=top_k, unmodelled=(FEATURE_MOE,), qk_norm="head",
     )
 
 

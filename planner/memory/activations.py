@@ -50,6 +50,8 @@ TERM_SOURCES = {
     "norms": "LlamaRMSNorm.forward (fp32 input + rsqrt; normalised tensor when the weight trains); "
              "native_layer_norm saves input, mean, rstd (derivatives.yaml)",
     "attention/qkv_input": "F.linear saves its input for the weight gradient; autocast casts per call",
+    "attention/qk_norms": "q_norm/k_norm RMSNorms on the q and k projections (Qwen3Attention.forward, "
+                          "Olmo2Attention.forward, Gemma3Attention.forward): fp32 input + rsqrt, normalised tensor",
     "attention/core": "SDPA/flash: q, k, v, out, fp32 logsumexp (integrations/sdpa_attention.py); eager: "
                       "eager_attention_forward",
     "attention/probs": "eager attention's softmax output, its cast, dropout mask (eager_attention_forward)",
@@ -95,9 +97,52 @@ def _norm_bytes(ctx: BlockContext, input_needs_grad: bool) -> int:
 
 
 def _norms(ctx: BlockContext) -> int:
-    total = _norm_bytes(ctx, ctx.block_input_needs_grad)
-    if not ctx.model.parallel_block:
-        total += _norm_bytes(ctx, ctx.block_input_needs_grad or ctx.attn_targeted)
+    """The block's norms over the hidden size (``ModelSpec.norm_placement``): before the sublayers
+    (reading the residual stream), after them (reading the sublayers' outputs), or both."""
+    placement, total = ctx.model.norm_placement, 0
+    if placement != "post":
+        total += _norm_bytes(ctx, ctx.block_input_needs_grad)
+        if not ctx.model.parallel_block:
+            total += _norm_bytes(ctx, ctx.block_input_needs_grad or ctx.attn_targeted)
+    if placement != "pre":
+        # the attention output needs a gradient when anything before it trains; the MLP output
+        # when anything in the block does
+        attn_grad = ctx.block_input_needs_grad or ctx.attn_targeted
+        total += _output_norm_bytes(ctx, attn_grad) + _output_norm_bytes(ctx, attn_grad or bool(ctx.targeted_kinds))
+    return total
+
+
+def _output_norm_bytes(ctx: BlockContext, input_needs_grad: bool) -> int:
+    """One RMSNorm on a sublayer's output (Gemma 2/3's post_attention_layernorm and
+    post_feedforward_layernorm, OLMo 2's): as ``_norm_bytes``, but its input is the projection's
+    output, so the normalised tensor it saves for the weight's gradient is cast back to the
+    projections' dtype (``self.weight * hidden_states.to(input_dtype)``, modeling_olmo2.py
+    Olmo2RMSNorm.forward; Gemma keeps it fp32: ``output * (1.0 + self.weight.float())``)."""
+    e, h = ctx.dims.tokens, ctx.dims.h
+    total = e * h * FP32 + e * FP32 if input_needs_grad else 0
+    if ctx.full:
+        total += e * h * (FP32 if ctx.model.norm_weight_fp32 else ctx.mode.compute)
+    return total
+
+
+def _qk_norms(ctx: BlockContext) -> int:
+    """q_norm and k_norm (``ModelSpec.qk_norm``), RMSNorms on the q and k projections' outputs
+    (modeling_qwen3.py Qwen3Attention.forward ``self.q_norm(self.q_proj(hidden_states).view(
+    hidden_shape))``; modeling_olmo2.py ``self.q_norm(self.q_proj(hidden_states))``; modeling_gemma3.py
+    Gemma3Attention.forward): each saves its fp32 input and one fp32 rsqrt per normalised row (a
+    head's head_dim, or OLMo 2's whole projection) when its input needs a gradient (the projection
+    trains, is adapted, or reads a tensor that needs one), and the normalised tensor in the
+    projection's dtype (Gemma: fp32) when its weight trains. Measured on a tiny qwen3 (bf16-mixed,
+    full): 300,176 B over two blocks against 301,056 B here."""
+    model, e, dims = ctx.model, ctx.dims.tokens, ctx.dims
+    total = 0
+    for heads, proj in ((dims.a, "q_proj"), (dims.kv, "k_proj")):
+        if not (ctx.block_input_needs_grad or proj in ctx.targets):
+            continue
+        rows = heads if model.qk_norm == "head" else 1
+        total += e * heads * dims.d * FP32 + e * rows * FP32
+        if ctx.full:
+            total += e * heads * dims.d * (FP32 if model.norm_weight_fp32 else ctx.mode.compute)
     return total
 
 
@@ -207,6 +252,8 @@ def block_terms(ctx: BlockContext) -> dict[str, int]:
     """Bytes one transformer block keeps for backward, by term (see ``TERM_SOURCES``)."""
     e, h = ctx.dims.tokens, ctx.dims.h
     out = {"norms": _norms(ctx), "attention/qkv_input": _inputs(ctx, LinearKind.ATTN_IN)}
+    if ctx.model.qk_norm:
+        out["attention/qk_norms"] = _qk_norms(ctx)
     out.update(attention_terms(ctx))
     out["mlp/input"] = _inputs(ctx, LinearKind.MLP_IN)
     out["mlp/intermediate"] = _mlp_intermediate(ctx)
