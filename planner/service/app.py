@@ -68,8 +68,11 @@ class Guard:
     timeouts the routes run under."""
 
     def __init__(self, app: Any, *, settings: ServiceSettings, budgets: Any = None) -> None:
+        from planner.service.ratelimit import RateLimiter
+
         self.app, self.settings, self.budgets = app, settings, budgets
         self.max_body_bytes = settings.max_body_bytes
+        self.limiter = RateLimiter(settings.rate_per_minute) if settings.rate_per_minute else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,6 +99,15 @@ class Guard:
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], who: str,
                        rights: str | None) -> None:
         method, path = scope["method"], scope.get("path", "")
+        if self.limiter is not None and path.startswith("/v1/"):
+            # a known token is its caller; anyone else is counted by address (an invalid token
+            # must not buy a fresh bucket per guess)
+            caller = who if rights is not None else "addr:" + str((scope.get("client") or ("?",))[0])
+            wait = self.limiter.take(caller)
+            if wait is not None:
+                line, retry = self.limiter.refusal(wait)
+                await _answer(scope, receive, send, 429, line, retry)
+                return
         refused = self._refusal(method, path, who, rights)
         if refused is not None:
             await _answer(scope, receive, send, 401, refused, {"WWW-Authenticate": "Bearer"})

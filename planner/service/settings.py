@@ -31,6 +31,9 @@ DATABASE_URL_FILE_ENV = "PLANNER_DATABASE_URL_FILE"
 #: Per-request budgets: CPU seconds of the thread that answers, and growth of the process's memory.
 CPU_BUDGET_ENV = "PLANNER_API_CPU_SECONDS"
 MEMORY_BUDGET_ENV = "PLANNER_API_MEMORY"
+#: Requests a minute each caller (token, or client address without one) may make to /v1/...;
+#: unset: no limit (``planner.service.ratelimit``).
+RATE_LIMIT_ENV = "PLANNER_API_RATE_LIMIT"
 #: Seconds the service waits for its database (``planner.store.deadlines.Timeouts``), by field.
 DB_TIMEOUT_ENVS = TIMEOUT_ENVS
 
@@ -89,6 +92,8 @@ class ServiceSettings:
     """Bytes the process may grow by while one request runs (413 past it)."""
     db_timeouts: Timeouts = field(default_factory=Timeouts)
     """How long the service waits for its database (``planner.store.deadlines``)."""
+    rate_per_minute: int | None = None
+    """Requests a minute per caller on /v1/... (429 past it); None: no limit."""
 
     def __post_init__(self) -> None:
         if self.database_url and self.database_url_file:
@@ -110,6 +115,10 @@ class ServiceSettings:
         memory = self.memory_budget_bytes
         if isinstance(memory, bool) or not isinstance(memory, int) or memory < 64 * 1024**2:
             raise PlannerError(f"{MEMORY_BUDGET_ENV} must be at least 64MiB, got {memory!r}")
+        rate = self.rate_per_minute
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= 1_000_000):
+            raise PlannerError(f"{RATE_LIMIT_ENV} must be a whole number of requests a minute from 1 to 1000000 "
+                               f"(unset for no limit), got {rate!r}")
 
     @property
     def write_tokens(self) -> tuple[str, ...]:
@@ -175,6 +184,12 @@ class ServiceSettings:
                 budgets["db_timeouts"] = Timeouts(**waits)
             except ValueError as exc:
                 raise PlannerError(f"{' / '.join(DB_TIMEOUT_ENVS.values())}: {exc}") from None
+        rate = env(RATE_LIMIT_ENV)
+        if rate is not None:
+            if not rate.strip().isdigit():
+                raise PlannerError(f"{RATE_LIMIT_ENV} {rate!r} is not a whole number of requests a minute: write "
+                                   "e.g. 120, or unset it for no limit")
+            budgets["rate_per_minute"] = int(rate)
         memory = env(MEMORY_BUDGET_ENV)
         if memory is not None:
             from planner.units import parse_bytes
@@ -185,4 +200,4 @@ class ServiceSettings:
 
 
 __all__ = ["CPU_BUDGET_ENV", "DATABASE_URL_ENV", "DATABASE_URL_FILE_ENV", "DB_TIMEOUT_ENVS", "MAX_BODY_BYTES", "MAX_CONFIG_BYTES", "MEMORY_BUDGET_ENV",
-           "READ_TOKEN_ENV", "RAY_ADDRESS_ENV", "ServiceSettings", "TOKEN_ENV", "token_id"]
+           "RATE_LIMIT_ENV", "READ_TOKEN_ENV", "RAY_ADDRESS_ENV", "ServiceSettings", "TOKEN_ENV", "token_id"]
