@@ -29,8 +29,6 @@ def test_verify_over_http_runs_as_a_ray_job_and_the_plan_shows_it(sqlite_url, ra
     pytest.importorskip("torch")
     import json
 
-    from ray.job_submission import JobSubmissionClient
-
     # a folder named like the catalog id in the server's working directory is never read nor sent
     # (issue 22, item 8): the job verifies the catalog's gpt2, the model that was planned
     (tmp_path / "gpt2").mkdir()
@@ -54,7 +52,9 @@ def test_verify_over_http_runs_as_a_ray_job_and_the_plan_shows_it(sqlite_url, ra
             time.sleep(2)
     assert plan["status"] == "verified", (seen, plan)
     assert plan["ray_job_id"] == job_id
-    job = JobSubmissionClient(ray_head).get_job_info(job_id)
+    from planner.verify.jobs import job_client  # with the cluster's token where Ray's token auth is on
+
+    job = job_client(ray_head).get_job_info(job_id)
     assert "--model gpt2 " in job.entrypoint and "working_dir" not in (job.runtime_env or {})
     # the database went by reference: this SQLite URL (no credential) on the driver's command line
     assert f"--db {sqlite_url}" in job.entrypoint and job.runtime_env["env_vars"] == {"HF_HUB_OFFLINE": "1"}

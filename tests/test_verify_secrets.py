@@ -192,11 +192,17 @@ def test_a_real_submission_holds_no_token_and_no_password_and_still_verifies(cli
     plan = json.loads(cli("show", plan_id, "--json", "--db", url).out)
     assert plan["status"] == "verified" and plan["ray_job_id"] == job_id
 
-    with urllib.request.urlopen(f"{ray_head}/api/jobs/{job_id}", timeout=10) as answer:
+    # as an operator reads it, with the cluster's own token where Ray's token auth is on
+    from planner.verify.jobs import auth_headers, job_client
+
+    def dashboard(path: str) -> urllib.request.Request:
+        return urllib.request.Request(f"{ray_head}{path}", headers=auth_headers())
+
+    with urllib.request.urlopen(dashboard(f"/api/jobs/{job_id}"), timeout=10) as answer:
         shown = answer.read().decode()
-    with urllib.request.urlopen(f"{ray_head}/api/jobs/", timeout=10) as answer:
+    with urllib.request.urlopen(dashboard("/api/jobs/"), timeout=10) as answer:
         listed = answer.read().decode()
-    stored = JobSubmissionClient(ray_head).get_job_info(job_id)
+    stored = job_client(ray_head).get_job_info(job_id)
     assert json.loads(shown)["runtime_env"]["env_vars"]["PLANNER_DATABASE_URL_FILE"] == str(secret_file)
     everything = {"submitted": json.dumps(kwargs, default=str), "working_dir": json.dumps(submission["files"]),
                   "job API": shown, "job list": listed, "job info": json.dumps(stored.dict(), default=str),
