@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=1, help="compute the dump in this many processes at once")
     args = parser.parse_args(argv)
     shard, _, shards = args.shard.partition("/")
+    if (int(shard), int(shards)) != (0, 1) and args.out is None:
+        parser.error("--shard K/N writes part of the dump: use it with --out (sharded_lines merges the parts)")
     if (int(shard), int(shards)) != (0, 1):
         current = list(lines(shard=int(shard), shards=int(shards)))
     else:
