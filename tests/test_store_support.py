@@ -9,6 +9,7 @@ failure.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import uuid
@@ -151,8 +152,8 @@ def require_postgres() -> None:
         pytest.skip(reason)
 
 
-@pytest.fixture
-def pg_url():
+@contextlib.contextmanager
+def fresh_pg_schema():
     """A URL on the test server whose search_path is a fresh schema, dropped afterwards."""
     require_postgres()
     from sqlalchemy import create_engine, text
@@ -169,6 +170,13 @@ def pg_url():
         with admin.connect() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture
+def pg_url():
+    """A URL on the test server whose search_path is a fresh schema, dropped afterwards."""
+    with fresh_pg_schema() as url:
+        yield url
 
 
 @pytest.fixture
