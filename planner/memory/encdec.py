@@ -144,6 +144,9 @@ def block_list(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     out = []
     for stack, n, decoder in ((model, model.num_layers, False), (dec, model.decoder_layers, True)):
         for k in range(n):
+            if k >= 2:  # a block's terms depend on its index only through ``first``: the rest repeat block 1
+                out.append(dict(out[-1]))
+                continue
             ctx = block_context(stack, config, kernels, first=k == 0, targets=targets, dims=dims)
             terms = _self_block(ctx)
             if decoder:
