@@ -4,6 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+#: test files that start Ray (embedded ``ray.init()`` or a ``ray start --head`` of their own): run
+#: in one pytest-xdist worker, one after the other, so that no two Ray clusters share the 2-core
+#: machine and an embedded ``ray.init()`` never meets another test's head
+RAY_FILES = frozenset({"test_verify.py", "test_api_verify.py", "test_verify_secrets.py"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's ``--dist loadgroup`` (pyproject.toml), keep each file's tests in one
+    worker (module-scoped fixtures, such as test_store_paging's 100,000 plans, are built once) and
+    the Ray files in one worker together."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_FILES else name))
+
 
 @pytest.fixture(autouse=True)
 def planner_home(tmp_path, monkeypatch):
