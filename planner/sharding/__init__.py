@@ -98,6 +98,18 @@ class Sharding:
         does not name."""
         return self.spec.zero_stage
 
+    @property
+    def plain(self) -> bool:
+        """Whole replicas on the device: no sharding library, nothing offloaded."""
+        return self.spec.replicas and self.offload is Offload.NONE
+
+    @property
+    def moving_parts(self) -> int:
+        """What the plan adds to plain training, for the ranking's ties: a sharding library, an
+        offload, the parameters offloaded too."""
+        return ((self.spec.library is not None) + (self.offload is not Offload.NONE)
+                + (self.offload is Offload.OPTIMIZER_PARAMS))
+
     def label(self) -> str:
         """Its part of ``TrainConfig.label()``: ``zero3+offload:optimizer`` ("" for none/DDP)."""
         return self.spec.label(self.offload)
@@ -105,6 +117,15 @@ class Sharding:
     def short(self) -> str:
         """Its cell in ``suggest``'s table: ``zero3+optimizer`` ("" for none/DDP)."""
         return self.spec.short(self.offload)
+
+    def words(self, *, offload_none: bool = True) -> str:
+        """How the CLI prints it, as the options that make it: ``zero 2, offload optimizer``
+        (``offload_none``: say ``offload none`` too)."""
+        stage = self.spec.zero_stage
+        head = f"zero {stage}" if stage is not None else f"sharding {self.scheme}"
+        if self.offload is Offload.NONE and not offload_none:
+            return head
+        return f"{head}, offload {self.offload}"
 
     def memory_key(self, gpus: int) -> "Sharding":
         """The sharding whose memory terms this one's equal on ``gpus`` ranks (a memo key)."""

@@ -24,6 +24,9 @@ class DDP(ShardingSpec):
         out["ddp/buckets"] = grads
         return out, host
 
+    def accelerate(self, config: Any, *, on_cpu: bool) -> dict[str, Any]:
+        return {"distributed_type": "MULTI_CPU" if on_cpu else "MULTI_GPU"}
+
     def comm_bytes(self, config: Any, *, trainable: int, params_total: int, grad_bytes: int) -> float:
         """One all-reduce of the gradients per step (HF/accelerate skip the sync during
         accumulation): 2·(n-1)/n · trainable · grad bytes (gradients in the parameter dtype)."""

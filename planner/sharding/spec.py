@@ -69,6 +69,8 @@ class ShardingSpec:
     """Each rank steps only its 1/N of the trainable parameters."""
     words: str = "not used"
     """What PLAN.md says of it (``planner.emit.plan_md``)."""
+    plan_notes: tuple[str, ...] = ()
+    """PLAN.md's assumptions of the run that come from the scheme (its buffers as emitted)."""
 
     # ---- words ------------------------------------------------------------------------------
     def label(self, offload: Offload) -> str:
@@ -82,6 +84,15 @@ class ShardingSpec:
     def offload_words(self, offload: Offload) -> str:
         """What PLAN.md says is offloaded."""
         return "no offload"
+
+    def plan_line(self, offload: Offload) -> str:
+        """PLAN.md's line on it (``DeepSpeed: ZeRO-2, no offload``; ``DeepSpeed: not used``)."""
+        return f"DeepSpeed: {self.words}"
+
+    def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
+        """Its trade-offs as the plans show them, with their sources (``planner.tradeoffs``);
+        ``host_bytes``: the host RAM the plan pins per rank."""
+        return []
 
     # ---- validation -------------------------------------------------------------------------
     def check(self, config: Any, offload: Offload) -> None:
@@ -138,6 +149,15 @@ class ShardingSpec:
                       gradient_clipping: float | None = None, hyperparameters: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """The JSON files a run of it reads, by file name (none: plain torch)."""
         return {}
+
+    def training_arguments(self, config: Any) -> dict[str, Any]:
+        """What it adds to ``transformers.TrainingArguments`` (none: nothing)."""
+        return {}
+
+    def accelerate(self, config: Any, *, on_cpu: bool) -> dict[str, Any]:
+        """Its fields of accelerate's ``ClusterConfig`` (``distributed_type`` and the plugin's
+        section): one process needs no distribution."""
+        return {"distributed_type": "NO"}
 
 
 __all__ = ["Offload", "ShardingSpec", "ring"]

@@ -18,6 +18,10 @@ from planner.errors import InvalidConfigError, UnsupportedError
 from planner.optim import OPTIMIZERS, Optimizer, names
 from planner.optim.spec import FP32, HALF
 from planner.sharding.spec import Offload, ShardingSpec, ring
+from planner.units import format_bytes
+
+#: The file name of the DeepSpeed config a run reads (``ZeRO.emitted_files``).
+DEEPSPEED_FILE = "ds_config.json"
 
 #: DeepSpeed's defaults for the two ZeRO-3 bounds our configs leave unset (deepspeed 0.19.8
 #: runtime/zero/config.py l.245 max_live_parameters, l.251 max_reuse_distance: pp_int(1e9))
@@ -146,6 +150,21 @@ class ZeRO(ShardingSpec):
     def offload_words(self, offload: Offload) -> str:
         return {Offload.NONE: "no offload", Offload.OPTIMIZER: "optimizer states offloaded to CPU RAM",
                 Offload.OPTIMIZER_PARAMS: "optimizer states and parameters offloaded to CPU RAM"}[offload]
+
+    def plan_line(self, offload: Offload) -> str:
+        return f"DeepSpeed: {self.words}, {self.offload_words(offload)}"
+
+    def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
+        notes = []
+        if config.gpus == 1 and offload is Offload.NONE:
+            notes.append(f"{self.words} on one GPU shards nothing; it ranks where it is faster than the plans without "
+                         "DeepSpeed or fits where they do not: DeepSpeed keeps the model in 16-bit with the fp32 master in "
+                         "the optimizer, which lets a larger micro-batch fit "
+                         "(deepspeed runtime/engine.py _configure_distributed_model)")
+        if offload is not Offload.NONE:
+            notes.append(f"offload: {format_bytes(host_bytes)} pinned host RAM per GPU, step waits on PCIe "
+                         "(Ren et al. 2021)")
+        return notes
 
     # ---- validation -------------------------------------------------------------------------
     def check(self, config: Any, offload: Offload) -> None:
@@ -388,7 +407,17 @@ class ZeRO(ShardingSpec):
             # the others are passed to deepspeed.initialize as client optimizers, which ZeRO refuses
             # unless told (engine.py _do_optimizer_sanity_check)
             ds["zero_allow_untested_optimizer"] = True
-        return {"ds_config.json": ds}
+        return {DEEPSPEED_FILE: ds}
+
+    def training_arguments(self, config: Any) -> dict[str, Any]:
+        return {"deepspeed": DEEPSPEED_FILE}
+
+    def accelerate(self, config: Any, *, on_cpu: bool) -> dict[str, Any]:
+        return {"distributed_type": "DEEPSPEED", "deepspeed_config": {
+            "deepspeed_config_file": DEEPSPEED_FILE,
+            # ZeRO-3 builds the model already partitioned (deepspeed.zero.Init)
+            "zero3_init_flag": self.zero_stage == 3,
+        }}
 
 
 def _zero3_weights(model: Any, config: Any, out: dict[str, int], base_sizes: tuple[int, ...]) -> int:
@@ -409,7 +438,8 @@ def _zero3_weights(model: Any, config: Any, out: dict[str, int], base_sizes: tup
     return 0
 
 
-_COMMON = dict(searched=True, library="deepspeed", casts_model=True, flat_optimizer=True, partitions_optimizer=True)
+_COMMON = dict(searched=True, library="deepspeed", casts_model=True, flat_optimizer=True, partitions_optimizer=True,
+               plan_notes=("DeepSpeed buckets as in ds_config.json (reduce bucket hidden², not DeepSpeed's 5e8 default)",))
 SPECS = (
     ZeRO(name="zero1", order=2, zero_stage=1, offloads=(Offload.NONE, Offload.OPTIMIZER),
          words="ZeRO-1", **_COMMON),
@@ -419,6 +449,6 @@ SPECS = (
          words="ZeRO-3", **_COMMON),
 )
 
-__all__ = ["DS_MAX_LIVE_PARAMETERS", "DS_MAX_REUSE_DISTANCE", "SPECS", "ZeRO", "comm_bytes", "deepspeed_buckets",
+__all__ = ["DEEPSPEED_FILE", "DS_MAX_LIVE_PARAMETERS", "DS_MAX_REUSE_DISTANCE", "SPECS", "ZeRO", "comm_bytes", "deepspeed_buckets",
            "persistence_threshold", "reduce_bucket_size", "zero3_gathered_bytes", "zero3_live_params",
            "zero3_param_split", "zero_partition"]
