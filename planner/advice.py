@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.config import Method, Offload, TrainConfig
+from planner.config import Method, TrainConfig
 from planner.errors import PlannerError
+from planner.sharding import NONE, Offload, Sharding
 from planner.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,13 +34,20 @@ def _total(model: "ModelSpec", config: TrainConfig, gpu: "GPUSpec", _memo: None 
     return total
 
 
+#: The sharding --fused-ce is tried with where ZeRO-3 (which the fused loss does not take) was
+#: planned: ZeRO-2 with optimizer offload.
+_FUSED_CE_SHARDING = Sharding("zero2", Offload.OPTIMIZER)
+#: The sharding "twice the GPUs" is tried with: ZeRO-3, which partitions everything.
+_MOST_SHARDED = Sharding("zero3")
+
+
 def _fused(model: "ModelSpec", gpu: "GPUSpec", configs: list[TrainConfig]) -> int | None:
     """The least process total of ``configs`` with a fused cross-entropy, each as it is or, under
     ZeRO-3 (which the fused loss does not take), with ZeRO-2 and optimizer offload; None when none
     can take it."""
     best = None
     for config in configs:
-        for changes in ({"fused_ce": True}, {"fused_ce": True, "zero": 2, "offload": Offload.OPTIMIZER}):
+        for changes in ({"fused_ce": True}, {"fused_ce": True, "sharding": _FUSED_CE_SHARDING}):
             try:
                 total = _total(model, config.replace(**changes), gpu)
             except PlannerError:
@@ -63,7 +71,7 @@ def advice(*, model: "ModelSpec", gpu: "GPUSpec", config: TrainConfig, total: in
     if config.seq_len >= 256:
         tries.append((f"--seq-len {config.seq_len // 2}", {"seq_len": config.seq_len // 2}))
     if config.method is not Method.QLORA and Method.QLORA not in space.methods:
-        tries.append(("--method qlora", {"method": Method.QLORA, "zero": 0, "offload": Offload.NONE,
+        tries.append(("--method qlora", {"method": Method.QLORA, "sharding": NONE,
                                          "lora_r": config.lora_r if config.method.uses_adapters else None,
                                          "lora_targets": config.lora_targets if config.method.uses_adapters else None}))
     for name, changes in tries:
@@ -94,7 +102,7 @@ def _more_gpus(*, model: "ModelSpec", gpu: "GPUSpec", config: TrainConfig, total
     if gpus > MAX_GPUS_PER_NODE:
         return []
     try:
-        sharded = config.replace(gpus=gpus, zero=3, offload=Offload.NONE)
+        sharded = config.replace(gpus=gpus, sharding=_MOST_SHARDED)
         after = _total(model, sharded, gpu, None)
     except PlannerError:
         return []

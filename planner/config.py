@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from planner.errors import InvalidConfigError, UnsupportedError
-from planner.optim import OPTIMIZERS, Optimizer, names
+from planner.optim import Optimizer
+from planner.sharding import NONE, Offload, Sharding, for_gpus, from_zero
 
 
 class Method(enum.StrEnum):
@@ -89,17 +90,17 @@ class Loop(enum.StrEnum):
     is bound to the new outputs."""
 
 
-class Offload(enum.StrEnum):
-    NONE = "none"
-    OPTIMIZER = "optimizer"
-    OPTIMIZER_PARAMS = "optimizer+params"
-
-
-#: The version of ``TrainConfig.to_dict`` payloads this code writes; one without a ``version`` key
-#: was written before payloads carried one (version 1, no ``alloc_conf``). The recipe knobs
+#: The newest version of ``TrainConfig.to_dict`` payloads this code writes; one without a ``version``
+#: key was written before payloads carried one (version 1, no ``alloc_conf``). The recipe knobs
 #: (``lora_dropout``, ``loop``, ``fused_ce``, ``packing``, ``use_cache``) were added within version 2:
 #: a payload without them decodes to their defaults, which are the behaviour it was planned with.
-CONFIG_VERSION = 2
+#: Version 3 names the sharding scheme (``sharding``, ``planner.sharding``) where no ``--zero``
+#: stage names it; a configuration whose scheme a stage names (none, DDP, ZeRO-1/2/3) is still
+#: written as version 2 (``zero`` and ``offload``), so that version-2 readers read it and stored
+#: plans and answers keep their bytes.
+CONFIG_VERSION = 3
+#: The version of payloads whose sharding a ``--zero`` stage names (``Sharding.payload``).
+_ZERO_PAYLOAD_VERSION = 2
 
 #: ``lora_targets`` value that adapts every linear layer but the output head (peft's "all-linear").
 ALL_LINEAR = "all-linear"
@@ -143,10 +144,15 @@ def _check_dropout(value: Any) -> float:
     return float(value)
 
 
-def _check_zero(zero: Any) -> None:
-    """A DeepSpeed ZeRO stage: 0 (none) to 3."""
-    if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
-        raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {zero!r}")
+def _sharding(sharding: Any, zero: Any, offload: Any) -> Sharding:
+    """The ``Sharding`` of a construction: ``sharding`` (a value or a scheme's name), with the
+    scheme ``--zero`` names when ``zero`` is given and the ``offload`` when given (the old spelling
+    of payloads of versions 1 and 2, of the CLI's options and the API's body)."""
+    base = sharding if type(sharding) is Sharding else Sharding(sharding)
+    if zero is None and offload is None:
+        return base
+    off = base.offload if offload is None else offload
+    return from_zero(zero, off) if zero is not None else Sharding(base.scheme, off)
 
 
 def _lora_fields(lora_r: Any, lora_targets: Any) -> tuple[int, tuple[str, ...]]:
@@ -172,20 +178,14 @@ def _lora_fields(lora_r: Any, lora_targets: Any) -> tuple[int, tuple[str, ...]]:
 
 #: The enum-valued fields of ``TrainConfig``, in the order they are checked, with their types.
 _ENUM_FIELDS = (("method", Method), ("precision", Precision), ("optimizer", Optimizer), ("attention", Attention),
-                ("offload", Offload), ("loop", Loop))
+                ("loop", Loop))
 #: The count fields of ``TrainConfig``, in the order they are checked, with their bounds.
 _COUNT_BOUNDS = tuple((name, _UPPER_BOUNDS[name]) for name in ("micro_batch", "seq_len", "grad_accum", "gpus"))
 #: The members ``TrainConfig``'s checks compare with, bound once: reading a member through its class
 #: goes through ``EnumType.__getattr__``'s slow attribute path on CPython 3.11 (~0.3 us a read).
-_FULL, _QLORA = Method.FULL, Method.QLORA
+_FULL = Method.FULL
 _FP32 = Precision.FP32
-_PURE_16BIT = (Precision.FP16, Precision.BF16)
 _FLASH = Attention.FLASH
-_NO_OFFLOAD, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
-#: What DeepSpeed takes of each optimizer (``planner.optim``): the ones it offloads, and each paged
-#: one's unpaged twin (ZeRO's partitions are not paged).
-_OFFLOADABLE = tuple(o for o in Optimizer if OPTIMIZERS[o].deepspeed_offload)
-_UNPAGED = {o: OPTIMIZERS[o].unpaged for o in Optimizer if OPTIMIZERS[o].paged}
 #: The copy constructors make an instance and give it its fields' dict at once, as ``__init__``
 #: does (``object.__setattr__`` because the dataclass is frozen).
 _new, _set = object.__new__, object.__setattr__
@@ -208,7 +208,7 @@ class TrainConfig:
     grad_accum: int = 1
     """Micro-steps accumulated before each optimizer step."""
     gpus: int = 1
-    """Data-parallel devices (DDP when zero=0, else the ZeRO partition count)."""
+    """Data-parallel devices (the ranks ``sharding`` spreads the model states over)."""
     grad_ckpt: bool = False
     """Gradient (activation) checkpointing per decoder layer, non-reentrant."""
     attention: Attention = Attention.SDPA
@@ -217,10 +217,12 @@ class TrainConfig:
     """LoRA rank; only for lora/qlora (default 16 there)."""
     lora_targets: tuple[str, ...] | None = None
     """Module names LoRA adapts, or ("all-linear",); only for lora/qlora."""
-    zero: int = 0
-    """DeepSpeed ZeRO stage, 0 = no DeepSpeed."""
-    offload: Offload = Offload.NONE
-    """DeepSpeed CPU offload of optimizer states (and with ZeRO-3 the parameters)."""
+    sharding: Sharding = NONE
+    """How the model states are spread over the ``gpus`` ranks, and what of them the host holds
+    (``planner.sharding``: none/DDP, DeepSpeed ZeRO-1/2/3, each with its offloads). Whole replicas
+    are DDP on more than one GPU (``planner.sharding.for_gpus``). Given as a value or a scheme's
+    name; ``zero`` and ``offload`` (the CLI's ``--zero N --offload X``, payloads of versions 1 and
+    2) make it too."""
     alloc_conf: str | None = None
     """PyTorch's CUDA caching allocator settings as ``PYTORCH_CUDA_ALLOC_CONF`` takes them, e.g.
     ``max_split_size_mb:128,expandable_segments:True`` (None: PyTorch's defaults). Stored in a
@@ -250,40 +252,43 @@ class TrainConfig:
     def __init__(self, *, method: Method | str = Method.FULL, precision: Precision | str = Precision.BF16_MIXED,
                  optimizer: Optimizer | str = Optimizer.ADAMW, micro_batch: int = 1, seq_len: int = 512,
                  grad_accum: int = 1, gpus: int = 1, grad_ckpt: bool = False, attention: Attention | str = Attention.SDPA,
-                 lora_r: int | None = None, lora_targets: tuple[str, ...] | str | None = None, zero: int = 0,
-                 offload: Offload | str = Offload.NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
+                 lora_r: int | None = None, lora_targets: tuple[str, ...] | str | None = None,
+                 sharding: Sharding | str = NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
                  loop: Loop | str = Loop.TRAINER, fused_ce: bool = False, packing: bool = True,
-                 use_cache: bool = False) -> None:
+                 use_cache: bool = False, zero: int | None = None, offload: Offload | str | None = None) -> None:
         # The dataclass's own __init__ with every field and its default (a test holds them equal),
         # setting all fields at once: the generated one makes one object.__setattr__ call per frozen
-        # field, half the cost of a construction (the search makes hundreds per request).
+        # field, half the cost of a construction (the search makes hundreds per request). ``zero``
+        # and ``offload`` are not fields: the old spelling of ``sharding`` (see ``_sharding``).
         _set(self, "__dict__", {
             "method": method, "precision": precision, "optimizer": optimizer, "micro_batch": micro_batch,
             "seq_len": seq_len, "grad_accum": grad_accum, "gpus": gpus, "grad_ckpt": grad_ckpt,
-            "attention": attention, "lora_r": lora_r, "lora_targets": lora_targets, "zero": zero, "offload": offload,
+            "attention": attention, "lora_r": lora_r, "lora_targets": lora_targets, "sharding": sharding,
             "alloc_conf": alloc_conf, "lora_dropout": lora_dropout, "loop": loop, "fused_ce": fused_ce,
             "packing": packing, "use_cache": use_cache,
         })
-        self.__post_init__()
+        self.__post_init__(zero, offload)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, zero: int | None = None, offload: Offload | str | None = None) -> None:
         # Every check, in the order the errors are given (a configuration with two mistakes is
         # told of the first). Fast on valid input: the search builds hundreds of these per
         # request, and most values arrive as the right type.
-        self._check_fields()
+        self._check_fields(zero, offload)
         self._check_adapters()
         self._check_combination()
 
-    def _check_fields(self) -> None:
-        """Each field on its own: enums coerced from their spelling, flags, counts, ZeRO stage,
-        the allocator settings. (Fields are written to ``__dict__`` as ``object.__setattr__``
-        would write them, at a fraction of its cost.)"""
+    def _check_fields(self, zero: int | None, offload: Offload | str | None) -> None:
+        """Each field on its own: enums coerced from their spelling, flags, counts, the sharding
+        (from ``zero``/``offload`` where given), the allocator settings. (Fields are written to
+        ``__dict__`` as ``object.__setattr__`` would write them, at a fraction of its cost.)"""
         fields = self.__dict__
         # each group's common case first, in one test: the search builds hundreds of these
         if not (type(fields["method"]) is Method and type(fields["precision"]) is Precision
                 and type(fields["optimizer"]) is Optimizer and type(fields["attention"]) is Attention
-                and type(fields["offload"]) is Offload and type(fields["loop"]) is Loop):
+                and type(fields["loop"]) is Loop and (offload is None or type(offload) is Offload)):
             for name, enum_type in _ENUM_FIELDS:
+                if name == "loop" and offload is not None:  # the offload's spelling is told of first
+                    offload = _coerce(Offload, offload, "offload")
                 if type(fields[name]) is not enum_type:  # a member is of its class exactly
                     fields[name] = _coerce(enum_type, fields[name], name)
         dropout = fields["lora_dropout"]
@@ -297,7 +302,10 @@ class TrainConfig:
             value = fields[name]
             if type(value) is not int or not 0 < value <= bound:  # else _check_count passes it
                 _check_count(name, value)
-        _check_zero(fields["zero"])
+        sharding = fields["sharding"]
+        if type(sharding) is not Sharding or zero is not None or offload is not None:
+            sharding = _sharding(sharding, zero, offload)
+        fields["sharding"] = for_gpus(sharding, fields["gpus"]) if sharding.spec.replicas else sharding
         if fields["alloc_conf"] is not None:
             from planner.memory.allocator import AllocatorConfig
 
@@ -320,9 +328,9 @@ class TrainConfig:
             fields["lora_r"], fields["lora_targets"] = _lora_fields(fields["lora_r"], fields["lora_targets"])
 
     def _check_combination(self) -> None:
-        """Fields that exclude each other. Each condition reads its int or bool field first: an
-        enum member read through its class costs ~0.3 us on CPython 3.11 (``EnumType`` has a
-        ``__getattr__``), and most configurations are decided by ``zero`` and the flags."""
+        """Fields that exclude each other, the sharding scheme's last (``ShardingSpec.check``).
+        Each condition reads its int or bool field first: an enum member read through its class
+        costs ~0.3 us on CPython 3.11 (``EnumType`` has a ``__getattr__``)."""
         if self.attention is _FLASH and self.precision is _FP32:
             raise InvalidConfigError(
                 "--attention flash needs fp16 or bf16 compute (flash-attn has no fp32 kernel): "
@@ -333,47 +341,20 @@ class TrainConfig:
                 "--fused-ce with --method full is not modelled (the fused loss makes the trained head's "
                 "gradient in the forward): use --method lora or qlora, or drop --fused-ce"
             )
-        if self.fused_ce and self.zero == 3:
-            raise UnsupportedError(
-                "--fused-ce with --zero 3: the fused loss reads lm_head.weight outside the module's forward, "
-                "where ZeRO-3 holds only a partition (Liger's fused_linear_cross_entropy_forward refuses it): "
-                "use --zero 2 or lower"
-            )
-        if self.zero == 0 and self.offload is not _NO_OFFLOAD:
-            raise InvalidConfigError(
-                f"--offload {self.offload} is a DeepSpeed ZeRO feature: add --zero 1, 2 or 3"
-            )
-        if self.zero != 3 and self.offload is _OFFLOAD_PARAMS:
-            raise InvalidConfigError(
-                "--offload optimizer+params needs --zero 3 (only ZeRO-3 partitions parameters)"
-            )
-        if self.zero > 0:
-            self._check_deepspeed()
-
-    def _check_deepspeed(self) -> None:
-        """What DeepSpeed ZeRO does not take (or the memory model does not cover)."""
-        if self.precision in _PURE_16BIT:
-            raise UnsupportedError(
-                f"--precision {self.precision} with --zero {self.zero}: DeepSpeed always keeps "
-                f"fp32 master weights, use --precision {self.precision}-mixed"
-            )
-        if self.offload is not _NO_OFFLOAD and self.optimizer not in _OFFLOADABLE:
-            raise UnsupportedError(
-                f"--offload with --optimizer {self.optimizer}: DeepSpeed offloads only its "
-                f"CPU Adam, use --optimizer {names(_OFFLOADABLE)}"
-            )
-        if self.optimizer in _UNPAGED:
-            raise UnsupportedError(
-                f"--optimizer {self.optimizer} with --zero: paging and ZeRO partitioning do "
-                f"not combine, use {_UNPAGED[self.optimizer]}"
-            )
-        if self.zero == 3 and self.method is _QLORA:
-            raise UnsupportedError(
-                "--method qlora with --zero 3 is not modelled (4-bit weights cannot be "
-                "partitioned without quant_storage tricks): use --zero 2 or lower"
-            )
+        sharding = self.sharding
+        sharding.spec.check(self, sharding.offload)
 
     # ---- derived -------------------------------------------------------------------------
+    @property
+    def zero(self) -> int | None:
+        """The ``--zero`` stage of the sharding (0: no DeepSpeed; None: a scheme no stage names)."""
+        return self.sharding.spec.zero_stage
+
+    @property
+    def offload(self) -> Offload:
+        """What of the model states the host holds (``Sharding.offload``)."""
+        return self.sharding.offload
+
     @property
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.gpus
@@ -423,17 +404,17 @@ class TrainConfig:
         _set(copy, "__dict__", fields)
         return copy
 
-    def with_knobs(self, *, optimizer: Optimizer, zero: int, offload: Offload) -> "TrainConfig":
-        """This configuration with another optimizer, ZeRO stage and offload, checked as
-        ``__post_init__`` checks them: each on its own, then the combination checks, the only
-        ones that read them with another field (the search validates the optimizers and stages of
-        each method and precision by copying one construction; ``tests/test_search_speed_paths.py``
-        holds them equal to full constructions and refused where those are)."""
+    def with_knobs(self, *, optimizer: Optimizer, sharding: Sharding) -> "TrainConfig":
+        """This configuration with another optimizer and sharding, checked as ``__post_init__``
+        checks them: each on its own, then the combination checks, the only ones that read them
+        with another field (the search validates the optimizers and shardings of each method and
+        precision by copying one construction; ``tests/test_search_speed_paths.py`` holds them
+        equal to full constructions and refused where those are)."""
         fields = self.__dict__.copy()
         fields["optimizer"] = optimizer if type(optimizer) is Optimizer else _coerce(Optimizer, optimizer, "optimizer")
-        fields["offload"] = offload if type(offload) is Offload else _coerce(Offload, offload, "offload")
-        _check_zero(zero)
-        fields["zero"] = zero
+        if type(sharding) is not Sharding:
+            sharding = Sharding(sharding)
+        fields["sharding"] = for_gpus(sharding, fields["gpus"]) if sharding.spec.replicas else sharding
         copy = _new(TrainConfig)
         _set(copy, "__dict__", fields)
         copy._check_combination()
@@ -441,9 +422,11 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict with the CLI's option names as keys (underscored), and the
-        payload's ``version``."""
+        payload's ``version`` (``CONFIG_VERSION``; version 2 where a ``--zero`` stage names the
+        sharding)."""
+        sharding = self.sharding.payload()
         return {
-            "version": CONFIG_VERSION,
+            "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding else CONFIG_VERSION,
             "method": str(self.method),
             "precision": str(self.precision),
             "optimizer": str(self.optimizer),
@@ -455,8 +438,7 @@ class TrainConfig:
             "attention": str(self.attention),
             "lora_r": self.lora_r,
             "lora_targets": ",".join(self.lora_targets) if self.lora_targets else None,
-            "zero": self.zero,
-            "offload": str(self.offload),
+            **sharding,
             "alloc_conf": self.alloc_conf,
             "lora_dropout": self.lora_dropout,
             "loop": str(self.loop),
@@ -470,7 +452,7 @@ class TrainConfig:
         """Decode a ``to_dict`` payload of any version: keys it lacks take their defaults; keys
         this code does not know (a newer planner's settings) raise with ``strict``, else are
         ignored with a warning."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} | {"zero", "offload"}  # the old sharding keys
         unknown = set(data) - known - {"version"}
         if unknown and strict:
             raise InvalidConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
@@ -488,8 +470,9 @@ class TrainConfig:
         parts.append(f"mb{self.micro_batch}x{self.grad_accum}" + (f"x{self.gpus}gpu" if self.gpus > 1 else ""))
         if self.grad_ckpt:
             parts.append("ckpt")
-        if self.zero:
-            parts.append(f"zero{self.zero}" + (f"+offload:{self.offload}" if self.offload != Offload.NONE else ""))
+        sharding = self.sharding.label()
+        if sharding:
+            parts.append(sharding)
         if self.attention is not Attention.SDPA:
             parts.append(str(self.attention))
         if self.alloc_conf:
@@ -516,5 +499,6 @@ __all__ = [
     "Offload",
     "Optimizer",
     "Precision",
+    "Sharding",
     "TrainConfig",
 ]

@@ -70,7 +70,7 @@ def check_gpu_count(gpus: object) -> None:
 #   tensor (an expert's weight is a tensor, so a block holds experts x expert linears of them),
 #   and the model-state terms walk those lists: the trainable set of each adapter set the search
 #   tries (Trained.sizes and its Counter), and ZeRO-3's split of the base model plus that set
-#   (planner.memory.zero.zero3_param_split). Full fine-tuning walks the base model's tensors
+#   (planner.sharding.zero.zero3_param_split). Full fine-tuning walks the base model's tensors
 #   twice (what it trains, what ZeRO-3 partitions); each LoRA/QLoRA adapter set (rank x targets:
 #   planner.search.LORA_RANKS x {every linear, the attention projections}) walks its adapters and
 #   the base model once more. Cost: "tensor sizings" = tensors x (2 + adapter sets).

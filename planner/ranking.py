@@ -18,7 +18,7 @@ import dataclasses
 from typing import Iterable, Iterator, NamedTuple
 
 from planner.advice import advice
-from planner.config import Offload, Optimizer, Precision, TrainConfig
+from planner.config import Optimizer, Precision, TrainConfig
 from planner.errors import NothingFitsError
 from planner.gpus import GPUSpec
 from planner.host import host_shortfall, node_ram_needed
@@ -38,6 +38,7 @@ from planner.search import (
     screen,
     totals_by_split,
 )
+from planner.sharding import NONE
 from planner.throughput import ThroughputMemo, estimate_throughput, step_breakdown, tokens_per_second
 from planner.tradeoffs import Prefer, fidelity_tier, memory_interval, near_edge, oom_risk
 from planner.uncertainty import NEAR_EDGE_PROBABILITY, oom_probability, safe_total, spread
@@ -107,12 +108,13 @@ EXOTIC_HOST_SHARE = 0.5
 
 def _exotic(memo: MemoryMemo, *, node_ram: int):
     """Whether a configuration is one an expert runs only when it wins on speed or is the only way
-    to fit: ZeRO on one GPU without offload (it shards nothing; it saves memory only because
-    DeepSpeed keeps the model in 16-bit) and offload that pins more than EXOTIC_HOST_SHARE of the
-    node's RAM."""
+    to fit: a sharding scheme on one GPU without offload (it shards nothing; ZeRO saves memory
+    only because DeepSpeed keeps the model in 16-bit) and offload that pins more than
+    EXOTIC_HOST_SHARE of the node's RAM."""
     def exotic(config: TrainConfig) -> bool:
-        if config.offload is Offload.NONE:
-            return bool(config.zero) and config.gpus == 1
+        sharding = config.sharding
+        if not sharding.offloaded:
+            return not sharding.spec.replicas and config.gpus == 1
         return memo.static(config).terms.host * config.gpus > EXOTIC_HOST_SHARE * node_ram
 
     return exotic
@@ -269,9 +271,9 @@ def _tie_key(item: tuple) -> tuple:
     """Within a speed tie: the more faithful plan, then the usual optimizer, fewer moving parts,
     the preferred precision, then the plan with more room on the device."""
     config, throughput, total = item
-    moving_parts = (config.zero > 0) + (config.offload is not Offload.NONE) + (config.offload is Offload.OPTIMIZER_PARAMS)
-    return (fidelity_tier(config), OPTIMIZER_PREFERENCE[config.optimizer], moving_parts,
-            PRECISION_PREFERENCE[config.precision], config.zero, total, -throughput.tokens_per_s)
+    sharding = config.sharding
+    return (fidelity_tier(config), OPTIMIZER_PREFERENCE[config.optimizer], sharding.moving_parts,
+            PRECISION_PREFERENCE[config.precision], sharding.spec.order, total, -throughput.tokens_per_s)
 
 
 def _precision_class(config: TrainConfig) -> str:
@@ -281,7 +283,7 @@ def _precision_class(config: TrainConfig) -> str:
     pure 16-bit LoRA with DeepSpeed added."""
     if config.precision is Precision.FP32:
         return "fp32"
-    if config.precision.is_mixed and not (config.zero and config.method.uses_adapters):
+    if config.precision.is_mixed and not (config.sharding.spec.casts_model and config.method.uses_adapters):
         return "mixed"
     return "16-bit"
 
@@ -342,14 +344,14 @@ def _edge_only(fitting: list[tuple], plans: tuple[Candidate, ...], *, best_tier:
 
 def _rejection(c: _Tried, *, model: ModelSpec, usable: int, space: SearchSpace) -> Rejection:
     """One line for a family: its plain model states if they alone overflow, else its closest try."""
-    plain = dataclasses.replace(c.config, zero=0, offload=Offload.NONE, gpus=c.config.gpus)
+    plain = dataclasses.replace(c.config, sharding=NONE)  # whole replicas: DDP on more than one GPU
     states = model_states_bytes(model, plain)
     tried = c.config.label()
     if c.cpu_bytes > space.offload_budget(c.config.gpus) and c.process_total_bytes <= usable:
         shortfall = host_shortfall(c.cpu_bytes, ranks=c.config.gpus, node_ram=space.cpu_mem_bytes,
                                    source=space.host_ram_source)
         reason = f"model states need {format_bytes(states)} on the device; with {tried} they fit, but offload needs {shortfall}"
-    elif states > usable and (c.config.zero or c.config.offload is not Offload.NONE):
+    elif states > usable and not c.config.sharding.plain:
         reason = (f"model states alone need {format_bytes(states)} > {format_bytes(usable)} usable; the closest try, "
                   f"{tried}, needs {format_bytes(c.process_total_bytes)}")
     elif states > usable:

@@ -3,7 +3,8 @@ batch, and which of them fit.
 
 The space: precision x method (full, LoRA and QLoRA with r in {8, 16, 32, 64} on the attention
 projections or every linear) x gradient checkpointing x micro-batch (micro x accumulation x
-GPUs = target batch) x optimizer x DeepSpeed ZeRO 0-3 with CPU offload. ``screen`` predicts each
+GPUs = target batch) x optimizer x sharding (``planner.sharding.search_axis``: none/DDP, DeepSpeed
+ZeRO 1-3 with CPU offload). ``screen`` predicts each
 candidate with the memory model's affine fast path (``MemoryMemo``) and ``planner.throughput``,
 and keeps every combination's largest split whose process total stays under the usable memory
 and whose offloaded states fit the node's host RAM, and each family's closest miss;
@@ -21,19 +22,26 @@ from operator import add
 from typing import Iterator, NamedTuple
 
 from planner import __version__
-from planner.config import ALL_LINEAR, Loop, Method, Offload, Optimizer, Precision, TrainConfig
+from planner.config import ALL_LINEAR, Loop, Method, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError, PlannerError
 from planner.gpus import GPUSpec, check_precision
+from planner.host import host_reserve
 from planner.limits import check_gpu_count
-from planner.memory.reserve import largest_peak, peak_independent, process_total
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, trained
+from planner.memory.reserve import largest_peak, peak_independent, process_total
 from planner.memory.states import StaticTerms, static_terms
-from planner.memory.step import batch_line, first_block_gradients, first_block_params, static_moments, static_sizes
+from planner.memory.step import (
+    batch_line,
+    first_block_gradients,
+    first_block_params,
+    static_moments,
+    static_sizes,
+)
 from planner.modelspec import LinearKind, ModelSpec
 from planner.optim import SEARCHED
-from planner.host import host_reserve
 from planner.results import PlanRequest
+from planner.sharding import search_axis
 from planner.throughput import ThroughputMemo, tokens_per_second
 from planner.tradeoffs import Prefer
 from planner.units import MiB
@@ -160,7 +168,7 @@ def enumerate_configs(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_
 
 
 class _Knobs(NamedTuple):
-    """One valid (method, precision, optimizer, ZeRO stage, offload) of the space."""
+    """One valid (method, precision, optimizer, sharding) of the space."""
 
     config: TrainConfig
     """Validated, with the whole per-device batch as its micro-batch, no checkpointing and its
@@ -182,7 +190,7 @@ class _Knobs(NamedTuple):
 
 class _Row(NamedTuple):
     """The valid knobs of one method and precision, in the order the space lists optimizers and
-    then (ZeRO stage, offload), and the adapter variants each combines with ([(None, None)] for
+    then shardings, and the adapter variants each combines with ([(None, None)] for
     full fine-tuning)."""
 
     variants: list[tuple[int | None, tuple[str, ...] | None]]
@@ -203,7 +211,7 @@ def _per_device_splits(target_batch: int, gpus: int) -> list[tuple[int, int]]:
 def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
           space: SearchSpace) -> list[_Row]:
     """The space's valid knobs, a row per method and precision. Each (method, precision,
-    optimizer, zero, offload) is validated once, with the first adapter variant: the same refusal
+    optimizer, sharding) is validated once, with the first adapter variant: the same refusal
     holds for every variant (SearchSpace checked the ranks; the targets are the model's), and the
     others are copies (``with_lora``)."""
     per_device = _per_device_splits(target_batch, gpus)[-1][0]
@@ -213,24 +221,22 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
         lora_variants.append((r, (ALL_LINEAR,)))
         if attn:
             lora_variants.append((r, attn))
-    zero_offload = [(0, Offload.NONE), (1, Offload.NONE), (2, Offload.NONE), (3, Offload.NONE)]
-    if space.allow_offload:
-        zero_offload += [(1, Offload.OPTIMIZER), (2, Offload.OPTIMIZER), (3, Offload.OPTIMIZER), (3, Offload.OPTIMIZER_PARAMS)]
+    shardings = search_axis(allow_offload=space.allow_offload)
     rows = []
     for method in space.methods:
         variants = [(None, None)] if method is Method.FULL else lora_variants
         r, targets = variants[0]
         for precision in _precisions(gpu, space):
             knobs: list[_Knobs] = []
-            for optimizer, (zero, offload) in itertools.product(space.optimizers, zero_offload):
-                try:  # the row's first valid construction, copied with each other optimizer and stage
+            for optimizer, sharding in itertools.product(space.optimizers, shardings):
+                try:  # the row's first valid construction, copied with each other optimizer and sharding
                     if knobs:
-                        config = knobs[0].config.with_knobs(optimizer=optimizer, zero=zero, offload=offload)
+                        config = knobs[0].config.with_knobs(optimizer=optimizer, sharding=sharding)
                     else:
                         config = TrainConfig(
                             method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
                             seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False, lora_r=r,
-                            lora_targets=targets, zero=zero, offload=offload, **space.recipe(method))
+                            lora_targets=targets, sharding=sharding, **space.recipe(method))
                 except PlannerError:
                     continue  # the combination is invalid whatever the adapters, split and checkpointing
                 knobs.append(_Knobs(config, family_key(config), _static_key(config)[:-2],
@@ -244,7 +250,7 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
     """Each valid combination of the space's knobs but the split (a validated ``TrainConfig``
     with the whole per-device batch as its micro-batch), with every (micro, accumulation) split
     of the per-device batch in ascending micro-batch order: per method and precision (``_rows``),
-    per adapter variant, per optimizer and (ZeRO stage, offload), without then with checkpointing.
+    per adapter variant, per optimizer and sharding, without then with checkpointing.
     (``_screen`` walks the same order over the rows.)"""
     splits = _per_device_splits(target_batch, gpus)
     per_device = splits[-1][0]
@@ -262,14 +268,15 @@ def _static_key(config: TrainConfig) -> tuple:
     nothing more, so configurations they predict alike share them: of the precision, a stored
     weight's bytes (unquantised weights and full fine-tuning's trainable tensors; QLoRA's are NF4
     and fp32 whatever the precision) and, under DeepSpeed, whether it is mixed (its 16-bit
-    communication dtype, ``zero.comm_bytes``); ZeRO-2 on one GPU partitions gradients over one
-    rank, as ZeRO-1 does. (tests/test_search_screen.py checks that configurations of one key have
-    equal terms.)"""
-    zero = config.zero
+    communication dtype, ``planner.sharding.zero.comm_bytes``); of the sharding, the one whose terms
+    are equal on this many GPUs (``Sharding.memory_key``: ZeRO-2 on one GPU partitions gradients
+    over one rank, as ZeRO-1 does). (tests/test_search_screen.py checks that configurations of one
+    key have equal terms.)"""
+    sharding = config.sharding
+    casts = sharding.spec.casts_model
     return (config.method, None if config.method is Method.QLORA else mode_of(config).weight,
-            config.precision.is_mixed if zero else None, config.optimizer,
-            1 if zero == 2 and config.gpus == 1 else zero, config.offload, config.gpus, config.lora_r,
-            config.lora_targets)
+            config.precision.is_mixed if casts else None, config.optimizer,
+            sharding.memory_key(config.gpus), config.gpus, config.lora_r, config.lora_targets)
 
 
 def _batch_key(config: TrainConfig) -> tuple:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from planner.config import Method, Offload, Precision, TrainConfig
+from planner.config import Method, Precision, TrainConfig
 from planner.errors import InvalidConfigError
 from planner.gpus import GPUSpec, check_precision, matmul_dtype
 from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES
@@ -150,84 +150,44 @@ def optimizer_bytes_per_param(*, config: TrainConfig) -> float:
     Each optimizer's own traffic is its memory model's ``update_bytes_per_param`` in its
     descriptor (``planner.optim``; AdamW 7w: HF's default ``adamw_torch_fused`` for torch >= 2.8
     reads param, grad and both moments and writes three; 8-bit AdamW 3w + 4·(1 + 4/256); SGD 5w;
-    Adafactor 16 fp32 passes). ZeRO (DeepSpeed keeps an fp32 master copy for 16-bit training):
-    +4 B read of the master and +2 B write of the 16-bit model weight per parameter
-    (``_update_fp16``-style copy back).
+    Adafactor 16 fp32 passes). The sharding scheme adds its own (``ShardingSpec.master_update_bytes``;
+    ZeRO's fp32 master copy under 16-bit training: +4 B read of the master, +2 B write of the
+    16-bit model weight).
     """
     per_param = OPTIMIZERS[config.optimizer].memory.update_bytes_per_param(_trainable_bytes(config))
-    if config.zero and config.precision.is_mixed:
-        per_param += 4 + 2
+    extra = config.sharding.spec.master_update_bytes(config)
+    if extra:
+        per_param += extra
     return per_param
 
 
-def _ring(n: int) -> float:
-    """Fraction of a tensor each rank sends in a ring reduce-scatter or all-gather: (n-1)/n."""
-    return (n - 1) / n
-
-
 def comm_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
-    """Bytes each device sends over the interconnect per optimizer step (ring collectives).
-
-    * DDP (zero 0): one all-reduce of the gradients per step (HF/accelerate skip the sync during
-      accumulation): 2·(n-1)/n · trainable · grad bytes (grads in the parameter dtype).
-    * ZeRO-1: reduce-scatter of gradients and all-gather of the updated 16-bit params once per
-      step: 2·(n-1)/n · trainable · comm bytes (ZeRO paper, Rajbhandari et al. 2020, sec. 7: 2Ψ).
-    * ZeRO-2: the gradient reduce-scatter runs every micro-step (gradients are partitioned as
-      they are produced), the param all-gather once per step.
-    * ZeRO-3: every micro-step all-gathers ALL parameters for the forward, the backward and the
-      checkpoint recompute, and reduce-scatters the gradients (ZeRO paper sec. 7.2.2: 3Ψ).
-    DeepSpeed communicates in the model dtype (``communication_data_type`` defaults to fp16/bf16,
-    deepspeed/runtime/engine.py); fp32 training sends 4 B.
-    """
+    """Bytes each device sends over the interconnect per optimizer step (ring collectives): the
+    sharding scheme's collectives (``ShardingSpec.comm_bytes``: DDP's gradient all-reduce,
+    ZeRO's reduce-scatters and all-gathers, each with its source)."""
     return _comm_bytes(config, trainable_params(model, config), model.params_total)
 
 
 def _comm_bytes(config: TrainConfig, trainable: int, params_total: int) -> float:
-    n = config.gpus
-    if n == 1:
+    if config.gpus == 1:
         return 0.0
-    f = _ring(n)
-    if config.zero == 0:
-        return 2 * f * trainable * _trainable_bytes(config)
-    cb = config.precision.compute_bytes
-    if config.zero == 1:
-        return 2 * f * trainable * cb
-    if config.zero == 2:
-        return f * trainable * cb * (config.grad_accum + 1)
-    gathers = 2 + int(config.grad_ckpt)
-    per_micro = f * cb * (gathers * params_total + trainable)
-    return per_micro * config.grad_accum
+    return config.sharding.spec.comm_bytes(config, trainable=trainable, params_total=params_total,
+                                           grad_bytes=_trainable_bytes(config))
 
 
 def offload_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
-    """Host<->device bytes per optimizer step per device under ZeRO-Offload.
-
-    Ren et al. 2021 (ZeRO-Offload, sec. 4): 16-bit gradients go device->host, the CPU updates
-    the fp32 master copy, 16-bit parameters come back. With ZeRO-2/3 the gradient partition is
-    copied at every micro-step (it is reduced every micro-step), with ZeRO-1 once per step. With
-    parameter offload (ZeRO-3 ``optimizer+params``) the parameters live on the host and stream in
-    for every forward, backward and recompute; no separate copy back after the update.
-    Each device moves only its 1/n partition.
-    """
-    if config.offload is Offload.NONE:
+    """Host<->device bytes per optimizer step per device of what the sharding scheme offloads
+    (``ShardingSpec.offload_bytes``: ZeRO-Offload's gradient and parameter copies)."""
+    if not config.sharding.offloaded:
         return 0.0
     return _offload_bytes(config, trainable_params(model, config), model.params_total)
 
 
 def _offload_bytes(config: TrainConfig, trainable: int, params_total: int) -> float:
-    if config.offload is Offload.NONE:
+    sharding = config.sharding
+    if not sharding.offloaded:
         return 0.0
-    n = config.gpus
-    cb = config.precision.compute_bytes
-    partition = trainable / n
-    grad_copies = config.grad_accum if config.zero >= 2 else 1
-    total = partition * cb * grad_copies
-    if config.offload is Offload.OPTIMIZER:
-        total += partition * cb
-    else:
-        gathers = 2 + int(config.grad_ckpt)
-        total += gathers * (params_total / n) * cb * config.grad_accum
-    return total
+    return sharding.spec.offload_bytes(config, sharding.offload, trainable=trainable, params_total=params_total)
 
 
 def _quantized_weights(model: ModelSpec) -> int:
@@ -307,7 +267,7 @@ def _rates(gpu: GPUSpec, precision: Precision, utilization: float | None) -> _Ra
 def _update_bytes_per_param(config: TrainConfig) -> float:
     """Bytes the optimizer update moves per trainable parameter: DeepSpeed's CPU Adam on the host
     under offload, else ``optimizer_bytes_per_param`` on the device."""
-    if config.offload is not Offload.NONE:
+    if config.sharding.offloaded:
         return CPU_ADAM_BYTES_PER_PARAM + (CPU_ADAM_HALF_COPY_BYTES if config.precision.is_mixed else 0)
     return optimizer_bytes_per_param(config=config)
 
@@ -318,10 +278,10 @@ def _step_parts(config: TrainConfig, *, rates: _Rates, flops: FlopsPerToken, tra
     (``step_breakdown`` computes those afresh, ``ThroughputMemo`` once per search)."""
     tokens_per_device = config.micro_batch * config.seq_len * config.grad_accum
     flop_rate = rates.flop_rate
-    if config.offload is not Offload.NONE:
+    if config.sharding.offloaded:
         optimizer_s = trainable / config.gpus * update_bytes / rates.host_bw
     else:
-        stepped = trainable / config.gpus if config.zero >= 1 else trainable
+        stepped = trainable / config.gpus if config.sharding.spec.partitions_optimizer else trainable
         optimizer_s = stepped * update_bytes / rates.device_bw
     return (
         flops.linear * tokens_per_device / flop_rate,
@@ -349,7 +309,7 @@ class ThroughputMemo:
     """``step_breakdown`` for many configurations of one model on one device, with what does not
     change between them computed once: the search ranks thousands of candidates that share their
     FLOPs per token and trainable parameters (per adapter set, checkpointing and sequence length)
-    and their rates and update traffic (per method, precision, optimizer, ZeRO stage and offload).
+    and their rates and update traffic (per method, precision, optimizer and sharding).
     Each memo is keyed on exactly the fields its values read. Lives as long as the search that
     holds it (beside ``planner.search.MemoryMemo``), so it never outlives its model or device."""
 
@@ -358,7 +318,7 @@ class ThroughputMemo:
         self._quantized: int | None = None
         # (method, lora_r, lora_targets, grad_ckpt, seq_len) -> (FLOPs per token, trainable params)
         self._shape: dict[tuple, tuple[FlopsPerToken, int]] = {}
-        # (method, precision, optimizer, zero, offload) -> (rates, update bytes per parameter)
+        # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter)
         self._device: dict[tuple, tuple[_Rates, float]] = {}
 
     def breakdown(self, config: TrainConfig) -> dict[str, float]:
@@ -375,7 +335,7 @@ class ThroughputMemo:
         if shape is None:
             shape = self._shape[key] = (flops_per_token(model=self.model, config=config),
                                         trainable_params(self.model, config))
-        key = (config.method, config.precision, config.optimizer, config.zero, config.offload)
+        key = (config.method, config.precision, config.optimizer, config.sharding)
         device = self._device.get(key)
         if device is None:
             device = self._device[key] = (_rates(self.gpu, config.precision, self.utilization),
@@ -409,7 +369,7 @@ def estimate_throughput(
     breakdown = step_breakdown(model=model, config=config, gpu=gpu, utilization=utilization)
     step_s = sum(breakdown.values())
     assert step_s > 0, breakdown
-    offloaded = config.offload is not Offload.NONE
+    offloaded = config.sharding.offloaded
 
     assumptions = [
         f"matmuls at {utilization:.0%} of {gpu.display_name}'s {gpu.peak_tflops(config.precision):g} "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
-from planner.config import Method, Offload, Precision, TrainConfig
+from planner.config import Method, Precision, TrainConfig
 from planner.optim import OPTIMIZERS
 from planner.uncertainty import NEAR_EDGE_PROBABILITY, Spread, oom_probability, peak_interval, spread
 from planner.units import format_bytes
@@ -110,14 +110,8 @@ def trade_offs(config: TrainConfig, memory: MemoryEstimate, *, capacity: int) ->
     elif config.method is Method.QLORA:
         notes.append(f"QLoRA r{config.lora_r}: NF4 base, matched 16-bit LoRA (Dettmers et al. 2023), dequantised at each use")
     notes += _optimizer_note(config)
-    if config.zero and config.gpus == 1 and config.offload is Offload.NONE:
-        notes.append(f"ZeRO-{config.zero} on one GPU shards nothing; it ranks where it is faster than the plans without "
-                     "DeepSpeed or fits where they do not: DeepSpeed keeps the model in 16-bit with the fp32 master in "
-                     "the optimizer, which lets a larger micro-batch fit "
-                     "(deepspeed runtime/engine.py _configure_distributed_model)")
-    if config.offload is not Offload.NONE:
-        notes.append(f"offload: {format_bytes(memory.cpu_bytes)} pinned host RAM per GPU, step waits on PCIe "
-                     "(Ren et al. 2021)")
+    # the sharding scheme's own (planner.sharding)
+    notes += config.sharding.spec.notes(config, config.sharding.offload, host_bytes=memory.cpu_bytes)
     return tuple(notes)
 
 

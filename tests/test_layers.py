@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("planner.errors", "planner.units", "planner.text", "planner.lazy", "planner.modelspec",
                     "planner.config", "planner.limits", "planner.results", "planner.tradeoffs",
-                    "planner.calibration.values", "planner.calibration.fit", "planner.uncertainty", "planner.optim")),
+                    "planner.calibration.values", "planner.calibration.fit", "planner.uncertainty", "planner.optim",
+                    "planner.sharding")),
     ("facts", ("planner.catalog", "planner.gpus", "planner.host", "planner.detect")),
     ("core", ("planner.memory", "planner.throughput")),
     ("search", ("planner.search", "planner.ranking", "planner.defaults", "planner.advice")),

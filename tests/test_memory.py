@@ -244,7 +244,7 @@ H7 = 4096
 BUCKET = H7 * H7 * 2  # reduce bucket: hidden^2 16-bit elements (HF "auto") = 33,554,432 B
 #: ZeRO-3's persistent parameters (numel <= stage3_param_persistence_threshold = 10 x hidden =
 #: 40,960): llama's RMSNorm weights, 2 per block + the final one, 65 x 4096 = 266,240 elements,
-#: whole on every rank (planner/memory/zero.py zero3_param_split)
+#: whole on every rank (planner/sharding/zero.py zero3_param_split)
 PERSISTENT = 65 * 4096
 #: ZeRO-3 holds at most stage3_max_live_parameters (1e9, DeepSpeed's default) + the largest
 #: partitioned parameter (the embedding or the head, 32000 x 4096) gathered, in 16 bits

@@ -129,10 +129,12 @@ def test_throughput_memo_with_a_given_utilization():
 
 
 def test_init_signature_is_the_dataclass_fields():
-    """The hand-written ``__init__`` takes every field, keyword-only, with the field's default."""
+    """The hand-written ``__init__`` takes every field, keyword-only, with the field's default,
+    then the old spelling of ``sharding`` (``zero``, ``offload``: not fields, None when not given)."""
     parameters = list(inspect.signature(TrainConfig).parameters.values())
     assert [(p.name, p.kind, p.default) for p in parameters] == [
-        (f.name, inspect.Parameter.KEYWORD_ONLY, f.default) for f in dataclasses.fields(TrainConfig)]
+        (f.name, inspect.Parameter.KEYWORD_ONLY, f.default) for f in dataclasses.fields(TrainConfig)] + [
+        ("zero", inspect.Parameter.KEYWORD_ONLY, None), ("offload", inspect.Parameter.KEYWORD_ONLY, None)]
     with pytest.raises(TypeError):
         TrainConfig(mehtod="lora")  # noqa - a misspelt field
     with pytest.raises(TypeError):

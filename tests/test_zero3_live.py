@@ -1,5 +1,5 @@
 """ZeRO-3's gathered ("live") parameters and its partition of frozen weights, as DeepSpeed's own
-code bounds them (planner/memory/zero.py: zero3_live_params, zero3_param_split,
+code bounds them (planner/sharding/zero.py: zero3_live_params, zero3_param_split,
 zero3_gathered_bytes). Byte counts derived by hand below; the slow test runs DeepSpeed's real
 coordinator on the CPU and reads how many parameter elements it holds gathered."""
 
@@ -17,7 +17,8 @@ from planner.catalog import spec_from_config
 from planner.config import TrainConfig
 from planner.memory import model_state_breakdown
 from planner.memory.parameters import param_tensor_sizes, trained
-from planner.memory.zero import DS_MAX_LIVE_PARAMETERS, zero3_gathered_bytes, zero3_live_params
+from planner.memory.states import base_tensor_sizes
+from planner.sharding.zero import DS_MAX_LIVE_PARAMETERS, zero3_gathered_bytes, zero3_live_params
 
 BLOOM_7B1 = dict(model_type="bloom", hidden_size=4096, n_layer=30, n_head=32, vocab_size=250880)
 
@@ -39,7 +40,7 @@ def test_one_rank_without_parameter_offload_gathers_nothing():
     # world size 1: DeepSpeed hands the partition itself to the module (NoGatherHandle), no copy
     spec = spec_from_config(BLOOM_7B1, model_id="bloom-7b1", source="test")
     config = TrainConfig(method="lora", lora_targets=("query_key_value",), zero=3, precision="fp32")
-    assert zero3_gathered_bytes(spec, config, trained(spec, config)) == 0
+    assert zero3_gathered_bytes(spec, config, trained(spec, config), base_tensor_sizes(spec)) == 0
 
 
 def test_bloom_7b1_with_parameter_offload_gathers_max_live_plus_the_tied_embedding():
@@ -49,7 +50,7 @@ def test_bloom_7b1_with_parameter_offload_gathers_max_live_plus_the_tied_embeddi
     # the largest partitioned parameter: the word embedding tied to lm_head, 250880 x 4096 =
     # 1,027,604,480 elements; with DeepSpeed's max_live 1e9 the bound is 2,027,604,480 elements,
     # fp32 (no mixed precision): x 4 B = 8,110,417,920 B (the model has 7.07e9, so the bound holds)
-    assert zero3_gathered_bytes(spec, config, trained(spec, config)) == (DS_MAX_LIVE_PARAMETERS + 250880 * 4096) * 4
+    assert zero3_gathered_bytes(spec, config, trained(spec, config), base_tensor_sizes(spec)) == (DS_MAX_LIVE_PARAMETERS + 250880 * 4096) * 4
     assert 8_110_417_920 == (DS_MAX_LIVE_PARAMETERS + 250880 * 4096) * 4
 
 

@@ -84,7 +84,7 @@ def measure_with_details(
         "checkpoint_dir": checkpoint_dir,
         "seed": seed,
     }
-    return run_job(job, timeout_s=timeout_s, device=device, deepspeed=config.zero > 0)
+    return run_job(job, timeout_s=timeout_s, device=device, deepspeed=config.sharding.spec.library == "deepspeed")
 
 
 def _now() -> str:

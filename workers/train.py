@@ -117,7 +117,7 @@ def run_in_process(
         process_total_bytes=probe.process_total_bytes if ok else None,
         step_s=step_s if ok else None,
         tokens_per_s=tokens / step_s if ok and step_s else None,
-        library_versions=library_versions(deepspeed=config.zero > 0),
+        library_versions=library_versions(deepspeed=_uses_deepspeed(config)),
         node=socket.gethostname(),
         started_at=started,
         finished_at=_now(),
@@ -295,6 +295,12 @@ def _apply_training_setup(model, *, model_config: Mapping[str, Any], config: Tra
     return model
 
 
+def _uses_deepspeed(config: TrainConfig) -> bool:
+    """The run is set up by ``deepspeed.initialize`` (the sharding scheme's library,
+    ``planner.sharding``; its config is the scheme's ``ds_config.json``)."""
+    return config.sharding.spec.library == "deepspeed"
+
+
 def _build_optimizer(config: TrainConfig, params: list):
     """The optimizer as its descriptor builds it (``planner.optim``)."""
     return OPTIMIZERS[config.optimizer].build(params, lr=LEARNING_RATE)
@@ -324,13 +330,13 @@ def _train(
     checkpoint_dir: str | None, seed: int, probe, details: dict[str, Any],
 ) -> float:
     """Build and train; returns the wall time of the last optimizer step."""
-    if config.zero and device == "cpu":
+    use_ds = _uses_deepspeed(config)
+    if use_ds and device == "cpu":
         # before deepspeed is imported: its accelerator is chosen once, at import
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
 
     torch.manual_seed(seed)
-    use_ds = config.zero > 0
     if use_ds:
         _init_single_process_distributed(device)
     tracks = hasattr(probe, "track")  # the CPU probe can attribute bytes to categories

@@ -64,7 +64,6 @@ def default_values(gpu: "GPUSpec") -> CalibrationValues:
 
 
 def _step_run(run: "MeasuredRun", spec: "ModelSpec", gpu: "GPUSpec") -> StepRun | None:
-    from planner.config import Offload
     from planner.gpus import matmul_dtype
     from planner.throughput import step_breakdown
 
@@ -74,7 +73,7 @@ def _step_run(run: "MeasuredRun", spec: "ModelSpec", gpu: "GPUSpec") -> StepRun 
     config = run.candidate.config
     unit = dataclasses.replace(gpu, mfu={}, bandwidth_efficiency=1.0)
     parts = step_breakdown(model=spec, config=config, gpu=unit, utilization=1.0)
-    on_device = config.offload is Offload.NONE  # else the optimizer is DeepSpeed's CPU Adam: host DRAM
+    on_device = not config.sharding.offloaded  # else the optimizer is DeepSpeed's CPU Adam: host DRAM
     return StepRun(
         id=run.measurement.id, dtype=matmul_dtype(config.precision),
         matmul_s=parts["compute"] + parts["attention"] + parts["recompute"],

@@ -92,6 +92,7 @@ def _bar(breakdown: dict[str, int], capacity: int, width: int = 60) -> list[str]
 def _print_estimate(out, data: dict[str, Any], estimate, *, encoder: bool = False) -> None:
     from rich.table import Table
 
+    from planner.sharding import decode
     from planner.units import format_bytes
 
     m, cfg, dev = data["model"], data["config"], data["device"]
@@ -101,7 +102,7 @@ def _print_estimate(out, data: dict[str, Any], estimate, *, encoder: bool = Fals
                                                             ("language_model_of", "language model of the wrapper")) if key in m)
     out.print(f"{m['id']}{notes}: {format_params(m['params'])} parameters, {format_params(m['trainable_params'])} trainable")
     out.print(f"config: {cfg['method']}, {cfg['precision']}, {cfg['optimizer']}, micro-batch {cfg['micro_batch']} x accum {cfg['grad_accum']}"
-              f" x {cfg['gpus']} GPU, seq {cfg['seq_len']}, ckpt {'on' if cfg['grad_ckpt'] else 'off'}, zero {cfg['zero']}, offload {cfg['offload']}")
+              f" x {cfg['gpus']} GPU, seq {cfg['seq_len']}, ckpt {'on' if cfg['grad_ckpt'] else 'off'}, {decode(cfg).words()}")
     recipe = _recipe_line(cfg, encoder=encoder)
     if recipe:
         out.print(f"recipe: {recipe}", markup=False)
@@ -230,7 +231,6 @@ def measure(
     from planner.memory import estimate_memory
     from planner.search import safety_margin
     from planner.throughput import estimate_throughput
-
     from planner.verify.driver import MEASURE_MAX_STEPS, check_run_limits
 
     # a run's steps (2 to MEASURE_MAX_STEPS) and timeout (0-86400 s; NaN refused too),
@@ -331,8 +331,9 @@ def _check_worker_libraries(config) -> None:
     library = OPTIMIZERS[config.optimizer].library
     if library and library not in needed:
         needed.append(library)
-    if config.zero:
-        needed.append("deepspeed")
+    library = config.sharding.spec.library  # the sharding scheme's (planner.sharding)
+    if library and library not in needed:
+        needed.append(library)
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
         raise MissingDependencyError(
@@ -344,12 +345,13 @@ def _check_worker_libraries(config) -> None:
 def _print_measurement(out, data, predicted, measured) -> None:
     from rich.table import Table
 
+    from planner.sharding import decode
     from planner.units import format_bytes
 
     out.print(f"{data['model']['id']} on {measured.device}: {data['config']['method']}, {data['config']['precision']}, "
               f"{data['config']['optimizer']}, micro-batch {data['config']['micro_batch']} x {data['config']['grad_accum']}, "
-              f"seq {data['config']['seq_len']}, ckpt {'on' if data['config']['grad_ckpt'] else 'off'}, zero {data['config']['zero']}"
-              f"{', offload ' + data['config']['offload'] if data['config']['offload'] != 'none' else ''}")
+              f"seq {data['config']['seq_len']}, ckpt {'on' if data['config']['grad_ckpt'] else 'off'}, "
+              f"{decode(data['config']).words(offload_none=False)}")
     recipe = _recipe_line(data["config"])
     if recipe:  # the knobs the run was trained with, as estimate prints them
         out.print(f"recipe: {recipe}", markup=False)

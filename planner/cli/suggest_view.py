@@ -42,7 +42,7 @@ def print_suggestion(out, result, *, spec, device, seq_defaulted: bool, host: in
     for plan in result.plans:
         c = plan.config
         method = str(c.method) + (f" r{c.lora_r} {'all-linear' if c.lora_all_linear else 'attn'}" if c.method.uses_adapters else "")
-        zo = "-" if not c.zero else f"zero{c.zero}" + (f"+{c.offload}" if str(c.offload) != "none" else "")
+        zo = c.sharding.short() or "-"
         table.add_row(str(plan.rank), method, str(c.precision), str(c.optimizer), f"{c.micro_batch} x {c.grad_accum}",
                       "on" if c.grad_ckpt else "off", zo, format_bytes(plan.memory.process_total_bytes),
                       _interval(plan), _risk(plan.memory.oom_probability), f"{plan.throughput.tokens_per_s:,.0f}",
@@ -107,7 +107,7 @@ def _print_policy_and_notes(out, result) -> None:
 
 def _short(c) -> str:
     method = str(c.method) + (f" r{c.lora_r} {'all-linear' if c.lora_all_linear else 'attn'}" if c.method.uses_adapters else "")
-    zo = "" if not c.zero else f", zero{c.zero}" + (f"+{c.offload}" if str(c.offload) != "none" else "")
+    zo = f", {c.sharding.short()}" if c.sharding.short() else ""
     return (f"{method}, {c.precision}, {c.optimizer}, {c.micro_batch} x {c.grad_accum}"
             f"{', ckpt' if c.grad_ckpt else ''}{zo}")
 
@@ -120,7 +120,7 @@ def _fmt(n: int) -> str:
 
 def _knob_costs(plan, *, spec, device) -> list[str]:
     """What each knob of the top plan costs: the same plan with the knob turned back."""
-    from planner.config import Offload, Optimizer
+    from planner.config import Optimizer, Sharding
     from planner.errors import PlannerError
     from planner.memory import estimate_memory
     from planner.throughput import estimate_throughput
@@ -132,8 +132,8 @@ def _knob_costs(plan, *, spec, device) -> list[str]:
         variants.append(("gradient checkpointing", c.replace(grad_ckpt=False)))
     if c.optimizer is not Optimizer.ADAMW:
         variants.append((f"{c.optimizer} instead of adamw", c.replace(optimizer=Optimizer.ADAMW)))
-    if c.offload is not Offload.NONE:
-        variants.append((f"offload {c.offload}", c.replace(offload=Offload.NONE)))
+    if c.sharding.offloaded:
+        variants.append((f"offload {c.sharding.offload}", c.replace(sharding=Sharding(c.sharding.scheme))))
     if c.grad_accum > 1:
         variants.append((f"accumulation x{c.grad_accum}", c.replace(micro_batch=c.micro_batch * c.grad_accum, grad_accum=1)))
     lines = []

@@ -56,7 +56,7 @@ def plan_files(
     )
     files["training_args.json"] = _json(settings.training_arguments(config, on_cpu=on_cpu))
     optional = {
-        "ds_config.json": settings.deepspeed_config(config, spec=spec, on_cpu=on_cpu),
+        **settings.sharding_files(config, spec=spec, on_cpu=on_cpu),  # the sharding scheme's (ds_config.json)
         "lora_config.json": settings.lora_config(config, spec=spec),
         "bnb_config.json": settings.bnb_config(config),
     }
@@ -85,7 +85,7 @@ def _dtype_why(config: "TrainConfig", dtype: str) -> str:
         return "the compute dtype; the 4-bit weights come from bnb_config.json"
     if dtype != "float32":
         return f"pure {config.precision}: weights, gradients and optimizer states in {dtype}"
-    if config.precision.is_mixed and config.zero:
+    if config.precision.is_mixed and config.sharding.spec.casts_model:
         return "loaded in fp32; DeepSpeed casts it to 16-bit and keeps fp32 master weights (ds_config.json)"
     if config.precision.is_mixed:
         return "fp32 weights; 16-bit compute by autocast (bf16/fp16 in training_args.json)"

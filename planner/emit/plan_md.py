@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from planner.config import Method, Precision, TrainConfig
-from planner.config import Loop
-from planner.emit.settings import MAX_GRAD_NORM, offload_words
+from planner.config import Loop, Method, Precision, TrainConfig
+from planner.emit.settings import MAX_GRAD_NORM
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
 from planner.results import Candidate, Measurement, PlanRequest
@@ -30,7 +29,7 @@ def _method_words(config: TrainConfig) -> str:
 
 
 def _precision_words(config: TrainConfig) -> str:
-    if config.zero and config.precision.is_mixed:
+    if config.sharding.spec.casts_model and config.precision.is_mixed:
         # deepspeed/runtime/engine.py: the bf16/fp16 mode casts the model, the optimizer keeps fp32 masters
         dtype = "bf16" if config.precision.needs_bf16 else "fp16"
         return f"DeepSpeed's {dtype} mode: {dtype} weights and compute, fp32 master weights in the optimizer partition"
@@ -49,7 +48,7 @@ def _in_words(config: TrainConfig, request: PlanRequest, spec: ModelSpec) -> lis
         f"- optimizer: {OPTIMIZERS[c.optimizer].words}",
         f"- activation checkpointing: {'on, per decoder layer, non-reentrant' if c.grad_ckpt else 'off'}",
         f"- attention: {c.attention.hf_name}",
-        f"- DeepSpeed: " + (f"ZeRO-{c.zero}, {offload_words(c)}" if c.zero else "not used"),
+        f"- {c.sharding.spec.plan_line(c.sharding.offload)}",
     ]
     return lines
 
@@ -97,8 +96,7 @@ def _loop_assumptions(config: TrainConfig) -> list[str]:
                      "the mask" if config.lora_dropout else "no dropped copy of each adapted layer's input"))
     if OPTIMIZERS[config.optimizer].bnb_8bit_states:
         lines.append("8-bit states for the embeddings too (train.py undoes the Trainer's 32-bit override)")
-    if config.zero:
-        lines.append("DeepSpeed buckets as in ds_config.json (reduce bucket hidden², not DeepSpeed's 5e8 default)")
+    lines += config.sharding.spec.plan_notes
     return lines
 
 

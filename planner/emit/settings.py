@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.config import Method, Offload, Precision, TrainConfig
+from planner.config import Method, Precision, TrainConfig
 from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
-from planner.emit.deepspeed import build as build_deepspeed
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
+from planner.sharding.zero import DEEPSPEED_FILE
 
 #: the HF Trainer's default gradient clipping, written out so DeepSpeed clips alike
 MAX_GRAD_NORM = 1.0
@@ -29,8 +29,7 @@ LIGER_FUSED_CE_ONLY = {"fused_linear_cross_entropy": True, "cross_entropy": Fals
                        "rope": False, "swiglu": False}
 #: lora_alpha = 2 r (the worker's choice; alpha only scales the update, it costs no memory)
 LORA_ALPHA_PER_RANK = 2
-#: the file names the settings refer to each other by
-DEEPSPEED_FILE = "ds_config.json"
+#: the file names the settings refer to each other by (and the sharding scheme's, ``DEEPSPEED_FILE``)
 OUTPUT_DIR = "output"
 
 
@@ -79,8 +78,7 @@ def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
     if config.grad_ckpt:
         args["activation_checkpointing_kwargs"] = dict(CHECKPOINTING_KWARGS)
     args.update(OPTIMIZERS[config.optimizer].hf_args)
-    if config.zero:
-        args["deepspeed"] = DEEPSPEED_FILE
+    args.update(config.sharding.spec.training_arguments(config))  # the sharding scheme's (planner.sharding)
     if config.fused_ce:
         args["use_liger_kernel"] = True
         args["liger_kernel_config"] = dict(LIGER_FUSED_CE_ONLY)
@@ -123,24 +121,25 @@ def bnb_config(config: TrainConfig) -> dict[str, Any] | None:
 
 def deepspeed_config(config: TrainConfig, *, spec: ModelSpec, on_cpu: bool) -> dict[str, Any] | None:
     """The DeepSpeed config (the worker's builder); None without ZeRO."""
-    if not config.zero:
-        return None
-    # pinned host buffers on a GPU machine, as the worker runs them (workers/train.py)
-    return build_deepspeed(config, hidden_size=spec.hidden_size, pin_memory=not on_cpu, gradient_clipping=MAX_GRAD_NORM)
+    return sharding_files(config, spec=spec, on_cpu=on_cpu).get(DEEPSPEED_FILE)
+
+
+def sharding_files(config: TrainConfig, *, spec: ModelSpec, on_cpu: bool) -> dict[str, dict[str, Any]]:
+    """The files the sharding scheme's run reads, by name (``ShardingSpec.emitted_files``): pinned
+    host buffers on a GPU machine, as the worker runs them (workers/train.py)."""
+    return config.sharding.spec.emitted_files(
+        config, hidden_size=spec.hidden_size, pin_memory=not on_cpu, gradient_clipping=MAX_GRAD_NORM,
+        hyperparameters={"lr": LEARNING_RATE, "betas": ADAM_BETAS, "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY})
 
 
 def accelerate_config(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
     """accelerate's ``ClusterConfig`` fields for ``accelerate launch`` (one machine)."""
-    if config.zero:
-        distributed = "DEEPSPEED"
-    elif config.gpus > 1:
-        distributed = "MULTI_CPU" if on_cpu else "MULTI_GPU"
-    else:
-        distributed = "NO"
+    # the distribution and its plugin's section are the sharding scheme's (planner.sharding)
+    sharding = dict(config.sharding.spec.accelerate(config, on_cpu=on_cpu))
     mixed = {Precision.BF16_MIXED: "bf16", Precision.FP16_MIXED: "fp16"}.get(config.precision, "no")
     out: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": distributed,
+        "distributed_type": sharding.pop("distributed_type"),
         "num_machines": 1,
         "machine_rank": 0,
         "num_processes": config.gpus,
@@ -151,12 +150,7 @@ def accelerate_config(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
         "rdzv_backend": "static",
         "same_network": True,
     }
-    if config.zero:
-        out["deepspeed_config"] = {
-            "deepspeed_config_file": DEEPSPEED_FILE,
-            # ZeRO-3 builds the model already partitioned (deepspeed.zero.Init)
-            "zero3_init_flag": config.zero == 3,
-        }
+    out.update(sharding)
     return out
 
 
@@ -176,11 +170,6 @@ def to_yaml(data: dict[str, Any], indent: int = 0) -> str:
             # quoted: "no" would otherwise read as the boolean false
             lines.append(f"{pad}{key}: '{value}'")
     return "\n".join(lines) + "\n"
-
-
-def offload_words(config: TrainConfig) -> str:
-    return {Offload.NONE: "no offload", Offload.OPTIMIZER: "optimizer states offloaded to CPU RAM",
-            Offload.OPTIMIZER_PARAMS: "optimizer states and parameters offloaded to CPU RAM"}[config.offload]
 
 
 __all__ = [

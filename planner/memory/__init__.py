@@ -8,14 +8,15 @@ returns a ``MemoryEstimate`` whose ``breakdown`` names every term and sums to
 * ``parameters``: what is trained (LoRA targets, trainable counts, tensor sizes);
 * ``shapes``, ``activations``, ``attention``: the tensors saved for backward, block by block,
   as named terms with their sources;
-* ``zero``: DeepSpeed ZeRO partitioning, buckets and offload;
 * ``states``: weights, gradients, optimizer states, the batch-independent terms;
 * ``step``: the moments of a step at which memory can peak;
 * ``timeline``: the allocations and frees of one optimizer step, from which the peak, its moment
   and its breakdown are read;
 * ``reserve``: from allocated to reserved and the process total.
 
-Each optimizer's states, step temporaries and traffic come from its descriptor (``planner.optim``).
+Each optimizer's states, step temporaries and traffic come from its descriptor (``planner.optim``);
+what a sharding scheme (DDP, DeepSpeed ZeRO) keeps, splits or offloads from its descriptor
+(``planner.sharding``).
 Device behaviour comes from the device's ``KernelProfile`` (``planner.gpus``). The search's
 memo and its affine fast path live in ``planner.search``.
 """
@@ -33,7 +34,6 @@ from planner.memory.parameters import lora_params, lora_targets, param_tensor_si
 from planner.memory.reserve import CUDA_FRAGMENTATION, CUDA_ROUND_LARGE
 from planner.memory.saved import activation_breakdown
 from planner.memory.states import model_state_breakdown, model_states_bytes
-from planner.memory.zero import deepspeed_buckets
 
 __all__ = [
     "ACTIVATION_SAVED",
@@ -46,7 +46,6 @@ __all__ = [
     "NF4_BLOCK",
     "NF4_DQ_BLOCK",
     "activation_breakdown",
-    "deepspeed_buckets",
     "estimate_memory",
     "lora_params",
     "lora_targets",

@@ -12,13 +12,11 @@ from dataclasses import dataclass, field
 
 from planner.config import Method, Precision
 from planner.optim.bnb import BNB_8BIT_BLOCK, BNB_8BIT_STATE_BYTES, BNB_MIN_8BIT_SIZE
-from planner.optim.spec import FP32
+from planner.optim.spec import FP32, HALF
 
-# FP32 (bytes of an fp32 element: master weights, optimizer moments, log-probabilities) and the
-# 8-bit optimizer layout of bitsandbytes are defined with the optimizers (planner.optim).
-
-#: bytes of an fp16/bf16 element
-HALF = 2
+# FP32 (bytes of an fp32 element: master weights, optimizer moments, log-probabilities), HALF (of
+# an fp16/bf16 element) and the 8-bit optimizer layout of bitsandbytes are defined with the
+# optimizers (planner.optim).
 #: bytes of an int64 element (token ids and labels the embedding and the loss keep)
 INT64 = 8
 
@@ -105,7 +103,7 @@ def dtype_mode(method: Method, precision: Precision, deepspeed: bool) -> DtypeMo
 
 def mode_of(config) -> DtypeMode:
     """The dtype mode of a ``TrainConfig``."""
-    return dtype_mode(config.method, config.precision, config.zero > 0)
+    return dtype_mode(config.method, config.precision, config.sharding.spec.casts_model)
 
 
 __all__ = [

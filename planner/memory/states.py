@@ -7,15 +7,25 @@ bytes/param" rule (shared/seeds/001).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from planner.config import Method, Offload, TrainConfig
+from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.dtypes import ADAPTER_BYTES, FP32, DtypeMode, mode_of, nf4_bytes, trainable_bytes
-from planner.memory.parameters import Trained, quantized_linear_params, trained
-from planner.memory.zero import gradient_flatten, optimizer_phase_gradients, zero_partition, zero_states
+from planner.memory.parameters import Trained, param_tensor_sizes, quantized_linear_params, trained
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
+
+#: the base model's tensors whatever the method (``param_tensor_sizes`` reads only the method)
+_FULL = TrainConfig(method=Method.FULL)
+
+
+@functools.lru_cache(maxsize=256)
+def base_tensor_sizes(model: ModelSpec) -> tuple[int, ...]:
+    """Element counts of the base model's parameter tensors, trainable or frozen (what a scheme
+    that partitions every parameter, ZeRO-3, splits: ``ShardingSpec.model_states``)."""
+    return param_tensor_sizes(model, _FULL)
 
 
 def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | None = None,
@@ -35,21 +45,9 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | No
         out["weights"] = model.params_total * mode.weight
     if config.method.uses_adapters:
         out["lora/weights"] = trainable * ADAPTER_BYTES
-    grads = trainable * param_bytes
-    if config.zero:
-        zero_out, host = zero_states(model, config, t, weights=out.get("weights"), param_bytes=param_bytes, grads=grads)
-        if "weights" not in zero_out:
-            out.pop("weights", None)  # offloaded with the parameters
-        out.update(zero_out)
-        return out, host
-    out["gradients"] = grads
-    out["optimizer_states"] = OPTIMIZERS[config.optimizer].memory.model_state_bytes(model, config, t, param_bytes)
-    if config.gpus > 1:
-        # DDP copies every gradient into its flat buckets (gradient_as_bucket_view=False, the
-        # default; torch DDP docs: "saved memory size will be equal to the total gradients size"
-        # with it on).
-        out["ddp/buckets"] = grads
-    return out, 0
+    # gradients, optimizer states and what the sharding scheme adds, splits or moves to the host
+    return config.sharding.spec.model_states(model, config, t, out, param_bytes=param_bytes,
+                                             grads=trainable * param_bytes, base_sizes=base_tensor_sizes(model))
 
 
 def model_states_bytes(model: ModelSpec, config: TrainConfig) -> int:
@@ -71,13 +69,14 @@ class StaticTerms:
     paged: int
     """Paged 8-bit states outside the caching allocator (unified memory)."""
     host: int
-    """Host RAM (offload)."""
+    """Host RAM (what the sharding scheme offloads)."""
     optimizer_step: int
     """Temporaries inside optimizer.step()."""
     optimizer_gradients: int
     """Gradient bytes alive while the optimizer steps."""
     zero_gradient_flatten: int = 0
-    """ZeRO-1/2 without offload, as the step begins: see ``zero.gradient_flatten``."""
+    """Gradient copies the sharding scheme makes as the step begins (ZeRO-1/2 without offload:
+    ``planner.sharding.zero.ZeRO.gradient_flatten``)."""
     tied_gradient_sum: int = 0
     """A trained embedding tied to the output head gets two partial gradients (the head's matmul
     and the embedding's backward), which autograd's input buffer adds into a third tensor: the
@@ -101,20 +100,18 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     if OPTIMIZERS[config.optimizer].paged and kernels.unified_memory_paging:
         paged = states.pop("optimizer_states", 0)
     transient = 0
-    if config.offload is Offload.NONE:
-        if config.zero:
-            # the optimizer steps one flat fp32 partition (see zero.zero_states)
-            counts, param_bytes = ((zero_partition(t, config), 1),), FP32
-        else:
-            counts, param_bytes = t.size_counts, trainable_bytes(config.method, mode)
-        transient = OPTIMIZERS[config.optimizer].memory.step_transient(counts, param_bytes, kernels)
+    spec = config.sharding.spec
+    # what the optimizer steps on the device (None: it steps on the host)
+    stepped = spec.optimizer_tensors(t, config, trainable_bytes(config.method, mode))
+    if stepped is not None:
+        transient = OPTIMIZERS[config.optimizer].memory.step_transient(stepped[0], stepped[1], kernels)
     tied = 0
-    if model.tied_embeddings and config.method is Method.FULL and config.offload is Offload.NONE:
+    if model.tied_embeddings and config.method is Method.FULL and not config.sharding.offloaded:
         tied = 2 * model.vocab_size * model.hidden_size * mode.weight
     return StaticTerms(
         resident=states, gradients=gradients, gathered=gathered, paged=paged, host=host,
-        optimizer_step=transient, optimizer_gradients=optimizer_phase_gradients(t, config, gradients),
-        tied_gradient_sum=tied, zero_gradient_flatten=gradient_flatten(t, config),
+        optimizer_step=transient, optimizer_gradients=spec.optimizer_gradients(t, config, gradients),
+        tied_gradient_sum=tied, zero_gradient_flatten=spec.gradient_flatten(t, config),
     )
 
 

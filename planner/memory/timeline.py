@@ -378,7 +378,7 @@ def _resident_tensors(model: ModelSpec, config: TrainConfig, key: str, nbytes: i
     if key in ("master_weights", "zero/reduce_bucket", "zero3/grad_partitions", "zero/offload_grad_buffer"):
         return 1
     if key == "optimizer_states":
-        return 2 if config.zero else 2 * trainable
+        return 2 if config.sharding.spec.flat_optimizer else 2 * trainable
     if key == "ddp/buckets":
         return max(1, nbytes // (25 * 1024**2))  # DDP's bucket_cap_mb=25 (torch DDP docs)
     if key == "lora/weights" or (key == "gradients" and config.method is not Method.FULL):

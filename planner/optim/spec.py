@@ -17,6 +17,9 @@ from typing import Any, Callable, Iterable, Mapping
 #: parameter's own: torch's ``step`` tensors, bitsandbytes' 32-bit states and block scales,
 #: Adafactor's factors, DeepSpeed's master partition)
 FP32 = 4
+#: bytes of an fp16/bf16 element (DeepSpeed's communication dtype under mixed precision, the 16-bit
+#: weights, activations and gradients of the memory model)
+HALF = 2
 
 
 class OptimizerModel:
@@ -111,4 +114,4 @@ class OptimizerSpec:
     hyperparameters (it is planned when named)."""
 
 
-__all__ = ["FP32", "Builder", "DeepSpeedSection", "OptimizerModel", "OptimizerSpec"]
+__all__ = ["FP32", "HALF", "Builder", "DeepSpeedSection", "OptimizerModel", "OptimizerSpec"]

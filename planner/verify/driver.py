@@ -136,8 +136,9 @@ def _now_iso() -> str:
 
 def skip_reason(candidate: "StoredCandidate", *, gpus: int) -> str:
     """Why a candidate cannot be verified by one measurement process ('' when it can)."""
-    if gpus > 1 and candidate.candidate.config.zero:
-        return (f"not run: ZeRO-{candidate.candidate.config.zero} partitions over {gpus} ranks and the "
+    sharding = candidate.candidate.config.sharding
+    if gpus > 1 and not sharding.spec.replicas:
+        return (f"not run: {sharding.spec.words} partitions over {gpus} ranks and the "
                 "measurement worker trains one rank; verify it with planner measure on each rank's share")
     return ""
 

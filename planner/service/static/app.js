@@ -17,7 +17,9 @@ function label(config) {
   if (config.method !== "full") parts.push("r" + config.lora_r);
   parts.push(config.precision, config.optimizer, "mb" + config.micro_batch + "x" + config.grad_accum);
   if (config.grad_ckpt) parts.push("ckpt");
-  if (config.zero) parts.push("zero" + config.zero + (config.offload !== "none" ? "+" + config.offload : ""));
+  // the sharding as suggest's table shows it: payloads name a ZeRO stage, or (version 3) the scheme
+  const sharding = config.sharding || (config.zero ? "zero" + config.zero : "");
+  if (sharding) parts.push(sharding + (config.offload !== "none" ? "+" + config.offload : ""));
   return parts.join(", ");
 }
 

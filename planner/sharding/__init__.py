@@ -1,0 +1,197 @@
+"""The sharding schemes the planner knows: one descriptor module each, read by name from here.
+
+A scheme is how the model states are spread over the data-parallel ranks: none (one process),
+DDP (whole replicas), DeepSpeed ZeRO-1/2/3. Each module of this package that defines ``SPECS`` (a
+tuple of ``ShardingSpec``) adds its schemes: the registry below is built once, at import, from
+the package's modules, and every other part of the planner (``TrainConfig``'s ``Sharding``, the
+memory and throughput models, the search's axis, emit, the CLI and the API, the worker) reads
+it. Adding a scheme (FSDP2 next, issue 24) is one module here and its tests. Like
+``planner.optim``, the descriptors import nothing of the planner above the foundation.
+
+A ``Sharding`` value is a scheme and its offload (``Offload``, the part of the state the host
+holds): one interned instance per pair, compared by identity.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import pkgutil
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from planner.errors import InvalidConfigError
+from planner.sharding.spec import Offload, ShardingSpec
+
+
+def _discover() -> tuple[ShardingSpec, ...]:
+    """Every descriptor of the package's modules, in registry order (names unique)."""
+    specs: list[ShardingSpec] = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            specs += getattr(importlib.import_module(f"{__name__}.{info.name}"), "SPECS", ())
+    names = [s.name for s in specs]
+    assert len(set(names)) == len(names), f"a sharding scheme is defined twice: {sorted(names)}"
+    return tuple(sorted(specs, key=lambda s: (s.order, s.name)))
+
+
+SPECS: tuple[ShardingSpec, ...] = _discover()
+
+#: The type of ``Sharding.scheme``: one str-valued member per registered name, in registry order.
+Scheme = enum.StrEnum("Scheme", [(s.name.upper(), s.name) for s in SPECS], module=__name__)
+Scheme.__doc__ = "A sharding scheme of the registry (``planner.sharding``), by its name."
+
+#: The descriptor of each scheme, by ``Scheme`` member (a plain name finds it too).
+SCHEMES: Mapping[Scheme, ShardingSpec] = MappingProxyType({Scheme(s.name): s for s in SPECS})
+#: The scheme each ``--zero`` stage names: the first of the registry with that stage (stage 0 is
+#: none; ``for_gpus`` makes it DDP on more than one GPU).
+_BY_STAGE: dict[int, Scheme] = {}
+for _spec in SPECS:
+    if _spec.zero_stage is not None:
+        _BY_STAGE.setdefault(_spec.zero_stage, Scheme(_spec.name))
+
+
+class Sharding:
+    """A sharding scheme with its offload: ``TrainConfig.sharding``. One instance per pair
+    (``Sharding("zero2", "optimizer") is Sharding("zero2", "optimizer")``), immutable; made from
+    the names or the members, refused in one line when a name is unknown. Whether the scheme takes
+    the offload (and the rest of the configuration) is checked where the ``TrainConfig`` is made
+    (``ShardingSpec.check``)."""
+
+    __slots__ = ("scheme", "offload", "spec")
+    scheme: Scheme
+    offload: Offload
+    spec: ShardingSpec
+    _interned: dict[tuple[Any, Any], "Sharding"] = {}
+
+    def __new__(cls, scheme: Scheme | str = "none", offload: Offload | str = Offload.NONE) -> "Sharding":
+        found = cls._interned.get((scheme, offload))
+        if found is not None:
+            return found
+        s = _coerce(Scheme, scheme, "sharding")
+        o = _coerce(Offload, offload, "offload")
+        found = cls._interned.get((s, o))
+        if found is None:
+            found = object.__new__(cls)
+            for name, value in (("scheme", s), ("offload", o), ("spec", SCHEMES[s])):
+                object.__setattr__(found, name, value)
+        cls._interned[(scheme, offload)] = cls._interned[(s, o)] = found
+        return found
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Sharding is immutable: make Sharding({self.scheme!r}, ...) instead of setting {name}")
+
+    def __reduce__(self):
+        return Sharding, (str(self.scheme), str(self.offload))
+
+    def __repr__(self) -> str:
+        return f"Sharding({str(self.scheme)!r}, {str(self.offload)!r})"
+
+    @property
+    def offloaded(self) -> bool:
+        """Some of the state lives on the host (the optimizer steps there)."""
+        return self.offload is not Offload.NONE
+
+    @property
+    def zero(self) -> int | None:
+        """The ``--zero`` stage that names it (0: no DeepSpeed); None for a scheme ``--zero``
+        does not name."""
+        return self.spec.zero_stage
+
+    @property
+    def plain(self) -> bool:
+        """Whole replicas on the device: no sharding library, nothing offloaded."""
+        return self.spec.replicas and self.offload is Offload.NONE
+
+    @property
+    def moving_parts(self) -> int:
+        """What the plan adds to plain training, for the ranking's ties: a sharding library, an
+        offload, the parameters offloaded too."""
+        return ((self.spec.library is not None) + (self.offload is not Offload.NONE)
+                + (self.offload is Offload.OPTIMIZER_PARAMS))
+
+    def label(self) -> str:
+        """Its part of ``TrainConfig.label()``: ``zero3+offload:optimizer`` ("" for none/DDP)."""
+        return self.spec.label(self.offload)
+
+    def short(self) -> str:
+        """Its cell in ``suggest``'s table: ``zero3+optimizer`` ("" for none/DDP)."""
+        return self.spec.short(self.offload)
+
+    def words(self, *, offload_none: bool = True) -> str:
+        """How the CLI prints it, as the options that make it: ``zero 2, offload optimizer``
+        (``offload_none``: say ``offload none`` too)."""
+        stage = self.spec.zero_stage
+        head = f"zero {stage}" if stage is not None else f"sharding {self.scheme}"
+        if self.offload is Offload.NONE and not offload_none:
+            return head
+        return f"{head}, offload {self.offload}"
+
+    def memory_key(self, gpus: int) -> "Sharding":
+        """The sharding whose memory terms this one's equal on ``gpus`` ranks (a memo key)."""
+        twin = self.spec.memory_twin(gpus)
+        return self if twin == self.scheme else Sharding(twin, self.offload)
+
+    def payload(self) -> dict[str, Any]:
+        """Its entries of a ``TrainConfig.to_dict`` payload: the ``--zero`` stage and the offload
+        (the shape payloads of versions 1 and 2 have), or the scheme's name for a scheme ``--zero``
+        does not name (version 3)."""
+        if self.spec.zero_stage is not None:
+            return {"zero": self.spec.zero_stage, "offload": str(self.offload)}
+        return {"sharding": str(self.scheme), "offload": str(self.offload)}
+
+
+def _coerce(enum_type: type[enum.StrEnum], value: Any, name: str) -> Any:
+    if type(value) is enum_type:
+        return value
+    try:
+        return enum_type(str(value))
+    except ValueError:
+        choices = "|".join(m.value for m in enum_type)
+        raise InvalidConfigError(f"--{name} must be one of {choices}, got {value!r}") from None
+
+
+def from_zero(zero: Any, offload: Offload | str = Offload.NONE) -> Sharding:
+    """The sharding ``--zero N --offload X`` names (0: no DeepSpeed; DDP on more than one GPU,
+    see ``for_gpus``)."""
+    if zero not in _BY_STAGE or isinstance(zero, bool):
+        raise InvalidConfigError(f"--zero must be 0, 1, 2 or 3, got {zero!r}")
+    return Sharding(_BY_STAGE[zero], offload)
+
+
+#: The replicas scheme on one GPU and on more (none and DDP), by ``gpus > 1``.
+_REPLICAS = {False: Scheme("none"), True: Scheme("ddp")}
+
+
+def for_gpus(sharding: Sharding, gpus: int) -> Sharding:
+    """``sharding`` on ``gpus`` ranks: whole replicas are DDP on more than one GPU and plain
+    training on one (the one choice ``--zero 0`` names); any other scheme as it is."""
+    if not sharding.spec.replicas:
+        return sharding
+    scheme = _REPLICAS[gpus > 1]
+    return sharding if sharding.scheme is scheme else Sharding(scheme, sharding.offload)
+
+
+def search_axis(*, allow_offload: bool) -> tuple[Sharding, ...]:
+    """The shardings ``suggest`` tries, in its order: each searched scheme without offload, then
+    (when the space allows offload) each with each of its offloads."""
+    searched = [s for s in SPECS if s.searched]
+    axis = [Sharding(s.name) for s in searched]
+    if allow_offload:
+        axis += [Sharding(s.name, o) for s in searched for o in s.offloads if o is not Offload.NONE]
+    return tuple(axis)
+
+
+def decode(data: Mapping[str, Any]) -> Sharding:
+    """The sharding of a stored ``TrainConfig`` payload of any version: ``zero`` and ``offload``
+    (versions 1 and 2, and the API's body), or ``sharding`` and ``offload`` (version 3)."""
+    offload = data.get("offload", Offload.NONE)
+    if data.get("sharding") is not None:
+        return Sharding(data["sharding"], offload)
+    return from_zero(data.get("zero", 0), offload)
+
+
+NONE = Sharding("none")
+
+__all__ = ["NONE", "SCHEMES", "SPECS", "Offload", "Scheme", "Sharding", "ShardingSpec", "decode", "for_gpus",
+           "from_zero", "search_axis"]

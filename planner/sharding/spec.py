@@ -1,0 +1,163 @@
+"""What a descriptor of a sharding scheme holds: ``ShardingSpec``, and the offload it may add.
+
+One ``ShardingSpec`` per scheme (``planner.sharding.<module>``) carries every fact the planner uses
+about how the model states are spread over the data-parallel ranks: its memory terms (what each
+rank keeps of the weights, gradients and optimizer states, its buffers, its host RAM), its
+communication and host-copy traffic, the files a run of it needs (DeepSpeed's ``ds_config``), the
+library the worker sets it up with, the combinations it refuses, its values on the search's axis
+and its words. Like ``planner.optim``, this package sits below ``planner.config`` (whose
+``TrainConfig`` holds a ``Sharding`` value): the descriptors import nothing of the planner above
+the foundation, and read the configuration, the model (``planner.modelspec.ModelSpec``) and what
+it trains (``planner.memory.parameters.Trained``) through the arguments they are given.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import InvalidConfigError
+from planner.optim import OPTIMIZERS
+
+
+class Offload(enum.StrEnum):
+    """What a scheme moves to the host's RAM (the CPU steps the optimizer there)."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    OPTIMIZER_PARAMS = "optimizer+params"
+
+
+def ring(n: int) -> float:
+    """Fraction of a tensor each rank sends in a ring reduce-scatter or all-gather: (n-1)/n."""
+    return (n - 1) / n
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ShardingSpec:
+    """Everything the planner knows about one sharding scheme, read by name from
+    ``planner.sharding``. The methods' defaults are a scheme that shards nothing (one process:
+    every rank holds the whole model, its gradients and its optimizer states); a scheme overrides
+    what it changes. ``config`` is a ``TrainConfig``, ``t`` a ``planner.memory.parameters.Trained``
+    of ``model`` (a ``ModelSpec``)."""
+
+    name: str
+    """The scheme's name: ``Sharding.scheme``, the API's and stored payloads' spelling."""
+    order: int
+    """Its place in the registry: the order of the search's axis, the help and the errors."""
+    zero_stage: int | None = None
+    """The ``--zero`` stage that names it (0: no DeepSpeed); None for a scheme ``--zero`` does not
+    name (the stored payload then names the scheme)."""
+    offloads: tuple[Offload, ...] = (Offload.NONE,)
+    """The offloads it takes, in the order the search tries them."""
+    searched: bool = True
+    """``suggest`` tries it (with each of its ``offloads`` when the space allows offload)."""
+    replicas: bool = False
+    """It keeps whole replicas (no sharding library): the scheme is DDP on more than one GPU and
+    plain one-process training on one (``planner.sharding.for_gpus``)."""
+    library: str | None = None
+    """The package a run of it needs beyond torch, transformers and accelerate (None: none)."""
+    casts_model: bool = False
+    """The library casts the model to its 16-bit communication dtype under mixed precision
+    (DeepSpeed does), so no fp32 weights and no autocast weight copies
+    (``planner.memory.dtypes.dtype_mode``)."""
+    flat_optimizer: bool = False
+    """The optimizer steps one flat fp32 partition per rank (DeepSpeed's
+    ``single_partition_of_fp32_groups``), not the model's tensors."""
+    partitions_optimizer: bool = False
+    """Each rank steps only its 1/N of the trainable parameters."""
+    words: str = "not used"
+    """What PLAN.md says of it (``planner.emit.plan_md``)."""
+    plan_notes: tuple[str, ...] = ()
+    """PLAN.md's assumptions of the run that come from the scheme (its buffers as emitted)."""
+
+    # ---- words ------------------------------------------------------------------------------
+    def label(self, offload: Offload) -> str:
+        """Its part of ``TrainConfig.label()`` ("" for none)."""
+        return ""
+
+    def short(self, offload: Offload) -> str:
+        """Its cell in ``suggest``'s table ("" for none)."""
+        return ""
+
+    def offload_words(self, offload: Offload) -> str:
+        """What PLAN.md says is offloaded."""
+        return "no offload"
+
+    def plan_line(self, offload: Offload) -> str:
+        """PLAN.md's line on it (``DeepSpeed: ZeRO-2, no offload``; ``DeepSpeed: not used``)."""
+        return f"DeepSpeed: {self.words}"
+
+    def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
+        """Its trade-offs as the plans show them, with their sources (``planner.tradeoffs``);
+        ``host_bytes``: the host RAM the plan pins per rank."""
+        return []
+
+    # ---- validation -------------------------------------------------------------------------
+    def check(self, config: Any, offload: Offload) -> None:
+        """Raise ``InvalidConfigError``/``UnsupportedError`` (with the fix) for what the scheme
+        does not take with the rest of ``config``. Called last of ``TrainConfig``'s combination
+        checks."""
+        if offload is not Offload.NONE:
+            raise InvalidConfigError(f"--offload {offload} is a DeepSpeed ZeRO feature: add --zero 1, 2 or 3")
+
+    # ---- memory -----------------------------------------------------------------------------
+    def model_states(self, model: Any, config: Any, t: Any, out: dict[str, int], *, param_bytes: int, grads: int,
+                     base_sizes: tuple[int, ...]) -> tuple[dict[str, int], int]:
+        """(device bytes by component, host bytes) of the model states, given ``out`` (the
+        weights as one process holds them, and LoRA's adapters), ``grads`` (the unpartitioned
+        gradient bytes in the trainable dtype ``param_bytes``) and ``base_sizes`` (the element
+        counts of the base model's parameter tensors)."""
+        out["gradients"] = grads
+        out["optimizer_states"] = OPTIMIZERS[config.optimizer].memory.model_state_bytes(model, config, t, param_bytes)
+        return out, 0
+
+    def optimizer_tensors(self, t: Any, config: Any, param_bytes: int) -> tuple[tuple[tuple[int, int], ...], int] | None:
+        """What ``optimizer.step()`` steps on the device, as ((element count, tensors) pairs,
+        bytes per element); None where it steps on the host."""
+        return t.size_counts, param_bytes
+
+    def optimizer_gradients(self, t: Any, config: Any, device_grads: int) -> int:
+        """Gradient bytes alive on the device while ``optimizer.step()`` runs."""
+        return device_grads
+
+    def gradient_flatten(self, t: Any, config: Any) -> int:
+        """Bytes of the gradient copies made as the step begins (transient)."""
+        return 0
+
+    def memory_twin(self, gpus: int) -> str:
+        """The scheme whose memory terms this one's equal on ``gpus`` ranks (the search's memo
+        key): itself unless said otherwise."""
+        return self.name
+
+    # ---- throughput -------------------------------------------------------------------------
+    def comm_bytes(self, config: Any, *, trainable: int, params_total: int, grad_bytes: int) -> float:
+        """Bytes each rank sends over the interconnect per optimizer step (more than one GPU)."""
+        return 0.0
+
+    def offload_bytes(self, config: Any, offload: Offload, *, trainable: int, params_total: int) -> float:
+        """Host<->device bytes per optimizer step per rank."""
+        return 0.0
+
+    def master_update_bytes(self, config: Any) -> float:
+        """Device traffic per trainable parameter the update adds beyond the optimizer's own."""
+        return 0
+
+    # ---- files and the worker ---------------------------------------------------------------
+    def emitted_files(self, config: Any, *, hidden_size: int, pin_memory: bool = False,
+                      gradient_clipping: float | None = None, hyperparameters: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """The JSON files a run of it reads, by file name (none: plain torch)."""
+        return {}
+
+    def training_arguments(self, config: Any) -> dict[str, Any]:
+        """What it adds to ``transformers.TrainingArguments`` (none: nothing)."""
+        return {}
+
+    def accelerate(self, config: Any, *, on_cpu: bool) -> dict[str, Any]:
+        """Its fields of accelerate's ``ClusterConfig`` (``distributed_type`` and the plugin's
+        section): one process needs no distribution."""
+        return {"distributed_type": "NO"}
+
+
+__all__ = ["Offload", "ShardingSpec", "ring"]

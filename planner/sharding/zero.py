@@ -1,0 +1,454 @@
+"""DeepSpeed ZeRO stages 1, 2 and 3: what each rank keeps of the model states, its buckets, its
+offload, its traffic, its ``ds_config`` and what it refuses.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, §3.1): 16-bit params and
+gradients, an fp32 master copy of the trainable partition and the optimizer states of that
+partition. DeepSpeed flattens the trainable parameters into one fp32 master partition per device
+and runs the optimizer (its own or the client's) on that flat tensor
+(deepspeed/runtime/zero/stage_1_and_2.py single_partition_of_fp32_groups).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+from planner.errors import InvalidConfigError, UnsupportedError
+from planner.optim import OPTIMIZERS, Optimizer, names
+from planner.optim.spec import FP32, HALF
+from planner.sharding.spec import Offload, ShardingSpec, ring
+from planner.units import format_bytes
+
+#: The file name of the DeepSpeed config a run reads (``ZeRO.emitted_files``).
+DEEPSPEED_FILE = "ds_config.json"
+
+#: DeepSpeed's defaults for the two ZeRO-3 bounds our configs leave unset (deepspeed 0.19.8
+#: runtime/zero/config.py l.245 max_live_parameters, l.251 max_reuse_distance: pp_int(1e9))
+DS_MAX_LIVE_PARAMETERS = 10**9
+DS_MAX_REUSE_DISTANCE = 10**9
+
+#: What DeepSpeed takes of each optimizer (``planner.optim``): the ones it offloads, and each paged
+#: one's unpaged twin (ZeRO's partitions are not paged).
+_OFFLOADABLE = tuple(o for o in Optimizer if OPTIMIZERS[o].deepspeed_offload)
+_UNPAGED = {o: OPTIMIZERS[o].unpaged for o in Optimizer if OPTIMIZERS[o].paged}
+
+
+def deepspeed_buckets(hidden_size: int) -> dict[str, int]:
+    """The communication buffer sizes (elements) our DeepSpeed configs set and this model assumes.
+
+    DeepSpeed's own defaults are 5e8 elements for reduce_bucket_size and allgather_bucket_size
+    (deepspeed/runtime/zero/config.py), about 1 GB of 16-bit buffers whatever the model; the HF
+    Trainer's "auto" values scale with the model instead (transformers integrations/deepspeed.py
+    HfTrainerDeepSpeedConfig): reduce bucket hidden², ZeRO-3 prefetch 0.9·hidden², parameter
+    persistence threshold 10·hidden. ``ZeRO.emitted_files`` writes these; the model counts
+    the reduce bucket (``zero/reduce_bucket``) and, for ZeRO-3, the gathered parameters
+    (``zero3_live_params``). Neither our configs nor the HF Trainer set stage3_max_live_parameters
+    or stage3_max_reuse_distance, so DeepSpeed's 1e9 defaults apply; they are listed here as the
+    values the model uses.
+    """
+    return {
+        "reduce_bucket_size": reduce_bucket_size(hidden_size),
+        "allgather_bucket_size": hidden_size * hidden_size,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+        "stage3_param_persistence_threshold": persistence_threshold(hidden_size),
+        "stage3_max_live_parameters": DS_MAX_LIVE_PARAMETERS,
+        "stage3_max_reuse_distance": DS_MAX_REUSE_DISTANCE,
+    }
+
+
+def reduce_bucket_size(hidden_size: int) -> int:
+    """``deepspeed_buckets``' reduce bucket (elements), which the model counts: the terms read it
+    alone, without building the whole dict."""
+    return hidden_size * hidden_size
+
+
+def persistence_threshold(hidden_size: int) -> int:
+    """``deepspeed_buckets``' stage3_param_persistence_threshold (elements), read alone too."""
+    return 10 * hidden_size
+
+
+def zero3_live_params(sizes: tuple[int, ...], *, max_live: int, max_reuse: int, persistence_threshold: int) -> int:
+    """Most elements of partitioned parameters ZeRO-3 holds gathered at once, from the element
+    counts ``sizes`` of every parameter tensor (frozen ones too).
+
+    DeepSpeed's coordinator (deepspeed 0.19.8 runtime/zero/partitioned_param_coordinator.py)
+    fetches a module's parameters when the module runs, whatever their number (l.366-376), and
+    after each fetch, with a complete trace, prefetches the next parameters of the trace while
+    ``numel_prefetching < min(max_live - n_available, prefetch_bucket)`` (l.452-478): the loop
+    adds a whole parameter past the bound, and it runs at every module's pre-forward and
+    pre-backward hook, parameter-less ones included, so the look-ahead grows up to max_live
+    whatever the bucket. A module's parameters are not released while they are used again within
+    max_reuse_distance elements of the trace (l.653-662), however many are gathered: the kept
+    ones are the parameters of the next max_reuse_distance elements. Persistent parameters
+    (``numel <= stage3_param_persistence_threshold``, partition_parameters.py l.1292) never
+    leave. Hence at most max(max_live, max_reuse_distance) elements plus one parameter past the
+    bound, the largest at worst (with a tied embedding, the output head's weight, prefetched while
+    the last blocks still hold up to max_live), and never more than the partitioned parameters
+    themselves. Measured on the CPU (tests/test_zero3_live.py; a 30-block bloom scaled from
+    bloom-7b1, max_live = max_reuse = 3,921,700, tied embedding 4,032,000: 7,767,552 elements at
+    most, 2.4 % under this bound)."""
+    partitioned = [s for s in sizes if s > persistence_threshold]
+    return min(sum(partitioned), max(max_live, max_reuse) + max(partitioned, default=0))
+
+
+@functools.lru_cache(maxsize=256)
+def zero3_param_split(base_sizes: tuple[int, ...], adapter_sizes: tuple[int, ...],
+                      persistence_threshold: int) -> tuple[int, int, int]:
+    """(partitioned elements, persistent elements, elements gathered at most) of a ZeRO-3 model:
+    the base model's tensors (``base_sizes``) and the adapters' (``adapter_sizes``). ZeRO-3
+    partitions every parameter, trainable or frozen (zero.Init converts the whole module:
+    partition_parameters.py l.1286-1297 decides persistence by size alone, ``_partition_param``
+    l.1778 on every parameter), except the persistent ones, which stay whole on every rank and on
+    the device even with parameter offload (l.1829-1830)."""
+    sizes = base_sizes + adapter_sizes
+    persistent = sum(s for s in sizes if s <= persistence_threshold)
+    live = zero3_live_params(sizes, max_live=DS_MAX_LIVE_PARAMETERS, max_reuse=DS_MAX_REUSE_DISTANCE,
+                             persistence_threshold=persistence_threshold)
+    return sum(sizes) - persistent, persistent, live
+
+
+def zero3_gathered_bytes(model: Any, config: Any, t: Any, base_sizes: tuple[int, ...]) -> int:
+    """Device bytes of ZeRO-3's gathered parameters at most (forward and backward).
+
+    A gather allocates only when the parameter is not already whole on the device: on one rank
+    without parameter offload DeepSpeed hands the partition itself to the module (all_gather_
+    coalesced, partition_parameters.py l.1563: world size 1 -> ``_no_gather_coalesced``;
+    NoGatherHandle l.74: ``param.ds_tensor.data.to(device)``, the same tensor), so it costs
+    nothing; with parameter offload that ``.to`` copies from the host, and on N ranks the
+    all-gather fills a new buffer of ceil(numel / N) * N elements (l.1388) in the 16-bit (or
+    fp32) communication dtype."""
+    if config.gpus == 1 and config.sharding.offload is not Offload.OPTIMIZER_PARAMS:
+        return 0
+    adapters = t.sizes if config.method.uses_adapters else ()
+    threshold = persistence_threshold(model.hidden_size)
+    _, _, live = zero3_param_split(base_sizes, adapters, threshold)
+    return live * comm_bytes(config)
+
+
+def zero_partition(t: Any, config: Any) -> int:
+    """Trainable elements in this rank's DeepSpeed partition: one flat tensor of T/N."""
+    return math.ceil(t.count / config.gpus)
+
+
+def comm_bytes(config: Any) -> int:
+    """Bytes per element of DeepSpeed's device-side params, gradients and buckets: 16-bit in
+    mixed precision (DeepSpeed casts the model), else fp32."""
+    return HALF if config.precision.is_mixed else FP32
+
+
+class ZeRO(ShardingSpec):
+    """One DeepSpeed ZeRO stage (``zero_stage``) with its offloads."""
+
+    # ---- words ------------------------------------------------------------------------------
+    def label(self, offload: Offload) -> str:
+        return self.name + (f"+offload:{offload}" if offload is not Offload.NONE else "")
+
+    def short(self, offload: Offload) -> str:
+        return self.name + (f"+{offload}" if offload is not Offload.NONE else "")
+
+    def offload_words(self, offload: Offload) -> str:
+        return {Offload.NONE: "no offload", Offload.OPTIMIZER: "optimizer states offloaded to CPU RAM",
+                Offload.OPTIMIZER_PARAMS: "optimizer states and parameters offloaded to CPU RAM"}[offload]
+
+    def plan_line(self, offload: Offload) -> str:
+        return f"DeepSpeed: {self.words}, {self.offload_words(offload)}"
+
+    def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
+        notes = []
+        if config.gpus == 1 and offload is Offload.NONE:
+            notes.append(f"{self.words} on one GPU shards nothing; it ranks where it is faster than the plans without "
+                         "DeepSpeed or fits where they do not: DeepSpeed keeps the model in 16-bit with the fp32 master in "
+                         "the optimizer, which lets a larger micro-batch fit "
+                         "(deepspeed runtime/engine.py _configure_distributed_model)")
+        if offload is not Offload.NONE:
+            notes.append(f"offload: {format_bytes(host_bytes)} pinned host RAM per GPU, step waits on PCIe "
+                         "(Ren et al. 2021)")
+        return notes
+
+    # ---- validation -------------------------------------------------------------------------
+    def check(self, config: Any, offload: Offload) -> None:
+        """What DeepSpeed ZeRO does not take (or the memory model does not cover)."""
+        stage = self.zero_stage
+        if config.fused_ce and stage == 3:
+            raise UnsupportedError(
+                "--fused-ce with --zero 3: the fused loss reads lm_head.weight outside the module's forward, "
+                "where ZeRO-3 holds only a partition (Liger's fused_linear_cross_entropy_forward refuses it): "
+                "use --zero 2 or lower"
+            )
+        if offload not in self.offloads:
+            raise InvalidConfigError(
+                "--offload optimizer+params needs --zero 3 (only ZeRO-3 partitions parameters)"
+            )
+        precision = config.precision
+        if not precision.is_mixed and precision.weight_bytes == HALF:  # pure fp16/bf16
+            raise UnsupportedError(
+                f"--precision {precision} with --zero {stage}: DeepSpeed always keeps "
+                f"fp32 master weights, use --precision {precision}-mixed"
+            )
+        if offload is not Offload.NONE and config.optimizer not in _OFFLOADABLE:
+            raise UnsupportedError(
+                f"--offload with --optimizer {config.optimizer}: DeepSpeed offloads only its "
+                f"CPU Adam, use --optimizer {names(_OFFLOADABLE)}"
+            )
+        if config.optimizer in _UNPAGED:
+            raise UnsupportedError(
+                f"--optimizer {config.optimizer} with --zero: paging and ZeRO partitioning do "
+                f"not combine, use {_UNPAGED[config.optimizer]}"
+            )
+        if stage == 3 and config.method == "qlora":
+            raise UnsupportedError(
+                "--method qlora with --zero 3 is not modelled (4-bit weights cannot be "
+                "partitioned without quant_storage tricks): use --zero 2 or lower"
+            )
+
+    # ---- memory -----------------------------------------------------------------------------
+    def model_states(self, model: Any, config: Any, t: Any, out: dict[str, int], *, param_bytes: int, grads: int,
+                     base_sizes: tuple[int, ...]) -> tuple[dict[str, int], int]:
+        zero_out, host = self._states(model, config, t, weights=out.get("weights"), param_bytes=param_bytes,
+                                      grads=grads, base_sizes=base_sizes)
+        if "weights" not in zero_out:
+            out.pop("weights", None)  # offloaded with the parameters
+        out.update(zero_out)
+        return out, host
+
+    def _states(self, model: Any, config: Any, t: Any, *, weights: int | None, param_bytes: int, grads: int,
+                base_sizes: tuple[int, ...]) -> tuple[dict[str, int], int]:
+        """(device bytes by component, host bytes) of the stage's model states. ``weights``: the
+        device bytes of the unquantised weights without DeepSpeed (None for 4-bit ones); ``grads``:
+        the unpartitioned gradient bytes in the trainable dtype ``param_bytes``. No "weights" key in
+        the answer means the weights live on the host."""
+        n, gb, full = config.gpus, comm_bytes(config), not config.method.uses_adapters
+        offload = config.sharding.offload
+        trainable = t.count
+        partition = zero_partition(t, config)
+        # the optimizer steps one flat fp32 partition: no per-tensor 8-bit threshold, no Adafactor
+        # factoring of a 1-D tensor
+        states_per_device = OPTIMIZERS[config.optimizer].memory.flat_partition_state_bytes(partition)
+        out: dict[str, int] = {} if weights is None else {"weights": weights}
+        host = 0
+        if full:
+            # DeepSpeed casts the model to its communication dtype
+            out["weights"] = model.params_total * gb
+        if self.zero_stage == 3:
+            host += _zero3_weights(model, config, out, base_sizes)
+            out["zero3/gathered_params"] = zero3_gathered_bytes(model, config, t, base_sizes)
+            # ZeRO-3 allocates the flat 16-bit gradient partition when it is built, so it is alive
+            # through the whole step (stage3.py _setup_for_real_optimizer grad_partitions_flat_buffer);
+            # with optimizer offload it is built on the host and pinned (deepspeed 0.19.8 stage3.py
+            # l.333: self.device = cpu when offload_optimizer; l.791-795: torch.zeros(..., device=
+            # self.device), then pin_memory), and partition_grads copies each reduced gradient there
+            # (l.2022-2045)
+            grad_partitions = grads * gb // param_bytes // n
+            if offload is Offload.NONE:
+                out["zero3/grad_partitions"] = grad_partitions
+            else:
+                host += grad_partitions
+        else:
+            out["gradients"] = grads * gb // param_bytes if self.zero_stage == 1 else grads * gb // param_bytes // n
+        out["zero/reduce_bucket"] = reduce_bucket_size(model.hidden_size) * gb
+        if offload is Offload.NONE:
+            out["master_weights"] = FP32 * trainable // n
+            out["optimizer_states"] = states_per_device
+            return out, host
+        return out, host + self._offload_host(config, t, out, states_per_device)
+
+    def _offload_host(self, config: Any, t: Any, out: dict[str, int], states_per_device: int) -> int:
+        """Host bytes of ZeRO-Offload for one rank (every rank of the node holds as much): the fp32
+        master partition, DeepSpeedCPUAdam's moments and the fp32 gradient partition it steps from
+        (ZeRO-Offload, Ren et al. 2021, §4.1; pinned: stage3.py l.1338-1342 subgroup_gradient_buffer,
+        stage_1_and_2.py l.940-941); stage 1/2 add the pinned 16-bit copy of the partition it writes
+        back from (stage_1_and_2.py l.566-573 param_buffer_of_bit16_for_cpu_offload_groups) and a
+        pinned host gradient buffer of the largest parameter (l.654-658 temp_grad_buffer_for_cpu_offload).
+        Adds to ``out`` the device-side staging buffer gradients go through to the host, one parameter
+        at a time (temp_grad_buffer_for_gpu_offload). Line numbers: deepspeed 0.19.8.
+
+        Not counted: with gradient accumulation, stage 1/2 also keep a pinned 16-bit host buffer per
+        parameter of the partition (l.1823-1826 accumulated_grads_in_cpu, about 2 bytes per trainable
+        element / N), created on the first micro-step that is not an accumulation boundary
+        (l.2166-2167); the static terms the search memoises do not depend on the accumulation."""
+        n, gb = config.gpus, comm_bytes(config)
+        trainable = t.count
+        host = FP32 * trainable // n + states_per_device + FP32 * trainable // n
+        if self.zero_stage in (1, 2):
+            largest = max((n for n, _ in t.size_counts), default=0)
+            host += gb * zero_partition(t, config) + gb * largest
+            out["zero/offload_grad_buffer"] = gb * largest
+        return host
+
+    def optimizer_tensors(self, t: Any, config: Any, param_bytes: int) -> tuple[tuple[tuple[int, int], ...], int] | None:
+        # the optimizer steps one flat fp32 partition (see _states); with offload, on the host
+        if config.sharding.offload is not Offload.NONE:
+            return None
+        return ((zero_partition(t, config), 1),), FP32
+
+    def optimizer_gradients(self, t: Any, config: Any, device_grads: int) -> int:
+        """With no offload, DeepSpeed flattens this rank's gradients into one fp32 partition
+        (stage 1/2: ``single_grad_partition``; stage 3: the fp32 partition's ``.grad``) and frees
+        the 16-bit ones before stepping (stage_1_and_2.py step: free_grad_in_param_list). With
+        offload the step runs on the host."""
+        if config.sharding.offload is not Offload.NONE:
+            return 0
+        return FP32 * zero_partition(t, config)
+
+    def gradient_flatten(self, t: Any, config: Any) -> int:
+        """ZeRO-1/2 without offload, as the step begins: the 16-bit gradients of this rank's
+        partition flattened into one tensor and that tensor's fp32 copy, both alive with the 16-bit
+        gradients (stage_1_and_2.py step: flatten_dense_tensors_aligned(...).to(fp32); measured on
+        gpt2 with an 8-bit optimizer, whose own step adds nothing the probe sees). In fp32 the flat
+        copy already is the fp32 partition (.to() returns it)."""
+        if self.zero_stage not in (1, 2) or config.sharding.offload is not Offload.NONE:
+            return 0
+        partition = zero_partition(t, config)
+        return partition * HALF + FP32 * partition if config.precision.is_mixed else FP32 * partition
+
+    def memory_twin(self, gpus: int) -> str:
+        # ZeRO-2 on one GPU partitions gradients over one rank, as ZeRO-1 does
+        return "zero1" if self.zero_stage == 2 and gpus == 1 else self.name
+
+    # ---- throughput -------------------------------------------------------------------------
+    def comm_bytes(self, config: Any, *, trainable: int, params_total: int, grad_bytes: int) -> float:
+        """Bytes each rank sends per optimizer step (ring collectives). DeepSpeed communicates in
+        the model dtype (``communication_data_type`` defaults to fp16/bf16, deepspeed/runtime/
+        engine.py); fp32 training sends 4 B.
+
+        * ZeRO-1: reduce-scatter of gradients and all-gather of the updated 16-bit params once per
+          step: 2·(n-1)/n · trainable · comm bytes (ZeRO paper, Rajbhandari et al. 2020, sec. 7: 2Ψ).
+        * ZeRO-2: the gradient reduce-scatter runs every micro-step (gradients are partitioned as
+          they are produced), the param all-gather once per step.
+        * ZeRO-3: every micro-step all-gathers ALL parameters for the forward, the backward and the
+          checkpoint recompute, and reduce-scatters the gradients (ZeRO paper sec. 7.2.2: 3Ψ).
+        """
+        f = ring(config.gpus)
+        cb = config.precision.compute_bytes
+        if self.zero_stage == 1:
+            return 2 * f * trainable * cb
+        if self.zero_stage == 2:
+            return f * trainable * cb * (config.grad_accum + 1)
+        gathers = 2 + int(config.grad_ckpt)
+        per_micro = f * cb * (gathers * params_total + trainable)
+        return per_micro * config.grad_accum
+
+    def offload_bytes(self, config: Any, offload: Offload, *, trainable: int, params_total: int) -> float:
+        """Ren et al. 2021 (ZeRO-Offload, sec. 4): 16-bit gradients go device->host, the CPU
+        updates the fp32 master copy, 16-bit parameters come back. With ZeRO-2/3 the gradient
+        partition is copied at every micro-step (it is reduced every micro-step), with ZeRO-1 once
+        per step. With parameter offload (ZeRO-3 ``optimizer+params``) the parameters live on the
+        host and stream in for every forward, backward and recompute; no separate copy back after
+        the update. Each device moves only its 1/n partition."""
+        if offload is Offload.NONE:
+            return 0.0
+        n = config.gpus
+        cb = config.precision.compute_bytes
+        partition = trainable / n
+        grad_copies = config.grad_accum if self.zero_stage >= 2 else 1
+        total = partition * cb * grad_copies
+        if offload is Offload.OPTIMIZER:
+            total += partition * cb
+        else:
+            gathers = 2 + int(config.grad_ckpt)
+            total += gathers * (params_total / n) * cb * config.grad_accum
+        return total
+
+    def master_update_bytes(self, config: Any) -> float:
+        """DeepSpeed keeps an fp32 master copy for 16-bit training: +4 B read of the master and
+        +2 B write of the 16-bit model weight per parameter (``_update_fp16``-style copy back)."""
+        return 4 + 2 if config.precision.is_mixed else 0
+
+    # ---- files ------------------------------------------------------------------------------
+    def emitted_files(self, config: Any, *, hidden_size: int, pin_memory: bool = False,
+                      gradient_clipping: float | None = None, hyperparameters: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """``ds_config.json``, the DeepSpeed config both the measurement worker
+        (``deepspeed.initialize(config=...)``) and ``planner emit`` (for the HF Trainer) use, so the
+        run that was measured and the run the user launches use the same buckets. Keys follow
+        DeepSpeed's config reference (https://www.deepspeed.ai/docs/config-json/,
+        deepspeed/runtime/zero/config.py in 0.19).
+
+        ``hidden_size`` sizes the communication buckets. ``pin_memory``: page-lock offloaded
+        buffers (faster H2D copies on a GPU; False on the CPU, where there is nothing to copy to).
+        ``train_batch_size`` is left out so DeepSpeed derives it from the world size (micro batch x
+        accumulation x ranks). ``gradient_clipping``: the norm DeepSpeed clips gradients to (None:
+        the key is left out, DeepSpeed does not clip). ``hyperparameters``: the optimizer's ``lr``,
+        ``betas``, ``eps`` and ``weight_decay``."""
+        if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
+            raise InvalidConfigError(f"hidden_size must be a whole number >= 1 (the model's hidden size), got {hidden_size!r}")
+        offload = config.sharding.offload
+        # the bucket sizes the memory terms assume (the HF Trainer's "auto" values), not
+        # DeepSpeed's 5e8-element defaults, which would hold ~1 GB of 16-bit buffers on a small model
+        buckets = deepspeed_buckets(hidden_size)
+        zero: dict[str, Any] = {"stage": self.zero_stage, "reduce_bucket_size": buckets["reduce_bucket_size"]}
+        if self.zero_stage in (1, 2):
+            zero["allgather_bucket_size"] = buckets["allgather_bucket_size"]
+        else:
+            zero["stage3_prefetch_bucket_size"] = buckets["stage3_prefetch_bucket_size"]
+            zero["stage3_param_persistence_threshold"] = buckets["stage3_param_persistence_threshold"]
+        if offload is not Offload.NONE:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
+        if offload is Offload.OPTIMIZER_PARAMS:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": pin_memory}
+        ds: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": config.micro_batch,
+            "gradient_accumulation_steps": config.grad_accum,
+            "zero_optimization": zero,
+            # DeepSpeed keeps fp32 master weights itself: *-mixed maps to its bf16/fp16 mode
+            # (check refuses pure 16-bit with ZeRO).
+            "bf16": {"enabled": config.precision == "bf16-mixed"},
+            "fp16": {"enabled": config.precision == "fp16-mixed"},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        if gradient_clipping is not None:
+            ds["gradient_clipping"] = gradient_clipping
+        section = OPTIMIZERS[config.optimizer].deepspeed_section
+        if section is not None:
+            # DeepSpeed builds the optimizer itself from this section (with offload, its CPU optimizer)
+            ds["optimizer"] = section(**hyperparameters, offload=offload is not Offload.NONE)
+        else:
+            # the others are passed to deepspeed.initialize as client optimizers, which ZeRO refuses
+            # unless told (engine.py _do_optimizer_sanity_check)
+            ds["zero_allow_untested_optimizer"] = True
+        return {DEEPSPEED_FILE: ds}
+
+    def training_arguments(self, config: Any) -> dict[str, Any]:
+        return {"deepspeed": DEEPSPEED_FILE}
+
+    def accelerate(self, config: Any, *, on_cpu: bool) -> dict[str, Any]:
+        return {"distributed_type": "DEEPSPEED", "deepspeed_config": {
+            "deepspeed_config_file": DEEPSPEED_FILE,
+            # ZeRO-3 builds the model already partitioned (deepspeed.zero.Init)
+            "zero3_init_flag": self.zero_stage == 3,
+        }}
+
+
+def _zero3_weights(model: Any, config: Any, out: dict[str, int], base_sizes: tuple[int, ...]) -> int:
+    """Splits ``out["weights"]`` (the whole model's weights, frozen LoRA base weights included)
+    into what ZeRO-3 keeps on this device and returns the host bytes: every rank holds 1/N of
+    the partitioned parameters (on the host with parameter offload) and the persistent ones whole
+    (``zero3_param_split``)."""
+    if "weights" not in out:
+        return 0
+    per_element = out["weights"] / model.params_total
+    base_persistent = zero3_param_split(base_sizes, (), persistence_threshold(model.hidden_size))[1]
+    partition = int((model.params_total - base_persistent) * per_element) // config.gpus
+    persistent = int(base_persistent * per_element)
+    if config.sharding.offload is Offload.OPTIMIZER_PARAMS:
+        out["weights"] = persistent
+        return partition
+    out["weights"] = partition + persistent
+    return 0
+
+
+_COMMON = dict(searched=True, library="deepspeed", casts_model=True, flat_optimizer=True, partitions_optimizer=True,
+               plan_notes=("DeepSpeed buckets as in ds_config.json (reduce bucket hidden², not DeepSpeed's 5e8 default)",))
+SPECS = (
+    ZeRO(name="zero1", order=2, zero_stage=1, offloads=(Offload.NONE, Offload.OPTIMIZER),
+         words="ZeRO-1", **_COMMON),
+    ZeRO(name="zero2", order=3, zero_stage=2, offloads=(Offload.NONE, Offload.OPTIMIZER),
+         words="ZeRO-2", **_COMMON),
+    ZeRO(name="zero3", order=4, zero_stage=3, offloads=(Offload.NONE, Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS),
+         words="ZeRO-3", **_COMMON),
+)
+
+__all__ = ["DEEPSPEED_FILE", "DS_MAX_LIVE_PARAMETERS", "DS_MAX_REUSE_DISTANCE", "SPECS", "ZeRO", "comm_bytes", "deepspeed_buckets",
+           "persistence_threshold", "reduce_bucket_size", "zero3_gathered_bytes", "zero3_live_params",
+           "zero3_param_split", "zero_partition"]
