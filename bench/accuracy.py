@@ -68,6 +68,15 @@ ARCHS: dict[str, dict[str, Any]] = {
     "llama-v2k": dict(model_type="llama", hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
                       num_attention_heads=8, num_key_value_heads=4, vocab_size=2048, max_position_embeddings=2048,
                       rms_norm_eps=1e-5, tie_word_embeddings=False),
+    # mixture of experts (planner/memory/moe.py): grouped_mm experts in the weights' dtype, the
+    # router's fp32 softmax and int64 indices; small vocabularies so the experts' activations matter
+    "mixtral": dict(model_type="mixtral", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                    num_attention_heads=8, num_key_value_heads=4, vocab_size=8192, max_position_embeddings=1024,
+                    num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False),
+    "qwen3-moe": dict(model_type="qwen3_moe", hidden_size=256, intermediate_size=768, moe_intermediate_size=256,
+                      num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+                      vocab_size=8192, max_position_embeddings=1024, num_experts=16, num_experts_per_tok=4,
+                      norm_topk_prob=True, tie_word_embeddings=False),
 }
 
 _BASE = dict(micro_batch=2, seq_len=256, precision="bf16-mixed", optimizer="adamw")
@@ -149,6 +158,15 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("llama-v2k", dict(method="lora", grad_ckpt=True, seq_len=1024, precision="bf16")),
     ("llama-v2k", dict(method="lora", seq_len=1024)),
     ("llama-v2k", dict(method="lora", seq_len=1024, precision="bf16")),
+    # mixture of experts: precisions, LoRA on the attention (all-linear reaches no expert stack),
+    # checkpointing
+    ("mixtral", dict(precision="fp32")),
+    ("mixtral", dict(precision="bf16")),
+    ("mixtral", dict(method="lora")),
+    ("mixtral", dict(grad_ckpt=True)),
+    ("qwen3-moe", dict(precision="bf16")),
+    ("qwen3-moe", dict(method="lora")),
+    ("qwen3-moe", dict(grad_ckpt=True)),
 ]
 
 #: the rows of the recipe settings (``--knobs`` measures only these)

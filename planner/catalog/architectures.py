@@ -130,6 +130,7 @@ def _llama_family(c: ConfigReader, model_type: str) -> dict[str, Any]:
         hidden_act=act, gated_mlp=True, norm="rmsnorm", norm_weight_fp32=model_type in ("gemma", "gemma2"),
         position="rope", attn_dropout=c.prob("attention_dropout"), hidden_dropout=0.0,
         num_experts=experts, experts_per_token=top_k, sliding_window=sliding,
+        routing=modern.mixtral_routing(c) if model_type == "mixtral" else None,
         norm_placement="sandwich" if model_type == "gemma2" else "pre", qk_norm="head" if model_type == "qwen3" else "",
     )
 

@@ -25,10 +25,11 @@ from typing import Any
 
 from planner.catalog.blocks import ConfigReader, K, common_fields, lin, qkvo, swiglu, untied_head
 from planner.errors import UnsupportedError
-from planner.modelspec import BlockGroup, LinearSpec
+from planner.modelspec import BlockGroup, LinearSpec, MoeRouting
 
 # ---- features the memory model does not model yet (ModelSpec.unmodelled) --------------------------
 FEATURE_MOE = "mixture-of-experts blocks"
+FEATURE_MIXED_BLOCKS = "dense and mixture-of-experts blocks in one model (mlp_only_layers, decoder_sparse_step)"
 FEATURE_MLA = "multi-head latent attention (MLA)"
 FEATURE_LINEAR_ATTN = "Gated DeltaNet linear attention"
 FEATURE_MAMBA = "Mamba2 layers"
@@ -84,6 +85,22 @@ def _top_k(c: ConfigReader, experts_key: str, k_key: str, *, experts_default: in
     if top_k > count:
         raise c.error(f"{k_key} {top_k} is larger than {experts_key} {count}")
     return count, top_k
+
+
+def mixtral_routing(c: ConfigReader) -> MoeRouting:
+    """MixtralTopKRouter (modeling_mixtral.py:96-111): softmax over the experts in fp32, top-k,
+    always renormalised, the weights kept fp32; MixtralSparseMoeBlock's ``router_jitter_noise``
+    (default 0.0, configuration_mixtral.py)."""
+    return MoeRouting(renorm=True, scores_fp32=True, jitter=c.prob("router_jitter_noise"),
+                      aux_loss=c.flag("output_router_logits", False))
+
+
+def qwen3_moe_routing(c: ConfigReader) -> MoeRouting:
+    """Qwen3MoeTopKRouter (modeling_qwen3_moe.py:250-268): softmax(dtype=float) over the experts,
+    top-k, renormalised only with ``norm_topk_prob`` (default False, configuration_qwen3_moe.py:101),
+    the weights cast back to the logits' dtype."""
+    return MoeRouting(renorm=c.flag("norm_topk_prob", False), scores_fp32=False,
+                      aux_loss=c.flag("output_router_logits", False))
 
 
 def _layer_types(c: ConfigReader, layers: int, default: list[str]) -> list[str]:
@@ -191,7 +208,8 @@ def qwen3_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
         c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=moe_inter,
         vocab=vocab, blocks=blocks, tied=c.flag("tie_word_embeddings", False),
         max_pos=c.size("max_position_embeddings", default=32768), act=c.text("hidden_act", default="silu"),
-        final_norm=hidden, num_experts=count, experts_per_token=top_k, unmodelled=(FEATURE_MOE,), qk_norm="head",
+        final_norm=hidden, num_experts=count, experts_per_token=top_k, qk_norm="head", routing=qwen3_moe_routing(c),
+        unmodelled=(FEATURE_MIXED_BLOCKS,) if any(label == "dense" for label, _, _ in blocks) else (),
     )
 
 
