@@ -45,6 +45,11 @@ class LinearSpec:
     """An ``nn.Linear`` (or ``Conv1D``) module, which peft's ``target_modules`` (``all-linear``
     included) wraps; False for a bare weight used with ``F.linear``: transformers v5's expert
     stacks and most MoE routers, which LoRA reaches only through peft's ``target_parameters``."""
+    lora_rank: int = 1
+    """The multiple of ``lora_r`` peft gives this weight's adapter: 2 for a fused gate_up expert
+    stack of the models peft converts from transformers v4's per-expert modules (peft 0.21
+    utils/transformers_weight_conversion.py ``_convert_peft_config_moe``: ``rank_pattern[gate_up_proj]
+    = r * 2``, w1 and w3 fused)."""
 
     @property
     def params(self) -> int:

@@ -79,7 +79,7 @@ def test_qwen3_30b_a3b_plans_now():
         check_plannable(spec_from_config(dense_first, model_id="x", source="test"))
 
 
-def _saved_in_moe_block(arch: str, precision: str, lora: bool) -> tuple[int, int]:
+def _saved_in_moe_block(arch: str, precision: str, lora: str) -> int:
     """(bytes autograd saves inside the last block's MoE module, distinct storages, parameters left
     out; the router's autocast weight copy) for a 2-layer tiny model, b=2, s=32."""
     import torch
@@ -93,7 +93,8 @@ def _saved_in_moe_block(arch: str, precision: str, lora: bool) -> tuple[int, int
                                              attn_implementation="sdpa")
     if lora:
         from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+        targets = "all-linear" if lora == "all-linear" else ["q_proj", "k_proj", "v_proj", "o_proj"]
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=targets))
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     block = model.get_decoder().layers[1].mlp
@@ -117,18 +118,61 @@ def _saved_in_moe_block(arch: str, precision: str, lora: bool) -> tuple[int, int
 
 
 @pytest.mark.parametrize(("arch", "precision", "lora"), [
-    ("mixtral", "bf16-mixed", False), ("mixtral", "fp32", False), ("qwen3_moe", "bf16", False),
-    ("qwen3_moe", "bf16-mixed", True),
+    ("mixtral", "bf16-mixed", ""), ("mixtral", "fp32", ""), ("qwen3_moe", "bf16", ""),
+    ("qwen3_moe", "bf16-mixed", "attention"), ("mixtral", "bf16-mixed", "all-linear"), ("mixtral", "bf16", "all-linear"),
 ])
 def test_moe_terms_match_what_autograd_saves(arch, precision, lora):
     """The real thing on the CPU: every tensor autograd saves inside the second block's MoE module
     (distinct storages, parameters left out) against moe/router + moe/experts and the router's
-    autocast weight copy (E x H x 2 under autocast)."""
+    autocast weight copy (E x H x 2 under autocast); with LoRA on the attention only, or all-linear
+    (peft's ParamWrapper on the expert stacks and the router: lora/expert_weights)."""
     changes = dict(precision=precision)
     if lora:
-        changes |= dict(method="lora", lora_r=4, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+        targets = ("all-linear",) if lora == "all-linear" else ("q_proj", "k_proj", "v_proj", "o_proj")
+        changes |= dict(method="lora", lora_r=4, lora_targets=targets)
     spec = spec_from_config(TINY[arch] | {"num_hidden_layers": 2}, model_id=arch, source="test")
     config = TrainConfig(micro_batch=2, seq_len=32, optimizer="adamw", **changes)
     later = step_activations(spec, config, CPU_KERNELS).blocks[1]
     router_cast = spec.num_experts * spec.hidden_size * 2 if precision == "bf16-mixed" else 0
-    assert _saved_in_moe_block(arch, precision, lora) == later["moe/router"] + later["moe/experts"] + router_cast
+    expected = later["moe/router"] + later["moe/experts"] + later.get("lora/expert_weights", 0) + router_cast
+    assert _saved_in_moe_block(arch, precision, lora) == expected
+
+
+def test_lora_all_linear_reaches_the_expert_stacks_as_peft_converts_them():
+    # peft 0.21 converts all-linear for Mixtral to target_parameters {gate_up_proj, down_proj,
+    # gate.weight}, the fused gate_up at rank 2r (transformers_weight_conversion.py): per block, with
+    # r = 16, H = 64, I = 96, E = 4: q 16*(64+64) + k 16*(64+32) + v 16*(64+32) + o 16*(64+64) =
+    # 7,168; gate 16*(64+4) = 1,088; gate_up 2*16*4*(64+192) = 32,768; down 16*4*(96+64) = 10,240.
+    from planner.memory.parameters import lora_params
+    spec = spec_from_config(TINY["mixtral"], model_id="mixtral", source="test")
+    config = TrainConfig(micro_batch=2, seq_len=32, method="lora", lora_r=16)
+    assert lora_params(spec, config) == 7_168 + 1_088 + 32_768 + 10_240 == 51_264
+
+
+def test_lora_on_expert_stacks_by_hand():
+    # bf16-mixed, r = 4, all-linear, a later block: the router and both stacks train through
+    # ParamWrapper. lora/expert_weights: the merged fp32 stacks grouped_mm saves, 4*192*64*4 +
+    # 4*64*96*4 = 196,608 + 98,304, and the 16-bit casts of the router's A and B under autocast,
+    # 2*4*(64+4) = 544: 295,456. The experts save as in full fine-tuning (265,744) and the router
+    # its input's bf16 cast too (11,008).
+    spec = spec_from_config(TINY["mixtral"] | {"num_hidden_layers": 2}, model_id="mixtral", source="test")
+    config = TrainConfig(micro_batch=2, seq_len=32, method="lora", lora_r=4, precision="bf16-mixed")
+    later = step_activations(spec, config, CPU_KERNELS).blocks[1]
+    assert later["lora/expert_weights"] == 196_608 + 98_304 + 544 == 295_456
+    assert (later["moe/router"], later["moe/experts"]) == (11_008, 265_744)
+
+
+def test_router_aux_loss_keeps_each_layers_softmax():
+    # output_router_logits: load_balancing_loss_func keeps softmax(router logits) of each MoE layer,
+    # in the logits' dtype on the CPU (bf16 under autocast): 2 layers x 64 tokens x 4 experts x 2 =
+    # 2,048 B (read off SoftmaxBackward0._saved_result of a tiny Mixtral's aux_loss graph: two
+    # bf16 [64, 4] tensors); fp32: 4,096 B.
+    from planner.memory.activations import model_level_terms
+    from planner.memory.dtypes import mode_of
+    from planner.memory.shapes import dims_of
+    spec = spec_from_config(TINY["mixtral"] | {"num_hidden_layers": 2, "output_router_logits": True},
+                            model_id="mixtral", source="test")
+    for precision, expected in (("bf16-mixed", 2 * 64 * 4 * 2), ("fp32", 2 * 64 * 4 * 4)):
+        config = TrainConfig(micro_batch=2, seq_len=32, precision=precision)
+        terms = model_level_terms(spec, config, dims_of(spec, config), mode_of(config), CPU_KERNELS)
+        assert terms["moe/aux_loss"] == expected

@@ -20,6 +20,7 @@ Pure module: no torch, no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,11 +70,15 @@ def decoder_fields(c: ConfigReader, *, model_type: str, hidden: int, heads: int,
 
 
 def experts(hidden: int, inter: int, count: int, top_k: int, *, up: str = "gate_up_proj", gated: bool = True,
-            bias: bool = False) -> list[LinearSpec]:
+            bias: bool = False, peft_fused: bool = False) -> list[LinearSpec]:
     """The routed experts as HF stacks them: ``gate_up_proj`` (fused gate and up: 2I outputs; just
-    ``up_proj`` for a non-gated MLP) and ``down_proj``, ``count`` copies, ``top_k`` per token."""
+    ``up_proj`` for a non-gated MLP) and ``down_proj``, ``count`` copies, ``top_k`` per token.
+    ``peft_fused``: peft converts a LoRA config of this model type from transformers v4's
+    per-expert modules (its ``_MOE_TARGET_MODULE_MAPPING``: Mixtral and the Qwen2-MoE pattern, which
+    Qwen3-MoE, OLMoE, DeepSeek-V3 and Qwen3-Next follow), giving the fused gate_up twice the rank."""
+    fused = lin(up, hidden, (2 if gated else 1) * inter, bias, K.MLP_IN, count=count, active=top_k, module=False)
     return [
-        lin(up, hidden, (2 if gated else 1) * inter, bias, K.MLP_IN, count=count, active=top_k, module=False),
+        dataclasses.replace(fused, lora_rank=2) if peft_fused and gated else fused,
         lin("down_proj", inter, hidden, bias, K.MLP_OUT, count=count, active=top_k, module=False),
     ]
 
@@ -199,7 +204,8 @@ def qwen3_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
     dense_only = c.layer_indices("mlp_only_layers") or set()
     bias = c.flag("attention_bias", False)
     attn = qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
-    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)] + experts(hidden, moe_inter, count, top_k))
+    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)]
+                + experts(hidden, moe_inter, count, top_k, peft_fused=True))
     dense = tuple(attn + swiglu(hidden, inter))
     norms = 2 * hidden + 2 * head_dim
     blocks = [("moe", moe, norms) if i not in dense_only and (i + 1) % step == 0 else ("dense", dense, norms)

@@ -320,7 +320,9 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
     if mode.autocast:
         out["autocast/weight_casts"] = model.vocab_size * h * HALF
     out["loss/log_softmax"] = e * dims.v * FP32 + e * INT64
-    if aux := moe.aux_loss_bytes(model, e):
+    router_logits = HALF if mode.autocast else mode.compute  # F.linear's output
+    softmax_out = FP32 if mode.autocast and kernels.autocast_softmax_fp32 else router_logits
+    if aux := moe.aux_loss_bytes(model, e, softmax_out):
         out["moe/aux_loss"] = aux
     return out
 
@@ -484,7 +486,7 @@ def _down_saved(ctx: BlockContext) -> int:
         # the down grouped_mm saves the product when the stacks train; no casts of the stacks
         casts = sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down
                      if not moe.is_expert_stack(lin)]) if mode.autocast and ctx.full else 0
-        return (moe.product_bytes(ctx) if ctx.full else 0) + casts
+        return moe.product_bytes(ctx) + casts
     inter = ctx.dims.tokens * ctx.dims.i * mode.compute
     total = 0
     if (ctx.full or (targeted and (ctx.adapter_saves_shared_input or bool(mode.adapter_input)))) and not keeps_output:

@@ -47,6 +47,8 @@ TERM_SOURCES = {
                    "gather, routing-weight and un-permute indices (int64), the up grouped_mm's input, its output "
                    "(kept whole by the gate's view), act(gate), the down grouped_mm's input, the down output and the "
                    "routing weight the weighting multiplies; in the weights' dtype (grouped_mm casts its input to it)",
+    "lora/expert_weights": "LoRA on expert stacks and the router (peft ParamWrapper): the merged weight W + BA the "
+                           "kernel saves, the factors' casts (moe.adapted_weight_bytes)",
 }
 
 
@@ -82,6 +84,21 @@ def expert_bytes_per_element(ctx: BlockContext) -> int:
     return ctx.mode.weight
 
 
+def adapted_weights(ctx: BlockContext) -> tuple[LinearSpec, ...]:
+    """The block's bare weights LoRA adapts (expert stacks, the router's ``gate.weight``): peft's
+    ParamWrapper, through ``target_parameters`` (all-linear reaches them where peft converts the
+    model type's v4 names: ``LinearSpec.lora_rank``)."""
+    if not ctx.targets:
+        return ()
+    return tuple(lin for lin in ctx.model.layer_linears if not lin.module and lin.name in ctx.targets)
+
+
+def _trains(ctx: BlockContext, kind: LinearKind) -> bool:
+    """The block's weights of ``kind`` (expert stacks: MLP_IN, MLP_OUT; the router) get a gradient:
+    full fine-tuning, or a ParamWrapper adapter on them (W + BA needs one)."""
+    return ctx.full or any(lin.kind is kind for lin in adapted_weights(ctx))
+
+
 def _moe_input_needs_grad(ctx: BlockContext) -> bool:
     router = [lin for lin in ctx.model.layer_linears if lin.kind is LinearKind.ROUTER]
     return ctx.input_needs_grad(router[0]) if router else ctx.block_input_needs_grad
@@ -89,7 +106,7 @@ def _moe_input_needs_grad(ctx: BlockContext) -> bool:
 
 def _scores_need_grad(ctx: BlockContext) -> bool:
     """The routing weights need a gradient when the router trains or its input needs one."""
-    return ctx.full or _moe_input_needs_grad(ctx)
+    return _trains(ctx, LinearKind.ROUTER) or _moe_input_needs_grad(ctx)
 
 
 def router_bytes(ctx: BlockContext) -> int:
@@ -112,7 +129,7 @@ def router_bytes(ctx: BlockContext) -> int:
     routing, k, e = model.routing, model.experts_per_token, model.num_experts
     assert routing is not None
     total = 0
-    if ctx.full:
+    if _trains(ctx, LinearKind.ROUTER):
         total += t * h * (HALF if mode.autocast else mode.compute)
     if _scores_need_grad(ctx):
         total += t * e * FP32 + t * k * INT64
@@ -160,7 +177,8 @@ def expert_bytes(ctx: BlockContext, *, act_saved: int, keeps_output: bool) -> in
     w = expert_bytes_per_element(ctx)
     needs_grad = _moe_input_needs_grad(ctx)
     scores = _scores_need_grad(ctx)
-    if not (ctx.full or needs_grad or scores):
+    up_trains, down_trains = _trains(ctx, LinearKind.MLP_IN), _trains(ctx, LinearKind.MLP_OUT)
+    if not (up_trains or down_trains or needs_grad or scores):
         return 0
     per_slot = 0
     if needs_grad:
@@ -171,17 +189,46 @@ def expert_bytes(ctx: BlockContext, *, act_saved: int, keeps_output: bool) -> in
     if gated:
         per_slot += 2 * inter * w + max(act_saved - 1, 0) * inter * w + inter * w
     else:
-        per_slot += act_saved * inter * w + (inter * w if keeps_output and not ctx.full else 0)
-    if ctx.full:
-        per_slot += h * w + inter * w  # the up and down grouped_mm inputs
+        per_slot += act_saved * inter * w + (inter * w if keeps_output and not down_trains else 0)
+    per_slot += (h * w if up_trains else 0) + (inter * w if down_trains else 0)  # the grouped_mm inputs
     # the offsets, whenever grouped_mm saves anything (its weight, for the input's gradient, too)
-    offsets = model.num_experts * OFFSET_BYTES if ctx.full or needs_grad else 0
+    offsets = model.num_experts * OFFSET_BYTES if up_trains or down_trains or needs_grad else 0
     return s * per_slot + offsets
+
+
+def adapted_weight_bytes(ctx: BlockContext) -> int:
+    """What peft's ParamWrapper adds for the adapted bare weights (peft 0.21 tuners/lora/layer.py):
+
+    * an expert stack: ``_LoraFactorsProxy.forward`` (:2319-2323) folds the adapter into a new
+      weight, ``torch.baddbmm(W, lhs, rhs, alpha=scaling)`` with autocast off, in W's dtype, which
+      grouped_mm saves for its input's gradient: count x in x out x w; the factors are cast to W's
+      dtype first (``get_delta_factors`` :2542 ``lhs.to(param.dtype)``), new tensors that baddbmm
+      saves when W is 16-bit: rank x count x (in + out) x w;
+    * the router's ``gate.weight`` (one "expert": ``Linear.get_delta_weight``): ``W + B @ A``,
+      which F.linear saves outside autocast (E x H in the weights' dtype; under autocast its
+      16-bit cast, an autocast weight copy); under autocast ``B @ A`` saves 16-bit casts of A and B.
+
+    Measured on a tiny Mixtral (tests/test_moe.py)."""
+    mode, r = ctx.mode, ctx.config.lora_r or 0
+    total = 0
+    for lin in adapted_weights(ctx):
+        weight = lin.count * lin.in_features * lin.out_features
+        if is_expert_stack(lin):
+            total += weight * mode.weight
+            if mode.weight != FP32:
+                total += r * lin.lora_rank * lin.count * (lin.in_features + lin.out_features) * mode.weight
+        elif mode.autocast:
+            total += HALF * r * lin.lora_rank * (lin.in_features + lin.out_features)
+        else:
+            total += weight * mode.weight
+    return total
 
 
 def product_bytes(ctx: BlockContext) -> int:
     """The down grouped_mm's input, act(gate) * up, over all slots: what the down projection saves
-    when the stacks train (released once its backward ran)."""
+    when the down stack trains (released once its backward ran); else 0."""
+    if not _trains(ctx, LinearKind.MLP_OUT):
+        return 0
     inter, _, _ = expert_dims(ctx.model)
     return slots(ctx) * inter * expert_bytes_per_element(ctx)
 
@@ -189,19 +236,23 @@ def product_bytes(ctx: BlockContext) -> int:
 def moe_block_terms(ctx: BlockContext, *, act_saved: int, keeps_output: bool) -> dict[str, int]:
     """The MoE block's saved bytes by term (``TERM_SOURCES``); ``act_saved``, ``keeps_output``: as
     ``expert_bytes``."""
-    return {"moe/router": router_bytes(ctx),
-            "moe/experts": expert_bytes(ctx, act_saved=act_saved, keeps_output=keeps_output)}
+    out = {"moe/router": router_bytes(ctx),
+           "moe/experts": expert_bytes(ctx, act_saved=act_saved, keeps_output=keeps_output)}
+    if adapted := adapted_weight_bytes(ctx):
+        out["lora/expert_weights"] = adapted
+    return out
 
 
-def aux_loss_bytes(model: ModelSpec, tokens: int) -> int:
-    """``output_router_logits``: ``load_balancing_loss_func`` (modeling_mixtral.py) concatenates
-    every MoE layer's router logits and takes ``softmax(concatenated_gate_logits, dim=-1)`` (fp32:
-    the logits are ``.float()``-ed first where 16-bit), which the loss' products keep: layers x T x
-    E x 4 bytes."""
+def aux_loss_bytes(model: ModelSpec, tokens: int, logits_bytes: int) -> int:
+    """``output_router_logits``: ``load_balancing_loss_func`` (modeling_mixtral.py:475-540) takes, per
+    MoE layer, ``softmax(layer_gate, dim=-1)`` of the router logits the forward recorded, whose
+    backward keeps its output: layers x T x E in the softmax's output dtype ``logits_bytes`` (the
+    logits' dtype, fp32 where autocast runs softmax in fp32: CUDA's); the ``.float().sum(0)`` and
+    the histogram after it save nothing of that size."""
     if model.routing is None or not model.routing.aux_loss:
         return 0
-    return model.num_layers * tokens * model.num_experts * FP32
+    return model.num_layers * tokens * model.num_experts * logits_bytes
 
 
-__all__ = ["TERM_SOURCES", "aux_loss_bytes", "expert_bytes", "expert_dims", "expert_stacks", "is_expert_stack",
+__all__ = ["TERM_SOURCES", "adapted_weight_bytes", "adapted_weights", "aux_loss_bytes", "expert_bytes", "expert_dims", "expert_stacks", "is_expert_stack",
            "is_moe_block", "moe_block_terms", "product_bytes", "router_bytes", "slots"]

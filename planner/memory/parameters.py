@@ -57,7 +57,7 @@ def lora_params(model: ModelSpec, config: TrainConfig) -> int:
     if not config.method.uses_adapters:
         return 0
     r = config.lora_r or 0
-    return sum(n * sum(lin.count * r * (lin.in_features + lin.out_features) for lin in linears)
+    return sum(n * sum(lin.count * r * lin.lora_rank * (lin.in_features + lin.out_features) for lin in linears)
                for n, linears in stack_targets(model, config.lora_targets))
 
 
@@ -76,7 +76,11 @@ def param_tensor_sizes(model: ModelSpec, config: TrainConfig) -> tuple[int, ...]
         for n, linears in stack_targets(model, config.lora_targets):
             one: list[int] = []
             for lin in linears:
-                one += [r * lin.in_features, r * lin.out_features] * lin.count
+                if lin.module:
+                    one += [r * lin.in_features, r * lin.out_features] * lin.count
+                else:  # peft's ParamWrapper: one lora_A (r x experts, in) and one lora_B (out, r x experts)
+                    rank = r * lin.lora_rank * lin.count
+                    one += [rank * lin.in_features, rank * lin.out_features]
             sizes += one * n
         return tuple(sizes)
     sizes = [model.embedding_params]
