@@ -176,3 +176,13 @@ def test_router_aux_loss_keeps_each_layers_softmax():
         config = TrainConfig(micro_batch=2, seq_len=32, precision=precision)
         terms = model_level_terms(spec, config, dims_of(spec, config), mode_of(config), CPU_KERNELS)
         assert terms["moe/aux_loss"] == expected
+
+
+def test_qlora_quantizes_the_attention_only():
+    # bitsandbytes (transformers' integrations/bitsandbytes.py) replaces nn.Linear modules: of a
+    # tiny Mixtral block only q 64x64, k 64x32, v 64x32 and o 64x64 = 12,288 weights; the router and
+    # the 3D expert stacks (4 x 192 x 64 + 4 x 64 x 96 = 73,728) stay unquantised, upcast to fp32
+    # by prepare_model_for_kbit_training.
+    from planner.memory.parameters import quantized_linear_params
+    spec = spec_from_config(TINY["mixtral"], model_id="mixtral", source="test")
+    assert quantized_linear_params(spec) == 4096 + 2048 + 2048 + 4096 == 12_288
