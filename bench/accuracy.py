@@ -68,6 +68,15 @@ ARCHS: dict[str, dict[str, Any]] = {
     "llama-v2k": dict(model_type="llama", hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
                       num_attention_heads=8, num_key_value_heads=4, vocab_size=2048, max_position_embeddings=2048,
                       rms_norm_eps=1e-5, tie_word_embeddings=False),
+    # mixture of experts (planner/memory/moe.py): grouped_mm experts in the weights' dtype, the
+    # router's fp32 softmax and int64 indices; small vocabularies so the experts' activations matter
+    "mixtral": dict(model_type="mixtral", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                    num_attention_heads=8, num_key_value_heads=4, vocab_size=8192, max_position_embeddings=1024,
+                    num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False),
+    "qwen3-moe": dict(model_type="qwen3_moe", hidden_size=256, intermediate_size=768, moe_intermediate_size=256,
+                      num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+                      vocab_size=8192, max_position_embeddings=1024, num_experts=16, num_experts_per_tok=4,
+                      norm_topk_prob=True, tie_word_embeddings=False),
 }
 
 _BASE = dict(micro_batch=2, seq_len=256, precision="bf16-mixed", optimizer="adamw")
@@ -149,6 +158,19 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("llama-v2k", dict(method="lora", grad_ckpt=True, seq_len=1024, precision="bf16")),
     ("llama-v2k", dict(method="lora", seq_len=1024)),
     ("llama-v2k", dict(method="lora", seq_len=1024, precision="bf16")),
+    # mixture of experts: precisions, LoRA (peft converts all-linear to the expert stacks and the
+    # router: ParamWrapper's merged weights), LoRA on the attention only, QLoRA (bitsandbytes leaves
+    # the 3D expert stacks unquantised, peft upcasts them to fp32), checkpointing
+    ("mixtral", dict(precision="fp32")),
+    ("mixtral", dict(precision="bf16")),
+    ("mixtral", dict(method="lora")),
+    ("mixtral", dict(method="lora", precision="bf16", lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))),
+    ("mixtral", dict(method="qlora")),
+    ("mixtral", dict(grad_ckpt=True)),
+    ("qwen3-moe", dict(precision="bf16")),
+    ("qwen3-moe", dict(method="lora")),
+    ("qwen3-moe", dict(grad_ckpt=True)),
+    ("qwen3-moe", dict(method="qlora", grad_ckpt=True)),
 ]
 
 #: the rows of the recipe settings (``--knobs`` measures only these)
@@ -309,6 +331,27 @@ CPU_NOTES = [
 
 #: Findings under the rows they explain: (arch, text in the config label or "^" + its beginning, finding).
 ROW_NOTES: list[tuple[str, str, str]] = [
+    ("qwen3-moe", "", "Mixture of experts: as the mixtral rows' note says (the same grouped_mm experts and LoRA "
+                      "conversion; Qwen3MoeTopKRouter renormalises only with norm_topk_prob, set here, and casts "
+                      "the routing weights back to the logits' dtype)."),
+    ("mixtral", "", (
+        "Mixture of experts (mixtral and qwen3-moe rows; planner/memory/moe.py): transformers 5.24 runs the experts "
+        "with grouped_mm (modeling_utils.py:1894 default; integrations/moe.py:424-535), which casts its input to the "
+        "weights' dtype (moe.py:379): under bf16-mixed the experts run in fp32 and no 16-bit copy of an expert stack "
+        "is made. Per routed slot (S = tokens x top-k) a full fine-tuning keeps w*(2H + 4I) + 24 B of indices + the "
+        "routing weight; the router keeps its input's cast, the fp32 softmax over the experts, the int64 top-k indices "
+        "and the renormalisation's operands. With the model of before (the experts' activations in the projections' "
+        "dtype, plus autocast copies of the stacks grouped_mm never makes, which partly cancelled) these rows read: "
+        "full -0.05 ... -3.2 %, LoRA all-linear -17.2 % (mixtral) and -19.1 % (qwen3-moe), QLoRA -34.4 % and "
+        "-23.9 %, LoRA on the attention -1.3 %. LoRA all-linear: peft 0.21 converts it "
+        "for Mixtral and the Qwen2-MoE pattern to target_parameters (gate_up_proj at rank 2r, down_proj, gate.weight: "
+        "utils/transformers_weight_conversion.py), whose ParamWrapper folds W + BA into a new weight by baddbmm "
+        "(tuners/lora/layer.py:2319) that grouped_mm saves: a copy of every adapted expert stack per block "
+        "(lora/expert_weights). QLoRA: bitsandbytes quantises nn.Linear only; the "
+        "3D stacks stay unquantised and prepare_model_for_kbit_training upcasts them to fp32. The qwen3-moe ckpt "
+        "row (+0.77 %): the model's backward_end holds the first block's whole recompute beside every gradient; the "
+        "experts' saved tensors (most of an MoE block's) are freed before the first block's attention and the "
+        "embedding get their gradients, so the measured peak is the optimizer step's.")),
     ("", "adamw_8bit", (
         "bitsandbytes' CPU 8-bit step allocates below the dispatcher (the custom op "
         "`bitsandbytes::optimizer_update_8bit_blockwise` runs a Python kernel the dispatch count cannot see "

@@ -45,6 +45,11 @@ class LinearSpec:
     """An ``nn.Linear`` (or ``Conv1D``) module, which peft's ``target_modules`` (``all-linear``
     included) wraps; False for a bare weight used with ``F.linear``: transformers v5's expert
     stacks and most MoE routers, which LoRA reaches only through peft's ``target_parameters``."""
+    lora_rank: int = 1
+    """The multiple of ``lora_r`` peft gives this weight's adapter: 2 for a fused gate_up expert
+    stack of the models peft converts from transformers v4's per-expert modules (peft 0.21
+    utils/transformers_weight_conversion.py ``_convert_peft_config_moe``: ``rank_pattern[gate_up_proj]
+    = r * 2``, w1 and w3 fused)."""
 
     @property
     def params(self) -> int:
@@ -53,6 +58,28 @@ class LinearSpec:
     @property
     def active_params(self) -> int:
         return self.active * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoeRouting:
+    """How an MoE block routes its tokens, as far as the tensors autograd saves depend on it
+    (``planner.memory.moe``). The experts themselves are the block's expert stacks
+    (``LinearSpec.count`` experts, ``active`` top-k)."""
+
+    renorm: bool
+    """The top-k probabilities are divided by their sum (Mixtral always:
+    ``router_top_value /= router_top_value.sum(dim=-1, keepdim=True)``, modeling_mixtral.py
+    MixtralTopKRouter.forward; Qwen3-MoE with ``norm_topk_prob``): the in-place division saves
+    the top-k values and their sum, both fp32."""
+    scores_fp32: bool
+    """The routing weights the experts multiply by stay fp32 (Mixtral); False: cast back to the
+    router logits' dtype (Qwen3-MoE: ``router_top_value.to(router_logits.dtype)``)."""
+    jitter: float = 0.0
+    """Mixtral's ``router_jitter_noise``: in training the block's input is multiplied in place by
+    a uniform noise tensor (MixtralSparseMoeBlock.forward), which the multiplication saves."""
+    aux_loss: bool = False
+    """``output_router_logits``: the causal-LM head adds the load-balancing loss over every
+    layer's router logits (``load_balancing_loss_func``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +177,9 @@ class ModelSpec:
     word_embeddings_layernorm)."""
     num_experts: int = 0
     experts_per_token: int = 0
+    routing: MoeRouting | None = None
+    """How the MoE blocks route their tokens (None: the memory model has no routing terms for
+    this architecture's router, which leaves it in ``unmodelled``)."""
     sliding_window: int | None = None
 
     other_blocks: tuple[BlockGroup, ...] = ()

@@ -254,7 +254,7 @@ def test_planner_models_table(cli):
     assert result.code == 0, result
     assert "meta-llama/Llama-2-7b-hf" in result.out and "6.74B" in result.out
     assert "46.7B" in result.out and "12.9B" in result.out  # Mixtral total / active per token
-    assert "no: mixture-of-experts" in " ".join(result.out.split())  # Qwen3-30B-A3B is not planned yet
+    assert "no: mixture-of-experts" in " ".join(result.out.split())  # Llama 4 Scout's experts are not planned yet
     assert "124M" in result.out  # gpt2
 
 

@@ -86,12 +86,10 @@ def _llama_family(c: ConfigReader, model_type: str) -> dict[str, Any]:
             raise c.error(f"num_experts_per_tok {top_k} is larger than num_local_experts {experts}")
         # transformers v5 keeps the experts as two 3D parameters of mlp.experts (MixtralExperts:
         # gate_up_proj [E, 2I, H], down_proj [E, H, I]) and the router as mlp.gate.weight [E, H]
-        # (MixtralTopKRouter): not nn.Linear modules, so peft reaches them via target_parameters.
-        linears += [
-            lin("gate", hidden, experts, False, K.ROUTER, module=False),
-            lin("gate_up_proj", hidden, 2 * inter, False, K.MLP_IN, count=experts, active=top_k, module=False),
-            lin("down_proj", inter, hidden, False, K.MLP_OUT, count=experts, active=top_k, module=False),
-        ]
+        # (MixtralTopKRouter): not nn.Linear modules, so peft reaches them via target_parameters
+        # (all-linear too: peft converts it for Mixtral, the fused gate_up at twice the rank).
+        linears += [lin("gate", hidden, experts, False, K.ROUTER, module=False),
+                    *modern.experts(hidden, inter, experts, top_k, peft_fused=True)]
     else:
         mlp_bias = c.flag("mlp_bias", False) if model_type == "llama" else False
         linears += swiglu(hidden, inter, bias=mlp_bias)
@@ -130,6 +128,7 @@ def _llama_family(c: ConfigReader, model_type: str) -> dict[str, Any]:
         hidden_act=act, gated_mlp=True, norm="rmsnorm", norm_weight_fp32=model_type in ("gemma", "gemma2"),
         position="rope", attn_dropout=c.prob("attention_dropout"), hidden_dropout=0.0,
         num_experts=experts, experts_per_token=top_k, sliding_window=sliding,
+        routing=modern.mixtral_routing(c) if model_type == "mixtral" else None,
         norm_placement="sandwich" if model_type == "gemma2" else "pre", qk_norm="head" if model_type == "qwen3" else "",
     )
 

@@ -20,15 +20,17 @@ Pure module: no torch, no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from planner.catalog.blocks import ConfigReader, K, common_fields, lin, qkvo, swiglu, untied_head
 from planner.errors import UnsupportedError
-from planner.modelspec import BlockGroup, LinearSpec
+from planner.modelspec import BlockGroup, LinearSpec, MoeRouting
 
 # ---- features the memory model does not model yet (ModelSpec.unmodelled) --------------------------
 FEATURE_MOE = "mixture-of-experts blocks"
+FEATURE_MIXED_BLOCKS = "dense and mixture-of-experts blocks in one model (mlp_only_layers, decoder_sparse_step)"
 FEATURE_MLA = "multi-head latent attention (MLA)"
 FEATURE_LINEAR_ATTN = "Gated DeltaNet linear attention"
 FEATURE_MAMBA = "Mamba2 layers"
@@ -68,11 +70,15 @@ def decoder_fields(c: ConfigReader, *, model_type: str, hidden: int, heads: int,
 
 
 def experts(hidden: int, inter: int, count: int, top_k: int, *, up: str = "gate_up_proj", gated: bool = True,
-            bias: bool = False) -> list[LinearSpec]:
+            bias: bool = False, peft_fused: bool = False) -> list[LinearSpec]:
     """The routed experts as HF stacks them: ``gate_up_proj`` (fused gate and up: 2I outputs; just
-    ``up_proj`` for a non-gated MLP) and ``down_proj``, ``count`` copies, ``top_k`` per token."""
+    ``up_proj`` for a non-gated MLP) and ``down_proj``, ``count`` copies, ``top_k`` per token.
+    ``peft_fused``: peft converts a LoRA config of this model type from transformers v4's
+    per-expert modules (its ``_MOE_TARGET_MODULE_MAPPING``: Mixtral and the Qwen2-MoE pattern, which
+    Qwen3-MoE, OLMoE, DeepSeek-V3 and Qwen3-Next follow), giving the fused gate_up twice the rank."""
+    fused = lin(up, hidden, (2 if gated else 1) * inter, bias, K.MLP_IN, count=count, active=top_k, module=False)
     return [
-        lin(up, hidden, (2 if gated else 1) * inter, bias, K.MLP_IN, count=count, active=top_k, module=False),
+        dataclasses.replace(fused, lora_rank=2) if peft_fused and gated else fused,
         lin("down_proj", inter, hidden, bias, K.MLP_OUT, count=count, active=top_k, module=False),
     ]
 
@@ -84,6 +90,22 @@ def _top_k(c: ConfigReader, experts_key: str, k_key: str, *, experts_default: in
     if top_k > count:
         raise c.error(f"{k_key} {top_k} is larger than {experts_key} {count}")
     return count, top_k
+
+
+def mixtral_routing(c: ConfigReader) -> MoeRouting:
+    """MixtralTopKRouter (modeling_mixtral.py:96-111): softmax over the experts in fp32, top-k,
+    always renormalised, the weights kept fp32; MixtralSparseMoeBlock's ``router_jitter_noise``
+    (default 0.0, configuration_mixtral.py)."""
+    return MoeRouting(renorm=True, scores_fp32=True, jitter=c.prob("router_jitter_noise"),
+                      aux_loss=c.flag("output_router_logits", False))
+
+
+def qwen3_moe_routing(c: ConfigReader) -> MoeRouting:
+    """Qwen3MoeTopKRouter (modeling_qwen3_moe.py:250-268): softmax(dtype=float) over the experts,
+    top-k, renormalised only with ``norm_topk_prob`` (default False, configuration_qwen3_moe.py:101),
+    the weights cast back to the logits' dtype."""
+    return MoeRouting(renorm=c.flag("norm_topk_prob", False), scores_fp32=False,
+                      aux_loss=c.flag("output_router_logits", False))
 
 
 def _layer_types(c: ConfigReader, layers: int, default: list[str]) -> list[str]:
@@ -182,7 +204,8 @@ def qwen3_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
     dense_only = c.layer_indices("mlp_only_layers") or set()
     bias = c.flag("attention_bias", False)
     attn = qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
-    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)] + experts(hidden, moe_inter, count, top_k))
+    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)]
+                + experts(hidden, moe_inter, count, top_k, peft_fused=True))
     dense = tuple(attn + swiglu(hidden, inter))
     norms = 2 * hidden + 2 * head_dim
     blocks = [("moe", moe, norms) if i not in dense_only and (i + 1) % step == 0 else ("dense", dense, norms)
@@ -191,7 +214,8 @@ def qwen3_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
         c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=moe_inter,
         vocab=vocab, blocks=blocks, tied=c.flag("tie_word_embeddings", False),
         max_pos=c.size("max_position_embeddings", default=32768), act=c.text("hidden_act", default="silu"),
-        final_norm=hidden, num_experts=count, experts_per_token=top_k, unmodelled=(FEATURE_MOE,), qk_norm="head",
+        final_norm=hidden, num_experts=count, experts_per_token=top_k, qk_norm="head", routing=qwen3_moe_routing(c),
+        unmodelled=(FEATURE_MIXED_BLOCKS,) if any(label == "dense" for label, _, _ in blocks) else (),
     )
 
 

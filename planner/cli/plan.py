@@ -100,7 +100,10 @@ def _print_estimate(out, data: dict[str, Any], estimate, *, encoder: bool = Fals
 
     notes = "".join(f" ({what} {m[key]})" for key, what in (("architecture_of", "architecture of"),
                                                             ("language_model_of", "language model of the wrapper")) if key in m)
-    out.print(f"{m['id']}{notes}: {format_params(m['params'])} parameters, {format_params(m['trainable_params'])} trainable")
+    active = m.get("active_params", m["params"])  # MoE: what each token passes through
+    per_token = f" ({format_params(active)} active per token)" if active != m["params"] else ""
+    out.print(f"{m['id']}{notes}: {format_params(m['params'])} parameters{per_token}, "
+              f"{format_params(m['trainable_params'])} trainable")
     out.print(f"config: {cfg['method']}, {cfg['precision']}, {cfg['optimizer']}, micro-batch {cfg['micro_batch']} x accum {cfg['grad_accum']}"
               f" x {cfg['gpus']} GPU, seq {cfg['seq_len']}, ckpt {'on' if cfg['grad_ckpt'] else 'off'}, {decode(cfg).words()}")
     recipe = _recipe_line(cfg, encoder=encoder)

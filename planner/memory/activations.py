@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from planner.config import Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
+from planner.memory import moe
 from planner.memory.attention import attention_terms, padding_mask
 from planner.memory.dtypes import ADAPTER_BYTES, FP32, HALF, INT64, DtypeMode, mode_of
 from planner.memory.parameters import lora_targets
@@ -80,6 +81,8 @@ TERM_SOURCES = {
     "loss/fused_grad_input": "fused linear cross-entropy: the gradient of the head's input, computed in the forward "
                              "and saved for backward (Liger ops/fused_linear_cross_entropy.py: grad_input = "
                              "torch.zeros_like(_input), ctx.save_for_backward(grad_input, ...))",
+    "moe/aux_loss": "output_router_logits: load_balancing_loss_func's fp32 softmax over every MoE layer's router logits",
+    **moe.TERM_SOURCES,
 }
 
 
@@ -235,9 +238,10 @@ def _weight_casts(ctx: BlockContext) -> dict[str, int]:
         return out
     all_inputs = ctx.block_input_needs_grad
     if ctx.config.method is not Method.QLORA:
+        # not the expert stacks: grouped_mm is not autocast-enabled (moe.is_expert_stack)
         out["autocast/weight_casts"] = 2 * sum([
             lin.count * lin.in_features * lin.out_features for lin in ctx.model.layer_linears
-            if ctx.full or all_inputs or lin.kind is not LinearKind.ATTN_IN
+            if (ctx.full or all_inputs or lin.kind is not LinearKind.ATTN_IN) and not moe.is_expert_stack(lin)
         ])
     if ctx.targets:
         r = ctx.config.lora_r or 0
@@ -255,8 +259,13 @@ def block_terms(ctx: BlockContext) -> dict[str, int]:
     if ctx.model.qk_norm:
         out["attention/qk_norms"] = _qk_norms(ctx)
     out.update(attention_terms(ctx))
-    out["mlp/input"] = _inputs(ctx, LinearKind.MLP_IN)
-    out["mlp/intermediate"] = _mlp_intermediate(ctx)
+    if moe.is_moe_block(ctx.model):
+        out.update(moe.moe_block_terms(
+            ctx, act_saved=ACTIVATION_SAVED.get(ctx.model.hidden_act, ACTIVATION_SAVED_DEFAULT),
+            keeps_output=ctx.model.hidden_act in ACTIVATION_SAVES_OUTPUT))
+    else:
+        out["mlp/input"] = _inputs(ctx, LinearKind.MLP_IN)
+        out["mlp/intermediate"] = _mlp_intermediate(ctx)
     if ctx.model.hidden_dropout > 0:
         # dropout on the attention and MLP outputs keeps only its mask (the residual add that
         # reads the output saves nothing), in the projections' output dtype
@@ -311,6 +320,10 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
     if mode.autocast:
         out["autocast/weight_casts"] = model.vocab_size * h * HALF
     out["loss/log_softmax"] = e * dims.v * FP32 + e * INT64
+    router_logits = HALF if mode.autocast else mode.compute  # F.linear's output
+    softmax_out = FP32 if mode.autocast and kernels.autocast_softmax_fp32 else router_logits
+    if aux := moe.aux_loss_bytes(model, e, softmax_out):
+        out["moe/aux_loss"] = aux
     return out
 
 
@@ -469,6 +482,11 @@ def _down_saved(ctx: BlockContext) -> int:
     down = ctx.of_kind(LinearKind.MLP_OUT)
     targeted = ctx.adapted_of(LinearKind.MLP_OUT)
     keeps_output = not model.gated_mlp and model.hidden_act in ACTIVATION_SAVES_OUTPUT
+    if moe.is_moe_block(model):
+        # the down grouped_mm saves the product when the stacks train; no casts of the stacks
+        casts = sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down
+                     if not moe.is_expert_stack(lin)]) if mode.autocast and ctx.full else 0
+        return moe.product_bytes(ctx) + casts
     inter = ctx.dims.tokens * ctx.dims.i * mode.compute
     total = 0
     if (ctx.full or (targeted and (ctx.adapter_saves_shared_input or bool(mode.adapter_input)))) and not keeps_output:
@@ -520,12 +538,22 @@ def block_backward_terms(model: ModelSpec, config: TrainConfig, kernels: KernelP
     return _block_backward_at(ctx, saved, _down_saved(ctx))
 
 
+def _mlp_split(ctx: BlockContext) -> tuple[int, int]:
+    """(how many parts the MLP's backward runs in, the bytes of its intermediate elements): one
+    part in the projections' dtype for a dense MLP; for an MoE block run by grouped_mm
+    (``moe``) one part over all S = T·k slots in the expert weights' dtype; for one whose router
+    the model does not know, one expert's share at a time (the per-expert loop)."""
+    if moe.is_moe_block(ctx.model):
+        return 1, moe.expert_bytes_per_element(ctx)
+    return max(ctx.model.num_experts, 1), ctx.mode.compute
+
+
 def _block_backward_at(ctx: BlockContext, saved: int, down: int) -> dict[str, int]:
     """``block_backward_terms`` of the last block's context, given what the block saves
     (``block_terms``' sum; read under checkpointing only) and ``_down_saved`` of it."""
     model, dims, mode, e = ctx.model, ctx.dims, ctx.mode, ctx.dims.tokens
-    experts = max(model.num_experts, 1)
-    grads = (3 if model.gated_mlp else 2) * e * dims.i * mode.compute // experts
+    experts, inter_bytes = _mlp_split(ctx)
+    grads = (3 if model.gated_mlp else 2) * e * dims.i * inter_bytes // experts
     released = down // experts
     g_out = e * dims.h * mode.residual
     if not ctx.config.grad_ckpt:
@@ -586,7 +614,7 @@ def _recompute_stops(ctx: BlockContext, down_saved: int) -> list[tuple[int, int]
 
     ``down_saved``: ``_down_saved(ctx)``."""
     model, mode, e, h = ctx.model, ctx.mode, ctx.dims.tokens, ctx.dims.h
-    experts = max(model.num_experts, 1)
+    experts, _ = _mlp_split(ctx)
     inter = e * ctx.dims.i // experts
     outer = 0 if _read_as_is(ctx, LinearKind.MLP_IN, mode.residual) else e * h * mode.residual
     if model.norm == "rmsnorm" and mode.residual != FP32 and not model.parallel_block:

@@ -57,7 +57,7 @@ def lora_params(model: ModelSpec, config: TrainConfig) -> int:
     if not config.method.uses_adapters:
         return 0
     r = config.lora_r or 0
-    return sum(n * sum(lin.count * r * (lin.in_features + lin.out_features) for lin in linears)
+    return sum(n * sum(lin.count * r * lin.lora_rank * (lin.in_features + lin.out_features) for lin in linears)
                for n, linears in stack_targets(model, config.lora_targets))
 
 
@@ -76,7 +76,11 @@ def param_tensor_sizes(model: ModelSpec, config: TrainConfig) -> tuple[int, ...]
         for n, linears in stack_targets(model, config.lora_targets):
             one: list[int] = []
             for lin in linears:
-                one += [r * lin.in_features, r * lin.out_features] * lin.count
+                if lin.module:
+                    one += [r * lin.in_features, r * lin.out_features] * lin.count
+                else:  # peft's ParamWrapper: one lora_A (r x experts, in) and one lora_B (out, r x experts)
+                    rank = r * lin.lora_rank * lin.count
+                    one += [rank * lin.in_features, rank * lin.out_features]
             sizes += one * n
         return tuple(sizes)
     sizes = [model.embedding_params]
@@ -112,8 +116,11 @@ def _block_tensor_sizes(linears: tuple[LinearSpec, ...], norm: int, hidden: int)
 
 
 def quantized_linear_params(model: ModelSpec) -> int:
-    """bitsandbytes quantises every nn.Linear but the output head (get_keys_to_not_convert)."""
-    return model.block_linear_params
+    """bitsandbytes quantises every nn.Linear but the output head (get_keys_to_not_convert); not the
+    bare weights (``LinearSpec.module`` False: transformers v5's 3D expert stacks and MoE routers,
+    which its bnb integration, integrations/bitsandbytes.py, leaves in the load dtype and
+    prepare_model_for_kbit_training then upcasts to fp32 like every other non-4-bit parameter)."""
+    return sum(n * sum(lin.params for lin in linears if lin.module) for n, linears in model.all_blocks)
 
 
 @dataclass(frozen=True)

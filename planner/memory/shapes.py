@@ -89,7 +89,10 @@ class BlockContext:
         full = config.method is Method.FULL
         lora_dropout = not full and config.lora_dropout > 0
         by_kind: dict[LinearKind, tuple[LinearSpec, ...]] = {}
-        adapted = tuple([lin for lin in self.model.layer_linears if lin.name in targets]) if targets else ()
+        # bare weights (expert stacks, routers) take peft's ParamWrapper, which merges its adapter into
+        # the weight instead of adapting the activations: planner.memory.moe counts them
+        adapted = tuple([lin for lin in self.model.layer_linears if lin.name in targets and lin.module]) \
+            if targets else ()
         for lin in adapted:
             by_kind[lin.kind] = by_kind.get(lin.kind, ()) + (lin,)
         derived = {

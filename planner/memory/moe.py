@@ -1,0 +1,258 @@
+"""The mixture-of-experts block: what its router and its routed experts keep for backward, term by
+term, as transformers 5.24 runs them (``transformers/integrations/moe.py``, the
+``@use_experts_implementation`` classes of ``models/mixtral/modeling_mixtral.py``,
+``models/qwen3_moe/modeling_qwen3_moe.py``).
+
+**Which kernel.** Every expert class decorated ``@use_experts_implementation`` (MixtralExperts
+modeling_mixtral.py:56, Qwen3MoeExperts modeling_qwen3_moe.py:210, and the OLMoE, Qwen2-MoE,
+DeepSeek-V3, Qwen3-Next, Qwen3.5-MoE, GPT-OSS, Nemotron-H ones) runs ``config._experts_implementation``,
+which is ``grouped_mm`` unless asked otherwise (modeling_utils.py:1894
+``get_correct_experts_implementation``: ``"grouped_mm" if requested_experts is None``), the
+per-expert Python loop only with ``experts_implementation="eager"``. ``grouped_mm_experts_forward``
+(integrations/moe.py:424-535) works on the S = T·k routed slots at once (T tokens, k experts per
+token), sorted by expert; on the CPU with torch >= 2.11 and on CUDA sm80+ it calls
+``torch.nn.functional.grouped_mm`` (moe.py:302-352, :379), else a custom op whose autograd saves the
+same input and weight (moe.py:230-233).
+
+**Dtype.** ``grouped_mm`` is not autocast-enabled: the input is cast to the weights' dtype
+(moe.py:374-379 ``input.to(weight.dtype)``), so the experts compute in the stored weights' dtype:
+fp32 under HF mixed precision (fp32 weights), and no 16-bit copies of the expert stacks are made.
+
+**Routing.** With grouped kernels every slot is computed once whichever expert it goes to, so the
+saved bytes depend on T·k alone: the balanced-routing assumption changes nothing here (it would for
+the eager loop's per-expert temporaries, which the planner does not model: it assumes grouped_mm,
+HF's default).
+
+Measured (saved_tensors_hooks / the autograd graph's ``_saved_*``, tiny Mixtral, bf16-mixed, T=64,
+k=2, H=64, I=96, E=4): router 8,192 + 1,024 + 1,024 + 512 + 256 B and experts 128 x (4 x (2 x 64 +
+4 x 96) + 28) + 16 = 265,744 B, as ``router_bytes`` and ``expert_bytes`` give.
+
+Pure module: no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+from planner.memory.dtypes import FP32, HALF, INT64
+from planner.memory.shapes import BlockContext
+from planner.modelspec import LinearKind, LinearSpec, ModelSpec
+
+#: int32 ``offsets`` of grouped_mm, one per expert, saved by its backward (moe.py:450, GroupedMmBackward0 ``offs``)
+OFFSET_BYTES = 4
+
+TERM_SOURCES = {
+    "moe/router": "the router (MixtralTopKRouter / Qwen3MoeTopKRouter.forward): F.linear's input (a 16-bit cast under "
+                  "autocast), the fp32 softmax over the experts, topk's int64 indices, the top-k renormalisation's "
+                  "operands, router_jitter_noise's noise",
+    "moe/experts": "grouped_mm_experts_forward (transformers/integrations/moe.py:424-535), per routed slot: the "
+                   "gather, routing-weight and un-permute indices (int64), the up grouped_mm's input, its output "
+                   "(kept whole by the gate's view), act(gate), the down grouped_mm's input, the down output and the "
+                   "routing weight the weighting multiplies; in the weights' dtype (grouped_mm casts its input to it)",
+    "lora/expert_weights": "LoRA on expert stacks and the router (peft ParamWrapper): the merged weight W + BA the "
+                           "kernel saves, the factors' casts (moe.adapted_weight_bytes)",
+}
+
+
+def is_expert_stack(lin: LinearSpec) -> bool:
+    """A routed-experts weight stack (a 3D parameter, ``count`` experts), which runs in grouped_mm:
+    no autocast copy of it, and no nn.Linear for peft's ``all-linear``."""
+    return lin.count > 1 and not lin.module
+
+
+def expert_stacks(model: ModelSpec) -> tuple[LinearSpec, ...]:
+    return tuple(lin for lin in model.layer_linears if is_expert_stack(lin))
+
+
+def is_moe_block(model: ModelSpec) -> bool:
+    """Block 0 routes its tokens through expert stacks whose router the memory model knows."""
+    return model.routing is not None and bool(expert_stacks(model))
+
+
+def expert_dims(model: ModelSpec) -> tuple[int, int, bool]:
+    """(expert intermediate size I, top-k, gated) of block 0's expert stacks."""
+    down = next(lin for lin in expert_stacks(model) if lin.kind is LinearKind.MLP_OUT)
+    up = next(lin for lin in expert_stacks(model) if lin.kind is LinearKind.MLP_IN)
+    return down.in_features, down.active, up.out_features == 2 * down.in_features
+
+
+def slots(ctx: BlockContext) -> int:
+    """S = T·k routed (token, expert) pairs."""
+    return ctx.dims.tokens * ctx.model.experts_per_token
+
+
+def expert_bytes_per_element(ctx: BlockContext) -> int:
+    """The experts' compute dtype: the stored weights' (grouped_mm casts its input to it)."""
+    return ctx.mode.weight
+
+
+def adapted_weights(ctx: BlockContext) -> tuple[LinearSpec, ...]:
+    """The block's bare weights LoRA adapts (expert stacks, the router's ``gate.weight``): peft's
+    ParamWrapper, through ``target_parameters`` (all-linear reaches them where peft converts the
+    model type's v4 names: ``LinearSpec.lora_rank``)."""
+    if not ctx.targets:
+        return ()
+    return tuple(lin for lin in ctx.model.layer_linears if not lin.module and lin.name in ctx.targets)
+
+
+def _trains(ctx: BlockContext, kind: LinearKind) -> bool:
+    """The block's weights of ``kind`` (expert stacks: MLP_IN, MLP_OUT; the router) get a gradient:
+    full fine-tuning, or a ParamWrapper adapter on them (W + BA needs one)."""
+    return ctx.full or any(lin.kind is kind for lin in adapted_weights(ctx))
+
+
+def _moe_input_needs_grad(ctx: BlockContext) -> bool:
+    router = [lin for lin in ctx.model.layer_linears if lin.kind is LinearKind.ROUTER]
+    return ctx.input_needs_grad(router[0]) if router else ctx.block_input_needs_grad
+
+
+def _scores_need_grad(ctx: BlockContext) -> bool:
+    """The routing weights need a gradient when the router trains or its input needs one."""
+    return _trains(ctx, LinearKind.ROUTER) or _moe_input_needs_grad(ctx)
+
+
+def router_bytes(ctx: BlockContext) -> int:
+    """What the router keeps (MixtralTopKRouter.forward, modeling_mixtral.py:104-111;
+    Qwen3MoeTopKRouter.forward, modeling_qwen3_moe.py:259-268):
+
+    * ``F.linear(hidden_states, self.weight)`` saves its input when the router's weight trains:
+      autocast's 16-bit cast of it, else the normed tensor itself (nothing else in the block saves
+      that tensor: the experts gather from it and save only the indices); its weight cast is an
+      autocast weight copy (``activations._weight_casts``);
+    * ``softmax(router_logits.float())`` / ``softmax(..., dtype=torch.float)`` saves its fp32
+      output, T x E;
+    * ``torch.topk`` saves its int64 indices, T x k;
+    * the renormalisation ``router_top_value /= router_top_value.sum(-1, keepdim=True)`` saves the
+      fp32 top-k values and their sum (DivBackward0 ``self``, ``other``);
+    * ``router_jitter_noise`` > 0 (Mixtral, training): ``hidden_states *= torch.empty_like(
+      hidden_states).uniform_(...)`` saves the noise, in the normed tensor's dtype (the residual's).
+    """
+    model, mode, t, h = ctx.model, ctx.mode, ctx.dims.tokens, ctx.dims.h
+    routing, k, e = model.routing, model.experts_per_token, model.num_experts
+    assert routing is not None
+    total = 0
+    if _trains(ctx, LinearKind.ROUTER):
+        total += t * h * (HALF if mode.autocast else mode.compute)
+    if _scores_need_grad(ctx):
+        total += t * e * FP32 + t * k * INT64
+        if routing.renorm:
+            total += t * k * FP32 + t * FP32
+    if routing.jitter > 0 and _moe_input_needs_grad(ctx):
+        total += t * h * mode.residual
+    return total
+
+
+def _score_bytes(ctx: BlockContext) -> int:
+    """The routing weights' dtype: fp32, or the router logits' (16-bit under autocast, else the
+    weights' dtype: F.linear's output)."""
+    if ctx.model.routing is not None and ctx.model.routing.scores_fp32:
+        return FP32
+    return HALF if ctx.mode.autocast else ctx.mode.compute
+
+
+def expert_bytes(ctx: BlockContext, *, act_saved: int, keeps_output: bool) -> int:
+    """What ``grouped_mm_experts_forward`` keeps (integrations/moe.py), per routed slot, w bytes
+    an element (``expert_bytes_per_element``):
+
+    * ``hidden_states[perm // num_top_k]`` (:441): IndexBackward0 saves the int64 indices when the
+      input needs a gradient; ``sample_weights[perm]`` (:442) saves ``perm`` when the routing
+      weights do; ``weighted_out[inv_perm]`` (:528) saves ``inv_perm``: 8 B each;
+    * the up ``grouped_mm`` (:489, :379) saves its input, H·w, when the stacks train (and the
+      ``offsets``, E int32, whenever it saves anything);
+    * its output, 2I·w: the gate's activation saves ``gate``, a view of it (``_default_apply_gate``
+      :566 ``gate_up_out.chunk(2)``), and the product saves ``up``, another view, so all of it
+      stays; a non-gated expert's activation saves its input, I·w;
+    * ``act(gate) * up`` saves act's output, I·w (more for activations that save more than their
+      input: ``ACTIVATION_SAVED``);
+    * the down ``grouped_mm`` (:510) saves its input, the product, I·w, when the stacks train;
+    * ``proj_out * sample_weights_g.unsqueeze(-1)`` (:523) saves the down output, H·w, when the
+      routing weights need a gradient, and the routing weight (fp32 or the logits' dtype) when the
+      output does.
+
+    Full fine-tuning: S·(w·(2H + 4I) + 24 + score bytes) + 4E. With frozen experts (LoRA) grouped_mm
+    saves only its (parameter) weight and the offsets: S·(w·(H + 3I) + 24 + score bytes) + 4E.
+
+    ``act_saved``: the intermediate-sized tensors the activation saves (``activations.ACTIVATION_SAVED``);
+    ``keeps_output``: its backward reads its own output (``activations.ACTIVATION_SAVES_OUTPUT``)."""
+    model, s, h = ctx.model, slots(ctx), ctx.dims.h
+    inter, _, gated = expert_dims(model)
+    w = expert_bytes_per_element(ctx)
+    needs_grad = _moe_input_needs_grad(ctx)
+    scores = _scores_need_grad(ctx)
+    up_trains, down_trains = _trains(ctx, LinearKind.MLP_IN), _trains(ctx, LinearKind.MLP_OUT)
+    if not (up_trains or down_trains or needs_grad or scores):
+        return 0
+    per_slot = 0
+    if needs_grad:
+        per_slot += INT64  # the gather's indices
+    if scores:
+        per_slot += INT64 + h * w  # sample_weights[perm]'s indices, the down output for the weights' gradient
+    per_slot += INT64 + _score_bytes(ctx)  # weighted_out[inv_perm]'s indices, the routing weight
+    if gated:
+        per_slot += 2 * inter * w + max(act_saved - 1, 0) * inter * w + inter * w
+    else:
+        per_slot += act_saved * inter * w + (inter * w if keeps_output and not down_trains else 0)
+    per_slot += (h * w if up_trains else 0) + (inter * w if down_trains else 0)  # the grouped_mm inputs
+    # the offsets, whenever grouped_mm saves anything (its weight, for the input's gradient, too)
+    offsets = model.num_experts * OFFSET_BYTES if up_trains or down_trains or needs_grad else 0
+    return s * per_slot + offsets
+
+
+def adapted_weight_bytes(ctx: BlockContext) -> int:
+    """What peft's ParamWrapper adds for the adapted bare weights (peft 0.21 tuners/lora/layer.py):
+
+    * an expert stack: ``_LoraFactorsProxy.forward`` (:2319-2323) folds the adapter into a new
+      weight, ``torch.baddbmm(W, lhs, rhs, alpha=scaling)`` with autocast off, in W's dtype, which
+      grouped_mm saves for its input's gradient: count x in x out x w; the factors are cast to W's
+      dtype first (``get_delta_factors`` :2542 ``lhs.to(param.dtype)``), new tensors that baddbmm
+      saves when W is 16-bit: rank x count x (in + out) x w;
+    * the router's ``gate.weight`` (one "expert": ``Linear.get_delta_weight``): ``W + B @ A``,
+      which F.linear saves outside autocast (E x H in the weights' dtype; under autocast its
+      16-bit cast, an autocast weight copy); under autocast ``B @ A`` saves 16-bit casts of A and B.
+
+    Measured on a tiny Mixtral (tests/test_moe.py)."""
+    mode, r = ctx.mode, ctx.config.lora_r or 0
+    total = 0
+    for lin in adapted_weights(ctx):
+        weight = lin.count * lin.in_features * lin.out_features
+        if is_expert_stack(lin):
+            total += weight * mode.weight
+            if mode.weight != FP32:
+                total += r * lin.lora_rank * lin.count * (lin.in_features + lin.out_features) * mode.weight
+        elif mode.autocast:
+            total += HALF * r * lin.lora_rank * (lin.in_features + lin.out_features)
+        else:
+            total += weight * mode.weight
+    return total
+
+
+def product_bytes(ctx: BlockContext) -> int:
+    """The down grouped_mm's input, act(gate) * up, over all slots: what the down projection saves
+    when the down stack trains (released once its backward ran); else 0."""
+    if not _trains(ctx, LinearKind.MLP_OUT):
+        return 0
+    inter, _, _ = expert_dims(ctx.model)
+    return slots(ctx) * inter * expert_bytes_per_element(ctx)
+
+
+def moe_block_terms(ctx: BlockContext, *, act_saved: int, keeps_output: bool) -> dict[str, int]:
+    """The MoE block's saved bytes by term (``TERM_SOURCES``); ``act_saved``, ``keeps_output``: as
+    ``expert_bytes``."""
+    out = {"moe/router": router_bytes(ctx),
+           "moe/experts": expert_bytes(ctx, act_saved=act_saved, keeps_output=keeps_output)}
+    if adapted := adapted_weight_bytes(ctx):
+        out["lora/expert_weights"] = adapted
+    return out
+
+
+def aux_loss_bytes(model: ModelSpec, tokens: int, logits_bytes: int) -> int:
+    """``output_router_logits``: ``load_balancing_loss_func`` (modeling_mixtral.py:475-540) takes, per
+    MoE layer, ``softmax(layer_gate, dim=-1)`` of the router logits the forward recorded, whose
+    backward keeps its output: layers x T x E in the softmax's output dtype ``logits_bytes`` (the
+    logits' dtype, fp32 where autocast runs softmax in fp32: CUDA's); the ``.float().sum(0)`` and
+    the histogram after it save nothing of that size."""
+    if model.routing is None or not model.routing.aux_loss:
+        return 0
+    return model.num_layers * tokens * model.num_experts * logits_bytes
+
+
+__all__ = ["TERM_SOURCES", "adapted_weight_bytes", "adapted_weights", "aux_loss_bytes", "expert_bytes", "expert_dims", "expert_stacks", "is_expert_stack",
+           "is_moe_block", "moe_block_terms", "product_bytes", "router_bytes", "slots"]
