@@ -11,7 +11,16 @@ block under checkpointing, the embeddings' gradients, a tied embedding's two par
 gradients), and the optimizer step
 (ZeRO's flattened gradients, the step's temporaries). With gradient accumulation the first
 micro-step is drawn, then the last one, in which the earlier micro-steps' gradients exist; the
-ones between repeat the last.
+ones between repeat the last. A torch optimizer makes its states in the run's first
+``optimizer.step()`` (lazy state initialization): that first step comes before, unmarked
+(``_first_step``), so the allocator replay sees the states carved from the cache the first
+step's activations left, as a real run does.
+
+Each event says which tensors its bytes are (``Event.tensors``, ``Grains``): the loss path's
+logits-sized tensors, gradients and the foreach optimizer's temporaries of their parameters'
+shapes, the MLP's intermediate-sized tensors, and otherwise equal pieces of one hidden state;
+the allocator replay (``planner.memory.allocator``) places each as PyTorch's caching allocator
+would.
 
 The moments of ``planner.memory.step.MOMENTS`` are marks on this timeline: at each, the moment's
 transient parts are allocated, the mark made, and they are freed (``_instant``); what the walk
