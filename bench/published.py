@@ -17,6 +17,12 @@ the row gives samples/s or tokens/s), and scored on the metric it measured:
 No per-source or per-model factor is applied: the report names, row by row, the physical terms
 (with their sources, from the data file's ``terms``) that the model does not carry.
 
+Two checks of the allocator's reserve (issue 25 item 4): the rows that measured it
+(max_memory_reserved, nvidia-smi's used memory) with the predicted reserve over the allocated
+peak beside each, and the plans that ran but the planner calls "does not fit" (each row is a
+run that ran; ``verdict`` judges it as ``planner estimate`` and ``suggest`` do, the allocator
+replayed on the usable memory), with what refuses each (``refused_by``).
+
     python bench/published.py [--rows PATH] [--out PATH] [--quiet]
 
 Writes ``bench/results/accuracy-gpu-published.md`` and prints the summary. Offline, ~1 s.
@@ -118,7 +124,7 @@ def score_row(row: dict[str, Any], sources: dict[str, Any] | None = None) -> dic
     from planner.memory import estimate_memory
     from planner.throughput import estimate_throughput
 
-    out: dict[str, Any] = {"id": row["id"], "source": row["source"], "measured": measured_bytes(row),
+    out: dict[str, Any] = {"id": row["id"], "source": row["source"], "measured": measured_bytes(row), "metric": row["metric"],
                            "guessed": list(row.get("guessed", [])), "terms": list(row.get("terms", []))}
     out["note"] = row.get("note", "")
     try:
@@ -132,7 +138,8 @@ def score_row(row: dict[str, Any], sources: dict[str, Any] | None = None) -> dic
     out.update(status="scored", model_type=spec.model_type, config=config, predicted=predicted,
                error=(predicted - out["measured"]) / out["measured"], unmodelled=unmodelled,
                peak_phase=estimate.peak_phase, context_bytes=int(gpu.cuda_context_bytes),
-               default_context_bytes=default_context)
+               default_context_bytes=default_context, predicted_allocated=estimate.peak_allocated_bytes,
+               **verdict(spec, config, gpu, estimate))
     moment = block_moment(spec, config, gpu)
     if moment is not None and row["metric"] == "max_memory_allocated":
         out.update(block_moment=moment[0], without_moment=moment[1],
@@ -143,6 +150,47 @@ def score_row(row: dict[str, Any], sources: dict[str, Any] | None = None) -> dic
         out.update(tokens_measured=tokens, tokens_predicted=speed.tokens_per_s,
                    tokens_error=(speed.tokens_per_s - tokens) / tokens)
     return out
+
+
+def verdict(spec: Any, config: Any, gpu: Any, estimate: Any) -> dict[str, Any]:
+    """What the planner says of the row's plan, as ``planner estimate`` and ``suggest`` say it:
+    ``fits`` when its process total, the allocator replayed on the usable memory (the device less
+    planner.search.safety_margin), is within it. Every row ran, so ``fits`` False is a plan that
+    ran called "does not fit"; ``states_over`` says whether the allocated peak alone (with the
+    CUDA context) is past the usable memory, where no reserve could make it fit. Also the
+    predicted reserve over the allocated peak (``reserve_over``)."""
+    from planner.memory import estimate_memory
+    from planner.search import safety_margin
+
+    usable = gpu.memory_bytes - safety_margin(gpu.memory_bytes)
+    total = estimate.process_total_bytes
+    if total > usable:  # (within the budget the replay never reached it: the same estimate)
+        total = estimate_memory(model=spec, config=config, gpu=gpu, budget=usable).process_total_bytes
+    allocated = estimate.peak_allocated_bytes
+    return {"usable": usable, "fits": total <= usable, "budget_total": total,
+            "states_over": allocated + int(gpu.cuda_context_bytes) > usable,
+            "reserve_over": estimate.peak_reserved_bytes / allocated - 1 if allocated else 0.0}
+
+
+def refused(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scored rows (every one a run that ran) the planner calls "does not fit"."""
+    return [r for r in results if r["status"] == "scored" and not r["fits"]]
+
+
+def refused_by(r: dict[str, Any]) -> str:
+    """What makes a refused row's plan too large: its allocated peak alone past the usable memory;
+    else an allocated peak predicted over what the run measured (more than 5% over its
+    max_memory_allocated, or over the reserve it measured); else the reserve."""
+    if r["states_over"]:
+        return "the allocated peak"
+    bound = r["measured"] * (1 + TARGET_MEDIAN) if r["metric"] == "max_memory_allocated" else r["measured"]
+    return "the allocated peak's over-prediction" if r["predicted_allocated"] > bound else "the reserve"
+
+
+def reserve_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scored rows that measured the reserve: max_memory_reserved, or nvidia-smi's used memory
+    (the reserve, the CUDA context and what is outside the allocator)."""
+    return [r for r in results if r["status"] == "scored" and r["metric"] in ("max_memory_reserved", "nvml_used")]
 
 
 def score_all(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -351,6 +399,41 @@ def _context_lines(results: list[dict[str, Any]], data: dict[str, Any]) -> list[
     return lines
 
 
+def _reserve_lines(results: list[dict[str, Any]]) -> list[str]:
+    """The rows that measured the reserve, the predicted reserve over the allocated peak beside
+    each (PyTorch's caching allocator replayed on the step, planner/memory/allocator.py)."""
+    rows = reserve_rows(results)
+    lines = []
+    for name, group in (("fully stated", [r for r in rows if not r["guessed"]]), ("all", rows)):
+        if group:
+            errs = [abs(r["error"]) for r in group]
+            lines.append(f"- {name}: {len(group)} rows, median absolute error {statistics.median(errs) * 100:.1f}%, "
+                         f"max {max(errs) * 100:.1f}%")
+    lines += ["", "| row | counter | measured GiB | predicted GiB | signed error | predicted reserve over allocated | guessed |",
+              "|---|---|---:|---:|---:|---:|---|"]
+    lines += [f"| {r['id']} | {r['metric']} | {_gib(r['measured'])} | {_gib(r['predicted'])} | {_pct(r['error'])} | "
+              f"{_pct(r['reserve_over'])} | {', '.join(r['guessed']) or '-'} |" for r in rows]
+    return lines
+
+
+def _refused_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Every row (a run that ran) the planner calls "does not fit", and whether its allocated
+    peak alone is past the usable memory (a memory term's error, not the reserve's)."""
+    rows = refused(results)
+    scored = [r for r in results if r["status"] == "scored"]
+    reserve = [r for r in rows if refused_by(r) == "the reserve"]
+    lines = [f"{len(rows)} of {len(scored)} scored rows (every one a run that ran) are called \"does not fit\"; "
+             f"{len(reserve)} of them by the reserve (an allocated peak within the usable memory and not over what the "
+             "run measured); the others by an allocated peak past the usable memory or predicted over the measured one."]
+    if rows:
+        lines += ["", "| row | usable GiB | predicted allocated + context GiB | process total on the usable memory GiB | refused by | guessed |",
+                  "|---|---:|---:|---:|---|---|"]
+        lines += [f"| {r['id']} | {_gib(r['usable'])} | {_gib(r['predicted_allocated'] + r['context_bytes'])} | "
+                  f"{_gib(r['budget_total'])} | {refused_by(r)} | "
+                  f"{', '.join(r['guessed']) or '-'} |" for r in rows]
+    return lines
+
+
 def _metric(data: dict[str, Any], row_id: str) -> str:
     return next(row["metric"] for row in data["rows"] if row["id"] == row_id)
 
@@ -445,6 +528,12 @@ def markdown(results: list[dict[str, Any]], data: dict[str, Any]) -> str:
         "Where a row's settings are guessed (`guessed`), its error is that of the guess as much as the model's.", "",
         *_note_lines(results), "",
         "## The checkpointed block's backward", "", *_block_moment_lines(results), "",
+        "## The allocator's reserve", "",
+        "Rows that measured the reserve (max_memory_reserved, or nvidia-smi's used memory: the reserve plus the CUDA "
+        "context). The reserve is PyTorch's caching allocator replayed on the step's allocations, each tensor of the "
+        "size it has (planner/memory/timeline.py Grains), the optimizer's states made at the first step.", "",
+        *_reserve_lines(results), "",
+        "## Plans that ran, called \"does not fit\"", "", *_refused_lines(results), "",
         "## A source's own CUDA context", "", *(_context_lines(results, data) or ["No source measures its context."]), "",
         "## Terms not in the model", "", *_terms_lines(data), "",
     ]
@@ -459,6 +548,14 @@ def _print_summary(results: list[dict[str, Any]]) -> None:
                   f"worst under {s['worst_under'][0]} {_pct(s['worst_under'][1])}")
     for line in _target_lines(results):
         print(line)
+    for name, rows in (("reserve rows", reserve_rows(results)),
+                       ("reserve rows, stated", [r for r in reserve_rows(results) if not r["guessed"]])):
+        if rows:
+            errs = [abs(r["error"]) for r in rows]
+            print(f"{name:24s} n={len(rows):3d}  median |err| {statistics.median(errs) * 100:5.1f}%  max {max(errs) * 100:5.1f}%")
+    no = refused(results)
+    print(f'ran but "does not fit": {len(no)} ({sum(refused_by(r) == "the reserve" for r in no)} by the reserve, '
+          f'the rest by the allocated peak)')
     speed = [abs(r["tokens_error"]) for r in results if r.get("tokens_error") is not None]
     if speed:
         print(f"throughput (uncalibrated)  n={len(speed):3d}  median |err| {statistics.median(speed) * 100:5.1f}%  "

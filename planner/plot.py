@@ -60,7 +60,7 @@ def step_curves(timeline, *, reserved: Sequence[int] | None = None) -> StepCurve
         reserved=list(reserved) if reserved is not None else None,
         marks={name: index / max(n, 1) for name, index in timeline.marks.items()},
         peak_index=timeline.marks[timeline.peak_phase],
-        step_start=sum(ev.where == "model states" for ev in timeline.events) / max(n, 1),
+        step_start=timeline.start / max(n, 1),
     )
 
 

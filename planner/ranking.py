@@ -172,7 +172,7 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
         plans, dropped, moved = [], set(), set()
         for cfg, _, total in _distinct(ranked, top_k, read):
             if cfg not in replays:
-                replays[cfg] = estimate_memory(model=model, config=cfg, gpu=gpu)
+                replays[cfg] = estimate_memory(model=model, config=cfg, gpu=gpu, budget=usable)
             memory = replays[cfg]
             if memory.process_total_bytes > usable:
                 dropped.add(id(cfg))

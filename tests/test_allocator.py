@@ -209,6 +209,8 @@ def test_alloc_conf_parsing():
 
 def _one_by_one(self, nbytes, tensors, freed=True):
     """An event as one malloc per tensor, each its own block (the straightforward replay)."""
+    if isinstance(tensors, tuple):
+        return [self.malloc(size) for size in tensors]
     if tensors == 1:
         return [self.malloc(nbytes)] if nbytes > 0 else []
     each = nbytes // tensors
@@ -390,3 +392,82 @@ def test_the_replay_matches_malloc_one_tensor_at_a_time_event_by_event(model, gp
     with monkeypatch.context() as m:
         m.setattr(CachingAllocator, "malloc_tensors", _one_by_one)
         assert estimate_memory(model=model, config=config, gpu=gpu) == fast
+
+
+# --- the replay's grain: the tensors an event is made of (planner/memory/timeline.py Grains) ------------
+
+def test_tensors_given_by_size_are_placed_in_order():
+    """An event given as sizes (a tuple) is malloc of each size in order: 112, 112, 32 and 8 MiB
+    (>= kMinLargeAlloc, no cached block) each open a segment rounded up to kRoundLarge, 2 MiB:
+    112 + 112 + 32 + 8 = 264 MiB; the blocks of adjacent equal tensors are one run."""
+    a = allocator()
+    blocks = a.malloc_tensors(264 * MiB, (112 * MiB, 112 * MiB, 32 * MiB, 8 * MiB))
+    # 8 MiB < kMinLargeAlloc: a 20 MiB kLargeBuffer segment, split (12 MiB left > kSmallSize)
+    assert a.reserved == (112 + 112 + 32 + 20) * MiB and a.allocated == 264 * MiB
+    assert [b.size for b in blocks] == [112 * MiB, 112 * MiB, 32 * MiB, 8 * MiB]
+    assert a.cached_keys(False) == [(12 * MiB, blocks[-1].addr + 8 * MiB)]
+    with pytest.raises(AssertionError):  # the sizes must sum to the event's bytes
+        a.malloc_tensors(100 * MiB, (60 * MiB, 60 * MiB))
+
+
+def test_gradients_carved_from_a_cached_logits_block_open_no_segment():
+    """The cause of the over-predicted reserve, by hand. Mistral-7B at batch 4 x 4096 tokens:
+    log_softmax's fp32 output is one tensor of 4 x 4096 x 32000 x 4 B = 2000 MiB (one segment of
+    2000 MiB: a multiple of 2 MiB). Freed, it is one cached 2000 MiB block; a block's gradients
+    (down, up, gate 4096 x 14336 x 2 B = 112 MiB; o, q 32 MiB; k, v 8 MiB: 416 MiB) are each best
+    fit by it and split off its front (the remainder > kSmallSize): no new segment, the reserve
+    stays 2000 MiB.
+    Cut into 16 equal 125 MiB pieces (the old grain: bytes over one hidden state, 128 MiB), it is
+    16 segments of 126 MiB (125 rounded up to 2 MiB) = 2016 MiB, freed as 16 separate cached
+    blocks (no two in one segment: they never merge); the gradients as 3 equal shares of
+    145,402,538 B (rounded up to 512 B: 283,990 x 512 = 145,402,880 B, segment 140 MiB) fit none: 3 new segments,
+    2016 + 420 = 2436 MiB."""
+    grads = (112 * MiB,) * 3 + (32 * MiB,) * 2 + (8 * MiB,) * 2
+    whole = allocator()
+    whole.free_blocks(whole.malloc_tensors(2000 * MiB, 1))
+    whole.malloc_tensors(416 * MiB, grads)
+    assert whole.reserved == 2000 * MiB and whole.cached_keys(False) == [(1584 * MiB, 416 * MiB)]
+    pieces = allocator()
+    pieces.free_blocks(pieces.malloc_tensors(2000 * MiB, 16))
+    assert pieces.reserved == 16 * 126 * MiB
+    pieces.malloc_tensors(416 * MiB, 3)
+    assert round_size(416 * MiB // 3) == 283_990 * 512 and allocation_size(283_990 * 512) == 140 * MiB
+    assert pieces.reserved == (16 * 126 + 3 * 140) * MiB
+
+
+def test_the_loss_path_is_logits_sized_tensors():
+    """whole_tensors: the forward's logits (16-bit, L/2) and their fp32 upcast (L) as two tensors,
+    the smaller first; log_softmax's int64 labels (8 B a token) before its fp32 output."""
+    from planner.memory.timeline import shares, whole_tensors
+
+    L = 4 * 4096 * 32000 * 4
+    assert whole_tensors(L // 2 + L, L) == (L // 2, L)
+    assert whole_tensors(2 * L, L) == (L, L)
+    assert whole_tensors(L + 4 * 4096 * 8, L) == (4 * 4096 * 8, L)
+    # shares: bytes in proportion to element counts, the last takes the remainder
+    assert shares((3, 1), 100) == (75, 25) and shares((1, 1, 1), 10) == (3, 3, 4) and shares((), 10) is None
+
+
+def test_the_timeline_gives_gradients_their_parameters_shapes():
+    """Full fine-tuning of Llama-2-7B (h 4096, intermediate 11008, 32 heads = 32 kv heads): the
+    last block's backward makes its MLP output projection's gradient first (4096 x 11008 x 2 B in
+    bf16), then the rest in backward order: up, gate (11008 x 4096), o, v, k, q (4096 x 4096),
+    then the two RMSNorm weights (4096). The optimizer's states come at the first step (torch's
+    lazy state initialization), not with the weights."""
+    from planner.catalog import resolve_model
+    from planner.config import TrainConfig
+    from planner.gpus import get_gpu
+    from planner.memory.timeline import step_timeline
+
+    model, gpu = resolve_model("meta-llama/Llama-2-7b-hf"), get_gpu("a100-80gb")
+    config = TrainConfig(method="full", precision="bf16", micro_batch=1, seq_len=512, grad_ckpt=True)
+    events = step_timeline(model=model, config=config, kernels=gpu.kernels).events
+    grads = [ev for ev in events if ev.key == "gradients" and ev.op == "alloc" and ev.where.startswith("backward")]
+    mlp, attn = 4096 * 11008 * 2, 4096 * 4096 * 2
+    assert grads[0].tensors == (mlp,)  # the down projection, before the block's other gradients
+    assert grads[1].tensors == (mlp, mlp) + (attn,) * 4 + (4096 * 2,) * 2
+    assert all(ev.tensors == grads[0].tensors + grads[1].tensors for ev in grads[2:])
+    states = [ev.where for ev in events if ev.key == "optimizer_states"]
+    assert states == ["step 1: optimizer step"]
+    logits = next(ev for ev in events if ev.key == "activations/loss/log_softmax")
+    assert logits.tensors == (512 * 8, 512 * 32000 * 4)  # the int64 labels, the fp32 log-probabilities

@@ -261,3 +261,27 @@ def test_torchtune_rows_map_to_the_loss_and_loop_torchtune_runs():
         assert config.fused_ce is False and config.loop is Loop.TRAINER, row["id"]
         if row["source"] == "torchtune-readme":
             assert "loss" in unmodelled and "chunked_ce" in row["terms"], row["id"]
+
+
+def test_no_run_of_stated_settings_is_called_does_not_fit():
+    """Every row is a run that ran: none whose settings are all stated may be refused (issue 25
+    item 4). Mistral-7B full fine-tuning at batch 4 on an A100-80GB (fms-acceleration, 75.9 GiB on
+    nvidia-smi) was, at 78.4 GiB of process total, before the replay placed each tensor at its size."""
+    stated = [published.score_row(row, DATA["sources"]) for row in DATA["rows"] if not row.get("guessed")]
+    stated = [r for r in stated if r["status"] == "scored"]
+    assert stated and [r["id"] for r in stated if not r["fits"]] == []
+    assert ROWS["fms-mistral-full-bs4-nvidia"]["id"] in {r["id"] for r in stated}
+
+
+def test_a_refusal_is_laid_on_what_makes_the_plan_too_large():
+    """refused_by, by hand: an allocated peak (with the context) past the usable memory; else one
+    predicted more than 5% over a measured max_memory_allocated (or over a measured reserve);
+    else the reserve."""
+    GiB = 2**30
+    row = {"states_over": False, "metric": "max_memory_allocated", "measured": 20 * GiB}
+    assert published.refused_by({**row, "states_over": True, "predicted_allocated": 30 * GiB}) == "the allocated peak"
+    assert published.refused_by({**row, "predicted_allocated": 21 * GiB}) == "the reserve"  # +5.0%: within
+    assert published.refused_by({**row, "predicted_allocated": 21 * GiB + 1}).endswith("over-prediction")
+    reserved = {**row, "metric": "max_memory_reserved"}
+    assert published.refused_by({**reserved, "predicted_allocated": 20 * GiB + 1}).endswith("over-prediction")
+    assert published.refused_by({**reserved, "predicted_allocated": 19 * GiB}) == "the reserve"

@@ -479,16 +479,30 @@ class CachingAllocator:
         return self.reserved - self.allocated
 
     # -- the replay's path: one event's tensors --------------------------------------------------
-    def malloc_tensors(self, nbytes: int, tensors: int, freed: bool = True) -> list[Block]:
+    def malloc_tensors(self, nbytes: int, tensors: int | tuple[int, ...], freed: bool = True) -> list[Block]:
         """The blocks of one event: ``tensors`` equal tensors of ``nbytes`` in all (the last takes
-        the remainder of the division), each placed in order exactly as ``malloc`` places it (raises
-        ``OutOfMemory``). The replay frees an event's tensors together, so consecutive tensors that
-        lie next to each other in a segment are one block (a run): freeing it merges the free
-        neighbours that freeing them one by one merges. The tensors of an event never freed
+        the remainder of the division), or, when ``tensors`` is a tuple, tensors of those sizes in
+        that order (they sum to ``nbytes``), each placed in order exactly as ``malloc`` places it
+        (raises ``OutOfMemory``). The replay frees an event's tensors together, so consecutive
+        tensors that lie next to each other in a segment are one block (a run): freeing it merges
+        the free neighbours that freeing them one by one merges. The tensors of an event never freed
         (``freed=False``: the model states) get no block: ``_never_freed`` stands for each, the
         allocated neighbour of the cached blocks beside it."""
         runs: list[Block] = []
         run = None if freed else self._never_freed
+        if type(tensors) is tuple:
+            assert sum(tensors) == nbytes, (tensors, nbytes)
+            i, n = 0, len(tensors)
+            while i < n:  # one _take per stretch of equal sizes
+                size, j = tensors[i], i + 1
+                while j < n and tensors[j] == size:
+                    j += 1
+                if size > 0:
+                    run = self._take(size, j - i, run, runs)
+                i = j
+            if freed and run is not None:
+                runs.append(run)
+            return runs
         each = nbytes // tensors
         last = nbytes - each * (tensors - 1)
         if last == each:  # (one _take for all: commonly the division leaves nothing)
@@ -528,7 +542,7 @@ class CachingAllocator:
         limit: it is then that malloc's best fit (``_carve``)."""
         size, small, limit, least, segment, one_each, sizes, buckets, expandable = (
             self._plans.get(request) or self._plan(request))
-        cached, never_freed, spare = self._cached, self._never_freed, self._spare
+        cached, never_freed = self._cached, self._never_freed
         while count:
             i = bisect.bisect_left(sizes, size)
             if i < len(sizes) and sizes[i] < limit:  # get_free_block's best fit (``_get_free_block``)

@@ -36,19 +36,29 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
     return out
 
 
-def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[int] | None = None) -> Replay:
-    """The caching allocator over the timeline, on what the device leaves it (its memory less
-    the CUDA context and the memory outside the allocator); ``trace`` gets the reserve after each
-    event."""
-    capacity = gpu.memory_bytes - int(gpu.cuda_context_bytes) - timeline.outside_allocator
+def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[int] | None = None,
+                    budget: int | None = None) -> Replay:
+    """The caching allocator over the timeline, on what the device leaves it (its memory, or the
+    ``budget`` a plan must fit in, less the CUDA context and the memory outside the allocator);
+    ``trace`` gets the reserve after each event. On a budget the allocator does what it does on a
+    device that size: a cudaMalloc past it fails, and it frees cached blocks and retries
+    (CUDACachingAllocator.cpp ``malloc``: ``alloc_block`` || ``release_available_cached_blocks``
+    && ``alloc_block`` || ``release_cached_blocks`` && ``alloc_block``); only a request no release
+    can place is out of memory."""
+    capacity = (budget or gpu.memory_bytes) - int(gpu.cuda_context_bytes) - timeline.outside_allocator
     return replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf), trace=trace)
 
 
-def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu) -> MemoryEstimate:
-    """Predict peak memory per device for one configuration on one GPU (or the ``cpu`` profile)."""
+def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int | None = None) -> MemoryEstimate:
+    """Predict peak memory per device for one configuration on one GPU (or the ``cpu`` profile).
+
+    ``budget``: the bytes the process may use (the usable memory a plan must fit in; default the
+    device's): the allocator is replayed on it, so a cache that would grow past it is released
+    as the real allocator releases it when the device is full, and the process total exceeds it
+    only when the step cannot run in it."""
     timeline = step_timeline(model=model, config=config, kernels=gpu.kernels)
     peak = timeline.peak
-    replayed = replay_timeline(timeline, config, gpu) if gpu.kernels.caching_allocator else None
+    replayed = replay_timeline(timeline, config, gpu, budget=budget) if gpu.kernels.caching_allocator else None
     if replayed is None:
         reserved = total = peak
         fragmentation = 0

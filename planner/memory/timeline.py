@@ -11,7 +11,16 @@ block under checkpointing, the embeddings' gradients, a tied embedding's two par
 gradients), and the optimizer step
 (ZeRO's flattened gradients, the step's temporaries). With gradient accumulation the first
 micro-step is drawn, then the last one, in which the earlier micro-steps' gradients exist; the
-ones between repeat the last.
+ones between repeat the last. A torch optimizer makes its states in the run's first
+``optimizer.step()`` (lazy state initialization): that first step comes before, unmarked
+(``_first_step``), so the allocator replay sees the states carved from the cache the first
+step's activations left, as a real run does.
+
+Each event says which tensors its bytes are (``Event.tensors``, ``Grains``): the loss path's
+logits-sized tensors, gradients and the foreach optimizer's temporaries of their parameters'
+shapes, the MLP's intermediate-sized tensors, and otherwise equal pieces of one hidden state;
+the allocator replay (``planner.memory.allocator``) places each as PyTorch's caching allocator
+would.
 
 The moments of ``planner.memory.step.MOMENTS`` are marks on this timeline: at each, the moment's
 transient parts are allocated, the mark made, and they are freed (``_instant``); what the walk
@@ -62,7 +71,7 @@ from planner.memory.step import (
     static_moments,
     static_sizes,
 )
-from planner.modelspec import ModelSpec
+from planner.modelspec import LinearKind, ModelSpec
 
 #: what the picture stacks: each breakdown key's category
 CATEGORIES = ("weights", "gradients", "optimizer states", "activations", "logits/loss", "temporaries")
@@ -93,8 +102,9 @@ class Event(NamedTuple):
     key: str
     """The breakdown key the bytes count under."""
     nbytes: int
-    tensors: int
-    """How many tensors the bytes are (equal sizes assumed): the allocator replay's grain."""
+    tensors: int | tuple[int, ...]
+    """How many tensors the bytes are (equal sizes assumed), or their sizes in the order they are
+    made (summing to ``nbytes``): the allocator replay's grain (``Grains``)."""
     ident: int
     """Pairs a free with its allocation."""
     where: str
@@ -112,6 +122,9 @@ class Timeline:
     """Host RAM the configuration needs (offload), beside the device's timeline."""
     outside_allocator: int = 0
     """Device bytes outside the caching allocator (paged optimizer states in unified memory)."""
+    start: int = 0
+    """Events before the step the moments are read from: the model states, and the run's first
+    step when the optimizer makes its states in it (``_first_step``)."""
 
     def curve(self) -> list[int]:
         """Live bytes after each event (index 0: before the first)."""
@@ -148,19 +161,47 @@ class Timeline:
         return self.live_at(self.marks[self.peak_phase])
 
 
+#: the loss path's terms, made of whole logits-sized tensors (``Grains.logits``): the logits, their
+#: fp32 upcast, log_softmax's output, nll_loss's and log_softmax's gradients
+#: (planner/memory/activations.py logits_forward_transient, logits_backward_transient, loss_terms)
+_LOGITS_KEYS = frozenset({"logits/transient", "activations/loss/log_softmax", "loop/manual_outputs"})
+
+
+def whole_tensors(nbytes: int, tensor: int) -> tuple[int, ...]:
+    """``nbytes`` as tensors of ``tensor`` bytes, what is left over first (the logits in their
+    16-bit dtype before their fp32 upcast; the int64 labels before the log-probabilities)."""
+    whole, rest = divmod(nbytes, tensor)
+    return ((rest,) if rest else ()) + (tensor,) * whole
+
+
+def shares(weights: tuple[int, ...], nbytes: int) -> tuple[int, ...] | None:
+    """``nbytes`` split in proportion to ``weights`` (element counts of tensors; the last takes
+    the remainder of the division), or None when there is nothing to split by."""
+    total = sum(weights)
+    if total <= 0 or nbytes <= 0:
+        return None
+    sizes = [nbytes * w // total for w in weights[:-1]]
+    sizes.append(nbytes - sum(sizes))
+    return tuple(size for size in sizes if size)
+
+
 class _Builder:
-    def __init__(self, unit: int) -> None:
+    def __init__(self, unit: int, logits: int = 0, units: dict[str, int] | None = None) -> None:
         self.events: list[Event] = []
         self.marks: dict[str, int] = {}
         self.unit = max(unit, 1)
+        self.logits = logits
+        self.units = {key: max(size, 1) for key, size in (units or {}).items()}
         self._next = 0
         self._allocs: dict[int, Event] = {}
 
-    def alloc(self, key: str, nbytes: int, where: str, tensors: int | None = None) -> int:
+    def alloc(self, key: str, nbytes: int, where: str, tensors: int | tuple[int, ...] | None = None) -> int:
         self._next = ident = self._next + 1
         if nbytes:
-            if tensors is None:  # max(1, min(64, ...)), written out: the builder's hot path
-                tensors = round(nbytes / self.unit)
+            if tensors is None and self.logits and key in _LOGITS_KEYS:
+                tensors = whole_tensors(int(nbytes), self.logits)
+            elif tensors is None:  # max(1, min(64, ...)), written out: the builder's hot path
+                tensors = round(nbytes / self.units.get(key, self.unit))
                 tensors = 1 if tensors < 1 else 64 if tensors > 64 else tensors
             self._allocs[ident] = event = Event("alloc", key, int(nbytes), tensors, ident, where)
             self.events.append(event)
@@ -210,6 +251,8 @@ class _Step:
     """the last block's MLP output projection's share, made first in that block"""
     blocks: tuple[dict[str, int], ...] = ()
     """encoder-decoder: every block's saved tensors, encoder then decoder (``first``/``rest`` unused)"""
+    grains: "Grains | None" = None
+    """the tensors the gradients and the optimizer's temporaries are made of"""
 
     @property
     def n_blocks(self) -> int:
@@ -232,6 +275,53 @@ def _block_gradient_share(model: ModelSpec, config: TrainConfig, t: Trained, gra
     else:
         per_layer = t.count // model.num_layers if config.method.uses_adapters else model.params_per_layer
     return gradients * per_layer // t.count
+
+
+@dataclass(frozen=True)
+class Grains:
+    """The tensors, as element counts, that the step's per-parameter terms are made of: a
+    gradient is a tensor of its parameter's shape (autograd's AccumulateGrad keeps the gradient
+    the weight's backward made as ``.grad``), and torch's foreach optimizers make one temporary
+    per parameter (``torch._foreach_sqrt(exp_avg_sqs)`` in torch/optim/adamw.py
+    _multi_tensor_adamw). The replay places each as the allocator would: a 112 MiB gradient is
+    carved from a cached 2 GiB logits block, where an equal share of the block's bytes, a tensor
+    of a size no real one has, may fit nowhere and open a segment of its own."""
+
+    block: tuple[int, ...]
+    """one block's trainable tensors in the order its backward makes their gradients (the MLP's
+    output projection first, back to the attention's inputs, then the norms)"""
+    down: tuple[int, ...]
+    """the MLP output projection's, which the last block's backward makes first"""
+    head: tuple[int, ...]
+    """the head's (full fine-tuning: the lm_head or a tied head's partial, the final norm)"""
+    embeddings: tuple[int, ...]
+    """what the end of backward makes (full fine-tuning: the embeddings')"""
+    params: tuple[int, ...]
+    """every trainable tensor, in the model's order (the optimizer's lists)"""
+
+
+def _grains(model: ModelSpec, config: TrainConfig, t: Trained) -> Grains | None:
+    """The step's parameter tensors (``Grains``) of a decoder-only or encoder-only model (None
+    for an encoder-decoder: its two stacks keep the default grain)."""
+    if model.is_encoder_decoder or not t.count:
+        return None
+    down: list[int] = []
+    others: list[int] = []
+    adapters = config.method.uses_adapters
+    for lin in reversed(t.targets if adapters else model.layer_linears):
+        if adapters:  # backward: lora_B's gradient, then lora_A's
+            one = [r * lin.out_features, r * lin.in_features] * lin.count if (r := config.lora_r or 0) else []
+        else:
+            one = ([lin.in_features * lin.out_features] + [lin.out_features] * lin.bias) * lin.count
+        (down if lin.kind is LinearKind.MLP_OUT else others).extend(one)
+    if adapters:
+        return Grains(block=tuple(down + others), down=tuple(down), head=(), embeddings=(), params=t.sizes)
+    norms = model.layer_norm_params + model.layer_other_params
+    others += [min(norms - start, model.hidden_size) for start in range(0, norms, model.hidden_size)]
+    head = (model.head_params + (model.lm_head_params if model.tied_embeddings else 0), model.final_norm_params)
+    embeddings = (model.embedding_params, model.other_embedding_params)
+    return Grains(block=tuple(down + others), down=tuple(down), head=tuple(n for n in head if n),
+                  embeddings=tuple(n for n in embeddings if n), params=t.sizes)
 
 
 def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -> _Step:
@@ -261,7 +351,7 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         batch=batch_terms(model, config, kernels, t.target_names),
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
         cache=kv_cache_block_bytes(model, config, dims, mode),
-        head_gradients=head_gradients, down_gradients=down_gradients,
+        head_gradients=head_gradients, down_gradients=down_gradients, grains=_grains(model, config, t),
     )
 
 
@@ -287,11 +377,30 @@ def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
         value = part_value(part, s.sizes, s.batch)
         if part.by_key:
             made += b.alloc_terms(value, where)
+        elif part.key == "optimizer_step/transient":
+            made.append(b.alloc(part.key, value, where, _optimizer_grain(s, value)))
         else:
             made.append(b.alloc(part.key, value, where, part.tensors))
     if mark:
         b.mark(name)
     b.free_all(made, where)
+
+
+def _grain(tensors: tuple[int, ...] | None, nbytes: int) -> tuple[int, ...] | None:
+    """An allocation's tensors: ``nbytes`` in proportion to ``tensors`` (None: the default grain)."""
+    return shares(tensors, nbytes) if tensors else None
+
+
+def _optimizer_grain(s: _Step, nbytes: int) -> tuple[int, ...] | None:
+    """The optimizer step's temporaries: a whole number of bytes per element of every trainable
+    tensor is a foreach list, one temporary per parameter (torch/optim/adamw.py
+    _multi_tensor_adamw: ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``); any other
+    (a per-tensor loop's temporaries of the largest parameter, bitsandbytes' blocks) keeps the
+    default grain, as does ZeRO's step over one flat partition."""
+    g = s.grains
+    if g is None or s.config.zero or not nbytes or nbytes % sum(g.params):
+        return None
+    return shares(g.params, nbytes)
 
 
 def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: bool,
@@ -310,49 +419,91 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     gathered = b.alloc("zero3/gathered_params", s.static.gathered, f"{label}backward")
     grads: list[int] = []
     layers = s.n_blocks
+    g = s.grains
     if not grads_exist:
-        grads.append(b.alloc("gradients", s.head_gradients, f"{label}head backward"))
+        grads.append(b.alloc("gradients", s.head_gradients, f"{label}head backward", _grain(g and g.head, s.head_gradients)))
     # the last block's backward: recomputed under checkpointing with every checkpoint held
     where = f"{label}backward block {layers}"
     _instant(b, s, "first_block_recompute", marks, where)
     if not grads_exist:
-        grads.append(b.alloc("gradients", s.down_gradients, where))
+        grads.append(b.alloc("gradients", s.down_gradients, where, _grain(g and g.down, s.down_gradients)))
     _instant(b, s, "first_block_backward", marks, where)
     for k in reversed(range(layers)):
         where = f"{label}backward block {k + 1}"
         b.free_all(blocks[k] + (embeddings if k == 0 else []), where)
         if not grads_exist:
             made = s.down_gradients if k == layers - 1 else 0
-            grads.append(b.alloc("gradients", s.block_gradients - made, where))
+            tensors = g and (g.block[len(g.down):] if made else g.block)
+            grads.append(b.alloc("gradients", s.block_gradients - made, where, _grain(tensors, s.block_gradients - made)))
     where = f"{label}end of backward"
     if not grads_exist:
         rest = s.static.gradients - s.block_gradients * layers - s.head_gradients
-        grads.append(b.alloc("gradients", rest, where))
+        grads.append(b.alloc("gradients", rest, where, _grain(g and g.embeddings, rest)))
     _instant(b, s, "backward_end", marks, where)
     b.free(gathered, where)
     return grads, kept
 
 
-def _optimizer_step(b: _Builder, s: _Step, grads: list[int]) -> None:
-    _instant(b, s, "optimizer_start", True, "optimizer step")
+def _optimizer_step(b: _Builder, s: _Step, grads: list[int], marks: bool = True, label: str = "") -> None:
+    _instant(b, s, "optimizer_start", marks, f"{label}optimizer step")
     if s.static.optimizer_gradients != s.static.gradients:
         # ZeRO steps from one flat fp32 partition and frees the 16-bit gradients first; with
         # offload the step runs on the host
-        b.free_all(grads, "optimizer step")
-        grads = [b.alloc("gradients", s.static.optimizer_gradients, "optimizer step", tensors=1)]
-    _instant(b, s, "optimizer", True, "optimizer step")
-    b.free_all(grads, "zero_grad")
+        b.free_all(grads, f"{label}optimizer step")
+        grads = [b.alloc("gradients", s.static.optimizer_gradients, f"{label}optimizer step", tensors=1)]
+    _instant(b, s, "optimizer", marks, f"{label}optimizer step")
+    b.free_all(grads, f"{label}zero_grad")
+
+
+def _lazy_states(s: _Step) -> dict[str, int]:
+    """The optimizer states a torch optimizer makes in its first ``step()``, not before (torch/optim/
+    adam.py ``_init_group``: "Lazy state initialization", ``state["exp_avg"] = torch.zeros_like(p)``
+    and ``exp_avg_sq`` for each parameter; bitsandbytes' ``init_state`` alike). DeepSpeed ZeRO
+    makes its partitions' states when the engine is built (stage_1_and_2.py
+    ``initialize_optimizer_states``): resident from the start, as are paged states, outside the
+    allocator."""
+    if s.config.zero or s.grains is None:
+        return {}
+    return {key: nbytes for key, nbytes in s.static.resident.items() if key == "optimizer_states" and nbytes}
+
+
+def _first_step(b: _Builder, s: _Step, lazy: dict[str, int], previous: int) -> int:
+    """The run's first step, before the one the moments are read from: its forward and backward
+    with no optimizer state yet, then ``optimizer.step()`` makes the states, each a tensor of its
+    parameter's shape (two a parameter), from what the step's activations left cached, before
+    the step's temporaries; ``zero_grad`` frees the gradients. The next step's activations then
+    find the cache the states were carved from taken, and the reserve grows by what the real run
+    reserves (``torch.cuda.max_memory_reserved`` is the run's largest, not the first step's).
+    Returns what a hand-written loop's outputs keep."""
+    grads, previous = _micro_step(b, s, grads_exist=False, label="step 1: ", marks=False, previous=previous)
+    g = s.grains
+    for key, nbytes in lazy.items():  # never freed
+        b.alloc(key, nbytes, "step 1: optimizer step", _grain(tuple(n for n in g.params for _ in range(2)), nbytes))
+    _optimizer_step(b, s, grads, marks=False, label="step 1: ")
+    return previous
 
 
 def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -> Timeline:
     """The allocations and frees of one optimizer step of ``config`` (see the module docstring)."""
     s = _step_parts(model, config, kernels)
     dims, mode = dims_of(model, config), mode_of(config)
-    b = _Builder(unit=dims.tokens * dims.h * mode.compute)
+    # the loss path's tensors are logits-sized: tokens x vocab in fp32 (ForCausalLMLoss upcasts
+    # them, transformers/loss/loss_utils.py); a fused cross-entropy has no logits tensor
+    # the MLP's intermediate tensors are tokens x intermediate_size (LlamaMLP: act_fn(gate_proj(x))
+    # * up_proj(x)): 4-8 hidden states each; split into hidden-sized pieces they would be
+    # requests of 1-10 MiB on small shapes, each given a 20 MiB kLargeBuffer segment no real one gets
+    b = _Builder(unit=dims.tokens * dims.h * mode.compute, logits=0 if config.fused_ce else dims.tokens * dims.v * 4,
+                 units={"activations/mlp/intermediate": dims.tokens * model.intermediate_size * mode.compute})
+    lazy = _lazy_states(s)
     for key, nbytes in s.static.resident.items():
-        b.alloc(key, nbytes, "model states", tensors=_resident_tensors(model, config, key, nbytes))
+        if key not in lazy:
+            b.alloc(key, nbytes, "model states", tensors=_resident_tensors(model, config, key, nbytes))
+    start = len(b.events)
     # a hand-written loop still holds the previous step's outputs when this step's forward runs
     previous = b.alloc("loop/manual_outputs", s.batch.kept, "outputs of the previous step")
+    if lazy:
+        previous = _first_step(b, s, lazy, previous)
+        start = len(b.events)
     if config.grad_accum > 1:
         grads, previous = _micro_step(b, s, grads_exist=False, label="micro-step 1: ", marks=False, previous=previous)
         last = f"micro-step {config.grad_accum}: "
@@ -361,7 +512,7 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
         grads, _ = _micro_step(b, s, grads_exist=False, label="", marks=True, previous=previous)
     _optimizer_step(b, s, grads)
     timeline = Timeline(events=tuple(b.events), marks=dict(b.marks), host=s.static.host,
-                        outside_allocator=s.static.paged)
+                        outside_allocator=s.static.paged, start=start)
     # the walk holds at each mark what the moment lists (its transient parts come from the list)
     curve, resident = timeline._curve, s.static.resident_bytes
     for moment, fixed, batch in zip(MOMENTS, static_moments(s.sizes), batch_moments(s.batch.sizes())):
