@@ -171,6 +171,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("qwen3-moe", dict(method="lora")),
     ("qwen3-moe", dict(grad_ckpt=True)),
     ("qwen3-moe", dict(method="qlora", grad_ckpt=True)),
+    ("mixtral", dict(method="lora", grad_ckpt=True)),
+    ("qwen3-moe", dict(method="lora", grad_ckpt=True, precision="bf16", lora_targets=("q_proj", "v_proj"))),
 ]
 
 #: the rows of the recipe settings (``--knobs`` measures only these)
