@@ -53,7 +53,7 @@ METRICS = {
 #: settings a row may carry that describe, not configure (never passed to TrainConfig)
 DESCRIPTIVE = frozenset({"model", "model_id", "gpu", "gpu_id", "seq_len", "framework", "task", "dataset", "epochs",
                          "max_seq_length", "quantize", "compile", "optimizer_in_bwd", "torch_dtype", "fp16_amp",
-                         "seq_len_from"})
+                         "seq_len_from", "transformers_major", "transformers_from"})
 #: the guess/targets thresholds of issue 10
 TARGET_MEDIAN = 0.05
 TARGET_UNDER = -0.05
@@ -73,10 +73,13 @@ def measured_bytes(row: dict[str, Any]) -> int:
 
 
 def config_fields() -> frozenset[str]:
-    """The ``TrainConfig`` fields build_config takes as options (all but seq_len)."""
+    """The options build_config takes (``TrainConfig``'s keywords, the old ``zero``/``offload``
+    spelling of ``sharding`` among them, all but seq_len)."""
+    import inspect
+
     from planner.config import TrainConfig
 
-    return frozenset(f.name for f in dataclasses.fields(TrainConfig)) - {"seq_len"}
+    return frozenset(inspect.signature(TrainConfig.__init__).parameters) - {"self", "seq_len"}
 
 
 def map_row(row: dict[str, Any]) -> tuple[Any, Any, Any, list[str]]:
@@ -93,6 +96,13 @@ def map_row(row: dict[str, Any]) -> tuple[Any, Any, Any, list[str]]:
     unmodelled += sorted(k for k in ("compile", "optimizer_in_bwd", "task") if settings.get(k))
     try:
         spec, gpu = resolve(model=settings["model_id"], gpu=settings["gpu_id"])
+        if spec.is_moe and settings.get("transformers_major", 5) < 5:
+            # transformers 4 built each expert of an MoE layer from nn.Linear modules (bitsandbytes
+            # quantised them, and the eager loop ran each on its tokens); 5 fuses them into 3D
+            # parameters run by grouped_mm, which stay unquantised (planner/memory/moe.py): the
+            # planner models the stack a user installs today, not the one this row ran on
+            raise Unscorable(f"ran on transformers {settings['transformers_major']}, whose MoE experts were "
+                             "nn.Linear modules; the planner models transformers 5's fused expert stacks")
         config = build_config(spec, gpu, seq_len=settings["seq_len"], **options)
     except PlannerError as exc:
         raise Unscorable(str(exc)) from None

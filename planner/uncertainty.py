@@ -19,7 +19,7 @@ above it the normal scales that put the 5% and 95% quantiles where the table has
 is 5% exactly where the interval's upper end meets the device. A device calibrated on its own runs
 (``Spread.from_residuals``: at least 8 measured ln ratios) uses their spread where it is narrower.
 
-What it is not: the chance a particular run fails. The rows are 58 runs from 6 sources, the
+What it is not: the chance a particular run fails. The rows are 54 runs from 6 sources, the
 counters measure parts of the process total (allocated, reserved, NVML used) and are pooled, and
 the interval says how far the model has been from measurements like these, not what a new
 library version, driver or data loader adds.
@@ -33,15 +33,15 @@ from typing import NamedTuple
 
 #: (method or "all", guessed): (rows, q05, median, q95) of ln(measured / predicted) over the scored
 #: rows of bench/published.py (bench/published_rows.json), every counter together; printed by
-#: ``python bench/published.py --uncertainty`` (2026-11-26, 58 scored rows of 65).
+#: ``python bench/published.py --uncertainty`` (2026-11-26, 54 scored rows of 65).
 MEMORY_ERROR: dict[tuple[str, bool], tuple[int, float, float, float]] = {
-    ("all", False): (25, -0.1315, 0.0947, 0.2451),
+    ("all", False): (21, -0.1315, 0.0349, 0.2451),
     ("all", True): (33, -0.7547, -0.0642, 0.3148),
     ("full", False): (13, -0.1891, 0.0124, 0.1415),
     ("full", True): (4, -0.9011, -0.0642, 0.3148),
-    ("lora", False): (4, -0.1315, 0.0947, 0.2451),
+    ("lora", False): (4, -0.1315, 0.0349, 0.2451),
     ("lora", True): (15, -0.631, -0.0212, 0.374),
-    ("qlora", False): (8, 0.1094, 0.1446, 0.2533),
+    ("qlora", False): (4, -0.1315, 0.0349, 0.2533),
     ("qlora", True): (14, -0.7547, -0.0894, 0.3148),
 }
 

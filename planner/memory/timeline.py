@@ -398,7 +398,7 @@ def _optimizer_grain(s: _Step, nbytes: int) -> tuple[int, ...] | None:
     (a per-tensor loop's temporaries of the largest parameter, bitsandbytes' blocks) keeps the
     default grain, as does ZeRO's step over one flat partition."""
     g = s.grains
-    if g is None or s.config.zero or not nbytes or nbytes % sum(g.params):
+    if g is None or s.config.sharding.spec.flat_optimizer or not nbytes or nbytes % sum(g.params):
         return None
     return shares(g.params, nbytes)
 
@@ -462,7 +462,7 @@ def _lazy_states(s: _Step) -> dict[str, int]:
     makes its partitions' states when the engine is built (stage_1_and_2.py
     ``initialize_optimizer_states``): resident from the start, as are paged states, outside the
     allocator."""
-    if s.config.zero or s.grains is None:
+    if s.config.sharding.spec.flat_optimizer or s.grains is None:
         return {}
     return {key: nbytes for key, nbytes in s.static.resident.items() if key == "optimizer_states" and nbytes}
 
