@@ -25,8 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: the files looked for beside the arguments file, as peft's save_pretrained and ``planner emit`` name them
 BESIDE = {"adapter_config.json": kinds.ADAPTER, "bnb_config.json": kinds.BNB}
-#: a faster change must be faster than this share (the ranking's tie: ``planner.ranking.SPEED_TIE``)
-FASTER_BY = 0.02
 
 
 def read_files(paths: Sequence[str | Path], *, trainer: str | None = None) -> Reading:

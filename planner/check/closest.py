@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from planner.errors import NothingFitsError, PlannerError
+from planner.ranking import SPEED_TIE
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration
@@ -35,7 +36,9 @@ DISTANCE = {"method": 16, "precision": 8, "optimizer": 4, "zero": 3, "offload": 
 _TOGETHER = {"micro_batch": ("micro_batch", "grad_accum"), "zero": ("zero", "offload"),
              "method": ("method", "lora_r", "lora_targets", "lora_dropout")}
 #: plans kept per search: more than suggest shows, so that a plan close to the file is among them
-TOP_K = 25
+TOP_K = 10
+#: a faster change must be faster by more than the ranking's tie
+FASTER_BY = SPEED_TIE
 
 
 def _fields(config: "TrainConfig") -> dict[str, Any]:
@@ -53,7 +56,7 @@ def _meets(estimate: Mapping[str, Any], goal: str, base_speed: float) -> bool:
     safe = estimate["fits"] and not estimate["near_edge"]
     if goal == "fit":
         return bool(safe)
-    return bool(safe) and estimate["throughput"]["tokens_per_s"] > base_speed * (1 + 0.02)
+    return bool(safe) and estimate["throughput"]["tokens_per_s"] > base_speed * (1 + FASTER_BY)
 
 
 def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", config: "TrainConfig",
@@ -65,6 +68,7 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
     from planner.check.result import Change
     from planner.estimation import estimate_configuration
     from planner.planning import SuggestRequest, make_plan
+    from planner.tradeoffs import near_edge
 
     goal = "faster" if estimate["fits"] and not estimate["near_edge"] else "fit"
     speed = estimate["throughput"]["tokens_per_s"]
@@ -84,16 +88,20 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
         except PlannerError:
             continue
         pool = [c for c in (*planned.result.plans, planned.result.alternative) if c is not None]
-        found = []
-        for candidate in pool:
+        capacity = planned.device.memory_bytes
+        # the search's own estimate of each plan (the same model as estimate's) picks the closest;
+        # the chosen one is estimated again below, as planner estimate would
+        found = [(distance(config, c.config), -c.throughput.tokens_per_s, c.config) for c in pool
+                 if c.fits and not near_edge(c.config, c.memory, capacity=capacity)
+                 and (goal == "fit" or c.throughput.tokens_per_s > speed * (1 + FASTER_BY))]
+        if found:
+            best = min(found, key=lambda t: t[:2])[2]
             try:
-                data, _ = estimate_configuration(spec=spec, gpu=device, seq_len=config.seq_len, **_fields(candidate.config))
+                data, _ = estimate_configuration(spec=spec, gpu=device, seq_len=config.seq_len, **_fields(best))
             except PlannerError:
                 continue
-            if _meets(data, goal, speed):
-                found.append((distance(config, candidate.config), -data["throughput"]["tokens_per_s"], candidate.config, data))
-        if found:
-            _, _, best, data = min(found, key=lambda t: t[:2])
+            if not _meets(data, goal, speed):
+                continue
             best, data = _narrow(config, best, data, goal=goal, speed=speed, spec=spec, device=device,
                                  make=lambda options: train_config(spec, device, seq_len=config.seq_len, options=options))
             keys = key_changes(reading, config, best, sharding=sharding)

@@ -108,11 +108,15 @@ def _method(d: _Diff, old: TrainConfig, new: TrainConfig) -> None:
         if new.method.uses_adapters:
             d.put(path, "lora_r", old.lora_r, new.lora_r)
             d.put(path, "lora_target_modules", _targets(old), _targets(new))
+            # written out: TRL's ModelConfig default (0.05) is not the plan's when the file had no adapter
+            d.put(path, "lora_dropout", d.args.data.get("lora_dropout") if not old.method.uses_adapters else old.lora_dropout,
+                  new.lora_dropout)
         return
     base = str(_folder(d)) + "/"
     if new.method.uses_adapters and adapter is None:
         d.put(base + NEW_ADAPTER, "r", None, new.lora_r, new_file=True)
         d.put(base + NEW_ADAPTER, "target_modules", None, _targets(new), new_file=True)
+        d.put(base + NEW_ADAPTER, "lora_dropout", None, new.lora_dropout, new_file=True)
     elif new.method.uses_adapters and adapter is not None:
         d.put(adapter.path, "r", old.lora_r, new.lora_r)
         d.put(adapter.path, "target_modules", _targets(old), _targets(new))

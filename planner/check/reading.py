@@ -107,7 +107,12 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
                 given=given("gradient_accumulation_steps"))
     # transformers 5: activation_checkpointing, else its deprecated alias (training_args.py __post_init__)
     ckpt_key = "activation_checkpointing" if value("activation_checkpointing") is not None else "gradient_checkpointing"
-    reading.set("grad_ckpt", bool(value(ckpt_key)), file=file, key=ckpt_key, raw=value(ckpt_key), given=given(ckpt_key))
+    if not given(ckpt_key) and not given("gradient_checkpointing") and "activation_checkpointing" in schema.defaults:
+        ckpt_key_written = "activation_checkpointing"  # a change writes the current name, not the deprecated alias
+    else:
+        ckpt_key_written = ckpt_key
+    reading.set("grad_ckpt", bool(value(ckpt_key)), file=file, key=ckpt_key_written, raw=bool(value(ckpt_key)),
+                given=given(ckpt_key))
     optim = str(value("optim"))
     table = _optimizers()
     if optim not in table:
