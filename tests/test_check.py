@@ -124,3 +124,18 @@ def test_the_cli_prints_the_verdict_and_the_diff_and_exits_3_when_it_does_not_fi
     data = json.loads(j.out)
     assert data["fits"] and data["change"]["goal"] == "faster" and data["peak_phase"]
     assert {d["key"] for d in data["change"]["diff"]} >= {"gradient_checkpointing"}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"model_name_or_path": "gpt2", "max_length": "long"}, "max_length must be a whole number"),
+    ({"model_name_or_path": "gpt2", "use_peft": True, "lora_dropout": "0.1"}, "lora_dropout must be a number"),
+    ({"model_name_or_path": "gpt2", "use_peft": True, "lora_target_modules": 5}, "target modules must be a list"),
+    ({"model_name_or_path": "gpt2", "dtype": ["bfloat16"]}, "dtype ['bfloat16'] is not read by the planner"),
+    ({"model_name_or_path": "gpt2", "max_length": 512, "deepspeed": {"zero_optimization": {"offload_optimizer": "cpu"}}},
+     "zero_optimization.offload_optimizer must be a mapping"),
+])
+def test_values_of_the_wrong_type_are_one_line_not_a_crash(data, message, tmp_path, cli):
+    path = tmp_path / "sft.json"
+    path.write_text(json.dumps(data))
+    r = cli("check", str(path), "--gpu", "a10g", "--trainer", "trl")
+    assert r.code == 2 and message in r.err and r.err.count("\n") == 1, r

@@ -31,25 +31,55 @@ def read_files(paths: Sequence[str | Path], *, trainer: str | None = None) -> Re
     """Every file named, the DeepSpeed JSON they reference and the adapter/bnb configs beside the
     arguments file, read into one ``Reading``. ``trainer``: "hf" or "trl" reads the arguments with
     that trainer's schema (default: TRL's when the file holds a key only TRL has)."""
-    from planner.check import reading as readers
-    from planner.check import schemas
-
     if not paths:
         raise InvalidConfigError("planner check needs a training config file: planner check FILE --gpu G")
     reading = Reading()
     for path in paths:
         reading.files.append(kinds.read(path))
+    _one_of_each(reading)
+    args = reading.by_kind(kinds.TRAINING_ARGS)
+    if args is not None:
+        present = {f.kind for f in reading.files}
+        for name, kind in BESIDE.items():
+            beside = Path(args.path).parent / name
+            if kind not in present and beside.is_file():
+                reading.files.append(kinds.read(beside))
+    return _read(reading, trainer=trainer)
+
+
+def read_texts(texts: Mapping[str, str], *, trainer: str | None = None) -> Reading:
+    """``read_files`` of files sent as text (name -> text): a file another names is looked up among
+    them by its base name, and nothing is read from disk."""
+    if not texts:
+        raise InvalidConfigError("send at least one training config file")
+    sent = {Path(name).name: kinds.parse(name, text) for name, text in texts.items()}
+
+    def among_sent(ref: str, file: kinds.ConfigFile) -> kinds.ConfigFile:
+        if Path(ref).name not in sent:
+            raise InvalidConfigError(f"{file.path}: deepspeed names {ref}, which was not sent: send it too "
+                                     f"(files: {', '.join(sorted(sent))})")
+        return sent[Path(ref).name]
+
+    reading = Reading(resolve=among_sent)
+    reading.files.extend(sent.values())
+    _one_of_each(reading)
+    return _read(reading, trainer=trainer)
+
+
+def _one_of_each(reading: Reading) -> None:
     seen: dict[str, str] = {}
     for f in reading.files:
         if f.kind in seen:
             raise InvalidConfigError(f"{f.path} and {seen[f.kind]} are both a {f.kind}: give one")
         seen[f.kind] = f.path
+
+
+def _read(reading: Reading, *, trainer: str | None) -> Reading:
+    from planner.check import reading as readers
+    from planner.check import schemas
+
     args = reading.by_kind(kinds.TRAINING_ARGS)
     if args is not None:
-        for name, kind in BESIDE.items():
-            beside = Path(args.path).parent / name
-            if kind not in seen and beside.is_file():
-                reading.files.append(kinds.read(beside))
         readers.training_args(reading, args, schemas.training_arguments(args.data, trainer=trainer))
     accel = reading.by_kind(kinds.ACCELERATE)
     if accel is not None:
@@ -139,5 +169,5 @@ def check_arguments(arguments: Mapping[str, Any] | Any, *, trainer: str | None =
     return check_reading(reading, **kwargs)
 
 
-__all__ = ["BESIDE", "Change", "CheckResult", "KeyChange", "check", "check_arguments", "check_reading", "read_files",
+__all__ = ["BESIDE", "Change", "CheckResult", "KeyChange", "check", "check_arguments", "check_reading", "read_files", "read_texts",
            "sharding", "train_config"]

@@ -44,7 +44,15 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise InvalidConfigError(f"{path} is not UTF-8 text: give a JSON or YAML training config") from None
-    suffix = file.suffix.lower()
+    return parse_mapping(str(path), text)
+
+
+def parse_mapping(name: str, text: str) -> dict[str, Any]:
+    """The top-level mapping of a file's text; ``name``'s suffix says JSON or YAML."""
+    path = name
+    suffix = Path(name).suffix.lower()
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
+        raise InvalidConfigError(f"{name} is larger than {MAX_FILE_BYTES >> 20} MiB: a training config is a few KiB")
     if suffix == ".json":
         try:
             data = json.loads(text)
@@ -97,5 +105,11 @@ def read(path: str | Path) -> ConfigFile:
     return ConfigFile(path=str(path), kind=kind_of(data), data=data)
 
 
+def parse(name: str, text: str) -> ConfigFile:
+    """A file sent as text (``POST /v1/check``): nothing is read from disk."""
+    data = parse_mapping(name, text)
+    return ConfigFile(path=name, kind=kind_of(data), data=data)
+
+
 __all__ = ["ACCELERATE", "ADAPTER", "BNB", "ConfigFile", "DEEPSPEED", "MAX_FILE_BYTES", "TRAINING_ARGS", "kind_of",
-           "load_mapping", "read"]
+           "load_mapping", "parse", "parse_mapping", "read"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from planner.check import files as kinds
 from planner.check.files import ConfigFile
@@ -47,6 +47,9 @@ class Reading:
     seq_len: int | None = None
     gpus: int | None = None
     notes: list[str] = field(default_factory=list)
+    resolve: Callable[[str, ConfigFile], ConfigFile] | None = None
+    """How a file named by another (TrainingArguments' ``deepspeed``) is found: None reads the disk
+    (``_on_disk``); the service resolves among the files sent, never on its own disk."""
 
     def by_kind(self, kind: str) -> ConfigFile | None:
         return next((f for f in self.files if f.kind == kind), None)
@@ -128,7 +131,7 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
         if value("max_length") is None:
             reading.notes.append("max_length is null (no truncation): the longest sequence is --seq-len's")
         else:
-            reading.seq_len = int(value("max_length"))
+            reading.seq_len = _count(file, "max_length", value("max_length"))
             reading.origins["seq_len"] = Origin(file=file.path, key="max_length", value=reading.seq_len,
                                                 given=given("max_length"))
         packed = bool(value("packing")) or bool(value("padding_free"))
@@ -153,7 +156,7 @@ def _attention(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     value = init.get("attn_implementation") if key != "attn_implementation" else schema.value(file.data, key)
     if key not in schema.defaults and key == "attn_implementation":
         return
-    if value not in ATTENTION:
+    if not (value is None or isinstance(value, str)) or value not in ATTENTION:
         raise UnsupportedError(f"{file.path}: {key} {value!r} is not modelled: use sdpa, eager or flash_attention_2")
     reading.set("attention", ATTENTION[value], file=file, key=key, raw=value, given=key in file.data or key != "attn_implementation")
 
@@ -174,8 +177,9 @@ def _refuse_unmodelled(file: ConfigFile, value) -> None:
             problems.append(f"{key} every_n_layers/offload (checkpointing is modelled on every layer, on the device)")
     if value("use_liger_kernel"):
         kernels = value("liger_kernel_config") or {}
-        others = [k for k in ("cross_entropy", "rms_norm", "rope", "swiglu") if kernels.get(k, True)]
-        if not isinstance(kernels, Mapping) or others:
+        others = [k for k in ("cross_entropy", "rms_norm", "rope", "swiglu")
+                  if not isinstance(kernels, Mapping) or kernels.get(k, True)]
+        if others:
             problems.append(f"use_liger_kernel with {', '.join(others) or 'its kernels'} on (only the fused linear "
                             "cross-entropy is modelled: set liger_kernel_config to turn the others off)")
     for key, why in (("activation_offloading", "activations offloaded to the CPU"), ("load_in_8bit", "8-bit base weights"),
@@ -206,7 +210,7 @@ def _dtype(reading: Reading, file: ConfigFile, schema: Schema) -> tuple[str, str
 
 
 def _dtype_name(file: ConfigFile, key: str, value: Any) -> str:
-    if value not in _DTYPES:
+    if not (value is None or isinstance(value, str)) or value not in _DTYPES:
         raise UnsupportedError(f"{file.path}: {key} {value!r} is not read by the planner: write bfloat16, float16 or float32")
     return _DTYPES[value]
 
@@ -231,7 +235,8 @@ def _precision_and_method(reading: Reading, file: ConfigFile, schema: Schema) ->
         reading.set("lora_r", value("lora_r"), file=file, key="lora_r", given="lora_r" in data)
         reading.set("lora_targets", _targets(targets), file=file, key="lora_target_modules", raw=targets,
                     given="lora_target_modules" in data)
-        reading.set("lora_dropout", float(value("lora_dropout")), file=file, key="lora_dropout", given="lora_dropout" in data)
+        reading.set("lora_dropout", _probability(file, "lora_dropout", value("lora_dropout")), file=file, key="lora_dropout",
+                    given="lora_dropout" in data)
     if quantized and not value("use_bnb_nested_quant"):
         reading.notes.append("use_bnb_nested_quant false: the plan counts NF4 with double quantization, "
                              "0.37 bit a weight less than without (QLoRA paper, section 2)")
@@ -255,7 +260,30 @@ def _targets(value: Any) -> Any:
         return None
     if isinstance(value, str):
         return (value,)
+    if not isinstance(value, (list, tuple)):
+        raise InvalidConfigError(f"target modules must be a list of module names or \"all-linear\", got {value!r}")
     return tuple(str(v) for v in value)
+
+
+def _probability(file: ConfigFile, key: str, value: Any) -> float:
+    """A dropout as a number (TrainConfig checks its range with the fix)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidConfigError(f"{file.path}: {key} must be a number from 0 to below 1, got {value!r}")
+    return float(value)
+
+
+def _count(file: ConfigFile, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidConfigError(f"{file.path}: {key} must be a whole number, got {value!r}")
+    return value
+
+
+def _section(file: ConfigFile, key: str, value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidConfigError(f"{file.path}: {key} must be a mapping of settings, got {value!r}")
+    return value
 
 
 def _deepspeed_reference(reading: Reading, file: ConfigFile, ref: Any) -> None:
@@ -264,25 +292,36 @@ def _deepspeed_reference(reading: Reading, file: ConfigFile, ref: Any) -> None:
     if isinstance(ref, Mapping):
         reading.files.append(ConfigFile(path=f"{file.path}#deepspeed", kind=kinds.DEEPSPEED, data=ref))
         return
-    path = Path(str(ref))
+    found = (reading.resolve or _on_disk)(str(ref), file)
+    if all(not _same(f.path, found.path) for f in reading.files):
+        reading.files.append(found)
+
+
+def _on_disk(ref: str, file: ConfigFile) -> ConfigFile:
+    path = Path(ref)
     found = next((p for p in (path, Path(file.path).parent / path) if p.is_file()), None)
     if found is None:
         raise InvalidConfigError(f"{file.path}: deepspeed names {ref}, which is not a file here or beside {file.path}: "
                                  "give the DeepSpeed JSON's path")
-    if all(f.path != str(found) for f in reading.files):
-        reading.files.append(kinds.read(found))
+    return kinds.read(found)
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:  # pragma: no cover - a name that is no path
+        return a == b
 
 
 def deepspeed(reading: Reading, file: ConfigFile) -> None:
     """ZeRO stage and offload of a DeepSpeed JSON, and its numbers checked against the Trainer's."""
-    zero = file.data.get("zero_optimization") or {}
-    if not isinstance(zero, Mapping):
-        raise InvalidConfigError(f"{file.path}: zero_optimization must be a mapping")
+    zero = _section(file, "zero_optimization", file.data.get("zero_optimization"))
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise InvalidConfigError(f"{file.path}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
     reading.set("zero", stage, file=file, key="zero_optimization.stage", given="stage" in zero)
-    devices = {part: str((zero.get(part) or {}).get("device", "none")) for part in ("offload_optimizer", "offload_param")}
+    devices = {part: str(_section(file, f"zero_optimization.{part}", zero.get(part)).get("device", "none"))
+               for part in ("offload_optimizer", "offload_param")}
     if "nvme" in devices.values():
         raise UnsupportedError(f"{file.path}: offload to nvme is not modelled: offload to cpu, or none")
     if devices["offload_param"] == "cpu" and devices["offload_optimizer"] != "cpu":
@@ -324,7 +363,8 @@ def adapter(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     reading.set("lora_r", value("r"), file=file, key="r", given="r" in data)
     reading.set("lora_targets", _targets(value("target_modules")), file=file, key="target_modules",
                 raw=value("target_modules"), given="target_modules" in data)
-    reading.set("lora_dropout", float(value("lora_dropout")), file=file, key="lora_dropout", given="lora_dropout" in data)
+    reading.set("lora_dropout", _probability(file, "lora_dropout", value("lora_dropout")), file=file, key="lora_dropout",
+                given="lora_dropout" in data)
 
 
 def bnb(reading: Reading, file: ConfigFile, schema: Schema) -> None:
@@ -346,16 +386,16 @@ def accelerate(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     kind = str(data.get("distributed_type", "NO")).upper()
     if kind not in ("NO", "MULTI_GPU", "DEEPSPEED", "MULTI_CPU"):
         raise UnsupportedError(f"{file.path}: distributed_type {kind} is not modelled: NO, MULTI_GPU or DEEPSPEED")
-    if int(data.get("num_machines", 1) or 1) > 1:
+    if _count(file, "num_machines", data.get("num_machines", 1) or 1) > 1:
         raise UnsupportedError(f"{file.path}: num_machines {data['num_machines']}: the planner plans one node")
-    reading.gpus = int(data.get("num_processes", 1) or 1)
+    reading.gpus = _count(file, "num_processes", data.get("num_processes", 1) or 1)
     reading.origins["gpus"] = Origin(file=file.path, key="num_processes", value=reading.gpus, given="num_processes" in data)
     mixed = str(data.get("mixed_precision", "no"))
     if mixed not in ("no", "fp16", "bf16"):
         raise UnsupportedError(f"{file.path}: mixed_precision {mixed} is not modelled: no, fp16 or bf16")
     if "precision" not in reading.options:
         reading.set("precision", f"{mixed}-mixed" if mixed != "no" else "fp32", file=file, key="mixed_precision", raw=mixed)
-    ds = data.get("deepspeed_config") or {}
+    ds = _section(file, "deepspeed_config", data.get("deepspeed_config"))
     if kind == "DEEPSPEED" and ds.get("deepspeed_config_file"):
         _deepspeed_reference(reading, file, ds["deepspeed_config_file"])
     elif kind == "DEEPSPEED":

@@ -131,5 +131,15 @@ def accelerate_config() -> Schema:
     return Schema(name=f"accelerate {accelerate.__version__} ClusterConfig", defaults=_defaults(config_args.ClusterConfig))
 
 
-__all__ = ["MODEL_KEY", "Schema", "accelerate_config", "bnb_config", "hf_training_arguments", "is_trl", "lora_config",
+def load_all() -> None:
+    """Import every trainer library a check may read with (each schema is cached once read); a
+    library that is missing is left for the check that needs it to name."""
+    for schema in (hf_training_arguments, trl_config, lora_config, bnb_config, accelerate_config):
+        try:
+            schema()
+        except MissingDependencyError:
+            pass
+
+
+__all__ = ["MODEL_KEY", "load_all", "Schema", "accelerate_config", "bnb_config", "hf_training_arguments", "is_trl", "lora_config",
            "training_arguments", "trl_config"]
