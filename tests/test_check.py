@@ -139,3 +139,19 @@ def test_values_of_the_wrong_type_are_one_line_not_a_crash(data, message, tmp_pa
     path.write_text(json.dumps(data))
     r = cli("check", str(path), "--gpu", "a10g", "--trainer", "trl")
     assert r.code == 2 and message in r.err and r.err.count("\n") == 1, r
+
+
+def test_a_trl_qlora_without_target_modules_gets_peft_s_default_and_a_t4_refuses_trls_default_bf16(tmp_path, cli):
+    path = tmp_path / "qlora.yaml"
+    path.write_text("model_name_or_path: meta-llama/Llama-2-7b-hf\nuse_peft: true\nload_in_4bit: true\nmax_length: 1024\n"
+                    "per_device_train_batch_size: 2\n")
+    # TRL turns bf16 on unless fp16 (trl/trainer/base_config.py): a T4 has none, and the line says where it came from
+    r = cli("check", str(path), "--gpu", "t4")
+    assert r.code == 2 and "no bf16 support" in r.err and f"[read from {path}: bf16 (the trainer's default" in r.err, r
+    path.write_text(path.read_text() + "fp16: true\n")
+    result = check([path], gpu="t4")
+    c = result.config
+    # peft's table for llama (peft/utils/constants.py): q_proj and v_proj; TRL's lora_dropout 0.05
+    assert (str(c.method), str(c.precision), c.lora_targets, c.lora_dropout, c.packing) == \
+        ("qlora", "fp16-mixed", ("q_proj", "v_proj"), 0.05, False)
+    assert result.fits

@@ -17,7 +17,7 @@ from planner.check import files as kinds
 from planner.check.building import options_of, sharding, train_config
 from planner.check.reading import Reading
 from planner.check.result import Change, CheckResult, KeyChange
-from planner.errors import InvalidConfigError
+from planner.errors import InvalidConfigError, PlannerError
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration
@@ -134,9 +134,16 @@ def check_reading(reading: Reading, *, gpu: str, model: str | None = None, gpus:
         notes.append(f"no file says the sequence length: planned at {seq} tokens (--seq-len to change it)")
     options = dict(reading.options)
     options["gpus"] = gpus or reading.gpus or 1
+    if options.get("method") in ("lora", "qlora") and options.get("lora_targets") is None:
+        options["lora_targets"] = peft_default_targets(spec)
+        notes.append(f"no target modules: peft's default for {spec.model_type}, {', '.join(options['lora_targets'])} "
+                     "(peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)")
     if gpus is None and reading.gpus is None:
         notes.append("no file says the number of GPUs: planned on 1 (--gpus N, or num_processes in an accelerate config)")
-    config = train_config(spec, device, seq_len=seq, options=options)
+    try:
+        config = train_config(spec, device, seq_len=seq, options=options)
+    except PlannerError as exc:
+        raise _in_file_terms(exc, reading) from None
     data, _memory = estimate_configuration(spec=spec, gpu=device, seq_len=seq, **options_of(config))
     from planner.check.closest import closest_change
 
@@ -145,6 +152,36 @@ def check_reading(reading: Reading, *, gpu: str, model: str | None = None, gpus:
     origins = {k: {"file": o.file, "key": o.key, "value": o.value, "given": o.given} for k, o in reading.origins.items()}
     return CheckResult(files=tuple(f.path for f in reading.files), schema=reading.schema, config=config, estimate=data,
                        change=change, advice=tuple(advice), notes=tuple(notes), origins=origins)
+
+
+def _in_file_terms(exc: PlannerError, reading: Reading) -> PlannerError:
+    """A configuration error worded with options (``--precision bf16-mixed: ...``) with the file and
+    key the option was read from, of the same error type."""
+    import re
+
+    match = re.match(r"--([a-z-]+)", str(exc))
+    origin = reading.origins.get(match.group(1).replace("-", "_")) if match else None
+    if origin is None:
+        return exc
+    where = f"{origin.file}: {origin.key}" + ("" if origin.given else " (the trainer's default, not in the file)")
+    return type(exc)(f"{exc} [read from {where}]")
+
+
+def peft_default_targets(spec: "ModelSpec") -> tuple[str, ...]:
+    """What peft adapts when ``target_modules`` is None: its table by ``model_type`` (peft
+    tuners_utils.py ``_prepare_adapter_config``); a model it has no entry for is an error there too."""
+    from planner.errors import UnsupportedError
+
+    try:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
+    except ImportError:  # pragma: no cover - peft comes with the workers extra
+        raise UnsupportedError("the adapter names no target modules and peft is not installed to say its default: "
+                               "write target_modules (e.g. all-linear)") from None
+    kind = spec.wrapper_type or spec.model_type
+    if kind not in defaults and spec.model_type not in defaults:
+        raise UnsupportedError(f"the adapter names no target modules and peft has no default for {kind} (peft refuses "
+                               "it too): write target_modules, e.g. all-linear")
+    return tuple(defaults.get(kind) or defaults[spec.model_type])
 
 
 def check_arguments(arguments: Mapping[str, Any] | Any, *, trainer: str | None = None, **kwargs: Any) -> CheckResult:

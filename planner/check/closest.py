@@ -94,6 +94,7 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
         found = [(distance(config, c.config), -c.throughput.tokens_per_s, c.config) for c in pool
                  if c.fits and not near_edge(c.config, c.memory, capacity=capacity)
                  and (goal == "fit" or c.throughput.tokens_per_s > speed * (1 + FASTER_BY))]
+        found += _with_the_files_adapter(config, pool, goal=goal, speed=speed, spec=spec, device=device)
         if found:
             best = min(found, key=lambda t: t[:2])[2]
             try:
@@ -107,6 +108,31 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
             keys = key_changes(reading, config, best, sharding=sharding)
             return Change(goal=goal, config=best, keys=keys, estimate=data), []
     return None, advice
+
+
+def _with_the_files_adapter(config: "TrainConfig", pool, *, goal: str, speed: float, spec, device) -> list:
+    """The search's plans of the file's method with the file's own adapter (rank, targets, dropout)
+    in place of the searched ones, estimated again: the search tries its own ranks and target sets,
+    and a file's narrower adapter (peft's default q_proj,v_proj) is cheaper and faster than any of
+    them, so a change of split or checkpointing alone would otherwise be missed."""
+    from planner.check.building import train_config
+    from planner.estimation import estimate_configuration
+
+    if not config.method.uses_adapters:
+        return []
+    mine = {n: v for n, v in _fields(config).items() if n in ("lora_r", "lora_targets", "lora_dropout")}
+    out = []
+    for candidate in pool:
+        if candidate.config.method != config.method:
+            continue
+        try:
+            changed = train_config(spec, device, seq_len=config.seq_len, options={**_fields(candidate.config), **mine})
+            data, _ = estimate_configuration(spec=spec, gpu=device, seq_len=config.seq_len, **_fields(changed))
+        except PlannerError:
+            continue
+        if _meets(data, goal, speed):
+            out.append((distance(config, changed), -data["throughput"]["tokens_per_s"], changed))
+    return out
 
 
 def _narrow(original: "TrainConfig", best: "TrainConfig", data: Mapping[str, Any], *, goal: str, speed: float,

@@ -114,13 +114,22 @@ def estimate(body: "EstimateBody", *, calibration: "Calibration | None" = None) 
 def check(body: "CheckBody", *, calibration: "Calibration | None" = None) -> dict[str, Any]:
     """``planner check --json`` of files sent as text (nothing read from the server's disk): the
     model is a catalog id or the config sent inline, as for a plan."""
-    from planner.check import check_reading, read_texts
+    from planner.check import check_reading, files, read_texts
+    from planner.gpus import get_gpu
 
+    # what is wrong with the request without the trainers' libraries first: their first import
+    # takes tens of seconds on a loaded 2-core machine, and a bad GPU or model needs none of it
+    sent = [files.parse(name, text) for name, text in body.texts().items()]
+    get_gpu(body.gpu, memory_bytes=size_bytes(body.gpu_mem, field="gpu_mem"))
+    named = next((str(f.data["model_name_or_path"]) for f in sent if f.data.get("model_name_or_path")), None)
+    name = body.model or named
+    if body.config is None:
+        if name is None:
+            raise InvalidConfigError("no file names the model: send \"model\" (a catalog id) or model_name_or_path "
+                                     "in the arguments file")
+        require_catalog_id(name)
     _import_trainers()
     reading = read_texts(body.texts(), trainer=body.trainer)
-    name = body.model or reading.model
-    if body.config is None and name is not None:
-        require_catalog_id(name)
     spec = spec_from_config_body(body.config, name) if body.config is not None else None
     result = check_reading(reading, gpu=body.gpu, model=name, gpus=body.gpus, seq_len=body.seq_len, spec=spec,
                            gpu_mem_bytes=size_bytes(body.gpu_mem, field="gpu_mem"),
