@@ -155,3 +155,16 @@ def test_a_trl_qlora_without_target_modules_gets_peft_s_default_and_a_t4_refuses
     assert (str(c.method), str(c.precision), c.lora_targets, c.lora_dropout, c.packing) == \
         ("qlora", "fp16-mixed", ("q_proj", "v_proj"), 0.05, False)
     assert result.fits
+
+
+def test_a_deepspeed_json_whose_numbers_differ_from_the_trainers_is_refused_as_the_trainer_refuses_it(tmp_path, cli):
+    # transformers integrations/deepspeed.py fill_match: a value that is not "auto" must equal the Trainer's
+    shutil.copy(HF.parent / "adapter_config.json", tmp_path / "adapter_config.json")
+    args = json.loads(HF.read_text())
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    for ds, words in (({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}},
+                       "train_micro_batch_size_per_gpu 4 differs from per_device_train_batch_size 2"),
+                      ({"bf16": {"enabled": False}, "zero_optimization": {"stage": 2}}, "bf16.enabled false differs from bf16")):
+        (tmp_path / "ds_config.json").write_text(json.dumps(ds))
+        r = cli("check", str(tmp_path / "args.json"), "--gpu", "a10g")
+        assert r.code == 2 and words in r.err, r

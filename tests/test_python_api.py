@@ -86,3 +86,13 @@ def test_the_readmes_check_examples_run(cli, monkeypatch):
     for line in lines:
         r = cli(*shlex.split(line))
         assert r.code in (0, 3) and "closest change" in r.out, (line, r)
+
+
+def test_an_estimates_timeline_is_a_figure():
+    pytest.importorskip("matplotlib")
+    import oom_planner as op
+
+    one = op.estimate(model="gpt2", gpu="a10g", micro_batch=2, seq_len=256)
+    figure = one.figure()
+    # the picture's axes carry the step's memory curve: one stacked area per category at least
+    assert figure.axes and figure.axes[0].collections

@@ -331,6 +331,13 @@ def deepspeed(reading: Reading, file: ConfigFile) -> None:
         else "none"
     reading.set("offload", offload, file=file, key="zero_optimization.offload_optimizer.device",
                 raw=devices["offload_optimizer"], given="offload_optimizer" in zero)
+    precision, origin = reading.options.get("precision"), reading.origins.get("precision")
+    for name in ("bf16", "fp16"):
+        enabled = _section(file, name, file.data.get(name)).get("enabled", "auto")
+        if isinstance(enabled, bool) and precision is not None and enabled != (precision == f"{name}-mixed"):
+            raise InvalidConfigError(f"{file.path}: {name}.enabled {str(enabled).lower()} differs from {origin.key} in "
+                                     f"{origin.file} ({precision}): make them agree, or write \"auto\" (the HF Trainer "
+                                     "refuses a mismatch)")
     for key, option in (("train_micro_batch_size_per_gpu", "micro_batch"), ("gradient_accumulation_steps", "grad_accum")):
         number = file.data.get(key, "auto")
         if number == "auto":
