@@ -217,6 +217,14 @@ def check(config: "str | Path | Sequence[str | Path] | Mapping[str, Any] | Any",
     return check_arguments(config, **options)
 
 
+def _catalog_name(gpu: str | None) -> str | None:
+    """Plans are stored under catalog names: ``A10G`` finds ``a10g`` as ``planner history --gpu``
+    does; a name the catalog does not know is kept (plans of older catalogs)."""
+    from planner.calibration.lookup import catalog_name
+
+    return (catalog_name(gpu) or gpu) if gpu else gpu
+
+
 def history(*, model: str | None = None, gpu: str | None = None, status: str | None = None, since: str | None = None,
             limit: int = 20, db: str | None = None) -> History:
     """``planner history``: past plans, newest first (``since``: "7d", "12h" or a date)."""
@@ -226,7 +234,7 @@ def history(*, model: str | None = None, gpu: str | None = None, status: str | N
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_HISTORY:
         raise InvalidConfigError(f"limit must be a whole number from 1 to {MAX_HISTORY:,}, got {limit!r}")
     with open_store(url=db) as store:
-        rows = store.history(model=model, gpu=gpu, status=parse_status(status) if status else None,
+        rows = store.history(model=model, gpu=_catalog_name(gpu), status=parse_status(status) if status else None,
                              since=parse_since(since) if since else None, limit=limit)
     return History(rows=tuple(rows))
 

@@ -96,3 +96,11 @@ def test_an_estimates_timeline_is_a_figure():
     figure = one.figure()
     # the picture's axes carry the step's memory curve: one stacked area per category at least
     assert figure.axes and figure.axes[0].collections
+
+
+def test_history_finds_plans_by_the_gpu_as_typed():
+    import oom_planner as op
+
+    plan = op.suggest(model="gpt2", gpu="A10G", target_batch=8, top_k=1)
+    assert [row.id for row in op.history(gpu="A10G")] == [plan.plan_id]
+    assert op.history(gpu="t4").to_dict() == []
