@@ -70,6 +70,8 @@ def test_hf_training_args_json_with_its_deepspeed_json_and_the_adapter_config_be
     # 0.5B with LoRA fits without checkpointing: the recompute is what the change drops
     assert ("gradient_checkpointing", True, False) in {(k.key, k.old, k.new) for k in change.keys}
     assert all(k.file == str(HF) for k in change.keys)
+    page = result._repr_html_()  # Jupyter's table: the verdict and the diff
+    assert "<table>" in page and "gradient_checkpointing" in page and "faster" in page
 
 
 def test_accelerate_config_with_its_deepspeed_json_and_the_training_arguments():

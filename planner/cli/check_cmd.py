@@ -8,19 +8,20 @@ from typing import List, Optional
 
 import typer
 
-from planner.cli.plan import _GPU, _GPU_MEM, _JSON, _SEQ
+from planner.cli.plan import _GPU, _GPU_MEM, _JSON
 
 #: exit code when the file's configuration does not fit (as ``planner estimate``)
 DOES_NOT_FIT = 3
 
 
 def check(
-    files: List[str] = typer.Argument(..., help="The training config: TrainingArguments/TRL SFT JSON or YAML, an accelerate "
+    files: List[str] = typer.Argument(..., metavar="FILE...", help="The training config: TrainingArguments/TRL SFT JSON or YAML, an accelerate "
                                       "config YAML; its DeepSpeed JSON and an adapter_config.json beside it are read too."),
     gpu: str = _GPU,
     model: Optional[str] = typer.Option(None, "--model", "-m", help="The model (default: the file's model_name_or_path)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs (default: the accelerate config's num_processes, else 1)."),
-    seq_len: Optional[int] = _SEQ,
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the file's max_length, else "
+                                          "min(2048, the model's maximum)."),
     gpu_mem: Optional[str] = _GPU_MEM,
     cpu_mem: Optional[str] = typer.Option(None, "--cpu-mem", help="Host RAM of the node for offload, e.g. 192GiB."),
     trainer: Optional[str] = typer.Option(None, "--trainer", help="hf|trl: read the arguments with this trainer's schema "
