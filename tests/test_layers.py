@@ -25,8 +25,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("search", ("planner.search", "planner.ranking", "planner.defaults", "planner.advice")),
     ("store", ("planner.store", "planner.calibration")),
     ("use cases", ("planner.planning", "planner.estimation", "planner.answers", "planner.usecases", "planner.emit", "planner.plot",
-                   "planner.verify", "workers")),
-    ("surfaces", ("planner.cli", "planner.service", "planner.__main__")),
+                   "planner.verify", "planner.check", "workers")),
+    ("surfaces", ("planner.cli", "planner.service", "planner.__main__", "oom_planner")),
 )
 
 #: The arrows that run from a lower layer up to a higher one, each with its reason.
@@ -39,7 +39,7 @@ UPWARD = {
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for top in ("planner", "workers"):
+    for top in ("planner", "workers", "oom_planner"):
         for f in (ROOT / top).rglob("*.py"):
             parts = list(f.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":

@@ -22,6 +22,7 @@ _COMMAND_MODULES = (
     "planner.cli.emit_cmd",
     "planner.cli.serve_cmd",
     "planner.cli.calibrate_cmd",
+    "planner.cli.check_cmd",
 )
 #: each command (or command group) of the app and the module that registers it
 #: (tests/test_cli_plan.py checks this against what the modules register): a run that names its
@@ -31,6 +32,7 @@ COMMANDS = {
     "submit": "planner.cli.jobs_cmd", "jobs": "planner.cli.jobs_cmd", "models": "planner.cli.models_cmd",
     "gpus": "planner.cli.gpus_cmd", "history": "planner.cli.store", "show": "planner.cli.store", "db": "planner.cli.store",
     "emit": "planner.cli.emit_cmd", "serve": "planner.cli.serve_cmd", "calibrate": "planner.cli.calibrate_cmd",
+    "check": "planner.cli.check_cmd",
 }
 
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration
     from planner.modelspec import ModelSpec
     from planner.planning import Planned, SuggestRequest
+    from planner.service.check_body import CheckBody
     from planner.service.schemas import EstimateBody, ModelChoice, PlanBody, Size
     from planner.store import Store, StoredPlan
 
@@ -110,6 +111,53 @@ def estimate(body: "EstimateBody", *, calibration: "Calibration | None" = None) 
     return data
 
 
+def check(body: "CheckBody", *, calibration: "Calibration | None" = None) -> dict[str, Any]:
+    """``planner check --json`` of files sent as text (nothing read from the server's disk): the
+    model is a catalog id or the config sent inline, as for a plan."""
+    from planner.check import check_reading, files, read_texts
+    from planner.gpus import get_gpu
+
+    # what is wrong with the request without the trainers' libraries first: their first import
+    # takes tens of seconds on a loaded 2-core machine, and a bad GPU or model needs none of it
+    sent = [files.parse(name, text) for name, text in body.texts().items()]
+    get_gpu(body.gpu, memory_bytes=size_bytes(body.gpu_mem, field="gpu_mem"))
+    named = next((str(f.data["model_name_or_path"]) for f in sent if f.data.get("model_name_or_path")), None)
+    name = body.model or named
+    if body.config is None:
+        if name is None:
+            raise InvalidConfigError("no file names the model: send \"model\" (a catalog id) or model_name_or_path "
+                                     "in the arguments file")
+        require_catalog_id(name)
+    _import_trainers()
+    reading = read_texts(body.texts(), trainer=body.trainer)
+    spec = spec_from_config_body(body.config, name) if body.config is not None else None
+    result = check_reading(reading, gpu=body.gpu, model=name, gpus=body.gpus, seq_len=body.seq_len, spec=spec,
+                           gpu_mem_bytes=size_bytes(body.gpu_mem, field="gpu_mem"),
+                           cpu_mem_bytes=size_bytes(body.cpu_mem, field="cpu_mem"), calibration=calibration)
+    return result.to_dict()
+
+
+def _import_trainers() -> None:
+    """The trainers' libraries (transformers, TRL, peft, accelerate: torch with them), imported in
+    a thread of their own and waited for: the first check of a server process pays their import
+    (over 10 s of CPU on the 2-core CI machine) once, and the request's CPU budget
+    (``planner.service.budget``, the answering thread's own clock) bounds the request's work, not
+    an import Python then caches for every later request."""
+    import threading
+
+    from planner.check.schemas import load_all
+
+    loader = threading.Thread(target=load_all, name="planner-check-imports", daemon=True)
+    loader.start()
+    loader.join()
+
+
+def spec_from_config_body(config: dict[str, Any], name: str | None) -> "ModelSpec":
+    from planner.catalog import spec_from_config
+
+    return spec_from_config(config, model_id=name or "inline-model", source=INLINE_SOURCE)
+
+
 def stored_verified(store: "Store", planned: "Planned") -> "StoredPlan | None":
     """The stored verified plan of this same request (``planner suggest`` answers with it too)."""
     return store.find_verified(request=planned.result.request)
@@ -131,5 +179,5 @@ def check_verifiable(body: "PlanBody") -> None:
         )
 
 
-__all__ = ["INLINE_SOURCE", "check_verifiable", "estimate", "from_store", "inline_spec", "make_plan",
+__all__ = ["INLINE_SOURCE", "check", "check_verifiable", "estimate", "from_store", "inline_spec", "make_plan",
            "require_catalog_id", "size_bytes", "stored_verified", "suggest_request"]

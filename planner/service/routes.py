@@ -15,6 +15,7 @@ from fastapi.security import HTTPBearer
 
 from planner.service import calls
 from planner.service.budget import BudgetedRoute
+from planner.service.check_body import CheckBody
 from planner.service.errors import ServiceError
 from planner.service.schemas import ErrorBody, EstimateBody, PlanBody
 from planner.service.state import StoreHolder
@@ -145,6 +146,14 @@ def estimate(body: EstimateBody, request: Request) -> dict[str, Any]:
     """Memory and speed of one configuration (``planner estimate --json``), with the device's
     calibration; stores nothing."""
     return calls.estimate(body, calibration=_calibration(request, body.gpu))
+
+
+@router.post("/v1/check", tags=["estimate"], dependencies=[Security(bearer)], responses=_WRITE_ERRORS)
+def check(body: CheckBody, request: Request) -> dict[str, Any]:
+    """An existing training config sent as its files (``planner check --json``): fits or not, the
+    peak, where it peaks, the OOM risk and the closest change as a diff of the files' keys; stores
+    nothing."""
+    return calls.check(body, calibration=_calibration(request, body.gpu))
 
 
 @router.get("/v1/gpus", tags=["catalog"])

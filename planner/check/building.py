@@ -1,0 +1,39 @@
+"""The one place ``planner check`` makes a ``TrainConfig`` and reads its sharding back: when ZeRO
+and offload become one descriptor, this module is the one to change."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.config import TrainConfig
+    from planner.gpus import GPUSpec
+    from planner.modelspec import ModelSpec
+
+
+def train_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, options: Mapping[str, Any]) -> "TrainConfig":
+    """The one place ``planner check`` makes a TrainConfig (through estimate's ``build_config``:
+    the same checks and defaults as ``planner estimate``)."""
+    from planner.estimation import build_config
+
+    return build_config(spec, gpu, seq_len=seq_len, **options)
+
+
+def sharding(config: "TrainConfig") -> tuple[int, str]:
+    """(ZeRO stage, offload) of a configuration: the one place ``planner check`` reads them."""
+    return config.zero, str(config.offload)
+
+
+def options_of(config: "TrainConfig") -> dict[str, Any]:
+    """A configuration as ``build_config`` options again (its seq_len apart)."""
+    from planner.estimation import CONFIG_OPTIONS
+
+    zero, offload = sharding(config)
+    out = {name: getattr(config, name) for name in CONFIG_OPTIONS if name not in ("zero", "offload")}
+    out.update(zero=zero, offload=offload)
+    if out.get("lora_targets") is not None:
+        out["lora_targets"] = ",".join(out["lora_targets"])
+    return out
+
+
+__all__ = ["options_of", "sharding", "train_config"]
