@@ -1,5 +1,5 @@
-"""The one place ``planner check`` makes a ``TrainConfig`` and reads its sharding back: when ZeRO
-and offload become one descriptor, this module is the one to change."""
+"""The one place ``planner check`` makes a ``TrainConfig`` and reads its sharding back in the
+DeepSpeed spelling the files it reads use (``Sharding.payload``: the ZeRO stage and the offload)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,12 @@ def train_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, opti
 
 
 def sharding(config: "TrainConfig") -> tuple[int, str]:
-    """(ZeRO stage, offload) of a configuration: the one place ``planner check`` reads them."""
-    return config.zero, str(config.offload)
+    """(ZeRO stage, offload) of a configuration: the one place ``planner check`` reads them. A
+    scheme no ZeRO stage names has no spelling in the files ``check`` reads: an invariant while the
+    search offers ZeRO and DDP only."""
+    payload = config.sharding.payload()
+    assert "zero" in payload, f"{config.sharding} has no DeepSpeed spelling"
+    return payload["zero"], payload["offload"]
 
 
 def options_of(config: "TrainConfig") -> dict[str, Any]:
