@@ -67,10 +67,11 @@ def measured_bytes(row: dict[str, Any]) -> int:
 
 
 def config_fields() -> frozenset[str]:
-    """The ``TrainConfig`` fields build_config takes as options (all but seq_len)."""
-    from planner.config import TrainConfig
+    """The options build_config takes (``planner.estimation.CONFIG_OPTIONS``: the CLI's names,
+    ``zero`` and ``offload`` for the sharding; seq_len is given apart)."""
+    from planner.estimation import CONFIG_OPTIONS
 
-    return frozenset(f.name for f in dataclasses.fields(TrainConfig)) - {"seq_len"}
+    return frozenset(CONFIG_OPTIONS)
 
 
 def map_row(row: dict[str, Any]) -> tuple[Any, Any, Any, list[str]]:
