@@ -73,13 +73,11 @@ def measured_bytes(row: dict[str, Any]) -> int:
 
 
 def config_fields() -> frozenset[str]:
-    """The options build_config takes (``TrainConfig``'s keywords, the old ``zero``/``offload``
-    spelling of ``sharding`` among them, all but seq_len)."""
-    import inspect
+    """The options build_config takes (``planner.estimation.CONFIG_OPTIONS``: the CLI's names,
+    ``zero`` and ``offload`` for the sharding; seq_len is given apart)."""
+    from planner.estimation import CONFIG_OPTIONS
 
-    from planner.config import TrainConfig
-
-    return frozenset(inspect.signature(TrainConfig.__init__).parameters) - {"self", "seq_len"}
+    return frozenset(CONFIG_OPTIONS)
 
 
 def map_row(row: dict[str, Any]) -> tuple[Any, Any, Any, list[str]]:
