@@ -46,9 +46,11 @@ def test_the_job_env_is_an_allow_list_whatever_this_process_holds(monkeypatch):
     assert set(FORWARDED_ENV) == {"PLANNER_DB_CONNECT_TIMEOUT", "PLANNER_DB_STATEMENT_TIMEOUT", "PLANNER_DB_POOL_TIMEOUT"}
 
 
+# ids without the random secret, so that every pytest-xdist worker collects the same tests
 @pytest.mark.parametrize("url", [f"postgresql+psycopg://planner:{PASSWORD}@db:5432/planner",
                                  f"postgresql+psycopg:///planner?host=db&password={PASSWORD}",
-                                 f"postgresql+psycopg://planner@db/planner?sslpassword={PASSWORD}"])
+                                 f"postgresql+psycopg://planner@db/planner?sslpassword={PASSWORD}"],
+                         ids=["userinfo", "password-query", "sslpassword-query"])
 def test_a_url_with_a_password_is_given_by_its_file_or_refused(url):
     from planner.verify.jobs import job_database
 
