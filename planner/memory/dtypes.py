@@ -2,7 +2,7 @@
 
 The one home of the dtype facts the memory and throughput models share: the bytes of the
 trainable tensors (peft keeps adapters in fp32), the NF4 and 8-bit block layouts of bitsandbytes,
-and the dtype mode a (method, precision, DeepSpeed) combination runs in.
+and the dtype mode a (method, precision, sharding) combination runs in.
 """
 
 from __future__ import annotations
@@ -72,11 +72,12 @@ def trainable_bytes(method: Method, mode: DtypeMode) -> int:
 
 
 @functools.cache
-def dtype_mode(method: Method, precision: Precision, deepspeed: bool) -> DtypeMode:
-    """The dtype mode of (method, precision) with or without DeepSpeed."""
+def dtype_mode(method: Method, precision: Precision, casts_model: bool) -> DtypeMode:
+    """The dtype mode of (method, precision), with or without a sharding library that casts the
+    model to 16 bits (``ShardingSpec.casts_model``: DeepSpeed)."""
     lora = method.uses_adapters
     p = precision
-    if deepspeed and p.is_mixed:
+    if casts_model and p.is_mixed:
         # DeepSpeed's bf16/fp16 mode casts the model to 16-bit and keeps the fp32 master copy in
         # the optimizer partition (deepspeed/runtime/engine.py _configure_distributed_model):
         # no autocast, activations are those of a pure 16-bit model.
