@@ -284,6 +284,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_for_the_job_agent(client, *, deadline: float) -> None:
+    """The job API answers before the node's job agent has registered; until it has, a submission
+    is refused with 500 "No available agent to submit job" (ray/dashboard/modules/job/job_head.py
+    ``submit_job``), which a loaded machine makes last tens of seconds. Submit a no-op job until
+    one is accepted, and let it end, so that the test's own submission meets a ready cluster."""
+    while True:
+        try:
+            job = client.submit_job(entrypoint="python -c pass")
+            break
+        except Exception as exc:
+            if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+    while not client.get_job_status(job).is_terminal() and time.monotonic() < deadline:
+        time.sleep(1)
+
+
 @pytest.fixture
 def ray_head():
     """``ray start --head`` with the dashboard (the job API) on 127.0.0.1, in a process group of
@@ -317,6 +334,7 @@ def ray_head():
                 if head.poll() is not None or time.monotonic() > deadline:
                     raise AssertionError(open(os.path.join(temp, "head.log")).read()[-3000:])
                 time.sleep(1)
+        _wait_for_the_job_agent(job_client(address), deadline=deadline + 120)
         yield address
     finally:
         for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
