@@ -211,10 +211,12 @@ def block_moment(spec: Any, config: Any, gpu: Any) -> tuple[int, int] | None:
     what the prediction would be without it. None without checkpointing."""
     if not config.grad_ckpt:
         return None
+    from planner.memory.overhead import with_workspaces
     from planner.memory.step import PHASES
     from planner.memory.timeline import step_timeline
 
-    timeline = step_timeline(model=spec, config=config, kernels=gpu.kernels)
+    # with the cuBLAS workspaces the estimate's allocated peak holds (planner/memory/overhead.py)
+    timeline = with_workspaces(step_timeline(model=spec, config=config, kernels=gpu.kernels), gpu)
     curve = timeline.curve()
     return curve[timeline.marks["first_block_backward"]], max(curve[timeline.marks[m]] for m in PHASES
                                                                if m != "first_block_backward")

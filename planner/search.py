@@ -357,7 +357,7 @@ class MemoryMemo:
                 static_sizes(static, accumulating=acc, head_grads=head_grads, down_grads=down_grads))])
             for acc in (False, True)
         )
-        fixed = peak_independent(self.model, self.gpu, paged=static.paged)
+        fixed = peak_independent(self.model, self.gpu, paged=static.paged, gpus=config.gpus)
         value = (parts, resident, fixed, static.host)
         return _Static(static, parts, resident, fixed, {}, self._values.setdefault(value, value))
 

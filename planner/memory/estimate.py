@@ -10,6 +10,7 @@ from __future__ import annotations
 from planner.config import Method, TrainConfig
 from planner.memory.activations import ACTIVATION_SAVED
 from planner.memory.allocator import AllocatorConfig, Replay, replay
+from planner.memory.overhead import outside_allocator, overhead_notes, with_workspaces
 from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import ModelSpec
 from planner.results import MemoryEstimate
@@ -25,6 +26,7 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
         conf = AllocatorConfig.parse(config.alloc_conf)
         out.append(f"allocator: PyTorch's CUDA caching allocator replayed on the step's allocations "
                    f"({conf.spelling() or 'default settings'}; one stream, tensors of a term taken as equal)")
+        out.extend(overhead_notes(gpu, config))
         if conf.ignored:
             out.append(f"allocator settings not modelled: {', '.join(conf.ignored)}")
         if replayed.out_of_memory:
@@ -39,13 +41,14 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
 def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[int] | None = None,
                     budget: int | None = None) -> Replay:
     """The caching allocator over the timeline, on what the device leaves it (its memory, or the
-    ``budget`` a plan must fit in, less the CUDA context and the memory outside the allocator);
+    ``budget`` a plan must fit in, less the CUDA context, NCCL's buffers and the memory outside the
+    allocator, ``planner.memory.overhead``);
     ``trace`` gets the reserve after each event. On a budget the allocator does what it does on a
     device that size: a cudaMalloc past it fails, and it frees cached blocks and retries
     (CUDACachingAllocator.cpp ``malloc``: ``alloc_block`` || ``release_available_cached_blocks``
     && ``alloc_block`` || ``release_cached_blocks`` && ``alloc_block``); only a request no release
     can place is out of memory."""
-    capacity = (budget or gpu.memory_bytes) - int(gpu.cuda_context_bytes) - timeline.outside_allocator
+    capacity = (budget or gpu.memory_bytes) - outside_allocator(gpu, config.gpus) - timeline.outside_allocator
     return replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf), trace=trace)
 
 
@@ -57,6 +60,8 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int |
     as the real allocator releases it when the device is full, and the process total exceeds it
     only when the step cannot run in it."""
     timeline = step_timeline(model=model, config=config, kernels=gpu.kernels)
+    if gpu.kernels.caching_allocator:
+        timeline = with_workspaces(timeline, gpu)
     peak = timeline.peak
     replayed = replay_timeline(timeline, config, gpu, budget=budget) if gpu.kernels.caching_allocator else None
     if replayed is None:
@@ -66,7 +71,7 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int |
         assert replayed.allocated_peak == peak, (replayed.allocated_peak, peak)
         reserved = replayed.peak_reserved
         fragmentation = replayed.fragmentation
-        total = reserved + int(gpu.cuda_context_bytes) + timeline.outside_allocator
+        total = reserved + outside_allocator(gpu, config.gpus) + timeline.outside_allocator
     return MemoryEstimate(
         peak_allocated_bytes=peak,
         peak_reserved_bytes=reserved,

@@ -6,6 +6,7 @@ them with this overhead and replays the plans it shows (``planner.search``)."""
 
 from __future__ import annotations
 
+from planner.memory.overhead import CUBLAS_WORKSPACES, cublas_workspace_bytes, outside_allocator
 from planner.modelspec import ModelSpec
 from planner.units import MiB
 
@@ -20,14 +21,15 @@ CUDA_ROUND_LARGE = 2 * MiB
 CUDA_FRAGMENTATION = 0.05
 
 
-def reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged: int) -> tuple[int, int]:
+def reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged: int, gpus: int = 1) -> tuple[int, int]:
     """CUDA caching allocator on top of the allocated peak, then the process total.
 
-    Large-block rounding on the live large tensors plus the stated fragmentation of the
-    activation churn; the CUDA context and paged (unified-memory) states come on top."""
+    Large-block rounding on the live large tensors, the cuBLAS workspaces' segments, plus the
+    stated fragmentation of the activation churn; the CUDA context, NCCL's buffers on ``gpus``
+    devices and paged (unified-memory) states come on top (``planner.memory.overhead``)."""
     transient = max(peak - static, 0)
-    reserved = peak + _large_rounding(model) + int(CUDA_FRAGMENTATION * transient)
-    return reserved, reserved + int(gpu.cuda_context_bytes) + paged
+    reserved = peak + _large_rounding(model) + _workspaces(gpu) + int(CUDA_FRAGMENTATION * transient)
+    return reserved, reserved + outside_allocator(gpu, gpus) + paged
 
 
 def _large_rounding(model: ModelSpec) -> int:
@@ -37,11 +39,24 @@ def _large_rounding(model: ModelSpec) -> int:
     return n_large * CUDA_ROUND_LARGE // 2
 
 
-def peak_independent(model: ModelSpec, gpu, *, paged: int) -> int:
+def _workspaces(gpu) -> int:
+    """The cuBLAS workspaces as the allocator reserves them: a request of 1-10 MiB gets a 20 MiB
+    segment (kLargeBuffer, kMinLargeAlloc), a larger one its size rounded to 2 MiB (kRoundLarge);
+    the default 8.125 MiB pair rounds to 10 MiB each and shares one 20 MiB segment."""
+    nbytes = cublas_workspace_bytes(gpu)
+    if not nbytes:
+        return 0
+    rounded = -(-nbytes // CUDA_ROUND_LARGE) * CUDA_ROUND_LARGE
+    if rounded < 10 * MiB:
+        return -(-CUBLAS_WORKSPACES * rounded // (20 * MiB)) * 20 * MiB
+    return CUBLAS_WORKSPACES * rounded
+
+
+def peak_independent(model: ModelSpec, gpu, *, paged: int, gpus: int = 1) -> int:
     """What ``reserved_and_total``'s process total adds to any peak besides fragmentation: the
-    large-block rounding, the CUDA context and the paged states (whole numbers, so adding them
-    first changes no byte)."""
-    return _large_rounding(model) + int(gpu.cuda_context_bytes) + paged
+    large-block rounding, the cuBLAS workspaces, the CUDA context, NCCL's buffers and the paged
+    states (whole numbers, so adding them first changes no byte)."""
+    return _large_rounding(model) + _workspaces(gpu) + outside_allocator(gpu, gpus) + paged
 
 
 def process_total(peak: int, *, static: int, fixed: int) -> int:

@@ -1,0 +1,113 @@
+"""The device memory no training term owns: cuBLAS workspaces, NCCL's communicator buffers and the
+CUDA context, each where it lives (inside or outside PyTorch's caching allocator).
+
+- **cuBLAS workspaces: inside the allocator.** torch allocates one workspace per (cuBLAS handle,
+  stream) through the caching allocator (aten/src/ATen/cuda/CublasHandlePool.cpp
+  ``getNewWorkspace``: ``CUDACachingAllocator::get()->allocate(getChosenWorkspaceSize())``,
+  kept in ``cublas_handle_stream_to_workspace``). The default size
+  (``parseChosenWorkspaceSize`` without ``CUBLAS_WORKSPACE_CONFIG``) is ``4096 * 8 * 1024``
+  (32 MiB) on compute capability 9.0 and ``4096 * 1024 * 2 + 16 * 1024 * 8`` (8 MiB + 128 KiB)
+  elsewhere. cuBLASLt shares it (``getCUDABlasLtWorkspaceSize``: ``TORCH_CUBLASLT_UNIFIED_WORKSPACE``
+  is on unless set off), so it adds nothing. Handles come from a per-thread pool window
+  (``DeviceThreadHandlePool``): the forward runs on the Python thread and the backward on
+  autograd's device thread (torch/csrc/autograd/engine.cpp, one worker thread per device), so a
+  training step holds two workspaces on one stream.
+- **NCCL buffers: outside the allocator** (NCCL cudaMallocs its own; ``torch.cuda.memory_reserved``
+  does not see them). Per channel and peer connection NCCL holds one buffer per protocol
+  (nccl src/init.cc ``computeBuffSizes``): Simple ``DEFAULT_BUFFSIZE`` 4 MiB (``NCCL_BUFFSIZE``),
+  LL ``NCCL_LL_LINES_PER_THREAD*NCCL_LL_MAX_NTHREADS*NCCL_STEPS*16`` = 8*512*8*16 = 512 KiB and
+  LL128 ``NCCL_LL128_ELEMS_PER_THREAD*NCCL_LL128_MAX_NTHREADS*NCCL_STEPS*8`` = 120*640*8*8 =
+  4,800 KiB; the NCCL environment-variable docs list ``NCCL_BUFFSIZE`` (default 4 MiB) as the
+  knob to cut it. A ring rank holds one connection's buffers per channel (it receives from its
+  predecessor; in P2P read mode the Simple buffer moves to the sender, still one per rank).
+  Channels come from NCCL's topology search: 24 on an HGX A100 over NVSwitch
+  (NVIDIA/nccl-tests#100, "Channel 23/24"), 2 over PCIe/shared memory (NVIDIA/nccl-tests#228,
+  channels 00-01 "via SHM"). One communicator (the default process group's); tree, NVLS and
+  CollNet connections (made lazily when NCCL picks those algorithms, NCCL_RUNTIME_CONNECT) are not
+  counted and are stated as such.
+- **CUDA context: outside the allocator**, ``GPUSpec.cuda_context_bytes`` (planner/gpus.py cites it).
+
+The CPU profile has none of these (no CUDA, gloo instead of NCCL).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from planner.config import TrainConfig
+from planner.memory.timeline import Event, Timeline
+from planner.units import KiB, MiB
+
+#: CublasHandlePool.cpp parseChosenWorkspaceSize, CUBLAS_WORKSPACE_CONFIG unset
+CUBLAS_WORKSPACE = 4096 * KiB * 2 + 16 * KiB * 8
+#: ... on compute capability 9.0 (``sm90``: Hopper)
+CUBLAS_WORKSPACE_SM90 = 4096 * 8 * KiB
+#: workspaces a training step holds: the forward's thread and autograd's device thread
+CUBLAS_WORKSPACES = 2
+#: nccl src/init.cc: DEFAULT_BUFFSIZE (Simple), DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE
+NCCL_SIMPLE = 4 * MiB
+NCCL_LL = 8 * 512 * 8 * 16
+NCCL_LL128 = 120 * 640 * 8 * 8
+NCCL_CONNECTION = NCCL_SIMPLE + NCCL_LL + NCCL_LL128
+#: ring channels NCCL's topology search builds (module docstring)
+NCCL_CHANNELS_NVLINK = 24
+NCCL_CHANNELS_PCIE = 2
+WORKSPACE_KEY = "cublas/workspace"
+
+
+def cublas_workspace_bytes(gpu) -> int:
+    """One cuBLAS workspace on ``gpu`` (0 without CUDA)."""
+    if not gpu.kernels.caching_allocator:
+        return 0
+    return CUBLAS_WORKSPACE_SM90 if tuple(gpu.compute_capability) == (9, 0) else CUBLAS_WORKSPACE
+
+
+def nccl_channels(gpu) -> int:
+    return NCCL_CHANNELS_NVLINK if gpu.interconnect.startswith("nvlink") else NCCL_CHANNELS_PCIE
+
+
+def nccl_buffer_bytes(gpu, gpus: int) -> int:
+    """NCCL's buffers on each device of a ``gpus``-device run: one ring connection per channel of
+    the one communicator; none on one device or without CUDA."""
+    if gpus <= 1 or not gpu.kernels.caching_allocator:
+        return 0
+    return nccl_channels(gpu) * NCCL_CONNECTION
+
+
+def outside_allocator(gpu, gpus: int) -> int:
+    """Device bytes outside the caching allocator these terms add: the CUDA context and NCCL."""
+    return int(gpu.cuda_context_bytes) + nccl_buffer_bytes(gpu, gpus)
+
+
+def with_workspaces(timeline: Timeline, gpu) -> Timeline:
+    """``timeline`` with the step's cuBLAS workspaces allocated first and kept (they live as long
+    as their handle); the moments' marks move by the one event added."""
+    nbytes = cublas_workspace_bytes(gpu)
+    if not nbytes:
+        return timeline
+    event = Event("alloc", WORKSPACE_KEY, CUBLAS_WORKSPACES * nbytes, CUBLAS_WORKSPACES, -1, "cuBLAS handles")
+    return dataclasses.replace(timeline, events=(event, *timeline.events),
+                               marks={name: done + 1 for name, done in timeline.marks.items()}, start=timeline.start + 1)
+
+
+def overhead_notes(gpu, config: TrainConfig) -> list[str]:
+    """The assumption lines naming each term with its bytes (``planner estimate`` prints them)."""
+    if not gpu.kernels.caching_allocator:
+        return []
+    from planner.units import format_bytes
+
+    ws = cublas_workspace_bytes(gpu)
+    out = [f"inside the allocator: cuBLAS workspaces {CUBLAS_WORKSPACES} x {format_bytes(ws)} "
+           f"(torch CublasHandlePool.cpp default, CUBLAS_WORKSPACE_CONFIG unset; forward and autograd threads)",
+           f"outside the allocator: CUDA context {format_bytes(int(gpu.cuda_context_bytes))}"]
+    nccl = nccl_buffer_bytes(gpu, config.gpus)
+    if nccl:
+        out.append(f"outside the allocator: NCCL buffers {format_bytes(nccl)} per device ({nccl_channels(gpu)} ring channels x "
+                   f"{format_bytes(NCCL_CONNECTION)}: Simple 4 MiB (NCCL_BUFFSIZE) + LL 512 KiB + LL128 4800 KiB; one "
+                   "communicator; tree/NVLS/CollNet buffers NCCL connects lazily not counted)")
+    return out
+
+
+__all__ = ["CUBLAS_WORKSPACE", "CUBLAS_WORKSPACES", "CUBLAS_WORKSPACE_SM90", "NCCL_CONNECTION", "WORKSPACE_KEY",
+           "cublas_workspace_bytes", "nccl_buffer_bytes", "nccl_channels", "outside_allocator", "overhead_notes",
+           "with_workspaces"]

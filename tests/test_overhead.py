@@ -1,0 +1,91 @@
+"""The memory no training term owns (planner/memory/overhead.py): cuBLAS workspaces inside the
+caching allocator, NCCL's buffers and the CUDA context outside it, none on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.catalog import resolve_model as get_model
+from planner.config import Method, TrainConfig
+from planner.gpus import get_gpu
+from planner.memory import estimate_memory
+from planner.memory.estimate import replay_timeline
+from planner.memory.overhead import (
+    WORKSPACE_KEY,
+    cublas_workspace_bytes,
+    nccl_buffer_bytes,
+    with_workspaces,
+)
+from planner.memory.reserve import peak_independent, reserved_and_total
+from planner.memory.timeline import step_timeline
+
+MiB = 2**20
+# torch CublasHandlePool.cpp parseChosenWorkspaceSize: 4096 KiB * 2 + 16 KiB * 8
+#   = 8,388,608 + 131,072 = 8,519,680 bytes; on sm90: 4096 * 8 * 1024 = 33,554,432
+WORKSPACE = 8_519_680
+WORKSPACE_SM90 = 33_554_432
+# nccl src/init.cc per channel: Simple 4 MiB = 4,194,304, LL 8*512*8*16 = 524,288,
+#   LL128 120*640*8*8 = 4,915,200: 9,633,792 bytes; 24 channels over NVLink = 231,211,008,
+#   2 channels over PCIe = 19,267,584
+CONNECTION = 9_633_792
+CONTEXT = 512 * MiB  # planner/gpus.py CUDA_CONTEXT_BYTES
+
+
+def _config(gpus: int = 1) -> TrainConfig:
+    return TrainConfig(method=Method.LORA, micro_batch=1, seq_len=128, gpus=gpus)
+
+
+def test_workspace_by_compute_capability():
+    assert cublas_workspace_bytes(get_gpu("a100-80gb")) == WORKSPACE
+    assert cublas_workspace_bytes(get_gpu("h100-80gb")) == WORKSPACE_SM90
+    assert cublas_workspace_bytes(get_gpu("cpu")) == 0
+
+
+def test_nccl_only_on_several_gpus():
+    assert nccl_buffer_bytes(get_gpu("a100-80gb"), 1) == 0
+    assert nccl_buffer_bytes(get_gpu("a100-80gb"), 2) == 24 * CONNECTION == 231_211_008
+    assert nccl_buffer_bytes(get_gpu("h100-pcie"), 8) == 2 * CONNECTION == 19_267_584
+    assert nccl_buffer_bytes(get_gpu("cpu"), 4) == 0
+
+
+@pytest.mark.parametrize("gpus, outside", [(1, CONTEXT), (2, CONTEXT + 231_211_008)])
+def test_estimate_places_each_term(gpus, outside):
+    # gpt2 LoRA on an A100 (nvlink3, compute capability 8.0): two workspaces of 8,519,680 bytes
+    # = 17,039,360 in the breakdown and the allocated peak; the process total is the reserve
+    # plus the 512 MiB context (plus 231,211,008 of NCCL on two devices); no paged states
+    gpu, model, config = get_gpu("a100-80gb"), get_model("gpt2"), _config(gpus)
+    m = estimate_memory(model=model, config=config, gpu=gpu)
+    assert m.breakdown[WORKSPACE_KEY] == 2 * WORKSPACE == 17_039_360
+    assert m.peak_allocated_bytes == step_timeline(model=model, config=config, kernels=gpu.kernels).peak + 17_039_360
+    assert m.process_total_bytes - m.peak_reserved_bytes == outside
+    assert any("cuBLAS workspaces" in a for a in m.assumptions)
+    assert any("NCCL buffers" in a for a in m.assumptions) == (gpus > 1)
+
+
+def test_workspaces_take_one_segment_of_the_replay():
+    # 8,519,680 bytes round up to 10 MiB (kRoundLarge, 2 MiB) and a 1-10 MiB request gets a
+    # 20 MiB segment (kLargeBuffer): the pair fills one 20 MiB segment no other block can use;
+    # on sm90 each 32 MiB request is its own 32 MiB segment: 64 MiB
+    model, config = get_model("gpt2"), _config()
+    for name, added in (("a100-80gb", 20 * MiB), ("h100-80gb", 64 * MiB)):
+        gpu = get_gpu(name)
+        timeline = step_timeline(model=model, config=config, kernels=gpu.kernels)
+        base = replay_timeline(timeline, config, gpu).peak_reserved
+        assert replay_timeline(with_workspaces(timeline, gpu), config, gpu).peak_reserved == base + added
+
+
+def test_screen_adds_the_same_terms():
+    # the search's screen: 20 MiB of workspace segments, the context, NCCL on two devices
+    model, gpu = get_model("gpt2"), get_gpu("a100-80gb")
+    one = peak_independent(model, gpu, paged=0)
+    assert peak_independent(model, gpu, paged=0, gpus=2) - one == 231_211_008
+    reserved, total = reserved_and_total(model, gpu, peak=10 * MiB, static=10 * MiB, paged=0, gpus=2)
+    assert total - reserved == CONTEXT + 231_211_008
+    assert total == 10 * MiB + peak_independent(model, gpu, paged=0, gpus=2)
+
+
+def test_cpu_has_none():
+    model, gpu = get_model("gpt2"), get_gpu("cpu")
+    m = estimate_memory(model=model, config=_config(2), gpu=gpu)
+    assert WORKSPACE_KEY not in m.breakdown
+    assert m.process_total_bytes == m.peak_allocated_bytes
