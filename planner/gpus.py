@@ -289,9 +289,13 @@ def _gpu(
     nvlink: str = "",
     notes: Mapping[str, str] | None = None,
     nodes: tuple[HostNode, ...] = (),
+    host_link_gbs: float | None = None,
+    host_link: str = "",
 ) -> GPUSpec:
-    """Build one entry; fields without their own note are cited to the datasheet."""
-    host = _PCIE[pcie_gen]
+    """Build one entry; fields without their own note are cited to the datasheet. ``host_link_gbs``
+    replaces the PCIe host link where the GPU reaches its host otherwise (GH200's NVLink-C2C),
+    ``host_link`` saying what it is."""
+    host = host_link_gbs or _PCIE[pcie_gen]
     sources = {
         "memory_bytes": f"{memory_mib} MiB: {memory_source}",
         "cuda_context_bytes": _CONTEXT_SOURCE,
@@ -299,7 +303,7 @@ def _gpu(
         "bf16_tflops": f"{datasheet}: dense bf16 tensor" if bf16 else f"no bf16 (compute capability {cc[0]}.{cc[1]})",
         "fp32_tflops": f"{datasheet}: fp32 CUDA cores (TF32 off by default in PyTorch)",
         "mem_bandwidth_gbs": datasheet,
-        "host_link_gbs": f"PCIe gen{pcie_gen} x16, ~80% of raw per direction (assumption)",
+        "host_link_gbs": host_link or f"PCIe gen{pcie_gen} x16, ~80% of raw per direction (assumption)",
         "interconnect_gbs": (
             f"{nvlink} {nvlink_gbs:g} GB/s per direction ({datasheet})"
             if nvlink_gbs
@@ -353,6 +357,34 @@ def _nodes(family: str, source: str, *sizes: tuple[str, int, int]) -> tuple[Host
                  for size, n, ram in sizes)
 
 
+_B200_SHEET = ("NVIDIA HGX B200 / DGX B200 datasheet, per GPU: 4.5 PFLOPS bf16/fp16 tensor with sparsity "
+               "(2250 dense), 80 fp32 (Blackwell datasheet, HGX B200 at 1000 W), 8 TB/s HBM3e (64 TB/s per 8 GPUs), "
+               "NVLink 5 1.8 TB/s total")
+
+
+def _b200_nodes() -> tuple[HostNode, ...]:
+    """The 8-GPU B200 machines (neither cloud sells fewer)."""
+    return (
+        HostNode(instance="AWS p6-b200.48xlarge", gpus=8, ram_bytes=2048 * GiB,
+                 source="AWS EC2 P6 instance types (aws.amazon.com/ec2/instance-types/p6): p6-b200.48xlarge, "
+                 "8 B200, 2 TiB memory"),
+        HostNode(instance="GCP a4-highgpu-8g", gpus=8, ram_bytes=3968 * 10**9,
+                 source="Google Cloud docs, 'GPU machine types': A4 a4-highgpu-8g, 8 B200, 3,968 GB memory"),
+    )
+
+
+_OCI = ("Oracle Cloud Infrastructure docs, 'Compute Shapes', GPU shapes: GPUs and memory (GB) of the A10 "
+        "shapes; read as 10^9 bytes")
+
+
+def _oci_nodes(shape: str, gpus: int, ram_gb: int) -> tuple[HostNode, ...]:
+    return (HostNode(instance=f"OCI {shape}", gpus=gpus, ram_bytes=ram_gb * 10**9, source=_OCI),)
+
+
+#: Not in the catalog: AMD MI300X. It runs PyTorch through ROCm/HIP, and the model's CUDA facts do
+#: not hold there as written (KernelProfile: the HIP caching allocator and its context size, no
+#: bitsandbytes paged/8-bit CUDA kernels, flash-attn's ROCm build with other limits); a plan on it
+#: would pretend to a precision the planner does not have until a ROCm kernel profile is measured.
 _A100_SHEET = "NVIDIA A100 Tensor Core GPU datasheet (SXM4): 312 TFLOPS dense bf16/fp16, 19.5 fp32"
 _H100_SHEET = "NVIDIA H100 datasheet, SXM5 column: 989.4 TFLOPS dense bf16/fp16 (1979 sparse), 67 fp32"
 
@@ -469,6 +501,80 @@ _CATALOG: tuple[GPUSpec, ...] = (
         datasheet="NVIDIA RTX A6000 datasheet: 309.7 TFLOPS tensor with sparsity (154.8 dense), 38.7 fp32, "
         "768 GB/s GDDR6",
     ),
+    # ---- the cards rented in 2026 (issue 21). nvidia-smi totals are from public nvidia-smi printouts
+    # (readings quoted; R535+ drivers). Blackwell GeForce/RTX PRO dense rates: the datasheet's "AI
+    # TOPS" are FP4 with sparsity; FP16/BF16 with FP32 accumulate is that /8 on RTX PRO (full rate)
+    # and /16 on GeForce (half rate, as on the 4090), which NVIDIA's RTX Blackwell whitepaper lists.
+    _gpu(
+        name="b200", display_name="NVIDIA B200", memory_mib=183359, cc=(10, 0), fp8=True,
+        memory_source="nvidia-smi readings '0MiB / 183359MiB' (HGX B200, driver 570+/580+, several public logs)",
+        fp16=2250.0, bf16=2250.0, fp32=80.0, bandwidth=8000.0, pcie_gen=5,
+        nvlink_gbs=900.0, nvlink="nvlink5",
+        datasheet=_B200_SHEET,
+        nodes=_b200_nodes(),
+    ),
+    _gpu(
+        name="rtx5090", display_name="NVIDIA GeForce RTX 5090", memory_mib=32607, cc=(12, 0), fp8=True,
+        memory_source="nvidia-smi readings '1987MiB / 32607MiB' with driver 580.102.01 and other public logs",
+        fp16=209.5, bf16=209.5, fp32=104.8, bandwidth=1792.0, pcie_gen=5,
+        datasheet="NVIDIA RTX Blackwell GPU architecture whitepaper, RTX 5090: 209.5 TFLOPS fp16/bf16 tensor "
+        "with FP32 accumulate dense (419 with fp16 accumulate; 3352 AI TOPS = FP4 sparse), 104.8 fp32, "
+        "1792 GB/s GDDR7",
+    ),
+    _gpu(
+        name="rtx6000-ada", display_name="NVIDIA RTX 6000 Ada Generation", memory_mib=49140, cc=(8, 9), fp8=True,
+        memory_source="nvidia-smi reading '44578MiB / 49140MiB' (ECC off, the workstation default; with ECC on "
+        "the card reports less: pass --gpu-mem)",
+        fp16=364.25, bf16=364.25, fp32=91.1, bandwidth=960.0, pcie_gen=4,
+        datasheet="NVIDIA RTX 6000 Ada Generation datasheet: 1457 TFLOPS FP8 tensor with sparsity "
+        "(= 364.25 dense fp16/bf16, FP32 accumulate at full rate on RTX pro cards; Ada whitepaper appendix), "
+        "91.1 fp32, 960 GB/s GDDR6",
+    ),
+    _gpu(
+        name="rtx-pro-6000", display_name="NVIDIA RTX PRO 6000 Blackwell", memory_mib=97887, cc=(12, 0), fp8=True,
+        memory_source="nvidia-smi readings '0MiB / 97887MiB' on the Server Edition and the Workstation Edition "
+        "with driver 580.178.04 and other public logs",
+        fp16=503.8, bf16=503.8, fp32=125.0, bandwidth=1792.0, pcie_gen=5,
+        datasheet="NVIDIA RTX PRO 6000 Blackwell (Workstation/Server Edition) datasheet: 4000 AI TOPS (FP4 "
+        "sparse; = 503.8 dense fp16/bf16 with FP32 accumulate, RTX Blackwell whitepaper), 125 fp32, "
+        "1792 GB/s GDDR7",
+    ),
+    _gpu(
+        name="l40", display_name="NVIDIA L40", memory_mib=46068, cc=(8, 9), fp8=True,
+        memory_source="nvidia-smi readings '5MiB / 46068MiB' and '31687MiB / 46068MiB' (ECC on, the default)",
+        fp16=181.05, bf16=181.05, fp32=90.5, bandwidth=864.0, pcie_gen=4,
+        datasheet="NVIDIA L40 datasheet: 362.1 TFLOPS bf16/fp16 tensor with sparsity (181.05 dense), "
+        "90.5 fp32, 864 GB/s GDDR6",
+    ),
+    _gpu(
+        name="a40", display_name="NVIDIA A40", memory_mib=46068, cc=(8, 6),
+        memory_source="nvidia-smi readings '0MiB / 46068MiB' and '34501MiB / 46068MiB' (ECC on, the default)",
+        fp16=149.7, bf16=149.7, fp32=37.4, bandwidth=696.0, pcie_gen=4,
+        datasheet="NVIDIA A40 datasheet: 299.4 TFLOPS bf16/fp16 tensor with sparsity (149.7 dense), 37.4 fp32, "
+        "696 GB/s GDDR6; its NVLink bridge joins pairs only (112.5 GB/s), so peers are planned over PCIe",
+    ),
+    _gpu(
+        name="a10", display_name="NVIDIA A10", memory_mib=23028, cc=(8, 6),
+        memory_source="nvidia-smi readings '0MiB / 23028MiB', '4MiB / 23028MiB' and '7MiB / 23028MiB' "
+        "(ECC on; the same total as the A10G)",
+        fp16=125.0, bf16=125.0, fp32=31.2, bandwidth=600.0, pcie_gen=4,
+        datasheet="NVIDIA A10 datasheet: 250 TFLOPS bf16/fp16 tensor with sparsity (125 dense), 31.2 fp32, "
+        "600 GB/s GDDR6",
+        nodes=_oci_nodes("VM.GPU.A10.1", 1, 240) + _oci_nodes("VM.GPU.A10.2", 2, 480)
+        + _oci_nodes("BM.GPU.A10.4", 4, 1024),
+    ),
+    _gpu(
+        name="gh200", display_name="NVIDIA GH200 480GB", memory_mib=97871, cc=(9, 0), fp8=True,
+        memory_source="nvidia-smi readings '1MiB / 97871MiB' (GH200 480GB: 96 GB HBM3 + 480 GB LPDDR5X) and "
+        "'37MiB / 97871MiB' (GH200 120GB); the Grace LPDDR5X is host memory, not in this total",
+        fp16=989.4, bf16=989.4, fp32=66.9, bandwidth=4000.0, pcie_gen=5,
+        nvlink_gbs=450.0, nvlink="nvlink4",
+        host_link_gbs=450.0,
+        host_link="NVLink-C2C 900 GB/s total = 450 per direction (NVIDIA GH200 Grace Hopper Superchip "
+        "datasheet); offload traffic goes to the Grace LPDDR5X over it, not over PCIe",
+        datasheet="NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3 module): 1979 TFLOPS bf16/fp16 "
+        "with sparsity (989.4 dense), 67 fp32, 4 TB/s, NVLink 900 GB/s total between superchips (GH200 NVL2/NVL32)",
+    ),
 )
 
 #: The CPU measurement profile. Its TFLOP/s are NOT theoretical peaks: they are the GEMM rates
@@ -527,6 +633,12 @@ _ALIASES = {
     "a6000": "rtx-a6000",
     "3090": "rtx3090",
     "4090": "rtx4090",
+    "5090": "rtx5090",
+    "6000ada": "rtx6000-ada",
+    "rtx6000adageneration": "rtx6000-ada",
+    "rtxpro6000blackwell": "rtx-pro-6000",
+    "pro6000": "rtx-pro-6000",
+    "gh200480gb": "gh200",
 }
 
 

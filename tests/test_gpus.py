@@ -16,8 +16,31 @@ from planner.units import GiB, MiB
 
 REQUIRED = (
     "t4", "a10g", "l4", "l40s", "v100-16gb", "v100-32gb", "a100-40gb", "a100-80gb",
-    "h100-80gb", "h200", "rtx3090", "rtx4090", "rtx-a6000", "cpu",
+    "h100-80gb", "h200", "rtx3090", "rtx4090", "rtx-a6000",
+    "b200", "rtx5090", "rtx6000-ada", "rtx-pro-6000", "l40", "a40", "a10", "gh200", "cpu",
 )
+#: The cards issue 21 added, with their datasheet figures derived here by hand:
+#: (nvidia-smi MiB, dense bf16 TFLOPS, fp32 TFLOPS, GB/s, compute capability, FP8).
+NEW_CARDS = {
+    # HGX B200 datasheet per GPU: 4.5 PFLOPS bf16 with 2:4 sparsity -> 4500 / 2 = 2250 dense; 80 fp32;
+    # 8 TB/s; nvidia-smi '0MiB / 183359MiB'
+    "b200": (183359, 4500 / 2, 80.0, 8000.0, (10, 0), True),
+    # RTX 5090: 3352 AI TOPS = FP4 sparse; /2 dense 1676, /2 FP8 838, /2 FP16 (fp16 acc) 419, GeForce
+    # FP32 accumulate at half rate: 419 / 2 = 209.5; 104.8 fp32; 1792 GB/s; '32607MiB'
+    "rtx5090": (32607, 3352 / 16, 104.8, 1792.0, (12, 0), True),
+    # RTX 6000 Ada: 1457 TFLOPS FP8 sparse; /2 dense 728.5, /2 16-bit 364.25 (full-rate FP32 accumulate)
+    "rtx6000-ada": (49140, 1457 / 4, 91.1, 960.0, (8, 9), True),
+    # RTX PRO 6000 Blackwell: 4000 AI TOPS FP4 sparse -> 4000 / 8 = 500, whitepaper exact 503.8; 125 fp32
+    "rtx-pro-6000": (97887, 503.8, 125.0, 1792.0, (12, 0), True),
+    # L40: 362.1 bf16 sparse -> 181.05 dense; 90.5 fp32; 864 GB/s; '46068MiB' (ECC on)
+    "l40": (46068, 362.1 / 2, 90.5, 864.0, (8, 9), True),
+    # A40: 299.4 bf16 sparse -> 149.7 dense; 37.4 fp32; 696 GB/s; '46068MiB' (ECC on)
+    "a40": (46068, 299.4 / 2, 37.4, 696.0, (8, 6), False),
+    # A10: 250 bf16 sparse -> 125 dense (the A10G runs at 70); 31.2 fp32; 600 GB/s; '23028MiB'
+    "a10": (23028, 250 / 2, 31.2, 600.0, (8, 6), False),
+    # GH200 (96 GB HBM3): 1979 bf16 sparse -> 989.4 dense, as the H100 SXM; 67 fp32; 4 TB/s; '97871MiB'
+    "gh200": (97871, 1978.9 / 2, 66.9, 4000.0, (9, 0), True),
+}
 NUMERIC_FIELDS = (
     "memory_bytes", "cuda_context_bytes", "fp16_tflops", "bf16_tflops", "fp32_tflops",
     "mem_bandwidth_gbs", "host_link_gbs", "interconnect_gbs",
@@ -153,3 +176,56 @@ def test_cli_json(cli):
     assert a10g["memory_bytes"] == 23028 * MiB
     assert a10g["compute_capability"] == "8.6"
     assert "zzc0721/torch-performance-test-data#126" in a10g["sources"]["bf16_tflops"]
+
+
+@pytest.mark.parametrize("name", NEW_CARDS)
+def test_new_cards_match_their_datasheets(name):
+    mib, bf16, fp32, bandwidth, cc, fp8 = NEW_CARDS[name]
+    gpu = get_gpu(name)
+    assert gpu.memory_bytes == mib * MiB
+    assert gpu.bf16_tflops == pytest.approx(bf16, abs=0.1)
+    assert gpu.fp16_tflops == gpu.bf16_tflops  # FP32-accumulate tensor rate, same for fp16 and bf16
+    assert gpu.fp32_tflops == fp32
+    assert gpu.mem_bandwidth_gbs == bandwidth
+    assert gpu.compute_capability == cc and gpu.fp8 is fp8
+    assert gpu.peak_tflops("bf16-mixed") == gpu.bf16_tflops and gpu.peak_tflops("fp32") == fp32
+
+
+def test_new_cards_links():
+    # PCIe x16 effective per direction: gen4 ~25 GB/s, gen5 ~50 GB/s (module docstring)
+    assert [get_gpu(n).host_link_gbs for n in ("a10", "a40", "l40", "rtx6000-ada")] == [25.0] * 4
+    assert [get_gpu(n).host_link_gbs for n in ("rtx5090", "rtx-pro-6000", "b200")] == [50.0] * 3
+    # B200: NVLink 5, 1.8 TB/s total = 900 per direction; the A40's pair-only bridge is not assumed
+    assert get_gpu("b200").interconnect_gbs == 1800 / 2 and get_gpu("b200").interconnect == "nvlink5"
+    assert get_gpu("a40").interconnect == "pcie4"
+    # GH200: its host is Grace over NVLink-C2C, 900 GB/s total = 450 per direction, not PCIe
+    gh200 = get_gpu("gh200")
+    assert gh200.host_link_gbs == 900 / 2 and "NVLink-C2C" in gh200.sources["host_link_gbs"]
+    # host RAM of the standard machines: AWS p6-b200.48xlarge 2 TiB; OCI VM.GPU.A10.1 240 GB
+    b200_node, a10_node = get_gpu("b200").nodes[0], get_gpu("a10").nodes[0]
+    assert (b200_node.instance, b200_node.gpus, b200_node.ram_bytes) == ("AWS p6-b200.48xlarge", 8, 2048 * GiB)
+    assert (a10_node.instance, a10_node.gpus, a10_node.ram_bytes) == ("OCI VM.GPU.A10.1", 1, 240 * 10**9)
+
+
+@pytest.mark.parametrize(
+    ("typed", "name"),
+    [("A10", "a10"), ("NVIDIA A10G", "a10g"), ("RTX 5090", "rtx5090"), ("5090", "rtx5090"),
+     ("NVIDIA RTX 6000 Ada Generation", "rtx6000-ada"), ("RTX PRO 6000 Blackwell", "rtx-pro-6000"),
+     ("NVIDIA GH200 480GB", "gh200"), ("B200", "b200"), ("L40", "l40"), ("L40S", "l40s")],
+)
+def test_lookup_of_new_cards(typed, name):
+    assert get_gpu(typed).name == name
+
+
+def test_mi300x_is_refused_not_pretended():
+    # ROCm's allocator and kernels are not modelled (planner/gpus.py, the note above the catalog)
+    with pytest.raises(UnknownGPUError):
+        get_gpu("mi300x")
+
+
+@pytest.mark.parametrize("name", NEW_CARDS)
+def test_suggest_answers_on_new_cards(cli, name):
+    result = cli("suggest", "--model", "meta-llama/Llama-2-7b-hf", "--gpu", name, "--target-batch", "32", "--no-save")
+    assert result.code == 0, result
+    assert get_gpu(name).display_name in result.out
+    assert "top 5 plans" in result.out

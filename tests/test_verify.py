@@ -57,7 +57,8 @@ def test_every_catalog_gpu_has_its_ray_accelerator_type_and_the_constants_are_ra
         detected = NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(gpu.display_name)
         assert detected == accelerator.accelerator_type, (gpu.name, gpu.display_name, detected)
     assert {g.name for g in list_gpus() if not g.is_cpu} == set(ACCELERATORS)
-    assert sorted(n for n, a in ACCELERATORS.items() if a.constant is None) == ["rtx-a6000", "rtx3090", "rtx4090"]
+    assert sorted(n for n, a in ACCELERATORS.items() if a.constant is None) == [
+        "a10", "a40", "gh200", "l40", "rtx-a6000", "rtx3090", "rtx4090", "rtx5090", "rtx6000-ada"]
 
 
 def test_which_nodes_can_run_a_verification():

@@ -57,10 +57,19 @@ ACCELERATORS: dict[str, RayAccelerator] = {
     "h100-80gb": RayAccelerator(accelerator_type="H100", constant="NVIDIA_H100", shared_with="h100-pcie"),
     "h100-pcie": RayAccelerator(accelerator_type="H100", constant="NVIDIA_H100", shared_with="h100-80gb"),
     "h200": RayAccelerator(accelerator_type="H200", constant="NVIDIA_H200"),
+    "b200": RayAccelerator(accelerator_type="B200", constant="NVIDIA_B200"),
+    "rtx-pro-6000": RayAccelerator(accelerator_type="RTX-PRO-6000", constant="NVIDIA_RTX_PRO_6000"),
     # no constant in ray.util.accelerators: the types Ray's NVML name detection gives them
     "rtx3090": RayAccelerator(accelerator_type="GeForce-RTX-3090", constant=None),
     "rtx4090": RayAccelerator(accelerator_type="GeForce-RTX-4090", constant=None),
     "rtx-a6000": RayAccelerator(accelerator_type="RTX-A6000", constant=None),
+    "rtx5090": RayAccelerator(accelerator_type="GeForce-RTX-5090", constant=None),
+    # "NVIDIA RTX 6000 Ada Generation" -> "RTX-6000", the type a Turing "Quadro RTX 6000" (24 GB) also gets
+    "rtx6000-ada": RayAccelerator(accelerator_type="RTX-6000", constant=None),
+    "l40": RayAccelerator(accelerator_type="L40", constant=None),
+    "a40": RayAccelerator(accelerator_type="A40", constant=None),
+    "a10": RayAccelerator(accelerator_type="A10", constant=None),
+    "gh200": RayAccelerator(accelerator_type="GH200", constant=None),  # "NVIDIA GH200 480GB"
 }
 
 
