@@ -67,17 +67,41 @@ def _family_and_variants(catalog_name: str) -> tuple[str, list[str]]:
     return _key("-".join(parts)), variants
 
 
+def _word_bounds(text: str) -> frozenset[int]:
+    """Where the words of a device name start and end in its ``_key``: ``NVIDIA RTX A4000`` ->
+    ``rtxa4000`` with words at 0-3 and 3-8."""
+    words = [w for w in re.split(r"[\s_\-]+", text.lower()) if w]
+    bounds, at = {0}, 0
+    for word in words:
+        at += len(_key(word))
+        bounds.add(at)
+    return frozenset(bounds)
+
+
+def _whole_words(family: str, key: str, bounds: frozenset[int]) -> bool:
+    """The family spells whole words of the name: ``a40`` is not in ``RTX A4000`` (16 GB, not the
+    48 GB A40), ``b200`` not in ``GB200``, ``l4`` not in ``L40S``; ``rtx6000ada`` is in ``RTX
+    6000 Ada Generation``."""
+    start = key.find(family)
+    while start >= 0:
+        if start in bounds and start + len(family) in bounds:
+            return True
+        start = key.find(family, start + 1)
+    return False
+
+
 def match_catalog(device_name: str, memory_bytes: int) -> str | None:
     """The catalog name of an NVML device, or None when the catalog has no such model.
 
-    The longest catalog family contained in the name wins (``l40s`` over ``l4``); among its
+    The longest catalog family the name spells in whole words wins (``l40s`` over ``l4``); among its
     entries, the one whose size or form factor the name spells (``80gb``, ``pcie``), then the one
     whose memory is nearest to what NVML reports (a V100 says 16 or 32 GB only in some names)."""
     from planner.gpus import list_gpus
 
     key = _key(device_name)
     entries = [(g, *_family_and_variants(g.name)) for g in list_gpus() if not g.is_cpu]
-    families = [family for _, family, _ in entries if family in key]
+    bounds = _word_bounds(device_name)
+    families = [family for _, family, _ in entries if _whole_words(family, key, bounds)]
     if not families:
         return None
     family = max(families, key=len)

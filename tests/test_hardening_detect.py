@@ -83,6 +83,14 @@ def test_bytes_names_of_older_pynvml_are_decoded(nvml):
     ("NVIDIA GeForce RTX 3090", 24576, "rtx3090"),
     ("NVIDIA GeForce RTX 4090", 24564, "rtx4090"),
     ("NVIDIA RTX A6000", 49140, "rtx-a6000"),
+    ("NVIDIA A40", 46068, "a40"),
+    ("NVIDIA A10", 23028, "a10"),
+    ("NVIDIA A10G", 23028, "a10g"),
+    ("NVIDIA GH200 480GB", 97871, "gh200"),
+    ("NVIDIA B200", 183359, "b200"),
+    ("NVIDIA RTX 6000 Ada Generation", 49140, "rtx6000-ada"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "rtx-pro-6000"),
+    ("NVIDIA GeForce RTX 5090", 32607, "rtx5090"),
 ])
 def test_nvml_names_map_to_the_catalog(device, mib, expected):
     from planner.gpus import gpu_names
@@ -154,3 +162,12 @@ def test_gpu_auto_on_the_command_line_plans_for_the_gpu_it_found(nvml, cli):
 def test_submit_refuses_gpu_auto(cli):
     r = cli("submit", "-m", "gpt2", "-g", "auto", "-b", "8", "--address", "http://127.0.0.1:1")
     assert r.code == 2 and "names the GPU of this machine" in r.err
+
+
+# a catalog family inside another model's name is not that model: planning an RTX A4000 (16 GB)
+# as the 48 GB A40 would promise three times its memory
+@pytest.mark.parametrize("device, mib", [
+    ("NVIDIA RTX A4000", 16376), ("NVIDIA RTX A1000", 8188), ("NVIDIA GB200", 189471), ("Quadro RTX 6000", 24576),
+])
+def test_a_family_inside_another_models_name_is_not_matched(device, mib):
+    assert match_catalog(device, mib * MiB) is None
