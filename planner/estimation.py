@@ -135,10 +135,12 @@ def step_curves(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig"):
     """The predicted step as curves (``planner.plot.StepCurves``): live bytes by category and,
     where there is a caching allocator, its replayed reserve."""
     from planner.memory.estimate import replay_timeline
+    from planner.memory.overhead import with_workspaces
     from planner.memory.timeline import step_timeline
     from planner.plot import step_curves as curves_of
 
-    timeline = step_timeline(model=spec, config=config, kernels=gpu.kernels)
+    # the cuBLAS workspaces the estimate counts (planner.memory.overhead), so the curves peak where it does
+    timeline = with_workspaces(step_timeline(model=spec, config=config, kernels=gpu.kernels), gpu)
     reserved = None
     if gpu.kernels.caching_allocator:
         reserved = []

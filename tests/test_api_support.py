@@ -87,6 +87,10 @@ def fake_verify(monkeypatch: Any, submit: Callable[..., Any]) -> list[dict[str, 
         return submit(**kwargs)
 
     module.submit_verification = submit_verification  # type: ignore[attr-defined]
+    # the CLI imports planner.verify.driver, which a stand-in that is no package cannot give:
+    # import the real one first (whatever order the tests run in, pytest-xdist's included)
+    import planner.verify.driver  # noqa: F401
+
     monkeypatch.setitem(sys.modules, "planner.verify", module)
     return calls
 

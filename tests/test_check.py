@@ -106,6 +106,8 @@ def test_a_mapping_and_a_training_arguments_object_are_read_alike():
     ('{"model_name_or_path": "gpt2", "deepspeed": "missing.json"}', ".json", "deepspeed names missing.json"),
     ('{"output_dir": "x"}', ".json", "no file names the model"),
     ("[1, 2]", ".json", "does not hold a mapping"),
+    ("[" * 100_000, ".json", "nests its values too deeply"),  # found by tests/test_fuzz_cli.py
+    ("[" * 100_000, ".yaml", "nests its values too deeply"),
 ])
 def test_bad_files_get_one_line_and_exit_2(text, suffix, message, tmp_path, cli):
     path = tmp_path / f"args{suffix}"

@@ -190,6 +190,8 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
         "db upgrade": {**db},
         "db current": {**db},
         "calibrate": {**db, "--gpu": _GPUS, "--reset": None, "--json": None},
+        "check": {**db, "--gpu": _GPUS, "--model": _models(files), "--gpus": _ints((1, 17)), "--seq-len": _ints((1, 8192)),
+                  "--gpu-mem": _SIZES, "--cpu-mem": _SIZES, "--trainer": _choice("hf", "trl", "axolotl"), "--json": None},
     }
     verify = {"--verify-top": _ints((1, 5)), "--steps": _ints((2, 5)), "--run-timeout": _FLOATS}
     job_api = {"--address": st.sampled_from(files.job_api_addresses())}
@@ -210,7 +212,7 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
 
 
 COMMANDS = ("estimate", "measure", "suggest", "submit", "models", "gpus", "history", "show", "emit", "serve", "jobs list",
-            "jobs status", "jobs logs", "jobs stop", "db upgrade", "db current", "calibrate")
+            "jobs status", "jobs logs", "jobs stop", "db upgrade", "db current", "calibrate", "check")
 #: options given whenever a command runs, whatever else is drawn: measure with a --gpus it refuses
 #: before training; every command that could reach Ray or its job API with the closed port
 ALWAYS = {"measure": ["--gpus"], "serve": ["--port"], "submit": ["--address"], "jobs list": ["--address"], "jobs status": ["--address"],
@@ -233,7 +235,9 @@ def argv_and_config(draw, files: FuzzFiles):
         argv.append(draw(st.one_of(st.text("0123456789abcdef", min_size=0, max_size=40), _ODD_TEXT, _MARKUP)))
     if command == "emit":
         argv.append(draw(st.sampled_from(files.emit_dirs())))
-    required = {"estimate": ["--model", "--gpu"], "suggest": ["--model", "--gpu", "--target-batch"],
+    if command == "check":  # a training config to read: the generated config.json, markup, a folder, nothing
+        argv.append(draw(st.sampled_from([str(files.generated), *files.emit_dirs()[1:], str(files.root / "none.yaml")])))
+    required = {"estimate": ["--model", "--gpu"], "check": ["--gpu"], "suggest": ["--model", "--gpu", "--target-batch"],
                 "submit": ["--model", "--gpu", "--target-batch"], "measure": ["--model"]}.get(command, [])
     chosen = draw(st.lists(st.sampled_from(sorted(grammar)), max_size=6, unique=True))
     # usually complete (so the library runs), sometimes not (so the usage errors run)

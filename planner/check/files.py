@@ -59,6 +59,8 @@ def parse_mapping(name: str, text: str) -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             raise InvalidConfigError(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}): "
                                      "fix the file") from None
+        except RecursionError:  # nesting deeper than the interpreter's recursion limit
+            raise InvalidConfigError(f"{path} nests its values too deeply to be a training config: fix the file") from None
     elif suffix in (".yaml", ".yml"):
         data = _yaml(text, path)
     else:
@@ -76,6 +78,8 @@ def _yaml(text: str, path: str | Path) -> Any:
         raise MissingDependencyError("reading YAML needs PyYAML: pip install pyyaml (or 'oom-planner[workers]')") from None
     try:
         return yaml.safe_load(text)
+    except RecursionError:  # nesting deeper than the interpreter's recursion limit
+        raise InvalidConfigError(f"{path} nests its values too deeply to be a training config: fix the file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
