@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from planner.errors import InvalidConfigError, UnsupportedError
+from planner.errors import InvalidConfigError, UnsupportedError, choice
 from planner.optim import Optimizer
 from planner.sharding import NONE, Offload, Sharding, for_gpus, from_zero
 
@@ -108,16 +108,6 @@ ALL_LINEAR = "all-linear"
 #: Defaults applied to LoRA/QLoRA configurations when the user names none.
 DEFAULT_LORA_R = 16
 DEFAULT_LORA_TARGETS: tuple[str, ...] = (ALL_LINEAR,)
-
-
-def _coerce(enum_type: type[enum.StrEnum], value: Any, name: str) -> Any:
-    if isinstance(value, enum_type):
-        return value
-    try:
-        return enum_type(str(value))
-    except ValueError:
-        choices = "|".join(m.value for m in enum_type)
-        raise InvalidConfigError(f"--{name.replace('_', '-')} must be one of {choices}, got {value!r}") from None
 
 
 #: Sanity bounds: far above any real run, low enough that every derived byte count fits the store's
@@ -288,9 +278,9 @@ class TrainConfig:
                 and type(fields["loop"]) is Loop and (offload is None or type(offload) is Offload)):
             for name, enum_type in _ENUM_FIELDS:
                 if name == "loop" and offload is not None:  # the offload's spelling is told of first
-                    offload = _coerce(Offload, offload, "offload")
+                    offload = choice(Offload, offload, "offload")
                 if type(fields[name]) is not enum_type:  # a member is of its class exactly
-                    fields[name] = _coerce(enum_type, fields[name], name)
+                    fields[name] = choice(enum_type, fields[name], name)
         dropout = fields["lora_dropout"]
         if type(dropout) is not float or not 0.0 <= dropout < 1.0:
             fields["lora_dropout"] = _check_dropout(dropout)
@@ -411,7 +401,7 @@ class TrainConfig:
         precision by copying one construction; ``tests/test_search_speed_paths.py`` holds them
         equal to full constructions and refused where those are)."""
         fields = self.__dict__.copy()
-        fields["optimizer"] = optimizer if type(optimizer) is Optimizer else _coerce(Optimizer, optimizer, "optimizer")
+        fields["optimizer"] = optimizer if type(optimizer) is Optimizer else choice(Optimizer, optimizer, "optimizer")
         if type(sharding) is not Sharding:
             sharding = Sharding(sharding)
         fields["sharding"] = for_gpus(sharding, fields["gpus"]) if sharding.spec.replicas else sharding

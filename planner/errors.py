@@ -19,6 +19,19 @@ class InvalidConfigError(PlannerError):
     """A training configuration that cannot exist (e.g. LoRA options with ``method=full``)."""
 
 
+def choice(enum_type, value, name: str):
+    """``value`` as a member of the str-valued ``enum_type``, or one line naming the option
+    (``name`` with ``-`` for ``_``) and its choices: how every option with a fixed set of values
+    is read (``TrainConfig``'s enums, ``Sharding``'s scheme and offload)."""
+    if type(value) is enum_type:  # a member is of its class exactly (an enum with members has no subclasses)
+        return value
+    try:
+        return enum_type(str(value))
+    except ValueError:
+        choices = "|".join(m.value for m in enum_type)
+        raise InvalidConfigError(f"--{name.replace('_', '-')} must be one of {choices}, got {value!r}") from None
+
+
 class UnknownModelError(PlannerError):
     """A model id that is neither in the catalog, nor a local path, nor in the local HF cache."""
 

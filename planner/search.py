@@ -100,7 +100,7 @@ class SearchSpace:
             raise InvalidConfigError(f"cpu_mem_bytes must be a whole number >= 0, got {self.cpu_mem_bytes!r}")
         try:
             object.__setattr__(self, "prefer", Prefer(self.prefer))
-        except ValueError:  # the wording of every bad choice (TrainConfig's _coerce)
+        except ValueError:  # the wording of every bad choice (planner.errors.choice)
             raise InvalidConfigError(f"--prefer must be one of {'|'.join(p.value for p in Prefer)}, "
                                      f"got {self.prefer!r}") from None
         # the recipe settings, checked as TrainConfig checks them with each method searched: a

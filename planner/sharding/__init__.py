@@ -20,7 +20,7 @@ import pkgutil
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from planner.errors import InvalidConfigError
+from planner.errors import InvalidConfigError, choice
 from planner.sharding.spec import Offload, ShardingSpec
 
 
@@ -68,8 +68,8 @@ class Sharding:
         found = cls._interned.get((scheme, offload))
         if found is not None:
             return found
-        s = _coerce(Scheme, scheme, "sharding")
-        o = _coerce(Offload, offload, "offload")
+        s = choice(Scheme, scheme, "sharding")
+        o = choice(Offload, offload, "offload")
         found = cls._interned.get((s, o))
         if found is None:
             found = object.__new__(cls)
@@ -139,16 +139,6 @@ class Sharding:
         if self.spec.zero_stage is not None:
             return {"zero": self.spec.zero_stage, "offload": str(self.offload)}
         return {"sharding": str(self.scheme), "offload": str(self.offload)}
-
-
-def _coerce(enum_type: type[enum.StrEnum], value: Any, name: str) -> Any:
-    if type(value) is enum_type:
-        return value
-    try:
-        return enum_type(str(value))
-    except ValueError:
-        choices = "|".join(m.value for m in enum_type)
-        raise InvalidConfigError(f"--{name} must be one of {choices}, got {value!r}") from None
 
 
 def from_zero(zero: Any, offload: Offload | str = Offload.NONE) -> Sharding:
