@@ -29,7 +29,8 @@ def choice(enum_type, value, name: str):
         return enum_type(str(value))
     except ValueError:
         choices = "|".join(m.value for m in enum_type)
-        raise InvalidConfigError(f"--{name.replace('_', '-')} must be one of {choices}, got {value!r}") from None
+        option = name.replace("_", "-")
+        raise InvalidConfigError(f"--{option} must be one of {choices}, got {value!r}") from None
 
 
 class UnknownModelError(PlannerError):

@@ -12,26 +12,15 @@ builds on them.
 from __future__ import annotations
 
 import enum
-import importlib
-import pkgutil
 from types import MappingProxyType
 from typing import Mapping
 
 from planner.optim.spec import OptimizerSpec
+from planner.registry import discover
 
-
-def _discover() -> tuple[OptimizerSpec, ...]:
-    """Every descriptor of the package's modules, in preference order (names unique)."""
-    specs: list[OptimizerSpec] = []
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if not info.name.startswith("_"):
-            specs += getattr(importlib.import_module(f"{__name__}.{info.name}"), "SPECS", ())
-    names = [s.name for s in specs]
-    assert len(set(names)) == len(names), f"an optimizer name is defined twice: {sorted(names)}"
-    return tuple(sorted(specs, key=lambda s: (s.preference, s.name)))
-
-
-SPECS: tuple[OptimizerSpec, ...] = _discover()
+#: Every descriptor of the package's modules, in preference order (names unique).
+SPECS: tuple[OptimizerSpec, ...] = discover(__name__, __path__, key=lambda s: (s.preference, s.name),
+                                            what="an optimizer name")
 
 #: The type of ``TrainConfig.optimizer``: one str-valued member per registered name
 #: (``Optimizer("adamw") is Optimizer.ADAMW``), in preference order.

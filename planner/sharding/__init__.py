@@ -15,27 +15,16 @@ holds): one interned instance per pair, compared by identity.
 from __future__ import annotations
 
 import enum
-import importlib
-import pkgutil
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from planner.errors import InvalidConfigError, choice
+from planner.registry import discover
 from planner.sharding.spec import Offload, ShardingSpec
 
-
-def _discover() -> tuple[ShardingSpec, ...]:
-    """Every descriptor of the package's modules, in registry order (names unique)."""
-    specs: list[ShardingSpec] = []
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if not info.name.startswith("_"):
-            specs += getattr(importlib.import_module(f"{__name__}.{info.name}"), "SPECS", ())
-    names = [s.name for s in specs]
-    assert len(set(names)) == len(names), f"a sharding scheme is defined twice: {sorted(names)}"
-    return tuple(sorted(specs, key=lambda s: (s.order, s.name)))
-
-
-SPECS: tuple[ShardingSpec, ...] = _discover()
+#: Every descriptor of the package's modules, in registry order (names unique).
+SPECS: tuple[ShardingSpec, ...] = discover(__name__, __path__, key=lambda s: (s.order, s.name),
+                                           what="a sharding scheme")
 
 #: The type of ``Sharding.scheme``: one str-valued member per registered name, in registry order.
 Scheme = enum.StrEnum("Scheme", [(s.name.upper(), s.name) for s in SPECS], module=__name__)
