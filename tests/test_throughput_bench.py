@@ -29,7 +29,7 @@ REQUIRED = ("model_id", "gpu_id", "method", "precision", "seq_len", "micro_batch
             "attention", "optimizer")
 ADAPTER_REQUIRED = ("lora_r", "lora_targets")
 #: the reasons a row may be unscorable (bench/results/throughput.md lists them)
-UNSCORABLE_REASONS = ("whose MoE experts were nn.Linear modules", "is longer than")
+UNSCORABLE_REASONS = ("whose MoE experts were nn.Linear modules", "is longer than", "does not model yet")
 #: GPU generations the issue asks for, by compute capability (V100; A100; H100; the A10G's GA10x
 #: and the L4's Ada, which the consumer cards share)
 GENERATIONS = {(7, 0), (8, 0), (9, 0), (8, 6), (8, 9)}
