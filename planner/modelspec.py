@@ -213,6 +213,9 @@ class ModelSpec:
     """transformers has an SDPA path for this architecture; False (gpt-oss:
     ``GptOssPreTrainedModel._supports_sdpa = False``, modeling_gpt_oss.py) means the eager path is what
     runs when SDPA is asked for (``activations`` plans it so)."""
+    training_notes: tuple[str, ...] = ()
+    """How the checkpoint is assumed to be loaded for training where it is stored otherwise (gpt-oss's
+    MXFP4 experts), as ``planner estimate`` states it."""
     attention_sinks: bool = False
     """A learned sink logit per head joins each row's softmax (gpt-oss ``self.sinks``,
     modeling_gpt_oss.py eager_attention_forward)."""

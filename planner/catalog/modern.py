@@ -280,11 +280,20 @@ def gpt_oss(c: ConfigReader, model_type: str) -> dict[str, Any]:
         act=c.text("hidden_act", default="silu"), final_norm=hidden, num_experts=count, experts_per_token=top_k,
         sliding_window=c.size("sliding_window", default=128), routing=gpt_oss_routing(c),
         sdpa=False, attention_sinks=True,  # GptOssPreTrainedModel._supports_sdpa = False; GptOssAttention.sinks
+        training_notes=(MXFP4_NOTE,),
         # eager_attention_forward (modeling_gpt_oss.py:216-226): softmax in the scores' dtype, which the
         # fp32 sinks (and the additive mask) promote to the parameters' (attention.sink_bytes)
         eager_softmax="residual",
         norm_weight_fp32=True,  # GptOssRMSNorm.forward (:63): (self.weight * hidden_states).to(input_dtype), in fp32
     )
+
+
+#: what fine-tuning does with gpt-oss's MXFP4 experts: OpenAI's cookbook "Fine-tuning with gpt-oss and Hugging
+#: Face Transformers" (openai/openai-cookbook articles/gpt-oss/fine-tune-transfomers.ipynb) loads the model with
+#: ``Mxfp4Config(dequantize=True)``, ``dtype=torch.bfloat16``, ``attn_implementation="eager"``
+#: (transformers integrations/mxfp4.py de-quantizes the blocks and scales into bf16 stacks at load)
+MXFP4_NOTE = ("gpt-oss: the MXFP4 experts de-quantized to bf16 at load (Mxfp4Config(dequantize=True), OpenAI's "
+              "fine-tuning cookbook): the counts and weights are the bf16 model's")
 
 
 def gpt_oss_routing(c: ConfigReader) -> MoeRouting:
