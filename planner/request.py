@@ -1,0 +1,191 @@
+"""The request's fields, declared once: what a user sets when asking for an estimate or a plan.
+
+Each ``RequestField`` says its name (``TrainConfig``'s, the API body's, the Python API's keyword),
+its plain type and default, its bounds as the command line and the body state them, the help text,
+the command-line flag, and how the search's memo keys hold it (``planner/search.py``
+``_static_key``/``_batch_key``: a field the memory terms read must be in one, or two
+configurations that differ in it would share a wrong prediction). From this table are derived:
+the options of ``planner estimate``, ``measure``, ``suggest`` and ``submit`` (``planner.cli.plan``),
+the API bodies (``planner.service.schemas``), ``SuggestRequest``'s and ``SearchSpace``'s recipe
+fields (``with_recipe_fields``), ``planner.estimation.CONFIG_OPTIONS`` and the memo keys.
+Adding a recipe setting is one entry here, its ``TrainConfig`` field, the memory term that reads it,
+the worker that applies it and the emitted setting that writes it.
+
+Foundation layer: plain data, no torch, no typer, no pydantic (the surfaces build their own
+objects from it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+#: how the search's memo keys hold a ``TrainConfig`` field (``RequestField.memo``)
+STATIC = "static"
+"""In ``_static_key`` as it is: the batch-independent terms (``memory.states.static_terms``) read it."""
+BATCH = "batch"
+"""In ``_batch_key`` as it is: the per-micro-batch terms (``memory.step.batch_line``) read it."""
+DERIVED = "derived"
+"""Read through what it decides, which the keys hold instead: the precision as the dtype mode
+(``memory.dtypes.mode_of``) and the stored weight's bytes, the sharding as ``Sharding.memory_key``."""
+SPLIT = "split"
+"""The split the screen varies (micro-batch x accumulation): the keys leave it out on purpose, the
+batch lines are affine in the micro-batch and the static parts are kept per accumulating or not."""
+FIXED = "fixed"
+"""Not varied by the search (it keeps the field's default), so no key needs it."""
+OPTION = "option"
+"""Not a ``TrainConfig`` field: an option that makes one (``--zero``/``--offload`` make the sharding)."""
+
+_MEMO = frozenset({STATIC, BATCH, DERIVED, SPLIT, FIXED, OPTION})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestField:
+    """One field of a request, as every surface spells it."""
+
+    name: str
+    """``TrainConfig``'s field, the body's key and the Python API's keyword."""
+    type: type
+    """The plain value on the command line and in the body: bool, int, float or str."""
+    default: Any
+    """The value when not given (None: an optional field whose absence means "decide for me")."""
+    help: str
+    """What it means, said once for the command line's ``--help`` and the API's schema."""
+    flag: str | None
+    """The command-line option ("--name", or "--name/--no-name" for a switch); None: no option."""
+    memo: tuple[str, ...]
+    """How the search's memo keys hold it (``STATIC``, ``BATCH``, ``DERIVED``, ``SPLIT``, ``FIXED``,
+    ``OPTION``): a field read by a memory term must be ``STATIC`` or ``BATCH`` or ``DERIVED``
+    (``tests/test_request_fields.py`` checks each against ``estimate_memory``)."""
+    max_length: int | None = None
+    """The longest text the API takes (a str field)."""
+    recipe: bool = False
+    """A recipe setting: fixed by the user and given to every candidate of a search."""
+    adapters_only: bool = False
+    """Only LoRA/QLoRA take it (the search gives full fine-tuning the default)."""
+    estimate: bool = True
+    """An option of ``planner estimate``/``measure`` (and a key of ``POST /v1/estimate``)."""
+
+    def __post_init__(self) -> None:
+        assert set(self.memo) <= _MEMO and self.memo, (self.name, self.memo)
+
+    @property
+    def optional(self) -> bool:
+        return self.default is None
+
+
+def _field(name: str, type_: type, default: Any, help: str, *, memo: tuple[str, ...], flag: str | None = "",
+           **more: Any) -> RequestField:
+    """A field whose flag is its name with dashes (a bool one a --x/--no-x switch) unless ``flag``."""
+    if flag == "":
+        dashed = "--" + name.replace("_", "-")
+        flag = f"{dashed}/--no-{dashed[2:]}" if type_ is bool else dashed
+    return RequestField(name=name, type=type_, default=default, help=help, flag=flag, memo=memo, **more)
+
+
+# The order is ``planner estimate``'s (its --help lists them so): the model and device options
+# come first in each command, then these.
+_FIELDS = (
+    _field("method", str, "full", "full|lora|qlora", memo=(STATIC, BATCH), max_length=32),
+    _field("precision", str, None, "fp32|fp16-mixed|bf16-mixed|fp16|bf16 (default: bf16-mixed, or fp16-mixed where the "
+           "GPU has no bf16; lora: bf16, or fp16, a 16-bit frozen base with fp32 adapters).", memo=(DERIVED,),
+           max_length=32),
+    # the help is the registry's names (planner.optim.names), filled in by the surfaces
+    _field("optimizer", str, "adamw", "", memo=(STATIC,), max_length=32),
+    _field("micro_batch", int, 1, "Sequences per forward/backward on one device.", memo=(SPLIT,)),
+    _field("seq_len", int, None, "Tokens per sequence (default: min(2048, the model's maximum)).", memo=(BATCH,),
+           estimate=False),
+    _field("grad_accum", int, 1, "Micro-steps per optimizer step.", memo=(SPLIT,)),
+    _field("gpus", int, 1, "Data-parallel devices.", memo=(STATIC,), estimate=False),
+    _field("grad_ckpt", bool, False, "Gradient checkpointing.", memo=(BATCH,)),
+    _field("attention", str, "sdpa", "sdpa|eager|flash", memo=(BATCH,), max_length=32),
+    _field("lora_r", int, None, "LoRA rank (default: 16 for lora/qlora).", memo=(STATIC, BATCH)),
+    _field("lora_targets", str, None, "all-linear or a comma list of module names (default: all-linear).",
+           memo=(STATIC, BATCH), max_length=1000),
+    _field("zero", int, 0, "DeepSpeed ZeRO stage 0|1|2|3.", memo=(OPTION,)),
+    _field("offload", str, "none", "none|optimizer|optimizer+params (DeepSpeed CPU offload).", memo=(OPTION,),
+           max_length=32),
+    _field("alloc_conf", str, None, "PyTorch CUDA caching allocator settings as PYTORCH_CUDA_ALLOC_CONF takes them, "
+           "e.g. max_split_size_mb:128,expandable_segments:True.", memo=(FIXED,), max_length=500),
+    _field("lora_dropout", float, 0.0, "PEFT's lora_dropout for lora/qlora (recipes use 0.05-0.1; 0: no dropout).",
+           memo=(BATCH,), flag="--lora-dropout", recipe=True, adapters_only=True),
+    _field("loop", str, "trainer", "trainer|manual: the HF Trainer (the logits die at the loss) or a hand-written "
+           "loop `outputs = model(**batch); outputs.loss.backward()` (outputs live through backward).",
+           memo=(BATCH,), max_length=32, recipe=True),
+    _field("fused_ce", bool, False, "A fused linear cross-entropy (Liger's): the logits are never materialised.",
+           memo=(BATCH,), recipe=True),
+    _field("packing", bool, True, "Sequences packed to --seq-len (default), or padded to the longest in the batch.",
+           memo=(BATCH,), recipe=True),
+    _field("use_cache", bool, False, "transformers' use_cache in the training forward (a KV cache; the HF Trainer "
+           "turns it off, so does --grad-ckpt).", memo=(BATCH,), recipe=True),
+    # TrainConfig's own: made from --zero and --offload (their memory terms read it as Sharding.memory_key)
+    _field("sharding", str, "none", "The sharding scheme (planner.sharding).", memo=(DERIVED,), flag=None,
+           estimate=False),
+)
+
+FIELDS: Mapping[str, RequestField] = {f.name: f for f in _FIELDS}
+"""Every field by name, in ``planner estimate``'s order."""
+
+RECIPE: tuple[RequestField, ...] = tuple(f for f in _FIELDS if f.recipe)
+"""The recipe settings: the knobs a search keeps fixed (``SuggestRequest``, ``SearchSpace``,
+``POST /v1/plans`` and ``planner suggest``/``submit`` take them)."""
+
+ESTIMATE: tuple[RequestField, ...] = tuple(f for f in _FIELDS if f.estimate or f.name == "seq_len")
+"""``planner estimate``'s and ``measure``'s options after the model and device, in their order."""
+
+CONFIG_OPTIONS: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.estimate or f.name == "gpus")
+"""The options ``planner.estimation.build_config`` takes (``TrainConfig``'s fields, the sharding as
+``zero`` and ``offload``)."""
+
+#: The fields the memo keys end with, in this order: the search groups its knobs by the key less
+#: them (``_Knobs.static_prefix``/``batch_prefix``), one group per adapter variant and checkpointing.
+MEMO_TAIL = ("lora_r", "lora_targets", "grad_ckpt")
+
+
+def memo_fields(key: str) -> tuple[str, ...]:
+    """The fields ``key`` (``STATIC`` or ``BATCH``) holds as they are, those of ``MEMO_TAIL`` last."""
+    held = [f.name for f in _FIELDS if key in f.memo]
+    return tuple([n for n in held if n not in MEMO_TAIL] + [n for n in MEMO_TAIL if n in held])
+
+
+def recipe_of(source: Any) -> dict[str, Any]:
+    """The recipe settings of a request, a body, a space or a configuration (read by name)."""
+    return {f.name: getattr(source, f.name) for f in RECIPE}
+
+
+def recipe_for(values: Mapping[str, Any], *, adapters: bool) -> dict[str, Any]:
+    """``values`` as a candidate takes them: those of LoRA/QLoRA only at their defaults without adapters."""
+    if adapters:
+        return dict(values)
+    return {name: FIELDS[name].default if FIELDS[name].adapters_only else value for name, value in values.items()}
+
+
+def changed(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``values`` that differ from their defaults."""
+    return {name: value for name, value in values.items() if value != FIELDS[name].default}
+
+
+def check_for_model(*, model_id: str, is_encoder: bool, values: Mapping[str, Any]) -> None:
+    """The recipe settings a model cannot take: a fused linear cross-entropy fuses a causal LM's
+    head and its loss, which a masked-LM encoder does not have."""
+    from planner.errors import InvalidConfigError
+
+    if values.get("fused_ce") and is_encoder:
+        raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {model_id} is a masked-LM encoder: "
+                                 "drop --fused-ce")
+
+
+def with_recipe_fields(cls: type) -> type:
+    """``cls`` with a field per recipe setting (its plain type and default, its help as docstring),
+    after its own: apply it under ``@dataclass``."""
+    annotations = dict(cls.__dict__.get("__annotations__", {}))
+    for f in RECIPE:
+        annotations[f.name] = f.type.__name__
+        setattr(cls, f.name, f.default)
+    cls.__annotations__ = annotations
+    return cls
+
+
+__all__ = ["BATCH", "CONFIG_OPTIONS", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
+           "RequestField", "SPLIT", "STATIC", "changed", "check_for_model", "memo_fields", "recipe_for", "recipe_of",
+           "with_recipe_fields"]
