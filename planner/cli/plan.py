@@ -157,22 +157,10 @@ def _print_estimate(out, data: dict[str, Any], estimate, *, encoder: bool = Fals
 
 
 def _recipe_line(cfg: dict[str, Any], *, encoder: bool = False) -> str:
-    """The recipe settings that differ from the HF Trainer defaults, for the config line; a
-    setting the step ignores says so (use_cache under checkpointing, or in an encoder, which
-    has no KV cache: memory/activations.py ``kv_cache_block_bytes``)."""
-    parts = []
-    if cfg.get("lora_dropout"):
-        parts.append(f"lora_dropout {cfg['lora_dropout']:g}")
-    if cfg.get("loop", "trainer") != "trainer":
-        parts.append(f"{cfg['loop']} loop (outputs kept through backward: loop/manual_outputs)")
-    if cfg.get("fused_ce"):
-        parts.append("fused linear cross-entropy")
-    if cfg.get("packing") is False:
-        parts.append("padded to the longest")
-    if cfg.get("use_cache"):
-        parts.append("use_cache" + (" (ignored: an encoder has no KV cache)" if encoder
-                                    else " (off under checkpointing)" if cfg.get("grad_ckpt") else ""))
-    return ", ".join(parts)
+    """The recipe settings that differ from the HF Trainer defaults, for the config line."""
+    from planner.request import recipe_words
+
+    return recipe_words(cfg, encoder=encoder)
 
 
 def _print_sparkline(out, spec, device, config, memory) -> None:

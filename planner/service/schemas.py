@@ -2,8 +2,8 @@
 
 They check shapes and types only (a field's name and reason on a 422); every value is validated by
 the library the CLI calls, so the API and ``planner suggest``/``estimate`` accept the same things.
-Types are strict: a number is not a flag (``"fused_ce": 1``) and text is not a number
-(``"lora_dropout": "0.1"``; ``true`` was taken as a dropout of 1.0).
+Types are strict: a number is not a flag and text is not a number (``true`` was taken as a dropout
+of 1.0). The request's fields are built from their declaration (``planner.request``).
 """
 
 from __future__ import annotations
