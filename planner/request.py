@@ -17,6 +17,7 @@ objects from it).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -57,6 +58,11 @@ class RequestField:
     """How the search's memo keys hold it (``STATIC``, ``BATCH``, ``DERIVED``, ``SPLIT``, ``FIXED``,
     ``OPTION``): a field read by a memory term must be ``STATIC`` or ``BATCH`` or ``DERIVED``
     (``tests/test_request_fields.py`` checks each against ``estimate_memory``)."""
+    terms: str = ""
+    """The memory terms that read it (where a ``STATIC`` or ``BATCH`` field is read)."""
+    upper: int | None = None
+    """A count's sanity bound (``TrainConfig`` refuses more): far above any real run, low enough that
+    every derived byte count fits the store's 64-bit integers."""
     max_length: int | None = None
     """The longest text the API takes (a str field)."""
     recipe: bool = False
@@ -92,32 +98,37 @@ _FIELDS = (
            max_length=32),
     # the help is the registry's names (planner.optim.names), filled in by the surfaces
     _field("optimizer", str, "adamw", "", memo=(STATIC,), max_length=32),
-    _field("micro_batch", int, 1, "Sequences per forward/backward on one device.", memo=(SPLIT,)),
+    _field("micro_batch", int, 1, "Sequences per forward/backward on one device.", memo=(SPLIT,), upper=1 << 20),
     _field("seq_len", int, None, "Tokens per sequence (default: min(2048, the model's maximum)).", memo=(BATCH,),
-           estimate=False),
-    _field("grad_accum", int, 1, "Micro-steps per optimizer step.", memo=(SPLIT,)),
-    _field("gpus", int, 1, "Data-parallel devices.", memo=(STATIC,), estimate=False),
+           estimate=False, upper=1 << 24, terms="every activation (memory/activations.py, memory/step.py)"),
+    _field("grad_accum", int, 1, "Micro-steps per optimizer step.", memo=(SPLIT,), upper=1 << 20),
+    _field("gpus", int, 1, "Data-parallel devices.", memo=(STATIC,), estimate=False, upper=1 << 16,
+           terms="the sharded model states and the collectives' buffers (planner.sharding, memory/states.py)"),
     _field("grad_ckpt", bool, False, "Gradient checkpointing.", memo=(BATCH,)),
     _field("attention", str, "sdpa", "sdpa|eager|flash", memo=(BATCH,), max_length=32),
-    _field("lora_r", int, None, "LoRA rank (default: 16 for lora/qlora).", memo=(STATIC, BATCH)),
+    _field("lora_r", int, None, "LoRA rank (default: 16 for lora/qlora).", memo=(STATIC, BATCH), adapters_only=True,
+           upper=1 << 16, terms="the adapters' parameters and states (memory/parameters.py) and activations"),
     _field("lora_targets", str, None, "all-linear or a comma list of module names (default: all-linear).",
-           memo=(STATIC, BATCH), max_length=1000),
+           memo=(STATIC, BATCH), max_length=1000, adapters_only=True),
     _field("zero", int, 0, "DeepSpeed ZeRO stage 0|1|2|3.", memo=(OPTION,)),
     _field("offload", str, "none", "none|optimizer|optimizer+params (DeepSpeed CPU offload).", memo=(OPTION,),
            max_length=32),
     _field("alloc_conf", str, None, "PyTorch CUDA caching allocator settings as PYTORCH_CUDA_ALLOC_CONF takes them, "
            "e.g. max_split_size_mb:128,expandable_segments:True.", memo=(FIXED,), max_length=500),
     _field("lora_dropout", float, 0.0, "PEFT's lora_dropout for lora/qlora (recipes use 0.05-0.1; 0: no dropout).",
-           memo=(BATCH,), flag="--lora-dropout", recipe=True, adapters_only=True),
+           memo=(BATCH,), recipe=True, adapters_only=True,
+           terms="each adapter's dropout mask and dropped input (memory/activations.py lora/dropout, memory/shapes.py)"),
     _field("loop", str, "trainer", "trainer|manual: the HF Trainer (the logits die at the loss) or a hand-written "
            "loop `outputs = model(**batch); outputs.loss.backward()` (outputs live through backward).",
-           memo=(BATCH,), max_length=32, recipe=True),
+           memo=(BATCH,), max_length=32, recipe=True,
+           terms="the outputs a hand-written loop keeps (memory/step.py loop/manual_outputs)"),
     _field("fused_ce", bool, False, "A fused linear cross-entropy (Liger's): the logits are never materialised.",
-           memo=(BATCH,), recipe=True),
+           memo=(BATCH,), recipe=True, terms="the logits and the loss (memory/activations.py, memory/timeline.py)"),
     _field("packing", bool, True, "Sequences packed to --seq-len (default), or padded to the longest in the batch.",
-           memo=(BATCH,), recipe=True),
+           memo=(BATCH,), recipe=True, terms="the attention mask (memory/attention.py)"),
     _field("use_cache", bool, False, "transformers' use_cache in the training forward (a KV cache; the HF Trainer "
-           "turns it off, so does --grad-ckpt).", memo=(BATCH,), recipe=True),
+           "turns it off, so does --grad-ckpt).", memo=(BATCH,), recipe=True,
+           terms="the KV cache (memory/activations.py kv_cache_block_bytes)"),
     # TrainConfig's own: made from --zero and --offload (their memory terms read it as Sharding.memory_key)
     _field("sharding", str, "none", "The sharding scheme (planner.sharding).", memo=(DERIVED,), flag=None,
            estimate=False),
@@ -148,9 +159,38 @@ def memo_fields(key: str) -> tuple[str, ...]:
     return tuple([n for n in held if n not in MEMO_TAIL] + [n for n in MEMO_TAIL if n in held])
 
 
+#: The fields only LoRA/QLoRA take (the adapter's), in the order ``planner check`` lists them.
+ADAPTER: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.adapters_only)
+
+
 def recipe_of(source: Any) -> dict[str, Any]:
-    """The recipe settings of a request, a body, a space or a configuration (read by name)."""
-    return {f.name: getattr(source, f.name) for f in RECIPE}
+    """The recipe settings of a request, a body, a space or a configuration (read by name), as
+    plain values (an enum member as its value)."""
+    out = {}
+    for f in RECIPE:
+        value = getattr(source, f.name)
+        out[f.name] = value.value if isinstance(value, enum.Enum) else value
+    return out
+
+
+def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
+    """The recipe settings of ``values`` (a configuration's ``to_dict``) that differ from the HF
+    Trainer's defaults, in words; a setting the step ignores says so (use_cache under
+    checkpointing, or in an encoder, which has no KV cache: memory/activations.py
+    ``kv_cache_block_bytes``)."""
+    parts = []
+    if values.get("lora_dropout"):
+        parts.append(f"lora_dropout {values['lora_dropout']:g}")
+    if values.get("loop", "trainer") != "trainer":
+        parts.append(f"{values['loop']} loop (outputs kept through backward: loop/manual_outputs)")
+    if values.get("fused_ce"):
+        parts.append("fused linear cross-entropy")
+    if values.get("packing") is False:
+        parts.append("padded to the longest")
+    if values.get("use_cache"):
+        parts.append("use_cache" + (" (ignored: an encoder has no KV cache)" if encoder
+                                    else " (off under checkpointing)" if values.get("grad_ckpt") else ""))
+    return ", ".join(parts)
 
 
 def recipe_for(values: Mapping[str, Any], *, adapters: bool) -> dict[str, Any]:
@@ -186,6 +226,6 @@ def with_recipe_fields(cls: type) -> type:
     return cls
 
 
-__all__ = ["BATCH", "CONFIG_OPTIONS", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
-           "RequestField", "SPLIT", "STATIC", "changed", "check_for_model", "memo_fields", "recipe_for", "recipe_of",
+__all__ = ["ADAPTER", "BATCH", "CONFIG_OPTIONS", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
+           "RequestField", "SPLIT", "STATIC", "changed", "check_for_model", "memo_fields", "recipe_for", "recipe_of", "recipe_words",
            "with_recipe_fields"]
