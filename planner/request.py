@@ -65,6 +65,8 @@ class RequestField:
     every derived byte count fits the store's 64-bit integers."""
     max_length: int | None = None
     """The longest text the API takes (a str field)."""
+    short: str | None = None
+    """The option's one-letter spelling ("-b"), if it has one."""
     recipe: bool = False
     """A recipe setting: fixed by the user and given to every candidate of a search."""
     adapters_only: bool = False
@@ -133,6 +135,22 @@ _FIELDS = (
     _field("sharding", str, "none", "The sharding scheme (planner.sharding).", memo=(DERIVED,), flag=None,
            estimate=False),
 )
+
+#: The default of a field a request must give.
+REQUIRED: Any = ...
+
+#: What a search is asked besides the recipe (``planner suggest``/``submit``, ``POST /v1/plans``),
+#: in ``planner suggest``'s order: its method and precision may be "auto" (every method; the
+#: device's precisions).
+SEARCH: Mapping[str, RequestField] = {f.name: f for f in (
+    _field("target_batch", int, REQUIRED, "Global batch: micro x accumulation x GPUs.", memo=(OPTION,), short="-b"),
+    _field("method", str, "auto", "auto|full|lora|qlora", memo=(OPTION,), max_length=32),
+    _field("precision", str, "auto", "auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16", memo=(OPTION,), max_length=32),
+    _field("top_k", int, 5, "Plans to show (and the pool verification falls back on).", memo=(OPTION,), short="-k"),
+    _field("prefer", str, "fidelity", "Ranking policy: fidelity (full > LoRA > QLoRA > pure-16-bit full, then speed) | "
+           "speed (fastest first). The other policy's first plan is shown under the table.", memo=(OPTION,),
+           max_length=32),
+)}
 
 FIELDS: Mapping[str, RequestField] = {f.name: f for f in _FIELDS}
 """Every field by name, in ``planner estimate``'s order."""
@@ -226,6 +244,6 @@ def with_recipe_fields(cls: type) -> type:
     return cls
 
 
-__all__ = ["ADAPTER", "BATCH", "CONFIG_OPTIONS", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
+__all__ = ["ADAPTER", "BATCH", "CONFIG_OPTIONS", "REQUIRED", "SEARCH", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
            "RequestField", "SPLIT", "STATIC", "changed", "check_for_model", "memo_fields", "recipe_for", "recipe_of", "recipe_words",
            "with_recipe_fields"]

@@ -13,7 +13,19 @@ from planner.catalog import resolve_model
 from planner.config import TrainConfig
 from planner.gpus import get_gpu
 from planner.memory import estimate_memory
-from planner.request import BATCH, DERIVED, ESTIMATE, FIELDS, FIXED, OPTION, RECIPE, SPLIT, STATIC
+from planner.request import (
+    BATCH,
+    DERIVED,
+    ESTIMATE,
+    FIELDS,
+    FIXED,
+    OPTION,
+    RECIPE,
+    REQUIRED,
+    SEARCH,
+    SPLIT,
+    STATIC,
+)
 from planner.search import _batch_key, _static_key
 
 #: Another value of each field the memo keys must hold, given to one of the bases below; a
@@ -112,8 +124,11 @@ def _click_params(command: str):
     return {p.name: p for p in group.get_command(ctx, command).params}
 
 
-@pytest.mark.parametrize(("command", "fields"), [("estimate", ESTIMATE), ("measure", ESTIMATE), ("suggest", RECIPE),
-                                                 ("submit", RECIPE)])
+_ASKED = (*SEARCH.values(), *RECIPE)
+
+
+@pytest.mark.parametrize(("command", "fields"), [("estimate", ESTIMATE), ("measure", ESTIMATE), ("suggest", _ASKED),
+                                                 ("submit", _ASKED)])
 def test_the_cli_options_are_the_declarations(command, fields):
     from planner.optim import names
 
@@ -121,8 +136,12 @@ def test_the_cli_options_are_the_declarations(command, fields):
     for f in fields:
         param = params[f.name]
         flags = f.flag.split("/")
-        assert param.opts == [flags[0]] and list(param.secondary_opts) == flags[1:], f.name
-        assert param.default == f.default, f.name
+        assert param.opts == [flags[0], *([f.short] if f.short else [])], f.name
+        assert list(param.secondary_opts) == flags[1:], f.name
+        if f.default is REQUIRED:
+            assert param.required, f.name
+        else:
+            assert param.default == f.default, f.name
         assert param.help == (f.help or names()), f.name
 
 
@@ -131,10 +150,10 @@ def test_the_api_bodies_are_the_declarations():
 
     from planner.service.schemas import EstimateBody, PlanBody
 
-    for body, fields in ((PlanBody, RECIPE), (EstimateBody, ESTIMATE)):
+    for body, fields in ((PlanBody, _ASKED), (EstimateBody, ESTIMATE)):
         for f in fields:
             info = body.model_fields[f.name]
-            assert info.default == f.default and info.description, f.name
+            assert info.is_required() if f.default is REQUIRED else info.default == f.default, f.name
             if f.name != "optimizer":
                 assert info.description == f.help, f.name
             lengths = [m.max_length for m in info.metadata if hasattr(m, "max_length")]
@@ -142,8 +161,8 @@ def test_the_api_bodies_are_the_declarations():
             # strict: a value of another plain type is refused (a number is not a flag, text not a number)
             wrong = {bool: 1, int: "1", float: "0.1", str: 1}[f.type]
             with pytest.raises(ValidationError):
-                body(model="gpt2", gpu="a10g", target_batch=8, **{f.name: wrong}) if body is PlanBody else \
-                    body(model="gpt2", gpu="a10g", **{f.name: wrong})
+                body(**{"model": "gpt2", "gpu": "a10g", **({"target_batch": 8} if body is PlanBody else {}),
+                        f.name: wrong})
     assert set(EstimateBody.model_fields) >= set(request.CONFIG_OPTIONS) - {"gpus"}
 
 

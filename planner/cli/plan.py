@@ -28,7 +28,7 @@ _TIMELINE = typer.Option(None, "--timeline", help="Write a picture of memory ove
 def option(field: RequestField) -> Any:
     """The typer option of a declared request field: its default, flag and help."""
     help = field.help or optimizer_names()  # the optimizer's: the registry's names
-    return typer.Option(field.default, field.flag, help=help)
+    return typer.Option(field.default, field.flag, *([field.short] if field.short else []), help=help)
 
 
 def _annotation(field: RequestField) -> Any:

@@ -7,19 +7,20 @@ from typing import Any, Optional
 import typer
 
 from planner.cli._common import catalog_gpu, console_to_stderr
-from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ, request_options
-from planner.request import RECIPE
+from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ, option, request_options
+from planner.request import RECIPE, SEARCH
 
 _VERIFY_HELP = "Verify the top candidates with short real runs on Ray workers (embedded Ray, or --ray-address)."
-# Options suggest shares with planner submit (one definition, two commands).
-TARGET_BATCH = typer.Option(..., "--target-batch", "-b", help="Global batch: micro x accumulation x GPUs.")
+# Options suggest shares with planner submit (one definition, two commands; the request's from
+# their declaration, planner.request).
+TARGET_BATCH = option(SEARCH["target_batch"])
 GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB (with --gpu cpu: the limit verification runs are held to).")
-METHOD = typer.Option("auto", "--method", help="auto|full|lora|qlora")
-PRECISION = typer.Option("auto", "--precision", help="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16")
+METHOD = option(SEARCH["method"])
+PRECISION = option(SEARCH["precision"])
 NO_OFFLOAD = typer.Option(False, "--no-offload", help="Do not consider DeepSpeed CPU offload.")
 CPU_MEM = typer.Option(None, "--cpu-mem", help="Host RAM of the node for offload, e.g. 192GiB (default: the catalog's standard machine with --gpus of this GPU; this machine's with --gpu cpu/auto; offload needs it where the catalog knows none).")
-PREFER = typer.Option("fidelity", "--prefer", help="Ranking policy: fidelity (full > LoRA > QLoRA > pure-16-bit full, then speed) | speed (fastest first). The other policy's first plan is shown under the table.")
-TOP_K = typer.Option(5, "--top-k", "-k", help="Plans to show (and the pool verification falls back on).")
+PREFER = option(SEARCH["prefer"])
+TOP_K = option(SEARCH["top_k"])
 VERIFY_TOP = typer.Option(3, "--verify-top", help="Candidates to verify fitting (default: 3).")
 STEPS = typer.Option(3, "--steps", help="Optimizer steps per verification run; the last is measured (default: 3).")
 RUN_TIMEOUT = typer.Option(900, "--run-timeout", help="Seconds before a verification run is killed (default: 900).")

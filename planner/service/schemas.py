@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from planner.optim import names as optimizer_names
-from planner.request import ESTIMATE, FIELDS, RECIPE, RequestField
+from planner.request import ESTIMATE, FIELDS, RECIPE, SEARCH, RequestField
 from planner.service.settings import MAX_CONFIG_BYTES
 
 #: a size: bytes as a whole number, or a string with its unit as on the command line ("20GiB")
@@ -87,18 +87,17 @@ _ConfigFields = create_model(
     **_body_fields(tuple(f for f in ESTIMATE if not f.recipe and f.name != "seq_len")))
 
 
-class PlanBody(RecipeFields, ModelChoice):
+#: ``POST /v1/plans``'s fields of the search besides the recipe (``planner suggest``'s options)
+_SearchFields = create_model("SearchFields", __doc__="What a search is asked (``planner suggest``'s options).",
+                             **_body_fields(tuple(SEARCH.values())))
+
+
+class PlanBody(_SearchFields, RecipeFields, ModelChoice):
     """``POST /v1/plans``: the request of ``planner suggest``."""
 
-    target_batch: StrictInt = Field(examples=[32], description="Global batch in sequences: micro-batch x accumulation x GPUs.")
-    method: str = Field(default="auto", max_length=32, description="auto|full|lora|qlora")
-    precision: str = Field(default="auto", max_length=32, description="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16")
     allow_offload: StrictBool = Field(default=True, description="Consider DeepSpeed CPU offload (false: --no-offload).")
     cpu_mem: Size = Field(default=None, description=f"Host RAM of the node for offload: {_SIZE_HELP} (default: the "
                           "catalog's standard machine with `gpus` of this GPU; where it knows none, offload plans need it).")
-    top_k: StrictInt = Field(default=5, description="Plans to keep.")
-    prefer: str = Field(default="fidelity", max_length=32, description="Ranking policy: fidelity (the most faithful "
-                        "method first, then speed) | speed (the fastest first).")
     fresh: StrictBool = Field(default=False, description="Plan again even when a verified plan of this request is stored.")
     verify: StrictBool = Field(default=False, description="Verify the top candidates with real runs as a Ray job (answers 202).")
     verify_top: StrictInt = Field(default=3, description="With verify: candidates to verify fitting.")
