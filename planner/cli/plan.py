@@ -38,11 +38,12 @@ def _annotation(field: RequestField) -> Any:
 def request_options(fields: Iterable[RequestField], *, after: str) -> Callable:
     """A command with an option per declared field in ``fields``, placed after its parameter
     ``after`` (where ``--help`` lists them); the command takes them as keywords (``**options``).
-    Typer reads the parameters from the signature, which is rewritten here."""
+    Typer reads the parameters from the signature, which is rewritten here (the command's own
+    annotations stay strings: typer evaluates them in the command's module, as for any command)."""
     fields = tuple(fields)
 
     def decorate(func: Callable) -> Callable:
-        signature = inspect.signature(func, eval_str=True)
+        signature = inspect.signature(func)
         params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
         at = [p.name for p in params].index(after) + 1
         added = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option(f),
