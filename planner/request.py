@@ -72,7 +72,11 @@ class RequestField:
     adapters_only: bool = False
     """Only LoRA/QLoRA take it (the search gives full fine-tuning the default)."""
     estimate: bool = True
-    """An option of ``planner estimate``/``measure`` (and a key of ``POST /v1/estimate``)."""
+    """An option of ``planner estimate``/``measure`` after the model and device options (and a key
+    of ``POST /v1/estimate``)."""
+    build: bool = True
+    """A keyword of ``planner.estimation.build_config`` (``CONFIG_OPTIONS``; the sequence length is
+    given apart, the sharding as ``zero`` and ``offload``)."""
 
     def __post_init__(self) -> None:
         assert set(self.memo) <= _MEMO and self.memo, (self.name, self.memo)
@@ -94,24 +98,29 @@ def _field(name: str, type_: type, default: Any, help: str, *, memo: tuple[str, 
 # The order is ``planner estimate``'s (its --help lists them so): the model and device options
 # come first in each command, then these.
 _FIELDS = (
-    _field("method", str, "full", "full|lora|qlora", memo=(STATIC, BATCH), max_length=32),
+    _field("method", str, "full", "full|lora|qlora", memo=(STATIC, BATCH), max_length=32,
+           terms="what is trained and stored (memory/parameters.py, memory/states.py) and the activations"),
     _field("precision", str, None, "fp32|fp16-mixed|bf16-mixed|fp16|bf16 (default: bf16-mixed, or fp16-mixed where the "
            "GPU has no bf16; lora: bf16, or fp16, a 16-bit frozen base with fp32 adapters).", memo=(DERIVED,),
            max_length=32),
     # the help is the registry's names (planner.optim.names), filled in by the surfaces
-    _field("optimizer", str, "adamw", "", memo=(STATIC,), max_length=32),
+    _field("optimizer", str, "adamw", "", memo=(STATIC,), max_length=32,
+           terms="the optimizer's states and step temporaries (planner.optim, memory/states.py)"),
     _field("micro_batch", int, 1, "Sequences per forward/backward on one device.", memo=(SPLIT,), upper=1 << 20),
     _field("seq_len", int, None, "Tokens per sequence (default: min(2048, the model's maximum)).", memo=(BATCH,),
-           estimate=False, upper=1 << 24, terms="every activation (memory/activations.py, memory/step.py)"),
+           build=False, upper=1 << 24, terms="every activation (memory/activations.py, memory/step.py)"),
     _field("grad_accum", int, 1, "Micro-steps per optimizer step.", memo=(SPLIT,), upper=1 << 20),
     _field("gpus", int, 1, "Data-parallel devices.", memo=(STATIC,), estimate=False, upper=1 << 16,
            terms="the sharded model states and the collectives' buffers (planner.sharding, memory/states.py)"),
-    _field("grad_ckpt", bool, False, "Gradient checkpointing.", memo=(BATCH,)),
-    _field("attention", str, "sdpa", "sdpa|eager|flash", memo=(BATCH,), max_length=32),
+    _field("grad_ckpt", bool, False, "Gradient checkpointing.", memo=(BATCH,),
+           terms="what each layer saves for backward (memory/activations.py, memory/step.py)"),
+    _field("attention", str, "sdpa", "sdpa|eager|flash", memo=(BATCH,), max_length=32,
+           terms="the attention's saved tensors and workspaces (memory/attention.py)"),
     _field("lora_r", int, None, "LoRA rank (default: 16 for lora/qlora).", memo=(STATIC, BATCH), adapters_only=True,
            upper=1 << 16, terms="the adapters' parameters and states (memory/parameters.py) and activations"),
     _field("lora_targets", str, None, "all-linear or a comma list of module names (default: all-linear).",
-           memo=(STATIC, BATCH), max_length=1000, adapters_only=True),
+           memo=(STATIC, BATCH), max_length=1000, adapters_only=True,
+           terms="which linears carry adapters (memory/parameters.py) and what they save"),
     _field("zero", int, 0, "DeepSpeed ZeRO stage 0|1|2|3.", memo=(OPTION,)),
     _field("offload", str, "none", "none|optimizer|optimizer+params (DeepSpeed CPU offload).", memo=(OPTION,),
            max_length=32),
@@ -133,7 +142,7 @@ _FIELDS = (
            terms="the KV cache (memory/activations.py kv_cache_block_bytes)"),
     # TrainConfig's own: made from --zero and --offload (their memory terms read it as Sharding.memory_key)
     _field("sharding", str, "none", "The sharding scheme (planner.sharding).", memo=(DERIVED,), flag=None,
-           estimate=False),
+           estimate=False, build=False),
 )
 
 #: The default of a field a request must give.
@@ -159,10 +168,10 @@ RECIPE: tuple[RequestField, ...] = tuple(f for f in _FIELDS if f.recipe)
 """The recipe settings: the knobs a search keeps fixed (``SuggestRequest``, ``SearchSpace``,
 ``POST /v1/plans`` and ``planner suggest``/``submit`` take them)."""
 
-ESTIMATE: tuple[RequestField, ...] = tuple(f for f in _FIELDS if f.estimate or f.name == "seq_len")
+ESTIMATE: tuple[RequestField, ...] = tuple(f for f in _FIELDS if f.estimate)
 """``planner estimate``'s and ``measure``'s options after the model and device, in their order."""
 
-CONFIG_OPTIONS: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.estimate or f.name == "gpus")
+CONFIG_OPTIONS: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.build)
 """The options ``planner.estimation.build_config`` takes (``TrainConfig``'s fields, the sharding as
 ``zero`` and ``offload``)."""
 

@@ -66,6 +66,8 @@ def test_every_trainconfig_field_is_declared_with_its_memo_key():
 def test_every_keyed_field_has_an_alternative():
     keyed = {name for name, f in FIELDS.items() if set(f.memo) & {STATIC, BATCH, DERIVED}}
     assert keyed == set(ALTERNATIVES)
+    for name in keyed - {"precision", "sharding"}:
+        assert FIELDS[name].terms, f"say which memory terms read {name} (RequestField.terms)"
 
 
 def test_the_declared_defaults_are_trainconfigs():

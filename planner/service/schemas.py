@@ -84,7 +84,7 @@ RecipeFields = create_model(
 #: ``POST /v1/estimate``'s fields that make the configuration besides the recipe (``planner estimate``'s options)
 _ConfigFields = create_model(
     "ConfigFields", __doc__="The options of one configuration (``planner estimate``'s).",
-    **_body_fields(tuple(f for f in ESTIMATE if not f.recipe and f.name != "seq_len")))
+    **_body_fields(tuple(f for f in ESTIMATE if f.build and not f.recipe)))
 
 
 #: ``POST /v1/plans``'s fields of the search besides the recipe (``planner suggest``'s options)
