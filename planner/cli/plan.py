@@ -13,17 +13,6 @@ import typer
 from planner.optim import names as optimizer_names
 from planner.request import ESTIMATE, FIELDS, RequestField
 
-# Options shared by estimate and measure (one definition, two commands); the request's fields are
-# made from their declaration (``planner.request``) by ``request_options``.
-_MODEL = typer.Option(..., "--model", "-m", help="Catalog id, path to a config.json/model dir, or an HF id in the local cache.")
-_GPU = typer.Option(..., "--gpu", "-g", help="GPU name from 'planner gpus' (cpu: the CPU measurement profile; auto: this machine's GPU, through NVML).")
-_GPUS = typer.Option(FIELDS["gpus"].default, FIELDS["gpus"].flag, help=FIELDS["gpus"].help)
-_GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB.")
-_JSON = typer.Option(False, "--json", help="Print one JSON object.")
-#: the declared options suggest and submit place themselves (``request_options`` places the rest)
-_SEQ = typer.Option(FIELDS["seq_len"].default, FIELDS["seq_len"].flag, help=FIELDS["seq_len"].help)
-_TIMELINE = typer.Option(None, "--timeline", help="Write a picture of memory over one step: a .svg, .png or .html file.")
-
 
 def option(field: RequestField) -> Any:
     """The typer option of a declared request field: its default, flag and help."""
@@ -33,6 +22,18 @@ def option(field: RequestField) -> Any:
 
 def _annotation(field: RequestField) -> Any:
     return Optional[field.type] if field.optional else field.type
+
+
+# Options shared by estimate and measure (one definition, two commands); the request's fields are
+# made from their declaration (``planner.request``) by ``request_options``.
+_MODEL = typer.Option(..., "--model", "-m", help="Catalog id, path to a config.json/model dir, or an HF id in the local cache.")
+_GPU = typer.Option(..., "--gpu", "-g", help="GPU name from 'planner gpus' (cpu: the CPU measurement profile; auto: this machine's GPU, through NVML).")
+_GPUS = option(FIELDS["gpus"])
+_GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB.")
+_JSON = typer.Option(False, "--json", help="Print one JSON object.")
+#: the declared options suggest and submit place themselves (``request_options`` places the rest)
+_SEQ = option(FIELDS["seq_len"])
+_TIMELINE = typer.Option(None, "--timeline", help="Write a picture of memory over one step: a .svg, .png or .html file.")
 
 
 def request_options(fields: Iterable[RequestField], *, after: str) -> Callable:
