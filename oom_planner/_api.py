@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from planner.errors import InvalidConfigError
+from planner.request import RECIPE
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.check import CheckResult
@@ -19,9 +20,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from planner.results import MemoryEstimate, PlanResult
     from planner.store import PlanSummary
 
-#: suggest's knobs: ``planner.planning.SuggestRequest``'s fields (sizes as "20GiB" or bytes)
+#: suggest's knobs: ``planner.planning.SuggestRequest``'s fields (sizes as "20GiB" or bytes), the
+#: recipe settings last (``planner.request.RECIPE``)
 SUGGEST_KNOBS = ("seq_len", "gpus", "gpu_mem", "method", "precision", "allow_offload", "cpu_mem", "top_k", "prefer",
-                 "lora_dropout", "loop", "fused_ce", "packing", "use_cache")
+                 *(f.name for f in RECIPE))
 
 
 def _size(value: Any, *, name: str) -> int | None:
@@ -163,8 +165,8 @@ def suggest(*, model: str, gpu: str, target_batch: int, save: bool = True, db: s
     """``planner suggest``: rank every configuration that reaches ``target_batch`` and fits.
 
     ``knobs``: ``seq_len``, ``gpus``, ``gpu_mem`` ("20GiB" or bytes), ``method``, ``precision``,
-    ``allow_offload``, ``cpu_mem``, ``top_k``, ``prefer``, ``lora_dropout``, ``loop``, ``fused_ce``,
-    ``packing``, ``use_cache``. ``save``: store the plan (``history`` lists it) in ``db`` (default:
+    ``allow_offload``, ``cpu_mem``, ``top_k``, ``prefer`` and the recipe settings
+    (``planner.request.RECIPE``; all of them: ``SUGGEST_KNOBS``). ``save``: store the plan (``history`` lists it) in ``db`` (default:
     PLANNER_DATABASE_URL or the local SQLite file). Raises ``NothingFitsError`` (its ``result``
     holds each family's closest try) when nothing fits."""
     from planner.planning import SuggestRequest, make_plan
@@ -185,9 +187,8 @@ def suggest(*, model: str, gpu: str, target_batch: int, save: bool = True, db: s
 def estimate(*, model: str, gpu: str, seq_len: int | None = None, gpu_mem: int | str | None = None,
              db: str | None = None, **knobs: Any) -> Estimate:
     """``planner estimate``: memory and speed of one configuration. ``knobs``: the TrainConfig
-    options ``planner estimate`` takes (``method``, ``precision``, ``optimizer``, ``micro_batch``,
-    ``grad_accum``, ``gpus``, ``grad_ckpt``, ``attention``, ``lora_r``, ``lora_targets``, ``zero``,
-    ``offload``, ``alloc_conf``, ``lora_dropout``, ``loop``, ``fused_ce``, ``packing``, ``use_cache``)."""
+    options ``planner estimate`` takes (``planner.estimation.CONFIG_OPTIONS``, declared in
+    ``planner.request``: ``method``, ``precision``, ``optimizer``, ``micro_batch``, ...)."""
     from planner.calibration import apply_calibration
     from planner.estimation import CONFIG_OPTIONS, build_config, estimate_configuration, resolve
 

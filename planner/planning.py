@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from planner.limits import MAX_GPUS_PER_NODE, check_gpu_count
+from planner.request import recipe_of, with_recipe_fields
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration
@@ -24,6 +25,7 @@ AUTO = "auto"
 
 
 @dataclass(frozen=True, kw_only=True)
+@with_recipe_fields
 class SuggestRequest:
     """What to plan for. Names are resolved and values validated by ``make_plan``."""
 
@@ -56,16 +58,8 @@ class SuggestRequest:
     local_node: bool = False
     """The GPU was found on this machine (--gpu auto): the planning machine is the node, and its
     RAM is the default host RAM for offload."""
-    lora_dropout: float = 0.0
-    """PEFT's lora_dropout of the LoRA/QLoRA candidates."""
-    loop: str = "trainer"
-    """trainer|manual: how the training step is written (``planner.config.Loop``)."""
-    fused_ce: bool = False
-    """A fused linear cross-entropy (Liger's)."""
-    packing: bool = True
-    """Sequences packed to seq_len (else padded to the longest in the batch)."""
-    use_cache: bool = False
-    """transformers' use_cache in the training forward."""
+    # then the recipe settings (``planner.request.RECIPE``), each with its plain type and
+    # default
 
     def to_cli_args(self) -> list[str]:
         """``planner suggest`` arguments that make the same request."""
@@ -149,10 +143,8 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     host, source = node_host_ram(cpu_mem_bytes=request.cpu_mem_bytes, local_node=request.local_node, gpus=request.gpus,
                                  device=device)
     space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host,
-                        host_ram_source=source, prefer=request.prefer,
-                        lora_dropout=request.lora_dropout, loop=request.loop, fused_ce=request.fused_ce,
-                        packing=request.packing, use_cache=request.use_cache)
-    check_recipe(spec, fused_ce=request.fused_ce)  # estimate's check: no fused CE for an encoder
+                        host_ram_source=source, prefer=request.prefer, **recipe_of(request))
+    check_recipe(spec, recipe_of(request))  # estimate's check (a fused CE needs a causal LM's head)
     check_model_id(spec.id)  # before anything is printed: the store would refuse it after
     check_search_cost(spec, methods=space.methods, lora_ranks=space.lora_ranks, top_k=request.top_k)
     seq = default_seq_len(spec) if request.seq_len is None else request.seq_len

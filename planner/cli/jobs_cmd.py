@@ -3,20 +3,22 @@ cluster, through Ray's job submission API (``planner.verify.jobs``)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
-from planner.cli.plan import _FUSED_CE, _GPU, _GPUS, _JSON, _LOOP, _LORA_DROPOUT, _MODEL, _PACKING, _SEQ, _USE_CACHE
+from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ, request_options
 from planner.cli.suggest_cmd import (
     CPU_MEM, GPU_MEM, METHOD, NO_OFFLOAD, PRECISION, PREFER, RUN_TIMEOUT, STEPS, TARGET_BATCH, TOP_K, VERIFY_TOP,
 )
+from planner.request import RECIPE
 
 _ADDRESS = typer.Option(None, "--address", help="The Ray job API, http://HEAD:8265 (default: $RAY_ADDRESS when it is http, else http://127.0.0.1:8265).")
 _DB = typer.Option(None, "--db", help="Database URL the job writes to, without a password (default: PLANNER_DATABASE_URL, "
                    "the file PLANNER_DATABASE_URL_FILE names, which the job is given by path, or the local SQLite file).")
 
 
+@request_options(RECIPE, after="prefer")
 def submit(
     model: str = _MODEL,
     gpu: str = _GPU,
@@ -30,11 +32,6 @@ def submit(
     cpu_mem: Optional[str] = CPU_MEM,
     top_k: int = TOP_K,
     prefer: str = PREFER,
-    lora_dropout: float = _LORA_DROPOUT,
-    loop: str = _LOOP,
-    fused_ce: bool = _FUSED_CE,
-    packing: bool = _PACKING,
-    use_cache: bool = _USE_CACHE,
     verify: bool = typer.Option(True, "--verify/--no-verify", help="The job verifies the plan (it always does: the flag is accepted as suggest's)."),
     verify_top: int = VERIFY_TOP,
     steps: int = STEPS,
@@ -42,6 +39,7 @@ def submit(
     address: Optional[str] = _ADDRESS,
     db: Optional[str] = _DB,
     as_json: bool = _JSON,
+    **recipe: Any,
 ) -> None:
     """Plan here and submit the plan's verification to a Ray cluster as a job; prints the job id and the plan id."""
     from planner.cli._common import console, print_json
@@ -58,7 +56,7 @@ def submit(
     request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k,
                        prefer=prefer,
-                       recipe=dict(lora_dropout=lora_dropout, loop=loop, fused_ce=fused_ce, packing=packing, use_cache=use_cache))
+                       recipe=recipe)
     import logging
 
     logging.getLogger("ray").setLevel(logging.WARNING)  # the SDK's INFO lines about uploading the config

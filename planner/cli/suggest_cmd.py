@@ -2,29 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from planner.cli._common import catalog_gpu, console_to_stderr
-from planner.cli.plan import _FUSED_CE, _GPU, _GPUS, _JSON, _LOOP, _LORA_DROPOUT, _MODEL, _PACKING, _SEQ, _USE_CACHE
-
+from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ, option, request_options
+from planner.request import RECIPE, SEARCH
 
 _VERIFY_HELP = "Verify the top candidates with short real runs on Ray workers (embedded Ray, or --ray-address)."
-# Options suggest shares with planner submit (one definition, two commands).
-TARGET_BATCH = typer.Option(..., "--target-batch", "-b", help="Global batch: micro x accumulation x GPUs.")
+# Options suggest shares with planner submit (one definition, two commands; the request's from
+# their declaration, planner.request).
+TARGET_BATCH = option(SEARCH["target_batch"])
 GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB (with --gpu cpu: the limit verification runs are held to).")
-METHOD = typer.Option("auto", "--method", help="auto|full|lora|qlora")
-PRECISION = typer.Option("auto", "--precision", help="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16")
+METHOD = option(SEARCH["method"])
+PRECISION = option(SEARCH["precision"])
 NO_OFFLOAD = typer.Option(False, "--no-offload", help="Do not consider DeepSpeed CPU offload.")
 CPU_MEM = typer.Option(None, "--cpu-mem", help="Host RAM of the node for offload, e.g. 192GiB (default: the catalog's standard machine with --gpus of this GPU; this machine's with --gpu cpu/auto; offload needs it where the catalog knows none).")
-PREFER = typer.Option("fidelity", "--prefer", help="Ranking policy: fidelity (full > LoRA > QLoRA > pure-16-bit full, then speed) | speed (fastest first). The other policy's first plan is shown under the table.")
-TOP_K = typer.Option(5, "--top-k", "-k", help="Plans to show (and the pool verification falls back on).")
+PREFER = option(SEARCH["prefer"])
+TOP_K = option(SEARCH["top_k"])
 VERIFY_TOP = typer.Option(3, "--verify-top", help="Candidates to verify fitting (default: 3).")
 STEPS = typer.Option(3, "--steps", help="Optimizer steps per verification run; the last is measured (default: 3).")
 RUN_TIMEOUT = typer.Option(900, "--run-timeout", help="Seconds before a verification run is killed (default: 900).")
 
 
+@request_options(RECIPE, after="prefer")
 def suggest(
     model: str = _MODEL,
     gpu: str = _GPU,
@@ -38,11 +40,6 @@ def suggest(
     cpu_mem: Optional[str] = CPU_MEM,
     top_k: int = TOP_K,
     prefer: str = PREFER,
-    lora_dropout: float = _LORA_DROPOUT,
-    loop: str = _LOOP,
-    fused_ce: bool = _FUSED_CE,
-    packing: bool = _PACKING,
-    use_cache: bool = _USE_CACHE,
     verify: bool = typer.Option(False, "--verify", help=_VERIFY_HELP),
     verify_top: int = VERIFY_TOP,
     steps: int = STEPS,
@@ -56,6 +53,7 @@ def suggest(
     db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not store this plan."),
     as_json: bool = _JSON,
+    **recipe: Any,
 ) -> None:
     """Search every configuration that reaches --target-batch and rank what fits: by default the most
     faithful method first (full > LoRA > QLoRA > full in pure 16-bit, narrowed by --method), then the
@@ -87,7 +85,7 @@ def suggest(
     request = _request(model=model, gpu=catalog_gpu(gpu), target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k,
                        prefer=prefer, local_node=gpu.strip().lower() == "auto",
-                       recipe=dict(lora_dropout=lora_dropout, loop=loop, fused_ce=fused_ce, packing=packing, use_cache=use_cache))
+                       recipe=recipe)
     planned = _plan(request, as_json=as_json, db=db, say_unread=no_save)
     out = console() if not as_json else console_to_stderr()
     if not fresh and not no_save and plan_id is None:
