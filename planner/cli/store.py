@@ -216,10 +216,10 @@ def save_plan(*, result: "PlanResult", db: str | None, save: bool) -> SavedPlan:
     """Look up a past plan for the same request and store this one when ``save``; prints
     nothing, so that the plan is stored even when the output is cut short (``| head``)."""
     from planner.errors import StoreError
-    from planner.store.lite import open_for_command
+    from planner.store.interface import open_plan_store
 
     try:
-        store = open_for_command(url=db)
+        store = open_plan_store(url=db)
     except StoreError as exc:
         if save:
             raise
@@ -251,9 +251,9 @@ def report_saved(saved: SavedPlan, *, console: "Console") -> str | None:
 
 def save_measurement(*, request: "PlanRequest", candidate: "Candidate", measurement: "Measurement", db: str | None) -> str:
     """Store one ``planner measure`` run (request, candidate, measurement); returns its plan id."""
-    from planner.store import open_store
+    from planner.store import open_plan_store
 
-    with open_store(url=db) as store:
+    with open_plan_store(url=db) as store:
         plan_id, _candidate_id = store.record_single_measurement(
             request=request, candidate=candidate, measurement=measurement
         )
@@ -287,11 +287,11 @@ def history(
 ) -> None:
     """List past plans, newest first."""
     from planner.cli._common import console, print_json
-    from planner.store import open_store, parse_since, parse_status
+    from planner.store import open_plan_store, parse_since, parse_status
 
     since_at = parse_since(since) if since else None
     status_value = parse_status(status) if status else None
-    with open_store(url=db) as store:
+    with open_plan_store(url=db) as store:
         rows = store.history(model=model, gpu=_catalog_gpu(gpu), status=status_value, since=since_at, limit=limit)
     if as_json:
         print_json([row.to_dict() for row in rows])
@@ -308,9 +308,9 @@ def show(
 ) -> None:
     """Show one plan: its candidates, breakdowns and measurements (predicted vs measured)."""
     from planner.cli._common import console, print_json
-    from planner.store import open_store
+    from planner.store import open_plan_store
 
-    with open_store(url=db) as store:
+    with open_plan_store(url=db) as store:
         plan = store.get_plan(plan_id=plan_id)
     if as_json:
         print_json(plan.to_dict())

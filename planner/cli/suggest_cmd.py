@@ -217,10 +217,10 @@ def _stored_verified(request, *, db):
     """The newest verified plan of an identical request, or None (also when the store is unreachable:
     planning goes on and the save reports the store's error)."""
     from planner.errors import StoreError
-    from planner.store.lite import open_for_command
+    from planner.store.interface import open_plan_store
 
     try:
-        with open_for_command(url=db) as store:
+        with open_plan_store(url=db) as store:
             return store.find_verified(request=request)
     except StoreError:
         return None
