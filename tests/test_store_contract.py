@@ -104,6 +104,8 @@ def test_status_moves_and_terminal_statuses_stay(plan_store):
     plan_store.set_status(plan_id=plan_id, status="planned", ray_job_id="raysubmit_1", reason="submitted")
     plan_store.set_status(plan_id=plan_id[:8], status=PlanStatus.VERIFYING, lease_s=600)
     plan_store.set_status(plan_id=plan_id, status="verifying", lease_s=600)  # the lease taken again
+    with pytest.raises(StatusTransitionError, match="is being verified"):
+        plan_store.set_status(plan_id=plan_id, status="planned")
     plan_store.set_status(plan_id=plan_id, status="verified", reason="2 of 2 fit")
     plan = plan_store.get_plan(plan_id=plan_id)
     assert plan.status is PlanStatus.VERIFIED and plan.ray_job_id == "raysubmit_1" and plan.lease_until is None

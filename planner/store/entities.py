@@ -36,7 +36,8 @@ class PlanStatus(enum.StrEnum):
     def check_transition(self, to: "PlanStatus", *, plan_id: str) -> None:
         """Refuse a move that the life cycle has not: out of a terminal status (the model is Ray's
         ``JobStatus.is_terminal()``: a job that ended never runs again; a new verification is a
-        new plan), or into ``measured`` (only ``planner measure`` makes such a record, born so).
+        new plan), into ``measured`` (only ``planner measure`` makes such a record, born so), or
+        from ``verifying`` back to ``planned``.
         ``planned`` -> ``planned`` (a job id noted) and ``verifying`` -> ``verifying`` (the lease
         taken again) are moves. Both stores call it before they write a status."""
         from planner.errors import StatusTransitionError
@@ -48,6 +49,9 @@ class PlanStatus(enum.StrEnum):
         if to is PlanStatus.MEASURED:
             raise StatusTransitionError(
                 f"plan {plan_id[:8]} cannot become measured: only 'planner measure' records a measured run")
+        if self is PlanStatus.VERIFYING and to is PlanStatus.PLANNED:
+            raise StatusTransitionError(
+                f"plan {plan_id[:8]} is being verified: it ends verified or failed, never planned again")
 
 
 def parse_status(text: str) -> PlanStatus:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.errors import ClusterUnavailableError, JobNotFoundError, StoreError
+from planner.errors import ClusterUnavailableError, JobNotFoundError, StatusTransitionError, StoreError
 from planner.store.deadlines import TIMEOUT_ENVS
 from planner.verify.driver import VerifyOptions
 
@@ -244,8 +244,11 @@ def submit_plan(job: JobRequest, *, reference: JobReference, store: "PlanStore",
     finally:
         if working_dir:
             shutil.rmtree(working_dir, ignore_errors=True)
-    store.set_status(plan_id=plan_id, status="planned", ray_job_id=job_id,
-                     reason=f"submitted as Ray job {job_id} to {address}")
+    try:
+        store.set_status(plan_id=plan_id, status="planned", ray_job_id=job_id,
+                         reason=f"submitted as Ray job {job_id} to {address}")
+    except StatusTransitionError:
+        pass  # the job's driver got there first (verifying, or done): it noted its job id itself
     return Submission(plan_id=plan_id, job_id=job_id, address=address, entrypoint=entrypoint)
 
 
