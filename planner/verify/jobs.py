@@ -58,7 +58,7 @@ PLAN_ID_KEY = "planner_plan_id"
 
 @dataclass(frozen=True, kw_only=True)
 class Submission:
-    """What ``submit_verification`` sent."""
+    """What ``submit_plan`` sent."""
 
     plan_id: str
     job_id: str
