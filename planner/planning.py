@@ -2,8 +2,6 @@
 
 ``SuggestRequest`` holds the user's request as it was given (model name, GPU name, sizes in
 bytes); ``make_plan`` resolves and validates it, searches and returns the ranked result.
-``to_cli_args`` writes the same request back as ``planner suggest`` arguments, which is how a
-Ray job re-runs it on a cluster.
 """
 
 from __future__ import annotations
@@ -60,36 +58,6 @@ class SuggestRequest:
     RAM is the default host RAM for offload."""
     # then the recipe settings (``planner.request.RECIPE``), each with its plain type and
     # default
-
-    def to_cli_args(self) -> list[str]:
-        """``planner suggest`` arguments that make the same request."""
-        args = ["--model", self.model, "--gpu", self.gpu, "--target-batch", str(self.target_batch)]
-        if self.seq_len is not None:
-            args += ["--seq-len", str(self.seq_len)]
-        if self.gpus != 1:
-            args += ["--gpus", str(self.gpus)]
-        if self.gpu_mem_bytes is not None:
-            args += ["--gpu-mem", f"{self.gpu_mem_bytes}B"]
-        if self.method != AUTO:
-            args += ["--method", self.method]
-        if self.precision != AUTO:
-            args += ["--precision", self.precision]
-        if not self.allow_offload:
-            args.append("--no-offload")
-        if self.cpu_mem_bytes is not None:
-            args += ["--cpu-mem", f"{self.cpu_mem_bytes}B"]
-        if self.top_k != 5:
-            args += ["--top-k", str(self.top_k)]
-        if self.prefer != "fidelity":
-            args += ["--prefer", self.prefer]
-        if self.lora_dropout:
-            args += ["--lora-dropout", repr(float(self.lora_dropout))]
-        if self.loop != "trainer":
-            args += ["--loop", self.loop]
-        args += ["--fused-ce"] if self.fused_ce else []
-        args += [] if self.packing else ["--no-packing"]
-        args += ["--use-cache"] if self.use_cache else []
-        return args
 
 
 @dataclass(frozen=True, kw_only=True)

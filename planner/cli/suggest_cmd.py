@@ -86,14 +86,17 @@ def suggest(
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k,
                        prefer=prefer, local_node=gpu.strip().lower() == "auto",
                        recipe=recipe)
-    planned = _plan(request, as_json=as_json, db=db, say_unread=no_save)
+    # plan_request (planner.usecases): the search, then the same request's stored plan (answered
+    # from when verified), then the new plan stored; --plan-id verifies a stored plan instead
+    reuse = not fresh and not no_save and plan_id is None
+    outcome = _plan(request, as_json=as_json, db=db, say_unread=no_save, store=plan_id is None, reuse=reuse,
+                    save=not no_save)
+    planned = outcome.planned
     out = console() if not as_json else console_to_stderr()
-    if not fresh and not no_save and plan_id is None:
-        reused = _stored_verified(planned.result.request, db=db)
-        if reused is not None:
-            _answer_from_store(out, reused, device=planned.device, as_json=as_json)
-            _emit(out, reused.id, directory=emit, force=force, dataset=dataset, db=db)
-            return
+    if outcome.reused is not None:
+        _answer_from_store(out, outcome.reused, device=planned.device, as_json=as_json)
+        _emit(out, outcome.reused.id, directory=emit, force=force, dataset=dataset, db=db)
+        return
     if plan_id is not None:
         target = _adopt(plan_id, planned=planned, db=db)
         if not as_json:
@@ -103,12 +106,11 @@ def suggest(
                              host=planned.host_bytes, no_offload=no_offload, host_source=planned.host_source)
             out.print(f"plan id: {target}")
     else:
-        target = _save_and_print(out, planned, db=db, no_save=no_save, no_offload=no_offload, print_table=not as_json,
+        target = _save_and_print(out, outcome, save=not no_save, no_offload=no_offload, print_table=not as_json,
                                  print_json_plan=as_json and options is None)
     if options is not None or plan_id is not None:
         # a plan whose verification failed exits 1 here, and nothing is emitted for it
-        _verify(out, target, planned=planned, db=db, options=options or _verify_options(
-            verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout), as_json=as_json)
+        _verify(out, target, planned=planned, db=db, options=options or checked, as_json=as_json)
     _emit(out, target, directory=emit, force=force, dataset=dataset, db=db)
 
 
@@ -119,11 +121,11 @@ def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, datas
         return
     from pathlib import Path
 
-    from planner.emit import write_plan_files
-    from planner.store import open_store
     from planner.answers import answer_position
+    from planner.emit import write_plan_files
+    from planner.store.interface import open_plan_store
 
-    with open_store(url=db) as store:
+    with open_plan_store(url=db) as store:
         plan = store.get_plan(plan_id=plan_id)
     answer = answer_position(plan) if plan.verified else None
     if answer is not None:
@@ -165,19 +167,23 @@ def _verify_options(*, verify_top, steps, ray_address, run_timeout):
     return VerifyOptions(top=verify_top, steps=steps, address=ray_address, timeout_s=run_timeout)
 
 
-def _plan(request, *, as_json: bool, db=None, say_unread: bool = True):
-    """Plan with the device's active calibration; a store that cannot be read is said on stderr
-    when ``say_unread`` (else saving the plan reports it)."""
+def _plan(request, *, as_json: bool, db=None, say_unread: bool = True, store: bool = True, reuse: bool = True,
+          save: bool = True):
+    """``planner.usecases.plan_request`` with the device's active calibration; a store that
+    cannot be read is said on stderr when ``say_unread`` (else saving the plan reports it).
+    ``store=False``: plan only."""
     from planner.calibration.lookup import active_calibration
     from planner.cli._common import print_json
     from planner.errors import NothingFitsError
-    from planner.planning import make_plan
+    from planner.store.interface import open_plan_store
+    from planner.usecases import plan_request
 
     calibration, note = active_calibration(request.gpu, db=db)
     if note and say_unread:
         console_to_stderr().print(note)
     try:
-        return make_plan(request, calibration=calibration)
+        return plan_request(request, store=(lambda: open_plan_store(url=db)) if store else None,
+                            calibration=calibration, reuse=reuse, save=save)
     except NothingFitsError as exc:
         if as_json and exc.result is not None:
             # scripts get the request and every family's closest try; the error line still goes
@@ -186,48 +192,35 @@ def _plan(request, *, as_json: bool, db=None, say_unread: bool = True):
         raise
 
 
-def _save_and_print(out, planned, *, db, no_save: bool, no_offload: bool, print_table: bool, print_json_plan: bool) -> str | None:
-    """Store the plan, then print it (a reader that stops early, | head, loses no plan); a store
-    that fails still lets the table print first, then the error."""
+def _save_and_print(out, outcome, *, save: bool, no_offload: bool, print_table: bool, print_json_plan: bool) -> str | None:
+    """Print the plan the use case stored (stored first: a reader that stops early, | head, loses
+    no plan); a store that failed still lets the table print first, then the error (without
+    --no-save) or a note (with it)."""
     from planner.cli._common import print_json
-    from planner.cli.store import report_saved, save_plan
-    from planner.errors import StoreError
+    from planner.cli.store import SavedPlan, report_saved
 
-    result = planned.result
-    try:
-        saved, store_error = save_plan(result=result, db=db, save=not no_save), None
-    except StoreError as exc:
-        saved, store_error = None, exc
+    planned, result = outcome.planned, outcome.planned.result
     if print_table:
         from planner.cli.suggest_view import print_suggestion
 
         print_suggestion(out, result, spec=planned.spec, device=planned.device, seq_defaulted=planned.seq_defaulted,
                          host=planned.host_bytes, no_offload=no_offload, host_source=planned.host_source)
-    if store_error is not None:
-        raise store_error
+    if outcome.store_error is not None:
+        if save:
+            raise outcome.store_error
+        saved = SavedPlan(plan_id=None, existing=None, note=f"note: past plans not checked: {outcome.store_error}")
+    else:
+        saved = SavedPlan(plan_id=outcome.plan_id, existing=outcome.existing)
     plan_id = report_saved(saved, console=out)
     if print_json_plan:
         print_json(result.to_dict() | {"plan_id": plan_id})
     return plan_id
 
 
-def _stored_verified(request, *, db):
-    """The newest verified plan of an identical request, or None (also when the store is unreachable:
-    planning goes on and the save reports the store's error)."""
-    from planner.errors import StoreError
-    from planner.store.lite import open_for_command
-
-    try:
-        with open_for_command(url=db) as store:
-            return store.find_verified(request=request)
-    except StoreError:
-        return None
-
-
 def _answer_from_store(out, plan, *, device, as_json: bool) -> None:
+    from planner.answers import answer_position, from_store_dict
     from planner.cli._common import print_json
     from planner.cli.verify_view import print_verified
-    from planner.answers import answer_position, from_store_dict
 
     if as_json:
         print_json(from_store_dict(plan))
@@ -240,45 +233,29 @@ def _answer_from_store(out, plan, *, device, as_json: bool) -> None:
 
 
 def _adopt(plan_id: str, *, planned, db) -> str:
-    """The stored plan a submitted job verifies: it must be this same request."""
+    """The stored plan ``--plan-id`` names: it must be this same request (``PlanRequest.identity()``)."""
     from planner.errors import StoreError
-    from planner.store import constraints_hash, open_store
+    from planner.store.interface import open_plan_store
 
-    with open_store(url=db) as store:
+    with open_plan_store(url=db) as store:
         plan = store.get_plan(plan_id=plan_id)
-    mine, theirs = planned.result.request, plan.request
-    same = (mine.model_fingerprint, mine.gpu, mine.gpu_count, mine.target_batch, mine.seq_len, constraints_hash(mine.constraints)) == (
-        theirs.model_fingerprint, theirs.gpu, theirs.gpu_count, theirs.target_batch, theirs.seq_len, constraints_hash(theirs.constraints))
-    if not same:
+    theirs = plan.request
+    if planned.result.request.identity() != theirs.identity():
         raise StoreError(f"plan {plan.id[:8]} was made for another request ({theirs.model_id} on {theirs.gpu_count} x "
                          f"{theirs.gpu}, batch {theirs.target_batch}): run suggest with its options, or without --plan-id")
     return plan.id
 
 
 def _verify(out, plan_id: str | None, *, planned, db, options, as_json: bool) -> None:
-    """Verify the stored plan on Ray, show progress, then measured vs predicted and the answer;
-    exit 1 when no candidate fit when run."""
-    from planner.cli._common import print_json
-    from planner.cli.verify_view import print_verified, progress_display
-    from planner.store import PlanStatus, open_store
-    from planner.answers import answer_position, verification_dict
-    from planner.verify.driver import verify_plan
+    """Verify the stored plan on Ray (``planner.usecases.verify_stored_plan``), show progress,
+    then measured vs predicted and the answer; exit 1 when no candidate fit when run."""
+    from planner.cli.verify_view import verify_and_show
+    from planner.store import PlanStatus
+    from planner.store.interface import open_plan_store
 
     assert plan_id is not None
-    with open_store(url=db) as store:
-        display = progress_display(out)
-        try:
-            report = verify_plan(store=store, plan_id=plan_id, gpu=planned.device, model_config=planned.spec.config,
-                                 options=options, on_progress=display)
-        finally:
-            display.close()
-        plan = store.get_plan(plan_id=plan_id)
-    if as_json:
-        print_json(plan.to_result().to_dict() | {"plan_id": plan.id, "verification": verification_dict(plan, report)})
-    else:
-        for skipped in (r for r in report.runs if r.state == "skipped"):
-            out.print(f"  #{skipped.position + 1} skipped: {skipped.note}", markup=False)
-        print_verified(out, plan, answer=answer_position(plan), device_is_cpu=planned.device.is_cpu)
+    with open_plan_store(url=db) as store:
+        plan = verify_and_show(out, store=store, plan_id=plan_id, options=options, as_json=as_json, spec=planned.spec)
     if plan.status is not PlanStatus.VERIFIED:
         raise typer.Exit(1)
 
