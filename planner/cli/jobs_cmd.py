@@ -10,7 +10,17 @@ import typer
 
 from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ, request_options
 from planner.cli.suggest_cmd import (
-    CPU_MEM, GPU_MEM, METHOD, NO_OFFLOAD, PRECISION, PREFER, RUN_TIMEOUT, STEPS, TARGET_BATCH, TOP_K, VERIFY_TOP,
+    CPU_MEM,
+    GPU_MEM,
+    METHOD,
+    NO_OFFLOAD,
+    PRECISION,
+    PREFER,
+    RUN_TIMEOUT,
+    STEPS,
+    TARGET_BATCH,
+    TOP_K,
+    VERIFY_TOP,
 )
 from planner.request import RECIPE
 
