@@ -78,6 +78,20 @@ ARCHS: dict[str, dict[str, Any]] = {
                       vocab_size=8192, max_position_embeddings=1024, num_experts=16, num_experts_per_tok=4,
                       norm_topk_prob=True, tie_word_embeddings=False),
 }
+# the 2025-26 families (issue 23): dense and MoE blocks in one model, shared experts
+ARCHS |= {
+    # Qwen1.5-MoE-style: a shared expert and its sigmoid gate beside the routed experts; block 0 dense
+    "qwen2-moe": dict(model_type="qwen2_moe", hidden_size=256, intermediate_size=768, moe_intermediate_size=256,
+                      shared_expert_intermediate_size=512, num_hidden_layers=3, num_attention_heads=8,
+                      num_key_value_heads=4, vocab_size=8192, max_position_embeddings=1024, num_experts=16,
+                      num_experts_per_tok=4, mlp_only_layers=[0], tie_word_embeddings=False),
+    # Qwen3-MoE with decoder_sparse_step 2 and mlp_only_layers [2]: dense, MoE, dense, MoE
+    "qwen3-moe-mixed": dict(model_type="qwen3_moe", hidden_size=256, intermediate_size=768, moe_intermediate_size=256,
+                            num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+                            vocab_size=8192, max_position_embeddings=1024, num_experts=16, num_experts_per_tok=4,
+                            norm_topk_prob=True, decoder_sparse_step=2, mlp_only_layers=[2],
+                            tie_word_embeddings=False),
+}
 
 _BASE = dict(micro_batch=2, seq_len=256, precision="bf16-mixed", optimizer="adamw")
 
@@ -173,6 +187,25 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("qwen3-moe", dict(method="qlora", grad_ckpt=True)),
     ("mixtral", dict(method="lora", grad_ckpt=True)),
     ("qwen3-moe", dict(method="lora", grad_ckpt=True, precision="bf16", lora_targets=("q_proj", "v_proj"))),
+]
+
+# the 2025-26 families (issue 23; their full bf16-mixed rows are among the every-architecture ones): mixed
+# dense/MoE blocks and shared experts (LoRA all-linear: peft has no
+# conversion for qwen2_moe, so it wraps the shared expert's nn.Linear modules; qwen3_moe's converts to the
+# expert stacks and leaves the dense blocks' MLPs alone)
+ARCHS["gpt-oss"] = dict(  # after the every-architecture rows: transformers has no SDPA path for gpt-oss
+    model_type="gpt_oss", hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
+    num_key_value_heads=4, head_dim=32, vocab_size=8192, max_position_embeddings=1024, num_local_experts=16,
+    num_experts_per_tok=4, sliding_window=128, tie_word_embeddings=False)
+CASES += [
+    ("qwen2-moe", dict(method="lora")),
+    ("qwen2-moe", dict(grad_ckpt=True, precision="bf16")),
+    ("qwen3-moe-mixed", dict(method="lora")),
+    # gpt-oss (a sliding then a full-attention layer): eager attention with sinks, top-k-then-softmax router,
+    # clamped SwiGLU experts with biases; LoRA all-linear is the attention only (peft converts no gpt_oss config)
+    ("gpt-oss", dict(attention="eager")),
+    ("gpt-oss", dict(attention="eager", method="lora")),
+    ("gpt-oss", dict(attention="eager", precision="bf16", grad_ckpt=True)),
 ]
 
 #: the rows of the recipe settings (``--knobs`` measures only these)
@@ -412,6 +445,33 @@ ROW_NOTES: list[tuple[str, str, str]] = [
         "fp32 first (11,272,192 B: aten TensorIterator.cpp compute_types promotes a mixed-dtype input by a "
         "temporary copy on the CPU, below the dispatcher: the dispatch count misses it, hence +8.29 % against "
         "it). Without checkpointing both peak at the loss' backward as before (exact).")),
+]
+
+# the 2025-26 families (issue 23)
+ROW_NOTES += [
+    ("qwen2-moe", "", (
+        "Dense and MoE blocks in one model (qwen2-moe: block 0 dense by mlp_only_layers; qwen3-moe-mixed: "
+        "decoder_sparse_step 2 and mlp_only_layers [2]): each kind of block has its own terms "
+        "(ModelSpec.block_kinds, activations.layer_terms), each checked byte for byte against autograd's saved "
+        "tensors in tests/test_moe.py. Qwen2MoeSparseMoeBlock (modeling_qwen2_moe.py:332-351) adds a shared "
+        "expert, a SwiGLU on the block's normed input whose output sigmoid(shared_expert_gate(x)) scales "
+        "(moe/shared_*). peft has no v4-to-v5 conversion for qwen2_moe (transformers' "
+        "_MODEL_TO_CONVERSION_PATTERN has no such key), so all-linear wraps the attention, the shared expert and "
+        "its gate, not the expert stacks; for qwen3_moe it converts, so all-linear reaches the stacks and the "
+        "router and leaves the dense blocks' gate/up/down_proj modules unwrapped.")),
+    ("qwen3-moe-mixed", "", "Dense and MoE blocks in one model: as the qwen2-moe rows' note says."),
+    ("gpt-oss", "", (
+        "gpt-oss (a sliding then a full-attention layer; eager attention, its only path without kernels: "
+        "GptOssPreTrainedModel._supports_sdpa = False): softmax over s + 1 columns (the sinks) in the "
+        "parameters' dtype (the fp32 sinks promote the concatenated scores), the max's int64 indices; the router "
+        "takes top-k of the logits and a softmax over the k (no softmax over every expert is saved); the experts' "
+        "clamped SwiGLU (modeling_gpt_oss.py:85-91) keeps 6I per routed slot besides the down input, and the "
+        "bias gathers one int64 index per slot. The sliding window is an additive mask in eager attention: a "
+        "sliding and a full layer save the same bytes. LoRA all-linear is the attention only: peft converts no "
+        "gpt_oss config. The MXFP4 checkpoint is not involved (random bf16/fp32 weights, as after "
+        "Mxfp4Config(dequantize=True)). The ckpt row (-0.44 %) is not traced yet: its measured peak is inside "
+        "backward, the model's at the loss' backward; the likely gap is the last block's backward through the "
+        "clamped SwiGLU, whose gradients the model counts as the default gate's three intermediate tensors.")),
 ]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from planner.errors import InvalidConfigError
+from planner.request import RECIPE
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.check import CheckResult
@@ -19,9 +20,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from planner.results import MemoryEstimate, PlanResult
     from planner.store import PlanSummary
 
-#: suggest's knobs: ``planner.planning.SuggestRequest``'s fields (sizes as "20GiB" or bytes)
+#: suggest's knobs: ``planner.planning.SuggestRequest``'s fields (sizes as "20GiB" or bytes), the
+#: recipe settings last (``planner.request.RECIPE``)
 SUGGEST_KNOBS = ("seq_len", "gpus", "gpu_mem", "method", "precision", "allow_offload", "cpu_mem", "top_k", "prefer",
-                 "lora_dropout", "loop", "fused_ce", "packing", "use_cache")
+                 *(f.name for f in RECIPE))
 
 
 def _size(value: Any, *, name: str) -> int | None:
@@ -163,31 +165,30 @@ def suggest(*, model: str, gpu: str, target_batch: int, save: bool = True, db: s
     """``planner suggest``: rank every configuration that reaches ``target_batch`` and fits.
 
     ``knobs``: ``seq_len``, ``gpus``, ``gpu_mem`` ("20GiB" or bytes), ``method``, ``precision``,
-    ``allow_offload``, ``cpu_mem``, ``top_k``, ``prefer``, ``lora_dropout``, ``loop``, ``fused_ce``,
-    ``packing``, ``use_cache``. ``save``: store the plan (``history`` lists it) in ``db`` (default:
+    ``allow_offload``, ``cpu_mem``, ``top_k``, ``prefer`` and the recipe settings
+    (``planner.request.RECIPE``; all of them: ``SUGGEST_KNOBS``). ``save``: store the plan (``history`` lists it) in ``db`` (default:
     PLANNER_DATABASE_URL or the local SQLite file). Raises ``NothingFitsError`` (its ``result``
     holds each family's closest try) when nothing fits."""
-    from planner.planning import SuggestRequest, make_plan
+    from planner.planning import SuggestRequest
+    from planner.store.interface import open_plan_store
+    from planner.usecases import plan_request
 
     _known(knobs, SUGGEST_KNOBS, "suggest")
     sizes = {f"{name}_bytes": _size(knobs.pop(name, None), name=name) for name in ("gpu_mem", "cpu_mem")}
     request = SuggestRequest(model=model, gpu=gpu, target_batch=target_batch, **sizes, **knobs)
-    planned = make_plan(request, calibration=_calibration(gpu, db))
-    plan_id = None
-    if save:
-        from planner.store.lite import open_for_command
-
-        with open_for_command(url=db) as store:
-            plan_id = store.save_plan(result=planned.result)
-    return Suggestion(planned=planned, plan_id=plan_id)
+    # the plan use case planner suggest calls; always a new plan (no answer from the store)
+    outcome = plan_request(request, store=(lambda: open_plan_store(url=db)) if save else None,
+                           calibration=_calibration(gpu, db), reuse=False)
+    if outcome.store_error is not None:
+        raise outcome.store_error
+    return Suggestion(planned=outcome.planned, plan_id=outcome.plan_id)
 
 
 def estimate(*, model: str, gpu: str, seq_len: int | None = None, gpu_mem: int | str | None = None,
              db: str | None = None, **knobs: Any) -> Estimate:
     """``planner estimate``: memory and speed of one configuration. ``knobs``: the TrainConfig
-    options ``planner estimate`` takes (``method``, ``precision``, ``optimizer``, ``micro_batch``,
-    ``grad_accum``, ``gpus``, ``grad_ckpt``, ``attention``, ``lora_r``, ``lora_targets``, ``zero``,
-    ``offload``, ``alloc_conf``, ``lora_dropout``, ``loop``, ``fused_ce``, ``packing``, ``use_cache``)."""
+    options ``planner estimate`` takes (``planner.estimation.CONFIG_OPTIONS``, declared in
+    ``planner.request``: ``method``, ``precision``, ``optimizer``, ``micro_batch``, ...)."""
     from planner.calibration import apply_calibration
     from planner.estimation import CONFIG_OPTIONS, build_config, estimate_configuration, resolve
 
@@ -229,11 +230,11 @@ def history(*, model: str | None = None, gpu: str | None = None, status: str | N
             limit: int = 20, db: str | None = None) -> History:
     """``planner history``: past plans, newest first (``since``: "7d", "12h" or a date)."""
     from planner.limits import MAX_HISTORY
-    from planner.store import open_store, parse_since, parse_status
+    from planner.store import open_plan_store, parse_since, parse_status
 
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_HISTORY:
         raise InvalidConfigError(f"limit must be a whole number from 1 to {MAX_HISTORY:,}, got {limit!r}")
-    with open_store(url=db) as store:
+    with open_plan_store(url=db) as store:
         rows = store.history(model=model, gpu=_catalog_name(gpu), status=parse_status(status) if status else None,
                              since=parse_since(since) if since else None, limit=limit)
     return History(rows=tuple(rows))

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from planner.errors import InvalidConfigError, UnsupportedError, choice
 from planner.optim import Optimizer
+from planner.request import FIELDS
 from planner.sharding import NONE, Offload, Sharding, for_gpus, from_zero
 
 
@@ -112,7 +113,7 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = (ALL_LINEAR,)
 
 #: Sanity bounds: far above any real run, low enough that every derived byte count fits the store's
 #: 64-bit integers (1M sequences per step, 16M tokens per sequence, 64k devices).
-_UPPER_BOUNDS = {"micro_batch": 1 << 20, "grad_accum": 1 << 20, "seq_len": 1 << 24, "gpus": 1 << 16, "lora_r": 1 << 16}
+_UPPER_BOUNDS = {name: f.upper for name, f in FIELDS.items() if f.upper is not None}  # (planner.request's)
 
 
 def _check_count(name: str, value: Any) -> None:

@@ -104,6 +104,11 @@ class UnstorableDataError(StoreError):
     """Data the store refuses to keep as it is (not plain JSON, a bad timestamp, an id too long)."""
 
 
+class StatusTransitionError(StoreError):
+    """A stored plan asked to leave a terminal status (verified, failed, measured), as Ray's
+    ``JobStatus.is_terminal()`` jobs never leave theirs: plan again for a new verification."""
+
+
 class NotEnoughMeasurementsError(PlannerError):
     """``planner calibrate`` has too few stored runs to fit any constant; the message says how
     many it needs and how to measure them."""

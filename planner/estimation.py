@@ -6,7 +6,9 @@ callers parse their own input and print; everything that decides lives here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
+
+from planner import request as _request
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration
@@ -18,10 +20,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: the sequence length used when none is given (capped at the model's maximum)
 DEFAULT_SEQ_LEN = 2048
 
-#: the TrainConfig fields that estimate and measure take as options of the same name
-CONFIG_OPTIONS = ("method", "precision", "optimizer", "micro_batch", "grad_accum", "gpus", "grad_ckpt",
-                  "attention", "lora_r", "lora_targets", "zero", "offload", "alloc_conf", "lora_dropout", "loop",
-                  "fused_ce", "packing", "use_cache")
+#: the TrainConfig fields that estimate and measure take as options of the same name (the request's
+#: declaration, ``planner.request``)
+CONFIG_OPTIONS = _request.CONFIG_OPTIONS
 
 
 def resolve(*, model: str, gpu: str, gpu_mem_bytes: int | None = None,
@@ -40,16 +41,14 @@ def default_seq_len(spec: "ModelSpec") -> int:
     return min(DEFAULT_SEQ_LEN, spec.max_seq_len)
 
 
-def check_recipe(spec: "ModelSpec", *, fused_ce: bool) -> None:
-    """The recipe settings this model cannot take (estimate and suggest alike), and an architecture
-    whose features the memory model has no terms for yet (``check_plannable``)."""
+def check_recipe(spec: "ModelSpec", recipe: Mapping[str, Any]) -> None:
+    """The recipe settings this model cannot take (estimate and suggest alike:
+    ``planner.request.check_for_model``), and an architecture whose features the memory model has
+    no terms for yet (``check_plannable``)."""
     from planner.catalog import check_plannable
-    from planner.errors import InvalidConfigError
 
     check_plannable(spec)
-
-    if fused_ce and spec.is_encoder:
-        raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {spec.id} is a masked-LM encoder: drop --fused-ce")
+    _request.check_for_model(model_id=spec.id, is_encoder=spec.is_encoder, values=recipe)
 
 
 def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **options: Any) -> "TrainConfig":
@@ -72,7 +71,7 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
 
         options["precision"] = default_precision(options.get("method", "full"), gpu)
     config = TrainConfig(seq_len=seq, **options)
-    check_recipe(spec, fused_ce=config.fused_ce)
+    check_recipe(spec, _request.recipe_of(config))
     check_precision(gpu, config.precision)
     check_attention(gpu, config.attention)
     targets = lora_targets(spec, config)  # unknown module names fail here, with the names that exist

@@ -23,6 +23,7 @@ class LinearKind(enum.StrEnum):
     MLP_IN = "mlp_in"  # up/gate/fc1 (fused gate_up included)
     MLP_OUT = "mlp_out"  # down/fc2
     ROUTER = "router"  # MoE gate
+    SHARED_GATE = "shared_gate"  # a shared expert's one-output gate (Qwen2-MoE ``shared_expert_gate``)
     CROSS_ATTN_IN = "cross_attn_in"  # encoder-decoder: cross-attention q (decoder side), k/v (encoder output)
     CROSS_ATTN_OUT = "cross_attn_out"  # encoder-decoder: cross-attention output projection
 
@@ -50,6 +51,14 @@ class LinearSpec:
     stack of the models peft converts from transformers v4's per-expert modules (peft 0.21
     utils/transformers_weight_conversion.py ``_convert_peft_config_moe``: ``rank_pattern[gate_up_proj]
     = r * 2``, w1 and w3 fused)."""
+
+    @property
+    def key(self) -> str:
+        """What a set of LoRA targets holds for this weight (``BlockContext.targets``): its leaf name
+        for a module, and apart from modules of the same leaf name (Qwen3-MoE's dense ``down_proj``
+        beside its experts' ``down_proj`` stack) for a bare weight peft reaches by
+        ``target_parameters``."""
+        return self.name if self.module else f"{self.name} (parameter)"
 
     @property
     def params(self) -> int:
@@ -80,6 +89,15 @@ class MoeRouting:
     aux_loss: bool = False
     """``output_router_logits``: the causal-LM head adds the load-balancing loss over every
     layer's router logits (``load_balancing_loss_func``)."""
+    topk_first: bool = False
+    """Top-k over the raw logits, then a softmax over the k values in the logits' dtype (gpt-oss:
+    GptOssTopKRouter.forward, modeling_gpt_oss.py:119-123): no softmax over all experts is saved."""
+    expert_gate: str = "act"
+    """How an expert gates its up projection: ``act`` ``act_fn(gate) * up`` of a concatenated
+    gate_up (integrations/moe.py ``_default_apply_gate``); ``clamped_swiglu`` gpt-oss's
+    ``GptOssExperts._apply_gate`` (modeling_gpt_oss.py:85-91) on interleaved gate/up columns:
+    ``gate.clamp(max=limit)``, ``up.clamp(-limit, limit)``, ``glu = gate * sigmoid(gate * alpha)``,
+    ``(up + 1) * glu``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +116,8 @@ class BlockGroup:
     """Norm weights and any other parameters of one such block outside its linears."""
     first: int
     """Index of the first such block."""
+    indices: tuple[int, ...] = ()
+    """Every such block's index."""
 
     @property
     def params(self) -> int:
@@ -181,6 +201,24 @@ class ModelSpec:
     """How the MoE blocks route their tokens (None: the memory model has no routing terms for
     this architecture's router, which leaves it in ``unmodelled``)."""
     sliding_window: int | None = None
+    peft_converts_moe: str = ""
+    """The pattern (``mixtral`` or ``qwen2_moe``) by which peft converts a LoRA config of this model
+    type from transformers v4's per-expert modules (peft 0.21 utils/transformers_weight_conversion.py
+    ``_convert_peft_config_moe``, by the type's entry in transformers' conversion_mapping.py
+    ``_MODEL_TO_CONVERSION_PATTERN``: qwen3_moe, olmoe, deepseek_v3, qwen3_next, ... follow
+    ``qwen2_moe``'s, which ``qwen2_moe`` itself has none of), so ``all-linear`` also reaches the bare
+    expert stacks and routers (``LinearSpec.module`` False) through ``target_parameters``; ""
+    (gpt-oss, qwen2_moe): ``all-linear`` wraps the ``nn.Linear`` modules only."""
+    sdpa: bool = True
+    """transformers has an SDPA path for this architecture; False (gpt-oss:
+    ``GptOssPreTrainedModel._supports_sdpa = False``, modeling_gpt_oss.py) means the eager path is what
+    runs when SDPA is asked for (``activations`` plans it so)."""
+    training_notes: tuple[str, ...] = ()
+    """How the checkpoint is assumed to be loaded for training where it is stored otherwise (gpt-oss's
+    MXFP4 experts), as ``planner estimate`` states it."""
+    attention_sinks: bool = False
+    """A learned sink logit per head joins each row's softmax (gpt-oss ``self.sinks``,
+    modeling_gpt_oss.py eager_attention_forward)."""
 
     other_blocks: tuple[BlockGroup, ...] = ()
     """Blocks unlike block 0 (heterogeneous decoders); ``num_layers`` counts them too."""
@@ -225,6 +263,38 @@ class ModelSpec:
     def blocks_like_first(self) -> int:
         """How many blocks are like block 0."""
         return self.num_layers - sum(g.count for g in self.other_blocks)
+
+    @functools.cached_property
+    def block_kinds(self) -> "tuple[tuple[int, int, ModelSpec], ...]":
+        """(how many blocks, index of the first, a homogeneous spec of that block) for block 0's kind
+        and each of ``other_blocks``: what the activation terms read per block (a dense block of an
+        MoE model has no routing and its own MLP's intermediate size; an MoE block keeps the experts').
+        One entry, this spec, for a model whose blocks are all alike."""
+        if not self.other_blocks:
+            return ((self.num_layers, 0, self),)
+        first = (self.blocks_like_first, 0, self._block_view(self.layer_linears, self.layer_norm_params))
+        return (first,) + tuple((g.count, g.first, self._block_view(g.linears, g.other_params))
+                                for g in self.other_blocks)
+
+    def _block_view(self, linears: tuple[LinearSpec, ...], other_params: int) -> "ModelSpec":
+        stacks = [lin for lin in linears if lin.count > 1 and not lin.module]
+        down = [lin for lin in linears if lin.kind is LinearKind.MLP_OUT]
+        if stacks:
+            inter = next((lin.in_features for lin in stacks if lin.kind is LinearKind.MLP_OUT), self.intermediate_size)
+            moe = {}
+        else:
+            inter = down[0].in_features if down else self.intermediate_size
+            moe = {"num_experts": 0, "experts_per_token": 0, "routing": None}
+        return dataclasses.replace(self, layer_linears=linears, layer_norm_params=other_params, layer_other_params=0,
+                                   other_blocks=(), intermediate_size=inter, **moe)
+
+    def block_at(self, index: int) -> "ModelSpec":
+        """The homogeneous spec (``block_kinds``) of block ``index``."""
+        for _, first, view in self.block_kinds[1:]:
+            group = next(g for g in self.other_blocks if g.first == first)
+            if index in group.indices:
+                return view
+        return self.block_kinds[0][2]
 
     @functools.cached_property
     def linears_by_kind(self) -> "Mapping[LinearKind, tuple[LinearSpec, ...]]":
@@ -308,6 +378,11 @@ class ModelSpec:
 
     def linear_names(self) -> tuple[str, ...]:
         return self._linear_names
+
+    @functools.cached_property
+    def module_names(self) -> frozenset[str]:
+        """Leaf names of the blocks' nn.Linear modules (what peft's ``target_modules`` can match)."""
+        return frozenset(lin.name for _, linears in self.all_blocks for lin in linears if lin.module)
 
     @functools.cached_property
     def _linear_names(self) -> tuple[str, ...]:

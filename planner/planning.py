@@ -2,8 +2,6 @@
 
 ``SuggestRequest`` holds the user's request as it was given (model name, GPU name, sizes in
 bytes); ``make_plan`` resolves and validates it, searches and returns the ranked result.
-``to_cli_args`` writes the same request back as ``planner suggest`` arguments, which is how a
-Ray job re-runs it on a cluster.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from planner.limits import MAX_GPUS_PER_NODE, check_gpu_count
+from planner.request import recipe_of, with_recipe_fields
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration
@@ -24,6 +23,7 @@ AUTO = "auto"
 
 
 @dataclass(frozen=True, kw_only=True)
+@with_recipe_fields
 class SuggestRequest:
     """What to plan for. Names are resolved and values validated by ``make_plan``."""
 
@@ -56,46 +56,8 @@ class SuggestRequest:
     local_node: bool = False
     """The GPU was found on this machine (--gpu auto): the planning machine is the node, and its
     RAM is the default host RAM for offload."""
-    lora_dropout: float = 0.0
-    """PEFT's lora_dropout of the LoRA/QLoRA candidates."""
-    loop: str = "trainer"
-    """trainer|manual: how the training step is written (``planner.config.Loop``)."""
-    fused_ce: bool = False
-    """A fused linear cross-entropy (Liger's)."""
-    packing: bool = True
-    """Sequences packed to seq_len (else padded to the longest in the batch)."""
-    use_cache: bool = False
-    """transformers' use_cache in the training forward."""
-
-    def to_cli_args(self) -> list[str]:
-        """``planner suggest`` arguments that make the same request."""
-        args = ["--model", self.model, "--gpu", self.gpu, "--target-batch", str(self.target_batch)]
-        if self.seq_len is not None:
-            args += ["--seq-len", str(self.seq_len)]
-        if self.gpus != 1:
-            args += ["--gpus", str(self.gpus)]
-        if self.gpu_mem_bytes is not None:
-            args += ["--gpu-mem", f"{self.gpu_mem_bytes}B"]
-        if self.method != AUTO:
-            args += ["--method", self.method]
-        if self.precision != AUTO:
-            args += ["--precision", self.precision]
-        if not self.allow_offload:
-            args.append("--no-offload")
-        if self.cpu_mem_bytes is not None:
-            args += ["--cpu-mem", f"{self.cpu_mem_bytes}B"]
-        if self.top_k != 5:
-            args += ["--top-k", str(self.top_k)]
-        if self.prefer != "fidelity":
-            args += ["--prefer", self.prefer]
-        if self.lora_dropout:
-            args += ["--lora-dropout", repr(float(self.lora_dropout))]
-        if self.loop != "trainer":
-            args += ["--loop", self.loop]
-        args += ["--fused-ce"] if self.fused_ce else []
-        args += [] if self.packing else ["--no-packing"]
-        args += ["--use-cache"] if self.use_cache else []
-        return args
+    # then the recipe settings (``planner.request.RECIPE``), each with its plain type and
+    # default
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,10 +111,8 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     host, source = node_host_ram(cpu_mem_bytes=request.cpu_mem_bytes, local_node=request.local_node, gpus=request.gpus,
                                  device=device)
     space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host,
-                        host_ram_source=source, prefer=request.prefer,
-                        lora_dropout=request.lora_dropout, loop=request.loop, fused_ce=request.fused_ce,
-                        packing=request.packing, use_cache=request.use_cache)
-    check_recipe(spec, fused_ce=request.fused_ce)  # estimate's check: no fused CE for an encoder
+                        host_ram_source=source, prefer=request.prefer, **recipe_of(request))
+    check_recipe(spec, recipe_of(request))  # estimate's check (a fused CE needs a causal LM's head)
     check_model_id(spec.id)  # before anything is printed: the store would refuse it after
     check_search_cost(spec, methods=space.methods, lora_ranks=space.lora_ranks, top_k=request.top_k)
     seq = default_seq_len(spec) if request.seq_len is None else request.seq_len

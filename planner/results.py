@@ -192,6 +192,32 @@ class Candidate:
         )
 
 
+def canonical_json(value: Any, *, what: str) -> Any:
+    """``value`` as plain JSON data (dicts, lists, str, numbers, bools, None).
+
+    Refuses what the database could not store faithfully: objects json cannot encode and
+    NaN/infinity (PostgreSQL's ``json`` rejects them).
+    """
+    import json
+
+    from planner.errors import UnstorableDataError
+
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise UnstorableDataError(f"cannot store {what}: it is not plain JSON data ({exc})") from None
+
+
+def constraints_hash(constraints: Mapping[str, Any]) -> str:
+    """sha256 of the constraints' canonical JSON (sorted keys, no spaces): equal dicts, equal hash."""
+    import hashlib
+    import json
+
+    data = canonical_json(dict(constraints), what="the request's constraints")
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlanRequest:
     """What the user asked ``planner suggest`` for; two equal requests get the same answer."""
@@ -217,6 +243,16 @@ class PlanRequest:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PlanRequest":
         return cls(**dict(data))
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two requests "the same request" (the same answer): the model's config
+        fingerprint, the GPU, their count, the target batch, the sequence length and the
+        constraints (as ``constraints_hash``). Not the model's name, the device memory as planned
+        nor the planner's version. The store finds a stored plan by these columns, named as its
+        ``plan_requests`` columns are."""
+        return {"model_fingerprint": self.model_fingerprint, "gpu": self.gpu, "gpu_count": self.gpu_count,
+                "target_batch": self.target_batch, "seq_len": self.seq_len,
+                "constraints_hash": constraints_hash(self.constraints)}
 
 
 @dataclass(frozen=True, kw_only=True)

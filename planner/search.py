@@ -18,11 +18,11 @@ import itertools
 import math
 import warnings
 from dataclasses import dataclass
-from operator import add
+from operator import add, attrgetter
 from typing import Iterator, NamedTuple
 
-from planner import __version__
-from planner.config import ALL_LINEAR, Loop, Method, Optimizer, Precision, TrainConfig
+from planner import __version__, request
+from planner.config import ALL_LINEAR, Method, Optimizer, Precision, TrainConfig
 from planner.errors import InvalidConfigError, PlannerError
 from planner.gpus import GPUSpec, check_precision
 from planner.host import host_reserve
@@ -55,6 +55,7 @@ SAFETY_MIN = 512 * MiB
 
 
 @dataclass(frozen=True, kw_only=True)
+@request.with_recipe_fields
 class SearchSpace:
     """What ``suggest`` may vary. Every field narrows the space; the defaults search it all."""
 
@@ -78,18 +79,12 @@ class SearchSpace:
     """The ranking policy (``planner.tradeoffs.Prefer``)."""
     lora_ranks: tuple[int, ...] = LORA_RANKS
     """LoRA ranks to try, each a whole number >= 1."""
-    lora_dropout: float = 0.0
-    """The recipe's settings, fixed by the user and given to every candidate (``TrainConfig``'s
-    fields of the same names; lora_dropout only to LoRA/QLoRA candidates)."""
-    loop: Loop = Loop.TRAINER
-    fused_ce: bool = False
-    packing: bool = True
-    use_cache: bool = False
+    # then the recipe settings (``planner.request.RECIPE``), fixed by the user and given to every
+    # candidate (``TrainConfig``'s fields of the same names; those of LoRA only to LoRA/QLoRA's)
 
     def recipe(self, method: Method) -> dict:
         """The fixed recipe settings of a candidate of ``method``."""
-        return {"lora_dropout": self.lora_dropout if method.uses_adapters else 0.0, "loop": self.loop,
-                "fused_ce": self.fused_ce, "packing": self.packing, "use_cache": self.use_cache}
+        return request.recipe_for(request.recipe_of(self), adapters=method.uses_adapters)
 
     def __post_init__(self) -> None:
         if not self.methods or not self.optimizers:
@@ -106,8 +101,10 @@ class SearchSpace:
         # the recipe settings, checked as TrainConfig checks them with each method searched: a
         # recipe no method takes is the user's mistake, said as estimate says it (exit 2), not
         # "no configuration of the searched space is valid" (exit 3)
-        if self.lora_dropout and not any(m.uses_adapters for m in self.methods):
-            TrainConfig(method=self.methods[0], lora_dropout=self.lora_dropout)  # raises the LoRA-only line
+        lora_only = {name: value for name, value in request.changed(request.recipe_of(self)).items()
+                     if request.FIELDS[name].adapters_only}
+        if lora_only and not any(m.uses_adapters for m in self.methods):
+            TrainConfig(method=self.methods[0], **lora_only)  # raises the LoRA-only line
         refusals = []
         for method in self.methods:
             try:
@@ -239,8 +236,8 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
                             lora_targets=targets, sharding=sharding, **space.recipe(method))
                 except PlannerError:
                     continue  # the combination is invalid whatever the adapters, split and checkpointing
-                knobs.append(_Knobs(config, family_key(config), _static_key(config)[:-2],
-                                    _batch_key(config)[:-3]))
+                knobs.append(_Knobs(config, family_key(config), _static_key(config)[:-_STATIC_TAIL],
+                                    _batch_key(config)[:-_BATCH_TAIL]))
             rows.append(_Row(variants, knobs))
     return rows
 
@@ -263,28 +260,37 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
 
 
 # ---- the fast path: memoised terms and affine phase lines --------------------------------------
+#: What the memo keys read of a configuration as it is, by the request's declaration
+#: (``planner.request.memo_fields``): a field a memory term reads is declared there with its key.
+_STATIC_FIELDS = attrgetter(*request.memo_fields(request.STATIC))
+_BATCH_FIELDS = attrgetter(*request.memo_fields(request.BATCH))
+#: How many fields each key ends with that ``_Knobs``' prefixes leave out (``planner.request.MEMO_TAIL``).
+_STATIC_TAIL = sum(name in request.memo_fields(request.STATIC) for name in request.MEMO_TAIL)
+_BATCH_TAIL = sum(name in request.memo_fields(request.BATCH) for name in request.MEMO_TAIL)
+
+
 def _static_key(config: TrainConfig) -> tuple:
     """What the batch-independent terms (``states.static_terms``) read of a configuration, and
-    nothing more, so configurations they predict alike share them: of the precision, a stored
-    weight's bytes (unquantised weights and full fine-tuning's trainable tensors; QLoRA's are NF4
-    and fp32 whatever the precision) and, under DeepSpeed, whether it is mixed (its 16-bit
-    communication dtype, ``planner.sharding.zero.comm_bytes``); of the sharding, the one whose terms
-    are equal on this many GPUs (``Sharding.memory_key``: ZeRO-2 on one GPU partitions gradients
-    over one rank, as ZeRO-1 does). (tests/test_search_screen.py checks that configurations of one
-    key have equal terms.)"""
+    nothing more, so configurations they predict alike share them: the fields declared ``STATIC``
+    and, of the precision, a stored weight's bytes (unquantised weights and full fine-tuning's
+    trainable tensors; QLoRA's are NF4 and fp32 whatever the precision) and, under DeepSpeed,
+    whether it is mixed (its 16-bit communication dtype, ``planner.sharding.zero.comm_bytes``); of
+    the sharding, the one whose terms are equal on this many GPUs (``Sharding.memory_key``: ZeRO-2
+    on one GPU partitions gradients over one rank, as ZeRO-1 does). The adapter fields come last
+    (``_Knobs.static_prefix``). (tests/test_search_screen.py checks that configurations of one key
+    have equal terms; tests/test_request_fields.py that configurations predicted apart have apart keys.)"""
     sharding = config.sharding
     casts = sharding.spec.casts_model
-    return (config.method, None if config.method is Method.QLORA else mode_of(config).weight,
-            config.precision.is_mixed if casts else None, config.optimizer,
-            sharding.memory_key(config.gpus), config.gpus, config.lora_r, config.lora_targets)
+    return (None if config.method is Method.QLORA else mode_of(config).weight,
+            config.precision.is_mixed if casts else None, sharding.memory_key(config.gpus), *_STATIC_FIELDS(config))
 
 
 def _batch_key(config: TrainConfig) -> tuple:
-    """What the per-micro-batch terms depend on: the precision and DeepSpeed only through the
-    dtype mode (bf16 and fp16 autocast type every tensor alike, so do pure bf16 and DeepSpeed's
-    16-bit model). The adapter fields and checkpointing come last (``_Knobs.batch_prefix``)."""
-    return (config.method, mode_of(config), config.attention, config.seq_len, config.lora_dropout, config.loop,
-            config.fused_ce, config.packing, config.use_cache, config.lora_r, config.lora_targets, config.grad_ckpt)
+    """What the per-micro-batch terms depend on: the fields declared ``BATCH``, and the precision
+    and DeepSpeed only through the dtype mode (bf16 and fp16 autocast type every tensor alike, so do
+    pure bf16 and DeepSpeed's 16-bit model). The adapter fields and checkpointing come last
+    (``_Knobs.batch_prefix``)."""
+    return (mode_of(config), *_BATCH_FIELDS(config))
 
 
 class _Static(NamedTuple):
@@ -621,7 +627,7 @@ def _recipe_constraints(space: SearchSpace) -> dict:
     """The space's recipe settings that differ from TrainConfig's defaults, JSON-able."""
     given = TrainConfig(method=Method.LORA, **space.recipe(Method.LORA)).to_dict()
     default = TrainConfig(method=Method.LORA).to_dict()
-    return {k: given[k] for k in ("lora_dropout", "loop", "fused_ce", "packing", "use_cache") if given[k] != default[k]}
+    return {f.name: given[f.name] for f in request.RECIPE if given[f.name] != default[f.name]}
 
 
 

@@ -92,7 +92,7 @@ def _layer_matmul_weights(model: ModelSpec) -> int:
     encoder-decoder's target is as long as its source (``planner.memory.encdec``), so per source
     token both stacks count: the encoder's blocks for the source token, the decoder's (self- and
     cross-attention projections and MLP) for the target token."""
-    return sum(n * sum(lin.active * lin.in_features * lin.out_features for lin in linears) for n, linears in model.stacks)
+    return sum(n * sum(lin.active * lin.in_features * lin.out_features for lin in linears) for n, linears in model.all_blocks)
 
 
 def _attention_layers(model: ModelSpec) -> int:
@@ -193,7 +193,7 @@ def _offload_bytes(config: TrainConfig, trainable: int, params_total: int) -> fl
 def _quantized_weights(model: ModelSpec) -> int:
     """Weights stored in 4 bits under QLoRA: every block linear, all experts (the output head
     stays 16-bit: transformers skips lm_head)."""
-    return sum(n * sum(lin.count * lin.in_features * lin.out_features for lin in linears) for n, linears in model.stacks)
+    return sum(n * sum(lin.count * lin.in_features * lin.out_features for lin in linears) for n, linears in model.all_blocks)
 
 
 def _dequant_bytes(config: TrainConfig, quantized: int) -> float:

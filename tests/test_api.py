@@ -175,12 +175,12 @@ def test_unknown_and_malformed_plan_ids(lite):
 
 
 def test_a_crash_is_a_clean_500(sqlite_url, monkeypatch):
-    from planner.service import calls
+    from planner import planning
 
-    def broken(body):
+    def broken(*args, **kwargs):  # the search the plan use case (planner.usecases) runs
         raise RuntimeError("a bug with internals in its message")
 
-    monkeypatch.setattr(calls, "make_plan", broken)
+    monkeypatch.setattr(planning, "make_plan", broken)
     with TestClient(create_app(ServiceSettings(database_url=sqlite_url)), raise_server_exceptions=False) as client:
         answer = client.post("/v1/plans", json=GPT2)
     assert answer.status_code == 500
@@ -300,7 +300,7 @@ def test_verify_submits_a_ray_job_and_answers_202(sqlite_url, monkeypatch):
     (call,) = calls
     assert call["address"] == "http://ray-head:8265" and call["database_url"] == sqlite_url
     assert (call["verify_top"], call["steps"]) == (2, 4)
-    assert call["request"].model == "gpt2" and call["request"].target_batch == 8
+    assert call["model"] == "gpt2" and call["result"].request.target_batch == 8
 
 
 def test_verify_with_the_cluster_down_is_503_with_the_reason(sqlite_url, monkeypatch):
@@ -318,7 +318,7 @@ def test_verify_with_the_cluster_down_is_503_with_the_reason(sqlite_url, monkeyp
 
 @pytest.mark.slow
 def test_verify_against_an_unreachable_dashboard_is_503_and_stores_nothing(sqlite_url):
-    """The real ``planner.verify.submit_verification``, against a port where nothing listens."""
+    """The real ``planner.verify.jobs.submit_plan``, against a port where nothing listens."""
     pytest.importorskip("ray", reason="the ray extra is not installed")
     with make_client(sqlite_url, ray_address="http://127.0.0.1:1") as client:
         answer = client.post("/v1/plans", json=GPT2 | {"verify": True})

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -68,30 +67,27 @@ def running_server(*, env: dict[str, str], log: Path, ready: tuple[int, ...] = (
 
 @dataclass(frozen=True)
 class FakeSubmission:
-    """What ``planner.verify.submit_verification`` answers: the plan and the Ray job."""
+    """What ``planner.verify.jobs.submit_plan`` answers: the plan and the Ray job."""
 
     plan_id: str
     job_id: str
 
 
 def fake_verify(monkeypatch: Any, submit: Callable[..., Any]) -> list[dict[str, Any]]:
-    """Replace ``planner.verify`` (the lead's Ray job submission) by ``submit``; returns the calls.
+    """Replace ``planner.verify.jobs.submit_plan`` (stores the plan and submits its Ray job) by
+    ``submit``, called with what the job was asked (address, database_url, verify_top, steps,
+    model, result); returns those calls. Nothing is stored: ``submit`` answers the plan id."""
+    import planner.verify.jobs as jobs
 
-    The route imports ``planner.verify`` when it runs, so a stand-in module in ``sys.modules``
-    takes its place whether or not the real one is there."""
     calls: list[dict[str, Any]] = []
-    module = types.ModuleType("planner.verify")
 
-    def submit_verification(**kwargs: Any) -> Any:
-        calls.append(kwargs)
-        return submit(**kwargs)
+    def submit_plan(job: Any, *, reference: Any, store: Any, result: Any, model: str) -> Any:
+        asked = {"address": job.address, "database_url": job.database_url, "verify_top": job.options.top,
+                 "steps": job.options.steps, "model": model, "result": result}
+        calls.append(asked)
+        return submit(**asked)
 
-    module.submit_verification = submit_verification  # type: ignore[attr-defined]
-    # the CLI imports planner.verify.driver, which a stand-in that is no package cannot give:
-    # import the real one first (whatever order the tests run in, pytest-xdist's included)
-    import planner.verify.driver  # noqa: F401
-
-    monkeypatch.setitem(sys.modules, "planner.verify", module)
+    monkeypatch.setattr(jobs, "submit_plan", submit_plan)
     return calls
 
 

@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("planner.errors", "planner.registry", "planner.units", "planner.text", "planner.lazy", "planner.modelspec",
                     "planner.config", "planner.limits", "planner.results", "planner.tradeoffs",
                     "planner.calibration.values", "planner.calibration.fit", "planner.uncertainty", "planner.optim",
-                    "planner.sharding")),
+                    "planner.sharding", "planner.request")),
     ("facts", ("planner.catalog", "planner.gpus", "planner.host", "planner.detect")),
     ("core", ("planner.memory", "planner.throughput")),
     ("search", ("planner.search", "planner.ranking", "planner.defaults", "planner.advice")),

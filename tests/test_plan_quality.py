@@ -234,9 +234,8 @@ def test_plans_near_the_edge_rank_after_the_others():
         assert not edges[0]
 
 
-def test_the_prefer_option_round_trips_for_ray_jobs():
-    assert SuggestRequest(model="gpt2", gpu="a10g", target_batch=8, prefer="speed").to_cli_args()[-2:] == ["--prefer", "speed"]
-    assert "--prefer" not in SuggestRequest(model="gpt2", gpu="a10g", target_batch=8).to_cli_args()
+def test_the_prefer_option_parses():
+    # (a Ray job verifies the stored plan by its id: no request travels as arguments any more)
     assert Prefer("speed") is Prefer.SPEED
 
 

@@ -165,7 +165,8 @@ def test_a_request_past_the_cpu_budget_is_a_422_and_the_server_goes_on(sqlite_ur
 def test_a_request_past_the_memory_budget_is_a_413(sqlite_url, monkeypatch):
     """The process grows past the budget while a request runs (stood in for by its RSS reading):
     that request is stopped with a 413 naming the budget."""
-    from planner.service import budget, calls
+    from planner import planning
+    from planner.service import budget
 
     started = threading.Event()
     real_rss = budget._rss_bytes
@@ -173,13 +174,13 @@ def test_a_request_past_the_memory_budget_is_a_413(sqlite_url, monkeypatch):
     def grown() -> int:
         return real_rss() + (2 * 1024**3 if started.is_set() else 0)
 
-    def busy(body, calibration=None):
+    def busy(*args, **kwargs):  # the search the plan use case (planner.usecases) runs
         started.set()
         while True:  # a search that never ends, in Python (the watchdog's exception arrives)
             sum(range(1000))
 
     monkeypatch.setattr(budget, "_rss_bytes", grown)
-    monkeypatch.setattr(calls, "make_plan", busy)
+    monkeypatch.setattr(planning, "make_plan", busy)
     with TestClient(create_app(ServiceSettings(database_url=sqlite_url, memory_budget_bytes=512 * 1024**2))) as client:
         answer = client.post("/v1/plans", json={"model": "gpt2", "gpu": "a10g", "target_batch": 8})
     assert answer.status_code == 413, answer.text
@@ -187,16 +188,16 @@ def test_a_request_past_the_memory_budget_is_a_413(sqlite_url, monkeypatch):
 
 
 def test_shutdown_stops_the_requests_still_running(sqlite_url, monkeypatch):
-    from planner.service import calls
+    from planner import planning
 
     started = threading.Event()
 
-    def busy(body, calibration=None):
+    def busy(*args, **kwargs):  # the search the plan use case (planner.usecases) runs
         started.set()
         while True:
             sum(range(1000))
 
-    monkeypatch.setattr(calls, "make_plan", busy)
+    monkeypatch.setattr(planning, "make_plan", busy)
     app = create_app(ServiceSettings(database_url=sqlite_url, cpu_budget_s=600))
     answers = []
     with TestClient(app) as client:

@@ -130,40 +130,37 @@ def test_schema_behind_then_db_upgrade(cli, tmp_path):
     assert cli("history", "--db", url).code == 0
 
 
-def test_suggest_helper_reports_an_existing_plan(cli, capsys):
-    from planner.cli._common import console
-    from planner.cli.store import report_saved, save_plan
+SUGGEST = ("suggest", "-m", "gpt2", "-g", "a10g", "-b", "8", "--top-k", "2")
 
-    result = plan_result()
-    assert report_saved(save_plan(result=result, db=None, save=False), console=console()) is None
-    assert capsys.readouterr().out == ""  # nothing stored, nothing known
-    first = report_saved(save_plan(result=result, db=None, save=True), console=console())
-    out = capsys.readouterr().out
-    assert out.strip() == f"plan id: {first}"
+
+def test_suggest_reports_an_existing_plan_of_the_same_request(cli):
+    """``plan_request`` (planner.usecases) finds the same request's stored plan before storing the
+    new one, and suggest says so, with what was measured of it."""
+    assert "a plan for this request exists" not in cli(*SUGGEST, "--no-save").out  # nothing stored, nothing known
+    out = cli(*SUGGEST).out
+    first = out.split("plan id: ")[1].split()[0]
+    assert "a plan for this request exists" not in out
 
     with open_store() as s:
         top = s.get_plan(plan_id=first).candidates[0]
         s.record_measurement(candidate_id=top.id, measurement=measurement(peak=17_000_000_000))
         s.set_status(plan_id=first, status="verified")
-    second = report_saved(save_plan(result=result, db=None, save=True), console=console())
-    out = capsys.readouterr().out
+    out = cli(*SUGGEST, "--fresh").out
+    second = out.split("plan id: ")[1].split()[0]
     assert f"a plan for this request exists: {first[:8]}" in out and ", verified" in out
-    assert "15.8 GiB" in out and "+15.7%" in out  # measured beside predicted
-    assert f"plan id: {second}" in out and second != first
+    assert f"measured for plan {first[:8]}" in out and "15.8 GiB" in out  # measured beside predicted
+    assert second != first
     with open_store() as s:
         assert s.count_plans() == 2
 
 
-def test_no_save_with_a_broken_database_still_answers(monkeypatch, capsys):
-    from planner.cli._common import console
-    from planner.cli.store import report_saved, save_plan
-    from planner.errors import StoreError
-
+def test_no_save_with_a_broken_database_still_answers(cli):
     bad = "postgresql+psycopg://postgres@127.0.0.1:1/none"
-    assert report_saved(save_plan(result=plan_result(), db=bad, save=False), console=console()) is None
-    assert "note: past plans not checked: cannot open database" in capsys.readouterr().out
-    with pytest.raises(StoreError, match="cannot open database"):
-        report_saved(save_plan(result=plan_result(), db=bad, save=True), console=console())
+    answered = cli(*SUGGEST, "--no-save", "--db", bad)
+    assert answered.code == 0 and "note: past plans not checked: cannot open database" in answered.out
+    refused = cli(*SUGGEST, "--db", bad)
+    assert refused.code == 2 and "cannot open database" in refused.err
+    assert "lora" in refused.out or "full" in refused.out  # the table printed first, then the error
 
 
 def test_measure_helper_then_history_and_show(cli):

@@ -14,15 +14,15 @@ import sys
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import Boolean, JSON
+from sqlalchemy import JSON, Boolean
 from test_store_support import measurement, plan_result, request, sqlite_url  # noqa: F401 - fixture
 
 from planner.calibration.values import CalibrationValues
 from planner.errors import DatabaseMissingError, StoreError
 from planner.results import PlanResult
-from planner.store import PlanStatus, open_store
-from planner.store import dbmodels
+from planner.store import PlanStatus, dbmodels, open_store
 from planner.store.dbmodels import UTCDateTime
+from planner.store.interface import open_plan_store
 from planner.store.lite import (
     BOOL_COLUMNS,
     CALIBRATIONS,
@@ -32,7 +32,6 @@ from planner.store.lite import (
     REQUESTS,
     TIME_COLUMNS,
     LiteStore,
-    open_for_command,
     sqlite_path,
 )
 from planner.store.revision import VERSION_TABLE
@@ -154,14 +153,14 @@ def test_a_candidate_that_cannot_be_stored_leaves_nothing(store, lite):
     assert _raw(store.url, "plan_requests") == [] and _raw(store.url, "plan_candidates") == []
 
 
-def test_open_for_command_takes_the_lite_path_only_at_head(sqlite_url, tmp_path):
+def test_open_plan_store_takes_the_lite_path_only_at_head(sqlite_url, tmp_path):
     with pytest.raises(DatabaseMissingError, match="no database at .* yet"):
-        open_for_command(url=sqlite_url, create=False)
+        open_plan_store(url=sqlite_url, create=False)
     assert not (tmp_path / "store.db").exists()  # a lookup leaves no empty file behind
-    first = open_for_command(url=sqlite_url)  # a new database: the SQLAlchemy store creates it
+    first = open_plan_store(url=sqlite_url)  # a new database: the SQLAlchemy store creates it
     assert not isinstance(first, LiteStore)
     first.close()
-    assert isinstance(open_for_command(url=sqlite_url, create=False), LiteStore)
+    assert isinstance(open_plan_store(url=sqlite_url, create=False), LiteStore)
 
     conn = sqlite3.connect(tmp_path / "store.db")
     with conn:
@@ -188,7 +187,7 @@ def test_a_file_that_is_not_a_database_is_one_line(tmp_path):
     bad = tmp_path / "bad.db"
     bad.write_text("not a database " * 100)
     with pytest.raises(StoreError, match=r"^cannot open database sqlite:///.*bad\.db: file is not a database"):
-        open_for_command(url=f"sqlite:///{bad}")
+        open_plan_store(url=f"sqlite:///{bad}")
 
 
 def test_a_repeated_suggest_does_not_import_sqlalchemy(tmp_path):

@@ -363,11 +363,13 @@ def test_submit_a_planning_job_wait_for_it_and_find_the_verified_plan(cli, tiny_
     assert r.code == 0, r
     sent = json.loads(r.out)
     job_id, plan_id = sent["job_id"], sent["plan_id"]
-    assert sent["entrypoint"].startswith("planner suggest --model config.json --gpu cpu --target-batch 4 --seq-len 64")
+    # the job verifies the stored plan by its id (nothing is planned again on the cluster); the
+    # model's config.json travels with it
+    assert sent["entrypoint"].startswith(f"planner jobs verify {plan_id} --model config.json ")
     # the database is this test's SQLite file, a URL without a credential: the driver gets it on
     # its command line (tests/test_verify_secrets.py: a password is given by a file instead)
     db = f"sqlite:///{os.environ['PLANNER_HOME']}/planner.db"
-    assert sent["entrypoint"].endswith(f"--verify --verify-top 1 --steps 3 --run-timeout 900 --db {db} --plan-id {plan_id}")
+    assert sent["entrypoint"].endswith(f"--verify-top 1 --steps 3 --run-timeout 900 --db {db}")
 
     status = cli("jobs", "status", job_id, "--wait", "--timeout", "600", "--address", ray_head, "--json")
     logs = cli("jobs", "logs", job_id, "--address", ray_head)

@@ -126,17 +126,15 @@ def test_the_service_refuses_to_verify_with_a_password_url_and_no_file(pg_url):
 def test_a_catalog_id_is_sent_as_is_even_when_a_folder_of_that_name_is_here(tmp_path, monkeypatch):
     """issue 22 item 8: ``gpt2`` is the catalog's gpt2, never ./gpt2/config.json of the cwd."""
     from planner.errors import UnknownModelError
-    from planner.planning import SuggestRequest
     from planner.verify.jobs import _model_argument
 
     (tmp_path / "gpt2").mkdir()
     (tmp_path / "gpt2" / "config.json").write_text(json.dumps(TINY))
     monkeypatch.chdir(tmp_path)
-    request = SuggestRequest(model="gpt2", gpu="cpu", target_batch=2)
-    assert _model_argument(request, local_files=True) == ("gpt2", None)
-    assert _model_argument(request, local_files=False) == ("gpt2", None)
+    assert _model_argument("gpt2", local_files=True) == ("gpt2", None)
+    assert _model_argument("gpt2", local_files=False) == ("gpt2", None)
     with pytest.raises(UnknownModelError, match="is not a catalog id"):
-        _model_argument(SuggestRequest(model="gpt2/config.json", gpu="cpu", target_batch=2), local_files=False)
+        _model_argument("gpt2/config.json", local_files=False)
 
 
 # ---- a real submission ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration.values import Calibration
-    from planner.store import Store
+    from planner.store.interface import PlanStore
 
 
 def catalog_name(gpu: str) -> str | None:
@@ -25,7 +25,7 @@ def catalog_name(gpu: str) -> str | None:
         return None
 
 
-def calibration_in(store: "Store", gpu: str) -> "Calibration | None":
+def calibration_in(store: "PlanStore", gpu: str) -> "Calibration | None":
     """``gpu``'s active calibration in an open store."""
     name = catalog_name(gpu)
     return store.active_calibration(gpu=name) if name else None
@@ -35,13 +35,13 @@ def active_calibration(gpu: str, *, db: str | None) -> "tuple[Calibration | None
     """(``gpu``'s active calibration in the store at ``db``, a note to print when the store
     could not be read). Never creates the database."""
     from planner.errors import DatabaseMissingError, SchemaOutOfDateError, StoreError
-    from planner.store.lite import open_for_command
+    from planner.store.interface import open_plan_store
 
     name = catalog_name(gpu)
     if name is None:
         return None, None  # the plan reports the unknown GPU itself
     try:
-        with open_for_command(url=db, create=False) as store:
+        with open_plan_store(url=db, create=False) as store:
             return store.active_calibration(gpu=name), None
     except (DatabaseMissingError, SchemaOutOfDateError):
         return None, None  # no database yet, or a new or older one: nothing calibrated in it

@@ -129,6 +129,7 @@ def _llama_family(c: ConfigReader, model_type: str) -> dict[str, Any]:
         position="rope", attn_dropout=c.prob("attention_dropout"), hidden_dropout=0.0,
         num_experts=experts, experts_per_token=top_k, sliding_window=sliding,
         routing=modern.mixtral_routing(c) if model_type == "mixtral" else None,
+        peft_converts_moe="mixtral" if model_type == "mixtral" else "",
         norm_placement="sandwich" if model_type == "gemma2" else "pre", qk_norm="head" if model_type == "qwen3" else "",
     )
 
@@ -448,6 +449,7 @@ _BUILDERS: dict[str, Callable[[ConfigReader, str], dict[str, Any]]] = {
     "olmo2": modern.olmo2,
     "gemma3_text": modern.gemma3_text,
     "qwen3_moe": modern.qwen3_moe,
+    "qwen2_moe": modern.qwen2_moe,
     "gpt_oss": modern.gpt_oss,
     "deepseek_v3": modern.deepseek_v3,
     "llama4_text": modern.llama4_text,

@@ -30,12 +30,10 @@ from planner.modelspec import BlockGroup, LinearSpec, MoeRouting
 
 # ---- features the memory model does not model yet (ModelSpec.unmodelled) --------------------------
 FEATURE_MOE = "mixture-of-experts blocks"
-FEATURE_MIXED_BLOCKS = "dense and mixture-of-experts blocks in one model (mlp_only_layers, decoder_sparse_step)"
 FEATURE_MLA = "multi-head latent attention (MLA)"
 FEATURE_LINEAR_ATTN = "Gated DeltaNet linear attention"
 FEATURE_MAMBA = "Mamba2 layers"
 FEATURE_HEAD_SIZES = "per-layer head sizes"
-FEATURE_SINKS = "attention sinks"
 
 Block = tuple[str, tuple[LinearSpec, ...], int]
 """(label, linears, other parameters) of one decoder block."""
@@ -48,7 +46,8 @@ def group_blocks(blocks: Sequence[Block]) -> tuple[tuple[LinearSpec, ...], int, 
     for index, block in enumerate(blocks):
         if block[1:] != first[1:]:
             groups.setdefault(block, []).append(index)
-    others = tuple(BlockGroup(label=label, count=len(idx), linears=linears, other_params=other, first=idx[0])
+    others = tuple(BlockGroup(label=label, count=len(idx), linears=linears, other_params=other, first=idx[0],
+                              indices=tuple(idx))
                    for (label, linears, other), idx in groups.items())
     return first[1], first[2], others
 
@@ -101,7 +100,8 @@ def mixtral_routing(c: ConfigReader) -> MoeRouting:
 
 
 def qwen3_moe_routing(c: ConfigReader) -> MoeRouting:
-    """Qwen3MoeTopKRouter (modeling_qwen3_moe.py:250-268): softmax(dtype=float) over the experts,
+    """Qwen3MoeTopKRouter (modeling_qwen3_moe.py:250-268; Qwen2MoeTopKRouter, modeling_qwen2_moe.py:311-329,
+    is the same): softmax(dtype=float) over the experts,
     top-k, renormalised only with ``norm_topk_prob`` (default False, configuration_qwen3_moe.py:101),
     the weights cast back to the logits' dtype."""
     return MoeRouting(renorm=c.flag("norm_topk_prob", False), scores_fp32=False,
@@ -191,7 +191,8 @@ def qwen3_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
     """modeling_qwen3_moe.py: qwen3 attention (q/k norms over head_dim; head_dim from the config
     or hidden / heads), Qwen3MoeSparseMoeBlock (router ``gate.weight [E, H]``, Qwen3MoeExperts
     stacks) on layers where ``(i + 1) % decoder_sparse_step == 0`` and not in ``mlp_only_layers``,
-    else a dense SwiGLU of ``intermediate_size``. configuration_qwen3_moe.py defaults: 128
+    else a dense SwiGLU of ``intermediate_size`` (Qwen3MoeDecoderLayer.__init__); each kind of block
+    has its own terms (``ModelSpec.block_kinds``). configuration_qwen3_moe.py defaults: 128
     experts, top-8, expert MLP 768, step 1, untied, 32768 positions, kv heads 4."""
     hidden, heads = c.size("hidden_size"), c.size("num_attention_heads")
     kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=4,
@@ -215,7 +216,42 @@ def qwen3_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
         vocab=vocab, blocks=blocks, tied=c.flag("tie_word_embeddings", False),
         max_pos=c.size("max_position_embeddings", default=32768), act=c.text("hidden_act", default="silu"),
         final_norm=hidden, num_experts=count, experts_per_token=top_k, qk_norm="head", routing=qwen3_moe_routing(c),
-        unmodelled=(FEATURE_MIXED_BLOCKS,) if any(label == "dense" for label, _, _ in blocks) else (),
+        peft_converts_moe="qwen2_moe",
+    )
+
+
+def qwen2_moe(c: ConfigReader, model_type: str) -> dict[str, Any]:
+    """modeling_qwen2_moe.py (Qwen1.5-MoE, Qwen2-57B-A14B): qwen2 attention (q/k/v biases with
+    ``qkv_bias``, default True; o_proj none: Qwen2MoeAttention.__init__ :222-225), and on layers where
+    ``(i + 1) % decoder_sparse_step == 0`` and not in ``mlp_only_layers`` (Qwen2MoeDecoderLayer
+    :358-363) Qwen2MoeSparseMoeBlock (:332-351): router ``gate.weight [E, H]`` (Qwen2MoeTopKRouter),
+    Qwen2MoeExperts stacks, a ``shared_expert`` SwiGLU of ``shared_expert_intermediate_size`` and its
+    one-output ``shared_expert_gate``; else a dense SwiGLU of ``intermediate_size``.
+    configuration_qwen2_moe.py defaults (Qwen1.5-MoE-A2.7B's sizes): 60 experts, top-4, expert MLP
+    1408, shared 5632, dense 5632, untied, 32768 positions, 16 kv heads (:83). peft has no conversion
+    for qwen2_moe itself (transformers' ``_MODEL_TO_CONVERSION_PATTERN`` has no such key), so
+    ``all-linear`` wraps the nn.Linear modules only: the attention, the shared expert and its gate."""
+    hidden, heads = c.size("hidden_size", default=2048), c.size("num_attention_heads", default=16)
+    kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=16)
+    vocab, layers = c.size("vocab_size", default=151_936), c.size("num_hidden_layers", default=24)
+    inter = c.size("intermediate_size", default=5632)
+    moe_inter = c.size("moe_intermediate_size", default=1408)
+    shared = c.size("shared_expert_intermediate_size", default=5632)
+    count, top_k = _top_k(c, "num_experts", "num_experts_per_tok", experts_default=60, k_default=4)
+    step = c.size("decoder_sparse_step", default=1)
+    dense_only = c.layer_indices("mlp_only_layers") or set()
+    attn = qkvo(hidden, heads, kv, head_dim, qkv_bias=c.flag("qkv_bias", True), o_bias=False)
+    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)]
+                + experts(hidden, moe_inter, count, top_k) + swiglu(hidden, shared)
+                + [lin("shared_expert_gate", hidden, 1, False, K.SHARED_GATE)])
+    dense = tuple(attn + swiglu(hidden, inter))
+    blocks = [("moe", moe, 2 * hidden) if i not in dense_only and (i + 1) % step == 0 else ("dense", dense, 2 * hidden)
+              for i in range(layers)]
+    return decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=moe_inter,
+        vocab=vocab, blocks=blocks, tied=c.flag("tie_word_embeddings", False),
+        max_pos=c.size("max_position_embeddings", default=32768), act=c.text("hidden_act", default="silu"),
+        final_norm=hidden, num_experts=count, experts_per_token=top_k, routing=qwen3_moe_routing(c),
     )
 
 
@@ -242,8 +278,30 @@ def gpt_oss(c: ConfigReader, model_type: str) -> dict[str, Any]:
         vocab=vocab, blocks=[("moe", linears, 2 * hidden + heads)] * layers,
         tied=c.flag("tie_word_embeddings", False), max_pos=c.size("max_position_embeddings", default=131_072),
         act=c.text("hidden_act", default="silu"), final_norm=hidden, num_experts=count, experts_per_token=top_k,
-        sliding_window=c.size("sliding_window", default=128), unmodelled=(FEATURE_MOE, FEATURE_SINKS),
+        sliding_window=c.size("sliding_window", default=128), routing=gpt_oss_routing(c),
+        sdpa=False, attention_sinks=True,  # GptOssPreTrainedModel._supports_sdpa = False; GptOssAttention.sinks
+        training_notes=(MXFP4_NOTE,),
+        # eager_attention_forward (modeling_gpt_oss.py:216-226): softmax in the scores' dtype, which the
+        # fp32 sinks (and the additive mask) promote to the parameters' (attention.sink_bytes)
+        eager_softmax="residual",
+        norm_weight_fp32=True,  # GptOssRMSNorm.forward (:63): (self.weight * hidden_states).to(input_dtype), in fp32
     )
+
+
+#: what fine-tuning does with gpt-oss's MXFP4 experts: OpenAI's cookbook "Fine-tuning with gpt-oss and Hugging
+#: Face Transformers" (openai/openai-cookbook articles/gpt-oss/fine-tune-transfomers.ipynb) loads the model with
+#: ``Mxfp4Config(dequantize=True)``, ``dtype=torch.bfloat16``, ``attn_implementation="eager"``
+#: (transformers integrations/mxfp4.py de-quantizes the blocks and scales into bf16 stacks at load)
+MXFP4_NOTE = ("gpt-oss: the MXFP4 experts de-quantized to bf16 at load (Mxfp4Config(dequantize=True), OpenAI's "
+              "fine-tuning cookbook): the counts and weights are the bf16 model's")
+
+
+def gpt_oss_routing(c: ConfigReader) -> MoeRouting:
+    """GptOssTopKRouter (modeling_gpt_oss.py:108-123): ``F.linear`` with a bias, top-k over the logits,
+    then a softmax over the k values in their dtype (no renormalisation: the softmax is over the k);
+    GptOssExperts._apply_gate's clamped SwiGLU (:85-91, ``swiglu_limit`` 7.0, ``alpha`` 1.702)."""
+    return MoeRouting(renorm=False, scores_fp32=False, topk_first=True, expert_gate="clamped_swiglu",
+                      aux_loss=c.flag("output_router_logits", False))
 
 
 def deepseek_v3(c: ConfigReader, model_type: str) -> dict[str, Any]:
@@ -277,7 +335,8 @@ def deepseek_v3(c: ConfigReader, model_type: str) -> dict[str, Any]:
     ]
     norms = 2 * hidden + (q_rank or 0) + kv_rank
     dense = tuple(attn + swiglu(hidden, inter))
-    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)] + experts(hidden, moe_inter, count, top_k)
+    moe = tuple(attn + [lin("gate", hidden, count, False, K.ROUTER, module=False)]
+                + experts(hidden, moe_inter, count, top_k, peft_fused=True)
                 + (swiglu(hidden, moe_inter * shared) if shared else []))
     blocks = [("dense", dense, norms) if i < dense_first else ("moe", moe, norms) for i in range(layers)]
     return decoder_fields(
@@ -285,6 +344,7 @@ def deepseek_v3(c: ConfigReader, model_type: str) -> dict[str, Any]:
         blocks=blocks, tied=c.flag("tie_word_embeddings", False),
         max_pos=c.size("max_position_embeddings", default=4096), act=c.text("hidden_act", default="silu"),
         final_norm=hidden, num_experts=count, experts_per_token=top_k, unmodelled=(FEATURE_MOE, FEATURE_MLA),
+        peft_converts_moe="qwen2_moe",  # transformers' conversion_mapping.py: deepseek_v3 -> qwen2_moe
     )
 
 
@@ -369,8 +429,9 @@ def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
                               else 256, k_default=10 if model_type == "qwen3_next" else 8)
         moe_inter = c.size("moe_intermediate_size", default=512)
         shared = c.size("shared_expert_intermediate_size", default=512)
-        mlp_moe = ([lin("gate", hidden, count, False, K.ROUTER, module=False)] + experts(hidden, moe_inter, count, top_k)
-                   + swiglu(hidden, shared) + [lin("shared_expert_gate", hidden, 1, False, K.ROUTER)])
+        mlp_moe = ([lin("gate", hidden, count, False, K.ROUTER, module=False)]
+                   + experts(hidden, moe_inter, count, top_k, peft_fused=model_type == "qwen3_next")
+                   + swiglu(hidden, shared) + [lin("shared_expert_gate", hidden, 1, False, K.SHARED_GATE)])
     inter = c.size("intermediate_size", default=5632 if model_type == "qwen3_next" else 12288) \
         if not moe_type or model_type == "qwen3_next" else 0
     step = c.size("decoder_sparse_step", default=1) if model_type == "qwen3_next" else 1
@@ -387,6 +448,7 @@ def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
         tied=c.flag("tie_word_embeddings", False), max_pos=c.size("max_position_embeddings", default=32768),
         act=c.text("hidden_act", default="silu"), final_norm=hidden, num_experts=count, experts_per_token=top_k,
         unmodelled=(FEATURE_LINEAR_ATTN,) + ((FEATURE_MOE,) if moe_type else ()),
+        peft_converts_moe="qwen2_moe" if model_type == "qwen3_next" else "",  # conversion_mapping.py
     )
 
 

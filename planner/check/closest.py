@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from planner.errors import NothingFitsError, PlannerError
 from planner.ranking import SPEED_TIE
+from planner.request import ADAPTER, recipe_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration
@@ -34,7 +35,7 @@ DISTANCE = {"method": 16, "precision": 8, "optimizer": 4, "zero": 3, "offload": 
             "attention": 2, "grad_ckpt": 1, "micro_batch": 1, "lora_dropout": 1}
 #: options put back together: the split keeps the global batch
 _TOGETHER = {"micro_batch": ("micro_batch", "grad_accum"), "zero": ("zero", "offload"),
-             "method": ("method", "lora_r", "lora_targets", "lora_dropout")}
+             "method": ("method", *ADAPTER)}
 #: plans kept per search: more than suggest shows, so that a plan close to the file is among them
 TOP_K = 10
 #: a faster change must be faster by more than the ranking's tie
@@ -75,8 +76,7 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
     advice: list[str] = []
     base = dict(model=spec.id, gpu=device.name, target_batch=config.global_batch, seq_len=config.seq_len,
                 gpus=config.gpus, gpu_mem_bytes=gpu_mem_bytes, cpu_mem_bytes=cpu_mem_bytes, top_k=TOP_K,
-                lora_dropout=config.lora_dropout, loop=str(config.loop), fused_ce=config.fused_ce,
-                packing=config.packing, use_cache=config.use_cache)
+                **recipe_of(config))
     tiers = [(str(config.method), str(config.precision)), (str(config.method), "auto"), ("auto", "auto")]
     for method, precision in dict.fromkeys(tiers):
         try:
@@ -120,7 +120,7 @@ def _with_the_files_adapter(config: "TrainConfig", pool, *, goal: str, speed: fl
 
     if not config.method.uses_adapters:
         return []
-    mine = {n: v for n, v in _fields(config).items() if n in ("lora_r", "lora_targets", "lora_dropout")}
+    mine = {n: v for n, v in _fields(config).items() if n in ADAPTER}
     out = []
     for candidate in pool:
         if candidate.config.method != config.method:

@@ -1,22 +1,35 @@
 """``planner submit`` and ``planner jobs list|status|logs|stop``: planning runs as Ray jobs on a
-cluster, through Ray's job submission API (``planner.verify.jobs``)."""
+cluster, through Ray's job submission API (``planner.verify.jobs``); ``planner jobs verify
+PLAN_ID`` is what such a job runs: the stored plan's verification."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
-from planner.cli.plan import _FUSED_CE, _GPU, _GPUS, _JSON, _LOOP, _LORA_DROPOUT, _MODEL, _PACKING, _SEQ, _USE_CACHE
+from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ, request_options
 from planner.cli.suggest_cmd import (
-    CPU_MEM, GPU_MEM, METHOD, NO_OFFLOAD, PRECISION, PREFER, RUN_TIMEOUT, STEPS, TARGET_BATCH, TOP_K, VERIFY_TOP,
+    CPU_MEM,
+    GPU_MEM,
+    METHOD,
+    NO_OFFLOAD,
+    PRECISION,
+    PREFER,
+    RUN_TIMEOUT,
+    STEPS,
+    TARGET_BATCH,
+    TOP_K,
+    VERIFY_TOP,
 )
+from planner.request import RECIPE
 
 _ADDRESS = typer.Option(None, "--address", help="The Ray job API, http://HEAD:8265 (default: $RAY_ADDRESS when it is http, else http://127.0.0.1:8265).")
 _DB = typer.Option(None, "--db", help="Database URL the job writes to, without a password (default: PLANNER_DATABASE_URL, "
                    "the file PLANNER_DATABASE_URL_FILE names, which the job is given by path, or the local SQLite file).")
 
 
+@request_options(RECIPE, after="prefer")
 def submit(
     model: str = _MODEL,
     gpu: str = _GPU,
@@ -30,11 +43,6 @@ def submit(
     cpu_mem: Optional[str] = CPU_MEM,
     top_k: int = TOP_K,
     prefer: str = PREFER,
-    lora_dropout: float = _LORA_DROPOUT,
-    loop: str = _LOOP,
-    fused_ce: bool = _FUSED_CE,
-    packing: bool = _PACKING,
-    use_cache: bool = _USE_CACHE,
     verify: bool = typer.Option(True, "--verify/--no-verify", help="The job verifies the plan (it always does: the flag is accepted as suggest's)."),
     verify_top: int = VERIFY_TOP,
     steps: int = STEPS,
@@ -42,13 +50,18 @@ def submit(
     address: Optional[str] = _ADDRESS,
     db: Optional[str] = _DB,
     as_json: bool = _JSON,
+    **recipe: Any,
 ) -> None:
     """Plan here and submit the plan's verification to a Ray cluster as a job; prints the job id and the plan id."""
+    from planner.calibration.lookup import active_calibration
     from planner.cli._common import console, print_json
     from planner.cli.suggest_cmd import _request
     from planner.errors import InvalidConfigError
     from planner.store import default_database_url
-    from planner.verify.jobs import submit_verification
+    from planner.store.interface import open_plan_store
+    from planner.usecases import plan_request
+    from planner.verify.driver import VerifyOptions
+    from planner.verify.jobs import JobRequest
 
     if not verify:
         raise InvalidConfigError("planner submit sends a verification: to plan without one, run planner suggest")
@@ -58,13 +71,16 @@ def submit(
     request = _request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k,
                        prefer=prefer,
-                       recipe=dict(lora_dropout=lora_dropout, loop=loop, fused_ce=fused_ce, packing=packing, use_cache=use_cache))
+                       recipe=recipe)
     import logging
 
     logging.getLogger("ray").setLevel(logging.WARNING)  # the SDK's INFO lines about uploading the config
+    job = JobRequest(address=address, database_url=db,
+                     options=VerifyOptions(top=verify_top, steps=steps, timeout_s=run_timeout))  # checked first
     url = db or default_database_url()
-    sent = submit_verification(request=request, address=address, database_url=db, verify_top=verify_top, steps=steps,
-                               run_timeout_s=run_timeout)
+    # the use case suggest and the service call: plan, store, and submit the stored plan's verification
+    sent = plan_request(request, store=lambda: open_plan_store(url=url), calibration=active_calibration(request.gpu, db=url)[0],
+                        reuse=False, job=job).submission
     if as_json:
         print_json({"job_id": sent.job_id, "plan_id": sent.plan_id, "address": sent.address, "entrypoint": sent.entrypoint})
         return
@@ -165,6 +181,35 @@ def jobs_stop(job_id: str = typer.Argument(..., help="Job id."), address: Option
     console().print(f"job {job_id}: " + ("stop requested" if stopped else "had already ended"), markup=False)
 
 
+def jobs_verify(
+    plan_id: str = typer.Argument(..., help="The stored plan to verify (its id, or its first characters)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="The model it was planned for: a catalog id or a config.json (default: the stored model id)."),
+    verify_top: int = VERIFY_TOP,
+    steps: int = STEPS,
+    run_timeout: float = RUN_TIMEOUT,
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to run on (default: $RAY_ADDRESS, which a job's driver has, else Ray embedded here)."),
+    db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL, the file PLANNER_DATABASE_URL_FILE names, or the local SQLite file)."),
+    as_json: bool = _JSON,
+) -> None:
+    """Verify a stored plan by its id: its candidates, as stored, run for a few real steps on Ray.
+    The entrypoint of the jobs 'planner submit' sends; exit 1 when no candidate fit when run."""
+    from planner.cli._common import console, console_to_stderr
+    from planner.cli.verify_view import verify_and_show
+    from planner.store import PlanStatus
+    from planner.store.interface import open_plan_store
+    from planner.verify.cluster import import_ray
+    from planner.verify.driver import VerifyOptions
+
+    options = VerifyOptions(top=verify_top, steps=steps, timeout_s=run_timeout, address=ray_address)
+    import_ray()
+    out = console() if not as_json else console_to_stderr()
+    with open_plan_store(url=db) as store:
+        out.print(f"verifying plan {plan_id}", markup=False)
+        plan = verify_and_show(out, store=store, plan_id=plan_id, options=options, as_json=as_json, model=model)
+    if plan.status is not PlanStatus.VERIFIED:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     app.command("submit")(submit)
     jobs_app = typer.Typer(help="Planning jobs on a Ray cluster (Ray's job submission API).", no_args_is_help=True)
@@ -172,4 +217,5 @@ def register(app: typer.Typer) -> None:
     jobs_app.command("status")(jobs_status)
     jobs_app.command("logs")(jobs_logs)
     jobs_app.command("stop")(jobs_stop)
+    jobs_app.command("verify", hidden=True)(jobs_verify)
     app.add_typer(jobs_app, name="jobs")

@@ -4,45 +4,62 @@ Also the option definitions and helpers that ``planner suggest`` (``planner.cli.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+import inspect
+from typing import Any, Callable, Iterable, Optional
 
 import typer
 
 from planner.optim import names as optimizer_names
+from planner.request import ESTIMATE, FIELDS, RequestField
 
-# Options shared by estimate and measure (one definition, two commands).
+
+def option(field: RequestField) -> Any:
+    """The typer option of a declared request field: its default, flag and help."""
+    help = field.help or optimizer_names()  # the optimizer's: the registry's names
+    return typer.Option(field.default, field.flag, *([field.short] if field.short else []), help=help)
+
+
+def _annotation(field: RequestField) -> Any:
+    return Optional[field.type] if field.optional else field.type
+
+
+# Options shared by estimate and measure (one definition, two commands); the request's fields are
+# made from their declaration (``planner.request``) by ``request_options``.
 _MODEL = typer.Option(..., "--model", "-m", help="Catalog id, path to a config.json/model dir, or an HF id in the local cache.")
 _GPU = typer.Option(..., "--gpu", "-g", help="GPU name from 'planner gpus' (cpu: the CPU measurement profile; auto: this machine's GPU, through NVML).")
-_GPUS = typer.Option(1, "--gpus", help="Data-parallel devices.")
+_GPUS = option(FIELDS["gpus"])
 _GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB.")
-_METHOD = typer.Option("full", "--method", help="full|lora|qlora")
-_PRECISION = typer.Option(
-    None, "--precision", help="fp32|fp16-mixed|bf16-mixed|fp16|bf16 (default: bf16-mixed, or fp16-mixed where the GPU has no bf16; "
-    "lora: bf16, or fp16, a 16-bit frozen base with fp32 adapters)."
-)
-_OPTIMIZER = typer.Option("adamw", "--optimizer", help=optimizer_names())
-_MICRO = typer.Option(1, "--micro-batch", help="Sequences per forward/backward on one device.")
-_SEQ = typer.Option(None, "--seq-len", help="Tokens per sequence (default: min(2048, the model's maximum)).")
-_ACCUM = typer.Option(1, "--grad-accum", help="Micro-steps per optimizer step.")
-_CKPT = typer.Option(False, "--grad-ckpt/--no-grad-ckpt", help="Gradient checkpointing.")
-_ATTENTION = typer.Option("sdpa", "--attention", help="sdpa|eager|flash")
-_LORA_R = typer.Option(None, "--lora-r", help="LoRA rank (default: 16 for lora/qlora).")
-_LORA_TARGETS = typer.Option(None, "--lora-targets", help="all-linear or a comma list of module names (default: all-linear).")
-_ZERO = typer.Option(0, "--zero", help="DeepSpeed ZeRO stage 0|1|2|3.")
-_OFFLOAD = typer.Option("none", "--offload", help="none|optimizer|optimizer+params (DeepSpeed CPU offload).")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
-_ALLOC_CONF = typer.Option(
-    None, "--alloc-conf",
-    help="PyTorch CUDA caching allocator settings as PYTORCH_CUDA_ALLOC_CONF takes them, e.g. max_split_size_mb:128,expandable_segments:True.",
-)
-_LORA_DROPOUT = typer.Option(0.0, "--lora-dropout", help="PEFT's lora_dropout for lora/qlora (recipes use 0.05-0.1; 0: no dropout).")
-_LOOP = typer.Option("trainer", "--loop", help="trainer|manual: the HF Trainer (the logits die at the loss) or a hand-written "
-                     "loop `outputs = model(**batch); outputs.loss.backward()` (outputs live through backward).")
-_FUSED_CE = typer.Option(False, "--fused-ce/--no-fused-ce", help="A fused linear cross-entropy (Liger's): the logits are never materialised.")
-_PACKING = typer.Option(True, "--packing/--no-packing", help="Sequences packed to --seq-len (default), or padded to the longest in the batch.")
-_USE_CACHE = typer.Option(False, "--use-cache/--no-use-cache", help="transformers' use_cache in the training forward (a KV cache; the "
-                          "HF Trainer turns it off, so does --grad-ckpt).")
+#: the declared options suggest and submit place themselves (``request_options`` places the rest)
+_SEQ = option(FIELDS["seq_len"])
 _TIMELINE = typer.Option(None, "--timeline", help="Write a picture of memory over one step: a .svg, .png or .html file.")
+
+
+def request_options(fields: Iterable[RequestField], *, after: str) -> Callable:
+    """A command with an option per declared field in ``fields``, placed after its parameter
+    ``after`` (where ``--help`` lists them); the command takes them as keywords (``**options``).
+    Typer reads the parameters from the signature, which is rewritten here (the command's own
+    annotations stay strings: typer evaluates them in the command's module, as for any command)."""
+    fields = tuple(fields)
+
+    def decorate(func: Callable) -> Callable:
+        signature = inspect.signature(func)
+        params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        at = [p.name for p in params].index(after) + 1
+        added = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option(f),
+                                   annotation=_annotation(f)) for f in fields]
+        params[at:at] = added
+
+        @functools.wraps(func)
+        def command(**values: Any) -> Any:
+            return func(**values)
+
+        command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate
 
 
 def _resolve(model: str, gpu: str, gpu_mem: Optional[str], db: Optional[str]):
@@ -62,9 +79,11 @@ def _resolve(model: str, gpu: str, gpu_mem: Optional[str], db: Optional[str]):
     return spec, apply_calibration(device, calibration)
 
 
-def _config_options(options: dict[str, Any]) -> dict[str, Any]:
+def _config_options(options: dict[str, Any], *, gpus: int) -> dict[str, Any]:
+    """The TrainConfig options of a command's ``options`` (``planner.estimation.CONFIG_OPTIONS``)."""
     from planner.estimation import CONFIG_OPTIONS
 
+    options = {**options, "gpus": gpus}
     return {key: options[key] for key in CONFIG_OPTIONS}
 
 
@@ -140,22 +159,10 @@ def _print_estimate(out, data: dict[str, Any], estimate, *, encoder: bool = Fals
 
 
 def _recipe_line(cfg: dict[str, Any], *, encoder: bool = False) -> str:
-    """The recipe settings that differ from the HF Trainer defaults, for the config line; a
-    setting the step ignores says so (use_cache under checkpointing, or in an encoder, which
-    has no KV cache: memory/activations.py ``kv_cache_block_bytes``)."""
-    parts = []
-    if cfg.get("lora_dropout"):
-        parts.append(f"lora_dropout {cfg['lora_dropout']:g}")
-    if cfg.get("loop", "trainer") != "trainer":
-        parts.append(f"{cfg['loop']} loop (outputs kept through backward: loop/manual_outputs)")
-    if cfg.get("fused_ce"):
-        parts.append("fused linear cross-entropy")
-    if cfg.get("packing") is False:
-        parts.append("padded to the longest")
-    if cfg.get("use_cache"):
-        parts.append("use_cache" + (" (ignored: an encoder has no KV cache)" if encoder
-                                    else " (off under checkpointing)" if cfg.get("grad_ckpt") else ""))
-    return ", ".join(parts)
+    """The recipe settings that differ from the HF Trainer defaults, for the config line."""
+    from planner.request import recipe_words
+
+    return recipe_words(cfg, encoder=encoder)
 
 
 def _print_sparkline(out, spec, device, config, memory) -> None:
@@ -175,16 +182,12 @@ def _print_sparkline(out, spec, device, config, memory) -> None:
 DOES_NOT_FIT = 3
 
 
+@request_options(ESTIMATE, after="gpu_mem")
 def estimate(
     model: str = _MODEL, gpu: str = _GPU, gpus: int = _GPUS, gpu_mem: Optional[str] = _GPU_MEM,
-    method: str = _METHOD, precision: str = _PRECISION, optimizer: str = _OPTIMIZER,
-    micro_batch: int = _MICRO, seq_len: Optional[int] = _SEQ, grad_accum: int = _ACCUM,
-    grad_ckpt: bool = _CKPT, attention: str = _ATTENTION, lora_r: Optional[int] = _LORA_R,
-    lora_targets: Optional[str] = _LORA_TARGETS, zero: int = _ZERO, offload: str = _OFFLOAD,
-    alloc_conf: Optional[str] = _ALLOC_CONF, lora_dropout: float = _LORA_DROPOUT, loop: str = _LOOP,
-    fused_ce: bool = _FUSED_CE, packing: bool = _PACKING, use_cache: bool = _USE_CACHE,
     timeline: Optional[str] = _TIMELINE, as_json: bool = _JSON,
     db: Optional[str] = typer.Option(None, "--db", help="Database URL to read the device's calibration from (default: PLANNER_DATABASE_URL or the local SQLite file)."),
+    **options: Any,
 ) -> None:
     """Predict memory and speed of ONE fully specified training configuration (exit 3 when it does not fit)."""
     from planner.cli._common import console, print_json
@@ -195,8 +198,9 @@ def estimate(
 
         check_path(timeline)
     spec, device = _resolve(model, gpu, gpu_mem, db)
-    data, memory = estimate_configuration(spec=spec, gpu=device, seq_len=seq_len, **_config_options(locals()))
-    config = build_config(spec, device, seq_len=seq_len, **_config_options(locals()))
+    seq_len = options["seq_len"]
+    data, memory = estimate_configuration(spec=spec, gpu=device, seq_len=seq_len, **_config_options(options, gpus=gpus))
+    config = build_config(spec, device, seq_len=seq_len, **_config_options(options, gpus=gpus))
     if timeline is not None:
         data["timeline"] = draw_step(spec=spec, gpu=device, config=config, estimate=memory, path=timeline)
     if as_json:
@@ -211,21 +215,17 @@ def estimate(
         raise typer.Exit(DOES_NOT_FIT)  # the estimate is printed in full; scripts read the code
 
 
+@request_options(ESTIMATE, after="gpu_mem")
 def measure(
     model: str = _MODEL, gpu: str = typer.Option("cpu", "--gpu", "-g", help="cpu (here) or the GPU the run is on."),
     gpus: int = _GPUS, gpu_mem: Optional[str] = _GPU_MEM,
-    method: str = _METHOD, precision: str = _PRECISION, optimizer: str = _OPTIMIZER,
-    micro_batch: int = _MICRO, seq_len: Optional[int] = _SEQ, grad_accum: int = _ACCUM,
-    grad_ckpt: bool = _CKPT, attention: str = _ATTENTION, lora_r: Optional[int] = _LORA_R,
-    lora_targets: Optional[str] = _LORA_TARGETS, zero: int = _ZERO, offload: str = _OFFLOAD,
-    alloc_conf: Optional[str] = _ALLOC_CONF, lora_dropout: float = _LORA_DROPOUT, loop: str = _LOOP,
-    fused_ce: bool = _FUSED_CE, packing: bool = _PACKING, use_cache: bool = _USE_CACHE,
     timeline: Optional[str] = _TIMELINE,
     steps: int = typer.Option(3, "--steps", help="Optimizer steps to run (the last one is measured)."),
     timeout: float = typer.Option(900, "--timeout", help="Seconds before the run is killed."),
     db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not store the measurement."),
     as_json: bool = _JSON,
+    **options: Any,
 ) -> None:
     """Train the configuration for a few real steps in a fresh process and compare with the prediction."""
     from planner.cli._common import console, print_json
@@ -246,7 +246,7 @@ def measure(
     spec, device = _resolve(model, gpu, gpu_mem, db)
     if gpus != 1:
         raise InvalidConfigError("planner measure runs on one device: use --gpus 1 (ZeRO runs as one rank)")
-    config = build_config(spec, device, seq_len=seq_len, **_config_options(locals()))
+    config = build_config(spec, device, seq_len=options["seq_len"], **_config_options(options, gpus=gpus))
     _check_worker_libraries(config)
     if not device.is_cpu:
         import torch

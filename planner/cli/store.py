@@ -4,8 +4,8 @@ Whatever the store holds is printed through ``planner.text.visible`` and never a
 a model id stored by an older planner (or a measurement's error, several lines by nature) may hold
 control characters, and must reach the terminal as text, not as escape sequences or markup.
 
-Also the helpers ``planner suggest`` and ``planner measure`` use to store what they produced
-(``save_plan``, ``report_saved``, ``save_measurement``). ``planner.store`` (SQLAlchemy) is
+Also the helpers ``planner suggest`` and ``planner measure`` use to report and store what they
+produced (``report_saved``, ``save_measurement``). ``planner.store`` (SQLAlchemy) is
 imported inside the functions, so ``planner --help`` does not load it.
 """
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
     from rich.text import Text
 
-    from planner.results import Candidate, Measurement, PlanRequest, PlanResult
+    from planner.results import Candidate, Measurement, PlanRequest
     from planner.store import PlanSummary, StoredCandidate, StoredPlan
 
 DB_HELP = "Database URL, e.g. postgresql+psycopg://user@host/db (default: $PLANNER_DATABASE_URL or the SQLite file in the data directory)."
@@ -205,29 +205,11 @@ def _history_table(rows: "list[PlanSummary]") -> Any:
 # ---- helpers for planner suggest / planner measure -----------------------------------------
 @dataclass(frozen=True)
 class SavedPlan:
-    """What storing a plan found and did (``save_plan``), for ``report_saved`` to print."""
+    """What storing a plan found and did (``planner.usecases.plan_request``), for ``report_saved`` to print."""
 
     plan_id: str | None
     existing: "StoredPlan | None"
     note: str | None = None
-
-
-def save_plan(*, result: "PlanResult", db: str | None, save: bool) -> SavedPlan:
-    """Look up a past plan for the same request and store this one when ``save``; prints
-    nothing, so that the plan is stored even when the output is cut short (``| head``)."""
-    from planner.errors import StoreError
-    from planner.store.lite import open_for_command
-
-    try:
-        store = open_for_command(url=db)
-    except StoreError as exc:
-        if save:
-            raise
-        return SavedPlan(plan_id=None, existing=None, note=f"note: past plans not checked: {exc}")
-    with store:
-        existing = store.find_same_request(request=result.request)
-        plan_id = store.save_plan(result=result) if save else None
-    return SavedPlan(plan_id=plan_id, existing=existing)
 
 
 def report_saved(saved: SavedPlan, *, console: "Console") -> str | None:
@@ -251,9 +233,9 @@ def report_saved(saved: SavedPlan, *, console: "Console") -> str | None:
 
 def save_measurement(*, request: "PlanRequest", candidate: "Candidate", measurement: "Measurement", db: str | None) -> str:
     """Store one ``planner measure`` run (request, candidate, measurement); returns its plan id."""
-    from planner.store import open_store
+    from planner.store import open_plan_store
 
-    with open_store(url=db) as store:
+    with open_plan_store(url=db) as store:
         plan_id, _candidate_id = store.record_single_measurement(
             request=request, candidate=candidate, measurement=measurement
         )
@@ -287,11 +269,11 @@ def history(
 ) -> None:
     """List past plans, newest first."""
     from planner.cli._common import console, print_json
-    from planner.store import open_store, parse_since, parse_status
+    from planner.store import open_plan_store, parse_since, parse_status
 
     since_at = parse_since(since) if since else None
     status_value = parse_status(status) if status else None
-    with open_store(url=db) as store:
+    with open_plan_store(url=db) as store:
         rows = store.history(model=model, gpu=_catalog_gpu(gpu), status=status_value, since=since_at, limit=limit)
     if as_json:
         print_json([row.to_dict() for row in rows])
@@ -308,9 +290,9 @@ def show(
 ) -> None:
     """Show one plan: its candidates, breakdowns and measurements (predicted vs measured)."""
     from planner.cli._common import console, print_json
-    from planner.store import open_store
+    from planner.store import open_plan_store
 
-    with open_store(url=db) as store:
+    with open_plan_store(url=db) as store:
         plan = store.get_plan(plan_id=plan_id)
     if as_json:
         print_json(plan.to_dict())

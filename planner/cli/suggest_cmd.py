@@ -2,29 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from planner.cli._common import catalog_gpu, console_to_stderr
-from planner.cli.plan import _FUSED_CE, _GPU, _GPUS, _JSON, _LOOP, _LORA_DROPOUT, _MODEL, _PACKING, _SEQ, _USE_CACHE
-
+from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ, option, request_options
+from planner.request import RECIPE, SEARCH
 
 _VERIFY_HELP = "Verify the top candidates with short real runs on Ray workers (embedded Ray, or --ray-address)."
-# Options suggest shares with planner submit (one definition, two commands).
-TARGET_BATCH = typer.Option(..., "--target-batch", "-b", help="Global batch: micro x accumulation x GPUs.")
+# Options suggest shares with planner submit (one definition, two commands; the request's from
+# their declaration, planner.request).
+TARGET_BATCH = option(SEARCH["target_batch"])
 GPU_MEM = typer.Option(None, "--gpu-mem", help="Override the device memory, e.g. 20GiB (with --gpu cpu: the limit verification runs are held to).")
-METHOD = typer.Option("auto", "--method", help="auto|full|lora|qlora")
-PRECISION = typer.Option("auto", "--precision", help="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16")
+METHOD = option(SEARCH["method"])
+PRECISION = option(SEARCH["precision"])
 NO_OFFLOAD = typer.Option(False, "--no-offload", help="Do not consider DeepSpeed CPU offload.")
 CPU_MEM = typer.Option(None, "--cpu-mem", help="Host RAM of the node for offload, e.g. 192GiB (default: the catalog's standard machine with --gpus of this GPU; this machine's with --gpu cpu/auto; offload needs it where the catalog knows none).")
-PREFER = typer.Option("fidelity", "--prefer", help="Ranking policy: fidelity (full > LoRA > QLoRA > pure-16-bit full, then speed) | speed (fastest first). The other policy's first plan is shown under the table.")
-TOP_K = typer.Option(5, "--top-k", "-k", help="Plans to show (and the pool verification falls back on).")
+PREFER = option(SEARCH["prefer"])
+TOP_K = option(SEARCH["top_k"])
 VERIFY_TOP = typer.Option(3, "--verify-top", help="Candidates to verify fitting (default: 3).")
 STEPS = typer.Option(3, "--steps", help="Optimizer steps per verification run; the last is measured (default: 3).")
 RUN_TIMEOUT = typer.Option(900, "--run-timeout", help="Seconds before a verification run is killed (default: 900).")
 
 
+@request_options(RECIPE, after="prefer")
 def suggest(
     model: str = _MODEL,
     gpu: str = _GPU,
@@ -38,11 +40,6 @@ def suggest(
     cpu_mem: Optional[str] = CPU_MEM,
     top_k: int = TOP_K,
     prefer: str = PREFER,
-    lora_dropout: float = _LORA_DROPOUT,
-    loop: str = _LOOP,
-    fused_ce: bool = _FUSED_CE,
-    packing: bool = _PACKING,
-    use_cache: bool = _USE_CACHE,
     verify: bool = typer.Option(False, "--verify", help=_VERIFY_HELP),
     verify_top: int = VERIFY_TOP,
     steps: int = STEPS,
@@ -56,6 +53,7 @@ def suggest(
     db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not store this plan."),
     as_json: bool = _JSON,
+    **recipe: Any,
 ) -> None:
     """Search every configuration that reaches --target-batch and rank what fits: by default the most
     faithful method first (full > LoRA > QLoRA > full in pure 16-bit, narrowed by --method), then the
@@ -87,15 +85,18 @@ def suggest(
     request = _request(model=model, gpu=catalog_gpu(gpu), target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k,
                        prefer=prefer, local_node=gpu.strip().lower() == "auto",
-                       recipe=dict(lora_dropout=lora_dropout, loop=loop, fused_ce=fused_ce, packing=packing, use_cache=use_cache))
-    planned = _plan(request, as_json=as_json, db=db, say_unread=no_save)
+                       recipe=recipe)
+    # plan_request (planner.usecases): the search, then the same request's stored plan (answered
+    # from when verified), then the new plan stored; --plan-id verifies a stored plan instead
+    reuse = not fresh and not no_save and plan_id is None
+    outcome = _plan(request, as_json=as_json, db=db, say_unread=no_save, store=plan_id is None, reuse=reuse,
+                    save=not no_save)
+    planned = outcome.planned
     out = console() if not as_json else console_to_stderr()
-    if not fresh and not no_save and plan_id is None:
-        reused = _stored_verified(planned.result.request, db=db)
-        if reused is not None:
-            _answer_from_store(out, reused, device=planned.device, as_json=as_json)
-            _emit(out, reused.id, directory=emit, force=force, dataset=dataset, db=db)
-            return
+    if outcome.reused is not None:
+        _answer_from_store(out, outcome.reused, device=planned.device, as_json=as_json)
+        _emit(out, outcome.reused.id, directory=emit, force=force, dataset=dataset, db=db)
+        return
     if plan_id is not None:
         target = _adopt(plan_id, planned=planned, db=db)
         if not as_json:
@@ -105,12 +106,11 @@ def suggest(
                              host=planned.host_bytes, no_offload=no_offload, host_source=planned.host_source)
             out.print(f"plan id: {target}")
     else:
-        target = _save_and_print(out, planned, db=db, no_save=no_save, no_offload=no_offload, print_table=not as_json,
+        target = _save_and_print(out, outcome, save=not no_save, no_offload=no_offload, print_table=not as_json,
                                  print_json_plan=as_json and options is None)
     if options is not None or plan_id is not None:
         # a plan whose verification failed exits 1 here, and nothing is emitted for it
-        _verify(out, target, planned=planned, db=db, options=options or _verify_options(
-            verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout), as_json=as_json)
+        _verify(out, target, planned=planned, db=db, options=options or checked, as_json=as_json)
     _emit(out, target, directory=emit, force=force, dataset=dataset, db=db)
 
 
@@ -121,11 +121,11 @@ def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, datas
         return
     from pathlib import Path
 
-    from planner.emit import write_plan_files
-    from planner.store import open_store
     from planner.answers import answer_position
+    from planner.emit import write_plan_files
+    from planner.store.interface import open_plan_store
 
-    with open_store(url=db) as store:
+    with open_plan_store(url=db) as store:
         plan = store.get_plan(plan_id=plan_id)
     answer = answer_position(plan) if plan.verified else None
     if answer is not None:
@@ -167,19 +167,23 @@ def _verify_options(*, verify_top, steps, ray_address, run_timeout):
     return VerifyOptions(top=verify_top, steps=steps, address=ray_address, timeout_s=run_timeout)
 
 
-def _plan(request, *, as_json: bool, db=None, say_unread: bool = True):
-    """Plan with the device's active calibration; a store that cannot be read is said on stderr
-    when ``say_unread`` (else saving the plan reports it)."""
+def _plan(request, *, as_json: bool, db=None, say_unread: bool = True, store: bool = True, reuse: bool = True,
+          save: bool = True):
+    """``planner.usecases.plan_request`` with the device's active calibration; a store that
+    cannot be read is said on stderr when ``say_unread`` (else saving the plan reports it).
+    ``store=False``: plan only."""
     from planner.calibration.lookup import active_calibration
     from planner.cli._common import print_json
     from planner.errors import NothingFitsError
-    from planner.planning import make_plan
+    from planner.store.interface import open_plan_store
+    from planner.usecases import plan_request
 
     calibration, note = active_calibration(request.gpu, db=db)
     if note and say_unread:
         console_to_stderr().print(note)
     try:
-        return make_plan(request, calibration=calibration)
+        return plan_request(request, store=(lambda: open_plan_store(url=db)) if store else None,
+                            calibration=calibration, reuse=reuse, save=save)
     except NothingFitsError as exc:
         if as_json and exc.result is not None:
             # scripts get the request and every family's closest try; the error line still goes
@@ -188,48 +192,35 @@ def _plan(request, *, as_json: bool, db=None, say_unread: bool = True):
         raise
 
 
-def _save_and_print(out, planned, *, db, no_save: bool, no_offload: bool, print_table: bool, print_json_plan: bool) -> str | None:
-    """Store the plan, then print it (a reader that stops early, | head, loses no plan); a store
-    that fails still lets the table print first, then the error."""
+def _save_and_print(out, outcome, *, save: bool, no_offload: bool, print_table: bool, print_json_plan: bool) -> str | None:
+    """Print the plan the use case stored (stored first: a reader that stops early, | head, loses
+    no plan); a store that failed still lets the table print first, then the error (without
+    --no-save) or a note (with it)."""
     from planner.cli._common import print_json
-    from planner.cli.store import report_saved, save_plan
-    from planner.errors import StoreError
+    from planner.cli.store import SavedPlan, report_saved
 
-    result = planned.result
-    try:
-        saved, store_error = save_plan(result=result, db=db, save=not no_save), None
-    except StoreError as exc:
-        saved, store_error = None, exc
+    planned, result = outcome.planned, outcome.planned.result
     if print_table:
         from planner.cli.suggest_view import print_suggestion
 
         print_suggestion(out, result, spec=planned.spec, device=planned.device, seq_defaulted=planned.seq_defaulted,
                          host=planned.host_bytes, no_offload=no_offload, host_source=planned.host_source)
-    if store_error is not None:
-        raise store_error
+    if outcome.store_error is not None:
+        if save:
+            raise outcome.store_error
+        saved = SavedPlan(plan_id=None, existing=None, note=f"note: past plans not checked: {outcome.store_error}")
+    else:
+        saved = SavedPlan(plan_id=outcome.plan_id, existing=outcome.existing)
     plan_id = report_saved(saved, console=out)
     if print_json_plan:
         print_json(result.to_dict() | {"plan_id": plan_id})
     return plan_id
 
 
-def _stored_verified(request, *, db):
-    """The newest verified plan of an identical request, or None (also when the store is unreachable:
-    planning goes on and the save reports the store's error)."""
-    from planner.errors import StoreError
-    from planner.store.lite import open_for_command
-
-    try:
-        with open_for_command(url=db) as store:
-            return store.find_verified(request=request)
-    except StoreError:
-        return None
-
-
 def _answer_from_store(out, plan, *, device, as_json: bool) -> None:
+    from planner.answers import answer_position, from_store_dict
     from planner.cli._common import print_json
     from planner.cli.verify_view import print_verified
-    from planner.answers import answer_position, from_store_dict
 
     if as_json:
         print_json(from_store_dict(plan))
@@ -242,45 +233,29 @@ def _answer_from_store(out, plan, *, device, as_json: bool) -> None:
 
 
 def _adopt(plan_id: str, *, planned, db) -> str:
-    """The stored plan a submitted job verifies: it must be this same request."""
+    """The stored plan ``--plan-id`` names: it must be this same request (``PlanRequest.identity()``)."""
     from planner.errors import StoreError
-    from planner.store import constraints_hash, open_store
+    from planner.store.interface import open_plan_store
 
-    with open_store(url=db) as store:
+    with open_plan_store(url=db) as store:
         plan = store.get_plan(plan_id=plan_id)
-    mine, theirs = planned.result.request, plan.request
-    same = (mine.model_fingerprint, mine.gpu, mine.gpu_count, mine.target_batch, mine.seq_len, constraints_hash(mine.constraints)) == (
-        theirs.model_fingerprint, theirs.gpu, theirs.gpu_count, theirs.target_batch, theirs.seq_len, constraints_hash(theirs.constraints))
-    if not same:
+    theirs = plan.request
+    if planned.result.request.identity() != theirs.identity():
         raise StoreError(f"plan {plan.id[:8]} was made for another request ({theirs.model_id} on {theirs.gpu_count} x "
                          f"{theirs.gpu}, batch {theirs.target_batch}): run suggest with its options, or without --plan-id")
     return plan.id
 
 
 def _verify(out, plan_id: str | None, *, planned, db, options, as_json: bool) -> None:
-    """Verify the stored plan on Ray, show progress, then measured vs predicted and the answer;
-    exit 1 when no candidate fit when run."""
-    from planner.cli._common import print_json
-    from planner.cli.verify_view import print_verified, progress_display
-    from planner.store import PlanStatus, open_store
-    from planner.answers import answer_position, verification_dict
-    from planner.verify.driver import verify_plan
+    """Verify the stored plan on Ray (``planner.usecases.verify_stored_plan``), show progress,
+    then measured vs predicted and the answer; exit 1 when no candidate fit when run."""
+    from planner.cli.verify_view import verify_and_show
+    from planner.store import PlanStatus
+    from planner.store.interface import open_plan_store
 
     assert plan_id is not None
-    with open_store(url=db) as store:
-        display = progress_display(out)
-        try:
-            report = verify_plan(store=store, plan_id=plan_id, gpu=planned.device, model_config=planned.spec.config,
-                                 options=options, on_progress=display)
-        finally:
-            display.close()
-        plan = store.get_plan(plan_id=plan_id)
-    if as_json:
-        print_json(plan.to_result().to_dict() | {"plan_id": plan.id, "verification": verification_dict(plan, report)})
-    else:
-        for skipped in (r for r in report.runs if r.state == "skipped"):
-            out.print(f"  #{skipped.position + 1} skipped: {skipped.note}", markup=False)
-        print_verified(out, plan, answer=answer_position(plan), device_is_cpu=planned.device.is_cpu)
+    with open_plan_store(url=db) as store:
+        plan = verify_and_show(out, store=store, plan_id=plan_id, options=options, as_json=as_json, spec=planned.spec)
     if plan.status is not PlanStatus.VERIFIED:
         raise typer.Exit(1)
 

@@ -1,4 +1,4 @@
-"""How ``planner suggest --verify`` shows verification: a live table on a terminal, plain lines
+"""How ``planner suggest --verify`` (and a verification job's driver) shows verification: a live table on a terminal, plain lines
 otherwise, and at the end measured beside predicted for every candidate that ran."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from planner.text import visible
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
-    from planner.store import StoredPlan
-    from planner.verify.driver import RunReport
+    from planner.modelspec import ModelSpec
+    from planner.store import PlanStore, StoredPlan
+    from planner.verify.driver import RunReport, VerifyOptions
 
 
 def _state_text(report: "RunReport") -> str:
@@ -126,3 +127,29 @@ def print_verified(console: "Console", plan: "StoredPlan", *, answer: int | None
     if device_is_cpu:
         console.print("tokens/s on the cpu profile: the throughput model is for GPUs; on the CPU a small model's "
                       "step is mostly per-op overhead, which it does not model")
+
+
+def verify_and_show(out: "Console", *, store: "PlanStore", plan_id: str, options: "VerifyOptions", as_json: bool,
+                    spec: "ModelSpec | None" = None, model: str | None = None) -> "StoredPlan":
+    """Verify the stored plan (``planner.usecases.verify_stored_plan``) with its progress shown,
+    then the skipped runs, measured vs predicted and the answer (JSON: the plan with its
+    verification). ``planner suggest --verify`` and a verification job's driver (``planner jobs
+    verify``) both show it so. Returns the plan as stored after its runs."""
+    from planner.answers import answer_position, verification_dict
+    from planner.cli._common import print_json
+    from planner.usecases import verify_stored_plan
+
+    display = progress_display(out)
+    try:
+        verified = verify_stored_plan(store=store, plan_id=plan_id, options=options, spec=spec, model=model,
+                                      on_progress=display)
+    finally:
+        display.close()
+    plan, report = verified.plan, verified.report
+    if as_json:
+        print_json(plan.to_result().to_dict() | {"plan_id": plan.id, "verification": verification_dict(plan, report)})
+    else:
+        for skipped in (r for r in report.runs if r.state == "skipped"):
+            out.print(f"  #{skipped.position + 1} skipped: {skipped.note}", markup=False)
+        print_verified(out, plan, answer=answer_position(plan), device_is_cpu=verified.device.is_cpu)
+    return plan

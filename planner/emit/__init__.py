@@ -51,8 +51,7 @@ def plan_files(
     files["train.py"] = render_train_script(
         model=_model_location(request.model_id), plan_id=plan_id, rank=rank, label=config.label(), seq_len=config.seq_len,
         dtype=dtype, dtype_why=_dtype_why(config, dtype), attention=config.attention.hf_name,
-        masked_lm=spec.is_encoder, dataset=dataset, seq2seq=spec.is_encoder_decoder, packed=config.packing,
-        use_cache=config.use_cache,
+        masked_lm=spec.is_encoder, dataset=dataset, seq2seq=spec.is_encoder_decoder, **settings.script_recipe(config),
     )
     files["training_args.json"] = _json(settings.training_arguments(config, on_cpu=on_cpu))
     optional = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.config import Method, Precision, TrainConfig
+from planner.config import Loop, Method, Precision, TrainConfig
 from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
@@ -86,6 +86,42 @@ def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
         # the Trainer refuses bf16 on a machine without a GPU unless told to train on the CPU
         args["use_cpu"] = True
     return args
+
+
+def run_assumptions(config: TrainConfig) -> list[str]:
+    """What the emitted files make true and the prediction rests on (PLAN.md's assumptions), the
+    recipe settings' among them."""
+    lines = [
+        f"every sequence is exactly {config.seq_len} tokens (packed, no padding, no attention mask)" if config.packing
+        else f"sequences padded to the longest in the batch, with an attention mask; the plan takes the longest as "
+             f"{config.seq_len} tokens (train.py truncates to it)",
+        ("a KV cache built in the forward (use_cache=True" + (", which transformers turns off under checkpointing)"
+                                                                if config.grad_ckpt else ")")
+         if config.use_cache else "no KV cache in training (use_cache=False)") + "; no evaluation while training",
+        "the HF Trainer's step: forward, loss, the outputs freed before backward; gradients zeroed (set to None) "
+        "after each optimizer step",
+        f"gradients clipped to norm {MAX_GRAD_NORM} (a few scalars per step)",
+    ]
+    if config.loop is Loop.MANUAL:
+        lines.append("the plan counts a hand-written loop that keeps `outputs` (logits, KV cache) alive through "
+                     "backward (--loop manual); train.py uses the HF Trainer, which frees them: it needs less")
+    if config.fused_ce:
+        lines.append("Liger's fused linear cross-entropy only (use_liger_kernel with liger_kernel_config; needs "
+                     "`pip install liger-kernel` and a CUDA GPU): the full logits are never materialised")
+    if config.grad_ckpt:
+        lines.append("non-reentrant activation checkpointing of every decoder layer (use_reentrant=False)")
+    if config.method.uses_adapters:
+        lines.append(f"LoRA dropout {config.lora_dropout}: " + ("each adapted layer keeps a dropped copy of its input and "
+                     "the mask" if config.lora_dropout else "no dropped copy of each adapted layer's input"))
+    if OPTIMIZERS[config.optimizer].bnb_8bit_states:
+        lines.append("8-bit states for the embeddings too (train.py undoes the Trainer's 32-bit override)")
+    lines += config.sharding.spec.plan_notes
+    return lines
+
+
+def script_recipe(config: TrainConfig) -> dict[str, Any]:
+    """The recipe settings train.py applies itself (``planner.emit.train_script``): packing and the KV cache."""
+    return {"packed": config.packing, "use_cache": config.use_cache}
 
 
 def lora_config(config: TrainConfig, *, spec: ModelSpec) -> dict[str, Any] | None:

@@ -17,12 +17,13 @@ term's source is in ``TERM_SOURCES``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from planner.config import Method, TrainConfig
+from planner.config import Attention, Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
 from planner.memory import moe
-from planner.memory.attention import attention_terms, padding_mask
+from planner.memory.attention import attention_terms, effective_attention, padding_mask
 from planner.memory.dtypes import ADAPTER_BYTES, FP32, HALF, INT64, DtypeMode, mode_of
 from planner.memory.parameters import lora_targets
 from planner.memory.shapes import BlockContext, Dims, block_context, block_input_needs_grad, dims_of
@@ -154,7 +155,9 @@ def _inputs(ctx: BlockContext, kind: LinearKind) -> int:
     autocast one 16-bit copy per linear, else the shared tensor; with LoRA only the adapted ones."""
     e, h, mode = ctx.dims.tokens, ctx.dims.h, ctx.mode
     if ctx.full:
-        return e * 2 * sum([lin.in_features for lin in ctx.of_kind(kind)]) if mode.autocast else e * h * mode.compute
+        # modules only: an MoE block's expert stacks save their gathered slots (moe.expert_bytes)
+        return e * 2 * sum([lin.in_features for lin in ctx.of_kind(kind) if lin.module]) if mode.autocast \
+            else e * h * mode.compute
     if kind not in ctx.targeted_kinds:
         return 0
     if mode.adapter_input:
@@ -185,6 +188,46 @@ def _mlp_intermediate(ctx: BlockContext) -> int:
     return total
 
 
+def _shared_ctx(ctx: BlockContext) -> BlockContext:
+    """The block's context at its shared expert's intermediate size (what ``_mlp_intermediate`` reads)."""
+    return ctx._but(dims=dataclasses.replace(ctx.dims, i=moe.shared_intermediate(ctx.model)))
+
+
+def _shared_expert_terms(ctx: BlockContext) -> dict[str, int]:
+    """A shared expert beside the routed ones (Qwen2MoeSparseMoeBlock.forward, modeling_qwen2_moe.py:340-351:
+    ``shared_expert(x)``, a SwiGLU Qwen2MoeMLP of ``shared_expert_intermediate_size`` on the block's normed
+    input, then ``F.sigmoid(self.shared_expert_gate(x)) * shared_expert_output``):
+
+    * ``moe/shared_input``: what gate_proj, up_proj and shared_expert_gate save of x: under autocast a
+      16-bit cast each (full) or each adapter's cast; without autocast x itself, which the router's
+      F.linear already saves when the router trains (``moe.router_bytes``), else lora_A keeps it;
+    * ``moe/shared_intermediate``: the SwiGLU's tensors as a dense MLP's (``_mlp_intermediate``);
+    * ``moe/shared_gate``: sigmoid's output (T, its backward reads it; the product keeps the same tensor),
+      and the shared expert's output (T x H, the product's other operand) when the gate needs a gradient,
+      both in the projections' output dtype."""
+    model, mode, e, h = ctx.model, ctx.mode, ctx.dims.tokens, ctx.dims.h
+    linears = moe.shared_expert(model)
+    reading = [lin for lin in linears if lin.kind is not LinearKind.MLP_OUT]
+    adapted = [lin for lin in reading if ctx.targeted(lin)]
+    out_bytes = HALF if mode.autocast else mode.compute
+    if ctx.full:
+        inputs = e * 2 * sum([lin.in_features for lin in reading]) if mode.autocast else 0
+    elif not adapted:
+        inputs = 0
+    elif mode.adapter_input:
+        inputs = e * mode.adapter_input * sum([lin.in_features for lin in adapted])
+    else:
+        router_keeps_x = moe.router_input_saved(ctx) and not mode.autocast
+        inputs = e * h * mode.residual if ctx.adapter_saves_shared_input and not router_keeps_x else 0
+    gate = next(lin for lin in linears if lin.kind is LinearKind.SHARED_GATE)
+    x_grad = ctx.input_needs_grad(gate)
+    gate_grad = ctx.full or ctx.targeted(gate) or x_grad
+    shared_grad = ctx.full or any(ctx.targeted(lin) for lin in linears) or x_grad
+    gate_terms = (e * out_bytes if gate_grad or shared_grad else 0) + (e * h * out_bytes if gate_grad else 0)
+    return {"moe/shared_input": inputs, "moe/shared_intermediate": _mlp_intermediate(_shared_ctx(ctx)),
+            "moe/shared_gate": gate_terms}
+
+
 def _lora_activations(ctx: BlockContext) -> int:
     """lora_B saves lora_A's output (tokens x r), 16-bit under autocast."""
     r = ctx.config.lora_r or 0
@@ -204,7 +247,8 @@ def _dropped_bytes(ctx: BlockContext, lin: LinearSpec) -> int:
     if ctx.config.method is not Method.QLORA or not ctx.mode.autocast or not ctx.kernels.plain_autocast_query:
         return ADAPTER_BYTES
     kind = lin.kind
-    if kind in (LinearKind.ATTN_IN, LinearKind.MLP_IN, LinearKind.ROUTER, LinearKind.CROSS_ATTN_IN):
+    if kind in (LinearKind.ATTN_IN, LinearKind.MLP_IN, LinearKind.ROUTER, LinearKind.SHARED_GATE,
+                LinearKind.CROSS_ATTN_IN):
         return ctx.mode.residual
     return ctx.mode.compute if kind is LinearKind.MLP_OUT else ctx.mode.attn  # (ATTN_OUT, CROSS_ATTN_OUT)
 
@@ -263,6 +307,8 @@ def block_terms(ctx: BlockContext) -> dict[str, int]:
         out.update(moe.moe_block_terms(
             ctx, act_saved=ACTIVATION_SAVED.get(ctx.model.hidden_act, ACTIVATION_SAVED_DEFAULT),
             keeps_output=ctx.model.hidden_act in ACTIVATION_SAVES_OUTPUT))
+        if moe.shared_expert(ctx.model):
+            out.update(_shared_expert_terms(ctx))
     else:
         out["mlp/input"] = _inputs(ctx, LinearKind.MLP_IN)
         out["mlp/intermediate"] = _mlp_intermediate(ctx)
@@ -298,7 +344,7 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         # transformers' 4D mask from the padding (masking_utils.create_causal_mask): (b, 1, s, s),
         # bool for SDPA, additive in the model's dtype for eager; made before the first block and
         # kept by every block's attention backward
-        mask = 1 if config.attention.value == "sdpa" else mode.residual
+        mask = 1 if effective_attention(model, config) is Attention.SDPA else mode.residual
         out["embeddings"] += dims.b * dims.s * dims.s * mask
     if model.embedding_dropout > 0 and (full or config.grad_ckpt):
         # its mask, kept only when the embeddings' output needs a gradient: trained embeddings,
@@ -418,6 +464,8 @@ def decoder_activation_breakdown(model: ModelSpec, config: TrainConfig, kernels:
     """Bytes a decoder-only (or encoder-only) model saves for backward over the whole forward
     pass, by breakdown key (``planner.memory.saved.activation_breakdown`` is the entry point
     for any model; ``targets``: the adapted linears' names when the caller has them)."""
+    if model.other_blocks:
+        return step_activations(model, config, kernels, targets).saved()
     dims, mode = dims_of(model, config), mode_of(config)
     level = model_level_terms(model, config, dims, mode, kernels)
     if config.grad_ckpt:
@@ -439,7 +487,8 @@ def _block_pair(rest_ctx: BlockContext) -> tuple[BlockContext, dict[str, int], B
 
 
 def _saved_breakdown(layers: int, checkpoint: int, blocks: tuple[dict[str, int], dict[str, int]] | None,
-                     level: dict[str, int]) -> dict[str, int]:
+                     level: dict[str, int], others: tuple[tuple[int, dict[str, int]], ...] = (),
+                     like_first: int | None = None) -> dict[str, int]:
     """The whole forward's saved bytes by breakdown key: every block's (``blocks``: the first
     block's terms and every later one's; None under checkpointing, where each of the ``layers``
     blocks keeps its input, ``checkpoint`` bytes) and the model-level terms ``level``. Summed by
@@ -450,9 +499,9 @@ def _saved_breakdown(layers: int, checkpoint: int, blocks: tuple[dict[str, int],
         total = {"checkpoints": layers * checkpoint}
     else:
         total = dict(blocks[0])
-        rest = layers - 1
-        for k, v in blocks[1].items():
-            total[k] = total.get(k, 0) + v * rest
+        for n, terms in ((((like_first or layers) - 1), blocks[1]), *others):
+            for k, v in terms.items():
+                total[k] = total.get(k, 0) + v * n
     for k, v in level.items():
         total[k] = total.get(k, 0) + v
     return {breakdown_key(k): v for k, v in total.items() if v}
@@ -464,6 +513,8 @@ def decoder_recompute_bytes(model: ModelSpec, config: TrainConfig, kernels: Kern
     decoder-only (or encoder-only) model (``planner.memory.saved.recompute_bytes`` for any)."""
     if not config.grad_ckpt:
         return 0
+    if model.other_blocks:
+        return step_activations(model, config, kernels, targets).recompute
     return sum(block_terms(block_context(model, config, kernels, first=False, targets=targets)).values())
 
 
@@ -486,7 +537,8 @@ def _down_saved(ctx: BlockContext) -> int:
         # the down grouped_mm saves the product when the stacks train; no casts of the stacks
         casts = sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down
                      if not moe.is_expert_stack(lin)]) if mode.autocast and ctx.full else 0
-        return moe.product_bytes(ctx) + casts
+        product = e * moe.shared_intermediate(model) * mode.compute if ctx.full else 0  # the shared down's input
+        return moe.product_bytes(ctx) + casts + product
     inter = ctx.dims.tokens * ctx.dims.i * mode.compute
     total = 0
     if (ctx.full or (targeted and (ctx.adapter_saves_shared_input or bool(mode.adapter_input)))) and not keeps_output:
@@ -533,6 +585,8 @@ def block_backward_terms(model: ModelSpec, config: TrainConfig, kernels: KernelP
       the routed tokens at a time. Without checkpointing the block's saved tensors are already
       alive; the released output-projection tensors come off this term instead.
     """
+    if model.other_blocks:
+        return step_activations(model, config, kernels, targets).block_backward
     ctx = block_context(model, config, kernels, first=model.num_layers == 1, targets=targets)
     saved = sum(block_terms(ctx).values()) if config.grad_ckpt else 0
     return _block_backward_at(ctx, saved, _down_saved(ctx))
@@ -656,6 +710,8 @@ def recompute_end_terms(model: ModelSpec, config: TrainConfig, kernels: KernelPr
     Measured on bench/accuracy.py's llama-v2k (tests/test_block_backward.py): bf16-mixed LoRA
     peaks inside down_proj's adapter (the fp32 cast of the product beside lora_A's bf16 cast),
     pure bf16 LoRA inside up_proj's adapter sum."""
+    if model.other_blocks:
+        return step_activations(model, config, kernels, targets).recompute_end
     ctx = block_context(model, config, kernels, first=model.num_layers == 1, targets=targets)
     if not config.grad_ckpt:
         return _recompute_end_at(ctx, 0, 0)
@@ -694,16 +750,24 @@ class StepActivations:
     """``block_backward_terms``, by term."""
     recompute_end: dict[str, int]
     """``recompute_end_terms``, by term."""
+    others: tuple[tuple[int, dict[str, int]], ...] = ()
+    """(how many, the saved terms of one) of each kind of block unlike block 0 (``ModelSpec.block_kinds``);
+    ``blocks`` then holds block 0's kind's, and ``like_first`` how many blocks are of it."""
+    like_first: int = 0
+    """Blocks of block 0's kind (``layers`` when ``others`` is empty)."""
+
     def saved(self) -> dict[str, int]:
         """``decoder_activation_breakdown``: saved for backward over the whole forward, by breakdown key."""
-        return _saved_breakdown(self.layers, self.checkpoint, self.blocks, self.level)
+        return _saved_breakdown(self.layers, self.checkpoint, self.blocks, self.level, self.others,
+                                self.like_first or self.layers)
 
     def saved_bytes(self) -> int:
         """The sum of ``saved()``, without building it."""
         if self.blocks is None:
             blocks = self.layers * self.checkpoint
         else:
-            blocks = sum(self.blocks[0].values()) + (self.layers - 1) * sum(self.blocks[1].values())
+            blocks = sum(self.blocks[0].values()) + ((self.like_first or self.layers) - 1) * sum(self.blocks[1].values())
+            blocks += sum(n * sum(terms.values()) for n, terms in self.others)
         return blocks + sum(self.level.values())
 
 
@@ -720,6 +784,8 @@ def step_activations(model: ModelSpec, config: TrainConfig, kernels: KernelProfi
 
 def block_step_activations(ctx: BlockContext) -> StepActivations:
     """``step_activations`` from a later block's context ``ctx``, when the caller has one."""
+    if ctx.model.other_blocks:
+        return _mixed_step_activations(ctx)
     model, config, dims = ctx.model, ctx.config, ctx.dims
     first, first_terms, rest, rest_terms = _block_pair(ctx)
     level = model_level_terms(model, config, dims, rest.mode, ctx.kernels)
@@ -737,15 +803,69 @@ def block_step_activations(ctx: BlockContext) -> StepActivations:
     )
 
 
+def kind_contexts(ctx: BlockContext) -> tuple[tuple[int, int, BlockContext], ...]:
+    """(how many blocks, index of the first, a later block's context) of each kind of block of a
+    model whose blocks differ (``ModelSpec.block_kinds``): each at its own MLP's intermediate size."""
+    out = []
+    for count, first, view in ctx.model.block_kinds:
+        dims = dataclasses.replace(ctx.dims, i=dims_of(view, ctx.config).i)
+        out.append((count, first, BlockContext(model=view, config=ctx.config, dims=dims, mode=ctx.mode,
+                                               kernels=ctx.kernels, first=False, targets=ctx.targets)))
+    return tuple(out)
+
+
+def _last_block(model: ModelSpec, kinds: tuple[tuple[int, int, BlockContext], ...]) -> BlockContext:
+    """The context of the model's last block (the first one backward reaches)."""
+    view = model.block_at(model.num_layers - 1)
+    return next(c for _, _, c in kinds if c.model is view)
+
+
+def _mixed_step_activations(ctx: BlockContext) -> StepActivations:
+    """``block_step_activations`` of a model whose blocks differ (Qwen3-MoE's ``mlp_only_layers`` and
+    ``decoder_sparse_step``, Qwen2-MoE's): each kind's terms from its own context; under checkpointing
+    the recompute of the largest kind's block; the last block's backward from its own kind."""
+    model, config = ctx.model, ctx.config
+    kinds = kind_contexts(ctx)
+    _, first_terms, _, rest_terms = _block_pair(kinds[0][2])
+    others = tuple((count, block_terms(c)) for count, _, c in kinds[1:])
+    level = model_level_terms(model, config, ctx.dims, ctx.mode, ctx.kernels)
+    ckpt = config.grad_ckpt
+    last = _last_block(model, kinds)
+    if model.num_layers == 1:
+        last_terms = first_terms
+        last = last.as_first(True)
+    else:
+        last_terms = block_terms(last)
+    last_saved, down = sum(last_terms.values()), _down_saved(last)
+    recompute = max([sum(rest_terms.values())] + [sum(terms.values()) for _, terms in others]) if ckpt else 0
+    return StepActivations(
+        layers=model.num_layers, blocks=None if ckpt else (first_terms, rest_terms),
+        checkpoint=checkpoint_bytes(model, ctx.dims, ctx.mode) if ckpt else 0, level=level, recompute=recompute,
+        block_backward=_block_backward_at(last, last_saved, down), recompute_end=_recompute_end_at(last, last_saved, down),
+        others=() if ckpt else others, like_first=kinds[0][0],
+    )
+
+
+def layer_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, targets: frozenset[str] | None = None,
+                dims: Dims | None = None) -> tuple[dict[str, int], ...]:
+    """Each block's saved terms in the model's order (block 0 as the first block), for a model whose
+    blocks differ (``ModelSpec.other_blocks``): what the step's timeline allocates block by block."""
+    ctx = block_context(model, config, kernels, first=False, targets=targets, dims=dims)
+    kinds = kind_contexts(ctx)
+    terms = {id(c.model): block_terms(c) for _, _, c in kinds}
+    first = _block_pair(kinds[0][2])[1]
+    return (first,) + tuple(terms[id(model.block_at(i))] for i in range(1, model.num_layers))
+
+
 def down_gradient_params(model: ModelSpec, config: TrainConfig, targets: frozenset[str] | None = None) -> int:
     """Trainable elements of one block's MLP output projection, whose gradient its backward
-    makes first (full: the weight and bias; LoRA: A and B of each adapted one)."""
-    down = [lin for lin in model.layer_linears if lin.kind is LinearKind.MLP_OUT]
+    makes first (full: the weight and bias; LoRA: A and B of each adapted one), of the last block."""
+    down = [lin for lin in model.block_at(model.num_layers - 1).layer_linears if lin.kind is LinearKind.MLP_OUT]
     if config.method is Method.FULL:
         return sum(lin.params for lin in down)
     r = config.lora_r or 0
-    names = targets if targets is not None else frozenset(lin.name for lin in lora_targets(model, config))
-    return sum(lin.count * r * (lin.in_features + lin.out_features) for lin in down if lin.name in names)
+    names = targets if targets is not None else frozenset(lin.key for lin in lora_targets(model, config))
+    return sum(lin.count * r * (lin.in_features + lin.out_features) for lin in down if lin.key in names)
 
 
 __all__ = [
@@ -766,7 +886,9 @@ __all__ = [
     "fused_ce_chunk_rows",
     "fused_ce_transient",
     "kernels_of",
+    "kind_contexts",
     "kv_cache_block_bytes",
+    "layer_terms",
     "logits_backward_transient",
     "logits_forward_transient",
     "manual_loop_logits",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from planner.config import Attention
 from planner.gpus import KernelProfile
-from planner.memory.dtypes import FP32, DtypeMode
+from planner.memory.dtypes import FP32, INT64, DtypeMode
 from planner.memory.shapes import BlockContext
 from planner.modelspec import ModelSpec
 
@@ -26,7 +26,7 @@ def attention_terms(ctx: BlockContext) -> dict[str, int]:
     dims, mode, model = ctx.dims, ctx.mode, ctx.model
     e = dims.tokens
     q = e * dims.a * dims.d
-    attention = ctx.config.attention
+    attention = effective_attention(model, ctx.config)
     # with a padding mask transformers repeats k/v to every head before SDPA
     # (integrations/sdpa_attention.py use_gqa_in_sdpa: GQA only when attention_mask is None)
     kvn = q if padding_mask(ctx.config) and attention is Attention.SDPA else e * dims.kv * dims.d
@@ -46,9 +46,32 @@ def attention_terms(ctx: BlockContext) -> dict[str, int]:
     scores = dims.b * dims.a * dims.s * dims.s
     return {
         "attention/core": mode.attn * 3 * q,
-        "attention/probs": scores * eager_probs_bytes_per_score(model, mode, ctx.kernels),
+        "attention/probs": scores * eager_probs_bytes_per_score(model, mode, ctx.kernels) + sink_bytes(ctx),
         "attention/out_input": out_input(ctx, q * mode.attn),
     }
+
+
+def effective_attention(model: ModelSpec, config) -> Attention:
+    """The attention path that runs: SDPA asked of a model without one (gpt-oss, ``ModelSpec.sdpa``)
+    is planned as the eager path, the one its published recipe loads (``attn_implementation="eager"``,
+    OpenAI's cookbook ``articles/gpt-oss/fine-tune-transfomers.ipynb``)."""
+    if config.attention is Attention.SDPA and not model.sdpa:
+        return Attention.EAGER
+    return config.attention
+
+
+def sink_bytes(ctx: BlockContext) -> int:
+    """gpt-oss's eager attention with sinks (modeling_gpt_oss.py:216-226): the scores get one more
+    column, ``torch.cat([attn_weights, sinks], dim=-1)``, whose dtype is promoted to the sinks'
+    (the parameters', ``mode.residual``: fp32 under autocast) along with the rest, so softmax saves
+    b x a x s x (s + 1) in that dtype (the s x s part, and the cast probs @ v reads, counted by
+    ``eager_probs_bytes_per_score`` with ``ModelSpec.eager_softmax`` ``residual``), and
+    ``combined_logits.max(dim=-1)`` keeps its int64 indices, b x a x s. The window of a sliding layer is an additive mask: eager saves the
+    same tensors for sliding and full layers (and flash the same q, k, v, out and log-sum-exp)."""
+    if not ctx.model.attention_sinks:
+        return 0
+    rows = ctx.dims.b * ctx.dims.a * ctx.dims.s
+    return rows * ctx.mode.residual + rows * INT64
 
 
 def _fused_kernel_terms(ctx: BlockContext, q: int, kvn: int) -> dict[str, int]:
@@ -106,4 +129,5 @@ def eager_probs_bytes_per_score(model: ModelSpec, mode: DtypeMode, kernels: Kern
     return kept + (p if dropout else 0)
 
 
-__all__ = ["attention_terms", "eager_probs_bytes_per_score", "out_input", "padding_mask"]
+__all__ = ["attention_terms", "eager_probs_bytes_per_score", "effective_attention", "out_input", "padding_mask",
+           "sink_bytes"]

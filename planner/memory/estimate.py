@@ -10,6 +10,7 @@ from __future__ import annotations
 from planner.config import Method, TrainConfig
 from planner.memory.activations import ACTIVATION_SAVED
 from planner.memory.allocator import AllocatorConfig, Replay, replay
+from planner.memory.attention import effective_attention
 from planner.memory.overhead import outside_allocator, overhead_notes, with_workspaces
 from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import ModelSpec
@@ -33,6 +34,10 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
             out.append(f"the allocator replay runs out of device memory at: {replayed.out_of_memory}")
     if model.hidden_act not in ACTIVATION_SAVED:
         out.append(f"activation {model.hidden_act!r} is not in the model's table: assumed to save its input like a fused kernel")
+    if effective_attention(model, config) is not config.attention:
+        out.append(f"attention: {model.model_type} has no SDPA path in transformers: planned as the eager attention "
+                   "that runs (attn_implementation='eager', as its published recipe loads it)")
+    out.extend(model.training_notes)
     if config.method is Method.QLORA:
         out.append("NF4 with double quantisation, blocksize 64; non-4-bit params upcast to fp32 by prepare_model_for_kbit_training")
     return out

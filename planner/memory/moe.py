@@ -47,6 +47,9 @@ TERM_SOURCES = {
                    "gather, routing-weight and un-permute indices (int64), the up grouped_mm's input, its output "
                    "(kept whole by the gate's view), act(gate), the down grouped_mm's input, the down output and the "
                    "routing weight the weighting multiplies; in the weights' dtype (grouped_mm casts its input to it)",
+    "moe/shared_input": "a shared expert's gate_proj/up_proj and shared_expert_gate inputs (Qwen2MoeSparseMoeBlock)",
+    "moe/shared_intermediate": "the shared expert's SwiGLU tensors (Qwen2MoeMLP, as a dense MLP's)",
+    "moe/shared_gate": "sigmoid(shared_expert_gate(x)) * shared_expert_output: sigmoid's output and the shared output",
     "lora/expert_weights": "LoRA on expert stacks and the router (peft ParamWrapper): the merged weight W + BA the "
                            "kernel saves, the factors' casts (moe.adapted_weight_bytes)",
 }
@@ -60,6 +63,32 @@ def is_expert_stack(lin: LinearSpec) -> bool:
 
 def expert_stacks(model: ModelSpec) -> tuple[LinearSpec, ...]:
     return tuple(lin for lin in model.layer_linears if is_expert_stack(lin))
+
+
+def shared_expert(model: ModelSpec) -> tuple[LinearSpec, ...]:
+    """An MoE block's shared expert: its nn.Linear MLP projections and its gate (Qwen2-MoE
+    ``shared_expert`` + ``shared_expert_gate``); empty for a block without one, or a dense block."""
+    if not expert_stacks(model):
+        return ()
+    return tuple(lin for lin in model.layer_linears if lin.module and lin.kind in _SHARED_KINDS)
+
+
+_SHARED_KINDS = frozenset({LinearKind.MLP_IN, LinearKind.MLP_OUT, LinearKind.SHARED_GATE})
+
+
+def shared_intermediate(model: ModelSpec) -> int:
+    """The shared expert's intermediate size (0 without one)."""
+    return next((lin.in_features for lin in shared_expert(model) if lin.kind is LinearKind.MLP_OUT), 0)
+
+
+def router_input_saved(ctx: BlockContext) -> bool:
+    """The router's F.linear saves its input (its weight trains: ``router_bytes``)."""
+    return _trains(ctx, LinearKind.ROUTER)
+
+
+def moe_layers(model: ModelSpec) -> int:
+    """Blocks with a router (``ModelSpec.block_kinds``)."""
+    return sum(count for count, _, view in model.block_kinds if is_moe_block(view))
 
 
 def is_moe_block(model: ModelSpec) -> bool:
@@ -90,7 +119,7 @@ def adapted_weights(ctx: BlockContext) -> tuple[LinearSpec, ...]:
     model type's v4 names: ``LinearSpec.lora_rank``)."""
     if not ctx.targets:
         return ()
-    return tuple(lin for lin in ctx.model.layer_linears if not lin.module and lin.name in ctx.targets)
+    return tuple(lin for lin in ctx.model.layer_linears if not lin.module and lin.key in ctx.targets)
 
 
 def _trains(ctx: BlockContext, kind: LinearKind) -> bool:
@@ -123,7 +152,11 @@ def router_bytes(ctx: BlockContext) -> int:
     * the renormalisation ``router_top_value /= router_top_value.sum(-1, keepdim=True)`` saves the
       fp32 top-k values and their sum (DivBackward0 ``self``, ``other``);
     * ``router_jitter_noise`` > 0 (Mixtral, training): ``hidden_states *= torch.empty_like(
-      hidden_states).uniform_(...)`` saves the noise, in the normed tensor's dtype (the residual's).
+      hidden_states).uniform_(...)`` saves the noise, in the normed tensor's dtype (the residual's);
+    * top-k first (gpt-oss, GptOssTopKRouter.forward, modeling_gpt_oss.py:119-123: ``F.linear(x, W, b)``,
+      ``torch.topk(router_logits)``, ``softmax(router_top_value, dtype=router_top_value.dtype)``): topk's
+      int64 indices and the softmax's output, T x k in the logits' dtype, instead of the softmax over
+      every expert (measured on a tiny gpt-oss: 1,024 + 256 B at T = 64, k = 2, bf16-mixed).
     """
     model, mode, t, h = ctx.model, ctx.mode, ctx.dims.tokens, ctx.dims.h
     routing, k, e = model.routing, model.experts_per_token, model.num_experts
@@ -131,7 +164,9 @@ def router_bytes(ctx: BlockContext) -> int:
     total = 0
     if _trains(ctx, LinearKind.ROUTER):
         total += t * h * (HALF if mode.autocast else mode.compute)
-    if _scores_need_grad(ctx):
+    if _scores_need_grad(ctx) and routing.topk_first:
+        total += t * k * INT64 + t * k * _score_bytes(ctx)
+    elif _scores_need_grad(ctx):
         total += t * e * FP32 + t * k * INT64
         if routing.renorm:
             total += t * k * FP32 + t * FP32
@@ -186,11 +221,20 @@ def expert_bytes(ctx: BlockContext, *, act_saved: int, keeps_output: bool) -> in
     if scores:
         per_slot += INT64 + h * w  # sample_weights[perm]'s indices, the down output for the weights' gradient
     per_slot += INT64 + _score_bytes(ctx)  # weighted_out[inv_perm]'s indices, the routing weight
-    if gated:
+    if gated and model.routing is not None and model.routing.expert_gate == "clamped_swiglu":
+        # gpt-oss (modeling_gpt_oss.py:85-91): the two clamps keep their inputs, strided views of the
+        # whole gate_up output (2I); the clamped gate and sigmoid(gate * alpha) (the product's operands,
+        # the sigmoid's result), glu and up + 1 (the last product's operands): 4I more
+        per_slot += 2 * inter * w + 4 * inter * w
+    elif gated:
         per_slot += 2 * inter * w + max(act_saved - 1, 0) * inter * w + inter * w
     else:
         per_slot += act_saved * inter * w + (inter * w if keeps_output and not down_trains else 0)
     per_slot += (h * w if up_trains else 0) + (inter * w if down_trains else 0)  # the grouped_mm inputs
+    if ctx.full and any(lin.bias for lin in expert_stacks(model)):
+        # the per-slot bias gathers ``gate_up_proj_bias[expert_ids_g]`` and ``down_proj_bias[...]``
+        # (moe.py:467, :492) save the one int64 index tensor they share, when the biases train
+        per_slot += INT64
     # the offsets, whenever grouped_mm saves anything (its weight, for the input's gradient, too)
     offsets = model.num_experts * OFFSET_BYTES if up_trains or down_trains or needs_grad else 0
     return s * per_slot + offsets
@@ -251,8 +295,10 @@ def aux_loss_bytes(model: ModelSpec, tokens: int, logits_bytes: int) -> int:
     the histogram after it save nothing of that size."""
     if model.routing is None or not model.routing.aux_loss:
         return 0
-    return model.num_layers * tokens * model.num_experts * logits_bytes
+    # only the MoE blocks record router logits (OutputRecorder of the router module)
+    return moe_layers(model) * tokens * model.num_experts * logits_bytes
 
 
-__all__ = ["TERM_SOURCES", "adapted_weight_bytes", "adapted_weights", "aux_loss_bytes", "expert_bytes", "expert_dims", "expert_stacks", "is_expert_stack",
-           "is_moe_block", "moe_block_terms", "product_bytes", "router_bytes", "slots"]
+__all__ = ["TERM_SOURCES", "adapted_weight_bytes", "adapted_weights", "aux_loss_bytes", "expert_bytes", "expert_dims",
+           "expert_stacks", "is_expert_stack", "is_moe_block", "moe_block_terms", "moe_layers", "product_bytes",
+           "router_bytes", "router_input_saved", "shared_expert", "shared_intermediate", "slots"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.config import ALL_LINEAR, Method, TrainConfig
@@ -29,27 +30,58 @@ def _check_names(model: ModelSpec, targets: tuple[str, ...] | None) -> frozenset
     if targets == (ALL_LINEAR,):
         return None
     names = frozenset(targets or ())
-    available = model.linear_names()
+    # the modules' leaf names, and the v4 names peft converts to the expert stacks (PEFT_MOE_MAPPING)
+    available = tuple(lin for lin in model.linear_names() if lin in model.module_names) \
+        + tuple(PEFT_MOE_MAPPING.get(model.peft_converts_moe, {}))
     missing = sorted(names - set(available))
     if missing:
         raise InvalidConfigError(
             f"--lora-targets {','.join(missing)} not found in {model.id}: "
-            f"its linear layers are {','.join(available)} (or use all-linear)"
+            f"its linear layers are {','.join(dict.fromkeys(available))} (or use all-linear)"
         )
     return names
 
 
+#: peft's v4 names it maps to the v5 expert stacks and router, by conversion pattern (peft 0.21
+#: utils/transformers_weight_conversion.py ``_MOE_TARGET_MODULE_MAPPING``); a target of one of these
+#: names becomes a ``target_parameters`` entry and leaves ``target_modules``, so a module of that leaf
+#: name (Qwen3-MoE's dense ``down_proj``) is no longer wrapped
+PEFT_MOE_MAPPING = {
+    "mixtral": {"gate": "gate", "w1": "gate_up_proj", "w3": "gate_up_proj", "w2": "down_proj"},
+    "qwen2_moe": {"gate": "gate", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "down_proj": "down_proj"},
+}
+
+
+def _selects(model: ModelSpec, names: frozenset[str] | None) -> "Callable[[LinearSpec], bool]":
+    """Whether peft adapts a linear, given the target names (None: ``all-linear``).
+
+    Without conversion (``ModelSpec.peft_converts_moe`` ""), peft wraps the ``nn.Linear`` modules
+    named (all of them for ``all-linear``, peft tuners_utils.py ``_maybe_include_all_linear_layers``);
+    bare weights are adapted only when named. With it, ``all-linear`` resolves to every module leaf
+    name and the mapping's v4 names (``_resolve_string_target_modules``), which then turn into the
+    stacks and the router: every bare weight, and no module whose leaf name the mapping holds."""
+    mapping = PEFT_MOE_MAPPING.get(model.peft_converts_moe, {})
+    if names is None:
+        if not model.peft_converts_moe:
+            return lambda lin: lin.module
+        return lambda lin: not lin.module or lin.name not in mapping
+    # target_modules match modules only: a bare weight is reached through the conversion alone
+    converted = {mapping[n] for n in names if n in mapping}
+    return lambda lin: (lin.module and lin.name in names and lin.name not in mapping) or \
+        (not lin.module and lin.name in converted)
+
+
 def targeted_linears(model: ModelSpec, targets: tuple[str, ...] | None) -> tuple[LinearSpec, ...]:
-    """The linears of one block of each stack named by ``targets`` (all of them for
+    """The linears of one block of each kind named by ``targets`` (all of them for
     ``all-linear``). peft matches leaf names, so T5's ``q`` adapts the self-attention and the
     cross-attention (``EncDecAttention``) query alike."""
     return tuple(lin for _, linears in stack_targets(model, targets) for lin in linears)
 
 
 def stack_targets(model: ModelSpec, targets: tuple[str, ...] | None) -> tuple[tuple[int, tuple[LinearSpec, ...]], ...]:
-    """(blocks, targeted linears of one block) of each stack (``ModelSpec.stacks``)."""
-    names = _check_names(model, targets)
-    return tuple((n, tuple(lin for lin in linears if names is None or lin.name in names)) for n, linears in model.stacks)
+    """(blocks, targeted linears of one block) of each kind of block (``ModelSpec.all_blocks``)."""
+    selects = _selects(model, _check_names(model, targets))
+    return tuple((n, tuple(lin for lin in linears if selects(lin))) for n, linears in model.all_blocks)
 
 
 def lora_params(model: ModelSpec, config: TrainConfig) -> int:
@@ -88,8 +120,8 @@ def param_tensor_sizes(model: ModelSpec, config: TrainConfig) -> tuple[int, ...]
         sizes += [model.other_embedding_params // 2] * 2
     elif model.other_embedding_params:
         sizes.append(model.other_embedding_params)
-    norms = (model.layer_norm_params + model.layer_other_params, model.decoder_norm_params)
-    for (n, linears), norm in zip(model.stacks, norms):
+    norms = [model.layer_norm_params + model.layer_other_params] + [g.other_params for g in model.other_blocks]
+    for (n, linears), norm in zip(model.all_blocks, norms + [model.decoder_norm_params]):
         sizes += _block_tensor_sizes(linears, norm, model.hidden_size) * n
     if model.is_encoder_decoder:  # each stack's final norm
         sizes += _hidden_chunks(model.final_norm_params, model.hidden_size)
@@ -137,7 +169,7 @@ class Trained:
 
     @functools.cached_property
     def target_names(self) -> frozenset[str]:
-        return frozenset(lin.name for lin in self.targets)
+        return frozenset(lin.key for lin in self.targets)
 
     @functools.cached_property
     def size_counts(self) -> tuple[tuple[int, int], ...]:

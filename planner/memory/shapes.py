@@ -61,7 +61,7 @@ class BlockContext:
     first: bool
     """The block reading the (frozen, for LoRA) embedding's output."""
     targets: frozenset[str]
-    """Names of the linears LoRA adapts (empty for full fine-tuning)."""
+    """``LinearSpec.key`` of each linear LoRA adapts (empty for full fine-tuning)."""
     full: bool = field(init=False, repr=False, compare=False)
     """Full fine-tuning."""
     block_input_needs_grad: bool = field(init=False, repr=False, compare=False)
@@ -91,7 +91,7 @@ class BlockContext:
         by_kind: dict[LinearKind, tuple[LinearSpec, ...]] = {}
         # bare weights (expert stacks, routers) take peft's ParamWrapper, which merges its adapter into
         # the weight instead of adapting the activations: planner.memory.moe counts them
-        adapted = tuple([lin for lin in self.model.layer_linears if lin.name in targets and lin.module]) \
+        adapted = tuple([lin for lin in self.model.layer_linears if lin.key in targets and lin.module]) \
             if targets else ()
         for lin in adapted:
             by_kind[lin.kind] = by_kind.get(lin.kind, ()) + (lin,)
@@ -128,7 +128,7 @@ class BlockContext:
         return self.model.linears_by_kind[kind]
 
     def targeted(self, lin: LinearSpec) -> bool:
-        return lin.name in self.targets
+        return lin.key in self.targets
 
     def adapted_of(self, kind: LinearKind) -> tuple[LinearSpec, ...]:
         """The linears of ``kind`` LoRA adapts."""
@@ -155,7 +155,7 @@ class BlockContext:
             upstream = attention[:1] if kind is LinearKind.ATTN_OUT else attention
         elif self.of_kind(LinearKind.CROSS_ATTN_IN):  # after the encoder output, in a decoder block
             return bool(self.targets)
-        elif kind in (LinearKind.MLP_IN, LinearKind.ROUTER):
+        elif kind in (LinearKind.MLP_IN, LinearKind.ROUTER, LinearKind.SHARED_GATE):
             upstream = () if self.model.parallel_block else attention
         else:
             assert kind is LinearKind.MLP_OUT, kind
@@ -177,7 +177,7 @@ def block_context(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
                   mode: DtypeMode | None = None) -> BlockContext:
     """``targets`` (the adapted linears' names), ``dims`` and ``mode``: when the caller has them already."""
     if targets is None:
-        targets = frozenset(lin.name for lin in lora_targets(model, config))
+        targets = frozenset(lin.key for lin in lora_targets(model, config))
     return BlockContext(model=model, config=config, dims=dims or dims_of(model, config), mode=mode or mode_of(config),
                         kernels=kernels, first=first, targets=targets)
 

@@ -268,7 +268,7 @@ class BatchTerms:
     backward_logits: int
     """The loss' backward: two fp32 tensors of the logits' size."""
     kv_cache: int = 0
-    """The KV cache this forward builds (``use_cache`` without checkpointing), every layer's."""
+    """The KV cache this forward builds (``TrainConfig.builds_kv_cache``), every layer's."""
     kept: int = 0
     """What a hand-written loop's ``outputs`` keeps past the loss (its logits and KV cache) until
     the next forward returns; 0 with the HF Trainer, whose compute_loss drops the outputs."""

@@ -51,6 +51,7 @@ from planner.memory.activations import (
     breakdown_key,
     checkpoint_bytes,
     kv_cache_block_bytes,
+    layer_terms,
     model_level_terms,
 )
 from planner.memory.dtypes import mode_of
@@ -343,6 +344,9 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
     else:  # the model-level terms that are not the head's: token ids, rotary tables, the embedding norm's input
         level = model_level_terms(model, config, dims, mode, kernels)
         embeddings = {breakdown_key(k): v for k, v in level.items() if v and k not in HEAD_SAVED}
+        if model.other_blocks and not config.grad_ckpt:  # blocks that differ (dense and MoE): each its own
+            blocks = tuple({breakdown_key(k): v for k, v in terms.items() if v}
+                           for terms in layer_terms(model, config, kernels, t.target_names, dims))
     head_gradients, down_gradients = first_block_gradients(model, config, static.gradients, t)
     return _Step(
         model=model, config=config, static=static, first=first, rest=rest, blocks=blocks, embeddings=embeddings,

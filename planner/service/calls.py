@@ -75,13 +75,13 @@ def inline_spec(body: "ModelChoice") -> "ModelSpec | None":
 
 def suggest_request(body: "PlanBody") -> "SuggestRequest":
     from planner.planning import SuggestRequest
+    from planner.request import recipe_of
 
     return SuggestRequest(
         model=body.model, gpu=body.gpu, target_batch=body.target_batch, seq_len=body.seq_len, gpus=body.gpus,
         gpu_mem_bytes=size_bytes(body.gpu_mem, field="gpu_mem"), method=body.method, precision=body.precision,
         allow_offload=body.allow_offload, cpu_mem_bytes=size_bytes(body.cpu_mem, field="cpu_mem"), top_k=body.top_k,
-        prefer=body.prefer, lora_dropout=body.lora_dropout, loop=body.loop, fused_ce=body.fused_ce,
-        packing=body.packing, use_cache=body.use_cache,
+        prefer=body.prefer, **recipe_of(body),
     )
 
 

@@ -74,34 +74,46 @@ def create_plan(body: PlanBody, request: Request) -> Any:
     arrive."""
     if body.verify:
         calls.check_verifiable(body)
-    planned = calls.make_plan(body, calibration=_calibration(request, body.gpu))
-    store = _holder(request).get()
-    stored = None if body.fresh else calls.stored_verified(store, planned)
-    if stored is not None:
-        return JSONResponse(calls.from_store(stored), status_code=200, headers={"Location": f"/v1/plans/{stored.id}"})
+    from contextlib import nullcontext
+
+    from planner.usecases import plan_request
+
+    holder, settings = _holder(request), request.app.state.settings
+    calibration = _calibration(request, body.gpu)
+    spec = calls.inline_spec(body)  # the model first, then the sizes: the order the fields are refused in
+    wanted = calls.suggest_request(body)
+
+    def store() -> Any:
+        """The server's one store, opened in the background (503 while it cannot be): the use case
+        asks for it once the request has planned, and it stays open."""
+        return nullcontext(holder.get())
+
+    job = None
+    if body.verify and settings.ray_address is not None:
+        from planner.verify.driver import VerifyOptions
+        from planner.verify.jobs import JobRequest
+
+        # the job is told its database by reference (the file's path, or a URL without a password),
+        # never by a credential (planner.verify.jobs); only catalog ids travel, nothing of this disk
+        job = JobRequest(address=settings.ray_address, database_url=holder.url,
+                         database_url_file=settings.database_url_file, local_files=False,
+                         options=VerifyOptions(top=body.verify_top, steps=body.steps))
+    outcome = plan_request(wanted, store=store, spec=spec, calibration=calibration, reuse=not body.fresh,
+                           save=not body.verify, job=job)
+    if outcome.store_error is not None:
+        raise outcome.store_error
+    if outcome.reused is not None:
+        return JSONResponse(calls.from_store(outcome.reused), status_code=200,
+                            headers={"Location": f"/v1/plans/{outcome.reused.id}"})
     if body.verify:
-        return _submit_verification(body, request, database_url=store.url)
-    plan_id = store.save_plan(result=planned.result)
-    return JSONResponse(planned.result.to_dict() | {"plan_id": plan_id}, status_code=201,
-                        headers={"Location": f"/v1/plans/{plan_id}"})
-
-
-def _submit_verification(body: PlanBody, request: Request, *, database_url: str) -> JSONResponse:
-    """``planner.verify.submit_verification``: plans, stores the plan and submits its Ray job."""
-    address = request.app.state.settings.ray_address
-    if address is None:
-        raise ServiceError(503, "verification is not configured on this server: set PLANNER_RAY_ADDRESS to the Ray "
-                                "dashboard (e.g. http://ray-head:8265) where 'planner serve' runs")
-    from planner.verify import submit_verification
-
-    # the job is told its database by reference (the file's path, or a URL without a password),
-    # never by a credential (planner.verify.jobs); only catalog ids travel, nothing of this disk
-    submission = submit_verification(request=calls.suggest_request(body), address=address, database_url=database_url,
-                                     database_url_file=request.app.state.settings.database_url_file,
-                                     local_files=False, verify_top=body.verify_top, steps=body.steps)
-    location = f"/v1/plans/{submission.plan_id}"
-    return JSONResponse({"plan_id": submission.plan_id, "job_id": submission.job_id, "plan_url": location},
-                        status_code=202, headers={"Location": location})
+        if outcome.submission is None:
+            raise ServiceError(503, "verification is not configured on this server: set PLANNER_RAY_ADDRESS to the "
+                                    "Ray dashboard (e.g. http://ray-head:8265) where 'planner serve' runs")
+        location = f"/v1/plans/{outcome.plan_id}"
+        return JSONResponse({"plan_id": outcome.plan_id, "job_id": outcome.submission.job_id, "plan_url": location},
+                            status_code=202, headers={"Location": location})
+    return JSONResponse(outcome.planned.result.to_dict() | {"plan_id": outcome.plan_id}, status_code=201,
+                        headers={"Location": f"/v1/plans/{outcome.plan_id}"})
 
 
 @router.get("/v1/plans", tags=["plans"], responses={503: _error("The database cannot be reached.")})

@@ -2,8 +2,8 @@
 
 They check shapes and types only (a field's name and reason on a 422); every value is validated by
 the library the CLI calls, so the API and ``planner suggest``/``estimate`` accept the same things.
-Types are strict: a number is not a flag (``"fused_ce": 1``) and text is not a number
-(``"lora_dropout": "0.1"``; ``true`` was taken as a dropout of 1.0).
+Types are strict: a number is not a flag and text is not a number (``true`` was taken as a dropout
+of 1.0). The request's fields are built from their declaration (``planner.request``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,20 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    create_model,
+    field_validator,
+)
 
 from planner.optim import names as optimizer_names
+from planner.request import ESTIMATE, FIELDS, RECIPE, SEARCH, RequestField
 from planner.service.settings import MAX_CONFIG_BYTES
 
 #: a size: bytes as a whole number, or a string with its unit as on the command line ("20GiB")
@@ -38,8 +49,8 @@ class ModelChoice(BaseModel):
     )
     gpu: str = Field(min_length=1, max_length=64, examples=["a10g"], description="GPU name from GET /v1/gpus, or `cpu`.")
     gpu_mem: Size = Field(default=None, description=f"Override of the device memory: {_SIZE_HELP}.")
-    seq_len: Optional[StrictInt] = Field(default=None, description="Tokens per sequence (default: min(2048, the model's maximum)).")
-    gpus: StrictInt = Field(default=1, description="Data-parallel devices on one node.")
+    seq_len: Optional[StrictInt] = Field(default=FIELDS["seq_len"].default, description=FIELDS["seq_len"].help)
+    gpus: StrictInt = Field(default=FIELDS["gpus"].default, description=FIELDS["gpus"].help)
 
     @field_validator("config")
     @classmethod
@@ -51,54 +62,50 @@ class ModelChoice(BaseModel):
         return config
 
 
-class RecipeFields(BaseModel):
-    """The recipe settings ``planner estimate`` and ``suggest`` take (``TrainConfig``'s fields)."""
-
-    lora_dropout: StrictFloat = Field(default=0.0, description="PEFT's lora_dropout of LoRA/QLoRA (0 <= p < 1).")
-    loop: str = Field(default="trainer", max_length=32, description="trainer (HF Trainer: the logits die at the "
-                      "loss) | manual (outputs = model(**batch) kept through backward).")
-    fused_ce: StrictBool = Field(default=False, description="A fused linear cross-entropy (Liger's): no full logits.")
-    packing: StrictBool = Field(default=True, description="Sequences packed to seq_len (false: padded to the longest).")
-    use_cache: StrictBool = Field(default=False, description="transformers' use_cache in the training forward.")
+#: the strict pydantic type of each declared field's plain type (a number is not a flag, text is not a number)
+_STRICT: dict[type, Any] = {bool: StrictBool, int: StrictInt, float: StrictFloat, str: str}
 
 
-class PlanBody(RecipeFields, ModelChoice):
+def _body_fields(fields: "tuple[RequestField, ...]") -> dict[str, Any]:
+    """The body's fields of the request's declared ones (``planner.request``): type, default,
+    description and the longest text."""
+    out: dict[str, Any] = {}
+    for f in fields:
+        type_ = Optional[_STRICT[f.type]] if f.optional else _STRICT[f.type]
+        extra = {"max_length": f.max_length} if f.max_length else {}
+        out[f.name] = (type_, Field(default=f.default, description=f.help or optimizer_names(), **extra))
+    return out
+
+
+RecipeFields = create_model(
+    "RecipeFields", __doc__="The recipe settings ``planner estimate`` and ``suggest`` take (``TrainConfig``'s fields).",
+    **_body_fields(RECIPE))
+
+#: ``POST /v1/estimate``'s fields that make the configuration besides the recipe (``planner estimate``'s options)
+_ConfigFields = create_model(
+    "ConfigFields", __doc__="The options of one configuration (``planner estimate``'s).",
+    **_body_fields(tuple(f for f in ESTIMATE if f.build and not f.recipe)))
+
+
+#: ``POST /v1/plans``'s fields of the search besides the recipe (``planner suggest``'s options)
+_SearchFields = create_model("SearchFields", __doc__="What a search is asked (``planner suggest``'s options).",
+                             **_body_fields(tuple(SEARCH.values())))
+
+
+class PlanBody(_SearchFields, RecipeFields, ModelChoice):
     """``POST /v1/plans``: the request of ``planner suggest``."""
 
-    target_batch: StrictInt = Field(examples=[32], description="Global batch in sequences: micro-batch x accumulation x GPUs.")
-    method: str = Field(default="auto", max_length=32, description="auto|full|lora|qlora")
-    precision: str = Field(default="auto", max_length=32, description="auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16")
     allow_offload: StrictBool = Field(default=True, description="Consider DeepSpeed CPU offload (false: --no-offload).")
     cpu_mem: Size = Field(default=None, description=f"Host RAM of the node for offload: {_SIZE_HELP} (default: the "
                           "catalog's standard machine with `gpus` of this GPU; where it knows none, offload plans need it).")
-    top_k: StrictInt = Field(default=5, description="Plans to keep.")
-    prefer: str = Field(default="fidelity", max_length=32, description="Ranking policy: fidelity (the most faithful "
-                        "method first, then speed) | speed (the fastest first).")
     fresh: StrictBool = Field(default=False, description="Plan again even when a verified plan of this request is stored.")
     verify: StrictBool = Field(default=False, description="Verify the top candidates with real runs as a Ray job (answers 202).")
     verify_top: StrictInt = Field(default=3, description="With verify: candidates to verify fitting.")
     steps: StrictInt = Field(default=3, description="With verify: optimizer steps per verification run.")
 
 
-class EstimateBody(RecipeFields, ModelChoice):
+class EstimateBody(_ConfigFields, RecipeFields, ModelChoice):
     """``POST /v1/estimate``: one fully specified configuration, as ``planner estimate``."""
-
-    method: str = Field(default="full", max_length=32, description="full|lora|qlora")
-    precision: Optional[str] = Field(default=None, max_length=32,
-                                     description="fp32|fp16-mixed|bf16-mixed|fp16|bf16 (default: the device's mixed precision).")
-    optimizer: str = Field(default="adamw", max_length=32, description=optimizer_names())
-    micro_batch: StrictInt = Field(default=1, description="Sequences per forward/backward on one device.")
-    grad_accum: StrictInt = Field(default=1, description="Micro-steps per optimizer step.")
-    grad_ckpt: StrictBool = Field(default=False, description="Gradient checkpointing.")
-    attention: str = Field(default="sdpa", max_length=32, description="sdpa|eager|flash")
-    lora_r: Optional[StrictInt] = Field(default=None, description="LoRA rank (default: 16 for lora/qlora).")
-    lora_targets: Optional[str] = Field(default=None, max_length=1000,
-                                        description="all-linear or a comma list of module names (default: all-linear).")
-    zero: StrictInt = Field(default=0, description="DeepSpeed ZeRO stage 0|1|2|3.")
-    offload: str = Field(default="none", max_length=32, description="none|optimizer|optimizer+params")
-    alloc_conf: Optional[str] = Field(default=None, max_length=500, description=(
-        "PyTorch CUDA caching allocator settings as PYTORCH_CUDA_ALLOC_CONF takes them, e.g. "
-        "max_split_size_mb:128,expandable_segments:True: they change the predicted reserve."))
 
 
 class FieldError(BaseModel):

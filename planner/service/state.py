@@ -26,7 +26,7 @@ from planner.errors import StoreError
 from planner.store.deadlines import Timeouts
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.store import Store
+    from planner.store import PlanStore
 
 log = logging.getLogger("planner.service")
 
@@ -40,7 +40,7 @@ class StoreHolder:
     def __init__(self, *, url: str | None, timeouts: Timeouts | None = None) -> None:
         self._url = url
         self._timeouts = timeouts or Timeouts()
-        self._store: "Store | None" = None
+        self._store: "PlanStore | None" = None
         self._error: str | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()  # a request asks for an attempt now
@@ -49,6 +49,13 @@ class StoreHolder:
         self._trying = False
         self._closed = False
         self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The database the store is (to be) opened on."""
+        from planner.store.engine import default_database_url
+
+        return self._url or default_database_url()
 
     @property
     def wait_s(self) -> float:
@@ -65,8 +72,8 @@ class StoreHolder:
                 self._thread.start()
 
     def _open_until_done(self) -> None:
-        from planner.store import open_store
         from planner.store.deadlines import using
+        from planner.store.interface import open_plan_store
 
         delay = RETRY_S[0]
         while True:
@@ -77,7 +84,7 @@ class StoreHolder:
             store, error = None, None
             try:
                 with using(self._timeouts):
-                    store = open_store(url=self._url)
+                    store = open_plan_store(url=self._url, shared=True)
             except StoreError as exc:
                 error = str(exc)
             except Exception as exc:  # noqa: BLE001 - never let the opener die: say why and retry
@@ -100,7 +107,7 @@ class StoreHolder:
             self._wake.clear()
             delay = min(delay * 2, RETRY_S[1])
 
-    def get(self, *, wait: bool = True) -> "Store":
+    def get(self, *, wait: bool = True) -> "PlanStore":
         """The open store; ``StoreError`` (answered as 503) with the last reason when the database
         cannot be opened. ``wait``: wait (at most ``wait_s``) for an attempt under way, and ask
         for one now when none is."""

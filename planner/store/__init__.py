@@ -2,10 +2,10 @@
 
 SQLite in the user's data directory by default (``PLANNER_DATABASE_URL`` or ``--db`` select
 another database, e.g. ``postgresql+psycopg://user@host/db``); the schema is managed by Alembic
-(``migrations/``). The API hands back the frozen entities of ``planner.store.entities`` and
-``planner.results``, never ORM rows::
+(``migrations/``). Every store answers ``PlanStore`` (``planner.store.interface``) and hands
+back the frozen entities of ``planner.store.entities`` and ``planner.results``, never ORM rows::
 
-    with open_store() as store:
+    with open_plan_store() as store:
         plan_id = store.save_plan(result=result)
         plan = store.get_plan(plan_id=plan_id[:8])
 
@@ -23,7 +23,7 @@ _EXPORTS = {
     **dict.fromkeys(("Store", "database_revision", "open_store", "parse_since", "upgrade_database"), "planner.store.api"),
     "constraints_hash": "planner.store.codec",
     "default_database_url": "planner.store.engine",
-    "open_for_command": "planner.store.lite",
+    **dict.fromkeys(("PlanStore", "open_plan_store"), "planner.store.interface"),
     **dict.fromkeys(("HistoryCursor", "MeasuredRun", "PlanStatus", "PlanSummary", "StoredCandidate", "StoredMeasurement", "StoredPlan",
                      "parse_status"), "planner.store.entities"),
 }

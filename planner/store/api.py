@@ -16,17 +16,22 @@ from sqlalchemy import Engine, and_, case, func, or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
-from planner.errors import AmbiguousIdError, PlannerError, RecordNotFoundError, StoreError
-from planner.results import Candidate, Measurement, PlanRequest, PlanResult
+from planner.errors import PlannerError, StoreError
 from planner.limits import MAX_HISTORY
+from planner.results import Candidate, Measurement, PlanRequest, PlanResult
 from planner.store.codec import (
     candidate_values,
     canonical_json,
+    check_page,
     constraints_hash,
+    expired_values,
+    id_prefix,
     measurement_values,
     new_id,
     request_values,
-    stale_reason,
+    resolved_id,
+    status_values,
+    summary_entity,
     utcnow,
 )
 from planner.store.dbmodels import Base, CalibrationRow, CandidateRow, MeasurementRow, PlanRequestRow
@@ -39,7 +44,14 @@ from planner.store.engine import (
     retry_locked,
     safe_url,
 )
-from planner.store.entities import HistoryCursor, MeasuredRun, PlanStatus, PlanSummary, StoredPlan, parse_status
+from planner.store.entities import (
+    HistoryCursor,
+    MeasuredRun,
+    PlanStatus,
+    PlanSummary,
+    StoredPlan,
+    parse_status,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration, CalibrationValues
@@ -47,13 +59,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 T = TypeVar("T")
 
-#: How long a verifying driver may stay silent before its plan is read as failed. The driver
-#: renews every few seconds while runs are under way, so this only bounds how long a dead
-#: driver's plan looks alive.
-DEFAULT_LEASE_S = 120.0
-
-
-_HEX_ID = re.compile(r"[0-9a-f]{1,32}")
 _RELATIVE = re.compile(r"^\s*(\d+)\s*([mhdw])\s*$", re.IGNORECASE)
 _UNIT = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
@@ -146,16 +151,10 @@ class Store:
     # ---- ids -------------------------------------------------------------------------------
     @staticmethod
     def _resolve(session: Session, row_type: type[Base], prefix: str, *, what: str) -> str:
-        key = str(prefix).strip().lower()
-        if not _HEX_ID.fullmatch(key):
-            raise RecordNotFoundError(f"{what} id {prefix!r} is not an id: copy one (or its first characters) from 'planner history'")
+        key = id_prefix(prefix, what=what)
         column = row_type.id  # type: ignore[attr-defined]
-        found = session.scalars(select(column).where(column.startswith(key)).limit(2)).all()
-        if not found:
-            raise RecordNotFoundError(f"no {what} with id {prefix!r}: see 'planner history'")
-        if len(found) > 1:
-            raise AmbiguousIdError(f"{what} id {prefix!r} is ambiguous (it starts several ids): give more characters")
-        return found[0]
+        return resolved_id(session.scalars(select(column).where(column.startswith(key)).limit(2)).all(), prefix,
+                           what=what)
 
     # ---- writing ---------------------------------------------------------------------------
     def save_plan(self, *, result: PlanResult, status: PlanStatus = PlanStatus.PLANNED, ray_job_id: str | None = None) -> str:
@@ -214,21 +213,14 @@ class Store:
         renews it (``renew_lease``) while it runs, or readers mark the plan failed (its driver died).
         Other statuses hold no lease."""
         status = parse_status(status) if isinstance(status, str) else status
-        if status is PlanStatus.VERIFYING:
-            lease_s = DEFAULT_LEASE_S if lease_s is None else lease_s
-        else:
-            lease_s = None
 
         def work(session: Session) -> None:
             row = session.get(PlanRequestRow, self._resolve(session, PlanRequestRow, plan_id, what="plan"))
             assert row is not None
-            now = utcnow()
-            row.status = str(status)
-            row.status_reason = reason
-            row.status_changed_at = now
-            row.lease_until = now + timedelta(seconds=lease_s) if lease_s is not None else None
-            if ray_job_id is not None:
-                row.ray_job_id = ray_job_id
+            values = status_values(plan_id=row.id, current=PlanStatus(row.status), status=status, reason=reason,
+                                   ray_job_id=ray_job_id, lease_s=lease_s, now=utcnow())
+            for column, value in values.items():
+                setattr(row, column, value)
 
         self._run(work, write=True)
 
@@ -256,10 +248,8 @@ class Store:
         def work(session: Session) -> int:
             rows = session.scalars(select(r).where(stale)).all()
             for row in rows:
-                row.status = str(PlanStatus.FAILED)
-                row.status_reason = stale_reason(row.lease_until)
-                row.status_changed_at = now
-                row.lease_until = None
+                for column, value in expired_values(lease_until=row.lease_until, now=now).items():
+                    setattr(row, column, value)
             return len(rows)
 
         return self._run(work, write=True)
@@ -282,19 +272,13 @@ class Store:
         )
 
     def find_same_request(self, *, request: PlanRequest) -> StoredPlan | None:
-        """The stored plan of an identical request (same model fingerprint, GPU, GPU count,
-        target batch, sequence length and constraints): the newest verified one if any, else the
-        newest. ``planner measure`` records are not plans and are never returned."""
+        """The stored plan of the same request (equal ``PlanRequest.identity()``): the newest
+        verified one if any, else the newest. ``planner measure`` records are not plans and are never returned."""
         r = PlanRequestRow
         query = (
             select(r.id)
             .where(
-                r.model_fingerprint == request.model_fingerprint,
-                r.gpu == request.gpu,
-                r.gpu_count == request.gpu_count,
-                r.target_batch == request.target_batch,
-                r.seq_len == request.seq_len,
-                r.constraints_hash == constraints_hash(request.constraints),
+                *(getattr(r, column) == value for column, value in request.identity().items()),
                 r.status != str(PlanStatus.MEASURED),
             )
             .order_by(case((r.status == str(PlanStatus.VERIFIED), 0), else_=1), r.created_at.desc(), r.id.desc())
@@ -336,11 +320,7 @@ class Store:
         and run counts are subqueries over that page only. Nothing is loaded to be skipped and no
         id list is sent back, so a page deep in 100,000 plans stays under the drivers' bind
         parameter limits (65,535 on SQLite and PostgreSQL) and costs about what the first does."""
-        for name, value, low in (("--limit", limit, 1), ("offset", offset, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_HISTORY:
-                # the option's long name (the API names its field "limit"); the CLI checks the value
-                # first and names the option as it was typed (-n or --limit)
-                raise PlannerError(f"{name} must be a whole number from {low} to {MAX_HISTORY:,}, got {value!r}")
+        check_page(limit=limit, offset=offset)
         r, c, m = PlanRequestRow, CandidateRow, MeasurementRow
         page = select(r.id, r.created_at, r.status, r.model_id, r.gpu, r.gpu_count, r.target_batch, r.seq_len)
         if model:
@@ -364,22 +344,7 @@ class Store:
         self.expire_stale_verifications()
 
         def work(session: Session) -> list[PlanSummary]:
-            return [
-                PlanSummary(
-                    id=row.id,
-                    created_at=row.created_at,
-                    status=PlanStatus(row.status),
-                    model_id=row.model_id,
-                    gpu=row.gpu,
-                    gpu_count=row.gpu_count,
-                    target_batch=row.target_batch,
-                    seq_len=row.seq_len,
-                    top_plan=row.top,
-                    candidates=row.n_candidates or 0,
-                    measurements=row.n_runs or 0,
-                )
-                for row in session.execute(query)
-            ]
+            return [summary_entity(row) for row in session.execute(query)]
 
         return self._run(work, write=False)
 

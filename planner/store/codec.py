@@ -10,16 +10,25 @@ import). A "row" here is anything whose attributes are the table's columns: an O
 
 from __future__ import annotations
 
-import hashlib
-import json
+import re
 import uuid
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
 
-from planner.errors import UnstorableDataError
-from planner.limits import check_model_id
-from planner.results import Candidate, Measurement, MemoryEstimate, PlanRequest, PlanResult, Rejection, ThroughputEstimate
-from planner.store.entities import PlanStatus, StoredCandidate, StoredMeasurement, StoredPlan
+from planner.errors import AmbiguousIdError, PlannerError, RecordNotFoundError, UnstorableDataError
+from planner.limits import MAX_HISTORY, check_model_id
+from planner.results import (
+    Candidate,
+    Measurement,
+    MemoryEstimate,
+    PlanRequest,
+    PlanResult,
+    Rejection,
+    ThroughputEstimate,
+    canonical_json,
+    constraints_hash,
+)
+from planner.store.entities import PlanStatus, PlanSummary, StoredCandidate, StoredMeasurement, StoredPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration.values import Calibration
@@ -45,25 +54,6 @@ def new_id() -> str:
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def canonical_json(value: Any, *, what: str) -> Any:
-    """``value`` as plain JSON data (dicts, lists, str, numbers, bools, None).
-
-    Refuses what the database could not store faithfully: objects json cannot encode and
-    NaN/infinity (PostgreSQL's ``json`` rejects them).
-    """
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise UnstorableDataError(f"cannot store {what}: it is not plain JSON data ({exc})") from None
-
-
-def constraints_hash(constraints: Mapping[str, Any]) -> str:
-    """sha256 of the constraints' canonical JSON (sorted keys, no spaces): equal dicts, equal hash."""
-    data = canonical_json(dict(constraints), what="the request's constraints")
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _iso(value: datetime | None) -> str:
@@ -138,6 +128,65 @@ def measurement_values(*, candidate_id: str, measurement: Measurement) -> dict[s
     )
 
 
+#: How long a verifying driver may stay silent before its plan is read as failed. The driver
+#: renews every few seconds while runs are under way, so this only bounds how long a dead
+#: driver's plan looks alive.
+DEFAULT_LEASE_S = 120.0
+
+
+def status_values(*, plan_id: str, current: PlanStatus, status: PlanStatus, reason: str | None,
+                  ray_job_id: str | None, lease_s: float | None, now: datetime) -> dict[str, Any]:
+    """The columns ``set_status`` writes: the move checked (``PlanStatus.check_transition``),
+    why, when, and the lease: ``verifying`` takes one of ``lease_s`` (default
+    ``DEFAULT_LEASE_S``), other statuses hold none; the Ray job when one is named."""
+    current.check_transition(status, plan_id=plan_id)
+    if status is PlanStatus.VERIFYING:
+        lease_s = DEFAULT_LEASE_S if lease_s is None else lease_s
+    else:
+        lease_s = None
+    values: dict[str, Any] = dict(status=str(status), status_reason=reason, status_changed_at=now,
+                                  lease_until=now + timedelta(seconds=lease_s) if lease_s is not None else None)
+    if ray_job_id is not None:
+        values["ray_job_id"] = ray_job_id
+    return values
+
+
+def expired_values(*, lease_until: datetime, now: datetime) -> dict[str, Any]:
+    """The columns of a ``verifying`` plan whose lease ran out: failed, with why (its driver
+    died; the only move out of ``verifying`` not made by its driver)."""
+    return dict(status=str(PlanStatus.FAILED), status_reason=stale_reason(lease_until), status_changed_at=now,
+                lease_until=None)
+
+
+_HEX_ID = re.compile(r"[0-9a-f]{1,32}")
+
+
+def id_prefix(prefix: str, *, what: str) -> str:
+    """The id (or its first characters) as stored: lowercase hex; ``RecordNotFoundError`` else."""
+    key = str(prefix).strip().lower()
+    if not _HEX_ID.fullmatch(key):
+        raise RecordNotFoundError(f"{what} id {prefix!r} is not an id: copy one (or its first characters) from 'planner history'")
+    return key
+
+
+def resolved_id(found: list[str], prefix: str, *, what: str) -> str:
+    """The one id of (at most two) ids found starting with ``prefix``, or why there is none."""
+    if not found:
+        raise RecordNotFoundError(f"no {what} with id {prefix!r}: see 'planner history'")
+    if len(found) > 1:
+        raise AmbiguousIdError(f"{what} id {prefix!r} is ambiguous (it starts several ids): give more characters")
+    return found[0]
+
+
+def check_page(*, limit: object, offset: object) -> None:
+    """``history``'s page: ``limit`` 1 and ``offset`` 0 up to ``MAX_HISTORY``."""
+    for name, value, low in (("--limit", limit, 1), ("offset", offset, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_HISTORY:
+            # the option's long name (the API names its field "limit"); the CLI checks the value
+            # first and names the option as it was typed (-n or --limit)
+            raise PlannerError(f"{name} must be a whole number from {low} to {MAX_HISTORY:,}, got {value!r}")
+
+
 def stale_reason(lease_until: datetime) -> str:
     """Why a ``verifying`` plan whose lease ran out is read as failed."""
     return (
@@ -166,6 +215,16 @@ def plan_entity(row: Any, candidates: tuple[StoredCandidate, ...]) -> StoredPlan
         status_reason=row.status_reason,
         status_changed_at=row.status_changed_at,
         lease_until=row.lease_until,
+    )
+
+
+def summary_entity(row: Any) -> PlanSummary:
+    """One ``history`` row: the request's columns, ``top`` (the rank-1 label), ``n_candidates``
+    and ``n_runs``."""
+    return PlanSummary(
+        id=row.id, created_at=row.created_at, status=PlanStatus(row.status), model_id=row.model_id, gpu=row.gpu,
+        gpu_count=row.gpu_count, target_batch=row.target_batch, seq_len=row.seq_len, top_plan=row.top,
+        candidates=row.n_candidates or 0, measurements=row.n_runs or 0,
     )
 
 
@@ -212,7 +271,8 @@ def calibration_entity(row: Any) -> "Calibration":
 
 
 __all__ = [
+    "DEFAULT_LEASE_S", "check_page", "expired_values", "id_prefix", "resolved_id", "status_values",
     "MEASUREMENT_FIELDS", "REQUEST_FIELDS", "calibration_entity", "candidate_entity", "candidate_values", "canonical_json",
     "constraints_hash", "copy_fields", "measurement_entity", "measurement_values", "new_id", "plan_entity",
-    "request_entity", "request_values", "stale_reason", "stored_candidate", "utcnow",
+    "request_entity", "request_values", "stale_reason", "stored_candidate", "summary_entity", "utcnow",
 ]

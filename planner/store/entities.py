@@ -33,6 +33,26 @@ class PlanStatus(enum.StrEnum):
         """No further transition is expected (``planned`` may still be verified later)."""
         return self in (PlanStatus.VERIFIED, PlanStatus.FAILED, PlanStatus.MEASURED)
 
+    def check_transition(self, to: "PlanStatus", *, plan_id: str) -> None:
+        """Refuse a move that the life cycle has not: out of a terminal status (the model is Ray's
+        ``JobStatus.is_terminal()``: a job that ended never runs again; a new verification is a
+        new plan), into ``measured`` (only ``planner measure`` makes such a record, born so), or
+        from ``verifying`` back to ``planned``.
+        ``planned`` -> ``planned`` (a job id noted) and ``verifying`` -> ``verifying`` (the lease
+        taken again) are moves. Both stores call it before they write a status."""
+        from planner.errors import StatusTransitionError
+
+        if self.is_terminal():
+            raise StatusTransitionError(
+                f"plan {plan_id[:8]} is {self.value} already and a {self.value} plan stays so (asked: {to.value}): "
+                "plan the request again (suggest --fresh) to verify it anew")
+        if to is PlanStatus.MEASURED:
+            raise StatusTransitionError(
+                f"plan {plan_id[:8]} cannot become measured: only 'planner measure' records a measured run")
+        if self is PlanStatus.VERIFYING and to is PlanStatus.PLANNED:
+            raise StatusTransitionError(
+                f"plan {plan_id[:8]} is being verified: it ends verified or failed, never planned again")
+
 
 def parse_status(text: str) -> PlanStatus:
     """``"verified"`` -> ``PlanStatus.VERIFIED``; anything else is a one-line ``PlannerError``."""

@@ -1,14 +1,14 @@
-"""The plan store's SQLite file through the standard library, for the one-shot planning commands.
+"""The plan store's SQLite file through the standard library: the one-shot commands' store.
 
 Why: ``planner suggest`` and ``planner estimate`` ask the store three things (the device's active
 calibration, the stored plan of the same request, and to keep the new plan), and importing
 SQLAlchemy to ask them cost more than everything else the command does: 1.27 G of the 3.49 G
 instructions of a cold ``planner suggest`` (callgrind, SQLAlchemy 2.1: ``import sqlalchemy`` 0.80 G,
 ``sqlalchemy.orm`` 0.25 G, the declarative models 0.22 G). On the embedded default (an SQLite
-file whose schema is at this planner's head) those three go through ``sqlite3`` here; anything
-else (a database to create or upgrade, PostgreSQL, a URL with options, a stale verification to
-expire) goes to the SQLAlchemy store of ``planner.store.api``, which stays the store of every other
-command, of the service and of the migrations.
+file whose schema is at this planner's head) ``open_plan_store`` hands out this store, which
+answers all of ``planner.store.interface.PlanStore`` through ``sqlite3``; anything else (a
+database to create or upgrade, PostgreSQL, a URL with options, the service's shared store, the
+calibration's writes) goes to the SQLAlchemy store of ``planner.store.api``.
 
 Same transactions, settings and values as the SQLAlchemy store: the connection gets
 ``engine.configure_sqlite``'s pragmas, a write takes the lock at ``BEGIN IMMEDIATE`` and is retried
@@ -25,28 +25,25 @@ import json
 import os
 import sqlite3
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 from urllib.parse import quote
 
-from planner.results import PlanRequest, PlanResult
+from planner.results import Candidate, Measurement, PlanRequest, PlanResult
 from planner.store import codec
 from planner.store.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
     configure_sqlite,
     db_failure,
-    default_database_url,
-    missing_database,
     open_failure,
     retry_locked,
 )
-from planner.store.entities import PlanStatus, StoredPlan
+from planner.store.entities import HistoryCursor, PlanStatus, PlanSummary, StoredPlan, parse_status
 from planner.store.revision import HEAD_REVISION, VERSION_TABLE
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration.values import Calibration
-    from planner.store.api import Store
 
 T = TypeVar("T")
 
@@ -126,7 +123,7 @@ def _select(table: tuple[str, tuple[str, ...]], where: str, *, prefix: str = "")
 
 
 class LiteStore:
-    """The three questions of a planning command, on an SQLite file at head (``open_for_command``)."""
+    """``PlanStore`` on an SQLite file at head (``open_plan_store`` makes it)."""
 
     def __init__(self, *, path: str, url: str) -> None:
         self.url, self._path = url, path
@@ -184,36 +181,15 @@ class LiteStore:
         except sqlite3.Error as exc:
             raise db_failure(self.url, exc) from None
 
-    # ---- the three questions ---------------------------------------------------------------
-    def active_calibration(self, *, gpu: str) -> "Calibration | None":
-        """As ``Store.active_calibration``."""
-        query = _select(CALIBRATIONS, "WHERE gpu = ? AND active = 1 ORDER BY id DESC LIMIT 1")
-        found = self._guarded(lambda c: c.execute(query, (gpu,)).fetchone(), write=False)
-        return None if found is None else codec.calibration_entity(_row(CALIBRATIONS[1], found))
+    # ---- ids -------------------------------------------------------------------------------
+    @staticmethod
+    def _resolve(conn: sqlite3.Connection, table: str, prefix: str, *, what: str) -> str:
+        """As ``Store._resolve`` (SQLAlchemy's ``startswith`` is ``LIKE ? || '%'``; the key is hex)."""
+        key = codec.id_prefix(prefix, what=what)
+        found = [r[0] for r in conn.execute(f"SELECT id FROM {table} WHERE id LIKE ? || '%' LIMIT 2", (key,))]
+        return codec.resolved_id(found, prefix, what=what)
 
-    def find_same_request(self, *, request: PlanRequest) -> StoredPlan | None:
-        """As ``Store.find_same_request``: the newest verified plan of an identical request, else
-        the newest; never a ``planner measure`` record."""
-        query = (
-            "SELECT id FROM plan_requests WHERE model_fingerprint = ? AND gpu = ? AND gpu_count = ? AND "
-            "target_batch = ? AND seq_len = ? AND constraints_hash = ? AND status != ? "
-            "ORDER BY CASE WHEN status = ? THEN 0 ELSE 1 END, created_at DESC, id DESC LIMIT 1"
-        )
-        args = (request.model_fingerprint, request.gpu, request.gpu_count, request.target_batch, request.seq_len,
-                codec.constraints_hash(request.constraints), str(PlanStatus.MEASURED), str(PlanStatus.VERIFIED))
-        self.expire_stale_verifications()
-
-        def work(conn: sqlite3.Connection) -> StoredPlan | None:
-            found = conn.execute(query, args).fetchone()
-            return None if found is None else _load_plan(conn, found[0])
-
-        return self._guarded(work, write=False)
-
-    def find_verified(self, *, request: PlanRequest) -> StoredPlan | None:
-        """As ``Store.find_verified``."""
-        found = self.find_same_request(request=request)
-        return found if found is not None and found.verified else None
-
+    # ---- writing ---------------------------------------------------------------------------
     def save_plan(self, *, result: PlanResult, status: PlanStatus = PlanStatus.PLANNED, ray_job_id: str | None = None) -> str:
         """As ``Store.save_plan``: the request and every candidate in one transaction; the rows
         are built before it begins, so one that cannot be stored leaves nothing behind."""
@@ -230,17 +206,154 @@ class LiteStore:
 
         return self._guarded(work, write=True)
 
-    def expire_stale_verifications(self) -> int:
-        """As ``Store.expire_stale_verifications``; the rare plan to expire (its verifying driver
-        died) is written by the SQLAlchemy store."""
-        now = _encode("lease_until", codec.utcnow())
-        query = "SELECT id FROM plan_requests WHERE status = ? AND lease_until < ? LIMIT 1"
-        if self._guarded(lambda c: c.execute(query, (str(PlanStatus.VERIFYING), now)).fetchone(), write=False) is None:
-            return 0
-        from planner.store.api import open_store
+    def record_measurement(self, *, candidate_id: str, measurement: Measurement) -> str:
+        """As ``Store.record_measurement``."""
 
-        with open_store(url=self.url) as store:
-            return store.expire_stale_verifications()
+        def work(conn: sqlite3.Connection) -> str:
+            full_id = self._resolve(conn, CANDIDATES[0], candidate_id, what="candidate")
+            values = codec.measurement_values(candidate_id=full_id, measurement=measurement)
+            _insert(conn, MEASUREMENTS[0], values)
+            return values["id"]
+
+        return self._guarded(work, write=True)
+
+    def record_single_measurement(self, *, request: PlanRequest, candidate: Candidate,
+                                  measurement: Measurement) -> tuple[str, str]:
+        """As ``Store.record_single_measurement``."""
+        plan_id = codec.new_id()
+        plan = codec.request_values(plan_id=plan_id, request=request, status=PlanStatus.MEASURED, result=None,
+                                    ray_job_id=None)
+        one = codec.candidate_values(plan_id=plan_id, position=0, candidate=candidate)
+        run = codec.measurement_values(candidate_id=one["id"], measurement=measurement)
+
+        def work(conn: sqlite3.Connection) -> tuple[str, str]:
+            _insert(conn, REQUESTS[0], plan)
+            _insert(conn, CANDIDATES[0], one)
+            _insert(conn, MEASUREMENTS[0], run)
+            return plan_id, one["id"]
+
+        return self._guarded(work, write=True)
+
+    def set_status(self, *, plan_id: str, status: PlanStatus | str, reason: str | None = None,
+                   ray_job_id: str | None = None, lease_s: float | None = None) -> None:
+        """As ``Store.set_status`` (the same move check and lease, ``codec.status_values``)."""
+        status = parse_status(status) if isinstance(status, str) else status
+
+        def work(conn: sqlite3.Connection) -> None:
+            full_id = self._resolve(conn, REQUESTS[0], plan_id, what="plan")
+            current = conn.execute("SELECT status FROM plan_requests WHERE id = ?", (full_id,)).fetchone()[0]
+            values = codec.status_values(plan_id=full_id, current=PlanStatus(current), status=status, reason=reason,
+                                         ray_job_id=ray_job_id, lease_s=lease_s, now=codec.utcnow())
+            _update(conn, REQUESTS[0], full_id, values)
+
+        self._guarded(work, write=True)
+
+    def renew_lease(self, *, plan_id: str, lease_s: float) -> None:
+        """As ``Store.renew_lease``: only a plan still ``verifying``."""
+
+        def work(conn: sqlite3.Connection) -> None:
+            full_id = self._resolve(conn, REQUESTS[0], plan_id, what="plan")
+            until = _encode("lease_until", codec.utcnow() + timedelta(seconds=lease_s))
+            conn.execute("UPDATE plan_requests SET lease_until = ? WHERE id = ? AND status = ?",
+                         (until, full_id, str(PlanStatus.VERIFYING)))
+
+        self._guarded(work, write=True)
+
+    def expire_stale_verifications(self) -> int:
+        """As ``Store.expire_stale_verifications``: one cheap look first, the write only when a
+        plan's lease ran out (its verifying driver died)."""
+        now = codec.utcnow()
+        stale = "FROM plan_requests WHERE status = ? AND lease_until < ?"
+        args = (str(PlanStatus.VERIFYING), _encode("lease_until", now))
+        if self._guarded(lambda c: c.execute(f"SELECT id {stale} LIMIT 1", args).fetchone(), write=False) is None:
+            return 0
+
+        def work(conn: sqlite3.Connection) -> int:
+            rows = conn.execute(f"SELECT id, lease_until {stale}", args).fetchall()
+            for plan_id, lease_until in rows:
+                _update(conn, REQUESTS[0], plan_id,
+                        codec.expired_values(lease_until=_decode("lease_until", lease_until), now=now))
+            return len(rows)
+
+        return self._guarded(work, write=True)
+
+    # ---- reading ---------------------------------------------------------------------------
+    def get_plan(self, *, plan_id: str) -> StoredPlan:
+        """As ``Store.get_plan``."""
+        self.expire_stale_verifications()
+        return self._guarded(lambda c: _load_plan(c, self._resolve(c, REQUESTS[0], plan_id, what="plan")), write=False)
+
+    def find_same_request(self, *, request: PlanRequest) -> StoredPlan | None:
+        """As ``Store.find_same_request``: the newest verified plan of the same request
+        (``PlanRequest.identity()``), else the newest; never a ``planner measure`` record."""
+        identity = request.identity()
+        query = (
+            "SELECT id FROM plan_requests WHERE " + " AND ".join(f"{column} = ?" for column in identity)
+            + " AND status != ? ORDER BY CASE WHEN status = ? THEN 0 ELSE 1 END, created_at DESC, id DESC LIMIT 1"
+        )
+        args = (*identity.values(), str(PlanStatus.MEASURED), str(PlanStatus.VERIFIED))
+        self.expire_stale_verifications()
+
+        def work(conn: sqlite3.Connection) -> StoredPlan | None:
+            found = conn.execute(query, args).fetchone()
+            return None if found is None else _load_plan(conn, found[0])
+
+        return self._guarded(work, write=False)
+
+    def find_verified(self, *, request: PlanRequest) -> StoredPlan | None:
+        """As ``Store.find_verified``."""
+        found = self.find_same_request(request=request)
+        return found if found is not None and found.verified else None
+
+    def history(self, *, model: str | None = None, gpu: str | None = None, status: PlanStatus | str | None = None,
+                since: datetime | None = None, limit: int = 20, offset: int = 0,
+                after: HistoryCursor | None = None) -> list[PlanSummary]:
+        """As ``Store.history``, in the statement SQLAlchemy makes of it on SQLite: the page cut
+        in a subquery, and each row's rank-1 label, candidate and run counts over that page only."""
+        codec.check_page(limit=limit, offset=offset)
+        where, args = [], []
+        if model:  # SQLAlchemy's icontains(autoescape=True): lower() LIKE, '/' escaping % _ and /
+            escaped = model.replace("/", "//").replace("%", "/%").replace("_", "/_")
+            where.append("lower(model_id) LIKE '%' || lower(?) || '%' ESCAPE '/'")
+            args.append(escaped)
+        if gpu:
+            where.append("lower(gpu) = ?")
+            args.append(gpu.lower())
+        if status is not None:
+            where.append("status = ?")
+            args.append(str(parse_status(status) if isinstance(status, str) else status))
+        if since is not None:
+            where.append("created_at >= ?")
+            args.append(_encode("created_at", since))
+        if after is not None:
+            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            at = _encode("created_at", after.created_at)
+            args += [at, at, after.id]
+        query = (
+            "SELECT p.id, p.created_at, p.status, p.model_id, p.gpu, p.gpu_count, p.target_batch, p.seq_len, "
+            "(SELECT c.label FROM plan_candidates c WHERE c.plan_id = p.id AND c.rank = 1 LIMIT 1) AS top, "
+            "(SELECT count(*) FROM plan_candidates c WHERE c.plan_id = p.id) AS n_candidates, "
+            "(SELECT count(*) FROM plan_measurements m JOIN plan_candidates c ON m.candidate_id = c.id "
+            "WHERE c.plan_id = p.id) AS n_runs "
+            "FROM (SELECT id, created_at, status, model_id, gpu, gpu_count, target_batch, seq_len FROM plan_requests"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?) AS p ORDER BY p.created_at DESC, p.id DESC"
+        )
+        names = ("id", "created_at", "status", "model_id", "gpu", "gpu_count", "target_batch", "seq_len", "top",
+                 "n_candidates", "n_runs")
+        self.expire_stale_verifications()
+        rows = self._guarded(lambda c: c.execute(query, (*args, limit, offset)).fetchall(), write=False)
+        return [codec.summary_entity(_row(names, row)) for row in rows]
+
+    def count_plans(self) -> int:
+        """As ``Store.count_plans``."""
+        return self._guarded(lambda c: c.execute("SELECT count(*) FROM plan_requests").fetchone()[0], write=False)
+
+    def active_calibration(self, *, gpu: str) -> "Calibration | None":
+        """As ``Store.active_calibration``."""
+        query = _select(CALIBRATIONS, "WHERE gpu = ? AND active = 1 ORDER BY id DESC LIMIT 1")
+        found = self._guarded(lambda c: c.execute(query, (gpu,)).fetchone(), write=False)
+        return None if found is None else codec.calibration_entity(_row(CALIBRATIONS[1], found))
 
     def close(self) -> None:
         """Nothing to release: each transaction opens and closes its own connection."""
@@ -262,6 +375,11 @@ def _insert(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> Non
                  [_encode(c, values[c]) for c in columns])
 
 
+def _update(conn: sqlite3.Connection, table: str, row_id: str, values: dict[str, Any]) -> None:
+    settings = ", ".join(f"{column} = ?" for column in values)
+    conn.execute(f"UPDATE {table} SET {settings} WHERE id = ?", [*(_encode(c, v) for c, v in values.items()), row_id])
+
+
 def _load_plan(conn: sqlite3.Connection, plan_id: str) -> StoredPlan:
     """The plan with its candidates (by position) and their measurements (by time, then id), as
     ``Store._load_plan`` loads them."""
@@ -278,20 +396,4 @@ def _load_plan(conn: sqlite3.Connection, plan_id: str) -> StoredPlan:
     return codec.plan_entity(plan, candidates)
 
 
-def open_for_command(*, url: str | None = None, create: bool = True) -> "LiteStore | Store":
-    """The store a one-shot planning command asks: the lite store on an SQLite file at head, else
-    ``open_store(url=url, create=create)``. With ``create=False`` a missing SQLite file raises
-    ``DatabaseMissingError`` (and is not created)."""
-    url = url or default_database_url()
-    lite = LiteStore.open(url)
-    if lite is not None:
-        return lite
-    path = sqlite_path(url)
-    if not create and path is not None and not os.path.exists(path):
-        raise missing_database(url)
-    from planner.store.api import open_store
-
-    return open_store(url=url, create=create)
-
-
-__all__ = ["LiteStore", "open_for_command", "sqlite_path"]
+__all__ = ["LiteStore", "sqlite_path"]

@@ -2,8 +2,9 @@
 
 * ``verify_plan`` runs a stored plan's candidates on Ray (embedded, or a cluster) and stores each
   run, moving the plan planned -> verifying -> verified / failed (``planner.verify.driver``);
-* ``submit_verification`` sends a planning run to a cluster as a Ray job and ``jobs`` wraps Ray's
-  ``JobSubmissionClient`` (``planner.verify.jobs``);
+* ``submit_plan`` stores a plan and sends its verification to a cluster as a Ray job, which
+  verifies the stored plan by its id; ``jobs`` wraps Ray's ``JobSubmissionClient``
+  (``planner.verify.jobs``); ``planner.usecases`` is what calls them;
 * ``planner.verify.accelerators`` maps the catalog's GPUs to Ray accelerator types.
 
 Ray is imported only inside the functions that need it.
@@ -19,8 +20,9 @@ _EXPORTS = {
     "VerificationReport": "planner.verify.driver",
     "VerifyOptions": "planner.verify.driver",
     "verify_plan": "planner.verify.driver",
+    "JobRequest": "planner.verify.jobs",
     "Submission": "planner.verify.jobs",
-    "submit_verification": "planner.verify.jobs",
+    "submit_plan": "planner.verify.jobs",
 }
 
 

@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from planner.errors import InvalidConfigError
+from planner.errors import InvalidConfigError, StatusTransitionError
 from planner.results import Measurement, RunOutcome
 from planner.store.entities import PlanStatus
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.gpus import GPUSpec
-    from planner.store import Store, StoredCandidate, StoredPlan
+    from planner.store import PlanStore, StoredCandidate, StoredPlan
 
 #: seconds between looks at the runs (and chances to redraw the progress display)
 POLL_S = 0.5
@@ -158,7 +158,7 @@ class _Runs:
     """The mutable state of one verification: what runs, what is queued, what ended."""
 
     def __init__(self, *, plan: "StoredPlan", gpu: "GPUSpec", model_config: Mapping[str, Any],
-                 options: VerifyOptions, store: "Store") -> None:
+                 options: VerifyOptions, store: "PlanStore") -> None:
         from planner.verify.runs import new_board
 
         self.plan, self.gpu, self.model_config, self.options, self.store = plan, gpu, dict(model_config), options, store
@@ -276,7 +276,7 @@ def _verdict(reports: tuple[RunReport, ...], *, top: int) -> tuple[PlanStatus, s
     return PlanStatus.VERIFIED, reason, best.position
 
 
-def verify_plan(*, store: "Store", plan_id: str, gpu: "GPUSpec", model_config: Mapping[str, Any],
+def verify_plan(*, store: "PlanStore", plan_id: str, gpu: "GPUSpec", model_config: Mapping[str, Any],
                 options: VerifyOptions = VerifyOptions(), on_progress: ProgressFn | None = None) -> VerificationReport:
     """Verify the stored plan ``plan_id`` (its candidates that fit, in rank order) with real runs.
 
@@ -294,8 +294,11 @@ def verify_plan(*, store: "Store", plan_id: str, gpu: "GPUSpec", model_config: M
         try:
             _drive(runs, on_progress=on_progress)
         except BaseException as exc:  # interrupted or broken: the plan must not stay verifying
-            store.set_status(plan_id=plan.id, status=PlanStatus.FAILED,
-                             reason=f"verification stopped unfinished: {type(exc).__name__} {exc}".strip())
+            try:
+                store.set_status(plan_id=plan.id, status=PlanStatus.FAILED,
+                                 reason=f"verification stopped unfinished: {type(exc).__name__} {exc}".strip())
+            except StatusTransitionError:
+                pass  # a reader found its lease run out and marked it failed already: it stays so
             raise
     reports = runs.snapshot()
     status, reason, answer = _verdict(reports, top=options.top)

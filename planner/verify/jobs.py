@@ -1,9 +1,11 @@
-"""Planning runs as Ray jobs: ``planner submit`` and ``planner jobs``, over Ray's
+"""Verification runs as Ray jobs: ``planner submit`` and ``planner jobs``, over Ray's
 ``JobSubmissionClient`` (the dashboard's job API, ``http://HEAD:8265``).
 
-A submitted job's entrypoint is ``planner suggest <the request> --verify --plan-id ID``: the plan
-is made and stored here first (so bad input fails here, before anything is sent, and the plan id
-is known at once), and the job's driver verifies that stored plan on the cluster. ``ray job
+A submitted job verifies a STORED plan: the plan is made and stored here first
+(``planner.usecases.plan_request``: bad input fails here, before anything is sent, and the plan id
+is known at once), and the job's entrypoint is ``planner jobs verify PLAN_ID --model MODEL …``:
+its driver loads the plan's candidates from the store and verifies them
+(``planner.usecases.verify_stored_plan``); nothing is planned again on the cluster. ``ray job
 submit --address … -- planner suggest … --verify`` by hand works too: the driver then plans and
 stores the plan itself, with the job id (``planner.verify.driver.current_job_id``).
 
@@ -36,15 +38,17 @@ import shlex
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.errors import ClusterUnavailableError, JobNotFoundError, StoreError
+from planner.errors import ClusterUnavailableError, JobNotFoundError, StatusTransitionError, StoreError
 from planner.store.deadlines import TIMEOUT_ENVS
+from planner.verify.driver import VerifyOptions
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.planning import SuggestRequest
+    from planner.results import PlanResult
+    from planner.store import PlanStore
 
 #: The job API's address when neither --address nor RAY_ADDRESS (an http one) gives it
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -54,7 +58,7 @@ PLAN_ID_KEY = "planner_plan_id"
 
 @dataclass(frozen=True, kw_only=True)
 class Submission:
-    """What ``submit_verification`` sent."""
+    """What ``submit_plan`` sent."""
 
     plan_id: str
     job_id: str
@@ -114,7 +118,7 @@ def _call(what: str, job_id: str, fn: Any, *args: Any) -> Any:
         raise ClusterUnavailableError(f"cannot {what} job {job_id}: {text.strip().splitlines()[0][:300]}") from None
 
 
-def _model_argument(request: "SuggestRequest", *, local_files: bool) -> tuple[str, str | None]:
+def _model_argument(model: str, *, local_files: bool) -> tuple[str, str | None]:
     """(the --model to send, a folder to upload as the job's working_dir). A catalog id is sent
     as is, whatever this disk holds under that name (``resolve_model`` takes the catalog first, so
     the cluster plans the model planned here); a config.json on this disk travels with the job (the
@@ -124,16 +128,16 @@ def _model_argument(request: "SuggestRequest", *, local_files: bool) -> tuple[st
     from planner.errors import UnknownModelError
 
     try:
-        catalog_source(request.model)
-        return request.model, None
+        catalog_source(model)
+        return model, None
     except UnknownModelError:
         if not local_files:
-            raise UnknownModelError(f"model {request.model!r} is not a catalog id (GET /v1/models lists them): "
+            raise UnknownModelError(f"model {model!r} is not a catalog id (GET /v1/models lists them): "
                                     "a verification job resolves the model by its catalog id") from None
-    path = Path(request.model).expanduser()
+    path = Path(model).expanduser()
     config = path / "config.json" if path.is_dir() else path
     if not config.is_file():
-        return request.model, None  # a catalog id or an HF cache id: resolved on the cluster
+        return model, None  # a catalog id or an HF cache id: resolved on the cluster
     folder = tempfile.mkdtemp(prefix="planner-job-")
     shutil.copyfile(config, Path(folder) / "config.json")
     return "config.json", folder
@@ -172,45 +176,62 @@ def submission_env(*, database_env: dict[str, str] | None = None) -> dict[str, s
     return env
 
 
-def submit_verification(*, request: "SuggestRequest", address: str, database_url: str | None = None,
-                        database_url_file: str | None = None, local_files: bool = True, verify_top: int = 3,
-                        steps: int = 3, run_timeout_s: float = 900.0) -> Submission:
-    """Plan ``request`` here, store it, and submit its verification as a Ray job. Bad input and
-    "nothing fits" raise here; an unreachable job API and a database the job could only be told
-    by its password raise before anything is stored.
+@dataclass(frozen=True, kw_only=True)
+class JobRequest:
+    """Where and how a stored plan's verification job runs (``planner submit``, ``"verify": true``)."""
 
-    ``database_url`` is where the plan is stored here (default: ``default_database_url()``);
-    ``database_url_file`` the path, on the head, of a file holding that URL, which the job is
-    given instead of it (default: ``$PLANNER_DATABASE_URL_FILE`` when ``database_url`` is not
-    given). ``local_files=False`` (the service) sends catalog ids only, never a file of this disk."""
-    from dataclasses import replace
+    address: str | None
+    """The job API (``job_address``: --address, else an http ``RAY_ADDRESS``, else the local default)."""
+    options: VerifyOptions = field(default_factory=VerifyOptions)
+    """Candidates to verify, steps and timeout of each run (validated when made)."""
+    database_url: str | None = None
+    """The store the plan is written to here (default: ``default_database_url()``)."""
+    database_url_file: str | None = None
+    """The path, on the head, of a file holding that URL, which the job is given instead of it
+    (default: ``$PLANNER_DATABASE_URL_FILE`` when ``database_url`` is not given)."""
+    local_files: bool = True
+    """False (the service): only catalog ids are sent, never a file of this disk."""
 
-    from planner.planning import make_plan
-    from planner.store import PlanStatus, default_database_url, open_store
+
+@dataclass(frozen=True, kw_only=True)
+class JobReference:
+    """How the job's driver finds the database (``job_database``), checked before anything is stored."""
+
+    url: str
+    args: tuple[str, ...]
+    env: dict[str, str]
+
+
+def job_reference(job: JobRequest) -> JobReference:
+    """The job's database reference; ``StoreError`` for a URL with a password and no file."""
+    from planner.store import default_database_url
     from planner.store.engine import DATABASE_URL_FILE_ENV
-    from planner.verify.driver import VerifyOptions
 
-    VerifyOptions(top=verify_top, steps=steps, timeout_s=run_timeout_s)  # validate before anything runs
-    if database_url is None and database_url_file is None:
-        database_url_file = os.environ.get(DATABASE_URL_FILE_ENV, "").strip() or None
-    url = database_url or default_database_url()
-    db_args, db_env = job_database(url, url_file=database_url_file)
-    address = job_address(address)
-    from planner.calibration.lookup import active_calibration
+    url_file = job.database_url_file
+    if job.database_url is None and url_file is None:
+        url_file = os.environ.get(DATABASE_URL_FILE_ENV, "").strip() or None
+    url = job.database_url or default_database_url()
+    args, env = job_database(url, url_file=url_file)
+    return JobReference(url=url, args=tuple(args), env=env)
 
-    planned = make_plan(request, calibration=active_calibration(request.gpu, db=url)[0])
-    # what this machine defaulted (host RAM for offload; the cpu profile's memory) is pinned, so
-    # the job's driver, on another machine, makes the very same request
-    request = replace(request, cpu_mem_bytes=planned.host_bytes,
-                      gpu_mem_bytes=planned.device.memory_bytes if planned.device.is_cpu else request.gpu_mem_bytes)
+
+def submit_plan(job: JobRequest, *, reference: JobReference, store: "PlanStore", result: "PlanResult",
+                model: str) -> Submission:
+    """Store ``result`` in ``store`` (the database ``reference`` names) and submit its
+    verification as a Ray job whose driver verifies that stored plan by its id
+    (``planner jobs verify``). An unreachable job API raises before anything is stored; a
+    submission the API refuses leaves the plan ``failed`` with why. ``model``: as the request
+    named it (a catalog id is sent as is, a config.json on this disk travels with the job)."""
+    address = job_address(job.address)
     client = job_client(address)
-    model_arg, working_dir = _model_argument(request, local_files=local_files)
-    args = ["planner", "suggest", *replace(request, model=model_arg).to_cli_args(), "--verify", "--verify-top",
-            str(verify_top), "--steps", str(steps), "--run-timeout", f"{run_timeout_s:g}", *db_args]
-    with open_store(url=url) as store:
-        plan_id = store.save_plan(result=planned.result)
-        entrypoint = shlex.join([*args, "--plan-id", plan_id])
-        runtime_env: dict[str, Any] = {"env_vars": submission_env(database_env=db_env)}
+    model_arg, working_dir = _model_argument(model, local_files=job.local_files)
+    options = job.options
+    try:
+        plan_id = store.save_plan(result=result)
+        entrypoint = shlex.join([
+            "planner", "jobs", "verify", plan_id, "--model", model_arg, "--verify-top", str(options.top),
+            "--steps", str(options.steps), "--run-timeout", f"{options.timeout_s:g}", *reference.args])
+        runtime_env: dict[str, Any] = {"env_vars": submission_env(database_env=reference.env)}
         if working_dir:
             runtime_env["working_dir"] = working_dir
         try:
@@ -218,13 +239,16 @@ def submit_verification(*, request: "SuggestRequest", address: str, database_url
                 entrypoint=entrypoint, runtime_env=runtime_env, metadata={PLAN_ID_KEY: plan_id},
                 submission_id=f"planner-{plan_id[:12]}-{uuid.uuid4().hex[:6]}"))
         except ClusterUnavailableError as exc:
-            store.set_status(plan_id=plan_id, status=PlanStatus.FAILED, reason=f"not submitted: {exc}")
+            store.set_status(plan_id=plan_id, status="failed", reason=f"not submitted: {exc}")
             raise
-        finally:
-            if working_dir:
-                shutil.rmtree(working_dir, ignore_errors=True)
-        store.set_status(plan_id=plan_id, status=PlanStatus.PLANNED, ray_job_id=job_id,
+    finally:
+        if working_dir:
+            shutil.rmtree(working_dir, ignore_errors=True)
+    try:
+        store.set_status(plan_id=plan_id, status="planned", ray_job_id=job_id,
                          reason=f"submitted as Ray job {job_id} to {address}")
+    except StatusTransitionError:
+        pass  # the job's driver got there first (verifying, or done): it noted its job id itself
     return Submission(plan_id=plan_id, job_id=job_id, address=address, entrypoint=entrypoint)
 
 
@@ -264,5 +288,6 @@ def wait_for_job(*, address: str, job_id: str, timeout_s: float, poll_s: float =
         time.sleep(poll_s)
 
 
-__all__ = ["DEFAULT_ADDRESS", "FORWARDED_ENV", "PLAN_ID_KEY", "Submission", "job_address", "job_client", "job_database", "job_info", "job_logs",
-           "list_jobs", "stop_job", "submission_env", "submit_verification", "wait_for_job"]
+__all__ = ["DEFAULT_ADDRESS", "FORWARDED_ENV", "PLAN_ID_KEY", "JobReference", "JobRequest", "Submission", "job_address",
+           "job_client", "job_database", "job_info", "job_logs", "job_reference", "list_jobs", "stop_job",
+           "submission_env", "submit_plan", "wait_for_job"]

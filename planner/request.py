@@ -1,0 +1,258 @@
+"""The request's fields, declared once: what a user sets when asking for an estimate or a plan.
+
+Each ``RequestField`` says its name (``TrainConfig``'s, the API body's, the Python API's keyword),
+its plain type and default, its bounds as the command line and the body state them, the help text,
+the command-line flag, and how the search's memo keys hold it (``planner/search.py``
+``_static_key``/``_batch_key``: a field the memory terms read must be in one, or two
+configurations that differ in it would share a wrong prediction). From this table are derived:
+the options of ``planner estimate``, ``measure``, ``suggest`` and ``submit`` (``planner.cli.plan``),
+the API bodies (``planner.service.schemas``), ``SuggestRequest``'s and ``SearchSpace``'s recipe
+fields (``with_recipe_fields``), ``planner.estimation.CONFIG_OPTIONS`` and the memo keys.
+Adding a recipe setting is one entry here, its ``TrainConfig`` field, the memory term that reads it,
+the worker that applies it and the emitted setting that writes it.
+
+Foundation layer: plain data, no torch, no typer, no pydantic (the surfaces build their own
+objects from it).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+#: how the search's memo keys hold a ``TrainConfig`` field (``RequestField.memo``)
+STATIC = "static"
+"""In ``_static_key`` as it is: the batch-independent terms (``memory.states.static_terms``) read it."""
+BATCH = "batch"
+"""In ``_batch_key`` as it is: the per-micro-batch terms (``memory.step.batch_line``) read it."""
+DERIVED = "derived"
+"""Read through what it decides, which the keys hold instead: the precision as the dtype mode
+(``memory.dtypes.mode_of``) and the stored weight's bytes, the sharding as ``Sharding.memory_key``."""
+SPLIT = "split"
+"""The split the screen varies (micro-batch x accumulation): the keys leave it out on purpose, the
+batch lines are affine in the micro-batch and the static parts are kept per accumulating or not."""
+FIXED = "fixed"
+"""Not varied by the search (it keeps the field's default), so no key needs it."""
+OPTION = "option"
+"""Not a ``TrainConfig`` field: an option that makes one (``--zero``/``--offload`` make the sharding)."""
+
+_MEMO = frozenset({STATIC, BATCH, DERIVED, SPLIT, FIXED, OPTION})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestField:
+    """One field of a request, as every surface spells it."""
+
+    name: str
+    """``TrainConfig``'s field, the body's key and the Python API's keyword."""
+    type: type
+    """The plain value on the command line and in the body: bool, int, float or str."""
+    default: Any
+    """The value when not given (None: an optional field whose absence means "decide for me")."""
+    help: str
+    """What it means, said once for the command line's ``--help`` and the API's schema."""
+    flag: str | None
+    """The command-line option ("--name", or "--name/--no-name" for a switch); None: no option."""
+    memo: tuple[str, ...]
+    """How the search's memo keys hold it (``STATIC``, ``BATCH``, ``DERIVED``, ``SPLIT``, ``FIXED``,
+    ``OPTION``): a field read by a memory term must be ``STATIC`` or ``BATCH`` or ``DERIVED``
+    (``tests/test_request_fields.py`` checks each against ``estimate_memory``)."""
+    terms: str = ""
+    """The memory terms that read it (where a ``STATIC`` or ``BATCH`` field is read)."""
+    upper: int | None = None
+    """A count's sanity bound (``TrainConfig`` refuses more): far above any real run, low enough that
+    every derived byte count fits the store's 64-bit integers."""
+    max_length: int | None = None
+    """The longest text the API takes (a str field)."""
+    short: str | None = None
+    """The option's one-letter spelling ("-b"), if it has one."""
+    recipe: bool = False
+    """A recipe setting: fixed by the user and given to every candidate of a search."""
+    adapters_only: bool = False
+    """Only LoRA/QLoRA take it (the search gives full fine-tuning the default)."""
+    estimate: bool = True
+    """An option of ``planner estimate``/``measure`` after the model and device options (and a key
+    of ``POST /v1/estimate``)."""
+    build: bool = True
+    """A keyword of ``planner.estimation.build_config`` (``CONFIG_OPTIONS``; the sequence length is
+    given apart, the sharding as ``zero`` and ``offload``)."""
+
+    def __post_init__(self) -> None:
+        assert set(self.memo) <= _MEMO and self.memo, (self.name, self.memo)
+
+    @property
+    def optional(self) -> bool:
+        return self.default is None
+
+
+def _field(name: str, type_: type, default: Any, help: str, *, memo: tuple[str, ...], flag: str | None = "",
+           **more: Any) -> RequestField:
+    """A field whose flag is its name with dashes (a bool one a --x/--no-x switch) unless ``flag``."""
+    if flag == "":
+        dashed = "--" + name.replace("_", "-")
+        flag = f"{dashed}/--no-{dashed[2:]}" if type_ is bool else dashed
+    return RequestField(name=name, type=type_, default=default, help=help, flag=flag, memo=memo, **more)
+
+
+# The order is ``planner estimate``'s (its --help lists them so): the model and device options
+# come first in each command, then these.
+_FIELDS = (
+    _field("method", str, "full", "full|lora|qlora", memo=(STATIC, BATCH), max_length=32,
+           terms="what is trained and stored (memory/parameters.py, memory/states.py) and the activations"),
+    _field("precision", str, None, "fp32|fp16-mixed|bf16-mixed|fp16|bf16 (default: bf16-mixed, or fp16-mixed where the "
+           "GPU has no bf16; lora: bf16, or fp16, a 16-bit frozen base with fp32 adapters).", memo=(DERIVED,),
+           max_length=32),
+    # the help is the registry's names (planner.optim.names), filled in by the surfaces
+    _field("optimizer", str, "adamw", "", memo=(STATIC,), max_length=32,
+           terms="the optimizer's states and step temporaries (planner.optim, memory/states.py)"),
+    _field("micro_batch", int, 1, "Sequences per forward/backward on one device.", memo=(SPLIT,), upper=1 << 20),
+    _field("seq_len", int, None, "Tokens per sequence (default: min(2048, the model's maximum)).", memo=(BATCH,),
+           build=False, upper=1 << 24, terms="every activation (memory/activations.py, memory/step.py)"),
+    _field("grad_accum", int, 1, "Micro-steps per optimizer step.", memo=(SPLIT,), upper=1 << 20),
+    _field("gpus", int, 1, "Data-parallel devices.", memo=(STATIC,), estimate=False, upper=1 << 16,
+           terms="the sharded model states and the collectives' buffers (planner.sharding, memory/states.py)"),
+    _field("grad_ckpt", bool, False, "Gradient checkpointing.", memo=(BATCH,),
+           terms="what each layer saves for backward (memory/activations.py, memory/step.py)"),
+    _field("attention", str, "sdpa", "sdpa|eager|flash", memo=(BATCH,), max_length=32,
+           terms="the attention's saved tensors and workspaces (memory/attention.py)"),
+    _field("lora_r", int, None, "LoRA rank (default: 16 for lora/qlora).", memo=(STATIC, BATCH), adapters_only=True,
+           upper=1 << 16, terms="the adapters' parameters and states (memory/parameters.py) and activations"),
+    _field("lora_targets", str, None, "all-linear or a comma list of module names (default: all-linear).",
+           memo=(STATIC, BATCH), max_length=1000, adapters_only=True,
+           terms="which linears carry adapters (memory/parameters.py) and what they save"),
+    _field("zero", int, 0, "DeepSpeed ZeRO stage 0|1|2|3.", memo=(OPTION,)),
+    _field("offload", str, "none", "none|optimizer|optimizer+params (DeepSpeed CPU offload).", memo=(OPTION,),
+           max_length=32),
+    _field("alloc_conf", str, None, "PyTorch CUDA caching allocator settings as PYTORCH_CUDA_ALLOC_CONF takes them, "
+           "e.g. max_split_size_mb:128,expandable_segments:True.", memo=(FIXED,), max_length=500),
+    _field("lora_dropout", float, 0.0, "PEFT's lora_dropout for lora/qlora (recipes use 0.05-0.1; 0: no dropout).",
+           memo=(BATCH,), recipe=True, adapters_only=True,
+           terms="each adapter's dropout mask and dropped input (memory/activations.py lora/dropout, memory/shapes.py)"),
+    _field("loop", str, "trainer", "trainer|manual: the HF Trainer (the logits die at the loss) or a hand-written "
+           "loop `outputs = model(**batch); outputs.loss.backward()` (outputs live through backward).",
+           memo=(BATCH,), max_length=32, recipe=True,
+           terms="the outputs a hand-written loop keeps (memory/step.py loop/manual_outputs)"),
+    _field("fused_ce", bool, False, "A fused linear cross-entropy (Liger's): the logits are never materialised.",
+           memo=(BATCH,), recipe=True, terms="the logits and the loss (memory/activations.py, memory/timeline.py)"),
+    _field("packing", bool, True, "Sequences packed to --seq-len (default), or padded to the longest in the batch.",
+           memo=(BATCH,), recipe=True, terms="the attention mask (memory/attention.py)"),
+    _field("use_cache", bool, False, "transformers' use_cache in the training forward (a KV cache; the HF Trainer "
+           "turns it off, so does --grad-ckpt).", memo=(BATCH,), recipe=True,
+           terms="the KV cache (memory/activations.py kv_cache_block_bytes)"),
+    # TrainConfig's own: made from --zero and --offload (their memory terms read it as Sharding.memory_key)
+    _field("sharding", str, "none", "The sharding scheme (planner.sharding).", memo=(DERIVED,), flag=None,
+           estimate=False, build=False),
+)
+
+#: The default of a field a request must give.
+REQUIRED: Any = ...
+
+#: What a search is asked besides the recipe (``planner suggest``/``submit``, ``POST /v1/plans``),
+#: in ``planner suggest``'s order: its method and precision may be "auto" (every method; the
+#: device's precisions).
+SEARCH: Mapping[str, RequestField] = {f.name: f for f in (
+    _field("target_batch", int, REQUIRED, "Global batch: micro x accumulation x GPUs.", memo=(OPTION,), short="-b"),
+    _field("method", str, "auto", "auto|full|lora|qlora", memo=(OPTION,), max_length=32),
+    _field("precision", str, "auto", "auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16", memo=(OPTION,), max_length=32),
+    _field("top_k", int, 5, "Plans to show (and the pool verification falls back on).", memo=(OPTION,), short="-k"),
+    _field("prefer", str, "fidelity", "Ranking policy: fidelity (full > LoRA > QLoRA > pure-16-bit full, then speed) | "
+           "speed (fastest first). The other policy's first plan is shown under the table.", memo=(OPTION,),
+           max_length=32),
+)}
+
+FIELDS: Mapping[str, RequestField] = {f.name: f for f in _FIELDS}
+"""Every field by name, in ``planner estimate``'s order."""
+
+RECIPE: tuple[RequestField, ...] = tuple(f for f in _FIELDS if f.recipe)
+"""The recipe settings: the knobs a search keeps fixed (``SuggestRequest``, ``SearchSpace``,
+``POST /v1/plans`` and ``planner suggest``/``submit`` take them)."""
+
+ESTIMATE: tuple[RequestField, ...] = tuple(f for f in _FIELDS if f.estimate)
+"""``planner estimate``'s and ``measure``'s options after the model and device, in their order."""
+
+CONFIG_OPTIONS: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.build)
+"""The options ``planner.estimation.build_config`` takes (``TrainConfig``'s fields, the sharding as
+``zero`` and ``offload``)."""
+
+#: The fields the memo keys end with, in this order: the search groups its knobs by the key less
+#: them (``_Knobs.static_prefix``/``batch_prefix``), one group per adapter variant and checkpointing.
+MEMO_TAIL = ("lora_r", "lora_targets", "grad_ckpt")
+
+
+def memo_fields(key: str) -> tuple[str, ...]:
+    """The fields ``key`` (``STATIC`` or ``BATCH``) holds as they are, those of ``MEMO_TAIL`` last."""
+    held = [f.name for f in _FIELDS if key in f.memo]
+    return tuple([n for n in held if n not in MEMO_TAIL] + [n for n in MEMO_TAIL if n in held])
+
+
+#: The fields only LoRA/QLoRA take (the adapter's), in the order ``planner check`` lists them.
+ADAPTER: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.adapters_only)
+
+
+def recipe_of(source: Any) -> dict[str, Any]:
+    """The recipe settings of a request, a body, a space or a configuration (read by name), as
+    plain values (an enum member as its value)."""
+    out = {}
+    for f in RECIPE:
+        value = getattr(source, f.name)
+        out[f.name] = value.value if isinstance(value, enum.Enum) else value
+    return out
+
+
+def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
+    """The recipe settings of ``values`` (a configuration's ``to_dict``) that differ from the HF
+    Trainer's defaults, in words; a setting the step ignores says so (use_cache under
+    checkpointing, or in an encoder, which has no KV cache: memory/activations.py
+    ``kv_cache_block_bytes``)."""
+    parts = []
+    if values.get("lora_dropout"):
+        parts.append(f"lora_dropout {values['lora_dropout']:g}")
+    if values.get("loop", "trainer") != "trainer":
+        parts.append(f"{values['loop']} loop (outputs kept through backward: loop/manual_outputs)")
+    if values.get("fused_ce"):
+        parts.append("fused linear cross-entropy")
+    if values.get("packing") is False:
+        parts.append("padded to the longest")
+    if values.get("use_cache"):
+        parts.append("use_cache" + (" (ignored: an encoder has no KV cache)" if encoder
+                                    else " (off under checkpointing)" if values.get("grad_ckpt") else ""))
+    return ", ".join(parts)
+
+
+def recipe_for(values: Mapping[str, Any], *, adapters: bool) -> dict[str, Any]:
+    """``values`` as a candidate takes them: those of LoRA/QLoRA only at their defaults without adapters."""
+    if adapters:
+        return dict(values)
+    return {name: FIELDS[name].default if FIELDS[name].adapters_only else value for name, value in values.items()}
+
+
+def changed(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``values`` that differ from their defaults."""
+    return {name: value for name, value in values.items() if value != FIELDS[name].default}
+
+
+def check_for_model(*, model_id: str, is_encoder: bool, values: Mapping[str, Any]) -> None:
+    """The recipe settings a model cannot take: a fused linear cross-entropy fuses a causal LM's
+    head and its loss, which a masked-LM encoder does not have."""
+    from planner.errors import InvalidConfigError
+
+    if values.get("fused_ce") and is_encoder:
+        raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {model_id} is a masked-LM encoder: "
+                                 "drop --fused-ce")
+
+
+def with_recipe_fields(cls: type) -> type:
+    """``cls`` with a field per recipe setting (its plain type and default, its help as docstring),
+    after its own: apply it under ``@dataclass``."""
+    annotations = dict(cls.__dict__.get("__annotations__", {}))
+    for f in RECIPE:
+        annotations[f.name] = f.type.__name__
+        setattr(cls, f.name, f.default)
+    cls.__annotations__ = annotations
+    return cls
+
+
+__all__ = ["ADAPTER", "BATCH", "CONFIG_OPTIONS", "REQUIRED", "SEARCH", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
+           "RequestField", "SPLIT", "STATIC", "changed", "check_for_model", "memo_fields", "recipe_for", "recipe_of", "recipe_words",
+           "with_recipe_fields"]
