@@ -85,7 +85,8 @@ class BatchPlan:
                    if lengths.estimated else f"counted with {lengths.counted_by}")
         return (f"dataset: {lengths.samples:,} samples, {lengths.tokens:,} tokens ({counted}); length p50 {lengths.p50:,}, "
                 f"p99 {lengths.p99:,}, longest {lengths.longest:,}; {how}{cut}; an epoch is "
-                f"{self.steps_per_epoch:,} optimizer steps, {self.tokens_per_epoch:,} tokens")
+                f"{self.steps_per_epoch:,} optimizer step{'s' if self.steps_per_epoch != 1 else ''}, "
+                f"{self.tokens_per_epoch:,} tokens")
 
 
 def plan_batches(lengths: TokenLengths, *, target_batch: int, packing: bool, seq_len: int | None,
@@ -324,4 +325,32 @@ def _saved_dataset(source: Path, field: str | None) -> Iterator[tuple[list, int,
         yield [_sample({column: r}, column, f"{source}") for r in rows], min(start + ENCODE_BATCH, total), total
 
 
-__all__ = ["BYTES_PER_TOKEN", "BatchPlan", "TokenLengths", "model_tokenizer", "plan_batches", "read_lengths"]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataPlan:
+    """What ``--dataset`` decided: the lengths read and the batch planned from them."""
+
+    lengths: TokenLengths
+    batches: BatchPlan
+
+    def describe(self) -> str:
+        return self.batches.describe(self.lengths)
+
+
+def plan_for_data(dataset: str, *, config_source: str, model_max: int, target_batch: int, packing: bool,
+                  seq_len: int | None, tokenizer: str | None = None, field: str | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> DataPlan | None:
+    """The longest batch of the data at ``dataset`` (``plan_batches``), or None when ``dataset`` is
+    no local file or folder (a datasets name that only the emitted train.py loads). ``tokenizer``:
+    given, else the model's own beside its config.json (``config_source``), else the byte estimate."""
+    if not Path(dataset).expanduser().exists():
+        return None
+    if tokenizer is None:
+        found = model_tokenizer(config_source) if config_source else None
+        tokenizer = str(found) if found is not None else None
+    lengths, histogram = read_lengths(dataset, tokenizer=tokenizer, field=field, progress=progress)
+    return DataPlan(lengths=lengths, batches=plan_batches(lengths, target_batch=target_batch, packing=packing,
+                                                          seq_len=seq_len, model_max=model_max, histogram=histogram))
+
+
+__all__ = ["BYTES_PER_TOKEN", "BatchPlan", "DataPlan", "TokenLengths", "model_tokenizer", "plan_batches",
+           "plan_for_data", "read_lengths"]

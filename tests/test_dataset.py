@@ -145,3 +145,31 @@ def test_a_named_field_is_read_and_a_missing_one_named(tmp_path):
     assert read_lengths(data, field="ids")[0].tokens == 2
     with pytest.raises(InvalidConfigError, match="has no field 'body'"):
         read_lengths(data, field="body")
+
+
+def test_suggest_plans_for_the_longest_sample_of_the_data(cli, tmp_path):
+    """The request's sequence length is the data's longest row: padded, the longest sample (3,000
+    tokens); packed, the row length (--seq-len, or the default 2,048)."""
+    data = _jsonl(tmp_path / "d.jsonl", [{"input_ids": list(range(n))} for n in (100, 3000, 250, 700)])
+    padded = cli("suggest", "-m", "meta-llama/Llama-2-7b-hf", "-g", "a10g", "-b", "8", "--dataset", data,
+                 "--no-packing", "--no-save", "--json")
+    assert padded.code == 0, padded
+    assert json.loads(padded.out)["request"]["seq_len"] == 3000
+    assert "longest 3,000; padded to the longest sample of a batch: planning for 3,000 tokens" in padded.err
+    packed = cli("suggest", "-m", "meta-llama/Llama-2-7b-hf", "-g", "a10g", "-b", "8", "--dataset", data,
+                 "--seq-len", "1024", "--no-save", "--json")
+    assert json.loads(packed.out)["request"]["seq_len"] == 1024
+    assert "packed into rows of 1,024 tokens; an epoch is 1 optimizer step, 4,050 tokens" in packed.err
+
+
+def test_suggest_with_a_dataset_name_plans_for_the_seq_len_and_says_why(cli, tmp_path):
+    named = cli("suggest", "-m", "meta-llama/Llama-2-7b-hf", "-g", "a10g", "-b", "8", "--dataset", "org/no-such-local",
+                "--seq-len", "512", "--no-save", "--json")
+    assert named.code == 0, named
+    assert json.loads(named.out)["request"]["seq_len"] == 512
+    assert "no local file" in named.err
+
+
+def test_tokenizer_without_a_dataset_is_one_line(cli):
+    r = cli("suggest", "-m", "meta-llama/Llama-2-7b-hf", "-g", "a10g", "-b", "8", "--tokenizer", "t.json", "--no-save")
+    assert r.code == 2 and r.err.startswith("error: --tokenizer and --dataset-field read the data of --dataset"), r

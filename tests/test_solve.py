@@ -72,3 +72,22 @@ def test_nothing_fits_is_zero_not_an_error(llama):
     config = TrainConfig(method="full", precision="fp32", micro_batch=1, seq_len=512)  # 7B in fp32 with Adam: ~112 GB
     solved = longest_seq_len(spec=spec, gpu=gpu, config=config)
     assert (solved.fits, solved.safe, solved.fits_total) == (0, 0, None)
+
+
+def test_estimate_solve_prints_and_returns_the_longest_sequence(cli):
+    import json
+
+    args = ("estimate", "-m", "meta-llama/Llama-2-7b-hf", "-g", "a10g", "--method", "qlora", "--micro-batch", "1",
+            "--grad-ckpt", "--seq-len", "1024")
+    shown = cli(*args, "--solve", "seq-len")
+    assert shown.code == 0, shown
+    line = next(x for x in shown.out.splitlines() if x.startswith("longest sequence that fits: "))
+    data = json.loads(cli(*args, "--solve", "seq-len", "--json").out)["solved"]
+    assert f"longest sequence that fits: {data['fits']:,} (" in line
+    assert f"not near the edge (at most 5% chance of running out): {data['safe']:,} (" in line
+    assert 1024 < data["safe"] <= data["fits"] <= 4096
+
+
+def test_estimate_solve_takes_two_sizes_only(cli):
+    r = cli("estimate", "-m", "meta-llama/Llama-2-7b-hf", "-g", "a10g", "--solve", "batch")
+    assert r.code == 2 and r.err == "error: --solve must be one of seq-len|micro-batch, got 'batch'\n", r

@@ -187,6 +187,7 @@ def estimate(
     model: str = _MODEL, gpu: str = _GPU, gpus: int = _GPUS, gpu_mem: Optional[str] = _GPU_MEM,
     timeline: Optional[str] = _TIMELINE, as_json: bool = _JSON,
     db: Optional[str] = typer.Option(None, "--db", help="Database URL to read the device's calibration from (default: PLANNER_DATABASE_URL or the local SQLite file)."),
+    solve: Optional[str] = typer.Option(None, "--solve", help="seq-len | micro-batch: also the longest sequence (or largest micro-batch) this configuration fits, and the longest that is not near the edge."),
     **options: Any,
 ) -> None:
     """Predict memory and speed of ONE fully specified training configuration (exit 3 when it does not fit)."""
@@ -203,6 +204,9 @@ def estimate(
     config = build_config(spec, device, seq_len=seq_len, **_config_options(options, gpus=gpus))
     if timeline is not None:
         data["timeline"] = draw_step(spec=spec, gpu=device, config=config, estimate=memory, path=timeline)
+    solved = _solve(solve, spec=spec, device=device, config=config)
+    if solved is not None:
+        data["solved"] = solved.to_dict()
     if as_json:
         print_json(data)
     else:
@@ -211,8 +215,38 @@ def estimate(
         _print_sparkline(out, spec, device, config, memory)
         if timeline is not None:
             out.print(f"timeline: {data['timeline']}", markup=False)
+        if solved is not None:
+            out.print(_solved_line(solved), markup=False)
     if not data["fits"]:
         raise typer.Exit(DOES_NOT_FIT)  # the estimate is printed in full; scripts read the code
+
+
+def _solve(size: str | None, *, spec, device, config):
+    """``--solve seq-len|micro-batch``: ``planner.solve``'s answer for this configuration, or None."""
+    if size is None:
+        return None
+    from planner import solve
+
+    solvers = {"seq-len": solve.longest_seq_len, "micro-batch": solve.largest_micro_batch}
+    if size not in solvers:
+        from planner.errors import InvalidConfigError
+
+        raise InvalidConfigError(f"--solve must be one of {'|'.join(solvers)}, got {size!r}")
+    return solvers[size](spec=spec, gpu=device, config=config)
+
+
+def _solved_line(solved) -> str:
+    from planner.units import format_bytes
+
+    what = "sequence" if solved.size == "seq_len" else "micro-batch"
+    if not solved.fits:
+        return f"longest {what} that fits: none (not even 1)"
+    line = f"longest {what} that fits: {solved.fits:,} ({format_bytes(solved.fits_total)} of {format_bytes(solved.usable)} usable)"
+    if solved.fits == solved.limit:
+        line += ", the most this model takes" if solved.size == "seq_len" else ", the most the planner tries"
+    safe = (f"{solved.safe:,} ({format_bytes(solved.safe_total)})" if solved.safe
+            else "none (every length that fits is near the edge)")
+    return line + f"; not near the edge (at most 5% chance of running out): {safe}"
 
 
 @request_options(ESTIMATE, after="gpu_mem")

@@ -48,7 +48,9 @@ def suggest(
     fresh: bool = typer.Option(False, "--fresh", help="Plan again even when a verified plan for this request is stored."),
     emit: Optional[str] = typer.Option(None, "--emit", help="Write the chosen plan's ready-to-run files (train.py, training_args.json, ...) to this new directory."),
     force: bool = typer.Option(False, "--force", help="With --emit: write into a directory that already holds files."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="With --emit: train.py's default dataset (a .txt/.jsonl file or a datasets name)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Your training data (.jsonl with input_ids, text or messages; .txt; .parquet; a folder saved with datasets' save_to_disk): plans for its longest batch (padded: the longest sample; packed: --seq-len); with --emit, train.py's default dataset (a datasets name only goes to train.py)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="With --dataset: a local tokenizer.json (or its folder) to count tokens (default: the model's own beside its config.json, else 4 bytes per token, said so)."),
+    dataset_field: Optional[str] = typer.Option(None, "--dataset-field", help="With --dataset: the text or token column (default: input_ids, then text, then messages)."),
     plan_id: Optional[str] = typer.Option(None, "--plan-id", hidden=True, help="Verify this stored plan of the same request (planner submit's jobs)."),
     db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not store this plan."),
@@ -82,6 +84,13 @@ def suggest(
         import_ray()  # Ray missing, or an unreachable cluster: one line before anything is planned or stored
         if ray_address:
             check_reachable(ray_address)
+    if dataset is not None:
+        seq_len = _seq_len_of_data(dataset, model=model, target_batch=target_batch, seq_len=seq_len,
+                                   packing=recipe.get("packing", True), tokenizer=tokenizer, field=dataset_field)
+    elif tokenizer is not None or dataset_field is not None:
+        from planner.errors import InvalidConfigError
+
+        raise InvalidConfigError("--tokenizer and --dataset-field read the data of --dataset: add --dataset FILE")
     request = _request(model=model, gpu=catalog_gpu(gpu), target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=top_k,
                        prefer=prefer, local_node=gpu.strip().lower() == "auto",
@@ -112,6 +121,43 @@ def suggest(
         # a plan whose verification failed exits 1 here, and nothing is emitted for it
         _verify(out, target, planned=planned, db=db, options=options or checked, as_json=as_json)
     _emit(out, target, directory=emit, force=force, dataset=dataset, db=db)
+
+
+def _seq_len_of_data(dataset: str, *, model: str, target_batch: int, seq_len: int | None, packing: bool,
+                     tokenizer: str | None, field: str | None) -> int | None:
+    """The sequence length to plan for: the longest row the data makes (``planner.dataset``), said
+    on stderr with the lengths it read; ``seq_len`` as given when ``dataset`` is no local file."""
+    from pathlib import Path
+
+    from planner.catalog import resolve_model
+    from planner.dataset import PROGRESS_BYTES, plan_for_data
+
+    spec = resolve_model(model)
+    err = console_to_stderr()
+    progress, bar = None, None
+    source = Path(dataset).expanduser()
+    if err.is_terminal and source.is_file() and source.stat().st_size >= PROGRESS_BYTES:
+        from rich.progress import Progress
+
+        bar = Progress(console=err, transient=True)
+        task = bar.add_task(f"reading {source.name}", total=source.stat().st_size)
+        bar.start()
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+    try:
+        planned = plan_for_data(dataset, config_source=spec.source, model_max=spec.max_seq_len,
+                                target_batch=target_batch, packing=packing, seq_len=seq_len, tokenizer=tokenizer,
+                                field=field, progress=progress)
+    finally:
+        if bar is not None:
+            bar.stop()
+    if planned is None:
+        err.print(f"--dataset {dataset}: no local file, so its lengths are not read (train.py loads it); planning "
+                  "for --seq-len", markup=False, soft_wrap=True)
+        return seq_len
+    err.print(planned.describe(), markup=False, soft_wrap=True)
+    return planned.batches.seq_len
 
 
 def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, dataset: str | None, db) -> None:
