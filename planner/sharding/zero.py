@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+import os
+from typing import Any, Callable
 
 from planner.errors import InvalidConfigError, UnsupportedError
 from planner.optim import OPTIMIZERS, Optimizer, names
 from planner.optim.spec import FP32, HALF
-from planner.sharding.spec import Offload, ShardingSpec, ring
+from planner.sharding.spec import Offload, ShardingSpec, WorkerSetup, join_process_group, ring
 from planner.units import format_bytes
 
 #: The file name of the DeepSpeed config a run reads (``ZeRO.emitted_files``).
@@ -418,6 +419,31 @@ class ZeRO(ShardingSpec):
             # ZeRO-3 builds the model already partitioned (deepspeed.zero.Init)
             "zero3_init_flag": self.zero_stage == 3,
         }}
+
+    # ---- the worker -------------------------------------------------------------------------
+    def worker_init(self, device: str) -> None:
+        """DeepSpeed picks its accelerator once, when it is imported (DS_ACCELERATOR), then joins
+        the process group through its own init (``deepspeed.init_distributed``)."""
+        if device == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+
+        join_process_group(device, init=lambda backend: deepspeed.init_distributed(dist_backend=backend))
+
+    def worker_setup(self, model: Any, params: list, config: Any, *, device: str,
+                     build_optimizer: Callable[[list], Any], hidden_size: int,
+                     hyperparameters: dict[str, Any]) -> WorkerSetup:
+        """``deepspeed.initialize`` with this scheme's ``ds_config.json`` (the one ``planner emit``
+        writes): DeepSpeed builds the optimizer from its section, or takes the client's."""
+        import deepspeed
+
+        ds_config = self.emitted_files(config, hidden_size=hidden_size, pin_memory=device != "cpu",
+                                       hyperparameters=hyperparameters)[DEEPSPEED_FILE]
+        client = None if "optimizer" in ds_config else build_optimizer(params)
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=client,
+                                                       config=ds_config)
+        return WorkerSetup(engine=engine, optimizer=optimizer, autocast=False, engine_steps=True,
+                           details={"deepspeed_config": ds_config})
 
 
 def _zero3_weights(model: Any, config: Any, out: dict[str, int], base_sizes: tuple[int, ...]) -> int:
