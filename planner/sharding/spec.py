@@ -36,6 +36,26 @@ def ring(n: int) -> float:
     return (n - 1) / n
 
 
+@dataclass(frozen=True, slots=True)
+class BreakdownKey:
+    """A breakdown key a scheme adds to the memory model's breakdown, with what the picture and
+    the allocator replay need to know of it (``planner.memory.timeline``)."""
+
+    key: str
+    """The key, as the breakdown shows it (``zero/reduce_bucket``)."""
+    category: str
+    """The picture's category (``planner.memory.timeline.CATEGORIES``: ``weights``,
+    ``gradients``, ``temporaries``, ...)."""
+    size: str | None = None
+    """The step's part it counts (the ``StaticSizes`` field ``planner.memory.step.MOMENTS`` reads
+    for a ``SCHEME`` part: ``gathered``, ``gradient_flatten``), None for a model state."""
+    tensors: int | None = None
+    """How many tensors it is when it is always as many (one flat buffer: 1); None: the
+    replay's default (one per parameter tensor for a model state)."""
+    tensor_bytes: int | None = None
+    """Else, the bytes of one of its tensors at most (DDP's 25 MiB buckets)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkerSetup:
     """What a scheme's ``worker_setup`` hands the measurement worker (``workers.train``) to train
@@ -117,6 +137,8 @@ class ShardingSpec:
     """What PLAN.md says of it (``planner.emit.plan_md``)."""
     plan_notes: tuple[str, ...] = ()
     """PLAN.md's assumptions of the run that come from the scheme (its buffers as emitted)."""
+    keys: tuple[BreakdownKey, ...] = ()
+    """The breakdown keys it adds (its buffers, its partitions), each declared once here."""
 
     # ---- words ------------------------------------------------------------------------------
     def label(self, offload: Offload) -> str:
@@ -172,6 +194,16 @@ class ShardingSpec:
         """Bytes of the gradient copies made as the step begins (transient)."""
         return 0
 
+    def step_key(self, size: str) -> str:
+        """The breakdown key under which the step counts the scheme's part ``size``
+        (``planner.memory.step``: the parts ``MOMENTS`` names ``SCHEME``, by the ``StaticSizes``
+        field they read: ``gathered``, the parameters gathered whole for the running unit): the
+        one of its ``keys`` that says so (a part it does not have is 0 bytes, named generically)."""
+        for k in self.keys:
+            if k.size == size:
+                return k.key
+        return f"sharding/{size}"
+
     def memory_twin(self, gpus: int) -> str:
         """The scheme whose memory terms this one's equal on ``gpus`` ranks (the search's memo
         key): itself unless said otherwise."""
@@ -221,4 +253,4 @@ class ShardingSpec:
         return WorkerSetup(engine=model, optimizer=build_optimizer(params), autocast=config.precision.is_mixed)
 
 
-__all__ = ["Offload", "ShardingSpec", "WorkerSetup", "join_process_group", "ring"]
+__all__ = ["BreakdownKey", "Offload", "ShardingSpec", "WorkerSetup", "join_process_group", "ring"]
