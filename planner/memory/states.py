@@ -94,13 +94,13 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     t = t or trained(model, config)
     mode = mode_of(config)
     states, host = model_state_breakdown(model, config, t, mode)
+    spec = config.sharding.spec
     gradients = states.pop("gradients", 0)
-    gathered = states.pop("zero3/gathered_params", 0)
+    gathered = states.pop(spec.step_key("gathered"), 0)
     paged = 0
     if OPTIMIZERS[config.optimizer].paged and kernels.unified_memory_paging:
         paged = states.pop("optimizer_states", 0)
     transient = 0
-    spec = config.sharding.spec
     # what the optimizer steps on the device (None: it steps on the host)
     stepped = spec.optimizer_tensors(t, config, trainable_bytes(config.method, mode))
     if stepped is not None:
