@@ -162,13 +162,13 @@ def for_gpus(sharding: Sharding, gpus: int) -> Sharding:
     return sharding if sharding.scheme is scheme else Sharding(scheme, sharding.offload)
 
 
-def search_axis(*, allow_offload: bool) -> tuple[Sharding, ...]:
-    """The shardings ``suggest`` tries, in its order: each searched scheme without offload, then
-    (when the space allows offload) each with each of its offloads."""
-    searched = [s for s in SPECS if s.searched]
-    axis = [Sharding(s.name) for s in searched]
-    if allow_offload:
-        axis += [Sharding(s.name, o) for s in searched for o in s.offloads if o is not Offload.NONE]
+def search_axis(*, allow_offload: bool, gpus: int) -> tuple[Sharding, ...]:
+    """The shardings ``suggest`` tries on ``gpus`` GPUs, in its order: each scheme searched there
+    without offload, then (when the space allows offload) each with each of its offloads
+    (``ShardingSpec.searched_on``)."""
+    offloads = [o for o in Offload if o is not Offload.NONE] if allow_offload else []
+    axis = [Sharding(s.name) for s in SPECS if s.searched_on(gpus, Offload.NONE)]
+    axis += [Sharding(s.name, o) for s in SPECS for o in s.offloads if o in offloads and s.searched_on(gpus, o)]
     return tuple(axis)
 
 

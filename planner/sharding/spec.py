@@ -204,6 +204,12 @@ class ShardingSpec:
                 return k.key
         return f"sharding/{size}"
 
+    def searched_on(self, gpus: int, offload: Offload) -> bool:
+        """``suggest`` tries it with ``offload`` on ``gpus`` GPUs (``searched`` and ``offloads``
+        say which ones it takes; a scheme that is worth trying only on several ranks, or on one
+        only with an offload, says so here)."""
+        return self.searched and offload in self.offloads
+
     def memory_twin(self, gpus: int) -> str:
         """The scheme whose memory terms this one's equal on ``gpus`` ranks (the search's memo
         key): itself unless said otherwise."""
