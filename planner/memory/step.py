@@ -122,6 +122,7 @@ MOMENTS = (
         _batch("logits/transient", "forward_logits", transient=True),
         _static("gradients", "gradients_forward"),
         _static(SCHEME, "gathered"),
+        _static(SCHEME, "held"),
         _batch("kv_cache", "kv_cache"),
         _KEPT)),
     # the loss' backward runs before any checkpointed block is recomputed or any parameter is
@@ -131,6 +132,7 @@ MOMENTS = (
         _batch("activations", "activations", by_key=True),
         _batch("logits/transient", "backward_logits", transient=True),
         _static("gradients", "gradients_forward"),
+        _static(SCHEME, "held"),
         _KEPT)),
     # the head's gradients are made and its saved tensors freed; the running block's parameters
     # are gathered again under ZeRO-3; the last block is recomputed
@@ -140,6 +142,8 @@ MOMENTS = (
         _batch("activations/first_block_recompute", "recompute_end", by_key=True, transient=True),
         _static("gradients", "gradients_head"),
         _static(SCHEME, "gathered"),
+        _static(SCHEME, "held"),
+        _static(SCHEME, "reducing", transient=True),
         _KEPT)),
     # its MLP output projection's backward ran: its saved tensors freed, its gradients made
     # (``activations.block_backward_terms``)
@@ -148,11 +152,15 @@ MOMENTS = (
         _batch("activations/first_block", "block_backward", by_key=True, transient=True),
         _static("gradients", "gradients_block"),
         _static(SCHEME, "gathered"),
+        _static(SCHEME, "held"),
+        _static(SCHEME, "reducing", transient=True),
         _KEPT)),
     Moment("backward_end", (
         _batch("activations/recompute", "recompute", transient=True),
         _static("gradients", "gradients"),
         _static(SCHEME, "gathered"),
+        _static(SCHEME, "held"),
+        _static(SCHEME, "reducing_end", transient=True),
         _static("gradients/tied_embedding_partials", "tied_partials", transient=True),
         _KEPT)),
     # DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition (two buffers)
@@ -191,6 +199,12 @@ class StaticSizes(NamedTuple):
     (``first_block_gradients``; every one when accumulating)."""
     gathered: int
     """ZeRO-3: the running block's gathered parameters."""
+    held: int
+    """``StaticTerms.held``: from the forward to the end of backward (FSDP2's root unit)."""
+    reducing: int
+    """``StaticTerms.reducing``: in the last block's backward (FSDP2's reduce-scatter)."""
+    reducing_end: int
+    """``StaticTerms.reducing_end``: at the end of backward."""
     tied_partials: int
     """``StaticTerms.tied_gradient_sum``."""
     gradient_flatten: int
@@ -209,7 +223,8 @@ def static_sizes(static: StaticTerms, *, accumulating: bool, head_grads: int = 0
         gradients=every, gradients_forward=every if accumulating else 0,
         gradients_head=every if accumulating else head_grads,
         gradients_block=every if accumulating else head_grads + down_grads,
-        gathered=static.gathered, tied_partials=static.tied_gradient_sum,
+        gathered=static.gathered, held=static.held, reducing=static.reducing, reducing_end=static.reducing_end,
+        tied_partials=static.tied_gradient_sum,
         gradient_flatten=static.zero_gradient_flatten, optimizer_gradients=static.optimizer_gradients,
         optimizer_step=static.optimizer_step,
     )

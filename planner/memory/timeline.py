@@ -362,7 +362,9 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
 
 def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], list[list[int]], list[int], list[int]]:
     """Forward up to the loss: the (gathered, embeddings, blocks, head, KV cache) allocations."""
-    gathered = b.alloc(s.config.sharding.spec.step_key("gathered"), s.static.gathered, f"{label}forward")
+    scheme = s.config.sharding.spec
+    gathered = b.alloc(scheme.step_key("gathered"), s.static.gathered, f"{label}forward")
+    held = b.alloc(scheme.step_key("held"), s.static.held, f"{label}forward")
     embeddings = b.alloc_terms(s.embeddings, f"{label}embeddings")
     blocks, cache = [], []
     for k in range(s.n_blocks):
@@ -371,7 +373,7 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
         if k < s.model.num_layers:  # batch_terms counts num_layers cache layers
             cache.append(b.alloc("kv_cache", s.cache, where))
     head = b.alloc_terms(s.batch.head, f"{label}head and loss")
-    return [gathered], embeddings, blocks, head, cache
+    return [gathered, held], embeddings, blocks, head, cache
 
 
 def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
@@ -417,6 +419,7 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     _instant(b, s, "forward", marks, f"{label}loss")
     b.free(previous, f"{label}outputs replaced")
     b.free_all(cache, f"{label}loss")
+    held = gathered.pop()  # FSDP2's root unit: unsharded until the end of backward
     b.free_all(gathered, f"{label}loss")
     kept = b.alloc("loop/manual_outputs", s.batch.kept, f"{label}loss")
     _instant(b, s, "backward_start", marks, f"{label}loss backward")
@@ -446,6 +449,7 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
         grads.append(b.alloc("gradients", rest, where, _grain(g and g.embeddings, rest)))
     _instant(b, s, "backward_end", marks, where)
     b.free(gathered, where)
+    b.free(held, where)
     return grads, kept
 
 
