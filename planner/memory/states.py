@@ -103,7 +103,11 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     spec = config.sharding.spec
     gradients = states.pop("gradients", 0)
     # the scheme's parts of the step (``ShardingSpec.keys`` with a ``size``): not resident
-    parts = {k.size: states.pop(k.key, 0) for k in spec.keys if k.size}
+    parts: dict[str, int] = {}
+    for k in spec.keys:
+        if k.size:
+            nbytes = states.pop(k.key, 0)  # a copy only gloo makes: on the CPU only
+            parts[k.size] = parts.get(k.size, 0) + (0 if k.gloo_only and kernels.caching_allocator else nbytes)
     paged = 0
     if OPTIMIZERS[config.optimizer].paged and kernels.unified_memory_paging:
         paged = states.pop("optimizer_states", 0)
