@@ -7,8 +7,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -143,26 +141,34 @@ def test_the_emitted_training_arguments_load_in_transformers(tmp_path):
 
 
 # ---- the truth: 2 ranks over gloo -----------------------------------------------------------------
-_BENCH = Path(__file__).resolve().parent.parent / "bench"
+#: a small llama (2 decoder layers, vocabulary 8000, untied head) whose 2-rank run takes about 90 s
+#: on the 2-core CI machine: its root unit (4.1 M parameters) is most of the model, as Llama-3's
+#: embeddings and head are a large part of an 8B (1.05 B of 8.03 B)
+TINY_LLAMA = dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=8000, max_position_embeddings=512,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("changes", [dict(), dict(method="lora")], ids=["full", "lora"])
-def test_two_cpu_ranks_measure_within_the_bench_bound_of_the_estimate(changes):
-    sys.path.insert(0, str(_BENCH))
-    try:
-        from accuracy import _BASE, ARCHS, _predict
-    finally:
-        sys.path.remove(str(_BENCH))
+def test_two_cpu_ranks_measure_what_the_model_predicts_per_rank(changes):
+    """Each rank's peak (c10's CPU allocator, the last of 2 steps) against the estimate for one
+    rank of 2, within the CPU bench's 3 % (bench/accuracy.py). Measured on 2026-11-26: full
+    81,246,592 B on both ranks (predicted 81,244,756, at the root's reduce-scatter)."""
+    from planner.catalog import spec_from_config
+    from planner.gpus import get_gpu
+    from planner.memory import estimate_memory
     from workers.ranks import measure_ranks
 
-    config = TrainConfig(**(_BASE | dict(sharding="fsdp2", gpus=2) | changes))
-    results = measure_ranks(model_config=ARCHS["llama"], config=config, timeout_s=1200)
-    predicted, _, _ = _predict("llama", config)
+    config = TrainConfig(**(dict(micro_batch=2, seq_len=128, precision="bf16-mixed", optimizer="adamw",
+                                 sharding="fsdp2", gpus=2) | changes))
+    results = measure_ranks(model_config=TINY_LLAMA, config=config, timeout_s=1800, steps=2)
+    spec = spec_from_config(TINY_LLAMA, model_id="tiny-llama", source="test")
+    predicted = estimate_memory(model=spec, config=config, gpu=get_gpu("cpu")).peak_allocated_bytes
     assert len(results) == 2
     for measurement, details in results:
         assert measurement.outcome == "ok", measurement.error
-        assert details["fsdp_units"] == ARCHS["llama"]["num_hidden_layers"] + 1
+        assert details["fsdp_units"] == TINY_LLAMA["num_hidden_layers"] + 1
         error = (predicted - measurement.peak_allocated_bytes) / measurement.peak_allocated_bytes
-        assert abs(error) <= 0.05, (details["rank"], predicted, measurement.peak_allocated_bytes)
+        assert abs(error) <= 0.03, (details["rank"], predicted, measurement.peak_allocated_bytes)
     assert os.environ.get("RANK") is None  # the launcher leaves this process's environment alone

@@ -347,6 +347,10 @@ def _train(
         hidden_size=model.config.hidden_size,
         hyperparameters={"lr": LEARNING_RATE, "betas": ADAM_BETAS, "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY})
     engine, optimizer, use_ds = setup.engine, setup.optimizer, setup.engine_steps
+    if not use_ds:
+        # the scheme may have replaced the parameters (FSDP2's DTensor shards): the old ones must
+        # not stay alive through this list
+        params = [p for p in engine.parameters() if p.requires_grad]
     details.update(setup.details)
     scaler = None
     autocast_dtype = _torch_dtype(config.precision.compute_dtype) if setup.autocast else None

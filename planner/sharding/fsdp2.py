@@ -180,8 +180,13 @@ class FSDP2(ShardingSpec):
         states[self.step_key("reducing")] = trainable_unit * (compute + reduce) + head
         # the end of backward: every root gradient unsharded and the last unit's reduce-scatter input
         states[self.step_key("reducing_end")] = trainable_unit * reduce + root_trainable * compute
-        # the root's post-backward: its fp32 reduce-scatter input beside its unsharded gradients
-        states[self.step_key("gradient_flatten")] = root_trainable * (compute + reduce)
+        # the root's post-backward: its fp32 reduce-scatter input (the output is its gradient
+        # shard, in "gradients"), the head's unsharded gradient still referenced (measured on the
+        # CPU: lm_head's 16-bit gradient is alive there, the embedding's is freed by the copy-in),
+        # and on the CPU gloo's copy of the input (ProcessGroupGloo _reduce_scatter_base clones it:
+        # measured, "aten::clone < c10d::_reduce_scatter_base_")
+        states[self.step_key("gradient_flatten")] = root_trainable * reduce + head
+        states[_GLOO_COPY] = root_trainable * reduce
         return states, host
 
     def optimizer_tensors(self, t: Any, config: Any, param_bytes: int) -> tuple[tuple[tuple[int, int], ...], int] | None:
@@ -289,8 +294,11 @@ class FSDP2(ShardingSpec):
                            details={"fsdp_units": len(units) + 1})
 
 
+#: gloo's copy of the root's reduce-scatter input (the CPU only)
+_GLOO_COPY = "fsdp2/gloo_reduce_scatter_copy"
 #: the scheme's breakdown keys: its buffers, each a flat tensor per unit
 _KEYS = (
+    BreakdownKey(_GLOO_COPY, "temporaries", size="gradient_flatten", gloo_only=True),
     BreakdownKey("fsdp2/gathered_unit", "weights", size="gathered"),
     BreakdownKey("fsdp2/root_unsharded", "weights", size="held"),
     BreakdownKey("fsdp2/reduce_scatter", "gradients", size="reducing"),

@@ -54,6 +54,9 @@ class BreakdownKey:
     replay's default (one per parameter tensor for a model state)."""
     tensor_bytes: int | None = None
     """Else, the bytes of one of its tensors at most (DDP's 25 MiB buckets)."""
+    gloo_only: bool = False
+    """A copy only gloo's collectives make (the CPU's process group), not NCCL's: counted on a
+    device without the CUDA caching allocator (``KernelProfile.caching_allocator``) only."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,7 +203,7 @@ class ShardingSpec:
         field they read: ``gathered``, the parameters gathered whole for the running unit): the
         one of its ``keys`` that says so (a part it does not have is 0 bytes, named generically)."""
         for k in self.keys:
-            if k.size == size:
+            if k.size == size and not k.gloo_only:
                 return k.key
         return f"sharding/{size}"
 
