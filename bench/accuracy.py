@@ -187,6 +187,13 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("qwen3-moe", dict(method="qlora", grad_ckpt=True)),
     ("mixtral", dict(method="lora", grad_ckpt=True)),
     ("qwen3-moe", dict(method="lora", grad_ckpt=True, precision="bf16", lora_targets=("q_proj", "v_proj"))),
+    # 2 ranks over gloo (workers/ranks.py), each measuring its own peak; the row's is the worst
+    # rank's: FSDP2 full and LoRA, with and without checkpointing (CPUOffloadPolicy has no
+    # meaning on a CPU device: the run's device is the host)
+    ("llama", dict(sharding="fsdp2", gpus=2)),
+    ("llama", dict(sharding="fsdp2", gpus=2, method="lora")),
+    ("llama", dict(sharding="fsdp2", gpus=2, grad_ckpt=True)),
+    ("llama", dict(sharding="fsdp2", gpus=2, method="lora", grad_ckpt=True)),
 ]
 
 # the 2025-26 families (issue 23; their full bf16-mixed rows are among the every-architecture ones): mixed
@@ -250,13 +257,26 @@ def _repredicted(row: dict[str, Any]) -> dict[str, Any]:
                   "dispatch_error_pct": _error(predicted, row["dispatch_bytes"])}
 
 
-def _row(arch: str, config: TrainConfig, device: str, deadline: float | None = None) -> dict[str, Any]:
+def _measure(arch: str, config: TrainConfig, device: str) -> tuple[Any, dict[str, Any]]:
+    """One process, or each of a sharded plan's ranks at once (``workers.ranks``): then the worst
+    rank's measurement, with every rank's peak in its details."""
     from workers import measure_with_details
 
+    if config.gpus == 1:
+        return measure_with_details(model_config=ARCHS[arch], config=config, device=device, timeout_s=1200)
+    from workers.ranks import measure_ranks
+
+    ranks = measure_ranks(model_config=ARCHS[arch], config=config, device=device, timeout_s=2400)
+    failed = [r for r in ranks if r[0].outcome != "ok"]
+    measurement, details = failed[0] if failed else max(ranks, key=lambda r: r[0].peak_allocated_bytes)
+    return measurement, details | {"rank_peaks": [m.peak_allocated_bytes for m, _ in ranks]}
+
+
+def _row(arch: str, config: TrainConfig, device: str, deadline: float | None = None) -> dict[str, Any]:
     t0 = time.monotonic()
     if deadline is not None and t0 > deadline:
         return _not_measured(arch, config)
-    measurement, details = measure_with_details(model_config=ARCHS[arch], config=config, device=device, timeout_s=1200)
+    measurement, details = _measure(arch, config, device)
     predicted, predicted_breakdown, predicted_phase = _predict(arch, config)
     measured = measurement.peak_allocated_bytes
     dispatch = details.get("peak_dispatch_bytes") if measurement.outcome == "ok" else None
@@ -281,6 +301,7 @@ def _row(arch: str, config: TrainConfig, device: str, deadline: float | None = N
         "predicted_breakdown": predicted_breakdown,
         "predicted_phase": predicted_phase,
         "params_total": details.get("params_total"),
+        "rank_peaks": details.get("rank_peaks"),
         "params_trainable": details.get("params_trainable"),
         "step_s": measurement.step_s,
         "wall_s": round(time.monotonic() - t0, 1),

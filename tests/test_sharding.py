@@ -15,9 +15,9 @@ from planner.sharding.spec import ShardingSpec
 
 
 def test_registry_names_each_scheme_once_in_order():
-    assert [str(s) for s in Scheme] == ["none", "ddp", "zero1", "zero2", "zero3"]
+    assert [str(s) for s in Scheme] == ["none", "ddp", "zero1", "zero2", "zero3", "fsdp2"]
     assert all(isinstance(SCHEMES[s], ShardingSpec) for s in Scheme)
-    assert [SCHEMES[s].zero_stage for s in Scheme] == [0, 0, 1, 2, 3]
+    assert [SCHEMES[s].zero_stage for s in Scheme] == [0, 0, 1, 2, 3, None]
 
 
 def test_values_are_interned_immutable_and_pickle_to_themselves():
@@ -30,7 +30,7 @@ def test_values_are_interned_immutable_and_pickle_to_themselves():
 
 
 def test_unknown_names_are_refused_in_one_line():
-    with pytest.raises(InvalidConfigError, match=r"--sharding must be one of none\|ddp\|zero1\|zero2\|zero3, got 'fsdp9'"):
+    with pytest.raises(InvalidConfigError, match=r"--sharding must be one of none\|ddp\|zero1\|zero2\|zero3\|fsdp2, got 'fsdp9'"):
         Sharding("fsdp9")
     with pytest.raises(InvalidConfigError, match="--offload must be one of none|optimizer|optimizer\\+params"):
         Sharding("zero3", "disk")
@@ -49,11 +49,31 @@ def test_replicas_are_ddp_on_more_than_one_gpu():
     assert TrainConfig(sharding="ddp").sharding is NONE
 
 
-def test_the_search_axis_is_the_old_zero_offload_list():
+def test_the_search_axis_on_one_gpu_is_the_old_zero_offload_list_and_fsdp2_offloaded():
     old = [(0, "none"), (1, "none"), (2, "none"), (3, "none")]
-    assert [(s.zero, str(s.offload)) for s in search_axis(allow_offload=False)] == old
-    assert [(s.zero, str(s.offload)) for s in search_axis(allow_offload=True)] == old + [
-        (1, "optimizer"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")]
+    assert [(s.zero, str(s.offload)) for s in search_axis(allow_offload=False, gpus=1)] == old
+    assert [(s.zero, str(s.offload)) for s in search_axis(allow_offload=True, gpus=1)] == old + [
+        (1, "optimizer"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params"), (None, "optimizer+params")]
+
+
+def test_on_several_gpus_the_axis_adds_fsdp2_after_zero():
+    axis = [(str(s.scheme), str(s.offload)) for s in search_axis(allow_offload=True, gpus=4)]
+    assert axis == [("none", "none"), ("zero1", "none"), ("zero2", "none"), ("zero3", "none"), ("fsdp2", "none"),
+                    ("zero1", "optimizer"), ("zero2", "optimizer"), ("zero3", "optimizer"),
+                    ("zero3", "optimizer+params"), ("fsdp2", "optimizer+params")]
+    # one GPU: FSDP2 only with its CPU offload
+    assert ("fsdp2", "none") not in [(str(s.scheme), str(s.offload)) for s in search_axis(allow_offload=True, gpus=1)]
+
+
+def test_the_schemes_breakdown_keys_are_declared_once():
+    from planner.sharding import BREAKDOWN_KEYS
+
+    assert BREAKDOWN_KEYS["zero3/gathered_params"].size == "gathered"
+    assert SCHEMES[Scheme("zero3")].step_key("gathered") == "zero3/gathered_params"
+    assert SCHEMES[Scheme("fsdp2")].step_key("held") == "fsdp2/root_unsharded"
+    # a scheme without the part names it generically (its bytes are 0)
+    assert SCHEMES[Scheme("none")].step_key("gathered") == "sharding/gathered"
+    assert BREAKDOWN_KEYS["ddp/buckets"].tensor_bytes == 25 * 1024**2
 
 
 def test_zero_and_offload_make_the_sharding():

@@ -63,7 +63,7 @@ def test_every_mark_holds_exactly_what_the_moment_lists(model, gpu, config):
     static = static_terms(model, config, kernels, t)
     head_grads, down_grads = first_block_gradients(model, config, static.gradients, t)
     sizes = static_sizes(static, accumulating=config.grad_accum > 1, head_grads=head_grads, down_grads=down_grads)
-    moments = moment_breakdowns(static.resident, sizes, batch_terms(model, config, kernels))
+    moments = moment_breakdowns(static.resident, sizes, batch_terms(model, config, kernels), config.sharding.spec)
     timeline = step_timeline(model=model, config=config, kernels=kernels)
     for name in PHASES:
         assert timeline.live_at(timeline.marks[name]) == moments[name], name

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import platform
 import socket
 import tempfile
@@ -47,12 +46,11 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from planner.config import Loop, Method, Precision, TrainConfig
+from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
 from planner.errors import InvalidConfigError
 from planner.optim import OPTIMIZERS
 from planner.results import Measurement, RunOutcome
 from workers import seq2seq
-from workers.deepspeed_config import LEARNING_RATE
-from workers.deepspeed_config import build as build_deepspeed_config
 
 #: transformers model types trained as masked LM (bidirectional encoders)
 ENCODER_MODEL_TYPES = frozenset(
@@ -296,8 +294,7 @@ def _apply_training_setup(model, *, model_config: Mapping[str, Any], config: Tra
 
 
 def _uses_deepspeed(config: TrainConfig) -> bool:
-    """The run is set up by ``deepspeed.initialize`` (the sharding scheme's library,
-    ``planner.sharding``; its config is the scheme's ``ds_config.json``)."""
+    """The run needs deepspeed (the sharding scheme's library, ``planner.sharding``)."""
     return config.sharding.spec.library == "deepspeed"
 
 
@@ -306,39 +303,17 @@ def _build_optimizer(config: TrainConfig, params: list):
     return OPTIMIZERS[config.optimizer].build(params, lr=LEARNING_RATE)
 
 
-def _init_single_process_distributed(device: str) -> None:
-    """One rank of one: what the deepspeed launcher would set (gloo on CPU, NCCL on GPU)."""
-    import deepspeed
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
-
-
 # ---- the run -------------------------------------------------------------------------------
 def _train(
     *, model_config: dict[str, Any], config: TrainConfig, device: str, steps: int,
     checkpoint_dir: str | None, seed: int, probe, details: dict[str, Any],
 ) -> float:
     """Build and train; returns the wall time of the last optimizer step."""
-    use_ds = _uses_deepspeed(config)
-    if use_ds and device == "cpu":
-        # before deepspeed is imported: its accelerator is chosen once, at import
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
 
+    scheme = config.sharding.spec  # how the model states are spread over the ranks (planner.sharding)
     torch.manual_seed(seed)
-    if use_ds:
-        _init_single_process_distributed(device)
+    scheme.worker_init(device)  # its library's environment and process group, outside the probe
     tracks = hasattr(probe, "track")  # the CPU probe can attribute bytes to categories
     probe.start()
     with tempfile.TemporaryDirectory(prefix="workers-qlora-") as tmp:
@@ -367,24 +342,19 @@ def _train(
         probe.track(model.parameters(), category="parameters")
         probe.track(model.buffers())
 
+    setup = scheme.worker_setup(
+        model, params, config, device=device, build_optimizer=lambda ps: _build_optimizer(config, ps),
+        hidden_size=model.config.hidden_size,
+        hyperparameters={"lr": LEARNING_RATE, "betas": ADAM_BETAS, "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY})
+    engine, optimizer, use_ds = setup.engine, setup.optimizer, setup.engine_steps
+    if not use_ds:
+        # the scheme may have replaced the parameters (FSDP2's DTensor shards): the old ones must
+        # not stay alive through this list
+        params = [p for p in engine.parameters() if p.requires_grad]
+    details.update(setup.details)
     scaler = None
-    autocast_dtype = None
-    if use_ds:
-        import deepspeed
-
-        ds_config = build_deepspeed_config(
-            config, hidden_size=model.config.hidden_size, pin_memory=device != "cpu"
-        )
-        client_opt = None if "optimizer" in ds_config else _build_optimizer(config, params)
-        engine, optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=params, optimizer=client_opt, config=ds_config
-        )
-        details["deepspeed_config"] = ds_config
-    else:
-        engine = model
-        optimizer = _build_optimizer(config, params)
-        if config.precision.is_mixed:
-            autocast_dtype = _torch_dtype(config.precision.compute_dtype)
+    autocast_dtype = _torch_dtype(config.precision.compute_dtype) if setup.autocast else None
+    if not use_ds:
         if config.precision is Precision.FP16_MIXED:
             scaler = torch.amp.GradScaler(device.split(":")[0])
         if tracks:

@@ -77,6 +77,12 @@ class StaticTerms:
     zero_gradient_flatten: int = 0
     """Gradient copies the sharding scheme makes as the step begins (ZeRO-1/2 without offload:
     ``planner.sharding.zero.ZeRO.gradient_flatten``)."""
+    held: int = 0
+    """Held from the first forward to the end of backward (FSDP2's root unit, unsharded)."""
+    reducing: int = 0
+    """Alive in the last block's backward only (FSDP2's unsharded gradients and reduce-scatter input)."""
+    reducing_end: int = 0
+    """Alive at the end of backward only (FSDP2's root gradients unsharded, the last reduce-scatter input)."""
     tied_gradient_sum: int = 0
     """A trained embedding tied to the output head gets two partial gradients (the head's matmul
     and the embedding's backward), which autograd's input buffer adds into a third tensor: the
@@ -94,13 +100,18 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     t = t or trained(model, config)
     mode = mode_of(config)
     states, host = model_state_breakdown(model, config, t, mode)
+    spec = config.sharding.spec
     gradients = states.pop("gradients", 0)
-    gathered = states.pop("zero3/gathered_params", 0)
+    # the scheme's parts of the step (``ShardingSpec.keys`` with a ``size``): not resident
+    parts: dict[str, int] = {}
+    for k in spec.keys:
+        if k.size:
+            nbytes = states.pop(k.key, 0)  # a copy only gloo makes: on the CPU only
+            parts[k.size] = parts.get(k.size, 0) + (0 if k.gloo_only and kernels.caching_allocator else nbytes)
     paged = 0
     if OPTIMIZERS[config.optimizer].paged and kernels.unified_memory_paging:
         paged = states.pop("optimizer_states", 0)
     transient = 0
-    spec = config.sharding.spec
     # what the optimizer steps on the device (None: it steps on the host)
     stepped = spec.optimizer_tensors(t, config, trainable_bytes(config.method, mode))
     if stepped is not None:
@@ -109,9 +120,10 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     if model.tied_embeddings and config.method is Method.FULL and not config.sharding.offloaded:
         tied = 2 * model.vocab_size * model.hidden_size * mode.weight
     return StaticTerms(
-        resident=states, gradients=gradients, gathered=gathered, paged=paged, host=host,
+        resident=states, gradients=gradients, gathered=parts.get("gathered", 0), paged=paged, host=host,
         optimizer_step=transient, optimizer_gradients=spec.optimizer_gradients(t, config, gradients),
-        tied_gradient_sum=tied, zero_gradient_flatten=spec.gradient_flatten(t, config),
+        tied_gradient_sum=tied, zero_gradient_flatten=spec.gradient_flatten(t, config) + parts.get("gradient_flatten", 0),
+        held=parts.get("held", 0), reducing=parts.get("reducing", 0), reducing_end=parts.get("reducing_end", 0),
     )
 
 

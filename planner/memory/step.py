@@ -57,6 +57,7 @@ from planner.memory.saved import activation_breakdown, recompute_bytes
 from planner.memory.shapes import BlockContext, block_context, dims_of
 from planner.memory.states import StaticTerms
 from planner.modelspec import ModelSpec
+from planner.sharding import NONE, ShardingSpec
 
 #: model-level saved tensors the output side keeps, freed by the head's backward before any block's
 #: (the lm_head's 16-bit weight cast under autocast among them)
@@ -102,6 +103,10 @@ def _batch(key: str, size: str, **how) -> Part:
     return Part(key, size, False, **how)
 
 
+#: the key of a part the sharding scheme names: ``ShardingSpec.step_key`` of the part's size (ZeRO-3's
+#: gathered parameters count under ``zero3/gathered_params``)
+SCHEME = "<scheme>"
+
 #: what a hand-written loop's outputs keep (``BatchTerms.kept``): at the end of the forward those of
 #: the previous micro-step, which the name releases only when the forward returns, afterwards this
 #: one's; alive at every moment
@@ -116,7 +121,8 @@ MOMENTS = (
         _batch("activations", "activations", by_key=True),
         _batch("logits/transient", "forward_logits", transient=True),
         _static("gradients", "gradients_forward"),
-        _static("zero3/gathered_params", "gathered"),
+        _static(SCHEME, "gathered"),
+        _static(SCHEME, "held"),
         _batch("kv_cache", "kv_cache"),
         _KEPT)),
     # the loss' backward runs before any checkpointed block is recomputed or any parameter is
@@ -126,6 +132,7 @@ MOMENTS = (
         _batch("activations", "activations", by_key=True),
         _batch("logits/transient", "backward_logits", transient=True),
         _static("gradients", "gradients_forward"),
+        _static(SCHEME, "held"),
         _KEPT)),
     # the head's gradients are made and its saved tensors freed; the running block's parameters
     # are gathered again under ZeRO-3; the last block is recomputed
@@ -134,7 +141,9 @@ MOMENTS = (
         _batch("activations", "after_head", by_key=True),
         _batch("activations/first_block_recompute", "recompute_end", by_key=True, transient=True),
         _static("gradients", "gradients_head"),
-        _static("zero3/gathered_params", "gathered"),
+        _static(SCHEME, "gathered"),
+        _static(SCHEME, "held"),
+        _static(SCHEME, "reducing", transient=True),
         _KEPT)),
     # its MLP output projection's backward ran: its saved tensors freed, its gradients made
     # (``activations.block_backward_terms``)
@@ -142,18 +151,22 @@ MOMENTS = (
         _batch("activations", "after_head", by_key=True),
         _batch("activations/first_block", "block_backward", by_key=True, transient=True),
         _static("gradients", "gradients_block"),
-        _static("zero3/gathered_params", "gathered"),
+        _static(SCHEME, "gathered"),
+        _static(SCHEME, "held"),
+        _static(SCHEME, "reducing", transient=True),
         _KEPT)),
     Moment("backward_end", (
         _batch("activations/recompute", "recompute", transient=True),
         _static("gradients", "gradients"),
-        _static("zero3/gathered_params", "gathered"),
+        _static(SCHEME, "gathered"),
+        _static(SCHEME, "held"),
+        _static(SCHEME, "reducing_end", transient=True),
         _static("gradients/tied_embedding_partials", "tied_partials", transient=True),
         _KEPT)),
     # DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition (two buffers)
     Moment("optimizer_start", (
         _static("gradients", "gradients"),
-        _static("zero/gradient_flatten", "gradient_flatten", transient=True, tensors=2),
+        _static(SCHEME, "gradient_flatten", transient=True, tensors=2),
         _KEPT)),
     Moment("optimizer", (
         _static("gradients", "optimizer_gradients"),
@@ -186,6 +199,12 @@ class StaticSizes(NamedTuple):
     (``first_block_gradients``; every one when accumulating)."""
     gathered: int
     """ZeRO-3: the running block's gathered parameters."""
+    held: int
+    """``StaticTerms.held``: from the forward to the end of backward (FSDP2's root unit)."""
+    reducing: int
+    """``StaticTerms.reducing``: in the last block's backward (FSDP2's reduce-scatter)."""
+    reducing_end: int
+    """``StaticTerms.reducing_end``: at the end of backward."""
     tied_partials: int
     """``StaticTerms.tied_gradient_sum``."""
     gradient_flatten: int
@@ -204,7 +223,8 @@ def static_sizes(static: StaticTerms, *, accumulating: bool, head_grads: int = 0
         gradients=every, gradients_forward=every if accumulating else 0,
         gradients_head=every if accumulating else head_grads,
         gradients_block=every if accumulating else head_grads + down_grads,
-        gathered=static.gathered, tied_partials=static.tied_gradient_sum,
+        gathered=static.gathered, held=static.held, reducing=static.reducing, reducing_end=static.reducing_end,
+        tied_partials=static.tied_gradient_sum,
         gradient_flatten=static.zero_gradient_flatten, optimizer_gradients=static.optimizer_gradients,
         optimizer_step=static.optimizer_step,
     )
@@ -402,15 +422,23 @@ def part_value(part: Part, static: StaticSizes, batch: BatchTerms) -> int | dict
     return getattr(static if part.static else batch, part.size)
 
 
-def moment_breakdowns(resident: dict[str, int], static: StaticSizes, batch: BatchTerms) -> dict[str, dict[str, int]]:
+def part_key(part: Part, scheme: ShardingSpec) -> str:
+    """The breakdown key ``part`` counts under with the sharding ``scheme`` (a ``SCHEME`` part's is
+    the scheme's)."""
+    return scheme.step_key(part.size) if part.key == SCHEME else part.key
+
+
+def moment_breakdowns(resident: dict[str, int], static: StaticSizes, batch: BatchTerms,
+                      scheme: ShardingSpec = NONE.spec) -> dict[str, dict[str, int]]:
     """Every moment's live bytes by breakdown key, the ``resident`` model states included (zero
-    terms dropped): what the timeline holds at each mark (tests/test_timeline.py)."""
+    terms dropped), ``scheme`` naming its parts: what the timeline holds at each mark
+    (tests/test_timeline.py)."""
     out = {}
     for moment in MOMENTS:
         live = dict(resident)
         for part in moment.parts:
             value = part_value(part, static, batch)
-            for key, nbytes in value.items() if part.by_key else ((part.key, value),):
+            for key, nbytes in value.items() if part.by_key else ((part_key(part, scheme), value),):
                 live[key] = live.get(key, 0) + nbytes
         out[moment.name] = {k: int(v) for k, v in live.items() if v}
     return out
@@ -425,6 +453,7 @@ __all__ = [
     "BatchTerms",
     "Moment",
     "Part",
+    "SCHEME",
     "StaticSizes",
     "batch_line",
     "batch_moments",
@@ -433,6 +462,7 @@ __all__ = [
     "first_block_gradients",
     "first_block_params",
     "moment_breakdowns",
+    "part_key",
     "part_value",
     "static_moments",
     "static_sizes",

@@ -68,27 +68,32 @@ from planner.memory.step import (
     batch_moments,
     batch_terms,
     first_block_gradients,
+    part_key,
     part_value,
     static_moments,
     static_sizes,
 )
 from planner.modelspec import LinearKind, ModelSpec
+from planner.sharding import BREAKDOWN_KEYS
 
 #: what the picture stacks: each breakdown key's category
 CATEGORIES = ("weights", "gradients", "optimizer states", "activations", "logits/loss", "temporaries")
 
 
 def category(key: str) -> str:
-    """The picture's category of a breakdown key."""
-    if key.startswith(("weights", "lora/weights", "master_weights", "zero3/gathered")):
+    """The picture's category of a breakdown key (a sharding scheme's: as it declares it)."""
+    scheme = BREAKDOWN_KEYS.get(key)
+    if scheme is not None:
+        return scheme.category
+    if key.startswith(("weights", "lora/weights")):
         return "weights"
-    if key.startswith(("gradients", "zero3/grad_partitions", "ddp/", "zero/reduce_bucket", "zero/offload_grad")):
+    if key.startswith("gradients"):
         return "gradients"
     if key.startswith("optimizer_states"):
         return "optimizer states"
     if key.startswith(("logits", "activations/loss", "loop/")):
         return "logits/loss"
-    if key.startswith(("optimizer_step", "zero/gradient_flatten")):
+    if key.startswith("optimizer_step"):
         return "temporaries"
     return "activations"
 
@@ -361,7 +366,9 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
 
 def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], list[list[int]], list[int], list[int]]:
     """Forward up to the loss: the (gathered, embeddings, blocks, head, KV cache) allocations."""
-    gathered = b.alloc("zero3/gathered_params", s.static.gathered, f"{label}forward")
+    scheme = s.config.sharding.spec
+    gathered = b.alloc(scheme.step_key("gathered"), s.static.gathered, f"{label}forward")
+    held = b.alloc(scheme.step_key("held"), s.static.held, f"{label}forward")
     embeddings = b.alloc_terms(s.embeddings, f"{label}embeddings")
     blocks, cache = [], []
     for k in range(s.n_blocks):
@@ -370,7 +377,7 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
         if k < s.model.num_layers:  # batch_terms counts num_layers cache layers
             cache.append(b.alloc("kv_cache", s.cache, where))
     head = b.alloc_terms(s.batch.head, f"{label}head and loss")
-    return [gathered], embeddings, blocks, head, cache
+    return [gathered, held], embeddings, blocks, head, cache
 
 
 def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
@@ -384,7 +391,7 @@ def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
         elif part.key == "optimizer_step/transient":
             made.append(b.alloc(part.key, value, where, _optimizer_grain(s, value)))
         else:
-            made.append(b.alloc(part.key, value, where, part.tensors))
+            made.append(b.alloc(part_key(part, s.config.sharding.spec), value, where, part.tensors))
     if mark:
         b.mark(name)
     b.free_all(made, where)
@@ -416,11 +423,12 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     _instant(b, s, "forward", marks, f"{label}loss")
     b.free(previous, f"{label}outputs replaced")
     b.free_all(cache, f"{label}loss")
+    held = gathered.pop()  # FSDP2's root unit: unsharded until the end of backward
     b.free_all(gathered, f"{label}loss")
     kept = b.alloc("loop/manual_outputs", s.batch.kept, f"{label}loss")
     _instant(b, s, "backward_start", marks, f"{label}loss backward")
     b.free_all(head, f"{label}head backward")
-    gathered = b.alloc("zero3/gathered_params", s.static.gathered, f"{label}backward")
+    gathered = b.alloc(s.config.sharding.spec.step_key("gathered"), s.static.gathered, f"{label}backward")
     grads: list[int] = []
     layers = s.n_blocks
     g = s.grains
@@ -445,6 +453,7 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
         grads.append(b.alloc("gradients", rest, where, _grain(g and g.embeddings, rest)))
     _instant(b, s, "backward_end", marks, where)
     b.free(gathered, where)
+    b.free(held, where)
     return grads, kept
 
 
@@ -530,12 +539,13 @@ def _resident_tensors(model: ModelSpec, config: TrainConfig, key: str, nbytes: i
     torch optimizer states; DeepSpeed's flat partitions and buckets are single tensors."""
     per_param = model.num_layers * (len(model.layer_linears) + 2) + 3
     trainable = per_param if config.method is Method.FULL else max(1, 2 * model.num_layers * len(lora_targets(model, config)))
-    if key in ("master_weights", "zero/reduce_bucket", "zero3/grad_partitions", "zero/offload_grad_buffer"):
-        return 1
+    scheme = BREAKDOWN_KEYS.get(key)  # a sharding scheme's buffers: as it declares them
+    if scheme is not None and scheme.tensors:
+        return scheme.tensors
+    if scheme is not None and scheme.tensor_bytes:
+        return max(1, nbytes // scheme.tensor_bytes)
     if key == "optimizer_states":
         return 2 if config.sharding.spec.flat_optimizer else 2 * trainable
-    if key == "ddp/buckets":
-        return max(1, nbytes // (25 * 1024**2))  # DDP's bucket_cap_mb=25 (torch DDP docs)
     if key == "lora/weights" or (key == "gradients" and config.method is not Method.FULL):
         return trainable
     return per_param

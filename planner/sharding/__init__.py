@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from planner.errors import InvalidConfigError, choice
 from planner.registry import discover
-from planner.sharding.spec import Offload, ShardingSpec
+from planner.sharding.spec import BreakdownKey, Offload, ShardingSpec
 
 #: Every descriptor of the package's modules, in registry order (names unique).
 SPECS: tuple[ShardingSpec, ...] = discover(__name__, __path__, key=lambda s: (s.order, s.name),
@@ -32,6 +32,17 @@ Scheme.__doc__ = "A sharding scheme of the registry (``planner.sharding``), by i
 
 #: The descriptor of each scheme, by ``Scheme`` member (a plain name finds it too).
 SCHEMES: Mapping[Scheme, ShardingSpec] = MappingProxyType({Scheme(s.name): s for s in SPECS})
+def _keys() -> Mapping[str, BreakdownKey]:
+    keys: dict[str, BreakdownKey] = {}
+    for spec in SPECS:
+        for k in spec.keys:
+            if keys.setdefault(k.key, k) != k:
+                raise AssertionError(f"breakdown key {k.key!r} declared twice, differently ({spec.name})")
+    return MappingProxyType(keys)
+
+
+#: Every breakdown key a scheme adds, by key (``ShardingSpec.keys``).
+BREAKDOWN_KEYS: Mapping[str, BreakdownKey] = _keys()
 #: The scheme each ``--zero`` stage names: the first of the registry with that stage (stage 0 is
 #: none; ``for_gpus`` makes it DDP on more than one GPU).
 _BY_STAGE: dict[int, Scheme] = {}
@@ -151,13 +162,13 @@ def for_gpus(sharding: Sharding, gpus: int) -> Sharding:
     return sharding if sharding.scheme is scheme else Sharding(scheme, sharding.offload)
 
 
-def search_axis(*, allow_offload: bool) -> tuple[Sharding, ...]:
-    """The shardings ``suggest`` tries, in its order: each searched scheme without offload, then
-    (when the space allows offload) each with each of its offloads."""
-    searched = [s for s in SPECS if s.searched]
-    axis = [Sharding(s.name) for s in searched]
-    if allow_offload:
-        axis += [Sharding(s.name, o) for s in searched for o in s.offloads if o is not Offload.NONE]
+def search_axis(*, allow_offload: bool, gpus: int) -> tuple[Sharding, ...]:
+    """The shardings ``suggest`` tries on ``gpus`` GPUs, in its order: each scheme searched there
+    without offload, then (when the space allows offload) each with each of its offloads
+    (``ShardingSpec.searched_on``)."""
+    offloads = [o for o in Offload if o is not Offload.NONE] if allow_offload else []
+    axis = [Sharding(s.name) for s in SPECS if s.searched_on(gpus, Offload.NONE)]
+    axis += [Sharding(s.name, o) for s in SPECS for o in s.offloads if o in offloads and s.searched_on(gpus, o)]
     return tuple(axis)
 
 
@@ -172,5 +183,5 @@ def decode(data: Mapping[str, Any]) -> Sharding:
 
 NONE = Sharding("none")
 
-__all__ = ["NONE", "SCHEMES", "SPECS", "Offload", "Scheme", "Sharding", "ShardingSpec", "decode", "for_gpus",
+__all__ = ["BREAKDOWN_KEYS", "NONE", "SCHEMES", "BreakdownKey", "SPECS", "Offload", "Scheme", "Sharding", "ShardingSpec", "decode", "for_gpus",
            "from_zero", "search_axis"]

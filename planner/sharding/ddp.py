@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.sharding.spec import ShardingSpec, ring
+from planner.sharding.spec import BreakdownKey, ShardingSpec, ring
 
 
 class DDP(ShardingSpec):
@@ -33,4 +33,6 @@ class DDP(ShardingSpec):
         return 2 * ring(config.gpus) * trainable * grad_bytes
 
 
-SPECS = (DDP(name="ddp", order=1, zero_stage=0, replicas=True, searched=False),)
+SPECS = (DDP(name="ddp", order=1, zero_stage=0, replicas=True, searched=False,
+             # bucket_cap_mb=25 (torch DDP docs)
+             keys=(BreakdownKey("ddp/buckets", "gradients", tensor_bytes=25 * 1024**2),)),)

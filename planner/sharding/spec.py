@@ -14,8 +14,10 @@ it trains (``planner.memory.parameters.Trained``) through the arguments they are
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Any
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from planner.errors import InvalidConfigError
 from planner.optim import OPTIMIZERS
@@ -32,6 +34,73 @@ class Offload(enum.StrEnum):
 def ring(n: int) -> float:
     """Fraction of a tensor each rank sends in a ring reduce-scatter or all-gather: (n-1)/n."""
     return (n - 1) / n
+
+
+@dataclass(frozen=True, slots=True)
+class BreakdownKey:
+    """A breakdown key a scheme adds to the memory model's breakdown, with what the picture and
+    the allocator replay need to know of it (``planner.memory.timeline``)."""
+
+    key: str
+    """The key, as the breakdown shows it (``zero/reduce_bucket``)."""
+    category: str
+    """The picture's category (``planner.memory.timeline.CATEGORIES``: ``weights``,
+    ``gradients``, ``temporaries``, ...)."""
+    size: str | None = None
+    """The step's part it counts (the ``StaticSizes`` field ``planner.memory.step.MOMENTS`` reads
+    for a ``SCHEME`` part: ``gathered``, ``gradient_flatten``), None for a model state."""
+    tensors: int | None = None
+    """How many tensors it is when it is always as many (one flat buffer: 1); None: the
+    replay's default (one per parameter tensor for a model state)."""
+    tensor_bytes: int | None = None
+    """Else, the bytes of one of its tensors at most (DDP's 25 MiB buckets)."""
+    gloo_only: bool = False
+    """A copy only gloo's collectives make (the CPU's process group), not NCCL's: counted on a
+    device without the CUDA caching allocator (``KernelProfile.caching_allocator``) only."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSetup:
+    """What a scheme's ``worker_setup`` hands the measurement worker (``workers.train``) to train
+    with: the module to call, the optimizer, and how the loop drives them."""
+
+    engine: Any
+    """What the loop calls for the forward (the model, or the library's wrapper of it)."""
+    optimizer: Any
+    """The optimizer the loop steps (or the library's, when ``engine_steps``)."""
+    autocast: bool
+    """The loop runs the forward under ``torch.autocast`` (``*-mixed`` without a library that
+    casts the model itself)."""
+    engine_steps: bool = False
+    """The engine scales, steps and zeroes itself (``engine.backward(loss)``, ``engine.step()``
+    every micro-step: DeepSpeed)."""
+    details: dict[str, Any] = field(default_factory=dict)
+    """What the run's details report of the setup (the library's config)."""
+
+
+def join_process_group(device: str, init: Callable[[str], None] | None = None) -> None:
+    """Join the run's ``torch.distributed`` process group (gloo on the CPU, NCCL on a GPU): the
+    launcher's (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` in the environment,
+    as torchrun and ``workers.ranks`` set them) or, without one, a group of one rank on a free
+    local port. ``init``: the library's own init (``deepspeed.init_distributed``), called with
+    the backend; else ``torch.distributed.init_process_group``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    backend = "gloo" if device == "cpu" else "nccl"
+    if init is not None:
+        init(backend)
+    else:
+        dist.init_process_group(backend=backend)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -71,6 +140,8 @@ class ShardingSpec:
     """What PLAN.md says of it (``planner.emit.plan_md``)."""
     plan_notes: tuple[str, ...] = ()
     """PLAN.md's assumptions of the run that come from the scheme (its buffers as emitted)."""
+    keys: tuple[BreakdownKey, ...] = ()
+    """The breakdown keys it adds (its buffers, its partitions), each declared once here."""
 
     # ---- words ------------------------------------------------------------------------------
     def label(self, offload: Offload) -> str:
@@ -126,6 +197,22 @@ class ShardingSpec:
         """Bytes of the gradient copies made as the step begins (transient)."""
         return 0
 
+    def step_key(self, size: str) -> str:
+        """The breakdown key under which the step counts the scheme's part ``size``
+        (``planner.memory.step``: the parts ``MOMENTS`` names ``SCHEME``, by the ``StaticSizes``
+        field they read: ``gathered``, the parameters gathered whole for the running unit): the
+        one of its ``keys`` that says so (a part it does not have is 0 bytes, named generically)."""
+        for k in self.keys:
+            if k.size == size and not k.gloo_only:
+                return k.key
+        return f"sharding/{size}"
+
+    def searched_on(self, gpus: int, offload: Offload) -> bool:
+        """``suggest`` tries it with ``offload`` on ``gpus`` GPUs (``searched`` and ``offloads``
+        say which ones it takes; a scheme that is worth trying only on several ranks, or on one
+        only with an offload, says so here)."""
+        return self.searched and offload in self.offloads
+
     def memory_twin(self, gpus: int) -> str:
         """The scheme whose memory terms this one's equal on ``gpus`` ranks (the search's memo
         key): itself unless said otherwise."""
@@ -159,5 +246,20 @@ class ShardingSpec:
         section): one process needs no distribution."""
         return {"distributed_type": "NO"}
 
+    # ---- the worker (lazy imports: these run in the measurement process only) ----------------
+    def worker_init(self, device: str) -> None:
+        """Before the probe starts and the model is built: the environment the library reads at
+        import and the process group it needs (none: one plain process)."""
 
-__all__ = ["Offload", "ShardingSpec", "ring"]
+    def worker_setup(self, model: Any, params: list, config: Any, *, device: str,
+                     build_optimizer: Callable[[list], Any], hidden_size: int,
+                     hyperparameters: dict[str, Any]) -> WorkerSetup:
+        """Wrap the built model (adapters and checkpointing applied, ``params`` its trainable
+        parameters) for training and build its optimizer (``build_optimizer(params)``, the
+        optimizer's descriptor; ``hyperparameters``: the ``lr``, ``betas``, ``eps`` and
+        ``weight_decay`` a library's own optimizer is given, as ``emitted_files`` takes them;
+        ``hidden_size``: the model's): plain torch, autocast under ``*-mixed``."""
+        return WorkerSetup(engine=model, optimizer=build_optimizer(params), autocast=config.precision.is_mixed)
+
+
+__all__ = ["BreakdownKey", "Offload", "ShardingSpec", "WorkerSetup", "join_process_group", "ring"]

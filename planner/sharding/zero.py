@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+import os
+from typing import Any, Callable
 
 from planner.errors import InvalidConfigError, UnsupportedError
 from planner.optim import OPTIMIZERS, Optimizer, names
 from planner.optim.spec import FP32, HALF
-from planner.sharding.spec import Offload, ShardingSpec, ring
+from planner.sharding.spec import BreakdownKey, Offload, ShardingSpec, WorkerSetup, join_process_group, ring
 from planner.units import format_bytes
 
 #: The file name of the DeepSpeed config a run reads (``ZeRO.emitted_files``).
@@ -232,7 +233,7 @@ class ZeRO(ShardingSpec):
             out["weights"] = model.params_total * gb
         if self.zero_stage == 3:
             host += _zero3_weights(model, config, out, base_sizes)
-            out["zero3/gathered_params"] = zero3_gathered_bytes(model, config, t, base_sizes)
+            out[self.step_key("gathered")] = zero3_gathered_bytes(model, config, t, base_sizes)
             # ZeRO-3 allocates the flat 16-bit gradient partition when it is built, so it is alive
             # through the whole step (stage3.py _setup_for_real_optimizer grad_partitions_flat_buffer);
             # with optimizer offload it is built on the host and pinned (deepspeed 0.19.8 stage3.py
@@ -419,6 +420,31 @@ class ZeRO(ShardingSpec):
             "zero3_init_flag": self.zero_stage == 3,
         }}
 
+    # ---- the worker -------------------------------------------------------------------------
+    def worker_init(self, device: str) -> None:
+        """DeepSpeed picks its accelerator once, when it is imported (DS_ACCELERATOR), then joins
+        the process group through its own init (``deepspeed.init_distributed``)."""
+        if device == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+
+        join_process_group(device, init=lambda backend: deepspeed.init_distributed(dist_backend=backend))
+
+    def worker_setup(self, model: Any, params: list, config: Any, *, device: str,
+                     build_optimizer: Callable[[list], Any], hidden_size: int,
+                     hyperparameters: dict[str, Any]) -> WorkerSetup:
+        """``deepspeed.initialize`` with this scheme's ``ds_config.json`` (the one ``planner emit``
+        writes): DeepSpeed builds the optimizer from its section, or takes the client's."""
+        import deepspeed
+
+        ds_config = self.emitted_files(config, hidden_size=hidden_size, pin_memory=device != "cpu",
+                                       hyperparameters=hyperparameters)[DEEPSPEED_FILE]
+        client = None if "optimizer" in ds_config else build_optimizer(params)
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=client,
+                                                       config=ds_config)
+        return WorkerSetup(engine=engine, optimizer=optimizer, autocast=False, engine_steps=True,
+                           details={"deepspeed_config": ds_config})
+
 
 def _zero3_weights(model: Any, config: Any, out: dict[str, int], base_sizes: tuple[int, ...]) -> int:
     """Splits ``out["weights"]`` (the whole model's weights, frozen LoRA base weights included)
@@ -438,7 +464,18 @@ def _zero3_weights(model: Any, config: Any, out: dict[str, int], base_sizes: tup
     return 0
 
 
+#: the breakdown keys of ZeRO's partitions and buffers: flat tensors, one each (stage_1_and_2.py and
+#: stage3.py allocate each as one buffer), but the gathered parameters and the step's gradient copies
+_KEYS = (
+    BreakdownKey("master_weights", "weights", tensors=1),
+    BreakdownKey("zero3/gathered_params", "weights", size="gathered"),
+    BreakdownKey("zero3/grad_partitions", "gradients", tensors=1),
+    BreakdownKey("zero/reduce_bucket", "gradients", tensors=1),
+    BreakdownKey("zero/offload_grad_buffer", "gradients", tensors=1),
+    BreakdownKey("zero/gradient_flatten", "temporaries", size="gradient_flatten"),
+)
 _COMMON = dict(searched=True, library="deepspeed", casts_model=True, flat_optimizer=True, partitions_optimizer=True,
+               keys=_KEYS,
                plan_notes=("DeepSpeed buckets as in ds_config.json (reduce bucket hidden², not DeepSpeed's 5e8 default)",))
 SPECS = (
     ZeRO(name="zero1", order=2, zero_stage=1, offloads=(Offload.NONE, Offload.OPTIMIZER),

@@ -1,0 +1,322 @@
+"""PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``): per-parameter sharding of the model's
+units, one per decoder layer plus the root, as accelerate's TRANSFORMER_BASED_WRAP and the HF
+Trainer apply it (the classes of transformers' ``_no_split_modules``, then the whole model).
+
+What each rank keeps (N ranks; line numbers: torch 2.13 torch/distributed/fsdp/_fully_shard/):
+
+* every parameter, trainable or frozen, as a dim-0 shard of ceil(rows / N) rows in its own dtype
+  (``_fsdp_param.py`` ``_init_sharded_param``: ``padded_sharded_param = param.new_zeros(...)``):
+  the fp32 sharded parameters ARE the master weights under the MixedPrecisionPolicy;
+* the gradients of its shard, in the sharded parameter's dtype: the reduce-scatter's output
+  viewed per parameter (``_fsdp_collectives.py`` foreach_reduce l.692-706: ``_to_dtype_if_needed
+  (reduce_output, orig_dtype)``, ``torch.as_strided(reduce_output, ...)``);
+* the optimizer's states of its shards (the optimizer steps the sharded DTensors);
+* the root unit's parameters unsharded from the first forward to the end of backward: the root is
+  not resharded after forward (``_fsdp_state.py`` l.203-207: ``post_forward_mesh_info = None``),
+  its inputs (token ids) need no gradient so its post-backward runs in the final callback, with
+  its gradients (lm_head's, the embedding's) unsharded until then;
+* the running unit's parameters unsharded in the 16-bit ``param_dtype`` and one all-gather
+  buffer beside them: in forward the flat all-gather output is kept until the next unit's copy-out
+  (``_fsdp_param_group.py`` l.476-485 ``all_gather_state``, world size > 1), in backward the
+  next unit is prefetched (``_fsdp_state.py`` ``_pre_backward``: default backward prefetch);
+* in backward, the unit's unsharded 16-bit gradients and the previous unit's reduce-scatter
+  input in ``reduce_dtype`` (fp32), which is kept until the next unit's reduce-scatter
+  (``_fsdp_param_group.py`` l.648-659: ``reduce_scatter_max_input_buffers`` = 1);
+* at the root's post-backward, its unsharded gradients and their fp32 reduce-scatter input
+  (``_fsdp_collectives.py`` foreach_reduce l.597-610: ``reduce_scatter_input`` of the padded
+  unsharded size in ``reduce_dtype``, filled by ``foreach_reduce_scatter_copy_in`` before the
+  gradients are freed).
+
+With ``CPUOffloadPolicy`` the shards, their gradients and the optimizer's states live in the host's
+RAM and the optimizer steps there; the device holds what is gathered and reduced.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from planner.errors import InvalidConfigError, UnsupportedError
+from planner.optim import OPTIMIZERS, Optimizer, names
+from planner.optim.spec import FP32, HALF
+from planner.sharding.spec import BreakdownKey, Offload, ShardingSpec, WorkerSetup, join_process_group, ring
+from planner.units import format_bytes
+
+#: peft keeps LoRA's adapters in fp32 (planner.memory.dtypes.ADAPTER_BYTES, which sits above this layer)
+ADAPTER_BYTES = FP32
+
+#: the optimizers FSDP2's DTensor parameters take: torch's own (``torch.optim`` steps DTensors
+#: through their local shards); bitsandbytes' read the parameter's storage directly
+_TORCH_OPTIMIZERS = tuple(o for o in Optimizer if OPTIMIZERS[o].library is None)
+
+#: the state-dict type the emitted configs save with: each rank writes its shards (accelerate's
+#: default for FSDP2, utils/dataclasses.py FullyShardedDataParallelPlugin)
+STATE_DICT_TYPE = "SHARDED_STATE_DICT"
+
+
+def shard(size: int, gpus: int) -> int:
+    """Elements of one rank's shard of a tensor of ``size`` elements: dim 0 is split into
+    ceil(rows / N) rows and padded (``_fsdp_param.py`` ``_init_sharded_param``); the model's
+    tensor sizes carry no row count, so the padding is taken on the elements (at most one row
+    of difference)."""
+    return math.ceil(size / gpus)
+
+
+def root_params(model: Any) -> int:
+    """Parameters of the root unit: what no decoder layer holds (embeddings, their norm, the final
+    norm, the output head when untied)."""
+    head = model.head_params if not model.tied_embeddings else 0
+    return model.embedding_params + model.other_embedding_params + model.final_norm_params + head
+
+
+def head_params(model: Any) -> int:
+    """The root's parameters whose gradients its head's backward makes first (lm_head, the final
+    norm; a tied head's is the embedding's)."""
+    return model.head_params + model.final_norm_params
+
+
+def unit_bytes(model: Any, *, compute: int, adapters_per_layer: int) -> int:
+    """Bytes of one decoder layer unsharded in the compute dtype, its adapters included."""
+    layer = (model.params_total - root_params(model)) // max(1, model.num_layers)
+    return (layer + adapters_per_layer) * compute
+
+
+def _trained_bytes(config: Any) -> int:
+    """Bytes per element of what trains, its gradients and its optimizer states: the sharded
+    parameter's dtype (fp32 under *-mixed), fp32 adapters for LoRA."""
+    return config.precision.weight_bytes if not config.method.uses_adapters else ADAPTER_BYTES
+
+
+def _compute(config: Any, weight: int) -> int:
+    """Bytes per element of what FSDP2 gathers: the MixedPrecisionPolicy's 16-bit ``param_dtype``
+    under ``*-mixed``, else the parameters' own dtype."""
+    return HALF if config.precision.is_mixed else weight
+
+
+def _reduce(config: Any, weight: int) -> int:
+    """Bytes per element of the reduce-scatter: ``reduce_dtype`` fp32 under ``*-mixed`` (the
+    policy the emitted configs and the worker use), else the gradients' own dtype."""
+    return FP32 if config.precision.is_mixed else weight
+
+
+class FSDP2(ShardingSpec):
+    """FSDP2: every unit's parameters sharded over the ranks, gathered for its forward and
+    backward, its gradients reduce-scattered after its backward."""
+
+    # ---- words ------------------------------------------------------------------------------
+    def label(self, offload: Offload) -> str:
+        return self.name + ("+offload:cpu" if offload is not Offload.NONE else "")
+
+    def short(self, offload: Offload) -> str:
+        return self.name + ("+cpu" if offload is not Offload.NONE else "")
+
+    def offload_words(self, offload: Offload) -> str:
+        return "parameters, gradients and optimizer states offloaded to CPU RAM (CPUOffloadPolicy)" \
+            if offload is not Offload.NONE else "no offload"
+
+    def plan_line(self, offload: Offload) -> str:
+        return f"FSDP2 (fully_shard, one unit per decoder layer + root), {self.offload_words(offload)}"
+
+    def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
+        notes = ["FSDP2 keeps the root unit (embeddings, output head) unsharded from forward to the end of "
+                 "backward (torch fsdp/_fully_shard/_fsdp_state.py _lazy_init: the root is not resharded after forward)"]
+        if offload is not Offload.NONE:
+            notes.append(f"CPU offload: {format_bytes(host_bytes)} host RAM per GPU, the optimizer steps on the CPU "
+                         "and every unit's shards cross PCIe twice a micro-step (torch CPUOffloadPolicy)")
+        return notes
+
+    # ---- validation -------------------------------------------------------------------------
+    def check(self, config: Any, offload: Offload) -> None:
+        if offload not in self.offloads:
+            raise InvalidConfigError("--sharding fsdp2 offloads parameters, gradients and optimizer states "
+                                     "together: use --offload optimizer+params (CPUOffloadPolicy) or none")
+        if config.precision.value == "fp16-mixed":
+            raise UnsupportedError("--precision fp16-mixed with FSDP2 needs a sharded gradient scaler the plan does not "
+                                   "model: use bf16-mixed (or fp32)")
+        if config.optimizer not in _TORCH_OPTIMIZERS:
+            raise UnsupportedError(f"--optimizer {config.optimizer} with FSDP2: bitsandbytes' optimizers do not step "
+                                   f"FSDP2's sharded DTensor parameters, use {names(_TORCH_OPTIMIZERS)}")
+        if config.method.value == "qlora":
+            raise UnsupportedError("--method qlora with FSDP2 (4-bit weights stored in bnb_4bit_quant_storage) is not "
+                                   "modelled: use --method lora, or --zero 2")
+        if config.fused_ce:
+            raise UnsupportedError("--fused-ce with FSDP2 is not modelled (the fused loss reads lm_head.weight "
+                                   "outside the module's forward): drop --fused-ce")
+
+    # ---- memory -----------------------------------------------------------------------------
+    def model_states(self, model: Any, config: Any, t: Any, out: dict[str, int], *, param_bytes: int, grads: int,
+                     base_sizes: tuple[int, ...]) -> tuple[dict[str, int], int]:
+        """``casts_model`` gives the 16-bit model's dtype mode (the unsharded parameters the layers
+        compute with are ``param_dtype``, no autocast copies), so the stored dtypes are read from
+        the precision here, not from ``out`` or ``param_bytes``."""
+        n, offloaded = config.gpus, config.sharding.offload is not Offload.NONE
+        full = not config.method.uses_adapters
+        weight = config.precision.weight_bytes  # the sharded parameters' dtype: fp32 under *-mixed
+        trained_bytes = _trained_bytes(config)
+        compute, reduce = _compute(config, weight), _reduce(config, weight)
+        host = 0
+        # every base parameter sharded in its own dtype (fp32 master under *-mixed)
+        states = {"weights": sum(shard(s, n) for s in base_sizes) * weight}
+        if config.method.uses_adapters:
+            states["lora/weights"] = sum(shard(s, n) for s in t.sizes) * ADAPTER_BYTES
+        states["gradients"] = sum(shard(s, n) for s in t.sizes) * trained_bytes
+        optimizer = OPTIMIZERS[config.optimizer].memory
+        states["optimizer_states"] = optimizer.state_bytes([shard(s, n) for s in t.sizes], trained_bytes)
+        if offloaded:
+            host = sum(states.values())
+            states = {}
+        root = root_params(model)
+        root_trainable = root if full else 0
+        per_layer = max(1, model.num_layers)
+        trainable_unit = (t.count - root_trainable) // per_layer
+        unit = unit_bytes(model, compute=compute, adapters_per_layer=0 if full else trainable_unit)
+        # the running unit unsharded and one all-gather buffer (forward: the kept flat output,
+        # backward: the prefetched unit); one rank copies into the unsharded tensors, no buffer kept
+        states[self.step_key("gathered")] = unit * (2 if n > 1 else 1)
+        states[self.step_key("held")] = root * compute
+        # backward: this unit's unsharded 16-bit gradients and the previous unit's fp32
+        # reduce-scatter input; the head's gradients wait unsharded in the root
+        head = head_params(model) * compute if full else 0
+        states[self.step_key("reducing")] = trainable_unit * (compute + reduce) + head
+        # the end of backward: every root gradient unsharded and the last unit's reduce-scatter input
+        states[self.step_key("reducing_end")] = trainable_unit * reduce + root_trainable * compute
+        # the root's post-backward: its fp32 reduce-scatter input (the output is its gradient
+        # shard, in "gradients"), the head's unsharded gradient still referenced (measured on the
+        # CPU: lm_head's 16-bit gradient is alive there, the embedding's is freed by the copy-in),
+        # and on the CPU gloo's copy of the input (ProcessGroupGloo _reduce_scatter_base clones it:
+        # measured, "aten::clone < c10d::_reduce_scatter_base_")
+        states[self.step_key("gradient_flatten")] = root_trainable * reduce + head
+        # gloo's pending work may also still hold the last unit's reduce-scatter input when the
+        # root's is allocated (FSDP2 drops its reference first, _fsdp_param_group.py l.648-659;
+        # measured on 2 CPU ranks both ways, 81,246,592 and 84,148,608 B): counted on the CPU,
+        # the worse of the two
+        states[_GLOO_COPY] = root_trainable * reduce + (trainable_unit * reduce if full else 0)
+        return states, host
+
+    def optimizer_tensors(self, t: Any, config: Any, param_bytes: int) -> tuple[tuple[tuple[int, int], ...], int] | None:
+        if config.sharding.offload is not Offload.NONE:
+            return None  # the optimizer steps the host's shards
+        n = config.gpus
+        return tuple((shard(size, n), count) for size, count in t.size_counts), _trained_bytes(config)
+
+    def optimizer_gradients(self, t: Any, config: Any, device_grads: int) -> int:
+        return 0 if config.sharding.offload is not Offload.NONE else device_grads
+
+    def searched_on(self, gpus: int, offload: Offload) -> bool:
+        """Where it shards something (more than one GPU), or on one GPU where its CPU offload lets a
+        model fit that does not otherwise."""
+        return super().searched_on(gpus, offload) and (gpus > 1 or offload is not Offload.NONE)
+
+    # ---- throughput -------------------------------------------------------------------------
+    def comm_bytes(self, config: Any, *, trainable: int, params_total: int, grad_bytes: int) -> float:
+        """Every micro-step all-gathers every parameter for the forward and again for the backward
+        (reshard_after_forward; a checkpointed unit's recompute runs on the parameters its backward
+        gathered: ``_fsdp_state.py`` _pre_forward returns early in PRE_BACKWARD) in the compute
+        dtype, and reduce-scatters the trainable gradients in the reduce dtype (fp32 under
+        *-mixed): (n-1)/n · (2 · params · compute + trainable · reduce) per micro-step."""
+        cb = config.precision.compute_bytes
+        rb = FP32 if config.precision.is_mixed else cb
+        return ring(config.gpus) * (2 * params_total * cb + trainable * rb) * config.grad_accum
+
+    def offload_bytes(self, config: Any, offload: Offload, *, trainable: int, params_total: int) -> float:
+        """CPUOffloadPolicy: each unit's shards are copied to the device for its forward and its
+        backward (``_fsdp_param.py`` all_gather_inputs: ``sharded_local_tensor.to(self.device)``), the
+        reduced gradient shards go back to the host (foreach_reduce: ``to("cpu", non_blocking=True)``),
+        every micro-step."""
+        if offload is Offload.NONE:
+            return 0.0
+        n, w = config.gpus, config.precision.weight_bytes
+        rb = FP32 if config.precision.is_mixed else config.precision.compute_bytes
+        return (2 * params_total / n * w + trainable / n * rb) * config.grad_accum
+
+    # ---- files ------------------------------------------------------------------------------
+    def fsdp_settings(self, config: Any) -> dict[str, Any]:
+        """The FSDP2 settings of both launchers, by the names of transformers' ``fsdp_config``
+        (transformers 5 training_args.py ``_process_fsdp_args``)."""
+        return {
+            "version": 2,
+            # the classes of the model's _no_split_modules (accelerate utils/dataclasses.py
+            # FullyShardedDataParallelPlugin: TRANSFORMER_BASED_WRAP reads them when no class is named)
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "reshard_after_forward": True,
+            "cpu_offload": config.sharding.offload is not Offload.NONE,
+            "state_dict_type": STATE_DICT_TYPE,
+            # FSDP's own checkpointing of each unit (the model's as well would gather twice:
+            # transformers warns, issue 30404); the memory is the same non-reentrant checkpoint per layer
+            "activation_checkpointing": bool(config.grad_ckpt),
+            "cpu_ram_efficient_loading": True,
+        }
+
+    def training_arguments(self, config: Any) -> dict[str, Any]:
+        """``fsdp`` and ``fsdp_config`` (transformers 5: ``fsdp=True``, everything else in the
+        config); checkpointing is FSDP's, not the model's."""
+        out: dict[str, Any] = {"fsdp": True, "fsdp_config": self.fsdp_settings(config)}
+        if config.grad_ckpt:
+            out["activation_checkpointing"] = False
+            out["activation_checkpointing_kwargs"] = None
+        return out
+
+    def accelerate(self, config: Any, *, on_cpu: bool) -> dict[str, Any]:
+        """accelerate's ``fsdp_config`` section (``accelerate launch`` turns each key into the
+        ``FSDP_*`` variable the plugin reads: accelerate utils/launch.py prepare_multi_gpu_env);
+        its CPU-efficient loading needs ``fsdp_sync_module_states``."""
+        names = {"version": "fsdp_version", "auto_wrap_policy": "fsdp_auto_wrap_policy",
+                 "reshard_after_forward": "fsdp_reshard_after_forward", "cpu_offload": "fsdp_offload_params",
+                 "state_dict_type": "fsdp_state_dict_type", "activation_checkpointing": "fsdp_activation_checkpointing",
+                 "cpu_ram_efficient_loading": "fsdp_cpu_ram_efficient_loading"}
+        section = {names[key]: value for key, value in self.fsdp_settings(config).items()}
+        return {"distributed_type": "FSDP", "fsdp_config": section | {"fsdp_sync_module_states": True}}
+
+    # ---- the worker -------------------------------------------------------------------------
+    def worker_init(self, device: str) -> None:
+        join_process_group(device)
+
+    def worker_setup(self, model: Any, params: list, config: Any, *, device: str,
+                     build_optimizer: Callable[[list], Any], hidden_size: int,
+                     hyperparameters: dict[str, Any]) -> WorkerSetup:
+        """``fully_shard`` on each decoder layer (the classes of ``_no_split_modules``), then on the
+        whole model, as accelerate's ``fsdp2_prepare_model`` does; the optimizer is built on the
+        sharded parameters (fully_shard replaces every parameter by a DTensor one)."""
+        import torch
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        mixed = config.precision.is_mixed
+        policy = MixedPrecisionPolicy(param_dtype=getattr(torch, config.precision.compute_dtype),
+                                      reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
+        offload = CPUOffloadPolicy(pin_memory=device != "cpu") if config.sharding.offloaded else OffloadPolicy()
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        layer_classes = set(getattr(base, "_no_split_modules", None) or ())
+        if not layer_classes:
+            raise InvalidConfigError(f"{type(base).__name__} names no _no_split_modules: FSDP2 has no decoder layer to wrap")
+        kwargs = dict(mp_policy=policy, offload_policy=offload, reshard_after_forward=True)
+        units = [m for m in model.modules() if type(m).__name__ in layer_classes]
+        for module in units:
+            fully_shard(module, **kwargs)
+        fully_shard(model, **kwargs)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        return WorkerSetup(engine=model, optimizer=build_optimizer(trainable), autocast=False,
+                           details={"fsdp_units": len(units) + 1})
+
+
+#: gloo's copy of the root's reduce-scatter input (the CPU only)
+_GLOO_COPY = "fsdp2/gloo_reduce_scatter_copy"
+#: the scheme's breakdown keys: its buffers, each a flat tensor per unit
+_KEYS = (
+    BreakdownKey(_GLOO_COPY, "temporaries", size="gradient_flatten", gloo_only=True),
+    BreakdownKey("fsdp2/gathered_unit", "weights", size="gathered"),
+    BreakdownKey("fsdp2/root_unsharded", "weights", size="held"),
+    BreakdownKey("fsdp2/reduce_scatter", "gradients", size="reducing"),
+    BreakdownKey("fsdp2/reduce_scatter_end", "gradients", size="reducing_end"),
+    BreakdownKey("fsdp2/root_reduce_scatter", "temporaries", size="gradient_flatten"),
+)
+
+SPECS = (
+    # casts_model: the layers compute with the 16-bit unsharded parameters, no autocast
+    FSDP2(name="fsdp2", order=5, offloads=(Offload.NONE, Offload.OPTIMIZER_PARAMS), partitions_optimizer=True,
+          casts_model=True,
+          words="FSDP2", keys=_KEYS,
+          plan_notes=("FSDP2 as in fsdp_config: one unit per decoder layer plus the root, reshard_after_forward, "
+                      "MixedPrecisionPolicy(param_dtype 16-bit, reduce_dtype fp32)",)),
+)
+
+__all__ = ["FSDP2", "SPECS", "STATE_DICT_TYPE", "head_params", "root_params", "shard", "unit_bytes"]
