@@ -218,7 +218,8 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
         lora_variants.append((r, (ALL_LINEAR,)))
         if attn:
             lora_variants.append((r, attn))
-    shardings = search_axis(allow_offload=space.allow_offload, gpus=gpus)
+    # on the cpu profile the host is the device: an offload moves nothing off it, so none is searched
+    shardings = search_axis(allow_offload=space.allow_offload and not gpu.is_cpu, gpus=gpus)
     rows = []
     for method in space.methods:
         variants = [(None, None)] if method is Method.FULL else lora_variants
