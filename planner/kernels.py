@@ -84,7 +84,7 @@ QLORA_FP32_STREAM = 2.0
 #: Backward of elementwise work moves about twice its forward (each op reads the incoming
 #: gradient and its saved input and writes the outgoing gradient).
 BACKWARD_ELEMENTWISE = 2.0
-#: Mixed-precision full fine-tuning keeps fp32 weights: autocast casts each linear weight to 16
+#: Mixed-precision full fine-tuning under torch AMP keeps fp32 weights: autocast casts each linear weight to 16
 #: bits per forward (read 4, write 2) and the backward's 16-bit weight gradient is cast up and
 #: accumulated into the fp32 ``.grad`` (read 2 write 4, then read 4 + 4 write 4) = 18 B.
 WEIGHT_CAST_BYTES = 6
@@ -287,7 +287,8 @@ def elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: int) -> flo
                    for n, linears in stack_targets(model, config.lora_targets))
         per_token += outs * config.precision.compute_bytes / 2
     total = per_token * tokens
-    if config.method is Method.FULL and config.precision.is_mixed:
+    if config.method is Method.FULL and config.precision.is_mixed and not config.sharding.spec.master_update_bytes(config):
+        # (a scheme with its own fp32 master copy, DeepSpeed ZeRO, keeps 16-bit model weights: no casts)
         weights = sum(n * lin.count * lin.in_features * lin.out_features for n, lin in _linears(model))
         total += weights * (WEIGHT_CAST_BYTES * (1 + int(config.grad_ckpt)) + GRAD_ACCUMULATE_BYTES)
     return total

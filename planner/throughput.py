@@ -350,7 +350,8 @@ class ThroughputMemo:
         self._quantized: int | None = None
         # (method, lora_r, lora_targets) -> trainable params
         self._trainable: dict[tuple, int] = {}
-        # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, lora_dropout, precision) -> work
+        # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, lora_dropout, precision,
+        #  sharding) -> work
         self._micro: dict[tuple, MicroTerms] = {}
         # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter)
         self._device: dict[tuple, tuple[_Rates, float]] = {}
@@ -374,7 +375,7 @@ class ThroughputMemo:
         if trainable is None:
             trainable = self._trainable[adapters] = trainable_params(self.model, config)
         key = adapters + (config.grad_ckpt, config.seq_len, config.attention, config.packing, config.lora_dropout,
-                          config.precision)
+                          config.precision, config.sharding)
         terms = self._micro.get(key)
         if terms is None:
             terms = self._micro[key] = micro_terms(self.model, config)
