@@ -194,29 +194,35 @@ def _linears(model: ModelSpec):
             yield n, lin
 
 
-def _gemms(model: ModelSpec, config: TrainConfig, tokens: int) -> tuple[Work, Work]:
-    """(forward, backward) work of the block linears, the vocab projection and the adapters."""
+def _gemms(model: ModelSpec, config: TrainConfig) -> tuple[tuple[float, float, float], ...]:
+    """(forward, backward, head-forward) GEMM work of the block linears, the vocab projection and
+    the adapters, each as (FLOPs per token, bytes per token, bytes per micro-step): ``gemm`` summed
+    over the linears, in closed form (a linear of ``count`` experts, ``active`` per token, sees
+    ``tokens x active / count`` tokens per expert: its FLOPs and activations scale with the
+    tokens, its weights are read once per pass)."""
     elem = config.precision.compute_bytes
-    full = config.method is Method.FULL
-    fwd, bwd = Work(), Work()
+    backward = 2 if config.method is Method.FULL else 1  # dX always; dW only for trained weights
+    f = t = w = 0.0
     for n, lin in _linears(model):
-        m = tokens * lin.active / lin.count  # tokens each expert's GEMM sees (dense: all)
-        f = gemm(m, lin.out_features, lin.in_features, elem=elem)
-        fwd.add(f, lin.count * n)
-        bwd.add(f, lin.count * n * (2 if full else 1))  # dX always; dW only for trained weights
+        f += 2.0 * n * lin.active * lin.out_features * lin.in_features
+        t += n * lin.active * (lin.in_features + lin.out_features) * elem
+        w += n * lin.count * lin.in_features * lin.out_features * elem
+    hf = ht = hw = 0.0
     if model.lm_head_params:
-        head = gemm(tokens, model.vocab_size, model.hidden_size, elem=elem)
-        fwd.add(head)
-        bwd.add(head, 2 if full else 1)
-    if not full:
+        hf = 2.0 * model.vocab_size * model.hidden_size
+        ht = (model.hidden_size + model.vocab_size) * elem
+        hw = model.vocab_size * model.hidden_size * elem
+    af = at = aw = 0.0
+    if config.method is not Method.FULL:
         r = config.lora_r or 0
         for n, linears in stack_targets(model, config.lora_targets):
-            for lin in linears:
-                m = tokens * lin.active / lin.count
-                for part in (gemm(m, r, lin.in_features, elem=elem), gemm(m, lin.out_features, r, elem=elem)):
-                    fwd.add(part, lin.count * n)
-                    bwd.add(part, 2 * lin.count * n)
-    return fwd, bwd
+            for lin in linears:  # A: in -> r, B: r -> out
+                af += 2.0 * n * lin.active * r * (lin.in_features + lin.out_features)
+                at += n * lin.active * (lin.in_features + 2 * r + lin.out_features) * elem
+                aw += n * lin.count * r * (lin.in_features + lin.out_features) * elem
+    forward = (f + hf + af, t + ht + at, w + hw + aw)
+    back = (backward * (f + hf) + 2 * af, backward * (t + ht) + 2 * at, backward * (w + hw) + 2 * aw)
+    return forward, back, (hf, ht, hw)
 
 
 def attention_flops(model: ModelSpec, config: TrainConfig, tokens: int) -> tuple[float, float]:
@@ -270,9 +276,9 @@ def block_forward_bytes(model: ModelSpec, config: TrainConfig) -> float:
 
 
 def elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: int) -> float:
-    """Bytes of the micro-step's memory-bound non-GEMM work: the blocks' elementwise ops
-    (forward, backward, and the recompute's forward), eager scores, the loss, the adapters'
-    scale-and-add, and mixed precision's weight casts and gradient accumulation."""
+    """Bytes of the micro-step's memory-bound non-GEMM work that grows with the tokens: the blocks'
+    elementwise ops (forward, backward, and the recompute's forward), eager scores, the loss and the
+    adapters' scale-and-add (mixed precision's weight casts: ``weight_cast_bytes``)."""
     blocks = model.num_layers + model.decoder_layers
     forward = block_forward_bytes(model, config) * blocks
     per_token = forward * (1 + BACKWARD_ELEMENTWISE + int(config.grad_ckpt)) + _score_bytes(model, config)
@@ -286,12 +292,28 @@ def elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: int) -> flo
         outs = sum(n * sum(lin.active * (lin.out_features * 14 + lin.in_features * ins) for lin in linears)
                    for n, linears in stack_targets(model, config.lora_targets))
         per_token += outs * config.precision.compute_bytes / 2
-    total = per_token * tokens
-    if config.method is Method.FULL and config.precision.is_mixed and not config.sharding.spec.master_update_bytes(config):
-        # (a scheme with its own fp32 master copy, DeepSpeed ZeRO, keeps 16-bit model weights: no casts)
-        weights = sum(n * lin.count * lin.in_features * lin.out_features for n, lin in _linears(model))
-        total += weights * (WEIGHT_CAST_BYTES * (1 + int(config.grad_ckpt)) + GRAD_ACCUMULATE_BYTES)
-    return total
+    return per_token * tokens
+
+
+def block_weights(model: ModelSpec) -> int:
+    """Weights of the block linears (all experts)."""
+    return sum(n * lin.count * lin.in_features * lin.out_features for n, lin in _linears(model))
+
+
+def weight_cast_bytes(config: TrainConfig, weights: int) -> float:
+    """Bytes per micro-step of torch AMP's fp32 weights: cast to 16 bits per forward (and per
+    recompute) and the 16-bit gradients accumulated into fp32 ``.grad``; none where the weights
+    are 16-bit already (LoRA's frozen base, pure 16-bit) or the scheme keeps its own fp32 master
+    copy (DeepSpeed ZeRO runs 16-bit model weights)."""
+    if not casts_weights(config):
+        return 0.0
+    return weights * (WEIGHT_CAST_BYTES * (1 + int(config.grad_ckpt)) + GRAD_ACCUMULATE_BYTES)
+
+
+def casts_weights(config: TrainConfig) -> bool:
+    """Whether torch AMP casts fp32 weights each micro-step (see ``weight_cast_bytes``)."""
+    return (config.method is Method.FULL and config.precision.is_mixed
+            and not config.sharding.spec.master_update_bytes(config))
 
 
 def ops_per_micro_step(model: ModelSpec, config: TrainConfig) -> int:
@@ -304,19 +326,6 @@ def ops_per_micro_step(model: ModelSpec, config: TrainConfig) -> int:
     if config.method is Method.QLORA:
         ops += sum(n * len(linears) for n, linears in model.stacks) * OPS_PER_QUANTIZED * (3 if config.grad_ckpt else 2) // 2
     return ops
-
-
-def _micro_step(model: ModelSpec, config: TrainConfig, tokens: int) -> MicroStep:
-    fwd, bwd = _gemms(model, config, tokens)
-    attention, attention_fwd = attention_flops(model, config, tokens)
-    recompute = (0.0, 0.0)
-    if config.grad_ckpt:
-        head = gemm(tokens, model.vocab_size, model.hidden_size, elem=config.precision.compute_bytes) \
-            if model.lm_head_params else Work()
-        recompute = (fwd.flops - head.flops + attention_fwd, fwd.bytes - head.bytes)  # the blocks again, not the head
-    return MicroStep(gemm=(fwd.flops + bwd.flops, fwd.bytes + bwd.bytes), attention=(attention, 0.0),
-                     recompute=recompute, elementwise=(0.0, elementwise_bytes(model, config, tokens)),
-                     ops=ops_per_micro_step(model, config))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -339,17 +348,38 @@ class MicroTerms:
                          ops=f.ops)
 
 
+@dataclass(frozen=True, kw_only=True)
+class PricedTerms:
+    """``MicroTerms`` priced at one device's rates: (gemm, attention, recompute, elementwise,
+    overhead) seconds as ``fixed + per_token x tokens``."""
+
+    fixed: tuple[float, ...]
+    per_token: tuple[float, ...]
+
+    def at(self, tokens: int) -> tuple[float, ...]:
+        f, p = self.fixed, self.per_token
+        return (f[0] + p[0] * tokens, f[1] + p[1] * tokens, f[2] + p[2] * tokens, f[3] + p[3] * tokens,
+                f[4] + p[4] * tokens)
+
+
+def price(terms: MicroTerms, rates: DeviceRates) -> PricedTerms:
+    """The seconds of a micro-step's work at ``rates``."""
+    return PricedTerms(fixed=terms.fixed.seconds(rates), per_token=terms.per_token.seconds(rates))
+
+
 def micro_terms(model: ModelSpec, config: TrainConfig) -> MicroTerms:
     """The work of a micro-step of ``config``'s kind at any micro-batch (its ``micro_batch`` unread)."""
-    zero, one = _micro_step(model, config, 0), _micro_step(model, config, 1)
-
-    def slope(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
-        return (b[0] - a[0], b[1] - a[1])
-
-    per_token = MicroStep(gemm=slope(zero.gemm, one.gemm), attention=slope(zero.attention, one.attention),
-                          recompute=slope(zero.recompute, one.recompute),
-                          elementwise=slope(zero.elementwise, one.elementwise), ops=0)
-    return MicroTerms(fixed=zero, per_token=per_token)
+    forward, backward, head = _gemms(model, config)
+    attention, attention_fwd = attention_flops(model, config, 1)
+    recompute_fixed, recompute_token = (0.0, 0.0), (0.0, 0.0)
+    if config.grad_ckpt:  # the blocks' forward again, not the head's
+        recompute_fixed = (0.0, forward[2] - head[2])
+        recompute_token = (forward[0] - head[0] + attention_fwd, forward[1] - head[1])
+    fixed = MicroStep(gemm=(0.0, forward[2] + backward[2]), attention=(0.0, 0.0), recompute=recompute_fixed,
+                      elementwise=(0.0, 0.0), ops=ops_per_micro_step(model, config))
+    per_token = MicroStep(gemm=(forward[0] + backward[0], forward[1] + backward[1]), attention=(attention, 0.0),
+                          recompute=recompute_token, elementwise=(0.0, elementwise_bytes(model, config, 1)), ops=0)
+    return MicroTerms(fixed=fixed, per_token=per_token)
 
 
 def micro_step(model: ModelSpec, config: TrainConfig) -> MicroStep:
@@ -361,9 +391,12 @@ __all__ = [
     "DeviceRates",
     "MicroStep",
     "MicroTerms",
+    "PricedTerms",
     "Work",
     "attention_flops",
     "block_forward_bytes",
+    "block_weights",
+    "casts_weights",
     "elementwise_bytes",
     "gemm",
     "gemm_seconds",
@@ -371,4 +404,6 @@ __all__ = [
     "micro_step",
     "micro_terms",
     "ops_per_micro_step",
+    "price",
+    "weight_cast_bytes",
 ]

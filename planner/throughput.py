@@ -36,11 +36,14 @@ from planner.gpus import GPUSpec, check_precision, matmul_dtype
 from planner.kernels import (
     GPU_OP_SECONDS,
     DeviceRates,
-    MicroStep,
     MicroTerms,
+    PricedTerms,
+    block_weights,
+    casts_weights,
     matmul_fraction,
-    micro_step,
     micro_terms,
+    price,
+    weight_cast_bytes,
 )
 from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES
 from planner.memory.parameters import stack_targets, trainable_params
@@ -283,17 +286,21 @@ def _update_bytes_per_param(config: TrainConfig) -> float:
     return optimizer_bytes_per_param(config=config)
 
 
-def _step_parts(config: TrainConfig, *, rates: _Rates, micro: MicroStep, trainable: int, update_bytes: float,
-                params_total: int, quantized: int) -> tuple[float, ...]:
+def _step_parts(config: TrainConfig, *, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
+                update_bytes: float, params_total: int, quantized: int) -> tuple[float, ...]:
     """Seconds of each of ``PARTS`` from what the configuration's terms depend on beyond itself
-    (``step_breakdown`` computes those afresh, ``ThroughputMemo`` once per search)."""
+    (``step_breakdown`` computes those afresh, ``ThroughputMemo`` once per search); ``micro`` is
+    one micro-step's (gemm, attention, recompute, elementwise, overhead) seconds, ``casts`` its AMP
+    weight-cast bytes (``planner.kernels.weight_cast_bytes``)."""
     accum = config.grad_accum
     if config.sharding.offloaded:
         optimizer_s = trainable / config.gpus * update_bytes / rates.host_bw
     else:
         stepped = trainable / config.gpus if config.sharding.spec.partitions_optimizer else trainable
         optimizer_s = stepped * update_bytes / rates.device_bw
-    gemm_s, attention_s, recompute_s, elementwise_s, overhead_s = micro.seconds(rates.kernels)
+    gemm_s, attention_s, recompute_s, elementwise_s, overhead_s = micro
+    if casts:
+        elementwise_s += casts / rates.device_bw
     return (
         gemm_s * accum,
         attention_s * accum,
@@ -312,7 +319,8 @@ def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utili
     ``estimate_throughput`` for the assumptions)."""
     rates = _rates(gpu, config.precision, utilization)
     parts = _step_parts(
-        config, rates=rates, micro=micro_step(model, config),
+        config, rates=rates, casts=weight_cast_bytes(config, block_weights(model)),
+        micro=price(micro_terms(model, config), rates.kernels).at(config.micro_batch * config.seq_len),
         trainable=trainable_params(model, config), update_bytes=_update_bytes_per_param(config),
         params_total=model.params_total, quantized=_quantized_weights(model) if config.method is Method.QLORA else 0,
     )
@@ -324,7 +332,7 @@ def calibration_terms(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec) ->
     every FLOP at the peak (GEMMs, attention, recompute), B the seconds of every device byte at the
     datasheet bandwidth (GEMM operands, elementwise work, dequantisation, the on-device optimizer
     update), C the rest (per-op overhead, collectives, offload copies, host-side Adam)."""
-    micro = micro_step(model, config)
+    micro = micro_terms(model, config).at(config.micro_batch * config.seq_len)
     peak = gpu.peak_tflops(config.precision) * 1e12
     bandwidth = gpu.mem_bandwidth_gbs * 1e9
     parts = step_breakdown(model=model, config=config, gpu=gpu)
@@ -332,7 +340,8 @@ def calibration_terms(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec) ->
     device_bytes_s = parts["dequant"] + (parts["optimizer"] if on_device else 0.0)
     device_bytes_s *= bandwidth_efficiency(gpu)  # back to the datasheet bandwidth
     return (micro.flops * config.grad_accum / peak,
-            micro.bytes * config.grad_accum / bandwidth + device_bytes_s,
+            (micro.bytes + weight_cast_bytes(config, block_weights(model))) * config.grad_accum / bandwidth
+            + device_bytes_s,
             parts["overhead"] + parts["comm"] + parts["offload"] + (0.0 if on_device else parts["optimizer"]))
 
 
@@ -348,13 +357,15 @@ class ThroughputMemo:
     def __init__(self, model: ModelSpec, gpu: GPUSpec, utilization: float | None = None) -> None:
         self.model, self.gpu, self.utilization = model, gpu, utilization
         self._quantized: int | None = None
+        self._weights = 0
         # (method, lora_r, lora_targets) -> trainable params
         self._trainable: dict[tuple, int] = {}
-        # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, lora_dropout, precision,
-        #  sharding) -> work
-        self._micro: dict[tuple, MicroTerms] = {}
-        # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter)
-        self._device: dict[tuple, tuple[_Rates, float]] = {}
+        # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, lora_dropout, activation
+        #  bytes) -> the micro-step's work at any micro-batch; + (precision,) -> its seconds on this device
+        self._work: dict[tuple, MicroTerms] = {}
+        self._micro: dict[tuple, PricedTerms] = {}
+        # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter, AMP casts)
+        self._device: dict[tuple, tuple[_Rates, float, bool]] = {}
 
     def breakdown(self, config: TrainConfig) -> dict[str, float]:
         """``step_breakdown(model=, config=, gpu=, utilization=)``, the same floats."""
@@ -369,20 +380,26 @@ class ThroughputMemo:
         device = self._device.get(key)
         if device is None:
             device = self._device[key] = (_rates(self.gpu, config.precision, self.utilization),
-                                          _update_bytes_per_param(config))
+                                          _update_bytes_per_param(config), casts_weights(config))
         adapters = (config.method, config.lora_r, config.lora_targets)
         trainable = self._trainable.get(adapters)
         if trainable is None:
             trainable = self._trainable[adapters] = trainable_params(self.model, config)
-        key = adapters + (config.grad_ckpt, config.seq_len, config.attention, config.packing, config.lora_dropout,
-                          config.precision, config.sharding)
+        shape = adapters + (config.grad_ckpt, config.seq_len, config.attention, config.packing, config.lora_dropout,
+                            config.precision.compute_bytes)  # all micro_terms reads (fp32 is the 4-byte precision)
+        key = shape + (config.precision,)
         terms = self._micro.get(key)
         if terms is None:
-            terms = self._micro[key] = micro_terms(self.model, config)
-        micro = terms.at(config.micro_batch * config.seq_len)
+            work = self._work.get(shape)
+            if work is None:
+                work = self._work[shape] = micro_terms(self.model, config)
+            terms = self._micro[key] = price(work, device[0].kernels)
         if self._quantized is None:
             self._quantized = _quantized_weights(self.model)
-        return _step_parts(config, rates=device[0], micro=micro, trainable=trainable, update_bytes=device[1],
+            self._weights = block_weights(self.model)
+        casts = weight_cast_bytes(config, self._weights) if device[2] else 0.0
+        return _step_parts(config, rates=device[0], micro=terms.at(config.micro_batch * config.seq_len),
+                           casts=casts, trainable=trainable, update_bytes=device[1],
                            params_total=self.model.params_total, quantized=self._quantized)
 
 

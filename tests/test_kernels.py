@@ -11,11 +11,13 @@ from planner.kernels import (
     DeviceRates,
     attention_flops,
     block_forward_bytes,
+    block_weights,
     elementwise_bytes,
     gemm,
     gemm_seconds,
     matmul_fraction,
     ops_per_micro_step,
+    weight_cast_bytes,
 )
 from planner.throughput import calibration_terms, estimate_throughput
 
@@ -84,7 +86,14 @@ def test_micro_step_elementwise_bytes_by_hand():
     # full fine-tuning, bf16-mixed: the fp32 weights cast per forward (6 B) and the gradients
     # accumulated (18 B): 2 x 65,536 weights x 24 B = 3,145,728 B, on top of 93,120 B per token
     full = TrainConfig(seq_len=128)
-    assert elementwise_bytes(tiny, full, 128) == 93_120 * 128 + 2 * 65_536 * 24
+    assert elementwise_bytes(tiny, full, 128) == 93_120 * 128
+    assert block_weights(tiny) == 2 * 65_536
+    assert weight_cast_bytes(full, block_weights(tiny)) == 2 * 65_536 * 24
+    # with checkpointing the recompute casts again: 6 + 6 + 18 = 30 B per weight
+    assert weight_cast_bytes(TrainConfig(seq_len=128, grad_ckpt=True), 131_072) == 131_072 * 30
+    # no casts: LoRA's frozen 16-bit base, pure bf16, or ZeRO's own fp32 master copy (16-bit model weights)
+    for config in (lora, TrainConfig(precision="bf16"), TrainConfig(zero=2, gpus=2)):
+        assert weight_cast_bytes(config, 131_072) == 0
 
 
 def test_eager_attention_moves_its_scores():
