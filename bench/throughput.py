@@ -143,36 +143,40 @@ def score_all(data: dict[str, Any]) -> list[dict[str, Any]]:
 # --- what the throughput model misses, row by row ---------------------------------------------------
 
 def cause(r: dict[str, Any]) -> str:
-    """The terms of the step the throughput model does not carry for this row, the one that pushes
-    the way of the error first (from the row's settings, its predicted parts and its implied MFU)."""
+    """What the kernel model of the step (``planner.kernels``) most likely misses for this row, the
+    terms that push the way of the error first (from the row's settings, its predicted parts and
+    its implied MFU)."""
+    from planner.kernels import MAMF_FRACTION
+
     s, shares, over = r["settings"], r["shares"], r["error"] > 0
-    mfu = (f"one MFU for every GEMM shape: the run implies {r['implied_mfu']:.0%} MFU, the prediction "
-           f"{r['predicted_mfu']:.0%} (every matmul at {r['assumed_mfu']:.0%}, then the recompute and memory-bound parts)")
+    mfu = (f"the run implies {r['implied_mfu']:.0%} MFU, the prediction {r['predicted_mfu']:.0%} (large GEMMs at "
+           f"{r['assumed_mfu']:.0%} of the peak, then attention, elementwise work and the rest)")
     found = []
     if r["implied_mfu"] > IMPOSSIBLE_MFU:
         found.append(f"the run implies {r['implied_mfu']:.0%} of the device's dense peak: the stated device, basis or "
                      "settings cannot all be right")
     if not over and s.get("compile"):
         found.append("torch.compile fuses the norms, activations and casts the eager step runs one kernel each (no knob)")
+    if not over and r["gpu_id"] not in MAMF_FRACTION and r["assumed_mfu"] < 0.85:
+        found.append(f"{r['gpu_id']} is not in the published MAMF table: its large GEMMs run at the "
+                     f"{r['assumed_mfu']:.0%} default")
     if not over and r["gpus"] > 1 and shares["comm"] + shares["offload"] > 0.1:
         found.append(f"communication and offload ({shares['comm'] + shares['offload']:.0%} of the predicted step) are summed "
                      "with no overlap, where FSDP prefetches the all-gathers and overlaps the reduce-scatters with backward")
     if over and r["gpus"] > 1 and str(r["interconnect"]).startswith("pcie"):
         found.append("FSDP over PCIe: the collectives contend with host traffic and run below the link rate the model assumes")
-    if over and r["method"] == "qlora" and shares["dequant"] < 0.15:
-        found.append(f"QLoRA's NF4 dequantisation kernels and the fp32 upcasts are {shares['dequant']:.0%} of the predicted "
-                     "step, counted at memory speed; bitsandbytes' small kernels are launch-bound")
-    if over and r["params"] < 1e9:
-        found.append("a small model: per-module launches and the memory-bound elementwise work (norms, softmax, dropout, "
-                     "casts, GELU) that the step leaves out outweigh its GEMMs")
+    if over and r["method"] == "qlora":
+        found.append("bitsandbytes' dequantise-then-matmul per call: its small kernels and fp32 upcasts are counted at "
+                     f"memory speed ({shares['dequant'] + shares['elementwise']:.0%} of the predicted step)")
+    if over and shares["elementwise"] >= 0.3:
+        found.append(f"the elementwise work ({shares['elementwise']:.0%} of the predicted step) is counted as one read and "
+                     "write per op at 80% of the bandwidth; small unfused kernels of an older stack reach less")
     if over and s.get("attention") == "eager":
-        found.append("eager attention materialises the T x T scores and softmax at memory speed; the model counts its "
-                     "FLOPs at the GEMM rate")
-    if not over and shares["attention"] >= 0.1 and s.get("attention") in ("flash", "sdpa"):
-        found.append(f"causal attention counted as the full T x T product ({shares['attention']:.0%} of the predicted step), "
-                     "where the fused kernels skip the masked half")
+        found.append("eager attention's scores are counted at 30 element passes each; the softmax, mask and dropout kernels "
+                     "of the run's stack may move more")
     if not over and shares["recompute"] >= 0.15:
-        found.append(f"checkpointing's recompute ({shares['recompute']:.0%} of the predicted step) priced at the same MFU")
+        found.append(f"checkpointing's recompute ({shares['recompute']:.0%} of the predicted step) priced as a full second "
+                     "forward of every block; selective or overlapped recompute costs less")
     found.append(mfu)
     return "; ".join(found)
 
@@ -312,8 +316,9 @@ def markdown(results: list[dict[str, Any]], sources: dict[str, Any], *, analysis
         f"## The {WORST} worst rows and what the throughput model misses for them",
         "",
         "'implied MFU' is the measured tokens/s per GPU x the model FLOPs per token (`flops_per_token(...).model`, "
-        "recompute not counted) over the precision's dense peak: what the run reached, against the one MFU the model "
-        "assumes for every GEMM.",
+        "recompute not counted) over the precision's dense peak: what the run reached, against the prediction's "
+        "(the step is priced kernel by kernel, `planner.kernels`: large GEMMs at the device's published achieved "
+        "rate, skinny ones, elementwise work and eager scores at memory speed).",
         "",
         *_worst_lines(scored),
         "",

@@ -4,20 +4,25 @@ One optimizer step = ``grad_accum`` micro-steps of ``micro_batch x seq_len`` tok
 ``config.gpus`` devices, then one optimizer update. The step time is the SUM of named parts (no
 overlap assumed; conservative, and each part can be calibrated on its own):
 
-* ``compute``   linear-layer matmuls (+ output head, + LoRA adapters), forward and backward
-* ``attention`` attention score and value matmuls, forward and backward
-* ``recompute`` the extra forward of gradient checkpointing
-* ``dequant``   QLoRA's 4-bit -> 16-bit weight dequantisation (memory bound)
-* ``optimizer`` the optimizer update (memory bound on the device, or DeepSpeed's CPU Adam)
-* ``comm``      gradient reduction and ZeRO parameter gathers between devices
-* ``offload``   host<->device copies of ZeRO-Offload
+* ``compute``     linear-layer GEMMs (+ output head, + LoRA adapters), forward and backward, each
+                  on the roofline of its shape (``planner.kernels``)
+* ``attention``   attention's products at the kernel's rate (flash/SDPA skip the causal half)
+* ``recompute``   the GEMMs and attention of gradient checkpointing's second forward
+* ``elementwise`` norms, activations, rotary, residuals, dropout, casts, the loss and eager
+                  attention's scores, at achieved memory bandwidth
+* ``dequant``     QLoRA's 4-bit -> 16-bit weight dequantisation (memory bound)
+* ``optimizer``   the optimizer update (memory bound on the device, or DeepSpeed's CPU Adam)
+* ``overhead``    host time per eager op the device waits for (small models, the CPU)
+* ``comm``        gradient reduction and ZeRO parameter gathers between devices
+* ``offload``     host<->device copies of ZeRO-Offload
 
 FLOP counts follow Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", sec. 2.1:
 2N forward, 4N backward per token) and the attention term of Chowdhery et al. 2022 (PaLM,
-appendix B: 6N + 12·L·H·Q·T training FLOPs per token, i.e. 4·L·T·H·Q forward). Compute-bound
-parts run at ``peak_tflops(precision) x utilization`` (model FLOP utilisation, MFU); memory-bound
-parts at the device bandwidth x ``MEMORY_BANDWIDTH_EFFICIENCY``. The constants below are stated
-assumptions, meant to be calibrated against measured runs.
+appendix B: 6N + 12·L·H·Q·T training FLOPs per token, i.e. 4·L·T·H·Q forward): the model FLOPs
+an MFU is quoted against. The step itself is priced kernel by kernel (``planner.kernels``): a large
+GEMM runs at ``peak_tflops(precision) x utilization``, where the utilization is the device's
+achieved large-GEMM fraction (its MAMF; ``planner calibrate`` fits it from a user's runs), skinny
+GEMMs and elementwise work at the device bandwidth x ``MEMORY_BANDWIDTH_EFFICIENCY``.
 """
 
 from __future__ import annotations
@@ -25,9 +30,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from planner.config import Method, Precision, TrainConfig
+from planner.config import Attention, Method, Precision, TrainConfig
 from planner.errors import InvalidConfigError
 from planner.gpus import GPUSpec, check_precision, matmul_dtype
+from planner.kernels import (
+    GPU_OP_SECONDS,
+    DeviceRates,
+    MicroTerms,
+    PricedTerms,
+    block_weights,
+    casts_weights,
+    matmul_fraction,
+    micro_terms,
+    price,
+    weight_cast_bytes,
+)
 from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES
 from planner.memory.parameters import stack_targets, trainable_params
 from planner.modelspec import ModelSpec
@@ -36,18 +53,10 @@ from planner.results import ThroughputEstimate
 
 # ---- stated assumptions (calibrate with measurements) ----------------------------------------
 
-#: MFU of 16-bit tensor-core training. karpathy/llm.c#621 reports ~43% bf16 MFU for GPT-2
-#: training on an A10 and modula-systems/modula#1 43.5% (nanoGPT-like, A10, 125 TFLOPS assumed);
-#: well-tuned LLM pre-training reaches 40-55%. HF Trainer fine-tuning at small micro-batches is at
-#: the low end, hence 0.45 as a single default.
-MFU_TENSOR_CORES = 0.45
-#: MFU of fp32 training on CUDA cores: a large fp32 GEMM reaches ~75% of the CUDA-core peak
-#: (23.4 of 31.2 TFLOPS on an A10G, zzc0721/torch-performance-test-data#126); the elementwise work
-#: of a training step runs at memory speed, so 0.5 of the peak overall.
-MFU_FP32 = 0.50
-#: Utilisation on the CPU profile, relative to its MEASURED GEMM rate (see planner.gpus): the
-#: non-GEMM ops (norms, softmax, optimizer, autograd bookkeeping) of a small model on 2 threads.
-MFU_CPU = 0.50
+#: Seconds per eager op on the CPU profile, where the host runs the kernels itself (nothing to
+#: hide the dispatch behind): PyTorch's per-op dispatch and autograd bookkeeping, ~10 us (Horace
+#: He, "Making Deep Learning Go Brrrr", overhead).
+CPU_OP_SECONDS = 10e-6
 #: Fraction of the datasheet memory bandwidth an elementwise kernel reaches (STREAM-like kernels
 #: reach 80-90% of HBM/GDDR peak).
 MEMORY_BANDWIDTH_EFFICIENCY = 0.80
@@ -111,8 +120,8 @@ def flops_per_token(*, model: ModelSpec, config: TrainConfig) -> FlopsPerToken:
 
     Forward: 2 FLOPs per weight of every linear layer and of the vocab projection (an embedding
     lookup costs none), plus 4·T·H·Q per layer for QK^T and PV (PaLM appendix B). Causal masking
-    is NOT halved: SDPA's math/efficient kernels and eager attention compute the full T x T
-    scores, and it is the convention of published MFU figures.
+    is NOT halved here: these are the model FLOPs published MFU figures count (the step's time
+    halves them where the kernel skips the masked half: ``planner.kernels.attention_seconds``).
     Backward: full fine-tuning 2x forward (activation + weight gradients; Kaplan 2020). LoRA/QLoRA:
     the frozen base weights need activation gradients only (1x forward), the adapters both (2x).
     Attention has no weights; its backward is 2x forward either way (dQ, dK, dV, dP).
@@ -209,14 +218,14 @@ def _dequant_bytes(config: TrainConfig, quantized: int) -> float:
 
 
 def default_utilization(*, gpu: GPUSpec, precision: Precision | str) -> float:
-    """The MFU for a device and precision: the device's calibrated one (``planner calibrate``,
-    ``GPUSpec.mfu``) where it has one, else the stated constants above."""
+    """The large-GEMM efficiency for a device and precision (the fraction of the peak a large
+    square-ish GEMM reaches; smaller ones fall below it on the roofline): the device's calibrated
+    one (``planner calibrate``, ``GPUSpec.mfu``) where it has one, else its published MAMF
+    fraction (``planner.kernels.matmul_fraction``)."""
     calibrated = gpu.mfu.get(matmul_dtype(precision))
     if calibrated is not None:
         return calibrated
-    if gpu.is_cpu:
-        return MFU_CPU
-    return MFU_FP32 if Precision(precision) is Precision.FP32 else MFU_TENSOR_CORES
+    return matmul_fraction(gpu, Precision(precision))
 
 
 def bandwidth_efficiency(gpu: GPUSpec) -> float:
@@ -234,17 +243,15 @@ def _utilization(gpu: GPUSpec, precision: Precision, utilization: float | None) 
 
 
 #: The parts of a step, in the order ``step_breakdown`` lists them (and the search sums them).
-PARTS = ("compute", "attention", "recompute", "dequant", "optimizer", "comm", "offload")
+PARTS = ("compute", "attention", "recompute", "elementwise", "dequant", "optimizer", "overhead", "comm", "offload")
 
 
 class _Rates(NamedTuple):
     """The rates one device gives one precision, each the divisor of a part of the step (a tuple:
     ``step_breakdown`` makes one per call)."""
 
-    flop_rate: float
-    """Matmul FLOP/s: the precision's peak x the utilisation."""
-    device_bw: float
-    """Bytes/s of device memory-bound kernels."""
+    kernels: DeviceRates
+    """Achieved GEMM FLOP/s, device bandwidth and host time per op (``planner.kernels``)."""
     host_bw: float
     """Bytes/s of host DRAM one rank's DeepSpeed CPU Adam gets."""
     link_bw: float
@@ -252,11 +259,18 @@ class _Rates(NamedTuple):
     host_link_bw: float
     """Bytes/s between host and device."""
 
+    @property
+    def device_bw(self) -> float:
+        return self.kernels.bandwidth
+
 
 def _rates(gpu: GPUSpec, precision: Precision, utilization: float | None) -> _Rates:
     return _Rates(
-        flop_rate=gpu.peak_tflops(precision) * 1e12 * _utilization(gpu, precision, utilization),
-        device_bw=gpu.mem_bandwidth_gbs * 1e9 * bandwidth_efficiency(gpu),
+        kernels=DeviceRates(
+            gemm=gpu.peak_tflops(precision) * 1e12 * _utilization(gpu, precision, utilization),
+            bandwidth=gpu.mem_bandwidth_gbs * 1e9 * bandwidth_efficiency(gpu),
+            op_seconds=CPU_OP_SECONDS if gpu.is_cpu else GPU_OP_SECONDS,
+        ),
         # DeepSpeed CPU Adam at host DRAM speed (on the CPU profile the host is the device itself)
         host_bw=(gpu.mem_bandwidth_gbs if gpu.is_cpu else HOST_DRAM_GBS_PER_RANK) * 1e9,
         link_bw=gpu.interconnect_gbs * 1e9,
@@ -272,23 +286,29 @@ def _update_bytes_per_param(config: TrainConfig) -> float:
     return optimizer_bytes_per_param(config=config)
 
 
-def _step_parts(config: TrainConfig, *, rates: _Rates, flops: FlopsPerToken, trainable: int, update_bytes: float,
-                params_total: int, quantized: int) -> tuple[float, ...]:
+def _step_parts(config: TrainConfig, *, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
+                update_bytes: float, params_total: int, quantized: int) -> tuple[float, ...]:
     """Seconds of each of ``PARTS`` from what the configuration's terms depend on beyond itself
-    (``step_breakdown`` computes those afresh, ``ThroughputMemo`` once per search)."""
-    tokens_per_device = config.micro_batch * config.seq_len * config.grad_accum
-    flop_rate = rates.flop_rate
+    (``step_breakdown`` computes those afresh, ``ThroughputMemo`` once per search); ``micro`` is
+    one micro-step's (gemm, attention, recompute, elementwise, overhead) seconds, ``casts`` its AMP
+    weight-cast bytes (``planner.kernels.weight_cast_bytes``)."""
+    accum = config.grad_accum
     if config.sharding.offloaded:
         optimizer_s = trainable / config.gpus * update_bytes / rates.host_bw
     else:
         stepped = trainable / config.gpus if config.sharding.spec.partitions_optimizer else trainable
         optimizer_s = stepped * update_bytes / rates.device_bw
+    gemm_s, attention_s, recompute_s, elementwise_s, overhead_s = micro
+    if casts:
+        elementwise_s += casts / rates.device_bw
     return (
-        flops.linear * tokens_per_device / flop_rate,
-        flops.attention * tokens_per_device / flop_rate,
-        flops.recompute * tokens_per_device / flop_rate,
+        gemm_s * accum,
+        attention_s * accum,
+        recompute_s * accum,
+        elementwise_s * accum,
         _dequant_bytes(config, quantized) / rates.device_bw,
         optimizer_s,
+        overhead_s * accum,
         _comm_bytes(config, trainable, params_total) / rates.link_bw,
         _offload_bytes(config, trainable, params_total) / rates.host_link_bw,
     )
@@ -297,29 +317,55 @@ def _step_parts(config: TrainConfig, *, rates: _Rates, flops: FlopsPerToken, tra
 def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None) -> dict[str, float]:
     """Seconds of one optimizer step by part (the search ranks on their sum; see
     ``estimate_throughput`` for the assumptions)."""
+    rates = _rates(gpu, config.precision, utilization)
     parts = _step_parts(
-        config, rates=_rates(gpu, config.precision, utilization), flops=flops_per_token(model=model, config=config),
+        config, rates=rates, casts=weight_cast_bytes(config, block_weights(model)),
+        micro=price(micro_terms(model, config), rates.kernels).at(config.micro_batch * config.seq_len),
         trainable=trainable_params(model, config), update_bytes=_update_bytes_per_param(config),
         params_total=model.params_total, quantized=_quantized_weights(model) if config.method is Method.QLORA else 0,
     )
     return dict(zip(PARTS, parts))
 
 
+def calibration_terms(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> tuple[float, float, float]:
+    """The step as ``planner calibrate`` fits it, ``t = M / mfu + B / e + C``: M the seconds of
+    every FLOP at the peak (GEMMs, attention, recompute), B the seconds of every device byte at the
+    datasheet bandwidth (GEMM operands, elementwise work, dequantisation, the on-device optimizer
+    update), C the rest (per-op overhead, collectives, offload copies, host-side Adam)."""
+    micro = micro_terms(model, config).at(config.micro_batch * config.seq_len)
+    peak = gpu.peak_tflops(config.precision) * 1e12
+    bandwidth = gpu.mem_bandwidth_gbs * 1e9
+    parts = step_breakdown(model=model, config=config, gpu=gpu)
+    on_device = not config.sharding.offloaded  # else the optimizer is DeepSpeed's CPU Adam: host DRAM
+    device_bytes_s = parts["dequant"] + (parts["optimizer"] if on_device else 0.0)
+    device_bytes_s *= bandwidth_efficiency(gpu)  # back to the datasheet bandwidth
+    return (micro.flops * config.grad_accum / peak,
+            (micro.bytes + weight_cast_bytes(config, block_weights(model))) * config.grad_accum / bandwidth
+            + device_bytes_s,
+            parts["overhead"] + parts["comm"] + parts["offload"] + (0.0 if on_device else parts["optimizer"]))
+
+
 class ThroughputMemo:
     """``step_breakdown`` for many configurations of one model on one device, with what does not
     change between them computed once: the search ranks thousands of candidates that share their
-    FLOPs per token and trainable parameters (per adapter set, checkpointing and sequence length)
-    and their rates and update traffic (per method, precision, optimizer and sharding).
+    kernels' seconds per micro-step (per adapter set, checkpointing, micro-batch, sequence length,
+    attention and precision), their trainable parameters and their rates and update traffic (per
+    method, precision, optimizer and sharding).
     Each memo is keyed on exactly the fields its values read. Lives as long as the search that
     holds it (beside ``planner.search.MemoryMemo``), so it never outlives its model or device."""
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, utilization: float | None = None) -> None:
         self.model, self.gpu, self.utilization = model, gpu, utilization
         self._quantized: int | None = None
-        # (method, lora_r, lora_targets, grad_ckpt, seq_len) -> (FLOPs per token, trainable params)
-        self._shape: dict[tuple, tuple[FlopsPerToken, int]] = {}
-        # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter)
-        self._device: dict[tuple, tuple[_Rates, float]] = {}
+        self._weights = 0
+        # (method, lora_r, lora_targets) -> trainable params
+        self._trainable: dict[tuple, int] = {}
+        # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, lora_dropout, activation
+        #  bytes) -> the micro-step's work at any micro-batch; + (precision,) -> its seconds on this device
+        self._work: dict[tuple, MicroTerms] = {}
+        self._micro: dict[tuple, PricedTerms] = {}
+        # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter, AMP casts)
+        self._device: dict[tuple, tuple[_Rates, float, bool]] = {}
 
     def breakdown(self, config: TrainConfig) -> dict[str, float]:
         """``step_breakdown(model=, config=, gpu=, utilization=)``, the same floats."""
@@ -330,19 +376,30 @@ class ThroughputMemo:
         return sum(self._parts(config))
 
     def _parts(self, config: TrainConfig) -> tuple[float, ...]:
-        key = (config.method, config.lora_r, config.lora_targets, config.grad_ckpt, config.seq_len)
-        shape = self._shape.get(key)
-        if shape is None:
-            shape = self._shape[key] = (flops_per_token(model=self.model, config=config),
-                                        trainable_params(self.model, config))
         key = (config.method, config.precision, config.optimizer, config.sharding)
         device = self._device.get(key)
         if device is None:
             device = self._device[key] = (_rates(self.gpu, config.precision, self.utilization),
-                                          _update_bytes_per_param(config))
+                                          _update_bytes_per_param(config), casts_weights(config))
+        adapters = (config.method, config.lora_r, config.lora_targets)
+        trainable = self._trainable.get(adapters)
+        if trainable is None:
+            trainable = self._trainable[adapters] = trainable_params(self.model, config)
+        shape = adapters + (config.grad_ckpt, config.seq_len, config.attention, config.packing, config.lora_dropout,
+                            config.precision.compute_bytes)  # all micro_terms reads (fp32 is the 4-byte precision)
+        key = shape + (config.precision,)
+        terms = self._micro.get(key)
+        if terms is None:
+            work = self._work.get(shape)
+            if work is None:
+                work = self._work[shape] = micro_terms(self.model, config)
+            terms = self._micro[key] = price(work, device[0].kernels)
         if self._quantized is None:
             self._quantized = _quantized_weights(self.model)
-        return _step_parts(config, rates=device[0], flops=shape[0], trainable=shape[1], update_bytes=device[1],
+            self._weights = block_weights(self.model)
+        casts = weight_cast_bytes(config, self._weights) if device[2] else 0.0
+        return _step_parts(config, rates=device[0], micro=terms.at(config.micro_batch * config.seq_len),
+                           casts=casts, trainable=trainable, update_bytes=device[1],
                            params_total=self.model.params_total, quantized=self._quantized)
 
 
@@ -356,7 +413,15 @@ def _mfu_source(gpu: GPUSpec, precision: Precision, *, given: bool) -> str:
         return "given"
     if matmul_dtype(precision) in gpu.mfu:
         return "calibrated"
-    return "default; planner calibrate fits it from measurements"
+    return "default: the published achieved GEMM rate; planner calibrate fits it from measurements"
+
+
+def _attention_assumption(config: TrainConfig) -> str:
+    if config.attention is Attention.EAGER or config.precision is Precision.FP32 and config.attention is Attention.SDPA:
+        return "eager attention: the full T x T product at the GEMM rate, its scores materialised at memory speed"
+    if config.packing:
+        return f"{config.attention} attention: causal, the fused kernel skips the masked half"
+    return f"{config.attention} attention with a padding mask: the full T x T product"
 
 
 def estimate_throughput(
@@ -372,14 +437,17 @@ def estimate_throughput(
     offloaded = config.sharding.offloaded
 
     assumptions = [
-        f"matmuls at {utilization:.0%} of {gpu.display_name}'s {gpu.peak_tflops(config.precision):g} "
-        f"TFLOP/s {config.precision} peak (MFU {_mfu_source(gpu, config.precision, given=utilization_given)})",
+        f"large GEMMs at {utilization:.0%} of {gpu.display_name}'s {gpu.peak_tflops(config.precision):g} "
+        f"TFLOP/s {config.precision} peak (MFU {_mfu_source(gpu, config.precision, given=utilization_given)}); "
+        "each GEMM on the roofline of its shape (skinny ones at memory speed)",
         "parts add up with no overlap of compute, communication and copies (conservative)",
-        "causal attention counted as the full T x T product (not halved)",
+        _attention_assumption(config),
     ]
-    if breakdown["dequant"] or not offloaded:
-        assumptions.append(f"memory-bound kernels at {bandwidth_efficiency(gpu):.0%} of {gpu.mem_bandwidth_gbs:g} GB/s"
-                           + (" (calibrated)" if gpu.bandwidth_efficiency is not None else ""))
+    if breakdown["overhead"]:
+        assumptions.append(f"{breakdown['overhead']:.3g} s of host time per step the device waits for "
+                           "(eager ops too small to hide their launch)")
+    assumptions.append(f"elementwise and memory-bound kernels at {bandwidth_efficiency(gpu):.0%} of {gpu.mem_bandwidth_gbs:g} GB/s"
+                       + (" (calibrated)" if gpu.bandwidth_efficiency is not None else ""))
     if config.gpus > 1:
         assumptions.append(
             f"collectives over {gpu.interconnect} at {gpu.interconnect_gbs:g} GB/s per direction, ring algorithm"
@@ -406,6 +474,7 @@ __all__ = [
     "FlopsPerToken",
     "ThroughputMemo",
     "bandwidth_efficiency",
+    "calibration_terms",
     "comm_bytes_per_step",
     "default_utilization",
     "estimate_throughput",

@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "planner.calibration.values", "planner.calibration.fit", "planner.uncertainty", "planner.optim",
                     "planner.sharding", "planner.request")),
     ("facts", ("planner.catalog", "planner.gpus", "planner.host", "planner.detect")),
-    ("core", ("planner.memory", "planner.throughput")),
+    ("core", ("planner.memory", "planner.kernels", "planner.throughput")),
     ("search", ("planner.search", "planner.ranking", "planner.defaults", "planner.advice")),
     ("store", ("planner.store", "planner.calibration")),
     ("use cases", ("planner.planning", "planner.estimation", "planner.answers", "planner.usecases", "planner.emit", "planner.plot",

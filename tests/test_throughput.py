@@ -20,16 +20,16 @@ import pytest
 from planner.config import TrainConfig
 from planner.errors import InvalidConfigError
 from planner.gpus import get_gpu
-from planner.modelspec import LinearKind, LinearSpec, ModelSpec
-from planner.throughput import (
-    MEMORY_BANDWIDTH_EFFICIENCY,
-    MFU_CPU,
-    MFU_FP32,
-    MFU_TENSOR_CORES,
-    estimate_throughput,
-    flops_per_token,
+from planner.kernels import (
+    FLASH_FRACTION_OF_GEMM,
+    FP32_MATMUL_FRACTION,
+    GPU_OP_SECONDS,
+    elementwise_bytes,
+    ops_per_micro_step,
 )
 from planner.memory import trainable_params
+from planner.modelspec import LinearKind, LinearSpec, ModelSpec
+from planner.throughput import MEMORY_BANDWIDTH_EFFICIENCY, estimate_throughput, flops_per_token
 
 N_LAYERS_7B = 6_476_005_376
 N_HEAD_7B = 131_072_000
@@ -38,8 +38,15 @@ ATTN_FWD_7B_2048 = 1_073_741_824
 PARAMS_7B = 6_738_415_616  # matmuls + embeddings (131,072,000) + norms (32 x 8192 + 4096)
 LORA_R16_ALL_LINEAR_7B = 39_976_960  # 32 x 16 x (4 x 8192 + 3 x 15104)
 
-A100_BF16 = 312e12 * 0.45  # datasheet dense bf16 x default MFU
+A100_BF16 = 312e12 * 0.869  # datasheet dense bf16 x the A100's MAMF fraction (planner.kernels)
 A100_HBM = 2039e9 * 0.80  # a100-80gb bandwidth x memory efficiency
+
+# GEMM operand bytes per token at 2048 tokens (16-bit): each linear (in x out) reads its input
+# (in), writes its output (out) and reads its weight once per micro-step (in x out / 2048 per token):
+#   per layer: 4 x (4096 + 4096) + 3 x (4096 + 11008) = 32,768 + 45,312 = 78,080 elements per token
+#   x 32 layers = 2,498,560; head: 4096 + 32000 = 36,096 => 2,534,656 elements per token
+#   weights: N_7B / 2048 per token
+GEMM_IO_7B_2048 = (2_534_656 + N_7B / 2048) * 2  # bytes per token per GEMM pass
 
 
 def llama(*, hidden: int, layers: int, vocab: int, intermediate: int, heads: int, kv_heads: int | None = None,
@@ -89,15 +96,24 @@ def test_full_finetune_flops_and_compute_time_on_a100():
     linear = 6 * N_7B * 2048  # 81,187,766,796,288
     attention = 3 * ATTN_FWD_7B_2048 * 2048  # 6,597,069,766,656
     assert est.flops_per_step == linear + attention == 87_784_836_562_944
-    assert est.breakdown_s["compute"] == pytest.approx(linear / A100_BF16, rel=1e-12)  # 0.5783 s
-    assert est.breakdown_s["attention"] == pytest.approx(attention / A100_BF16, rel=1e-12)
+    # the GEMMs: their FLOPs at the achieved rate + three passes (forward, dX, dW) of their operands
+    io = 3 * GEMM_IO_7B_2048 * 2048 / A100_HBM  # 3 x (5.07 MB + 6.45 MB) x 2048 / 1631 GB/s = 43.4 ms
+    assert est.breakdown_s["compute"] == pytest.approx(linear / A100_BF16 + io, rel=1e-12)  # 0.299 + 0.043 s
+    # SDPA on a packed batch is causal flash: half the product, at 0.70 of the GEMM rate
+    assert est.breakdown_s["attention"] == pytest.approx(attention / 2 / (A100_BF16 * FLASH_FRACTION_OF_GEMM), rel=1e-12)
     assert est.breakdown_s["recompute"] == est.breakdown_s["dequant"] == 0
+    # elementwise: the blocks' ops and the loss, + AMP's fp32 weights cast (6 B) and their gradients
+    # accumulated (18 B) per layer weight
+    assert est.breakdown_s["elementwise"] == pytest.approx(
+        (elementwise_bytes(LLAMA_7B, cfg(), 2048) + N_LAYERS_7B * 24) / A100_HBM, rel=1e-12)
+    assert est.breakdown_s["overhead"] == pytest.approx(ops_per_micro_step(LLAMA_7B, cfg()) * GPU_OP_SECONDS, rel=1e-12)
     assert est.breakdown_s["comm"] == est.breakdown_s["offload"] == 0
     # AdamW fp32: 28 B per parameter over 80% of 2039 GB/s
     assert est.breakdown_s["optimizer"] == pytest.approx(PARAMS_7B * 28 / A100_HBM, rel=1e-12)  # 0.1157 s
     assert est.step_s == pytest.approx(sum(est.breakdown_s.values()), rel=1e-12)
     assert est.tokens_per_s == pytest.approx(2048 / est.step_s, rel=1e-12)
-    assert set(est.breakdown_s) == {"compute", "attention", "recompute", "dequant", "optimizer", "comm", "offload"}
+    assert set(est.breakdown_s) == {"compute", "attention", "recompute", "elementwise", "dequant", "optimizer",
+                                    "overhead", "comm", "offload"}
 
 
 def test_lora_flops_and_is_faster_than_full():
@@ -126,10 +142,16 @@ def test_checkpointing_adds_one_third_of_the_layer_compute():
     plain = estimate_throughput(model=LLAMA_7B, config=cfg(), gpu=gpu)
     ckpt = estimate_throughput(model=LLAMA_7B, config=cfg(grad_ckpt=True), gpu=gpu)
     # one more forward of the decoder layers: 2 x N_layers of the 6 x N_layers (the head is not recomputed)
-    # plus one attention forward, a third of the attention's 3x
+    # plus one attention forward, a third of the attention's 3x; the layers' operands once more
     layer_compute = 6 * N_LAYERS_7B * 2048 / A100_BF16
-    assert ckpt.breakdown_s["recompute"] == pytest.approx(layer_compute / 3 + plain.breakdown_s["attention"] / 3, rel=1e-12)
-    assert ckpt.step_s - plain.step_s == pytest.approx(ckpt.breakdown_s["recompute"], rel=1e-9)
+    layer_io = (2_498_560 + N_LAYERS_7B / 2048) * 2 * 2048 / A100_HBM
+    assert ckpt.breakdown_s["recompute"] == pytest.approx(
+        layer_compute / 3 + layer_io + plain.breakdown_s["attention"] / 3, rel=1e-12)
+    # and the blocks' elementwise forward again (elementwise: 1 + 2 -> 1 + 2 + 1 forwards' worth,
+    # plus the loss and the fp32 weights' casts once more)
+    assert ckpt.step_s - plain.step_s == pytest.approx(
+        ckpt.breakdown_s["recompute"] + ckpt.breakdown_s["elementwise"] - plain.breakdown_s["elementwise"]
+        + ckpt.breakdown_s["overhead"] - plain.breakdown_s["overhead"], rel=1e-9)
     assert ckpt.flops_per_step == plain.flops_per_step  # model FLOPs exclude recomputation
 
 
@@ -210,15 +232,25 @@ def test_qlora_dequantisation_is_memory_bound():
     ckpt = estimate_throughput(model=LLAMA_7B, config=cfg(method="qlora", grad_ckpt=True), gpu=gpu)
     assert ckpt.breakdown_s["dequant"] == pytest.approx(expected * 3 / 2, rel=1e-12)
     lora = estimate_throughput(model=LLAMA_7B, config=cfg(method="lora"), gpu=gpu)
-    assert est.step_s == pytest.approx(lora.step_s + expected, rel=1e-9)
+    # beside the dequantisation: the fp32 residual stream of peft's k-bit preparation (more
+    # elementwise bytes) and two dequantisation kernels per quantised linear
+    extra = (est.breakdown_s["elementwise"] - lora.breakdown_s["elementwise"]
+             + est.breakdown_s["overhead"] - lora.breakdown_s["overhead"])
+    assert extra > 0 and est.breakdown_s["overhead"] - lora.breakdown_s["overhead"] == pytest.approx(
+        32 * 7 * 2 * GPU_OP_SECONDS, rel=1e-9)
+    assert est.step_s == pytest.approx(lora.step_s + expected + extra, rel=1e-9)
 
 
 def test_precision_picks_the_peak_and_the_default_utilization():
+    # the FLOPs of the GEMMs at the precision's peak x its large-GEMM fraction, + the operands
     a10g = get_gpu("a10g")
     fp32 = estimate_throughput(model=LLAMA_7B, config=cfg(precision="fp32"), gpu=a10g)
-    assert fp32.breakdown_s["compute"] == pytest.approx(6 * N_7B * 2048 / (31.2e12 * MFU_FP32), rel=1e-12)
+    io32 = 3 * 2 * GEMM_IO_7B_2048 * 2048 / (600e9 * 0.8)  # fp32 operands: twice the 16-bit bytes
+    assert fp32.breakdown_s["compute"] == pytest.approx(6 * N_7B * 2048 / (31.2e12 * FP32_MATMUL_FRACTION) + io32, rel=1e-12)
     t4 = estimate_throughput(model=LLAMA_7B, config=cfg(precision="fp16-mixed"), gpu=get_gpu("t4"))
-    assert t4.breakdown_s["compute"] == pytest.approx(6 * N_7B * 2048 / (65e12 * MFU_TENSOR_CORES), rel=1e-12)
+    io16 = 3 * GEMM_IO_7B_2048 * 2048 / (320e9 * 0.8)
+    # the T4 is not in the MAMF table: 0.80
+    assert t4.breakdown_s["compute"] == pytest.approx(6 * N_7B * 2048 / (65e12 * 0.80) + io16, rel=1e-12)
 
 
 def test_bf16_on_t4_is_refused():
@@ -229,8 +261,9 @@ def test_bf16_on_t4_is_refused():
 def test_utilization_override_and_validation():
     gpu = get_gpu("h100-80gb")
     default = estimate_throughput(model=LLAMA_7B, config=cfg(), gpu=gpu)
-    given = estimate_throughput(model=LLAMA_7B, config=cfg(), gpu=gpu, utilization=0.9)
-    assert given.breakdown_s["compute"] == pytest.approx(default.breakdown_s["compute"] / 2, rel=1e-12)
+    given = estimate_throughput(model=LLAMA_7B, config=cfg(), gpu=gpu, utilization=0.803 / 2)
+    # half the large-GEMM efficiency: the FLOP-only attention takes twice as long
+    assert given.breakdown_s["attention"] == pytest.approx(default.breakdown_s["attention"] * 2, rel=1e-12)
     assert given.breakdown_s["optimizer"] == default.breakdown_s["optimizer"]  # memory bound: unchanged
     for bad in (0, 1.5, -0.1, True):
         with pytest.raises(InvalidConfigError, match="utilization"):
@@ -247,8 +280,12 @@ def test_cpu_profile_estimate():
     tiny = llama(hidden=64, layers=2, vocab=1000, intermediate=256, heads=4)
     cpu = get_gpu("cpu")
     est = estimate_throughput(model=tiny, config=cfg(seq_len=128, micro_batch=2, precision="fp32"), gpu=cpu)
-    # per layer 4 x 64 x 64 + 3 x 64 x 256 = 65,536 weights; x2 layers + head 64,000 = 195,072
-    assert est.breakdown_s["compute"] == pytest.approx(6 * 195_072 * 256 / (0.134e12 * MFU_CPU), rel=1e-12)
+    # per layer 4 x 64 x 64 + 3 x 64 x 256 = 65,536 weights; x2 layers + head 64,000 = 195,072; the
+    # CPU profile's rate is its measured GEMM rate (fraction 1.0); fp32 operands: per layer
+    # 4 x (64 + 64) + 3 x (64 + 256) = 1,472 elements per token, x2 + head 1,064 = 4,008, and the
+    # weights once per pass, 3 passes x 4 B
+    io = 3 * (4_008 * 256 + 195_072) * 4 / (12.7e9 * MEMORY_BANDWIDTH_EFFICIENCY)
+    assert est.breakdown_s["compute"] == pytest.approx(6 * 195_072 * 256 / 0.134e12 + io, rel=1e-12)
     assert est.breakdown_s["optimizer"] == pytest.approx(
         tiny.params_total * 28 / (12.7e9 * MEMORY_BANDWIDTH_EFFICIENCY), rel=1e-12
     )

@@ -4,10 +4,11 @@
 
     t = M / mfu[dtype] + B / e + C
 
-with M its matmul seconds at 100% of the device's peak (compute, attention, recompute), B its
-memory-bound seconds at 100% of the datasheet bandwidth (QLoRA dequantisation, the on-device
-optimizer update), C the parts no constant here scales (collectives, offload copies, host-side
-Adam). It is linear in x_d = 1/mfu[d] and y = 1/e, so the constants are fitted by least squares on
+with M its matmul seconds at 100% of the device's peak (compute, attention, recompute; each GEMM
+on its roofline at the unit rates, so ``mfu`` is the large-GEMM efficiency), B its memory-bound
+seconds at 100% of the datasheet bandwidth (elementwise work, QLoRA dequantisation, the on-device
+optimizer update), C the parts no constant here scales (host overhead, collectives, offload
+copies, host-side Adam). It is linear in x_d = 1/mfu[d] and y = 1/e, so the constants are fitted by least squares on
 the relative errors (t_pred - t_meas) / t_meas (a run of 10 ms weighs as much as one of 10 s),
 bounded to physical ranges: ``BOUNDS`` (an efficiency cannot exceed 1; one below 1% means the
 model misses a term, not that the device is slow). With at most four unknowns the bounded problem

@@ -10,7 +10,6 @@ measured (another fingerprint), is left out with the reason.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -65,22 +64,15 @@ def default_values(gpu: "GPUSpec") -> CalibrationValues:
 
 def _step_run(run: "MeasuredRun", spec: "ModelSpec", gpu: "GPUSpec") -> StepRun | None:
     from planner.gpus import matmul_dtype
-    from planner.throughput import step_breakdown
+    from planner.throughput import calibration_terms
 
     measured = run.measurement.measurement.step_s
     if not measured:
         return None
     config = run.candidate.config
-    unit = dataclasses.replace(gpu, mfu={}, bandwidth_efficiency=1.0)
-    parts = step_breakdown(model=spec, config=config, gpu=unit, utilization=1.0)
-    on_device = not config.sharding.offloaded  # else the optimizer is DeepSpeed's CPU Adam: host DRAM
-    return StepRun(
-        id=run.measurement.id, dtype=matmul_dtype(config.precision),
-        matmul_s=parts["compute"] + parts["attention"] + parts["recompute"],
-        memory_s=parts["dequant"] + (parts["optimizer"] if on_device else 0.0),
-        fixed_s=parts["comm"] + parts["offload"] + (0.0 if on_device else parts["optimizer"]),
-        measured_s=measured,
-    )
+    matmul_s, memory_s, fixed_s = calibration_terms(model=spec, config=config, gpu=gpu)
+    return StepRun(id=run.measurement.id, dtype=matmul_dtype(config.precision), matmul_s=matmul_s,
+                   memory_s=memory_s, fixed_s=fixed_s, measured_s=measured)
 
 
 def _memory_run(run: "MeasuredRun", spec: "ModelSpec", gpu: "GPUSpec") -> MemoryRun | None:
