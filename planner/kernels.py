@@ -189,7 +189,8 @@ class MicroStep:
 
 
 def _linears(model: ModelSpec):
-    for n, linears in model.stacks:
+    # every kind of block (ModelSpec.all_blocks): the dense and MoE blocks of a mixed model differ
+    for n, linears in model.all_blocks:
         for lin in linears:
             yield n, lin
 
@@ -324,7 +325,7 @@ def ops_per_micro_step(model: ModelSpec, config: TrainConfig) -> int:
         adapted = sum(n * len(linears) for n, linears in stack_targets(model, config.lora_targets))
         ops += adapted * OPS_PER_ADAPTER
     if config.method is Method.QLORA:
-        ops += sum(n * len(linears) for n, linears in model.stacks) * OPS_PER_QUANTIZED * (3 if config.grad_ckpt else 2) // 2
+        ops += sum(n * len(linears) for n, linears in model.all_blocks) * OPS_PER_QUANTIZED * (3 if config.grad_ckpt else 2) // 2
     return ops
 
 
