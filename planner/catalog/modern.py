@@ -345,8 +345,15 @@ def deepseek_v3(c: ConfigReader, model_type: str) -> dict[str, Any]:
         final_norm=hidden, num_experts=count, experts_per_token=top_k,
         peft_converts_moe="qwen2_moe",  # transformers' conversion_mapping.py: deepseek_v3 -> qwen2_moe
         latent_attention=LatentAttention(q_rank=q_rank, kv_rank=kv_rank, nope=nope, rope=rope, v=v_dim),
+        training_notes=(FP8_NOTE,) if c.raw.get("quantization_config") else (),
         routing=deepseek_routing(c, count),
     )
+
+
+#: DeepSeek-V3/R1 are published in FP8 (config.json ``quantization_config``: e4m3, 128 x 128 blocks); the planner
+#: counts 16-bit weights, a de-quantized copy's (transformers' FineGrainedFP8Config(dequantize=True) loads one)
+FP8_NOTE = ("DeepSeek-V3: the FP8 checkpoint is planned as a 16-bit (de-quantized) copy; training its FP8 weights "
+            "directly is not modelled")
 
 
 def deepseek_routing(c: ConfigReader, experts: int) -> MoeRouting:
