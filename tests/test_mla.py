@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.catalog import check_plannable, resolve_model, spec_from_config  # noqa: F401
+from planner.catalog import check_plannable, resolve_model, spec_from_config
 from planner.config import TrainConfig
 from planner.gpus import CPU_KERNELS
 
@@ -104,3 +104,28 @@ def test_deepseek_layers_match_what_autograd_saves(precision, lora, attention):
     assert abs(moe - (measured[1] - rope)) <= 3 * 1024
     if lora:
         assert lora_params(spec, config) == trainable
+
+
+def test_group_limited_router_by_hand():
+    # T = 64 tokens, E = 8 experts in 2 groups (1 kept), k = 2, bf16-mixed, full. Router: the input's bf16
+    # cast T*H*2 = 8,192; sigmoid's bf16 output T*E*2 = 1,024; the per-group top-2 indices T*2*2*8 = 2,048;
+    # the kept group's index T*1*8 = 512; masked_fill's bool mask T*E = 512; the top-k indices T*k*8 = 1,024;
+    # norm_topk_prob's division: the bf16 weights T*k*2 = 256 and their sum T*2 = 128: 13,696
+    spec = spec_from_config(TINY, model_id="deepseek", source="test")
+    from planner.memory.activations import layer_terms
+
+    moe_block = layer_terms(spec, _config("bf16-mixed", None), CPU_KERNELS)[1]
+    assert moe_block["moe/router"] == 8_192 + 1_024 + 2_048 + 512 + 512 + 1_024 + 256 + 128 == 13_696
+    # the MLA latents: q_a_layernorm fp32 input T*32*4 + rsqrt T*4 + the bf16 normed T*32*2, kv_a_layernorm the
+    # same at kv_rank 24 (its fp32 input a copy of the slice): 8,192 + 256 + 4,096 + 6,144 + 256 + 3,072
+    assert moe_block["attention/latent"] == 22_016
+    # the CPU's SDPA math path: fp32 q and k (b x a x s x 24), v (x 12), softmax b x a x s x s
+    assert moe_block["attention/core"] == 4 * (2 * 2 * 4 * 32 * 24 + 2 * 4 * 32 * 12) + 4 * 2 * 4 * 32 * 32
+
+
+def test_deepseek_v3_plans_by_id():
+    spec = resolve_model("deepseek-ai/DeepSeek-V3")
+    check_plannable(spec)
+    assert spec.latent_attention is not None and spec.routing is not None and spec.routing.group_limited == (8, 4)
+    assert [(n, first) for n, first, _ in spec.block_kinds] == [(3, 0), (58, 3)]
+    assert any("FP8" in note for note in spec.training_notes)
