@@ -215,6 +215,20 @@ CASES += [
     ("gpt-oss", dict(attention="eager", precision="bf16", grad_ckpt=True)),
 ]
 
+# DeepSeek-V3 shrunk (issue 23): multi-head latent attention (q and kv low-rank, 48 + 16 qk dims a head
+# against 32 v dims: SDPA runs its math path on the CPU), a dense block then an MoE block with the
+# group-limited sigmoid router (2 of 4 groups) and a shared expert
+ARCHS["deepseek-v3"] = dict(
+    model_type="deepseek_v3", hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=8, num_key_value_heads=8, vocab_size=8192, max_position_embeddings=1024, n_routed_experts=16,
+    num_experts_per_tok=4, n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2, q_lora_rank=96,
+    kv_lora_rank=64, qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=32, tie_word_embeddings=False)
+CASES += [
+    ("deepseek-v3", dict()),
+    ("deepseek-v3", dict(method="lora")),
+    ("deepseek-v3", dict(precision="bf16", grad_ckpt=True)),
+]
+
 #: the rows of the recipe settings (``--knobs`` measures only these)
 KNOB_KEYS = ("lora_dropout", "loop", "fused_ce", "packing", "use_cache")
 
@@ -469,6 +483,15 @@ ROW_NOTES: list[tuple[str, str, str]] = [
 ]
 
 # the 2025-26 families (issue 23)
+ROW_NOTES += [
+    ("deepseek-v3", "", (
+        "DeepSeek-V3 shrunk (a dense then an MoE block): multi-head latent attention (attention.latent_attention_terms: "
+        "the q_a/kv_a RMSNorms, the q_b/kv_b inputs; q and k of nope + rope dims, v and the output of v dims, so "
+        "the CPU's SDPA runs its fp32 math path: aten sdp_utils_cpp.cpp check_head_dim_size_cpp); the "
+        "group-limited sigmoid router (moe._group_limited_bytes) and a shared expert without gate; checked layer by "
+        "layer against autograd in tests/test_mla.py. LoRA all-linear: peft converts deepseek_v3 configs, so it "
+        "reaches the expert stacks and the router and leaves the dense and shared MLP modules alone.")),
+]
 ROW_NOTES += [
     ("qwen2-moe", "", (
         "Dense and MoE blocks in one model (qwen2-moe: block 0 dense by mlp_only_layers; qwen3-moe-mixed: "

@@ -92,12 +92,39 @@ class MoeRouting:
     topk_first: bool = False
     """Top-k over the raw logits, then a softmax over the k values in the logits' dtype (gpt-oss:
     GptOssTopKRouter.forward, modeling_gpt_oss.py:119-123): no softmax over all experts is saved."""
+    group_limited: tuple[int, int] | None = None
+    """DeepSeek-V3's router (DeepseekV3TopkRouter.forward, modeling_deepseek_v3.py:133-158): sigmoid
+    scores (not a softmax), plus ``e_score_correction_bias``, top-2 per group of experts summed, the
+    best ``topk_group`` of ``n_group`` groups kept by a mask, top-k among them, the sigmoid scores
+    gathered, renormalised with ``norm_topk_prob`` and scaled by ``routed_scaling_factor``: (n_group,
+    topk_group); None for a softmax router."""
     expert_gate: str = "act"
     """How an expert gates its up projection: ``act`` ``act_fn(gate) * up`` of a concatenated
     gate_up (integrations/moe.py ``_default_apply_gate``); ``clamped_swiglu`` gpt-oss's
     ``GptOssExperts._apply_gate`` (modeling_gpt_oss.py:85-91) on interleaved gate/up columns:
     ``gate.clamp(max=limit)``, ``up.clamp(-limit, limit)``, ``glu = gate * sigmoid(gate * alpha)``,
     ``(up + 1) * glu``."""
+
+
+#: MLA's up projections and the down projection whose (normed) output each reads, not the block's
+#: normed input (modeling_deepseek_v3.py:375-397, :441, :445-447)
+LATENT_DOWN = {"q_b_proj": "q_a_proj", "kv_b_proj": "kv_a_proj_with_mqa"}
+LATENT_UP = frozenset(LATENT_DOWN)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatentAttention:
+    """DeepSeek-V2/V3's multi-head latent attention (modeling_deepseek_v3.py DeepseekV3Attention,
+    :349-483): q through a low-rank ``q_a_proj`` -> ``q_a_layernorm`` -> ``q_b_proj`` (or one
+    ``q_proj`` when ``q_rank`` is None), k and v from one latent ``kv_a_proj_with_mqa`` (kv_rank +
+    rope outputs) -> ``kv_a_layernorm`` over its first kv_rank -> ``kv_b_proj`` (heads x (nope + v));
+    q and k have ``nope + rope`` dims a head (``ModelSpec.head_dim``), v and the output ``v``."""
+
+    q_rank: int | None
+    kv_rank: int
+    nope: int
+    rope: int
+    v: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,6 +243,8 @@ class ModelSpec:
     training_notes: tuple[str, ...] = ()
     """How the checkpoint is assumed to be loaded for training where it is stored otherwise (gpt-oss's
     MXFP4 experts), as ``planner estimate`` states it."""
+    latent_attention: LatentAttention | None = None
+    """Multi-head latent attention's shapes (DeepSeek-V3); None for q/k/v projections."""
     attention_sinks: bool = False
     """A learned sink logit per head joins each row's softmax (gpt-oss ``self.sinks``,
     modeling_gpt_oss.py eager_attention_forward)."""

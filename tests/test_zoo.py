@@ -77,7 +77,6 @@ def test_search_by_words_and_versions():
 
 
 @pytest.mark.parametrize(("model_id", "feature"), [
-    ("deepseek-ai/DeepSeek-V3", "multi-head latent attention"),
     ("Qwen/Qwen3.5-27B", "Gated DeltaNet"),
     ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "Mamba2"),
     ("google/gemma-4-26B-A4B", "per-layer head sizes"),

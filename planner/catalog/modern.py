@@ -26,11 +26,10 @@ from typing import Any
 
 from planner.catalog.blocks import ConfigReader, K, common_fields, lin, qkvo, swiglu, untied_head
 from planner.errors import UnsupportedError
-from planner.modelspec import BlockGroup, LinearSpec, MoeRouting
+from planner.modelspec import BlockGroup, LatentAttention, LinearSpec, MoeRouting
 
 # ---- features the memory model does not model yet (ModelSpec.unmodelled) --------------------------
 FEATURE_MOE = "mixture-of-experts blocks"
-FEATURE_MLA = "multi-head latent attention (MLA)"
 FEATURE_LINEAR_ATTN = "Gated DeltaNet linear attention"
 FEATURE_MAMBA = "Mamba2 layers"
 FEATURE_HEAD_SIZES = "per-layer head sizes"
@@ -343,9 +342,31 @@ def deepseek_v3(c: ConfigReader, model_type: str) -> dict[str, Any]:
         c, model_type=model_type, hidden=hidden, heads=heads, kv=heads, head_dim=qk, inter=moe_inter, vocab=vocab,
         blocks=blocks, tied=c.flag("tie_word_embeddings", False),
         max_pos=c.size("max_position_embeddings", default=4096), act=c.text("hidden_act", default="silu"),
-        final_norm=hidden, num_experts=count, experts_per_token=top_k, unmodelled=(FEATURE_MOE, FEATURE_MLA),
+        final_norm=hidden, num_experts=count, experts_per_token=top_k,
         peft_converts_moe="qwen2_moe",  # transformers' conversion_mapping.py: deepseek_v3 -> qwen2_moe
+        latent_attention=LatentAttention(q_rank=q_rank, kv_rank=kv_rank, nope=nope, rope=rope, v=v_dim),
+        training_notes=(FP8_NOTE,) if c.raw.get("quantization_config") else (),
+        routing=deepseek_routing(c, count),
     )
+
+
+#: DeepSeek-V3/R1 are published in FP8 (config.json ``quantization_config``: e4m3, 128 x 128 blocks); the planner
+#: counts 16-bit weights, a de-quantized copy's (transformers' FineGrainedFP8Config(dequantize=True) loads one)
+FP8_NOTE = ("DeepSeek-V3: the FP8 checkpoint is planned as a 16-bit (de-quantized) copy; training its FP8 weights "
+            "directly is not modelled")
+
+
+def deepseek_routing(c: ConfigReader, experts: int) -> MoeRouting:
+    """DeepseekV3TopkRouter (modeling_deepseek_v3.py:120-158): sigmoid scores, group-limited top-k
+    (``n_group`` default 8, ``topk_group`` 4, configuration_deepseek_v3.py), ``norm_topk_prob``
+    (default True), the routing weights in the router logits' dtype (its weight is kept fp32:
+    ``_keep_in_fp32_modules_strict = ["e_score_correction_bias", "gate.weight"]``, :551)."""
+    groups, kept = c.size("n_group", default=8), c.size("topk_group", default=4)
+    if experts % groups or kept > groups:
+        raise c.error(f"n_routed_experts {experts} must split into n_group {groups} groups, "
+                      f"of which topk_group {kept} are kept")
+    return MoeRouting(renorm=c.flag("norm_topk_prob", True), scores_fp32=False, group_limited=(groups, kept),
+                      aux_loss=c.flag("output_router_logits", False))
 
 
 def llama4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:

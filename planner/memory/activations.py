@@ -27,7 +27,7 @@ from planner.memory.attention import attention_terms, effective_attention, paddi
 from planner.memory.dtypes import ADAPTER_BYTES, FP32, HALF, INT64, DtypeMode, mode_of
 from planner.memory.parameters import lora_targets
 from planner.memory.shapes import BlockContext, Dims, block_context, block_input_needs_grad, dims_of
-from planner.modelspec import LinearKind, LinearSpec, ModelSpec
+from planner.modelspec import LATENT_UP, LinearKind, LinearSpec, ModelSpec
 
 #: Intermediate-sized tensors an MLP activation (transformers' ACT2FN) saves for its backward,
 #: besides its output, counted with saved_tensors_hooks (transformers 5.23, torch 2.13). Fused
@@ -56,6 +56,8 @@ TERM_SOURCES = {
                           "Olmo2Attention.forward, Gemma3Attention.forward): fp32 input + rsqrt, normalised tensor",
     "attention/core": "SDPA/flash: q, k, v, out, fp32 logsumexp (integrations/sdpa_attention.py); eager: "
                       "eager_attention_forward",
+    "attention/latent": "multi-head latent attention's q_a/kv_a RMSNorms and the q_b/kv_b projections' inputs "
+                        "(DeepseekV3Attention.forward; attention.latent_attention_terms)",
     "attention/probs": "eager attention's softmax output, its cast, dropout mask (eager_attention_forward)",
     "attention/out_input": "o_proj's input when it is a contiguous copy of the kernel's output",
     "mlp/input": "gate/up/fc1 inputs (F.linear)",
@@ -162,8 +164,10 @@ def _inputs(ctx: BlockContext, kind: LinearKind) -> int:
         return 0
     if mode.adapter_input:
         return e * mode.adapter_input * sum([lin.in_features for lin in ctx.adapted_of(kind)])
-    # lora_A saves the shared normed tensor, or with dropout each its own dropped copy (lora/dropout)
-    return e * h * mode.residual if ctx.adapter_saves_shared_input else 0
+    # lora_A saves the shared normed tensor, or with dropout each its own dropped copy (lora/dropout);
+    # MLA's q_b_proj and kv_b_proj read their latents instead (attention.latent_attention_terms)
+    reads_x = any(lin.name not in LATENT_UP for lin in ctx.adapted_of(kind))
+    return e * h * mode.residual if ctx.adapter_saves_shared_input and reads_x else 0
 
 
 def _mlp_intermediate(ctx: BlockContext) -> int:
@@ -210,8 +214,11 @@ def _shared_expert_terms(ctx: BlockContext) -> dict[str, int]:
     reading = [lin for lin in linears if lin.kind is not LinearKind.MLP_OUT]
     adapted = [lin for lin in reading if ctx.targeted(lin)]
     out_bytes = HALF if mode.autocast else mode.compute
-    if ctx.full:
-        inputs = e * 2 * sum([lin.in_features for lin in reading]) if mode.autocast else 0
+    if ctx.full and mode.autocast:
+        inputs = e * 2 * sum([lin.in_features for lin in reading])
+    elif ctx.full:
+        # x itself, unless the router's F.linear keeps it already (not DeepSeek-V3's fp32 copy of it)
+        inputs = 0 if moe.router_input_saved(ctx) else e * h * mode.residual
     elif not adapted:
         inputs = 0
     elif mode.adapter_input:
@@ -219,13 +226,16 @@ def _shared_expert_terms(ctx: BlockContext) -> dict[str, int]:
     else:
         router_keeps_x = moe.router_input_saved(ctx) and not mode.autocast
         inputs = e * h * mode.residual if ctx.adapter_saves_shared_input and not router_keeps_x else 0
-    gate = next(lin for lin in linears if lin.kind is LinearKind.SHARED_GATE)
+    gate = next((lin for lin in linears if lin.kind is LinearKind.SHARED_GATE), None)
+    shared = {"moe/shared_input": inputs, "moe/shared_intermediate": _mlp_intermediate(_shared_ctx(ctx))}
+    if gate is None:
+        # DeepseekV3MoE.forward (modeling_deepseek_v3.py:221): ``hidden_states + self.shared_experts(residuals)``
+        return shared
     x_grad = ctx.input_needs_grad(gate)
     gate_grad = ctx.full or ctx.targeted(gate) or x_grad
     shared_grad = ctx.full or any(ctx.targeted(lin) for lin in linears) or x_grad
     gate_terms = (e * out_bytes if gate_grad or shared_grad else 0) + (e * h * out_bytes if gate_grad else 0)
-    return {"moe/shared_input": inputs, "moe/shared_intermediate": _mlp_intermediate(_shared_ctx(ctx)),
-            "moe/shared_gate": gate_terms}
+    return shared | {"moe/shared_gate": gate_terms}
 
 
 def _lora_activations(ctx: BlockContext) -> int:
@@ -280,17 +290,17 @@ def _weight_casts(ctx: BlockContext) -> dict[str, int]:
     out = {}
     if not ctx.mode.autocast:
         return out
-    all_inputs = ctx.block_input_needs_grad
     if ctx.config.method is not Method.QLORA:
         # not the expert stacks: grouped_mm is not autocast-enabled (moe.is_expert_stack)
         out["autocast/weight_casts"] = 2 * sum([
             lin.count * lin.in_features * lin.out_features for lin in ctx.model.layer_linears
-            if (ctx.full or all_inputs or lin.kind is not LinearKind.ATTN_IN) and not moe.is_expert_stack(lin)
+            if (ctx.full or lin.kind is not LinearKind.ATTN_IN or ctx.input_needs_grad(lin)) and not moe.is_expert_stack(lin)
         ])
     if ctx.targets:
         r = ctx.config.lora_r or 0
         out["lora/weight_casts"] = 2 * r * sum([
-            lin.count * (lin.out_features + (lin.in_features if all_inputs or lin.kind is not LinearKind.ATTN_IN else 0))
+            lin.count * (lin.out_features + (lin.in_features if lin.kind is not LinearKind.ATTN_IN
+                                             or ctx.input_needs_grad(lin) else 0))
             for lin in ctx.adapted
         ])
     return out
@@ -332,7 +342,9 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
     out = {"embeddings": e * INT64}  # int64 token ids kept by the embedding backward
     if model.position == "rope":
         # cos and sin (1, s, head_dim) in the residual dtype, shared by all blocks
-        out["embeddings"] += 2 * dims.s * dims.d * mode.residual
+        # (MLA ropes qk_rope_head_dim of each head: DeepseekV3RotaryEmbedding, its config's head_dim)
+        rope = model.latent_attention.rope if model.latent_attention else dims.d
+        out["embeddings"] += 2 * dims.s * rope * mode.residual
     if model.embedding_norm:
         # the LayerNorm saves its input, the summed embeddings (in the residual dtype)
         out["embeddings"] += e * h * mode.residual

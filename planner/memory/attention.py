@@ -24,6 +24,8 @@ def out_input(ctx: BlockContext, copy_bytes: int) -> int:
 def attention_terms(ctx: BlockContext) -> dict[str, int]:
     """``attention/core`` (and ``attention/probs``, ``attention/out_input``) of one block."""
     dims, mode, model = ctx.dims, ctx.mode, ctx.model
+    if model.latent_attention is not None:
+        return latent_attention_terms(ctx)
     e = dims.tokens
     q = e * dims.a * dims.d
     attention = effective_attention(model, ctx.config)
@@ -49,6 +51,79 @@ def attention_terms(ctx: BlockContext) -> dict[str, int]:
         "attention/probs": scores * eager_probs_bytes_per_score(model, mode, ctx.kernels) + sink_bytes(ctx),
         "attention/out_input": out_input(ctx, q * mode.attn),
     }
+
+
+def latent_attention_terms(ctx: BlockContext) -> dict[str, int]:
+    """Multi-head latent attention (DeepseekV3Attention.forward, modeling_deepseek_v3.py:435-483), a
+    block's tensors besides the hidden-size norms and the q_a/kv_a inputs (``_inputs``):
+
+    * ``attention/latent``: ``q_a_layernorm`` and ``kv_a_layernorm`` (DeepseekV3RMSNorm :47-52) save
+      their fp32 input and rsqrt when it needs a gradient, the normalised tensor in the projection's
+      dtype when the weight trains; the fp32 input of ``kv_a_layernorm`` is a copy of its slice of
+      ``kv_a_proj_with_mqa``'s output, except in fp32, where ``.to(float32)`` keeps the slice, a view
+      of the whole kv_rank + rope output; ``q_b_proj`` and ``kv_b_proj`` save their own inputs (the
+      norms' outputs; under autocast their 16-bit casts are counted with the q_a/kv_a ones);
+    * ``attention/core``: the rope/nope split makes q and k new tensors of nope + rope dims a head
+      (``torch.cat((q_pass, q_rot))`` :462, ``expand_kv`` :421-423 ``new_empty`` + ``copy_``), v a view
+      of ``kv_b_proj``'s output (``torch.split`` :417) with its own v dims, and the output has v dims:
+        - SDPA on the CPU: the flash kernel needs one head dim for q, k and v (aten sdp_utils_cpp.cpp
+          check_head_dim_size_cpp), so the math path runs; it saves fp32 q, k, v copies and the fp32
+          softmax, b x a x s x s (measured); its output reaches o_proj through a contiguous copy;
+        - SDPA on CUDA: the flash backend needs one head dim too, the memory-efficient one does not
+          (sdp_utils.cpp check_head_dim_size_mem_efficient), and saves q, k, v (the whole kv_b output
+          it views), out and the fp32 log-sum-exp; out is laid out (b, s, a, v), so o_proj reads a view;
+        - flash-attn (integrations/flash_attention.py:61-65, :96-97): v padded to the qk head dim
+          (``F.pad``, a new tensor), so flash saves q, k, the padded v and a padded output, plus the
+          log-sum-exp; the output cropped to v dims is copied by the reshape before o_proj;
+        - eager (eager_attention_forward :237-259): q and k for the scores, v for probs @ v (matmul
+          copies the strided kv_b view to a contiguous batch: its own b x a x s x v, measured), the
+          probabilities as for MHA, and the transposed output copied before o_proj.
+    Against MHA of the same heads: k and q are nope + rope wide, v is v wide, and the latent tensors
+    are added; no cache is written in training."""
+    dims, mode, model, e = ctx.dims, ctx.mode, ctx.model, ctx.dims.tokens
+    mla = model.latent_attention
+    assert mla is not None
+    heads, qk = dims.a, dims.d
+    q, kv_out, out = e * heads * qk, e * heads * (mla.nope + mla.v), e * heads * mla.v
+    attention = effective_attention(model, ctx.config)
+    lse = e * heads * FP32
+    if attention is Attention.SDPA and ctx.kernels.sdpa_dropout_math_fp32:
+        # the CPU's sdp_utils_cpp decides both: dropout and unequal head dims send SDPA to the math path
+        core = {"attention/core": FP32 * (2 * q + out) + FP32 * dims.b * heads * dims.s * dims.s,
+                "attention/out_input": out_input(ctx, out * mode.attn)}
+    elif attention is Attention.SDPA:
+        core = {"attention/core": mode.attn * (2 * q + kv_out + out) + lse, "attention/out_input": out_input(ctx, 0)}
+    elif attention is Attention.FLASH:
+        core = {"attention/core": mode.attn * 4 * q + lse, "attention/out_input": out_input(ctx, out * mode.attn)}
+    else:
+        scores = dims.b * heads * dims.s * dims.s
+        core = {"attention/core": mode.attn * (2 * q + out),
+                "attention/probs": scores * eager_probs_bytes_per_score(model, mode, ctx.kernels),
+                "attention/out_input": out_input(ctx, out * mode.attn)}
+    return {"attention/latent": _latent_bytes(ctx, mla)} | core
+
+
+def _latent_bytes(ctx: BlockContext, mla) -> int:
+    """``attention/latent`` of ``latent_attention_terms``: the two low-rank norms and the inputs of the
+    up projections (q_b_proj, kv_b_proj) that ``_inputs`` does not count."""
+    mode, e = ctx.mode, ctx.dims.tokens
+    total = 0
+    by_name = {lin.name: lin for lin in ctx.model.layer_linears}
+    for down, up, rank, extra in (("q_a_proj", "q_b_proj", mla.q_rank, 0), ("kv_a_proj_with_mqa", "kv_b_proj",
+                                                                            mla.kv_rank, mla.rope)):
+        if rank is None:
+            continue
+        if ctx.block_input_needs_grad or ctx.full or down in ctx.targets:
+            # fp32 input (in fp32 the kv slice keeps the whole latent output) and rsqrt
+            total += e * (rank + (extra if mode.compute == FP32 else 0)) * FP32 + e * FP32
+        if ctx.full:
+            total += e * rank * mode.compute  # the normalised tensor, for the weight's gradient
+        lin = by_name[up]
+        if ctx.full and not mode.autocast:
+            total += e * rank * mode.compute  # the up projection's input, the norm's output
+        elif not ctx.full and ctx.targeted(lin) and not mode.adapter_input and ctx.adapter_saves_shared_input:
+            total += e * rank * mode.compute  # lora_A keeps the norm's output
+    return total
 
 
 def effective_attention(model: ModelSpec, config) -> Attention:
@@ -129,5 +204,5 @@ def eager_probs_bytes_per_score(model: ModelSpec, mode: DtypeMode, kernels: Kern
     return kept + (p if dropout else 0)
 
 
-__all__ = ["attention_terms", "eager_probs_bytes_per_score", "effective_attention", "out_input", "padding_mask",
-           "sink_bytes"]
+__all__ = ["attention_terms", "eager_probs_bytes_per_score", "effective_attention", "latent_attention_terms",
+           "out_input", "padding_mask", "sink_bytes"]

@@ -47,7 +47,8 @@ TERM_SOURCES = {
                    "gather, routing-weight and un-permute indices (int64), the up grouped_mm's input, its output "
                    "(kept whole by the gate's view), act(gate), the down grouped_mm's input, the down output and the "
                    "routing weight the weighting multiplies; in the weights' dtype (grouped_mm casts its input to it)",
-    "moe/shared_input": "a shared expert's gate_proj/up_proj and shared_expert_gate inputs (Qwen2MoeSparseMoeBlock)",
+    "moe/shared_input": "a shared expert's gate_proj/up_proj and shared_expert_gate inputs (Qwen2MoeSparseMoeBlock; "
+                        "DeepseekV3MoE's shared_experts, no gate)",
     "moe/shared_intermediate": "the shared expert's SwiGLU tensors (Qwen2MoeMLP, as a dense MLP's)",
     "moe/shared_gate": "sigmoid(shared_expert_gate(x)) * shared_expert_output: sigmoid's output and the shared output",
     "lora/expert_weights": "LoRA on expert stacks and the router (peft ParamWrapper): the merged weight W + BA the "
@@ -82,8 +83,11 @@ def shared_intermediate(model: ModelSpec) -> int:
 
 
 def router_input_saved(ctx: BlockContext) -> bool:
-    """The router's F.linear saves its input (its weight trains: ``router_bytes``)."""
-    return _trains(ctx, LinearKind.ROUTER)
+    """The router's F.linear saves the block's normed input itself (its weight trains:
+    ``router_bytes``), not an fp32 copy of it (DeepSeek-V3's, in a 16-bit model)."""
+    routing = ctx.model.routing
+    copies = routing is not None and routing.group_limited is not None and ctx.mode.compute != FP32
+    return _trains(ctx, LinearKind.ROUTER) and not copies
 
 
 def moe_layers(model: ModelSpec) -> int:
@@ -163,8 +167,11 @@ def router_bytes(ctx: BlockContext) -> int:
     assert routing is not None
     total = 0
     if _trains(ctx, LinearKind.ROUTER):
-        total += t * h * (HALF if mode.autocast else mode.compute)
-    if _scores_need_grad(ctx) and routing.topk_first:
+        # DeepSeek-V3's F.linear reads ``hidden_states.type(torch.float32)``: an fp32 copy outside autocast
+        total += t * h * (HALF if mode.autocast else FP32 if routing.group_limited else mode.compute)
+    if _scores_need_grad(ctx) and routing.group_limited:
+        total += _group_limited_bytes(ctx)
+    elif _scores_need_grad(ctx) and routing.topk_first:
         total += t * k * INT64 + t * k * _score_bytes(ctx)
     elif _scores_need_grad(ctx):
         total += t * e * FP32 + t * k * INT64
@@ -175,12 +182,32 @@ def router_bytes(ctx: BlockContext) -> int:
     return total
 
 
+def _group_limited_bytes(ctx: BlockContext) -> int:
+    """DeepseekV3TopkRouter.forward (modeling_deepseek_v3.py:133-158), when the scores need a gradient:
+    ``router_logits.sigmoid()`` saves its output, T x E in the logits' dtype; the per-group
+    ``.topk(2)`` saves its int64 indices, T x n_group x 2; the ``topk_group`` of the groups, T x
+    topk_group int64; ``masked_fill`` its bool mask, T x E; the top-k, T x k int64 (``gather`` reads
+    the same indices); ``norm_topk_prob``'s in-place division the gathered weights and their sum, T x
+    k and T in the logits' dtype (``routed_scaling_factor``'s multiplication by a number saves nothing).
+    Measured on a tiny DeepSeek-V3 (tests/test_mla.py)."""
+    routing, t, e, k = ctx.model.routing, ctx.dims.tokens, ctx.model.num_experts, ctx.model.experts_per_token
+    assert routing is not None and routing.group_limited is not None
+    groups, kept = routing.group_limited
+    w = _score_bytes(ctx)
+    total = t * e * w + t * groups * 2 * INT64 + t * kept * INT64 + t * e + t * k * INT64
+    return total + (t * k * w + t * w if routing.renorm else 0)
+
+
 def _score_bytes(ctx: BlockContext) -> int:
     """The routing weights' dtype: fp32, or the router logits' (16-bit under autocast, else the
-    weights' dtype: F.linear's output)."""
-    if ctx.model.routing is not None and ctx.model.routing.scores_fp32:
+    weights' dtype: F.linear's output; DeepSeek-V3's router weight stays fp32 whatever the model's
+    dtype: ``_keep_in_fp32_modules_strict``, modeling_deepseek_v3.py:551)."""
+    routing = ctx.model.routing
+    if routing is not None and routing.scores_fp32:
         return FP32
-    return HALF if ctx.mode.autocast else ctx.mode.compute
+    if ctx.mode.autocast:
+        return HALF
+    return FP32 if routing is not None and routing.group_limited else ctx.mode.compute
 
 
 def expert_bytes(ctx: BlockContext, *, act_saved: int, keeps_output: bool) -> int:

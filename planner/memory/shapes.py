@@ -8,7 +8,7 @@ from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.dtypes import DtypeMode, mode_of
 from planner.memory.parameters import lora_targets
-from planner.modelspec import LinearKind, LinearSpec, ModelSpec
+from planner.modelspec import LATENT_DOWN, LinearKind, LinearSpec, ModelSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,6 +149,9 @@ class BlockContext:
         if self.block_input_needs_grad:
             return True
         kind, attention = lin.kind, (LinearKind.ATTN_IN, LinearKind.ATTN_OUT)
+        if lin.name in LATENT_DOWN and self.model.latent_attention is not None:
+            # MLA's q_b_proj/kv_b_proj read their down projection's normed output
+            return LATENT_DOWN[lin.name] in self.targets
         if kind is LinearKind.ATTN_IN:
             return False
         if kind is LinearKind.ATTN_OUT or (kind is LinearKind.CROSS_ATTN_IN and lin.name == "q"):
