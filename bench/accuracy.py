@@ -385,7 +385,7 @@ CPU_NOTES = [
     "`ProfiledCPUMemoryReporter::New`/`Delete`, `total_allocated` of each `_EventType.Allocation` event), "
     "counted from the probe's start. The dispatch column is the previous reference (live tensor storages "
     "that pass through the dispatcher, attributed by category); where nothing is allocated below the "
-    "dispatcher the two agree to the byte (tests/test_probes.py).",
+    "dispatcher the two agree to the byte (tests/verify/test_probes.py).",
     "The rows left over 0.1% against the dispatch count: small tensors the model leaves out (rotary and "
     "norm intermediates of a few KiB per layer, the masked-LM head's bias gradients) and, for ZeRO-2 with "
     "offload, DeepSpeed's per-parameter bookkeeping.",
@@ -489,7 +489,7 @@ ROW_NOTES += [
         "the q_a/kv_a RMSNorms, the q_b/kv_b inputs; q and k of nope + rope dims, v and the output of v dims, so "
         "the CPU's SDPA runs its fp32 math path: aten sdp_utils_cpp.cpp check_head_dim_size_cpp); the "
         "group-limited sigmoid router (moe._group_limited_bytes) and a shared expert without gate; checked layer by "
-        "layer against autograd in tests/test_mla.py. LoRA all-linear: peft converts deepseek_v3 configs, so it "
+        "layer against autograd in tests/memory/test_mla.py. LoRA all-linear: peft converts deepseek_v3 configs, so it "
         "reaches the expert stacks and the router and leaves the dense and shared MLP modules alone.")),
 ]
 ROW_NOTES += [
@@ -497,7 +497,7 @@ ROW_NOTES += [
         "Dense and MoE blocks in one model (qwen2-moe: block 0 dense by mlp_only_layers; qwen3-moe-mixed: "
         "decoder_sparse_step 2 and mlp_only_layers [2]): each kind of block has its own terms "
         "(ModelSpec.block_kinds, activations.layer_terms), each checked byte for byte against autograd's saved "
-        "tensors in tests/test_moe.py. Qwen2MoeSparseMoeBlock (modeling_qwen2_moe.py:332-351) adds a shared "
+        "tensors in tests/memory/test_moe.py. Qwen2MoeSparseMoeBlock (modeling_qwen2_moe.py:332-351) adds a shared "
         "expert, a SwiGLU on the block's normed input whose output sigmoid(shared_expert_gate(x)) scales "
         "(moe/shared_*). peft has no v4-to-v5 conversion for qwen2_moe (transformers' "
         "_MODEL_TO_CONVERSION_PATTERN has no such key), so all-linear wraps the attention, the shared expert and "

@@ -2,7 +2,7 @@
 
     python bench/fuzz.py [--examples 2000] [--seed 0] [--configs 0]
 
-The grammar is tests/test_fuzz_cli.py's (every command and option; ``measure`` only with a
+The grammar is tests/cli/test_fuzz_cli.py's (every command and option; ``measure`` only with a
 ``--gpus`` it refuses, behind a trap that fails any training run). Runs in-process against a
 temporary planner home and database. Prints the count of each exit code, then every distinct
 traceback (exception type and the innermost project frame) with the first argv that raised it.

@@ -11,7 +11,7 @@ that nothing fits and requests the planner refuses. Each answer is the JSON of `
 --json`` (``PlanResult.to_dict``), the closest tries when nothing fits, or the refusal's one line,
 with the warnings given; one canonical JSON line per request, gzipped.
 
-``tests/test_golden.py`` holds the planner to the stored file: a restructure must keep every
+``tests/integration/test_golden.py`` holds the planner to the stored file: a restructure must keep every
 answer byte-identical, and a change of the model or the ranking changes the file only on purpose.
 """
 

@@ -6,7 +6,7 @@ by cursor, and ``planner history -n 100000`` as one store call.
     python bench/history_speed.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test
                                                                    # a temporary schema there, dropped after
 
-The store is filled in bulk with the plan rows ``save_plan`` writes (tests/test_store_paging.py's
+The store is filled in bulk with the plan rows ``save_plan`` writes (tests/store/test_store_paging.py's
 ``bulk_plan_rows``, no candidates) and served by ``planner serve`` (bench/api_speed.py's
 ``local_server``); each figure is the median and the slowest of ``--repeat`` requests, one client.
 A benchmark for this machine and its load at the time, not a test.

@@ -370,7 +370,7 @@ class TrainConfig:
         """This configuration with another micro-batch x accumulation split (and optionally
         checkpointing switched). The new values are checked; nothing else in ``__post_init__``
         reads them together with another field, so the rest is not validated again: the search
-        and the memory model make tens of thousands of these (``tests/test_search_speed_paths.py``
+        and the memory model make tens of thousands of these (``tests/search/test_search_speed_paths.py``
         holds them equal to full constructions over the search's space)."""
         if type(micro_batch) is not int or not 0 < micro_batch <= _UPPER_BOUNDS["micro_batch"]:  # else it passes
             _check_count("micro_batch", micro_batch)
@@ -399,7 +399,7 @@ class TrainConfig:
         """This configuration with another optimizer and sharding, checked as ``__post_init__``
         checks them: each on its own, then the combination checks, the only ones that read them
         with another field (the search validates the optimizers and shardings of each method and
-        precision by copying one construction; ``tests/test_search_speed_paths.py`` holds them
+        precision by copying one construction; ``tests/search/test_search_speed_paths.py`` holds them
         equal to full constructions and refused where those are)."""
         fields = self.__dict__.copy()
         fields["optimizer"] = optimizer if type(optimizer) is Optimizer else choice(Optimizer, optimizer, "optimizer")

@@ -57,7 +57,7 @@ class RequestField:
     memo: tuple[str, ...]
     """How the search's memo keys hold it (``STATIC``, ``BATCH``, ``DERIVED``, ``SPLIT``, ``FIXED``,
     ``OPTION``): a field read by a memory term must be ``STATIC`` or ``BATCH`` or ``DERIVED``
-    (``tests/test_request_fields.py`` checks each against ``estimate_memory``)."""
+    (``tests/cli/test_request_fields.py`` checks each against ``estimate_memory``)."""
     terms: str = ""
     """The memory terms that read it (where a ``STATIC`` or ``BATCH`` field is read)."""
     upper: int | None = None

@@ -278,8 +278,8 @@ def _static_key(config: TrainConfig) -> tuple:
     whether it is mixed (its 16-bit communication dtype, ``planner.sharding.zero.comm_bytes``); of
     the sharding, the one whose terms are equal on this many GPUs (``Sharding.memory_key``: ZeRO-2
     on one GPU partitions gradients over one rank, as ZeRO-1 does). The adapter fields come last
-    (``_Knobs.static_prefix``). (tests/test_search_screen.py checks that configurations of one key
-    have equal terms; tests/test_request_fields.py that configurations predicted apart have apart keys.)"""
+    (``_Knobs.static_prefix``). (tests/search/test_search_screen.py checks that configurations of one key
+    have equal terms; tests/cli/test_request_fields.py that configurations predicted apart have apart keys.)"""
     sharding = config.sharding
     casts = sharding.spec.casts_model
     return (None if config.method is Method.QLORA else mode_of(config).weight,

@@ -8,7 +8,7 @@ ln(measured / predicted) by method, rows whose settings are all stated apart fro
 guessed setting (their error is the guess's as much as the model's: wider). A method with fewer
 than 8 rows of a kind takes the pooled median and the pooled interval widened to hold its rows. The quantiles are order statistics rounded outward,
 so the central interval covers at least its share of the rows it came from
-(tests/test_uncertainty.py checks it on the bench).
+(tests/memory/test_uncertainty.py checks it on the bench).
 
 The distribution of x = ln(measured / predicted) is a split normal: its median, and below and
 above it the normal scales that put the 5% and 95% quantiles where the table has them. So

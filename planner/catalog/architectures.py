@@ -3,7 +3,7 @@
 Each builder mirrors the module tree transformers (v5) builds for training: decoders as
 ``AutoModelForCausalLM``, bert/roberta as ``AutoModelForMaskedLM``. Every parameter-holding
 module is listed so that ``ModelSpec.params_total`` equals ``sum(p.numel() for p in
-model.parameters())`` exactly (tests/test_param_counts.py checks it on the meta device for every
+model.parameters())`` exactly (tests/catalog/test_param_counts.py checks it on the meta device for every
 catalog model), and ``layer_linears`` names each linear layer by its leaf module name, which is
 what peft's ``target_modules`` matches.
 

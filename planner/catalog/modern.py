@@ -4,7 +4,7 @@ nemotron_h) models.
 
 Each builder lists every block's parameter-holding modules as transformers 5.24 builds them
 (``transformers/models/<type>/modeling_<type>.py``, cited per builder), so that ``params_total``
-equals the meta-device model's count (tests/test_param_counts.py). Blocks that differ from block 0
+equals the meta-device model's count (tests/catalog/test_param_counts.py). Blocks that differ from block 0
 (DeepSeek's MoE blocks after its dense ones, full-attention blocks among linear-attention ones,
 Gemma 4's global blocks) go to ``ModelSpec.other_blocks``; ``layer_linears`` is block 0, the block
 the test compares. Expert weights are 3D parameters (``gate_up_proj [E, 2I, H]``, ``down_proj

@@ -25,7 +25,7 @@ _COMMAND_MODULES = (
     "planner.cli.check_cmd",
 )
 #: each command (or command group) of the app and the module that registers it
-#: (tests/test_cli_plan.py checks this against what the modules register): a run that names its
+#: (tests/cli/test_cli_plan.py checks this against what the modules register): a run that names its
 #: command builds only that module's commands, not every command's options
 COMMANDS = {
     "estimate": "planner.cli.plan", "measure": "planner.cli.plan", "suggest": "planner.cli.suggest_cmd",

@@ -29,7 +29,7 @@ def user_text(text: object) -> str:
 #: config.json (model ids, paths, LoRA targets, error texts): with markup on, ``org/model[/bold]``
 #: raised ``rich.errors.MarkupError`` (after the plan was stored, so every later ``history``
 #: crashed too), a folder ``llama[v2]`` printed as ``llama`` and ``:fire:`` became an emoji.
-#: Off here, no print site can forget to escape; tests/test_hardening_cli.py holds every
+#: Off here, no print site can forget to escape; tests/cli/test_hardening_cli.py holds every
 #: command to it.
 PLAIN_TEXT = {"markup": False, "emoji": False, "highlight": False}
 

@@ -572,7 +572,7 @@ def block_backward_terms(model: ModelSpec, config: TrainConfig, kernels: KernelP
                          targets: frozenset[str] | None = None) -> dict[str, int]:
     """What the backward of the last block (the first block backward reaches) adds to the saved
     tensors that outlive the head's backward, by term; its peak is at the MLP's activation
-    product (measured on the CPU, tests/test_block_backward.py).
+    product (measured on the CPU, tests/memory/test_block_backward.py).
 
     * ``recompute`` (checkpointing): the block's saved tensors rebuilt while every checkpoint is
       still held (torch.utils.checkpoint, non-reentrant: the first unpack_hook runs
@@ -719,7 +719,7 @@ def recompute_end_terms(model: ModelSpec, config: TrainConfig, kernels: KernelPr
       that nothing saves; ``block_backward``, the gradients held (``_grads_before_down``);
     * without checkpointing, the start of that backward: the gradients it holds.
 
-    Measured on bench/accuracy.py's llama-v2k (tests/test_block_backward.py): bf16-mixed LoRA
+    Measured on bench/accuracy.py's llama-v2k (tests/memory/test_block_backward.py): bf16-mixed LoRA
     peaks inside down_proj's adapter (the fp32 cast of the product beside lora_A's bf16 cast),
     pure bf16 LoRA inside up_proj's adapter sum."""
     if model.other_blocks:

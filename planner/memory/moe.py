@@ -189,7 +189,7 @@ def _group_limited_bytes(ctx: BlockContext) -> int:
     topk_group int64; ``masked_fill`` its bool mask, T x E; the top-k, T x k int64 (``gather`` reads
     the same indices); ``norm_topk_prob``'s in-place division the gathered weights and their sum, T x
     k and T in the logits' dtype (``routed_scaling_factor``'s multiplication by a number saves nothing).
-    Measured on a tiny DeepSeek-V3 (tests/test_mla.py)."""
+    Measured on a tiny DeepSeek-V3 (tests/memory/test_mla.py)."""
     routing, t, e, k = ctx.model.routing, ctx.dims.tokens, ctx.model.num_experts, ctx.model.experts_per_token
     assert routing is not None and routing.group_limited is not None
     groups, kept = routing.group_limited
@@ -279,7 +279,7 @@ def adapted_weight_bytes(ctx: BlockContext) -> int:
       which F.linear saves outside autocast (E x H in the weights' dtype; under autocast its
       16-bit cast, an autocast weight copy); under autocast ``B @ A`` saves 16-bit casts of A and B.
 
-    Measured on a tiny Mixtral (tests/test_moe.py)."""
+    Measured on a tiny Mixtral (tests/memory/test_moe.py)."""
     mode, r = ctx.mode, ctx.config.lora_r or 0
     total = 0
     for lin in adapted_weights(ctx):

@@ -61,7 +61,7 @@ def peak_independent(model: ModelSpec, gpu, *, paged: int, gpus: int = 1) -> int
 
 def process_total(peak: int, *, static: int, fixed: int) -> int:
     """``reserved_and_total(...)[1]`` from ``fixed = peak_independent(...)``: the search evaluates
-    thousands of peaks per device and configuration (tests/test_search_screen.py checks the two
+    thousands of peaks per device and configuration (tests/search/test_search_screen.py checks the two
     agree)."""
     return peak + fixed + int(CUDA_FRAGMENTATION * max(peak - static, 0))
 

@@ -359,7 +359,7 @@ def batch_totals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
                  targets: frozenset[str] | None = None) -> tuple[int, ...]:
     """Each moment's per-micro-batch part, ``batch_moments`` of ``batch_terms``' sizes, from the
     terms' sums: the search's memo reads nothing else, and keying the breakdowns was half of
-    ``batch_terms`` (tests/test_search_screen.py checks the two agree)."""
+    ``batch_terms`` (tests/search/test_search_screen.py checks the two agree)."""
     if model.is_encoder_decoder:
         return batch_moments(batch_terms(model, config, kernels, targets).sizes())
     return _decoder_totals(model, config, block_context(model, config, kernels, first=False, targets=targets))
@@ -371,7 +371,7 @@ def batch_line(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     ``batch_totals`` at micro-batch 1 and (that at 2) - (that at 1), ``config``'s accumulation
     kept (the search's memo: every term is affine in the micro-batch). A decoder-only model's two
     evaluations share a later block's context, which reads no size (``BlockContext.at``);
-    tests/test_batch_line.py holds this equal to the two calls."""
+    tests/memory/test_batch_line.py holds this equal to the two calls."""
     one, two = (config.with_split(micro_batch=b, grad_accum=config.grad_accum) for b in (1, 2))
     if model.is_encoder_decoder:
         at_one, at_two = batch_totals(model, one, kernels, targets), batch_totals(model, two, kernels, targets)
@@ -432,7 +432,7 @@ def moment_breakdowns(resident: dict[str, int], static: StaticSizes, batch: Batc
                       scheme: ShardingSpec = NONE.spec) -> dict[str, dict[str, int]]:
     """Every moment's live bytes by breakdown key, the ``resident`` model states included (zero
     terms dropped), ``scheme`` naming its parts: what the timeline holds at each mark
-    (tests/test_timeline.py)."""
+    (tests/memory/test_timeline.py)."""
     out = {}
     for moment in MOMENTS:
         live = dict(resident)

@@ -21,7 +21,7 @@ class AdamW8bitMemory(OptimizerModel):
         correction`` (4n + 4n alive together): 20n bytes, 24n for 16-bit parameters, for the
         largest tensor on the 8-bit path (>= 4096 elements; smaller ones take the 32-bit path).
         Measured with c10's allocator count: exactly 20n / 24n + a few bytes of 0-dim scalars
-        (tests/test_probes.py)."""
+        (tests/verify/test_probes.py)."""
         if not kernels.bnb_8bit_step_whole_tensor:
             return 0
         largest = max((n for n, _ in counts if n >= BNB_MIN_8BIT_SIZE), default=0)

@@ -86,7 +86,7 @@ def zero3_live_params(sizes: tuple[int, ...], *, max_live: int, max_reuse: int, 
     leave. Hence at most max(max_live, max_reuse_distance) elements plus one parameter past the
     bound, the largest at worst (with a tied embedding, the output head's weight, prefetched while
     the last blocks still hold up to max_live), and never more than the partitioned parameters
-    themselves. Measured on the CPU (tests/test_zero3_live.py; a 30-block bloom scaled from
+    themselves. Measured on the CPU (tests/sharding/test_zero3_live.py; a 30-block bloom scaled from
     bloom-7b1, max_live = max_reuse = 3,921,700, tied embedding 4,032,000: 7,767,552 elements at
     most, 2.4 % under this bound)."""
     partitioned = [s for s in sizes if s > persistence_threshold]

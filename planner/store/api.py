@@ -166,7 +166,7 @@ class Store:
         def work(session: Session) -> str:
             session.add(_request_row(plan_id=plan_id, request=result.request, status=status, result=result, ray_job_id=ray_job_id))
             # The request row is written before the candidates are built: a candidate that cannot
-            # be stored rolls the request back with it (tests/test_store.py checks that).
+            # be stored rolls the request back with it (tests/store/test_store.py checks that).
             session.flush()
             for position, candidate in enumerate(result.plans):
                 session.add(_candidate_row(plan_id=plan_id, position=position, candidate=candidate))

@@ -6,7 +6,7 @@ column (``sqlalchemy.JSON`` maps to SQLite's JSON1 text and PostgreSQL's ``json`
 queries filter or compare on (model, GPU, predicted and measured peaks) are also plain columns.
 
 The schema is created by Alembic (``migrations/versions``), never by ``metadata.create_all``;
-``tests/test_migrations.py`` checks that the migrations produce exactly this metadata.
+``tests/store/test_migrations.py`` checks that the migrations produce exactly this metadata.
 """
 
 from __future__ import annotations

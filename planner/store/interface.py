@@ -11,7 +11,7 @@ several backends, callers that never name a backend):
 
 Both build and read rows with ``planner.store.codec``, find "the same request" by
 ``PlanRequest.identity()``, and move a plan's status through ``PlanStatus.check_transition``
-(nothing leaves a terminal status). tests/test_store_contract.py runs the same tests against
+(nothing leaves a terminal status). tests/store/test_store_contract.py runs the same tests against
 both, on SQLite and (the SQLAlchemy store) on PostgreSQL.
 
 Callers type against ``PlanStore`` and get one from ``open_plan_store``.

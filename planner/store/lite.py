@@ -15,7 +15,7 @@ Same transactions, settings and values as the SQLAlchemy store: the connection g
 by ``engine.retry_locked``, errors are ``engine.db_failure``'s one line, rows are built and read by
 ``planner.store.codec``, and the columns are encoded as SQLAlchemy's SQLite dialect encodes them
 (JSON as ``json.dumps`` text, timestamps as naive UTC text ``YYYY-MM-DD HH:MM:SS.ffffff``,
-booleans as 0/1). tests/test_store_lite.py writes through both stores and compares the stored
+booleans as 0/1). tests/store/test_store_lite.py writes through both stores and compares the stored
 rows, and checks the column lists below against ``planner.store.dbmodels``.
 """
 
@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
 T = TypeVar("T")
 
 #: Each table's columns in the models' order, and which of them are JSON, timestamps or booleans
-#: (``planner.store.dbmodels``; tests/test_store_lite.py checks every list against it).
+#: (``planner.store.dbmodels``; tests/store/test_store_lite.py checks every list against it).
 REQUESTS = ("plan_requests", (
     "id", "created_at", "model_id", "model_fingerprint", "gpu", "gpu_count", "gpu_memory_bytes", "target_batch",
     "seq_len", "constraints", "constraints_hash", "planner_version", "status", "status_reason", "status_changed_at",

@@ -10,7 +10,7 @@ from __future__ import annotations
 #: Alembic's revision table; named for the planner so a shared PostgreSQL database whose other
 #: applications also use Alembic keeps one ``alembic_version`` each.
 VERSION_TABLE = "planner_alembic_version"
-#: The newest revision in migrations/versions (tests/test_migrations.py checks it is Alembic's
+#: The newest revision in migrations/versions (tests/store/test_migrations.py checks it is Alembic's
 #: head). It lets the common case, a database already at head, be confirmed with one SELECT and
 #: without importing Alembic and parsing the migration scripts (~0.15 s of a cold CLI start).
 HEAD_REVISION = "0003"

@@ -1,0 +1,112 @@
+"""Alembic migrations yield exactly the models' metadata, and go down and up again."""
+
+from __future__ import annotations
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect
+from support.store import db_url, pg_url, sqlite_url  # noqa: F401 - fixtures
+
+from planner.store import upgrade_database
+from planner.store.dbmodels import VERSION_TABLE, Base
+from planner.store.schema import HEAD_REVISION, alembic_config, head_revision, migrations_dir
+
+MODEL_TABLES = {"plan_requests", "plan_candidates", "plan_measurements", "calibrations"}
+
+
+def _drift(engine) -> list:
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE, "compare_type": True})
+        return compare_metadata(context, Base.metadata)
+
+
+def _tables(engine) -> set[str]:
+    return set(inspect(engine).get_table_names())
+
+
+def test_upgrade_yields_the_models_then_down_and_up_again(db_url):
+    engine = create_engine(db_url)
+    try:
+        assert _tables(engine) == set()
+        assert upgrade_database(url=db_url) == (None, "0003")
+        assert _tables(engine) == MODEL_TABLES | {VERSION_TABLE}
+        assert _drift(engine) == []
+        # the indexes the history and reuse queries rely on exist
+        indexes = {ix["name"] for ix in inspect(engine).get_indexes("plan_requests")}
+        assert {"ix_plan_requests_same_request", "ix_plan_requests_created_at"} <= indexes
+
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(url=db_url, connection=conn), "base")
+        assert _tables(engine) == {VERSION_TABLE}
+        with engine.connect() as conn:
+            assert MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_heads() == ()
+
+        assert upgrade_database(url=db_url) == (None, "0003")
+        assert _drift(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_drift_check_sees_a_difference(sqlite_url):
+    """The no-drift assertion above can fail: a missing index is reported."""
+    from sqlalchemy import text
+
+    upgrade_database(url=sqlite_url)
+    engine = create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP INDEX ix_plan_requests_same_request"))
+    diff = _drift(engine)
+    engine.dispose()
+    assert [d[0] for d in diff] == ["add_index"] and diff[0][1].name == "ix_plan_requests_same_request"
+
+
+def test_one_linear_history_and_the_ini_matches():
+    script = ScriptDirectory.from_config(alembic_config(url="sqlite://"))
+    assert script.get_heads() == ["0003"] == [head_revision()]
+    # the constant the fast "already at head" check compares with must follow new migrations
+    assert HEAD_REVISION == head_revision()
+    assert script.get_revision("0003").down_revision == "0002"
+    assert script.get_revision("0002").down_revision == "0001"
+    assert script.get_revision("0001").down_revision is None
+    ini = (migrations_dir().parent / "alembic.ini").read_text()
+    assert "script_location = migrations" in ini
+
+
+@pytest.mark.parametrize("url", ["sqlite:///x.db", "postgresql+psycopg://u@h/db"])
+def test_offline_sql_renders(url, capsys):
+    command.upgrade(alembic_config(url=url), "head", sql=True)
+    sql = capsys.readouterr().out
+    assert "CREATE TABLE plan_requests" in sql and "CREATE INDEX ix_plan_requests_same_request" in sql
+    assert f"CREATE TABLE {VERSION_TABLE}" in sql
+
+
+def test_a_plan_stored_at_0001_survives_the_upgrade_to_0002(db_url):
+    """A store written by the previous release keeps its plans: the new columns are empty, the
+    plan reads back, and a long model id (refused by PostgreSQL's varchar(255) before) fits."""
+    from sqlalchemy import text
+
+    from planner.store import open_store
+
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(url=db_url, connection=conn), "0001")
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO plan_requests (id, created_at, model_id, model_fingerprint, gpu, gpu_count, "
+                "gpu_memory_bytes, target_batch, seq_len, constraints, constraints_hash, planner_version, status, "
+                "rejected, searched, usable_bytes, safety_margin_bytes) VALUES ('ab0cd', "
+                "'2026-11-20 10:00:00', 'gpt2', 'f', 'a10g', 1, 1, 8, 1024, '{}', 'h', '0.1.0', 'planned', '[]', "
+                "3, 1, 1)"))
+        assert upgrade_database(url=db_url) == ("0001", "0003")
+        assert _drift(engine) == []
+        with open_store(url=db_url) as store:
+            plan = store.get_plan(plan_id="ab0cd")
+        assert plan.request.model_id == "gpt2" and plan.status_reason is None and plan.status_changed_at is None
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE plan_requests SET model_id = :m"), {"m": "/x" * 500})
+    finally:
+        engine.dispose()

@@ -1,0 +1,1 @@
+"""Shared pieces of the tests (a real service, hand-made plans and databases, a Ray head)."""
