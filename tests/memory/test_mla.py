@@ -6,6 +6,7 @@ SDPA's math path on the CPU; tests/memory/test_moe.py's technique)."""
 from __future__ import annotations
 
 import pytest
+from test_moe import tiny_model
 
 from planner.catalog import check_plannable, resolve_model, spec_from_config
 from planner.config import TrainConfig
@@ -36,19 +37,8 @@ def _saved_per_layer(raw: dict, precision: str, lora, attention: str) -> tuple[l
     import weakref
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    raw = dict(raw)
-    model_type = raw.pop("model_type")
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **raw), dtype=dtype,
-                                             attn_implementation=attention)
-    if lora:
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=4, target_modules=lora if isinstance(lora, str) else list(lora)))
-    model.train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    model, params = tiny_model(raw, precision, lora, attention)
     layers = model.get_decoder().layers
     packed: list[weakref.WeakSet] = [weakref.WeakSet() for _ in layers]
     inside = [-1]
@@ -89,7 +79,7 @@ def test_deepseek_layers_match_what_autograd_saves(precision, lora, attention):
     (2 x s x qk_rope_head_dim in the residual's dtype), and peft's trainable parameters (all-linear:
     peft converts deepseek_v3 configs, so the expert stacks are adapted and the dense MLP and shared
     expert, whose leaf names the conversion takes, are not)."""
-    from tests.test_moe import _saved_per_layer
+    from test_moe import _saved_per_layer
 
     from planner.memory.activations import layer_terms
     from planner.memory.parameters import lora_params

@@ -203,10 +203,9 @@ MIXED = {
 }
 
 
-def _saved_per_layer(raw: dict, precision: str, lora: str | tuple[str, ...] | None,
-                     attention: str = "sdpa") -> tuple[list[int], int]:
-    """(bytes autograd saves inside each decoder layer, distinct storages, parameters left out; the
-    trainable parameters) of a tiny model built from ``raw``, b=2, s=32."""
+def tiny_model(raw: dict, precision: str, lora: str | tuple[str, ...] | None, attention: str = "sdpa"):
+    """(model in train mode, the storages of its parameters) of a tiny random-weight model built
+    from the config ``raw`` (seed 0) in ``precision``, with LoRA r=4 on ``lora`` when given."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -221,6 +220,16 @@ def _saved_per_layer(raw: dict, precision: str, lora: str | tuple[str, ...] | No
         model = get_peft_model(model, LoraConfig(r=4, target_modules=lora if isinstance(lora, str) else list(lora)))
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return model, params
+
+
+def _saved_per_layer(raw: dict, precision: str, lora: str | tuple[str, ...] | None,
+                     attention: str = "sdpa") -> tuple[list[int], int]:
+    """(bytes autograd saves inside each decoder layer, distinct storages, parameters left out; the
+    trainable parameters) of a tiny model built from ``raw``, b=2, s=32."""
+    import torch
+
+    model, params = tiny_model(raw, precision, lora, attention)
     seen: list[dict[int, int]] = []
     inside = [-1]
 
