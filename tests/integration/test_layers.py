@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("planner.memory", "planner.kernels", "planner.throughput")),
     ("search", ("planner.search", "planner.ranking", "planner.defaults", "planner.advice")),
     ("store", ("planner.store", "planner.calibration")),
-    ("use cases", ("planner.planning", "planner.estimation", "planner.answers", "planner.usecases", "planner.emit", "planner.plot",
+    ("use cases", ("planner.planning", "planner.estimation", "planner.answers", "planner.usecases", "planner.dataset", "planner.solve", "planner.emit", "planner.plot",
                    "planner.verify", "planner.check", "workers")),
     ("surfaces", ("planner.cli", "planner.service", "planner.__main__", "oom_planner")),
 )
