@@ -64,6 +64,7 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
     check_model_id(spec.id)  # printable, as suggest's (its output and a measure's record show it)
     check_estimate_cost(spec)  # before any work: the bounds of planner.limits
     seq = default_seq_len(spec) if seq_len is None else seq_len
+    _sharding_option(options)
     if seq > spec.max_seq_len:
         raise InvalidConfigError(f"--seq-len {seq} is longer than {spec.id} allows ({spec.max_seq_len}): use at most {spec.max_seq_len}")
     if options.get("precision") is None:
@@ -81,6 +82,24 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
             f"min(in, out) adds parameters but no capacity; use at most {widest}, e.g. 16"
         )
     return config
+
+
+def _sharding_option(options: dict[str, Any]) -> None:
+    """``sharding`` (a scheme's name) or the older ``zero`` stage, not both: the one given, in
+    ``options`` as ``TrainConfig`` takes it (``zero=None`` when the scheme is named)."""
+    from planner.errors import InvalidConfigError
+
+    scheme = options.pop("sharding", None)
+    if scheme is None:
+        return
+    if not isinstance(scheme, str):  # a Sharding value (planner check's): TrainConfig reconciles it with zero
+        options["sharding"] = scheme
+        return
+    if options.get("zero") not in (None, 0):
+        raise InvalidConfigError(f"--sharding {scheme} and --zero {options['zero']} both name the sharding: give one "
+                                 f"(--sharding zero{options['zero']} is --zero {options['zero']})")
+    options["zero"] = None
+    options["sharding"] = scheme
 
 
 def estimate_dict(spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig", estimate: "MemoryEstimate",

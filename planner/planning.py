@@ -56,6 +56,8 @@ class SuggestRequest:
     local_node: bool = False
     """The GPU was found on this machine (--gpu auto): the planning machine is the node, and its
     RAM is the default host RAM for offload."""
+    schemes: tuple[str, ...] | None = None
+    """The sharding schemes searched (None: every one; ``planner check``: those its files can say)."""
     # then the recipe settings (``planner.request.RECIPE``), each with its plain type and
     # default
 
@@ -111,7 +113,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     host, source = node_host_ram(cpu_mem_bytes=request.cpu_mem_bytes, local_node=request.local_node, gpus=request.gpus,
                                  device=device)
     space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host,
-                        host_ram_source=source, prefer=request.prefer, **recipe_of(request))
+                        host_ram_source=source, prefer=request.prefer, schemes=request.schemes, **recipe_of(request))
     check_recipe(spec, recipe_of(request))  # estimate's check (a fused CE needs a causal LM's head)
     check_model_id(spec.id)  # before anything is printed: the store would refuse it after
     check_search_cost(spec, methods=space.methods, lora_ranks=space.lora_ranks, top_k=request.top_k)

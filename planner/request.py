@@ -140,9 +140,10 @@ _FIELDS = (
     _field("use_cache", bool, False, "transformers' use_cache in the training forward (a KV cache; the HF Trainer "
            "turns it off, so does --grad-ckpt).", memo=(BATCH,), recipe=True,
            terms="the KV cache (memory/activations.py kv_cache_block_bytes)"),
-    # TrainConfig's own: made from --zero and --offload (their memory terms read it as Sharding.memory_key)
-    _field("sharding", str, "none", "The sharding scheme (planner.sharding).", memo=(DERIVED,), flag=None,
-           estimate=False, build=False),
+    # TrainConfig's own (its memory terms read it as Sharding.memory_key): named here, or made from
+    # --zero and --offload, the older spelling (planner.estimation.build_config refuses both at once)
+    _field("sharding", str, None, "none|ddp|zero1|zero2|zero3|fsdp2: the sharding scheme, with --offload its CPU "
+           "offload (default: what --zero names).", memo=(DERIVED,), max_length=32),
 )
 
 #: The default of a field a request must give.

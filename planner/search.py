@@ -79,6 +79,9 @@ class SearchSpace:
     """The ranking policy (``planner.tradeoffs.Prefer``)."""
     lora_ranks: tuple[int, ...] = LORA_RANKS
     """LoRA ranks to try, each a whole number >= 1."""
+    schemes: tuple[str, ...] | None = None
+    """The sharding schemes tried (``planner.sharding.Scheme`` names; None: every one the GPU
+    count takes). ``planner check`` narrows it to those its files can say."""
     # then the recipe settings (``planner.request.RECIPE``), fixed by the user and given to every
     # candidate (``TrainConfig``'s fields of the same names; those of LoRA only to LoRA/QLoRA's)
 
@@ -220,6 +223,8 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
             lora_variants.append((r, attn))
     # on the cpu profile the host is the device: an offload moves nothing off it, so none is searched
     shardings = search_axis(allow_offload=space.allow_offload and not gpu.is_cpu, gpus=gpus)
+    if space.schemes is not None:
+        shardings = tuple(s for s in shardings if s.scheme in space.schemes)
     rows = []
     for method in space.methods:
         variants = [(None, None)] if method is Method.FULL else lora_variants
@@ -619,6 +624,7 @@ def plan_request(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: 
             "prefer": str(space.prefer),
             # the recipe settings that differ from the defaults: a stored plan is reused only for the same
             **({"recipe": recipe} if (recipe := _recipe_constraints(space)) else {}),
+            **({"schemes": list(space.schemes)} if space.schemes is not None else {}),
         },
         planner_version=__version__,
     )

@@ -28,6 +28,14 @@ def sharding(config: "TrainConfig") -> tuple[int, str]:
     return payload["zero"], payload["offload"]
 
 
+def spelled_schemes() -> tuple[str, ...]:
+    """The sharding schemes the files ``check`` reads can say (a ZeRO stage and an offload): its
+    search tries these only (FSDP2 has no spelling there yet: ``check`` reads no ``fsdp_config``)."""
+    from planner.sharding import Scheme, Sharding
+
+    return tuple(str(s) for s in Scheme if "zero" in Sharding(s).payload())
+
+
 def options_of(config: "TrainConfig") -> dict[str, Any]:
     """A configuration as ``build_config`` options again (its seq_len apart)."""
     from planner.estimation import CONFIG_OPTIONS

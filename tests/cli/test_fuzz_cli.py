@@ -156,6 +156,7 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
         "--grad-ckpt": None, "--no-grad-ckpt": None, "--attention": _choice("sdpa", "eager", "flash"),
         "--lora-r": _ints((1, 256)), "--lora-targets": _choice("all-linear", "q_proj,v_proj", ",", "q_proj,,v_proj"),
         "--zero": _ints((0, 3)), "--offload": _choice("none", "optimizer", "optimizer+params"),
+        "--sharding": _choice("none", "ddp", "zero1", "zero2", "zero3", "fsdp2"),
     }
     # the recipe knobs of estimate, measure, suggest and submit (fixed by the user, given to every candidate)
     recipe = {"--lora-dropout": _DROPOUTS, "--loop": _choice("trainer", "manual"), "--fused-ce": None, "--no-fused-ce": None,

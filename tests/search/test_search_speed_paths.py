@@ -23,6 +23,7 @@ from planner.config import ALL_LINEAR, Loop, Method, Offload, TrainConfig
 from planner.errors import InvalidConfigError, PlannerError
 from planner.gpus import get_gpu
 from planner.search import SearchSpace, _combinations, _precisions, attention_targets, divisors
+from planner.sharding import Sharding, search_axis
 from planner.throughput import ThroughputMemo, step_breakdown
 
 GiB = 1024**3
@@ -63,22 +64,25 @@ def _every_construction(model, gpu, *, target_batch, seq_len, gpus, space):
     per_device = target_batch // gpus
     attn = attention_targets(model)
     variants = [(r, t) for r in space.lora_ranks for t in ((ALL_LINEAR,), attn) if t]
-    zero_offload = [(z, Offload.NONE) for z in range(4)] + [(1, Offload.OPTIMIZER), (2, Offload.OPTIMIZER),
-                                                            (3, Offload.OPTIMIZER), (3, Offload.OPTIMIZER_PARAMS)]
+    # every scheme and offload the sharding registry has (the cpu profile has no offload: the host is
+    # the device), each as the scheme's name and the offload, not the search's interned values
+    shardings = [(str(s.scheme), str(s.offload)) for s in search_axis(allow_offload=not gpu.is_cpu, gpus=gpus)]
     out = {}
     for method in space.methods:
-        for precision, (r, targets), optimizer, (zero, offload), ckpt, micro in itertools.product(
+        for precision, (r, targets), optimizer, (scheme, offload), ckpt, micro in itertools.product(
             _precisions(gpu, space), [(None, None)] if method is Method.FULL else variants, space.optimizers,
-            zero_offload, (False, True), divisors(per_device),
+            shardings, (False, True), divisors(per_device),
         ):
-            key = (method, precision, r, targets, optimizer, zero, offload, ckpt, micro)
+            # keyed by the sharding the configuration holds (no sharding on several GPUs is DDP)
             try:
-                out[key] = TrainConfig(method=method, precision=precision, optimizer=optimizer, micro_batch=micro,
-                                       seq_len=seq_len, grad_accum=per_device // micro, gpus=gpus, grad_ckpt=ckpt,
-                                       lora_r=r, lora_targets=targets, zero=zero, offload=offload,
-                                       **space.recipe(method))
+                config = TrainConfig(method=method, precision=precision, optimizer=optimizer, micro_batch=micro,
+                                     seq_len=seq_len, grad_accum=per_device // micro, gpus=gpus, grad_ckpt=ckpt,
+                                     lora_r=r, lora_targets=targets, sharding=Sharding(scheme, offload),
+                                     **space.recipe(method))
             except PlannerError:
-                out[key] = None
+                config = None
+            held = config.sharding if config is not None else Sharding(scheme, offload)
+            out[(method, precision, r, targets, optimizer, held, ckpt, micro)] = config
     return out
 
 
@@ -94,8 +98,8 @@ def test_the_search_copies_equal_full_constructions(n):
         assert _typed(base) == _typed(_rebuilt(base))
         for micro, accum in splits:
             copy = base.with_split(micro_batch=micro, grad_accum=accum)
-            key = (copy.method, copy.precision, copy.lora_r, copy.lora_targets, copy.optimizer, copy.zero,
-                   copy.offload, copy.grad_ckpt, micro)
+            key = (copy.method, copy.precision, copy.lora_r, copy.lora_targets, copy.optimizer, copy.sharding,
+                   copy.grad_ckpt, micro)
             assert key not in made
             made[key] = copy
             assert expected[key] is not None, copy.label()
