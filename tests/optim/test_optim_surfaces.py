@@ -6,10 +6,13 @@ from planner.optim import OPTIMIZERS, SEARCHED, Optimizer, names
 
 
 def test_the_help_and_the_api_list_the_registry():
-    from planner.cli.plan import _OPTIMIZER
+    import typer.main
+
+    from planner.cli import get_app
     from planner.service.schemas import EstimateBody
 
-    assert _OPTIMIZER.help == names()
+    estimate = typer.main.get_command(get_app()).commands["estimate"]
+    assert next(p for p in estimate.params if p.name == "optimizer").help == names()
     assert EstimateBody.model_fields["optimizer"].description == names()
 
 

@@ -167,6 +167,7 @@ def test_two_cpu_ranks_measure_what_the_model_predicts_per_rank(changes, bound):
 
     config = TrainConfig(**(dict(micro_batch=2, seq_len=128, precision="bf16-mixed", optimizer="adamw",
                                  sharding="fsdp2", gpus=2) | changes))
+    rank_before = os.environ.get("RANK")  # (an in-process DeepSpeed run of another test may have set it)
     results = measure_ranks(model_config=TINY_LLAMA, config=config, timeout_s=1800, steps=2)
     spec = spec_from_config(TINY_LLAMA, model_id="tiny-llama", source="test")
     predicted = estimate_memory(model=spec, config=config, gpu=get_gpu("cpu")).peak_allocated_bytes
@@ -176,4 +177,4 @@ def test_two_cpu_ranks_measure_what_the_model_predicts_per_rank(changes, bound):
         assert details["fsdp_units"] == TINY_LLAMA["num_hidden_layers"] + 1
         error = (predicted - measurement.peak_allocated_bytes) / measurement.peak_allocated_bytes
         assert abs(error) <= bound, (details["rank"], predicted, measurement.peak_allocated_bytes)
-    assert os.environ.get("RANK") is None  # the launcher leaves this process's environment alone
+    assert os.environ.get("RANK") == rank_before  # the launcher leaves this process's environment alone
