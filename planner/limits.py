@@ -10,9 +10,8 @@ import math
 from typing import TYPE_CHECKING, Iterable
 
 from planner.errors import InvalidConfigError, ModelConfigError, UnstorableDataError
-from planner.text import check_printable
-
 from planner.modelspec import LinearKind
+from planner.text import check_printable
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.modelspec import ModelSpec
