@@ -99,6 +99,26 @@ def _reduce(config: Any, weight: int) -> int:
     return FP32 if config.precision.is_mixed else weight
 
 
+#: (id of a sizes tuple, ranks) -> (the tuple, each tensor's shard): the search asks for the same
+#: model's tensors, sharded over the same ranks, once per static key (hundreds of times a request);
+#: the tuple is kept so its id is never reused while the entry lives
+_SHARDS: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+_SHARDS_KEPT = 64
+
+
+def _shards(sizes: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """Each tensor's shard on one of ``n`` ranks (``shard``), remembered per tuple and rank count."""
+    key = (id(sizes), n)
+    hit = _SHARDS.get(key)
+    if hit is not None and hit[0] is sizes:
+        return hit[1]
+    if len(_SHARDS) >= _SHARDS_KEPT:
+        _SHARDS.clear()
+    out = tuple(shard(s, n) for s in sizes)
+    _SHARDS[key] = (sizes, out)
+    return out
+
+
 class FSDP2(ShardingSpec):
     """FSDP2: every unit's parameters sharded over the ranks, gathered for its forward and
     backward, its gradients reduce-scattered after its backward."""
@@ -156,12 +176,13 @@ class FSDP2(ShardingSpec):
         compute, reduce = _compute(config, weight), _reduce(config, weight)
         host = 0
         # every base parameter sharded in its own dtype (fp32 master under *-mixed)
-        states = {"weights": sum(shard(s, n) for s in base_sizes) * weight}
+        states = {"weights": sum(_shards(base_sizes, n)) * weight}
+        trained_shards = _shards(t.sizes, n)
         if config.method.uses_adapters:
-            states["lora/weights"] = sum(shard(s, n) for s in t.sizes) * ADAPTER_BYTES
-        states["gradients"] = sum(shard(s, n) for s in t.sizes) * trained_bytes
+            states["lora/weights"] = sum(trained_shards) * ADAPTER_BYTES
+        states["gradients"] = sum(trained_shards) * trained_bytes
         optimizer = OPTIMIZERS[config.optimizer].memory
-        states["optimizer_states"] = optimizer.state_bytes([shard(s, n) for s in t.sizes], trained_bytes)
+        states["optimizer_states"] = optimizer.state_bytes(list(trained_shards), trained_bytes)
         if offloaded:
             host = sum(states.values())
             states = {}
