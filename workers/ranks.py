@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from planner.config import TrainConfig
 from planner.results import Measurement, RunOutcome
+from planner.sharding.spec import free_port
 from workers.runner import (
     _LOG_TAIL_CHARS,
     JOB_DIR_ENV,
@@ -36,12 +37,6 @@ from workers.runner import (
 
 #: seconds between two looks at the ranks' processes
 _POLL_S = 0.2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure_ranks(
@@ -60,7 +55,7 @@ def measure_ranks(
     _check_args(model_config=model_config, device=device, steps=steps, memory_limit_bytes=None)
     world = config.gpus
     started = _now()
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix=f"{JOB_DIR_PREFIX}{os.getpid()}-") as tmp:
         procs, logs = [], []
         try:

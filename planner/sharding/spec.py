@@ -78,6 +78,14 @@ class WorkerSetup:
     """What the run's details report of the setup (the library's config)."""
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that no one listens on now (the OS picks it): a process group's
+    rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def join_process_group(device: str, init: Callable[[str], None] | None = None) -> None:
     """Join the run's ``torch.distributed`` process group (gloo on the CPU, NCCL on a GPU): the
     launcher's (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` in the environment,
@@ -93,9 +101,7 @@ def join_process_group(device: str, init: Callable[[str], None] | None = None) -
     os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        os.environ["MASTER_PORT"] = str(free_port())
     backend = "gloo" if device == "cpu" else "nccl"
     if init is not None:
         init(backend)
