@@ -113,10 +113,8 @@ def parameter_tensors(model: "ModelSpec") -> int:
     tensors = 4  # token embedding, another embedding table, the final norm, the head
     if model.is_encoder_decoder:
         tensors += 2 + math.ceil(model.final_norm_params / model.hidden_size)
-    # every kind of block (ModelSpec.all_blocks: a model's dense and MoE blocks differ), each with
-    # its own norms and other small tensors, as param_tensor_sizes pairs them
-    norms = [model.layer_norm_params + model.layer_other_params] + [g.other_params for g in model.other_blocks]
-    for (blocks, linears), norm in zip(model.all_blocks, norms + [model.decoder_norm_params]):
+    # every kind of block (a model's dense and MoE blocks differ), each with its own norms
+    for blocks, linears, norm in model.block_tensors:
         per_block = sum(lin.count * (2 if lin.bias else 1) for lin in linears)
         tensors += blocks * (per_block + math.ceil(norm / model.hidden_size))
     return tensors

@@ -368,6 +368,14 @@ class ModelSpec:
         return first + rest + dec
 
     @functools.cached_property
+    def block_tensors(self) -> tuple[tuple[int, tuple[LinearSpec, ...], int], ...]:
+        """(blocks, linears of one block, its norm and other small parameters) of every kind of block,
+        in ``all_blocks``' order: what a block holds besides its linears, each kind its own."""
+        norms = ([self.layer_norm_params + self.layer_other_params] + [g.other_params for g in self.other_blocks]
+                 + [self.decoder_norm_params])
+        return tuple((n, linears, norm) for (n, linears), norm in zip(self.all_blocks, norms))
+
+    @functools.cached_property
     def block_linear_params(self) -> int:
         """Parameters of every block's linear layers, over all stacks."""
         return sum(n * sum(lin.params for lin in linears) for n, linears in self.all_blocks)

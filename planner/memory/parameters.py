@@ -120,8 +120,7 @@ def param_tensor_sizes(model: ModelSpec, config: TrainConfig) -> tuple[int, ...]
         sizes += [model.other_embedding_params // 2] * 2
     elif model.other_embedding_params:
         sizes.append(model.other_embedding_params)
-    norms = [model.layer_norm_params + model.layer_other_params] + [g.other_params for g in model.other_blocks]
-    for (n, linears), norm in zip(model.all_blocks, norms + [model.decoder_norm_params]):
+    for n, linears, norm in model.block_tensors:
         sizes += _block_tensor_sizes(linears, norm, model.hidden_size) * n
     if model.is_encoder_decoder:  # each stack's final norm
         sizes += _hidden_chunks(model.final_norm_params, model.hidden_size)
