@@ -93,14 +93,15 @@ def plan_batches(lengths: TokenLengths, *, target_batch: int, packing: bool, seq
                  model_max: int, histogram: dict[int, int] | None = None) -> BatchPlan:
     """The longest row and an epoch's size under packing or padding. ``seq_len``: the trainer's
     max length (TRL ``max_length``; the packed length with packing); None: the longest sample
-    without packing, min(2048, the model's maximum) with packing, as ``planner suggest`` defaults.
+    without packing, min(DEFAULT_SEQ_LEN, the model's maximum) with packing, as ``planner suggest`` defaults.
     ``histogram``: samples by length (``read_lengths``), to count what truncation cuts."""
     if target_batch < 1:
         raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch!r}")
+    from planner.estimation import DEFAULT_SEQ_LEN  # (suggest's default length, said once there)
+
     cap = min(seq_len or model_max, model_max)
     if packing:
-        row = seq_len or min(2048, model_max)
-        row = min(row, model_max)
+        row = min(seq_len or DEFAULT_SEQ_LEN, model_max)
         rows = math.ceil(lengths.tokens / row)
         return BatchPlan(seq_len=row, packing=True, truncated=0, steps_per_epoch=math.ceil(rows / target_batch),
                          tokens_per_epoch=lengths.tokens, padded_tokens_worst=lengths.tokens)
