@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from planner.cli._common import catalog_gpu, console_to_stderr
 from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ, option, request_options
 from planner.request import RECIPE, SEARCH
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.modelspec import ModelSpec
 
 _VERIFY_HELP = "Verify the top candidates with short real runs on Ray workers (embedded Ray, or --ray-address)."
 # Options suggest shares with planner submit (one definition, two commands; the request's from
@@ -84,8 +87,9 @@ def suggest(
         import_ray()  # Ray missing, or an unreachable cluster: one line before anything is planned or stored
         if ray_address:
             check_reachable(ray_address)
+    spec = None  # the model resolved once for the data's lengths is the one planned
     if dataset is not None:
-        seq_len = _seq_len_of_data(dataset, model=model, target_batch=target_batch, seq_len=seq_len,
+        seq_len, spec = _seq_len_of_data(dataset, model=model, target_batch=target_batch, seq_len=seq_len,
                                    packing=recipe.get("packing", True), tokenizer=tokenizer, field=dataset_field)
     elif tokenizer is not None or dataset_field is not None:
         from planner.errors import InvalidConfigError
@@ -99,7 +103,7 @@ def suggest(
     # from when verified), then the new plan stored; --plan-id verifies a stored plan instead
     reuse = not fresh and not no_save and plan_id is None
     outcome = _plan(request, as_json=as_json, db=db, say_unread=no_save, store=plan_id is None, reuse=reuse,
-                    save=not no_save)
+                    save=not no_save, spec=spec)
     planned = outcome.planned
     out = console() if not as_json else console_to_stderr()
     if outcome.reused is not None:
@@ -124,9 +128,10 @@ def suggest(
 
 
 def _seq_len_of_data(dataset: str, *, model: str, target_batch: int, seq_len: int | None, packing: bool,
-                     tokenizer: str | None, field: str | None) -> int | None:
+                     tokenizer: str | None, field: str | None) -> "tuple[int | None, ModelSpec]":
     """The sequence length to plan for: the longest row the data makes (``planner.dataset``), said
-    on stderr with the lengths it read; ``seq_len`` as given when ``dataset`` is no local file."""
+    on stderr with the lengths it read; ``seq_len`` as given when ``dataset`` is no local file. With
+    it, the model it resolved, which the search then plans (not resolved a second time)."""
     from pathlib import Path
 
     from planner.catalog import resolve_model
@@ -155,9 +160,9 @@ def _seq_len_of_data(dataset: str, *, model: str, target_batch: int, seq_len: in
     if planned is None:
         err.print(f"--dataset {dataset}: no local file, so its lengths are not read (train.py loads it); planning "
                   "for --seq-len", markup=False, soft_wrap=True)
-        return seq_len
+        return seq_len, spec
     err.print(planned.describe(), markup=False, soft_wrap=True)
-    return planned.batches.seq_len
+    return planned.batches.seq_len, spec
 
 
 def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, dataset: str | None, db) -> None:
@@ -214,10 +219,10 @@ def _verify_options(*, verify_top, steps, ray_address, run_timeout):
 
 
 def _plan(request, *, as_json: bool, db=None, say_unread: bool = True, store: bool = True, reuse: bool = True,
-          save: bool = True):
+          save: bool = True, spec=None):
     """``planner.usecases.plan_request`` with the device's active calibration; a store that
     cannot be read is said on stderr when ``say_unread`` (else saving the plan reports it).
-    ``store=False``: plan only."""
+    ``store=False``: plan only. ``spec``: the model already resolved (else ``request.model`` is)."""
     from planner.calibration.lookup import active_calibration
     from planner.cli._common import print_json
     from planner.errors import NothingFitsError
@@ -228,7 +233,7 @@ def _plan(request, *, as_json: bool, db=None, say_unread: bool = True, store: bo
     if note and say_unread:
         console_to_stderr().print(note)
     try:
-        return plan_request(request, store=(lambda: open_plan_store(url=db)) if store else None,
+        return plan_request(request, store=(lambda: open_plan_store(url=db)) if store else None, spec=spec,
                             calibration=calibration, reuse=reuse, save=save)
     except NothingFitsError as exc:
         if as_json and exc.result is not None:

@@ -13,10 +13,10 @@ from planner.errors import InvalidConfigError, UnknownModelError
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration
     from planner.modelspec import ModelSpec
-    from planner.planning import Planned, SuggestRequest
+    from planner.planning import SuggestRequest
     from planner.service.check_body import CheckBody
     from planner.service.schemas import EstimateBody, ModelChoice, PlanBody, Size
-    from planner.store import Store, StoredPlan
+    from planner.store import StoredPlan
 
 #: ``ModelSpec.source`` of a config.json sent in a request
 INLINE_SOURCE = "inline"
@@ -85,15 +85,6 @@ def suggest_request(body: "PlanBody") -> "SuggestRequest":
     )
 
 
-def make_plan(body: "PlanBody", *, calibration: "Calibration | None" = None) -> "Planned":
-    """``planner suggest``'s search (``NothingFitsError`` carries the closest tries), with the
-    device's active calibration."""
-    from planner.planning import make_plan as plan
-
-    spec = inline_spec(body)
-    return plan(suggest_request(body), spec=spec, calibration=calibration)
-
-
 def estimate(body: "EstimateBody", *, calibration: "Calibration | None" = None) -> dict[str, Any]:
     """``planner estimate --json`` of one configuration, with the device's active calibration."""
     from planner.calibration import apply_calibration
@@ -158,11 +149,6 @@ def spec_from_config_body(config: dict[str, Any], name: str | None) -> "ModelSpe
     return spec_from_config(config, model_id=name or "inline-model", source=INLINE_SOURCE)
 
 
-def stored_verified(store: "Store", planned: "Planned") -> "StoredPlan | None":
-    """The stored verified plan of this same request (``planner suggest`` answers with it too)."""
-    return store.find_verified(request=planned.result.request)
-
-
 def from_store(plan: "StoredPlan") -> dict[str, Any]:
     """``planner suggest --json`` of a request answered from the store."""
     from planner.answers import from_store_dict
@@ -179,5 +165,5 @@ def check_verifiable(body: "PlanBody") -> None:
         )
 
 
-__all__ = ["INLINE_SOURCE", "check", "check_verifiable", "estimate", "from_store", "inline_spec", "make_plan",
-           "require_catalog_id", "size_bytes", "stored_verified", "suggest_request"]
+__all__ = ["INLINE_SOURCE", "check", "check_verifiable", "estimate", "from_store", "inline_spec",
+           "require_catalog_id", "size_bytes", "suggest_request"]
