@@ -80,9 +80,9 @@ def load_prices(path: str | Path | None = None) -> PriceTable:
         from importlib import resources
 
         text = resources.files("planner").joinpath("data", "gpu_prices.json").read_text(encoding="utf-8")
-        return PriceTable(prices=_rows(json.loads(text), where="the shipped price table"), origin="shipped table")
+        return PriceTable(prices=price_rows(json.loads(text), where="the shipped price table"), origin="shipped table")
     data = _read(Path(path))
-    return PriceTable(prices=_rows(data, where=str(path)), origin=str(path))
+    return PriceTable(prices=price_rows(data, where=str(path)), origin=str(path))
 
 
 def _read(file: Path) -> Any:
@@ -110,7 +110,7 @@ def _read(file: Path) -> Any:
         raise InvalidConfigError(f"--prices {file} is not valid JSON (a .yaml/.yml name reads YAML): fix the file") from None
 
 
-def _rows(data: Any, *, where: str) -> tuple[GpuPrice, ...]:
+def price_rows(data: Any, *, where: str) -> tuple[GpuPrice, ...]:
     """The offers of a price file's parsed content, with every GPU name checked against the catalog."""
     if isinstance(data, Mapping) and isinstance(data.get("prices"), list):
         rows = [_row(item, where=where) for item in data["prices"]]
@@ -139,4 +139,4 @@ def _row(item: Any, *, where: str) -> GpuPrice:
                     offer=str(item.get("offer", "")), date=str(item.get("date", "")), source=str(item.get("source", "")))
 
 
-__all__ = ["GpuPrice", "PriceTable", "YOUR_FILE", "load_prices"]
+__all__ = ["GpuPrice", "PriceTable", "YOUR_FILE", "load_prices", "price_rows"]
