@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Sequence
+
     from planner.calibration.values import Calibration
     from planner.store.interface import PlanStore
 
@@ -34,19 +36,27 @@ def calibration_in(store: "PlanStore", gpu: str) -> "Calibration | None":
 def active_calibration(gpu: str, *, db: str | None) -> "tuple[Calibration | None, str | None]":
     """(``gpu``'s active calibration in the store at ``db``, a note to print when the store
     could not be read). Never creates the database."""
-    from planner.errors import DatabaseMissingError, SchemaOutOfDateError, StoreError
-    from planner.store.interface import open_plan_store
-
     name = catalog_name(gpu)
     if name is None:
         return None, None  # the plan reports the unknown GPU itself
+    found, note = active_calibrations([name], db=db)
+    return found.get(name), note
+
+
+def active_calibrations(gpus: "Sequence[str]", *, db: str | None) -> "tuple[dict[str, Calibration], str | None]":
+    """The active calibrations of the catalog GPUs ``gpus`` (those that have one), read in one
+    opening of the store at ``db``, and a note to print when it could not be read."""
+    from planner.errors import DatabaseMissingError, SchemaOutOfDateError, StoreError
+    from planner.store.interface import open_plan_store
+
     try:
         with open_plan_store(url=db, create=False) as store:
-            return store.active_calibration(gpu=name), None
+            found = {name: store.active_calibration(gpu=name) for name in gpus}
     except (DatabaseMissingError, SchemaOutOfDateError):
-        return None, None  # no database yet, or a new or older one: nothing calibrated in it
+        return {}, None  # no database yet, or a new or older one: nothing calibrated in it
     except StoreError as exc:
-        return None, f"note: calibration not checked, the model's defaults are used: {exc}"
+        return {}, f"note: calibration not checked, the model's defaults are used: {exc}"
+    return {name: calibration for name, calibration in found.items() if calibration is not None}, None
 
 
-__all__ = ["active_calibration", "calibration_in", "catalog_name"]
+__all__ = ["active_calibration", "active_calibrations", "calibration_in", "catalog_name"]

@@ -7,11 +7,15 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from planner.cli._common import catalog_gpu, console_to_stderr
-from planner.cli.plan import _GPU, _GPUS, _JSON, _MODEL, _SEQ, option, request_options
+from planner.cli.plan import _GPUS, _JSON, _MODEL, _SEQ, option, request_options
 from planner.request import RECIPE, SEARCH
 
 if TYPE_CHECKING:  # pragma: no cover
+    from planner.dataset import DataPlan
     from planner.modelspec import ModelSpec
+
+#: ``--gpu any``: every catalog GPU type and count, compared by cost and time (``planner.rent``)
+ANY_GPU = "any"
 
 _VERIFY_HELP = "Verify the top candidates with short real runs on Ray workers (embedded Ray, or --ray-address)."
 # Options suggest shares with planner submit (one definition, two commands; the request's from
@@ -27,12 +31,18 @@ TOP_K = option(SEARCH["top_k"])
 VERIFY_TOP = typer.Option(3, "--verify-top", help="Candidates to verify fitting (default: 3).")
 STEPS = typer.Option(3, "--steps", help="Optimizer steps per verification run; the last is measured (default: 3).")
 RUN_TIMEOUT = typer.Option(900, "--run-timeout", help="Seconds before a verification run is killed (default: 900).")
+SUGGEST_GPU = typer.Option(..., "--gpu", "-g", help="GPU name from 'planner gpus' (cpu: the CPU measurement profile; auto: this machine's GPU, through NVML; any: every catalog GPU type on 1, 2, 4 and 8 GPUs, ranked by cost and time, see --tokens; or a comma list such as a10g,l4,a100-80gb).")
+GPUS_MAX = typer.Option(8, "--gpus-max", help="With --gpu any: the most GPUs of one node to compare (default: 8).")
+TOKENS = typer.Option(None, "--tokens", help="With --gpu any: tokens the job trains, e.g. 1e9, 500M, 2B (default: one billion).")
+EPOCHS = typer.Option(None, "--epochs", help="With --gpu any: epochs over --dataset-tokens (or over --dataset's rows), instead of --tokens.")
+DATASET_TOKENS = typer.Option(None, "--dataset-tokens", help="With --gpu any and --epochs: tokens of one epoch, e.g. 120M.")
+PRICES = typer.Option(None, "--prices", help="With --gpu any: your own prices, a JSON or YAML file mapping GPU names to dollars per GPU-hour (replaces the shipped table).")
 
 
 @request_options(RECIPE, after="prefer")
 def suggest(
     model: str = _MODEL,
-    gpu: str = _GPU,
+    gpu: str = SUGGEST_GPU,
     target_batch: int = TARGET_BATCH,
     seq_len: Optional[int] = _SEQ,
     gpus: int = _GPUS,
@@ -54,6 +64,11 @@ def suggest(
     dataset: Optional[str] = typer.Option(None, "--dataset", help="Your training data (.jsonl with input_ids, text or messages; .txt; .parquet; a folder saved with datasets' save_to_disk): plans for its longest batch (padded: the longest sample; packed: --seq-len); with --emit, train.py's default dataset (a datasets name only goes to train.py)."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="With --dataset: a local tokenizer.json (or its folder) to count tokens (default: the model's own beside its config.json, else 4 bytes per token, said so)."),
     dataset_field: Optional[str] = typer.Option(None, "--dataset-field", help="With --dataset: the text or token column (default: input_ids, then text, then messages)."),
+    gpus_max: int = GPUS_MAX,
+    tokens: Optional[str] = TOKENS,
+    epochs: Optional[float] = EPOCHS,
+    dataset_tokens: Optional[str] = DATASET_TOKENS,
+    prices: Optional[str] = PRICES,
     plan_id: Optional[str] = typer.Option(None, "--plan-id", hidden=True, help="Verify this stored plan of the same request (planner submit's jobs)."),
     db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not store this plan."),
@@ -69,6 +84,20 @@ def suggest(
     fastest that fits when run is the answer."""
     from planner.cli._common import console
 
+    compare = {"--gpus-max": gpus_max != GPUS_MAX.default, "--tokens": tokens, "--epochs": epochs,
+               "--dataset-tokens": dataset_tokens, "--prices": prices}
+    if gpu.strip().lower() == ANY_GPU or "," in gpu:
+        _compare(model=model, gpu_names=None if gpu.strip().lower() == ANY_GPU else gpu.split(","), target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem, method=method,
+                 precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, prefer=prefer, recipe=recipe,
+                 verify=verify, emit=emit, dataset=dataset, tokenizer=tokenizer, dataset_field=dataset_field,
+                 gpus_max=gpus_max, tokens=tokens, epochs=epochs, dataset_tokens=dataset_tokens, prices=prices,
+                 as_json=as_json, db=db)
+        return
+    given = next((flag for flag, value in compare.items() if value), None)
+    if given is not None:
+        from planner.errors import InvalidConfigError
+
+        raise InvalidConfigError(f"{given} compares GPUs: add --gpu any (or a comma list of GPUs), or drop {given}")
     if no_save and (verify or plan_id or emit):
         from planner.errors import InvalidConfigError
 
@@ -89,7 +118,7 @@ def suggest(
             check_reachable(ray_address)
     spec = None  # the model resolved once for the data's lengths is the one planned
     if dataset is not None:
-        seq_len, spec = _seq_len_of_data(dataset, model=model, target_batch=target_batch, seq_len=seq_len,
+        seq_len, spec, _data = _seq_len_of_data(dataset, model=model, target_batch=target_batch, seq_len=seq_len,
                                    packing=recipe.get("packing", True), tokenizer=tokenizer, field=dataset_field)
     elif tokenizer is not None or dataset_field is not None:
         from planner.errors import InvalidConfigError
@@ -128,10 +157,11 @@ def suggest(
 
 
 def _seq_len_of_data(dataset: str, *, model: str, target_batch: int, seq_len: int | None, packing: bool,
-                     tokenizer: str | None, field: str | None) -> "tuple[int | None, ModelSpec]":
+                     tokenizer: str | None, field: str | None) -> "tuple[int | None, ModelSpec, DataPlan | None]":
     """The sequence length to plan for: the longest row the data makes (``planner.dataset``), said
     on stderr with the lengths it read; ``seq_len`` as given when ``dataset`` is no local file. With
-    it, the model it resolved, which the search then plans (not resolved a second time)."""
+    it, the model it resolved, which the search then plans (not resolved a second time), and what
+    was read of the data (None: no local file)."""
     from pathlib import Path
 
     from planner.catalog import resolve_model
@@ -160,9 +190,9 @@ def _seq_len_of_data(dataset: str, *, model: str, target_batch: int, seq_len: in
     if planned is None:
         err.print(f"--dataset {dataset}: no local file, so its lengths are not read (train.py loads it); planning "
                   "for --seq-len", markup=False, soft_wrap=True)
-        return seq_len, spec
+        return seq_len, spec, None
     err.print(planned.describe(), markup=False, soft_wrap=True)
-    return planned.batches.seq_len, spec
+    return planned.batches.seq_len, spec, planned
 
 
 def _emit(out, plan_id: str | None, *, directory: str | None, force: bool, dataset: str | None, db) -> None:
@@ -210,6 +240,56 @@ def _request(*, model, gpu, target_batch, seq_len, gpus, gpu_mem, method, precis
         prefer=prefer, local_node=local_node,
         **(recipe or {}),
     )
+
+
+def _compare(*, model, gpu_names, target_batch, seq_len, gpus, gpu_mem, method, precision, no_offload, cpu_mem, prefer, recipe,
+             verify, emit, dataset, tokenizer, dataset_field, gpus_max, tokens, epochs, dataset_tokens, prices,
+             as_json, db) -> None:
+    """``--gpu any`` (or a comma list of GPU names): the request planned on every catalog GPU type
+    (or those) and count (``planner.rent``), printed cheapest first (``--json``: every option)."""
+    from planner.calibration.lookup import active_calibrations
+    from planner.cli._common import console, print_json
+    from planner.cli.rent_view import print_comparison
+    from planner.errors import InvalidConfigError
+    from planner.gpus import list_gpus
+    from planner.pricing import load_prices
+    from planner.rent import compare_gpus, parse_tokens, workload
+
+    refused = {"--verify": verify, "--emit": emit, f"--gpus {gpus}": gpus != 1, "--gpu-mem": gpu_mem}
+    given = next((flag for flag, value in refused.items() if value), None)
+    if given is not None:
+        why = ("--gpus-max bounds the counts compared" if given.startswith("--gpus")
+               else "each GPU is planned with its own memory" if given == "--gpu-mem"
+               else "pick one of the options, then run planner suggest --gpu NAME --gpus N with it")
+        raise InvalidConfigError(f"{given} does not go with --gpu any: {why}")
+    table = load_prices(prices)  # a bad price file fails before anything is planned
+    job_tokens = parse_tokens(tokens) if tokens is not None else None
+    epoch_tokens = parse_tokens(dataset_tokens, option="--dataset-tokens") if dataset_tokens is not None else None
+    spec, epoch_source = None, "--dataset-tokens"
+    if dataset is not None:
+        seq_len, spec, data = _seq_len_of_data(dataset, model=model, target_batch=target_batch, seq_len=seq_len,
+                                               packing=recipe.get("packing", True), tokenizer=tokenizer,
+                                               field=dataset_field)
+        if data is not None and epochs is not None and epoch_tokens is None:
+            # what the trainer processes in an epoch at the planned row length (padding included):
+            # the tokens the plans' tokens/s count
+            batches = data.batches
+            epoch_tokens, epoch_source = batches.steps_per_epoch * target_batch * batches.seq_len, f"--dataset {dataset}"
+    elif tokenizer is not None or dataset_field is not None:
+        raise InvalidConfigError("--tokenizer and --dataset-field read the data of --dataset: add --dataset FILE")
+    job = workload(tokens=job_tokens, epochs=epochs, epoch_tokens=epoch_tokens, epoch_source=epoch_source)
+    request = _request(model=model, gpu=ANY_GPU, target_batch=target_batch, seq_len=seq_len, gpus=1, gpu_mem=None,
+                       method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=1,
+                       prefer=prefer, recipe=recipe)
+    calibrations, note = active_calibrations([g.name for g in list_gpus()], db=db)
+    if note:
+        console_to_stderr().print(note)
+    comparison = compare_gpus(request, workload=job, prices=table, gpus_max=gpus_max, spec=spec,
+                              gpu_names=gpu_names, calibration_of=calibrations.get)
+    if as_json:
+        print_json(comparison.to_dict())
+        return
+    print_comparison(console(), comparison)
 
 
 def _verify_options(*, verify_top, steps, ray_address, run_timeout):

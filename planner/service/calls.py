@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from planner.modelspec import ModelSpec
     from planner.planning import SuggestRequest
     from planner.service.check_body import CheckBody
-    from planner.service.schemas import EstimateBody, ModelChoice, PlanBody, Size
+    from planner.service.schemas import CompareBody, EstimateBody, ModelChoice, PlanBody, Size
     from planner.store import StoredPlan
 
 #: ``ModelSpec.source`` of a config.json sent in a request
@@ -83,6 +83,31 @@ def suggest_request(body: "PlanBody") -> "SuggestRequest":
         allow_offload=body.allow_offload, cpu_mem_bytes=size_bytes(body.cpu_mem, field="cpu_mem"), top_k=body.top_k,
         prefer=body.prefer, **recipe_of(body),
     )
+
+
+def compare(body: "CompareBody", *, calibrations: dict[str, Any]) -> dict[str, Any]:
+    """``planner suggest --gpu any --json``: the request on every GPU type and count, priced by the
+    shipped table or the prices sent (never a file of the server's)."""
+    from planner.planning import SuggestRequest
+    from planner.pricing import PriceTable, load_prices, price_rows
+    from planner.rent import compare_gpus, parse_tokens, workload
+    from planner.request import recipe_of
+
+    spec = inline_spec(body)
+    table = (load_prices() if body.prices is None
+             else PriceTable(prices=price_rows(body.prices, where="prices"), origin="the prices sent"))
+
+    def count(value: Any, option: str) -> int | None:
+        return None if value is None else parse_tokens(str(value), option=option)
+
+    job = workload(tokens=count(body.tokens, "tokens"), epochs=body.epochs,
+                   epoch_tokens=count(body.dataset_tokens, "dataset_tokens"), epoch_source="dataset_tokens")
+    request = SuggestRequest(model=body.model, gpu="any", target_batch=body.target_batch, seq_len=body.seq_len,
+                             method=body.method, precision=body.precision, allow_offload=body.allow_offload,
+                             prefer=body.prefer, top_k=1, **recipe_of(body))
+    comparison = compare_gpus(request, workload=job, prices=table, gpus_max=body.gpus_max, spec=spec,
+                              gpu_names=body.gpu_types, calibration_of=calibrations.get)
+    return comparison.to_dict()
 
 
 def estimate(body: "EstimateBody", *, calibration: "Calibration | None" = None) -> dict[str, Any]:
@@ -165,5 +190,5 @@ def check_verifiable(body: "PlanBody") -> None:
         )
 
 
-__all__ = ["INLINE_SOURCE", "check", "check_verifiable", "estimate", "from_store", "inline_spec",
+__all__ = ["INLINE_SOURCE", "check", "check_verifiable", "compare", "estimate", "from_store", "inline_spec",
            "require_catalog_id", "size_bytes", "suggest_request"]

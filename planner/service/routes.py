@@ -17,7 +17,7 @@ from planner.service import calls
 from planner.service.budget import BudgetedRoute
 from planner.service.check_body import CheckBody
 from planner.service.errors import ServiceError
-from planner.service.schemas import ErrorBody, EstimateBody, PlanBody
+from planner.service.schemas import CompareBody, ErrorBody, EstimateBody, PlanBody
 from planner.service.state import StoreHolder
 from planner.store import PlanStatus
 
@@ -158,6 +158,25 @@ def estimate(body: EstimateBody, request: Request) -> dict[str, Any]:
     """Memory and speed of one configuration (``planner estimate --json``), with the device's
     calibration; stores nothing."""
     return calls.estimate(body, calibration=_calibration(request, body.gpu))
+
+
+@router.post("/v1/compare", tags=["estimate"], dependencies=[Security(bearer)], responses=_WRITE_ERRORS)
+def compare(body: CompareBody, request: Request) -> dict[str, Any]:
+    """Which GPU to rent (``planner suggest --gpu any --json``): the request planned on every GPU
+    type (or ``gpu_types``) at 1, 2, 4 and 8 GPUs, each option's #1 plan timed for ``tokens`` and
+    priced (the shipped table, dated per row, or ``prices``); ``by_cost`` cheapest first,
+    ``by_time`` fastest first. Stores nothing. The whole catalog is about 90 searches: past the
+    server's CPU budget, send fewer ``gpu_types``."""
+    from planner.calibration.lookup import calibration_in
+    from planner.errors import StoreError
+    from planner.gpus import list_gpus
+
+    try:
+        store = _holder(request).get()
+        calibrations = {g.name: c for g in list_gpus() if (c := calibration_in(store, g.name)) is not None}
+    except StoreError:
+        calibrations = {}  # (a plan never fails for want of a calibration)
+    return calls.compare(body, calibrations=calibrations)
 
 
 @router.post("/v1/check", tags=["estimate"], dependencies=[Security(bearer)], responses=_WRITE_ERRORS)

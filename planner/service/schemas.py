@@ -108,6 +108,32 @@ class EstimateBody(_ConfigFields, RecipeFields, ModelChoice):
     """``POST /v1/estimate``: one fully specified configuration, as ``planner estimate``."""
 
 
+class CompareBody(RecipeFields):
+    """``POST /v1/compare``: ``planner suggest --gpu any``, which GPU type and count to rent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=200, examples=["meta-llama/Llama-3.1-8B"],
+                       description="A catalog id (GET /v1/models), or the name to give the inline `config`.")
+    config: Optional[dict[str, Any]] = ModelChoice.model_fields["config"]
+    gpu_types: Optional[list[StrictStr]] = Field(
+        default=None, max_length=64, description="GPU names to compare (GET /v1/gpus); default: every GPU of the catalog.")
+    gpus_max: StrictInt = Field(default=8, description="The most GPUs of one node to compare (1, 2, 4, 8, 16 up to it).")
+    target_batch: StrictInt = Field(description=SEARCH["target_batch"].help)
+    seq_len: Optional[StrictInt] = Field(default=FIELDS["seq_len"].default, description=FIELDS["seq_len"].help)
+    method: StrictStr = Field(default=SEARCH["method"].default, description=SEARCH["method"].help)
+    precision: StrictStr = Field(default=SEARCH["precision"].default, description=SEARCH["precision"].help)
+    prefer: StrictStr = Field(default=SEARCH["prefer"].default, description=SEARCH["prefer"].help)
+    allow_offload: StrictBool = Field(default=True, description="Consider DeepSpeed CPU offload.")
+    tokens: Optional[Union[StrictInt, StrictStr]] = Field(
+        default=None, description="Tokens the job trains (1000000000, \"1e9\", \"2B\"); default: one billion.")
+    epochs: Optional[Union[StrictFloat, StrictInt]] = Field(default=None, description="Epochs over `dataset_tokens`, "
+                                                            "instead of `tokens`.")
+    dataset_tokens: Optional[Union[StrictInt, StrictStr]] = Field(default=None, description="Tokens of one epoch.")
+    prices: Optional[dict[str, Union[StrictFloat, StrictInt]]] = Field(
+        default=None, max_length=64, description="Your own dollars per GPU-hour by GPU name (replaces the shipped table).")
+
+
 class FieldError(BaseModel):
     field: str = Field(description="The request field, dotted for nested ones (config.hidden_size).")
     reason: str

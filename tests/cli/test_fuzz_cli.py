@@ -205,6 +205,13 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
         # the Ray address always names the closed port (see ALWAYS): nothing is ever verified
         "suggest": {**grammar["suggest"], **verify, "--verify": None, "--fresh": None,
                     "--ray-address": st.sampled_from(files.ray_addresses()),
+                    # which GPU to rent (suggest only): comma lists of GPUs, not the whole catalog's
+                    # ~90 searches per example
+                    "--gpu": st.one_of(_GPUS, st.sampled_from(["a10g,l4", "t4,nope", "a10g,cpu", ",", "l4,L4"])),
+                    "--gpus-max": _ints((0, 17)), "--tokens": st.one_of(_choice("1e9", "2B", "500M", "0", "-1", "1e30"),
+                                                                        _ODD_TEXT),
+                    "--epochs": _FLOATS, "--dataset-tokens": st.one_of(_choice("1e6", "abc"), _ODD_TEXT),
+                    "--prices": st.one_of(st.sampled_from(["prices.json", "missing.yaml"]), _ODD_TEXT),
                     "--plan-id": st.one_of(st.text("0123456789abcdef", max_size=32), _ODD_TEXT)},
         "submit": {**{k: v for k, v in grammar["suggest"].items() if k not in ("--no-save", *emit)}, **verify,
                    **job_api, "--verify": None, "--no-verify": None},

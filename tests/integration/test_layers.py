@@ -20,11 +20,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "planner.config", "planner.limits", "planner.results", "planner.tradeoffs",
                     "planner.calibration.values", "planner.calibration.fit", "planner.uncertainty", "planner.optim",
                     "planner.sharding", "planner.request")),
-    ("facts", ("planner.catalog", "planner.gpus", "planner.host", "planner.detect")),
+    ("facts", ("planner.catalog", "planner.gpus", "planner.host", "planner.detect", "planner.pricing")),
     ("core", ("planner.memory", "planner.kernels", "planner.throughput")),
     ("search", ("planner.search", "planner.ranking", "planner.defaults", "planner.advice")),
     ("store", ("planner.store", "planner.calibration")),
-    ("use cases", ("planner.planning", "planner.estimation", "planner.answers", "planner.usecases", "planner.dataset", "planner.solve", "planner.emit", "planner.plot",
+    ("use cases", ("planner.planning", "planner.estimation", "planner.answers", "planner.usecases", "planner.dataset", "planner.solve", "planner.rent", "planner.emit", "planner.plot",
                    "planner.verify", "planner.check", "workers")),
     ("surfaces", ("planner.cli", "planner.service", "planner.__main__", "oom_planner")),
 )

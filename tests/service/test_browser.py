@@ -176,3 +176,34 @@ def test_a_long_model_name_wraps_in_the_history_table(browser, sqlite_url, tmp_p
         assert table.size["width"] <= viewport, (table.size, viewport)
         line = browser.execute_script("return parseFloat(getComputedStyle(arguments[0]).lineHeight)", cell)
         assert cell.size["height"] > 2.5 * line  # it wrapped, over three lines at least
+
+
+@pytest.mark.slow
+def test_the_gpu_comparison_lists_the_cheapest_options_with_their_prices(browser, sqlite_url, tmp_path):
+    """Which GPU to rent on the page: the plan form's request and the tokens, compared over every
+    GPU type at one GPU; the rows are POST /v1/compare's ``by_cost``, cheapest first."""
+    import httpx
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    with running_server(env={"PLANNER_DATABASE_URL": sqlite_url}, log=tmp_path / "serve.log") as url:
+        browser.get(url + "/")
+        wait = WebDriverWait(browser, WAIT_S)
+        wait.until(lambda d: len(Select(d.find_element(By.ID, "gpu")).options) > 5)
+        for field, value in (("model", "gpt2"), ("target-batch", "8"), ("tokens", "2B")):
+            box = browser.find_element(By.ID, field)
+            box.clear()
+            box.send_keys(value)
+        Select(browser.find_element(By.ID, "gpus-max")).select_by_value("1")
+        browser.find_element(By.ID, "compare").click()
+        rows = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#rent tbody tr.option"))
+        expected = httpx.post(url + "/v1/compare", timeout=120, json={
+            "model": "gpt2", "target_batch": 8, "method": "auto", "tokens": "2B", "gpus_max": 1}).json()["by_cost"]
+        assert len(rows) == min(10, len(expected)) >= 2
+        for row, option in zip(rows, expected):
+            cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+            assert cells[1:3] == [option["gpu"], "1"]
+            assert cells[7] == f"${option['dollars']:.2f}" and option["price"]["provider"] in cells[8]
+        notes = browser.find_element(By.ID, "rent-notes").text
+        assert "2,000,000,000 tokens" in notes and "fastest:" in notes and "prices: shipped table" in notes
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

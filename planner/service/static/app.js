@@ -1,5 +1,6 @@
 // OOM Planner web page: one form -> POST /v1/plans, the ranked plans with a stacked memory bar per
-// plan (against the device's capacity), and the history from GET /v1/plans. Everything the server
+// plan (against the device's capacity), which GPU to rent (POST /v1/compare), and the history from
+// GET /v1/plans. Everything the server
 // sends is written with textContent, never as HTML.
 "use strict";
 
@@ -171,6 +172,60 @@ async function submit(event) {
   }
 }
 
+function priceText(price) {
+  return "$" + price.usd_per_gpu_hour.toFixed(2) + "/GPU-h at " + price.provider + (price.date ? " (" + price.date + ")" : "");
+}
+
+function optionText(o) {
+  return o.gpus + " x " + o.gpu + ": " + o.hours.toFixed(2) + " h" +
+    (o.dollars === null ? ", no price" : ", $" + o.dollars.toFixed(2)) + " (" + o.plan.label + ")";
+}
+
+// POST /v1/compare's answer: the cheapest options, then the fastest, what has no price and what fits nowhere
+function renderComparison(data) {
+  const body = document.querySelector("#rent tbody");
+  body.replaceChildren(...data.by_cost.slice(0, 10).map((o, i) => {
+    const row = el("tr", null, {class: "option"});
+    row.append(el("td", i + 1, {class: "num"}), el("td", o.gpu), el("td", o.gpus, {class: "num"}), el("td", o.plan.label),
+               el("td", risk(o.plan.oom_probability), {class: "num"}),
+               el("td", Math.round(o.plan.tokens_per_s).toLocaleString(), {class: "num"}),
+               el("td", o.hours.toFixed(2), {class: "num"}), el("td", "$" + o.dollars.toFixed(2), {class: "num"}),
+               el("td", priceText(o.price)));
+    return row;
+  }));
+  document.getElementById("rent").hidden = false;
+  const notes = [data.model + ": " + data.tokens.toLocaleString() + " tokens (" + data.tokens_source + "), cheapest first"];
+  if (data.by_time.length) notes.push("fastest: " + data.by_time.slice(0, 3).map(optionText).join("; "));
+  const unpriced = [...new Set(data.by_time.filter(o => o.price === null).map(o => o.gpu))];
+  if (unpriced.length) notes.push("planned but not priced: " + unpriced.join(", "));
+  if (data.unfit.length) notes.push("nothing fits at any count on: " + data.unfit.join(", "));
+  notes.push("prices: " + data.prices + " (on-demand, per GPU-hour; check the provider rents that many on one node); " +
+             "time counts training steps only");
+  document.getElementById("rent-notes").replaceChildren(...notes.map(n => el("li", n)));
+}
+
+async function compare(event) {
+  event.preventDefault();
+  showError("");
+  const plan = document.getElementById("plan-form"), form = event.target, status = document.getElementById("rent-status");
+  const body = {model: plan.model.value.trim(), target_batch: Number(plan.target_batch.value), method: plan.method.value,
+                tokens: form.tokens.value.trim(), gpus_max: Number(form.gpus_max.value)};
+  if (plan.seq_len.value) body.seq_len = Number(plan.seq_len.value);
+  status.textContent = "planning on every GPU...";
+  document.getElementById("compare").disabled = true;
+  try {
+    const {status: code, data} = await call("POST", "/v1/compare", body);
+    status.textContent = "";
+    if (code === 200) renderComparison(data);
+    else showError(data.error || "the server answered " + code);
+  } catch (e) {
+    status.textContent = "";
+    showError("cannot reach the server: " + e);
+  } finally {
+    document.getElementById("compare").disabled = false;
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   const token = document.getElementById("token");
   token.value = sessionStorage.getItem("planner-token") || "";
@@ -182,6 +237,7 @@ document.addEventListener("DOMContentLoaded", () => {
     loadHistory().catch(e => showError("cannot reach the server: " + e));
   });
   document.getElementById("plan-form").addEventListener("submit", submit);
+  document.getElementById("rent-form").addEventListener("submit", compare);
   loadChoices().catch(e => showError("cannot reach the server: " + e));
   loadHistory().catch(e => showError("cannot reach the server: " + e));
 });

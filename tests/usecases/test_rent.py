@@ -1,0 +1,144 @@
+"""Which GPU to rent (``planner.rent``, ``planner suggest --gpu any``): every GPU type and count
+planned, timed and priced; the arithmetic checked by hand; ``--prices`` replacing the shipped
+table; bad input as one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.cli import assert_user_error, write_config
+
+from planner.errors import InvalidConfigError
+from planner.planning import SuggestRequest
+from planner.pricing import YOUR_FILE, load_prices
+from planner.rent import DEFAULT_TOKENS, compare_gpus, parse_tokens, workload
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return write_config(tmp_path / "tiny")
+
+
+@pytest.fixture
+def prices(tmp_path):
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"a10g": 2.0, "l4": 1.0}))
+    return path
+
+
+def test_hours_and_dollars_are_the_tokens_over_the_plans_speed_times_the_gpus_and_their_price(tiny, prices):
+    job = workload(tokens=3_600_000_000)
+    comparison = compare_gpus(SuggestRequest(model=str(tiny), gpu="any", target_batch=8), workload=job,
+                              prices=load_prices(prices), gpu_names=["a10g", "l4"], gpus_max=2)
+    options = {(o.gpu, o.gpus): o for o in comparison.options}
+    assert set(options) == {("a10g", 1), ("a10g", 2), ("l4", 1), ("l4", 2)}
+    # by hand: 3.6e9 tokens at s tokens/s are 3.6e9 / s / 3600 = 1e6 / s hours; x GPUs x $/GPU-h
+    one_a10g, two_l4 = options[("a10g", 1)], options[("l4", 2)]
+    s1, s2 = one_a10g.plan.throughput.tokens_per_s, two_l4.plan.throughput.tokens_per_s
+    assert one_a10g.hours == pytest.approx(1e6 / s1, rel=1e-12)
+    assert one_a10g.dollars == pytest.approx(1e6 / s1 * 1 * 2.0, rel=1e-12)
+    assert two_l4.dollars == pytest.approx(1e6 / s2 * 2 * 1.0, rel=1e-12)
+    assert two_l4.tokens_per_dollar == pytest.approx(3.6e9 / (1e6 / s2 * 2.0), rel=1e-12)
+    assert one_a10g.price.provider == YOUR_FILE and one_a10g.price.usd_per_gpu_hour == 2.0
+    cheapest = comparison.by_cost()
+    assert [o.dollars for o in cheapest] == sorted(o.dollars for o in cheapest)
+    fastest = comparison.by_time()
+    assert [o.hours for o in fastest] == sorted(o.hours for o in fastest)
+    # every plan is the #1 of planner suggest on that GPU and count
+    assert all(o.plan.rank == 1 and o.plan.config.gpus == o.gpus for o in comparison.options)
+
+
+def test_the_shipped_table_prices_each_gpu_at_its_cheapest_offer_with_provider_and_date():
+    table = load_prices()
+    assert table.origin == "shipped table"
+    h100 = table.cheapest("h100-80gb")
+    offers = [p.usd_per_gpu_hour for p in table.prices if p.gpu == "h100-80gb"]
+    assert len(offers) >= 2 and h100.usd_per_gpu_hour == min(offers)
+    assert all(p.date and p.source and p.provider for p in table.prices)
+    assert table.cheapest("v100-16gb") is None  # not priced: planned and timed, said to have no price
+
+
+def test_prices_replace_the_table_and_unpriced_gpus_are_timed_but_not_ranked_by_cost(cli, tiny, prices):
+    r = cli("suggest", "-m", tiny, "--gpu", "a10g,l4,t4", "--gpus-max", "2", "-b", "8", "--tokens", "1e9",
+            "--prices", prices, "--json")
+    assert r.code == 0, r
+    data = json.loads(r.out)
+    assert data["prices"] == str(prices) and data["tokens"] == 10**9
+    assert {o["gpu"] for o in data["by_cost"]} == {"a10g", "l4"}  # t4 has no price in the file
+    assert "t4" in {o["gpu"] for o in data["by_time"]}
+    assert all(o["price"]["provider"] == YOUR_FILE for o in data["by_cost"])
+    text = cli("suggest", "-m", tiny, "--gpu", "a10g,l4,t4", "--gpus-max", "2", "-b", "8", "--prices", prices)
+    assert text.code == 0, text
+    assert "not priced" in text.out and "t4" in text.out and "per billion tokens" in text.out
+
+
+def test_a_shipped_price_format_file_in_yaml_is_read(tmp_path, tiny):
+    path = tmp_path / "p.yaml"
+    path.write_text("prices:\n  - gpu: A10G\n    usd_per_gpu_hour: 0.5\n    provider: MyCloud\n    date: 2026-11-01\n")
+    table = load_prices(path)
+    assert table.cheapest("a10g").describe() == "$0.50/GPU-h at MyCloud (2026-11-01)"
+
+
+@pytest.mark.parametrize("text, expected", [("1e9", 10**9), ("500M", 5 * 10**8), ("2B", 2 * 10**9), ("1.5t", 15 * 10**11),
+                                            ("1_000", 1000), ("12,345", 12345)])
+def test_token_counts_are_read_as_people_write_them(text, expected):
+    assert parse_tokens(text) == expected
+
+
+def test_epochs_times_the_epoch_tokens_or_one_billion_said_so():
+    assert workload(epochs=3, epoch_tokens=1000).tokens == 3000
+    default = workload()
+    assert default.tokens == DEFAULT_TOKENS and "per billion" in default.source
+    with pytest.raises(InvalidConfigError, match="--dataset-tokens"):
+        workload(epochs=2)
+
+
+def test_epochs_over_a_dataset_count_the_rows_the_trainer_processes(cli, tmp_path, tiny):
+    data = tmp_path / "d.jsonl"
+    # 10 samples of 20 token ids each, packed into rows of 64: ceil(200 / 64) = 4 rows, one step of
+    # 8 rows -> 8 x 64 = 512 tokens an epoch at the planned length; 2 epochs = 1,024
+    data.write_text("".join(json.dumps({"input_ids": list(range(20))}) + "\n" for _ in range(10)))
+    r = cli("suggest", "-m", tiny, "--gpu", "a10g,l4", "--gpus-max", "1", "-b", "8", "--seq-len", "64",
+            "--dataset", data, "--epochs", "2", "--json")
+    assert r.code == 0, r
+    out = json.loads(r.out)
+    assert out["tokens"] == 1024 and f"--dataset {data}" in out["tokens_source"]
+
+
+def test_a_pinned_precision_rules_out_the_gpus_that_cannot_run_it(tiny):
+    comparison = compare_gpus(SuggestRequest(model=str(tiny), gpu="any", target_batch=2, precision="bf16-mixed"),
+                              workload=workload(tokens=10**6), prices=load_prices(), gpu_names=["t4", "a10g"],
+                              gpus_max=1)
+    reasons = {o.gpu: o.reason for o in comparison.options}
+    assert "cannot run --precision bf16-mixed" in reasons["t4"] and reasons["a10g"] == ""
+    assert comparison.unfit() == ("t4",)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--gpu", "any", "--prices", "/no/such.json"], ["--prices", "no such file"]),
+    (["--gpu", "a10g,l4", "--tokens", "lots"], ["--tokens", "1e9"]),
+    (["--gpu", "a10g", "--tokens", "1e9"], ["--tokens compares GPUs", "--gpu any"]),
+    (["--gpu", "a10g,l4", "--verify"], ["--verify does not go with --gpu any"]),
+    (["--gpu", "a10g,l4", "--gpus", "2"], ["--gpus 2", "--gpus-max"]),
+    (["--gpu", "a10g,l4", "--epochs", "2"], ["--epochs needs", "--dataset-tokens"]),
+    (["--gpu", "a10g,nope"], ["nope"]),
+    (["--gpu", "a10g,cpu"], ["cpu is this machine"]),
+    (["--gpu", "a10g,l4", "--gpus-max", "99"], ["--gpus-max must be"]),
+])
+def test_bad_input_is_one_line(cli, tiny, args, fragments):
+    assert_user_error(cli("suggest", "-m", tiny, "-b", "8", *args), *fragments)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ({"a10g": -1}, "positive number"),
+    ({"warp-drive": 1.0}, "warp-drive"),
+    ({"prices": [{"gpu": "a10g", "usd_per_gpu_hour": 1, "date": "last week"}]}, "YYYY-MM"),
+    ({"prices": [{"gpu": "a10g", "usd_per_gpu_hour": 1, "colour": "red"}]}, "unknown key 'colour'"),
+    ([1, 2], "holds no prices"),
+])
+def test_a_bad_price_file_is_one_line_before_anything_is_planned(cli, tmp_path, tiny, content, fragment):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(content))
+    assert_user_error(cli("suggest", "-m", tiny, "-b", "8", "--gpu", "any", "--prices", path), fragment)
+
