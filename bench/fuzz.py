@@ -33,10 +33,10 @@ def _where(exc: BaseException) -> str:
 
 
 def fuzz_cli(examples: int, seed: int, home: Path) -> tuple[collections.Counter, dict[str, tuple[list[str], str]]]:
-    from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
-    from hypothesis import strategies as st
-
     import test_fuzz_cli as grammar
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
 
     counts: collections.Counter = collections.Counter()
     failures: dict[str, tuple[list[str], str]] = {}
@@ -67,9 +67,10 @@ def fuzz_cli(examples: int, seed: int, home: Path) -> tuple[collections.Counter,
 
 
 def fuzz_configs(examples: int, seed: int, home: Path) -> collections.Counter:
-    from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
-
     import test_fuzz_cli as grammar
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
     from planner.catalog import resolve_model
     from planner.errors import PlannerError
 

@@ -24,7 +24,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy import ARCHS, _BASE  # noqa: E402
+from accuracy import _BASE, ARCHS  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,6 @@ from planner.errors import (
     UnknownModelError,
     UnstorableDataError,
 )
-
 from planner.service.calls import INLINE_SOURCE
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from planner.errors import PlannerError
