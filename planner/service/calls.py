@@ -174,6 +174,84 @@ def spec_from_config_body(config: dict[str, Any], name: str | None) -> "ModelSpe
     return spec_from_config(config, model_id=name or "inline-model", source=INLINE_SOURCE)
 
 
+#: points of a timeline the web page draws: the step's events thinned to this many (each kept point
+#: the largest allocated of its stretch, so the peak is never thinned away)
+TIMELINE_POINTS = 400
+
+
+def _stored_model(plan: "StoredPlan") -> "ModelSpec":
+    """The plan's model, re-resolved only from the catalog (over HTTP nothing of the server's disk
+    is read); a plan of a config sent inline cannot be drawn or emitted here."""
+    from planner.emit import resolve_plan_model
+
+    try:
+        require_catalog_id(plan.request.model_id)
+    except UnknownModelError:
+        raise InvalidConfigError(
+            f"plan {plan.id[:8]} is of a config sent inline ({plan.request.model_id!r}); the server keeps no "
+            "config, so its files and timeline come from 'planner emit' and 'planner estimate --timeline' where "
+            "the config is"
+        ) from None
+    return resolve_plan_model(plan)
+
+
+def plan_files_zip(plan: "StoredPlan", *, rank: int) -> bytes:
+    """``planner emit PLAN_ID DIR --rank RANK``'s files, as one zip archive."""
+    import io
+    import tempfile
+    import zipfile
+    from pathlib import Path
+
+    from planner.emit import write_plan_files
+
+    _stored_model(plan)
+    buffer = io.BytesIO()
+    with tempfile.TemporaryDirectory(prefix="planner-emit-") as folder:
+        written = write_plan_files(plan=plan, rank=rank, directory=Path(folder) / "plan")
+        with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            for path in written:
+                archive.write(path, arcname=path.name)
+    return buffer.getvalue()
+
+
+def plan_timeline(plan: "StoredPlan", *, rank: int) -> dict[str, Any]:
+    """The predicted step of the plan's candidate ``rank`` as curves (``planner estimate
+    --timeline``'s picture, as numbers): live bytes by category and the allocator's reserve at
+    each point, the moments, the peak, the device's capacity and usable memory."""
+    from planner.emit import pick_candidate
+    from planner.estimation import step_curves
+    from planner.gpus import get_gpu
+
+    candidate = pick_candidate(plan, rank=rank).candidate
+    spec = _stored_model(plan)
+    gpu = get_gpu(plan.request.gpu, memory_bytes=plan.request.gpu_memory_bytes or None)
+    curves = step_curves(spec=spec, gpu=gpu, config=candidate.config)
+    keep = _thinned(curves.allocated, TIMELINE_POINTS)
+    return {
+        "plan_id": plan.id, "rank": rank, "label": candidate.config.label(),
+        "x": [curves.x[i] for i in keep],
+        "stacks": {name: [values[i] for i in keep] for name, values in curves.stacks.items()},
+        "allocated": [curves.allocated[i] for i in keep],
+        "reserved": [curves.reserved[i] for i in keep] if curves.reserved is not None else None,
+        "marks": curves.marks, "peak_x": curves.x[curves.peak_index],
+        "peak_bytes": candidate.memory.peak_allocated_bytes, "peak_phase": candidate.memory.peak_phase,
+        "capacity_bytes": gpu.memory_bytes, "usable_bytes": plan.usable_bytes,
+    }
+
+
+def _thinned(values: list[int], points: int) -> list[int]:
+    """Indices of at most about ``points`` values: the largest of each stretch, first and last kept."""
+    n = len(values)
+    if n <= points:
+        return list(range(n))
+    per = -(-n // points)
+    keep = {0, n - 1}
+    for start in range(0, n, per):
+        stretch = range(start, min(start + per, n))
+        keep.add(max(stretch, key=values.__getitem__))
+    return sorted(keep)
+
+
 def from_store(plan: "StoredPlan") -> dict[str, Any]:
     """``planner suggest --json`` of a request answered from the store."""
     from planner.answers import from_store_dict
@@ -190,5 +268,6 @@ def check_verifiable(body: "PlanBody") -> None:
         )
 
 
-__all__ = ["INLINE_SOURCE", "check", "check_verifiable", "compare", "estimate", "from_store", "inline_spec",
+__all__ = ["INLINE_SOURCE", "TIMELINE_POINTS", "check", "check_verifiable", "compare", "estimate", "from_store",
+           "inline_spec", "plan_files_zip", "plan_timeline",
            "require_catalog_id", "size_bytes", "suggest_request"]

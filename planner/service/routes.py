@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from fastapi import APIRouter, Path, Query, Request, Security
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
 
 from planner.service import calls
@@ -151,6 +151,32 @@ def get_plan(request: Request, plan_id: str = _PLAN_ID) -> dict[str, Any]:
     """One plan (``planner show --json``): status, candidates with their memory and time
     breakdowns, and every measurement stored so far."""
     return _holder(request).get().get_plan(plan_id=plan_id).to_dict()
+
+
+_RANK = Query(1, ge=1, le=100, description="Which of the plan's candidates (1: the top one).")
+_PLAN_READ_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: _error("No plan has this id."), 400: _error("The id prefix starts several ids."),
+    503: _error("The database cannot be reached.")}
+
+
+@router.get("/v1/plans/{plan_id}/files", tags=["plans"], response_class=Response,
+            responses={**_PLAN_READ_ERRORS, 200: {"content": {"application/zip": {}},
+                                                  "description": "The plan's files, zipped."}})
+def plan_files(request: Request, plan_id: str = _PLAN_ID, rank: int = _RANK) -> Response:
+    """The ready-to-run files of the plan's candidate ``rank`` (``planner emit PLAN_ID DIR
+    --rank RANK``: train.py, training_args.json, PLAN.md, ...) as a zip archive."""
+    plan = _holder(request).get().get_plan(plan_id=plan_id)
+    name = f"plan-{plan.id[:8]}-rank{rank}.zip"
+    return Response(calls.plan_files_zip(plan, rank=rank), media_type="application/zip",
+                    headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+
+@router.get("/v1/plans/{plan_id}/timeline", tags=["plans"], responses=_PLAN_READ_ERRORS)
+def plan_timeline(request: Request, plan_id: str = _PLAN_ID, rank: int = _RANK) -> dict[str, Any]:
+    """The predicted step of the plan's candidate ``rank`` as curves (``planner estimate
+    --timeline``'s picture as numbers): live bytes by category and the caching allocator's reserve
+    over the step, its moments and peak, the device's capacity and usable memory."""
+    return calls.plan_timeline(_holder(request).get().get_plan(plan_id=plan_id), rank=rank)
 
 
 @router.post("/v1/estimate", tags=["estimate"], dependencies=[Security(bearer)], responses=_WRITE_ERRORS)

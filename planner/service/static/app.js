@@ -80,7 +80,8 @@ function renderPlans(data) {
                el("td", risk(plan.oom_probability), {class: "num" + (plan.near_edge ? " edge" : ""),
                   title: interval(plan.memory.peak_interval_bytes)}),
                el("td", Math.round(plan.throughput.tokens_per_s).toLocaleString(), {class: "num"}),
-               el("td", plan.throughput.step_s.toPrecision(3) + " s", {class: "num"}));
+               el("td", plan.throughput.step_s.toPrecision(3) + " s", {class: "num"}),
+               el("td", (plan.trade_offs || []).join("; ") || "-", {class: "tradeoffs"}));
     body.appendChild(row);
   }
   const legend = document.getElementById("legend");
@@ -100,14 +101,23 @@ function renderPlans(data) {
     "), target batch " + r.target_batch + " x " + r.seq_len + " tokens; " + data.searched.toLocaleString() +
     " configurations searched" + (data.plan_id ? "; plan " + data.plan_id.slice(0, 8) : "") +
     (data.from_store ? " (" + data.verification.status + ", answered from the store)" : "");
+  const other = data.other_policy_best;
+  document.getElementById("other-policy").textContent = other ?
+    "Ranked by " + (data.prefer === "speed" ? "fidelity" : "speed") + " instead, the first plan would be " +
+    label(other.config) + " (" + Math.round(other.throughput.tokens_per_s).toLocaleString() + " tokens/s)." : "";
+  document.getElementById("advice").replaceChildren(...(data.advice || []).map(a => el("li", a)));
   document.getElementById("result").hidden = false;
 }
 
-async function call(method, path, body) {
-  const headers = {"Accept": "application/json"};
+function authHeaders(headers) {
   const token = document.getElementById("token").value.trim();
-  if (body !== undefined) headers["Content-Type"] = "application/json";
   if (token) headers["Authorization"] = "Bearer " + token;
+  return headers;
+}
+
+async function call(method, path, body) {
+  const headers = authHeaders({"Accept": "application/json"});
+  if (body !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
   let data = null;
   try { data = await response.json(); } catch (e) { data = {error: "the server answered " + response.status}; }
@@ -125,7 +135,8 @@ async function loadHistory() {
   if (status !== 200) return showError(data.error);
   const body = document.querySelector("#history tbody");
   body.replaceChildren(...data.plans.map(p => {
-    const row = el("tr", null, {"data-id": p.id});
+    const row = el("tr", null, {"data-id": p.id, title: "open plan " + p.id.slice(0, 8)});
+    row.addEventListener("click", () => { location.hash = "plan=" + p.id; });
     row.append(el("td", p.id.slice(0, 8)), el("td", p.created_at.slice(0, 16).replace("T", " ")), el("td", p.model_id),
                el("td", (p.gpu_count > 1 ? p.gpu_count + "x " : "") + p.gpu), el("td", p.target_batch + " x " + p.seq_len),
                el("td", p.top_plan || "nothing fits"), el("td", p.status));
@@ -150,8 +161,22 @@ async function submit(event) {
   showError("");
   const form = event.target, status = document.getElementById("status");
   const body = {model: form.model.value.trim(), gpu: form.gpu.value, target_batch: Number(form.target_batch.value),
-                method: form.method.value};
+                gpus: Number(form.gpus.value || 1), method: form.method.value, precision: form.precision.value,
+                prefer: form.prefer.value};
   if (form.seq_len.value) body.seq_len = Number(form.seq_len.value);
+  if (form.cpu_mem.value.trim()) body.cpu_mem = form.cpu_mem.value.trim();
+  const file = form.config_file.files[0];
+  if (!file && !body.model) return showError("give a model: a catalog id, or upload its config.json");
+  if (file) {
+    try {
+      body.config = JSON.parse(await file.text());
+    } catch (e) {
+      return showError(file.name + " is not a JSON config.json: " + e.message);
+    }
+    // the plan's name: the model field, else the config's own, else the file's
+    if (!form.model.value.trim() || form.model.value.trim() === form.model.defaultValue)
+      body.model = body.config._name_or_path || file.name.replace(/\.json$/i, "");
+  }
   status.textContent = "planning...";
   document.getElementById("submit").disabled = true;
   try {
