@@ -69,6 +69,7 @@ def suggest(
     epochs: Optional[float] = EPOCHS,
     dataset_tokens: Optional[str] = DATASET_TOKENS,
     prices: Optional[str] = PRICES,
+    max_seq: bool = typer.Option(False, "--max-seq", help="Also the longest sequence each plan shown fits (its micro-batch and the rest as planned), and the longest that is not near the edge (a bisection on the full estimate: about 40 estimates a plan)."),
     plan_id: Optional[str] = typer.Option(None, "--plan-id", hidden=True, help="Verify this stored plan of the same request (planner submit's jobs)."),
     db: Optional[str] = typer.Option(None, "--db", help="Database URL (default: PLANNER_DATABASE_URL or the local SQLite file)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not store this plan."),
@@ -84,6 +85,11 @@ def suggest(
     fastest that fits when run is the answer."""
     from planner.cli._common import console
 
+    if max_seq and (gpu.strip().lower() == ANY_GPU or "," in gpu):
+        from planner.errors import InvalidConfigError
+
+        raise InvalidConfigError("--max-seq solves the plans of one GPU: pick one from the comparison, then run "
+                                 "planner suggest --gpu NAME --max-seq")
     compare = {"--gpus-max": gpus_max != GPUS_MAX.default, "--tokens": tokens, "--epochs": epochs,
                "--dataset-tokens": dataset_tokens, "--prices": prices}
     if gpu.strip().lower() == ANY_GPU or "," in gpu:
@@ -148,8 +154,12 @@ def suggest(
                              host=planned.host_bytes, no_offload=no_offload, host_source=planned.host_source)
             out.print(f"plan id: {target}")
     else:
+        solved = _longest_contexts(planned) if max_seq else None
         target = _save_and_print(out, outcome, save=not no_save, no_offload=no_offload, print_table=not as_json,
-                                 print_json_plan=as_json and options is None)
+                                 print_json_plan=as_json and options is None,
+                                 extra={"max_seq": [s.to_dict() for s in solved]} if solved is not None else None)
+        if solved is not None and not as_json:
+            _print_longest_contexts(out, planned.result.plans, solved)
     if options is not None or plan_id is not None:
         # a plan whose verification failed exits 1 here, and nothing is emitted for it
         _verify(out, target, planned=planned, db=db, options=options or checked, as_json=as_json)
@@ -323,10 +333,35 @@ def _plan(request, *, as_json: bool, db=None, say_unread: bool = True, store: bo
         raise
 
 
-def _save_and_print(out, outcome, *, save: bool, no_offload: bool, print_table: bool, print_json_plan: bool) -> str | None:
+def _longest_contexts(planned) -> list:
+    """``planner.solve.longest_seq_len`` of each plan shown, in rank order."""
+    from planner.solve import longest_seq_len
+
+    return [longest_seq_len(spec=planned.spec, gpu=planned.device, config=plan.config) for plan in planned.result.plans]
+
+
+def _print_longest_contexts(out, plans, solved) -> None:
+    from rich.table import Table
+
+    from planner.units import format_bytes
+
+    table = Table(title="the longest sequence each plan fits (micro-batch as planned)")
+    for col in ("#", "fits", "process total", "not near the edge", "process total"):
+        table.add_column(col, justify="right")
+    for plan, s in zip(plans, solved):
+        table.add_row(str(plan.rank), f"{s.fits:,}" + (" (the model's maximum)" if s.fits == s.limit else ""),
+                      format_bytes(s.fits_total) if s.fits_total else "-", f"{s.safe:,}" if s.safe else "none",
+                      format_bytes(s.safe_total) if s.safe_total else "-")
+    out.print(table)
+    out.print("not near the edge: at most 5% chance of running out of memory (the model's measured error); train "
+              "with that one", soft_wrap=True)
+
+
+def _save_and_print(out, outcome, *, save: bool, no_offload: bool, print_table: bool, print_json_plan: bool,
+                    extra: dict | None = None) -> str | None:
     """Print the plan the use case stored (stored first: a reader that stops early, | head, loses
     no plan); a store that failed still lets the table print first, then the error (without
-    --no-save) or a note (with it)."""
+    --no-save) or a note (with it). ``extra``: more keys of the --json answer."""
     from planner.cli._common import print_json
     from planner.cli.store import SavedPlan, report_saved
 
@@ -344,7 +379,7 @@ def _save_and_print(out, outcome, *, save: bool, no_offload: bool, print_table: 
         saved = SavedPlan(plan_id=outcome.plan_id, existing=outcome.existing)
     plan_id = report_saved(saved, console=out)
     if print_json_plan:
-        print_json(result.to_dict() | {"plan_id": plan_id})
+        print_json(result.to_dict() | {"plan_id": plan_id} | (extra or {}))
     return plan_id
 
 

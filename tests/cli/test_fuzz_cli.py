@@ -212,6 +212,7 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
                                                                         _ODD_TEXT),
                     "--epochs": _FLOATS, "--dataset-tokens": st.one_of(_choice("1e6", "abc"), _ODD_TEXT),
                     "--prices": st.one_of(st.sampled_from(["prices.json", "missing.yaml"]), _ODD_TEXT),
+                    "--max-seq": None,
                     "--plan-id": st.one_of(st.text("0123456789abcdef", max_size=32), _ODD_TEXT)},
         "submit": {**{k: v for k, v in grammar["suggest"].items() if k not in ("--no-save", *emit)}, **verify,
                    **job_api, "--verify": None, "--no-verify": None},

@@ -91,3 +91,27 @@ def test_estimate_solve_prints_and_returns_the_longest_sequence(cli):
 def test_estimate_solve_takes_two_sizes_only(cli):
     r = cli("estimate", "-m", "meta-llama/Llama-2-7b-hf", "-g", "a10g", "--solve", "batch")
     assert r.code == 2 and r.err == "error: --solve must be one of seq-len|micro-batch, got 'batch'\n", r
+
+
+def test_suggest_max_seq_solves_each_plan_shown(cli, tmp_path):
+    """``suggest --max-seq``: per plan shown, in rank order, the longest sequence its configuration
+    fits and the longest not near the edge, as ``planner.solve`` finds them for that configuration."""
+    import json
+
+    r = cli("suggest", "-m", "gpt2", "-g", "t4", "-b", "8", "--top-k", "2", "--max-seq", "--no-save", "--json")
+    assert r.code == 0, r
+    data = json.loads(r.out)
+    assert len(data["max_seq"]) == len(data["plans"]) == 2
+    spec, gpu = resolve_model("gpt2"), get_gpu("t4")
+    for plan, solved in zip(data["plans"], data["max_seq"]):
+        config = TrainConfig.from_dict(plan["config"])
+        assert solved == longest_seq_len(spec=spec, gpu=gpu, config=config).to_dict()
+        # each plan fits at the length it was planned for, so its longest is at least that
+        assert solved["fits"] >= data["request"]["seq_len"] and solved["safe"] <= solved["fits"]
+    text = cli("suggest", "-m", "gpt2", "-g", "t4", "-b", "8", "--top-k", "1", "--max-seq", "--no-save")
+    assert text.code == 0 and "the longest sequence each plan fits" in text.out, text
+
+
+def test_suggest_max_seq_is_for_one_gpu(cli):
+    r = cli("suggest", "-m", "gpt2", "--gpu", "any", "-b", "8", "--max-seq")
+    assert r.code == 2 and "--max-seq solves the plans of one GPU" in r.err, r
