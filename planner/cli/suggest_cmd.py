@@ -298,8 +298,13 @@ def _compare(*, model, gpu_names, target_batch, seq_len, gpus, gpu_mem, method, 
                               gpu_names=gpu_names, calibration_of=calibrations.get)
     if as_json:
         print_json(comparison.to_dict())
-        return
-    print_comparison(console(), comparison)
+    else:
+        print_comparison(console(), comparison)
+    if not comparison.by_time():  # (printed first: each option's reason is in the answer)
+        from planner.errors import NothingFitsError
+
+        raise NothingFitsError(f"nothing fits on any GPU compared at 1 to {gpus_max} GPUs: try --method qlora, "
+                               "a shorter --seq-len or a smaller --target-batch")
 
 
 def _verify_options(*, verify_top, steps, ray_address, run_timeout):

@@ -142,3 +142,12 @@ def test_a_bad_price_file_is_one_line_before_anything_is_planned(cli, tmp_path, 
     path.write_text(json.dumps(content))
     assert_user_error(cli("suggest", "-m", tiny, "-b", "8", "--gpu", "any", "--prices", path), fragment)
 
+
+
+def test_nothing_fitting_on_any_gpu_compared_exits_3_after_the_answer(cli):
+    r = cli("suggest", "-m", "meta-llama/Llama-3.1-70B", "--gpu", "t4,a10g", "--gpus-max", "1", "-b", "8",
+            "--method", "full", "--precision", "fp32", "--no-offload", "--json")
+    assert r.code == 3, r
+    data = json.loads(r.out)
+    assert data["by_time"] == [] and set(data["unfit"]) == {"t4", "a10g"}
+    assert all(o["reason"] for o in data["options"]) and "nothing fits on any GPU compared" in r.err
