@@ -7,9 +7,11 @@ the command-line flag, and how the search's memo keys hold it (``planner/search.
 configurations that differ in it would share a wrong prediction). From this table are derived:
 the options of ``planner estimate``, ``measure``, ``suggest`` and ``submit`` (``planner.cli.plan``),
 the API bodies (``planner.service.schemas``), ``SuggestRequest``'s and ``SearchSpace``'s recipe
-fields (``with_recipe_fields``), ``planner.estimation.CONFIG_OPTIONS`` and the memo keys.
-Adding a recipe setting is one entry here, its ``TrainConfig`` field, the memory term that reads it,
-the worker that applies it and the emitted setting that writes it.
+fields (``with_recipe_fields``), ``planner.estimation.CONFIG_OPTIONS`` and the memo keys; and
+from its library keys (``training_args``, ``peft``, ``trl``) the settings ``planner emit`` writes,
+the worker applies and ``planner check`` reads back. Adding a recipe setting is one entry here, its
+``TrainConfig`` field, the memory term that reads it and what PLAN.md says of it
+(``planner.emit.settings.run_assumptions``).
 
 Foundation layer: plain data, no torch, no typer, no pydantic (the surfaces build their own
 objects from it).
