@@ -127,7 +127,9 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     if optim == "adamw_torch_fused":
         reading.notes.append("optim adamw_torch_fused is planned as torch's foreach AdamW, whose step holds a copy of "
                              "the second moments the fused kernel does not: the peak is an upper bound by that much")
-    for f in TRAINING_ARGS:  # the recipe settings TrainingArguments holds, by their keys (planner.request)
+    # the recipe settings TrainingArguments holds, by their keys (planner.request), in the order
+    # emit writes them: the values, then the switches
+    for f in sorted(TRAINING_ARGS, key=lambda f: f.switch):
         key = f.training_args
         if not f.switch:
             reading.set(f.name, bool(value(key)), file=file, key=key, given=given(key))
