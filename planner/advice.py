@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from planner.config import Method, TrainConfig
 from planner.errors import PlannerError
+from planner.request import RECIPE, check_for_model
 from planner.sharding import NONE, Offload, Sharding
 from planner.units import format_bytes
 
@@ -34,20 +35,20 @@ def _total(model: "ModelSpec", config: TrainConfig, gpu: "GPUSpec", _memo: None 
     return total
 
 
-#: The sharding --fused-ce is tried with where ZeRO-3 (which the fused loss does not take) was
-#: planned: ZeRO-2 with optimizer offload.
-_FUSED_CE_SHARDING = Sharding("zero2", Offload.OPTIMIZER)
+#: The sharding a recipe setting is tried with where the planned scheme does not take it (ZeRO-3
+#: and the fused cross-entropy: ``ShardingSpec.partial_head``): ZeRO-2 with optimizer offload.
+_FALLBACK_SHARDING = Sharding("zero2", Offload.OPTIMIZER)
 #: The sharding "twice the GPUs" is tried with: ZeRO-3, which partitions everything.
 _MOST_SHARDED = Sharding("zero3")
 
 
-def _fused(model: "ModelSpec", gpu: "GPUSpec", configs: list[TrainConfig]) -> int | None:
-    """The least process total of ``configs`` with a fused cross-entropy, each as it is or, under
-    ZeRO-3 (which the fused loss does not take), with ZeRO-2 and optimizer offload; None when none
-    can take it."""
+def _with(model: "ModelSpec", gpu: "GPUSpec", setting: dict, configs: list[TrainConfig]) -> int | None:
+    """The least process total of ``configs`` with the recipe ``setting``, each as it is or, under a
+    scheme that does not take it (ZeRO-3 and a fused cross-entropy), with ZeRO-2 and optimizer
+    offload; None when none can take it."""
     best = None
     for config in configs:
-        for changes in ({"fused_ce": True}, {"fused_ce": True, "sharding": _FUSED_CE_SHARDING}):
+        for changes in (setting, {**setting, "sharding": _FALLBACK_SHARDING}):
             try:
                 total = _total(model, config.replace(**changes), gpu)
             except PlannerError:
@@ -64,10 +65,17 @@ def advice(*, model: "ModelSpec", gpu: "GPUSpec", config: TrainConfig, total: in
     which --fused-ce may bring lower than ``config`` (it takes LoRA and QLoRA at ZeRO <= 2)."""
     tries: list[tuple[str, dict]] = []
     lines = []
-    if not space.fused_ce and not model.is_encoder:
-        fused = _fused(model, gpu, [c for c in (config, *others) if c.method.uses_adapters])
-        if fused is not None and total - fused > MIN_SAVING * total:
-            lines.append(_line("--fused-ce", total - fused, fused, target))
+    for f in RECIPE:  # the recipe settings that lower memory, which the search never tries (planner.request)
+        if f.advised is None or getattr(space, f.name) == f.advised:
+            continue
+        setting = {f.name: f.advised}
+        try:
+            check_for_model(model_id=model.id, is_encoder=model.is_encoder, values=setting)
+        except PlannerError:  # not a setting this model takes
+            continue
+        best = _with(model, gpu, setting, [config, *others])  # a try that does not take it is skipped
+        if best is not None and total - best > MIN_SAVING * total:
+            lines.append(_line(f.flag.split("/")[0], total - best, best, target))
     if config.seq_len >= 256:
         tries.append((f"--seq-len {config.seq_len // 2}", {"seq_len": config.seq_len // 2}))
     if config.method is not Method.QLORA and Method.QLORA not in space.methods:

@@ -333,6 +333,9 @@ class TrainConfig:
                 "gradient in the forward): use --method lora or qlora, or drop --fused-ce"
             )
         sharding = self.sharding
+        if self.fused_ce and sharding.spec.partial_head:
+            # the scheme holds only a partition of the head's weight where the fused loss reads it
+            raise UnsupportedError(sharding.spec.partial_head)
         sharding.spec.check(self, sharding.offload)
 
     # ---- derived -------------------------------------------------------------------------

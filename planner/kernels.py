@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from planner.config import Attention, Method, Precision, TrainConfig
 from planner.gpus import GPUSpec
 from planner.memory.parameters import stack_targets
+from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import ModelSpec
 
 # ---- achieved matmul rate per device ---------------------------------------------------------
@@ -288,8 +289,8 @@ def elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: int) -> flo
     if config.method is not Method.FULL:
         # each adapted output is scaled and added to the base output (10 B fwd, 4 B bwd); in
         # backward the adapter's input gradient is added to the base's (6 B per input element)
-        # and with lora_dropout > 0 each adapter drops its own copy of its input (5 B fwd, 5 B bwd)
-        ins = 6 + (DROPOUT_BYTES if config.lora_dropout else 0)
+        # and with a LoRA dropout each adapter drops its own copy of its input (5 B fwd, 5 B bwd)
+        ins = 6 + (DROPOUT_BYTES if drops_adapter_inputs(config) else 0)
         outs = sum(n * sum(lin.active * (lin.out_features * 14 + lin.in_features * ins) for lin in linears)
                    for n, linears in stack_targets(model, config.lora_targets))
         per_token += outs * config.precision.compute_bytes / 2

@@ -7,9 +7,11 @@ the command-line flag, and how the search's memo keys hold it (``planner/search.
 configurations that differ in it would share a wrong prediction). From this table are derived:
 the options of ``planner estimate``, ``measure``, ``suggest`` and ``submit`` (``planner.cli.plan``),
 the API bodies (``planner.service.schemas``), ``SuggestRequest``'s and ``SearchSpace``'s recipe
-fields (``with_recipe_fields``), ``planner.estimation.CONFIG_OPTIONS`` and the memo keys.
-Adding a recipe setting is one entry here, its ``TrainConfig`` field, the memory term that reads it,
-the worker that applies it and the emitted setting that writes it.
+fields (``with_recipe_fields``), ``planner.estimation.CONFIG_OPTIONS`` and the memo keys; and
+from its library keys (``training_args``, ``peft``, ``trl``) the settings ``planner emit`` writes,
+the worker applies and ``planner check`` reads back. Adding a recipe setting is one entry here, its
+``TrainConfig`` field, the memory term that reads it and what PLAN.md says of it
+(``planner.emit.settings.run_assumptions``).
 
 Foundation layer: plain data, no torch, no typer, no pydantic (the surfaces build their own
 objects from it).
@@ -77,6 +79,27 @@ class RequestField:
     build: bool = True
     """A keyword of ``planner.estimation.build_config`` (``CONFIG_OPTIONS``; the sequence length is
     given apart, the sharding as ``zero`` and ``offload``)."""
+    # How the libraries a run uses spell it, declared here once: ``planner emit`` writes it under
+    # these keys (planner.emit.settings), the worker applies the settings emit writes
+    # (workers/train.py), and ``planner check`` reads a user's file back through them
+    # (planner.check.reading, planner.check.diff).
+    training_args: str | None = None
+    """Its key in ``transformers.TrainingArguments`` (TRL's configs subclass it)."""
+    switch: bool = False
+    """``training_args`` is a switch the field turns on: the key is written (and read) only when
+    on; off leaves it out, the library's default."""
+    model_config: bool = False
+    """The HF Trainer copies the ``training_args`` value onto ``model.config``, where the forward
+    reads it (transformers trainer.py, before the first step: ``self.model.config.<key> =
+    self.args.<key>``): the emitted train.py and the worker set it there too, and a
+    ``model_init_kwargs`` value of it is overwritten."""
+    advised: Any = None
+    """The value the advice tries when nothing fits (planner.advice) for a recipe setting that
+    lowers memory: the search keeps the recipe as given, so it never tries it (None: not tried)."""
+    peft: str | None = None
+    """Its key in PEFT's ``LoraConfig`` (adapter_config.json, emit's lora_config.json)."""
+    trl: str | None = None
+    """Its key in TRL's ``ModelConfig``, which a TRL trainer config takes with the training arguments."""
 
     def __post_init__(self) -> None:
         assert set(self.memo) <= _MEMO and self.memo, (self.name, self.memo)
@@ -128,18 +151,21 @@ _FIELDS = (
            "e.g. max_split_size_mb:128,expandable_segments:True.", memo=(FIXED,), max_length=500),
     _field("lora_dropout", float, 0.0, "PEFT's lora_dropout for lora/qlora (recipes use 0.05-0.1; 0: no dropout).",
            memo=(BATCH,), recipe=True, adapters_only=True,
-           terms="each adapter's dropout mask and dropped input (memory/activations.py lora/dropout, memory/shapes.py)"),
+           terms="each adapter's dropout mask and dropped input (memory/activations.py lora/dropout, memory/shapes.py)",
+           peft="lora_dropout", trl="lora_dropout"),
     _field("loop", str, "trainer", "trainer|manual: the HF Trainer (the logits die at the loss) or a hand-written "
            "loop `outputs = model(**batch); outputs.loss.backward()` (outputs live through backward).",
            memo=(BATCH,), max_length=32, recipe=True,
            terms="the outputs a hand-written loop keeps (memory/step.py loop/manual_outputs)"),
     _field("fused_ce", bool, False, "A fused linear cross-entropy (Liger's): the logits are never materialised.",
-           memo=(BATCH,), recipe=True, terms="the logits and the loss (memory/activations.py, memory/timeline.py)"),
+           memo=(BATCH,), recipe=True, terms="the logits and the loss (memory/activations.py, memory/timeline.py)",
+           training_args="use_liger_kernel", switch=True, advised=True),
     _field("packing", bool, True, "Sequences packed to --seq-len (default), or padded to the longest in the batch.",
            memo=(BATCH,), recipe=True, terms="the attention mask (memory/attention.py)"),
     _field("use_cache", bool, False, "transformers' use_cache in the training forward (a KV cache; the HF Trainer "
            "turns it off, so does --grad-ckpt).", memo=(BATCH,), recipe=True,
-           terms="the KV cache (memory/activations.py kv_cache_block_bytes)"),
+           terms="the KV cache (memory/activations.py kv_cache_block_bytes)", training_args="use_cache",
+           model_config=True),
     # TrainConfig's own (its memory terms read it as Sharding.memory_key): named here, or made from
     # --zero and --offload, the older spelling (planner.estimation.build_config refuses both at once)
     _field("sharding", str, None, "none|ddp|zero1|zero2|zero3|fsdp2: the sharding scheme, with --offload its CPU "
@@ -189,6 +215,13 @@ def memo_fields(key: str) -> tuple[str, ...]:
 
 #: The fields only LoRA/QLoRA take (the adapter's), in the order ``planner check`` lists them.
 ADAPTER: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.adapters_only)
+
+ADAPTER_RECIPE: tuple[RequestField, ...] = tuple(f for f in RECIPE if f.adapters_only)
+"""The recipe settings of the adapter (``peft``/``trl`` keys): the search keeps them, so they
+change only with the method (full fine-tuning takes their defaults)."""
+
+TRAINING_ARGS: tuple[RequestField, ...] = tuple(f for f in _FIELDS if f.training_args)
+"""The fields ``transformers.TrainingArguments`` holds, by their ``training_args`` key."""
 
 
 def recipe_of(source: Any) -> dict[str, Any]:
@@ -254,6 +287,6 @@ def with_recipe_fields(cls: type) -> type:
     return cls
 
 
-__all__ = ["ADAPTER", "BATCH", "CONFIG_OPTIONS", "REQUIRED", "SEARCH", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
-           "RequestField", "SPLIT", "STATIC", "changed", "check_for_model", "memo_fields", "recipe_for", "recipe_of", "recipe_words",
+__all__ = ["ADAPTER", "ADAPTER_RECIPE", "BATCH", "CONFIG_OPTIONS", "REQUIRED", "SEARCH", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
+           "RequestField", "SPLIT", "STATIC", "TRAINING_ARGS", "changed", "check_for_model", "memo_fields", "recipe_for", "recipe_of", "recipe_words",
            "with_recipe_fields"]

@@ -47,6 +47,7 @@ from planner.kernels import (
 )
 from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES
 from planner.memory.parameters import stack_targets, trainable_params
+from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
 from planner.results import ThroughputEstimate
@@ -360,7 +361,7 @@ class ThroughputMemo:
         self._weights = 0
         # (method, lora_r, lora_targets) -> trainable params
         self._trainable: dict[tuple, int] = {}
-        # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, lora_dropout, activation
+        # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, adapters' dropout, activation
         #  bytes) -> the micro-step's work at any micro-batch; + (precision,) -> its seconds on this device
         self._work: dict[tuple, MicroTerms] = {}
         self._micro: dict[tuple, PricedTerms] = {}
@@ -385,7 +386,7 @@ class ThroughputMemo:
         trainable = self._trainable.get(adapters)
         if trainable is None:
             trainable = self._trainable[adapters] = trainable_params(self.model, config)
-        shape = adapters + (config.grad_ckpt, config.seq_len, config.attention, config.packing, config.lora_dropout,
+        shape = adapters + (config.grad_ckpt, config.seq_len, config.attention, config.packing, drops_adapter_inputs(config),
                             config.precision.compute_bytes)  # all micro_terms reads (fp32 is the 4-byte precision)
         key = shape + (config.precision,)
         terms = self._micro.get(key)

@@ -23,7 +23,8 @@ MEASUREMENT CONVENTION (``planner.memory.estimate_memory`` predicts exactly this
 * Inputs: random token ids ``input_ids`` [micro_batch, seq_len] (int64), ``labels =
   input_ids`` (causal LMs shift them; for masked-LM encoders every position is a label), no
   attention mask (no padding; sdpa takes its causal path), ``model.train()`` (dropout as the
-  config says), ``use_cache=False``.
+  config says), the model-config settings the HF Trainer applies (the KV cache:
+  ``planner.emit.settings.model_config_settings``).
 * Step time is the wall time of the last optimizer step; tokens/s = micro_batch x seq_len x
   grad_accum / step time (one device).
 
@@ -47,6 +48,7 @@ from typing import Any, Mapping
 
 from planner.config import Loop, Method, Precision, TrainConfig
 from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
+from planner.emit.settings import adapter_settings, model_config_settings, training_arguments
 from planner.errors import InvalidConfigError
 from planner.optim import OPTIMIZERS
 from planner.results import Measurement, RunOutcome
@@ -281,14 +283,9 @@ def _apply_training_setup(model, *, model_config: Mapping[str, Any], config: Tra
     if config.method.uses_adapters:
         from peft import LoraConfig, get_peft_model
 
-        targets = "all-linear" if config.lora_all_linear else list(config.lora_targets or ())
-        lora = LoraConfig(
-            r=config.lora_r,
-            lora_alpha=2 * config.lora_r,
-            lora_dropout=config.lora_dropout,
-            target_modules=targets,
-            task_type=seq2seq.peft_task_type(model_config, encoder=_is_encoder(model_config)),
-        )
+        # the adapter emit writes (lora_config.json), with the task type of the model's config
+        lora = LoraConfig(**adapter_settings(config),
+                          task_type=seq2seq.peft_task_type(model_config, encoder=_is_encoder(model_config)))
         model = get_peft_model(model, lora)
     return model
 
@@ -326,10 +323,13 @@ def _train(
     model = _apply_training_setup(model, model_config=model_config, config=config)
     if config.method is Method.QLORA and device != "cpu":
         model = model.to(device)
-    # the HF Trainer sets model.config.use_cache = args.use_cache (False by default); the config's
-    # use_cache says what the run does (checkpointing turns it off inside transformers)
-    model.config.use_cache = config.use_cache
-    if config.fused_ce:
+    # the emitted TrainingArguments as the HF Trainer applies them to the model before its first
+    # step: the settings it copies onto model.config (the KV cache; checkpointing turns it off
+    # inside transformers), and Liger's kernels (transformers integrations/liger.py), of which
+    # liger_kernel_config leaves the fused linear cross-entropy alone on
+    for key, value in model_config_settings(config).items():
+        setattr(model.config, key, value)
+    if training_arguments(config, on_cpu=device == "cpu").get("use_liger_kernel"):
         _install_fused_ce(model, model_config=model_config)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -378,11 +378,11 @@ def _train(
             with ctx:
                 if config.loop is Loop.MANUAL:
                     # outputs = model(**batch); loss = outputs.loss: the name keeps the outputs
-                    held[0] = engine(**batch, use_cache=config.use_cache)
+                    held[0] = engine(**batch)
                     loss = held[0].loss
                 else:
                     # HF Trainer: compute_loss returns the loss alone, the outputs die here
-                    loss = engine(**batch, use_cache=config.use_cache).loss
+                    loss = engine(**batch).loss
             set_phase("backward")
             if use_ds:
                 engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
@@ -469,8 +469,9 @@ def _install_fused_ce(model, *, model_config: Mapping[str, Any]) -> None:
     decoder = getattr(base, base.base_model_prefix)
     head = base.get_output_embeddings()
 
-    def forward(self, input_ids=None, attention_mask=None, labels=None, use_cache=None, **kwargs):
-        out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+        # the decoder reads the KV cache setting from the model's config, as the Trainer's forward
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask)
         hidden = out.last_hidden_state
         loss = fused_linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, labels)
         return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=out.past_key_values)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from planner.errors import NothingFitsError, PlannerError
 from planner.ranking import SPEED_TIE
-from planner.request import ADAPTER, recipe_of
+from planner.request import ADAPTER, ADAPTER_RECIPE, recipe_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration
@@ -30,9 +30,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from planner.modelspec import ModelSpec
 
 #: how much each changed option weighs in the distance from the file's configuration: what a user
-#: gives up (the method, the numerics) before how the step is arranged (sharding, checkpointing, split)
+#: gives up (the method, the numerics) before how the step is arranged (sharding, checkpointing, split);
+#: the adapter's recipe settings (its dropout) change only with the method, and weigh least
 DISTANCE = {"method": 16, "precision": 8, "optimizer": 4, "zero": 3, "offload": 3, "lora_r": 2, "lora_targets": 2,
-            "attention": 2, "grad_ckpt": 1, "micro_batch": 1, "lora_dropout": 1}
+            "attention": 2, "grad_ckpt": 1, "micro_batch": 1, **{f.name: 1 for f in ADAPTER_RECIPE}}
 #: options put back together: the split keeps the global batch
 _TOGETHER = {"micro_batch": ("micro_batch", "grad_accum"), "zero": ("zero", "offload"),
              "method": ("method", *ADAPTER)}

@@ -15,6 +15,7 @@ from planner.check import files as kinds
 from planner.check.reading import ATTENTION, Reading
 from planner.check.result import KeyChange
 from planner.config import ALL_LINEAR, TrainConfig
+from planner.request import ADAPTER_RECIPE
 
 #: where a change that adds DeepSpeed or an adapter writes the new file (beside the arguments file)
 NEW_DEEPSPEED, NEW_ADAPTER, NEW_BNB = "ds_config.json", "adapter_config.json", "bnb_config.json"
@@ -108,15 +109,18 @@ def _method(d: _Diff, old: TrainConfig, new: TrainConfig) -> None:
         if new.method.uses_adapters:
             d.put(path, "lora_r", old.lora_r, new.lora_r)
             d.put(path, "lora_target_modules", _targets(old), _targets(new))
-            # written out: TRL's ModelConfig default (0.05) is not the plan's when the file had no adapter
-            d.put(path, "lora_dropout", d.args.data.get("lora_dropout") if not old.method.uses_adapters else old.lora_dropout,
-                  new.lora_dropout)
+            # the adapter's recipe settings by their TRL keys (planner.request), written out: TRL's
+            # ModelConfig default (a dropout of 0.05) is not the plan's when the file had no adapter
+            for f in ADAPTER_RECIPE:
+                before = getattr(old, f.name) if old.method.uses_adapters else d.args.data.get(f.trl)
+                d.put(path, f.trl, before, getattr(new, f.name))
         return
     base = str(_folder(d)) + "/"
     if new.method.uses_adapters and adapter is None:
         d.put(base + NEW_ADAPTER, "r", None, new.lora_r, new_file=True)
         d.put(base + NEW_ADAPTER, "target_modules", None, _targets(new), new_file=True)
-        d.put(base + NEW_ADAPTER, "lora_dropout", None, new.lora_dropout, new_file=True)
+        for f in ADAPTER_RECIPE:  # by their PEFT keys
+            d.put(base + NEW_ADAPTER, f.peft, None, getattr(new, f.name), new_file=True)
     elif new.method.uses_adapters and adapter is not None:
         d.put(adapter.path, "r", old.lora_r, new.lora_r)
         d.put(adapter.path, "target_modules", _targets(old), _targets(new))

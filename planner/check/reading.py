@@ -22,6 +22,7 @@ from planner.check import files as kinds
 from planner.check.files import ConfigFile
 from planner.check.schemas import MODEL_KEY, Schema
 from planner.errors import InvalidConfigError, UnsupportedError
+from planner.request import ADAPTER_RECIPE, TRAINING_ARGS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,8 +79,10 @@ ATTENTION = {None: "sdpa", "sdpa": "sdpa", "eager": "eager", "flash_attention_2"
 #: TrainingArguments' dtype names -> torch's
 _DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16", "float32": "fp32",
            "fp32": "fp32", "float": "fp32", None: "fp32"}
-#: model_init_kwargs keys (TRL: passed to from_pretrained) that the plan reads or that do not change memory
-_INIT_KWARGS = {"dtype", "torch_dtype", "attn_implementation", "device_map", "trust_remote_code", "revision", "use_cache"}
+#: model_init_kwargs keys (TRL: passed to from_pretrained) that the plan reads or that do not change memory,
+#: and the model-config settings the Trainer overwrites from the training arguments (planner.request)
+_INIT_KWARGS = {"dtype", "torch_dtype", "attn_implementation", "device_map", "trust_remote_code", "revision",
+                *(f.training_args for f in TRAINING_ARGS if f.model_config)}
 
 
 def _empty(value: Any) -> bool:
@@ -124,9 +127,14 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     if optim == "adamw_torch_fused":
         reading.notes.append("optim adamw_torch_fused is planned as torch's foreach AdamW, whose step holds a copy of "
                              "the second moments the fused kernel does not: the peak is an upper bound by that much")
-    reading.set("use_cache", bool(value("use_cache")), file=file, key="use_cache", given=given("use_cache"))
-    if value("use_liger_kernel"):
-        reading.set("fused_ce", True, file=file, key="use_liger_kernel")
+    # the recipe settings TrainingArguments holds, by their keys (planner.request), in the order
+    # emit writes them: the values, then the switches
+    for f in sorted(TRAINING_ARGS, key=lambda f: f.switch):
+        key = f.training_args
+        if not f.switch:
+            reading.set(f.name, bool(value(key)), file=file, key=key, given=given(key))
+        elif value(key):  # a switch read only when on (Liger's: its other kernels are refused above)
+            reading.set(f.name, True, file=file, key=key)
     if "max_length" in schema.defaults:  # TRL: sequences are truncated (and packed) to max_length
         if value("max_length") is None:
             reading.notes.append("max_length is null (no truncation): the longest sequence is --seq-len's")
@@ -235,8 +243,7 @@ def _precision_and_method(reading: Reading, file: ConfigFile, schema: Schema) ->
         reading.set("lora_r", value("lora_r"), file=file, key="lora_r", given="lora_r" in data)
         reading.set("lora_targets", _targets(targets), file=file, key="lora_target_modules", raw=targets,
                     given="lora_target_modules" in data)
-        reading.set("lora_dropout", _probability(file, "lora_dropout", value("lora_dropout")), file=file, key="lora_dropout",
-                    given="lora_dropout" in data)
+        _adapter_recipe(reading, file, value, {f.name: f.trl for f in ADAPTER_RECIPE})
     if quantized and not value("use_bnb_nested_quant"):
         reading.notes.append("use_bnb_nested_quant false: the plan counts NF4 with double quantization, "
                              "0.37 bit a weight less than without (QLoRA paper, section 2)")
@@ -263,6 +270,13 @@ def _targets(value: Any) -> Any:
     if not isinstance(value, (list, tuple)):
         raise InvalidConfigError(f"target modules must be a list of module names or \"all-linear\", got {value!r}")
     return tuple(str(v) for v in value)
+
+
+def _adapter_recipe(reading: Reading, file: ConfigFile, value: Callable[[str], Any], keys: Mapping[str, str]) -> None:
+    """The adapter's recipe settings (its dropout), each from its key in ``file`` (``keys``: TRL's
+    or PEFT's, planner.request), as a number."""
+    for name, key in keys.items():
+        reading.set(name, _probability(file, key, value(key)), file=file, key=key, given=key in file.data)
 
 
 def _probability(file: ConfigFile, key: str, value: Any) -> float:
@@ -370,8 +384,7 @@ def adapter(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     reading.set("lora_r", value("r"), file=file, key="r", given="r" in data)
     reading.set("lora_targets", _targets(value("target_modules")), file=file, key="target_modules",
                 raw=value("target_modules"), given="target_modules" in data)
-    reading.set("lora_dropout", _probability(file, "lora_dropout", value("lora_dropout")), file=file, key="lora_dropout",
-                given="lora_dropout" in data)
+    _adapter_recipe(reading, file, value, {f.name: f.peft for f in ADAPTER_RECIPE})
 
 
 def bnb(reading: Reading, file: ConfigFile, schema: Schema) -> None:

@@ -14,6 +14,7 @@ from planner.config import Loop, Method, Precision, TrainConfig
 from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
+from planner.request import ADAPTER_RECIPE, TRAINING_ARGS
 from planner.sharding.zero import DEEPSPEED_FILE
 
 #: the HF Trainer's default gradient clipping, written out so DeepSpeed clips alike
@@ -27,6 +28,8 @@ CHECKPOINTING_KWARGS = {"use_reentrant": False}
 #: counts for the stock modules
 LIGER_FUSED_CE_ONLY = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rms_norm": False,
                        "rope": False, "swiglu": False}
+#: what a switch of TrainingArguments (``RequestField.switch``) is written with when on
+SWITCHED_WITH = {"use_liger_kernel": {"liger_kernel_config": LIGER_FUSED_CE_ONLY}}
 #: lora_alpha = 2 r (the worker's choice; alpha only scales the update, it costs no memory)
 LORA_ALPHA_PER_RANK = 2
 #: the file names the settings refer to each other by (and the sharding scheme's, ``DEEPSPEED_FILE``)
@@ -66,8 +69,9 @@ def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
         "adam_beta2": ADAM_BETAS[1],
         "adam_epsilon": ADAM_EPS,
         "max_grad_norm": MAX_GRAD_NORM,
-        # the KV cache the plan counts (``--use-cache``; transformers drops it under checkpointing)
-        "use_cache": config.use_cache,
+        # the recipe settings TrainingArguments holds as they are (planner.request, each field's
+        # training_args key): the KV cache the plan counts (transformers drops it under checkpointing)
+        **{f.training_args: getattr(config, f.name) for f in TRAINING_ARGS if not f.switch},
         # no evaluation during training: its activations and gathered logits are not planned
         "eval_strategy": "no",
         "num_train_epochs": 1,
@@ -79,9 +83,10 @@ def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
         args["activation_checkpointing_kwargs"] = dict(CHECKPOINTING_KWARGS)
     args.update(OPTIMIZERS[config.optimizer].hf_args)
     args.update(config.sharding.spec.training_arguments(config))  # the sharding scheme's (planner.sharding)
-    if config.fused_ce:
-        args["use_liger_kernel"] = True
-        args["liger_kernel_config"] = dict(LIGER_FUSED_CE_ONLY)
+    for f in TRAINING_ARGS:  # the switches the recipe turns on: Liger's, its fused linear cross-entropy alone
+        if f.switch and getattr(config, f.name):
+            args[f.training_args] = True
+            args.update({key: dict(value) for key, value in SWITCHED_WITH[f.training_args].items()})
     if on_cpu:
         # the Trainer refuses bf16 on a machine without a GPU unless told to train on the CPU
         args["use_cpu"] = True
@@ -119,22 +124,39 @@ def run_assumptions(config: TrainConfig) -> list[str]:
     return lines
 
 
+def model_config_settings(config: TrainConfig) -> dict[str, Any]:
+    """The training arguments the HF Trainer copies onto ``model.config`` before its first step,
+    where the forward reads them (``RequestField.model_config``): train.py sets them there itself
+    and the worker applies them alike (workers/train.py)."""
+    return {f.training_args: getattr(config, f.name) for f in TRAINING_ARGS if f.model_config}
+
+
 def script_recipe(config: TrainConfig) -> dict[str, Any]:
-    """The recipe settings train.py applies itself (``planner.emit.train_script``): packing and the KV cache."""
-    return {"packed": config.packing, "use_cache": config.use_cache}
+    """The recipe settings train.py applies itself (``planner.emit.train_script``): packing and the
+    model-config settings (the KV cache)."""
+    return {"packed": config.packing, **model_config_settings(config)}
+
+
+def adapter_settings(config: TrainConfig) -> dict[str, Any]:
+    """Keyword arguments of ``peft.LoraConfig`` but the task type: the adapter the worker builds
+    (workers/train.py) and emit writes (``lora_config``)."""
+    targets: str | list[str] = "all-linear" if config.lora_all_linear else list(config.lora_targets or ())
+    return {
+        "r": config.lora_r,
+        "lora_alpha": LORA_ALPHA_PER_RANK * config.lora_r,
+        # the adapter's recipe settings by their PEFT keys (planner.request): its dropout
+        **{f.peft: getattr(config, f.name) for f in ADAPTER_RECIPE},
+        "target_modules": targets,
+        "bias": "none",
+    }
 
 
 def lora_config(config: TrainConfig, *, spec: ModelSpec) -> dict[str, Any] | None:
     """Keyword arguments of ``peft.LoraConfig``; None for full fine-tuning."""
     if not config.method.uses_adapters:
         return None
-    targets: str | list[str] = "all-linear" if config.lora_all_linear else list(config.lora_targets or ())
     return {
-        "r": config.lora_r,
-        "lora_alpha": LORA_ALPHA_PER_RANK * config.lora_r,
-        "lora_dropout": config.lora_dropout,
-        "target_modules": targets,
-        "bias": "none",
+        **adapter_settings(config),
         # encoders train as masked LM without a task head wrapper, as in the worker
         "task_type": None if spec.is_encoder else "SEQ_2_SEQ_LM" if spec.is_encoder_decoder else "CAUSAL_LM",
     }
@@ -210,6 +232,6 @@ def to_yaml(data: dict[str, Any], indent: int = 0) -> str:
 
 __all__ = [
     "CHECKPOINTING_KWARGS", "DEEPSPEED_FILE", "LIGER_FUSED_CE_ONLY", "MAX_GRAD_NORM",
-    "accelerate_config", "bnb_config", "deepspeed_config", "lora_config", "model_dtype", "to_yaml",
-    "training_arguments",
+    "accelerate_config", "adapter_settings", "bnb_config", "deepspeed_config", "lora_config", "model_config_settings",
+    "model_dtype", "to_yaml", "training_arguments",
 ]

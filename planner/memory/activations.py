@@ -433,8 +433,8 @@ def fused_ce_transient(dims: Dims, mode: DtypeMode) -> int:
 
 
 def kv_cache_block_bytes(model: ModelSpec, config: TrainConfig, dims: Dims, mode: DtypeMode) -> int:
-    """One block's ``DynamicCache`` layer when the training forward builds one (``use_cache``
-    without checkpointing, decoder models): ``DynamicLayer.update`` keeps ``torch.cat([empty,
+    """One block's ``DynamicCache`` layer when the training forward builds one
+    (``TrainConfig.builds_kv_cache``, decoder models): ``DynamicLayer.update`` keeps ``torch.cat([empty,
     key_states])`` and the same for values (transformers/cache_utils.py), new tensors of b x kv x
     s x d. Keys are cached after rotary embedding, which multiplies the projection output by
     cos/sin in the residual stream's dtype (type promotion: the residual's); values in the keys'
@@ -446,6 +446,13 @@ def kv_cache_block_bytes(model: ModelSpec, config: TrainConfig, dims: Dims, mode
     kv = dims.tokens * dims.kv * dims.d
     key = mode.residual if model.position == "rope" else mode.compute
     return 2 * kv * max(key, mode.compute)
+
+
+def builds_logits(config: TrainConfig) -> bool:
+    """The step materialises the full logits (tokens x vocab): not with a fused linear
+    cross-entropy, whose head and loss run chunk by chunk (Liger's lce_forward returns no logits
+    in training). The timeline's loss-path allocations read it (planner.memory.timeline)."""
+    return not config.fused_ce
 
 
 def manual_loop_logits(dims: Dims, mode: DtypeMode, config: TrainConfig) -> int:
@@ -888,6 +895,7 @@ __all__ = [
     "TERM_SOURCES",
     "StepActivations",
     "block_backward_terms",
+    "builds_logits",
     "block_step_activations",
     "block_terms",
     "breakdown_key",

@@ -87,7 +87,7 @@ class BlockContext:
     def __post_init__(self) -> None:
         config, targets = self.config, self.targets
         full = config.method is Method.FULL
-        lora_dropout = not full and config.lora_dropout > 0
+        lora_dropout = drops_adapter_inputs(config)
         by_kind: dict[LinearKind, tuple[LinearSpec, ...]] = {}
         # bare weights (expert stacks, routers) take peft's ParamWrapper, which merges its adapter into
         # the weight instead of adapting the activations: planner.memory.moe counts them
@@ -170,6 +170,13 @@ class BlockContext:
 _CONTEXT_SLOTS = BlockContext.__slots__
 
 
+def drops_adapter_inputs(config: TrainConfig) -> bool:
+    """Each LoRA adapter runs its input through its own ``nn.Dropout`` (peft/tuners/lora/layer.py
+    ``update_layer``: Identity when p == 0), which keeps its mask and a dropped copy of the input:
+    the activations (``BlockContext.lora_dropout``) and the kernels' traffic (planner.kernels) read it."""
+    return config.method is not Method.FULL and config.lora_dropout > 0
+
+
 def block_input_needs_grad(config: TrainConfig, *, first: bool) -> bool:
     """``BlockContext.block_input_needs_grad`` of the first block or a later one."""
     return config.method is Method.FULL or not first or config.grad_ckpt
@@ -185,4 +192,4 @@ def block_context(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
                         kernels=kernels, first=first, targets=targets)
 
 
-__all__ = ["BlockContext", "Dims", "block_context", "block_input_needs_grad", "dims_of"]
+__all__ = ["BlockContext", "Dims", "block_context", "block_input_needs_grad", "dims_of", "drops_adapter_inputs"]

@@ -49,6 +49,7 @@ from planner.gpus import KernelProfile
 from planner.memory.activations import (
     block_terms,
     breakdown_key,
+    builds_logits,
     checkpoint_bytes,
     kv_cache_block_bytes,
     layer_terms,
@@ -505,7 +506,7 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     # the MLP's intermediate tensors are tokens x intermediate_size (LlamaMLP: act_fn(gate_proj(x))
     # * up_proj(x)): 4-8 hidden states each; split into hidden-sized pieces they would be
     # requests of 1-10 MiB on small shapes, each given a 20 MiB kLargeBuffer segment no real one gets
-    b = _Builder(unit=dims.tokens * dims.h * mode.compute, logits=0 if config.fused_ce else dims.tokens * dims.v * 4,
+    b = _Builder(unit=dims.tokens * dims.h * mode.compute, logits=dims.tokens * dims.v * 4 if builds_logits(config) else 0,
                  units={"activations/mlp/intermediate": dims.tokens * model.intermediate_size * mode.compute})
     lazy = _lazy_states(s)
     for key, nbytes in s.static.resident.items():

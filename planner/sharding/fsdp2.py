@@ -159,9 +159,6 @@ class FSDP2(ShardingSpec):
         if config.method.value == "qlora":
             raise UnsupportedError("--method qlora with FSDP2 (4-bit weights stored in bnb_4bit_quant_storage) is not "
                                    "modelled: use --method lora, or --zero 2")
-        if config.fused_ce:
-            raise UnsupportedError("--fused-ce with FSDP2 is not modelled (the fused loss reads lm_head.weight "
-                                   "outside the module's forward): drop --fused-ce")
 
     # ---- memory -----------------------------------------------------------------------------
     def model_states(self, model: Any, config: Any, t: Any, out: dict[str, int], *, param_bytes: int, grads: int,
@@ -334,6 +331,8 @@ _KEYS = (
 SPECS = (
     # casts_model: the layers compute with the 16-bit unsharded parameters, no autocast
     FSDP2(name="fsdp2", order=5, offloads=(Offload.NONE, Offload.OPTIMIZER_PARAMS), partitions_optimizer=True,
+          partial_head="--fused-ce with FSDP2 is not modelled (the fused loss reads lm_head.weight outside the "
+                       "module's forward): drop --fused-ce",
           casts_model=True,
           words="FSDP2", keys=_KEYS,
           plan_notes=("FSDP2 as in fsdp_config: one unit per decoder layer plus the root, reshard_after_forward, "

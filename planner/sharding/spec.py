@@ -142,6 +142,10 @@ class ShardingSpec:
     ``single_partition_of_fp32_groups``), not the model's tensors."""
     partitions_optimizer: bool = False
     """Each rank steps only its 1/N of the trainable parameters."""
+    partial_head: str | None = None
+    """Outside the output head's forward a rank holds only a partition of its weight, so a loss
+    that reads the weight there (a fused linear cross-entropy) cannot run: the refusal with its fix,
+    which ``TrainConfig`` gives for that combination (None: the whole weight is there)."""
     words: str = "not used"
     """What PLAN.md says of it (``planner.emit.plan_md``)."""
     plan_notes: tuple[str, ...] = ()

@@ -171,12 +171,6 @@ class ZeRO(ShardingSpec):
     def check(self, config: Any, offload: Offload) -> None:
         """What DeepSpeed ZeRO does not take (or the memory model does not cover)."""
         stage = self.zero_stage
-        if config.fused_ce and stage == 3:
-            raise UnsupportedError(
-                "--fused-ce with --zero 3: the fused loss reads lm_head.weight outside the module's forward, "
-                "where ZeRO-3 holds only a partition (Liger's fused_linear_cross_entropy_forward refuses it): "
-                "use --zero 2 or lower"
-            )
         if offload not in self.offloads:
             raise InvalidConfigError(
                 "--offload optimizer+params needs --zero 3 (only ZeRO-3 partitions parameters)"
@@ -483,6 +477,9 @@ SPECS = (
     ZeRO(name="zero2", order=3, zero_stage=2, offloads=(Offload.NONE, Offload.OPTIMIZER),
          words="ZeRO-2", **_COMMON),
     ZeRO(name="zero3", order=4, zero_stage=3, offloads=(Offload.NONE, Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS),
+         partial_head="--fused-ce with --zero 3: the fused loss reads lm_head.weight outside the module's forward, "
+                      "where ZeRO-3 holds only a partition (Liger's fused_linear_cross_entropy_forward refuses it): "
+                      "use --zero 2 or lower",
          words="ZeRO-3", **_COMMON),
 )
 

@@ -175,3 +175,24 @@ def test_a_deepspeed_json_whose_numbers_differ_from_the_trainers_is_refused_as_t
         (tmp_path / "ds_config.json").write_text(json.dumps(ds))
         r = cli("check", str(tmp_path / "args.json"), "--gpu", "a10g")
         assert r.code == 2 and words in r.err, r
+
+
+def test_emitted_recipe_settings_read_back_through_the_same_library_keys():
+    """``planner emit`` writes the recipe's settings under the keys their entries declare
+    (``planner.request``: TrainingArguments' ``use_cache`` and Liger's switch, PEFT's dropout), and
+    ``planner check`` reads the emitted files back to the same values."""
+    from planner.check import read_texts
+    from planner.config import TrainConfig
+    from planner.emit import settings
+    from planner.request import ADAPTER_RECIPE, TRAINING_ARGS
+
+    config = TrainConfig(method="lora", fused_ce=True, use_cache=True, lora_dropout=0.1, micro_batch=2)
+    spec = type("Spec", (), {"is_encoder": False, "is_encoder_decoder": False})
+    args = {"model_name_or_path": "gpt2", **settings.training_arguments(config, on_cpu=False)}
+    reading = read_texts({"training_args.json": json.dumps(args),
+                          # as PEFT saves it: LoraConfig's fields with the peft_type
+                          "adapter_config.json": json.dumps({"peft_type": "LORA", **settings.lora_config(config, spec=spec)})})
+    for f in (*TRAINING_ARGS, *ADAPTER_RECIPE):
+        assert reading.options[f.name] == getattr(config, f.name), f.name
+        assert reading.origins[f.name].key in (f.training_args, f.peft)
+    assert (reading.options["use_cache"], reading.options["fused_ce"], reading.options["lora_dropout"]) == (True, True, 0.1)

@@ -179,3 +179,38 @@ def test_suggest_request_and_search_space_take_the_recipe():
     from planner.estimation import CONFIG_OPTIONS
 
     assert CONFIG_OPTIONS == request.CONFIG_OPTIONS
+
+
+#: The most source files (outside the tests) that may name a request field: its entry
+#: (planner/request.py), its ``TrainConfig`` field (planner/config.py), and the few that must spell
+#: it (the memory term that reads it, emit's settings, train.py's template, a worker module named
+#: after it). Every other reader goes through the entry's declarations (its library keys, the
+#: adapter's recipe settings, the advice's value) or a fact the core derives from it once.
+MAX_FILES_PER_FIELD = 5
+#: An optimizer's name: its descriptor module, and at most one other.
+MAX_FILES_PER_OPTIMIZER = 2
+
+
+def _source_files_naming(name: str) -> list[str]:
+    """The .py files of planner/, workers/ and oom_planner/ naming ``name`` as a whole word (as
+    ``grep -rlw`` finds it)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    word = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])")
+    return sorted(path.relative_to(root).as_posix() for top in ("planner", "workers", "oom_planner")
+                  if (root / top).is_dir() for path in (root / top).rglob("*.py") if word.search(path.read_text()))
+
+
+@pytest.mark.parametrize("name", ["use_cache", "fused_ce", "lora_dropout"])
+def test_a_request_field_is_named_in_at_most_five_source_files(name):
+    files = _source_files_naming(name)
+    assert "planner/request.py" in files and "planner/config.py" in files, files  # the search is not blind
+    assert len(files) <= MAX_FILES_PER_FIELD, f"{name} is named in {len(files)} source files: {files}"
+
+
+def test_an_optimizer_name_is_named_in_at_most_two_source_files():
+    files = _source_files_naming("adafactor")
+    assert "planner/optim/adafactor.py" in files
+    assert len(files) <= MAX_FILES_PER_OPTIMIZER, files
