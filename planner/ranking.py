@@ -7,8 +7,8 @@ the requested policy (``planner.tradeoffs.Prefer``): fidelity tier (``fidelity_t
 predicted tokens/s, or tokens/s alone; each plan shown is estimated in full (the caching allocator
 replayed). A plan whose probability of running out of memory is over
 ``planner.uncertainty.NEAR_EDGE_PROBABILITY`` is near the edge (``planner.tradeoffs.near_edge``):
-each near-the-edge plan the screen found is joined by the same configuration at its largest split
-that is not (``_with_safe_splits``), and near-the-edge plans rank after every plan that is not, so
+each near-the-edge plan the screen finds is joined by the same configuration at its largest split
+that is not (``planner.search.safe_bound``), and near-the-edge plans rank after every plan that is not, so
 each slot shown is its fastest safe plan where it has one.
 """
 
@@ -35,13 +35,14 @@ from planner.search import (
     family_key,
     family_label,
     plan_request,
+    safe_bound,
     screen,
     totals_by_split,
 )
 from planner.sharding import NONE
-from planner.throughput import ThroughputMemo, estimate_throughput, step_breakdown, tokens_per_second
+from planner.throughput import estimate_throughput, step_breakdown, tokens_per_second
 from planner.tradeoffs import Prefer, fidelity_tier, memory_interval, near_edge, oom_risk
-from planner.uncertainty import NEAR_EDGE_PROBABILITY, oom_probability, safe_total, spread
+from planner.uncertainty import NEAR_EDGE_PROBABILITY, oom_probability, spread
 from planner.units import format_bytes
 
 
@@ -70,7 +71,6 @@ def suggest(
     # the nearest miss
     by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
     replays: dict[TrainConfig, object] = {}
-    fitting = _with_safe_splits(fitting, model=model, gpu=gpu, memo=memo)
     exotic = _exotic(memo, node_ram=space.cpu_mem_bytes)
     plans = _replayed_plans(_ranking(fitting, space.prefer, gpu=gpu, exotic=exotic), model=model, gpu=gpu,
                             usable=usable, top_k=top_k, prefer=space.prefer, replays=replays, memo=memo, exotic=exotic)
@@ -124,31 +124,8 @@ def _safe_bound(config: TrainConfig, gpu: GPUSpec, bounds: dict) -> int:
     """The largest process total of ``config``'s method that is not near the edge of ``gpu``."""
     bound = bounds.get(config.method)
     if bound is None:
-        bound = bounds[config.method] = safe_total(gpu.memory_bytes, spread(config.method))
+        bound = bounds[config.method] = safe_bound(config.method, gpu)
     return bound
-
-
-def _with_safe_splits(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo) -> list[tuple]:
-    """``fitting`` and, for each plan of it that is near the edge, the same configuration at its
-    largest split that is not (more accumulation, same batch), when one exists. The screen keeps
-    each combination's largest fitting split; the one an expert runs is the largest that fits
-    with room for the model's measured error (``planner.uncertainty``)."""
-    bounds: dict = {}
-    speeds: ThroughputMemo | None = None
-    out = list(fitting)
-    for config, _, total in fitting:
-        bound = _safe_bound(config, gpu, bounds)
-        if total <= bound or config.micro_batch == 1:
-            continue
-        per_device = config.micro_batch * config.grad_accum
-        split_total, _host = memo.split_total(config)
-        for micro in reversed(divisors(per_device)):
-            if micro < config.micro_batch and (safe := split_total(micro, per_device // micro)) <= bound:
-                speeds = speeds or ThroughputMemo(model, gpu)
-                smaller = config.with_split(micro_batch=micro, grad_accum=per_device // micro)
-                out.append((smaller, Speed(tokens_per_second(smaller, speeds.step_seconds(smaller))), safe))
-                break
-    return out
 
 
 def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
