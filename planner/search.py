@@ -371,11 +371,9 @@ class MemoryMemo:
         static = static_terms(self.model, config, self.kernels, t)
         resident = static.resident_bytes
         head_grads, down_grads = first_block_gradients(self.model, config, static.gradients, t, params)
-        parts = tuple(
-            tuple([resident + x for x in static_moments(
-                static_sizes(static, accumulating=acc, head_grads=head_grads, down_grads=down_grads))])
-            for acc in (False, True)
-        )
+        single = static_moments(static_sizes(static, accumulating=False, head_grads=head_grads, down_grads=down_grads))
+        accumulating = static_moments(static_sizes(static, accumulating=True))  # (every gradient exists)
+        parts = (tuple([resident + x for x in single]), tuple([resident + x for x in accumulating]))
         fixed = peak_independent(self.model, self.gpu, paged=static.paged, gpus=config.gpus)
         value = (parts, resident, fixed, static.host)
         return _Static(static, parts, resident, fixed, {}, self._values.setdefault(value, value))
@@ -479,7 +477,7 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
     (``_Static.screens_as``, ``batch_line``)."""
     largest_fit: list[tuple[TrainConfig, int]] = []
     safe_splits: list[tuple[TrainConfig, int]] = []  # (config, total) of a near-the-edge fit's safe split
-    closest: dict[tuple, tuple[int, TrainConfig]] = {}
+    closest: dict[tuple, tuple] = {}  # family -> (total, knobs, adapter variant, its index, split index, ckpt)
     screened: dict[tuple[int, int], tuple] = {}
     safer: dict[tuple[int, int, int], tuple[int, int] | None] = {}
     bounds = {method: safe_bound(method, gpu) for method in Method}
@@ -511,10 +509,7 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                             static, at, usable, cpu_mem, caching)
                     fit, miss = found
                     if miss is not None and (knobs.family not in closest or miss[0] < closest[knobs.family][0]):
-                        base = base or knobs.variant(lora, v == 0)
-                        micro, accum = splits[miss[1]]
-                        closest[knobs.family] = (miss[0], base.with_split(micro_batch=micro, grad_accum=accum,
-                                                                          grad_ckpt=ckpt == 1))
+                        closest[knobs.family] = (miss[0], knobs, lora, v, miss[1], ckpt)  # made at the end
                     if fit is not None:
                         base = base or knobs.variant(lora, v == 0)
                         micro, accum = splits[fit[1]]
@@ -529,8 +524,12 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                             if safe is not None:
                                 micro, accum = splits[safe[1]]
                                 safe_splits.append((config.with_split(micro_batch=micro, grad_accum=accum), safe[0]))
-    return (_with_speeds(largest_fit + safe_splits, model, gpu),
-            {family_label(c): (total, c) for total, c in closest.values()}, searched)
+    misses = {}
+    for total, knobs, lora, v, split, ckpt in closest.values():
+        micro, accum = splits[split]
+        config = knobs.variant(lora, v == 0).with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1)
+        misses[family_label(config)] = (total, config)
+    return _with_speeds(largest_fit + safe_splits, model, gpu), misses, searched
 
 
 def _with_speeds(largest_fit: list[tuple[TrainConfig, int]], model: ModelSpec, gpu: GPUSpec) -> list[tuple]:
