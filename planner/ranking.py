@@ -7,8 +7,8 @@ the requested policy (``planner.tradeoffs.Prefer``): fidelity tier (``fidelity_t
 predicted tokens/s, or tokens/s alone; each plan shown is estimated in full (the caching allocator
 replayed). A plan whose probability of running out of memory is over
 ``planner.uncertainty.NEAR_EDGE_PROBABILITY`` is near the edge (``planner.tradeoffs.near_edge``):
-each near-the-edge plan the screen found is joined by the same configuration at its largest split
-that is not (``_with_safe_splits``), and near-the-edge plans rank after every plan that is not, so
+each near-the-edge plan the screen finds is joined by the same configuration at its largest split
+that is not (``planner.search.safe_bound``), and near-the-edge plans rank after every plan that is not, so
 each slot shown is its fastest safe plan where it has one.
 """
 
@@ -35,13 +35,14 @@ from planner.search import (
     family_key,
     family_label,
     plan_request,
+    safe_bound,
     screen,
     totals_by_split,
 )
 from planner.sharding import NONE
-from planner.throughput import ThroughputMemo, estimate_throughput, step_breakdown, tokens_per_second
+from planner.throughput import estimate_throughput, step_breakdown, tokens_per_second
 from planner.tradeoffs import Prefer, fidelity_tier, memory_interval, near_edge, oom_risk
-from planner.uncertainty import NEAR_EDGE_PROBABILITY, oom_probability, safe_total, spread
+from planner.uncertainty import NEAR_EDGE_PROBABILITY, oom_probability, spread
 from planner.units import format_bytes
 
 
@@ -70,10 +71,9 @@ def suggest(
     # the nearest miss
     by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
     replays: dict[TrainConfig, object] = {}
-    fitting = _with_safe_splits(fitting, model=model, gpu=gpu, memo=memo)
-    exotic = _exotic(memo, node_ram=space.cpu_mem_bytes)
-    plans = _replayed_plans(_ranking(fitting, space.prefer, gpu=gpu, exotic=exotic), model=model, gpu=gpu,
-                            usable=usable, top_k=top_k, prefer=space.prefer, replays=replays, memo=memo, exotic=exotic)
+    facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes))  # read by both policies' rankings
+    plans = _replayed_plans(_ranking(fitting, space.prefer, facts), model=model, gpu=gpu,
+                            usable=usable, top_k=top_k, prefer=space.prefer, replays=replays, memo=memo, facts=facts)
     if not plans:
         tried = {fam: missed(cfg, total) for fam, (total, cfg) in by_tier}
         rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
@@ -83,17 +83,17 @@ def suggest(
                               safety_margin_bytes=margin, prefer=str(space.prefer)),
         )
     best_tier = fidelity_tier(plans[0].config)
-    fitting_families = {family_key(cfg) for cfg, _, _ in fitting}
+    fitting_families = {f[4] for f in facts(fitting)}
     rejected = tuple(
         _rejection(missed(cfg, total), model=model, usable=usable, space=space)
         for fam, (total, cfg) in by_tier
         if fidelity_tier(cfg) <= best_tier and family_key(cfg) not in fitting_families
     )
     # the families that fit only near the edge first: they are the ones a user asks about
-    rejected = _edge_only(fitting, plans, best_tier=best_tier, gpu=gpu) + rejected
+    rejected = _edge_only(facts(fitting), plans, best_tier=best_tier, gpu=gpu) + rejected
     other = Prefer.SPEED if space.prefer is Prefer.FIDELITY else Prefer.FIDELITY
-    theirs = _replayed_plans(_ranking(fitting, other, gpu=gpu, exotic=exotic), model=model, gpu=gpu, usable=usable,
-                             top_k=min(top_k, 3), prefer=other, replays=replays, memo=memo, exotic=exotic)
+    theirs = _replayed_plans(_ranking(fitting, other, facts), model=model, gpu=gpu, usable=usable,
+                             top_k=min(top_k, 3), prefer=other, replays=replays, memo=memo, facts=facts)
     alternative = theirs[0] if theirs and theirs[0].config != plans[0].config else None
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
                       safety_margin_bytes=margin, prefer=str(space.prefer), alternative=alternative,
@@ -124,36 +124,13 @@ def _safe_bound(config: TrainConfig, gpu: GPUSpec, bounds: dict) -> int:
     """The largest process total of ``config``'s method that is not near the edge of ``gpu``."""
     bound = bounds.get(config.method)
     if bound is None:
-        bound = bounds[config.method] = safe_total(gpu.memory_bytes, spread(config.method))
+        bound = bounds[config.method] = safe_bound(config.method, gpu)
     return bound
-
-
-def _with_safe_splits(fitting: list[tuple], *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo) -> list[tuple]:
-    """``fitting`` and, for each plan of it that is near the edge, the same configuration at its
-    largest split that is not (more accumulation, same batch), when one exists. The screen keeps
-    each combination's largest fitting split; the one an expert runs is the largest that fits
-    with room for the model's measured error (``planner.uncertainty``)."""
-    bounds: dict = {}
-    speeds: ThroughputMemo | None = None
-    out = list(fitting)
-    for config, _, total in fitting:
-        bound = _safe_bound(config, gpu, bounds)
-        if total <= bound or config.micro_batch == 1:
-            continue
-        per_device = config.micro_batch * config.grad_accum
-        split_total, _host = memo.split_total(config)
-        for micro in reversed(divisors(per_device)):
-            if micro < config.micro_batch and (safe := split_total(micro, per_device // micro)) <= bound:
-                speeds = speeds or ThroughputMemo(model, gpu)
-                smaller = config.with_split(micro_batch=micro, grad_accum=per_device // micro)
-                out.append((smaller, Speed(tokens_per_second(smaller, speeds.step_seconds(smaller))), safe))
-                break
-    return out
 
 
 def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
                     prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None,
-                    memo: MemoryMemo | None = None, exotic=None) -> tuple[Candidate, ...]:
+                    memo: MemoryMemo | None = None, facts=None) -> tuple[Candidate, ...]:
     """The top plans with their full estimates. The fast path screens with the allocator's
     stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
     caching allocator replayed on its step. One the replay finds too large for the usable memory
@@ -165,6 +142,7 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     have a safe plan the replay has not seen yet."""
     replays = {} if replays is None else replays
     memo = memo or MemoryMemo(model, gpu)
+    facts = facts or _plan_facts(gpu)
     capacity = gpu.memory_bytes
     ranked, read = iter(fitting), []  # read: the ranked plans _distinct has gone through
     edgy: set[int] = set()  # ids of the configurations the replay found near the edge
@@ -192,7 +170,7 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
         smaller = [_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo)
                    for item in fitting if id(item[0]) in dropped or id(item[0]) in moved]
         ranked, read = _ranking(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer,
-                                gpu=gpu, edgy=edgy, exotic=exotic), []
+                                facts, edgy=edgy), []
 
 
 def _with_uncertainty(config: TrainConfig, memory, gpu: GPUSpec):
@@ -224,55 +202,71 @@ OPTIMIZER_PREFERENCE = {o: OPTIMIZERS[o].preference for o in Optimizer}  # each 
 PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4}
 
 
-def _ranking(fitting: list[tuple], prefer: Prefer = Prefer.FIDELITY, *, gpu: GPUSpec | None = None,
-             edgy: set[int] = frozenset(), exotic=None) -> Iterator[tuple]:
-    """The fitting plans in rank order: the plans that are not near the edge of ``gpu`` (by their
+def _plan_facts(gpu: GPUSpec, exotic=None):
+    """``facts(items)``: what the ranking reads of each fitting plan that neither the policy nor a
+    re-ranking changes, (item, near the edge of ``gpu`` by its screened total (``_safe_bound``),
+    ``exotic`` (``_exotic``; none without it), fidelity tier, ``family_key``), worked out once a plan: both
+    policies rank the same thousand plans. Kept by the item's identity, with the item, so no other
+    item takes its id while the facts live (one search)."""
+    bounds: dict = {}
+    known: dict[int, tuple] = {}
+
+    def facts(items: list[tuple]) -> list[tuple]:
+        out = []
+        for item in items:
+            found = known.get(id(item))
+            if found is None:
+                config = item[0]
+                found = known[id(item)] = (item, int(item[2] > _safe_bound(config, gpu, bounds)),
+                                           int(exotic is not None and exotic(config)), fidelity_tier(config),
+                                           family_key(config))
+            out.append(found)
+        return out
+
+    return facts
+
+
+def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = frozenset()) -> Iterator[tuple]:
+    """The fitting plans in rank order: the plans that are not near the edge (by their
     screened totals, ``_safe_bound``, or, ids in ``edgy``, by their replays) before those that are;
-    among each, the ``exotic`` plans (``_exotic``) that are not faster than every other plan of
+    among each, the exotic plans (``_exotic``) that are not faster than every other plan of
     their kind after the others; then, under ``fidelity``, fidelity
     tier (``fidelity_tier``), then speed; under ``speed``, speed alone. Plans within SPEED_TIE of the
     fastest plan of their group are a tie, ordered by the preferences (a group is measured from
     its leader, so two plans 1% apart are never split by a fixed bucket boundary). Each group is
     put in preference order only when the reader reaches it: the search shows the first few of
-    about a thousand fitting plans, once per policy. Each plan's tier and speed are read once;
-    equal keys keep the input order."""
+    about a thousand fitting plans, once per policy. Each plan's facts (``_plan_facts``) are read
+    once a search; equal keys keep the input order."""
     fidelity = prefer is Prefer.FIDELITY
-    bounds: dict = {}
-
-    def edge(item: tuple) -> int:
-        return int(gpu is not None and (item[2] > _safe_bound(item[0], gpu, bounds) or id(item[0]) in edgy))
-
-    edges = [edge(item) for item in fitting]
-    odd = [0] * len(fitting)
-    if exotic is not None:
-        odd = [int(exotic(item[0])) for item in fitting]
-        # the fastest plain plan of each edge class: an exotic plan not faster ranks after the plain ones
-        best = [0.0, 0.0]
-        for item, e, o in zip(fitting, edges, odd):
-            if not o:
-                best[e] = max(best[e], item[1].tokens_per_s)
-        odd = [int(o and item[1].tokens_per_s <= best[e] * (1 + SPEED_TIE)) for item, e, o in zip(fitting, edges, odd)]
+    known = facts(fitting)
+    edges = [f[1] or int(id(f[0][0]) in edgy) for f in known] if edgy else [f[1] for f in known]
+    # the fastest plain plan of each edge class: an exotic plan not faster ranks after the plain ones
+    best = [0.0, 0.0]
+    for f, e in zip(known, edges):
+        if not f[2]:
+            best[e] = max(best[e], f[0][1].tokens_per_s)
+    odd = [int(f[2] and f[0][1].tokens_per_s <= best[e] * (1 + SPEED_TIE)) for f, e in zip(known, edges)]
     # the group key: near the edge, then exotic, then (under fidelity) the fidelity tier (0-3)
-    by_speed = sorted([(e * 8 + o * 4 + (fidelity_tier(item[0]) if fidelity else 0), -item[1].tokens_per_s, n, item)
-                       for n, (item, e, o) in enumerate(zip(fitting, edges, odd))])
+    by_speed = sorted([(e * 8 + o * 4 + (f[3] if fidelity else 0), -f[0][1].tokens_per_s, n, f)
+                       for n, (f, e, o) in enumerate(zip(known, edges, odd))])
     group: list[tuple] = []
     leader_tier, floor = 0, 0.0
-    for tier, neg_speed, _, item in by_speed:
+    for tier, neg_speed, _, f in by_speed:
         if group and (tier != leader_tier or -neg_speed < floor):
-            yield from sorted(group, key=_tie_key)
+            yield from [f[0] for f in sorted(group, key=_tie_key)]
             group = []
         if not group:
             leader_tier, floor = tier, -neg_speed / (1 + SPEED_TIE)
-        group.append(item)
-    yield from sorted(group, key=_tie_key)
+        group.append(f)
+    yield from [f[0] for f in sorted(group, key=_tie_key)]
 
 
-def _tie_key(item: tuple) -> tuple:
-    """Within a speed tie: the more faithful plan, then the usual optimizer, fewer moving parts,
-    the preferred precision, then the plan with more room on the device."""
-    config, throughput, total = item
+def _tie_key(facts: tuple) -> tuple:
+    """Within a speed tie (a plan's ``_plan_facts``): the more faithful plan, then the usual
+    optimizer, fewer moving parts, the preferred precision, then the plan with more room on the device."""
+    (config, throughput, total), tier = facts[0], facts[3]
     sharding = config.sharding
-    return (fidelity_tier(config), OPTIMIZER_PREFERENCE[config.optimizer], sharding.moving_parts,
+    return (tier, OPTIMIZER_PREFERENCE[config.optimizer], sharding.moving_parts,
             PRECISION_PREFERENCE[config.precision], sharding.spec.order, total, -throughput.tokens_per_s)
 
 
@@ -323,12 +317,12 @@ def _edge_only(fitting: list[tuple], plans: tuple[Candidate, ...], *, best_tier:
     """A line for each family at least as faithful as #1 that fits only near the edge and is not
     shown (a safe plan exists, so the ranking keeps it out: issue 20, item 1): its safest plan and
     that plan's probability of running out of memory. Without it, e.g. full fine-tuning of
-    Llama-3.2-1B on a T4 (fp32 Adafactor, 19% OOM risk) would leave the list with no word."""
+    Llama-3.2-1B on a T4 (fp32 Adafactor, 19% OOM risk) would leave the list with no word.
+    ``fitting``: the fitting plans' ``_plan_facts``."""
     shown = {family_key(c.config) for c in plans}
     safest: dict[tuple, tuple] = {}
-    for item in fitting:
-        key = family_key(item[0])
-        if key not in shown and fidelity_tier(item[0]) <= best_tier and (key not in safest or item[2] < safest[key][2]):
+    for item, _, _, tier, key in fitting:
+        if key not in shown and tier <= best_tier and (key not in safest or item[2] < safest[key][2]):
             safest[key] = item
     bounds: dict = {}
     lines = []

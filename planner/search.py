@@ -44,6 +44,7 @@ from planner.results import PlanRequest
 from planner.sharding import search_axis
 from planner.throughput import ThroughputMemo, tokens_per_second
 from planner.tradeoffs import Prefer
+from planner.uncertainty import safe_total, spread
 from planner.units import MiB
 
 LORA_RANKS = (8, 16, 32, 64)
@@ -122,6 +123,12 @@ class SearchSpace:
         """Host bytes one rank's offload may use: the node's RAM less ``host_reserve``, shared by
         its ranks (each holds the same share: ZeRO partitions evenly)."""
         return max(self.cpu_mem_bytes - host_reserve(self.cpu_mem_bytes, ranks), 0) // ranks
+
+
+def safe_bound(method: Method, gpu: GPUSpec) -> int:
+    """The largest process total of a plan of ``method`` that is not near the edge of ``gpu``
+    (``planner.uncertainty.safe_total`` with the method's measured spread)."""
+    return safe_total(gpu.memory_bytes, spread(method))
 
 
 def safety_margin(capacity: int) -> int:
@@ -364,11 +371,9 @@ class MemoryMemo:
         static = static_terms(self.model, config, self.kernels, t)
         resident = static.resident_bytes
         head_grads, down_grads = first_block_gradients(self.model, config, static.gradients, t, params)
-        parts = tuple(
-            tuple([resident + x for x in static_moments(
-                static_sizes(static, accumulating=acc, head_grads=head_grads, down_grads=down_grads))])
-            for acc in (False, True)
-        )
+        single = static_moments(static_sizes(static, accumulating=False, head_grads=head_grads, down_grads=down_grads))
+        accumulating = static_moments(static_sizes(static, accumulating=True))  # (every gradient exists)
+        parts = (tuple([resident + x for x in single]), tuple([resident + x for x in accumulating]))
         fixed = peak_independent(self.model, self.gpu, paged=static.paged, gpus=config.gpus)
         value = (parts, resident, fixed, static.host)
         return _Static(static, parts, resident, fixed, {}, self._values.setdefault(value, value))
@@ -462,15 +467,20 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
             usable: int, space: SearchSpace):
     """(fitting [(config, speed, total)], each family's closest miss {family: (total, config)},
     candidates searched) of every combination of ``_combinations``, in its order, with the fast
-    path's totals. A combination is made (``_Knobs.variant``) only when the memo has not its terms
+    path's totals: each combination's largest fitting split, then, in the same order, the largest
+    split that is not near the edge (``safe_bound``) of each fit that is, where one exists
+    (``_largest_under``: the plan an expert runs, with room for the model's measured error). A combination is made (``_Knobs.variant``) only when the memo has not its terms
     yet or it fits or comes closest: its knobs' prefixes and adapter variant find its terms in
     tables that hand out what the memo did (``static_slot``, ``line_slot``). Combinations whose
     terms are equal (a bf16 plan and its fp16 twin, one dtype mode; a ZeRO stage that changes
     nothing on one GPU) share one screening: the memo hands out one object per value
     (``_Static.screens_as``, ``batch_line``)."""
     largest_fit: list[tuple[TrainConfig, int]] = []
-    closest: dict[tuple, tuple[int, TrainConfig]] = {}
+    safe_splits: list[tuple[TrainConfig, int]] = []  # (config, total) of a near-the-edge fit's safe split
+    closest: dict[tuple, tuple] = {}  # family -> (total, knobs, adapter variant, its index, split index, ckpt)
     screened: dict[tuple[int, int], tuple] = {}
+    safer: dict[tuple[int, int, int], tuple[int, int] | None] = {}
+    bounds = {method: safe_bound(method, gpu) for method in Method}
     statics: dict[tuple, list] = {}  # static prefix -> per adapter variant
     lines: dict[tuple, list] = {}  # batch prefix -> per adapter variant: (without, with checkpointing)
     searched, cpu_mem, caching, per_device = 0, space.cpu_mem_bytes, memo.caching, splits[-1][0]
@@ -499,16 +509,27 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                             static, at, usable, cpu_mem, caching)
                     fit, miss = found
                     if miss is not None and (knobs.family not in closest or miss[0] < closest[knobs.family][0]):
-                        base = base or knobs.variant(lora, v == 0)
-                        micro, accum = splits[miss[1]]
-                        closest[knobs.family] = (miss[0], base.with_split(micro_batch=micro, grad_accum=accum,
-                                                                          grad_ckpt=ckpt == 1))
+                        closest[knobs.family] = (miss[0], knobs, lora, v, miss[1], ckpt)  # made at the end
                     if fit is not None:
                         base = base or knobs.variant(lora, v == 0)
                         micro, accum = splits[fit[1]]
-                        largest_fit.append((base.with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1),
-                                            fit[0]))
-    return _with_speeds(largest_fit, model, gpu), {family_label(c): (total, c) for total, c in closest.values()}, searched
+                        config = base.with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1)
+                        largest_fit.append((config, fit[0]))
+                        bound = bounds[config.method]
+                        if fit[0] > bound and fit[1]:  # near the edge, with a smaller micro-batch to try
+                            key = (id(static.screens_as), id(line), bound)
+                            safe = safer.get(key, ())
+                            if safe == ():
+                                safe = safer[key] = _largest_under(static, at, fit[1], bound, caching)
+                            if safe is not None:
+                                micro, accum = splits[safe[1]]
+                                safe_splits.append((config.with_split(micro_batch=micro, grad_accum=accum), safe[0]))
+    misses = {}
+    for total, knobs, lora, v, split, ckpt in closest.values():
+        micro, accum = splits[split]
+        config = knobs.variant(lora, v == 0).with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1)
+        misses[family_label(config)] = (total, config)
+    return _with_speeds(largest_fit + safe_splits, model, gpu), misses, searched
 
 
 def _with_speeds(largest_fit: list[tuple[TrainConfig, int]], model: ModelSpec, gpu: GPUSpec) -> list[tuple]:
@@ -517,6 +538,28 @@ def _with_speeds(largest_fit: list[tuple[TrainConfig, int]], model: ModelSpec, g
     speeds = ThroughputMemo(model, gpu)  # the throughput model's shared terms, for this search
     return [(config, Speed(tokens_per_second(config, speeds.step_seconds(config))), total)
             for config, total in largest_fit]
+
+
+def _largest_under(static: _Static, at: list[tuple[int, ...]], below: int, bound: int,
+                   caching: bool) -> tuple[int, int] | None:
+    """(total, index) of the largest split before ``below`` whose process total is at most
+    ``bound``, or None: what scanning the splits from ``below`` - 1 down finds, by bisection, as
+    ``_fit_and_miss`` finds the largest fit (the splits before a fit's all accumulate, and along
+    them the peak never falls)."""
+    accumulating = static.parts[1]
+    ceiling = static.ceilings.get(bound)
+    if ceiling is None:
+        ceiling = static.ceilings[bound] = (largest_peak(bound, static=static.resident, fixed=static.fixed)
+                                            if caching else bound)
+    lo, hi, lo_peak = -1, below, 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        peak = max(map(add, accumulating, at[mid]))
+        if peak <= ceiling:
+            lo, lo_peak = mid, peak
+        else:
+            hi = mid
+    return (static.total(lo_peak, caching), lo) if lo >= 0 else None
 
 
 def _fit_and_miss(static: _Static, at: list[tuple[int, ...]], usable: int, cpu_mem: int,
@@ -571,7 +614,8 @@ class Screened(NamedTuple):
     """What ``screen`` found: the fitting plans and each family's closest miss, for the ranking."""
 
     fitting: list[tuple]
-    """(config, speed, screened process total) of each combination's largest fitting split."""
+    """(config, speed, screened process total) of each combination's largest fitting split, then
+    of each near-the-edge one's largest safe split (``_screen``)."""
     closest: dict[str, tuple[int, TrainConfig]]
     """Each family's closest miss (``family_label``): (screened process total, config)."""
     searched: int

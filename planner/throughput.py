@@ -365,8 +365,10 @@ class ThroughputMemo:
         #  bytes) -> the micro-step's work at any micro-batch; + (precision,) -> its seconds on this device
         self._work: dict[tuple, MicroTerms] = {}
         self._micro: dict[tuple, PricedTerms] = {}
-        # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter, AMP casts)
+        # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter, AMP casts);
+        # the rates read the precision only
         self._device: dict[tuple, tuple[_Rates, float, bool]] = {}
+        self._rates: dict[Precision, _Rates] = {}
 
     def breakdown(self, config: TrainConfig) -> dict[str, float]:
         """``step_breakdown(model=, config=, gpu=, utilization=)``, the same floats."""
@@ -380,8 +382,10 @@ class ThroughputMemo:
         key = (config.method, config.precision, config.optimizer, config.sharding)
         device = self._device.get(key)
         if device is None:
-            device = self._device[key] = (_rates(self.gpu, config.precision, self.utilization),
-                                          _update_bytes_per_param(config), casts_weights(config))
+            rates = self._rates.get(config.precision)
+            if rates is None:
+                rates = self._rates[config.precision] = _rates(self.gpu, config.precision, self.utilization)
+            device = self._device[key] = (rates, _update_bytes_per_param(config), casts_weights(config))
         adapters = (config.method, config.lora_r, config.lora_targets)
         trainable = self._trainable.get(adapters)
         if trainable is None:

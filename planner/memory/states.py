@@ -7,7 +7,6 @@ bytes/param" rule (shared/seeds/001).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 from planner.config import Method, TrainConfig
@@ -21,11 +20,27 @@ from planner.optim import OPTIMIZERS
 _FULL = TrainConfig(method=Method.FULL)
 
 
-@functools.lru_cache(maxsize=256)
+#: ``_model_terms`` by the model's identity, with the model, so no other takes its id while its
+#: entry lives: the search asks once per static key, and hashing a ModelSpec (every field) took
+#: longer than the terms themselves (6 us a call for Llama-2-7b, 516 calls an every-precision suggest)
+_MODEL_TERMS: dict[int, tuple[ModelSpec, tuple[int, ...], int]] = {}
+_MODEL_TERMS_KEPT = 64
+
+
+def _model_terms(model: ModelSpec) -> tuple[ModelSpec, tuple[int, ...], int]:
+    """(model, ``base_tensor_sizes``, ``quantized_linear_params``) of ``model``, remembered."""
+    hit = _MODEL_TERMS.get(id(model))
+    if hit is None or hit[0] is not model:
+        if len(_MODEL_TERMS) >= _MODEL_TERMS_KEPT:
+            _MODEL_TERMS.clear()
+        hit = _MODEL_TERMS[id(model)] = (model, param_tensor_sizes(model, _FULL), quantized_linear_params(model))
+    return hit
+
+
 def base_tensor_sizes(model: ModelSpec) -> tuple[int, ...]:
     """Element counts of the base model's parameter tensors, trainable or frozen (what a scheme
     that partitions every parameter, ZeRO-3, splits: ``ShardingSpec.model_states``)."""
-    return param_tensor_sizes(model, _FULL)
+    return _model_terms(model)[1]
 
 
 def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | None = None,
@@ -38,7 +53,7 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | No
     param_bytes = trainable_bytes(config.method, mode)
     out: dict[str, int] = {}
     if config.method is Method.QLORA:
-        q = quantized_linear_params(model)
+        q = _model_terms(model)[2]  # quantized_linear_params
         out["weights/nf4"] = int(nf4_bytes(q))
         out["weights/unquantized"] = (model.params_total - q) * FP32
     else:

@@ -219,14 +219,17 @@ def static_sizes(static: StaticTerms, *, accumulating: bool, head_grads: int = 0
     """``static``'s sizes as the moments read them; ``head_grads`` and ``down_grads``: the head's
     and the last block's MLP output projection's gradients (``first_block_gradients``)."""
     every = static.gradients
+    # by position, in the fields' order (a named tuple's keyword call parses its keywords in Python:
+    # twice as long, and the search makes two per static key)
     return StaticSizes(
-        gradients=every, gradients_forward=every if accumulating else 0,
-        gradients_head=every if accumulating else head_grads,
-        gradients_block=every if accumulating else head_grads + down_grads,
-        gathered=static.gathered, held=static.held, reducing=static.reducing, reducing_end=static.reducing_end,
-        tied_partials=static.tied_gradient_sum,
-        gradient_flatten=static.zero_gradient_flatten, optimizer_gradients=static.optimizer_gradients,
-        optimizer_step=static.optimizer_step,
+        every,  # gradients
+        every if accumulating else 0,  # gradients_forward
+        every if accumulating else head_grads,  # gradients_head
+        every if accumulating else head_grads + down_grads,  # gradients_block
+        static.gathered, static.held, static.reducing, static.reducing_end,
+        static.tied_gradient_sum,  # tied_partials
+        static.zero_gradient_flatten,  # gradient_flatten
+        static.optimizer_gradients, static.optimizer_step,
     )
 
 

@@ -441,13 +441,15 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     if not grads_exist:
         grads.append(b.alloc("gradients", s.down_gradients, where, _grain(g and g.down, s.down_gradients)))
     _instant(b, s, "first_block_backward", marks, where)
+    # every block but the last makes its whole share of the gradients, each split alike (once a step)
+    block_grain = None if grads_exist else _grain(g and g.block, s.block_gradients)
     for k in reversed(range(layers)):
         where = f"{label}backward block {k + 1}"
         b.free_all(blocks[k] + (embeddings if k == 0 else []), where)
         if not grads_exist:
             made = s.down_gradients if k == layers - 1 else 0
-            tensors = g and (g.block[len(g.down):] if made else g.block)
-            grads.append(b.alloc("gradients", s.block_gradients - made, where, _grain(tensors, s.block_gradients - made)))
+            grain = _grain(g and g.block[len(g.down):], s.block_gradients - made) if made else block_grain
+            grads.append(b.alloc("gradients", s.block_gradients - made, where, grain))
     where = f"{label}end of backward"
     if not grads_exist:
         rest = s.static.gradients - s.block_gradients * layers - s.head_gradients

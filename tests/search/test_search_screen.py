@@ -253,8 +253,9 @@ def test_configurations_of_one_static_key_have_equal_terms(model_id, gpu_name, g
 def test_the_screen_shares_results_only_between_equal_terms(n):
     """``_screen`` screens once per value of the terms (the memo hands out one object per value):
     its fitting plans and each family's closest miss are what screening every combination with a
-    memo of its own finds."""
-    from planner.search import _rows, _screen, family_label
+    memo of its own finds; after the fits come, in their order, the near-the-edge fits' largest
+    safe splits, what a scan of every smaller split finds."""
+    from planner.search import _rows, _screen, family_label, safe_bound
 
     model_id, gpu_name, batch, seq, gpus, cpu_mem = REQUESTS[n]
     model, gpu = resolve_model(model_id), get_gpu(gpu_name)
@@ -271,6 +272,18 @@ def test_the_screen_shares_results_only_between_equal_terms(n):
             fits.append((base.with_split(micro_batch=splits[fit[1]][0], grad_accum=splits[fit[1]][1]), fit[0]))
         if miss is not None and (family_label(base) not in misses or miss[0] < misses[family_label(base)][0]):
             misses[family_label(base)] = (miss[0], base.with_split(micro_batch=splits[miss[1]][0], grad_accum=splits[miss[1]][1]))
-    assert [(config, total) for config, _, total in fitting] == fits
+    safes = []
+    for config, total in fits:
+        if total <= safe_bound(config.method, gpu) or config.micro_batch == 1:
+            continue
+        per_device = config.micro_batch * config.grad_accum
+        smaller = [(m, per_device // m) for m in range(config.micro_batch - 1, 0, -1) if per_device % m == 0]
+        for (micro, accum), (safe, _) in zip(smaller, totals_by_split(model=model, config=config, gpu=gpu,
+                                                                       splits=smaller)):
+            if safe <= safe_bound(config.method, gpu):
+                safes.append((config.with_split(micro_batch=micro, grad_accum=accum), safe))
+                break
+    assert [(config, total) for config, _, total in fitting] == fits + safes
+    assert safes or n == 1  # (the offload request's fits are far from the edge)
     assert closest == misses
     assert searched == sum(len(splits) for _, splits in combinations)
