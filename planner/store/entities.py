@@ -138,13 +138,24 @@ class StoredCandidate:
         """The most recent measurement, or None when it was never run."""
         return self.measurements[-1] if self.measurements else None
 
+    def run_dict(self, run: StoredMeasurement) -> dict[str, Any]:
+        """One of its runs as JSON, each rank's peak beside the prediction (the memory model
+        predicts the peak of every rank alike: ``MemoryEstimate`` is per device)."""
+        predicted = self.candidate.memory.peak_allocated_bytes
+        data = run.to_dict()
+        for rank in data["ranks"]:
+            measured = rank["peak_allocated_bytes"]
+            rank["predicted_peak_allocated_bytes"] = predicted
+            rank["peak_error_pct"] = round(100.0 * (predicted - measured) / measured, 2) if measured else None
+        return data
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "position": self.position,
             **self.candidate.to_dict(),
             "label": self.candidate.config.label(),
-            "measurements": [m.to_dict() for m in self.measurements],
+            "measurements": [self.run_dict(m) for m in self.measurements],
         }
 
 
