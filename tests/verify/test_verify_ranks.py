@@ -91,15 +91,24 @@ def ray_here(monkeypatch):
 
 
 def _two_rank_plan(tiny_config, *schemes: str):
-    """A stored-to-be plan of the tiny llama on 2 CPU ranks: per scheme its fp32 SGD candidate."""
+    """A stored-to-be plan of the tiny llama on 2 CPU ranks: per scheme its fp32 SGD candidate
+    (DDP's, which the search ranks below 8-bit AdamW, estimated from FSDP2's configuration)."""
+    from planner.memory import estimate_memory
     from planner.planning import SuggestRequest, make_plan
+    from planner.results import Candidate
+    from planner.throughput import estimate_throughput
 
     picked = []
     for scheme in schemes:
         planned = make_plan(SuggestRequest(model=str(tiny_config), gpu="cpu", gpus=2, target_batch=4, seq_len=64,
-                                           schemes=(scheme,), method="full", precision="fp32", allow_offload=False,
-                                           top_k=20))
+                                           schemes=("fsdp2" if scheme == "ddp" else scheme,), method="full",
+                                           precision="fp32", allow_offload=False, top_k=20))
         [one] = [c for c in planned.result.plans if str(c.config.optimizer) == "sgd"][:1]
+        if scheme == "ddp":
+            config = one.config.replace(zero=0)
+            one = Candidate(config=config, memory=estimate_memory(model=planned.spec, config=config, gpu=planned.device),
+                            throughput=estimate_throughput(model=planned.spec, config=config, gpu=planned.device),
+                            fits=True)
         picked.append(replace(one, rank=len(picked) + 1))
     return planned, replace(planned.result, plans=tuple(picked))
 
@@ -132,7 +141,7 @@ def _nothing_left(ray, plan_id: str, *, within_s: float = 30) -> None:
 
 
 @pytest.mark.slow
-def test_an_fsdp2_and_a_zero2_candidate_are_verified_by_two_ranks_each(ray_here, cli, tiny_config):
+def test_fsdp2_zero2_and_ddp_candidates_are_verified_by_two_ranks_each(ray_here, cli, tiny_config):
     pytest.importorskip("deepspeed")
     from fastapi.testclient import TestClient
 
@@ -142,19 +151,21 @@ def test_an_fsdp2_and_a_zero2_candidate_are_verified_by_two_ranks_each(ray_here,
     from planner.store import PlanStatus, default_database_url, open_store
     from planner.verify.driver import RunState, VerifyOptions, verify_plan
 
-    planned, result = _two_rank_plan(tiny_config, "fsdp2", "zero2")
-    assert [c.config.sharding.scheme for c in result.plans] == ["fsdp2", "zero2"]
+    planned, result = _two_rank_plan(tiny_config, "fsdp2", "zero2", "ddp")
+    assert [c.config.sharding.scheme for c in result.plans] == ["fsdp2", "zero2", "ddp"]
     started = time.monotonic()
     with open_store() as store:
         plan_id = store.save_plan(result=result)
         report = verify_plan(store=store, plan_id=plan_id, gpu=planned.device, model_config=planned.spec.config,
-                             options=VerifyOptions(top=2, steps=2))
+                             options=VerifyOptions(top=3, steps=2))
         plan = store.get_plan(plan_id=plan_id)
     took = time.monotonic() - started
-    assert [r.state for r in report.runs] == [RunState.FITS, RunState.FITS], [r.note for r in report.runs]
+    assert [r.state for r in report.runs] == [RunState.FITS] * 3, [r.note for r in report.runs]
     assert plan.status is PlanStatus.VERIFIED
     for stored in plan.candidates:
         run = stored.latest
+        print(stored.candidate.config.label(), stored.candidate.memory.peak_allocated_bytes,
+              [r.peak_allocated_bytes for r in run.ranks], [r.step_s for r in run.ranks])
         assert len(run.ranks) == 2 and all(str(r.outcome) == "ok" and r.peak_allocated_bytes > 0 for r in run.ranks)
         assert run.measurement.peak_allocated_bytes == max(r.peak_allocated_bytes for r in run.ranks)
         assert run.worst_rank in (0, 1) and "ray node" in run.ranks[0].node
@@ -166,7 +177,7 @@ def test_an_fsdp2_and_a_zero2_candidate_are_verified_by_two_ranks_each(ray_here,
 
     # planner show: text and --json; the verification's JSON; the HTTP answer
     text = cli("show", plan_id).out
-    assert text.count("rank 0 peak allocated") == 2 and text.count("rank 1 peak allocated") == 2 and "(worst)" in text
+    assert text.count("rank 0 peak allocated") == 3 and text.count("rank 1 peak allocated") == 3 and "(worst)" in text
     shown = json.loads(cli("show", plan_id, "--json").out)
     for candidate, stored in zip(shown["candidates"], plan.candidates):
         [run] = candidate["measurements"]
@@ -177,11 +188,11 @@ def test_an_fsdp2_and_a_zero2_candidate_are_verified_by_two_ranks_each(ray_here,
             p, m = r["predicted_peak_allocated_bytes"], r["peak_allocated_bytes"]
             assert r["peak_error_pct"] == round(100 * (p - m) / m, 2)
     runs = verification_dict(plan)["runs"]
-    assert [len(r["ranks"]) for r in runs] == [2, 2] and all("peak_error_pct" in k for r in runs for k in r["ranks"])
+    assert [len(r["ranks"]) for r in runs] == [2, 2, 2] and all("peak_error_pct" in k for r in runs for k in r["ranks"])
     with TestClient(create_app(ServiceSettings(database_url=default_database_url()))) as api:
         answered = api.get(f"/v1/plans/{plan_id}").json()
     assert answered["candidates"] == shown["candidates"]
-    print(f"2 candidates x 2 ranks verified in {took:.1f} s")
+    print(f"3 candidates x 2 ranks verified in {took:.1f} s")
 
 
 def _kill_rank(marker: str, rank: str, found: dict, *, deadline_s: float = 300) -> None:
