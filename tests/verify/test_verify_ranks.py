@@ -73,6 +73,32 @@ def test_a_failed_run_names_its_rank_and_the_ranks_it_stopped():
     assert str(ranks[0].outcome) == "error" and ranks[0].error == "stopped: rank 1 failed the run first"
 
 
+def test_the_tables_show_each_ranks_peak_against_the_prediction(tiny_config):
+    """``planner show``'s comparison and ``suggest --verify``'s table: one row per rank, the worst
+    marked, each against the per-device prediction; a failed rank shows its cause."""
+    from rich.console import Console
+
+    from planner.cli.store import comparison_table
+    from planner.cli.verify_view import verification_table
+    from planner.store import open_store
+
+    planned, result = _two_rank_plan(tiny_config, "fsdp2")
+    predicted = result.plans[0].memory.peak_allocated_bytes
+    low = Measurement(outcome="ok", device="cpu", peak_allocated_bytes=predicted // 2, step_s=0.1)
+    high = replace(low, peak_allocated_bytes=predicted * 2)
+    with open_store() as store:
+        plan_id = store.save_plan(result=result)
+        [stored] = store.get_plan(plan_id=plan_id).candidates
+        store.record_measurement(candidate_id=stored.id, measurement=high, ranks=(low, high))
+        plan = store.get_plan(plan_id=plan_id)
+    console = Console(record=True, width=250)
+    console.print(verification_table(plan, answer=0, reserved=False))
+    console.print(comparison_table([(1, plan.candidates[0])], title="t"))
+    text = console.export_text()
+    assert "rank 0 " in text and "rank 1 (worst)" in text and "rank 1 peak allocated (worst)" in text
+    assert text.count("+100.0%") == 2 and text.count("-50.0%") == 4  # rank 0 twice; rank 1 and the run twice
+
+
 # ---- real ranks on an embedded Ray ---------------------------------------------------------
 @pytest.fixture
 def ray_here(monkeypatch):
