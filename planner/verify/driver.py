@@ -15,7 +15,6 @@ import enum
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from planner.errors import InvalidConfigError, StatusTransitionError
@@ -130,21 +129,6 @@ class VerificationReport:
 ProgressFn = Callable[[tuple[RunReport, ...], float], None]
 
 
-def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def crashed(exc: BaseException, *, device: str) -> Measurement:
-    """The measurement of a run whose Ray worker died or raised: outcome ``error``, with why."""
-    from ray.exceptions import RayTaskError
-
-    if isinstance(exc, RayTaskError):
-        what = f"the run raised {str(exc).strip().splitlines()[-1]}"
-    else:
-        what = f"the Ray worker process running it died ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'})"
-    return Measurement(outcome=RunOutcome.ERROR, device=device, started_at=_now_iso(), finished_at=_now_iso(), error=what)
-
-
 class _Runs:
     """The mutable state of one verification: what runs, what is queued, what ended."""
 
@@ -171,6 +155,7 @@ class _Runs:
         return self.plan.request.gpu_memory_bytes
 
     def submit_more(self) -> None:
+        from planner.verify.ranks import submit_ranks
         from planner.verify.runs import RunSpec, submit_run
 
         while self.pending and self.fitted + len(self.running) < self.options.top:
@@ -179,7 +164,9 @@ class _Runs:
             spec = RunSpec(key=f"{self.plan.id}:{stored.id}", model_config=self.model_config,
                            config=stored.candidate.config, device=self.device, steps=self.options.steps,
                            timeout_s=self.options.timeout_s, memory_limit_bytes=self._limit())
-            run = submit_run(spec, gpu=self.gpu, gpus=self.gpus, board=self.board)
+            # one rank: a task; N GPUs: N ranks, whatever the sharding (DDP, ZeRO, FSDP2)
+            submit = submit_ranks if self.gpus > 1 else submit_run
+            run = submit(spec, gpu=self.gpu, gpus=self.gpus, board=self.board)
             self.running.update((ref, (stored, run)) for ref in run.refs)
             self.reports[stored.position] = RunReport(position=stored.position, label=label, state=RunState.QUEUED)
 
@@ -315,5 +302,5 @@ def current_job_id() -> str | None:
         return None
 
 
-__all__ = ["LEASE_S", "RunReport", "RunState", "VerificationReport", "VerifyOptions", "check_run_limits", "crashed",
+__all__ = ["LEASE_S", "RunReport", "RunState", "VerificationReport", "VerifyOptions", "check_run_limits",
            "current_job_id", "verify_plan"]

@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any
 from planner.results import Measurement, RunOutcome
 from planner.store.entities import STOPPED_PREFIX
 from planner.verify.accelerators import ray_accelerator
+from planner.verify.runs import DRIVER_ONLY_ENV, RunSpec, crashed
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.gpus import GPUSpec
-    from planner.verify.runs import RunSpec
 
 
 def rank_bundles(*, gpu: "GPUSpec", gpus: int) -> list[dict[str, float]]:
@@ -94,7 +94,6 @@ class RankWorker:
 
         import workers
         from planner.config import TrainConfig
-        from planner.verify.runs import DRIVER_ONLY_ENV
         from workers.runner import RUN_ENV_MARKER
 
         for name in DRIVER_ONLY_ENV:  # the job's database reference is the driver's alone
@@ -118,7 +117,7 @@ class RankedRun:
     """One run's N ranks as the driver follows them: their actors, their results so far, the
     rank that failed the run."""
 
-    run: "RunSpec"
+    run: RunSpec
     tokens_per_step: int
     """Tokens of one optimizer step over all ranks (``TrainConfig.global_batch`` x ``seq_len``)."""
     group: Any
@@ -142,8 +141,6 @@ class RankedRun:
 
             measurement = replace(measurement, node=out["node"])
         except RayError as exc:
-            from planner.verify.driver import crashed
-
             measurement = crashed(exc, device=self.run.device)
         self.results[rank] = measurement
         if measurement.outcome is not RunOutcome.OK:
@@ -192,7 +189,7 @@ class RankedRun:
                        started_at=min(r.started_at for r in ranks), finished_at=max(r.finished_at for r in ranks)), ranks
 
 
-def submit_ranks(run: "RunSpec", *, gpu: "GPUSpec", gpus: int, board: Any) -> RankedRun:
+def submit_ranks(run: RunSpec, *, gpu: "GPUSpec", gpus: int, board: Any) -> RankedRun:
     """Start one run of ``gpus`` ranks (``RankedRun``); the driver follows its ``refs``."""
     import ray
     from ray.util.placement_group import placement_group

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from planner.results import Measurement
+from planner.results import Measurement, RunOutcome
 from planner.store.engine import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from planner.verify.accelerators import run_resources
 from workers.runner import RUN_ENV_MARKER
@@ -23,7 +23,6 @@ from workers.runner import RUN_ENV_MARKER
 if TYPE_CHECKING:  # pragma: no cover
     from planner.config import TrainConfig
     from planner.gpus import GPUSpec
-    from planner.verify.ranks import RankedRun
 
 #: What a run's worker process drops from the environment the job gave it: the database
 #: reference (``planner.verify.jobs.job_database``) is for the job's driver, which alone writes
@@ -95,6 +94,21 @@ def new_board() -> Any:
     return ray.remote(num_cpus=0)(Board).remote()
 
 
+def crashed(exc: BaseException, *, device: str) -> Measurement:
+    """The measurement of a run (or a rank) whose Ray worker died or raised: outcome ``error``,
+    with why."""
+    from ray.exceptions import RayTaskError
+
+    from workers.runner import _now
+
+    if isinstance(exc, RayTaskError):
+        what = f"the run raised {str(exc).strip().splitlines()[-1]}"
+    else:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "no detail"
+        what = f"the Ray worker process running it died ({type(exc).__name__}: {first})"
+    return Measurement(outcome=RunOutcome.ERROR, device=device, started_at=_now(), finished_at=_now(), error=what)
+
+
 @dataclass(eq=False)
 class OneRun:
     """A run of one rank as the driver follows it (``planner.verify.ranks.RankedRun`` is the one
@@ -115,8 +129,6 @@ class OneRun:
             self.measurement = replace(Measurement.from_dict(out["measurement"]),
                                        node=f"{out['hostname']} (ray node {out['node_id'][:8]})")
         except RayError as exc:
-            from planner.verify.driver import crashed
-
             self.measurement = crashed(exc, device=self.run.device)
         return True
 
@@ -128,18 +140,15 @@ class OneRun:
         return self.measurement, ()
 
 
-def submit_run(run: RunSpec, *, gpu: "GPUSpec", gpus: int, board: Any) -> "OneRun | RankedRun":
-    """Start one run: on one GPU (or the CPU) a task (``OneRun``); on several, one rank per GPU
-    (``planner.verify.ranks.submit_ranks``)."""
+def submit_run(run: RunSpec, *, gpu: "GPUSpec", gpus: int, board: Any) -> OneRun:
+    """Start a run of one rank, on one GPU (or the CPU), as a task (``OneRun``); a run of several
+    GPUs is ``planner.verify.ranks.submit_ranks``'s."""
     import ray
 
-    if gpus > 1:
-        from planner.verify.ranks import submit_ranks
-
-        return submit_ranks(run, gpu=gpu, gpus=gpus, board=board)
+    assert gpus == 1, "a run of several GPUs is one rank per GPU (planner.verify.ranks)"
     task = ray.remote(max_calls=1)(run_on_worker)  # max_calls is refused by .options()
     options: dict[str, Any] = {"max_retries": 0, "retry_exceptions": False, **run_resources(gpu=gpu, gpus=gpus)}
     return OneRun(run=run, refs=[task.options(**options).remote(run.to_job(), board)])
 
 
-__all__ = ["DRIVER_ONLY_ENV", "RUN_ENV_MARKER", "Board", "OneRun", "RunSpec", "new_board", "run_on_worker", "submit_run"]
+__all__ = ["DRIVER_ONLY_ENV", "RUN_ENV_MARKER", "Board", "OneRun", "RunSpec", "crashed", "new_board", "run_on_worker", "submit_run"]
