@@ -266,3 +266,21 @@ def test_a_rank_killed_mid_run_fails_the_run_naming_it_and_leaves_nothing(ray_he
     assert run.ranks[0].error == "stopped: rank 1 failed the run first" or str(run.ranks[0].outcome) == "ok"
     assert plan.status is PlanStatus.FAILED and "#1 error (rank 1 of 2: measurement process killed by SIGKILL" in plan.status_reason
     _nothing_left(ray_here, plan_id)
+
+
+@pytest.mark.slow
+def test_more_ranks_than_a_node_has_cpus_is_refused_at_once(ray_here, tiny_config):
+    """3 ranks of one CPU each on a 2-CPU Ray: the placement group could never be placed, so the
+    verification is refused before anything runs, naming what the cluster has."""
+    from planner.errors import NoMatchingNodeError
+    from planner.planning import SuggestRequest, make_plan
+    from planner.store import PlanStatus, open_store
+    from planner.verify.driver import VerifyOptions, verify_plan
+
+    planned = make_plan(SuggestRequest(model=str(tiny_config), gpu="cpu", gpus=3, target_batch=3, seq_len=64, top_k=1))
+    with open_store() as store:
+        plan_id = store.save_plan(result=planned.result)
+        with pytest.raises(NoMatchingNodeError, match=r"has 3 CPUs \(one per rank\) for --gpu cpu: it has CPUs only \(2\)"):
+            verify_plan(store=store, plan_id=plan_id, gpu=planned.device, model_config=planned.spec.config,
+                        options=VerifyOptions(top=1, steps=2))
+        assert store.get_plan(plan_id=plan_id).status is PlanStatus.PLANNED
