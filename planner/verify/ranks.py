@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from planner.results import Measurement, RunOutcome
@@ -136,10 +136,7 @@ class RankedRun:
         rank = self.refs.index(ref)
         try:
             out = ray.get(ref)
-            measurement = Measurement.from_dict(out["measurement"])
-            from dataclasses import replace
-
-            measurement = replace(measurement, node=out["node"])
+            measurement = replace(Measurement.from_dict(out["measurement"]), node=out["node"])
         except RayError as exc:
             measurement = crashed(exc, device=self.run.device)
         self.results[rank] = measurement
@@ -163,8 +160,6 @@ class RankedRun:
     def outcome(self) -> tuple[Measurement, tuple[Measurement, ...]]:
         """(the run's measurement, each rank's). Failed: the failed rank's, its error naming it; the
         ranks it stopped say so. Fit: the highest peaks of the ranks, the slowest step."""
-        from dataclasses import replace
-
         world = len(self.refs)
         if self.failed is not None:
             cause = self.results[self.failed]
