@@ -33,7 +33,7 @@ def verification_dict(plan: "StoredPlan", report: "VerificationReport | None" = 
         "where": report.where if report else None,
         "elapsed_s": report.elapsed_s if report else None,
         "runs": [
-            {"rank": s.position + 1, "label": s.candidate.config.label(), **s.latest.to_dict()}
+            {"rank": s.position + 1, "label": s.candidate.config.label(), **s.run_dict(s.latest)}
             for s in plan.candidates if s.latest is not None
         ],
         "skipped": [{"rank": r.position + 1, "label": r.label, "reason": r.note}

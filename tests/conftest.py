@@ -7,7 +7,7 @@ import pytest
 #: test files that start Ray (embedded ``ray.init()`` or a ``ray start --head`` of their own): run
 #: in one pytest-xdist worker, one after the other, so that no two Ray clusters share the 2-core
 #: machine and an embedded ``ray.init()`` never meets another test's head
-RAY_FILES = frozenset({"test_verify.py", "test_api_verify.py", "test_verify_secrets.py"})
+RAY_FILES = frozenset({"test_verify.py", "test_api_verify.py", "test_verify_secrets.py", "test_verify_ranks.py"})
 
 
 def pytest_collection_modifyitems(config, items):

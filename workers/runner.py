@@ -20,6 +20,7 @@ the memory model predicts. Going over the limit is outcome ``oom`` with the erro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from planner.config import TrainConfig
 from planner.results import Measurement, RunOutcome
@@ -66,8 +67,11 @@ def measure_with_details(
     memory_limit_bytes: int | None = None,
     checkpoint_dir: str | None = None,
     seed: int = 0,
+    rendezvous: Mapping[str, str] | None = None,
 ) -> tuple[Measurement, dict[str, Any]]:
-    """``measure`` plus the run's details (peak breakdown by category, phase, parameter counts)."""
+    """``measure`` plus the run's details (peak breakdown by category, phase, parameter counts).
+    ``rendezvous``: this process is one rank of several (``DISTRIBUTED_ENV``'s variables, as a
+    launcher sets them: ``planner.verify.ranks`` gives each rank's); else a rank of its own."""
     from workers.train import _check_args
 
     _check_args(model_config=model_config, device=device, steps=steps, memory_limit_bytes=memory_limit_bytes)
@@ -84,7 +88,8 @@ def measure_with_details(
         "checkpoint_dir": checkpoint_dir,
         "seed": seed,
     }
-    return run_job(job, timeout_s=timeout_s, device=device, deepspeed=config.sharding.spec.library == "deepspeed")
+    return run_job(job, timeout_s=timeout_s, device=device, deepspeed=config.sharding.spec.library == "deepspeed",
+                   rendezvous=rendezvous)
 
 
 def _now() -> str:
@@ -116,17 +121,53 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
 DISTRIBUTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def run_job(job: dict[str, Any], *, timeout_s: float, device: str = "cpu", deepspeed: bool = False) -> tuple[Measurement, dict[str, Any]]:
-    """Run one child-process job (see ``workers.child``); never raises for what the child does."""
+def distributed_env(rendezvous: Mapping[str, str]) -> dict[str, str]:
+    """``rendezvous`` checked: exactly ``DISTRIBUTED_ENV``'s variables, as strings."""
+    assert set(rendezvous) == set(DISTRIBUTED_ENV), f"a rank's rendezvous names {sorted(rendezvous)}"
+    return {name: str(rendezvous[name]) for name in DISTRIBUTED_ENV}
+
+
+@contextlib.contextmanager
+def distributed_env_kept() -> Iterator[None]:
+    """Put ``DISTRIBUTED_ENV``'s variables back as they were after the block: an in-process run
+    joins a process group of one rank (``planner.sharding.spec.join_process_group``), which
+    setdefaults ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` in
+    ``os.environ``; left there, a later measurement would read a port long gone."""
+    saved = {name: os.environ.get(name) for name in DISTRIBUTED_ENV}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def run_in_process(**kwargs: Any) -> tuple[Measurement, dict[str, Any]]:
+    """``workers.train.run_in_process`` (the same keywords) with the distributed environment as it
+    was before (``distributed_env_kept``)."""
+    from workers.train import run_in_process as train_here
+
+    with distributed_env_kept():
+        return train_here(**kwargs)
+
+
+def run_job(job: dict[str, Any], *, timeout_s: float, device: str = "cpu", deepspeed: bool = False,
+            rendezvous: Mapping[str, str] | None = None) -> tuple[Measurement, dict[str, Any]]:
+    """Run one child-process job (see ``workers.child``); never raises for what the child does.
+    ``rendezvous``: the child is that rank of a process group (``distributed_env``)."""
     from workers.train import library_versions
 
     started = _now()
     env = child_env(os.environ)
     env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    # The child is one rank of its own: a launcher's (or an in-process run's) rendezvous would
-    # make it join another process group or bind a port that is already taken.
+    # Without a rendezvous the child is one rank of its own: a launcher's (or an in-process
+    # run's) would make it join another process group or bind a port that is already taken.
     for name in DISTRIBUTED_ENV:
         env.pop(name, None)
+    if rendezvous is not None:
+        env.update(distributed_env(rendezvous))
     if device == "cpu":
         env.setdefault("DS_ACCELERATOR", "cpu")
     sweep_orphaned_job_dirs()
@@ -221,4 +262,5 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-__all__ = ["RUN_ENV_MARKER", "child_env", "measure", "measure_with_details", "run_job", "sweep_orphaned_job_dirs"]
+__all__ = ["DISTRIBUTED_ENV", "RUN_ENV_MARKER", "child_env", "distributed_env", "distributed_env_kept", "measure",
+           "measure_with_details", "run_in_process", "run_job", "sweep_orphaned_job_dirs"]

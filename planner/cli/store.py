@@ -96,6 +96,13 @@ def comparison_table(candidates: "list[tuple[int, StoredCandidate]]", *, title: 
             if m.error:
                 first = m.error.strip().splitlines()[0][:80] if m.error.strip() else ""
                 table.add_row("", "", "", "", "error", "", _cell(first), "")
+            for rank, r in enumerate(run.ranks):
+                worst = " (worst)" if rank == run.worst_rank else ""
+                table.add_row("", "", _cell(r.outcome), "", f"rank {rank} peak allocated{worst}",
+                              format_bytes(memory.peak_allocated_bytes),
+                              _cell(format_bytes(r.peak_allocated_bytes) if r.peak_allocated_bytes is not None
+                                    else (r.error or "not measured").strip().splitlines()[0][:80]),
+                              _error_pct(memory.peak_allocated_bytes, r.peak_allocated_bytes))
     return table
 
 

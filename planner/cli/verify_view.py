@@ -106,6 +106,16 @@ def verification_table(plan: "StoredPlan", *, answer: int | None, reserved: bool
         row += [f"{p.throughput.tokens_per_s:,.0f}", f"{m.tokens_per_s:,.0f}" if m.tokens_per_s else "-",
                 _err(p.throughput.tokens_per_s, m.tokens_per_s)]
         table.add_row(*row)
+        for rank, r in enumerate(run.ranks):  # a run of several ranks: each rank's peak, the same prediction
+            worst = " (worst)" if rank == run.worst_rank else ""
+            rank_row = ["", f"  rank {rank}{worst}", str(r.outcome), format_bytes(p.memory.peak_allocated_bytes),
+                        format_bytes(r.peak_allocated_bytes) if r.peak_allocated_bytes else "-",
+                        _err(p.memory.peak_allocated_bytes, r.peak_allocated_bytes)]
+            if reserved:
+                rank_row += [format_bytes(p.memory.peak_reserved_bytes),
+                             format_bytes(r.peak_reserved_bytes) if r.peak_reserved_bytes else "-",
+                             _err(p.memory.peak_reserved_bytes, r.peak_reserved_bytes)]
+            table.add_row(*rank_row, "", "", "")
     return table
 
 

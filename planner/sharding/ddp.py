@@ -6,9 +6,9 @@ Trainer and accelerate launch with ``torchrun`` and no DeepSpeed or FSDP plugin.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from planner.sharding.spec import BreakdownKey, ShardingSpec, ring
+from planner.sharding.spec import BreakdownKey, ShardingSpec, WorkerSetup, join_process_group, ring
 
 
 class DDP(ShardingSpec):
@@ -31,6 +31,25 @@ class DDP(ShardingSpec):
         """One all-reduce of the gradients per step (HF/accelerate skip the sync during
         accumulation): 2·(n-1)/n · trainable · grad bytes (gradients in the parameter dtype)."""
         return 2 * ring(config.gpus) * trainable * grad_bytes
+
+    # ---- the worker (lazy imports: these run in the measurement process only) ----------------
+    def worker_init(self, device: str) -> None:
+        """The run's process group (each rank of a multi-rank verification joins the others':
+        ``planner.verify.ranks``), before the probe starts."""
+        join_process_group(device)
+
+    def worker_setup(self, model: Any, params: list, config: Any, *, device: str,
+                     build_optimizer: Callable[[list], Any], hidden_size: int,
+                     hyperparameters: dict[str, Any]) -> WorkerSetup:
+        """The model wrapped in ``DistributedDataParallel`` (its defaults, as the HF Trainer and
+        accelerate leave them: 25 MB buckets, ``gradient_as_bucket_view=False``, which allocates the
+        flat buckets the ``ddp/buckets`` term counts); the optimizer over the same parameters."""
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = None if device == "cpu" else [torch.device(device).index or 0]
+        engine = DistributedDataParallel(model, device_ids=ids)
+        return WorkerSetup(engine=engine, optimizer=build_optimizer(params), autocast=config.precision.is_mixed)
 
 
 SPECS = (DDP(name="ddp", order=1, zero_stage=0, replicas=True, searched=False,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from sqlalchemy import Engine, and_, case, func, or_, select
 from sqlalchemy.exc import DBAPIError
@@ -100,8 +100,8 @@ def _candidate_row(*, plan_id: str, position: int, candidate: Candidate) -> Cand
     return CandidateRow(**candidate_values(plan_id=plan_id, position=position, candidate=candidate))
 
 
-def _measurement_row(*, candidate_id: str, measurement: Measurement) -> MeasurementRow:
-    return MeasurementRow(**measurement_values(candidate_id=candidate_id, measurement=measurement))
+def _measurement_row(*, candidate_id: str, measurement: Measurement, ranks: Sequence[Measurement] = ()) -> MeasurementRow:
+    return MeasurementRow(**measurement_values(candidate_id=candidate_id, measurement=measurement, ranks=ranks))
 
 
 class Store:
@@ -175,12 +175,13 @@ class Store:
 
         return self._run(work, write=True)
 
-    def record_measurement(self, *, candidate_id: str, measurement: Measurement) -> str:
-        """Store a real run against a stored candidate (id or unique prefix); returns its id."""
+    def record_measurement(self, *, candidate_id: str, measurement: Measurement, ranks: Sequence[Measurement] = ()) -> str:
+        """Store a real run against a stored candidate (id or unique prefix), with each rank's
+        measurement when several ranks ran it; returns its id."""
 
         def work(session: Session) -> str:
             full_id = self._resolve(session, CandidateRow, candidate_id, what="candidate")
-            row = _measurement_row(candidate_id=full_id, measurement=measurement)
+            row = _measurement_row(candidate_id=full_id, measurement=measurement, ranks=ranks)
             session.add(row)
             return row.id
 

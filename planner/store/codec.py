@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from planner.errors import AmbiguousIdError, PlannerError, RecordNotFoundError, UnstorableDataError
 from planner.limits import MAX_HISTORY, check_model_id
@@ -113,8 +113,8 @@ def _timestamp(text: str, *, what: str) -> datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-def measurement_values(*, candidate_id: str, measurement: Measurement) -> dict[str, Any]:
-    """The ``plan_measurements`` row of one real run."""
+def measurement_values(*, candidate_id: str, measurement: Measurement, ranks: Sequence[Measurement] = ()) -> dict[str, Any]:
+    """The ``plan_measurements`` row of one real run (with each rank's, when several ran it)."""
     m = measurement
     return dict(
         id=new_id(),
@@ -124,8 +124,31 @@ def measurement_values(*, candidate_id: str, measurement: Measurement) -> dict[s
         library_versions=canonical_json(dict(m.library_versions), what="the measurement's library versions"),
         started_at=_timestamp(m.started_at, what="started_at"),
         finished_at=_timestamp(m.finished_at, what="finished_at"),
+        ranks=rank_values(ranks),
         **copy_fields(m, MEASUREMENT_FIELDS),
     )
+
+
+#: What the ``ranks`` column keeps of each rank's measurement: the run's own row holds the device
+#: and the library versions, the same for every rank of one run
+RANK_FIELDS = ("outcome", "peak_allocated_bytes", "peak_reserved_bytes", "process_total_bytes", "step_s", "tokens_per_s",
+               "node", "started_at", "finished_at", "error")
+
+
+def rank_values(ranks: Sequence[Measurement]) -> list[dict[str, Any]] | None:
+    """The ``ranks`` column: one object per rank, in rank order, each naming its rank; None for a
+    one-process run."""
+    if not ranks:
+        return None
+    return canonical_json([{"rank": n, **{k: v for k, v in r.to_dict().items() if k in RANK_FIELDS}}
+                           for n, r in enumerate(ranks)], what="the ranks' measurements")
+
+
+def rank_entities(values: list[dict[str, Any]] | None, *, device: str) -> tuple[Measurement, ...]:
+    """The ranks of a stored run, in rank order (none for a one-process run or a row before 0004)."""
+    ordered = sorted(values or (), key=lambda v: v["rank"])
+    assert [v["rank"] for v in ordered] == list(range(len(ordered))), "a run's ranks are 0..N-1"
+    return tuple(Measurement(device=device, **{k: v.get(k) for k in RANK_FIELDS if k in v}) for v in ordered)
 
 
 #: How long a verifying driver may stay silent before its plan is read as failed. The driver
@@ -256,6 +279,7 @@ def measurement_entity(row: Any) -> StoredMeasurement:
             finished_at=_iso(row.finished_at),
             **copy_fields(row, MEASUREMENT_FIELDS),
         ),
+        ranks=rank_entities(row.ranks, device=row.device),
     )
 
 
@@ -272,7 +296,7 @@ def calibration_entity(row: Any) -> "Calibration":
 
 __all__ = [
     "DEFAULT_LEASE_S", "check_page", "expired_values", "id_prefix", "resolved_id", "status_values",
-    "MEASUREMENT_FIELDS", "REQUEST_FIELDS", "calibration_entity", "candidate_entity", "candidate_values", "canonical_json",
+    "MEASUREMENT_FIELDS", "RANK_FIELDS", "REQUEST_FIELDS", "rank_entities", "rank_values", "calibration_entity", "candidate_entity", "candidate_values", "canonical_json",
     "constraints_hash", "copy_fields", "measurement_entity", "measurement_values", "new_id", "plan_entity",
     "request_entity", "request_values", "stale_reason", "stored_candidate", "summary_entity", "utcnow",
 ]

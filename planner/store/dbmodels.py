@@ -195,6 +195,9 @@ class MeasurementRow(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     error: Mapped[str | None] = mapped_column(Text)
+    ranks: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    """Each rank's own measurement, in rank order, when several ranks ran it
+    (``codec.rank_values``); NULL for a one-process run and for runs stored before 0004."""
 
     candidate: Mapped[CandidateRow] = relationship(back_populates="measurements")
 

@@ -85,6 +85,22 @@ class StoredMeasurement:
     recorded_at: datetime
     """When the store received it (timezone-aware UTC)."""
     measurement: Measurement
+    """The run's: on several ranks, the worst rank's peaks and the slowest rank's step, or the
+    cause of the rank that failed it."""
+    ranks: tuple[Measurement, ...] = ()
+    """Each rank's own measurement, in rank order, when several ranks ran it (none for a
+    one-process run)."""
+
+    @property
+    def worst_rank(self) -> int | None:
+        """The rank whose peak allocation is the run's (the highest), or that failed it; None for a
+        one-process run."""
+        if not self.ranks:
+            return None
+        failed = [n for n, r in enumerate(self.ranks) if str(r.outcome) != "ok" and not is_stopped(r)]
+        if failed:
+            return failed[0]
+        return max(range(len(self.ranks)), key=lambda n: (self.ranks[n].peak_allocated_bytes or 0, -n))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,7 +108,19 @@ class StoredMeasurement:
             "candidate_id": self.candidate_id,
             "recorded_at": self.recorded_at.isoformat(),
             **self.measurement.to_dict(),
+            "worst_rank": self.worst_rank,
+            "ranks": [{"rank": n, **r.to_dict()} for n, r in enumerate(self.ranks)],
         }
+
+
+#: The error of a rank the others' failure stopped (``planner.verify.ranks``): the run failed
+#: elsewhere, not in it
+STOPPED_PREFIX = "stopped: "
+
+
+def is_stopped(measurement: Measurement) -> bool:
+    """Whether a rank's measurement says it was stopped because another rank failed."""
+    return (measurement.error or "").startswith(STOPPED_PREFIX)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,13 +138,24 @@ class StoredCandidate:
         """The most recent measurement, or None when it was never run."""
         return self.measurements[-1] if self.measurements else None
 
+    def run_dict(self, run: StoredMeasurement) -> dict[str, Any]:
+        """One of its runs as JSON, each rank's peak beside the prediction (the memory model
+        predicts the peak of every rank alike: ``MemoryEstimate`` is per device)."""
+        predicted = self.candidate.memory.peak_allocated_bytes
+        data = run.to_dict()
+        for rank in data["ranks"]:
+            measured = rank["peak_allocated_bytes"]
+            rank["predicted_peak_allocated_bytes"] = predicted
+            rank["peak_error_pct"] = round(100.0 * (predicted - measured) / measured, 2) if measured else None
+        return data
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "position": self.position,
             **self.candidate.to_dict(),
             "label": self.candidate.config.label(),
-            "measurements": [m.to_dict() for m in self.measurements],
+            "measurements": [self.run_dict(m) for m in self.measurements],
         }
 
 
@@ -262,6 +301,8 @@ _PLAN_ID = re.compile(r"[0-9a-f]{32}")
 
 
 __all__ = [
+    "STOPPED_PREFIX",
+    "is_stopped",
     "HistoryCursor",
     "MeasuredRun",
     "PlanStatus",

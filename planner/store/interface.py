@@ -20,7 +20,7 @@ Callers type against ``PlanStore`` and get one from ``open_plan_store``.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration.values import Calibration
@@ -62,8 +62,11 @@ class PlanStore(Protocol):
         ...
 
     # ---- runs and status -----------------------------------------------------------------
-    def record_measurement(self, *, candidate_id: str, measurement: "Measurement") -> str:
-        """A real run of a stored candidate (id or unique prefix); the run's id."""
+    def record_measurement(self, *, candidate_id: str, measurement: "Measurement",
+                           ranks: "Sequence[Measurement]" = ()) -> str:
+        """A real run of a stored candidate (id or unique prefix); the run's id. ``ranks``: each
+        rank's own measurement, in rank order, when several ranks ran it (``measurement`` is then
+        the run's: the worst rank's peak, or the failed rank's cause)."""
         ...
 
     def record_single_measurement(self, *, request: "PlanRequest", candidate: "Candidate",

@@ -27,7 +27,7 @@ import sqlite3
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import quote
 
 from planner.results import Candidate, Measurement, PlanRequest, PlanResult
@@ -61,13 +61,14 @@ CANDIDATES = ("plan_candidates", (
 MEASUREMENTS = ("plan_measurements", (
     "id", "candidate_id", "recorded_at", "outcome", "device", "peak_allocated_bytes", "peak_reserved_bytes",
     "process_total_bytes", "step_s", "tokens_per_s", "library_versions", "node", "started_at", "finished_at", "error",
+    "ranks",
 ))
 CALIBRATIONS = ("calibrations", (
     "id", "gpu", "created_at", "active", "dropped_at", "measurements", "constants", "defaults", "report",
     "measurement_ids", "planner_version",
 ))
 JSON_COLUMNS = frozenset({"constraints", "rejected", "config", "memory", "throughput", "library_versions",
-                          "constants", "defaults", "report", "measurement_ids"})
+                          "constants", "defaults", "report", "measurement_ids", "ranks"})
 TIME_COLUMNS = frozenset({"created_at", "status_changed_at", "lease_until", "recorded_at", "started_at",
                           "finished_at", "dropped_at"})
 BOOL_COLUMNS = frozenset({"fits", "active"})
@@ -206,12 +207,12 @@ class LiteStore:
 
         return self._guarded(work, write=True)
 
-    def record_measurement(self, *, candidate_id: str, measurement: Measurement) -> str:
+    def record_measurement(self, *, candidate_id: str, measurement: Measurement, ranks: Sequence[Measurement] = ()) -> str:
         """As ``Store.record_measurement``."""
 
         def work(conn: sqlite3.Connection) -> str:
             full_id = self._resolve(conn, CANDIDATES[0], candidate_id, what="candidate")
-            values = codec.measurement_values(candidate_id=full_id, measurement=measurement)
+            values = codec.measurement_values(candidate_id=full_id, measurement=measurement, ranks=ranks)
             _insert(conn, MEASUREMENTS[0], values)
             return values["id"]
 

@@ -13,6 +13,6 @@ VERSION_TABLE = "planner_alembic_version"
 #: The newest revision in migrations/versions (tests/store/test_migrations.py checks it is Alembic's
 #: head). It lets the common case, a database already at head, be confirmed with one SELECT and
 #: without importing Alembic and parsing the migration scripts (~0.15 s of a cold CLI start).
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0004"
 
 __all__ = ["HEAD_REVISION", "VERSION_TABLE"]

@@ -97,9 +97,10 @@ def node_accelerator_types(resources: dict[str, float]) -> list[str]:
 
 
 def node_can_run(resources: dict[str, float], *, gpu: "GPUSpec", gpus: int, cpus: float = 1) -> bool:
-    """Whether a node with these total resources can run one verification run (all its GPUs on
-    that one node, as a placement group with STRICT_PACK asks)."""
-    if resources.get("CPU", 0) < cpus:
+    """Whether a node with these total resources can run one verification run: all its ranks on
+    that one node, as their placement group's STRICT_PACK asks, each rank with ``cpus`` CPUs (and a
+    GPU; on the ``cpu`` profile a rank is its CPUs)."""
+    if resources.get("CPU", 0) < cpus * gpus:
         return False
     accelerator = ray_accelerator(gpu)
     if accelerator is None:

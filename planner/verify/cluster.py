@@ -112,7 +112,8 @@ def check_capacity(*, gpu: "GPUSpec", gpus: int, where: str) -> None:
     if any(node_can_run(n["Resources"], gpu=gpu, gpus=gpus) for n in nodes):
         return
     accelerator = ray_accelerator(gpu)
-    wanted = f"{gpus} x {accelerator.accelerator_type} GPU" if accelerator else "a CPU"
+    wanted = (f"{gpus} x {accelerator.accelerator_type} GPU" if accelerator
+              else f"{gpus} CPUs (one per rank)" if gpus > 1 else "a CPU")
     hint = (
         f"; a node advertises it with: ray start --address HEAD:6379 --num-gpus {gpus} "
         f"--resources '{{\"{accelerator.resource}\": 1}}' (NVIDIA nodes do it by themselves)"

@@ -15,7 +15,6 @@ import enum
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from planner.errors import InvalidConfigError, StatusTransitionError
@@ -130,30 +129,6 @@ class VerificationReport:
 ProgressFn = Callable[[tuple[RunReport, ...], float], None]
 
 
-def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def skip_reason(candidate: "StoredCandidate", *, gpus: int) -> str:
-    """Why a candidate cannot be verified by one measurement process ('' when it can)."""
-    sharding = candidate.candidate.config.sharding
-    if gpus > 1 and not sharding.spec.replicas:
-        return (f"not run: {sharding.spec.words} partitions over {gpus} ranks and the "
-                "measurement worker trains one rank; verify it with planner measure on each rank's share")
-    return ""
-
-
-def _crashed(exc: BaseException, *, device: str) -> Measurement:
-    """The measurement of a run whose Ray worker died or raised: outcome ``error``, with why."""
-    from ray.exceptions import RayTaskError
-
-    if isinstance(exc, RayTaskError):
-        what = f"the run raised {str(exc).strip().splitlines()[-1]}"
-    else:
-        what = f"the Ray worker process running it died ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'})"
-    return Measurement(outcome=RunOutcome.ERROR, device=device, started_at=_now_iso(), finished_at=_now_iso(), error=what)
-
-
 class _Runs:
     """The mutable state of one verification: what runs, what is queued, what ended."""
 
@@ -168,6 +143,7 @@ class _Runs:
         self.board = new_board()
         self.pending = deque(c for c in plan.candidates if c.candidate.fits)
         self.reports: dict[int, RunReport] = {}
+        #: each ref still awaited -> its candidate and its run (a run of N ranks has N refs)
         self.running: dict[Any, tuple["StoredCandidate", Any]] = {}
         self.fitted = 0
 
@@ -179,20 +155,19 @@ class _Runs:
         return self.plan.request.gpu_memory_bytes
 
     def submit_more(self) -> None:
+        from planner.verify.ranks import submit_ranks
         from planner.verify.runs import RunSpec, submit_run
 
         while self.pending and self.fitted + len(self.running) < self.options.top:
             stored = self.pending.popleft()
             label = stored.candidate.config.label()
-            reason = skip_reason(stored, gpus=self.gpus)
-            if reason:
-                self.reports[stored.position] = RunReport(position=stored.position, label=label, state=RunState.SKIPPED, note=reason)
-                continue
             spec = RunSpec(key=f"{self.plan.id}:{stored.id}", model_config=self.model_config,
                            config=stored.candidate.config, device=self.device, steps=self.options.steps,
                            timeout_s=self.options.timeout_s, memory_limit_bytes=self._limit())
-            ref, group = submit_run(spec, gpu=self.gpu, gpus=self.gpus, board=self.board)
-            self.running[ref] = (stored, group)
+            # one rank: a task; N GPUs: N ranks, whatever the sharding (DDP, ZeRO, FSDP2)
+            submit = submit_ranks if self.gpus > 1 else submit_run
+            run = submit(spec, gpu=self.gpu, gpus=self.gpus, board=self.board)
+            self.running.update((ref, (stored, run)) for ref in run.refs)
             self.reports[stored.position] = RunReport(position=stored.position, label=label, state=RunState.QUEUED)
 
     def look(self) -> None:
@@ -200,7 +175,7 @@ class _Runs:
         import ray
 
         started = ray.get(self.board.snapshot.remote())
-        for stored, _group in self.running.values():
+        for stored, _run in {id(r): (s, r) for s, r in self.running.values()}.values():
             seen = started.get(f"{self.plan.id}:{stored.id}")
             if seen is None:
                 continue
@@ -211,22 +186,18 @@ class _Runs:
                 elapsed_s=time.monotonic() - self.began - max(0.0, began_s))
 
     def finish(self, ref: Any) -> None:
-        """Collect one ended run, store its measurement, free its placement group."""
-        import ray
-        from ray.exceptions import RayError
-
-        stored, group = self.running.pop(ref)
-        try:
-            out = ray.get(ref)
-            measurement = Measurement.from_dict(out["measurement"])
-            measurement = replace(measurement, node=f"{out['hostname']} (ray node {out['node_id'][:8]})")
-        except RayError as exc:
-            measurement = _crashed(exc, device=self.device)
-        if group is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(group)
-        self.store.record_measurement(candidate_id=stored.id, measurement=measurement)
+        """One ref is ready: when its run is over (every rank ended, or one failed it), free what
+        the run holds and store its measurement (with each rank's)."""
+        if ref not in self.running:
+            return  # a rank of a run that another rank's failure ended already
+        stored, run = self.running.pop(ref)
+        if not run.take(ref):
+            return  # other ranks still run
+        for other in run.refs:
+            self.running.pop(other, None)
+        run.release()
+        measurement, ranks = run.outcome()
+        self.store.record_measurement(candidate_id=stored.id, measurement=measurement, ranks=ranks)
         state = _STATE_OF_OUTCOME[measurement.outcome]
         self.fitted += state is RunState.FITS
         before = self.reports[stored.position]
@@ -238,6 +209,13 @@ class _Runs:
 
     def snapshot(self) -> tuple[RunReport, ...]:
         return tuple(self.reports[p] for p in sorted(self.reports))
+
+    def release_all(self) -> None:
+        """Stop every run still under way (the driver was interrupted): no rank, actor or
+        placement group outlives the verification."""
+        for _stored, run in {id(r): (s, r) for s, r in self.running.values()}.values():
+            run.release()
+        self.running.clear()
 
 
 def _drive(runs: _Runs, *, on_progress: ProgressFn | None) -> None:
@@ -294,6 +272,7 @@ def verify_plan(*, store: "PlanStore", plan_id: str, gpu: "GPUSpec", model_confi
         try:
             _drive(runs, on_progress=on_progress)
         except BaseException as exc:  # interrupted or broken: the plan must not stay verifying
+            runs.release_all()
             try:
                 store.set_status(plan_id=plan.id, status=PlanStatus.FAILED,
                                  reason=f"verification stopped unfinished: {type(exc).__name__} {exc}".strip())
@@ -323,5 +302,5 @@ def current_job_id() -> str | None:
         return None
 
 
-__all__ = ["LEASE_S", "RunReport", "RunState", "VerificationReport", "VerifyOptions", "check_run_limits", "current_job_id", "skip_reason",
-           "verify_plan"]
+__all__ = ["LEASE_S", "RunReport", "RunState", "VerificationReport", "VerifyOptions", "check_run_limits",
+           "current_job_id", "verify_plan"]

@@ -3,18 +3,21 @@ process on a node of the requested type, with a board the driver reads to show w
 
 ``max_retries=0``: a crashed run is a result, never silently retried. ``max_calls=1``: the Ray
 worker process exits after its run, on top of the measurement's own process, so nothing a run
-allocated (device memory, pinned host buffers) outlives it.
+allocated (device memory, pinned host buffers) outlives it. A candidate of several GPUs runs as
+one rank per GPU instead (``planner.verify.ranks``); the driver follows either kind of run alike
+(``OneRun``, ``RankedRun``: their refs, ``take`` a ready one, ``release``, ``outcome``).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from planner.results import Measurement, RunOutcome
 from planner.store.engine import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
-from planner.verify.accelerators import ray_accelerator, run_resources
+from planner.verify.accelerators import run_resources
 from workers.runner import RUN_ENV_MARKER
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,26 +94,61 @@ def new_board() -> Any:
     return ray.remote(num_cpus=0)(Board).remote()
 
 
-def submit_run(run: RunSpec, *, gpu: "GPUSpec", gpus: int, board: Any) -> tuple[Any, Any]:
-    """Start one run; returns (object ref, placement group or None). Several GPUs are taken on
-    one node through a placement group, which the caller removes when the run ends."""
+def crashed(exc: BaseException, *, device: str) -> Measurement:
+    """The measurement of a run (or a rank) whose Ray worker died or raised: outcome ``error``,
+    with why."""
+    from ray.exceptions import RayTaskError
+
+    from workers.runner import _now
+
+    if isinstance(exc, RayTaskError):
+        what = f"the run raised {str(exc).strip().splitlines()[-1]}"
+    else:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "no detail"
+        what = f"the Ray worker process running it died ({type(exc).__name__}: {first})"
+    return Measurement(outcome=RunOutcome.ERROR, device=device, started_at=_now(), finished_at=_now(), error=what)
+
+
+@dataclass(eq=False)
+class OneRun:
+    """A run of one rank as the driver follows it (``planner.verify.ranks.RankedRun`` is the one
+    of several ranks, with the same methods)."""
+
+    run: RunSpec
+    refs: list[Any]
+    """The task's result: one ref."""
+    measurement: Measurement | None = None
+
+    def take(self, ref: Any) -> bool:
+        """The task ended: keep its measurement (an ``error`` one if its worker died); True."""
+        import ray
+        from ray.exceptions import RayError
+
+        try:
+            out = ray.get(ref)
+            self.measurement = replace(Measurement.from_dict(out["measurement"]),
+                                       node=f"{out['hostname']} (ray node {out['node_id'][:8]})")
+        except RayError as exc:
+            self.measurement = crashed(exc, device=self.run.device)
+        return True
+
+    def release(self) -> None:
+        """Nothing holds on: the task's worker exits after it (``max_calls=1``)."""
+
+    def outcome(self) -> tuple[Measurement, tuple[Measurement, ...]]:
+        assert self.measurement is not None, "outcome() of a run that has not ended"
+        return self.measurement, ()
+
+
+def submit_run(run: RunSpec, *, gpu: "GPUSpec", gpus: int, board: Any) -> OneRun:
+    """Start a run of one rank, on one GPU (or the CPU), as a task (``OneRun``); a run of several
+    GPUs is ``planner.verify.ranks.submit_ranks``'s."""
     import ray
 
+    assert gpus == 1, "a run of several GPUs is one rank per GPU (planner.verify.ranks)"
     task = ray.remote(max_calls=1)(run_on_worker)  # max_calls is refused by .options()
-    options: dict[str, Any] = {"max_retries": 0, "retry_exceptions": False}
-    group = None
-    accelerator = ray_accelerator(gpu)
-    if accelerator is not None and gpus > 1:
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        # one bundle holds all N GPUs: a bundle never spans nodes (STRICT_PACK says so anyway)
-        group = placement_group([{"CPU": 1, "GPU": gpus, accelerator.resource: 0.001}], strategy="STRICT_PACK")
-        options.update(num_cpus=1, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=group, placement_group_bundle_index=0))
-    else:
-        options.update(run_resources(gpu=gpu, gpus=gpus))
-    return task.options(**options).remote(run.to_job(), board), group
+    options: dict[str, Any] = {"max_retries": 0, "retry_exceptions": False, **run_resources(gpu=gpu, gpus=gpus)}
+    return OneRun(run=run, refs=[task.options(**options).remote(run.to_job(), board)])
 
 
-__all__ = ["DRIVER_ONLY_ENV", "RUN_ENV_MARKER", "Board", "RunSpec", "new_board", "run_on_worker", "submit_run"]
+__all__ = ["DRIVER_ONLY_ENV", "RUN_ENV_MARKER", "Board", "OneRun", "RunSpec", "crashed", "new_board", "run_on_worker", "submit_run"]

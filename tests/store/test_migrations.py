@@ -31,7 +31,7 @@ def test_upgrade_yields_the_models_then_down_and_up_again(db_url):
     engine = create_engine(db_url)
     try:
         assert _tables(engine) == set()
-        assert upgrade_database(url=db_url) == (None, "0003")
+        assert upgrade_database(url=db_url) == (None, "0004")
         assert _tables(engine) == MODEL_TABLES | {VERSION_TABLE}
         assert _drift(engine) == []
         # the indexes the history and reuse queries rely on exist
@@ -44,7 +44,7 @@ def test_upgrade_yields_the_models_then_down_and_up_again(db_url):
         with engine.connect() as conn:
             assert MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_heads() == ()
 
-        assert upgrade_database(url=db_url) == (None, "0003")
+        assert upgrade_database(url=db_url) == (None, "0004")
         assert _drift(engine) == []
     finally:
         engine.dispose()
@@ -65,9 +65,10 @@ def test_drift_check_sees_a_difference(sqlite_url):
 
 def test_one_linear_history_and_the_ini_matches():
     script = ScriptDirectory.from_config(alembic_config(url="sqlite://"))
-    assert script.get_heads() == ["0003"] == [head_revision()]
+    assert script.get_heads() == ["0004"] == [head_revision()]
     # the constant the fast "already at head" check compares with must follow new migrations
     assert HEAD_REVISION == head_revision()
+    assert script.get_revision("0004").down_revision == "0003"
     assert script.get_revision("0003").down_revision == "0002"
     assert script.get_revision("0002").down_revision == "0001"
     assert script.get_revision("0001").down_revision is None
@@ -101,12 +102,58 @@ def test_a_plan_stored_at_0001_survives_the_upgrade_to_0002(db_url):
                 "rejected, searched, usable_bytes, safety_margin_bytes) VALUES ('ab0cd', "
                 "'2026-11-20 10:00:00', 'gpt2', 'f', 'a10g', 1, 1, 8, 1024, '{}', 'h', '0.1.0', 'planned', '[]', "
                 "3, 1, 1)"))
-        assert upgrade_database(url=db_url) == ("0001", "0003")
+        assert upgrade_database(url=db_url) == ("0001", "0004")
         assert _drift(engine) == []
         with open_store(url=db_url) as store:
             plan = store.get_plan(plan_id="ab0cd")
         assert plan.request.model_id == "gpt2" and plan.status_reason is None and plan.status_changed_at is None
         with engine.begin() as conn:
             conn.execute(text("UPDATE plan_requests SET model_id = :m"), {"m": "/x" * 500})
+    finally:
+        engine.dispose()
+
+
+def test_a_run_stored_at_0003_reads_with_no_ranks_and_0004_goes_down_and_up(db_url):
+    """Runs stored before per-rank results read back with no ranks; a multi-rank run stores each
+    rank's; down to 0003 drops the column (the runs stay), up again restores it empty."""
+    from sqlalchemy import text
+
+    from support.store import candidate, request
+
+    from planner.results import Measurement
+    from planner.store import PlanStatus, open_store
+    from planner.store.codec import candidate_values, request_values
+
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(url=db_url, connection=conn), "0003")
+        # the plan and its candidate as the store writes them (their tables are the same at 0003);
+        # the run as 0003's plan_measurements holds it, without ranks
+        plan = request_values(plan_id="ab0cd", request=request(), status=PlanStatus.MEASURED, result=None, ray_job_id=None)
+        one = candidate_values(plan_id="ab0cd", position=0, candidate=candidate(rank=1, micro_batch=1, grad_accum=8))
+        with engine.begin() as conn:
+            conn.execute(Base.metadata.tables["plan_requests"].insert(), [plan])
+            conn.execute(Base.metadata.tables["plan_candidates"].insert(), [one | {"id": "cd0ef"}])
+            conn.execute(text(
+                "INSERT INTO plan_measurements (id, candidate_id, recorded_at, outcome, device, library_versions, node) "
+                "VALUES ('ef01', 'cd0ef', '2026-11-20 10:01:00', 'ok', 'cpu', '{}', 'n')"))
+        assert upgrade_database(url=db_url) == ("0003", "0004")
+        assert _drift(engine) == []
+        ok = Measurement(outcome="ok", device="cpu", peak_allocated_bytes=7)
+        with open_store(url=db_url) as store:
+            [old] = store.get_plan(plan_id="ab0cd").candidates[0].measurements
+            assert old.ranks == () and old.worst_rank is None and old.to_dict()["ranks"] == []
+            store.record_measurement(candidate_id="cd0ef", measurement=ok, ranks=(ok, ok))
+            assert [len(m.ranks) for m in store.get_plan(plan_id="ab0cd").candidates[0].measurements] == [0, 2]
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(url=db_url, connection=conn), "0003")
+        assert "ranks" not in {c["name"] for c in inspect(engine).get_columns("plan_measurements")}
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM plan_measurements")).scalar() == 2
+        assert upgrade_database(url=db_url) == ("0003", "0004")
+        assert _drift(engine) == []
+        with open_store(url=db_url) as store:
+            assert [m.ranks for m in store.get_plan(plan_id="ab0cd").candidates[0].measurements] == [(), ()]
     finally:
         engine.dispose()

@@ -235,9 +235,9 @@ def test_schema_behind_is_refused_until_upgraded(db_url):
         command.downgrade(alembic_config(url=db_url, connection=conn), "base")
     with pytest.raises(SchemaOutOfDateError) as info:
         open_store(url=db_url)
-    assert str(info.value) == "database schema at base is behind this planner (0003): run 'planner db upgrade'"
-    assert upgrade_database(url=db_url) == (None, "0003")
-    assert upgrade_database(url=db_url) == ("0003", "0003")
+    assert str(info.value) == "database schema at base is behind this planner (0004): run 'planner db upgrade'"
+    assert upgrade_database(url=db_url) == (None, "0004")
+    assert upgrade_database(url=db_url) == ("0004", "0004")
     with open_store(url=db_url) as s:
         assert s.count_plans() == 0
 

@@ -32,7 +32,7 @@ def filled():
 
 
 def test_history_on_an_empty_database(cli):
-    assert "revision base (head 0003): empty: the schema is created on first use" in cli("db", "current").out
+    assert "revision base (head 0004): empty: the schema is created on first use" in cli("db", "current").out
     result = cli("history")
     assert result.code == 0 and "no plans stored yet" in result.out
     result = cli("history", "--json")
@@ -121,12 +121,12 @@ def test_schema_behind_then_db_upgrade(cli, tmp_path):
     engine.dispose()
 
     line = one_error_line(cli("history", "--db", url))
-    assert line == "error: database schema at base is behind this planner (0003): run 'planner db upgrade'"
+    assert line == "error: database schema at base is behind this planner (0004): run 'planner db upgrade'"
     assert "behind: run 'planner db upgrade'" in cli("db", "current", "--db", url).out
     result = cli("db", "upgrade", "--db", url)
-    assert result.code == 0 and "upgraded from base to 0003" in result.out
-    assert "already at 0003" in cli("db", "upgrade", "--db", url).out
-    assert "revision 0003 (head 0003): up to date" in cli("db", "current", "--db", url).out
+    assert result.code == 0 and "upgraded from base to 0004" in result.out
+    assert "already at 0004" in cli("db", "upgrade", "--db", url).out
+    assert "revision 0004 (head 0004): up to date" in cli("db", "current", "--db", url).out
     assert cli("history", "--db", url).code == 0
 
 
@@ -184,7 +184,7 @@ def test_history_and_show_on_postgresql(cli, pg_url):
     assert [r["id"] for r in rows] == [plan_id]
     result = cli("show", plan_id[:8], "--db", pg_url)
     assert result.code == 0 and f"plan {plan_id}" in result.out
-    assert "revision 0003 (head 0003)" in cli("db", "current", "--db", pg_url).out
+    assert "revision 0004 (head 0004)" in cli("db", "current", "--db", pg_url).out
 
 
 def test_help_does_not_load_the_store():

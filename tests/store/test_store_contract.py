@@ -62,6 +62,26 @@ def test_a_plan_round_trips_with_its_runs(plan_store):
     assert plan_store.count_plans() == 1
 
 
+def test_a_multi_rank_run_keeps_every_ranks_measurement(plan_store):
+    """Two ranks: the run's row is the worst rank's, and each rank's reads back in rank order,
+    named by its rank; a failed run names the rank that failed it (the other was stopped)."""
+    plan = plan_store.get_plan(plan_id=plan_store.save_plan(result=plan_result()))
+    first, second = plan.candidates[:2]
+    low, high = replace(measurement(peak=5_000_000), node="a"), replace(measurement(peak=7_000_000), node="b")
+    plan_store.record_measurement(candidate_id=first.id, measurement=high, ranks=(low, high))
+    oom = replace(measurement(outcome="oom", step_s=None), error="rank 1: memory limit")
+    stopped = replace(measurement(outcome="error", step_s=None), error="stopped: rank 1 failed the run")
+    plan_store.record_measurement(candidate_id=second.id, measurement=oom, ranks=(stopped, oom))
+    plan = plan_store.get_plan(plan_id=plan.id)
+    ran, failed = plan.candidates[0].latest, plan.candidates[1].latest
+    assert ran.measurement == high and [r.peak_allocated_bytes for r in ran.ranks] == [5_000_000, 7_000_000]
+    assert [r.node for r in ran.ranks] == ["a", "b"] and ran.worst_rank == 1
+    assert [str(r.outcome) for r in failed.ranks] == ["error", "oom"] and failed.worst_rank == 1
+    as_json = failed.to_dict()
+    assert as_json["worst_rank"] == 1 and [r["rank"] for r in as_json["ranks"]] == [0, 1]
+    assert as_json["ranks"][1]["error"] == "rank 1: memory limit" and as_json["ranks"][1]["device"] == oom.device
+
+
 def test_a_single_measurement_is_a_measured_plan_never_found_as_the_request(plan_store):
     req = request(constraints={"config": "lora mb2"})
     one = candidate(rank=1, micro_batch=2, grad_accum=8)
@@ -206,6 +226,8 @@ def test_either_store_reads_what_the_other_wrote_alike(sqlite_url):  # noqa: F81
         orm.set_status(plan_id=b, status="failed", reason="oom")
         c = orm.get_plan(plan_id=b).candidates[1].id
         lite.record_measurement(candidate_id=c, measurement=measurement(outcome="oom", step_s=None))
+        orm.record_measurement(candidate_id=c, measurement=measurement(), ranks=(measurement(), measurement(peak=9)))
+        lite.record_measurement(candidate_id=c, measurement=measurement(), ranks=(measurement(peak=9), measurement()))
         orm.record_single_measurement(request=request(), candidate=candidate(rank=1, micro_batch=1, grad_accum=16),
                                       measurement=measurement())
         for plan_id in (a, b):

@@ -61,6 +61,9 @@ def test_which_nodes_can_run_a_verification():
     assert not node_can_run(cpu_node, gpu=a10g, gpus=1)
     assert not node_can_run({"CPU": 8.0, "GPU": 4.0, "accelerator_type:T4": 1.0}, gpu=a10g, gpus=1)
     assert node_can_run(cpu_node, gpu=cpu, gpus=1) and not node_can_run({"CPU": 0.0}, gpu=cpu, gpus=1)
+    # one CPU per rank, all on one node (the placement group's STRICT_PACK)
+    assert node_can_run(cpu_node, gpu=cpu, gpus=2) and not node_can_run(cpu_node, gpu=cpu, gpus=3)
+    assert not node_can_run({"CPU": 3.0, "GPU": 4.0, "accelerator_type:A10G": 1.0}, gpu=a10g, gpus=4)
     assert node_accelerator_types(gpu_node) == ["A10G"] and node_accelerator_types(cpu_node) == []
     assert run_resources(gpu=a10g, gpus=1) == {"num_cpus": 1, "num_gpus": 1, "accelerator_type": "A10G"}
     assert run_resources(gpu=cpu, gpus=1) == {"num_cpus": 1}

@@ -243,8 +243,6 @@ def test_an_in_process_zero3_run_leaves_the_stock_linear():
     failed. The worker gives the stock linear back, and the run after measures as the run before."""
     import torch
 
-    from workers.train import run_in_process
-
     stock = torch.nn.functional.linear
     plain = TrainConfig(micro_batch=2, seq_len=32, precision="bf16-mixed")
     before, _ = run_in_process(model_config=TINY, config=plain)
@@ -253,6 +251,52 @@ def test_an_in_process_zero3_run_leaves_the_stock_linear():
     assert torch.nn.functional.linear is stock
     after, _ = run_in_process(model_config=TINY, config=plain)
     assert after.peak_allocated_bytes == before.peak_allocated_bytes
+
+
+def test_the_rendezvous_environment_is_put_back_after_the_block(monkeypatch):
+    import os
+
+    from workers.runner import DISTRIBUTED_ENV, distributed_env_kept
+
+    for name in DISTRIBUTED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")
+    with distributed_env_kept():
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29511")
+    assert {n: os.environ.get(n) for n in DISTRIBUTED_ENV} == {
+        "RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "LOCAL_WORLD_SIZE": None, "MASTER_ADDR": "10.0.0.7",
+        "MASTER_PORT": None}
+
+
+@pytest.mark.slow
+def test_an_in_process_zero_run_leaves_no_rendezvous_behind():
+    """An in-process ZeRO run joins a process group of one rank, whose rendezvous
+    (``join_process_group``) setdefaults RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT;
+    ``workers.run_in_process`` puts the environment back as it found it. In a fresh interpreter:
+    DeepSpeed keeps the group of this one's earlier ZeRO runs, and a joined group joins no more."""
+    import json
+    import os
+    import subprocess
+
+    from workers.runner import DISTRIBUTED_ENV
+
+    pytest.importorskip("deepspeed")
+    code = (
+        "import json, os, sys\n"
+        "import torch.distributed as dist\n"
+        "from planner.config import TrainConfig\n"
+        "from workers import run_in_process\n"
+        f"m, _ = run_in_process(model_config={TINY!r}, config=TrainConfig(micro_batch=2, seq_len=32, zero=2))\n"
+        f"print(json.dumps([str(m.outcome), m.error, dist.is_initialized(), {{n: os.environ.get(n) for n in {DISTRIBUTED_ENV!r}}}]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV} | {"LOCAL_WORLD_SIZE": "1",
+                                                                               "DS_ACCELERATOR": "cpu"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome, error, joined, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome == "ok", error
+    assert joined  # the run did join a group: the variables were set while it ran
+    assert after == dict.fromkeys(DISTRIBUTED_ENV) | {"LOCAL_WORLD_SIZE": "1"}
 
 
 @pytest.mark.slow
