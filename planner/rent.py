@@ -25,6 +25,8 @@ from planner.errors import InvalidConfigError, NothingFitsError
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.calibration import Calibration
+    from planner.config import Precision
+    from planner.gpus import GPUSpec
     from planner.modelspec import ModelSpec
     from planner.planning import SuggestRequest
     from planner.pricing import GpuPrice, PriceTable
@@ -178,6 +180,7 @@ def compare_gpus(request: "SuggestRequest", *, workload: Workload, prices: "Pric
     from planner.gpus import get_gpu, list_gpus
     from planner.limits import MAX_GPUS_PER_NODE
     from planner.planning import AUTO
+    from planner.search import shared_terms
 
     if isinstance(gpus_max, bool) or not isinstance(gpus_max, int) or not 1 <= gpus_max <= MAX_GPUS_PER_NODE:
         raise InvalidConfigError(f"--gpus-max must be a whole number from 1 to {MAX_GPUS_PER_NODE} (the GPUs of one "
@@ -191,19 +194,30 @@ def compare_gpus(request: "SuggestRequest", *, workload: Workload, prices: "Pric
     if request.precision != AUTO and request.precision in {p.value for p in Precision}:
         pinned = Precision(request.precision)  # (a misspelt one is make_plan's one line, on the first GPU)
     options = []
-    for device in devices:
-        price = prices.cheapest(device.name)
-        for count in (n for n in NODE_SIZES if n <= gpus_max and request.target_batch % n == 0):
-            # (a count that does not divide the global batch, micro-batch x accumulation x GPUs, has no plan)
-            if pinned is not None and not device.supports(pinned):
-                reason = f"{device.display_name} cannot run --precision {pinned} (no bf16 before compute capability 8.0)"
-                options.append(RentOption(gpu=device.name, gpus=count, price=price, plan=None, tokens=workload.tokens,
-                                          reason=reason))
-                continue
-            calibration = calibration_of(device.name) if calibration_of is not None else None
-            options.append(_option(request, spec=spec, gpu=device.name, gpus=count, price=price,
-                                   tokens=workload.tokens, calibration=calibration))
+    with shared_terms(spec):  # the device-free terms, computed once for every GPU of the same kernels
+        for device in devices:
+            options.extend(_options_on(device, request, spec=spec, prices=prices, gpus_max=gpus_max,
+                                       workload=workload, pinned=pinned, calibration_of=calibration_of))
     return RentComparison(options=tuple(options), workload=workload, prices=prices, model_id=spec.id)
+
+
+def _options_on(device: "GPUSpec", request: "SuggestRequest", *, spec: "ModelSpec", prices: "PriceTable",
+                gpus_max: int, workload: Workload, pinned: "Precision | None",
+                calibration_of: "Callable[[str], Calibration | None] | None") -> list[RentOption]:
+    """The options of one GPU type: each node size up to ``gpus_max`` that divides the global batch
+    (micro-batch x accumulation x GPUs: another count has no plan)."""
+    price = prices.cheapest(device.name)
+    options = []
+    for count in (n for n in NODE_SIZES if n <= gpus_max and request.target_batch % n == 0):
+        if pinned is not None and not device.supports(pinned):
+            reason = f"{device.display_name} cannot run --precision {pinned} (no bf16 before compute capability 8.0)"
+            options.append(RentOption(gpu=device.name, gpus=count, price=price, plan=None, tokens=workload.tokens,
+                                      reason=reason))
+            continue
+        calibration = calibration_of(device.name) if calibration_of is not None else None
+        options.append(_option(request, spec=spec, gpu=device.name, gpus=count, price=price, tokens=workload.tokens,
+                               calibration=calibration))
+    return options
 
 
 def _option(request: "SuggestRequest", *, spec: "ModelSpec", gpu: str, gpus: int, price: "GpuPrice | None",

@@ -151,3 +151,30 @@ def test_nothing_fitting_on_any_gpu_compared_exits_3_after_the_answer(cli):
     data = json.loads(r.out)
     assert data["by_time"] == [] and set(data["unfit"]) == {"t4", "a10g"}
     assert all(o["reason"] for o in data["options"]) and "nothing fits on any GPU compared" in r.err
+
+
+def test_searches_sharing_their_device_free_terms_answer_as_each_alone(tiny, monkeypatch):
+    """Inside ``planner.search.shared_terms`` the searches of one model on several GPUs compute each
+    static key's device-free terms once (the model states do not depend on the device, only its
+    kernels do), and every answer is the one the search gives alone."""
+    import dataclasses
+
+    from planner import search
+    from planner.catalog import resolve_model
+    from planner.planning import make_plan
+
+    spec = resolve_model(str(tiny))
+    request = SuggestRequest(model=str(tiny), gpu="a10g", target_batch=8, top_k=3)
+    alone = [make_plan(dataclasses.replace(request, gpu=g), spec=spec).result.to_dict() for g in ("a10g", "l4", "a100-80gb")]
+    computed = []
+    real = search.static_terms
+    monkeypatch.setattr(search, "static_terms", lambda *a, **k: computed.append(1) or real(*a, **k))
+    with search.shared_terms(spec):
+        together = [make_plan(dataclasses.replace(request, gpu=g), spec=spec).result.to_dict() for g in ("a10g", "l4", "a100-80gb")]
+        first = len(computed)
+    assert together == alone
+    monkeypatch.setattr(search, "static_terms", lambda *a, **k: computed.append(1) or real(*a, **k))
+    computed.clear()
+    make_plan(request, spec=spec)
+    one_search = len(computed)
+    assert first == one_search > 0  # the two later GPUs (the same CUDA kernels) found every one of the first's terms
