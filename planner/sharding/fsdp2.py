@@ -137,6 +137,13 @@ class FSDP2(ShardingSpec):
     def plan_line(self, offload: Offload) -> str:
         return f"FSDP2 (fully_shard, one unit per decoder layer + root), {self.offload_words(offload)}"
 
+    def cast_words(self, dtype: str) -> tuple[str, str]:
+        # _fsdp_param.py init_dtype_attrs / _init_sharded_param: the sharded parameters keep their
+        # own dtype, the all-gather casts them to MixedPrecisionPolicy.param_dtype
+        return (f"FSDP2's MixedPrecisionPolicy: fp32 sharded weights (the master weights), each unit gathered in "
+                f"{dtype} for its forward and backward (param_dtype), gradients reduce-scattered in fp32 (reduce_dtype)",
+                f"loaded in fp32; FSDP2 keeps the fp32 shards and gathers them in {dtype} (MixedPrecisionPolicy in fsdp_config)")
+
     def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
         notes = ["FSDP2 keeps the root unit (embeddings, output head) unsharded from forward to the end of "
                  "backward (torch fsdp/_fully_shard/_fsdp_state.py _lazy_init: the root is not resharded after forward)"]

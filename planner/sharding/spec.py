@@ -166,6 +166,12 @@ class ShardingSpec:
         """PLAN.md's line on it (``DeepSpeed: ZeRO-2, no offload``; ``DeepSpeed: not used``)."""
         return f"DeepSpeed: {self.words}"
 
+    def cast_words(self, dtype: str) -> tuple[str, str] | None:
+        """Where it casts the model to 16 bits under mixed precision (``casts_model``): what
+        PLAN.md says of the precision and the comment beside train.py's ``MODEL_DTYPE``, for the
+        16-bit ``dtype`` ("bf16", "fp16"); None: it does not (autocast does the 16-bit compute)."""
+        return None
+
     def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
         """Its trade-offs as the plans show them, with their sources (``planner.tradeoffs``);
         ``host_bytes``: the host RAM the plan pins per rank."""

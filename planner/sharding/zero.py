@@ -155,6 +155,12 @@ class ZeRO(ShardingSpec):
     def plan_line(self, offload: Offload) -> str:
         return f"DeepSpeed: {self.words}, {self.offload_words(offload)}"
 
+    def cast_words(self, dtype: str) -> tuple[str, str]:
+        # deepspeed/runtime/engine.py _configure_distributed_model: the bf16/fp16 mode casts the
+        # model, the optimizer keeps fp32 masters of its partition
+        return (f"DeepSpeed's {dtype} mode: {dtype} weights and compute, fp32 master weights in the optimizer partition",
+                "loaded in fp32; DeepSpeed casts it to 16-bit and keeps fp32 master weights (ds_config.json)")
+
     def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
         notes = []
         if config.gpus == 1 and offload is Offload.NONE:

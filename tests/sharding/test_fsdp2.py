@@ -178,3 +178,15 @@ def test_two_cpu_ranks_measure_what_the_model_predicts_per_rank(changes, bound):
         error = (predicted - measurement.peak_allocated_bytes) / measurement.peak_allocated_bytes
         assert abs(error) <= bound, (details["rank"], predicted, measurement.peak_allocated_bytes)
     assert os.environ.get("RANK") == rank_before  # the launcher leaves this process's environment alone
+
+
+def test_plan_md_says_fsdp2s_mixed_precision_policy_not_deepspeeds():
+    from planner.emit import _dtype_why
+    from planner.emit.plan_md import _precision_words
+
+    fsdp2 = TrainConfig(sharding="fsdp2", gpus=2, precision="bf16-mixed")
+    zero = TrainConfig(zero=2, gpus=2, precision="bf16-mixed")
+    assert "DeepSpeed" not in _precision_words(fsdp2) and "MixedPrecisionPolicy" in _precision_words(fsdp2)
+    assert "DeepSpeed" not in _dtype_why(fsdp2, "float32") and "bf16" in _dtype_why(fsdp2, "float32")
+    assert _precision_words(zero).startswith("DeepSpeed's bf16 mode")
+    assert "DeepSpeed casts it" in _dtype_why(zero, "float32")
