@@ -177,22 +177,59 @@ def thin(points: list[list], max_points: int) -> list[list]:
     return [points[i] for i in sorted(keep)]
 
 
+#: made-by of a free the ledger dates to the end of the gloo work that owned the block
+WORK_FREE = "(freed with its gloo work)"
+
+
+def _work_frees(raw: list[tuple[int, int, int, int, str]],
+                gloo_runs: list[tuple[int, int]]) -> list[tuple[int, None, int, int, str]]:
+    """The frees c10 did not report of blocks a collective made for itself (allocated inside a
+    ``c10d::`` op: gloo's flat copy of a reduce-scatter's input, ProcessGroupGloo's
+    ``_reduce_scatter_base``): nothing but the collective's work holds such a block, and the work
+    is dropped as soon as gloo has run it, by whichever of the caller's thread and gloo's worker
+    thread lets go last (a race); when gloo's is last, c10 does not report the free. Each is dated
+    to the end of the first gloo run (a ``gloo:`` range on a worker thread) that starts after the
+    block was made, if that comes before its address is allocated again."""
+    out = []
+    for i, (t, _, size, ptr, ops) in enumerate(raw):
+        if size <= 0 or "c10d::" not in ops:
+            continue
+        reuse: float | None = float("inf")
+        for j in range(i + 1, len(raw)):
+            if raw[j][3] == ptr:
+                reuse = None if raw[j][2] == -size else raw[j][0]  # its free reported: nothing to date
+                break
+        if reuse is None:
+            continue
+        end = next((e for s, e in gloo_runs if s >= t), None)
+        if end is not None and end < reuse:
+            out.append((end, None, -size, ptr, WORK_FREE))
+    return out
+
+
 def allocator_ledger(
-    raw: Iterable[tuple[int, int, int, int, str]],
+    raw: Iterable[tuple[int, int, int, int, str]], gloo_runs: Iterable[tuple[int, int]] = (),
 ) -> tuple[list[tuple[int, int, int, int]], list[str], int]:
     """c10's ``(time_ns, total_allocated, signed size, address, made by)`` events in order, as a
     ledger of live blocks by address: ``(events (time_ns, bytes live, signed size, address), made
     by per event, drift)``. An allocation at an address still live means that block's free was not
     reported (it happened on a thread the profiler does not follow): a free of it is inserted
-    first. A free of a block the ledger does not hold (allocated before the profile) is skipped, as
-    c10 skips it. ``drift``: c10's final total minus the ledger's (blocks c10 still counts)."""
+    first. A block a collective made for itself and whose free went unreported is freed when the
+    gloo run after it ends (``gloo_runs``: (start, end) of gloo's runs; ``_work_frees``). A free of
+    a block the ledger does not hold (allocated before the profile) is skipped, as c10 skips it.
+    ``drift``: c10's final total minus the ledger's (blocks c10 still counts)."""
+    raw = list(raw)
+    runs = sorted(gloo_runs)
+    if runs:
+        raw = sorted(raw + _work_frees(raw, runs), key=lambda a: a[0])  # stable: c10's order kept
     live: dict[int, int] = {}
     events, made_by, total = [], [], 0
     first = last = None
     for t, c10_total, size, ptr, ops in raw:
-        if first is None:
-            first = c10_total - size  # c10's total when the profiler started
-        last = c10_total
+        if c10_total is not None:
+            if first is None:
+                first = c10_total - size  # c10's total when the profiler started
+            last = c10_total
         if size > 0 and ptr in live:
             total -= live[ptr]
             events.append((t, total, -live.pop(ptr), ptr))
@@ -261,7 +298,7 @@ class AllocatorStream:
     def _read(self, roots: list) -> None:
         from torch._C._profiler import _EventType
 
-        raw, marks = [], []
+        raw, marks, gloo_runs = [], [], []
         stack = [(event, ()) for event in roots]
         while stack:
             event, ops = stack.pop()
@@ -270,13 +307,15 @@ class AllocatorStream:
                 raw.append((event.start_time_ns, fields.total_allocated, fields.alloc_size, fields.ptr, " < ".join(ops)))
             elif kind == _EventType.TorchOp and event.name.startswith(_MARK):
                 marks.append((event.start_time_ns, event.name[len(_MARK):]))
+            elif kind == _EventType.TorchOp and event.name.startswith("gloo:"):
+                gloo_runs.append((event.start_time_ns, event.end_time_ns))
             # the dispatch probe's own mode shows up as an op around every op: not a maker
             own = kind != _EventType.TorchOp or event.name == "PythonDispatchMode"
             stack.extend((child, ops if own else (event.name,) + ops[:2]) for child in event.children)
         # c10's running total orders the events of one thread exactly; time orders threads
         raw.sort(key=lambda a: (a[0], a[1]))
         self.marks = sorted(marks)
-        self.events, self.made_by, self.drift_bytes = allocator_ledger(raw)
+        self.events, self.made_by, self.drift_bytes = allocator_ledger(raw, gloo_runs)
 
     def step_start_ns(self, step_mark: str) -> int | None:
         return max((t for t, name in self.marks if name == step_mark), default=None)
