@@ -94,6 +94,8 @@ ARCHS |= {
 }
 
 _BASE = dict(micro_batch=2, seq_len=256, precision="bf16-mixed", optimizer="adamw")
+#: the multi-rank rows: 2 ranks over gloo, 128 tokens (what tests/sharding/test_fsdp2.py runs)
+_RANK_BASE = dict(gpus=2, seq_len=128)
 
 #: (architecture, changes to _BASE); the first row of each architecture is the --quick set
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -188,13 +190,27 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("mixtral", dict(method="lora", grad_ckpt=True)),
     ("qwen3-moe", dict(method="lora", grad_ckpt=True, precision="bf16", lora_targets=("q_proj", "v_proj"))),
     # 2 ranks over gloo (workers/ranks.py), each measuring its own peak; the row's is the worst
-    # rank's: FSDP2 full and LoRA, with and without checkpointing (CPUOffloadPolicy has no
-    # meaning on a CPU device: the run's device is the host)
-    ("llama", dict(sharding="fsdp2", gpus=2)),
-    ("llama", dict(sharding="fsdp2", gpus=2, method="lora")),
-    ("llama", dict(sharding="fsdp2", gpus=2, grad_ckpt=True)),
-    ("llama", dict(sharding="fsdp2", gpus=2, method="lora", grad_ckpt=True)),
+    # rank's: FSDP2 full and LoRA, with and without checkpointing, and ZeRO-2/3, on a llama small
+    # enough for a 2-rank row to take about a minute (_RANK_BASE; CPUOffloadPolicy is not rowed:
+    # on a CPU device its copies to the device are no-ops, see ROW_NOTES)
+    *[("llama-8k", _RANK_BASE | changes) for changes in (
+        dict(sharding="fsdp2"),
+        dict(sharding="fsdp2", method="lora"),
+        dict(sharding="fsdp2", grad_ckpt=True),
+        dict(sharding="fsdp2", method="lora", grad_ckpt=True),
+        dict(zero=2),
+        dict(zero=3),
+        dict(zero=2, method="lora"),
+        dict(zero=3, method="lora"),
+    )],
 ]
+
+# the multi-rank rows' model (after the every-architecture rows): 2 decoder layers, vocabulary 8000, untied head (tests/sharding/test_fsdp2.py's TINY_LLAMA): a 2-rank
+# row takes about a minute on the 2-core machine; its root unit (4.1 M parameters) is most of the model,
+# as Llama-3's embeddings and head are a large part of an 8B
+ARCHS["llama-8k"] = dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=8000, max_position_embeddings=512,
+                         rms_norm_eps=1e-5, tie_word_embeddings=False)
 
 # the 2025-26 families (issue 23; their full bf16-mixed rows are among the every-architecture ones): mixed
 # dense/MoE blocks and shared experts (LoRA all-linear: peft has no
@@ -567,11 +583,48 @@ def _markdown(rows: list[dict[str, Any]], *, device: str) -> str:
             f"Against the dispatch count: median |error| {statistics.median(dispatch):.3f} %, max |error| {max(dispatch):.3f} %."
         )
     if device == "cpu":
+        lines += _rank_section(rows)
         notes = _row_notes(rows)
         if notes:
             lines += ["", "## Findings by row", ""] + notes
         lines += ["", "## Where the remaining error comes from", ""] + [f"- {note}" for note in CPU_NOTES]
     return "\n".join(lines) + "\n"
+
+
+def _rank_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The multi-rank rows again, each rank's peak beside the prediction for one rank and, for
+    FSDP2, torch's ``FSDPMemTracker`` on the same configuration (``bench/fsdp2_tracker.py``)."""
+    ranked = [(i, r) for i, r in enumerate(rows, 1) if r.get("rank_peaks") and len(r["rank_peaks"]) > 1]
+    if not ranked:
+        return []
+    tracker_path = RESULTS / "accuracy-cpu-tracker.json"
+    trackers = {(t["arch"], t["config"]): t for t in json.loads(tracker_path.read_text())} if tracker_path.exists() else {}
+    lines = [
+        "", "## Multi-rank rows: planner, c10's allocator and torch's FSDPMemTracker", "",
+        "Each rank is a process of its own, the ranks joined over gloo (`workers/ranks.py`); predicted: one rank's "
+        "peak; measured: each rank's peak by c10's allocator (the row above is the worst rank's); tracker: "
+        "`torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`'s peak of the last step on each rank "
+        "(`python bench/fsdp2_tracker.py`; it follows FSDP2 modules only).", "",
+        "| # | arch | config | predicted | measured per rank | error % (worst rank) | tracker per rank | "
+        "tracker vs measured % |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for i, r in ranked:
+        tracked = [t["peak"] for t in trackers.get((r["arch"], r["config"]), {}).get("ranks", [])]
+        if tracked and None not in tracked:
+            worst = max(tracked)
+            tracker, vs = " / ".join(f"{p:,}" for p in tracked), _pct(_error(worst, max(r["rank_peaks"])))
+        else:
+            tracker, vs = "-", "-"
+        measured = " / ".join(f"{p:,}" for p in r["rank_peaks"] if p is not None)
+        predicted = f"{r['predicted_bytes']:,}" if r["predicted_bytes"] is not None else "n/a"
+        lines.append(f"| {i} | {r['arch']} | {r['config']} | {predicted} | {measured} | {_pct(r['error_pct'])} | "
+                     f"{tracker} | {vs} |")
+    errors = [abs(r["error_pct"]) for _, r in ranked if r["error_pct"] is not None]
+    if errors:
+        lines += ["", f"Multi-rank rows: {len(errors)}; median |error| {statistics.median(errors):.3f} %, "
+                      f"max |error| {max(errors):.3f} %."]
+    return lines
 
 
 def _row_key(arch: str, config_dict: dict[str, Any]) -> str:

@@ -37,11 +37,12 @@ def test_full_fine_tuning_states_per_rank_llama_8b_on_8_ranks():
     assert states["optimizer_states"] == per_rank * 8 + 4 * len(base_tensor_sizes(model)) == per_rank * 8 + 4 * 291
     # the root unit (embed_tokens 128256 x 4096, lm_head the same, the final norm 4096) unsharded in bf16
     assert root_params(model) == 2 * 128256 * 4096 + 4096
-    assert states["fsdp2/root_unsharded"] == root_params(model) * 2
-    # one decoder layer (218,112,000 parameters) unsharded in bf16, and one all-gather buffer beside it
+    # one decoder layer (218,112,000 parameters) unsharded in bf16, and one all-gather buffer of a
+    # layer held from the first unshard to the end of backward beside the root
     layer = (model.params_total - root_params(model)) // 32
     assert layer == 218_112_000
-    assert states["fsdp2/gathered_unit"] == 2 * layer * 2
+    assert states["fsdp2/gathered_unit"] == layer * 2
+    assert states["fsdp2/root_and_gather_buffer"] == root_params(model) * 2 + layer * 2
     assert host == 0
 
 
@@ -54,8 +55,13 @@ def test_lora_shards_the_frozen_base_and_the_adapters():
     assert abs(states["weights"] - plain["weights"] / 4) <= 4 * len(base_tensor_sizes(model))
     assert abs(states["lora/weights"] - plain["lora/weights"] / 4) <= 4 * 1000
     assert states["gradients"] < plain["gradients"] / 4 + 4 * 1000
-    # the frozen root is gathered all the same (embeddings and head in bf16)
-    assert states["fsdp2/root_unsharded"] == root_params(model) * 2
+    # the frozen root is gathered all the same (embeddings and head in bf16), beside the all-gather
+    # buffer of a layer with its adapters (16-bit, param_dtype)
+    # r 16 on q (4096 -> 4096), k and v (4096 -> 1024), o, gate and up (4096 -> 14336), down:
+    # 16 x (8192 + 5120 x 2 + 8192 + 18432 x 3) = 1,310,720 adapter parameters a layer
+    layer = (model.params_total - root_params(model)) // 32
+    assert states["fsdp2/gathered_unit"] == (layer + 1_310_720) * 2
+    assert states["fsdp2/root_and_gather_buffer"] == root_params(model) * 2 + (layer + 1_310_720) * 2
 
 
 def test_cpu_offload_moves_shards_grads_and_states_to_the_host():
