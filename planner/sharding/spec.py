@@ -137,6 +137,10 @@ class ShardingSpec:
     """The library casts the model to its 16-bit communication dtype under mixed precision
     (DeepSpeed does), so no fp32 weights and no autocast weight copies
     (``planner.memory.dtypes.dtype_mode``)."""
+    linear_saves_input: bool = False
+    """Its linear layers save their input for backward whether the weight trains or not (DeepSpeed
+    ZeRO-3's ``LinearFunctionForZeroStage3``, runtime/zero/linear.py: ``ctx.save_for_backward(input,
+    weight, bias)``), so a frozen output head keeps its input (``planner.memory.activations``)."""
     flat_optimizer: bool = False
     """The optimizer steps one flat fp32 partition per rank (DeepSpeed's
     ``single_partition_of_fp32_groups``), not the model's tensors."""
