@@ -177,51 +177,64 @@ def thin(points: list[list], max_points: int) -> list[list]:
     return [points[i] for i in sorted(keep)]
 
 
-#: made-by of a free the ledger dates to the end of the gloo work that owned the block
-WORK_FREE = "(freed with its gloo work)"
+#: made-by of a free c10 did not report, which the ledger dates (``_unreported_frees``)
+DATED_FREE = "(freed on another thread, dated)"
 
 
-def _work_frees(raw: list[tuple[int, int, int, int, str]],
-                gloo_runs: list[tuple[int, int]]) -> list[tuple[int, None, int, int, str]]:
-    """The frees c10 did not report of blocks a collective made for itself (allocated inside a
-    ``c10d::`` op: gloo's flat copy of a reduce-scatter's input, ProcessGroupGloo's
-    ``_reduce_scatter_base``): nothing but the collective's work holds such a block, and the work
-    is dropped as soon as gloo has run it, by whichever of the caller's thread and gloo's worker
-    thread lets go last (a race); when gloo's is last, c10 does not report the free. Each is dated
-    to the end of the first gloo run (a ``gloo:`` range on a worker thread) that starts after the
-    block was made, if that comes before its address is allocated again."""
+def _unreported_frees(raw: list[tuple[int, int, int, int, str]], gloo_runs: list[tuple[int, int]],
+                      dated: Mapping[int, list[int]]) -> list[tuple[int, None, int, int, str]]:
+    """Frees c10 did not report (they happened on gloo's worker threads, which the profiler does not
+    follow), dated: a block allocated at an address whose next event is an allocation again (or
+    nothing) was freed unseen in between. When the dispatch count saw a storage at that address die
+    on another thread (``dated``: address -> times, ``CpuProbe``'s weakref callbacks, which run on
+    the thread that drops the last reference) in between, that is when; else, for a block a
+    collective made for itself (allocated inside a ``c10d::`` op: gloo's flat copy of a
+    reduce-scatter's input, ProcessGroupGloo ``_reduce_scatter_base``), which nothing but the
+    collective's work holds and which the work drops as soon as gloo has run it, the end of the
+    first gloo run (a ``gloo:`` range) that starts after it was made. Else it stays until its
+    address comes back (``allocator_ledger``)."""
+    following: list[int | None] = [None] * len(raw)  # the index of the next event at the same address
+    seen: dict[int, int] = {}
+    for i in range(len(raw) - 1, -1, -1):
+        following[i] = seen.get(raw[i][3])
+        seen[raw[i][3]] = i
     out = []
     for i, (t, _, size, ptr, ops) in enumerate(raw):
-        if size <= 0 or "c10d::" not in ops:
+        if size <= 0 or (ptr not in dated and "c10d::" not in ops):
             continue
-        reuse: float | None = float("inf")
-        for j in range(i + 1, len(raw)):
-            if raw[j][3] == ptr:
-                reuse = None if raw[j][2] == -size else raw[j][0]  # its free reported: nothing to date
-                break
-        if reuse is None:
-            continue
-        end = next((e for s, e in gloo_runs if s >= t), None)
-        if end is not None and end < reuse:
-            out.append((end, None, -size, ptr, WORK_FREE))
+        j = following[i]
+        if j is not None and raw[j][2] == -size:
+            continue  # its free was reported
+        reuse = raw[j][0] if j is not None else float("inf")
+        when = next((d for d in sorted(dated.get(ptr, ())) if t < d < reuse), None)
+        if when is None and "c10d::" in ops:
+            when = next((e for s, e in gloo_runs if s >= t), None)
+        if when is not None and when < reuse:
+            out.append((when, None, -size, ptr, DATED_FREE))
     return out
 
 
 def allocator_ledger(
     raw: Iterable[tuple[int, int, int, int, str]], gloo_runs: Iterable[tuple[int, int]] = (),
+    dated_frees: Iterable[tuple[int, int]] = (),
 ) -> tuple[list[tuple[int, int, int, int]], list[str], int]:
     """c10's ``(time_ns, total_allocated, signed size, address, made by)`` events in order, as a
     ledger of live blocks by address: ``(events (time_ns, bytes live, signed size, address), made
     by per event, drift)``. An allocation at an address still live means that block's free was not
     reported (it happened on a thread the profiler does not follow): a free of it is inserted
-    first. A block a collective made for itself and whose free went unreported is freed when the
-    gloo run after it ends (``gloo_runs``: (start, end) of gloo's runs; ``_work_frees``). A free of
+    first. A free that went unreported is dated where the dispatch count saw the storage die
+    (``dated_frees``: (time, address) of frees on other threads) or, for a block a collective made
+    for itself, when the gloo run after it ends (``gloo_runs``: (start, end) of gloo's runs;
+    ``_unreported_frees``). A free of
     a block the ledger does not hold (allocated before the profile) is skipped, as c10 skips it.
     ``drift``: c10's final total minus the ledger's (blocks c10 still counts)."""
     raw = list(raw)
     runs = sorted(gloo_runs)
-    if runs:
-        raw = sorted(raw + _work_frees(raw, runs), key=lambda a: a[0])  # stable: c10's order kept
+    dated: dict[int, list[int]] = {}
+    for when, ptr in dated_frees:
+        dated.setdefault(ptr, []).append(when)
+    if runs or dated:
+        raw = sorted(raw + _unreported_frees(raw, runs, dated), key=lambda a: a[0])  # stable: c10's order kept
     live: dict[int, int] = {}
     events, made_by, total = [], [], 0
     first = last = None
@@ -288,14 +301,15 @@ class AllocatorStream:
         with record_function(_MARK + name):
             pass
 
-    def stop(self) -> None:
+    def stop(self, dated_frees: Iterable[tuple[int, int]] = ()) -> None:
+        """``dated_frees``: (time_ns, address) of storages seen dying on other threads (``allocator_ledger``)."""
         if self._prof is None:
             return
         prof, self._prof = self._prof, None
         prof.__exit__(None, None, None)
-        self._read(prof.kineto_results.experimental_event_tree())
+        self._read(prof.kineto_results.experimental_event_tree(), list(dated_frees))
 
-    def _read(self, roots: list) -> None:
+    def _read(self, roots: list, dated_frees: list[tuple[int, int]] = ()) -> None:
         from torch._C._profiler import _EventType
 
         raw, marks, gloo_runs = [], [], []
@@ -315,7 +329,7 @@ class AllocatorStream:
         # c10's running total orders the events of one thread exactly; time orders threads
         raw.sort(key=lambda a: (a[0], a[1]))
         self.marks = sorted(marks)
-        self.events, self.made_by, self.drift_bytes = allocator_ledger(raw, gloo_runs)
+        self.events, self.made_by, self.drift_bytes = allocator_ledger(raw, gloo_runs, dated_frees)
 
     def step_start_ns(self, step_mark: str) -> int | None:
         return max((t for t, name in self.marks if name == step_mark), default=None)
@@ -376,12 +390,13 @@ def _grouped(blocks: Iterable[tuple[int, str]]) -> list[tuple[int, int, str]]:
 
 
 class _StorageInfo:
-    __slots__ = ("nbytes", "category", "made_by")
+    __slots__ = ("nbytes", "category", "made_by", "ptr")
 
-    def __init__(self, nbytes: int, category: str, made_by: str = "") -> None:
+    def __init__(self, nbytes: int, category: str, made_by: str = "", ptr: int = 0) -> None:
         self.nbytes = nbytes
         self.category = category
         self.made_by = made_by
+        self.ptr = ptr
 
 #: With ``trace``, the live storages are listed again whenever the peak has grown by this much
 #: since the last listing, so the listing is within this many bytes of the peak.
@@ -429,6 +444,7 @@ class CpuProbe(_StepCurveViews):
         self._stream = AllocatorStream() if allocator else None
         self._excluded: dict[int, int] = {}
         self._dispatch_ptrs: set[int] = set()
+        self._foreign_frees: list[tuple[int, int]] = []
         self._left_out: list[tuple[int, str]] = []
         self._curve: StepCurve | None = None
         self.trace = trace
@@ -531,7 +547,7 @@ class CpuProbe(_StepCurveViews):
         torch.UntypedStorage.resize_ = self._orig_resize
         self._mode = None
         if self._stream is not None:
-            self._stream.stop()
+            self._stream.stop(self._foreign_frees)
             found = self._stream.curve(step_mark="step", excluded=self._excluded, known=self._dispatch_ptrs)
             if found is not None:
                 self._curve, left_out = found
@@ -614,7 +630,7 @@ class CpuProbe(_StepCurveViews):
                 continue
             import weakref
 
-            info = _StorageInfo(st.nbytes(), category, self._making)
+            info = _StorageInfo(st.nbytes(), category, self._making, st.data_ptr())
             ref = weakref.ref(st, lambda _ref, info=info: self._on_free(info))
             self._infos[st] = (info, ref)
             with self._lock:
@@ -622,10 +638,13 @@ class CpuProbe(_StepCurveViews):
                 self._live_by_cat[category] += info.nbytes
 
     def _on_free(self, info: _StorageInfo) -> None:
-        # weakref callbacks may run on any thread that drops the last reference
+        # weakref callbacks may run on any thread that drops the last reference: on another than
+        # this one (gloo's workers) c10 reports no free, so the allocator's ledger is told when
         with self._lock:
             self.live_bytes -= info.nbytes
             self._live_by_cat[info.category] -= info.nbytes
+            if threading.current_thread() is not threading.main_thread():
+                self._foreign_frees.append((time.time_ns(), info.ptr))
 
     def _on_resize(self, st: Any) -> None:
         found = self._infos.get(st) if self._infos is not None else None

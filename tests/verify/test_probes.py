@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from planner.config import TrainConfig  # noqa: E402
 from workers.probes import (  # noqa: E402
-    WORK_FREE,
+    DATED_FREE,
     CpuProbe,
     CudaProbe,
     MemoryProbe,
@@ -190,9 +190,12 @@ def test_a_free_on_a_thread_the_profiler_does_not_follow_is_not_reported_by_c10(
         after = torch.empty(1024, dtype=torch.uint8)
     finally:
         probe.stop()
-    # c10's total still holds the MiB; the ledger holds it too until its address is reused
-    assert [size for _, _, size, _ in probe._stream.events] == [MiB, 1024]
-    assert probe._stream.events[-1][1] == MiB + 1024
+    # c10's total still holds the MiB (the drift); the ledger frees it when the dispatch count saw
+    # its storage die on the worker thread, before the 1024 B (it held it until its address was
+    # reused before)
+    assert [size for _, _, size, _ in probe._stream.events] == [MiB, -MiB, 1024]
+    assert probe._stream.made_by[1] == DATED_FREE
+    assert probe._stream.events[-1][1] == 1024 and probe.allocator_drift_bytes == MiB
     del after
 
 
@@ -232,10 +235,14 @@ def test_the_ledger_frees_a_collectives_own_block_when_its_gloo_run_ends():
     assert [(t, live, size) for t, live, size, _ in events] == [
         (1, 100, 100), (2, 150, 50), (4, 100, -50), (5, 0, -100), (6, 300, 300), (7, 320, 20), (8 + 1, 300, -20),
         (9, 310, 10)]
-    assert made_by[3] == WORK_FREE and made_by[6].startswith("(freed on a thread")
+    assert made_by[3] == DATED_FREE and made_by[6].startswith("(freed on a thread")
     assert drift == 430 - 310
     # without the gloo runs C stays live (the ledger's rule before: it has no address reuse to go by)
     assert max(live for _, live, _, _ in allocator_ledger(raw)[0]) == 420
+    # F is a gradient gloo's thread let go of last: the dispatch count saw its storage die at 8
+    events, made_by, _ = allocator_ledger(raw, [(3, 5)], [(8, 0xF), (3, 0xD)])  # D's is before it was made
+    assert [(t, live, size) for t, live, size, _ in events][-3:] == [(7, 320, 20), (8, 300, -20), (9, 310, 10)]
+    assert made_by[-2] == DATED_FREE
 
 
 def test_step_curve_leaves_out_excluded_blocks_until_they_are_freed():
