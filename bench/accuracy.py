@@ -498,6 +498,43 @@ ROW_NOTES: list[tuple[str, str, str]] = [
         "it). Without checkpointing both peak at the loss' backward as before (exact).")),
 ]
 
+# the multi-rank rows (issue 24): 2 ranks over gloo
+ROW_NOTES += [
+    ("llama-8k", "fsdp2", (
+        "FSDP2 on 2 ranks (planner/sharding/fsdp2.py; fully_shard on each decoder layer, then the root with torch's "
+        "default, not resharded after forward, as accelerate leaves it): each rank keeps its fp32 shards, their "
+        "gradients and AdamW's moments; the root (embeddings, lm_head, final norm) unsharded in bf16 from the first "
+        "forward to the end of backward with one all-gather output beside it (the root's pre-backward prefetches the "
+        "last layer as the loss' backward starts, 1,598,976 B with its adapters). Full fine-tuning peaks at the root's "
+        "reduce-scatter: its fp32 input (16,385,024 B) and output shard, gloo's flat copy of the input "
+        "(ProcessGroupGloo `_reduce_scatter_base`, 16,385,024 B, the CPU only) and lm_head's bf16 gradient; with or "
+        "without checkpointing, since a layer's activations are small beside the root here. LoRA peaks at the loss' "
+        "backward: FSDP2 gathers peft's fp32 adapters in bf16 (param_dtype), so no adapter keeps an fp32 copy of its "
+        "input (the model counted one per adapter before: +3.6 %). Run to run the allocator read 84,148,608 B or "
+        "81,246,592 B on a rank of the full row: the last layer's gloo copy (2,902,016 B) is held only by its "
+        "collective's work, which the caller's thread or gloo's worker thread drops last, a race; c10 reports no "
+        "free on gloo's thread, so the ledger kept the block until its address came back. The dispatch count, whose "
+        "storage callbacks run on any thread, read 81,246,580 B every time. The probe now frees such a block when "
+        "its gloo run ends (workers/probes.py `_work_frees`): 6 rank readings of 3 runs, all 81,246,592 B; the model "
+        "counts the physical peak, without the last layer's copy. CPUOffloadPolicy is not rowed: where the device "
+        "is the host its copies to and from the device are no-ops (fsdp/_fully_shard/_fsdp_param.py "
+        "`sharded_param_data.to(self.device)`, the reduce-scatter output's `.to(\"cpu\")`, pin_memory off), so "
+        "the run holds what the run without it holds (plus per-parameter bf16 casts at each gather: offload turns "
+        "off the foreach copy-in, _fsdp_collectives.py `use_foreach_copy`), while the plan splits it into device "
+        "and host bytes: the allocator's one number checks neither.")),
+    ("llama-8k", "zero", (
+        "ZeRO on 2 ranks: ZeRO-3 keeps every parameter gathered from its forward to its backward (it is used again "
+        "within stage3_max_reuse_distance, 1e9 elements: partitioned_param_coordinator.py l.653-662), so the loss' "
+        "backward runs with the whole bf16 model gathered, lm_head included (11,091,968 B; before this term the row "
+        "read -4.74 %); with LoRA the frozen embedding and layer 0's frozen q/k/v run no backward and are released "
+        "(7,013,376 B live). DeepSpeed casts LoRA's adapters to bf16 with the rest of the model "
+        "(engine.py `_cast_module_mixed_precision`): no fp32 copy of an adapter's input (the model counted one: "
+        "+9.2 % and +9.1 %), bf16 adapters whole under ZeRO-2 and partitioned under ZeRO-3 (but the 2,048-element "
+        "k/v lora_B, under the persistence threshold of 10 x hidden); ZeRO-3's mem-efficient linear saves the frozen "
+        "lm_head's input (131,072 B). Left: ZeRO-2 allocates its reduce bucket (131,072 B) after the loss' backward "
+        "(LoRA +0.31 %); ZeRO-2 full reads -0.29 % at the step.")),
+]
+
 # the 2025-26 families (issue 23)
 ROW_NOTES += [
     ("deepseek-v3", "", (

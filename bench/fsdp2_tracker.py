@@ -75,6 +75,7 @@ def _rank_main() -> int:
     with tracker:
         for _ in range(job["steps"] - 1):
             one_step()
+            tracker.reset_mod_stats()  # it refuses a module's second forward otherwise
     with tracker:  # the peak starts again from what is live now: the last step's
         one_step()
     peak = tracker.get_tracker_snapshot("peak")
