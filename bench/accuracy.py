@@ -531,8 +531,10 @@ ROW_NOTES += [
         "(engine.py `_cast_module_mixed_precision`): no fp32 copy of an adapter's input (the model counted one: "
         "+9.2 % and +9.1 %), bf16 adapters whole under ZeRO-2 and partitioned under ZeRO-3 (but the 2,048-element "
         "k/v lora_B, under the persistence threshold of 10 x hidden); ZeRO-3's mem-efficient linear saves the frozen "
-        "lm_head's input (131,072 B). Left: ZeRO-2 allocates its reduce bucket (131,072 B) after the loss' backward "
-        "(LoRA +0.31 %); ZeRO-2 full reads -0.29 % at the step.")),
+        "lm_head's input (131,072 B). ZeRO-2 full: before the probe dated frees on gloo's threads by the dispatch count, "
+        "a rank read 81,760,040 or 78,016,296 B run to run (lm_head's bf16 gradient, 4,096,000 B, released by gloo's "
+        "thread after its reduction, still counted at the step); since, 77,664,040 B on every rank of 3 runs. Left: "
+        "ZeRO-2 allocates its reduce bucket (131,072 B) after the loss' backward (LoRA +0.31 %).")),
 ]
 
 # the 2025-26 families (issue 23)
