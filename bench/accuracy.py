@@ -94,6 +94,8 @@ ARCHS |= {
 }
 
 _BASE = dict(micro_batch=2, seq_len=256, precision="bf16-mixed", optimizer="adamw")
+#: the multi-rank rows: 2 ranks over gloo, 128 tokens (what tests/sharding/test_fsdp2.py runs)
+_RANK_BASE = dict(gpus=2, seq_len=128)
 
 #: (architecture, changes to _BASE); the first row of each architecture is the --quick set
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -188,13 +190,27 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("mixtral", dict(method="lora", grad_ckpt=True)),
     ("qwen3-moe", dict(method="lora", grad_ckpt=True, precision="bf16", lora_targets=("q_proj", "v_proj"))),
     # 2 ranks over gloo (workers/ranks.py), each measuring its own peak; the row's is the worst
-    # rank's: FSDP2 full and LoRA, with and without checkpointing (CPUOffloadPolicy has no
-    # meaning on a CPU device: the run's device is the host)
-    ("llama", dict(sharding="fsdp2", gpus=2)),
-    ("llama", dict(sharding="fsdp2", gpus=2, method="lora")),
-    ("llama", dict(sharding="fsdp2", gpus=2, grad_ckpt=True)),
-    ("llama", dict(sharding="fsdp2", gpus=2, method="lora", grad_ckpt=True)),
+    # rank's: FSDP2 full and LoRA, with and without checkpointing, and ZeRO-2/3, on a llama small
+    # enough for a 2-rank row to take about a minute (_RANK_BASE; CPUOffloadPolicy is not rowed:
+    # on a CPU device its copies to the device are no-ops, see ROW_NOTES)
+    *[("llama-8k", _RANK_BASE | changes) for changes in (
+        dict(sharding="fsdp2"),
+        dict(sharding="fsdp2", method="lora"),
+        dict(sharding="fsdp2", grad_ckpt=True),
+        dict(sharding="fsdp2", method="lora", grad_ckpt=True),
+        dict(zero=2),
+        dict(zero=3),
+        dict(zero=2, method="lora"),
+        dict(zero=3, method="lora"),
+    )],
 ]
+
+# the multi-rank rows' model (after the every-architecture rows): 2 decoder layers, vocabulary 8000, untied head (tests/sharding/test_fsdp2.py's TINY_LLAMA): a 2-rank
+# row takes about a minute on the 2-core machine; its root unit (4.1 M parameters) is most of the model,
+# as Llama-3's embeddings and head are a large part of an 8B
+ARCHS["llama-8k"] = dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=8000, max_position_embeddings=512,
+                         rms_norm_eps=1e-5, tie_word_embeddings=False)
 
 # the 2025-26 families (issue 23; their full bf16-mixed rows are among the every-architecture ones): mixed
 # dense/MoE blocks and shared experts (LoRA all-linear: peft has no
@@ -482,6 +498,45 @@ ROW_NOTES: list[tuple[str, str, str]] = [
         "it). Without checkpointing both peak at the loss' backward as before (exact).")),
 ]
 
+# the multi-rank rows (issue 24): 2 ranks over gloo
+ROW_NOTES += [
+    ("llama-8k", "fsdp2", (
+        "FSDP2 on 2 ranks (planner/sharding/fsdp2.py; fully_shard on each decoder layer, then the root with torch's "
+        "default, not resharded after forward, as accelerate leaves it): each rank keeps its fp32 shards, their "
+        "gradients and AdamW's moments; the root (embeddings, lm_head, final norm) unsharded in bf16 from the first "
+        "forward to the end of backward with one all-gather output beside it (the root's pre-backward prefetches the "
+        "last layer as the loss' backward starts, 1,598,976 B with its adapters). Full fine-tuning peaks at the root's "
+        "reduce-scatter: its fp32 input (16,385,024 B) and output shard, gloo's flat copy of the input "
+        "(ProcessGroupGloo `_reduce_scatter_base`, 16,385,024 B, the CPU only) and lm_head's bf16 gradient; with or "
+        "without checkpointing, since a layer's activations are small beside the root here. LoRA peaks at the loss' "
+        "backward: FSDP2 gathers peft's fp32 adapters in bf16 (param_dtype), so no adapter keeps an fp32 copy of its "
+        "input (the model counted one per adapter before: +3.6 %). Run to run the allocator read 84,148,608 B or "
+        "81,246,592 B on a rank of the full row: the last layer's gloo copy (2,902,016 B) is held only by its "
+        "collective's work, which the caller's thread or gloo's worker thread drops last, a race; c10 reports no "
+        "free on gloo's thread, so the ledger kept the block until its address came back. The dispatch count, whose "
+        "storage callbacks run on any thread, read 81,246,580 B every time. The probe now frees such a block when "
+        "its gloo run ends (workers/probes.py `_work_frees`): 6 rank readings of 3 runs, all 81,246,592 B; the model "
+        "counts the physical peak, without the last layer's copy. CPUOffloadPolicy is not rowed: where the device "
+        "is the host its copies to and from the device are no-ops (fsdp/_fully_shard/_fsdp_param.py "
+        "`sharded_param_data.to(self.device)`, the reduce-scatter output's `.to(\"cpu\")`, pin_memory off), so "
+        "the run holds what the run without it holds (plus per-parameter bf16 casts at each gather: offload turns "
+        "off the foreach copy-in, _fsdp_collectives.py `use_foreach_copy`), while the plan splits it into device "
+        "and host bytes: the allocator's one number checks neither.")),
+    ("llama-8k", "zero", (
+        "ZeRO on 2 ranks: ZeRO-3 keeps every parameter gathered from its forward to its backward (it is used again "
+        "within stage3_max_reuse_distance, 1e9 elements: partitioned_param_coordinator.py l.653-662), so the loss' "
+        "backward runs with the whole bf16 model gathered, lm_head included (11,091,968 B; before this term the row "
+        "read -4.74 %); with LoRA the frozen embedding and layer 0's frozen q/k/v run no backward and are released "
+        "(7,013,376 B live). DeepSpeed casts LoRA's adapters to bf16 with the rest of the model "
+        "(engine.py `_cast_module_mixed_precision`): no fp32 copy of an adapter's input (the model counted one: "
+        "+9.2 % and +9.1 %), bf16 adapters whole under ZeRO-2 and partitioned under ZeRO-3 (but the 2,048-element "
+        "k/v lora_B, under the persistence threshold of 10 x hidden); ZeRO-3's mem-efficient linear saves the frozen "
+        "lm_head's input (131,072 B). ZeRO-2 full: before the probe dated frees on gloo's threads by the dispatch count, "
+        "a rank read 81,760,040 or 78,016,296 B run to run (lm_head's bf16 gradient, 4,096,000 B, released by gloo's "
+        "thread after its reduction, still counted at the step); since, 77,664,040 B on every rank of 3 runs. Left: "
+        "ZeRO-2 allocates its reduce bucket (131,072 B) after the loss' backward (LoRA +0.31 %).")),
+]
+
 # the 2025-26 families (issue 23)
 ROW_NOTES += [
     ("deepseek-v3", "", (
@@ -567,11 +622,48 @@ def _markdown(rows: list[dict[str, Any]], *, device: str) -> str:
             f"Against the dispatch count: median |error| {statistics.median(dispatch):.3f} %, max |error| {max(dispatch):.3f} %."
         )
     if device == "cpu":
+        lines += _rank_section(rows)
         notes = _row_notes(rows)
         if notes:
             lines += ["", "## Findings by row", ""] + notes
         lines += ["", "## Where the remaining error comes from", ""] + [f"- {note}" for note in CPU_NOTES]
     return "\n".join(lines) + "\n"
+
+
+def _rank_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The multi-rank rows again, each rank's peak beside the prediction for one rank and, for
+    FSDP2, torch's ``FSDPMemTracker`` on the same configuration (``bench/fsdp2_tracker.py``)."""
+    ranked = [(i, r) for i, r in enumerate(rows, 1) if r.get("rank_peaks") and len(r["rank_peaks"]) > 1]
+    if not ranked:
+        return []
+    tracker_path = RESULTS / "accuracy-cpu-tracker.json"
+    trackers = {(t["arch"], t["config"]): t for t in json.loads(tracker_path.read_text())} if tracker_path.exists() else {}
+    lines = [
+        "", "## Multi-rank rows: planner, c10's allocator and torch's FSDPMemTracker", "",
+        "Each rank is a process of its own, the ranks joined over gloo (`workers/ranks.py`); predicted: one rank's "
+        "peak; measured: each rank's peak by c10's allocator (the row above is the worst rank's); tracker: "
+        "`torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`'s peak of the last step on each rank "
+        "(`python bench/fsdp2_tracker.py`; it follows FSDP2 modules only).", "",
+        "| # | arch | config | predicted | measured per rank | error % (worst rank) | tracker per rank | "
+        "tracker vs measured % |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for i, r in ranked:
+        tracked = [t["peak"] for t in trackers.get((r["arch"], r["config"]), {}).get("ranks", [])]
+        if tracked and None not in tracked:
+            worst = max(tracked)
+            tracker, vs = " / ".join(f"{p:,}" for p in tracked), _pct(_error(worst, max(r["rank_peaks"])))
+        else:
+            tracker, vs = "-", "-"
+        measured = " / ".join(f"{p:,}" for p in r["rank_peaks"] if p is not None)
+        predicted = f"{r['predicted_bytes']:,}" if r["predicted_bytes"] is not None else "n/a"
+        lines.append(f"| {i} | {r['arch']} | {r['config']} | {predicted} | {measured} | {_pct(r['error_pct'])} | "
+                     f"{tracker} | {vs} |")
+    errors = [abs(r["error_pct"]) for _, r in ranked if r["error_pct"] is not None]
+    if errors:
+        lines += ["", f"Multi-rank rows: {len(errors)}; median |error| {statistics.median(errors):.3f} %, "
+                      f"max |error| {max(errors):.3f} %."]
+    return lines
 
 
 def _row_key(arch: str, config_dict: dict[str, Any]) -> str:

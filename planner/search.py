@@ -303,9 +303,10 @@ def _static_key(config: TrainConfig) -> tuple:
 def _batch_key(config: TrainConfig) -> tuple:
     """What the per-micro-batch terms depend on: the fields declared ``BATCH``, and the precision
     and DeepSpeed only through the dtype mode (bf16 and fp16 autocast type every tensor alike, so do
-    pure bf16 and DeepSpeed's 16-bit model). The adapter fields and checkpointing come last
+    pure bf16 and DeepSpeed's 16-bit model), and whether the scheme's linear layers save every
+    input (ZeRO-3: a frozen head keeps its input). The adapter fields and checkpointing come last
     (``_Knobs.batch_prefix``)."""
-    return (mode_of(config), *_BATCH_FIELDS(config))
+    return (mode_of(config), config.sharding.spec.linear_saves_input, *_BATCH_FIELDS(config))
 
 
 class _Static(NamedTuple):

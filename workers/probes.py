@@ -177,22 +177,72 @@ def thin(points: list[list], max_points: int) -> list[list]:
     return [points[i] for i in sorted(keep)]
 
 
+#: made-by of a free c10 did not report, which the ledger dates (``_unreported_frees``)
+DATED_FREE = "(freed on another thread, dated)"
+
+
+def _unreported_frees(raw: list[tuple[int, int, int, int, str]], gloo_runs: list[tuple[int, int]],
+                      dated: Mapping[int, list[int]]) -> list[tuple[int, None, int, int, str]]:
+    """Frees c10 did not report (they happened on gloo's worker threads, which the profiler does not
+    follow), dated: a block allocated at an address whose next event is an allocation again (or
+    nothing) was freed unseen in between. When the dispatch count saw a storage at that address die
+    on another thread (``dated``: address -> times, ``CpuProbe``'s weakref callbacks, which run on
+    the thread that drops the last reference) in between, that is when; else, for a block a
+    collective made for itself (allocated inside a ``c10d::`` op: gloo's flat copy of a
+    reduce-scatter's input, ProcessGroupGloo ``_reduce_scatter_base``), which nothing but the
+    collective's work holds and which the work drops as soon as gloo has run it, the end of the
+    first gloo run (a ``gloo:`` range) that starts after it was made. Else it stays until its
+    address comes back (``allocator_ledger``)."""
+    following: list[int | None] = [None] * len(raw)  # the index of the next event at the same address
+    seen: dict[int, int] = {}
+    for i in range(len(raw) - 1, -1, -1):
+        following[i] = seen.get(raw[i][3])
+        seen[raw[i][3]] = i
+    out = []
+    for i, (t, _, size, ptr, ops) in enumerate(raw):
+        if size <= 0 or (ptr not in dated and "c10d::" not in ops):
+            continue
+        j = following[i]
+        if j is not None and raw[j][2] == -size:
+            continue  # its free was reported
+        reuse = raw[j][0] if j is not None else float("inf")
+        when = next((d for d in sorted(dated.get(ptr, ())) if t < d < reuse), None)
+        if when is None and "c10d::" in ops:
+            when = next((e for s, e in gloo_runs if s >= t), None)
+        if when is not None and when < reuse:
+            out.append((when, None, -size, ptr, DATED_FREE))
+    return out
+
+
 def allocator_ledger(
-    raw: Iterable[tuple[int, int, int, int, str]],
+    raw: Iterable[tuple[int, int, int, int, str]], gloo_runs: Iterable[tuple[int, int]] = (),
+    dated_frees: Iterable[tuple[int, int]] = (),
 ) -> tuple[list[tuple[int, int, int, int]], list[str], int]:
     """c10's ``(time_ns, total_allocated, signed size, address, made by)`` events in order, as a
     ledger of live blocks by address: ``(events (time_ns, bytes live, signed size, address), made
     by per event, drift)``. An allocation at an address still live means that block's free was not
     reported (it happened on a thread the profiler does not follow): a free of it is inserted
-    first. A free of a block the ledger does not hold (allocated before the profile) is skipped, as
-    c10 skips it. ``drift``: c10's final total minus the ledger's (blocks c10 still counts)."""
+    first. A free that went unreported is dated where the dispatch count saw the storage die
+    (``dated_frees``: (time, address) of frees on other threads) or, for a block a collective made
+    for itself, when the gloo run after it ends (``gloo_runs``: (start, end) of gloo's runs;
+    ``_unreported_frees``). A free of
+    a block the ledger does not hold (allocated before the profile) is skipped, as c10 skips it.
+    ``drift``: c10's final total minus the ledger's (blocks c10 still counts)."""
+    raw = list(raw)
+    runs = sorted(gloo_runs)
+    dated: dict[int, list[int]] = {}
+    for when, ptr in dated_frees:
+        dated.setdefault(ptr, []).append(when)
+    if runs or dated:
+        raw = sorted(raw + _unreported_frees(raw, runs, dated), key=lambda a: a[0])  # stable: c10's order kept
     live: dict[int, int] = {}
     events, made_by, total = [], [], 0
     first = last = None
     for t, c10_total, size, ptr, ops in raw:
-        if first is None:
-            first = c10_total - size  # c10's total when the profiler started
-        last = c10_total
+        if c10_total is not None:
+            if first is None:
+                first = c10_total - size  # c10's total when the profiler started
+            last = c10_total
         if size > 0 and ptr in live:
             total -= live[ptr]
             events.append((t, total, -live.pop(ptr), ptr))
@@ -251,17 +301,18 @@ class AllocatorStream:
         with record_function(_MARK + name):
             pass
 
-    def stop(self) -> None:
+    def stop(self, dated_frees: Iterable[tuple[int, int]] = ()) -> None:
+        """``dated_frees``: (time_ns, address) of storages seen dying on other threads (``allocator_ledger``)."""
         if self._prof is None:
             return
         prof, self._prof = self._prof, None
         prof.__exit__(None, None, None)
-        self._read(prof.kineto_results.experimental_event_tree())
+        self._read(prof.kineto_results.experimental_event_tree(), list(dated_frees))
 
-    def _read(self, roots: list) -> None:
+    def _read(self, roots: list, dated_frees: list[tuple[int, int]] = ()) -> None:
         from torch._C._profiler import _EventType
 
-        raw, marks = [], []
+        raw, marks, gloo_runs = [], [], []
         stack = [(event, ()) for event in roots]
         while stack:
             event, ops = stack.pop()
@@ -270,13 +321,15 @@ class AllocatorStream:
                 raw.append((event.start_time_ns, fields.total_allocated, fields.alloc_size, fields.ptr, " < ".join(ops)))
             elif kind == _EventType.TorchOp and event.name.startswith(_MARK):
                 marks.append((event.start_time_ns, event.name[len(_MARK):]))
+            elif kind == _EventType.TorchOp and event.name.startswith("gloo:"):
+                gloo_runs.append((event.start_time_ns, event.end_time_ns))
             # the dispatch probe's own mode shows up as an op around every op: not a maker
             own = kind != _EventType.TorchOp or event.name == "PythonDispatchMode"
             stack.extend((child, ops if own else (event.name,) + ops[:2]) for child in event.children)
         # c10's running total orders the events of one thread exactly; time orders threads
         raw.sort(key=lambda a: (a[0], a[1]))
         self.marks = sorted(marks)
-        self.events, self.made_by, self.drift_bytes = allocator_ledger(raw)
+        self.events, self.made_by, self.drift_bytes = allocator_ledger(raw, gloo_runs, dated_frees)
 
     def step_start_ns(self, step_mark: str) -> int | None:
         return max((t for t, name in self.marks if name == step_mark), default=None)
@@ -337,12 +390,13 @@ def _grouped(blocks: Iterable[tuple[int, str]]) -> list[tuple[int, int, str]]:
 
 
 class _StorageInfo:
-    __slots__ = ("nbytes", "category", "made_by")
+    __slots__ = ("nbytes", "category", "made_by", "ptr")
 
-    def __init__(self, nbytes: int, category: str, made_by: str = "") -> None:
+    def __init__(self, nbytes: int, category: str, made_by: str = "", ptr: int = 0) -> None:
         self.nbytes = nbytes
         self.category = category
         self.made_by = made_by
+        self.ptr = ptr
 
 #: With ``trace``, the live storages are listed again whenever the peak has grown by this much
 #: since the last listing, so the listing is within this many bytes of the peak.
@@ -390,6 +444,7 @@ class CpuProbe(_StepCurveViews):
         self._stream = AllocatorStream() if allocator else None
         self._excluded: dict[int, int] = {}
         self._dispatch_ptrs: set[int] = set()
+        self._foreign_frees: list[tuple[int, int]] = []
         self._left_out: list[tuple[int, str]] = []
         self._curve: StepCurve | None = None
         self.trace = trace
@@ -492,7 +547,7 @@ class CpuProbe(_StepCurveViews):
         torch.UntypedStorage.resize_ = self._orig_resize
         self._mode = None
         if self._stream is not None:
-            self._stream.stop()
+            self._stream.stop(self._foreign_frees)
             found = self._stream.curve(step_mark="step", excluded=self._excluded, known=self._dispatch_ptrs)
             if found is not None:
                 self._curve, left_out = found
@@ -575,7 +630,7 @@ class CpuProbe(_StepCurveViews):
                 continue
             import weakref
 
-            info = _StorageInfo(st.nbytes(), category, self._making)
+            info = _StorageInfo(st.nbytes(), category, self._making, st.data_ptr())
             ref = weakref.ref(st, lambda _ref, info=info: self._on_free(info))
             self._infos[st] = (info, ref)
             with self._lock:
@@ -583,10 +638,13 @@ class CpuProbe(_StepCurveViews):
                 self._live_by_cat[category] += info.nbytes
 
     def _on_free(self, info: _StorageInfo) -> None:
-        # weakref callbacks may run on any thread that drops the last reference
+        # weakref callbacks may run on any thread that drops the last reference: on another than
+        # this one (gloo's workers) c10 reports no free, so the allocator's ledger is told when
         with self._lock:
             self.live_bytes -= info.nbytes
             self._live_by_cat[info.category] -= info.nbytes
+            if threading.current_thread() is not threading.main_thread():
+                self._foreign_frees.append((time.time_ns(), info.ptr))
 
     def _on_resize(self, st: Any) -> None:
         found = self._infos.get(st) if self._infos is not None else None

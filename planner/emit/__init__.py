@@ -84,8 +84,9 @@ def _dtype_why(config: "TrainConfig", dtype: str) -> str:
         return "the compute dtype; the 4-bit weights come from bnb_config.json"
     if dtype != "float32":
         return f"pure {config.precision}: weights, gradients and optimizer states in {dtype}"
-    if config.precision.is_mixed and config.sharding.spec.casts_model:
-        return "loaded in fp32; DeepSpeed casts it to 16-bit and keeps fp32 master weights (ds_config.json)"
+    cast = config.sharding.spec.cast_words("bf16" if config.precision.needs_bf16 else "fp16")
+    if config.precision.is_mixed and cast is not None:
+        return cast[1]
     if config.precision.is_mixed:
         return "fp32 weights; 16-bit compute by autocast (bf16/fp16 in training_args.json)"
     return "fp32 weights and compute"

@@ -29,10 +29,9 @@ def _method_words(config: TrainConfig) -> str:
 
 
 def _precision_words(config: TrainConfig) -> str:
-    if config.sharding.spec.casts_model and config.precision.is_mixed:
-        # deepspeed/runtime/engine.py: the bf16/fp16 mode casts the model, the optimizer keeps fp32 masters
-        dtype = "bf16" if config.precision.needs_bf16 else "fp16"
-        return f"DeepSpeed's {dtype} mode: {dtype} weights and compute, fp32 master weights in the optimizer partition"
+    cast = config.sharding.spec.cast_words("bf16" if config.precision.needs_bf16 else "fp16")
+    if cast is not None and config.precision.is_mixed:
+        return cast[0]  # the scheme's own words for its 16-bit cast (DeepSpeed's mode, FSDP2's policy)
     return _PRECISION_WORDS[config.precision]
 
 

@@ -24,7 +24,7 @@ from planner.config import Attention, Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
 from planner.memory import moe
 from planner.memory.attention import attention_terms, effective_attention, padding_mask
-from planner.memory.dtypes import ADAPTER_BYTES, FP32, HALF, INT64, DtypeMode, mode_of
+from planner.memory.dtypes import FP32, HALF, INT64, DtypeMode, mode_of
 from planner.memory.parameters import lora_targets
 from planner.memory.shapes import BlockContext, Dims, block_context, block_input_needs_grad, dims_of
 from planner.modelspec import LATENT_UP, LinearKind, LinearSpec, ModelSpec
@@ -239,15 +239,16 @@ def _shared_expert_terms(ctx: BlockContext) -> dict[str, int]:
 
 
 def _lora_activations(ctx: BlockContext) -> int:
-    """lora_B saves lora_A's output (tokens x r), 16-bit under autocast."""
+    """lora_B saves lora_A's output (tokens x r) in the adapters' compute dtype (``DtypeMode.adapter``)."""
     r = ctx.config.lora_r or 0
-    a_bytes = HALF if ctx.mode.autocast else FP32
+    a_bytes = ctx.mode.adapter
     return ctx.dims.tokens * r * a_bytes * sum([lin.active for lin in ctx.adapted])
 
 
 def _dropped_bytes(ctx: BlockContext, lin: LinearSpec) -> int:
-    """The dtype dropout runs in: peft's Linear casts its input to the fp32 adapter's dtype first
-    (LoraLayer._cast_input_dtype in Linear.forward); bnb's Linear4bit LoRA casts only outside
+    """The dtype dropout runs in: peft's Linear casts its input to the adapter's dtype first
+    (LoraLayer._cast_input_dtype in Linear.forward; fp32, or 16-bit in a model cast with its
+    adapters: ``DtypeMode.adapter_weight``); bnb's Linear4bit LoRA casts only outside
     autocast (peft/tuners/lora/bnb.py: requires_conversion = not torch.is_autocast_enabled()), so
     under CUDA autocast QLoRA drops the input as it comes: the residual stream's dtype before q/k/v
     and gate/up (and an MoE router and a cross-attention's q/k/v, which read the normed stream or
@@ -255,7 +256,7 @@ def _dropped_bytes(ctx: BlockContext, lin: LinearSpec) -> int:
     query asks CUDA's autocast state only (KernelProfile.plain_autocast_query): on the CPU bnb
     casts too."""
     if ctx.config.method is not Method.QLORA or not ctx.mode.autocast or not ctx.kernels.plain_autocast_query:
-        return ADAPTER_BYTES
+        return ctx.mode.adapter_weight
     kind = lin.kind
     if kind in (LinearKind.ATTN_IN, LinearKind.MLP_IN, LinearKind.ROUTER, LinearKind.SHARED_GATE,
                 LinearKind.CROSS_ATTN_IN):
@@ -373,7 +374,7 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         # dtype of the final norm's output (the residual stream's)
         out["loss/fused_grad_input"] = e * h * mode.residual
         return out
-    if full:
+    if full or config.sharding.spec.linear_saves_input:
         out["lm_head/input"] = e * h * (HALF if mode.autocast else mode.residual)
     if mode.autocast:
         out["autocast/weight_casts"] = model.vocab_size * h * HALF
@@ -565,7 +566,7 @@ def _down_saved(ctx: BlockContext) -> int:
         if not ctx.full and mode.adapter_input:
             total += sum([e * lin.in_features * (mode.adapter_input - mode.compute) for lin in targeted])
     r = ctx.config.lora_r or 0
-    total += sum([lin.active * e * r * (HALF if mode.autocast else FP32) for lin in targeted])
+    total += sum([lin.active * e * r * mode.adapter for lin in targeted])
     if mode.autocast:
         if ctx.config.method is not Method.QLORA:
             total += sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down])
@@ -661,7 +662,7 @@ def _grads_before_down(ctx: BlockContext) -> int:
     mode, e, h = ctx.mode, ctx.dims.tokens, ctx.dims.h
     total = mode.residual + (mode.compute if mode.compute != mode.residual else 0)
     if LinearKind.MLP_OUT in ctx.targeted_kinds:
-        lora_out = HALF if mode.autocast else ADAPTER_BYTES
+        lora_out = mode.adapter
         total += (mode.compute if max(mode.compute, lora_out) != mode.compute else 0) + lora_out
     return e * h * total
 
@@ -696,13 +697,13 @@ def _recompute_stops(ctx: BlockContext, down_saved: int) -> list[tuple[int, int]
     down = ctx.adapted_of(LinearKind.MLP_OUT)
     local = outer + (0 if keeps_output or _read_as_is(ctx, LinearKind.MLP_OUT, mode.compute) else inter * mode.compute)
     if down:
-        if mode.compute != ADAPTER_BYTES and (mode.autocast or ctx.lora_dropout):
-            local += inter * ADAPTER_BYTES
+        if mode.compute != mode.adapter_weight and (mode.autocast or ctx.lora_dropout):
+            local += inter * mode.adapter_weight
         local += sum([lin.active * e * lin.out_features * mode.compute for lin in down])
     stops = [(0, local)]
     up = ctx.adapted_of(LinearKind.MLP_IN)
     if model.gated_mlp and up:
-        lora_out = HALF if mode.autocast else ADAPTER_BYTES
+        lora_out = mode.adapter
         if ctx.config.method is Method.QLORA and not (mode.autocast and ctx.kernels.plain_autocast_query):
             # bnb's LoRA casts the adapter output to the base output's dtype before the sum
             # (peft/tuners/lora/bnb.py:549-552 ``output = output.to(expected_dtype)``): no promotion

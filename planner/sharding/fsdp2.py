@@ -137,6 +137,13 @@ class FSDP2(ShardingSpec):
     def plan_line(self, offload: Offload) -> str:
         return f"FSDP2 (fully_shard, one unit per decoder layer + root), {self.offload_words(offload)}"
 
+    def cast_words(self, dtype: str) -> tuple[str, str]:
+        # _fsdp_param.py init_dtype_attrs / _init_sharded_param: the sharded parameters keep their
+        # own dtype, the all-gather casts them to MixedPrecisionPolicy.param_dtype
+        return (f"FSDP2's MixedPrecisionPolicy: fp32 sharded weights (the master weights), each unit gathered in "
+                f"{dtype} for its forward and backward (param_dtype), gradients reduce-scattered in fp32 (reduce_dtype)",
+                f"loaded in fp32; FSDP2 keeps the fp32 shards and gathers them in {dtype} (MixedPrecisionPolicy in fsdp_config)")
+
     def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
         notes = ["FSDP2 keeps the root unit (embeddings, output head) unsharded from forward to the end of "
                  "backward (torch fsdp/_fully_shard/_fsdp_state.py _lazy_init: the root is not resharded after forward)"]
@@ -188,10 +195,14 @@ class FSDP2(ShardingSpec):
         per_layer = max(1, model.num_layers)
         trainable_unit = (t.count - root_trainable) // per_layer
         unit = unit_bytes(model, compute=compute, adapters_per_layer=0 if full else trainable_unit)
-        # the running unit unsharded and one all-gather buffer (forward: the kept flat output,
-        # backward: the prefetched unit); one rank copies into the unsharded tensors, no buffer kept
-        states[self.step_key("gathered")] = unit * (2 if n > 1 else 1)
-        states[self.step_key("held")] = root * compute
+        # the running unit unsharded; and, from the first unshard to the end of backward, the root
+        # unsharded and one all-gather output (forward: the last one, kept until the next unit's
+        # copy-out; backward: the prefetched unit's, made as soon as backward starts, by the root's
+        # pre-backward, before any unit is copied out: measured on 2 CPU ranks, LoRA's peak at the
+        # loss' backward holds it, 1,598,976 B); one rank copies into the unsharded tensors, no
+        # buffer kept
+        states[self.step_key("gathered")] = unit
+        states[self.step_key("held")] = root * compute + (unit if n > 1 else 0)
         # backward: this unit's unsharded 16-bit gradients and the previous unit's fp32
         # reduce-scatter input; the head's gradients wait unsharded in the root
         head = head_params(model) * compute if full else 0
@@ -204,11 +215,11 @@ class FSDP2(ShardingSpec):
         # and on the CPU gloo's copy of the input (ProcessGroupGloo _reduce_scatter_base clones it:
         # measured, "aten::clone < c10d::_reduce_scatter_base_")
         states[self.step_key("gradient_flatten")] = root_trainable * reduce + head
-        # gloo's pending work may also still hold the last unit's reduce-scatter input when the
-        # root's is allocated (FSDP2 drops its reference first, _fsdp_param_group.py l.648-659;
-        # measured on 2 CPU ranks both ways, 81,246,592 and 84,148,608 B): counted on the CPU,
-        # the worse of the two
-        states[_GLOO_COPY] = root_trainable * reduce + (trainable_unit * reduce if full else 0)
+        # gloo's copy of the root's input, alive while its reduce-scatter runs; the last unit's
+        # copy is gone by then (its work is dropped as soon as gloo has run it: on 2 CPU ranks the
+        # allocator read it still live only where gloo's thread let go last, a free c10 does not
+        # report, 84,148,608 B against 81,246,592; the dispatch count read 81,246,580 every time)
+        states[_GLOO_COPY] = root_trainable * reduce
         return states, host
 
     def optimizer_tensors(self, t: Any, config: Any, param_bytes: int) -> tuple[tuple[tuple[int, int], ...], int] | None:
@@ -306,10 +317,14 @@ class FSDP2(ShardingSpec):
         layer_classes = set(getattr(base, "_no_split_modules", None) or ())
         if not layer_classes:
             raise InvalidConfigError(f"{type(base).__name__} names no _no_split_modules: FSDP2 has no decoder layer to wrap")
-        kwargs = dict(mp_policy=policy, offload_policy=offload, reshard_after_forward=True)
+        kwargs = dict(mp_policy=policy, offload_policy=offload)
         units = [m for m in model.modules() if type(m).__name__ in layer_classes]
         for module in units:
-            fully_shard(module, **kwargs)
+            fully_shard(module, reshard_after_forward=True, **kwargs)
+        # the root takes torch's default, not resharded after forward (_fully_shard.py l.246,
+        # _fsdp_state.py l.203-207), as accelerate leaves it (utils/fsdp_utils.py
+        # fsdp2_prepare_model: root_kwargs without reshard_after_forward); passing True would
+        # free its parameters after the forward and gather them again as backward starts
         fully_shard(model, **kwargs)
         trainable = [p for p in model.parameters() if p.requires_grad]
         return WorkerSetup(engine=model, optimizer=build_optimizer(trainable), autocast=False,
@@ -322,7 +337,7 @@ _GLOO_COPY = "fsdp2/gloo_reduce_scatter_copy"
 _KEYS = (
     BreakdownKey(_GLOO_COPY, "temporaries", size="gradient_flatten", gloo_only=True),
     BreakdownKey("fsdp2/gathered_unit", "weights", size="gathered"),
-    BreakdownKey("fsdp2/root_unsharded", "weights", size="held"),
+    BreakdownKey("fsdp2/root_and_gather_buffer", "weights", size="held"),
     BreakdownKey("fsdp2/reduce_scatter", "gradients", size="reducing"),
     BreakdownKey("fsdp2/reduce_scatter_end", "gradients", size="reducing_end"),
     BreakdownKey("fsdp2/root_reduce_scatter", "temporaries", size="gradient_flatten"),

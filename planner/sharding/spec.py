@@ -137,6 +137,10 @@ class ShardingSpec:
     """The library casts the model to its 16-bit communication dtype under mixed precision
     (DeepSpeed does), so no fp32 weights and no autocast weight copies
     (``planner.memory.dtypes.dtype_mode``)."""
+    linear_saves_input: bool = False
+    """Its linear layers save their input for backward whether the weight trains or not (DeepSpeed
+    ZeRO-3's ``LinearFunctionForZeroStage3``, runtime/zero/linear.py: ``ctx.save_for_backward(input,
+    weight, bias)``), so a frozen output head keeps its input (``planner.memory.activations``)."""
     flat_optimizer: bool = False
     """The optimizer steps one flat fp32 partition per rank (DeepSpeed's
     ``single_partition_of_fp32_groups``), not the model's tensors."""
@@ -169,6 +173,12 @@ class ShardingSpec:
     def plan_line(self, offload: Offload) -> str:
         """PLAN.md's line on it (``DeepSpeed: ZeRO-2, no offload``; ``DeepSpeed: not used``)."""
         return f"DeepSpeed: {self.words}"
+
+    def cast_words(self, dtype: str) -> tuple[str, str] | None:
+        """Where it casts the model to 16 bits under mixed precision (``casts_model``): what
+        PLAN.md says of the precision and the comment beside train.py's ``MODEL_DTYPE``, for the
+        16-bit ``dtype`` ("bf16", "fp16"); None: it does not (autocast does the 16-bit compute)."""
+        return None
 
     def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
         """Its trade-offs as the plans show them, with their sources (``planner.tradeoffs``);

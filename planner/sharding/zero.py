@@ -16,6 +16,7 @@ import os
 from typing import Any, Callable
 
 from planner.errors import InvalidConfigError, UnsupportedError
+from planner.modelspec import LinearKind
 from planner.optim import OPTIMIZERS, Optimizer, names
 from planner.optim.spec import FP32, HALF
 from planner.sharding.spec import BreakdownKey, Offload, ShardingSpec, WorkerSetup, join_process_group, ring
@@ -127,6 +128,40 @@ def zero3_gathered_bytes(model: Any, config: Any, t: Any, base_sizes: tuple[int,
     return live * comm_bytes(config)
 
 
+def _zero3_released_after_forward(model: Any, config: Any, base_sizes: tuple[int, ...]) -> int:
+    """Bytes of the gathered parameters ZeRO-3 releases after their forward because their module
+    runs no backward, so they are not used again within max_reuse_distance: with LoRA, the frozen
+    input embedding (untied; its output needs no gradient) and the first block's frozen q/k/v
+    weights (they read the normed embeddings, which need none either; their adapters' weights
+    train and run backward). Measured on 2 CPU ranks (llama-8k, LoRA all-linear): at the loss'
+    backward every gathered parameter but these is live (7,013,376 B of 11,371,520). Only where
+    every partitioned parameter is gathered at once (``zero3_live_params`` below its bound)."""
+    if not config.method.uses_adapters or model.tied_embeddings:
+        return 0
+    threshold = persistence_threshold(model.hidden_size)
+    partitioned = sum(s for s in base_sizes if s > threshold)
+    if DS_MAX_LIVE_PARAMETERS < partitioned:
+        return 0
+    sizes = [model.embedding_params] + [lin.in_features * lin.out_features for lin in model.layer_linears
+                                        for _ in range(lin.count) if lin.kind is LinearKind.ATTN_IN]
+    return sum(s for s in sizes if s > threshold) * comm_bytes(config)
+
+
+def _adapter_weights(model: Any, config: Any, t: Any) -> int:
+    """Device bytes of LoRA's adapters under DeepSpeed's 16-bit mode: cast to 16 bits with the
+    rest of the model (runtime/engine.py _cast_module_mixed_precision; the fp32 copy of what trains
+    is the optimizer's master partition), whole on every rank under ZeRO-1/2, partitioned like
+    every parameter under ZeRO-3 but the persistent ones (zero.Init converts the whole module,
+    partition_parameters.py l.1286-1297: persistence by size alone). Measured on 2 CPU ranks
+    (llama-8k, LoRA all-linear r16): ZeRO-3 keeps 1/2 of each adapter of more than 10 x hidden
+    elements and the k/v lora_B (128 x 16) whole, all in bf16."""
+    gb = comm_bytes(config)
+    if config.sharding.spec.zero_stage != 3:
+        return t.count * gb
+    threshold = persistence_threshold(model.hidden_size)
+    return sum(math.ceil(s / config.gpus) if s > threshold else s for s in t.sizes) * gb
+
+
 def zero_partition(t: Any, config: Any) -> int:
     """Trainable elements in this rank's DeepSpeed partition: one flat tensor of T/N."""
     return math.ceil(t.count / config.gpus)
@@ -154,6 +189,12 @@ class ZeRO(ShardingSpec):
 
     def plan_line(self, offload: Offload) -> str:
         return f"DeepSpeed: {self.words}, {self.offload_words(offload)}"
+
+    def cast_words(self, dtype: str) -> tuple[str, str]:
+        # deepspeed/runtime/engine.py _configure_distributed_model: the bf16/fp16 mode casts the
+        # model, the optimizer keeps fp32 masters of its partition
+        return (f"DeepSpeed's {dtype} mode: {dtype} weights and compute, fp32 master weights in the optimizer partition",
+                "loaded in fp32; DeepSpeed casts it to 16-bit and keeps fp32 master weights (ds_config.json)")
 
     def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
         notes = []
@@ -202,6 +243,8 @@ class ZeRO(ShardingSpec):
                      base_sizes: tuple[int, ...]) -> tuple[dict[str, int], int]:
         zero_out, host = self._states(model, config, t, weights=out.get("weights"), param_bytes=param_bytes,
                                       grads=grads, base_sizes=base_sizes)
+        if "lora/weights" in out and config.precision.is_mixed:
+            out["lora/weights"] = _adapter_weights(model, config, t)
         if "weights" not in zero_out:
             out.pop("weights", None)  # offloaded with the parameters
         out.update(zero_out)
@@ -227,7 +270,17 @@ class ZeRO(ShardingSpec):
             out["weights"] = model.params_total * gb
         if self.zero_stage == 3:
             host += _zero3_weights(model, config, out, base_sizes)
-            out[self.step_key("gathered")] = zero3_gathered_bytes(model, config, t, base_sizes)
+            gathered = zero3_gathered_bytes(model, config, t, base_sizes)
+            # On N ranks a parameter gathered in forward stays gathered until its backward has run:
+            # it is used again within max_reuse_distance (1e9 elements, DS_MAX_REUSE_DISTANCE) of
+            # the trace, so the coordinator does not release it (partitioned_param_coordinator.py
+            # l.653-662); the loss' backward (backward_start) runs with them all still live (measured
+            # on 2 CPU ranks, llama-8k: the embedding, lm_head and every layer's weights, 11,091,968 B).
+            # On one rank only parameter offload gathers, per module (measured: none live there).
+            if n > 1:
+                out[self.step_key("held")] = gathered - _zero3_released_after_forward(model, config, base_sizes)
+            else:
+                out[self.step_key("gathered")] = gathered
             # ZeRO-3 allocates the flat 16-bit gradient partition when it is built, so it is alive
             # through the whole step (stage3.py _setup_for_real_optimizer grad_partitions_flat_buffer);
             # with optimizer offload it is built on the host and pinned (deepspeed 0.19.8 stage3.py
@@ -463,6 +516,7 @@ def _zero3_weights(model: Any, config: Any, out: dict[str, int], base_sizes: tup
 _KEYS = (
     BreakdownKey("master_weights", "weights", tensors=1),
     BreakdownKey("zero3/gathered_params", "weights", size="gathered"),
+    BreakdownKey("zero3/gathered_params_kept", "weights", size="held"),
     BreakdownKey("zero3/grad_partitions", "gradients", tensors=1),
     BreakdownKey("zero/reduce_bucket", "gradients", tensors=1),
     BreakdownKey("zero/offload_grad_buffer", "gradients", tensors=1),
@@ -476,11 +530,13 @@ SPECS = (
          words="ZeRO-1", **_COMMON),
     ZeRO(name="zero2", order=3, zero_stage=2, offloads=(Offload.NONE, Offload.OPTIMIZER),
          words="ZeRO-2", **_COMMON),
+    # measured on 2 CPU ranks (llama-8k, LoRA all-linear): the frozen lm_head keeps its input,
+    # the final norm's bf16 output (131,072 B), through the mem-efficient linear ZeRO-3 swaps in
     ZeRO(name="zero3", order=4, zero_stage=3, offloads=(Offload.NONE, Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS),
          partial_head="--fused-ce with --zero 3: the fused loss reads lm_head.weight outside the module's forward, "
                       "where ZeRO-3 holds only a partition (Liger's fused_linear_cross_entropy_forward refuses it): "
                       "use --zero 2 or lower",
-         words="ZeRO-3", **_COMMON),
+         words="ZeRO-3", linear_saves_input=True, **_COMMON),
 )
 
 __all__ = ["DEEPSPEED_FILE", "DS_MAX_LIVE_PARAMETERS", "DS_MAX_REUSE_DISTANCE", "SPECS", "ZeRO", "comm_bytes", "deepspeed_buckets",

@@ -70,7 +70,7 @@ def test_the_schemes_breakdown_keys_are_declared_once():
 
     assert BREAKDOWN_KEYS["zero3/gathered_params"].size == "gathered"
     assert SCHEMES[Scheme("zero3")].step_key("gathered") == "zero3/gathered_params"
-    assert SCHEMES[Scheme("fsdp2")].step_key("held") == "fsdp2/root_unsharded"
+    assert SCHEMES[Scheme("fsdp2")].step_key("held") == "fsdp2/root_and_gather_buffer"
     # a scheme without the part names it generically (its bytes are 0)
     assert SCHEMES[Scheme("none")].step_key("gathered") == "sharding/gathered"
     assert BREAKDOWN_KEYS["ddp/buckets"].tensor_bytes == 25 * 1024**2

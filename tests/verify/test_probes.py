@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from planner.config import TrainConfig  # noqa: E402
 from workers.probes import (  # noqa: E402
+    DATED_FREE,
     CpuProbe,
     CudaProbe,
     MemoryProbe,
@@ -189,9 +190,12 @@ def test_a_free_on_a_thread_the_profiler_does_not_follow_is_not_reported_by_c10(
         after = torch.empty(1024, dtype=torch.uint8)
     finally:
         probe.stop()
-    # c10's total still holds the MiB; the ledger holds it too until its address is reused
-    assert [size for _, _, size, _ in probe._stream.events] == [MiB, 1024]
-    assert probe._stream.events[-1][1] == MiB + 1024
+    # c10's total still holds the MiB (the drift); the ledger frees it when the dispatch count saw
+    # its storage die on the worker thread, before the 1024 B (it held it until its address was
+    # reused before)
+    assert [size for _, _, size, _ in probe._stream.events] == [MiB, -MiB, 1024]
+    assert probe._stream.made_by[1] == DATED_FREE
+    assert probe._stream.events[-1][1] == 1024 and probe.allocator_drift_bytes == MiB
     del after
 
 
@@ -211,6 +215,34 @@ def test_the_ledger_frees_a_block_whose_address_is_allocated_again():
     assert drift == 100  # c10 ends at 160, the ledger at 60: A's 100
     # a free of a block the ledger never saw allocated (from before the profile) changes nothing
     assert allocator_ledger([(1, 10, 10, 0x1, ""), (2, -20, -30, 0xF, "")])[0] == [(1, 10, 10, 0x1)]
+
+
+def test_the_ledger_frees_a_collectives_own_block_when_its_gloo_run_ends():
+    """Hand-made events: a reduce-scatter's flat copy C (100 B at 0xC, made inside the c10d op)
+    whose work gloo's worker thread dropped last (c10 never reports the free), then a 300 B block
+    D; gloo ran the collective from t=3 to t=5. C is freed at 5, so D's allocation at 6 finds
+    100 B live, not 200. A copy whose free was reported (E) and a block made outside a collective
+    (F, freed unseen) keep the ledger's other rules."""
+    raw = [
+        (1, 100, 100, 0xC, "aten::empty_strided < aten::clone < c10d::_reduce_scatter_base_"),
+        (2, 150, 50, 0xE, "aten::clone < c10d::_reduce_scatter_base_"),
+        (4, 100, -50, 0xE, ""),
+        (6, 400, 300, 0xD, "aten::empty"),
+        (7, 420, 20, 0xF, "aten::empty"),
+        (9, 430, 10, 0xF, "aten::empty"),  # F's free went unreported: the address reuse frees it
+    ]
+    events, made_by, drift = allocator_ledger(raw, [(3, 5)])
+    assert [(t, live, size) for t, live, size, _ in events] == [
+        (1, 100, 100), (2, 150, 50), (4, 100, -50), (5, 0, -100), (6, 300, 300), (7, 320, 20), (8 + 1, 300, -20),
+        (9, 310, 10)]
+    assert made_by[3] == DATED_FREE and made_by[6].startswith("(freed on a thread")
+    assert drift == 430 - 310
+    # without the gloo runs C stays live (the ledger's rule before: it has no address reuse to go by)
+    assert max(live for _, live, _, _ in allocator_ledger(raw)[0]) == 420
+    # F is a gradient gloo's thread let go of last: the dispatch count saw its storage die at 8
+    events, made_by, _ = allocator_ledger(raw, [(3, 5)], [(8, 0xF), (3, 0xD)])  # D's is before it was made
+    assert [(t, live, size) for t, live, size, _ in events][-3:] == [(7, 320, 20), (8, 300, -20), (9, 310, 10)]
+    assert made_by[-2] == DATED_FREE
 
 
 def test_step_curve_leaves_out_excluded_blocks_until_they_are_freed():
