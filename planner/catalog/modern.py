@@ -32,7 +32,6 @@ from planner.modelspec import BlockGroup, LatentAttention, LinearSpec, MoeRoutin
 FEATURE_MOE = "mixture-of-experts blocks"
 FEATURE_LINEAR_ATTN = "Gated DeltaNet linear attention"
 FEATURE_MAMBA = "Mamba2 layers"
-FEATURE_HEAD_SIZES = "per-layer head sizes"
 
 Block = tuple[str, tuple[LinearSpec, ...], int]
 """(label, linears, other parameters) of one decoder block."""
@@ -532,13 +531,20 @@ def nemotron_h(c: ConfigReader, model_type: str) -> dict[str, Any]:
 
 
 def gemma4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
-    """modeling_gemma4.py Gemma4TextDecoderLayer: four block RMSNorms, Gemma4TextAttention
-    (``q_norm``/``k_norm`` over the layer's head_dim, a weightless ``v_norm``; full-attention layers
-    take ``global_head_dim`` and ``num_global_key_value_heads``, and with ``attention_k_eq_v`` have
-    no ``v_proj``: configuration_gemma4.py per_layer_config), a GeGLU MLP and with
-    ``enable_moe_block`` a router (``proj`` linear, ``scale [H]``, ``per_expert_scale [E]``),
-    expert stacks and three more norms. Per-layer input embeddings and kv-shared layers (the
-    small Gemma 4 models) are not supported yet."""
+    """modeling_gemma4.py Gemma4TextDecoderLayer (:1331-1418): four block RMSNorms around the attention and
+    the MLP (gemma 2/3's sandwich), Gemma4TextAttention (:1141-1252: ``q_norm``/``k_norm`` over the layer's
+    head_dim, a weightless ``v_norm``; full-attention layers take ``global_head_dim`` and, with
+    ``attention_k_eq_v``, ``num_global_key_value_heads`` and no ``v_proj``, the values being the raw key
+    projection: configuration_gemma4.py per_layer_config), a GeGLU MLP and with ``enable_moe_block`` a router
+    (``proj`` linear, ``scale [H]``, ``per_expert_scale [E]``), expert stacks and three more norms.
+    Gemma4RMSNorm (:196-214) multiplies by its weight in fp32 (``normed_output * self.weight.float()``) and
+    normalises with ``torch.pow(mean_squared, -0.5)``: two fp32 row statistics saved. Gemma4ForCausalLM
+    soft-caps the logits (``final_logit_softcapping``). Each kind of layer keeps its own head dim and kv heads
+    (``BlockGroup.head_dim``). The MoE block's routing: ``MoeRouting.parallel_experts`` (softmax in fp32,
+    top-k renormalised, fp32 weights: Gemma4TextRouter.forward); no peft conversion for gemma4 in
+    transformers' conversion_mapping.py, so ``all-linear`` wraps the router's ``proj`` and the dense MLP, not the
+    expert stacks. Per-layer input embeddings and kv-shared layers (the small Gemma 4 models)
+    are not supported yet."""
     if c.raw.get("hidden_size_per_layer_input", 256) or c.raw.get("num_kv_shared_layers", 0):
         raise UnsupportedError(f"{c.source}: Gemma 4 with per-layer input embeddings (hidden_size_per_layer_input) "
                                "or kv-shared layers (num_kv_shared_layers) is not supported yet")
@@ -560,18 +566,28 @@ def gemma4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
         count, top_k = _top_k(c, "num_experts", "top_k_experts")
         moe = [lin("proj", hidden, count, False, K.ROUTER)] + experts(hidden, c.size("moe_intermediate_size"), count, top_k)
         moe_other = hidden + count + 3 * hidden
+    shapes = {"full_attention": (global_dim, global_kv), "sliding_attention": (head_dim, kv)}
     blocks: list[Block] = []
     for kind in types:
-        dim, n_kv = (global_dim, global_kv) if kind == "full_attention" else (head_dim, kv)
+        dim, n_kv = shapes.get(kind, shapes["sliding_attention"])
         attn = qkvo(hidden, heads, n_kv, dim, qkv_bias=bias, o_bias=bias)
         if k_eq_v and kind == "full_attention":
             attn = [a for a in attn if a.name != "v_proj"]
         blocks.append((kind, tuple(attn + swiglu(hidden, inter) + moe), 4 * hidden + 2 * dim + moe_other))
-    return decoder_fields(
-        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter, vocab=vocab,
-        blocks=blocks, tied=c.flag("tie_word_embeddings", True),
+    first_dim, first_kv = shapes.get(types[0], shapes["sliding_attention"])
+    softcap = c.raw.get("final_logit_softcapping")
+    fields = decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=first_kv, head_dim=first_dim, inter=inter,
+        vocab=vocab, blocks=blocks, tied=c.flag("tie_word_embeddings", True),
         max_pos=c.size("max_position_embeddings", default=131_072),
-        act=c.text("hidden_activation", default="gelu_pytorch_tanh"), final_norm=hidden, norm_weight_fp32=False,
+        act=c.text("hidden_activation", default="gelu_pytorch_tanh"), final_norm=hidden, norm_weight_fp32=True,
         sliding_window=c.size("sliding_window", default=512), num_experts=count, experts_per_token=top_k,
-        unmodelled=(FEATURE_HEAD_SIZES,) + ((FEATURE_MOE,) if count else ()),
+        norm_placement="sandwich", qk_norm="head", norm_row_stats=2, v_norm=True,
+        final_logit_softcap=softcap is not None and softcap > 0, sliding_attention=types[0] == "sliding_attention",
+        routing=MoeRouting(renorm=True, scores_fp32=True, parallel_experts=True) if count else None,
     )
+    groups = tuple(dataclasses.replace(g, head_dim=shapes.get(g.label, shapes["sliding_attention"])[0],
+                                       kv_heads=shapes.get(g.label, shapes["sliding_attention"])[1],
+                                       sliding=g.label == "sliding_attention")
+                   for g in fields["other_blocks"])
+    return dict(fields, other_blocks=groups)
