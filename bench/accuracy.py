@@ -229,6 +229,31 @@ CASES += [
     ("deepseek-v3", dict(precision="bf16", grad_ckpt=True)),
 ]
 
+# Gemma 4 shrunk (issue 23): sliding layers of head dim 64 and 2 kv heads, the last a full-attention layer of
+# head dim 128 with 1 kv head and no v_proj (attention_k_eq_v), q/k/v norms, logits soft-capped; the sequence
+# (256) is longer than the window (128), so SDPA gets the sliding layers' mask and repeats their k and v
+ARCHS["gemma4"] = dict(
+    model_type="gemma4_text", hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, global_head_dim=128, num_global_key_value_heads=1, attention_k_eq_v=True,
+    vocab_size=8192, max_position_embeddings=1024, sliding_window=128, hidden_size_per_layer_input=0,
+    num_kv_shared_layers=0, final_logit_softcapping=30.0, tie_word_embeddings=True)
+CASES += [
+    ("gemma4", dict()),
+    ("gemma4", dict(method="lora")),
+    ("gemma4", dict(method="qlora")),
+    ("gemma4", dict(precision="bf16", grad_ckpt=True)),
+]
+
+# Gemma 4 26B-A4B's layout shrunk: the dense MLP beside 16 experts (top-4) in every layer, the router on the
+# residual with its own norm and scales, the experts after their own norm (MoeRouting.parallel_experts)
+ARCHS["gemma4-moe"] = ARCHS["gemma4"] | dict(num_hidden_layers=2, enable_moe_block=True, num_experts=16,
+                                             top_k_experts=4, moe_intermediate_size=128)
+CASES += [
+    ("gemma4-moe", dict()),
+    ("gemma4-moe", dict(method="lora")),
+    ("gemma4-moe", dict(precision="bf16", grad_ckpt=True)),
+]
+
 #: the rows of the recipe settings (``--knobs`` measures only these)
 KNOB_KEYS = ("lora_dropout", "loop", "fused_ce", "packing", "use_cache")
 
