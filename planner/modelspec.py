@@ -135,6 +135,34 @@ class LatentAttention:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GatedDeltaNet:
+    """A Gated DeltaNet token mixer's shapes (Qwen3NextGatedDeltaNet, modeling_qwen3_next.py:583-770;
+    Qwen3_5GatedDeltaNet): ``k_heads`` query/key heads of ``k_dim``, ``v_heads`` value heads of ``v_dim``
+    (q and k repeated to the value heads), a depthwise causal conv of ``kernel`` taps over q/k/v, and the
+    chunked delta rule over chunks of ``chunk`` tokens (torch_chunk_gated_delta_rule's and fla's 64)."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    kernel: int
+    chunk: int = 64
+
+    @property
+    def key(self) -> int:
+        return self.k_heads * self.k_dim
+
+    @property
+    def value(self) -> int:
+        return self.v_heads * self.v_dim
+
+    @property
+    def conv(self) -> int:
+        """Channels of the causal conv: q, k and v."""
+        return 2 * self.key + self.value
+
+
+@dataclass(frozen=True, kw_only=True)
 class BlockGroup:
     """Blocks of a decoder that differ from block 0 (``ModelSpec.layer_linears``): DeepSeek-V3's MoE
     blocks after its dense first ones, the full-attention blocks between Gated DeltaNet ones
@@ -160,6 +188,8 @@ class BlockGroup:
     ``num_global_key_value_heads``); 0: the model's."""
     sliding: bool = False
     """These blocks attend through a sliding window (``ModelSpec.sliding_attention``)."""
+    mixer: str = "attention"
+    """These blocks' token mixer (``ModelSpec.mixer``)."""
 
     @property
     def params(self) -> int:
@@ -276,6 +306,14 @@ class ModelSpec:
     materialises for SDPA once the sequence is longer than the window (masking_utils.py
     create_sliding_window_causal_mask; Gemma 4's ``sliding_attention`` layers; each of ``other_blocks``
     says it for its own blocks). Set by the builders that know their layers' types (Gemma 4)."""
+    mixer: str = "attention"
+    """Block 0's token mixer: ``attention`` (q/k/v projections and an attention kernel) or
+    ``gated_deltanet`` (``ModelSpec.gated_deltanet``'s linear attention; each of ``other_blocks`` says its own)."""
+    gated_deltanet: GatedDeltaNet | None = None
+    """The Gated DeltaNet layers' shapes (Qwen3-Next, Qwen3.5); None without such layers."""
+    attn_output_gate: bool = False
+    """The attention output is multiplied by ``sigmoid(gate)``, the gate being the second half of a
+    q_proj twice as wide (Qwen3NextAttention.forward, modeling_qwen3_next.py:275-303)."""
     v_norm: bool = False
     """A weightless RMSNorm over each value head (Gemma 4's ``v_norm``, modeling_gemma4.py Gemma4TextAttention),
     which saves its fp32 input and row statistics when the values need a gradient."""
@@ -350,7 +388,7 @@ class ModelSpec:
                                    other_blocks=(), intermediate_size=inter, **moe, **({} if group is None else {
                                        "head_dim": group.head_dim or self.head_dim,
                                        "num_kv_heads": group.kv_heads or self.num_kv_heads,
-                                       "sliding_attention": group.sliding}))
+                                       "sliding_attention": group.sliding, "mixer": group.mixer}))
 
     def block_at(self, index: int) -> "ModelSpec":
         """The homogeneous spec (``block_kinds``) of block ``index``."""
@@ -436,6 +474,8 @@ class ModelSpec:
     @functools.cached_property
     def fused_qkv(self) -> bool:
         """q, k and v come out of one projection (phi3's qkv_proj, gpt_neox's query_key_value)."""
+        if self.attn_output_gate or self.mixer != "attention":
+            return False  # q_proj's second half is the output gate; a linear-attention block has no q/k/v
         return any(lin.kind is LinearKind.ATTN_IN and lin.out_features > self.num_heads * self.head_dim
                    for lin in self.layer_linears)
 

@@ -26,11 +26,10 @@ from typing import Any
 
 from planner.catalog.blocks import ConfigReader, K, common_fields, lin, qkvo, swiglu, untied_head
 from planner.errors import UnsupportedError
-from planner.modelspec import BlockGroup, LatentAttention, LinearSpec, MoeRouting
+from planner.modelspec import BlockGroup, GatedDeltaNet, LatentAttention, LinearSpec, MoeRouting
 
 # ---- features the memory model does not model yet (ModelSpec.unmodelled) --------------------------
 FEATURE_MOE = "mixture-of-experts blocks"
-FEATURE_LINEAR_ATTN = "Gated DeltaNet linear attention"
 FEATURE_MAMBA = "Mamba2 layers"
 
 Block = tuple[str, tuple[LinearSpec, ...], int]
@@ -401,7 +400,7 @@ def llama4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
 # ---- hybrid: qwen3_next, qwen3_5, qwen3_5_moe, nemotron_h, gemma4 --------------------------------------
 
 
-def _gated_deltanet(c: ConfigReader, hidden: int, *, split_proj: bool) -> tuple[list[LinearSpec], int]:
+def _gated_deltanet(c: ConfigReader, hidden: int, *, split_proj: bool) -> tuple[list[LinearSpec], int, GatedDeltaNet]:
     """A Gated DeltaNet token mixer (Qwen3NextGatedDeltaNet, modeling_qwen3_next.py; Qwen3_5GatedDeltaNet,
     modeling_qwen3_5.py): q/k/v/z and b/a projections (fused ``in_proj_qkvz`` + ``in_proj_ba`` in
     Qwen3-Next, four ``in_proj_*`` in Qwen3.5), ``out_proj``; outside linears a depthwise
@@ -420,7 +419,10 @@ def _gated_deltanet(c: ConfigReader, hidden: int, *, split_proj: bool) -> tuple[
         projections = [lin("in_proj_qkvz", hidden, 2 * key + 2 * value, False, K.ATTN_IN),
                        lin("in_proj_ba", hidden, 2 * v_heads, False, K.ATTN_IN)]
     other = (2 * key + value) * kernel + 2 * v_heads + v_dim
-    return projections + [lin("out_proj", value, hidden, False, K.ATTN_OUT)], other
+    if v_heads % k_heads:
+        raise c.error(f"linear_num_value_heads {v_heads} is not a multiple of linear_num_key_heads {k_heads}")
+    shape = GatedDeltaNet(k_heads=k_heads, v_heads=v_heads, k_dim=k_dim, v_dim=v_dim, kernel=kernel)
+    return projections + [lin("out_proj", value, hidden, False, K.ATTN_OUT)], other, shape
 
 
 def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
@@ -441,7 +443,7 @@ def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
     bias = c.flag("attention_bias", False)
     full = [lin("q_proj", hidden, 2 * heads * head_dim, bias, K.ATTN_IN)] + qkvo(
         hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)[1:]
-    linear, linear_other = _gated_deltanet(c, hidden, split_proj=model_type != "qwen3_next")
+    linear, linear_other, gdn = _gated_deltanet(c, hidden, split_proj=model_type != "qwen3_next")
     moe_type = model_type != "qwen3_5_text"
     count = top_k = 0
     if moe_type:
@@ -462,14 +464,24 @@ def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
         is_moe = moe_type and i not in dense_only and (i + 1) % step == 0
         mlp = mlp_moe if is_moe else swiglu(hidden, inter)
         blocks.append((f"{kind}{' moe' if is_moe else ''}", tuple(mixer + mlp), other + 2 * hidden))
-    return decoder_fields(
+    fields = decoder_fields(
         c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim,
         inter=c.size("moe_intermediate_size", default=512) if moe_type else inter, vocab=vocab, blocks=blocks,
         tied=c.flag("tie_word_embeddings", False), max_pos=c.size("max_position_embeddings", default=32768),
         act=c.text("hidden_act", default="silu"), final_norm=hidden, num_experts=count, experts_per_token=top_k,
-        unmodelled=(FEATURE_LINEAR_ATTN,) + ((FEATURE_MOE,) if moe_type else ()),
+        # Qwen3NextRMSNorm.forward: ``output * (1.0 + self.weight.float())`` keeps the fp32 normalised tensor
+        norm_weight_fp32=True, qk_norm="head", attn_output_gate=True, gated_deltanet=gdn,
+        mixer="gated_deltanet" if types[0] == "linear_attention" else "attention",
+        # Qwen3NextTopKRouter (modeling_qwen3_next.py:828-846, norm_topk_prob default True,
+        # configuration_qwen3_next.py:117) and Qwen3_5MoeTopKRouter (modeling_qwen3_5_moe.py:898-909: always
+        # renormalised): softmax in fp32, top-k, the weights cast back to the logits' dtype
+        routing=MoeRouting(renorm=c.flag("norm_topk_prob", True) if model_type == "qwen3_next" else True,
+                           scores_fp32=False, aux_loss=c.flag("output_router_logits", False)) if moe_type else None,
         peft_converts_moe="qwen2_moe" if model_type == "qwen3_next" else "",  # conversion_mapping.py
     )
+    groups = tuple(dataclasses.replace(g, mixer="gated_deltanet" if g.label.startswith("linear_attention")
+                                       else "attention") for g in fields["other_blocks"])
+    return dict(fields, other_blocks=groups)
 
 
 #: nemotron_h's hybrid_override_pattern letters (configuration_nemotron_h.py)

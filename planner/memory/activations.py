@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from planner.config import Attention, Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
-from planner.memory import moe
-from planner.memory.attention import attention_terms, effective_attention, padding_mask
+from planner.memory import moe, recurrent
+from planner.memory.attention import attention_terms, effective_attention, out_input, padding_mask
 from planner.memory.dtypes import ADAPTER_BYTES, FP32, HALF, INT64, DtypeMode, mode_of
 from planner.memory.parameters import lora_targets
 from planner.memory.shapes import BlockContext, Dims, block_context, block_input_needs_grad, dims_of
@@ -86,7 +86,9 @@ TERM_SOURCES = {
                              "and saved for backward (Liger ops/fused_linear_cross_entropy.py: grad_input = "
                              "torch.zeros_like(_input), ctx.save_for_backward(grad_input, ...))",
     "moe/aux_loss": "output_router_logits: load_balancing_loss_func's fp32 softmax over every MoE layer's router logits",
+    "attention/output_gate": "attn_output * sigmoid(gate) (Qwen3NextAttention.forward): sigmoid's output",
     **moe.TERM_SOURCES,
+    **recurrent.TERM_SOURCES,
 }
 
 
@@ -161,6 +163,24 @@ def _qk_norms(ctx: BlockContext) -> int:
             shared = source == "k_proj" and ctx.mode.compute == FP32
             total += (0 if shared else e * dims.kv * dims.d * FP32) + e * dims.kv * FP32 * model.norm_row_stats
     return total
+
+
+def _output_gate_terms(ctx: BlockContext) -> dict[str, int]:
+    """Qwen3-Next's gated attention (Qwen3NextAttention.forward, modeling_qwen3_next.py:275-303): ``q_proj``
+    gives q and a gate, ``attn_output * torch.sigmoid(gate)`` keeps sigmoid's output and the attention output
+    (``reshape(...).contiguous()`` of the kernel's transposed output: its own storage), and o_proj reads the product, a new tensor (``out_input``), all in
+    the projections' output dtype. In an fp32 model q_norm's ``.float()`` is the strided half of q_proj's
+    output, which keeps the whole output (q and gate) saved: one more q-sized tensor."""
+    dims, mode = ctx.dims, ctx.mode
+    q = dims.tokens * dims.a * dims.d
+    needs = ctx.block_input_needs_grad or bool(ctx.attn_targeted)
+    # sigmoid's output (the gate is q_proj's: the projections' dtype) and the attention output the product
+    # reads, the reshaped copy of the kernel's (b, a, s, d) output (measured: a storage apart from what SDPA
+    # keeps), in the kernel's dtype; the product in the wider of the two
+    gate = q * (mode.compute + mode.attn) if needs else 0
+    if mode.compute == FP32 and not mode.autocast and (ctx.block_input_needs_grad or "q_proj" in ctx.targets):
+        gate += q * FP32
+    return {"attention/output_gate": gate, "attention/out_input": out_input(ctx, q * max(mode.compute, mode.attn))}
 
 
 def _inputs(ctx: BlockContext, kind: LinearKind) -> int:
@@ -321,9 +341,14 @@ def block_terms(ctx: BlockContext) -> dict[str, int]:
     """Bytes one transformer block keeps for backward, by term (see ``TERM_SOURCES``)."""
     e, h = ctx.dims.tokens, ctx.dims.h
     out = {"norms": _norms(ctx), "attention/qkv_input": _inputs(ctx, LinearKind.ATTN_IN)}
-    if ctx.model.qk_norm:
-        out["attention/qk_norms"] = _qk_norms(ctx)
-    out.update(attention_terms(ctx))
+    if ctx.model.mixer == "gated_deltanet":
+        out.update(recurrent.gated_deltanet_terms(ctx))
+    else:
+        if ctx.model.qk_norm:
+            out["attention/qk_norms"] = _qk_norms(ctx)
+        out.update(attention_terms(ctx))
+        if ctx.model.attn_output_gate:
+            out.update(_output_gate_terms(ctx))
     if moe.is_moe_block(ctx.model):
         out.update(moe.moe_block_terms(
             ctx, act_saved=ACTIVATION_SAVED.get(ctx.model.hidden_act, ACTIVATION_SAVED_DEFAULT),
