@@ -254,6 +254,31 @@ CASES += [
     ("gemma4-moe", dict(precision="bf16", grad_ckpt=True)),
 ]
 
+# Qwen3.5 shrunk (issue 23): three Gated DeltaNet layers then a gated full-attention layer; the CPU runs
+# transformers' torch fallbacks (causal conv, chunked delta rule in fp32, 64-token chunks: 4 at s = 256)
+ARCHS["qwen3.5"] = dict(
+    model_type="qwen3_5_text", hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+    linear_value_head_dim=32, linear_conv_kernel_dim=4, vocab_size=8192, max_position_embeddings=1024,
+    tie_word_embeddings=False)
+# Qwen3-Next shrunk: a Gated DeltaNet and a gated-attention layer, each with the MoE block (16 experts, top-4,
+# renormalised) and the shared expert behind its sigmoid gate
+ARCHS["qwen3-next"] = dict(
+    model_type="qwen3_next", hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+    linear_value_head_dim=32, linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"],
+    num_experts=16, num_experts_per_tok=4, moe_intermediate_size=128, shared_expert_intermediate_size=256,
+    vocab_size=8192, max_position_embeddings=1024, tie_word_embeddings=False)
+CASES += [
+    ("qwen3.5", dict()),
+    ("qwen3.5", dict(method="lora")),
+    ("qwen3.5", dict(method="qlora")),
+    ("qwen3.5", dict(precision="bf16", grad_ckpt=True)),
+    ("qwen3-next", dict()),
+    ("qwen3-next", dict(method="lora")),
+    ("qwen3-next", dict(precision="bf16", grad_ckpt=True)),
+]
+
 #: the rows of the recipe settings (``--knobs`` measures only these)
 KNOB_KEYS = ("lora_dropout", "loop", "fused_ce", "packing", "use_cache")
 
