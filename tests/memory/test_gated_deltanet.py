@@ -89,3 +89,14 @@ def test_qwen_hybrids_plan_by_id():
         check_plannable(spec)
         kinds = {view.mixer for _, _, view in spec.block_kinds}
         assert kinds == {"gated_deltanet", "attention"} and spec.gated_deltanet is not None
+
+
+def test_linear_attention_flops_by_hand():
+    # one Gated DeltaNet layer, 4 value heads, k 16, v 8, 64-token chunks, per token: 4*64*16 (two C x C
+    # products) + 64*(8 + 16) (the solves) + 2*64*8 (intra-chunk x v_new) + 4*16*8 (state read and update)
+    from planner.kernels import _attention_layers, _linear_attention_flops
+
+    spec = spec_from_config(TINY, model_id="hybrid", source="test")
+    assert _linear_attention_flops(spec, 64) == 4 * (4 * 64 * 16 + 64 * 24 + 2 * 64 * 8 + 4 * 16 * 8) * 64
+    # the softmax attention: only the full-attention layer
+    assert _attention_layers(spec, _config("bf16-mixed", None, 32)) == ((1, 4, 16, 32),)
