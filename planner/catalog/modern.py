@@ -41,7 +41,9 @@ def group_blocks(blocks: Sequence[Block]) -> tuple[tuple[LinearSpec, ...], int, 
     first = blocks[0]
     groups: dict[Block, list[int]] = {}
     for index, block in enumerate(blocks):
-        if block[1:] != first[1:]:
+        # the label too: blocks of equal weights can differ in what the memory model reads (Gemma 4's
+        # full-attention layers beside sliding ones when both have one head dim)
+        if block != first:
             groups.setdefault(block, []).append(index)
     others = tuple(BlockGroup(label=label, count=len(idx), linears=linears, other_params=other, first=idx[0],
                               indices=tuple(idx))

@@ -123,3 +123,15 @@ def test_gemma4_plans_by_id():
     moe = resolve_model("google/gemma-4-26B-A4B")
     check_plannable(moe)
     assert moe.routing is not None and moe.routing.parallel_experts and moe.num_experts == 128
+
+
+def test_full_layers_apart_from_sliding_ones_of_the_same_weights():
+    # one head dim and kv heads for both kinds and no k = v: the same weights, yet the full-attention layer
+    # gets no window mask
+    raw = TINY | dict(global_head_dim=16, attention_k_eq_v=False)
+    spec = spec_from_config(raw, model_id="gemma4", source="test")
+    assert [(n, first, view.sliding_attention) for n, first, view in spec.block_kinds] == [(2, 0, True), (1, 2, False)]
+    from planner.memory.activations import layer_terms
+
+    sliding, _, full = layer_terms(spec, _config("bf16-mixed", None), CPU_KERNELS)
+    assert sliding["attention/core"] - full["attention/core"] == 2 * 2 * 64 * 16 * 2 + 2 * 32 * 32 * 2
