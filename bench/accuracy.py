@@ -245,6 +245,56 @@ CASES += [
     ("deepseek-v3", dict(precision="bf16", grad_ckpt=True)),
 ]
 
+# Gemma 4 shrunk (issue 23): sliding layers of head dim 64 and 2 kv heads, the last a full-attention layer of
+# head dim 128 with 1 kv head and no v_proj (attention_k_eq_v), q/k/v norms, logits soft-capped; the sequence
+# (256) is longer than the window (128), so SDPA gets the sliding layers' mask and repeats their k and v
+ARCHS["gemma4"] = dict(
+    model_type="gemma4_text", hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, global_head_dim=128, num_global_key_value_heads=1, attention_k_eq_v=True,
+    vocab_size=8192, max_position_embeddings=1024, sliding_window=128, hidden_size_per_layer_input=0,
+    num_kv_shared_layers=0, final_logit_softcapping=30.0, tie_word_embeddings=True)
+CASES += [
+    ("gemma4", dict()),
+    ("gemma4", dict(method="lora")),
+    ("gemma4", dict(method="qlora")),
+    ("gemma4", dict(precision="bf16", grad_ckpt=True)),
+]
+
+# Gemma 4 26B-A4B's layout shrunk: the dense MLP beside 16 experts (top-4) in every layer, the router on the
+# residual with its own norm and scales, the experts after their own norm (MoeRouting.parallel_experts)
+ARCHS["gemma4-moe"] = ARCHS["gemma4"] | dict(num_hidden_layers=2, enable_moe_block=True, num_experts=16,
+                                             top_k_experts=4, moe_intermediate_size=128)
+CASES += [
+    ("gemma4-moe", dict()),
+    ("gemma4-moe", dict(method="lora")),
+    ("gemma4-moe", dict(precision="bf16", grad_ckpt=True)),
+]
+
+# Qwen3.5 shrunk (issue 23): three Gated DeltaNet layers then a gated full-attention layer; the CPU runs
+# transformers' torch fallbacks (causal conv, chunked delta rule in fp32, 64-token chunks: 4 at s = 256)
+ARCHS["qwen3.5"] = dict(
+    model_type="qwen3_5_text", hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+    linear_value_head_dim=32, linear_conv_kernel_dim=4, vocab_size=8192, max_position_embeddings=1024,
+    tie_word_embeddings=False)
+# Qwen3-Next shrunk: a Gated DeltaNet and a gated-attention layer, each with the MoE block (16 experts, top-4,
+# renormalised) and the shared expert behind its sigmoid gate
+ARCHS["qwen3-next"] = dict(
+    model_type="qwen3_next", hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+    linear_value_head_dim=32, linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"],
+    num_experts=16, num_experts_per_tok=4, moe_intermediate_size=128, shared_expert_intermediate_size=256,
+    vocab_size=8192, max_position_embeddings=1024, tie_word_embeddings=False)
+CASES += [
+    ("qwen3.5", dict()),
+    ("qwen3.5", dict(method="lora")),
+    ("qwen3.5", dict(method="qlora")),
+    ("qwen3.5", dict(precision="bf16", grad_ckpt=True)),
+    ("qwen3-next", dict()),
+    ("qwen3-next", dict(method="lora")),
+    ("qwen3-next", dict(precision="bf16", grad_ckpt=True)),
+]
+
 #: the rows of the recipe settings (``--knobs`` measures only these)
 KNOB_KEYS = ("lora_dropout", "loop", "fused_ce", "packing", "use_cache")
 

@@ -227,19 +227,52 @@ def _gemms(model: ModelSpec, config: TrainConfig) -> tuple[tuple[float, float, f
     return forward, back, (hf, ht, hw)
 
 
+def _attention_layers(model: ModelSpec, config: TrainConfig) -> tuple[tuple[int, int, int, int], ...]:
+    """(layers, heads, head dim, keys each query reads) of each kind of softmax-attention block: every block
+    of a model whose blocks are alike; per kind where they differ (Gemma 4's global layers' head dim and
+    their full context beside the sliding ones; Gated DeltaNet layers have none: ``_linear_attention_flops``)."""
+    def context(sliding: bool) -> int:
+        return min(config.seq_len, model.sliding_window) if model.sliding_window and sliding else config.seq_len
+    if not model.other_blocks:
+        return ((model.num_layers + 2 * model.decoder_layers, model.num_heads, model.head_dim, context(True)),)
+    per_layer = any(view.sliding_attention for _, _, view in model.block_kinds)
+    kinds: dict[tuple[int, int, int], int] = {}  # kinds alike in these (dense and MoE blocks) summed as one
+    for n, _, view in model.block_kinds:
+        if view.mixer == "attention":
+            key = (view.num_heads, view.head_dim, context(view.sliding_attention or not per_layer))
+            kinds[key] = kinds.get(key, 0) + n
+    return tuple((n, heads, head_dim, ctx) for (heads, head_dim, ctx), n in kinds.items())
+
+
+def _linear_attention_flops(model: ModelSpec, tokens: int) -> float:
+    """Forward FLOPs of the Gated DeltaNet layers' chunked delta rule (torch_chunk_gated_delta_rule /
+    fla chunk_gated_delta_rule, chunks of C tokens), per token and value head: the C x C products k_beta·kᵀ
+    and q·kᵀ (2·C·dk each), the two triangular solves against C x (dv + dk), the intra-chunk product with
+    v_new (2·C·dv), and the state's read and update (2 x 2·dk·dv)."""
+    gdn = model.gated_deltanet
+    if gdn is None:
+        return 0.0
+    layers = sum(n for n, _, view in model.block_kinds if view.mixer == "gated_deltanet")
+    c = gdn.chunk
+    per_head = 4 * c * gdn.k_dim + c * (gdn.v_dim + gdn.k_dim) + 2 * c * gdn.v_dim + 4 * gdn.k_dim * gdn.v_dim
+    return float(layers * gdn.v_heads * per_head * tokens)
+
+
 def attention_flops(model: ModelSpec, config: TrainConfig, tokens: int) -> tuple[float, float]:
     """(forward + backward, one more forward) FLOPs of attention's products, each weighted by the
     kernel's rate relative to a large GEMM (FLOPs / fraction). Causal fused kernels (flash; SDPA's
     flash backend on packed 16-bit batches, ``is_causal``) skip the masked half of T x T; eager
-    attention's materialised scores are memory traffic (``_score_bytes``)."""
-    ctx = min(config.seq_len, model.sliding_window) if model.sliding_window else config.seq_len
-    layers = model.num_layers + 2 * model.decoder_layers
-    forward = 4.0 * layers * ctx * model.num_heads * model.head_dim * tokens
+    attention's materialised scores are memory traffic (``_score_bytes``). Linear-attention layers
+    add their chunked products (``_linear_attention_flops``) at the fused kernels' rate."""
+    forward = sum(4.0 * layers * ctx * heads * head_dim * tokens
+                  for layers, heads, head_dim, ctx in _attention_layers(model, config))
     if _fused_attention(config):
         if not model.is_encoder and not model.is_encoder_decoder and config.packing:
             forward /= 2  # causal: the kernel skips the masked half
         causal_kernel = config.packing or config.attention is Attention.FLASH
         forward /= FLASH_FRACTION_OF_GEMM if causal_kernel else MASKED_SDPA_FRACTION_OF_GEMM
+    if linear := _linear_attention_flops(model, tokens):
+        forward += linear / FLASH_FRACTION_OF_GEMM
     return 3 * forward, forward
 
 
@@ -255,9 +288,8 @@ def _score_bytes(model: ModelSpec, config: TrainConfig) -> float:
     """Bytes eager attention's materialised scores move per token, forward + backward."""
     if _fused_attention(config):
         return 0.0
-    ctx = min(config.seq_len, model.sliding_window) if model.sliding_window else config.seq_len
-    layers = model.num_layers + 2 * model.decoder_layers
-    return float(layers * model.num_heads * ctx * EAGER_SCORE_PASSES * config.precision.compute_bytes)
+    return float(sum(layers * heads * ctx * EAGER_SCORE_PASSES * config.precision.compute_bytes
+                     for layers, heads, _, ctx in _attention_layers(model, config)))
 
 
 def block_forward_bytes(model: ModelSpec, config: TrainConfig) -> float:

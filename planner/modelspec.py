@@ -98,6 +98,13 @@ class MoeRouting:
     best ``topk_group`` of ``n_group`` groups kept by a mask, top-k among them, the sigmoid scores
     gathered, renormalised with ``norm_topk_prob`` and scaled by ``routed_scaling_factor``: (n_group,
     topk_group); None for a softmax router."""
+    parallel_experts: bool = False
+    """Gemma 4's MoE block (modeling_gemma4.py Gemma4TextDecoderLayer.forward :1389-1402, Gemma4TextRouter
+    :1294-1328): the experts run beside a dense MLP, not instead of it; the router reads the residual
+    stream through its own weightless RMSNorm times a learned ``scale`` (its ``proj`` an nn.Linear), the
+    renormalised top-k weights are multiplied by ``per_expert_scale[top_k_index]``, and the experts read
+    ``pre_feedforward_layernorm_2`` of the residual; ``post_feedforward_layernorm_1``/``_2`` norm each
+    branch's output before their sum."""
     expert_gate: str = "act"
     """How an expert gates its up projection: ``act`` ``act_fn(gate) * up`` of a concatenated
     gate_up (integrations/moe.py ``_default_apply_gate``); ``clamped_swiglu`` gpt-oss's
@@ -128,6 +135,34 @@ class LatentAttention:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GatedDeltaNet:
+    """A Gated DeltaNet token mixer's shapes (Qwen3NextGatedDeltaNet, modeling_qwen3_next.py:583-770;
+    Qwen3_5GatedDeltaNet): ``k_heads`` query/key heads of ``k_dim``, ``v_heads`` value heads of ``v_dim``
+    (q and k repeated to the value heads), a depthwise causal conv of ``kernel`` taps over q/k/v, and the
+    chunked delta rule over chunks of ``chunk`` tokens (torch_chunk_gated_delta_rule's and fla's 64)."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    kernel: int
+    chunk: int = 64
+
+    @property
+    def key(self) -> int:
+        return self.k_heads * self.k_dim
+
+    @property
+    def value(self) -> int:
+        return self.v_heads * self.v_dim
+
+    @property
+    def conv(self) -> int:
+        """Channels of the causal conv: q, k and v."""
+        return 2 * self.key + self.value
+
+
+@dataclass(frozen=True, kw_only=True)
 class BlockGroup:
     """Blocks of a decoder that differ from block 0 (``ModelSpec.layer_linears``): DeepSeek-V3's MoE
     blocks after its dense first ones, the full-attention blocks between Gated DeltaNet ones
@@ -145,6 +180,16 @@ class BlockGroup:
     """Index of the first such block."""
     indices: tuple[int, ...] = ()
     """Every such block's index."""
+    head_dim: int = 0
+    """These blocks' attention head dim when it differs from ``ModelSpec.head_dim`` (Gemma 4's
+    full-attention layers: ``global_head_dim``, configuration_gemma4.py per_layer_config); 0: the model's."""
+    kv_heads: int = 0
+    """These blocks' key/value heads when they differ from ``ModelSpec.num_kv_heads`` (Gemma 4's
+    ``num_global_key_value_heads``); 0: the model's."""
+    sliding: bool = False
+    """These blocks attend through a sliding window (``ModelSpec.sliding_attention``)."""
+    mixer: str = "attention"
+    """These blocks' token mixer (``ModelSpec.mixer``)."""
 
     @property
     def params(self) -> int:
@@ -251,6 +296,30 @@ class ModelSpec:
 
     other_blocks: tuple[BlockGroup, ...] = ()
     """Blocks unlike block 0 (heterogeneous decoders); ``num_layers`` counts them too."""
+    norm_row_stats: int = 1
+    """fp32 per-row tensors each RMSNorm saves besides its input: 1, the rsqrt (LlamaRMSNorm
+    ``hidden_states * torch.rsqrt(variance + eps)``); 2 for Gemma 4's ``hidden_states *
+    torch.pow(mean_squared, -0.5)`` (modeling_gemma4.py:205-208): pow's backward keeps its base, the
+    product its result."""
+    sliding_attention: bool = False
+    """Block 0's attention is a sliding window of ``sliding_window`` tokens whose mask transformers
+    materialises for SDPA once the sequence is longer than the window (masking_utils.py
+    create_sliding_window_causal_mask; Gemma 4's ``sliding_attention`` layers; each of ``other_blocks``
+    says it for its own blocks). Set by the builders that know their layers' types (Gemma 4)."""
+    mixer: str = "attention"
+    """Block 0's token mixer: ``attention`` (q/k/v projections and an attention kernel) or
+    ``gated_deltanet`` (``ModelSpec.gated_deltanet``'s linear attention; each of ``other_blocks`` says its own)."""
+    gated_deltanet: GatedDeltaNet | None = None
+    """The Gated DeltaNet layers' shapes (Qwen3-Next, Qwen3.5); None without such layers."""
+    attn_output_gate: bool = False
+    """The attention output is multiplied by ``sigmoid(gate)``, the gate being the second half of a
+    q_proj twice as wide (Qwen3NextAttention.forward, modeling_qwen3_next.py:275-303)."""
+    v_norm: bool = False
+    """A weightless RMSNorm over each value head (Gemma 4's ``v_norm``, modeling_gemma4.py Gemma4TextAttention),
+    which saves its fp32 input and row statistics when the values need a gradient."""
+    final_logit_softcap: bool = False
+    """The causal-LM head soft-caps its logits, ``tanh(logits / cap) * cap`` (Gemma4ForCausalLM.forward,
+    modeling_gemma4.py ``final_logit_softcapping``): tanh keeps its output for backward."""
     unmodelled: tuple[str, ...] = ()
     """Architecture features the memory model has no terms for yet (experts beyond Mixtral's
     block, multi-head latent attention, linear-attention or Mamba2 layers, per-layer head sizes,
@@ -302,10 +371,11 @@ class ModelSpec:
         if not self.other_blocks:
             return ((self.num_layers, 0, self),)
         first = (self.blocks_like_first, 0, self._block_view(self.layer_linears, self.layer_norm_params))
-        return (first,) + tuple((g.count, g.first, self._block_view(g.linears, g.other_params))
+        return (first,) + tuple((g.count, g.first, self._block_view(g.linears, g.other_params, g))
                                 for g in self.other_blocks)
 
-    def _block_view(self, linears: tuple[LinearSpec, ...], other_params: int) -> "ModelSpec":
+    def _block_view(self, linears: tuple[LinearSpec, ...], other_params: int,
+                    group: "BlockGroup | None" = None) -> "ModelSpec":
         stacks = [lin for lin in linears if lin.count > 1 and not lin.module]
         down = [lin for lin in linears if lin.kind is LinearKind.MLP_OUT]
         if stacks:
@@ -315,7 +385,10 @@ class ModelSpec:
             inter = down[0].in_features if down else self.intermediate_size
             moe = {"num_experts": 0, "experts_per_token": 0, "routing": None}
         return dataclasses.replace(self, layer_linears=linears, layer_norm_params=other_params, layer_other_params=0,
-                                   other_blocks=(), intermediate_size=inter, **moe)
+                                   other_blocks=(), intermediate_size=inter, **moe, **({} if group is None else {
+                                       "head_dim": group.head_dim or self.head_dim,
+                                       "num_kv_heads": group.kv_heads or self.num_kv_heads,
+                                       "sliding_attention": group.sliding, "mixer": group.mixer}))
 
     def block_at(self, index: int) -> "ModelSpec":
         """The homogeneous spec (``block_kinds``) of block ``index``."""
@@ -401,6 +474,8 @@ class ModelSpec:
     @functools.cached_property
     def fused_qkv(self) -> bool:
         """q, k and v come out of one projection (phi3's qkv_proj, gpt_neox's query_key_value)."""
+        if self.attn_output_gate or self.mixer != "attention":
+            return False  # q_proj's second half is the output gate; a linear-attention block has no q/k/v
         return any(lin.kind is LinearKind.ATTN_IN and lin.out_features > self.num_heads * self.head_dim
                    for lin in self.layer_linears)
 

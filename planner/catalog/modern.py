@@ -26,13 +26,11 @@ from typing import Any
 
 from planner.catalog.blocks import ConfigReader, K, common_fields, lin, qkvo, swiglu, untied_head
 from planner.errors import UnsupportedError
-from planner.modelspec import BlockGroup, LatentAttention, LinearSpec, MoeRouting
+from planner.modelspec import BlockGroup, GatedDeltaNet, LatentAttention, LinearSpec, MoeRouting
 
 # ---- features the memory model does not model yet (ModelSpec.unmodelled) --------------------------
 FEATURE_MOE = "mixture-of-experts blocks"
-FEATURE_LINEAR_ATTN = "Gated DeltaNet linear attention"
 FEATURE_MAMBA = "Mamba2 layers"
-FEATURE_HEAD_SIZES = "per-layer head sizes"
 
 Block = tuple[str, tuple[LinearSpec, ...], int]
 """(label, linears, other parameters) of one decoder block."""
@@ -43,7 +41,9 @@ def group_blocks(blocks: Sequence[Block]) -> tuple[tuple[LinearSpec, ...], int, 
     first = blocks[0]
     groups: dict[Block, list[int]] = {}
     for index, block in enumerate(blocks):
-        if block[1:] != first[1:]:
+        # the label too: blocks of equal weights can differ in what the memory model reads (Gemma 4's
+        # full-attention layers beside sliding ones when both have one head dim)
+        if block != first:
             groups.setdefault(block, []).append(index)
     others = tuple(BlockGroup(label=label, count=len(idx), linears=linears, other_params=other, first=idx[0],
                               indices=tuple(idx))
@@ -402,7 +402,7 @@ def llama4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
 # ---- hybrid: qwen3_next, qwen3_5, qwen3_5_moe, nemotron_h, gemma4 --------------------------------------
 
 
-def _gated_deltanet(c: ConfigReader, hidden: int, *, split_proj: bool) -> tuple[list[LinearSpec], int]:
+def _gated_deltanet(c: ConfigReader, hidden: int, *, split_proj: bool) -> tuple[list[LinearSpec], int, GatedDeltaNet]:
     """A Gated DeltaNet token mixer (Qwen3NextGatedDeltaNet, modeling_qwen3_next.py; Qwen3_5GatedDeltaNet,
     modeling_qwen3_5.py): q/k/v/z and b/a projections (fused ``in_proj_qkvz`` + ``in_proj_ba`` in
     Qwen3-Next, four ``in_proj_*`` in Qwen3.5), ``out_proj``; outside linears a depthwise
@@ -421,7 +421,10 @@ def _gated_deltanet(c: ConfigReader, hidden: int, *, split_proj: bool) -> tuple[
         projections = [lin("in_proj_qkvz", hidden, 2 * key + 2 * value, False, K.ATTN_IN),
                        lin("in_proj_ba", hidden, 2 * v_heads, False, K.ATTN_IN)]
     other = (2 * key + value) * kernel + 2 * v_heads + v_dim
-    return projections + [lin("out_proj", value, hidden, False, K.ATTN_OUT)], other
+    if v_heads % k_heads:
+        raise c.error(f"linear_num_value_heads {v_heads} is not a multiple of linear_num_key_heads {k_heads}")
+    shape = GatedDeltaNet(k_heads=k_heads, v_heads=v_heads, k_dim=k_dim, v_dim=v_dim, kernel=kernel)
+    return projections + [lin("out_proj", value, hidden, False, K.ATTN_OUT)], other, shape
 
 
 def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
@@ -442,7 +445,7 @@ def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
     bias = c.flag("attention_bias", False)
     full = [lin("q_proj", hidden, 2 * heads * head_dim, bias, K.ATTN_IN)] + qkvo(
         hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)[1:]
-    linear, linear_other = _gated_deltanet(c, hidden, split_proj=model_type != "qwen3_next")
+    linear, linear_other, gdn = _gated_deltanet(c, hidden, split_proj=model_type != "qwen3_next")
     moe_type = model_type != "qwen3_5_text"
     count = top_k = 0
     if moe_type:
@@ -463,14 +466,24 @@ def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
         is_moe = moe_type and i not in dense_only and (i + 1) % step == 0
         mlp = mlp_moe if is_moe else swiglu(hidden, inter)
         blocks.append((f"{kind}{' moe' if is_moe else ''}", tuple(mixer + mlp), other + 2 * hidden))
-    return decoder_fields(
+    fields = decoder_fields(
         c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim,
         inter=c.size("moe_intermediate_size", default=512) if moe_type else inter, vocab=vocab, blocks=blocks,
         tied=c.flag("tie_word_embeddings", False), max_pos=c.size("max_position_embeddings", default=32768),
         act=c.text("hidden_act", default="silu"), final_norm=hidden, num_experts=count, experts_per_token=top_k,
-        unmodelled=(FEATURE_LINEAR_ATTN,) + ((FEATURE_MOE,) if moe_type else ()),
+        # Qwen3NextRMSNorm.forward: ``output * (1.0 + self.weight.float())`` keeps the fp32 normalised tensor
+        norm_weight_fp32=True, qk_norm="head", attn_output_gate=True, gated_deltanet=gdn,
+        mixer="gated_deltanet" if types[0] == "linear_attention" else "attention",
+        # Qwen3NextTopKRouter (modeling_qwen3_next.py:828-846, norm_topk_prob default True,
+        # configuration_qwen3_next.py:117) and Qwen3_5MoeTopKRouter (modeling_qwen3_5_moe.py:898-909: always
+        # renormalised): softmax in fp32, top-k, the weights cast back to the logits' dtype
+        routing=MoeRouting(renorm=c.flag("norm_topk_prob", True) if model_type == "qwen3_next" else True,
+                           scores_fp32=False, aux_loss=c.flag("output_router_logits", False)) if moe_type else None,
         peft_converts_moe="qwen2_moe" if model_type == "qwen3_next" else "",  # conversion_mapping.py
     )
+    groups = tuple(dataclasses.replace(g, mixer="gated_deltanet" if g.label.startswith("linear_attention")
+                                       else "attention") for g in fields["other_blocks"])
+    return dict(fields, other_blocks=groups)
 
 
 #: nemotron_h's hybrid_override_pattern letters (configuration_nemotron_h.py)
@@ -532,13 +545,20 @@ def nemotron_h(c: ConfigReader, model_type: str) -> dict[str, Any]:
 
 
 def gemma4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
-    """modeling_gemma4.py Gemma4TextDecoderLayer: four block RMSNorms, Gemma4TextAttention
-    (``q_norm``/``k_norm`` over the layer's head_dim, a weightless ``v_norm``; full-attention layers
-    take ``global_head_dim`` and ``num_global_key_value_heads``, and with ``attention_k_eq_v`` have
-    no ``v_proj``: configuration_gemma4.py per_layer_config), a GeGLU MLP and with
-    ``enable_moe_block`` a router (``proj`` linear, ``scale [H]``, ``per_expert_scale [E]``),
-    expert stacks and three more norms. Per-layer input embeddings and kv-shared layers (the
-    small Gemma 4 models) are not supported yet."""
+    """modeling_gemma4.py Gemma4TextDecoderLayer (:1331-1418): four block RMSNorms around the attention and
+    the MLP (gemma 2/3's sandwich), Gemma4TextAttention (:1141-1252: ``q_norm``/``k_norm`` over the layer's
+    head_dim, a weightless ``v_norm``; full-attention layers take ``global_head_dim`` and, with
+    ``attention_k_eq_v``, ``num_global_key_value_heads`` and no ``v_proj``, the values being the raw key
+    projection: configuration_gemma4.py per_layer_config), a GeGLU MLP and with ``enable_moe_block`` a router
+    (``proj`` linear, ``scale [H]``, ``per_expert_scale [E]``), expert stacks and three more norms.
+    Gemma4RMSNorm (:196-214) multiplies by its weight in fp32 (``normed_output * self.weight.float()``) and
+    normalises with ``torch.pow(mean_squared, -0.5)``: two fp32 row statistics saved. Gemma4ForCausalLM
+    soft-caps the logits (``final_logit_softcapping``). Each kind of layer keeps its own head dim and kv heads
+    (``BlockGroup.head_dim``). The MoE block's routing: ``MoeRouting.parallel_experts`` (softmax in fp32,
+    top-k renormalised, fp32 weights: Gemma4TextRouter.forward); no peft conversion for gemma4 in
+    transformers' conversion_mapping.py, so ``all-linear`` wraps the router's ``proj`` and the dense MLP, not the
+    expert stacks. Per-layer input embeddings and kv-shared layers (the small Gemma 4 models)
+    are not supported yet."""
     if c.raw.get("hidden_size_per_layer_input", 256) or c.raw.get("num_kv_shared_layers", 0):
         raise UnsupportedError(f"{c.source}: Gemma 4 with per-layer input embeddings (hidden_size_per_layer_input) "
                                "or kv-shared layers (num_kv_shared_layers) is not supported yet")
@@ -560,18 +580,28 @@ def gemma4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
         count, top_k = _top_k(c, "num_experts", "top_k_experts")
         moe = [lin("proj", hidden, count, False, K.ROUTER)] + experts(hidden, c.size("moe_intermediate_size"), count, top_k)
         moe_other = hidden + count + 3 * hidden
+    shapes = {"full_attention": (global_dim, global_kv), "sliding_attention": (head_dim, kv)}
     blocks: list[Block] = []
     for kind in types:
-        dim, n_kv = (global_dim, global_kv) if kind == "full_attention" else (head_dim, kv)
+        dim, n_kv = shapes.get(kind, shapes["sliding_attention"])
         attn = qkvo(hidden, heads, n_kv, dim, qkv_bias=bias, o_bias=bias)
         if k_eq_v and kind == "full_attention":
             attn = [a for a in attn if a.name != "v_proj"]
         blocks.append((kind, tuple(attn + swiglu(hidden, inter) + moe), 4 * hidden + 2 * dim + moe_other))
-    return decoder_fields(
-        c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter, vocab=vocab,
-        blocks=blocks, tied=c.flag("tie_word_embeddings", True),
+    first_dim, first_kv = shapes.get(types[0], shapes["sliding_attention"])
+    softcap = c.raw.get("final_logit_softcapping")
+    fields = decoder_fields(
+        c, model_type=model_type, hidden=hidden, heads=heads, kv=first_kv, head_dim=first_dim, inter=inter,
+        vocab=vocab, blocks=blocks, tied=c.flag("tie_word_embeddings", True),
         max_pos=c.size("max_position_embeddings", default=131_072),
-        act=c.text("hidden_activation", default="gelu_pytorch_tanh"), final_norm=hidden, norm_weight_fp32=False,
+        act=c.text("hidden_activation", default="gelu_pytorch_tanh"), final_norm=hidden, norm_weight_fp32=True,
         sliding_window=c.size("sliding_window", default=512), num_experts=count, experts_per_token=top_k,
-        unmodelled=(FEATURE_HEAD_SIZES,) + ((FEATURE_MOE,) if count else ()),
+        norm_placement="sandwich", qk_norm="head", norm_row_stats=2, v_norm=True,
+        final_logit_softcap=softcap is not None and softcap > 0, sliding_attention=types[0] == "sliding_attention",
+        routing=MoeRouting(renorm=True, scores_fp32=True, parallel_experts=True) if count else None,
     )
+    groups = tuple(dataclasses.replace(g, head_dim=shapes.get(g.label, shapes["sliding_attention"])[0],
+                                       kv_heads=shapes.get(g.label, shapes["sliding_attention"])[1],
+                                       sliding=g.label == "sliding_attention")
+                   for g in fields["other_blocks"])
+    return dict(fields, other_blocks=groups)

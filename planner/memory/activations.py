@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from planner.config import Attention, Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
-from planner.memory import moe
-from planner.memory.attention import attention_terms, effective_attention, padding_mask
+from planner.memory import moe, recurrent
+from planner.memory.attention import attention_terms, effective_attention, out_input, padding_mask
 from planner.memory.dtypes import FP32, HALF, INT64, DtypeMode, mode_of
 from planner.memory.parameters import lora_targets
 from planner.memory.shapes import BlockContext, Dims, block_context, block_input_needs_grad, dims_of
@@ -81,11 +81,14 @@ TERM_SOURCES = {
     "lm_head/input": "lm_head's input (F.linear)",
     "loss/log_softmax": "cross_entropy = log_softmax + nll_loss: fp32 log-probabilities and int64 labels "
                         "(transformers/loss/loss_utils.py ForCausalLMLoss)",
+    "loss/softcap": "final_logit_softcapping: tanh(logits / cap) keeps its output (Gemma4ForCausalLM.forward)",
     "loss/fused_grad_input": "fused linear cross-entropy: the gradient of the head's input, computed in the forward "
                              "and saved for backward (Liger ops/fused_linear_cross_entropy.py: grad_input = "
                              "torch.zeros_like(_input), ctx.save_for_backward(grad_input, ...))",
     "moe/aux_loss": "output_router_logits: load_balancing_loss_func's fp32 softmax over every MoE layer's router logits",
+    "attention/output_gate": "attn_output * sigmoid(gate) (Qwen3NextAttention.forward): sigmoid's output",
     **moe.TERM_SOURCES,
+    **recurrent.TERM_SOURCES,
 }
 
 
@@ -95,7 +98,7 @@ def _norm_bytes(ctx: BlockContext, input_needs_grad: bool) -> int:
     dtype) when the weight does; LayerNorm its input and the fp32 mean and rstd."""
     e, h, model = ctx.dims.tokens, ctx.dims.h, ctx.model
     if model.norm == "rmsnorm":
-        total = e * h * FP32 + e * FP32 if input_needs_grad else 0
+        total = e * h * FP32 + e * FP32 * model.norm_row_stats if input_needs_grad else 0
         if ctx.full:
             total += e * h * (FP32 if model.norm_weight_fp32 else ctx.mode.residual)
         return total
@@ -125,7 +128,7 @@ def _output_norm_bytes(ctx: BlockContext, input_needs_grad: bool) -> int:
     projections' dtype (``self.weight * hidden_states.to(input_dtype)``, modeling_olmo2.py
     Olmo2RMSNorm.forward; Gemma keeps it fp32: ``output * (1.0 + self.weight.float())``)."""
     e, h = ctx.dims.tokens, ctx.dims.h
-    total = e * h * FP32 + e * FP32 if input_needs_grad else 0
+    total = e * h * FP32 + e * FP32 * ctx.model.norm_row_stats if input_needs_grad else 0
     if ctx.full:
         total += e * h * (FP32 if ctx.model.norm_weight_fp32 else ctx.mode.compute)
     return total
@@ -136,20 +139,48 @@ def _qk_norms(ctx: BlockContext) -> int:
     (modeling_qwen3.py Qwen3Attention.forward ``self.q_norm(self.q_proj(hidden_states).view(
     hidden_shape))``; modeling_olmo2.py ``self.q_norm(self.q_proj(hidden_states))``; modeling_gemma3.py
     Gemma3Attention.forward): each saves its fp32 input and one fp32 rsqrt per normalised row (a
-    head's head_dim, or OLMo 2's whole projection) when its input needs a gradient (the projection
-    trains, is adapted, or reads a tensor that needs one), and the normalised tensor in the
-    projection's dtype (Gemma: fp32) when its weight trains. Measured on a tiny qwen3 (bf16-mixed,
-    full): 300,176 B over two blocks against 301,056 B here."""
+    head's head_dim, or OLMo 2's whole projection; ``ModelSpec.norm_row_stats`` of them) when its
+    input needs a gradient (the projection trains, is adapted, or reads a tensor that needs one), and
+    the normalised tensor in the projection's dtype (Gemma: fp32) when its weight trains. Measured on a
+    tiny qwen3 (bf16-mixed, full): 300,176 B over two blocks against 301,056 B here.
+
+    Gemma 4's weightless ``v_norm`` (modeling_gemma4.py:1222-1223, Gemma4RMSNorm ``with_scale=False``)
+    saves its fp32 input and row statistics likewise, and no normalised tensor; on a full-attention layer
+    with ``attention_k_eq_v`` it reads k_proj's raw output, whose fp32 copy in an fp32 model is the tensor
+    k_norm keeps already (``.float()`` returns it)."""
     model, e, dims = ctx.model, ctx.dims.tokens, ctx.dims
     total = 0
     for heads, proj in ((dims.a, "q_proj"), (dims.kv, "k_proj")):
         if not (ctx.block_input_needs_grad or proj in ctx.targets):
             continue
         rows = heads if model.qk_norm == "head" else 1
-        total += e * heads * dims.d * FP32 + e * rows * FP32
+        total += e * heads * dims.d * FP32 + e * rows * FP32 * model.norm_row_stats
         if ctx.full:
             total += e * heads * dims.d * (FP32 if model.norm_weight_fp32 else ctx.mode.compute)
+    if model.v_norm:
+        source = "v_proj" if any(lin.name == "v_proj" for lin in model.layer_linears) else "k_proj"
+        if ctx.block_input_needs_grad or source in ctx.targets:
+            shared = source == "k_proj" and ctx.mode.compute == FP32
+            total += (0 if shared else e * dims.kv * dims.d * FP32) + e * dims.kv * FP32 * model.norm_row_stats
     return total
+
+
+def _output_gate_terms(ctx: BlockContext) -> dict[str, int]:
+    """Qwen3-Next's gated attention (Qwen3NextAttention.forward, modeling_qwen3_next.py:275-303): ``q_proj``
+    gives q and a gate, ``attn_output * torch.sigmoid(gate)`` keeps sigmoid's output and the attention output
+    (``reshape(...).contiguous()`` of the kernel's transposed output: its own storage), and o_proj reads the product, a new tensor (``out_input``), all in
+    the projections' output dtype. In an fp32 model q_norm's ``.float()`` is the strided half of q_proj's
+    output, which keeps the whole output (q and gate) saved: one more q-sized tensor."""
+    dims, mode = ctx.dims, ctx.mode
+    q = dims.tokens * dims.a * dims.d
+    needs = ctx.block_input_needs_grad or bool(ctx.attn_targeted)
+    # sigmoid's output (the gate is q_proj's: the projections' dtype) and the attention output the product
+    # reads, the reshaped copy of the kernel's (b, a, s, d) output (measured: a storage apart from what SDPA
+    # keeps), in the kernel's dtype; the product in the wider of the two
+    gate = q * (mode.compute + mode.attn) if needs else 0
+    if mode.compute == FP32 and not mode.autocast and (ctx.block_input_needs_grad or "q_proj" in ctx.targets):
+        gate += q * FP32
+    return {"attention/output_gate": gate, "attention/out_input": out_input(ctx, q * max(mode.compute, mode.attn))}
 
 
 def _inputs(ctx: BlockContext, kind: LinearKind) -> int:
@@ -311,14 +342,24 @@ def block_terms(ctx: BlockContext) -> dict[str, int]:
     """Bytes one transformer block keeps for backward, by term (see ``TERM_SOURCES``)."""
     e, h = ctx.dims.tokens, ctx.dims.h
     out = {"norms": _norms(ctx), "attention/qkv_input": _inputs(ctx, LinearKind.ATTN_IN)}
-    if ctx.model.qk_norm:
-        out["attention/qk_norms"] = _qk_norms(ctx)
-    out.update(attention_terms(ctx))
+    if ctx.model.mixer == "gated_deltanet":
+        out.update(recurrent.gated_deltanet_terms(ctx))
+    else:
+        if ctx.model.qk_norm:
+            out["attention/qk_norms"] = _qk_norms(ctx)
+        out.update(attention_terms(ctx))
+        if ctx.model.attn_output_gate:
+            out.update(_output_gate_terms(ctx))
     if moe.is_moe_block(ctx.model):
         out.update(moe.moe_block_terms(
             ctx, act_saved=ACTIVATION_SAVED.get(ctx.model.hidden_act, ACTIVATION_SAVED_DEFAULT),
             keeps_output=ctx.model.hidden_act in ACTIVATION_SAVES_OUTPUT))
-        if moe.shared_expert(ctx.model):
+        if ctx.model.routing is not None and ctx.model.routing.parallel_experts:
+            # Gemma 4: a dense MLP beside the experts (its own normed input), as a dense block's
+            dense = _shared_ctx(ctx)
+            out["mlp/input"] = _inputs(dense, LinearKind.MLP_IN)
+            out["mlp/intermediate"] = _mlp_intermediate(dense)
+        elif moe.shared_expert(ctx.model):
             out.update(_shared_expert_terms(ctx))
     else:
         out["mlp/input"] = _inputs(ctx, LinearKind.MLP_IN)
@@ -345,6 +386,8 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         # cos and sin (1, s, head_dim) in the residual dtype, shared by all blocks
         # (MLA ropes qk_rope_head_dim of each head: DeepseekV3RotaryEmbedding, its config's head_dim)
         rope = model.latent_attention.rope if model.latent_attention else dims.d
+        # one table per head dim (Gemma 4: Gemma4TextRotaryEmbedding per layer type, each its layers' head dim)
+        rope += sum({g.head_dim for g in model.other_blocks if g.head_dim and g.head_dim != model.head_dim})
         out["embeddings"] += 2 * dims.s * rope * mode.residual
     if model.embedding_norm:
         # the LayerNorm saves its input, the summed embeddings (in the residual dtype)
@@ -365,7 +408,7 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         out["dropout"] = e * h * kernels.dropout_mask_bytes(mode.residual)
     if model.norm == "rmsnorm":
         normalised = FP32 if model.norm_weight_fp32 else mode.residual
-        out["final_norm"] = e * h * FP32 + e * FP32 + (e * h * normalised if full else 0)
+        out["final_norm"] = e * h * FP32 + e * FP32 * model.norm_row_stats + (e * h * normalised if full else 0)
     else:
         out["final_norm"] = e * h * mode.residual + 2 * e * FP32
     if config.fused_ce:
@@ -379,6 +422,9 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
     if mode.autocast:
         out["autocast/weight_casts"] = model.vocab_size * h * HALF
     out["loss/log_softmax"] = e * dims.v * FP32 + e * INT64
+    if model.final_logit_softcap:
+        # logits / cap -> tanh -> * cap (Gemma4ForCausalLM.forward): tanh keeps its output, the lm_head's dtype
+        out["loss/softcap"] = e * dims.v * mode.logits
     router_logits = HALF if mode.autocast else mode.compute  # F.linear's output
     softmax_out = FP32 if mode.autocast and kernels.autocast_softmax_fp32 else router_logits
     if aux := moe.aux_loss_bytes(model, e, softmax_out):
@@ -387,7 +433,8 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
 
 
 #: the model-level terms that belong to the output side (freed first in backward)
-HEAD_TERMS = frozenset({"lm_head/transform", "final_norm", "lm_head/input", "loss/log_softmax", "loss/fused_grad_input"})
+HEAD_TERMS = frozenset({"lm_head/transform", "final_norm", "lm_head/input", "loss/log_softmax", "loss/fused_grad_input",
+                        "loss/softcap"})
 
 
 def logits_forward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig | None = None) -> int:
@@ -828,7 +875,8 @@ def kind_contexts(ctx: BlockContext) -> tuple[tuple[int, int, BlockContext], ...
     model whose blocks differ (``ModelSpec.block_kinds``): each at its own MLP's intermediate size."""
     out = []
     for count, first, view in ctx.model.block_kinds:
-        dims = dataclasses.replace(ctx.dims, i=dims_of(view, ctx.config).i)
+        own = dims_of(view, ctx.config)  # its MLP's intermediate size, its head dim and kv heads (Gemma 4)
+        dims = dataclasses.replace(ctx.dims, i=own.i, d=own.d, kv=own.kv)
         out.append((count, first, BlockContext(model=view, config=ctx.config, dims=dims, mode=ctx.mode,
                                                kernels=ctx.kernels, first=False, targets=ctx.targets)))
     return tuple(out)

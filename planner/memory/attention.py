@@ -31,7 +31,8 @@ def attention_terms(ctx: BlockContext) -> dict[str, int]:
     attention = effective_attention(model, ctx.config)
     # with a padding mask transformers repeats k/v to every head before SDPA
     # (integrations/sdpa_attention.py use_gqa_in_sdpa: GQA only when attention_mask is None)
-    kvn = q if padding_mask(ctx.config) and attention is Attention.SDPA else e * dims.kv * dims.d
+    window = window_mask(ctx)
+    kvn = q if (padding_mask(ctx.config) or window) and attention is Attention.SDPA else e * dims.kv * dims.d
     if attention is Attention.SDPA and ctx.kernels.sdpa_dropout_math_fp32 and model.attn_dropout > 0:
         # SDPA's flash kernel refuses dropout here, so training falls back to the math path,
         # which upcasts 16-bit inputs to fp32 and saves q·scale, kᵀ·scale and v (fp32, all
@@ -41,7 +42,10 @@ def attention_terms(ctx: BlockContext) -> dict[str, int]:
         scores = dims.b * dims.a * dims.s * dims.s
         return {"attention/core": 4 * 3 * q + 4 * 3 * scores, "attention/out_input": out_input(ctx, q * mode.attn)}
     if attention in (Attention.SDPA, Attention.FLASH):
-        return _fused_kernel_terms(ctx, q, kvn)
+        terms = _fused_kernel_terms(ctx, q, kvn)
+        if window:
+            terms["attention/core"] += window
+        return terms
     # eager: q and k for the scores, the fp32 softmax and its cast back for probs @ v, v repeated
     # to all heads (repeat_kv), and the transposed output copied before o_proj
     # (eager_attention_forward).
@@ -172,6 +176,22 @@ def _fused_kernel_terms(ctx: BlockContext, q: int, kvn: int) -> dict[str, int]:
             "attention/out_input": out_input(ctx, q * mode.attn if roped else 0)}
 
 
+def window_mask(ctx: BlockContext) -> int:
+    """A sliding-window layer's mask under SDPA (``ModelSpec.sliding_attention``), once the sequence is
+    longer than the window: transformers hands SDPA a (b, 1, s, s) bool mask
+    (masking_utils.py create_sliding_window_causal_mask), which makes it repeat k and v to every head
+    (integrations/sdpa_attention.py ``use_gqa_in_sdpa``: GQA only without a mask), and SDPA converts the
+    bool mask to q's dtype for its kernel in every layer (aten attention.cpp
+    ``convert_boolean_attn_mask``), a tensor its backward keeps: b x s x s in the attention's dtype
+    (measured on a tiny Gemma 4, tests/memory/test_gemma4.py). 0 otherwise."""
+    model, config = ctx.model, ctx.config
+    if not model.sliding_attention or model.sliding_window is None or config.seq_len <= model.sliding_window:
+        return 0
+    if effective_attention(model, config) is not Attention.SDPA:
+        return 0
+    return ctx.dims.b * ctx.dims.s * ctx.dims.s * ctx.mode.attn
+
+
 def padding_mask(config) -> bool:
     """Batches padded to the longest carry an attention mask into the model (not with flash-attn,
     which unpads). The model assumes the worst batch is padded; a micro-batch of one never is,
@@ -205,4 +225,4 @@ def eager_probs_bytes_per_score(model: ModelSpec, mode: DtypeMode, kernels: Kern
 
 
 __all__ = ["attention_terms", "eager_probs_bytes_per_score", "effective_attention", "latent_attention_terms",
-           "out_input", "padding_mask", "sink_bytes"]
+           "out_input", "padding_mask", "sink_bytes", "window_mask"]

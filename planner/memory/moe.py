@@ -51,6 +51,8 @@ TERM_SOURCES = {
                         "DeepseekV3MoE's shared_experts, no gate)",
     "moe/shared_intermediate": "the shared expert's SwiGLU tensors (Qwen2MoeMLP, as a dense MLP's)",
     "moe/shared_gate": "sigmoid(shared_expert_gate(x)) * shared_expert_output: sigmoid's output and the shared output",
+    "moe/norms": "Gemma 4's MoE block: pre_feedforward_layernorm_2 before the experts, post_feedforward_layernorm_1/_2 "
+                 "on the dense MLP's and the experts' outputs (Gemma4TextDecoderLayer.forward; moe.parallel_norm_bytes)",
     "lora/expert_weights": "LoRA on expert stacks and the router (peft ParamWrapper): the merged weight W + BA the "
                            "kernel saves, the factors' casts (moe.adapted_weight_bytes)",
 }
@@ -182,6 +184,65 @@ def router_bytes(ctx: BlockContext) -> int:
     return total
 
 
+def parallel_router_bytes(ctx: BlockContext) -> int:
+    """Gemma4TextRouter.forward (modeling_gemma4.py:1307-1328; ``MoeRouting.parallel_experts``) on the
+    residual stream x:
+
+    * ``self.norm(x)``, a weightless Gemma4RMSNorm (:196-214): ``x.float()`` (a new fp32 copy only when the
+      residual is 16-bit; else the tensor pre_feedforward_layernorm keeps already), ``pow(mean, -0.5)``'s base
+      and result, fp32 per token, when x needs a gradient;
+    * ``* self.scale``: the normed tensor (the residual's dtype, ``type_as``) when ``scale`` trains; the
+      product times a Python number saves nothing;
+    * ``proj`` (an nn.Linear): F.linear's input when its weight trains (autocast's 16-bit cast), or an
+      adapter's: lora_A's cast, or the scaled tensor itself;
+    * softmax(dtype=float32) over the experts, topk's int64 indices, the in-place renormalisation's fp32
+      values and sum (as ``router_bytes``), and ``top_k_weights * self.per_expert_scale[top_k_index]``:
+      the gathered scales (T x k in the parameter's dtype) and, when ``per_expert_scale`` trains, the
+      division's fp32 result (the index op keeps topk's indices, saved already). Measured on a tiny Gemma 4
+      (tests/memory/test_gemma4.py): the CloneBackward0 values, DivBackward0 result and IndexBackward0
+      scales, T x k each."""
+    model, mode, t, h = ctx.model, ctx.mode, ctx.dims.tokens, ctx.dims.h
+    k, e = model.experts_per_token, model.num_experts
+    router = next(lin for lin in model.layer_linears if lin.kind is LinearKind.ROUTER)
+    needs_grad = ctx.input_needs_grad(router)
+    total = 0
+    if needs_grad:
+        total += (t * h * FP32 if mode.residual != FP32 else 0) + 2 * t * FP32
+    if ctx.full:
+        total += t * h * mode.residual  # the normed tensor, for scale's gradient
+        total += t * h * (HALF if mode.autocast else mode.residual)  # proj's input
+    elif ctx.targeted(router):
+        total += t * h * (mode.adapter_input if mode.adapter_input else
+                          mode.residual if ctx.adapter_saves_shared_input else 0)
+    if ctx.full or needs_grad or ctx.targeted(router):
+        # the division's result only for per_expert_scale's gradient (full fine-tuning)
+        total += t * e * FP32 + t * k * INT64 + t * k * FP32 + t * FP32 + t * k * mode.weight
+        total += t * k * FP32 if ctx.full else 0
+    return total
+
+
+def parallel_norm_bytes(ctx: BlockContext) -> int:
+    """The three norms Gemma 4's MoE block adds (Gemma4TextDecoderLayer.forward :1389-1402), Gemma4RMSNorms
+    with a weight (``x.float()``, two fp32 row statistics, the fp32 normalised tensor when the weight
+    trains: ``normed_output * self.weight.float()``):
+
+    * ``pre_feedforward_layernorm_2`` on the residual: its fp32 input is the residual itself unless that is
+      16-bit (then a copy);
+    * ``post_feedforward_layernorm_1`` on the dense MLP's output and ``post_feedforward_layernorm_2`` on the
+      experts': an fp32 input each (a copy of a 16-bit output, or the fp32 output itself, which nothing else
+      keeps)."""
+    mode, t, h = ctx.mode, ctx.dims.tokens, ctx.dims.h
+    normed = t * h * FP32 if ctx.full else 0
+    total = 0
+    if _moe_input_needs_grad(ctx):
+        total += (t * h * FP32 if mode.residual != FP32 else 0) + 2 * t * FP32
+    total += normed
+    outputs_grad = ctx.full or _moe_input_needs_grad(ctx) or bool(ctx.targeted_kinds)
+    if outputs_grad:
+        total += 2 * (t * h * FP32 + 2 * t * FP32)
+    return total + 2 * normed
+
+
 def _group_limited_bytes(ctx: BlockContext) -> int:
     """DeepseekV3TopkRouter.forward (modeling_deepseek_v3.py:133-158), when the scores need a gradient:
     ``router_logits.sigmoid()`` saves its output, T x E in the logits' dtype; the per-group
@@ -307,8 +368,11 @@ def product_bytes(ctx: BlockContext) -> int:
 def moe_block_terms(ctx: BlockContext, *, act_saved: int, keeps_output: bool) -> dict[str, int]:
     """The MoE block's saved bytes by term (``TERM_SOURCES``); ``act_saved``, ``keeps_output``: as
     ``expert_bytes``."""
-    out = {"moe/router": router_bytes(ctx),
+    parallel = ctx.model.routing is not None and ctx.model.routing.parallel_experts
+    out = {"moe/router": parallel_router_bytes(ctx) if parallel else router_bytes(ctx),
            "moe/experts": expert_bytes(ctx, act_saved=act_saved, keeps_output=keeps_output)}
+    if parallel:
+        out["moe/norms"] = parallel_norm_bytes(ctx)
     if adapted := adapted_weight_bytes(ctx):
         out["lora/expert_weights"] = adapted
     return out
@@ -327,5 +391,5 @@ def aux_loss_bytes(model: ModelSpec, tokens: int, logits_bytes: int) -> int:
 
 
 __all__ = ["TERM_SOURCES", "adapted_weight_bytes", "adapted_weights", "aux_loss_bytes", "expert_bytes", "expert_dims",
-           "expert_stacks", "is_expert_stack", "is_moe_block", "moe_block_terms", "moe_layers", "product_bytes",
-           "router_bytes", "router_input_saved", "shared_expert", "shared_intermediate", "slots"]
+           "expert_stacks", "is_expert_stack", "is_moe_block", "moe_block_terms", "moe_layers", "parallel_norm_bytes",
+           "parallel_router_bytes", "product_bytes", "router_bytes", "router_input_saved", "shared_expert", "shared_intermediate", "slots"]
