@@ -284,3 +284,28 @@ def test_more_ranks_than_a_node_has_cpus_is_refused_at_once(ray_here, tiny_confi
             verify_plan(store=store, plan_id=plan_id, gpu=planned.device, model_config=planned.spec.config,
                         options=VerifyOptions(top=1, steps=2))
         assert store.get_plan(plan_id=plan_id).status is PlanStatus.PLANNED
+
+
+@pytest.mark.slow
+def test_a_rank_that_ooms_fails_the_run_naming_it_and_leaves_nothing(ray_here, tiny_config):
+    """Held to 4 MiB (the plan's memory, the CPU probe's limit on each rank), a rank OOMs: the run
+    is stored ``oom`` naming that rank and its cause, the other rank is stopped or ended so."""
+    from planner.store import PlanStatus, open_store
+    from planner.verify.driver import RunState, VerifyOptions, verify_plan
+
+    planned, result = _two_rank_plan(tiny_config, "fsdp2")
+    tiny_device = replace(result, request=replace(result.request, gpu_memory_bytes=4 * 1024**2))
+    with open_store() as store:
+        plan_id = store.save_plan(result=tiny_device)
+        report = verify_plan(store=store, plan_id=plan_id, gpu=planned.device, model_config=planned.spec.config,
+                             options=VerifyOptions(top=1, steps=2))
+        plan = store.get_plan(plan_id=plan_id)
+    assert [r.state for r in report.runs] == [RunState.OOM]
+    run = plan.candidates[0].latest
+    failed = run.worst_rank
+    assert str(run.measurement.outcome) == "oom" and run.measurement.error.startswith(f"rank {failed} of 2: ")
+    assert "memory limit" in run.measurement.error and "memory limit" in run.ranks[failed].error
+    other = run.ranks[1 - failed]
+    assert other.error == f"stopped: rank {failed} failed the run first" or str(other.outcome) == "oom"
+    assert plan.status is PlanStatus.FAILED and plan.status_reason.startswith("no candidate fit when run: #1 oom")
+    _nothing_left(ray_here, plan_id)
