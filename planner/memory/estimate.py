@@ -37,6 +37,12 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
     if effective_attention(model, config) is not config.attention:
         out.append(f"attention: {model.model_type} has no SDPA path in transformers: planned as the eager attention "
                    "that runs (attn_implementation='eager', as its published recipe loads it)")
+    if model.is_encoder_decoder and not config.builds_kv_cache and not config.grad_ckpt:
+        # transformers T5ForConditionalGeneration.__init__ deep-copies the config for its decoder
+        # (KV cache on) and T5Stack.forward reads it there (merge_with_config_defaults)
+        out.append("not counted: under the HF Trainer, which turns the KV cache off on the model's config only, the "
+                   "decoder's own config copy keeps it on in training (measured +1.0 % on a 2-layer T5 at bf16-mixed); "
+                   "turn it off in the forward's arguments, or checkpoint, to train without it")
     out.extend(model.training_notes)
     if config.method is Method.QLORA:
         out.append("NF4 with double quantisation, blocksize 64; non-4-bit params upcast to fp32 by prepare_model_for_kbit_training")
