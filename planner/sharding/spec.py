@@ -95,6 +95,13 @@ def join_process_group(device: str, init: Callable[[str], None] | None = None) -
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        # an in-process run after another in the same process: the group outlives the first run,
+        # whose launcher variables workers.runner put back as it found them; DeepSpeed reads the
+        # rank from the environment (deepspeed/comm: "requires the LOCAL_RANK environment
+        # variable"), so say the existing group's
+        os.environ.setdefault("RANK", str(dist.get_rank()))
+        os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
+        os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
         return
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
