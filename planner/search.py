@@ -594,10 +594,7 @@ def _largest_under(static: _Static, at: list[tuple[int, ...]], below: int, bound
     ``_fit_and_miss`` finds the largest fit (the splits before a fit's all accumulate, and along
     them the peak never falls)."""
     accumulating = static.parts[1]
-    ceiling = static.ceilings.get(bound)
-    if ceiling is None:
-        ceiling = static.ceilings[bound] = (largest_peak(bound, static=static.resident, fixed=static.fixed)
-                                            if caching else bound)
+    ceiling = _ceiling(static, bound, caching)
     lo, hi, lo_peak = -1, below, 0
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -607,6 +604,16 @@ def _largest_under(static: _Static, at: list[tuple[int, ...]], below: int, bound
         else:
             hi = mid
     return (static.total(lo_peak, caching), lo) if lo >= 0 else None
+
+
+def _ceiling(static: _Static, bound: int, caching: bool) -> int:
+    """The largest allocated peak whose process total is within ``bound`` bytes (``reserve.largest_peak``;
+    the bound itself without a caching allocator), remembered per bound on the static terms."""
+    ceiling = static.ceilings.get(bound)
+    if ceiling is None:
+        ceiling = static.ceilings[bound] = (largest_peak(bound, static=static.resident, fixed=static.fixed)
+                                            if caching else bound)
+    return ceiling
 
 
 def _fit_and_miss(static: _Static, at: list[tuple[int, ...]], usable: int, cpu_mem: int,
@@ -623,10 +630,7 @@ def _fit_and_miss(static: _Static, at: list[tuple[int, ...]], usable: int, cpu_m
     is found by bisection; the last split, without accumulation, is evaluated on its own. Host RAM
     does not depend on the split: over --cpu-mem, every split misses."""
     single, accumulating = static.parts
-    ceiling = static.ceilings.get(usable)
-    if ceiling is None:
-        ceiling = static.ceilings[usable] = (largest_peak(usable, static=static.resident, fixed=static.fixed)
-                                             if caching else usable)
+    ceiling = _ceiling(static, usable, caching)
     last = len(at) - 1
     last_peak = max(map(add, single, at[last]))
     host_fits = static.terms.host <= cpu_mem

@@ -697,9 +697,9 @@ def _made_by(func: Any, out: Any) -> str:
 
 def _make_mode(probe: CpuProbe):
     """The dispatch mode, defined here so that importing this module does not import torch."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_map_only
-    import torch
 
     class _CountingMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
