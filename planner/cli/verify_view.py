@@ -80,7 +80,6 @@ def verification_table(plan: "StoredPlan", *, answer: int | None, reserved: bool
     """Measured beside predicted for every candidate that ran (its latest run)."""
     from rich.table import Table
 
-    from planner.units import format_bytes
 
     table = Table(title="verified: measured vs predicted (error = (predicted - measured) / measured)", title_justify="left")
     columns = ["#", "candidate", "outcome", "peak alloc pred", "measured", "err"]
@@ -95,28 +94,28 @@ def verification_table(plan: "StoredPlan", *, answer: int | None, reserved: bool
             continue
         p, m = stored.candidate, run.measurement
         mark = " <- answer" if answer == stored.position else ""
-        row = [str(stored.position + 1), p.config.label() + mark, str(m.outcome),
-               format_bytes(p.memory.peak_allocated_bytes),
-               format_bytes(m.peak_allocated_bytes) if m.peak_allocated_bytes else "-",
-               _err(p.memory.peak_allocated_bytes, m.peak_allocated_bytes)]
-        if reserved:
-            row += [format_bytes(p.memory.peak_reserved_bytes),
-                    format_bytes(m.peak_reserved_bytes) if m.peak_reserved_bytes else "-",
-                    _err(p.memory.peak_reserved_bytes, m.peak_reserved_bytes)]
-        row += [f"{p.throughput.tokens_per_s:,.0f}", f"{m.tokens_per_s:,.0f}" if m.tokens_per_s else "-",
-                _err(p.throughput.tokens_per_s, m.tokens_per_s)]
+        row = [str(stored.position + 1), p.config.label() + mark, *_memory_cells(p.memory, m, reserved=reserved),
+               f"{p.throughput.tokens_per_s:,.0f}", f"{m.tokens_per_s:,.0f}" if m.tokens_per_s else "-",
+               _err(p.throughput.tokens_per_s, m.tokens_per_s)]
         table.add_row(*row)
         for rank, r in enumerate(run.ranks):  # a run of several ranks: each rank's peak, the same prediction
             worst = " (worst)" if rank == run.worst_rank else ""
-            rank_row = ["", f"  rank {rank}{worst}", str(r.outcome), format_bytes(p.memory.peak_allocated_bytes),
-                        format_bytes(r.peak_allocated_bytes) if r.peak_allocated_bytes else "-",
-                        _err(p.memory.peak_allocated_bytes, r.peak_allocated_bytes)]
-            if reserved:
-                rank_row += [format_bytes(p.memory.peak_reserved_bytes),
-                             format_bytes(r.peak_reserved_bytes) if r.peak_reserved_bytes else "-",
-                             _err(p.memory.peak_reserved_bytes, r.peak_reserved_bytes)]
-            table.add_row(*rank_row, "", "", "")
+            table.add_row("", f"  rank {rank}{worst}", *_memory_cells(p.memory, r, reserved=reserved), "", "", "")
     return table
+
+
+def _memory_cells(predicted, measured, *, reserved: bool) -> list[str]:
+    """A run's (or one rank's) outcome and its peaks beside the predicted ones, with the errors."""
+    from planner.units import format_bytes
+
+    cells = [str(measured.outcome), format_bytes(predicted.peak_allocated_bytes),
+             format_bytes(measured.peak_allocated_bytes) if measured.peak_allocated_bytes else "-",
+             _err(predicted.peak_allocated_bytes, measured.peak_allocated_bytes)]
+    if reserved:
+        cells += [format_bytes(predicted.peak_reserved_bytes),
+                  format_bytes(measured.peak_reserved_bytes) if measured.peak_reserved_bytes else "-",
+                  _err(predicted.peak_reserved_bytes, measured.peak_reserved_bytes)]
+    return cells
 
 
 def print_verified(console: "Console", plan: "StoredPlan", *, answer: int | None, device_is_cpu: bool) -> None:
