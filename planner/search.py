@@ -595,15 +595,23 @@ def _largest_under(static: _Static, at: list[tuple[int, ...]], below: int, bound
     them the peak never falls)."""
     accumulating = static.parts[1]
     ceiling = _ceiling(static, bound, caching)
-    lo, hi, lo_peak = -1, below, 0
+    lo, _, lo_peak, _ = _boundary(accumulating, at, ceiling, -1, 0, below, 0)
+    return (static.total(lo_peak, caching), lo) if lo >= 0 else None
+
+
+def _boundary(accumulating: tuple[int, ...], at: list[tuple[int, ...]], ceiling: int, lo: int, lo_peak: int,
+              hi: int, hi_peak: int) -> tuple[int, int, int, int]:
+    """Bisection between split ``lo`` (fits, or -1) and split ``hi`` (misses), every split between
+    them accumulating, along which the peak never falls: (lo, hi, lo_peak, hi_peak) with ``hi =
+    lo + 1``, the last split whose peak is within ``ceiling`` and the first past it."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
         peak = max(map(add, accumulating, at[mid]))
         if peak <= ceiling:
             lo, lo_peak = mid, peak
         else:
-            hi = mid
-    return (static.total(lo_peak, caching), lo) if lo >= 0 else None
+            hi, hi_peak = mid, peak
+    return lo, hi, lo_peak, hi_peak
 
 
 def _ceiling(static: _Static, bound: int, caching: bool) -> int:
@@ -643,13 +651,7 @@ def _fit_and_miss(static: _Static, at: list[tuple[int, ...]], usable: int, cpu_m
             hi, hi_peak = 0, peak
         else:
             lo, lo_peak = 0, peak
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        peak = max(map(add, accumulating, at[mid]))
-        if peak <= ceiling:
-            lo, lo_peak = mid, peak
-        else:
-            hi, hi_peak = mid, peak
+    lo, hi, lo_peak, hi_peak = _boundary(accumulating, at, ceiling, lo, lo_peak, hi, hi_peak)
     miss = (static.total(hi_peak, caching), hi) if hi < last else None
     if last_peak > ceiling or not host_fits:
         last_total = static.total(last_peak, caching)
