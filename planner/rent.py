@@ -231,10 +231,8 @@ def _option(request: "SuggestRequest", *, spec: "ModelSpec", gpu: str, gpus: int
         planned = make_plan(one, spec=spec, calibration=calibration)
     except NothingFitsError as exc:
         return RentOption(gpu=gpu, gpus=gpus, price=price, plan=None, tokens=tokens, reason=str(exc).split("\n")[0])
-    best = planned.result.plans[0] if planned.result.plans else None
-    if best is None:  # pragma: no cover - make_plan raises NothingFitsError instead
-        return RentOption(gpu=gpu, gpus=gpus, price=price, plan=None, tokens=tokens, reason="nothing fits")
-    return RentOption(gpu=gpu, gpus=gpus, price=price, plan=best, tokens=tokens)
+    # (make_plan raises NothingFitsError rather than answer without a plan)
+    return RentOption(gpu=gpu, gpus=gpus, price=price, plan=planned.result.plans[0], tokens=tokens)
 
 
 __all__ = ["DEFAULT_TOKENS", "NODE_SIZES", "RentComparison", "RentOption", "Workload", "compare_gpus", "parse_tokens", "workload"]

@@ -51,12 +51,17 @@ def active_calibrations(gpus: "Sequence[str]", *, db: str | None) -> "tuple[dict
 
     try:
         with open_plan_store(url=db, create=False) as store:
-            found = {name: store.active_calibration(gpu=name) for name in gpus}
+            return calibrations_in(store, gpus), None
     except (DatabaseMissingError, SchemaOutOfDateError):
         return {}, None  # no database yet, or a new or older one: nothing calibrated in it
     except StoreError as exc:
         return {}, f"note: calibration not checked, the model's defaults are used: {exc}"
-    return {name: calibration for name, calibration in found.items() if calibration is not None}, None
 
 
-__all__ = ["active_calibration", "active_calibrations", "calibration_in", "catalog_name"]
+def calibrations_in(store: "PlanStore", gpus: "Sequence[str]") -> "dict[str, Calibration]":
+    """The active calibrations of the catalog GPUs ``gpus`` in an open store (those that have one)."""
+    found = {name: store.active_calibration(gpu=name) for name in gpus}
+    return {name: calibration for name, calibration in found.items() if calibration is not None}
+
+
+__all__ = ["active_calibration", "active_calibrations", "calibration_in", "calibrations_in", "catalog_name"]

@@ -85,14 +85,15 @@ def suggest(
     fastest that fits when run is the answer."""
     from planner.cli._common import console
 
-    if max_seq and (gpu.strip().lower() == ANY_GPU or "," in gpu):
+    comparing = gpu.strip().lower() == ANY_GPU or "," in gpu  # which GPU to rent (planner.rent)
+    if max_seq and comparing:
         from planner.errors import InvalidConfigError
 
         raise InvalidConfigError("--max-seq solves the plans of one GPU: pick one from the comparison, then run "
                                  "planner suggest --gpu NAME --max-seq")
     compare = {"--gpus-max": gpus_max != GPUS_MAX.default, "--tokens": tokens, "--epochs": epochs,
                "--dataset-tokens": dataset_tokens, "--prices": prices}
-    if gpu.strip().lower() == ANY_GPU or "," in gpu:
+    if comparing:
         _compare(model=model, gpu_names=None if gpu.strip().lower() == ANY_GPU else gpu.split(","), target_batch=target_batch, seq_len=seq_len, gpus=gpus, gpu_mem=gpu_mem, method=method,
                  precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, prefer=prefer, recipe=recipe,
                  verify=verify, emit=emit, dataset=dataset, tokenizer=tokenizer, dataset_field=dataset_field,
@@ -257,11 +258,11 @@ def _compare(*, model, gpu_names, target_batch, seq_len, gpus, gpu_mem, method, 
              as_json, db) -> None:
     """``--gpu any`` (or a comma list of GPU names): the request planned on every catalog GPU type
     (or those) and count (``planner.rent``), printed cheapest first (``--json``: every option)."""
+    from planner import gpus as catalog  # (gpu_names here is the request's list)
     from planner.calibration.lookup import active_calibrations
     from planner.cli._common import console, print_json
     from planner.cli.rent_view import print_comparison
     from planner.errors import InvalidConfigError
-    from planner.gpus import list_gpus
     from planner.pricing import load_prices
     from planner.rent import compare_gpus, parse_tokens, workload
 
@@ -291,7 +292,7 @@ def _compare(*, model, gpu_names, target_batch, seq_len, gpus, gpu_mem, method, 
     request = _request(model=model, gpu=ANY_GPU, target_batch=target_batch, seq_len=seq_len, gpus=1, gpu_mem=None,
                        method=method, precision=precision, no_offload=no_offload, cpu_mem=cpu_mem, top_k=1,
                        prefer=prefer, recipe=recipe)
-    calibrations, note = active_calibrations([g.name for g in list_gpus()], db=db)
+    calibrations, note = active_calibrations(catalog.gpu_names(), db=db)
     if note:
         console_to_stderr().print(note)
     comparison = compare_gpus(request, workload=job, prices=table, gpus_max=gpus_max, spec=spec,

@@ -179,11 +179,9 @@ def spec_from_config_body(config: dict[str, Any], name: str | None) -> "ModelSpe
 TIMELINE_POINTS = 400
 
 
-def _stored_model(plan: "StoredPlan") -> "ModelSpec":
-    """The plan's model, re-resolved only from the catalog (over HTTP nothing of the server's disk
-    is read); a plan of a config sent inline cannot be drawn or emitted here."""
-    from planner.emit import resolve_plan_model
-
+def _require_catalog_plan(plan: "StoredPlan") -> None:
+    """A plan whose model the server may resolve again: a catalog id only (over HTTP nothing of the
+    server's disk is read); a plan of a config sent inline cannot be drawn or emitted here."""
     try:
         require_catalog_id(plan.request.model_id)
     except UnknownModelError:
@@ -192,7 +190,6 @@ def _stored_model(plan: "StoredPlan") -> "ModelSpec":
             "config, so its files and timeline come from 'planner emit' and 'planner estimate --timeline' where "
             "the config is"
         ) from None
-    return resolve_plan_model(plan)
 
 
 def plan_files_zip(plan: "StoredPlan", *, rank: int) -> bytes:
@@ -204,7 +201,7 @@ def plan_files_zip(plan: "StoredPlan", *, rank: int) -> bytes:
 
     from planner.emit import write_plan_files
 
-    _stored_model(plan)
+    _require_catalog_plan(plan)  # (write_plan_files resolves the model itself)
     buffer = io.BytesIO()
     with tempfile.TemporaryDirectory(prefix="planner-emit-") as folder:
         written = write_plan_files(plan=plan, rank=rank, directory=Path(folder) / "plan")
@@ -218,12 +215,13 @@ def plan_timeline(plan: "StoredPlan", *, rank: int) -> dict[str, Any]:
     """The predicted step of the plan's candidate ``rank`` as curves (``planner estimate
     --timeline``'s picture, as numbers): live bytes by category and the allocator's reserve at
     each point, the moments, the peak, the device's capacity and usable memory."""
-    from planner.emit import pick_candidate
+    from planner.emit import pick_candidate, resolve_plan_model
     from planner.estimation import step_curves
     from planner.gpus import get_gpu
 
     candidate = pick_candidate(plan, rank=rank).candidate
-    spec = _stored_model(plan)
+    _require_catalog_plan(plan)
+    spec = resolve_plan_model(plan)
     gpu = get_gpu(plan.request.gpu, memory_bytes=plan.request.gpu_memory_bytes or None)
     curves = step_curves(spec=spec, gpu=gpu, config=candidate.config)
     keep = _thinned(curves.allocated, TIMELINE_POINTS)

@@ -193,13 +193,12 @@ def compare(body: CompareBody, request: Request) -> dict[str, Any]:
     priced (the shipped table, dated per row, or ``prices``); ``by_cost`` cheapest first,
     ``by_time`` fastest first. Stores nothing. The whole catalog is about 90 searches: past the
     server's CPU budget, send fewer ``gpu_types``."""
-    from planner.calibration.lookup import calibration_in
+    from planner.calibration.lookup import calibrations_in
     from planner.errors import StoreError
-    from planner.gpus import list_gpus
+    from planner.gpus import gpu_names
 
     try:
-        store = _holder(request).get()
-        calibrations = {g.name: c for g in list_gpus() if (c := calibration_in(store, g.name)) is not None}
+        calibrations = calibrations_in(_holder(request).get(), gpu_names())
     except StoreError:
         calibrations = {}  # (a plan never fails for want of a calibration)
     return calls.compare(body, calibrations=calibrations)
