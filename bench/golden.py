@@ -18,6 +18,7 @@ answer byte-identical, and a change of the model or the ranking changes the file
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import gzip
 import json
@@ -112,13 +113,31 @@ def requests() -> Iterator[dict[str, Any]]:
         yield {"space": "edge", **edge}
 
 
+#: the CPU the dump's ``cpu`` answers are planned on: the ``cpu`` profile follows the machine's CPU
+#: (``planner.gpus.bf16_matmul_fp32_buffer``: an AMX CPU's bf16 matmul holds an fp32 buffer), and the
+#: dump must not, so it is pinned to the AMX Xeon's flags that the CPU bench ran on
+GOLDEN_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_bf16"})
+
+
+@contextlib.contextmanager
+def _golden_cpu() -> Iterator[None]:
+    import planner.gpus
+
+    real = planner.gpus.cpu_flags
+    planner.gpus.cpu_flags = lambda: GOLDEN_CPU_FLAGS
+    try:
+        yield
+    finally:
+        planner.gpus.cpu_flags = real
+
+
 def answer(request: dict[str, Any]) -> dict[str, Any]:
     """The planner's answer to one request of the dump, as a JSON-able dict."""
     from planner.errors import NothingFitsError, PlannerError
     from planner.planning import SuggestRequest, make_plan
 
     fields = {k: v for k, v in request.items() if k not in ("space", "every_precision")}
-    with warnings.catch_warnings(record=True) as caught:
+    with _golden_cpu(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             if request.get("every_precision"):

@@ -168,6 +168,11 @@ def cause(r: dict[str, Any]) -> str:
     if over and r["method"] == "qlora":
         found.append("bitsandbytes' dequantise-then-matmul per call: its small kernels and fp32 upcasts are counted at "
                      f"memory speed ({shares['dequant'] + shares['elementwise']:.0%} of the predicted step)")
+    if not over and r["method"] == "qlora":
+        found.append("the planner's QLoRA is peft's prepare_model_for_kbit_training: an fp32 residual stream (norms, rotary, "
+                     "the activation and Linear4bit's casts in and out at fp32, "
+                     f"{shares['elementwise']:.0%} of the predicted step); a stack that keeps it 16-bit (fms's "
+                     "accelerated-peft-bnb, LLaMA-Factory's own k-bit preparation) moves about half of that")
     if over and shares["elementwise"] >= 0.3:
         found.append(f"the elementwise work ({shares['elementwise']:.0%} of the predicted step) is counted as one read and "
                      "write per op at 80% of the bandwidth; small unfused kernels of an older stack reach less")

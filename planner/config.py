@@ -27,37 +27,48 @@ class Method(enum.StrEnum):
 
     @property
     def uses_adapters(self) -> bool:
-        return self is not Method.FULL
+        return self is not _FULL
 
 
 class Precision(enum.StrEnum):
     """``*-mixed``: fp32 weights with autocast (HF Trainer's fp16=True / bf16=True).
     Plain ``fp16``/``bf16``: weights, gradients and optimizer states in that dtype.
-    For QLoRA the precision names the compute dtype of the 4-bit layers."""
+    For QLoRA the precision names the compute dtype of the 4-bit layers.
+
+    ``fp8``: bf16-mixed with torchao's float8 linear layers, as accelerate runs it with
+    ``mixed_precision: fp8`` and the torchao backend (accelerate 1.x accelerator.py ``_prepare_ao``
+    converts the model with ``convert_model_to_fp8_ao``; utils/modeling.py
+    ``get_mixed_precision_context_manager`` keeps bf16 autocast on for "fp8"): fp32 weights, master
+    copy and optimizer states as under bf16-mixed; every ``nn.Linear`` but the model's first and last
+    (the lm_head) whose dims divide by 16 (accelerate utils/ao.py ``filter_linear_layers``) runs its
+    three GEMMs on fp8 operands cast per call with dynamic tensorwise scales (torchao
+    float8/config.py: the default recipe). Needs FP8 tensor cores (``GPUSpec.fp8``)."""
 
     FP32 = "fp32"
     FP16_MIXED = "fp16-mixed"
     BF16_MIXED = "bf16-mixed"
     FP16 = "fp16"
     BF16 = "bf16"
+    FP8 = "fp8"
 
     @property
     def is_mixed(self) -> bool:
-        return self in (Precision.FP16_MIXED, Precision.BF16_MIXED)
+        """fp32 weights with 16-bit autocast compute (fp8 included: its autocast is bf16)."""
+        return self in _MIXED
 
     @property
     def needs_bf16(self) -> bool:
-        return self in (Precision.BF16_MIXED, Precision.BF16)
+        return self in (Precision.BF16_MIXED, Precision.BF16, Precision.FP8)
 
     @property
     def weight_bytes(self) -> int:
         """Bytes per element of the stored (trainable or frozen) weights."""
-        return 4 if self in (Precision.FP32, Precision.FP16_MIXED, Precision.BF16_MIXED) else 2
+        return 4 if self in _FP32_WEIGHTS else 2
 
     @property
     def compute_bytes(self) -> int:
         """Bytes per element of activations: the dtype the matmuls run in."""
-        return 4 if self is Precision.FP32 else 2
+        return 4 if self is _FP32 else 2
 
     @property
     def compute_dtype(self) -> str:
@@ -95,6 +106,8 @@ class Loop(enum.StrEnum):
 #: key was written before payloads carried one (version 1, no ``alloc_conf``). The recipe knobs
 #: (``lora_dropout``, ``loop``, ``fused_ce``, ``packing``, ``use_cache``) were added within version 2:
 #: a payload without them decodes to their defaults, which are the behaviour it was planned with.
+#: torchtune's ``optimizer_in_bwd`` and ``loss_chunks`` were added within version 3 the same way,
+#: written only where set.
 #: Version 3 names the sharding scheme (``sharding``, ``planner.sharding``) where no ``--zero``
 #: stage names it; a configuration whose scheme a stage names (none, DDP, ZeRO-1/2/3) is still
 #: written as version 2 (``zero`` and ``offload``), so that version-2 readers read it and stored
@@ -135,6 +148,45 @@ def _check_dropout(value: Any) -> float:
     return float(value)
 
 
+def _check_eval(fields: dict[str, Any]) -> None:
+    """The evaluation settings: counts, and an eval batch wherever the others are given."""
+    for name in ("eval_batch", "eval_seq_len"):
+        if fields[name] is not None:
+            _check_count(name, fields[name])
+    tokens = fields["generate_tokens"]
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= _UPPER_BOUNDS["generate_tokens"]:
+        raise InvalidConfigError(f"--generate-tokens must be a whole number from 0 to {_UPPER_BOUNDS['generate_tokens']:,}, "
+                                 f"got {tokens!r}")
+    if fields["eval_batch"] is None:
+        given = "--eval-seq-len" if fields["eval_seq_len"] is not None else "--generate-tokens"
+        raise InvalidConfigError(f"{given} describes the evaluation pass: give --eval-batch N too (the HF Trainer's "
+                                 "per_device_eval_batch_size, 8 by default)")
+
+
+def _check_in_bwd_accumulation(grad_accum: int) -> None:
+    """torchtune steps the optimizer in every backward under ``optimizer_in_bwd`` and refuses
+    accumulation with it (recipes/full_finetune_single_device.py ``__init__`` raises RuntimeError)."""
+    if grad_accum > 1:
+        raise InvalidConfigError(f"--optimizer-in-bwd steps the optimizer in every backward: torchtune refuses "
+                                 f"gradient accumulation with it: use --grad-accum 1 (got {grad_accum})")
+
+
+def _check_fp8(config: "TrainConfig") -> None:
+    """What fp8 (torchao's float8 linears under accelerate) is planned with: full fine-tuning on one
+    GPU or DDP replicas. LoRA would convert peft's adapters and the frozen base layers alike
+    (torchao's ``convert_to_float8_training`` swaps every ``nn.Linear`` the filter passes, lora_A and
+    lora_B included), QLoRA's ``Linear4bit`` has no float8 path, DeepSpeed casts the model itself,
+    and FSDP2's float8 all-gather (accelerate's default ``enable_fsdp_float8_all_gather``) shards
+    fp8 weights: none of them is modelled."""
+    if config.method is not _FULL:
+        raise UnsupportedError(f"--precision fp8 with --method {config.method} is not modelled (torchao would convert "
+                               "peft's adapters and the frozen base alike): use --method full, or bf16-mixed")
+    if not config.sharding.spec.replicas:
+        raise UnsupportedError(f"--precision fp8 with {config.sharding.label() or config.sharding.scheme} is not modelled "
+                               "(DeepSpeed casts the model itself; FSDP2 gathers fp8 weights): use DDP (no --zero), "
+                               "or bf16-mixed")
+
+
 def _sharding(sharding: Any, zero: Any, offload: Any) -> Sharding:
     """The ``Sharding`` of a construction: ``sharding`` (a value or a scheme's name), with the
     scheme ``--zero`` names when ``zero`` is given and the ``offload`` when given (the old spelling
@@ -171,12 +223,17 @@ def _lora_fields(lora_r: Any, lora_targets: Any) -> tuple[int, tuple[str, ...]]:
 _ENUM_FIELDS = (("method", Method), ("precision", Precision), ("optimizer", Optimizer), ("attention", Attention),
                 ("loop", Loop))
 #: The count fields of ``TrainConfig``, in the order they are checked, with their bounds.
-_COUNT_BOUNDS = tuple((name, _UPPER_BOUNDS[name]) for name in ("micro_batch", "seq_len", "grad_accum", "gpus"))
+_COUNT_BOUNDS = tuple((name, _UPPER_BOUNDS[name]) for name in ("micro_batch", "seq_len", "grad_accum", "gpus", "loss_chunks"))
 #: The members ``TrainConfig``'s checks compare with, bound once: reading a member through its class
 #: goes through ``EnumType.__getattr__``'s slow attribute path on CPython 3.11 (~0.3 us a read).
 _FULL = Method.FULL
 _FP32 = Precision.FP32
 _FLASH = Attention.FLASH
+_FP8 = Precision.FP8
+#: ``Precision.is_mixed`` and ``Precision.weight_bytes``' members, bound once for the same reason (the
+#: search reads them thousands of times a search)
+_MIXED = frozenset({Precision.FP16_MIXED, Precision.BF16_MIXED, Precision.FP8})
+_FP32_WEIGHTS = frozenset({Precision.FP32, Precision.FP16_MIXED, Precision.BF16_MIXED, Precision.FP8})
 #: The copy constructors make an instance and give it its fields' dict at once, as ``__init__``
 #: does (``object.__setattr__`` because the dataclass is frozen).
 _new, _set = object.__new__, object.__setattr__
@@ -239,6 +296,24 @@ class TrainConfig:
     ``model.config.use_cache = args.use_cache`` (False by default, transformers/trainer.py);
     checkpointing turns it off (transformers/utils/generic.py, ``use_cache=True`` is incompatible
     with gradient checkpointing), so it costs nothing with ``grad_ckpt``."""
+    optimizer_in_bwd: bool = False
+    """torchtune's ``optimizer_in_bwd``: one optimizer per parameter, stepped by a
+    post-accumulate-grad hook that then frees the gradient (recipes/full_finetune_single_device.py
+    ``_setup_optimizer``), so only the largest tensor's gradient is alive. Its recipe refuses
+    gradient accumulation with it (``__init__``: "Gradient accumulation is not supported with
+    optimizer in bwd"); its LoRA recipe has no such key (lora_finetune_single_device.py)."""
+    loss_chunks: int = 1
+    """A cross-entropy over this many pieces of the logits along the sequence, each upcast alone
+    (torchtune's ``CEWithChunkedOutputLoss``: ``num_output_chunks``); 1: the whole logits at once."""
+    eval_batch: int | None = None
+    """Evaluation during training (the HF Trainer's ``per_device_eval_batch_size`` with an
+    ``eval_strategy``): sequences per eval forward; None: the run does not evaluate. The eval pass
+    runs after an optimizer step, with the gradients freed (``planner.memory.evaluation``)."""
+    eval_seq_len: int | None = None
+    """Tokens per eval sequence (the prompt, under ``generate_tokens``); None: ``seq_len``."""
+    generate_tokens: int = 0
+    """Tokens each eval sequence generates (``model.generate(max_new_tokens=N)``, the KV cache on:
+    Seq2SeqTrainer's ``predict_with_generate``, a generating eval callback); 0: no generation."""
 
     def __init__(self, *, method: Method | str = Method.FULL, precision: Precision | str = Precision.BF16_MIXED,
                  optimizer: Optimizer | str = Optimizer.ADAMW, micro_batch: int = 1, seq_len: int = 512,
@@ -246,7 +321,8 @@ class TrainConfig:
                  lora_r: int | None = None, lora_targets: tuple[str, ...] | str | None = None,
                  sharding: Sharding | str = NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
                  loop: Loop | str = Loop.TRAINER, fused_ce: bool = False, packing: bool = True,
-                 use_cache: bool = False, zero: int | None = None, offload: Offload | str | None = None) -> None:
+                 use_cache: bool = False, optimizer_in_bwd: bool = False, loss_chunks: int = 1,
+                 eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, zero: int | None = None, offload: Offload | str | None = None) -> None:
         # The dataclass's own __init__ with every field and its default (a test holds them equal),
         # setting all fields at once: the generated one makes one object.__setattr__ call per frozen
         # field, half the cost of a construction (the search makes hundreds per request). ``zero``
@@ -256,7 +332,9 @@ class TrainConfig:
             "seq_len": seq_len, "grad_accum": grad_accum, "gpus": gpus, "grad_ckpt": grad_ckpt,
             "attention": attention, "lora_r": lora_r, "lora_targets": lora_targets, "sharding": sharding,
             "alloc_conf": alloc_conf, "lora_dropout": lora_dropout, "loop": loop, "fused_ce": fused_ce,
-            "packing": packing, "use_cache": use_cache,
+            "packing": packing, "use_cache": use_cache, "optimizer_in_bwd": optimizer_in_bwd,
+            "loss_chunks": loss_chunks, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
+            "generate_tokens": generate_tokens,
         })
         self.__post_init__(zero, offload)
 
@@ -286,13 +364,16 @@ class TrainConfig:
         if type(dropout) is not float or not 0.0 <= dropout < 1.0:
             fields["lora_dropout"] = _check_dropout(dropout)
         if not (type(fields["fused_ce"]) is bool and type(fields["packing"]) is bool  # bool has no subclasses
-                and type(fields["use_cache"]) is bool):
-            flag = next(flag for flag in ("fused_ce", "packing", "use_cache") if type(fields[flag]) is not bool)
+                and type(fields["use_cache"]) is bool and type(fields["optimizer_in_bwd"]) is bool):
+            flag = next(flag for flag in ("fused_ce", "packing", "use_cache", "optimizer_in_bwd")
+                        if type(fields[flag]) is not bool)
             raise InvalidConfigError(f"{flag} must be true or false, got {fields[flag]!r}")
         for name, bound in _COUNT_BOUNDS:
             value = fields[name]
             if type(value) is not int or not 0 < value <= bound:  # else _check_count passes it
                 _check_count(name, value)
+        if fields["eval_batch"] is not None or fields["eval_seq_len"] is not None or fields["generate_tokens"]:
+            _check_eval(fields)
         sharding = fields["sharding"]
         if type(sharding) is not Sharding or zero is not None or offload is not None:
             sharding = _sharding(sharding, zero, offload)
@@ -332,11 +413,37 @@ class TrainConfig:
                 "--fused-ce with --method full is not modelled (the fused loss makes the trained head's "
                 "gradient in the forward): use --method lora or qlora, or drop --fused-ce"
             )
+        if self.fused_ce and self.eval_batch is not None:
+            raise UnsupportedError(
+                "--eval-batch with --fused-ce is not modelled (Liger's eval forward skips the logits only under "
+                "prediction_loss_only, and returns them to generate): drop one of them"
+            )
+        if self._torchtune_set:
+            self._check_torchtune()
         sharding = self.sharding
+        if self.precision is _FP8:
+            _check_fp8(self)
         if self.fused_ce and sharding.spec.partial_head:
             # the scheme holds only a partition of the head's weight where the fused loss reads it
             raise UnsupportedError(sharding.spec.partial_head)
         sharding.spec.check(self, sharding.offload)
+
+    @property
+    def _torchtune_set(self) -> bool:
+        return self.optimizer_in_bwd or self.loss_chunks > 1
+
+    def _check_torchtune(self) -> None:
+        """torchtune's recipe settings with what they cannot go with."""
+        if self.optimizer_in_bwd:
+            _check_in_bwd_accumulation(self.grad_accum)
+            if self.method is not _FULL:
+                raise InvalidConfigError("--optimizer-in-bwd is torchtune's full fine-tuning setting (its LoRA recipe "
+                                         "has none): use --method full or drop it")
+            if self.gpus > 1 or self.sharding != NONE:
+                raise UnsupportedError("--optimizer-in-bwd is modelled on one device (torchtune's "
+                                       "full_finetune_single_device recipe): drop the sharding and use --gpus 1")
+        if self.loss_chunks > 1 and self.fused_ce:
+            raise InvalidConfigError("--loss-chunks splits the logits, which --fused-ce never materialises: drop one")
 
     # ---- derived -------------------------------------------------------------------------
     @property
@@ -363,6 +470,22 @@ class TrainConfig:
         return self.use_cache and not self.grad_ckpt
 
     @property
+    def full_logits(self) -> bool:
+        """The step holds the whole micro-batch's logits (b x s x vocab): not under the fused loss,
+        whose chunk loop never makes them."""
+        return not self.fused_ce
+
+    @property
+    def evaluates(self) -> bool:
+        """The run has an eval pass (``eval_batch``)."""
+        return self.eval_batch is not None
+
+    @property
+    def eval_tokens(self) -> int:
+        """Tokens per eval sequence: the prompt's (``eval_seq_len``, else ``seq_len``)."""
+        return self.eval_seq_len or self.seq_len
+
+    @property
     def lora_all_linear(self) -> bool:
         return self.lora_targets == (ALL_LINEAR,)
 
@@ -371,14 +494,17 @@ class TrainConfig:
 
     def with_split(self, *, micro_batch: int, grad_accum: int, grad_ckpt: bool | None = None) -> "TrainConfig":
         """This configuration with another micro-batch x accumulation split (and optionally
-        checkpointing switched). The new values are checked; nothing else in ``__post_init__``
-        reads them together with another field, so the rest is not validated again: the search
+        checkpointing switched). The new values are checked, the accumulation against
+        ``optimizer_in_bwd`` too (the one other field ``__post_init__`` reads with them), so the rest
+        is not validated again: the search
         and the memory model make tens of thousands of these (``tests/search/test_search_speed_paths.py``
         holds them equal to full constructions over the search's space)."""
         if type(micro_batch) is not int or not 0 < micro_batch <= _UPPER_BOUNDS["micro_batch"]:  # else it passes
             _check_count("micro_batch", micro_batch)
         if type(grad_accum) is not int or not 0 < grad_accum <= _UPPER_BOUNDS["grad_accum"]:
             _check_count("grad_accum", grad_accum)
+        if grad_accum > 1 and self.optimizer_in_bwd:
+            _check_in_bwd_accumulation(grad_accum)
         fields = self.__dict__.copy()
         fields["micro_batch"] = micro_batch
         fields["grad_accum"] = grad_accum
@@ -420,7 +546,8 @@ class TrainConfig:
         sharding)."""
         sharding = self.sharding.payload()
         return {
-            "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding else CONFIG_VERSION,
+            # torchtune's settings are version 3's: a version-2 reader would drop them
+            "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding and not self._torchtune_set else CONFIG_VERSION,
             "method": str(self.method),
             "precision": str(self.precision),
             "optimizer": str(self.optimizer),
@@ -439,6 +566,13 @@ class TrainConfig:
             "fused_ce": self.fused_ce,
             "packing": self.packing,
             "use_cache": self.use_cache,
+            # torchtune's settings only where set: a payload without them keeps its bytes
+            **({"optimizer_in_bwd": True} if self.optimizer_in_bwd else {}),
+            **({"loss_chunks": self.loss_chunks} if self.loss_chunks > 1 else {}),
+            # the evaluation settings only where the run evaluates: a payload without them is a
+            # run without an eval pass, and keeps its bytes
+            **({"eval_batch": self.eval_batch, "eval_seq_len": self.eval_seq_len,
+                "generate_tokens": self.generate_tokens} if self.evaluates else {}),
         }
 
     @classmethod
@@ -481,6 +615,13 @@ class TrainConfig:
             parts.append("padded")
         if self.builds_kv_cache:
             parts.append("use_cache")
+        if self.optimizer_in_bwd:
+            parts.append("optim-in-bwd")
+        if self.loss_chunks > 1:
+            parts.append(f"loss/{self.loss_chunks}")
+        if self.evaluates:
+            parts.append(f"eval b{self.eval_batch}x{self.eval_tokens}"
+                         + (f"+gen{self.generate_tokens}" if self.generate_tokens else ""))
         return ", ".join(parts)
 
 

@@ -71,6 +71,9 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
         from planner.defaults import default_precision
 
         options["precision"] = default_precision(options.get("method", "full"), gpu)
+    if options.get("lora_targets") is None and spec.lora_refused and str(options.get("method", "full")) != "full":
+        # the default every-linear adapter, named, where all-linear fails on the model type (ModelSpec.lora_refused)
+        options["lora_targets"] = spec.peft_linear_names
     config = TrainConfig(seq_len=seq, **options)
     check_recipe(spec, _request.recipe_of(config))
     check_precision(gpu, config.precision)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -111,6 +112,20 @@ class KernelProfile:
     """An elementwise op on inputs of two dtypes (bf16 + fp32) first copies the narrower input to the
     common dtype (aten TensorIterator.cpp ``compute_types``, on the CPU only: "Promotes inputs by
     creating temporaries of the correct dtype"); CUDA kernels cast while they load."""
+    rocm: bool = False
+    """PyTorch's ROCm build (HIP): the same CUDA code hipified, with its own BLAS workspaces
+    (``planner.memory.overhead``) and the caveats in ``notes``."""
+    notes: tuple[str, ...] = ()
+    """What the planner does not model on this device's software stack, printed with every plan
+    on it (``planner.memory.overhead.overhead_notes``)."""
+    mm_fp32_buffer: bool = False
+    """A 16-bit matrix multiply computes into an fp32 buffer of its output's size, allocated below
+    the dispatcher and freed once cast into the output (measured with the CPU probe, torch 2.13: a
+    bf16 ``[r x 512] @ [512 x 32000]`` allocates r x 32000 x 4 + 128 B beside its bf16 output, for
+    r = 16 to 128, on the AMX Xeon of the CPU bench; none on a CPU without AMX: the ``cpu``
+    profile follows the machine, ``cpu_kernels``); cuBLAS accumulates in registers. Seen where a
+    matmul's output is the peak's largest tensor: the fused cross-entropy's chunk logits
+    (``activations.fused_ce_transient``)."""
 
     def dropout_mask_bytes(self, dropped_dtype_bytes: int) -> int:
         """Bytes per element of the mask dropout keeps for a tensor of this element size."""
@@ -124,10 +139,27 @@ CUDA_KERNELS = KernelProfile(
     name="cuda", dropout_mask=DropoutMask.BOOL, sdpa_dropout_math_fp32=False, autocast_softmax_fp32=True,
     adamw=AdamWImpl.FOREACH, caching_allocator=True, unified_memory_paging=True, bnb_8bit_step_whole_tensor=False,
 )
+#: PyTorch's ROCm build on AMD Instinct GPUs. The CUDA sources are hipified at build time, so the
+#: facts above hold as on CUDA: ``is_cuda()`` is true on HIP tensors, so dropout takes the fused
+#: bool-mask kernel (aten Dropout.cpp) and the optimizer the foreach path; autocast is CUDA's; the
+#: caching allocator is CUDACachingAllocator.cpp itself (c10/hip/HIPCachingAllocator.cpp is its
+#: hipified copy), so the replay's block rules are the same; SDPA's flash and efficient kernels
+#: (aotriton) take dropout. What is not measured on ROCm is said with every plan.
+ROCM_KERNELS = dataclasses.replace(
+    CUDA_KERNELS, name="rocm", rocm=True,
+    notes=(
+        ("ROCm: planned with PyTorch's CUDA facts, which its hipified build shares (caching allocator, "
+         "fused dropout, foreach AdamW, autocast); hipBLAS and hipBLASLt workspaces as torch's "
+         "CublasHandlePool.cpp sizes them on gfx94x"),
+        ("ROCm, not measured: the HIP context (the CUDA figure is used), RCCL's channel count and buffers "
+         "(NCCL's defaults are used), and the saved tensors of ROCm's flash-attn and of bitsandbytes' "
+         "ROCm kernels (taken as their CUDA builds'); calibrate with 'planner measure' on the GPU"),
+    ),
+)
 CPU_KERNELS = KernelProfile(
     name="cpu", dropout_mask=DropoutMask.DROPPED_DTYPE, sdpa_dropout_math_fp32=True, autocast_softmax_fp32=False,
     adamw=AdamWImpl.SINGLE_TENSOR, caching_allocator=False, unified_memory_paging=False, bnb_8bit_step_whole_tensor=True,
-    plain_autocast_query=False, promotes_inputs_by_copy=True,
+    plain_autocast_query=False, promotes_inputs_by_copy=True, mm_fp32_buffer=True,
 )
 
 
@@ -204,8 +236,18 @@ class GPUSpec:
         assert self.bf16 == (self.bf16_tflops > 0), self.name
 
     def supports(self, precision: Precision | str) -> bool:
-        """Whether this device runs ``precision`` natively (bf16 needs compute capability 8.0)."""
-        return self.bf16 or not Precision(precision).needs_bf16
+        """Whether this device runs ``precision`` natively (bf16 needs compute capability 8.0, fp8
+        FP8 tensor cores: ``fp8``)."""
+        precision = Precision(precision)
+        if precision is Precision.FP8:
+            return self.fp8
+        return self.bf16 or not precision.needs_bf16
+
+    @property
+    def fp8_tflops(self) -> float:
+        """Dense FP8 tensor peak (the GEMMs of fp8's float8 linears); 0.0 without FP8. Every FP8 part
+        of the catalog lists it at twice its dense bf16 rate with the same accumulate (``FP8_PER_BF16``)."""
+        return self.bf16_tflops * FP8_PER_BF16 if self.fp8 else 0.0
 
     def peak_tflops(self, precision: Precision | str) -> float:
         """Peak matmul TFLOP/s for a precision: fp32 on CUDA cores, 16-bit on tensor cores."""
@@ -216,6 +258,7 @@ class GPUSpec:
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["fp8_tflops"] = self.fp8_tflops
         d["compute_capability"] = ".".join(map(str, self.compute_capability))
         d["sources"] = dict(self.sources)
         d["mfu"] = dict(self.mfu)
@@ -239,12 +282,26 @@ def matmul_dtype(precision: Precision | str) -> str:
     return "bf16" if precision.needs_bf16 else "fp16"
 
 
+def fp8_gpus() -> tuple[str, ...]:
+    """The catalog's GPUs with FP8 tensor cores (``GPUSpec.fp8``), in catalog order."""
+    return tuple(g.name for g in _CATALOG if g.fp8)
+
+
 def check_precision(gpu: GPUSpec, precision: Precision | str) -> None:
-    """Refuse a precision the device cannot run (bf16 before Ampere) with the fix."""
+    """Refuse a precision the device cannot run (bf16 before Ampere, fp8 without FP8 tensor cores)
+    with the fix."""
     precision = Precision(precision)
     if gpu.supports(precision):
         return
     cc = ".".join(map(str, gpu.compute_capability))
+    if precision is Precision.FP8:
+        # torch 2.13's CPU build does run torch._scaled_mm, but torchao's float8 training is for NVIDIA and
+        # AMD GPUs (docs/source/workflows/training.md, "supports both NVIDIA and AMD hardware"; Float8Linear
+        # reads the GPU's autocast dtype) and the cpu profile has no FP8 rate to predict with
+        where = "the cpu profile has no FP8 tensor cores (torchao's float8 training runs on NVIDIA and AMD GPUs)" \
+            if gpu.is_cpu else (
+            f"{gpu.display_name} has no FP8 tensor cores (compute capability {cc}; FP8 needs 8.9+)")
+        raise InvalidConfigError(f"--precision fp8: {where}: use bf16-mixed, or a GPU with FP8: {', '.join(fp8_gpus())}")
     alternative = "fp16-mixed" if precision.is_mixed else "fp16"
     raise InvalidConfigError(
         f"--precision {precision}: {gpu.display_name} has no bf16 support (compute capability {cc} "
@@ -271,6 +328,16 @@ def check_attention(gpu: GPUSpec, attention: str) -> None:
 # ---- the catalog -----------------------------------------------------------------------------
 
 
+#: Dense FP8 over dense bf16 tensor rate, the same accumulate, on every FP8 GPU of the catalog: H100 SXM
+#: 1,979 / 989 TFLOP/s (NVIDIA H100 datasheet, without sparsity), L4 242 / 121 and L40S 733 / 362 (L4, L40S
+#: datasheets), Ada GeForce/RTX 6000 Ada 2x at FP32 accumulate (NVIDIA Ada Lovelace architecture whitepaper,
+#: appendix tables), B200 4.5 / 2.25 PFLOP/s (Blackwell architecture technical brief, p. 19), RTX 5090 419 /
+#: 209.5 (RTX Blackwell GPU architecture whitepaper), MI300X 2,614.9 / 1,307.4 (AMD MI300X data sheet);
+#: torchao's roofline table lists the same pairs (torchao/testing/training/roofline_utils.py
+#: ``gpu_name_to_specs``).
+FP8_PER_BF16 = 2.0
+
+
 def _gpu(
     *,
     name: str,
@@ -291,6 +358,7 @@ def _gpu(
     nodes: tuple[HostNode, ...] = (),
     host_link_gbs: float | None = None,
     host_link: str = "",
+    kernels: KernelProfile = CUDA_KERNELS,
 ) -> GPUSpec:
     """Build one entry; fields without their own note are cited to the datasheet. ``host_link_gbs``
     replaces the PCIe host link where the GPU reaches its host otherwise (GH200's NVLink-C2C),
@@ -302,6 +370,7 @@ def _gpu(
         "fp16_tflops": f"{datasheet}: dense fp16 tensor, FP32 accumulate",
         "bf16_tflops": f"{datasheet}: dense bf16 tensor" if bf16 else f"no bf16 (compute capability {cc[0]}.{cc[1]})",
         "fp32_tflops": f"{datasheet}: fp32 CUDA cores (TF32 off by default in PyTorch)",
+        **({"fp8_tflops": f"{datasheet}: dense FP8 tensor, twice its bf16 rate (FP8_PER_BF16)"} if fp8 else {}),
         "mem_bandwidth_gbs": datasheet,
         "host_link_gbs": host_link or f"PCIe gen{pcie_gen} x16, ~80% of raw per direction (assumption)",
         "interconnect_gbs": (
@@ -328,6 +397,7 @@ def _gpu(
         interconnect=nvlink or f"pcie{pcie_gen}",
         sources=sources,
         nodes=nodes,
+        kernels=kernels,
     )
 
 
@@ -381,10 +451,6 @@ def _oci_nodes(shape: str, gpus: int, ram_gb: int) -> tuple[HostNode, ...]:
     return (HostNode(instance=f"OCI {shape}", gpus=gpus, ram_bytes=ram_gb * 10**9, source=_OCI),)
 
 
-#: Not in the catalog: AMD MI300X. It runs PyTorch through ROCm/HIP, and the model's CUDA facts do
-#: not hold there as written (KernelProfile: the HIP caching allocator and its context size, no
-#: bitsandbytes paged/8-bit CUDA kernels, flash-attn's ROCm build with other limits); a plan on it
-#: would pretend to a precision the planner does not have until a ROCm kernel profile is measured.
 _A100_SHEET = "NVIDIA A100 Tensor Core GPU datasheet (SXM4): 312 TFLOPS dense bf16/fp16, 19.5 fp32"
 _H100_SHEET = "NVIDIA H100 datasheet, SXM5 column: 989.4 TFLOPS dense bf16/fp16 (1979 sparse), 67 fp32"
 
@@ -575,28 +641,74 @@ _CATALOG: tuple[GPUSpec, ...] = (
         datasheet="NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3 module): 1979 TFLOPS bf16/fp16 "
         "with sparsity (989.4 dense), 67 fp32, 4 TB/s, NVLink 900 GB/s total between superchips (GH200 NVL2/NVL32)",
     ),
+    _gpu(
+        name="gb200", display_name="NVIDIA GB200", memory_mib=189471, cc=(10, 0), fp8=True,
+        memory_source="nvidia-smi readings '0MiB / 189471MiB' (GB200 NVL72 compute trays, driver 570+, several "
+        "public logs); each GPU of the superchip reports its own HBM3e",
+        fp16=2500.0, bf16=2500.0, fp32=80.0, bandwidth=8000.0, pcie_gen=5,
+        nvlink_gbs=900.0, nvlink="nvlink5",
+        host_link_gbs=225.0,
+        host_link="NVLink-C2C 900 GB/s total per superchip (NVIDIA GB200 NVL72 datasheet), shared by its two GPUs: "
+        "225 GB/s per GPU and direction when both offload at once, as a data-parallel run does (assumption)",
+        datasheet="NVIDIA GB200 NVL72 datasheet, per GPU (rack figures / 72): 5 PFLOPS bf16/fp16 tensor with "
+        "sparsity (2500 dense), 80 fp32 (5,760 TFLOPS per rack), 8 TB/s HBM3e (576 TB/s per rack), NVLink 5 "
+        "1.8 TB/s total per GPU (130 TB/s per rack)",
+    ),
+    _gpu(
+        name="mi300x", display_name="AMD Instinct MI300X", memory_mib=196592, cc=(9, 4), fp8=True,
+        memory_source="rocm-smi 'VRAM Total Memory (B): 206141652992' (196,592 MiB; ROCm 6-7 public logs), which is "
+        "torch.cuda.mem_get_info's total on ROCm; torch reports compute capability 9.4 for gfx942",
+        fp16=1307.4, bf16=1307.4, fp32=163.4, bandwidth=5300.0, pcie_gen=5,
+        nvlink_gbs=448.0, nvlink="xgmi",
+        kernels=ROCM_KERNELS,
+        notes={
+            "interconnect_gbs": "AMD Infinity Fabric (xGMI): 7 links x 64 GB/s per direction to the other 7 GPUs of "
+            "an 8-GPU node (AMD Instinct MI300X datasheet: 896 GB/s aggregate peer bandwidth); a collective over "
+            "all 8 uses all 7 links, a 2-GPU one only one (64 GB/s): below 8 GPUs communication is faster than "
+            "planned here",
+        },
+        datasheet="AMD Instinct MI300X datasheet: 2614.9 TFLOPS fp16/bf16 matrix with sparsity (1307.4 dense), "
+        "163.4 fp32 (vector and matrix), 5.3 TB/s HBM3, PCIe gen5 x16 host link",
+    ),
 )
 
 #: The CPU measurement profile. Its TFLOP/s are NOT theoretical peaks: they are the GEMM rates
-#: torch 2.13 reached for a 2048x2048 matmul on 2 threads of the 2-core Xeon VM (2.1 GHz, AVX-512,
-#: AMX-BF16) the project's CPU runs use: fp32 0.134, fp16 0.139 (no AMX-FP16, so fp16 runs at
-#: the fp32 rate), bf16 0.708 (AMX tiles). The AVX-512 fp32 peak would be 2 cores x 2 FMA units x
-#: 16 lanes x 2 FLOP x 2.1 GHz = 0.269 TFLOP/s. Bandwidth: a 256 MiB torch ``copy_`` moved
-#: 12.7 GB/s (read + write). These describe this machine class only; calibrate with measurements.
+#: torch 2.13 reached for a 2048x2048 matmul on the 2-core AMD EPYC VM (AVX-512, AVX512_BF16, no AMX)
+#: the project's CPU runs use now (26 Nov 2026, best of 12-15 while other processes shared the cores):
+#: bf16 208 GFLOP/s on one thread and 415 on two => 0.415; fp32 95 on one thread, x 2 => 0.19; fp16
+#: has no kernel there (a 256^3 fp16 matmul ran at 3 GFLOP/s on one thread: a scalar fallback) => 0.006.
+#: Small GEMMs reach 75-105% of the 2048^3 rate (bench/cpu_overhead.py gemm: bf16 [512 x 384] x
+#: [384 x 1152] 208, the vocabulary head [512 x 384] x [384 x 50257] 156 of 212 GFLOP/s on one thread),
+#: which the roofline's operand traffic covers. (An earlier 2-core Xeon VM with AMX measured fp32
+#: 0.134, fp16 0.139, bf16 0.708.) Bandwidth: ``copy_`` of a 64 MB fp32 tensor into a kept
+#: one moved 24.7 GB/s (read + write) on one thread (bench/cpu_overhead.py bandwidth --cpu-time), x 1.5 for
+#: two threads (``planner.kernels.CPU_THREAD_SPEEDUP``) = 37 GB/s; the 12.7 GB/s of an earlier 256 MiB
+#: ``copy_`` into a fresh tensor counted its page faults (``planner.kernels.CPU_FIRST_TOUCH_SECONDS_PER_BYTE``
+#: prices those apart). Like the TFLOP/s it is an achieved rate, so memory-bound work runs at all of it
+#: (``planner.kernels.CPU_BANDWIDTH_FRACTION``), not at the GPUs' datasheet efficiency. These describe this
+#: machine class only; calibrate with measurements.
 _CPU_SOURCES = {
     "memory_bytes": "this machine's physical RAM: os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')",
     "cuda_context_bytes": "no CUDA on the CPU",
-    "fp16_tflops": "measured torch fp16 2048^2 matmul, 2 threads, 2-core Xeon 2.1 GHz: 0.139 TFLOP/s",
-    "bf16_tflops": "measured torch bf16 2048^2 matmul (AMX), 2 threads, 2-core Xeon 2.1 GHz: 0.708 TFLOP/s",
-    "fp32_tflops": "measured torch fp32 2048^2 matmul, 2 threads, 2-core Xeon 2.1 GHz: 0.134 TFLOP/s "
-    "(AVX-512 peak 0.269)",
-    "mem_bandwidth_gbs": "measured torch copy_ of 256 MiB on the 2-core VM: 12.7 GB/s read+write",
+    "fp16_tflops": "measured torch fp16 256^3 matmul, 1 thread, 2-core AMD EPYC: 3 GFLOP/s (no fp16 kernel), "
+    "x 2 threads: 0.006 TFLOP/s",
+    "bf16_tflops": "measured torch bf16 2048^3 matmul (AVX512_BF16), 2 threads, 2-core AMD EPYC: 0.415 TFLOP/s",
+    "fp32_tflops": "measured torch fp32 2048^3 matmul, 1 thread, 2-core AMD EPYC: 0.095 TFLOP/s, x 2 threads: 0.19",
+    "mem_bandwidth_gbs": "measured torch copy_ of 64 MB fp32 into a kept tensor on the 2-core VM: 24.7 GB/s "
+    "read+write on one thread (bench/cpu_overhead.py), x 1.5 for two threads: 37 GB/s",
     "host_link_gbs": "no transfer on the CPU: equal to the memory bandwidth",
     "interconnect_gbs": "gloo between processes on one host: bounded by the memory bandwidth",
 }
 
 
-def _cpu_profile(memory_bytes: int) -> GPUSpec:
+def cpu_kernels(*, amx: bool | None = None) -> KernelProfile:
+    """The CPU's kernel profile on this machine, or with ``amx`` as given (a bench row measured
+    elsewhere): whether a bf16 matmul holds an fp32 buffer follows the CPU (``bf16_matmul_fp32_buffer``)."""
+    buffer = bf16_matmul_fp32_buffer(cpu_flags()) if amx is None else amx
+    return CPU_KERNELS if buffer == CPU_KERNELS.mm_fp32_buffer else dataclasses.replace(CPU_KERNELS, mm_fp32_buffer=buffer)
+
+
+def _cpu_profile(memory_bytes: int, kernels: KernelProfile = CPU_KERNELS) -> GPUSpec:
     return GPUSpec(
         name="cpu",
         display_name="CPU (2-core x86 measurement profile)",
@@ -605,21 +717,44 @@ def _cpu_profile(memory_bytes: int) -> GPUSpec:
         compute_capability=(0, 0),
         bf16=True,
         fp8=False,
-        fp16_tflops=0.139,
-        bf16_tflops=0.708,
-        fp32_tflops=0.134,
-        mem_bandwidth_gbs=12.7,
-        host_link_gbs=12.7,
-        interconnect_gbs=12.7,
+        fp16_tflops=0.006,
+        bf16_tflops=0.415,
+        fp32_tflops=0.19,
+        mem_bandwidth_gbs=37.0,
+        host_link_gbs=37.0,
+        interconnect_gbs=37.0,
         interconnect="host memory",
         is_cpu=True,
-        kernels=CPU_KERNELS,
+        kernels=kernels,
         sources=_CPU_SOURCES,
     )
 
 
 def physical_ram_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str] | None:
+    """This machine's CPU feature flags (Linux ``/proc/cpuinfo``'s ``flags``; None where it has none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith(("flags", "Features")):  # x86, aarch64
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def bf16_matmul_fp32_buffer(flags: frozenset[str] | None) -> bool:
+    """Whether torch's CPU bf16 matmul holds an fp32 buffer of its output's size while it runs
+    (``KernelProfile.mm_fp32_buffer``). Measured with the CPU probe, torch 2.13, ``[r x 512] @
+    [512 x 32000]`` for r = 16 to 128: r x 32000 x 4 + 128 B beside the output on the AMX Xeon the
+    CPU bench ran on, nothing on an AMD EPYC with AVX512-BF16 and no AMX (2026-11-26). Both run
+    oneDNN's matmul (torch's ``mkldnn_bf16_device_check``: AVX-512 BW/VL/DQ); the buffer is taken as
+    the accumulator of its AMX kernels. Unknown flags: the buffer is counted (the larger peak)."""
+    return flags is None or "amx_bf16" in flags
 
 
 _BY_NAME: Mapping[str, GPUSpec] = MappingProxyType({g.name: g for g in _CATALOG})
@@ -639,6 +774,8 @@ _ALIASES = {
     "rtxpro6000blackwell": "rtx-pro-6000",
     "pro6000": "rtx-pro-6000",
     "gh200480gb": "gh200",
+    "amdinstinctmi300x": "mi300x",
+    "instinctmi300x": "mi300x",
 }
 
 
@@ -667,7 +804,7 @@ def get_gpu(name: str, *, memory_bytes: int | None = None) -> GPUSpec:
     canonical = _BY_KEY.get(_key(name))
     if canonical is None:
         raise UnknownGPUError(f"unknown GPU {name!r}: choose one of {', '.join(_NAMES)}")
-    gpu = _cpu_profile(physical_ram_bytes()) if canonical == "cpu" else _BY_NAME[canonical]
+    gpu = _cpu_profile(physical_ram_bytes(), cpu_kernels()) if canonical == "cpu" else _BY_NAME[canonical]
     if memory_bytes is None:
         return gpu
     if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes <= 0:
@@ -683,12 +820,16 @@ def list_gpus() -> list[GPUSpec]:
 
 __all__ = [
     "CPU_KERNELS",
+    "cpu_kernels",
     "CUDA_CONTEXT_BYTES",
     "CUDA_KERNELS",
     "KernelProfile",
+    "ROCM_KERNELS",
     "GPUSpec",
     "HostNode",
+    "FP8_PER_BF16",
     "check_precision",
+    "fp8_gpus",
     "get_gpu",
     "matmul_dtype",
     "gpu_names",

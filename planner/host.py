@@ -75,3 +75,4 @@ def node_host_ram(*, cpu_mem_bytes: int | None, local_node: bool, gpus: int, dev
 
 __all__ = ["HOST_KERNEL_FRACTION", "HOST_PER_PROCESS", "host_reserve", "host_shortfall", "node_host_ram",
            "node_ram_needed"]
+

@@ -21,10 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.config import Attention, Method, Precision, TrainConfig
-from planner.gpus import GPUSpec
+from planner.gpus import FP8_PER_BF16, GPUSpec
+from planner.memory.dtypes import ADAPTER_BYTES, fp8_converts
 from planner.memory.parameters import stack_targets
 from planner.memory.shapes import drops_adapter_inputs
-from planner.modelspec import ModelSpec
+from planner.modelspec import LinearKind, LinearSpec, ModelSpec
 
 # ---- achieved matmul rate per device ---------------------------------------------------------
 
@@ -44,6 +45,11 @@ DEFAULT_MAMF_FRACTION = 0.80
 FP32_MATMUL_FRACTION = 0.75
 #: The CPU profile's FLOP/s are its MEASURED 2048^2 GEMM rates (``planner.gpus``): 1.0.
 CPU_MATMUL_FRACTION = 1.0
+#: The CPU profile's bandwidth is likewise a MEASURED achieved rate (``copy_`` into a kept tensor, bytes counted
+#: as the model counts them: read + write; ``planner.gpus``), not a datasheet peak: the efficiency that turns a
+#: GPU's datasheet bandwidth into an achieved one (``planner.throughput.MEMORY_BANDWIDTH_EFFICIENCY``) would
+#: count the shortfall twice. 1.0.
+CPU_BANDWIDTH_FRACTION = 1.0
 
 # ---- attention kernels -----------------------------------------------------------------------
 
@@ -51,6 +57,22 @@ CPU_MATMUL_FRACTION = 1.0
 #: 50-73% of the A100's peak (Dao 2023, "FlashAttention-2", sec. 4.1; its backward is the slower
 #: half), i.e. ~0.70 of the A100's 0.87 MAMF. SDPA's flash backend is the same kernel.
 FLASH_FRACTION_OF_GEMM = 0.70
+#: The CPU's SDPA against its bf16 GEMM rate, one thread (bench/cpu_overhead.py attention --cpu-time, torch 2.13,
+#: the 2-core AMD EPYC, bf16 2048^3 GEMM 203 GFLOP/s in the same run): the flash kernel (aten native/cpu/
+#: FlashAttentionKernel.cpp: fp32 softmax and exp per score in blocks), causal, forward + backward counted as
+#: 3.5 x half the product, B 2 x H 4 x T 256 x D 64 (llama-tiny) 27.9 GFLOP/s, H 6 23.7 => 0.13; at head
+#: dim 64 its per-score work (exp, rescaling, the casts) outweighs the products. With attention dropout the
+#: CPU takes the math path in fp32 (``KernelProfile.sdpa_dropout_math_fp32``): the whole product, its backward
+#: twice, the scores, softmax and bernoulli_ mask materialised, counted as 3 x the product: 26.5 and 30.7
+#: GFLOP/s => 0.14 (at T 128, H 12: 13.7 flash and 22.6 math, 0.07 and 0.11: shorter rows are slower still).
+CPU_FLASH_FRACTION_OF_GEMM = 0.13
+CPU_MATH_FRACTION_OF_GEMM = 0.14
+#: FLOPs of a fused attention kernel's backward per forward FLOP: 2.5, its five products (S = QK^T
+#: recomputed, dP, dV, dQ, dK) against the forward's two: the convention FA2's rates above are quoted
+#: in (flash-attention benchmarks/benchmark_flash_attention.py ``flops``: ``2.5 * f`` for "bwd").
+#: Eager attention keeps its scores: its backward is the four products of dQ, dK, dV and dP (2x).
+FUSED_BACKWARD_FLOPS = 2.5
+EAGER_BACKWARD_FLOPS = 2.0
 #: SDPA with an attention mask (padding: ``packing=False``) takes the memory-efficient kernel,
 #: which computes the full masked product and runs slower than flash (xformers/cutlass fMHA);
 #: 0.5 of the GEMM rate (assumption).
@@ -80,8 +102,12 @@ GATED_ACT_BYTES = 10
 ACT_BYTES = 4
 #: Dropout per element where p > 0: read, write and the bool mask (5 B); two per block.
 DROPOUT_BYTES = 10
-#: QLoRA's fp32 residual stream: the norm and residual bytes double (see ``block_forward_bytes``).
-QLORA_FP32_STREAM = 2.0
+#: An fp32 residual stream under 16-bit compute doubles the bytes of the ops that run on it (see
+#: ``fp32_stream``).
+FP32_STREAM = 2.0
+#: A dtype cast per element: read one width, write the other (fp32 <-> 16-bit: 4 + 2 B); its
+#: backward casts the gradient back (2 + 4 B).
+CAST_BYTES = 6
 #: Backward of elementwise work moves about twice its forward (each op reads the incoming
 #: gradient and its saved input and writes the outgoing gradient).
 BACKWARD_ELEMENTWISE = 2.0
@@ -109,6 +135,51 @@ OPS_PER_BLOCK = 135
 #: backward ~2x: 15. QLoRA adds the dequantisation kernel forward and backward: 2.
 OPS_PER_ADAPTER = 15
 OPS_PER_QUANTIZED = 2
+
+# ---- the CPU profile's host costs ------------------------------------------------------------
+# Measured by bench/cpu_overhead.py on the 2-core AMD EPYC VM (torch 2.13, transformers 5.23), each timed with one
+# thread's CPU time (--cpu-time; other processes share the cores, and this clock does not count their time).
+
+#: Host seconds per op of ``ops_per_micro_step``'s count, where the device is the host: a whole HF training
+#: micro-step at widths where the kernels do no work (``fixed``: gpt2 and llama, 4 blocks, hidden 32, 8 tokens,
+#: forward + backward) took 4.77 and 5.09 ms in fp32 and 7.34 and 8.05 ms under bf16 autocast (its casts are ops
+#: too), over the 4 x 135 ops counted => 9 us and 14 us. Underneath (``dispatch``): an aten op 1.2 us, +0.5 us
+#: recording its autograd node, 1.5 us per backward node, nn.Module.__call__ 1.2 us, F.linear 5.9 us; HF's
+#: modules run ~90 aten ops per block forward and ~120-170 backward (a TorchDispatchMode count).
+CPU_OP_SECONDS = 9e-6
+CPU_AUTOCAST_OP_SECONDS = 14e-6
+#: Host seconds per parameter tensor of torch.optim.AdamW's step on the CPU, by path (``optimizer``: 1,000
+#: one-element tensors): single-tensor 24 us (its 10 aten ops per tensor), foreach 15 us, fused 4 us.
+CPU_ADAMW_TENSOR_SECONDS = {"single_tensor": 24e-6, "foreach": 15e-6, "fused": 4e-6}
+#: Element passes of torch.optim.AdamW's single-tensor path (torch/optim/adamw.py _single_tensor_adamw): weight
+#: decay ``param.mul_`` (read + write: 2), ``exp_avg.lerp_(grad)`` (3), ``exp_avg_sq.mul_`` (2) and
+#: ``.addcmul_(grad, grad)`` (3), ``exp_avg_sq.sqrt()`` (2), ``/ bias_correction2_sqrt`` (2), ``.add_(eps)`` (2),
+#: ``param.addcdiv_(exp_avg, denom)`` (4) = 20, against the fused kernel's 7; ``optimizer`` measured 5.4 ns per
+#: fp32 element on one thread (80 B at 14.8 GB/s) against the fused path's 0.72 ns.
+ADAMW_SINGLE_TENSOR_PASSES = 20
+#: glibc's malloc serves a block of 32 MiB or more with mmap and returns it with munmap (malloc/malloc.c:
+#: the dynamic M_MMAP_THRESHOLD stops at DEFAULT_MMAP_THRESHOLD_MAX = 4 * 1024 * 1024 * sizeof(long)), and c10's
+#: CPU allocator keeps nothing (``KernelProfile.caching_allocator`` False): each such tensor is page-faulted in
+#: again every time it is made.
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+#: How much faster two threads run the memory-bound work than one: a whole step of gpt2-tiny took 346 ms and
+#: 1,081 ms of one thread's CPU time (``step --cpu-time``, OMP_NUM_THREADS=1: mb1 x 64 and mb2 x 256 tokens)
+#: against 228 and 747 ms wall on the profile's two threads (``bench/throughput_cpu.py``, load ~1): 1.52 and
+#: 1.45. (The two-thread micro-benchmarks themselves could not be timed: other processes held the cores.)
+CPU_THREAD_SPEEDUP = 1.5
+#: Seconds per element of dropout's mask draw on the CPU, beyond its memory traffic (``DROPOUT_BYTES``): aten's CPU
+#: dropout draws ``bernoulli_(1 - p)`` into a tensor of the input's shape (native/Dropout.cpp ``_dropout_impl``), and
+#: on a CPU that is not Intel's ``bernoulli_scalar_kernel`` takes the default path (native/cpu/DistributionKernels.cpp:
+#: "The situation of AMD"), ``cpu_serial_kernel`` drawing one element at a time under the generator's lock
+#: (native/cpu/DistributionTemplates.h): serial, so the profile's second thread does not share it. Measured
+#: (``bench/cpu_overhead.py dropout --cpu-time``, OMP_NUM_THREADS=1 and 2, the 2-core AMD EPYC, torch 2.13): 5.7-6.3
+#: ns per element for 64 Ki to 4 Mi elements, fp32 and bf16 alike, the same wall time at two threads => 5.9 ns.
+#: (Intel CPUs take MKL's vectorised ``viRngBernoulli`` across the threads: not measured.)
+CPU_BERNOULLI_SECONDS_PER_ELEMENT = 5.9e-9
+#: Seconds per byte of a fresh mmapped tensor's first touch (``bandwidth``: ``torch.empty(16M).fill_`` against
+#: ``fill_`` of a kept tensor, one thread: 394 ps/B, 2.5 GB/s, against 20-25 GB/s streaming), over
+#: ``CPU_THREAD_SPEEDUP`` for the profile's two threads (each faults its half of the pages).
+CPU_FIRST_TOUCH_SECONDS_PER_BYTE = 394e-12 / CPU_THREAD_SPEEDUP
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,18 +267,47 @@ def _linears(model: ModelSpec):
             yield n, lin
 
 
-def _gemms(model: ModelSpec, config: TrainConfig) -> tuple[tuple[float, float, float], ...]:
+def rows_per_token(model: ModelSpec, lin: LinearSpec) -> int:
+    """Rows of a linear each token multiplies: its active experts (top-k), or every expert of a stack that runs
+    over every token (Llama 4's Llama4TextMoe: ``routed_in = hidden_states.repeat(router_scores.shape[1], 1)``,
+    transformers models/llama4/modeling_llama4.py:169, then two ``torch.bmm`` over the E x T rows, :80 and :82;
+    ``MoeRouting.dense_experts``). The shared expert and the router are modules and see each token once."""
+    if model.routing is not None and model.routing.dense_experts and not lin.module:
+        return lin.count
+    return lin.active
+
+
+def fp32_adapters(config: TrainConfig) -> bool:
+    """Whether the adapters multiply in fp32: peft keeps them fp32 (``ADAPTER_BYTES``) and casts each
+    input to their dtype (peft 0.21 tuners/lora/layer.py:1100 ``_cast_input_dtype``; bnb.py likewise when
+    autocast is off), so without autocast (pure 16-bit) lora_A and lora_B are fp32 GEMMs with fp32
+    operands; under autocast (``*-mixed``) the matmuls run 16-bit again."""
+    return config.method is not Method.FULL and config.precision in (Precision.FP16, Precision.BF16)
+
+
+def adapter_flop_weight(gpu: GPUSpec | None, config: TrainConfig) -> float:
+    """An adapter FLOP's cost in large-GEMM FLOPs of the precision: the precision's achieved matmul
+    rate over fp32's where the adapters multiply in fp32 (``fp32_adapters``), else 1 (no device: 1)."""
+    if gpu is None or not fp32_adapters(config):
+        return 1.0
+    rate = gpu.peak_tflops(config.precision) * matmul_fraction(gpu, config.precision)
+    return rate / (gpu.peak_tflops(Precision.FP32) * matmul_fraction(gpu, Precision.FP32))
+
+
+def _gemms(model: ModelSpec, config: TrainConfig, adapter_weight: float = 1.0) -> tuple[tuple[float, float, float], ...]:
     """(forward, backward, head-forward) GEMM work of the block linears, the vocab projection and
     the adapters, each as (FLOPs per token, bytes per token, bytes per micro-step): ``gemm`` summed
     over the linears, in closed form (a linear of ``count`` experts, ``active`` per token, sees
     ``tokens x active / count`` tokens per expert: its FLOPs and activations scale with the
-    tokens, its weights are read once per pass)."""
+    tokens, its weights are read once per pass). The adapters' FLOPs count ``adapter_weight`` each
+    (``adapter_flop_weight``), their operands at their own width where they multiply in fp32."""
     elem = config.precision.compute_bytes
     backward = 2 if config.method is Method.FULL else 1  # dX always; dW only for trained weights
     f = t = w = 0.0
     for n, lin in _linears(model):
-        f += 2.0 * n * lin.active * lin.out_features * lin.in_features
-        t += n * lin.active * (lin.in_features + lin.out_features) * elem
+        rows = rows_per_token(model, lin)  # Llama 4's expert stacks: every expert, not top-k
+        f += 2.0 * n * rows * lin.out_features * lin.in_features
+        t += n * rows * (lin.in_features + lin.out_features) * elem
         w += n * lin.count * lin.in_features * lin.out_features * elem
     hf = ht = hw = 0.0
     if model.lm_head_params:
@@ -217,11 +317,12 @@ def _gemms(model: ModelSpec, config: TrainConfig) -> tuple[tuple[float, float, f
     af = at = aw = 0.0
     if config.method is not Method.FULL:
         r = config.lora_r or 0
+        a_elem = ADAPTER_BYTES if fp32_adapters(config) else elem
         for n, linears in stack_targets(model, config.lora_targets):
             for lin in linears:  # A: in -> r, B: r -> out
-                af += 2.0 * n * lin.active * r * (lin.in_features + lin.out_features)
-                at += n * lin.active * (lin.in_features + 2 * r + lin.out_features) * elem
-                aw += n * lin.count * r * (lin.in_features + lin.out_features) * elem
+                af += 2.0 * n * lin.active * r * (lin.in_features + lin.out_features) * adapter_weight
+                at += n * lin.active * (lin.in_features + 2 * r + lin.out_features) * a_elem
+                aw += n * lin.count * r * (lin.in_features + lin.out_features) * a_elem
     forward = (f + hf + af, t + ht + at, w + hw + aw)
     back = (backward * (f + hf) + 2 * af, backward * (t + ht) + 2 * at, backward * (w + hw) + 2 * aw)
     return forward, back, (hf, ht, hw)
@@ -249,31 +350,59 @@ def _linear_attention_flops(model: ModelSpec, tokens: int) -> float:
     fla chunk_gated_delta_rule, chunks of C tokens), per token and value head: the C x C products k_beta·kᵀ
     and q·kᵀ (2·C·dk each), the two triangular solves against C x (dv + dk), the intra-chunk product with
     v_new (2·C·dv), and the state's read and update (2 x 2·dk·dv)."""
+    total = _mamba2_flops(model, tokens)
     gdn = model.gated_deltanet
     if gdn is None:
-        return 0.0
+        return total
     layers = sum(n for n, _, view in model.block_kinds if view.mixer == "gated_deltanet")
     c = gdn.chunk
     per_head = 4 * c * gdn.k_dim + c * (gdn.v_dim + gdn.k_dim) + 2 * c * gdn.v_dim + 4 * gdn.k_dim * gdn.v_dim
-    return float(layers * gdn.v_heads * per_head * tokens)
+    return total + float(layers * gdn.v_heads * per_head * tokens)
 
 
-def attention_flops(model: ModelSpec, config: TrainConfig, tokens: int) -> tuple[float, float]:
+def _mamba2_flops(model: ModelSpec, tokens: int) -> float:
+    """Forward FLOPs of the Mamba2 layers' chunked scan (mamba2_chunk_scan / mamba-ssm's SSD, chunks of C
+    tokens), per token and head: C·B over the chunk (2·C·N), its product with x (2·C·P), the chunk state
+    B·x (2·P·N) and C·state (2·P·N)."""
+    m = model.mamba2
+    if m is None:
+        return 0.0
+    layers = sum(n for n, _, view in model.block_kinds if view.mixer == "mamba2")
+    per_head = 2 * m.chunk * (m.state + m.head_dim) + 4 * m.head_dim * m.state
+    return float(layers * m.heads * per_head * tokens)
+
+
+def cpu_sdpa_math(model: ModelSpec, config: TrainConfig, gpu: GPUSpec | None) -> bool:
+    """Whether SDPA takes the math path for the attention dropout on this device
+    (``KernelProfile.sdpa_dropout_math_fp32``: the CPU's flash kernel refuses dropout)."""
+    return (gpu is not None and gpu.is_cpu and gpu.kernels.sdpa_dropout_math_fp32
+            and config.attention is Attention.SDPA and model.attn_dropout > 0)
+
+
+def attention_flops(model: ModelSpec, config: TrainConfig, tokens: int, gpu: GPUSpec | None = None,
+                    ) -> tuple[float, float]:
     """(forward + backward, one more forward) FLOPs of attention's products, each weighted by the
     kernel's rate relative to a large GEMM (FLOPs / fraction). Causal fused kernels (flash; SDPA's
     flash backend on packed 16-bit batches, ``is_causal``) skip the masked half of T x T; eager
     attention's materialised scores are memory traffic (``_score_bytes``). Linear-attention layers
-    add their chunked products (``_linear_attention_flops``) at the fused kernels' rate."""
+    add their chunked products (``_linear_attention_flops``) at the fused kernels' rate. On the CPU
+    (``gpu.is_cpu``) SDPA runs at the CPU's measured fractions (``CPU_FLASH_FRACTION_OF_GEMM``)."""
     forward = sum(4.0 * layers * ctx * heads * head_dim * tokens
                   for layers, heads, head_dim, ctx in _attention_layers(model, config))
+    if cpu_sdpa_math(model, config, gpu):  # the whole product, its backward twice, scores and dropout in the rate
+        forward /= CPU_MATH_FRACTION_OF_GEMM
+        return (1 + EAGER_BACKWARD_FLOPS) * forward, forward
+    cpu = gpu is not None and gpu.is_cpu
     if _fused_attention(config):
         if not model.is_encoder and not model.is_encoder_decoder and config.packing:
             forward /= 2  # causal: the kernel skips the masked half
         causal_kernel = config.packing or config.attention is Attention.FLASH
-        forward /= FLASH_FRACTION_OF_GEMM if causal_kernel else MASKED_SDPA_FRACTION_OF_GEMM
+        forward /= CPU_FLASH_FRACTION_OF_GEMM if cpu else FLASH_FRACTION_OF_GEMM if causal_kernel \
+            else MASKED_SDPA_FRACTION_OF_GEMM
+    backward = FUSED_BACKWARD_FLOPS if _fused_attention(config) else EAGER_BACKWARD_FLOPS
     if linear := _linear_attention_flops(model, tokens):
         forward += linear / FLASH_FRACTION_OF_GEMM
-    return 3 * forward, forward
+    return (1 + backward) * forward, forward
 
 
 def _fused_attention(config: TrainConfig) -> bool:
@@ -288,8 +417,21 @@ def _score_bytes(model: ModelSpec, config: TrainConfig) -> float:
     """Bytes eager attention's materialised scores move per token, forward + backward."""
     if _fused_attention(config):
         return 0.0
-    return float(sum(layers * heads * ctx * EAGER_SCORE_PASSES * config.precision.compute_bytes
+    # the additive mask is built in the model's dtype (fp32 weights under AMP): adding it promotes the
+    # 16-bit scores to fp32 for the softmax (itself on autocast's fp32 list) and the dropout after it
+    width = 4 if casts_weights(config) else config.precision.compute_bytes
+    return float(sum(layers * heads * ctx * EAGER_SCORE_PASSES * width
                      for layers, heads, _, ctx in _attention_layers(model, config)))
+
+
+def fp32_stream(config: TrainConfig) -> bool:
+    """Whether the residual stream is fp32 under 16-bit compute: the norms' weights are fp32, so
+    the norms return fp32 (transformers' RMSNorm ``self.weight * hidden_states.to(input_dtype)``,
+    modeling_llama.py:67, promotes to its weight's dtype; LayerNorm is on torch autocast's fp32 op
+    list) and the residual adds stay fp32. Under QLoRA, peft's ``prepare_model_for_kbit_training``
+    casts every non-quantised parameter (norms, embeddings) to fp32 (peft 0.21 utils/other.py:204);
+    under torch AMP every weight is fp32 (``casts_weights``)."""
+    return config.method is Method.QLORA or casts_weights(config)
 
 
 def block_forward_bytes(model: ModelSpec, config: TrainConfig) -> float:
@@ -297,36 +439,120 @@ def block_forward_bytes(model: ModelSpec, config: TrainConfig) -> float:
     x2 for fp32 ones)."""
     h = model.hidden_size
     per = h * ((RMSNORM_BYTES if model.norm == "rmsnorm" else LAYERNORM_BYTES) * 2 + RESIDUAL_BYTES)
-    if config.method is Method.QLORA:
-        # peft's prepare_model_for_kbit_training casts every non-quantised parameter (the norms'
-        # weights) to fp32: the norms return fp32 and the residual stream they feed stays fp32
-        per *= QLORA_FP32_STREAM
+    # bitsandbytes' Linear4bit returns its output in its input's dtype (bitsandbytes 0.50
+    # nn/modules.py:626-637, ``matmul_4bit(...).to(inp_dtype)``): under QLoRA the projections that
+    # read the fp32 stream return fp32, so rotary and the MLP activation run in fp32 too; under AMP
+    # the linears return 16-bit and only the norms and residuals are fp32
+    qlora = config.method is Method.QLORA
+    if fp32_stream(config):
+        per *= FP32_STREAM
     if model.position == "rope":
-        per += (model.num_heads + model.num_kv_heads) * model.head_dim * ROTARY_BYTES
-    per += model.intermediate_size * (GATED_ACT_BYTES if model.gated_mlp else ACT_BYTES)
+        per += (model.num_heads + model.num_kv_heads) * model.head_dim * ROTARY_BYTES * (FP32_STREAM if qlora else 1)
+    per += model.intermediate_size * (GATED_ACT_BYTES if model.gated_mlp else ACT_BYTES) * (FP32_STREAM if qlora else 1)
     if model.hidden_dropout:
         per += h * DROPOUT_BYTES
     return per * config.precision.compute_bytes / 2
 
 
-def elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: int) -> float:
+#: Linears whose input is the fp32 stream (the norms' output): cast to 16 bits per call.
+_READS_STREAM = frozenset({LinearKind.ATTN_IN, LinearKind.MLP_IN, LinearKind.CROSS_ATTN_IN})
+
+
+def stream_cast_elements(model: ModelSpec, config: TrainConfig) -> float:
+    """Elements per token one forward casts between the fp32 stream and 16 bits: under torch AMP
+    each linear reading the stream casts its input (autocast caches casts of weights only, not of
+    activations: q, k and v each cast the same input); under QLoRA bitsandbytes' Linear4bit casts
+    its input to the compute dtype and its output back to the input's dtype (bitsandbytes 0.50
+    nn/modules.py:626-637), for the projections reading the stream and the MLP's output projection
+    (its input is the fp32 activation); the attention output projection reads the 16-bit attention
+    kernel's output (its casts are no-ops)."""
+    if not fp32_stream(config) or config.precision is Precision.FP32:
+        return 0.0
+    qlora = config.method is Method.QLORA
+    total = 0.0
+    for n, lin in _linears(model):
+        if not lin.module or not (lin.kind in _READS_STREAM or qlora and lin.kind is LinearKind.MLP_OUT):
+            continue
+        total += n * lin.active * (lin.in_features + (lin.out_features if qlora else 0))
+    return total
+
+
+#: Bytes per adapted output element of peft's LoRA Linear where its adapters multiply in fp32 (``fp32_adapters``),
+#: per element, 16-bit result (peft 0.21 tuners/lora/layer.py:1102 ``result = result + lora_B(lora_A(dropout(x))) *
+#: scaling``, :1113 ``result = result.to(torch_result_dtype)``): forward, ``* scaling`` on lora_B's fp32 output
+#: (4 + 4), the 16-bit result plus it, promoted to fp32 (2 + 4 read, 4 written), the cast back (4 + 2); backward,
+#: the cast's gradient up to fp32 (2 + 4), the add's gradient cast to the base output's 16 bits (4 + 2), ``*
+#: scaling``'s (4 + 4): 44 B. On a device that promotes by copy (``KernelProfile.promotes_inputs_by_copy``) the add
+#: first copies the 16-bit result to fp32 (2 + 4) and reads that (4, not 2): 52. Measured (bench/cpu_overhead.py
+#: adapter, one thread: the add 438 us, ``* scaling`` 145, the casts 85-106 us each on [512 x 1152]).
+FP32_ADAPTER_OUT_BYTES = 44
+PROMOTED_ADD_BYTES = 8
+#: The same at the compute width (16-bit adapters' outputs, or under autocast): ``* scaling`` (2 + 2) and the
+#: add (2 + 2 + 2) forward, ``* scaling``'s gradient (2 + 2) backward (the add's passes through).
+ADAPTER_OUT_BYTES = 14
+
+
+def _adapter_out_bytes(config: TrainConfig, gpu: GPUSpec | None) -> int:
+    """Bytes per adapted output element (``FP32_ADAPTER_OUT_BYTES``), at 16-bit activations: peft's LoRA Linear
+    with fp32 adapters; QLoRA's bnb layers cast lora_B's output back before the add (peft tuners/lora/bnb.py)."""
+    if config.method is not Method.LORA or not fp32_adapters(config):
+        return ADAPTER_OUT_BYTES
+    promoted = gpu is not None and gpu.kernels.promotes_inputs_by_copy
+    return FP32_ADAPTER_OUT_BYTES + (PROMOTED_ADD_BYTES if promoted else 0)
+
+
+def elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: int, gpu: GPUSpec | None = None) -> float:
     """Bytes of the micro-step's memory-bound non-GEMM work that grows with the tokens: the blocks'
     elementwise ops (forward, backward, and the recompute's forward), eager scores, the loss and the
     adapters' scale-and-add (mixed precision's weight casts: ``weight_cast_bytes``)."""
     blocks = model.num_layers + model.decoder_layers
     forward = block_forward_bytes(model, config) * blocks
     per_token = forward * (1 + BACKWARD_ELEMENTWISE + int(config.grad_ckpt)) + _score_bytes(model, config)
+    # the stream's casts: forward, the gradient's cast back in backward, and the recompute's forward
+    per_token += stream_cast_elements(model, config) * CAST_BYTES * (2 + int(config.grad_ckpt))
     if model.lm_head_params:
         per_token += model.vocab_size * LOSS_BYTES_PER_LOGIT
     if config.method is not Method.FULL:
         # each adapted output is scaled and added to the base output (10 B fwd, 4 B bwd); in
         # backward the adapter's input gradient is added to the base's (6 B per input element)
-        # and with a LoRA dropout each adapter drops its own copy of its input (5 B fwd, 5 B bwd)
-        ins = 6 + (DROPOUT_BYTES if drops_adapter_inputs(config) else 0)
-        outs = sum(n * sum(lin.active * (lin.out_features * 14 + lin.in_features * ins) for lin in linears)
+        # and with a LoRA dropout each adapter drops its own copy of its input (5 B fwd, 5 B bwd).
+        # peft's adapters are fp32 (``ADAPTER_BYTES``) and each casts its 16-bit input to their dtype
+        # (peft 0.21 tuners/lora/layer.py:1100 ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``):
+        # an fp32 copy of the input per adapter (6 B) and its gradient cast back (6 B); the dropout
+        # then runs on the fp32 copy (twice the bytes)
+        widen = ADAPTER_BYTES // config.precision.compute_bytes
+        ins = 6 + (DROPOUT_BYTES * widen if drops_adapter_inputs(config) else 0) + (2 * CAST_BYTES if widen > 1 else 0)
+        out = _adapter_out_bytes(config, gpu)
+        outs = sum(n * sum(lin.active * (lin.out_features * out + lin.in_features * ins) for lin in linears)
                    for n, linears in stack_targets(model, config.lora_targets))
         per_token += outs * config.precision.compute_bytes / 2
+    per_token += dropout_draws(model, config) * draw_bytes(gpu)
     return per_token * tokens
+
+
+def dropout_draws(model: ModelSpec, config: TrainConfig) -> float:
+    """Elements per token whose dropout mask a micro-step draws: the blocks' two hidden dropouts (``DROPOUT_BYTES``),
+    eager attention's probabilities, each adapter's own input with a LoRA dropout (``drops_adapter_inputs``), again
+    in checkpointing's recompute (torch.utils.checkpoint restores the RNG state and redraws); the embeddings' dropout
+    once. SDPA's math path draws its own, in its measured rate (``CPU_MATH_FRACTION_OF_GEMM``)."""
+    blocks = model.num_layers + model.decoder_layers
+    per_block = 2.0 * model.hidden_size * blocks if model.hidden_dropout else 0.0
+    if model.attn_dropout and config.attention is Attention.EAGER:
+        per_block += sum(layers * heads * ctx for layers, heads, _, ctx in _attention_layers(model, config))
+    if drops_adapter_inputs(config):
+        per_block += sum(n * sum(lin.active * lin.in_features for lin in linears)
+                         for n, linears in stack_targets(model, config.lora_targets))
+    return per_block * (1 + int(config.grad_ckpt)) + (model.hidden_size if model.embedding_dropout else 0.0)
+
+
+def draw_bytes(gpu: GPUSpec | None) -> float:
+    """Bytes per drawn dropout element the elementwise part adds: the CPU's serial mask draw
+    (``CPU_BERNOULLI_SECONDS_PER_ELEMENT``) as the bytes the profile's measured bandwidth moves in its time
+    (the elementwise part's one currency, so a calibrated bandwidth scales it too); none on the GPUs, whose
+    fused dropout kernel draws in registers at memory speed."""
+    if gpu is None or not gpu.is_cpu:
+        return 0.0
+    return CPU_BERNOULLI_SECONDS_PER_ELEMENT * gpu.mem_bandwidth_gbs * 1e9 * CPU_BANDWIDTH_FRACTION
 
 
 def block_weights(model: ModelSpec) -> int:
@@ -360,6 +586,86 @@ def ops_per_micro_step(model: ModelSpec, config: TrainConfig) -> int:
     if config.method is Method.QLORA:
         ops += sum(n * len(linears) for n, linears in model.all_blocks) * OPS_PER_QUANTIZED * (3 if config.grad_ckpt else 2) // 2
     return ops
+
+
+# ---- fp8: torchao's float8 linears (``Precision.FP8``) -----------------------------------------
+#: Bytes per element of one eager fp8 cast (accelerate's torchao backend: tensorwise dynamic scales, no
+#: torch.compile), from the ops torchao runs: the amax, ``torch.max(torch.abs(x))`` (float8_utils.py:65:
+#: read, write and read again, 3 x 2 B for a bf16 operand, 3 x 4 B for the fp32 weight); ``x.to(float32) *
+#: scale`` (float8_training_tensor.py:153: 2 + 4 and 4 + 4 B, the first a no-op for the fp32 weight);
+#: the clamp (float8_utils.py:136: 4 + 4 B) and the cast to fp8 (4 + 1 B) -- 33 B either way -- and the
+#: zero-padded copy of the fp8 operand accelerate's default ``pad_inner_dim=True`` makes before the GEMM
+#: (float8_utils.py ``pad_tensor_for_matmul``, F.pad by zero: 1 + 1 B): 35 B. (torch.compile fuses a
+#: cast to 6-8 B per element, torchao/testing/training/roofline_utils.py; the HF Trainer runs eager.)
+FP8_CAST_BYTES = 35
+#: Eager ops per converted linear per micro-step: five casts (input and weight forward; grad_output
+#: twice, weight and input backward: float8_linear.py:94-204) of ~10 ops each (abs, max, the scale's
+#: float64 clamp, divide and cast, the fp32 cast, multiply, clamp, fp8 cast, the Float8TrainingTensor
+#: wrapper) and three padded GEMMs (pad and _scaled_mm each): ~56, rounded to 60.
+FP8_OPS_PER_LINEAR = 60
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fp8Work:
+    """What fp8 changes in one micro-step, from its converted linears (``fp8_converts``), per token
+    unless said otherwise."""
+
+    flops: float
+    """GEMM FLOPs of the converted linears, forward and backward, run at the FP8 rate."""
+    recompute_flops: float
+    """Their FLOPs in checkpointing's second forward (0 without it)."""
+    cast_elements: float
+    """Activation elements cast to fp8 (input twice, grad_output twice; the input again under
+    checkpointing)."""
+    weight_elements: float
+    """Weight elements cast to fp8 per micro-step (forward, backward, the recompute's forward)."""
+    amp_weight_casts: float
+    """Bytes per micro-step of torch AMP's 16-bit weight casts the converted linears no longer make
+    (``WEIGHT_CAST_BYTES`` per forward: ``weight_cast_bytes`` counts them for every block weight)."""
+    ops: int
+    """Eager ops added per micro-step."""
+
+
+def fp8_work(model: ModelSpec, config: TrainConfig) -> Fp8Work:
+    """``Fp8Work`` of full fine-tuning under fp8 (the only method it is planned with). Every block's
+    converted linears; the first block's first linear, left unconverted by accelerate, is counted
+    converted here (one linear of the model)."""
+    forwards = 1 + int(config.grad_ckpt)
+    flops = elements = weights = 0.0
+    linears = 0
+    for n, lin in _linears(model):
+        if not fp8_converts(model, lin):
+            continue
+        flops += 2.0 * n * lin.active * lin.in_features * lin.out_features
+        elements += n * lin.active * (lin.in_features + lin.out_features)
+        weights += n * lin.count * lin.in_features * lin.out_features
+        linears += n * lin.count
+    recompute = flops if config.grad_ckpt else 0.0
+    return Fp8Work(
+        flops=3 * flops, recompute_flops=recompute,
+        # forward: the input; backward: grad_output twice and the input again (per linear: 2 in + 2 out)
+        cast_elements=2 * elements + (elements - _out_share(model) if config.grad_ckpt else 0.0),
+        weight_elements=weights * (1 + forwards), amp_weight_casts=weights * WEIGHT_CAST_BYTES * forwards,
+        ops=linears * FP8_OPS_PER_LINEAR)
+
+
+def _out_share(model: ModelSpec) -> float:
+    """The output elements per token of the converted linears (the recompute's forward casts only
+    their inputs)."""
+    return float(sum(n * lin.active * lin.out_features for n, lin in _linears(model) if fp8_converts(model, lin)))
+
+
+def fp8_seconds(work: Fp8Work, rates: DeviceRates, tokens: int) -> tuple[float, float, float, float]:
+    """(GEMM, recompute, elementwise, overhead) seconds fp8 adds to one micro-step of ``tokens``
+    tokens priced at bf16 ``rates``: the converted linears' GEMMs at the FP8 rate instead (the device's
+    FP8 peak, ``FP8_PER_BF16`` x bf16, at the large-GEMM fraction bf16 reaches: torchao's roofline takes one
+    achievable fraction, 0.78 on H100, for both, roofline_utils.py ``pct_achievable_gemm_tops``; its
+    training doc: "the gemm speedup approaching 2x as M, K, N increase"), negative; the casts at
+    memory speed, less AMP's weight casts they replace; the casts' eager ops."""
+    saved = 1.0 / rates.gemm - 1.0 / (rates.gemm * FP8_PER_BF16)
+    cast_bytes = (work.cast_elements * tokens + work.weight_elements) * FP8_CAST_BYTES - work.amp_weight_casts
+    return (-work.flops * tokens * saved, -work.recompute_flops * tokens * saved, cast_bytes / rates.bandwidth,
+            work.ops * rates.op_seconds)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -401,10 +707,11 @@ def price(terms: MicroTerms, rates: DeviceRates) -> PricedTerms:
     return PricedTerms(fixed=terms.fixed.seconds(rates), per_token=terms.per_token.seconds(rates))
 
 
-def micro_terms(model: ModelSpec, config: TrainConfig) -> MicroTerms:
-    """The work of a micro-step of ``config``'s kind at any micro-batch (its ``micro_batch`` unread)."""
-    forward, backward, head = _gemms(model, config)
-    attention, attention_fwd = attention_flops(model, config, 1)
+def micro_terms(model: ModelSpec, config: TrainConfig, gpu: GPUSpec | None = None) -> MicroTerms:
+    """The work of a micro-step of ``config``'s kind at any micro-batch (its ``micro_batch`` unread), on ``gpu``
+    where the device's kernels change it (fp32 adapters' rate, ``adapter_flop_weight``; a promoting add)."""
+    forward, backward, head = _gemms(model, config, adapter_flop_weight(gpu, config))
+    attention, attention_fwd = attention_flops(model, config, 1, gpu)
     recompute_fixed, recompute_token = (0.0, 0.0), (0.0, 0.0)
     if config.grad_ckpt:  # the blocks' forward again, not the head's
         recompute_fixed = (0.0, forward[2] - head[2])
@@ -412,26 +719,37 @@ def micro_terms(model: ModelSpec, config: TrainConfig) -> MicroTerms:
     fixed = MicroStep(gemm=(0.0, forward[2] + backward[2]), attention=(0.0, 0.0), recompute=recompute_fixed,
                       elementwise=(0.0, 0.0), ops=ops_per_micro_step(model, config))
     per_token = MicroStep(gemm=(forward[0] + backward[0], forward[1] + backward[1]), attention=(attention, 0.0),
-                          recompute=recompute_token, elementwise=(0.0, elementwise_bytes(model, config, 1)), ops=0)
+                          recompute=recompute_token, elementwise=(0.0, elementwise_bytes(model, config, 1, gpu)), ops=0)
     return MicroTerms(fixed=fixed, per_token=per_token)
 
 
-def micro_step(model: ModelSpec, config: TrainConfig) -> MicroStep:
-    """The work of one micro-step's kernels (no device in it: ``MicroStep.seconds`` prices it)."""
-    return micro_terms(model, config).at(config.micro_batch * config.seq_len)
+def micro_step(model: ModelSpec, config: TrainConfig, gpu: GPUSpec | None = None) -> MicroStep:
+    """The work of one micro-step's kernels (``MicroStep.seconds`` prices it; ``micro_terms``)."""
+    return micro_terms(model, config, gpu).at(config.micro_batch * config.seq_len)
 
 
 __all__ = [
+    "FP8_CAST_BYTES",
+    "FP8_OPS_PER_LINEAR",
     "DeviceRates",
+    "Fp8Work",
     "MicroStep",
     "MicroTerms",
     "PricedTerms",
     "Work",
+    "adapter_flop_weight",
     "attention_flops",
     "block_forward_bytes",
     "block_weights",
     "casts_weights",
+    "cpu_sdpa_math",
+    "draw_bytes",
+    "dropout_draws",
     "elementwise_bytes",
+    "fp32_adapters",
+    "fp32_stream",
+    "fp8_seconds",
+    "fp8_work",
     "gemm",
     "gemm_seconds",
     "matmul_fraction",
@@ -439,5 +757,7 @@ __all__ = [
     "micro_terms",
     "ops_per_micro_step",
     "price",
+    "rows_per_token",
+    "stream_cast_elements",
     "weight_cast_bytes",
 ]

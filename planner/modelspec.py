@@ -26,6 +26,7 @@ class LinearKind(enum.StrEnum):
     SHARED_GATE = "shared_gate"  # a shared expert's one-output gate (Qwen2-MoE ``shared_expert_gate``)
     CROSS_ATTN_IN = "cross_attn_in"  # encoder-decoder: cross-attention q (decoder side), k/v (encoder output)
     CROSS_ATTN_OUT = "cross_attn_out"  # encoder-decoder: cross-attention output projection
+    PER_LAYER = "per_layer"  # Gemma 4's per-layer input gate and projection (counted; not planned: unmodelled)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +106,13 @@ class MoeRouting:
     renormalised top-k weights are multiplied by ``per_expert_scale[top_k_index]``, and the experts read
     ``pre_feedforward_layernorm_2`` of the residual; ``post_feedforward_layernorm_1``/``_2`` norm each
     branch's output before their sum."""
+    dense_experts: bool = False
+    """Llama 4's MoE block (modeling_llama4.py Llama4Router.forward :147-153, Llama4TextMoe.forward :166-175,
+    Llama4TextExperts.forward :66-85): the router keeps the top-k logits in a T x E tensor of -inf, then
+    ``sigmoid(scores.float())``; every token is repeated to every expert (``hidden_states.repeat(E, 1)``)
+    and multiplied by its score (0 off its top-k), and the experts run as two ``torch.bmm`` over all E x T rows,
+    autocast-enabled (16-bit copies of the stacks under autocast): the experts' saved tensors scale with E,
+    not k."""
     expert_gate: str = "act"
     """How an expert gates its up projection: ``act`` ``act_fn(gate) * up`` of a concatenated
     gate_up (integrations/moe.py ``_default_apply_gate``); ``clamped_swiglu`` gpt-oss's
@@ -163,12 +171,41 @@ class GatedDeltaNet:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Mamba2:
+    """A Mamba2 token mixer's shapes (NemotronHMamba2Mixer, modeling_nemotron_h.py:390-614): ``heads`` SSM heads
+    of ``head_dim`` (the inner size ``heads * head_dim``), ``groups`` groups of B and C with ``state`` dims each,
+    a depthwise causal conv of ``kernel`` taps over x, B and C, and the chunked scan over chunks of ``chunk``
+    tokens (``chunk_size``)."""
+
+    heads: int
+    head_dim: int
+    groups: int
+    state: int
+    kernel: int
+    chunk: int
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv(self) -> int:
+        """Channels of the causal conv: x, B and C."""
+        return self.inner + 2 * self.groups * self.state
+
+    @property
+    def projection(self) -> int:
+        """in_proj's outputs: the gate, the conv's channels and dt."""
+        return self.inner + self.conv + self.heads
+
+
+@dataclass(frozen=True, kw_only=True)
 class BlockGroup:
     """Blocks of a decoder that differ from block 0 (``ModelSpec.layer_linears``): DeepSeek-V3's MoE
     blocks after its dense first ones, the full-attention blocks between Gated DeltaNet ones
     (Qwen3-Next, Qwen3.5), Nemotron-H's MoE and attention blocks between Mamba2 ones, Gemma 4's
-    global-attention blocks. Counted in ``ModelSpec.params_total``; the memory model does not read
-    them yet (a model with any is refused for planning: ``ModelSpec.unmodelled``)."""
+    global-attention blocks, Llama 4's NoPE blocks. Counted in ``ModelSpec.params_total``; the memory model
+    reads each kind's own view (``ModelSpec.block_kinds``)."""
 
     label: str
     """What these blocks are, e.g. ``full_attention``, ``moe``."""
@@ -190,6 +227,9 @@ class BlockGroup:
     """These blocks attend through a sliding window (``ModelSpec.sliding_attention``)."""
     mixer: str = "attention"
     """These blocks' token mixer (``ModelSpec.mixer``)."""
+    qk_norm: str | None = None
+    """These blocks' q/k norms when they differ from the model's (``ModelSpec.qk_norm``; Llama 4's NoPE layers
+    have none); None: the model's."""
 
     @property
     def params(self) -> int:
@@ -240,7 +280,8 @@ class ModelSpec:
     """The RMSNorm multiplies by its weight in fp32, so it saves the fp32 normalised tensor
     (Gemma: ``output * (1.0 + self.weight.float())``) instead of one in the model's dtype."""
     norm_placement: str = "pre"
-    """Where a block's norms over the hidden size sit: ``pre`` one before each sublayer (llama),
+    """Where a block's norms over the hidden size sit: ``pre`` one before each sublayer (llama), ``single`` one
+    before the block's only sublayer (Nemotron-H: NemotronHBlock, modeling_nemotron_h.py:934-993),
     ``sandwich`` also one after each sublayer's output (Gemma 2/3: ``post_attention_layernorm``
     and ``post_feedforward_layernorm`` besides ``input_layernorm`` and ``pre_feedforward_layernorm``,
     modeling_gemma2.py Gemma2DecoderLayer.forward), ``post`` only after each sublayer's output
@@ -248,7 +289,8 @@ class ModelSpec:
     qk_norm: str = ""
     """RMSNorms on the query and key projections: ``head`` over head_dim (Qwen3, Gemma 3:
     ``self.q_norm(self.q_proj(x).view(hidden_shape))``), ``projection`` over the whole projection
-    (OLMo 2: ``self.q_norm(self.q_proj(x))``), ``""`` none."""
+    (OLMo 2: ``self.q_norm(self.q_proj(x))``), ``l2`` a weightless norm over head_dim after the rotary
+    embedding (Llama 4: Llama4TextL2Norm, modeling_llama4.py:106-118), ``""`` none."""
     parallel_block: bool = False
     """Attention and MLP read the same normed input (falcon, phi, gpt_neox with parallel residual)."""
     position: str = "rope"
@@ -281,6 +323,13 @@ class ModelSpec:
     ``qwen2_moe``'s, which ``qwen2_moe`` itself has none of), so ``all-linear`` also reaches the bare
     expert stacks and routers (``LinearSpec.module`` False) through ``target_parameters``; ""
     (gpt-oss, qwen2_moe): ``all-linear`` wraps the ``nn.Linear`` modules only."""
+    lora_refused: tuple[str, ...] = ()
+    """nn.Linear leaf names LoRA cannot adapt in this model type, ``all-linear`` included (it reaches them):
+    peft refuses them (peft 0.21 tuners/tuners_utils.py:146-162 ``_check_lora_target_modules_mamba``: ``out_proj``
+    and ``conv1d`` of the Mamba model types, nemotron_h among them), or wraps them and the forward fails (Llama 4's
+    ``router``, an nn.Linear subclass returning a tuple). The planner refuses them in one line naming the targets
+    that work (``peft_linear_names``) and why (``lora_refused_why``)."""
+    lora_refused_why: str = ""
     sdpa: bool = True
     """transformers has an SDPA path for this architecture; False (gpt-oss:
     ``GptOssPreTrainedModel._supports_sdpa = False``, modeling_gpt_oss.py) means the eager path is what
@@ -307,10 +356,13 @@ class ModelSpec:
     create_sliding_window_causal_mask; Gemma 4's ``sliding_attention`` layers; each of ``other_blocks``
     says it for its own blocks). Set by the builders that know their layers' types (Gemma 4)."""
     mixer: str = "attention"
-    """Block 0's token mixer: ``attention`` (q/k/v projections and an attention kernel) or
-    ``gated_deltanet`` (``ModelSpec.gated_deltanet``'s linear attention; each of ``other_blocks`` says its own)."""
+    """Block 0's token mixer: ``attention`` (q/k/v projections and an attention kernel), ``gated_deltanet``
+    (``ModelSpec.gated_deltanet``'s linear attention), ``mamba2`` (``ModelSpec.mamba2``'s state-space layer) or
+    ``none`` (a block of an MLP or MoE alone: Nemotron-H's); each of ``other_blocks`` says its own."""
     gated_deltanet: GatedDeltaNet | None = None
     """The Gated DeltaNet layers' shapes (Qwen3-Next, Qwen3.5); None without such layers."""
+    mamba2: Mamba2 | None = None
+    """The Mamba2 layers' shapes (Nemotron-H); None without such layers."""
     attn_output_gate: bool = False
     """The attention output is multiplied by ``sigmoid(gate)``, the gate being the second half of a
     q_proj twice as wide (Qwen3NextAttention.forward, modeling_qwen3_next.py:275-303)."""
@@ -321,9 +373,9 @@ class ModelSpec:
     """The causal-LM head soft-caps its logits, ``tanh(logits / cap) * cap`` (Gemma4ForCausalLM.forward,
     modeling_gemma4.py ``final_logit_softcapping``): tanh keeps its output for backward."""
     unmodelled: tuple[str, ...] = ()
-    """Architecture features the memory model has no terms for yet (experts beyond Mixtral's
-    block, multi-head latent attention, linear-attention or Mamba2 layers, per-layer head sizes,
-    ...): planning such a model is refused rather than answered as if it were dense."""
+    """Architecture features the memory model has no terms for yet (none of the catalog's builders sets one
+    today; the small Gemma 4 models' per-layer embeddings are refused by their builder instead): planning
+    such a model is refused rather than answered as if it were dense."""
     wrapper_type: str = ""
     """The multimodal wrapper's ``model_type`` when the config has a ``text_config`` (gemma3,
     qwen3_5, llama4, ...): the spec is then its language model alone (what
@@ -388,7 +440,8 @@ class ModelSpec:
                                    other_blocks=(), intermediate_size=inter, **moe, **({} if group is None else {
                                        "head_dim": group.head_dim or self.head_dim,
                                        "num_kv_heads": group.kv_heads or self.num_kv_heads,
-                                       "sliding_attention": group.sliding, "mixer": group.mixer}))
+                                       "sliding_attention": group.sliding, "mixer": group.mixer,
+                                       "qk_norm": self.qk_norm if group.qk_norm is None else group.qk_norm}))
 
     def block_at(self, index: int) -> "ModelSpec":
         """The homogeneous spec (``block_kinds``) of block ``index``."""
@@ -479,6 +532,11 @@ class ModelSpec:
         return any(lin.kind is LinearKind.ATTN_IN and lin.out_features > self.num_heads * self.head_dim
                    for lin in self.layer_linears)
 
+    @functools.cached_property
+    def has_mlp(self) -> bool:
+        """Block 0 has an MLP (dense, or routed experts): not a Nemotron-H block of a token mixer alone."""
+        return any(lin.kind in (LinearKind.MLP_IN, LinearKind.MLP_OUT) for lin in self.layer_linears)
+
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
@@ -495,6 +553,12 @@ class ModelSpec:
     def module_names(self) -> frozenset[str]:
         """Leaf names of the blocks' nn.Linear modules (what peft's ``target_modules`` can match)."""
         return frozenset(lin.name for _, linears in self.all_blocks for lin in linears if lin.module)
+
+    @functools.cached_property
+    def peft_linear_names(self) -> tuple[str, ...]:
+        """The nn.Linear leaf names peft wraps (``module_names`` but ``lora_refused``), in the blocks' order: what
+        ``all-linear`` means for a model whose type peft refuses it on."""
+        return tuple(n for n in self._linear_names if n in self.module_names and n not in self.lora_refused)
 
     @functools.cached_property
     def _linear_names(self) -> tuple[str, ...]:

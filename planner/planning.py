@@ -77,12 +77,26 @@ class Planned:
     """True when the sequence length was not given and the default was used."""
 
 
+def warm() -> None:
+    """Import what ``make_plan`` runs on and read the model catalog, once. A server calls it at
+    startup so that its first request is not charged for them: the per-request CPU budget
+    (``planner.service.budget``) measured 0.11 s of the first gpt2 request's 0.20 s as these imports and the
+    catalog read, and a request stopped at its budget while importing leaves them to the next request.
+    ``tests/service/test_service_cost.py`` checks that planning after it imports no planner module."""
+    from planner import advice, estimation, gpus, host, ranking, search  # noqa: F401 - imported for their cost
+    from planner.calibration import lookup, values  # noqa: F401
+    from planner.catalog import catalog_ids
+
+    catalog_ids()
+
+
 def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
-              calibration: "Calibration | None" = None) -> Planned:
+              calibration: "Calibration | None" = None, alternative: bool = True) -> Planned:
     """Resolve, validate and search. ``spec`` replaces resolving ``request.model`` (a config sent
     inline over HTTP); ``calibration``: the device's active one (``planner calibrate``), which the
     plans use and name in their assumptions. Raises ``PlannerError``s for bad input and
-    ``NothingFitsError`` (with the closest tries) when nothing fits."""
+    ``NothingFitsError`` (with the closest tries) when nothing fits. ``alternative``: rank by the
+    other policy too (``ranking.suggest``)."""
     from planner.calibration import apply_calibration
     from planner.catalog import fingerprint
     from planner.config import Method, Precision
@@ -119,7 +133,8 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     check_search_cost(spec, methods=space.methods, lora_ranks=space.lora_ranks, top_k=request.top_k)
     seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
     result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=seq, gpus=request.gpus,
-                     space=space, top_k=request.top_k, model_fingerprint=fingerprint(spec))
+                     space=space, top_k=request.top_k, model_fingerprint=fingerprint(spec),
+                     alternative=alternative)
     return Planned(result=result, spec=spec, device=device, host_bytes=host, host_source=source,
                    seq_defaulted=request.seq_len is None)
 

@@ -40,7 +40,7 @@ from planner.search import (
     totals_by_split,
 )
 from planner.sharding import NONE
-from planner.throughput import estimate_throughput, step_breakdown, tokens_per_second
+from planner.throughput import ThroughputMemo, estimate_throughput, tokens_per_second
 from planner.tradeoffs import Prefer, fidelity_tier, memory_interval, near_edge, oom_risk
 from planner.uncertainty import NEAR_EDGE_PROBABILITY, oom_probability, spread
 from planner.units import format_bytes
@@ -56,10 +56,14 @@ def suggest(
     space: SearchSpace = SearchSpace(),
     top_k: int = 5,
     model_fingerprint: str = "",
+    alternative: bool = True,
 ) -> PlanResult:
-    """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does."""
+    """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does.
+    ``alternative``: also rank by the other policy, for ``PlanResult.alternative`` (``planner.rent``
+    reads the #1 plan only: 69 of the 310 full estimates of a ``--gpu any`` comparison of
+    Llama-3.1-8B were the other policy's)."""
     check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
-    fitting, closest, searched, memo, usable, margin = screen(
+    fitting, closest, searched, memo, usable, margin, speeds = screen(
         model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
     request = plan_request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space,
                            top_k=top_k, model_fingerprint=model_fingerprint)
@@ -71,9 +75,10 @@ def suggest(
     # the nearest miss
     by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
     replays: dict[TrainConfig, object] = {}
-    facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes))  # read by both policies' rankings
+    facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes, usable=usable))  # read by both policies' rankings
     plans = _replayed_plans(_ranking(fitting, space.prefer, facts), model=model, gpu=gpu,
-                            usable=usable, top_k=top_k, prefer=space.prefer, replays=replays, memo=memo, facts=facts)
+                            usable=usable, top_k=top_k, prefer=space.prefer, replays=replays, memo=memo, facts=facts,
+                            speeds=speeds)
     if not plans:
         tried = {fam: missed(cfg, total) for fam, (total, cfg) in by_tier}
         rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
@@ -92,13 +97,21 @@ def suggest(
     # the families that fit only near the edge first: they are the ones a user asks about
     rejected = _edge_only(facts(fitting), plans, best_tier=best_tier, gpu=gpu) + rejected
     other = Prefer.SPEED if space.prefer is Prefer.FIDELITY else Prefer.FIDELITY
-    theirs = _replayed_plans(_ranking(fitting, other, facts), model=model, gpu=gpu, usable=usable,
-                             top_k=min(top_k, 3), prefer=other, replays=replays, memo=memo, facts=facts)
-    alternative = theirs[0] if theirs and theirs[0].config != plans[0].config else None
+    theirs = () if not alternative else _replayed_plans(
+        _ranking(fitting, other, facts), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3), prefer=other,
+        replays=replays, memo=memo, facts=facts, speeds=speeds)
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
-                      safety_margin_bytes=margin, prefer=str(space.prefer), alternative=alternative,
+                      safety_margin_bytes=margin, prefer=str(space.prefer),
+                      alternative=theirs[0] if theirs and theirs[0].config != plans[0].config else None,
                       advice=_edge_advice(plans, model=model, gpu=gpu, space=space))
 
+
+#: How much faster than every plain plan an exotic plan (``_exotic``) must be predicted to rank
+#: before them: the throughput model's median absolute error on published runs, rounded up
+#: (bench/results/throughput.md: 8.8 % over 76 rows). A smaller predicted gain is one the model
+#: cannot promise, and not worth another library in the stack: with SPEED_TIE (2 %) here,
+#: DeepSpeed ZeRO-1 on one A10G ranked first for Llama-3.2-1B LoRA on a 2.1 % predicted gain.
+EXOTIC_WIN = 0.10
 
 #: An offload plan whose ranks pin more than this share of the node's RAM is exotic: what is left
 #: is the OS's, the training processes' and the data's (planner.host.host_reserve keeps the least
@@ -106,16 +119,21 @@ def suggest(
 EXOTIC_HOST_SHARE = 0.5
 
 
-def _exotic(memo: MemoryMemo, *, node_ram: int):
+def _exotic(memo: MemoryMemo, *, node_ram: int, usable: int):
     """Whether a configuration is one an expert runs only when it wins on speed or is the only way
-    to fit: a sharding scheme on one GPU without offload (it shards nothing; ZeRO saves memory
-    only because DeepSpeed keeps the model in 16-bit) and offload that pins more than
-    EXOTIC_HOST_SHARE of the node's RAM."""
-    def exotic(config: TrainConfig) -> bool:
+    to fit: a sharding scheme on one GPU that would fit on the device (``usable``) with what it
+    offloads kept there, nothing offloaded included (it shards nothing, and its offload is not why
+    it fits: ZeRO saves memory there only because DeepSpeed keeps the model in 16-bit. A search that
+    left only ZeRO-1 without offload exotic ranked ZeRO-1 with LoRA's optimizer offload, 81 MiB
+    pinned, first for Llama-2-7B on one A10G), and offload that pins more than EXOTIC_HOST_SHARE
+    of the node's RAM. ``total``: the plan's process total; ``static``: the configuration's static
+    terms, where the caller has them (a screened plan's, ``planner.search.Screened.fitting``)."""
+    def exotic(config: TrainConfig, total: int, static=None) -> bool:
         sharding = config.sharding
-        if not sharding.offloaded:
-            return not sharding.spec.replicas and config.gpus == 1
-        return memo.static(config).terms.host * config.gpus > EXOTIC_HOST_SHARE * node_ram
+        host = (static or memo.static(config)).terms.host if sharding.offloaded else 0
+        if not sharding.spec.replicas and config.gpus == 1 and total + host <= usable:
+            return True
+        return host * config.gpus > EXOTIC_HOST_SHARE * node_ram
 
     return exotic
 
@@ -130,7 +148,8 @@ def _safe_bound(config: TrainConfig, gpu: GPUSpec, bounds: dict) -> int:
 
 def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
                     prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None,
-                    memo: MemoryMemo | None = None, facts=None) -> tuple[Candidate, ...]:
+                    memo: MemoryMemo | None = None, facts=None,
+                    speeds: ThroughputMemo | None = None) -> tuple[Candidate, ...]:
     """The top plans with their full estimates. The fast path screens with the allocator's
     stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
     caching allocator replayed on its step. One the replay finds too large for the usable memory
@@ -142,13 +161,14 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     have a safe plan the replay has not seen yet."""
     replays = {} if replays is None else replays
     memo = memo or MemoryMemo(model, gpu)
+    speeds = speeds or ThroughputMemo(model, gpu)  # (times the plans it adds: the screen's, where given)
     facts = facts or _plan_facts(gpu)
     capacity = gpu.memory_bytes
     ranked, read = iter(fitting), []  # read: the ranked plans _distinct has gone through
     edgy: set[int] = set()  # ids of the configurations the replay found near the edge
     while True:
         plans, dropped, moved = [], set(), set()
-        for cfg, _, total in _distinct(ranked, top_k, read):
+        for cfg, _, total, *_ in _distinct(ranked, top_k, read):
             if cfg not in replays:
                 replays[cfg] = estimate_memory(model=model, config=cfg, gpu=gpu, budget=usable)
             memory = replays[cfg]
@@ -165,9 +185,9 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
                                    throughput=estimate_throughput(model=model, config=cfg, gpu=gpu),
                                    fits=True, rank=i + 1) for i, (cfg, memory) in enumerate(plans))
         edgy |= moved
-        fitting = read + list(ranked)
+        fitting = read + (ranked.unread() if isinstance(ranked, _Ranked) else list(ranked))
         kept = [item for item in fitting if id(item[0]) not in dropped]
-        smaller = [_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo)
+        smaller = [_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo, speeds=speeds)
                    for item in fitting if id(item[0]) in dropped or id(item[0]) in moved]
         ranked, read = _ranking(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer,
                                 facts, edgy=edgy), []
@@ -179,7 +199,8 @@ def _with_uncertainty(config: TrainConfig, memory, gpu: GPUSpec):
                                    oom_probability=oom_risk(config, memory, capacity=gpu.memory_bytes))
 
 
-def _next_smaller_split(config: TrainConfig, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo) -> tuple | None:
+def _next_smaller_split(config: TrainConfig, *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo,
+                        speeds: ThroughputMemo | None = None) -> tuple | None:
     """(config, speed, screened total) of ``config`` with the next smaller micro-batch that divides
     its per-device batch, or None at micro-batch 1."""
     per_device = config.micro_batch * config.grad_accum
@@ -189,7 +210,8 @@ def _next_smaller_split(config: TrainConfig, *, model: ModelSpec, gpu: GPUSpec, 
     split = (micro, per_device // micro)
     [(total, _host)] = totals_by_split(model=model, config=config, gpu=gpu, splits=[split], memo=memo)
     smaller = config.with_split(micro_batch=split[0], grad_accum=split[1])
-    step_s = sum(step_breakdown(model=model, config=smaller, gpu=gpu).values())
+    # (the screen's memo: ``ThroughputMemo.step_seconds`` is the sum of ``step_breakdown``, the same float)
+    step_s = (speeds or ThroughputMemo(model, gpu)).step_seconds(smaller)
     return smaller, Speed(tokens_per_second(smaller, step_s)), total
 
 
@@ -199,13 +221,17 @@ def _next_smaller_split(config: TrainConfig, *, model: ModelSpec, gpu: GPUSpec, 
 #: offload saves nothing, and a tie means offload bought nothing either.
 SPEED_TIE = 0.02
 OPTIMIZER_PREFERENCE = {o: OPTIMIZERS[o].preference for o in Optimizer}  # each optimizer's descriptor (planner.optim)
-PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4}
+PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precision.FP32: 2, Precision.BF16: 3, Precision.FP16: 4,
+                        Precision.FP8: 5}  # fp8 last: in a speed tie the better-trodden bf16 wins (tradeoffs.py)
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note), and the search reads it thousands of times a search
+_FP32 = Precision.FP32
 
 
 def _plan_facts(gpu: GPUSpec, exotic=None):
     """``facts(items)``: what the ranking reads of each fitting plan that neither the policy nor a
     re-ranking changes, (item, near the edge of ``gpu`` by its screened total (``_safe_bound``),
-    ``exotic`` (``_exotic``; none without it), fidelity tier, ``family_key``), worked out once a plan: both
+    ``exotic`` (``_exotic``; none without it), fidelity tier, ``family_key``, tokens/s), worked out once a plan: both
     policies rank the same thousand plans. Kept by the item's identity, with the item, so no other
     item takes its id while the facts live (one search)."""
     bounds: dict = {}
@@ -218,19 +244,19 @@ def _plan_facts(gpu: GPUSpec, exotic=None):
             if found is None:
                 config = item[0]
                 found = known[id(item)] = (item, int(item[2] > _safe_bound(config, gpu, bounds)),
-                                           int(exotic is not None and exotic(config)), fidelity_tier(config),
-                                           family_key(config))
+                                           int(exotic is not None and exotic(config, item[2], *item[3:])), fidelity_tier(config),
+                                           family_key(config), item[1].tokens_per_s)
             out.append(found)
         return out
 
     return facts
 
 
-def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = frozenset()) -> Iterator[tuple]:
+def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = frozenset()) -> _Ranked:
     """The fitting plans in rank order: the plans that are not near the edge (by their
     screened totals, ``_safe_bound``, or, ids in ``edgy``, by their replays) before those that are;
     among each, the exotic plans (``_exotic``) that are not faster than every other plan of
-    their kind after the others; then, under ``fidelity``, fidelity
+    their kind by more than EXOTIC_WIN after the others; then, under ``fidelity``, fidelity
     tier (``fidelity_tier``), then speed; under ``speed``, speed alone. Plans within SPEED_TIE of the
     fastest plan of their group are a tie, ordered by the preferences (a group is measured from
     its leader, so two plans 1% apart are never split by a fixed bucket boundary). Each group is
@@ -243,28 +269,57 @@ def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = fr
     # the fastest plain plan of each edge class: an exotic plan not faster ranks after the plain ones
     best = [0.0, 0.0]
     for f, e in zip(known, edges):
-        if not f[2]:
-            best[e] = max(best[e], f[0][1].tokens_per_s)
-    odd = [int(f[2] and f[0][1].tokens_per_s <= best[e] * (1 + SPEED_TIE)) for f, e in zip(known, edges)]
+        if not f[2] and f[5] > best[e]:
+            best[e] = f[5]
+    odd = [best[0] * (1 + EXOTIC_WIN), best[1] * (1 + EXOTIC_WIN)]  # an exotic plan at most this fast, by edge class
     # the group key: near the edge, then exotic, then (under fidelity) the fidelity tier (0-3)
-    by_speed = sorted([(e * 8 + o * 4 + (f[3] if fidelity else 0), -f[0][1].tokens_per_s, n, f)
-                       for n, (f, e, o) in enumerate(zip(known, edges, odd))])
-    group: list[tuple] = []
-    leader_tier, floor = 0, 0.0
-    for tier, neg_speed, _, f in by_speed:
-        if group and (tier != leader_tier or -neg_speed < floor):
-            yield from [f[0] for f in sorted(group, key=_tie_key)]
-            group = []
-        if not group:
-            leader_tier, floor = tier, -neg_speed / (1 + SPEED_TIE)
-        group.append(f)
-    yield from [f[0] for f in sorted(group, key=_tie_key)]
+    return _Ranked(sorted([(e * 8 + (4 if f[2] and f[5] <= odd[e] else 0) + (f[3] if fidelity else 0), -f[5], n, f)
+                           for n, (f, e) in enumerate(zip(known, edges))]))
+
+
+class _Ranked:
+    """``_ranking``'s order, read plan by plan: each group (a group key's plans within SPEED_TIE
+    of its leader, the fastest) is put in preference order (``_tie_key``) when the reader reaches it.
+
+    ``unread()`` hands over the plans not read yet with the groups not reached as they are, by
+    speed: ranked again (``_replayed_plans``), they come out as the whole preference order would.
+    ``_ranking`` reads its input's order only between plans of one group with equal tie keys (the
+    key includes the speed, and equal group keys and speeds are one group), and a group's
+    preference order, a stable sort, keeps such plans in their order by speed. (Materialised in
+    preference order, a ``--gpu any`` comparison put every group of about a thousand plans in
+    order after each replay that dropped a plan: 5% of its samples in py-spy.)"""
+
+    def __init__(self, by_speed: list[tuple]) -> None:
+        self._by_speed = by_speed  # (group key, -tokens/s, input index, facts), sorted
+        self._reached = 0  # by_speed's first plan of a group not reached
+        self._group: list[tuple] = []  # the group being read, in preference order
+        self._read = 0  # of it
+
+    def __iter__(self) -> _Ranked:
+        return self
+
+    def __next__(self) -> tuple:
+        if self._read == len(self._group):
+            by_speed, start = self._by_speed, self._reached
+            if start == len(by_speed):
+                raise StopIteration
+            tier, floor = by_speed[start][0], -by_speed[start][1] / (1 + SPEED_TIE)
+            end = start + 1
+            while end < len(by_speed) and by_speed[end][0] == tier and -by_speed[end][1] >= floor:
+                end += 1
+            self._group = [f[0] for f in sorted([row[3] for row in by_speed[start:end]], key=_tie_key)]
+            self._reached, self._read = end, 0
+        self._read += 1
+        return self._group[self._read - 1]
+
+    def unread(self) -> list[tuple]:
+        return self._group[self._read:] + [row[3][0] for row in self._by_speed[self._reached:]]
 
 
 def _tie_key(facts: tuple) -> tuple:
     """Within a speed tie (a plan's ``_plan_facts``): the more faithful plan, then the usual
     optimizer, fewer moving parts, the preferred precision, then the plan with more room on the device."""
-    (config, throughput, total), tier = facts[0], facts[3]
+    (config, throughput, total, *_), tier = facts[0], facts[3]
     sharding = config.sharding
     return (tier, OPTIMIZER_PREFERENCE[config.optimizer], sharding.moving_parts,
             PRECISION_PREFERENCE[config.precision], sharding.spec.order, total, -throughput.tokens_per_s)
@@ -272,10 +327,11 @@ def _tie_key(facts: tuple) -> tuple:
 
 def _precision_class(config: TrainConfig) -> str:
     """What the precision does to the trained model: fp32, mixed (fp32 weights, 16-bit compute;
-    bf16-mixed and fp16-mixed are one choice) or pure 16-bit weights. DeepSpeed's mixed mode
+    bf16-mixed, fp16-mixed and fp8 are one choice: fp8 is bf16-mixed with float8 GEMMs, shown
+    where it ranks first) or pure 16-bit weights. DeepSpeed's mixed mode
     casts the model to 16 bits and keeps the fp32 copy of what trains only: for LoRA that is
     pure 16-bit LoRA with DeepSpeed added."""
-    if config.precision is Precision.FP32:
+    if config.precision is _FP32:
         return "fp32"
     if config.precision.is_mixed and not (config.sharding.spec.casts_model and config.method.uses_adapters):
         return "mixed"
@@ -321,12 +377,12 @@ def _edge_only(fitting: list[tuple], plans: tuple[Candidate, ...], *, best_tier:
     ``fitting``: the fitting plans' ``_plan_facts``."""
     shown = {family_key(c.config) for c in plans}
     safest: dict[tuple, tuple] = {}
-    for item, _, _, tier, key in fitting:
+    for item, _, _, tier, key, _ in fitting:
         if key not in shown and tier <= best_tier and (key not in safest or item[2] < safest[key][2]):
             safest[key] = item
     bounds: dict = {}
     lines = []
-    for config, _, total in sorted(safest.values(), key=lambda item: (fidelity_tier(item[0]), item[2])):
+    for config, _, total, *_ in sorted(safest.values(), key=lambda item: (fidelity_tier(item[0]), item[2])):
         if total <= _safe_bound(config, gpu, bounds):
             continue  # a safe plan of this family exists: it is left out for speed or variety, not for memory
         risk = oom_probability(total, gpu.memory_bytes, spread(config.method))

@@ -73,6 +73,9 @@ class RequestField:
     """A recipe setting: fixed by the user and given to every candidate of a search."""
     adapters_only: bool = False
     """Only LoRA/QLoRA take it (the search gives full fine-tuning the default)."""
+    full_only: bool = False
+    """Only full fine-tuning takes it: ``TrainConfig`` refuses it with adapters, and a trainer's
+    config for LoRA/QLoRA leaves its key out (``trainer_values``)."""
     estimate: bool = True
     """An option of ``planner estimate``/``measure`` after the model and device options (and a key
     of ``POST /v1/estimate``)."""
@@ -100,6 +103,17 @@ class RequestField:
     """Its key in PEFT's ``LoraConfig`` (adapter_config.json, emit's lora_config.json)."""
     trl: str | None = None
     """Its key in TRL's ``ModelConfig``, which a TRL trainer config takes with the training arguments."""
+    trainers: tuple[tuple[str, str | None], ...] = ()
+    """(trainer, key) for the trainers ``planner check`` reads and ``planner emit --for`` writes
+    (axolotl, llama-factory, torchtune; "hf", the HF Trainer's ``TrainingArguments``, only as None:
+    its keys are ``training_args``): the key of their own config that spells the field (dotted for
+    torchtune's components), or None where that trainer's config has none, so a value other than the
+    default cannot be written there (``unexpressible``)."""
+    evaluation: bool = False
+    """A setting of the evaluation pass: absent (None) where the run does not evaluate, so
+    ``planner emit`` writes its ``training_args`` key only when given (with an ``eval_strategy``
+    that evaluates), and ``planner check`` reads it from a file only where the file's
+    ``eval_strategy`` evaluates (its eval batch size says nothing otherwise)."""
 
     def __post_init__(self) -> None:
         assert set(self.memo) <= _MEMO and self.memo, (self.name, self.memo)
@@ -120,10 +134,15 @@ def _field(name: str, type_: type, default: Any, help: str, *, memo: tuple[str, 
 
 # The order is ``planner estimate``'s (its --help lists them so): the model and device options
 # come first in each command, then these.
+#: the trainers' core configs have no key for a fused cross-entropy, use_cache in training or a
+#: hand-written loop (axolotl's AxolotlInputConfig, LLaMA-Factory's argument dataclasses, torchtune's
+#: single-device recipes: planner/data/trainers/*.json)
+_NO_TRAINER_KEY = (("axolotl", None), ("llama-factory", None), ("torchtune", None))
+
 _FIELDS = (
     _field("method", str, "full", "full|lora|qlora", memo=(STATIC, BATCH), max_length=32,
            terms="what is trained and stored (memory/parameters.py, memory/states.py) and the activations"),
-    _field("precision", str, None, "fp32|fp16-mixed|bf16-mixed|fp16|bf16 (default: bf16-mixed, or fp16-mixed where the "
+    _field("precision", str, None, "fp32|fp16-mixed|bf16-mixed|fp16|bf16|fp8 (default: bf16-mixed, or fp16-mixed where the "
            "GPU has no bf16; lora: bf16, or fp16, a 16-bit frozen base with fp32 adapters).", memo=(DERIVED,),
            max_length=32),
     # the help is the registry's names (planner.optim.names), filled in by the surfaces
@@ -152,20 +171,47 @@ _FIELDS = (
     _field("lora_dropout", float, 0.0, "PEFT's lora_dropout for lora/qlora (recipes use 0.05-0.1; 0: no dropout).",
            memo=(BATCH,), recipe=True, adapters_only=True,
            terms="each adapter's dropout mask and dropped input (memory/activations.py lora/dropout, memory/shapes.py)",
-           peft="lora_dropout", trl="lora_dropout"),
+           peft="lora_dropout", trl="lora_dropout",
+           trainers=(("axolotl", "lora_dropout"), ("llama-factory", "lora_dropout"), ("torchtune", "model.lora_dropout"))),
     _field("loop", str, "trainer", "trainer|manual: the HF Trainer (the logits die at the loss) or a hand-written "
            "loop `outputs = model(**batch); outputs.loss.backward()` (outputs live through backward).",
            memo=(BATCH,), max_length=32, recipe=True,
-           terms="the outputs a hand-written loop keeps (memory/step.py loop/manual_outputs)"),
+           terms="the outputs a hand-written loop keeps (memory/step.py loop/manual_outputs)", trainers=_NO_TRAINER_KEY),
     _field("fused_ce", bool, False, "A fused linear cross-entropy (Liger's): the logits are never materialised.",
            memo=(BATCH,), recipe=True, terms="the logits and the loss (memory/activations.py, memory/timeline.py)",
-           training_args="use_liger_kernel", switch=True, advised=True),
+           training_args="use_liger_kernel", switch=True, advised=True, trainers=_NO_TRAINER_KEY),
     _field("packing", bool, True, "Sequences packed to --seq-len (default), or padded to the longest in the batch.",
            memo=(BATCH,), recipe=True, terms="the attention mask (memory/attention.py)"),
     _field("use_cache", bool, False, "transformers' use_cache in the training forward (a KV cache; the HF Trainer "
            "turns it off, so does --grad-ckpt).", memo=(BATCH,), recipe=True,
            terms="the KV cache (memory/activations.py kv_cache_block_bytes)", training_args="use_cache",
-           model_config=True),
+           model_config=True, trainers=_NO_TRAINER_KEY),
+    # torchtune's recipe settings (its single-device full recipe: recipes/full_finetune_single_device.py);
+    # the HF Trainer (emit's and the worker's "hf", TRL's too), axolotl and LLaMA-Factory have neither
+    _field("optimizer_in_bwd", bool, False, "torchtune's optimizer_in_bwd: the optimizer steps each parameter in "
+           "backward as its gradient is made, which is then freed (only the largest tensor's gradient is alive); "
+           "full fine-tuning on one device without accumulation.", memo=(STATIC,), recipe=True, full_only=True,
+           terms="the gradients alive (memory/parameters.py largest_gradient_elements, memory/states.py)",
+           trainers=(("hf", None), ("axolotl", None), ("llama-factory", None), ("torchtune", "optimizer_in_bwd"))),
+    _field("loss_chunks", int, 1, "Pieces a chunked cross-entropy splits the logits into along the sequence, each "
+           "upcast to fp32 alone (torchtune's CEWithChunkedOutputLoss num_output_chunks, 8 in its configs; 1: the "
+           "whole logits at once).", memo=(BATCH,), recipe=True, upper=1 << 16,
+           terms="the loss' fp32 transients (memory/activations.py loss_chunk_tokens, memory/step.py)",
+           trainers=(("hf", None), ("axolotl", None), ("llama-factory", None), ("torchtune", "loss.num_output_chunks"))),
+    # the evaluation pass during training (planner.memory.evaluation): the HF Trainer's
+    # evaluation_loop after an optimizer step, with generation where asked
+    _field("eval_batch", int, None, "Evaluate during training with this many sequences per eval forward (the HF "
+           "Trainer's per_device_eval_batch_size; default: no evaluation). The plan's peak is the larger of the "
+           "training step and the eval pass.", memo=(BATCH,), recipe=True, upper=1 << 20, evaluation=True,
+           terms="the eval pass (memory/evaluation.py, the eval moments of memory/step.py)",
+           training_args="per_device_eval_batch_size"),
+    _field("eval_seq_len", int, None, "Tokens per eval sequence, the prompt's under --generate-tokens (default: "
+           "--seq-len).", memo=(BATCH,), recipe=True, upper=1 << 24, evaluation=True,
+           terms="the eval pass's logits and KV cache (memory/evaluation.py)"),
+    _field("generate_tokens", int, 0, "Tokens each eval sequence generates with the KV cache on (model.generate("
+           "max_new_tokens=N): predict_with_generate, a generating eval callback); needs --eval-batch.",
+           memo=(BATCH,), recipe=True, upper=1 << 20, evaluation=True,
+           terms="the eval pass's KV cache at prompt + N tokens (memory/evaluation.py)"),
     # TrainConfig's own (its memory terms read it as Sharding.memory_key): named here, or made from
     # --zero and --offload, the older spelling (planner.estimation.build_config refuses both at once)
     _field("sharding", str, None, "none|ddp|zero1|zero2|zero3|fsdp2: the sharding scheme, with --offload its CPU "
@@ -181,7 +227,7 @@ REQUIRED: Any = ...
 SEARCH: Mapping[str, RequestField] = {f.name: f for f in (
     _field("target_batch", int, REQUIRED, "Global batch: micro x accumulation x GPUs.", memo=(OPTION,), short="-b"),
     _field("method", str, "auto", "auto|full|lora|qlora", memo=(OPTION,), max_length=32),
-    _field("precision", str, "auto", "auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16", memo=(OPTION,), max_length=32),
+    _field("precision", str, "auto", "auto|fp32|fp16-mixed|bf16-mixed|fp16|bf16|fp8", memo=(OPTION,), max_length=32),
     _field("top_k", int, 5, "Plans to show (and the pool verification falls back on).", memo=(OPTION,), short="-k"),
     _field("prefer", str, "fidelity", "Ranking policy: fidelity (full > LoRA > QLoRA > pure-16-bit full, then speed) | "
            "speed (fastest first). The other policy's first plan is shown under the table.", memo=(OPTION,),
@@ -205,6 +251,25 @@ CONFIG_OPTIONS: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.build)
 #: The fields the memo keys end with, in this order: the search groups its knobs by the key less
 #: them (``_Knobs.static_prefix``/``batch_prefix``), one group per adapter variant and checkpointing.
 MEMO_TAIL = ("lora_r", "lora_targets", "grad_ckpt")
+
+
+def trainer_keys(trainer: str) -> list[tuple[RequestField, str]]:
+    """The fields ``trainer``'s own config spells, with its key for each (``RequestField.trainers``)."""
+    return [(f, key) for f in _FIELDS for name, key in f.trainers if name == trainer and key is not None]
+
+
+def trainer_values(values: Any, trainer: str, *, adapters: bool) -> dict[str, Any]:
+    """{key: value} of the fields ``trainer``'s config spells, from a config or any object with the
+    fields as attributes (the adapters' fields only where the plan trains adapters, full fine-tuning's
+    only where it does not)."""
+    return {key: getattr(values, f.name) for f, key in trainer_keys(trainer)
+            if not (f.full_only if adapters else f.adapters_only)}
+
+
+def unexpressible(values: Any, trainer: str) -> list[str]:
+    """The fields set away from their default that ``trainer``'s config has no key for."""
+    return [f.name for f in _FIELDS for name, key in f.trainers
+            if name == trainer and key is None and getattr(values, f.name) != f.default]
 
 
 def memo_fields(key: str) -> tuple[str, ...]:
@@ -251,11 +316,29 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
     if values.get("use_cache"):
         parts.append("use_cache" + (" (ignored: an encoder has no KV cache)" if encoder
                                     else " (off under checkpointing)" if values.get("grad_ckpt") else ""))
+    if values.get("optimizer_in_bwd"):
+        parts.append("optimizer stepped in backward")
+    if values.get("loss_chunks", 1) > 1:
+        parts.append(f"loss over {values['loss_chunks']} chunks")
+    if values.get("eval_batch"):
+        tokens = values.get("eval_seq_len") or values.get("seq_len")
+        parts.append(f"eval batch {values['eval_batch']}" + (f" x {tokens} tokens" if tokens else "")
+                     + (f", generating {values['generate_tokens']}" if values.get("generate_tokens") else ""))
     return ", ".join(parts)
 
 
 def recipe_for(values: Mapping[str, Any], *, adapters: bool) -> dict[str, Any]:
-    """``values`` as a candidate takes them: those of LoRA/QLoRA only at their defaults without adapters."""
+    """``values`` as a candidate takes them: those of LoRA/QLoRA only at their defaults without adapters.
+    A setting of full fine-tuning alone is refused: the search (its one reader) gives every method
+    the same recipe and splits the batch with accumulation, which torchtune's ``optimizer_in_bwd``
+    forbids, so it is planned by estimate and check, not searched."""
+    from planner.errors import UnsupportedError
+
+    held = [f.flag.split("/")[0] for name, f in FIELDS.items() if f.full_only and values.get(name, f.default) != f.default]
+    if held:
+        raise UnsupportedError(f"the search does not take {', '.join(held)} (it varies the method and the gradient "
+                               "accumulation, which that setting fixes at full fine-tuning without accumulation): "
+                               "planner estimate --method full --grad-accum 1 and planner check plan it")
     if adapters:
         return dict(values)
     return {name: FIELDS[name].default if FIELDS[name].adapters_only else value for name, value in values.items()}
@@ -274,6 +357,9 @@ def check_for_model(*, model_id: str, is_encoder: bool, values: Mapping[str, Any
     if values.get("fused_ce") and is_encoder:
         raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {model_id} is a masked-LM encoder: "
                                  "drop --fused-ce")
+    if values.get("generate_tokens") and is_encoder:
+        raise InvalidConfigError(f"--generate-tokens generates with a causal LM; {model_id} is a masked-LM encoder: "
+                                 "drop --generate-tokens")
 
 
 def with_recipe_fields(cls: type) -> type:
@@ -287,6 +373,6 @@ def with_recipe_fields(cls: type) -> type:
     return cls
 
 
-__all__ = ["ADAPTER", "ADAPTER_RECIPE", "BATCH", "CONFIG_OPTIONS", "REQUIRED", "SEARCH", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
+__all__ = ["trainer_keys", "trainer_values", "unexpressible", "ADAPTER", "ADAPTER_RECIPE", "BATCH", "CONFIG_OPTIONS", "REQUIRED", "SEARCH", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
            "RequestField", "SPLIT", "STATIC", "TRAINING_ARGS", "changed", "check_for_model", "memo_fields", "recipe_for", "recipe_of", "recipe_words",
            "with_recipe_fields"]

@@ -55,6 +55,9 @@ LORA_RANKS = (8, 16, 32, 64)
 #: assumption, shown with every plan).
 SAFETY_FRACTION = 0.05
 SAFETY_MIN = 512 * MiB
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note), and the search reads it thousands of times a search
+_QLORA = Method.QLORA
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,7 +151,8 @@ def divisors(n: int) -> list[int]:
 
 
 def attention_targets(model: ModelSpec) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(lin.name for lin in model.layer_linears if lin.kind in (LinearKind.ATTN_IN, LinearKind.ATTN_OUT)))
+    return tuple(dict.fromkeys(lin.name for lin in model.layer_linears if lin.kind in (LinearKind.ATTN_IN, LinearKind.ATTN_OUT)
+                               and lin.name not in model.lora_refused))
 
 
 def _precisions(gpu: GPUSpec, space: SearchSpace) -> tuple[Precision, ...]:
@@ -164,8 +168,8 @@ def _precisions(gpu: GPUSpec, space: SearchSpace) -> tuple[Precision, ...]:
         if not runs:
             check_precision(gpu, space.precisions[0])  # raises the line that names the fix
         return runs
-    if gpu.supports(Precision.BF16):
-        return (Precision.FP32, Precision.BF16_MIXED, Precision.BF16)
+    if gpu.supports(Precision.BF16):  # + torchao's float8 linears where the GPU has FP8 (config.Precision.FP8)
+        return (Precision.FP32, Precision.BF16_MIXED, Precision.BF16) + ((Precision.FP8,) if gpu.fp8 else ())
     return (Precision.FP32, Precision.FP16_MIXED, Precision.FP16)
 
 
@@ -219,7 +223,8 @@ def _per_device_splits(target_batch: int, gpus: int) -> list[tuple[int, int]]:
 
 def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
           space: SearchSpace) -> list[_Row]:
-    """The space's valid knobs, a row per method and precision. Each (method, precision,
+    """The space's valid knobs, a row per method and precision (of the device, they read its
+    precisions and whether it is the cpu profile: ``_shared_rows``). Each (method, precision,
     optimizer, sharding) is validated once, with the first adapter variant: the same refusal
     holds for every variant (SearchSpace checked the ranks; the targets are the model's), and the
     others are copies (``with_lora``)."""
@@ -227,7 +232,8 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
     lora_variants: list[tuple[int | None, tuple[str, ...] | None]] = []
     attn = attention_targets(model)
     for r in space.lora_ranks:
-        lora_variants.append((r, (ALL_LINEAR,)))
+        # every linear peft wraps, by name where peft refuses all-linear on the model type (ModelSpec.lora_refused)
+        lora_variants.append((r, model.peft_linear_names if model.lora_refused else (ALL_LINEAR,)))
         if attn:
             lora_variants.append((r, attn))
     # on the cpu profile the host is the device: an offload moves nothing off it, so none is searched
@@ -296,7 +302,7 @@ def _static_key(config: TrainConfig) -> tuple:
     have equal terms; tests/cli/test_request_fields.py that configurations predicted apart have apart keys.)"""
     sharding = config.sharding
     casts = sharding.spec.casts_model
-    return (None if config.method is Method.QLORA else mode_of(config).weight,
+    return (None if config.method is _QLORA else mode_of(config).weight,
             config.precision.is_mixed if casts else None, sharding.memory_key(config.gpus), *_STATIC_FIELDS(config))
 
 
@@ -338,6 +344,12 @@ class _SharedTerms:
     model: ModelSpec
     tables: dict = dataclasses.field(default_factory=dict)
     """Kernel profile -> (trained, device-free static terms, batch lines, values) of MemoryMemo."""
+    speeds: dict = dataclasses.field(default_factory=dict)
+    """id of a GPUSpec -> (the GPUSpec, its ThroughputMemo), for the searches of its other GPU counts."""
+    rows: dict = dataclasses.field(default_factory=dict)
+    """What ``_rows`` reads of a search -> its rows, for the searches of other devices (``_shared_rows``)."""
+    screens: dict = dataclasses.field(default_factory=dict)
+    """The screen's tables (``_screen_tables``), for the searches whose terms and budgets are alike."""
 
 
 _SHARED_TERMS: ContextVar["_SharedTerms | None"] = ContextVar("planner_shared_terms", default=None)
@@ -348,7 +360,8 @@ def shared_terms(model: ModelSpec) -> Iterator[None]:
     """Within this block, every search of ``model`` shares its device-free terms (what each adapter
     set trains, the model states but for the device's fixed overheads, the per-sequence
     activations) with the other searches of devices whose kernels allocate alike: they depend on
-    the model, the configuration and ``GPUSpec.kernels`` only (``static_terms``, ``batch_line``).
+    the model, the configuration and ``GPUSpec.kernels`` only (``static_terms``, ``batch_line``);
+    and each device's throughput memo with its searches at other GPU counts (``_throughput_memo``).
     ``planner.rent`` plans one request on every GPU type this way: measured on Llama-3.1-8B at
     target batch 32 over 22 GPU types x 4 counts, the static terms were 23% and the batch lines
     10% of the CPU time when each search computed its own. Leaving the block drops the tables, so
@@ -381,6 +394,8 @@ class MemoryMemo:
         # (``_Static.screens_as``, ``batch_line``): the screen keys its results by their identity
         self._values: dict[tuple, tuple] = tables[3]
         self._static: dict[tuple, _Static] = {}
+        #: (paged bytes, GPU count) -> ``peak_independent``: what it reads besides the model and device
+        self._fixed: dict[tuple[int, int], int] = {}
 
     def _adapters(self, config: TrainConfig) -> tuple[Trained, tuple[int, int]]:
         """What ``config`` trains and its first block's trainable elements (``first_block_params``):
@@ -401,7 +416,7 @@ class MemoryMemo:
         key = _static_key(config)
         found = self._static.get(key)
         if found is None:
-            found = self._static[key] = self._static_terms(config)
+            found = self._static[key] = self._static_terms(config, key)
         return found
 
     def _device_free(self, config: TrainConfig, key: tuple) -> tuple[StaticTerms, tuple, int]:
@@ -419,9 +434,13 @@ class MemoryMemo:
             found = self._free[key] = (static, parts, resident)
         return found
 
-    def _static_terms(self, config: TrainConfig) -> _Static:
-        static, parts, resident = self._device_free(config, _static_key(config))
-        fixed = peak_independent(self.model, self.gpu, paged=static.paged, gpus=config.gpus)
+    def _static_terms(self, config: TrainConfig, key: tuple) -> _Static:
+        """``config``'s static terms on this device (``key``: its ``_static_key``)."""
+        static, parts, resident = self._device_free(config, key)
+        fixed = self._fixed.get((static.paged, config.gpus))
+        if fixed is None:
+            fixed = self._fixed[static.paged, config.gpus] = peak_independent(
+                self.model, self.gpu, paged=static.paged, gpus=config.gpus)
         value = (parts, resident, fixed, static.host)
         return _Static(static, parts, resident, fixed, {}, self._values.setdefault(value, value))
 
@@ -511,8 +530,8 @@ def check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: in
 
 
 def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo,
-            usable: int, space: SearchSpace):
-    """(fitting [(config, speed, total)], each family's closest miss {family: (total, config)},
+            usable: int, space: SearchSpace, speeds: ThroughputMemo | None = None):
+    """(fitting [(config, speed, total, static terms)], each family's closest miss {family: (total, config)},
     candidates searched) of every combination of ``_combinations``, in its order, with the fast
     path's totals: each combination's largest fitting split, then, in the same order, the largest
     split that is not near the edge (``safe_bound``) of each fit that is, where one exists
@@ -522,15 +541,13 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
     terms are equal (a bf16 plan and its fp16 twin, one dtype mode; a ZeRO stage that changes
     nothing on one GPU) share one screening: the memo hands out one object per value
     (``_Static.screens_as``, ``batch_line``)."""
-    largest_fit: list[tuple[TrainConfig, int]] = []
-    safe_splits: list[tuple[TrainConfig, int]] = []  # (config, total) of a near-the-edge fit's safe split
+    largest_fit: list[tuple[TrainConfig, int, _Static]] = []
+    safe_splits: list[tuple[TrainConfig, int, _Static]] = []  # (config, total, static) of a near-the-edge fit's safe split
     closest: dict[tuple, tuple] = {}  # family -> (total, knobs, adapter variant, its index, split index, ckpt)
-    screened: dict[tuple[int, int], tuple] = {}
-    safer: dict[tuple[int, int, int], tuple[int, int] | None] = {}
     bounds = {method: safe_bound(method, gpu) for method in Method}
-    statics: dict[tuple, list] = {}  # static prefix -> per adapter variant
-    lines: dict[tuple, list] = {}  # batch prefix -> per adapter variant: (without, with checkpointing)
     searched, cpu_mem, caching, per_device = 0, space.cpu_mem_bytes, memo.caching, splits[-1][0]
+    statics, lines, peaks, screened, safer = _screen_tables(rows, memo, usable, cpu_mem)
+    made = _made_configs(rows)
     for row in rows:
         n = len(row.variants)
         slots = [(knobs, statics.setdefault(knobs.static_prefix, [None] * n),
@@ -547,66 +564,172 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                 if pair is None:
                     base = base or knobs.variant(lora, v == 0)
                     ckpt = base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True)
-                    pair = line_slot[v] = tuple((line, _line_at(line, splits))
+                    pair = line_slot[v] = tuple((line, _line_at(line, splits), id(line))
                                                 for line in (memo.batch_line(base), memo.batch_line(ckpt)))
-                for ckpt, (line, at) in enumerate(pair):
-                    found = screened.get((id(static.screens_as), id(line)))
+                static_id = id(static.screens_as)
+                for ckpt, (line, at, line_id) in enumerate(pair):
+                    found = screened.get((static_id, line_id))
                     if found is None:
-                        found = screened[id(static.screens_as), id(line)] = _fit_and_miss(
-                            static, at, usable, cpu_mem, caching)
+                        found = screened[static_id, line_id] = _fit_and_miss(
+                            static, at, usable, cpu_mem, caching, _peaks(peaks, static, at))
                     fit, miss = found
-                    if miss is not None and (knobs.family not in closest or miss[0] < closest[knobs.family][0]):
-                        closest[knobs.family] = (miss[0], knobs, lora, v, miss[1], ckpt)  # made at the end
+                    if miss is not None:
+                        closer = closest.get(knobs.family)
+                        if closer is None or miss[0] < closer[0]:
+                            # (made at the end)
+                            closest[knobs.family] = (miss[0], knobs, lora, v, miss[1], ckpt)
                     if fit is not None:
-                        base = base or knobs.variant(lora, v == 0)
-                        micro, accum = splits[fit[1]]
-                        config = base.with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1)
-                        largest_fit.append((config, fit[0]))
+                        config = made.get((id(knobs), v, fit[1], ckpt)) if made is not None else None
+                        if config is None:
+                            base = base or knobs.variant(lora, v == 0)
+                            micro, accum = splits[fit[1]]
+                            config = base.with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1)
+                            if made is not None:
+                                made[id(knobs), v, fit[1], ckpt] = config
+                        largest_fit.append((config, fit[0], static))
                         bound = bounds[config.method]
                         if fit[0] > bound and fit[1]:  # near the edge, with a smaller micro-batch to try
-                            key = (id(static.screens_as), id(line), bound)
+                            key = (static_id, line_id, bound)
                             safe = safer.get(key, ())
                             if safe == ():
-                                safe = safer[key] = _largest_under(static, at, fit[1], bound, caching)
+                                safe = safer[key] = _largest_under(static, at, fit[1], bound, caching,
+                                                                   _peaks(peaks, static, at))
                             if safe is not None:
-                                micro, accum = splits[safe[1]]
-                                safe_splits.append((config.with_split(micro_batch=micro, grad_accum=accum), safe[0]))
+                                smaller = made.get((id(knobs), v, safe[1], ckpt)) if made is not None else None
+                                if smaller is None:
+                                    micro, accum = splits[safe[1]]
+                                    smaller = config.with_split(micro_batch=micro, grad_accum=accum)
+                                    if made is not None:
+                                        made[id(knobs), v, safe[1], ckpt] = smaller
+                                safe_splits.append((smaller, safe[0], static))
     misses = {}
     for total, knobs, lora, v, split, ckpt in closest.values():
         micro, accum = splits[split]
         config = knobs.variant(lora, v == 0).with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1)
         misses[family_label(config)] = (total, config)
-    return _with_speeds(largest_fit + safe_splits, model, gpu), misses, searched
+    return _with_speeds(largest_fit + safe_splits, speeds or _throughput_memo(model, gpu)), misses, searched
 
 
-def _with_speeds(largest_fit: list[tuple[TrainConfig, int]], model: ModelSpec, gpu: GPUSpec) -> list[tuple]:
-    """(config, speed, total) of each fitting plan: ranking needs the speed only; the full
+def _screen_tables(rows: list[_Row], memo: MemoryMemo, usable: int,
+                   cpu_mem: int) -> tuple[dict, dict, dict, dict, dict]:
+    """The screen's tables: per static prefix, each adapter variant's static terms; per batch
+    prefix, each variant's batch lines (without, with checkpointing), each with its value at every
+    split and its id; the peaks of a pair of static parts and batch line at each split (``_peaks``);
+    the screenings of a pair of
+    terms by their identities (``_fit_and_miss``), and of a near-the-edge fit's safe split
+    (``_largest_under``, by bound too). Fresh for one search. Inside ``shared_terms``, a search of
+    the same rows (``_shared_rows``: the same space, batch, sequence length and GPU count) on a
+    device whose kernels allocate alike takes the batch lines and the peaks, and where the device
+    adds the same fixed bytes the static terms (``reserve.peak_independent`` is the device's part
+    plus the paged states: equal without paged states is equal with any), and where the budgets
+    (usable bytes, host RAM per rank) are equal too the screenings: the rest of what it screens
+    was decided by the same numbers. ``--gpu any`` on Llama-3.1-8B at target batch 32 plans 96
+    searches on 23 GPU types and four GPU counts, whose devices add one of three fixed parts at one GPU."""
+    shared = _SHARED_TERMS.get()
+    gpus = next((knobs.config.gpus for row in rows for knobs in row.knobs), None)
+    if shared is None or shared.model is not memo.model or gpus is None:
+        return {}, {}, {}, {}, {}
+    fixed = peak_independent(memo.model, memo.gpu, paged=0, gpus=gpus)
+    keys = (("static", id(rows), memo.kernels, fixed), ("lines", id(rows), memo.kernels),
+            ("screened", id(rows), memo.kernels, fixed, usable, cpu_mem))
+    tables = []
+    for key in keys:
+        found = shared.screens.get(key)
+        if found is None or found[0] is not rows:  # (the rows are kept, so their id is not reused)
+            found = shared.screens[key] = (rows, {}, {})
+        tables.append(found)
+    return tables[0][1], tables[1][1], tables[1][2], tables[2][1], tables[2][2]
+
+
+def _made_configs(rows: list[_Row]) -> dict | None:
+    """Inside ``shared_terms``, the configurations the searches of ``rows`` (``_shared_rows``) have
+    made of a combination at a split, by (id of its ``_Knobs``, adapter variant, split index,
+    checkpointing), for the searches of other devices: the same plan needs no copy (a ``--gpu any``
+    comparison of Llama-3.1-8B on 8 GPU types ran 1.2% fewer instructions, valgrind). A search makes each key once,
+    so its plans are still distinct objects (the ranking tells them by identity). None outside."""
+    shared = _SHARED_TERMS.get()
+    if shared is None:
+        return None
+    found = shared.screens.get(("configs", id(rows)))
+    if found is None or found[0] is not rows:  # (the rows are kept, so their id is not reused)
+        found = shared.screens["configs", id(rows)] = (rows, {})
+    return found[1]
+
+
+def _peaks(table: dict, static: _Static, at: list[tuple[int, ...]]) -> list[int | None]:
+    """The allocated peak at each split of ``static``'s parts with the batch line at ``at``
+    (``_line_at``; the last split's without accumulation), filled in as the screen evaluates them
+    (None: not yet), from ``table`` (``_screen_tables``): the parts and the line do not depend on the
+    device, only which peak fits does, so a ``--gpu any`` comparison's devices bisect on peaks the
+    first evaluated."""
+    key = (id(static.parts), id(at))
+    found = table.get(key)
+    if found is None:
+        found = table[key] = [None] * len(at)
+    return found
+
+
+def _shared_rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
+                 space: SearchSpace) -> list[_Row]:
+    """``_rows``; inside ``shared_terms``, those of an earlier search that read the same: of the
+    device, its precisions and whether it is the cpu profile; of the space, all but the node's
+    RAM (each device's node has its own)."""
+    shared = _SHARED_TERMS.get()
+    if shared is None or shared.model is not model:
+        return _rows(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
+    key = (_precisions(gpu, space), gpu.is_cpu, target_batch, seq_len, gpus,
+           dataclasses.replace(space, cpu_mem_bytes=0, host_ram_source=""))
+    found = shared.rows.get(key)
+    if found is None:
+        found = shared.rows[key] = _rows(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus,
+                                         space=space)
+    return found
+
+
+def _with_speeds(largest_fit: list[tuple[TrainConfig, int, _Static]], speeds: ThroughputMemo) -> list[tuple]:
+    """(config, speed, total, static terms) of each fitting plan: ranking needs the speed only; the full
     estimate (with its assumptions) is made for the plans shown."""
-    speeds = ThroughputMemo(model, gpu)  # the throughput model's shared terms, for this search
-    return [(config, Speed(tokens_per_second(config, speeds.step_seconds(config))), total)
-            for config, total in largest_fit]
+    return [(config, Speed(tokens_per_second(config, speeds.step_seconds(config))), total, static)
+            for config, total, static in largest_fit]
+
+
+def _throughput_memo(model: ModelSpec, gpu: GPUSpec) -> ThroughputMemo:
+    """The throughput model's memo for this search; inside ``shared_terms``, one per device, which
+    the searches of its other GPU counts share: a ``ThroughputMemo`` is for one model on one device,
+    keyed on every field of the configuration it reads (its micro-step's work, at any micro-batch,
+    was 4% of a ``--gpu any`` comparison, computed four times a device)."""
+    shared = _SHARED_TERMS.get()
+    if shared is None or shared.model is not model:
+        return ThroughputMemo(model, gpu)
+    found = shared.speeds.get(id(gpu))
+    if found is None or found[0] is not gpu:  # (the GPUSpec is kept, so its id is not reused)
+        found = shared.speeds[id(gpu)] = (gpu, ThroughputMemo(model, gpu))
+    return found[1]
 
 
 def _largest_under(static: _Static, at: list[tuple[int, ...]], below: int, bound: int,
-                   caching: bool) -> tuple[int, int] | None:
+                   caching: bool, peaks: list[int | None]) -> tuple[int, int] | None:
     """(total, index) of the largest split before ``below`` whose process total is at most
     ``bound``, or None: what scanning the splits from ``below`` - 1 down finds, by bisection, as
     ``_fit_and_miss`` finds the largest fit (the splits before a fit's all accumulate, and along
     them the peak never falls)."""
     accumulating = static.parts[1]
     ceiling = _ceiling(static, bound, caching)
-    lo, _, lo_peak, _ = _boundary(accumulating, at, ceiling, -1, 0, below, 0)
+    lo, _, lo_peak, _ = _boundary(accumulating, at, peaks, ceiling, -1, 0, below, 0)
     return (static.total(lo_peak, caching), lo) if lo >= 0 else None
 
 
-def _boundary(accumulating: tuple[int, ...], at: list[tuple[int, ...]], ceiling: int, lo: int, lo_peak: int,
-              hi: int, hi_peak: int) -> tuple[int, int, int, int]:
+def _boundary(accumulating: tuple[int, ...], at: list[tuple[int, ...]], peaks: list[int | None], ceiling: int,
+              lo: int, lo_peak: int, hi: int, hi_peak: int) -> tuple[int, int, int, int]:
     """Bisection between split ``lo`` (fits, or -1) and split ``hi`` (misses), every split between
     them accumulating, along which the peak never falls: (lo, hi, lo_peak, hi_peak) with ``hi =
-    lo + 1``, the last split whose peak is within ``ceiling`` and the first past it."""
+    lo + 1``, the last split whose peak is within ``ceiling`` and the first past it (``peaks``:
+    ``_peaks``)."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        peak = max(map(add, accumulating, at[mid]))
+        peak = peaks[mid]
+        if peak is None:
+            peak = peaks[mid] = max(map(add, accumulating, at[mid]))
         if peak <= ceiling:
             lo, lo_peak = mid, peak
         else:
@@ -624,8 +747,8 @@ def _ceiling(static: _Static, bound: int, caching: bool) -> int:
     return ceiling
 
 
-def _fit_and_miss(static: _Static, at: list[tuple[int, ...]], usable: int, cpu_mem: int,
-                  caching: bool) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+def _fit_and_miss(static: _Static, at: list[tuple[int, ...]], usable: int, cpu_mem: int, caching: bool,
+                  peaks: list[int | None] | None = None) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
     """((total, index) of the largest fitting split, (total, index) of the smallest miss) of one
     combination (its static terms, and its batch line at each split: ``_line_at``), None where
     there is none; ties go to the first split, as a scan in order finds.
@@ -636,22 +759,28 @@ def _fit_and_miss(static: _Static, at: list[tuple[int, ...]], usable: int, cpu_m
     (micro < per-device batch), and along those the peak never falls as the micro-batch grows
     (each moment is affine in it with a slope >= 0), so the boundary between fitting and missing
     is found by bisection; the last split, without accumulation, is evaluated on its own. Host RAM
-    does not depend on the split: over --cpu-mem, every split misses."""
+    does not depend on the split: over --cpu-mem, every split misses. ``peaks``: ``_peaks``, else
+    none evaluated yet."""
     single, accumulating = static.parts
     ceiling = _ceiling(static, usable, caching)
     last = len(at) - 1
-    last_peak = max(map(add, single, at[last]))
+    peaks = [None] * len(at) if peaks is None else peaks
+    last_peak = peaks[last]
+    if last_peak is None:
+        last_peak = peaks[last] = max(map(add, single, at[last]))
     host_fits = static.terms.host <= cpu_mem
     # the accumulating splits 0..last-1: lo fits (or -1), hi misses (or last); the first is tried
     # first, as most combinations miss at every split (62% for the bench request)
     lo, hi, lo_peak, hi_peak = -1, last, 0, 0
     if last:
-        peak = max(map(add, accumulating, at[0]))
+        peak = peaks[0]
+        if peak is None:
+            peak = peaks[0] = max(map(add, accumulating, at[0]))
         if peak > ceiling or not host_fits:
             hi, hi_peak = 0, peak
         else:
             lo, lo_peak = 0, peak
-    lo, hi, lo_peak, hi_peak = _boundary(accumulating, at, ceiling, lo, lo_peak, hi, hi_peak)
+    lo, hi, lo_peak, hi_peak = _boundary(accumulating, at, peaks, ceiling, lo, lo_peak, hi, hi_peak)
     miss = (static.total(hi_peak, caching), hi) if hi < last else None
     if last_peak > ceiling or not host_fits:
         last_total = static.total(last_peak, caching)
@@ -667,8 +796,10 @@ class Screened(NamedTuple):
     """What ``screen`` found: the fitting plans and each family's closest miss, for the ranking."""
 
     fitting: list[tuple]
-    """(config, speed, screened process total) of each combination's largest fitting split, then
-    of each near-the-edge one's largest safe split (``_screen``)."""
+    """(config, speed, screened process total, its static terms) of each combination's largest
+    fitting split, then of each near-the-edge one's largest safe split (``_screen``): the ranking
+    reads the host bytes of the static terms (``planner.ranking._exotic``) without working out
+    their key again."""
     closest: dict[str, tuple[int, TrainConfig]]
     """Each family's closest miss (``family_label``): (screened process total, config)."""
     searched: int
@@ -679,13 +810,16 @@ class Screened(NamedTuple):
     """Device memory less the safety margin: what a plan's process total must stay under."""
     margin: int
     """The safety margin (``safety_margin``)."""
+    speeds: ThroughputMemo
+    """The throughput model's memo the screen timed the plans with, for the plans the ranking adds."""
 
 
 def screen(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
            space: SearchSpace) -> Screened:
     """Screen every combination of the space with the fast path (``_screen``), warning of the
     space's precisions the GPU cannot run."""
-    skipped = [str(p) for p in space.precisions or () if p not in _precisions(gpu, space)]
+    # fp8 is skipped without a word where the GPU has no FP8 (an accelerator asked alone is refused: _precisions)
+    skipped = [str(p) for p in space.precisions or () if p not in _precisions(gpu, space) and p is not Precision.FP8]
     if skipped:
         warnings.warn(f"{gpu.display_name} cannot run {', '.join(skipped)} (bf16 needs compute capability 8.0): "
                       "searching the space's other precisions", stacklevel=3)
@@ -693,12 +827,14 @@ def screen(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, g
     usable = gpu.memory_bytes - margin
     memo = MemoryMemo(model, gpu)
     splits = _per_device_splits(target_batch, gpus)
-    rows = _rows(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
+    rows = _shared_rows(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
     # the screen compares each candidate's host bytes, one rank's, with space.cpu_mem_bytes: it
     # is handed one rank's share of the node's RAM (SearchSpace.offload_budget)
     per_rank = dataclasses.replace(space, cpu_mem_bytes=space.offload_budget(gpus))
-    fitting, closest, searched = _screen(rows, splits, model=model, gpu=gpu, memo=memo, usable=usable, space=per_rank)
-    return Screened(fitting, closest, searched, memo, usable, margin)
+    speeds = _throughput_memo(model, gpu)
+    fitting, closest, searched = _screen(rows, splits, model=model, gpu=gpu, memo=memo, usable=usable, space=per_rank,
+                                         speeds=speeds)
+    return Screened(fitting, closest, searched, memo, usable, margin, speeds)
 
 
 def plan_request(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int, space: SearchSpace,
@@ -731,7 +867,8 @@ def _recipe_constraints(space: SearchSpace) -> dict:
     """The space's recipe settings that differ from TrainConfig's defaults, JSON-able."""
     given = TrainConfig(method=Method.LORA, **space.recipe(Method.LORA)).to_dict()
     default = TrainConfig(method=Method.LORA).to_dict()
-    return {f.name: given[f.name] for f in request.RECIPE if given[f.name] != default[f.name]}
+    # (a payload holds the eval settings only where the run evaluates: TrainConfig.to_dict)
+    return {f.name: given[f.name] for f in request.RECIPE if given.get(f.name) != default.get(f.name)}
 
 
 

@@ -11,10 +11,18 @@ overlap assumed; conservative, and each part can be calibrated on its own):
 * ``elementwise`` norms, activations, rotary, residuals, dropout, casts, the loss and eager
                   attention's scores, at achieved memory bandwidth
 * ``dequant``     QLoRA's 4-bit -> 16-bit weight dequantisation (memory bound)
-* ``optimizer``   the optimizer update (memory bound on the device, or DeepSpeed's CPU Adam)
+* ``optimizer``   the optimizer update (memory bound on the device, or DeepSpeed's CPU Adam; on the CPU
+                  torch.optim.AdamW's single-tensor path, its host time per tensor and the page faults
+                  of its temporaries)
 * ``overhead``    host time per eager op the device waits for (small models, the CPU)
 * ``comm``        gradient reduction and ZeRO parameter gathers between devices
 * ``offload``     host<->device copies of ZeRO-Offload
+
+On the CPU profile the ``elementwise`` part also holds the page faults of the tensors past glibc's
+mmap threshold (``planner.kernels.MMAP_THRESHOLD_BYTES``) that c10's CPU allocator maps afresh
+each micro-step (``fresh_bytes``: the logits', and under full fine-tuning the weight gradients and
+AMP's weight copies): with the single-tensor AdamW they are what makes a small model with a large
+vocabulary slow there.
 
 FLOP counts follow Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", sec. 2.1:
 2N forward, 4N backward per token) and the attention term of Chowdhery et al. 2022 (PaLM,
@@ -34,19 +42,33 @@ from planner.config import Attention, Method, Precision, TrainConfig
 from planner.errors import InvalidConfigError
 from planner.gpus import GPUSpec, check_precision, matmul_dtype
 from planner.kernels import (
+    ADAMW_SINGLE_TENSOR_PASSES,
+    CPU_ADAMW_TENSOR_SECONDS,
+    CPU_AUTOCAST_OP_SECONDS,
+    CPU_BANDWIDTH_FRACTION,
+    CPU_FIRST_TOUCH_SECONDS_PER_BYTE,
+    CPU_FLASH_FRACTION_OF_GEMM,
+    CPU_MATH_FRACTION_OF_GEMM,
+    CPU_OP_SECONDS,
     GPU_OP_SECONDS,
+    MMAP_THRESHOLD_BYTES,
     DeviceRates,
     MicroTerms,
     PricedTerms,
     block_weights,
     casts_weights,
+    cpu_sdpa_math,
+    fp8_seconds,
+    fp8_work,
+    fp32_adapters,
     matmul_fraction,
     micro_terms,
     price,
+    rows_per_token,
     weight_cast_bytes,
 )
 from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES
-from planner.memory.parameters import stack_targets, trainable_params
+from planner.memory.parameters import param_tensor_sizes, stack_targets, trainable_params
 from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
@@ -54,10 +76,6 @@ from planner.results import ThroughputEstimate
 
 # ---- stated assumptions (calibrate with measurements) ----------------------------------------
 
-#: Seconds per eager op on the CPU profile, where the host runs the kernels itself (nothing to
-#: hide the dispatch behind): PyTorch's per-op dispatch and autograd bookkeeping, ~10 us (Horace
-#: He, "Making Deep Learning Go Brrrr", overhead).
-CPU_OP_SECONDS = 10e-6
 #: Fraction of the datasheet memory bandwidth an elementwise kernel reaches (STREAM-like kernels
 #: reach 80-90% of HBM/GDDR peak).
 MEMORY_BANDWIDTH_EFFICIENCY = 0.80
@@ -98,11 +116,13 @@ class FlopsPerToken:
 
 
 def _layer_matmul_weights(model: ModelSpec) -> int:
-    """Weights every token multiplies in the blocks (active experts only, no biases). An
-    encoder-decoder's target is as long as its source (``planner.memory.encdec``), so per source
+    """Weights every token multiplies in the blocks (no biases): the active experts, or every
+    expert where the stack runs over every token (Llama 4: ``planner.kernels.rows_per_token``,
+    its expert GEMM FLOPs scale with the experts). An encoder-decoder's target is as long as its source (``planner.memory.encdec``), so per source
     token both stacks count: the encoder's blocks for the source token, the decoder's (self- and
     cross-attention projections and MLP) for the target token."""
-    return sum(n * sum(lin.active * lin.in_features * lin.out_features for lin in linears) for n, linears in model.all_blocks)
+    return sum(n * sum(rows_per_token(model, lin) * lin.in_features * lin.out_features for lin in linears)
+               for n, linears in model.all_blocks)
 
 
 def _attention_layers(model: ModelSpec) -> int:
@@ -207,7 +227,7 @@ def _quantized_weights(model: ModelSpec) -> int:
 
 
 def _dequant_bytes(config: TrainConfig, quantized: int) -> float:
-    if config.method is not Method.QLORA:
+    if config.method is not _QLORA:
         return 0.0
     # Every stored 4-bit weight is dequantised per call: forward, backward and the checkpoint
     # recompute.
@@ -231,8 +251,9 @@ def default_utilization(*, gpu: GPUSpec, precision: Precision | str) -> float:
 
 def bandwidth_efficiency(gpu: GPUSpec) -> float:
     """Fraction of the datasheet bandwidth memory-bound kernels reach: the device's calibrated
-    one where it has one, else ``MEMORY_BANDWIDTH_EFFICIENCY``."""
-    return MEMORY_BANDWIDTH_EFFICIENCY if gpu.bandwidth_efficiency is None else gpu.bandwidth_efficiency
+    one where it has one, else ``MEMORY_BANDWIDTH_EFFICIENCY`` (the CPU's measured rate: ``CPU_BANDWIDTH_FRACTION``)."""
+    default = CPU_BANDWIDTH_FRACTION if gpu.is_cpu else MEMORY_BANDWIDTH_EFFICIENCY
+    return default if gpu.bandwidth_efficiency is None else gpu.bandwidth_efficiency
 
 
 def _utilization(gpu: GPUSpec, precision: Precision, utilization: float | None) -> float:
@@ -245,6 +266,10 @@ def _utilization(gpu: GPUSpec, precision: Precision, utilization: float | None) 
 
 #: The parts of a step, in the order ``step_breakdown`` lists them (and the search sums them).
 PARTS = ("compute", "attention", "recompute", "elementwise", "dequant", "optimizer", "overhead", "comm", "offload")
+
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note), and the search reads these thousands of times a search
+_QLORA, _FP8 = Method.QLORA, Precision.FP8
 
 
 class _Rates(NamedTuple):
@@ -259,10 +284,22 @@ class _Rates(NamedTuple):
     """Bytes/s each device sends over the interconnect."""
     host_link_bw: float
     """Bytes/s between host and device."""
+    first_touch: float = 0.0
+    """Seconds per byte of a fresh tensor the allocator maps in again each step (the CPU profile's, for
+    tensors of at least ``MMAP_THRESHOLD_BYTES``; 0 on the GPUs, whose caching allocator keeps its blocks)."""
 
     @property
     def device_bw(self) -> float:
         return self.kernels.bandwidth
+
+
+def _op_seconds(gpu: GPUSpec, precision: Precision) -> float:
+    """Host seconds per eager op the device waits for: on the CPU the host runs the kernels itself, so every
+    op's dispatch, module and autograd bookkeeping adds (more ops under autocast: its casts); on a GPU the
+    launch-to-launch gap (``planner.kernels``)."""
+    if not gpu.is_cpu:
+        return GPU_OP_SECONDS
+    return CPU_AUTOCAST_OP_SECONDS if precision.is_mixed else CPU_OP_SECONDS
 
 
 def _rates(gpu: GPUSpec, precision: Precision, utilization: float | None) -> _Rates:
@@ -270,29 +307,109 @@ def _rates(gpu: GPUSpec, precision: Precision, utilization: float | None) -> _Ra
         kernels=DeviceRates(
             gemm=gpu.peak_tflops(precision) * 1e12 * _utilization(gpu, precision, utilization),
             bandwidth=gpu.mem_bandwidth_gbs * 1e9 * bandwidth_efficiency(gpu),
-            op_seconds=CPU_OP_SECONDS if gpu.is_cpu else GPU_OP_SECONDS,
+            op_seconds=_op_seconds(gpu, precision),
         ),
         # DeepSpeed CPU Adam at host DRAM speed (on the CPU profile the host is the device itself)
         host_bw=(gpu.mem_bandwidth_gbs if gpu.is_cpu else HOST_DRAM_GBS_PER_RANK) * 1e9,
         link_bw=gpu.interconnect_gbs * 1e9,
         host_link_bw=gpu.host_link_gbs * 1e9,
+        first_touch=CPU_FIRST_TOUCH_SECONDS_PER_BYTE if gpu.is_cpu else 0.0,
     )
 
 
-def _update_bytes_per_param(config: TrainConfig) -> float:
+def _cpu_adamw(gpu: GPUSpec, config: TrainConfig) -> str | None:
+    """The torch.optim.AdamW path a CPU run steps with (``KernelProfile.adamw``: torch's default there is the
+    single-tensor loop; ``planner measure``'s worker and HF's ``adamw_torch`` build torch.optim.AdamW), or None
+    where the update is priced as a fused kernel (the GPUs: HF's default ``adamw_torch_fused``) or is not AdamW."""
+    if not gpu.is_cpu or config.sharding.offloaded or OPTIMIZERS[config.optimizer].name != "adamw":
+        return None
+    return str(gpu.kernels.adamw)
+
+
+def _update_bytes_per_param(config: TrainConfig, gpu: GPUSpec) -> float:
     """Bytes the optimizer update moves per trainable parameter: DeepSpeed's CPU Adam on the host
-    under offload, else ``optimizer_bytes_per_param`` on the device."""
+    under offload, else ``optimizer_bytes_per_param`` on the device; the CPU's unfused AdamW
+    makes 20 element passes, not 7 (``planner.kernels.ADAMW_SINGLE_TENSOR_PASSES``)."""
     if config.sharding.offloaded:
         return CPU_ADAM_BYTES_PER_PARAM + (CPU_ADAM_HALF_COPY_BYTES if config.precision.is_mixed else 0)
-    return optimizer_bytes_per_param(config=config)
+    per_param = optimizer_bytes_per_param(config=config)
+    if _cpu_adamw(gpu, config) in ("single_tensor", "foreach"):  # the foreach path runs the same passes
+        # in place of the fused kernel's passes, which AdamW's descriptor prices (planner.optim.adamw)
+        w = _trainable_bytes(config)
+        per_param += ADAMW_SINGLE_TENSOR_PASSES * w - OPTIMIZERS[config.optimizer].memory.update_bytes_per_param(w)
+    return per_param
+
+
+def _big(nbytes: float) -> float:
+    return nbytes if nbytes >= MMAP_THRESHOLD_BYTES else 0.0
+
+
+def _weight_tensors(model: ModelSpec) -> list[int]:
+    """Elements of each weight matrix a forward multiplies by: the blocks' linears as stored (an expert
+    stack one tensor) and the output head (the embedding itself when tied)."""
+    sizes = []
+    for n, linears in model.all_blocks:
+        for lin in linears:
+            one = [lin.in_features * lin.out_features] * lin.count if lin.module else [lin.count * lin.in_features * lin.out_features]
+            sizes += one * n
+    if model.lm_head_params:
+        sizes.append(model.lm_head_params)
+    return sizes
+
+
+def fresh_bytes(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> tuple[float, float]:
+    """(per micro-step, per optimizer step) bytes of tensors of at least ``MMAP_THRESHOLD_BYTES`` made afresh
+    on a device whose allocator hands them back (the CPU profile; 0 on the GPUs), each page-faulted in at first
+    touch. Per micro-step: the logits' tensors (the head's output, transformers' ``logits.float()``, the loss's
+    log-softmax; backward the nll and log-softmax gradients and the cast back), and under full fine-tuning each
+    weight's new gradient (autograd makes one per backward; under torch AMP the 16-bit copy autocast makes, its
+    16-bit gradient and the fp32 cast of it); a 16-bit matmul's fp32 output buffer beside the logits and each
+    weight gradient (``KernelProfile.mm_fp32_buffer``) and the embedding's dense gradient (plus the sum of the two
+    partials when the head is tied to it). Per step: the single-tensor AdamW's two temporaries (``sqrt``,
+    ``/``) per parameter, one on the foreach path."""
+    if not gpu.is_cpu:
+        return 0.0, 0.0
+    elem = config.precision.compute_bytes
+    # where the CPU's bf16 matmul computes into an fp32 buffer of its output's size (KernelProfile.mm_fp32_buffer:
+    # AMX CPUs, planner.gpus.bf16_matmul_fp32_buffer): the head's logits forward and, trained, each weight gradient
+    buffer = elem < 4 and gpu.kernels.mm_fp32_buffer
+    micro = 0.0
+    if model.lm_head_params and config.full_logits:
+        logit_bytes = [elem, 4, 4, 4] if elem == 4 else [elem, 4, 4, 4, 4, elem] + ([4] if buffer else [])
+        logits = config.micro_batch * config.seq_len * model.vocab_size
+        micro += sum(_big(logits * b) for b in logit_bytes)
+    if config.method is Method.FULL:
+        w = config.precision.weight_bytes
+        grad = [2, 2, 4] if casts_weights(config) else [w]
+        if buffer:
+            grad.append(4)
+        micro += sum(_big(size * b) for size in _weight_tensors(model) for b in grad)
+        table = model.vocab_size * model.hidden_size
+        micro += _big(table * w) * (2 if model.tied_embeddings else 1)
+    step = 0.0
+    path = _cpu_adamw(gpu, config)
+    if path in ("single_tensor", "foreach"):
+        copies = 2 if path == "single_tensor" else 1
+        step = copies * sum(_big(size * _trainable_bytes(config)) for size in param_tensor_sizes(model, config))
+    return micro, step
+
+
+def _optimizer_host_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
+    """Host seconds of the CPU's AdamW per parameter tensor (``planner.kernels.CPU_ADAMW_TENSOR_SECONDS``)."""
+    path = _cpu_adamw(gpu, config)
+    if path is None:
+        return 0.0
+    return CPU_ADAMW_TENSOR_SECONDS[path] * len(param_tensor_sizes(model, config))
 
 
 def _step_parts(config: TrainConfig, *, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
-                update_bytes: float, params_total: int, quantized: int) -> tuple[float, ...]:
+                update_bytes: float, params_total: int, quantized: int, host: tuple[float, float, float] = (0.0, 0.0, 0.0),
+                ) -> tuple[float, ...]:
     """Seconds of each of ``PARTS`` from what the configuration's terms depend on beyond itself
     (``step_breakdown`` computes those afresh, ``ThroughputMemo`` once per search); ``micro`` is
     one micro-step's (gemm, attention, recompute, elementwise, overhead) seconds, ``casts`` its AMP
-    weight-cast bytes (``planner.kernels.weight_cast_bytes``)."""
+    weight-cast bytes (``planner.kernels.weight_cast_bytes``); ``host`` the CPU profile's (fresh bytes per
+    micro-step, fresh bytes per step, optimizer host seconds): ``fresh_bytes``, ``_optimizer_host_s``."""
     accum = config.grad_accum
     if config.sharding.offloaded:
         optimizer_s = trainable / config.gpus * update_bytes / rates.host_bw
@@ -302,6 +419,10 @@ def _step_parts(config: TrainConfig, *, rates: _Rates, micro: tuple[float, ...],
     gemm_s, attention_s, recompute_s, elementwise_s, overhead_s = micro
     if casts:
         elementwise_s += casts / rates.device_bw
+    fresh_micro, fresh_step, optimizer_host = host
+    if fresh_micro or fresh_step or optimizer_host:
+        elementwise_s += fresh_micro * rates.first_touch
+        optimizer_s += fresh_step * rates.first_touch + optimizer_host
     return (
         gemm_s * accum,
         attention_s * accum,
@@ -315,17 +436,35 @@ def _step_parts(config: TrainConfig, *, rates: _Rates, micro: tuple[float, ...],
     )
 
 
+def _with_fp8(micro: tuple[float, ...], fp8: tuple[float, float, float, float]) -> tuple[float, ...]:
+    """One micro-step's (gemm, attention, recompute, elementwise, overhead) seconds with fp8's own
+    (``planner.kernels.fp8_seconds``: its GEMMs at the FP8 rate, its casts) added."""
+    gemm_s, attention_s, recompute_s, elementwise_s, overhead_s = micro
+    return (gemm_s + fp8[0], attention_s, recompute_s + fp8[1], elementwise_s + fp8[2], overhead_s + fp8[3])
+
+
 def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None) -> dict[str, float]:
     """Seconds of one optimizer step by part (the search ranks on their sum; see
     ``estimate_throughput`` for the assumptions)."""
     rates = _rates(gpu, config.precision, utilization)
+    tokens = config.micro_batch * config.seq_len
+    micro = price(micro_terms(model, config, gpu), rates.kernels).at(tokens)
+    if config.precision is Precision.FP8:
+        micro = _with_fp8(micro, fp8_seconds(fp8_work(model, config), rates.kernels, tokens))
     parts = _step_parts(
         config, rates=rates, casts=weight_cast_bytes(config, block_weights(model)),
-        micro=price(micro_terms(model, config), rates.kernels).at(config.micro_batch * config.seq_len),
-        trainable=trainable_params(model, config), update_bytes=_update_bytes_per_param(config),
+        micro=micro,
+        trainable=trainable_params(model, config), update_bytes=_update_bytes_per_param(config, gpu),
         params_total=model.params_total, quantized=_quantized_weights(model) if config.method is Method.QLORA else 0,
+        host=_host_terms(model, config, gpu),
     )
     return dict(zip(PARTS, parts))
+
+
+def _host_terms(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> tuple[float, float, float]:
+    if not gpu.is_cpu:
+        return 0.0, 0.0, 0.0
+    return (*fresh_bytes(model=model, config=config, gpu=gpu), _optimizer_host_s(model, config, gpu))
 
 
 def calibration_terms(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> tuple[float, float, float]:
@@ -333,17 +472,22 @@ def calibration_terms(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec) ->
     every FLOP at the peak (GEMMs, attention, recompute), B the seconds of every device byte at the
     datasheet bandwidth (GEMM operands, elementwise work, dequantisation, the on-device optimizer
     update), C the rest (per-op overhead, collectives, offload copies, host-side Adam)."""
-    micro = micro_terms(model, config).at(config.micro_batch * config.seq_len)
+    micro = micro_terms(model, config, gpu).at(config.micro_batch * config.seq_len)
     peak = gpu.peak_tflops(config.precision) * 1e12
     bandwidth = gpu.mem_bandwidth_gbs * 1e9
     parts = step_breakdown(model=model, config=config, gpu=gpu)
     on_device = not config.sharding.offloaded  # else the optimizer is DeepSpeed's CPU Adam: host DRAM
-    device_bytes_s = parts["dequant"] + (parts["optimizer"] if on_device else 0.0)
+    # the CPU's page faults and optimizer host time are in the optimizer part but at neither rate: C
+    fresh_micro, fresh_step, optimizer_host = _host_terms(model, config, gpu)
+    touch = CPU_FIRST_TOUCH_SECONDS_PER_BYTE if gpu.is_cpu else 0.0
+    host_s = fresh_step * touch + optimizer_host
+    device_bytes_s = parts["dequant"] + (parts["optimizer"] - host_s if on_device else 0.0)
     device_bytes_s *= bandwidth_efficiency(gpu)  # back to the datasheet bandwidth
     return (micro.flops * config.grad_accum / peak,
             (micro.bytes + weight_cast_bytes(config, block_weights(model))) * config.grad_accum / bandwidth
             + device_bytes_s,
-            parts["overhead"] + parts["comm"] + parts["offload"] + (0.0 if on_device else parts["optimizer"]))
+            parts["overhead"] + parts["comm"] + parts["offload"] + (0.0 if on_device else parts["optimizer"])
+            + (host_s + fresh_micro * touch * config.grad_accum if on_device else 0.0))
 
 
 class ThroughputMemo:
@@ -362,13 +506,16 @@ class ThroughputMemo:
         # (method, lora_r, lora_targets) -> trainable params
         self._trainable: dict[tuple, int] = {}
         # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, adapters' dropout, activation
-        #  bytes) -> the micro-step's work at any micro-batch; + (precision,) -> its seconds on this device
+        #  bytes, AMP's weight casts) -> the micro-step's work at any micro-batch; + (precision,) -> its seconds
+        #  on this device
         self._work: dict[tuple, MicroTerms] = {}
         self._micro: dict[tuple, PricedTerms] = {}
         # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter, AMP casts);
         # the rates read the precision only
         self._device: dict[tuple, tuple[_Rates, float, bool]] = {}
         self._rates: dict[Precision, _Rates] = {}
+        # fp8 (full fine-tuning only): grad_ckpt -> its converted linears' work (``planner.kernels.fp8_work``)
+        self._fp8: dict[bool, object] = {}
 
     def breakdown(self, config: TrainConfig) -> dict[str, float]:
         """``step_breakdown(model=, config=, gpu=, utilization=)``, the same floats."""
@@ -385,27 +532,36 @@ class ThroughputMemo:
             rates = self._rates.get(config.precision)
             if rates is None:
                 rates = self._rates[config.precision] = _rates(self.gpu, config.precision, self.utilization)
-            device = self._device[key] = (rates, _update_bytes_per_param(config), casts_weights(config))
+            device = self._device[key] = (rates, _update_bytes_per_param(config, self.gpu), casts_weights(config))
         adapters = (config.method, config.lora_r, config.lora_targets)
         trainable = self._trainable.get(adapters)
         if trainable is None:
             trainable = self._trainable[adapters] = trainable_params(self.model, config)
         shape = adapters + (config.grad_ckpt, config.seq_len, config.attention, config.packing, drops_adapter_inputs(config),
-                            config.precision.compute_bytes)  # all micro_terms reads (fp32 is the 4-byte precision)
+                            config.precision.compute_bytes, device[2], fp32_adapters(config))  # all micro_terms reads (fp32 is the 4-byte
+        # precision; AMP's fp32 weights make the residual stream fp32: ``planner.kernels.fp32_stream``)
         key = shape + (config.precision,)
         terms = self._micro.get(key)
         if terms is None:
             work = self._work.get(shape)
             if work is None:
-                work = self._work[shape] = micro_terms(self.model, config)
+                work = self._work[shape] = micro_terms(self.model, config, self.gpu)
             terms = self._micro[key] = price(work, device[0].kernels)
         if self._quantized is None:
             self._quantized = _quantized_weights(self.model)
             self._weights = block_weights(self.model)
         casts = weight_cast_bytes(config, self._weights) if device[2] else 0.0
-        return _step_parts(config, rates=device[0], micro=terms.at(config.micro_batch * config.seq_len),
+        tokens = config.micro_batch * config.seq_len
+        micro = terms.at(tokens)
+        if config.precision is _FP8:
+            work = self._fp8.get(config.grad_ckpt)
+            if work is None:
+                work = self._fp8[config.grad_ckpt] = fp8_work(self.model, config)
+            micro = _with_fp8(micro, fp8_seconds(work, device[0].kernels, tokens))
+        return _step_parts(config, rates=device[0], micro=micro,
                            casts=casts, trainable=trainable, update_bytes=device[1],
-                           params_total=self.model.params_total, quantized=self._quantized)
+                           params_total=self.model.params_total, quantized=self._quantized,
+                           host=_host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else (0.0, 0.0, 0.0))
 
 
 def tokens_per_second(config: TrainConfig, step_s: float) -> float:
@@ -421,7 +577,12 @@ def _mfu_source(gpu: GPUSpec, precision: Precision, *, given: bool) -> str:
     return "default: the published achieved GEMM rate; planner calibrate fits it from measurements"
 
 
-def _attention_assumption(config: TrainConfig) -> str:
+def _attention_assumption(config: TrainConfig, model: ModelSpec, gpu: GPUSpec) -> str:
+    if cpu_sdpa_math(model, config, gpu):
+        return (f"sdpa attention on the CPU with attention dropout: its fp32 math path (the whole T x T product, "
+                f"scores and mask materialised) at {CPU_MATH_FRACTION_OF_GEMM:.0%} of the GEMM rate (measured)")
+    if gpu.is_cpu and config.attention is Attention.SDPA and config.precision is not Precision.FP32:
+        return f"sdpa attention on the CPU: its flash kernel, causal, at {CPU_FLASH_FRACTION_OF_GEMM:.0%} of the GEMM rate (measured)"
     if config.attention is Attention.EAGER or config.precision is Precision.FP32 and config.attention is Attention.SDPA:
         return "eager attention: the full T x T product at the GEMM rate, its scores materialised at memory speed"
     if config.packing:
@@ -446,11 +607,24 @@ def estimate_throughput(
         f"TFLOP/s {config.precision} peak (MFU {_mfu_source(gpu, config.precision, given=utilization_given)}); "
         "each GEMM on the roofline of its shape (skinny ones at memory speed)",
         "parts add up with no overlap of compute, communication and copies (conservative)",
-        _attention_assumption(config),
+        _attention_assumption(config, model, gpu),
     ]
+    if config.precision is Precision.FP8:
+        assumptions.append(f"fp8: torchao's float8 linears (accelerate's torchao backend, eager) at {gpu.fp8_tflops:g} "
+                           f"TFLOP/s FP8 peak x {utilization:.0%}; each cast of an operand to fp8 at memory speed")
     if breakdown["overhead"]:
         assumptions.append(f"{breakdown['overhead']:.3g} s of host time per step the device waits for "
                            "(eager ops too small to hide their launch)")
+    if gpu.is_cpu:
+        fresh_micro, fresh_step = fresh_bytes(model=model, config=config, gpu=gpu)
+        if fresh_micro or fresh_step:
+            touched = (fresh_micro * config.grad_accum + fresh_step) * CPU_FIRST_TOUCH_SECONDS_PER_BYTE
+            assumptions.append(f"{touched:.3g} s of page faults: tensors of {MMAP_THRESHOLD_BYTES // 2**20} MiB or more "
+                               "are mapped afresh each step "
+                               "(glibc mmap; c10's CPU allocator keeps nothing)")
+        if _cpu_adamw(gpu, config):
+            assumptions.append(f"torch.optim.AdamW's {gpu.kernels.adamw} path: {ADAMW_SINGLE_TENSOR_PASSES} element "
+                               "passes and its host time per parameter tensor")
     assumptions.append(f"elementwise and memory-bound kernels at {bandwidth_efficiency(gpu):.0%} of {gpu.mem_bandwidth_gbs:g} GB/s"
                        + (" (calibrated)" if gpu.bandwidth_efficiency is not None else ""))
     if config.gpus > 1:
@@ -484,6 +658,7 @@ __all__ = [
     "default_utilization",
     "estimate_throughput",
     "flops_per_token",
+    "fresh_bytes",
     "offload_bytes_per_step",
     "optimizer_bytes_per_param",
     "step_breakdown",

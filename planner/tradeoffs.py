@@ -37,9 +37,23 @@ class Prefer(enum.StrEnum):
     """The fastest first, whatever it trains; fidelity breaks ties within 2% of speed."""
 
 
+#: fp8's trade-off: the fp32 master weights and optimizer states stay (fidelity tier 0), but every
+#: converted GEMM rounds its operands to 3 (e4m3) or 2 (e5m2, gradients) mantissa bits with one scale per
+#: tensor; FP8 matched bf16 in pre-training up to 175B (Micikevicius et al. 2022, "FP8 Formats for Deep
+#: Learning"), fine-tuning recipes mostly use bf16, and accelerate keeps the first and last linears in
+#: 16 bits for stability (accelerate utils/ao.py ``filter_first_and_last_linear_layers``).
+FP8_NOTE = ("fp8 GEMMs (torchao tensorwise, fp32 master kept): matched bf16 in pre-training (Micikevicius et al. "
+            "2022); rarer than bf16 in fine-tuning, check the loss curve")
+
+
 def is_pure_16bit(config: TrainConfig) -> bool:
     """Weights kept in 16 bits without an fp32 master copy (no autocast, no DeepSpeed mixed)."""
     return config.precision in (Precision.BF16, Precision.FP16)
+
+
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note); the search reads them thousands of times a search
+_FULL, _LORA = Method.FULL, Method.LORA
 
 
 def fidelity_tier(config: TrainConfig) -> int:
@@ -54,9 +68,9 @@ def fidelity_tier(config: TrainConfig) -> int:
     Training": pure bf16 needs stochastic rounding or Kahan summation to match fp32). Placing it
     after QLoRA is this planner's stated judgement: a model that does not learn is the worse risk.
     """
-    if config.method is Method.FULL:
+    if config.method is _FULL:
         return 3 if is_pure_16bit(config) else 0
-    return 1 if config.method is Method.LORA else 2
+    return 1 if config.method is _LORA else 2
 
 
 def allocator_overhead(memory: MemoryEstimate) -> int:
@@ -105,6 +119,8 @@ def trade_offs(config: TrainConfig, memory: MemoryEstimate, *, capacity: int) ->
                      "pure bf16, no fp32 master: updates < 2^-8 of a weight rounded away, may stall (Zamirai et al. 2020)")
     elif Precision.FP16 in (config.precision,) or config.precision is Precision.FP16_MIXED:
         notes.append("fp16: needs dynamic loss scaling, overflowing steps skipped (torch.amp.GradScaler)")
+    elif config.precision is Precision.FP8:
+        notes.append(FP8_NOTE)
     if config.method is Method.LORA:
         notes.append(f"LoRA r{config.lora_r}: adapters only, below full FT on hard tasks (Biderman et al. 2024)")
     elif config.method is Method.QLORA:
@@ -120,5 +136,5 @@ def _optimizer_note(config: TrainConfig) -> list[str]:
     return [note] if note else []
 
 
-__all__ = ["Prefer", "allocator_overhead", "fidelity_tier", "is_pure_16bit", "memory_interval", "near_edge", "oom_risk",
+__all__ = ["FP8_NOTE", "Prefer", "allocator_overhead", "fidelity_tier", "is_pure_16bit", "memory_interval", "near_edge", "oom_risk",
            "trade_offs"]

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+# anyio is a pytest plugin, so pytest rewrites its modules' asserts: a module anyio imports lazily
+# (``anyio.open_file`` -> anyio._core._fileio, on the first static file a test server sends) is
+# parsed with ``ast.parse`` in that server's worker thread. CPython 3.11 keeps the AST converter's
+# recursion depth per interpreter, not per thread (python/cpython#106905), so a parse there beside a compile in another thread
+# (the store opener importing alembic's migrations) raised "SystemError: AST constructor recursion
+# depth mismatch" once in a whole-suite run. Imported here, in the main thread, before any server.
+import anyio._core._fileio  # noqa: E402,F401
+
 #: test files that start Ray (embedded ``ray.init()`` or a ``ray start --head`` of their own): run
 #: in one pytest-xdist worker, one after the other, so that no two Ray clusters share the 2-core
 #: machine and an embedded ``ray.init()`` never meets another test's head

@@ -84,6 +84,9 @@ def run_in_process(
     library line that made it (``CpuProbe.peak_storages``; slow, for finding a missing term).
     """
     _check_args(model_config=model_config, device=device, steps=steps, memory_limit_bytes=memory_limit_bytes)
+    if config.precision is Precision.FP8:
+        # the run below would be bf16 autocast without torchao's float8 linears: not what the plan counts
+        raise InvalidConfigError("the worker does not run fp8 (torchao's float8 linears): verify or measure bf16-mixed")
     started = _now()
     details: dict[str, Any] = {}
     from workers.probes import make_probe
@@ -426,6 +429,11 @@ def _train(
     if device_type == "cuda":
         torch.cuda.synchronize(dev)
     step_s = time.perf_counter() - t0
+    if config.evaluates:
+        # the HF Trainer evaluates after an optimizer step (_maybe_log_save_evaluate): the
+        # measured peak is the run's, the larger of the step and the eval pass
+        _evaluate(engine, model, config, vocab=vocab, gen=gen, device=dev, autocast_dtype=autocast_dtype,
+                  set_phase=set_phase)
     details["live_bytes_after"] = getattr(probe, "live_bytes", None)
     if tracks:
         # The CPU probe's dispatch mode runs Python on every op (tens of microseconds each),
@@ -439,6 +447,41 @@ def _train(
     if scaler is not None:
         details["grad_scaler_scale"] = float(scaler.get_scale())
     return step_s
+
+
+def _evaluate(engine, model, config: TrainConfig, *, vocab: int, gen, device, autocast_dtype, set_phase) -> None:
+    """One eval batch as the HF Trainer's evaluation_loop runs it after an optimizer step (the
+    gradients already None: ``model.zero_grad()`` in its training loop, transformers 5 trainer.py):
+    ``model.eval()``, then under ``torch.no_grad()`` Seq2SeqTrainer's prediction_step with
+    ``predict_with_generate`` (trainer_seq2seq.py: ``model.generate(**inputs)``, then the loss
+    forward ``model(**inputs)``), or without generation Trainer.prediction_step's loss forward; the
+    loss alone is kept (prediction_loss_only, the default when no compute_metrics is given:
+    Trainer.evaluate). Mixed precision runs the forwards under autocast, as accelerate wraps the
+    model's forward. The batch is ``eval_batch`` random rows of ``eval_tokens`` tokens, labels =
+    inputs; generation is greedy, exactly ``generate_tokens`` new tokens (no EOS), the KV cache on."""
+    import torch
+
+    ids = torch.randint(0, vocab, (config.eval_batch, config.eval_tokens), generator=gen).to(device)
+    autocast = (lambda: torch.autocast(device.type, dtype=autocast_dtype)) if autocast_dtype else contextlib.nullcontext
+    model.eval()
+    with torch.no_grad():
+        if config.generate_tokens:
+            set_phase("eval_generate")
+            with autocast():
+                # no EOS, so every row generates all its tokens with no logits processor (a
+                # min_new_tokens one would add a copy of the scores)
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                     max_new_tokens=config.generate_tokens, do_sample=False, use_cache=True,
+                                     eos_token_id=None, pad_token_id=0)
+            if out.shape[-1] != config.eval_tokens + config.generate_tokens:
+                raise RuntimeError(f"generate stopped at {out.shape[-1] - config.eval_tokens} of "
+                                   f"{config.generate_tokens} new tokens")
+            del out
+        set_phase("eval")
+        with autocast():
+            loss = engine(input_ids=ids, labels=ids).loss
+        del loss
+    model.train()
 
 
 def _batch(config: TrainConfig, *, vocab: int, gen, device) -> dict[str, Any]:

@@ -52,12 +52,12 @@ def uncalibrated(gpu: "GPUSpec") -> "GPUSpec":
 def default_values(gpu: "GPUSpec") -> CalibrationValues:
     """The model's constants for this device: every MFU key, the bandwidth efficiency, and the
     CUDA context where there is one (None on the CPU)."""
-    from planner.throughput import MEMORY_BANDWIDTH_EFFICIENCY, default_utilization
+    from planner.throughput import bandwidth_efficiency, default_utilization
 
     base = uncalibrated(gpu)
     return CalibrationValues(
         mfu={key: default_utilization(gpu=base, precision=_PRECISION_OF[key]) for key in MFU_KEYS},
-        bandwidth_efficiency=MEMORY_BANDWIDTH_EFFICIENCY,
+        bandwidth_efficiency=bandwidth_efficiency(base),
         cuda_context_bytes=int(base.cuda_context_bytes) if base.kernels.caching_allocator else None,
     )
 

@@ -12,8 +12,8 @@ the test compares. Expert weights are 3D parameters (``gate_up_proj [E, 2I, H]``
 through ``target_parameters``, while ``target_modules="all-linear"`` wraps the attention, router,
 shared-expert and dense-MLP ``nn.Linear`` modules listed with them.
 
-What the memory model has no terms for yet is listed in ``ModelSpec.unmodelled``
-(``FEATURE_*``); planning such a model is refused (``planner.catalog.check_plannable``).
+What the memory model has no terms for would be listed in ``ModelSpec.unmodelled``; planning such a model
+is refused (``planner.catalog.check_plannable``). Every builder here is modelled now.
 
 Pure module: no torch, no I/O.
 """
@@ -25,12 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from planner.catalog.blocks import ConfigReader, K, common_fields, lin, qkvo, swiglu, untied_head
-from planner.errors import UnsupportedError
-from planner.modelspec import BlockGroup, GatedDeltaNet, LatentAttention, LinearSpec, MoeRouting
-
-# ---- features the memory model does not model yet (ModelSpec.unmodelled) --------------------------
-FEATURE_MOE = "mixture-of-experts blocks"
-FEATURE_MAMBA = "Mamba2 layers"
+from planner.modelspec import BlockGroup, GatedDeltaNet, LatentAttention, LinearSpec, Mamba2, MoeRouting
 
 Block = tuple[str, tuple[LinearSpec, ...], int]
 """(label, linears, other parameters) of one decoder block."""
@@ -356,12 +351,13 @@ FP8_NOTE = ("DeepSeek-V3: the FP8 checkpoint is planned as a 16-bit (de-quantize
             "directly is not modelled")
 
 
-def deepseek_routing(c: ConfigReader, experts: int) -> MoeRouting:
+def deepseek_routing(c: ConfigReader, experts: int, *, groups: int = 8, kept: int = 4) -> MoeRouting:
     """DeepseekV3TopkRouter (modeling_deepseek_v3.py:120-158): sigmoid scores, group-limited top-k
-    (``n_group`` default 8, ``topk_group`` 4, configuration_deepseek_v3.py), ``norm_topk_prob``
-    (default True), the routing weights in the router logits' dtype (its weight is kept fp32:
-    ``_keep_in_fp32_modules_strict = ["e_score_correction_bias", "gate.weight"]``, :551)."""
-    groups, kept = c.size("n_group", default=8), c.size("topk_group", default=4)
+    (``n_group`` default ``groups``, ``topk_group`` default ``kept``: 8 and 4 in
+    configuration_deepseek_v3.py), ``norm_topk_prob`` (default True), the routing weights in the router
+    logits' dtype (its weight is kept fp32: ``_keep_in_fp32_modules_strict = ["e_score_correction_bias",
+    "gate.weight"]``, :551)."""
+    groups, kept = c.size("n_group", default=groups), c.size("topk_group", default=kept)
     if experts % groups or kept > groups:
         raise c.error(f"n_routed_experts {experts} must split into n_group {groups} groups, "
                       f"of which topk_group {kept} are kept")
@@ -370,12 +366,16 @@ def deepseek_routing(c: ConfigReader, experts: int) -> MoeRouting:
 
 
 def llama4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
-    """modeling_llama4.py: llama attention (its qk norm is a weightless L2 norm), Llama4TextMoe on
-    ``moe_layers`` (router: an ``nn.Linear`` subclass named ``router``; Llama4TextExperts stacks
-    stored input-first ``gate_up_proj [E, H, 2I]``, ``down_proj [E, I, H]``; a ``shared_expert``
-    SwiGLU of ``intermediate_size``), else a dense SwiGLU of ``intermediate_size_mlp``.
-    configuration_llama4.py defaults: Llama 4 Scout's sizes, moe_layers every
-    ``interleave_moe_layer_step``-th layer, untied."""
+    """modeling_llama4.py: llama attention whose rotary layers (``no_rope_layers``: by default every
+    ``no_rope_layer_interval``-th layer, 4, has none; configuration_llama4.py) apply a weightless L2 norm to q and k
+    after the rotary embedding (``use_qk_norm``; Llama4TextL2Norm :106-118) and whose NoPE layers scale q by a
+    position's temperature (``attn_temperature_tuning``: a T-sized tensor, not counted); Llama4TextMoe on
+    ``moe_layers`` (router: an ``nn.Linear`` subclass named ``router``; Llama4TextExperts stacks stored input-first
+    ``gate_up_proj [E, H, 2I]``, ``down_proj [E, I, H]``, run over every token: ``MoeRouting.dense_experts``; a
+    ``shared_expert`` SwiGLU of ``intermediate_size``), else a dense SwiGLU of ``intermediate_size_mlp``.
+    configuration_llama4.py defaults: Llama 4 Scout's sizes, moe_layers every ``interleave_moe_layer_step``-th
+    layer, untied. LoRA cannot adapt the router: all-linear wraps it (an nn.Linear) and peft's Linear adds its
+    adapter's output to the router's (scores, logits) tuple, which fails."""
     hidden, heads = c.size("hidden_size", default=5120), c.size("num_attention_heads", default=40)
     kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=8,
                            head_dim_key=True, head_dim_default=128)
@@ -385,18 +385,49 @@ def llama4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
     step = c.size("interleave_moe_layer_step", default=1)
     moe_layers = c.layer_indices("moe_layers")
     moe_set = moe_layers if moe_layers is not None else set(range(step - 1, layers, step))
+    rope = _llama4_rope_layers(c, layers)
+    chunk = c.optional_size("attention_chunk_size") if "attention_chunk_size" in c.raw else 8192
+    qk_norm = "l2" if c.flag("use_qk_norm", True) else ""
     bias = c.flag("attention_bias", False)
     attn = qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
     moe = tuple(attn + [lin("router", hidden, count, False, K.ROUTER)] + experts(hidden, inter, count, top_k)
                 + swiglu(hidden, inter))
     dense = tuple(attn + swiglu(hidden, inter_mlp))
-    blocks = [("moe", moe, 2 * hidden) if i in moe_set else ("dense", dense, 2 * hidden) for i in range(layers)]
-    return decoder_fields(
+    blocks = [(("moe" if i in moe_set else "dense") + ("" if rope[i] else " nope"), moe if i in moe_set else dense,
+               2 * hidden) for i in range(layers)]
+    fields = decoder_fields(
         c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter, vocab=vocab,
         blocks=blocks, tied=c.flag("tie_word_embeddings", False),
         max_pos=c.size("max_position_embeddings", default=131_072), act=c.text("hidden_act", default="silu"),
-        final_norm=hidden, num_experts=count, experts_per_token=top_k, unmodelled=(FEATURE_MOE,),
+        final_norm=hidden, num_experts=count, experts_per_token=top_k, qk_norm=qk_norm if rope[0] else "",
+        # the rotary layers' chunked attention (``layer_types`` chunked_attention with ``attention_chunk_size``):
+        # its mask is planned as a sliding window's of the chunk (masking_utils.py create_chunked_causal_mask)
+        sliding_window=chunk, sliding_attention=chunk is not None and rope[0],
+        # Llama4Router (modeling_llama4.py:141-153): top-k of the logits, sigmoid in fp32, the weights cast back
+        routing=MoeRouting(renorm=False, scores_fp32=False, dense_experts=True),
+        # eager_attention_forward (:248-271): softmax in the scores' dtype, no fp32 cast; the additive mask (the
+        # model's dtype) promotes the scores to the residual's
+        eager_softmax="residual",
+        lora_refused=("router",),
+        lora_refused_why="all-linear wraps Llama4Router, an nn.Linear subclass whose forward returns (scores, logits), "
+                         "and peft's LoRA Linear cannot add its output to that tuple",
     )
+    groups = tuple(dataclasses.replace(g, qk_norm="" if g.label.endswith("nope") else qk_norm,
+                                       sliding=chunk is not None and not g.label.endswith("nope"))
+                   for g in fields["other_blocks"])
+    return dict(fields, other_blocks=groups)
+
+
+def _llama4_rope_layers(c: ConfigReader, layers: int) -> list[bool]:
+    """Which layers apply the rotary embedding (and the qk norm): ``no_rope_layers`` (1 rope, 0 NoPE) or, by
+    default, all but every ``no_rope_layer_interval``-th (configuration_llama4.py Llama4TextConfig)."""
+    given = c.raw.get("no_rope_layers")
+    if given is None or given == []:
+        interval = c.size("no_rope_layer_interval", default=4)
+        return [(i + 1) % interval != 0 for i in range(layers)]
+    if not isinstance(given, list) or len(given) != layers or any(v not in (0, 1) for v in given):
+        raise c.error(f"no_rope_layers must be a list of {layers} zeros and ones (one per layer)")
+    return [bool(v) for v in given]
 
 
 # ---- hybrid: qwen3_next, qwen3_5, qwen3_5_moe, nemotron_h, gemma4 --------------------------------------
@@ -486,41 +517,46 @@ def qwen_hybrid(c: ConfigReader, model_type: str) -> dict[str, Any]:
     return dict(fields, other_blocks=groups)
 
 
-#: nemotron_h's hybrid_override_pattern letters (configuration_nemotron_h.py)
-_NEMOTRON_BLOCKS = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
+#: nemotron_h's hybrid_override_pattern letters (configuration_nemotron_h.py ``_pattern_to_list``): the block's
+#: label and its token mixer (``ModelSpec.mixer``)
+_NEMOTRON_BLOCKS = {"M": ("mamba", "mamba2"), "E": ("moe", "none"), "*": ("attention", "attention"),
+                    "-": ("mlp", "none")}
 
 
 def nemotron_h(c: ConfigReader, model_type: str) -> dict[str, Any]:
-    """modeling_nemotron_h.py NemotronHBlock: one RMSNorm and one mixer per block, chosen by
-    ``hybrid_override_pattern`` (M Mamba2, E MoE, * attention, - MLP). Mamba2 mixer: ``in_proj``
+    """modeling_nemotron_h.py NemotronHBlock (:934-993): one RMSNorm and one mixer per block, chosen by
+    ``hybrid_override_pattern`` (M Mamba2, E MoE, * attention, - MLP). Mamba2 mixer (:390-614): ``in_proj``
     (hidden -> intermediate + conv_dim + heads, intermediate = mamba heads * head dim, conv_dim =
-    intermediate + 2 * n_groups * state), depthwise ``conv1d`` (bias: use_conv_bias),
-    ``dt_bias``/``A_log``/``D`` per head, gated RMSNorm over intermediate, ``out_proj``. MoE:
-    non-gated relu2 experts (``up_proj [E, I, H]``, ``down_proj``), router ``gate.weight``,
-    ``shared_experts`` up/down MLP; attention q/k/v/o without biases."""
+    intermediate + 2 * n_groups * state), depthwise ``conv1d`` (bias: use_conv_bias), ``dt_bias``/``A_log``/``D``
+    per head, gated RMSNorm over intermediate, ``out_proj``. MoE (:715-797): non-gated relu2 experts
+    (``up_proj [E, I, H]``, ``down_proj``), router ``gate.weight`` (NemotronHTopkRouter: DeepSeek-V3's sigmoid,
+    group-limited top-k, the input and weight cast to fp32), ``shared_experts`` up/down MLP; attention q/k/v/o
+    without biases. NemotronHRMSNorm (:617-636) multiplies by its weight in fp32. peft has no conversion for
+    nemotron_h (transformers' ``_MODEL_TO_CONVERSION_PATTERN`` has no such key), so ``all-linear`` wraps the
+    nn.Linear modules only, not the expert stacks or the router."""
     hidden, heads = c.size("hidden_size"), c.size("num_attention_heads")
     kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=8,
                            head_dim_key=True, head_dim_default=128)
     vocab = c.size("vocab_size")
-    pattern = c.raw.get("hybrid_override_pattern")
-    if not isinstance(pattern, str) or not pattern or set(pattern) - set(_NEMOTRON_BLOCKS):
-        raise c.error("hybrid_override_pattern must be a string of M, E, * and - (one letter per layer)")
+    pattern = _nemotron_pattern(c)
     if c.raw.get("moe_latent_size") is not None:
         raise c.error("moe_latent_size (latent MoE projections) is not supported yet")
-    m_heads, m_dim = c.size("mamba_num_heads", default=128), c.size("mamba_head_dim", default=64)
-    groups, state, kernel = c.size("n_groups", default=8), c.size("ssm_state_size", default=128), c.size("conv_kernel", default=4)
+    shape = Mamba2(heads=c.size("mamba_num_heads", default=128), head_dim=c.size("mamba_head_dim", default=64),
+                   groups=c.size("n_groups", default=8), state=c.size("ssm_state_size", default=128),
+                   kernel=c.size("conv_kernel", default=4), chunk=c.size("chunk_size", default=128))
+    if shape.heads % shape.groups:
+        raise c.error(f"mamba_num_heads {shape.heads} is not a multiple of n_groups {shape.groups}")
     use_bias, conv_bias = c.flag("use_bias", False), c.flag("use_conv_bias", True)
-    m_inter = m_heads * m_dim
-    conv = m_inter + 2 * groups * state
-    mamba = (lin("in_proj", hidden, m_inter + conv + m_heads, use_bias, K.ATTN_IN),
-             lin("out_proj", m_inter, hidden, use_bias, K.ATTN_OUT))
-    mamba_other = conv * kernel + (conv if conv_bias else 0) + 3 * m_heads + m_inter
+    mamba = (lin("in_proj", hidden, shape.projection, use_bias, K.ATTN_IN),
+             lin("out_proj", shape.inner, hidden, use_bias, K.ATTN_OUT))
+    mamba_other = shape.conv * shape.kernel + (shape.conv if conv_bias else 0) + 3 * shape.heads + shape.inner
     attn = tuple(qkvo(hidden, heads, kv, head_dim, qkv_bias=False, o_bias=False))
     mlp_bias = c.flag("mlp_bias", False)
     inter = c.size("intermediate_size")
     mlp = (lin("up_proj", hidden, inter, mlp_bias, K.MLP_IN), lin("down_proj", inter, hidden, mlp_bias, K.MLP_OUT))
     count = top_k = 0
     moe: tuple[LinearSpec, ...] = ()
+    routing = None
     if "E" in pattern:
         count, top_k = _top_k(c, "n_routed_experts", "num_experts_per_tok", experts_default=8, k_default=2)
         moe_inter = c.size("moe_intermediate_size", default=7688)
@@ -529,19 +565,50 @@ def nemotron_h(c: ConfigReader, model_type: str) -> dict[str, Any]:
                     + experts(hidden, moe_inter, count, top_k, up="up_proj", gated=False)
                     + [lin("up_proj", hidden, shared, mlp_bias, K.MLP_IN),
                        lin("down_proj", shared, hidden, mlp_bias, K.MLP_OUT)])
+        routing = _nemotron_routing(c, count)
     kinds = {"M": (mamba, mamba_other), "E": (moe, 0), "*": (attn, 0), "-": (mlp, 0)}
-    blocks = [(_NEMOTRON_BLOCKS[ch], kinds[ch][0], kinds[ch][1] + hidden) for ch in pattern]
+    blocks = [(_NEMOTRON_BLOCKS[ch][0], kinds[ch][0], kinds[ch][1] + hidden) for ch in pattern]
     if "num_hidden_layers" in c.raw and c.size("num_hidden_layers") != len(blocks):
         raise c.error(f"num_hidden_layers {c.raw['num_hidden_layers']} differs from the {len(blocks)} letters of "
                       "hybrid_override_pattern")
+    mixers = {label: mixer for label, mixer in _NEMOTRON_BLOCKS.values()}
     fields = decoder_fields(
         c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim,
         inter=c.size("moe_intermediate_size", default=7688) if count else inter, vocab=vocab, blocks=blocks,
         tied=c.flag("tie_word_embeddings", False), max_pos=c.size("max_position_embeddings", default=4096),
         act=c.text("mlp_hidden_act", default="relu2"), final_norm=hidden, num_experts=count,
-        experts_per_token=top_k, unmodelled=(FEATURE_MAMBA,) + ((FEATURE_MOE,) if count else ()),
+        experts_per_token=top_k, routing=routing, mamba2=shape if "M" in pattern else None,
+        mixer=mixers[_NEMOTRON_BLOCKS[pattern[0]][0]], norm_placement="single", lora_refused=("out_proj",),
+        lora_refused_why="peft refuses LoRA on the Mamba2 out_proj (peft tuners_utils.py _check_lora_target_modules_mamba)",
+        norm_weight_fp32=True,  # NemotronHRMSNorm: (self.weight.to(torch.float32) * hidden_states).to(input_dtype)
     )
-    return dict(fields, gated_mlp=False)
+    groups = tuple(dataclasses.replace(g, mixer=mixers[g.label]) for g in fields["other_blocks"])
+    return dict(fields, gated_mlp=False, other_blocks=groups)
+
+
+#: configuration_nemotron_h.py ``_pattern_to_list``: the layer type of each pattern letter
+_NEMOTRON_TYPES = {"linear_attention": "M", "moe": "E", "full_attention": "*", "mlp": "-"}
+
+
+def _nemotron_pattern(c: ConfigReader) -> str:
+    """The blocks' letters: ``hybrid_override_pattern`` (the released configs), or the ``layers_block_type`` list a
+    config saved by transformers 5 holds instead (NemotronHConfig.__post_init__ turns the pattern into it)."""
+    types = c.raw.get("layers_block_type", c.raw.get("layer_types"))
+    if c.raw.get("hybrid_override_pattern") is None and types is not None:
+        if not isinstance(types, list) or not types or any(t not in _NEMOTRON_TYPES for t in types):
+            raise c.error(f"layers_block_type must be a list of {', '.join(_NEMOTRON_TYPES)} (one per layer)")
+        return "".join(_NEMOTRON_TYPES[t] for t in types)
+    pattern = c.raw.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set(_NEMOTRON_BLOCKS):
+        raise c.error("hybrid_override_pattern must be a string of M, E, * and - (one letter per layer)")
+    return pattern
+
+
+def _nemotron_routing(c: ConfigReader, experts: int) -> MoeRouting:
+    """NemotronHTopkRouter.forward (modeling_nemotron_h.py:772-797), DeepseekV3TopkRouter's with
+    ``n_group`` and ``topk_group`` defaulting to 1 (configuration_nemotron_h.py); its weight kept fp32
+    (``_keep_in_fp32_modules_strict``, :1012)."""
+    return deepseek_routing(c, experts, groups=1, kept=1)
 
 
 def gemma4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
@@ -557,11 +624,12 @@ def gemma4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
     (``BlockGroup.head_dim``). The MoE block's routing: ``MoeRouting.parallel_experts`` (softmax in fp32,
     top-k renormalised, fp32 weights: Gemma4TextRouter.forward); no peft conversion for gemma4 in
     transformers' conversion_mapping.py, so ``all-linear`` wraps the router's ``proj`` and the dense MLP, not the
-    expert stacks. Per-layer input embeddings and kv-shared layers (the small Gemma 4 models)
-    are not supported yet."""
-    if c.raw.get("hidden_size_per_layer_input", 256) or c.raw.get("num_kv_shared_layers", 0):
-        raise UnsupportedError(f"{c.source}: Gemma 4 with per-layer input embeddings (hidden_size_per_layer_input) "
-                               "or kv-shared layers (num_kv_shared_layers) is not supported yet")
+    expert stacks. The small models' per-layer input embeddings (Gemma4TextModel :1563-1579: ``embed_tokens_per_layer``
+    [vocab_size_per_layer_input, layers x hidden_size_per_layer_input], ``per_layer_model_projection``, its norm;
+    in every layer ``per_layer_input_gate``, ``per_layer_projection`` and ``post_per_layer_input_norm``, :1345-1350)
+    and kv-shared layers (the last ``num_kv_shared_layers``: q_proj, q_norm and o_proj alone, :1162-1185, their MLP
+    twice as wide with ``use_double_wide_mlp``, :1053-1058) are counted, and not planned yet
+    (``ModelSpec.unmodelled``)."""
     hidden, heads = c.size("hidden_size", default=2304), c.size("num_attention_heads", default=8)
     kv, head_dim = c.heads(hidden=hidden, heads=heads, kv_key="num_key_value_heads", kv_default=4,
                            head_dim_key=True, head_dim_default=256)
@@ -581,13 +649,25 @@ def gemma4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
         moe = [lin("proj", hidden, count, False, K.ROUTER)] + experts(hidden, c.size("moe_intermediate_size"), count, top_k)
         moe_other = hidden + count + 3 * hidden
     shapes = {"full_attention": (global_dim, global_kv), "sliding_attention": (head_dim, kv)}
+    ple = c.size("hidden_size_per_layer_input", default=256) if c.raw.get("hidden_size_per_layer_input", 256) else 0
+    shared = c.count("num_kv_shared_layers", 0)
+    if shared > layers:
+        raise c.error(f"num_kv_shared_layers {shared} is more than num_hidden_layers {layers}")
+    double = c.flag("use_double_wide_mlp", False)
+    per_layer = [lin("per_layer_input_gate", hidden, ple, False, K.PER_LAYER),
+                 lin("per_layer_projection", ple, hidden, False, K.PER_LAYER)] if ple else []
     blocks: list[Block] = []
-    for kind in types:
+    for i, kind in enumerate(types):
         dim, n_kv = shapes.get(kind, shapes["sliding_attention"])
         attn = qkvo(hidden, heads, n_kv, dim, qkv_bias=bias, o_bias=bias)
         if k_eq_v and kind == "full_attention":
             attn = [a for a in attn if a.name != "v_proj"]
-        blocks.append((kind, tuple(attn + swiglu(hidden, inter) + moe), 4 * hidden + 2 * dim + moe_other))
+        reuse = i >= layers - shared  # reads an earlier layer's keys and values: no k/v projections or norms
+        if reuse:
+            attn = [a for a in attn if a.name in ("q_proj", "o_proj")]
+        mlp = swiglu(hidden, inter * (2 if double and reuse else 1))
+        other = 4 * hidden + (1 if reuse else 2) * dim + moe_other + (hidden if ple else 0)
+        blocks.append((kind + (" kv-shared" if reuse else ""), tuple(attn + mlp + moe + per_layer), other))
     first_dim, first_kv = shapes.get(types[0], shapes["sliding_attention"])
     softcap = c.raw.get("final_logit_softcapping")
     fields = decoder_fields(
@@ -599,9 +679,14 @@ def gemma4_text(c: ConfigReader, model_type: str) -> dict[str, Any]:
         norm_placement="sandwich", qk_norm="head", norm_row_stats=2, v_norm=True,
         final_logit_softcap=softcap is not None and softcap > 0, sliding_attention=types[0] == "sliding_attention",
         routing=MoeRouting(renorm=True, scores_fp32=True, parallel_experts=True) if count else None,
+        other_embedding_params=(c.size("vocab_size_per_layer_input", default=262_144) + hidden) * layers * ple + ple,
+        unmodelled=tuple(feature for feature, present in (
+            ("per-layer input embeddings (hidden_size_per_layer_input)", ple),
+            ("kv-shared layers (num_kv_shared_layers)", shared)) if present),
     )
-    groups = tuple(dataclasses.replace(g, head_dim=shapes.get(g.label, shapes["sliding_attention"])[0],
-                                       kv_heads=shapes.get(g.label, shapes["sliding_attention"])[1],
-                                       sliding=g.label == "sliding_attention")
+    kinds = {g.first: types[g.first] for g in fields["other_blocks"]}
+    groups = tuple(dataclasses.replace(g, head_dim=shapes.get(kinds[g.first], shapes["sliding_attention"])[0],
+                                       kv_heads=shapes.get(kinds[g.first], shapes["sliding_attention"])[1],
+                                       sliding=kinds[g.first] == "sliding_attention")
                    for g in fields["other_blocks"])
     return dict(fields, other_blocks=groups)

@@ -30,15 +30,18 @@ BESIDE = {"adapter_config.json": kinds.ADAPTER, "bnb_config.json": kinds.BNB}
 def read_files(paths: Sequence[str | Path], *, trainer: str | None = None) -> Reading:
     """Every file named, the DeepSpeed JSON they reference and the adapter/bnb configs beside the
     arguments file, read into one ``Reading``. ``trainer``: "hf" or "trl" reads the arguments with
-    that trainer's schema (default: TRL's when the file holds a key only TRL has)."""
+    that trainer's schema (default: TRL's when the file holds a key only TRL has); "axolotl",
+    "llama-factory" or "torchtune" reads it as that trainer's YAML (default: by its keys)."""
     if not paths:
         raise InvalidConfigError("planner check needs a training config file: planner check FILE --gpu G")
     reading = Reading()
     for path in paths:
         reading.files.append(kinds.read(path))
     _one_of_each(reading)
+    from planner.check.trainers import kind_of
+
     args = reading.by_kind(kinds.TRAINING_ARGS)
-    if args is not None:
+    if args is not None and kind_of(args.data) is None and trainer not in _TRAINER_KINDS.values():
         present = {f.kind for f in reading.files}
         for name, kind in BESIDE.items():
             beside = Path(args.path).parent / name
@@ -74,10 +77,40 @@ def _one_of_each(reading: Reading) -> None:
         seen[f.kind] = f.path
 
 
+def _trainer_names() -> dict[str, str]:
+    from planner.check.trainers import MODULES, trainer
+
+    return {trainer(name).KIND: name for name in MODULES}
+
+
+#: a trainer's file kind -> its ``--trainer`` name
+_TRAINER_KINDS = _trainer_names()
+
+
+def _trainer_kind(reading: Reading, trainer: str | None) -> None:
+    """An arguments file that is an axolotl, LLaMA-Factory or torchtune YAML, by its keys or by
+    ``--trainer``, takes that trainer's kind."""
+    from planner.check.trainers import kind_of
+
+    forced = next((k for k, name in _TRAINER_KINDS.items() if name == trainer), None)
+    if trainer in ("hf", "trl"):
+        return
+    for i, f in enumerate(reading.files):
+        kind = forced or kind_of(f.data) if f.kind == kinds.TRAINING_ARGS else None
+        if kind is not None:
+            reading.files[i] = kinds.ConfigFile(path=f.path, kind=kind, data=f.data)
+
+
 def _read(reading: Reading, *, trainer: str | None) -> Reading:
     from planner.check import reading as readers
     from planner.check import schemas
 
+    _trainer_kind(reading, trainer)
+    own = next((f for f in reading.files if f.kind in _TRAINER_KINDS), None)
+    if own is not None:
+        from planner.check.trainers import trainer as trainer_module
+
+        trainer_module(_TRAINER_KINDS[own.kind]).read(reading, own)
     args = reading.by_kind(kinds.TRAINING_ARGS)
     if args is not None:
         readers.training_args(reading, args, schemas.training_arguments(args.data, trainer=trainer))
@@ -93,9 +126,10 @@ def _read(reading: Reading, *, trainer: str | None) -> Reading:
     for f in list(reading.files):
         if f.kind == kinds.DEEPSPEED:
             readers.deepspeed(reading, f)
-    if args is None and accel is None:
+    if args is None and accel is None and own is None:
         raise InvalidConfigError(f"{reading.files[0].path} is a {reading.files[0].kind}: give the training arguments "
-                                 "(TrainingArguments/SFTConfig JSON or YAML) or the accelerate config it goes with")
+                                 "(TrainingArguments/SFTConfig JSON or YAML, an axolotl, LLaMA-Factory or torchtune "
+                                 "config) or the accelerate config it goes with")
     if "micro_batch" not in reading.origins:
         raise InvalidConfigError("no file says the per-device batch: give the training arguments file too "
                                  "(per_device_train_batch_size), or train_micro_batch_size_per_gpu in the DeepSpeed JSON")
@@ -121,12 +155,15 @@ def check_reading(reading: Reading, *, gpu: str, model: str | None = None, gpus:
 
     name = model or reading.model
     if spec is None and not name:
-        raise InvalidConfigError("no file names the model: give --model (a catalog id or a config.json) or "
-                                 "model_name_or_path in the arguments file")
+        raise InvalidConfigError("no file names the model: give --model (a catalog id or a config.json), or the "
+                                 "file's model key (model_name_or_path; axolotl's base_model; torchtune's "
+                                 "checkpointer.checkpoint_dir holding the model's config.json)")
     if spec is None:
         spec, device = resolve(model=name, gpu=gpu, gpu_mem_bytes=gpu_mem_bytes, calibration=calibration)
     else:
         device = apply_calibration(get_gpu(gpu, memory_bytes=gpu_mem_bytes), calibration)
+    for rule in reading.device_rules:
+        rule(reading, device)
     notes = list(reading.notes)
     seq = seq_len or reading.seq_len
     if seq is None:
@@ -185,8 +222,9 @@ def peft_default_targets(spec: "ModelSpec") -> tuple[str, ...]:
 
 
 def check_arguments(arguments: Mapping[str, Any] | Any, *, trainer: str | None = None, **kwargs: Any) -> CheckResult:
-    """``check`` of arguments given as an object: a mapping of the file's keys, or a
-    ``TrainingArguments``/``SFTConfig`` instance (its ``to_dict()``, the keys it was made with)."""
+    """``check`` of arguments given as an object: a mapping of the file's keys (an axolotl,
+    LLaMA-Factory or torchtune config's too), or a ``TrainingArguments``/``SFTConfig`` instance (its
+    ``to_dict()``, the keys it was made with)."""
     from planner.check import reading as readers
     from planner.check import schemas
 
@@ -199,6 +237,10 @@ def check_arguments(arguments: Mapping[str, Any] | Any, *, trainer: str | None =
     reading = Reading()
     file = kinds.ConfigFile(path="(arguments)", kind=kinds.TRAINING_ARGS, data=dict(arguments))
     reading.files.append(file)
+    from planner.check.trainers import MODULES, kind_of
+
+    if trainer in MODULES or (trainer is None and kind_of(file.data) is not None):  # an axolotl/LLaMA-Factory/torchtune mapping
+        return check_reading(_read(reading, trainer=trainer), **kwargs)
     readers.training_args(reading, file, schemas.training_arguments(file.data, trainer=trainer))
     for f in list(reading.files):
         if f.kind == kinds.DEEPSPEED:

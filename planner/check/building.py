@@ -28,12 +28,29 @@ def sharding(config: "TrainConfig") -> tuple[int, str]:
     return payload["zero"], payload["offload"]
 
 
-def spelled_schemes() -> tuple[str, ...]:
+def spelled_schemes(trainer: str | None = None) -> tuple[str, ...]:
     """The sharding schemes the files ``check`` reads can say (a ZeRO stage and an offload): its
-    search tries these only (FSDP2 has no spelling there yet: ``check`` reads no ``fsdp_config``)."""
+    search tries these only (FSDP2 has no spelling there yet: ``check`` reads no ``fsdp_config``;
+    torchtune's single-device recipes have none)."""
     from planner.sharding import Scheme, Sharding
 
+    if trainer == "torchtune":
+        return ("none",)
     return tuple(str(s) for s in Scheme if "zero" in Sharding(s).payload())
+
+
+def spellable(trainer: str | None, config: "TrainConfig") -> bool:
+    """Whether the trainer's file can say ``config`` (axolotl has no fp32 master weights, ...)."""
+    if trainer is None:
+        return True
+    from planner.check.trainers import trainer as module
+    from planner.errors import UnsupportedError
+
+    try:
+        module(trainer).write(config)
+    except UnsupportedError:
+        return False
+    return True
 
 
 def options_of(config: "TrainConfig") -> dict[str, Any]:
@@ -48,4 +65,4 @@ def options_of(config: "TrainConfig") -> dict[str, Any]:
     return out
 
 
-__all__ = ["options_of", "sharding", "train_config"]
+__all__ = ["options_of", "sharding", "spellable", "spelled_schemes", "train_config"]

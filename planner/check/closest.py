@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from planner.errors import NothingFitsError, PlannerError
+from planner.errors import NothingFitsError, PlannerError, UnsupportedError
 from planner.ranking import SPEED_TIE
 from planner.request import ADAPTER, ADAPTER_RECIPE, recipe_of
 
@@ -65,8 +65,9 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
                    estimate: Mapping[str, Any], calibration: "Calibration | None", cpu_mem_bytes: int | None,
                    gpu_mem_bytes: int | None) -> "tuple[Change | None, list[str]]":
     """(the change, advice): the advice is ``planner suggest``'s when nothing fits."""
-    from planner.check.building import sharding, spelled_schemes, train_config
+    from planner.check.building import sharding, spellable, spelled_schemes, train_config
     from planner.check.diff import key_changes
+    from planner.check.trainers import key_changes as trainer_key_changes
     from planner.check.result import Change
     from planner.estimation import estimate_configuration
     from planner.planning import SuggestRequest, make_plan
@@ -75,9 +76,10 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
     goal = "faster" if estimate["fits"] and not estimate["near_edge"] else "fit"
     speed = estimate["throughput"]["tokens_per_s"]
     advice: list[str] = []
+    refused: list[str] = []
     base = dict(model=spec.id, gpu=device.name, target_batch=config.global_batch, seq_len=config.seq_len,
                 gpus=config.gpus, gpu_mem_bytes=gpu_mem_bytes, cpu_mem_bytes=cpu_mem_bytes, top_k=TOP_K,
-                schemes=spelled_schemes(), **recipe_of(config))
+                schemes=spelled_schemes(reading.trainer), **recipe_of(config))
     tiers = [(str(config.method), str(config.precision)), (str(config.method), "auto"), ("auto", "auto")]
     for method, precision in dict.fromkeys(tiers):
         try:
@@ -86,7 +88,8 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
         except NothingFitsError as exc:
             advice = [str(exc)]
             continue
-        except PlannerError:
+        except PlannerError as exc:  # a tier the search refuses (a recipe setting it does not take)
+            refused.append(str(exc))
             continue
         pool = [c for c in (*planned.result.plans, planned.result.alternative) if c is not None]
         capacity = planned.device.memory_bytes
@@ -96,6 +99,7 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
                  if c.fits and not near_edge(c.config, c.memory, capacity=capacity)
                  and (goal == "fit" or c.throughput.tokens_per_s > speed * (1 + FASTER_BY))]
         found += _with_the_files_adapter(config, pool, goal=goal, speed=speed, spec=spec, device=device)
+        found = [f for f in found if spellable(reading.trainer, f[2])]
         if found:
             best = min(found, key=lambda t: t[:2])[2]
             try:
@@ -104,11 +108,18 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
                 continue
             if not _meets(data, goal, speed):
                 continue
-            best, data = _narrow(config, best, data, goal=goal, speed=speed, spec=spec, device=device,
-                                 make=lambda options: train_config(spec, device, seq_len=config.seq_len, options=options))
-            keys = key_changes(reading, config, best, sharding=sharding)
+            def make(options: Mapping[str, Any]) -> "TrainConfig":
+                made = train_config(spec, device, seq_len=config.seq_len, options=options)
+                if not spellable(reading.trainer, made):
+                    raise UnsupportedError(f"{reading.trainer} cannot say {made.label()}")
+                return made
+
+            best, data = _narrow(config, best, data, goal=goal, speed=speed, spec=spec, device=device, make=make)
+            # one YAML file holds the run of axolotl, LLaMA-Factory or torchtune: its trainer writes the keys
+            keys = (trainer_key_changes if reading.trainer else key_changes)(reading, config, best, sharding=sharding)
             return Change(goal=goal, config=best, keys=keys, estimate=data), []
-    return None, advice
+    # every tier refused: say why no change was searched (the first refusal: the file's own tier's)
+    return None, advice or ([f"no change searched: {refused[0]}"] if len(refused) == len(dict.fromkeys(tiers)) else [])
 
 
 def _with_the_files_adapter(config: "TrainConfig", pool, *, goal: str, speed: float, spec, device) -> list:

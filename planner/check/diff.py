@@ -146,7 +146,7 @@ def _precision(d: _Diff, old: TrainConfig, new: TrainConfig) -> None:
     new_p, old_p = str(new.precision), str(old.precision)
     flag = lambda p: p.split("-")[0] if p.endswith("-mixed") or (str(new.method) == "qlora" and p != "fp32") else None  # noqa: E731
     if d.args is None and d.accel is not None:
-        mixed = lambda p: p.split("-")[0] if p.endswith("-mixed") else "no"  # noqa: E731
+        mixed = lambda p: p.split("-")[0] if p.endswith("-mixed") or p == "fp8" else "no"  # noqa: E731
         d.put(target, "mixed_precision", mixed(old_p), mixed(new_p))
     else:
         for name in ("bf16", "fp16"):
@@ -155,6 +155,15 @@ def _precision(d: _Diff, old: TrainConfig, new: TrainConfig) -> None:
     if pure(old_p) != pure(new_p):
         dtype_file = d.args.path if d.trl and d.args is not None else SCRIPT
         d.put(dtype_file, "dtype", _DTYPE_NAMES[pure(old_p)], _DTYPE_NAMES[pure(new_p)])
+
+
+def sharding_changes(reading: Reading, file, old: tuple[int, str], new: tuple[int, str]) -> list[KeyChange]:
+    """The sharding change of a trainer whose ``file`` names its DeepSpeed JSON under ``deepspeed``
+    (axolotl, LLaMA-Factory), as the HF arguments file does."""
+    d = _Diff(reading)
+    d.args = d.main = file
+    _sharding(d, old, new)
+    return d.changes
 
 
 def _sharding(d: _Diff, old: tuple[int, str], new: tuple[int, str]) -> None:
@@ -191,4 +200,4 @@ def _sharding(d: _Diff, old: tuple[int, str], new: tuple[int, str]) -> None:
         d.put(new_file, key, None, "auto", new_file=True)  # the Trainer fills "auto" from its own arguments
 
 
-__all__ = ["NEW_ADAPTER", "NEW_BNB", "NEW_DEEPSPEED", "SCRIPT", "key_changes"]
+__all__ = ["NEW_ADAPTER", "NEW_BNB", "NEW_DEEPSPEED", "SCRIPT", "key_changes", "sharding_changes"]

@@ -92,14 +92,17 @@ def kind_of(data: Mapping[str, Any]) -> str:
     config has ``zero_optimization`` or ``train_micro_batch_size_per_gpu`` (deepspeed.ai/docs/config-json),
     peft's saved ``adapter_config.json`` has ``peft_type`` (peft/config.py ``PeftConfigMixin``),
     ``BitsAndBytesConfig`` has ``load_in_4bit`` without a trainer's keys, accelerate's config has
-    ``distributed_type`` (accelerate/commands/config/config_args.py ``BaseConfig``)."""
+    ``distributed_type`` (accelerate/commands/config/config_args.py ``BaseConfig``). An axolotl,
+    LLaMA-Factory or torchtune YAML is told apart from the HF arguments afterwards, by its trainer's
+    keys (``planner.check.trainers.kind_of``)."""
     if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data:
         return DEEPSPEED
     if "peft_type" in data:
         return ADAPTER
     if "distributed_type" in data or "compute_environment" in data:
         return ACCELERATE
-    if "load_in_4bit" in data and "per_device_train_batch_size" not in data and "model_name_or_path" not in data:
+    if "load_in_4bit" in data and "per_device_train_batch_size" not in data and "model_name_or_path" not in data \
+            and "base_model" not in data:
         return BNB
     return TRAINING_ARGS
 

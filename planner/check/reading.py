@@ -48,6 +48,10 @@ class Reading:
     seq_len: int | None = None
     gpus: int | None = None
     notes: list[str] = field(default_factory=list)
+    trainer: str | None = None
+    """The trainer whose one YAML file holds the run (``planner.check.trainers.MODULES``), else None."""
+    device_rules: list[Callable[["Reading", Any], None]] = field(default_factory=list)
+    """Settings the trainer decides by the GPU (axolotl's ``bf16: auto``), applied once it is known."""
     resolve: Callable[[str, ConfigFile], ConfigFile] | None = None
     """How a file named by another (TrainingArguments' ``deepspeed``) is found: None reads the disk
     (``_on_disk``); the service resolves among the files sent, never on its own disk."""
@@ -119,17 +123,12 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
         ckpt_key_written = ckpt_key
     reading.set("grad_ckpt", bool(value(ckpt_key)), file=file, key=ckpt_key_written, raw=bool(value(ckpt_key)),
                 given=given(ckpt_key))
-    optim = str(value("optim"))
-    table = _optimizers()
-    if optim not in table:
-        raise UnsupportedError(f"{file.path}: optim {optim!r} is not modelled: use one of {', '.join(sorted(table))}")
-    reading.set("optimizer", table[optim], file=file, key="optim", raw=optim, given=given("optim"))
-    if optim == "adamw_torch_fused":
-        reading.notes.append("optim adamw_torch_fused is planned as torch's foreach AdamW, whose step holds a copy of "
-                             "the second moments the fused kernel does not: the peak is an upper bound by that much")
+    read_optimizer(reading, file, "optim", value, given)
     # the recipe settings TrainingArguments holds, by their keys (planner.request), in the order
     # emit writes them: the values, then the switches
     for f in sorted(TRAINING_ARGS, key=lambda f: f.switch):
+        if f.evaluation:  # the eval pass's settings: read where eval_strategy evaluates (_evaluation)
+            continue
         key = f.training_args
         if not f.switch:
             reading.set(f.name, bool(value(key)), file=file, key=key, given=given(key))
@@ -149,11 +148,25 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     _attention(reading, file, schema)
     if value("deepspeed"):
         _deepspeed_reference(reading, file, value("deepspeed"))
-    if str(value("eval_strategy")) not in ("no", "IntervalStrategy.NO"):
-        reading.notes.append(f"eval_strategy {value('eval_strategy')}: the plan is the training step's; evaluation's "
-                             "activations and gathered logits are not in it")
+    _evaluation(reading, file, value, given)
     if value("torch_compile"):
         reading.notes.append("torch_compile: the plan is eager PyTorch's; compiled kernels keep fewer activations")
+
+
+def _evaluation(reading: Reading, file: ConfigFile, value, given) -> None:
+    """A file whose ``eval_strategy`` evaluates runs the Trainer's evaluation_loop at its eval
+    settings (``RequestField.evaluation`` with a ``training_args`` key: per_device_eval_batch_size,
+    TrainingArguments' default 8), so the plan holds the eval pass (``planner.memory.evaluation``)."""
+    strategy = str(value("eval_strategy"))
+    if strategy in ("no", "IntervalStrategy.NO", "None"):
+        return
+    for f in TRAINING_ARGS:
+        if f.evaluation and f.training_args:
+            reading.set(f.name, _count(file, f.training_args, value(f.training_args)), file=file, key=f.training_args,
+                        given=given(f.training_args))
+    reading.notes.append(f"eval_strategy {strategy}: the plan holds the eval pass at per_device_eval_batch_size "
+                         f"{value('per_device_eval_batch_size')}, each batch's logits freed with it (Trainer.evaluate "
+                         "without compute_metrics); compute_metrics' gathered logits and generation are not read")
 
 
 def _attention(reading: Reading, file: ConfigFile, schema: Schema) -> None:
@@ -167,6 +180,19 @@ def _attention(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     if not (value is None or isinstance(value, str)) or value not in ATTENTION:
         raise UnsupportedError(f"{file.path}: {key} {value!r} is not modelled: use sdpa, eager or flash_attention_2")
     reading.set("attention", ATTENTION[value], file=file, key=key, raw=value, given=key in file.data or key != "attn_implementation")
+
+
+def read_optimizer(reading: "Reading", file: ConfigFile, key: str, value, given) -> None:
+    """The HF ``optim`` name under ``key`` (TrainingArguments' optim, LLaMA-Factory's optim, axolotl's
+    optimizer: the same names), refused with the modelled ones when it is not one of them."""
+    optim = str(value(key))
+    table = _optimizers()
+    if optim not in table:
+        raise UnsupportedError(f"{file.path}: {key} {optim!r} is not modelled: use one of {', '.join(sorted(table))}")
+    reading.set("optimizer", table[optim], file=file, key=key, raw=optim, given=given(key))
+    if optim == "adamw_torch_fused":
+        reading.notes.append(f"{key} adamw_torch_fused is planned as torch's foreach AdamW, whose step holds a copy of "
+                             "the second moments the fused kernel does not: the peak is an upper bound by that much")
 
 
 def _refuse_unmodelled(file: ConfigFile, value) -> None:
@@ -411,10 +437,15 @@ def accelerate(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     reading.gpus = _count(file, "num_processes", data.get("num_processes", 1) or 1)
     reading.origins["gpus"] = Origin(file=file.path, key="num_processes", value=reading.gpus, given="num_processes" in data)
     mixed = str(data.get("mixed_precision", "no"))
-    if mixed not in ("no", "fp16", "bf16"):
-        raise UnsupportedError(f"{file.path}: mixed_precision {mixed} is not modelled: no, fp16 or bf16")
+    if mixed not in ("no", "fp16", "bf16", "fp8"):
+        raise UnsupportedError(f"{file.path}: mixed_precision {mixed} is not modelled: no, fp16, bf16 or fp8")
+    backend = str((data.get("fp8_config") or {}).get("backend", "AO")).upper()
+    if mixed == "fp8" and backend != "AO":
+        # accelerate picks torchao first when no backend is named (accelerator.py: "Prioritize AO -> TE -> MSAMP")
+        raise UnsupportedError(f"{file.path}: fp8_config backend {backend} is not modelled: AO (torchao's float8 linears)")
     if "precision" not in reading.options:
-        reading.set("precision", f"{mixed}-mixed" if mixed != "no" else "fp32", file=file, key="mixed_precision", raw=mixed)
+        precision = "fp32" if mixed == "no" else "fp8" if mixed == "fp8" else f"{mixed}-mixed"
+        reading.set("precision", precision, file=file, key="mixed_precision", raw=mixed)
     ds = _section(file, "deepspeed_config", data.get("deepspeed_config"))
     if kind == "DEEPSPEED" and ds.get("deepspeed_config_file"):
         _deepspeed_reference(reading, file, ds["deepspeed_config_file"])
@@ -430,4 +461,4 @@ def accelerate(reading: Reading, file: ConfigFile, schema: Schema) -> None:
             reading.set("grad_accum", ds["gradient_accumulation_steps"], file=file, key="deepspeed_config.gradient_accumulation_steps")
 
 
-__all__ = ["ATTENTION", "Origin", "Reading", "accelerate", "adapter", "bnb", "deepspeed", "training_args"]
+__all__ = ["ATTENTION", "Origin", "Reading", "accelerate", "adapter", "bnb", "deepspeed", "read_optimizer", "training_args"]

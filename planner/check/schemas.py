@@ -51,9 +51,20 @@ def _defaults(cls: type) -> dict[str, Any]:
     return out
 
 
+def _quiet_cpu_kernels() -> None:
+    """transformers imports bitsandbytes, which on a CPU with AVX512-BF16 warns that it cannot load
+    its optional Hub kernel ("Failed to load CPU gemm_4bit_forward from kernels-community":
+    bitsandbytes 0.50 backends/cpu/ops.py, ``logger.warning`` under ``has_avx512bf16()``). Reading a
+    file's keys runs no kernel, so ``planner check`` printed a warning that meant nothing."""
+    import logging
+
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
 def _need(package: str, what: str):
     import importlib
 
+    _quiet_cpu_kernels()
     try:
         return importlib.import_module(package)
     except ImportError:
@@ -75,6 +86,7 @@ def hf_training_arguments() -> Schema:
 def trl_config() -> Schema | None:
     """The keys ``trl sft --config`` reads (SFTConfig, a TrainingArguments with SFT's own
     defaults, plus ModelConfig and ScriptArguments); None where TRL is not installed."""
+    _quiet_cpu_kernels()
     try:
         import trl
         from trl import ModelConfig, ScriptArguments, SFTConfig

@@ -16,7 +16,8 @@ DOES_NOT_FIT = 3
 
 def check(
     files: List[str] = typer.Argument(..., metavar="FILE...", help="The training config: TrainingArguments/TRL SFT JSON or YAML, an accelerate "
-                                      "config YAML; its DeepSpeed JSON and an adapter_config.json beside it are read too."),
+                                      "config YAML, an axolotl, LLaMA-Factory or torchtune YAML; its DeepSpeed JSON and an "
+                                      "adapter_config.json beside it are read too."),
     gpu: str = _GPU,
     model: Optional[str] = typer.Option(None, "--model", "-m", help="The model (default: the file's model_name_or_path)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs (default: the accelerate config's num_processes, else 1)."),
@@ -24,8 +25,9 @@ def check(
                                           "min(2048, the model's maximum)."),
     gpu_mem: Optional[str] = _GPU_MEM,
     cpu_mem: Optional[str] = typer.Option(None, "--cpu-mem", help="Host RAM of the node for offload, e.g. 192GiB."),
-    trainer: Optional[str] = typer.Option(None, "--trainer", help="hf|trl: read the arguments with this trainer's schema "
-                                          "(default: TRL's when the file has a key only TRL has)."),
+    trainer: Optional[str] = typer.Option(None, "--trainer", help="hf|trl|axolotl|llama-factory|torchtune: read the file "
+                                          "with this trainer's schema (default: the trainer whose keys it has; TRL's when "
+                                          "it has a key only TRL has)."),
     as_json: bool = _JSON,
     db: Optional[str] = typer.Option(None, "--db", help="Database URL to read the device's calibration from."),
 ) -> None:
@@ -37,8 +39,10 @@ def check(
     from planner.errors import InvalidConfigError
     from planner.units import parse_bytes
 
-    if trainer is not None and trainer not in ("hf", "trl"):
-        raise InvalidConfigError(f"--trainer must be hf or trl, got {trainer!r}")
+    from planner.check.trainers import MODULES
+
+    if trainer is not None and trainer not in ("hf", "trl", *MODULES):
+        raise InvalidConfigError(f"--trainer must be one of hf, trl, {', '.join(MODULES)}, got {trainer!r}")
     gpu = catalog_gpu(gpu)
     calibration, note = active_calibration(gpu, db=db)
     if note:

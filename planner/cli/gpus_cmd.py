@@ -20,14 +20,14 @@ def gpus(
     from rich.table import Table
 
     table = Table(title=f"{len(specs)} devices: dense TFLOP/s, bandwidths in GB/s per direction")
-    for header in ("name", "memory GiB", "bf16", "fp8", "bf16 TF/s", "fp16 TF/s", "fp32 TF/s", "memory GB/s", "host link", "interconnect"):
+    for header in ("name", "memory GiB", "bf16", "fp8 TF/s", "bf16 TF/s", "fp16 TF/s", "fp32 TF/s", "memory GB/s", "host link", "interconnect"):
         table.add_column(header, no_wrap=True, justify="left" if header in ("name", "interconnect") else "right")
     for spec in specs:
         table.add_row(
             spec.name,
             f"{spec.memory_bytes / GiB:.1f}",
             "yes" if spec.bf16 else "no",
-            "yes" if spec.fp8 else "no",
+            f"{spec.fp8_tflops:g}" if spec.fp8 else "-",
             f"{spec.bf16_tflops:g}" if spec.bf16 else "-",
             f"{spec.fp16_tflops:g}",
             f"{spec.fp32_tflops:g}",

@@ -263,7 +263,7 @@ def measure(
 ) -> None:
     """Train the configuration for a few real steps in a fresh process and compare with the prediction."""
     from planner.cli._common import console, print_json
-    from planner.errors import InvalidConfigError, MissingDependencyError
+    from planner.errors import InvalidConfigError, MissingDependencyError, UnsupportedError
     from planner.estimation import build_config, estimate_dict
     from planner.memory import estimate_memory
     from planner.search import safety_margin
@@ -281,6 +281,10 @@ def measure(
     if gpus != 1:
         raise InvalidConfigError("planner measure runs on one device: use --gpus 1 (ZeRO runs as one rank)")
     config = build_config(spec, device, seq_len=options["seq_len"], **_config_options(options, gpus=gpus))
+    if str(config.precision) == "fp8":  # on an FP8 GPU (build_config refused it elsewhere, the cpu profile included)
+        raise UnsupportedError("planner measure does not run fp8: its worker trains with torch autocast, not "
+                               "torchao's float8 linears; measure --precision bf16-mixed, or run the plan "
+                               "planner emit writes with accelerate launch")
     _check_worker_libraries(config)
     if not device.is_cpu:
         import torch

@@ -264,7 +264,7 @@ def _compare(*, model, gpu_names, target_batch, seq_len, gpus, gpu_mem, method, 
     from planner.cli.rent_view import print_comparison
     from planner.errors import InvalidConfigError
     from planner.pricing import load_prices
-    from planner.rent import compare_gpus, parse_tokens, workload
+    from planner.rent import compare_gpus, parse_tokens, usable_cpus, workload
 
     refused = {"--verify": verify, "--emit": emit, f"--gpus {gpus}": gpus != 1, "--gpu-mem": gpu_mem}
     given = next((flag for flag, value in refused.items() if value), None)
@@ -296,7 +296,7 @@ def _compare(*, model, gpu_names, target_batch, seq_len, gpus, gpu_mem, method, 
     if note:
         console_to_stderr().print(note)
     comparison = compare_gpus(request, workload=job, prices=table, gpus_max=gpus_max, spec=spec,
-                              gpu_names=gpu_names, calibration_of=calibrations.get)
+                              gpu_names=gpu_names, calibration_of=calibrations.get, processes=usable_cpus())
     if as_json:
         print_json(comparison.to_dict())
     else:

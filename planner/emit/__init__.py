@@ -23,6 +23,10 @@ if TYPE_CHECKING:  # pragma: no cover
 #: every file ``plan_files`` can write, in the order PLAN.md lists them
 FILE_NAMES = ("train.py", "training_args.json", "ds_config.json", "lora_config.json", "bnb_config.json",
               "accelerate_config.yaml", "PLAN.md")
+#: every name ``--for`` any trainer writes: a directory emitted into again (--force) keeps no stale one
+ALL_FILE_NAMES = (*FILE_NAMES, "sft.yaml", "axolotl.yaml", "llama_factory.yaml", "torchtune.yaml")
+#: how train.py is run
+HF_LAUNCH = "accelerate launch --config_file accelerate_config.yaml train.py --dataset {data}"
 
 
 class OutputExistsError(PlannerError):
@@ -78,7 +82,7 @@ def _model_location(model_id: str) -> str:
 
 def _dtype_why(config: "TrainConfig", dtype: str) -> str:
     """The comment next to train.py's MODEL_DTYPE."""
-    from planner.config import Method
+    from planner.config import Method, Precision
 
     if config.method is Method.QLORA:
         return "the compute dtype; the 4-bit weights come from bnb_config.json"
@@ -87,6 +91,8 @@ def _dtype_why(config: "TrainConfig", dtype: str) -> str:
     cast = config.sharding.spec.cast_words("bf16" if config.precision.needs_bf16 else "fp16")
     if config.precision.is_mixed and cast is not None:
         return cast[1]
+    if config.precision is Precision.FP8:
+        return "fp32 weights; bf16 autocast and fp8 linears by accelerate's torchao backend (accelerate_config.yaml)"
     if config.precision.is_mixed:
         return "fp32 weights; 16-bit compute by autocast (bf16/fp16 in training_args.json)"
     return "fp32 weights and compute"
@@ -117,6 +123,26 @@ def resolve_plan_model(plan: "StoredPlan") -> "ModelSpec":
     return spec
 
 
+def emitted_files(*, plan: "StoredPlan", rank: int = 1, dataset: str | None = None,
+                  target: str = "hf") -> tuple[dict[str, str], str]:
+    """(file name -> text, the launch line) of the plan's candidate ``rank`` for ``target``."""
+    from planner.emit.trainers import trainer_files
+    from planner.gpus import get_gpu
+
+    stored = pick_candidate(plan, rank=rank)
+    spec = resolve_plan_model(plan)
+    if target != "hf":
+        on_cpu = get_gpu(plan.request.gpu, memory_bytes=plan.request.gpu_memory_bytes).is_cpu
+        return trainer_files(target, config=stored.candidate.config, spec=spec, model=_model_location(plan.request.model_id),
+                             dataset=dataset, on_cpu=on_cpu)
+    files = plan_files(
+        candidate=stored.candidate, spec=spec, request=plan.request, plan_id=plan.id, rank=rank, dataset=dataset,
+        measurements=[m.measurement for m in stored.measurements], status=str(plan.status),
+        usable_bytes=plan.usable_bytes,
+    )
+    return files, HF_LAUNCH.format(data=dataset or "DATA")
+
+
 def check_directory(directory: Path | str, *, force: bool) -> None:
     """Refuse a path that is a file, or a directory that holds files (unless ``force``): callers
     check before they plan or store anything, ``write_plan_files`` again before it writes."""
@@ -141,23 +167,25 @@ def check_directory(directory: Path | str, *, force: bool) -> None:
 
 def write_plan_files(
     *, plan: "StoredPlan", rank: int = 1, directory: Path, force: bool = False, dataset: str | None = None,
+    target: str = "hf",
 ) -> list[Path]:
-    """Write the files of the plan's candidate ``rank`` into ``directory`` (created if missing).
+    """Write the files of the plan's candidate ``rank`` into ``directory`` (created if missing):
+    train.py and its files (``target`` "hf"), or the config of the trainer ``target`` names
+    (``planner.emit.trainers``).
 
     A directory that already holds files is refused unless ``force``, which overwrites the
     emitted names and removes emitted names this plan does not use (a stale lora_config.json
     would be read by train.py); other files are left alone. Returns the paths written."""
-    directory = Path(directory)
-    stored = pick_candidate(plan, rank=rank)
-    spec = resolve_plan_model(plan)
-    files = plan_files(
-        candidate=stored.candidate, spec=spec, request=plan.request, plan_id=plan.id, rank=rank, dataset=dataset,
-        measurements=[m.measurement for m in stored.measurements], status=str(plan.status),
-        usable_bytes=plan.usable_bytes,
-    )
+    files, _launch = emitted_files(plan=plan, rank=rank, dataset=dataset, target=target)
+    return write_files(files, directory=directory, force=force)
+
+
+def write_files(files: dict[str, str], *, directory: Path | str, force: bool = False) -> list[Path]:
+    """``write_plan_files``' writing: refused into a directory with files unless ``force``."""
     check_directory(directory, force=force)
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    for stale in set(FILE_NAMES) - set(files):
+    for stale in set(ALL_FILE_NAMES) - set(files):
         (directory / stale).unlink(missing_ok=True)
     written = []
     for name, text in files.items():
@@ -167,4 +195,5 @@ def write_plan_files(
     return written
 
 
-__all__ = ["FILE_NAMES", "OutputExistsError", "check_directory", "pick_candidate", "plan_files", "resolve_plan_model", "write_plan_files"]
+__all__ = ["ALL_FILE_NAMES", "FILE_NAMES", "HF_LAUNCH", "OutputExistsError", "check_directory", "emitted_files", "pick_candidate",
+           "plan_files", "resolve_plan_model", "write_files", "write_plan_files"]

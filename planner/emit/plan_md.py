@@ -17,6 +17,8 @@ _PRECISION_WORDS = {
     Precision.BF16_MIXED: "fp32 weights, bf16 autocast compute (Trainer bf16=True)",
     Precision.FP16: "the model loaded in fp16: weights, gradients and optimizer states in fp16",
     Precision.BF16: "the model loaded in bf16: weights, gradients and optimizer states in bf16",
+    Precision.FP8: "fp32 weights, bf16 autocast compute, the linear layers' GEMMs in fp8 by torchao's float8 "
+                   "linears (accelerate mixed_precision fp8, backend AO: accelerate_config.yaml; Trainer bf16/fp16 off)",
 }
 
 

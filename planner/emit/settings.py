@@ -12,9 +12,10 @@ from typing import Any
 
 from planner.config import Loop, Method, Precision, TrainConfig
 from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
+from planner.errors import UnsupportedError
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
-from planner.request import ADAPTER_RECIPE, TRAINING_ARGS
+from planner.request import ADAPTER_RECIPE, TRAINING_ARGS, unexpressible
 from planner.sharding.zero import DEEPSPEED_FILE
 
 #: the HF Trainer's default gradient clipping, written out so DeepSpeed clips alike
@@ -30,8 +31,21 @@ LIGER_FUSED_CE_ONLY = {"fused_linear_cross_entropy": True, "cross_entropy": Fals
                        "rope": False, "swiglu": False}
 #: what a switch of TrainingArguments (``RequestField.switch``) is written with when on
 SWITCHED_WITH = {"use_liger_kernel": {"liger_kernel_config": LIGER_FUSED_CE_ONLY}}
+#: fp8: accelerate's ``mixed_precision`` value and FP8 backend (accelerate utils/dataclasses.py
+#: ``FP8BackendType.AO``: torchao's float8 linears, the backend ``Precision.FP8`` models). ``accelerate
+#: launch`` exports them as ACCELERATE_MIXED_PRECISION and ACCELERATE_FP8_BACKEND (utils/launch.py
+#: ``setup_fp8_env``); TrainingArguments keeps the launcher's value when bf16 and fp16 are off
+#: (transformers training_args.py ``__post_init__``: ``os.environ.get("ACCELERATE_MIXED_PRECISION", "no")``).
+FP8_MIXED_PRECISION = "fp8"
+FP8_BACKEND = "AO"
 #: lora_alpha = 2 r (the worker's choice; alpha only scales the update, it costs no memory)
 LORA_ALPHA_PER_RANK = 2
+#: with --eval-batch: evaluate every EVAL_STEPS optimizer steps (TrainingArguments' eval_steps; a run
+#: shorter than that never evaluates, and the plan's eval moment is not reached) on EVAL_BATCHES eval
+#: batches held out of the dataset (evaluation's memory does not grow with their number: each batch's
+#: logits are freed with it, the Trainer's evaluation_loop without compute_metrics)
+EVAL_STEPS = 100
+EVAL_BATCHES = 4
 #: the file names the settings refer to each other by (and the sharding scheme's, ``DEEPSPEED_FILE``)
 OUTPUT_DIR = "output"
 
@@ -49,7 +63,11 @@ def model_dtype(config: TrainConfig) -> str:
 
 
 def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
-    """Keyword arguments of ``transformers.TrainingArguments`` (transformers 5.x names)."""
+    """Keyword arguments of ``transformers.TrainingArguments`` (transformers 5.x names); a plan
+    with a setting the HF Trainer has no key for (torchtune's: ``planner.request``) is refused."""
+    if missing := unexpressible(config, "hf"):
+        raise UnsupportedError(f"the HF Trainer has no {', '.join(missing)} (torchtune's recipe settings): "
+                               "emit --for torchtune, or plan without them")
     args: dict[str, Any] = {
         "output_dir": OUTPUT_DIR,
         "per_device_train_batch_size": config.micro_batch,
@@ -71,9 +89,12 @@ def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
         "max_grad_norm": MAX_GRAD_NORM,
         # the recipe settings TrainingArguments holds as they are (planner.request, each field's
         # training_args key): the KV cache the plan counts (transformers drops it under checkpointing)
-        **{f.training_args: getattr(config, f.name) for f in TRAINING_ARGS if not f.switch},
-        # no evaluation during training: its activations and gathered logits are not planned
-        "eval_strategy": "no",
+        **{f.training_args: getattr(config, f.name) for f in TRAINING_ARGS
+           if not f.switch and not (f.evaluation and getattr(config, f.name) is None)},
+        # evaluation only where the plan holds its pass (planner.memory.evaluation): every EVAL_STEPS
+        # optimizer steps on the sequences train.py holds out
+        "eval_strategy": "steps" if config.evaluates else "no",
+        **({"eval_steps": EVAL_STEPS} if config.evaluates else {}),
         "num_train_epochs": 1,
         "logging_steps": 10,
         "save_strategy": "no",
@@ -102,7 +123,8 @@ def run_assumptions(config: TrainConfig) -> list[str]:
              f"{config.seq_len} tokens (train.py truncates to it)",
         ("a KV cache built in the forward (use_cache=True" + (", which transformers turns off under checkpointing)"
                                                                 if config.grad_ckpt else ")")
-         if config.use_cache else "no KV cache in training (use_cache=False)") + "; no evaluation while training",
+         if config.use_cache else "no KV cache in training (use_cache=False)"),
+        _evaluation_assumption(config),
         "the HF Trainer's step: forward, loss, the outputs freed before backward; gradients zeroed (set to None) "
         "after each optimizer step",
         f"gradients clipped to norm {MAX_GRAD_NORM} (a few scalars per step)",
@@ -118,6 +140,10 @@ def run_assumptions(config: TrainConfig) -> list[str]:
     if config.method.uses_adapters:
         lines.append(f"LoRA dropout {config.lora_dropout}: " + ("each adapted layer keeps a dropped copy of its input and "
                      "the mask" if config.lora_dropout else "no dropped copy of each adapted layer's input"))
+    if config.precision is Precision.FP8:
+        lines.append("fp8: accelerate's torchao backend converts every nn.Linear but the first and the lm_head whose "
+                     "dims divide by 16 to torchao's Float8Linear (needs `pip install torchao` and an FP8 GPU); bf16 "
+                     "autocast and fp32 weights otherwise, as bf16-mixed; eager (no torch.compile)")
     if OPTIMIZERS[config.optimizer].bnb_8bit_states:
         lines.append("8-bit states for the embeddings too (train.py undoes the Trainer's 32-bit override)")
     lines += config.sharding.spec.plan_notes
@@ -132,9 +158,35 @@ def model_config_settings(config: TrainConfig) -> dict[str, Any]:
 
 
 def script_recipe(config: TrainConfig) -> dict[str, Any]:
-    """The recipe settings train.py applies itself (``planner.emit.train_script``): packing and the
-    model-config settings (the KV cache)."""
-    return {"packed": config.packing, **model_config_settings(config)}
+    """The recipe settings train.py applies itself (``planner.emit.train_script``): packing, the
+    launcher's environment, the model-config settings (the KV cache) and the evaluation pass's sequences."""
+    return {"packed": config.packing, "launch_env": launch_env(config), **model_config_settings(config),
+            "eval_sequences": eval_sequences(config), "eval_seq_len": config.eval_tokens,
+            "generate_tokens": config.generate_tokens}
+
+
+def launch_env(config: TrainConfig) -> dict[str, str]:
+    """The environment ``accelerate launch`` sets from accelerate_config.yaml that train.py sets too,
+    so that ``python train.py`` runs the same precision: fp8's (``FP8_MIXED_PRECISION``, ``FP8_BACKEND``)."""
+    if config.precision is not Precision.FP8:
+        return {}
+    return {"ACCELERATE_MIXED_PRECISION": FP8_MIXED_PRECISION, "ACCELERATE_FP8_BACKEND": FP8_BACKEND}
+
+
+def eval_sequences(config: TrainConfig) -> int:
+    """Sequences train.py holds out for evaluation: EVAL_BATCHES eval batches (0: no evaluation)."""
+    return EVAL_BATCHES * config.eval_batch if config.evaluates else 0
+
+
+def _evaluation_assumption(config: TrainConfig) -> str:
+    if not config.evaluates:
+        return "no evaluation while training"
+    tokens = config.eval_tokens
+    generation = (f", then greedy generation of {config.generate_tokens} tokens from the first eval batch's "
+                  f"{tokens}-token prompts (train.py's callback)" if config.generate_tokens else "")
+    return (f"evaluation every {EVAL_STEPS} optimizer steps on {eval_sequences(config)} held-out sequences of "
+            f"{tokens} tokens, {config.eval_batch} per forward{generation}; the logits of each eval batch are freed "
+            f"with it (no compute_metrics)")
 
 
 def adapter_settings(config: TrainConfig) -> dict[str, Any]:
@@ -194,7 +246,8 @@ def accelerate_config(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
     """accelerate's ``ClusterConfig`` fields for ``accelerate launch`` (one machine)."""
     # the distribution and its plugin's section are the sharding scheme's (planner.sharding)
     sharding = dict(config.sharding.spec.accelerate(config, on_cpu=on_cpu))
-    mixed = {Precision.BF16_MIXED: "bf16", Precision.FP16_MIXED: "fp16"}.get(config.precision, "no")
+    mixed = {Precision.BF16_MIXED: "bf16", Precision.FP16_MIXED: "fp16",
+             Precision.FP8: FP8_MIXED_PRECISION}.get(config.precision, "no")
     out: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": sharding.pop("distributed_type"),
@@ -208,6 +261,9 @@ def accelerate_config(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
         "rdzv_backend": "static",
         "same_network": True,
     }
+    if config.precision is Precision.FP8:
+        # the section ``accelerate config`` writes for fp8 (commands/config/cluster.py: fp8_config["backend"])
+        out["fp8_config"] = {"backend": FP8_BACKEND}
     out.update(sharding)
     return out
 
@@ -231,7 +287,7 @@ def to_yaml(data: dict[str, Any], indent: int = 0) -> str:
 
 
 __all__ = [
-    "CHECKPOINTING_KWARGS", "DEEPSPEED_FILE", "LIGER_FUSED_CE_ONLY", "MAX_GRAD_NORM",
-    "accelerate_config", "adapter_settings", "bnb_config", "deepspeed_config", "lora_config", "model_config_settings",
+    "CHECKPOINTING_KWARGS", "DEEPSPEED_FILE", "FP8_BACKEND", "FP8_MIXED_PRECISION", "LIGER_FUSED_CE_ONLY", "MAX_GRAD_NORM",
+    "accelerate_config", "adapter_settings", "bnb_config", "deepspeed_config", "launch_env", "lora_config", "model_config_settings",
     "model_dtype", "to_yaml", "training_arguments",
 ]

@@ -28,7 +28,7 @@ the prediction no longer holds.
 import argparse
 import json
 import pathlib
-
+${launch_env}
 HERE = pathlib.Path(__file__).resolve().parent
 MODEL = $model_repr  # a Hugging Face id or a local folder with the weights (--model overrides)
 DATASET = $dataset_repr  # --dataset overrides
@@ -39,6 +39,9 @@ MASKED_LM = $masked_lm  # True for an encoder (BERT-like), trained as masked LM
 SEQ2SEQ = $seq2seq  # True for an encoder-decoder (T5-like): the labels are the input, shifted by the model
 PACKED = $packed  # True: sequences packed to SEQ_LEN; False: one row per sequence, padded per batch
 USE_CACHE = $use_cache  # transformers' use_cache in the training forward
+EVAL_SEQUENCES = $eval_sequences  # sequences held out of the dataset for evaluation (0: no evaluation)
+EVAL_SEQ_LEN = $eval_seq_len  # tokens per eval sequence (the prompt's when generating)
+GENERATE_TOKENS = $generate_tokens  # tokens generated from the first eval batch at each evaluation (0: none)
 
 
 def read_settings(name):
@@ -118,6 +121,38 @@ def padded_rows(rows, model_name):
     return [b for b in blocks if b], tokenizer
 
 
+def split_off_evaluation(data):
+    """The last EVAL_SEQUENCES sequences, cut to EVAL_SEQ_LEN tokens, become the eval dataset."""
+    if not EVAL_SEQUENCES:
+        return data, None
+    if len(data) <= EVAL_SEQUENCES:
+        raise SystemExit(f"the dataset holds {len(data)} sequences: {EVAL_SEQUENCES} are held out for evaluation "
+                         "and none would be left to train on")
+    held_out = [{key: value[:EVAL_SEQ_LEN] for key, value in row.items()} for row in data[-EVAL_SEQUENCES:]]
+    return data[:-EVAL_SEQUENCES], held_out
+
+
+def generating_callback(trainer, held_out):
+    """After each evaluation: greedy generation of GENERATE_TOKENS tokens from the first eval batch,
+    with the KV cache on (what the plan counts as its generation moment)."""
+    import torch
+    from transformers import TrainerCallback
+
+    class Generate(TrainerCallback):
+        def on_evaluate(self, args, state, control, **kwargs):
+            batch = trainer.data_collator(held_out[: args.per_device_eval_batch_size])
+            prompts = batch["input_ids"].to(trainer.model.device)
+            mask = batch.get("attention_mask")
+            with torch.no_grad():
+                out = trainer.model.generate(
+                    input_ids=prompts, attention_mask=None if mask is None else mask.to(prompts.device),
+                    max_new_tokens=GENERATE_TOKENS, min_new_tokens=GENERATE_TOKENS, do_sample=False, use_cache=True,
+                )
+            print(f"generated {out.shape[1] - prompts.shape[1]} tokens for {len(prompts)} eval prompts")
+
+    return Generate()
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=MODEL, help=f"model id or folder (default {MODEL})")
@@ -126,6 +161,8 @@ def parse_args(argv=None):
     )
     parser.add_argument("--output-dir", default=None, help="where the model is saved (default: training_args.json)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
+    parser.add_argument("--eval-steps", type=int, default=None, help="evaluate every this many optimizer steps "
+                        "(default: training_args.json; only where the plan evaluates)")
     return parser.parse_args(argv)
 
 
@@ -139,6 +176,8 @@ def build_trainer(argv=None):
     settings["output_dir"] = cli.output_dir or settings["output_dir"]
     if cli.max_steps:
         settings["max_steps"] = cli.max_steps
+    if cli.eval_steps and EVAL_SEQUENCES:
+        settings["eval_steps"] = cli.eval_steps
     # before the model is loaded: with ZeRO-3 the weights load already partitioned
     args = TrainingArguments(**settings)
     model = add_adapters(load_model(cli.model), args)
@@ -156,7 +195,10 @@ def build_trainer(argv=None):
     else:
         collator = default_data_collator  # the model shifts the labels itself
         data = [{"input_ids": b, "labels": b} for b in blocks]
-    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
+    data, held_out = split_off_evaluation(data)
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=held_out, data_collator=collator)
+    if GENERATE_TOKENS:
+        trainer.add_callback(generating_callback(trainer, held_out))
     if "8bit" in args.optim:
         # the Trainer keeps embedding states in 32 bits with 8-bit optimizers (transformers
         # trainer.py create_optimizer); the plan counts them in 8 bits like every other tensor
@@ -181,16 +223,23 @@ if __name__ == "__main__":
 def render_train_script(
     *, model: str, plan_id: str, rank: int, label: str, seq_len: int, dtype: str, dtype_why: str,
     attention: str, masked_lm: bool, dataset: str | None, seq2seq: bool = False, packed: bool = True,
-    use_cache: bool = False,
+    use_cache: bool = False, launch_env: dict[str, str] | None = None, eval_sequences: int = 0,
+    eval_seq_len: int = 0, generate_tokens: int = 0,
 ) -> str:
-    """The text of ``train.py`` for one plan."""
+    """The text of ``train.py`` for one plan; ``launch_env``: variables it sets as ``accelerate launch``
+    would (``planner.emit.settings.launch_env``), before TrainingArguments reads them."""
+    env = "".join(f"os.environ.setdefault({k!r}, {v!r})\n" for k, v in (launch_env or {}).items())
+    if env:
+        env = ("import os\n\n# as accelerate_config.yaml sets them under `accelerate launch`, so that `python train.py` "
+               "trains alike\n" + env)
     data_doc = ("packed into sequences of exactly SEQ_LEN tokens: nothing is padded, no attention mask is built"
                 if packed else "each row is one sequence of at most SEQ_LEN tokens, padded to the longest in its "
                 "batch with an attention mask (the plan counts batches whose longest is SEQ_LEN)")
     return _TEMPLATE.substitute(
         model=model, plan_id=plan_id, rank=rank, label=label, model_repr=repr(model), dataset_repr=repr(dataset),
         seq_len=seq_len, dtype_repr=repr(dtype), dtype_why=dtype_why, attention_repr=repr(attention),
-        masked_lm=masked_lm, seq2seq=seq2seq, packed=packed, use_cache=use_cache, data_doc=data_doc,
+        masked_lm=masked_lm, seq2seq=seq2seq, packed=packed, use_cache=use_cache, data_doc=data_doc, launch_env=env,
+        eval_sequences=eval_sequences, eval_seq_len=eval_seq_len or seq_len, generate_tokens=generate_tokens,
     )
 
 

@@ -10,6 +10,7 @@ returns a ``MemoryEstimate`` whose ``breakdown`` names every term and sums to
   as named terms with their sources;
 * ``states``: weights, gradients, optimizer states, the batch-independent terms;
 * ``step``: the moments of a step at which memory can peak;
+* ``evaluation``: the eval pass during training (its moments after the step);
 * ``timeline``: the allocations and frees of one optimizer step, from which the peak, its moment
   and its breakdown are read;
 * ``reserve``: from allocated to reserved and the process total.

@@ -24,7 +24,7 @@ from planner.config import Attention, Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
 from planner.memory import moe, recurrent
 from planner.memory.attention import attention_terms, effective_attention, out_input, padding_mask
-from planner.memory.dtypes import FP32, HALF, INT64, DtypeMode, mode_of
+from planner.memory.dtypes import FP32, HALF, INT64, DtypeMode, fp8_converts, mode_of
 from planner.memory.parameters import lora_targets
 from planner.memory.shapes import BlockContext, Dims, block_context, block_input_needs_grad, dims_of
 from planner.modelspec import LATENT_UP, LinearKind, LinearSpec, ModelSpec
@@ -68,6 +68,9 @@ TERM_SOURCES = {
                     "kernel, the input's dtype on the CPU) and lora_A keeps the dropped copy where it saves no cast of it "
                     "(peft/tuners/lora/layer.py Linear.forward: lora_B(lora_A(dropout(x))), one dropout per adapter)",
     "autocast/weight_casts": "16-bit weight copies F.linear saves under autocast",
+    "autocast/fp8_first_linear": "fp8: the model's first linear, which accelerate leaves unconverted, keeps its "
+                                 "16-bit weight cast (accelerate utils/ao.py filter_first_and_last_linear_layers)",
+    "fp8/casts": "fp8: a float8 linear's backward casts (torchao float8_linear.py backward; activations.fp8_cast_terms)",
     "lora/weight_casts": "16-bit copies of the fp32 adapters under autocast",
     "checkpoints": "torch.utils.checkpoint (non-reentrant) keeps each block's input",
     "recompute": "one block's saved tensors rebuilt during backward under checkpointing",
@@ -109,6 +112,11 @@ def _norms(ctx: BlockContext) -> int:
     """The block's norms over the hidden size (``ModelSpec.norm_placement``): before the sublayers
     (reading the residual stream), after them (reading the sublayers' outputs), or both."""
     placement, total = ctx.model.norm_placement, 0
+    if placement == "single":
+        # NemotronHRMSNorm (modeling_nemotron_h.py:626-634): ``self.weight.to(torch.float32) * hidden_states`` keeps
+        # the fp32 copy of a 16-bit weight for the input's gradient
+        weight_copy = ctx.dims.h * FP32 if ctx.block_input_needs_grad and ctx.mode.weight != FP32 else 0
+        return _norm_bytes(ctx, ctx.block_input_needs_grad) + weight_copy
     if placement != "post":
         total += _norm_bytes(ctx, ctx.block_input_needs_grad)
         if not ctx.model.parallel_block:
@@ -153,9 +161,9 @@ def _qk_norms(ctx: BlockContext) -> int:
     for heads, proj in ((dims.a, "q_proj"), (dims.kv, "k_proj")):
         if not (ctx.block_input_needs_grad or proj in ctx.targets):
             continue
-        rows = heads if model.qk_norm == "head" else 1
+        rows = 1 if model.qk_norm == "projection" else heads
         total += e * heads * dims.d * FP32 + e * rows * FP32 * model.norm_row_stats
-        if ctx.full:
+        if ctx.full and model.qk_norm != "l2":  # Llama 4's L2 norm has no weight
             total += e * heads * dims.d * (FP32 if model.norm_weight_fp32 else ctx.mode.compute)
     if model.v_norm:
         source = "v_proj" if any(lin.name == "v_proj" for lin in model.layer_linears) else "k_proj"
@@ -296,22 +304,38 @@ def _dropped_bytes(ctx: BlockContext, lin: LinearSpec) -> int:
 
 
 def _lora_dropout(ctx: BlockContext, kinds: frozenset[LinearKind] | None = None) -> int:
-    """Per adapted linear (its own nn.Dropout, also where q, k and v read one tensor): the mask,
-    kept when the input needs a gradient (autograd records dropout only then), and the dropped
-    copy where lora_A saves it as it is. Under autocast lora_A saves a 16-bit cast of the dropped
-    copy instead of one of x (the same bytes, counted with the inputs) and pure 16-bit saves the
-    fp32 dropped copy instead of the fp32 cast (same): there only the mask is new."""
-    total = 0
+    """Bytes of ``lora_dropout_tensors``."""
+    return sum(lora_dropout_tensors(ctx, kinds))
+
+
+def lora_dropout_tensors(ctx: BlockContext, kinds: frozenset[LinearKind] | None = None) -> tuple[int, ...]:
+    """Per adapted linear (its own nn.Dropout, also where q, k and v read one tensor), in forward
+    order: the mask, kept when the input needs a gradient (autograd records dropout only then),
+    and the dropped copy where lora_A saves it as it is; each a tensor of its own (bytes), as the
+    allocator replay places them. Under autocast lora_A saves a 16-bit cast of the dropped copy
+    instead of one of x (the same bytes, counted with the inputs) and pure 16-bit saves the fp32
+    dropped copy instead of the fp32 cast (same): there only the mask is new."""
+    out: list[int] = []
     for lin in ctx.adapted:
         if kinds is not None and lin.kind not in kinds:
             continue
-        n = lin.active * ctx.dims.tokens * lin.in_features
+        n = ctx.dims.tokens * lin.in_features
         dropped = _dropped_bytes(ctx, lin)
-        if ctx.input_needs_grad(lin):
-            total += n * ctx.kernels.dropout_mask_bytes(dropped)
-        if not ctx.mode.adapter_input:
-            total += n * dropped
-    return total
+        for _ in range(lin.active):
+            if ctx.input_needs_grad(lin):
+                out.append(n * ctx.kernels.dropout_mask_bytes(dropped))
+            if not ctx.mode.adapter_input:
+                out.append(n * dropped)
+    return tuple(size for size in out if size)
+
+
+def block_tensors(ctx: BlockContext) -> dict[str, tuple[int, ...]]:
+    """The tensors (bytes, in the order they are made) of the ``block_terms`` whose tensors are
+    known apart from one hidden state's size, for the allocator replay (``planner.memory.timeline``):
+    LoRA dropout's masks (1 byte an element) and copies, one pair per adapted linear."""
+    if ctx.targets and ctx.lora_dropout:
+        return {"lora/dropout": lora_dropout_tensors(ctx)}
+    return {}
 
 
 def _weight_casts(ctx: BlockContext) -> dict[str, int]:
@@ -322,17 +346,25 @@ def _weight_casts(ctx: BlockContext) -> dict[str, int]:
     out = {}
     if not ctx.mode.autocast:
         return out
-    if ctx.config.method is not Method.QLORA:
-        # not the expert stacks: grouped_mm is not autocast-enabled (moe.is_expert_stack)
+    # not the expert stacks: grouped_mm is not autocast-enabled (moe.is_expert_stack); Llama 4's bmm is, and
+    # QLoRA's 4-bit modules are not cast, but its bare expert stacks (unquantised) are
+    dense, qlora = moe.dense_experts(ctx.model), ctx.config.method is Method.QLORA
+    if not qlora or dense:
+        # a frozen weight's cast is kept only when the linear's input needs a gradient (mm saves the
+        # other operand of the one that does): in the first LoRA block, none of the linears before the
+        # first adapter (measured on a small T5 with wi/wo adapters: the first encoder block's o and wi
+        # casts are not kept)
+        # fp8: a converted linear keeps no 16-bit cast of its weight (DtypeMode.fp8)
+        fp8 = ctx.mode.fp8
         out["autocast/weight_casts"] = 2 * sum([
             lin.count * lin.in_features * lin.out_features for lin in ctx.model.layer_linears
-            if (ctx.full or lin.kind is not LinearKind.ATTN_IN or ctx.input_needs_grad(lin)) and not moe.is_expert_stack(lin)
+            if (ctx.full or ctx.input_needs_grad(lin)) and (dense if moe.is_expert_stack(lin) else not qlora)
+            and not (fp8 and fp8_converts(ctx.model, lin))
         ])
     if ctx.targets:
         r = ctx.config.lora_r or 0
         out["lora/weight_casts"] = 2 * r * sum([
-            lin.count * (lin.out_features + (lin.in_features if lin.kind is not LinearKind.ATTN_IN
-                                             or ctx.input_needs_grad(lin) else 0))
+            lin.count * (lin.out_features + (lin.in_features if ctx.input_needs_grad(lin) else 0))
             for lin in ctx.adapted
         ])
     return out
@@ -340,14 +372,23 @@ def _weight_casts(ctx: BlockContext) -> dict[str, int]:
 
 def block_terms(ctx: BlockContext) -> dict[str, int]:
     """Bytes one transformer block keeps for backward, by term (see ``TERM_SOURCES``)."""
-    e, h = ctx.dims.tokens, ctx.dims.h
-    out = {"norms": _norms(ctx), "attention/qkv_input": _inputs(ctx, LinearKind.ATTN_IN)}
-    if ctx.model.mixer == "gated_deltanet":
+    e, h, mixer = ctx.dims.tokens, ctx.dims.h, ctx.model.mixer
+    out = {"norms": _norms(ctx)}
+    if mixer != "none":  # a Nemotron-H MLP or MoE block has no token mixer
+        out["attention/qkv_input"] = _inputs(ctx, LinearKind.ATTN_IN)
+    if mixer == "gated_deltanet":
         out.update(recurrent.gated_deltanet_terms(ctx))
-    else:
+    elif mixer == "mamba2":
+        out.update(recurrent.mamba2_terms(ctx))
+    elif mixer == "attention":
         if ctx.model.qk_norm:
             out["attention/qk_norms"] = _qk_norms(ctx)
         out.update(attention_terms(ctx))
+        if not (ctx.block_input_needs_grad or LinearKind.ATTN_IN in ctx.targeted_kinds):
+            # q, k and v need no gradient (a first LoRA block adapting none of them): the attention
+            # keeps nothing; o's adapter still keeps its input (attention/out_input)
+            out.pop("attention/core", None)
+            out.pop("attention/probs", None)
         if ctx.model.attn_output_gate:
             out.update(_output_gate_terms(ctx))
     if moe.is_moe_block(ctx.model):
@@ -361,13 +402,16 @@ def block_terms(ctx: BlockContext) -> dict[str, int]:
             out["mlp/intermediate"] = _mlp_intermediate(dense)
         elif moe.shared_expert(ctx.model):
             out.update(_shared_expert_terms(ctx))
-    else:
+    elif ctx.model.has_mlp:
         out["mlp/input"] = _inputs(ctx, LinearKind.MLP_IN)
         out["mlp/intermediate"] = _mlp_intermediate(ctx)
     if ctx.model.hidden_dropout > 0:
         # dropout on the attention and MLP outputs keeps only its mask (the residual add that
         # reads the output saves nothing), in the projections' output dtype
-        out["dropout"] = 2 * e * h * ctx.kernels.dropout_mask_bytes(ctx.mode.compute)
+        # (each only when its sublayer's output needs a gradient: not in a first LoRA block before its
+        # first adapter)
+        outputs = (ctx.block_input_needs_grad or ctx.attn_targeted) + (ctx.block_input_needs_grad or bool(ctx.targeted_kinds))
+        out["dropout"] = outputs * e * h * ctx.kernels.dropout_mask_bytes(ctx.mode.compute)
     if ctx.targets:
         out["lora/activations"] = _lora_activations(ctx)
         if ctx.lora_dropout:
@@ -421,7 +465,9 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         out["lm_head/input"] = e * h * (HALF if mode.autocast else mode.residual)
     if mode.autocast:
         out["autocast/weight_casts"] = model.vocab_size * h * HALF
-    out["loss/log_softmax"] = e * dims.v * FP32 + e * INT64
+    if mode.fp8:
+        out.update(fp8_first_linear(model))
+    out["loss/log_softmax"] = log_softmax_bytes(dims, mode)
     if model.final_logit_softcap:
         # logits / cap -> tanh -> * cap (Gemma4ForCausalLM.forward): tanh keeps its output, the lm_head's dtype
         out["loss/softcap"] = e * dims.v * mode.logits
@@ -437,23 +483,51 @@ HEAD_TERMS = frozenset({"lm_head/transform", "final_norm", "lm_head/input", "los
                         "loss/softcap"})
 
 
-def logits_forward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig | None = None) -> int:
+def loss_chunk_tokens(dims: Dims, chunks: int = 1) -> int:
+    """Tokens of the largest of ``chunks`` pieces a chunked cross-entropy splits the logits into
+    along the sequence (torchtune's TransformerDecoder with ``num_output_chunks``: ``h.tensor_split
+    (chunks, dim=1)``, the first pieces one token longer; CEWithChunkedOutputLoss's default is 8,
+    torchtune/modules/loss/ce_chunked_output_loss.py). ``chunks`` 1: the whole logits at once, as
+    transformers' ForCausalLMLoss computes them."""
+    return dims.b * -(-dims.s // chunks)
+
+
+def log_softmax_bytes(dims: Dims, mode: DtypeMode, *, upcast: bool = True) -> int:
+    """What the loss saves for backward: cross_entropy = log_softmax + nll_loss, log_softmax keeping
+    its output (the log-probabilities, fp32 after ForCausalLMLoss' upcast) and nll_loss the int64
+    labels. ``upcast`` False: a loss on the logits as the head makes them (litgpt's
+    chunked_cross_entropy calls F.cross_entropy on the bf16 pieces: litgpt/utils.py), whose
+    log-probabilities are in the logits' dtype; chunked or not, every piece's are kept."""
+    return dims.tokens * (dims.v * (FP32 if upcast else mode.logits) + INT64)
+
+
+def logits_forward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig | None = None,
+                             kernels: KernelProfile | None = None, *, chunks: int = 1, upcast: bool = True) -> int:
     """At the loss: the logits in the lm_head's output dtype + their fp32 upcast
     (``logits.float()`` in ForCausalLMLoss), before the upcast is released; with a fused
-    cross-entropy its chunk loop's working set (``fused_ce_transient``)."""
+    cross-entropy its chunk loop's working set (``fused_ce_transient``). Over ``chunks`` pieces
+    (``loss_chunk_tokens``) each piece is upcast on its own and its copy released once its
+    log-probabilities are made (CEWithChunkedOutputLoss.compute_cross_entropy: ``F.cross_entropy(
+    logits.float(), ...)`` per chunk; log_softmax saves its output, not the upcast input): one
+    piece's upcast beside the whole 16-bit logits; ``upcast`` False (``log_softmax_bytes``): the
+    logits alone."""
     if config is not None and config.fused_ce:
-        return fused_ce_transient(dims, mode)
+        return fused_ce_transient(dims, mode, kernels)
     ev = dims.tokens * dims.v
-    return ev * mode.logits + (ev * FP32 if mode.logits != FP32 else 0)
+    return ev * mode.logits + (loss_chunk_tokens(dims, chunks) * dims.v * FP32 if upcast and mode.logits != FP32 else 0)
 
 
-def logits_backward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig | None = None) -> int:
+def logits_backward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig | None = None, *,
+                              chunks: int = 1, upcast: bool = True) -> int:
     """Backward of the loss: nll_loss's dense fp32 gradient and log_softmax's fp32 grad input
-    exist together (the saved log-probabilities counted elsewhere). A fused cross-entropy's
-    backward scales its saved input gradient in place: nothing."""
+    exist together (the saved log-probabilities counted elsewhere); over ``chunks`` pieces each
+    piece's backward runs on its own (each piece's loss is its own graph down to the lm_head's
+    matmul on its slice of the hidden states), so two pieces' worth; ``upcast`` False: in the
+    logits' dtype. A fused cross-entropy's backward scales its saved input gradient in place:
+    nothing."""
     if config is not None and config.fused_ce:
         return 0
-    return 2 * dims.tokens * dims.v * FP32
+    return 2 * loss_chunk_tokens(dims, chunks) * dims.v * (FP32 if upcast else mode.logits)
 
 
 def fused_ce_chunk_rows(dims: Dims) -> int:
@@ -465,35 +539,50 @@ def fused_ce_chunk_rows(dims: Dims) -> int:
     return min(1 << (rows - 1).bit_length(), dims.tokens)
 
 
-def fused_ce_transient(dims: Dims, mode: DtypeMode) -> int:
+def fused_ce_transient(dims: Dims, mode: DtypeMode, kernels: KernelProfile | None = None) -> int:
     """The fused cross-entropy's working set at its peak, inside the chunk loop (Liger's
     ``fused_linear_cross_entropy_forward``; workers/fused_ce.py does the same in torch): the fp32
     ``loss_1d`` of BT, the shifted int64 labels, the weight cast to the matmul dtype under
     autocast (the head's weights are fp32 there), one chunk's logits (chunk x V, which the kernel
     overwrites with their gradient) and the chunk x H product ``grad_logits @ weight`` before it is
     copied into ``grad_input``, all in the matmul dtype; and the loss' input, the final norm's
-    output (residual dtype), which the chunks read until the loop ends."""
+    output (residual dtype), which the chunks read until the loop ends. Where a 16-bit matmul
+    computes into an fp32 buffer (``KernelProfile.mm_fp32_buffer``: the CPU) the chunk's logits
+    matmul holds that buffer beside its output, chunk x V x 4 B, more than the chunk x H product
+    (measured without it: -0.7 % at 512 tokens to -1.8 % at 2048, growing as the chunk does)."""
     rows = fused_ce_chunk_rows(dims)
     matmul = HALF if mode.autocast else mode.weight
     weight_cast = dims.v * dims.h * HALF if mode.autocast and mode.weight != HALF else 0
     hidden = dims.tokens * dims.h * mode.residual
-    return dims.tokens * (FP32 + INT64) + hidden + weight_cast + rows * (dims.v + dims.h) * matmul
+    if kernels is not None and kernels.mm_fp32_buffer and matmul != FP32:
+        chunk = rows * dims.v * (matmul + FP32)  # at the logits' matmul
+    else:
+        chunk = rows * (dims.v + dims.h) * matmul  # at the gradient's
+    return dims.tokens * (FP32 + INT64) + hidden + weight_cast + chunk
 
 
 def kv_cache_block_bytes(model: ModelSpec, config: TrainConfig, dims: Dims, mode: DtypeMode) -> int:
     """One block's ``DynamicCache`` layer when the training forward builds one
     (``TrainConfig.builds_kv_cache``, decoder models): ``DynamicLayer.update`` keeps ``torch.cat([empty,
     key_states])`` and the same for values (transformers/cache_utils.py), new tensors of b x kv x
-    s x d. Keys are cached after rotary embedding, which multiplies the projection output by
-    cos/sin in the residual stream's dtype (type promotion: the residual's); values in the keys'
-    dtype too, because ``DynamicLayer.lazy_initialization`` makes both empty tensors in
-    ``key_states.dtype`` and ``torch.cat`` promotes the 16-bit values to it (measured: a bf16-mixed
-    llama's cache is all fp32)."""
+    s x d, each in its dtype (``kv_cache_token_bytes``)."""
     if not config.builds_kv_cache or model.is_encoder:
         return 0
-    kv = dims.tokens * dims.kv * dims.d
+    key, value = kv_cache_token_bytes(model, dims, mode)
+    return dims.tokens * (key + value)
+
+
+def kv_cache_token_bytes(model: ModelSpec, dims: Dims, mode: DtypeMode) -> tuple[int, int]:
+    """One layer's cached key and value bytes per token. Keys are cached after the rotary
+    embedding, which multiplies the projection's output by cos/sin in the residual stream's dtype
+    (type promotion: fp32 under autocast); values in the projection's output dtype: transformers
+    5.24 ``DynamicLayer.lazy_initialization`` makes the keys' and the values' empty tensors each in
+    its own dtype, so ``torch.cat`` keeps it (measured: a bf16-mixed llama's cache, fp32 keys and
+    bf16 values, 3,145,728 B in 8 tensors at 512 tokens; transformers 5.23 made both in the keys'
+    dtype)."""
+    kv = dims.kv * dims.d
     key = mode.residual if model.position == "rope" else mode.compute
-    return 2 * kv * max(key, mode.compute)
+    return kv * max(key, mode.compute), kv * mode.compute
 
 
 def builds_logits(config: TrainConfig) -> bool:
@@ -600,10 +689,13 @@ def _down_saved(ctx: BlockContext) -> int:
     down = ctx.of_kind(LinearKind.MLP_OUT)
     targeted = ctx.adapted_of(LinearKind.MLP_OUT)
     keeps_output = not model.gated_mlp and model.hidden_act in ACTIVATION_SAVES_OUTPUT
+    if not model.has_mlp:
+        return 0  # a Nemotron-H block of a token mixer alone
     if moe.is_moe_block(model):
         # the down grouped_mm saves the product when the stacks train; no casts of the stacks
         casts = sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down
-                     if not moe.is_expert_stack(lin)]) if mode.autocast and ctx.full else 0
+                     if (not moe.is_expert_stack(lin) or moe.dense_experts(model))
+                     and not (mode.fp8 and fp8_converts(model, lin))]) if mode.autocast and ctx.full else 0
         product = e * moe.shared_intermediate(model) * mode.compute if ctx.full else 0  # the shared down's input
         return moe.product_bytes(ctx) + casts + product
     inter = ctx.dims.tokens * ctx.dims.i * mode.compute
@@ -616,7 +708,8 @@ def _down_saved(ctx: BlockContext) -> int:
     total += sum([lin.active * e * r * mode.adapter for lin in targeted])
     if mode.autocast:
         if ctx.config.method is not Method.QLORA:
-            total += sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down])
+            total += sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down
+                          if not (mode.fp8 and fp8_converts(model, lin))])
         total += sum([lin.count * r * (lin.out_features + lin.in_features) * 2 for lin in targeted])
     if targeted and ctx.lora_dropout:
         total += _lora_dropout(ctx, _DOWN)
@@ -674,12 +767,55 @@ def _block_backward_at(ctx: BlockContext, saved: int, down: int) -> dict[str, in
     (``block_terms``' sum; read under checkpointing only) and ``_down_saved`` of it."""
     model, dims, mode, e = ctx.model, ctx.dims, ctx.mode, ctx.dims.tokens
     experts, inter_bytes = _mlp_split(ctx)
-    grads = (3 if model.gated_mlp else 2) * e * dims.i * inter_bytes // experts
+    # a block without an MLP (Nemotron-H's mixer blocks): the output's gradient alone is counted
+    rows = moe.slots(ctx) if moe.dense_experts(model) else e  # Llama 4's experts: every token through each
+    grads = (3 if model.gated_mlp else 2) * rows * dims.i * inter_bytes // experts if model.has_mlp else 0
     released = down // experts
     g_out = e * dims.h * mode.residual
+    casts = fp8_cast_terms(model, e) if mode.fp8 else {}
     if not ctx.config.grad_ckpt:
-        return {"block_backward": g_out + grads - released}
-    return {"recompute": saved - released - _own_checkpoint(ctx), "block_backward": g_out + grads}
+        return {"block_backward": g_out + grads - released, **casts}
+    return {"recompute": saved - released - _own_checkpoint(ctx), "block_backward": g_out + grads, **casts}
+
+
+def fp8_first_linear(model: ModelSpec) -> dict[str, int]:
+    """fp8: the model's first linear stays an ``nn.Linear`` under autocast (accelerate utils/ao.py:140-142
+    leaves the first and last linears of ``named_modules`` unconverted; the first is the first block's
+    first linear, the last the lm_head, counted with the head): its 16-bit weight cast is saved until
+    the end of backward. Counted here only when the block terms took it as converted."""
+    first = next((lin for lin in model.layer_linears if lin.module), None)
+    if first is None or not fp8_converts(model, first):
+        return {}
+    return {"autocast/fp8_first_linear": first.count * first.in_features * first.out_features * HALF}
+
+
+#: Bytes per element of one eager fp8 cast's fp32 scratch: ``tensor.to(torch.float32) * scale`` and its
+#: clamp are alive together (torchao float8/float8_training_tensor.py:153, float8_utils.py:136
+#: ``to_fp8_saturated``: ``x = x.clamp(...)`` while the caller still holds ``tensor_scaled``), 4 B each.
+FP8_CAST_SCRATCH = 8
+
+
+def fp8_cast_terms(model: ModelSpec, tokens: int) -> dict[str, int]:
+    """What a converted linear's backward holds beside the usual gradients (``fp8/casts`` of the last
+    block's backward), from torchao float8/float8_linear.py:94-204 with accelerate's defaults
+    (tensorwise scales, ``pad_inner_dim=True``): the fp8 copies the backward makes and keeps to its end
+    -- grad_output cast twice (T x out each, dim0 for grad_input and again for grad_weight: the
+    tensorwise config casts the high-precision tensor anew), the weight (in x out) and the input (T x in),
+    1 B each -- the zero-padded copies of the running GEMM's operands (``pad_tensor_for_matmul``:
+    ``F.pad`` by zero copies), and the fp32 scratch of the cast in progress (``FP8_CAST_SCRATCH``). Per
+    linear the worst of its steps is at most T x (2 out + 9 max(in, out)) + in x out; the term takes
+    the largest token coefficient and the largest weight of the block's converted linears apart (an
+    upper bound, affine in the tokens as the search's lines need). The scales cost nothing worth a term:
+    dynamic scaling keeps one 0-dim fp32 scale per cast (float8_utils.py ``tensor_to_scale``; rowwise, one
+    per row), and torchao has no amax history since delayed scaling was removed (float8_linear.py:323);
+    Transformer Engine's amax history (accelerate's TE backend) is not modelled."""
+    converted = [lin for lin in model.layer_linears if fp8_converts(model, lin)]
+    if not converted:
+        return {}
+    per_token = max(2 * lin.out_features + (FP8_CAST_SCRATCH + 1) * max(lin.in_features, lin.out_features)
+                    for lin in converted)
+    weight = max(lin.in_features * lin.out_features for lin in converted)
+    return {"fp8/casts": tokens * per_token + weight}
 
 
 def _own_checkpoint(ctx: BlockContext) -> int:
@@ -735,6 +871,10 @@ def _recompute_stops(ctx: BlockContext, down_saved: int) -> list[tuple[int, int]
 
     ``down_saved``: ``_down_saved(ctx)``."""
     model, mode, e, h = ctx.model, ctx.mode, ctx.dims.tokens, ctx.dims.h
+    if not model.has_mlp:
+        # a block of a token mixer alone (Nemotron-H's Mamba2 and attention blocks): its recompute ends at the
+        # output projection's saved input, the locals there not counted (Nemotron-H's released configs end in MoE)
+        return [(0, 0)]
     experts, _ = _mlp_split(ctx)
     inter = e * ctx.dims.i // experts
     outer = 0 if _read_as_is(ctx, LinearKind.MLP_IN, mode.residual) else e * h * mode.residual
@@ -944,6 +1084,7 @@ __all__ = [
     "TERM_SOURCES",
     "StepActivations",
     "block_backward_terms",
+    "block_tensors",
     "builds_logits",
     "block_step_activations",
     "block_terms",
@@ -951,15 +1092,21 @@ __all__ = [
     "checkpoint_bytes",
     "decoder_activation_breakdown",
     "decoder_recompute_bytes",
+    "fp8_cast_terms",
+    "fp8_first_linear",
     "down_gradient_params",
     "fused_ce_chunk_rows",
     "fused_ce_transient",
     "kernels_of",
     "kind_contexts",
     "kv_cache_block_bytes",
+    "kv_cache_token_bytes",
     "layer_terms",
     "logits_backward_transient",
     "logits_forward_transient",
+    "log_softmax_bytes",
+    "loss_chunk_tokens",
+    "lora_dropout_tensors",
     "manual_loop_logits",
     "model_level_terms",
     "recompute_end_terms",

@@ -47,7 +47,10 @@ kRoundLarge = 2 * MiB
 UNLIMITED = 1 << 64
 
 #: PYTORCH_CUDA_ALLOC_CONF keys PyTorch accepts that do not change what this replay predicts
-#: (c10/cuda/CUDAAllocatorConfig.cpp parseArgs).
+#: (c10/cuda/CUDAAllocatorConfig.cpp parseArgs). garbage_collection_threshold among them: malloc
+#: and get_free_block act on it only under ``set_fraction`` (CUDACachingAllocator.cpp:
+#: ``if (set_fraction && garbage_collection_threshold() > 0.0) garbage_collect_cached_blocks``),
+#: which torch.cuda.set_per_process_memory_fraction sets and a training recipe does not call.
 _IGNORED_KEYS = frozenset({
     "garbage_collection_threshold", "roundup_power2_divisions", "release_lock_on_cudamalloc",
     "pinned_use_cuda_host_register", "pinned_num_register_threads", "pinned_use_background_threads",

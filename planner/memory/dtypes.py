@@ -65,6 +65,12 @@ class DtypeMode:
     """bytes of the adapters' weights as the layers compute with them, the dtype peft casts an
     adapter's input to (``_cast_input_dtype``): peft's fp32 (ADAPTER_BYTES), 16-bit in a model a
     library casts with its adapters."""
+    fp8: bool = False
+    """torchao's float8 linears (``Precision.FP8``): a converted linear (``fp8_converts``) saves its
+    fp32 weight itself, not a 16-bit cast (torchao float8/float8_linear.py:45
+    ``ctx.save_for_backward(input_hp, weight_hp_t)``, ``weight_hp_t = self.weight.t()``, a view; under
+    autocast the fp8 weight is only relabelled, float8_ops.py ``autocast_to_copy``), and casts its
+    operands to fp8 per GEMM (``planner.memory.activations.fp8_cast_terms``)."""
     logits: int = field(init=False, repr=False, compare=False)
     """bytes of the lm_head's output: 16-bit under autocast, else the weights' dtype (a plain
     attribute: the output terms read it at every micro-batch the search tries)."""
@@ -73,10 +79,15 @@ class DtypeMode:
         object.__setattr__(self, "logits", HALF if self.autocast else self.weight)
 
 
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note); the search reads it thousands of times a search
+_FULL = Method.FULL
+
+
 def trainable_bytes(method: Method, mode: DtypeMode) -> int:
     """Bytes per element of the trainable tensors on the device, their gradients and torch
     optimizer states: the weights' dtype for full fine-tuning, fp32 adapters otherwise."""
-    return mode.weight if method is Method.FULL else ADAPTER_BYTES
+    return mode.weight if method is _FULL else ADAPTER_BYTES
 
 
 @functools.cache
@@ -111,11 +122,31 @@ def dtype_mode(method: Method, precision: Precision, casts_model: bool) -> Dtype
     if p is Precision.FP32:
         return DtypeMode(autocast=False, compute=4, attn=4, residual=4, weight=4, adapter_input=0)
     if p.is_mixed:
-        # autocast casts the fp32 input anew for every linear call, adapters included
-        return DtypeMode(autocast=True, compute=2, attn=2, residual=4, weight=4, adapter_input=2, adapter=HALF)
+        # autocast casts the fp32 input anew for every linear call, adapters included; fp8's Float8Linear
+        # casts its input to the autocast dtype itself and saves that cast (float8_linear.py:258-262, :45)
+        return DtypeMode(autocast=True, compute=2, attn=2, residual=4, weight=4, adapter_input=2, adapter=HALF,
+                         fp8=p is Precision.FP8)
     # pure 16-bit: peft keeps adapters in fp32 (ADAPTER_BYTES) and casts each adapter's input to
     # fp32 (LoraLayer._cast_input_dtype): one fp32 copy per adapter
     return DtypeMode(autocast=False, compute=2, attn=2, residual=2, weight=2, adapter_input=4 if lora else 0)
+
+
+#: Model types whose block linears are transformers' ``Conv1D``, not ``nn.Linear`` (models/gpt2/modeling_gpt2.py):
+#: torchao swaps ``nn.Linear`` modules only (float8/float8_linear_utils.py:72 ``isinstance(module, nn.Linear)``).
+FP8_CONV1D_MODEL_TYPES = frozenset({"gpt2"})
+#: accelerate converts a linear only when both its dims divide by 16 (accelerate utils/ao.py:65
+#: ``filter_linear_layers``; torch._scaled_mm needs multiples of 16).
+FP8_DIM_MULTIPLE = 16
+
+
+def fp8_converts(model, lin) -> bool:
+    """Whether accelerate's torchao backend turns this block linear into a ``Float8Linear``: an
+    ``nn.Linear`` module (not a bare expert stack or router weight) with both dims multiples of 16.
+    The model's first and last linears are left alone as well (utils/ao.py:140-142
+    ``layers_to_filter=[first_linear, last_linear]``): the lm_head, and the first block's first
+    linear (``planner.memory.activations`` counts its weight cast apart)."""
+    return (lin.module and model.model_type not in FP8_CONV1D_MODEL_TYPES
+            and lin.in_features % FP8_DIM_MULTIPLE == 0 and lin.out_features % FP8_DIM_MULTIPLE == 0)
 
 
 def mode_of(config) -> DtypeMode:
@@ -125,5 +156,5 @@ def mode_of(config) -> DtypeMode:
 
 __all__ = [
     "ADAPTER_BYTES", "BNB_8BIT_BLOCK", "BNB_8BIT_STATE_BYTES", "BNB_MIN_8BIT_SIZE", "DtypeMode", "FP32", "HALF",
-    "INT64", "NF4_BLOCK", "NF4_DQ_BLOCK", "NF4_READ_BYTES", "dtype_mode", "mode_of", "nf4_bytes", "trainable_bytes",
+    "FP8_CONV1D_MODEL_TYPES", "FP8_DIM_MULTIPLE", "INT64", "NF4_BLOCK", "NF4_DQ_BLOCK", "NF4_READ_BYTES", "dtype_mode", "fp8_converts", "mode_of", "nf4_bytes", "trainable_bytes",
 ]

@@ -11,6 +11,7 @@ from planner.config import Method, TrainConfig
 from planner.memory.activations import ACTIVATION_SAVED
 from planner.memory.allocator import AllocatorConfig, Replay, replay
 from planner.memory.attention import effective_attention
+from planner.memory.evaluation import eval_note
 from planner.memory.overhead import outside_allocator, overhead_notes, with_workspaces
 from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import ModelSpec
@@ -43,7 +44,13 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
         out.append("not counted: under the HF Trainer, which turns the KV cache off on the model's config only, the "
                    "decoder's own config copy keeps it on in training (measured +1.0 % on a 2-layer T5 at bf16-mixed); "
                    "turn it off in the forward's arguments, or checkpoint, to train without it")
+    if config.evaluates:
+        curve = timeline.curve()
+        out.append(eval_note(config, {name: curve[mark] for name, mark in timeline.marks.items()}))
     out.extend(model.training_notes)
+    if model.lora_refused and config.method.uses_adapters:
+        out.append(f"LoRA on {','.join(config.lora_targets or ())}: every linear but {'/'.join(model.lora_refused)} "
+                   f"({model.lora_refused_why}), all-linear's default named")
     if config.method is Method.QLORA:
         out.append("NF4 with double quantisation, blocksize 64; non-4-bit params upcast to fp32 by prepare_model_for_kbit_training")
     return out

@@ -109,13 +109,21 @@ def expert_dims(model: ModelSpec) -> tuple[int, int, bool]:
     return down.in_features, down.active, up.out_features == 2 * down.in_features
 
 
+def dense_experts(model: ModelSpec) -> bool:
+    """The experts run over every token (Llama 4: ``MoeRouting.dense_experts``)."""
+    return model.routing is not None and model.routing.dense_experts
+
+
 def slots(ctx: BlockContext) -> int:
-    """S = T·k routed (token, expert) pairs."""
-    return ctx.dims.tokens * ctx.model.experts_per_token
+    """S = T·k routed (token, expert) pairs; T·E rows where every expert sees every token (Llama 4)."""
+    return ctx.dims.tokens * (ctx.model.num_experts if dense_experts(ctx.model) else ctx.model.experts_per_token)
 
 
 def expert_bytes_per_element(ctx: BlockContext) -> int:
-    """The experts' compute dtype: the stored weights' (grouped_mm casts its input to it)."""
+    """The experts' compute dtype: the stored weights' (grouped_mm casts its input to it); Llama 4's bmm runs in
+    the projections' output dtype (autocast-enabled)."""
+    if dense_experts(ctx.model):
+        return HALF if ctx.mode.autocast else ctx.mode.compute
     return ctx.mode.weight
 
 
@@ -173,6 +181,10 @@ def router_bytes(ctx: BlockContext) -> int:
         total += t * h * (HALF if mode.autocast else FP32 if routing.group_limited else mode.compute)
     if _scores_need_grad(ctx) and routing.group_limited:
         total += _group_limited_bytes(ctx)
+    elif _scores_need_grad(ctx) and routing.dense_experts:
+        # Llama4Router.forward (modeling_llama4.py:147-153): topk's int64 indices (scatter_ keeps the same tensor)
+        # and sigmoid's fp32 result over the T x E scores
+        total += t * k * INT64 + t * e * FP32
     elif _scores_need_grad(ctx) and routing.topk_first:
         total += t * k * INT64 + t * k * _score_bytes(ctx)
     elif _scores_need_grad(ctx):
@@ -303,6 +315,8 @@ def expert_bytes(ctx: BlockContext, *, act_saved: int, keeps_output: bool) -> in
     up_trains, down_trains = _trains(ctx, LinearKind.MLP_IN), _trains(ctx, LinearKind.MLP_OUT)
     if not (up_trains or down_trains or needs_grad or scores):
         return 0
+    if dense_experts(model):
+        return _dense_expert_bytes(ctx, act_saved=act_saved, needs_grad=needs_grad, scores=scores)
     per_slot = 0
     if needs_grad:
         per_slot += INT64  # the gather's indices
@@ -326,6 +340,23 @@ def expert_bytes(ctx: BlockContext, *, act_saved: int, keeps_output: bool) -> in
     # the offsets, whenever grouped_mm saves anything (its weight, for the input's gradient, too)
     offsets = model.num_experts * OFFSET_BYTES if up_trains or down_trains or needs_grad else 0
     return s * per_slot + offsets
+
+
+def _dense_expert_bytes(ctx: BlockContext, *, act_saved: int, needs_grad: bool, scores: bool) -> int:
+    """Llama4TextMoe.forward and Llama4TextExperts.forward (modeling_llama4.py:66-85, :166-175), per row of the
+    T·E rows (``slots``) every expert computes, in the projections' output dtype c (16-bit under autocast,
+    whose bmm casts): ``routed_in * scores`` keeps the repeated input (the residual's dtype) when the scores need
+    a gradient and the transposed scores' copy when the input does; the up bmm its input (autocast's cast, or the
+    product) when the stacks train; its 2I output, which silu's gate view and the product's up view keep whole;
+    act's output (more for activations that save more); the down bmm its input when the stacks train. The bmm's
+    16-bit copies of the stacks are autocast weight copies (``activations._weight_casts``)."""
+    mode, h = ctx.mode, ctx.dims.h
+    inter, _, _ = expert_dims(ctx.model)
+    c = expert_bytes_per_element(ctx)
+    per_row = (h * mode.residual if scores else 0) + (_score_bytes(ctx) if needs_grad else 0)
+    per_row += 2 * inter * c + max(act_saved - 1, 0) * inter * c + inter * c
+    per_row += (h * c if _trains(ctx, LinearKind.MLP_IN) else 0) + (inter * c if _trains(ctx, LinearKind.MLP_OUT) else 0)
+    return slots(ctx) * per_row
 
 
 def adapted_weight_bytes(ctx: BlockContext) -> int:
@@ -390,6 +421,7 @@ def aux_loss_bytes(model: ModelSpec, tokens: int, logits_bytes: int) -> int:
     return moe_layers(model) * tokens * model.num_experts * logits_bytes
 
 
-__all__ = ["TERM_SOURCES", "adapted_weight_bytes", "adapted_weights", "aux_loss_bytes", "expert_bytes", "expert_dims",
+__all__ = ["TERM_SOURCES", "adapted_weight_bytes", "adapted_weights", "aux_loss_bytes", "dense_experts", "expert_bytes",
+           "expert_dims",
            "expert_stacks", "is_expert_stack", "is_moe_block", "moe_block_terms", "moe_layers", "parallel_norm_bytes",
            "parallel_router_bytes", "product_bytes", "router_bytes", "router_input_saved", "shared_expert", "shared_intermediate", "slots"]

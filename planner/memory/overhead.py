@@ -12,6 +12,13 @@ CUDA context, each where it lives (inside or outside PyTorch's caching allocator
   (``DeviceThreadHandlePool``): the forward runs on the Python thread and the backward on
   autograd's device thread (torch/csrc/autograd/engine.cpp, one worker thread per device), so a
   training step holds two workspaces on one stream.
+- **On ROCm** (``KernelProfile.rocm``) the same pool holds a hipBLAS workspace of 128 MiB on gfx94x
+  (MI300; torch reports compute capability 9.4 there) and 32 MiB elsewhere (CublasHandlePool.cpp
+  ``parseChosenWorkspaceSize`` under ``USE_ROCM``: "32MiB default, 128MiB for MI300"), and hipBLASLt
+  keeps its own 76 MiB per (handle, stream) beside it (``parseCUDABlasLtWorkspaceSize``: "Use 76 MB
+  for hipBLASLt"; the unified workspace is CUDA-only). Both are counted per thread: torch prefers
+  hipBLASLt for 16-bit GEMMs on gfx94x and hipBLAS serves the rest, and which calls touch which
+  handle is not traced here (stated with every ROCm plan).
 - **NCCL buffers: outside the allocator** (NCCL cudaMallocs its own; ``torch.cuda.memory_reserved``
   does not see them). Per channel and peer connection NCCL holds one buffer per protocol
   (nccl src/init.cc ``computeBuffSizes``): Simple ``DEFAULT_BUFFSIZE`` 4 MiB (``NCCL_BUFFSIZE``),
@@ -52,13 +59,21 @@ NCCL_CONNECTION = NCCL_SIMPLE + NCCL_LL + NCCL_LL128
 #: ring channels NCCL's topology search builds (module docstring)
 NCCL_CHANNELS_NVLINK = 24
 NCCL_CHANNELS_PCIE = 2
+#: ... on ROCm (CublasHandlePool.cpp under USE_ROCM): hipBLAS on gfx94x and elsewhere, and hipBLASLt's own
+HIPBLAS_WORKSPACE_GFX94 = 128 * MiB
+HIPBLAS_WORKSPACE = 32 * MiB
+HIPBLASLT_WORKSPACE = 76 * MiB
 WORKSPACE_KEY = "cublas/workspace"
 
 
 def cublas_workspace_bytes(gpu) -> int:
-    """One cuBLAS workspace on ``gpu`` (0 without CUDA)."""
+    """The BLAS workspaces one thread holds on ``gpu`` (0 without CUDA): cuBLAS's (cuBLASLt shares
+    it), or on ROCm hipBLAS's and hipBLASLt's."""
     if not gpu.kernels.caching_allocator:
         return 0
+    if gpu.kernels.rocm:
+        gfx94 = tuple(gpu.compute_capability) == (9, 4)
+        return (HIPBLAS_WORKSPACE_GFX94 if gfx94 else HIPBLAS_WORKSPACE) + HIPBLASLT_WORKSPACE
     return CUBLAS_WORKSPACE_SM90 if tuple(gpu.compute_capability) == (9, 0) else CUBLAS_WORKSPACE
 
 
@@ -97,9 +112,11 @@ def overhead_notes(gpu, config: TrainConfig) -> list[str]:
     from planner.units import format_bytes
 
     ws = cublas_workspace_bytes(gpu)
-    out = [f"inside the allocator: cuBLAS workspaces {CUBLAS_WORKSPACES} x {format_bytes(ws)} "
+    blas = "hipBLAS + hipBLASLt" if gpu.kernels.rocm else "cuBLAS"
+    out = [f"inside the allocator: {blas} workspaces {CUBLAS_WORKSPACES} x {format_bytes(ws)} "
            f"(torch CublasHandlePool.cpp default, CUBLAS_WORKSPACE_CONFIG unset; forward and autograd threads)",
-           f"outside the allocator: CUDA context {format_bytes(int(gpu.cuda_context_bytes))}"]
+           f"outside the allocator: CUDA context {format_bytes(int(gpu.cuda_context_bytes))}",
+           *gpu.kernels.notes]
     nccl = nccl_buffer_bytes(gpu, config.gpus)
     if nccl:
         out.append(f"outside the allocator: NCCL buffers {format_bytes(nccl)} per device ({nccl_channels(gpu)} ring channels x "

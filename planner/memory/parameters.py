@@ -27,9 +27,14 @@ def lora_targets(model: ModelSpec, config: TrainConfig) -> tuple[LinearSpec, ...
 def _check_names(model: ModelSpec, targets: tuple[str, ...] | None) -> frozenset[str] | None:
     """The target names (None for ``all-linear``); unknown names are a user error that lists
     the names the model has."""
+    names = frozenset(targets or ())
+    if refused := sorted(names & (set(model.lora_refused) | {ALL_LINEAR})) if model.lora_refused else []:
+        raise InvalidConfigError(
+            f"--lora-targets {','.join(refused)} fails on {model.model_type}: {model.lora_refused_why}; "
+            f"use --lora-targets {','.join(model.peft_linear_names)}"
+        )
     if targets == (ALL_LINEAR,):
         return None
-    names = frozenset(targets or ())
     # the modules' leaf names, and the v4 names peft converts to the expert stacks (PEFT_MOE_MAPPING)
     available = tuple(lin for lin in model.linear_names() if lin in model.module_names) \
         + tuple(PEFT_MOE_MAPPING.get(model.peft_converts_moe, {}))
@@ -131,6 +136,18 @@ def param_tensor_sizes(model: ModelSpec, config: TrainConfig) -> tuple[int, ...]
     return tuple(sizes)
 
 
+def largest_gradient_elements(t: Trained) -> int:
+    """Elements of the largest gradient alive at once when the optimizer steps inside backward:
+    torchtune's ``optimizer_in_bwd`` (recipes/full_finetune_single_device.py ``_setup_optimizer``:
+    one optimizer per parameter, torchtune/training/memory.py ``register_optim_in_bwd_hooks``:
+    ``register_post_accumulate_grad_hook`` runs ``step()`` then ``zero_grad()``, which sets the
+    gradient to None) frees each gradient as soon as it is accumulated, so the full gradient set
+    never exists: the largest trainable tensor's gradient is the most held (for an untied
+    Llama-3 8B, the 128256 x 4096 embedding or head). The recipe refuses gradient accumulation
+    with it. ``t``: what the configuration trains (``trained``)."""
+    return max(t.sizes, default=0)
+
+
 def _hidden_chunks(total: int, hidden: int) -> list[int]:
     """Norm weights/biases as tensors of hidden_size (q/k norms of head_dim are smaller still)."""
     return [min(total - start, hidden) for start in range(0, total, hidden)]
@@ -181,5 +198,5 @@ def trained(model: ModelSpec, config: TrainConfig) -> Trained:
                    sizes=param_tensor_sizes(model, config))
 
 
-__all__ = ["Trained", "lora_params", "lora_targets", "param_tensor_sizes", "quantized_linear_params", "stack_targets",
-           "targeted_linears", "trainable_params", "trained"]
+__all__ = ["Trained", "largest_gradient_elements", "lora_params", "lora_targets", "param_tensor_sizes",
+           "quantized_linear_params", "stack_targets", "targeted_linears", "trainable_params", "trained"]

@@ -1,5 +1,6 @@
-"""Linear-attention token mixers: what a Gated DeltaNet layer (Qwen3-Next, Qwen3.5) keeps for backward, term
-by term, on each of the two paths transformers 5.24 runs it on.
+"""Linear-attention and state-space token mixers: what a Gated DeltaNet layer (Qwen3-Next, Qwen3.5) and a Mamba2
+layer (Nemotron-H, ``mamba2_terms`` below) keep for backward, term by term, on each of the two paths transformers
+5.24 runs them on.
 
 **Which path.** ``Qwen3NextGatedDeltaNet.forward`` (modeling_qwen3_next.py:660-770; Qwen3_5GatedDeltaNet the
 same after its four projections) calls ``causal_conv1d_fn`` and ``torch_chunk_gated_delta_rule``, each
@@ -39,7 +40,7 @@ from __future__ import annotations
 from planner.memory.attention import out_input
 from planner.memory.dtypes import FP32, HALF
 from planner.memory.shapes import BlockContext
-from planner.modelspec import GatedDeltaNet, LinearKind
+from planner.modelspec import GatedDeltaNet, LinearKind, Mamba2
 
 TERM_SOURCES = {
     "linear_attn/conv": "causal_conv1d_fn (modeling_qwen3_next.py:339-361; causal-conv1d's CausalConv1dFn on a GPU): "
@@ -130,4 +131,94 @@ def _fla_rule_bytes(ctx: BlockContext, gdn: GatedDeltaNet) -> int:
     return 2 * (t * hk * gdn.k_dim * c + t * hk * FP32) + t * gdn.value * c + t * hv * FP32 + t * hv * gdn.chunk * c
 
 
-__all__ = ["TERM_SOURCES", "gated_deltanet_terms"]
+def mamba2_terms(ctx: BlockContext) -> dict[str, int]:
+    """A Mamba2 block's mixer terms (NemotronHMamba2Mixer.forward, modeling_nemotron_h.py:467-614), replacing the
+    attention core; in_proj's input is ``activations._inputs``' (kind ``ATTN_IN``).
+
+    **Which path.** In training without a cache the mixer first calls ``mamba2_split_conv1d_scan_combined``
+    (:487-512, ``@use_kernel_func_from_hub_with_fallback("mamba_split_conv1d_scan_combined", "mamba_ssm")``): with
+    mamba-ssm installed (CUDA; NVIDIA's Nemotron-H model cards install mamba-ssm and causal-conv1d) that is
+    mamba_ssm/ops/triton/ssd_combined.py ``MambaSplitConv1dScanCombinedFn``, which runs the conv, the scan, the
+    gated norm and out_proj's matmul in one autograd node and ``save_for_backward(zxbcdt, conv1d_weight, conv1d_bias,
+    out_x, A, D, dt_bias, initial_states, seq_idx, rmsnorm_weight, rstd, outproj_weight, outproj_bias)``: in_proj's
+    whole output, the scan's output before the norm (x's dtype), the norm's fp32 rstd per group, and under autocast
+    out_proj's 16-bit weight copy (counted with the autocast weight casts); out_proj's input is recomputed in the
+    backward. It reads ``self.out_proj.weight`` directly, so a LoRA adapter on out_proj takes no part on that path.
+    Without mamba-ssm (the CPU) the fallback returns None and the torch code runs: ``causal_conv1d_fn`` (:163-184),
+    ``mamba2_chunk_scan`` (:273-387) and NemotronHRMSNormGated, whose tensors are the terms below (T = b·s tokens,
+    P = b·s rounded up to the chunk, I = heads x head_dim; w: the einsums' operand dtype, 16-bit under CPU autocast
+    which casts every einsum's bmm operands, else fp32 since the scan upcasts x, B, C and dt):
+
+    * ``mamba/conv``: as the Gated DeltaNet's (the conv's 16-bit input cast and weight copy under autocast, the padded
+      output silu keeps); without autocast the conv reads a view of in_proj's output, which it keeps whole (gate
+      and dt included);
+    * ``mamba/gates``: softplus's input and clamp's (dt's dtype), the fp32 ``dt.float()`` the two products keep (two
+      copies of a 16-bit dt when A_log trains, else one, or dt itself), A (and exp's result when A_log trains);
+    * ``mamba/scan``: x's fp32 copy (or the conv output it views), the padded x ``D`` multiplies (when D trains),
+      the two C x C segment-sum masks a segment sum, the exp of the intra-chunk decays L (P x heads x C), the
+      operand copies of the five einsums (C and B for G, G itself, M and x for Y_diag, x and B·decay for the chunk
+      states, the decay_chunk and states for the inter-chunk pass, C and the chunk states for Y_off), B in fp32,
+      the three exps of the decays, and C·states the Y_off product keeps;
+    * ``mamba/norm``: the gated RMSNorm's fp32 gate copy (16-bit projections), the scan output (P x I, fp32),
+      silu's output, the product, the rsqrt per group and, when its weight trains, the normalised tensor;
+    * ``attention/out_input``: out_proj's input (autocast's cast of the fp32 norm output, or ``.to(dtype)``'s).
+
+    Measured per layer with saved_tensors_hooks (tests/memory/test_mamba2.py)."""
+    model, mode, dims = ctx.model, ctx.mode, ctx.dims
+    m = model.mamba2
+    assert m is not None
+    t, b, s = dims.tokens, dims.b, dims.s
+    c = mode.compute  # in_proj's output dtype (QLoRA's fp32 even under autocast): x, B, C, dt and the gate
+    cpu = ctx.kernels.name == "cpu"
+    terms = {"attention/out_input": out_input(ctx, t * m.inner * c) if cpu else 0}
+    inner = ctx.full or ctx.block_input_needs_grad or any(ctx.targeted(lin) for lin in ctx.of_kind(LinearKind.ATTN_IN))
+    if not inner:
+        return terms
+    a_log = m.heads * FP32 * (2 if ctx.full else 1)  # A the dt product keeps; exp(A_log)'s result when it trains
+    if not cpu:
+        # MambaSplitConv1dScanCombinedFn: zxbcdt and out_x in the projections' dtype, rstd fp32 per group
+        return terms | {"mamba/gates": a_log, "mamba/scan": t * (m.projection + m.inner) * c,
+                        "mamba/norm": t * m.groups * FP32}
+    if mode.autocast:
+        conv = t * m.conv * HALF + b * m.conv * (s + m.kernel - 1) * HALF + m.conv * m.kernel * HALF
+    else:
+        conv = t * m.projection * c + b * m.conv * (s + m.kernel - 1) * c
+    # softplus's and clamp's inputs; the fp32 dt ``x * dt`` keeps, and a second ``.float()`` copy ``A * dt`` keeps for
+    # A's gradient (A_log trains) when dt is 16-bit (else both keep dt itself)
+    dt = 2 * t * m.heads * c + t * m.heads * FP32 * (2 if c != FP32 and ctx.full else 1)
+    # silu keeps the gate's fp32 copy, or the fp32 gate itself, a view of in_proj's output, which the autocast conv
+    # keeps none of (a 16-bit cast instead: QLoRA's fp32 projections)
+    gate_copy = t * m.inner * FP32 if c != FP32 else t * m.projection * FP32 if mode.autocast else 0
+    padded = -(-s // m.chunk) * m.chunk * b
+    norm = gate_copy + padded * m.inner * FP32 + 2 * t * m.inner * FP32 + t * m.groups * FP32
+    norm += t * m.inner * FP32 if ctx.full else 0
+    return terms | {"mamba/conv": conv, "mamba/gates": dt + a_log, "mamba/scan": _torch_scan_bytes(ctx, m),
+                    "mamba/norm": norm}
+
+
+def _torch_scan_bytes(ctx: BlockContext, m: Mamba2) -> int:
+    """mamba2_chunk_scan's saved tensors on the torch path (``mamba2_terms``), n chunks of C, P padded tokens."""
+    dims, autocast = ctx.dims, ctx.mode.autocast
+    t, b, s, hm, n_state, chunk = dims.tokens, dims.b, dims.s, m.heads, m.state, m.chunk
+    w = HALF if autocast else FP32
+    n = -(-s // chunk)
+    p = b * n * chunk
+    # x.float()'s copy of a 16-bit x, or the fp32 conv output x views (QLoRA: the conv's ``.to(float32)`` copy)
+    total = t * m.inner * FP32 if ctx.mode.compute != FP32 else t * m.conv * FP32
+    total += p * m.inner * FP32 if ctx.full else 0  # D * pad(x), for D's gradient
+    total += 2 * chunk * chunk + 2 * (n + 1) ** 2  # segment_sum's two ~mask, twice
+    total += p * hm * chunk * FP32  # L = exp(segment_sum(A))
+    total += 2 * p * hm * n_state * w + p * hm * chunk * w  # G = einsum(C, B): both operands; G the mask product keeps
+    total += p * hm * chunk * w + p * m.inner * w  # Y_diag = einsum(M, x)
+    total += p * hm * n_state * FP32 + p * hm * FP32  # B * decay_states: B (fp32, repeated to the heads), the exp
+    total += p * m.inner * w + p * hm * n_state * w  # states = einsum(B_decay, x)
+    chunk_states = b * hm * m.head_dim * n_state
+    total += b * hm * (n + 1) ** 2 * FP32 + (b * hm * (n + 1) ** 2 * HALF if autocast else 0)  # decay_chunk
+    total += (n + 1) * chunk_states * w  # new_states = einsum(decay_chunk, states)
+    total += p * hm * FP32  # state_decay_out = exp(A_cumsum)
+    total += p * hm * n_state * w + n * chunk_states * w  # C_times_states = einsum(C, states)
+    total += p * m.inner * w  # Y_off = C_times_states * state_decay_out keeps C_times_states
+    return total
+
+
+__all__ = ["TERM_SOURCES", "gated_deltanet_terms", "mamba2_terms"]

@@ -26,7 +26,10 @@ def reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged: 
 
     Large-block rounding on the live large tensors, the cuBLAS workspaces' segments, plus the
     stated fragmentation of the activation churn; the CUDA context, NCCL's buffers on ``gpus``
-    devices and paged (unified-memory) states come on top (``planner.memory.overhead``)."""
+    devices and paged (unified-memory) states come on top (``planner.memory.overhead``). All the
+    paged states, as ``estimate_memory`` counts them: past the device the driver moves their pages
+    to the host and the optimizer step reads them over the bus, which the throughput model does
+    not price, so neither calls such a plan fitting."""
     transient = max(peak - static, 0)
     reserved = peak + _large_rounding(model) + _workspaces(gpu) + int(CUDA_FRAGMENTATION * transient)
     return reserved, reserved + outside_allocator(gpu, gpus) + paged

@@ -170,16 +170,21 @@ class BlockContext:
 _CONTEXT_SLOTS = BlockContext.__slots__
 
 
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note); the search reads it thousands of times a search
+_FULL = Method.FULL
+
+
 def drops_adapter_inputs(config: TrainConfig) -> bool:
     """Each LoRA adapter runs its input through its own ``nn.Dropout`` (peft/tuners/lora/layer.py
     ``update_layer``: Identity when p == 0), which keeps its mask and a dropped copy of the input:
     the activations (``BlockContext.lora_dropout``) and the kernels' traffic (planner.kernels) read it."""
-    return config.method is not Method.FULL and config.lora_dropout > 0
+    return config.method is not _FULL and config.lora_dropout > 0
 
 
 def block_input_needs_grad(config: TrainConfig, *, first: bool) -> bool:
     """``BlockContext.block_input_needs_grad`` of the first block or a later one."""
-    return config.method is Method.FULL or not first or config.grad_ckpt
+    return config.method is _FULL or not first or config.grad_ckpt
 
 
 def block_context(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, *, first: bool,

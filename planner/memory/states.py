@@ -12,12 +12,21 @@ from dataclasses import dataclass
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.dtypes import ADAPTER_BYTES, FP32, DtypeMode, mode_of, nf4_bytes, trainable_bytes
-from planner.memory.parameters import Trained, param_tensor_sizes, quantized_linear_params, trained
+from planner.memory.parameters import (
+    Trained,
+    largest_gradient_elements,
+    param_tensor_sizes,
+    quantized_linear_params,
+    trained,
+)
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
 
 #: the base model's tensors whatever the method (``param_tensor_sizes`` reads only the method)
 _FULL = TrainConfig(method=Method.FULL)
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note), and the search reads it thousands of times a search
+_QLORA = Method.QLORA
 
 
 #: ``_model_terms`` by the model's identity, with the model, so no other takes its id while its
@@ -52,7 +61,7 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | No
     trainable = t.count
     param_bytes = trainable_bytes(config.method, mode)
     out: dict[str, int] = {}
-    if config.method is Method.QLORA:
+    if config.method is _QLORA:
         q = _model_terms(model)[2]  # quantized_linear_params
         out["weights/nf4"] = int(nf4_bytes(q))
         out["weights/unquantized"] = (model.params_total - q) * FP32
@@ -117,6 +126,8 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     states, host = model_state_breakdown(model, config, t, mode)
     spec = config.sharding.spec
     gradients = states.pop("gradients", 0)
+    if config.optimizer_in_bwd:  # each gradient stepped and freed as it is made: the largest alone is alive
+        gradients = min(gradients, largest_gradient_elements(t) * trainable_bytes(config.method, mode))
     # the scheme's parts of the step (``ShardingSpec.keys`` with a ``size``): not resident
     parts: dict[str, int] = {}
     for k in spec.keys:
@@ -130,7 +141,9 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     # what the optimizer steps on the device (None: it steps on the host)
     stepped = spec.optimizer_tensors(t, config, trainable_bytes(config.method, mode))
     if stepped is not None:
-        transient = OPTIMIZERS[config.optimizer].memory.step_transient(stepped[0], stepped[1], kernels)
+        # in backward, one optimizer per parameter steps one tensor at a time: the largest's temporaries
+        counts = ((max(n for n, _ in stepped[0]), 1),) if config.optimizer_in_bwd and stepped[0] else stepped[0]
+        transient = OPTIMIZERS[config.optimizer].memory.step_transient(counts, stepped[1], kernels)
     tied = 0
     if model.tied_embeddings and config.method is Method.FULL and not config.sharding.offloaded:
         tied = 2 * model.vocab_size * model.hidden_size * mode.weight

@@ -1,6 +1,7 @@
 """The moments of one optimizer step at which memory can peak, and what lives at each.
 
-A training step goes through seven moments, and the peak is the largest:
+A training step goes through seven moments, and the eval pass (when the run evaluates) two more
+after them; the peak is the largest:
 
 * ``forward``: static model states + every tensor saved for backward + the logits/loss
   temporaries at the end of the forward pass (the last micro-step of an accumulation, when the
@@ -19,7 +20,10 @@ A training step goes through seven moments, and the peak is the largest:
   fp32 residual stream, this is the peak);
 * ``backward_end``: most saved tensors are released and every gradient exists;
 * ``optimizer_start``: DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition;
-* ``optimizer``: gradients + optimizer states + the optimizer's own temporaries.
+* ``optimizer``: gradients + optimizer states + the optimizer's own temporaries;
+* ``eval_generate``, ``eval``: the eval pass after the step (``planner.memory.evaluation``): the
+  model states without gradients, and generation's last step or the eval forward at its loss
+  (nothing without ``eval_batch``, so these two are never the peak of a run that does not evaluate).
 
 The moments are written once, in ``MOMENTS``: each lists its parts (a breakdown key, the size it
 reads, whether that size is static or grows with the micro-batch, and whether it is allocated
@@ -52,6 +56,7 @@ from planner.memory.activations import (
     step_activations,
 )
 from planner.memory.dtypes import mode_of
+from planner.memory.evaluation import eval_parts
 from planner.memory.parameters import Trained
 from planner.memory.saved import activation_breakdown, recompute_bytes
 from planner.memory.shapes import BlockContext, block_context, dims_of
@@ -172,6 +177,15 @@ MOMENTS = (
         _static("gradients", "optimizer_gradients"),
         _static("optimizer_step/transient", "optimizer_step", transient=True),
         _KEPT)),
+    # the eval pass after the step's zero_grad (gradients None): generation's last step, then the
+    # eval forward at its loss (Seq2SeqTrainer.prediction_step's order); sized by the eval batch,
+    # flat in the training micro-batch (``evaluation.eval_parts``)
+    Moment("eval_generate", (
+        _batch("eval", "eval_generate", by_key=True, transient=True),
+        _KEPT)),
+    Moment("eval", (
+        _batch("eval", "eval_forward", by_key=True, transient=True),
+        _KEPT)),
 )
 
 #: the moments' names, in the order they happen
@@ -247,6 +261,8 @@ class BatchSizes(NamedTuple):
     backward_logits: int
     kv_cache: int
     kept: int
+    eval_generate: int = 0
+    eval_forward: int = 0
 
 
 def _summer(static: bool):
@@ -306,20 +322,25 @@ class BatchTerms:
     recompute_end: dict[str, int] = field(default_factory=dict)
     """What it adds before that backward frees anything (``activations.recompute_end_terms``),
     by breakdown key."""
+    eval_generate: dict[str, int] = field(default_factory=dict)
+    """The eval pass's generation at its last step, by breakdown key (``evaluation.eval_parts``)."""
+    eval_forward: dict[str, int] = field(default_factory=dict)
+    """The eval forward at its loss, by breakdown key (``evaluation.eval_parts``)."""
 
     def sizes(self) -> BatchSizes:
         return BatchSizes(
             activations=sum(self.activations.values()), after_head=sum(self.after_head.values()),
             recompute_end=sum(self.recompute_end.values()), block_backward=sum(self.block_backward.values()),
             recompute=self.recompute, forward_logits=self.forward_logits, backward_logits=self.backward_logits,
-            kv_cache=self.kv_cache, kept=self.kept)
+            kv_cache=self.kv_cache, kept=self.kept, eval_generate=sum(self.eval_generate.values()),
+            eval_forward=sum(self.eval_forward.values()))
 
 
 def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
                 targets: frozenset[str] | None = None) -> BatchTerms:
     """``targets``: the adapted linears' names, when the caller has them already."""
     dims, mode = dims_of(model, config), mode_of(config)
-    fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode)
+    fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode, kernels)
     if model.is_encoder_decoder:
         # the decoder's head: its final norm and dropout too (``encdec.timeline_parts``)
         from planner.memory.encdec import timeline_parts
@@ -339,10 +360,12 @@ def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     after_head = dict(activations)
     for key, nbytes in head.items():
         after_head[key] -= nbytes
+    evaluated, generated = eval_parts(model, config, kernels, targets)
     return BatchTerms(
         activations=activations, recompute=recompute, forward_logits=fwd_logits, backward_logits=bwd_logits,
         kv_cache=cache, kept=kept, head=head, after_head={k: v for k, v in after_head.items() if v},
-        block_backward=_keyed(block_added), recompute_end=_keyed(end_added),
+        block_backward=_keyed(block_added), recompute_end=_keyed(end_added), eval_generate=generated,
+        eval_forward=evaluated,
     )
 
 
@@ -351,11 +374,19 @@ def _keyed(terms: dict[str, int]) -> dict[str, int]:
     return {breakdown_key(term): nbytes for term, nbytes in terms.items() if nbytes}
 
 
-def _output_terms(model: ModelSpec, config: TrainConfig, dims, mode) -> tuple[int, int, int, int]:
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note), and each batch line reads it twice
+_MANUAL = Loop.MANUAL
+
+
+def _output_terms(model: ModelSpec, config: TrainConfig, dims, mode,
+                  kernels: KernelProfile) -> tuple[int, int, int, int]:
     """(``BatchTerms``' forward_logits, backward_logits, kv_cache, kept)."""
     cache = model.num_layers * kv_cache_block_bytes(model, config, dims, mode)
-    kept = manual_loop_logits(dims, mode, config) + cache if config.loop is Loop.MANUAL else 0
-    return logits_forward_transient(dims, mode, config), logits_backward_transient(dims, mode, config), cache, kept
+    kept = manual_loop_logits(dims, mode, config) + cache if config.loop is _MANUAL else 0
+    chunks = config.loss_chunks  # a chunked cross-entropy upcasts one piece at a time
+    return (logits_forward_transient(dims, mode, config, kernels, chunks=chunks),
+            logits_backward_transient(dims, mode, config, chunks=chunks), cache, kept)
 
 
 def batch_totals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
@@ -388,13 +419,15 @@ def batch_line(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
 def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext) -> tuple[int, ...]:
     """``batch_totals`` of a decoder-only model, from a later block's context ``ctx``."""
     dims, mode = ctx.dims, ctx.mode
-    fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode)
+    fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode, ctx.kernels)
     step = block_step_activations(ctx)
     saved = step.saved_bytes()
+    evaluated, generated = eval_parts(model, config, ctx.kernels, ctx.targets) if config.evaluates else ({}, {})
     return batch_moments(BatchSizes(
         activations=saved, after_head=saved - sum([nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED]),
         recompute_end=sum(step.recompute_end.values()), block_backward=sum(step.block_backward.values()),
-        recompute=step.recompute, forward_logits=fwd_logits, backward_logits=bwd_logits, kv_cache=cache, kept=kept))
+        recompute=step.recompute, forward_logits=fwd_logits, backward_logits=bwd_logits, kv_cache=cache, kept=kept,
+        eval_generate=sum(generated.values()), eval_forward=sum(evaluated.values())))
 
 
 def first_block_gradients(model: ModelSpec, config: TrainConfig, gradients: int, t: Trained,

@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.activations import (
+    block_tensors,
     block_terms,
     breakdown_key,
     builds_logits,
@@ -58,7 +60,7 @@ from planner.memory.activations import (
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, lora_targets, trained
 from planner.memory.shapes import block_context, dims_of
-from planner.memory.states import StaticTerms, static_terms
+from planner.memory.states import StaticTerms, base_tensor_sizes, static_terms
 from planner.memory.step import (
     HEAD_SAVED,
     MOMENT,
@@ -92,7 +94,7 @@ def category(key: str) -> str:
         return "gradients"
     if key.startswith("optimizer_states"):
         return "optimizer states"
-    if key.startswith(("logits", "activations/loss", "loop/")):
+    if key.startswith(("logits", "activations/loss", "loop/", "eval/logits")):
         return "logits/loss"
     if key.startswith("optimizer_step"):
         return "temporaries"
@@ -214,8 +216,12 @@ class _Builder:
             self.events.append(event)
         return ident
 
-    def alloc_terms(self, terms: dict[str, int], where: str) -> list[int]:
-        return [self.alloc(key, nbytes, where) for key, nbytes in terms.items()]
+    def alloc_terms(self, terms: dict[str, int], where: str,
+                    tensors: dict[str, tuple[int, ...]] | None = None) -> list[int]:
+        """One allocation a term; ``tensors``: the terms whose tensors are known (sizes in bytes)."""
+        if not tensors:
+            return [self.alloc(key, nbytes, where) for key, nbytes in terms.items()]
+        return [self.alloc(key, nbytes, where, tensors.get(key)) for key, nbytes in terms.items()]
 
     def free(self, ident: int, where: str) -> None:
         self.free_all((ident,), where)
@@ -260,6 +266,9 @@ class _Step:
     """encoder-decoder: every block's saved tensors, encoder then decoder (``first``/``rest`` unused)"""
     grains: "Grains | None" = None
     """the tensors the gradients and the optimizer's temporaries are made of"""
+    tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
+    """the first block's and every other block's terms whose tensors are known (bytes each,
+    ``activations.block_tensors``), by breakdown key"""
 
     @property
     def n_blocks(self) -> int:
@@ -269,6 +278,10 @@ class _Step:
         if self.blocks:
             return self.blocks[k]
         return self.first if k == 0 else self.rest
+
+    def block_tensors(self, k: int) -> dict[str, tuple[int, ...]]:
+        """``tensors`` of block ``k`` (none for blocks that differ: ``blocks``)."""
+        return {} if self.blocks else self.tensors[k > 0]
 
 
 def _block_gradient_share(model: ModelSpec, config: TrainConfig, t: Trained, gradients: int) -> int:
@@ -335,12 +348,15 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
     t = trained(model, config)
     static = static_terms(model, config, kernels, t)
     dims, mode = dims_of(model, config), mode_of(config)
+    tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
     if config.grad_ckpt:
         first = rest = {"activations/checkpoints": checkpoint_bytes(model, dims, mode)}
     else:
         keyed = lambda terms: {breakdown_key(k): v for k, v in terms.items() if v}  # noqa: E731
-        first = keyed(block_terms(block_context(model, config, kernels, first=True, targets=t.target_names, dims=dims)))
-        rest = keyed(block_terms(block_context(model, config, kernels, first=False, targets=t.target_names, dims=dims)))
+        contexts = [block_context(model, config, kernels, first=f, targets=t.target_names, dims=dims)
+                    for f in (True, False)]
+        first, rest = (keyed(block_terms(ctx)) for ctx in contexts)
+        tensors = tuple(keyed(block_tensors(ctx)) for ctx in contexts)
     blocks: tuple[dict[str, int], ...] = ()
     if model.is_encoder_decoder:
         from planner.memory.encdec import timeline_parts
@@ -362,6 +378,7 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
         cache=kv_cache_block_bytes(model, config, dims, mode),
         head_gradients=head_gradients, down_gradients=down_gradients, grains=_grains(model, config, t),
+        tensors=tensors,
     )
 
 
@@ -374,7 +391,7 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
     blocks, cache = [], []
     for k in range(s.n_blocks):
         where = f"{label}forward block {k + 1}"
-        blocks.append(b.alloc_terms(s.block(k), where))
+        blocks.append(b.alloc_terms(s.block(k), where, s.block_tensors(k)))
         if k < s.model.num_layers:  # batch_terms counts num_layers cache layers
             cache.append(b.alloc("kv_cache", s.cache, where))
     head = b.alloc_terms(s.batch.head, f"{label}head and loss")
@@ -471,6 +488,13 @@ def _optimizer_step(b: _Builder, s: _Step, grads: list[int], marks: bool = True,
     b.free_all(grads, f"{label}zero_grad")
 
 
+def _eval_pass(b: _Builder, s: _Step) -> None:
+    """The eval pass after the step's ``zero_grad`` (``planner.memory.evaluation``): each eval
+    moment's parts at its mark (none when the run does not evaluate: only the marks are made)."""
+    _instant(b, s, "eval_generate", True, "eval: generate")
+    _instant(b, s, "eval", True, "eval: loss forward")
+
+
 def _lazy_states(s: _Step) -> dict[str, int]:
     """The optimizer states a torch optimizer makes in its first ``step()``, not before (torch/optim/
     adam.py ``_init_group``: "Lazy state initialization", ``state["exp_avg"] = torch.zeros_like(p)``
@@ -527,6 +551,7 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     else:
         grads, _ = _micro_step(b, s, grads_exist=False, label="", marks=True, previous=previous)
     _optimizer_step(b, s, grads)
+    _eval_pass(b, s)
     timeline = Timeline(events=tuple(b.events), marks=dict(b.marks), host=s.static.host,
                         outside_allocator=s.static.paged, start=start)
     # the walk holds at each mark what the moment lists (its transient parts come from the list)
@@ -536,10 +561,41 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     return timeline
 
 
-def _resident_tensors(model: ModelSpec, config: TrainConfig, key: str, nbytes: int) -> int:
-    """How many tensors a model-state component is (the allocator replay's grain): one per
-    parameter tensor for weights, one per trainable tensor for gradients and (two per tensor)
-    torch optimizer states; DeepSpeed's flat partitions and buckets are single tensors."""
+#: the weights' breakdown keys (planner/memory/states.py model_state_breakdown)
+_WEIGHT_KEYS = frozenset({"weights", "weights/nf4", "weights/unquantized"})
+
+
+def weight_tensors(model: ModelSpec, key: str) -> tuple[int, ...]:
+    """Element counts of the tensors a weights component is, in the model's order: every base
+    parameter (``weights``); under QLoRA the module linears' weight matrices bitsandbytes
+    quantises (``weights/nf4``: one packed Params4bit each, its quantisation state folded in by
+    ``shares``) and the rest (``weights/unquantized``: embeddings, norms, biases, the head, bare
+    expert stacks). Cut into equal pieces, as a model-state component was, a norm's few
+    kilobytes became a 10 MiB request and the 3.5 GB fp32 embedding of Gemma-2-9B 380 requests of
+    9 MiB, each pair given a 20 MiB kLargeBuffer segment (CUDACachingAllocator.cpp
+    get_allocation_size): 0.8 GiB reserved that no tensor of the real model makes."""
+    base = base_tensor_sizes(model)
+    if key == "weights":
+        return base
+    quantized = [lin.in_features * lin.out_features for n, linears in model.all_blocks for _ in range(n)
+                 for lin in linears if lin.module for _ in range(lin.count)]
+    if key == "weights/nf4":
+        return tuple(quantized)
+    left = Counter(quantized)  # the base tensors less the quantised matrices, in order
+    unquantized = []
+    for size in base:
+        if left[size] > 0:
+            left[size] -= 1
+        else:
+            unquantized.append(size)
+    return tuple(unquantized)
+
+
+def _resident_tensors(model: ModelSpec, config: TrainConfig, key: str, nbytes: int) -> int | tuple[int, ...]:
+    """The tensors a model-state component is (the allocator replay's grain): the weights each a
+    tensor of its parameter's size (``weight_tensors``), one per trainable tensor for gradients
+    and (two per tensor) torch optimizer states; DeepSpeed's flat partitions and buckets are
+    single tensors."""
     per_param = model.num_layers * (len(model.layer_linears) + 2) + 3
     trainable = per_param if config.method is Method.FULL else max(1, 2 * model.num_layers * len(lora_targets(model, config)))
     scheme = BREAKDOWN_KEYS.get(key)  # a sharding scheme's buffers: as it declares them
@@ -547,6 +603,8 @@ def _resident_tensors(model: ModelSpec, config: TrainConfig, key: str, nbytes: i
         return scheme.tensors
     if scheme is not None and scheme.tensor_bytes:
         return max(1, nbytes // scheme.tensor_bytes)
+    if key in _WEIGHT_KEYS:
+        return _grain(weight_tensors(model, key), nbytes) or per_param
     if key == "optimizer_states":
         return 2 if config.sharding.spec.flat_optimizer else 2 * trainable
     if key == "lora/weights" or (key == "gradients" and config.method is not Method.FULL):

@@ -38,20 +38,21 @@ class OptimizerModel:
 
     def state_bytes(self, sizes: Iterable[int], param_bytes: int) -> int:
         """Persistent state of trainable tensors of these element counts."""
-        return self._counted_state_bytes(Counter(sizes).items(), param_bytes)
+        return self.counted_state_bytes(Counter(sizes).items(), param_bytes)
 
-    def _counted_state_bytes(self, counts: Iterable[tuple[int, int]], param_bytes: int) -> int:
-        # a model has few distinct tensor shapes: (elements, tensors) pairs
+    def counted_state_bytes(self, counts: Iterable[tuple[int, int]], param_bytes: int) -> int:
+        """``state_bytes`` of tensors given as (element count, number of such tensors) pairs (a
+        model has few distinct tensor shapes; an element count may come in more than one pair)."""
         return sum(self.tensor_state_bytes(n, param_bytes) * copies for n, copies in counts)
 
     def model_state_bytes(self, model, config, t, param_bytes: int) -> int:
         """Persistent state of the configuration's trainable tensors ``t`` (a
         ``planner.memory.parameters.Trained`` of ``model``, a ``ModelSpec``)."""
-        return self._counted_state_bytes(t.size_counts, param_bytes)
+        return self.counted_state_bytes(t.size_counts, param_bytes)
 
     def flat_partition_state_bytes(self, partition: int) -> int:
         """State of one flat fp32 tensor of ``partition`` elements (DeepSpeed's master partition)."""
-        return self._counted_state_bytes(((partition, 1),), FP32)
+        return self.counted_state_bytes(((partition, 1),), FP32)
 
     def step_transient(self, counts: Iterable[tuple[int, int]], param_bytes: int, kernels) -> int:
         """Temporaries inside ``optimizer.step()`` beyond states and gradients, for trainable tensors

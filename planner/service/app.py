@@ -238,6 +238,12 @@ def build_app(settings: ServiceSettings) -> "FastAPI":
 
     @asynccontextmanager
     async def lifespan(app: "FastAPI") -> AsyncIterator[None]:
+        from planner.planning import warm
+
+        # the planning modules and the catalog: the first request's CPU budget is its own work. Before
+        # the store's opener starts: two threads importing (compiling) at once is where CPython 3.11's
+        # AST converter, whose recursion depth is per interpreter, can raise a SystemError
+        warm()
         holder.open()  # in the background: the server binds and answers while the database is down or hung
         try:
             yield

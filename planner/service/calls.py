@@ -137,12 +137,13 @@ def check(body: "CheckBody", *, calibration: "Calibration | None" = None) -> dic
     # takes tens of seconds on a loaded 2-core machine, and a bad GPU or model needs none of it
     sent = [files.parse(name, text) for name, text in body.texts().items()]
     get_gpu(body.gpu, memory_bytes=size_bytes(body.gpu_mem, field="gpu_mem"))
-    named = next((str(f.data["model_name_or_path"]) for f in sent if f.data.get("model_name_or_path")), None)
+    # the model keys of the HF/TRL/LLaMA-Factory arguments and of axolotl (torchtune's is a folder on disk)
+    named = next((str(f.data[k]) for f in sent for k in ("model_name_or_path", "base_model") if f.data.get(k)), None)
     name = body.model or named
     if body.config is None:
         if name is None:
-            raise InvalidConfigError("no file names the model: send \"model\" (a catalog id) or model_name_or_path "
-                                     "in the arguments file")
+            raise InvalidConfigError("no file names the model: send \"model\" (a catalog id), or model_name_or_path "
+                                     "(axolotl: base_model) in the training config")
         require_catalog_id(name)
     _import_trainers()
     reading = read_texts(body.texts(), trainer=body.trainer)

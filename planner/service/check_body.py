@@ -39,8 +39,9 @@ class CheckBody(ModelChoice):
     files: list[ConfigText] = Field(min_length=1, max_length=MAX_FILES, description="The training config's files.")
     gpus: Optional[StrictInt] = Field(default=None, description="GPUs (default: the accelerate config's num_processes, else 1).")
     cpu_mem: Size = Field(default=None, description="Host RAM of the node for offload: bytes or a size like \"192GiB\".")
-    trainer: Optional[str] = Field(default=None, pattern="^(hf|trl)$",
-                                   description="hf|trl: read the arguments with this trainer's schema.")
+    trainer: Optional[str] = Field(default=None, pattern="^(hf|trl|axolotl|llama-factory|torchtune)$",
+                                   description="hf|trl|axolotl|llama-factory|torchtune: read the file with this "
+                                               "trainer's schema (default: the one whose keys the file has).")
 
     def texts(self) -> dict[str, Any]:
         return {f.name: f.content for f in self.files}

@@ -30,6 +30,11 @@ SPECS: tuple[ShardingSpec, ...] = discover(__name__, __path__, key=lambda s: (s.
 Scheme = enum.StrEnum("Scheme", [(s.name.upper(), s.name) for s in SPECS], module=__name__)
 Scheme.__doc__ = "A sharding scheme of the registry (``planner.sharding``), by its name."
 
+#: ``Offload.NONE`` bound once: reading a member through its class goes through
+#: ``EnumType.__getattr__``'s slow attribute path on CPython 3.11 (``planner.config``'s note), and
+#: the search asks ``Sharding.offloaded`` thousands of times a search.
+_NO_OFFLOAD = Offload.NONE
+
 #: The descriptor of each scheme, by ``Scheme`` member (a plain name finds it too).
 SCHEMES: Mapping[Scheme, ShardingSpec] = MappingProxyType({Scheme(s.name): s for s in SPECS})
 def _keys() -> Mapping[str, BreakdownKey]:
@@ -90,7 +95,7 @@ class Sharding:
     @property
     def offloaded(self) -> bool:
         """Some of the state lives on the host (the optimizer steps there)."""
-        return self.offload is not Offload.NONE
+        return self.offload is not _NO_OFFLOAD
 
     @property
     def zero(self) -> int | None:

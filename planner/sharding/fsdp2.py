@@ -181,12 +181,14 @@ class FSDP2(ShardingSpec):
         host = 0
         # every base parameter sharded in its own dtype (fp32 master under *-mixed)
         states = {"weights": sum(_shards(base_sizes, n)) * weight}
-        trained_shards = _shards(t.sizes, n)
+        # each trained tensor's shard, by the few distinct tensor sizes (``Trained.size_counts``)
+        shard_counts = [(shard(size, n), count) for size, count in t.size_counts]
+        trained_shards = sum(size * count for size, count in shard_counts)
         if config.method.uses_adapters:
-            states["lora/weights"] = sum(trained_shards) * ADAPTER_BYTES
-        states["gradients"] = sum(trained_shards) * trained_bytes
+            states["lora/weights"] = trained_shards * ADAPTER_BYTES
+        states["gradients"] = trained_shards * trained_bytes
         optimizer = OPTIMIZERS[config.optimizer].memory
-        states["optimizer_states"] = optimizer.state_bytes(list(trained_shards), trained_bytes)
+        states["optimizer_states"] = optimizer.counted_state_bytes(shard_counts, trained_bytes)
         if offloaded:
             host = sum(states.values())
             states = {}

@@ -22,6 +22,11 @@ from planner.optim.spec import FP32, HALF
 from planner.sharding.spec import BreakdownKey, Offload, ShardingSpec, WorkerSetup, join_process_group, ring
 from planner.units import format_bytes
 
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note); the search's static terms read them thousands
+#: of times a search
+_NONE, _OPTIMIZER, _OPTIMIZER_PARAMS = Offload.NONE, Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS
+
 #: The file name of the DeepSpeed config a run reads (``ZeRO.emitted_files``).
 DEEPSPEED_FILE = "ds_config.json"
 
@@ -120,7 +125,7 @@ def zero3_gathered_bytes(model: Any, config: Any, t: Any, base_sizes: tuple[int,
     nothing; with parameter offload that ``.to`` copies from the host, and on N ranks the
     all-gather fills a new buffer of ceil(numel / N) * N elements (l.1388) in the 16-bit (or
     fp32) communication dtype."""
-    if config.gpus == 1 and config.sharding.offload is not Offload.OPTIMIZER_PARAMS:
+    if config.gpus == 1 and config.sharding.offload is not _OPTIMIZER_PARAMS:
         return 0
     adapters = t.sizes if config.method.uses_adapters else ()
     threshold = persistence_threshold(model.hidden_size)
@@ -159,7 +164,8 @@ def _adapter_weights(model: Any, config: Any, t: Any) -> int:
     if config.sharding.spec.zero_stage != 3:
         return t.count * gb
     threshold = persistence_threshold(model.hidden_size)
-    return sum(math.ceil(s / config.gpus) if s > threshold else s for s in t.sizes) * gb
+    n = config.gpus
+    return sum((math.ceil(s / n) if s > threshold else s) * count for s, count in t.size_counts) * gb
 
 
 def zero_partition(t: Any, config: Any) -> int:
@@ -178,10 +184,10 @@ class ZeRO(ShardingSpec):
 
     # ---- words ------------------------------------------------------------------------------
     def label(self, offload: Offload) -> str:
-        return self.name + (f"+offload:{offload}" if offload is not Offload.NONE else "")
+        return self.name + (f"+offload:{offload}" if offload is not _NONE else "")
 
     def short(self, offload: Offload) -> str:
-        return self.name + (f"+{offload}" if offload is not Offload.NONE else "")
+        return self.name + (f"+{offload}" if offload is not _NONE else "")
 
     def offload_words(self, offload: Offload) -> str:
         return {Offload.NONE: "no offload", Offload.OPTIMIZER: "optimizer states offloaded to CPU RAM",
@@ -198,12 +204,12 @@ class ZeRO(ShardingSpec):
 
     def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
         notes = []
-        if config.gpus == 1 and offload is Offload.NONE:
+        if config.gpus == 1 and offload is _NONE:
             notes.append(f"{self.words} on one GPU shards nothing; it ranks where it is faster than the plans without "
                          "DeepSpeed or fits where they do not: DeepSpeed keeps the model in 16-bit with the fp32 master in "
                          "the optimizer, which lets a larger micro-batch fit "
                          "(deepspeed runtime/engine.py _configure_distributed_model)")
-        if offload is not Offload.NONE:
+        if offload is not _NONE:
             notes.append(f"offload: {format_bytes(host_bytes)} pinned host RAM per GPU, step waits on PCIe "
                          "(Ren et al. 2021)")
         return notes
@@ -222,7 +228,7 @@ class ZeRO(ShardingSpec):
                 f"--precision {precision} with --zero {stage}: DeepSpeed always keeps "
                 f"fp32 master weights, use --precision {precision}-mixed"
             )
-        if offload is not Offload.NONE and config.optimizer not in _OFFLOADABLE:
+        if offload is not _NONE and config.optimizer not in _OFFLOADABLE:
             raise UnsupportedError(
                 f"--offload with --optimizer {config.optimizer}: DeepSpeed offloads only its "
                 f"CPU Adam, use --optimizer {names(_OFFLOADABLE)}"
@@ -288,14 +294,14 @@ class ZeRO(ShardingSpec):
             # self.device), then pin_memory), and partition_grads copies each reduced gradient there
             # (l.2022-2045)
             grad_partitions = grads * gb // param_bytes // n
-            if offload is Offload.NONE:
+            if offload is _NONE:
                 out["zero3/grad_partitions"] = grad_partitions
             else:
                 host += grad_partitions
         else:
             out["gradients"] = grads * gb // param_bytes if self.zero_stage == 1 else grads * gb // param_bytes // n
         out["zero/reduce_bucket"] = reduce_bucket_size(model.hidden_size) * gb
-        if offload is Offload.NONE:
+        if offload is _NONE:
             out["master_weights"] = FP32 * trainable // n
             out["optimizer_states"] = states_per_device
             return out, host
@@ -326,7 +332,7 @@ class ZeRO(ShardingSpec):
 
     def optimizer_tensors(self, t: Any, config: Any, param_bytes: int) -> tuple[tuple[tuple[int, int], ...], int] | None:
         # the optimizer steps one flat fp32 partition (see _states); with offload, on the host
-        if config.sharding.offload is not Offload.NONE:
+        if config.sharding.offload is not _NONE:
             return None
         return ((zero_partition(t, config), 1),), FP32
 
@@ -335,7 +341,7 @@ class ZeRO(ShardingSpec):
         (stage 1/2: ``single_grad_partition``; stage 3: the fp32 partition's ``.grad``) and frees
         the 16-bit ones before stepping (stage_1_and_2.py step: free_grad_in_param_list). With
         offload the step runs on the host."""
-        if config.sharding.offload is not Offload.NONE:
+        if config.sharding.offload is not _NONE:
             return 0
         return FP32 * zero_partition(t, config)
 
@@ -345,7 +351,7 @@ class ZeRO(ShardingSpec):
         gradients (stage_1_and_2.py step: flatten_dense_tensors_aligned(...).to(fp32); measured on
         gpt2 with an 8-bit optimizer, whose own step adds nothing the probe sees). In fp32 the flat
         copy already is the fp32 partition (.to() returns it)."""
-        if self.zero_stage not in (1, 2) or config.sharding.offload is not Offload.NONE:
+        if self.zero_stage not in (1, 2) or config.sharding.offload is not _NONE:
             return 0
         partition = zero_partition(t, config)
         return partition * HALF + FP32 * partition if config.precision.is_mixed else FP32 * partition
@@ -384,14 +390,14 @@ class ZeRO(ShardingSpec):
         per step. With parameter offload (ZeRO-3 ``optimizer+params``) the parameters live on the
         host and stream in for every forward, backward and recompute; no separate copy back after
         the update. Each device moves only its 1/n partition."""
-        if offload is Offload.NONE:
+        if offload is _NONE:
             return 0.0
         n = config.gpus
         cb = config.precision.compute_bytes
         partition = trainable / n
         grad_copies = config.grad_accum if self.zero_stage >= 2 else 1
         total = partition * cb * grad_copies
-        if offload is Offload.OPTIMIZER:
+        if offload is _OPTIMIZER:
             total += partition * cb
         else:
             gathers = 2 + int(config.grad_ckpt)
@@ -430,9 +436,9 @@ class ZeRO(ShardingSpec):
         else:
             zero["stage3_prefetch_bucket_size"] = buckets["stage3_prefetch_bucket_size"]
             zero["stage3_param_persistence_threshold"] = buckets["stage3_param_persistence_threshold"]
-        if offload is not Offload.NONE:
+        if offload is not _NONE:
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
-        if offload is Offload.OPTIMIZER_PARAMS:
+        if offload is _OPTIMIZER_PARAMS:
             zero["offload_param"] = {"device": "cpu", "pin_memory": pin_memory}
         ds: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": config.micro_batch,
@@ -450,7 +456,7 @@ class ZeRO(ShardingSpec):
         section = OPTIMIZERS[config.optimizer].deepspeed_section
         if section is not None:
             # DeepSpeed builds the optimizer itself from this section (with offload, its CPU optimizer)
-            ds["optimizer"] = section(**hyperparameters, offload=offload is not Offload.NONE)
+            ds["optimizer"] = section(**hyperparameters, offload=offload is not _NONE)
         else:
             # the others are passed to deepspeed.initialize as client optimizers, which ZeRO refuses
             # unless told (engine.py _do_optimizer_sanity_check)
@@ -504,7 +510,7 @@ def _zero3_weights(model: Any, config: Any, out: dict[str, int], base_sizes: tup
     base_persistent = zero3_param_split(base_sizes, (), persistence_threshold(model.hidden_size))[1]
     partition = int((model.params_total - base_persistent) * per_element) // config.gpus
     persistent = int(base_persistent * per_element)
-    if config.sharding.offload is Offload.OPTIMIZER_PARAMS:
+    if config.sharding.offload is _OPTIMIZER_PARAMS:
         out["weights"] = persistent
         return partition
     out["weights"] = partition + persistent

@@ -58,6 +58,10 @@ ACCELERATORS: dict[str, RayAccelerator] = {
     "h100-pcie": RayAccelerator(accelerator_type="H100", constant="NVIDIA_H100", shared_with="h100-80gb"),
     "h200": RayAccelerator(accelerator_type="H200", constant="NVIDIA_H200"),
     "b200": RayAccelerator(accelerator_type="B200", constant="NVIDIA_B200"),
+    "gb200": RayAccelerator(accelerator_type="GB200", constant="NVIDIA_GB200"),
+    # ray/_private/accelerators/amd_gpu.py names the OAM module (PCI id 0x74a1) so; the HF part
+    # (0x74a9, "AMD-Instinct-MI300X-HF") is the same GPU in another form factor
+    "mi300x": RayAccelerator(accelerator_type="AMD-Instinct-MI300X-OAM", constant="AMD_INSTINCT_MI300x"),
     "rtx-pro-6000": RayAccelerator(accelerator_type="RTX-PRO-6000", constant="NVIDIA_RTX_PRO_6000"),
     # no constant in ray.util.accelerators: the types Ray's NVML name detection gives them
     "rtx3090": RayAccelerator(accelerator_type="GeForce-RTX-3090", constant=None),

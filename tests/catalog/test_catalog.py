@@ -254,7 +254,8 @@ def test_planner_models_table(cli):
     assert result.code == 0, result
     assert "meta-llama/Llama-2-7b-hf" in result.out and "6.74B" in result.out
     assert "46.7B" in result.out and "12.9B" in result.out  # Mixtral total / active per token
-    assert "no: mixture-of-experts" in " ".join(result.out.split())  # Llama 4 Scout's experts are not planned yet
+    # every catalog model plans now (Llama 4 and Nemotron-H included): the column says so
+    assert "no:" not in " ".join(result.out.split()) and "Llama-4-Scout" in result.out
     assert "124M" in result.out  # gpt2
 
 

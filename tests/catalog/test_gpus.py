@@ -17,7 +17,7 @@ from planner.units import GiB, MiB
 REQUIRED = (
     "t4", "a10g", "l4", "l40s", "v100-16gb", "v100-32gb", "a100-40gb", "a100-80gb",
     "h100-80gb", "h200", "rtx3090", "rtx4090", "rtx-a6000",
-    "b200", "rtx5090", "rtx6000-ada", "rtx-pro-6000", "l40", "a40", "a10", "gh200", "cpu",
+    "b200", "rtx5090", "rtx6000-ada", "rtx-pro-6000", "l40", "a40", "a10", "gh200", "gb200", "mi300x", "cpu",
 )
 #: The cards issue 21 added, with their datasheet figures derived here by hand:
 #: (nvidia-smi MiB, dense bf16 TFLOPS, fp32 TFLOPS, GB/s, compute capability, FP8).
@@ -40,6 +40,12 @@ NEW_CARDS = {
     "a10": (23028, 250 / 2, 31.2, 600.0, (8, 6), False),
     # GH200 (96 GB HBM3): 1979 bf16 sparse -> 989.4 dense, as the H100 SXM; 67 fp32; 4 TB/s; '97871MiB'
     "gh200": (97871, 1978.9 / 2, 66.9, 4000.0, (9, 0), True),
+    # GB200 NVL72 per GPU = rack / 72: 360 PFLOPS bf16 sparse -> 5000 sparse -> 2500 dense; 5760 fp32 -> 80;
+    # 576 TB/s -> 8000 GB/s; nvidia-smi '0MiB / 189471MiB'
+    "gb200": (189471, 360_000 / 72 / 2, 5760 / 72, 576_000 / 72, (10, 0), True),
+    # MI300X: 2614.9 fp16/bf16 sparse -> 1307.45 dense; 163.4 fp32; 5.3 TB/s; rocm-smi 206141652992 B
+    # = 196592 MiB; torch's compute capability for gfx942 is 9.4
+    "mi300x": (206141652992 // MiB, 2614.9 / 2, 163.4, 5300.0, (9, 4), True),
 }
 NUMERIC_FIELDS = (
     "memory_bytes", "cuda_context_bytes", "fp16_tflops", "bf16_tflops", "fp32_tflops",
@@ -217,10 +223,35 @@ def test_lookup_of_new_cards(typed, name):
     assert get_gpu(typed).name == name
 
 
-def test_mi300x_is_refused_not_pretended():
-    # ROCm's allocator and kernels are not modelled (planner/gpus.py, the note above the catalog)
-    with pytest.raises(UnknownGPUError):
-        get_gpu("mi300x")
+def test_gb200_and_mi300x_links():
+    gb200, mi300x = get_gpu("gb200"), get_gpu("mi300x")
+    # GB200: NVLink 5 1.8 TB/s total = 900 per direction; NVLink-C2C 900 GB/s total per superchip of two
+    # GPUs -> 450 per GPU -> 225 per direction
+    assert (gb200.interconnect, gb200.interconnect_gbs, gb200.host_link_gbs) == ("nvlink5", 900.0, 900 / 2 / 2)
+    # MI300X: 7 xGMI links x 64 GB/s per direction = 448; PCIe gen5 x16 host link, ~80% of 63 GB/s raw
+    assert (mi300x.interconnect, mi300x.interconnect_gbs, mi300x.host_link_gbs) == ("xgmi", 7 * 64.0, 50.0)
+
+
+@pytest.mark.parametrize(("typed", "name"), [("AMD Instinct MI300X", "mi300x"), ("MI300X", "mi300x"),
+                                             ("NVIDIA GB200", "gb200")])
+def test_lookup_of_gb200_and_mi300x(typed, name):
+    assert get_gpu(typed).name == name
+
+
+def test_mi300x_plans_on_rocm_and_says_what_is_not_measured(cli):
+    """ROCm runs PyTorch's CUDA code hipified: the CUDA facts hold, its BLAS workspaces are its own
+    and what is not measured there is said with the plan."""
+    gpu = get_gpu("mi300x")
+    assert gpu.kernels.rocm and gpu.kernels.caching_allocator and gpu.kernels.name == "rocm"
+    result = cli("estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "mi300x", "--method", "lora", "--json")
+    assert result.code == 0, result
+    assumptions = json.loads(result.out)["memory"]["assumptions"]
+    # hipBLAS 128 MiB on gfx94x + hipBLASLt 76 MiB, per thread (forward and autograd's): 2 x 204 MiB
+    assert any("hipBLAS + hipBLASLt workspaces 2 x 204 MiB" in a for a in assumptions), assumptions
+    assert any(a.startswith("ROCm, not measured:") for a in assumptions), assumptions
+    cuda = json.loads(cli("estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "b200", "--method", "lora",
+                          "--json").out)["memory"]["assumptions"]
+    assert not any("ROCm" in a for a in cuda)
 
 
 @pytest.mark.parametrize("name", NEW_CARDS)

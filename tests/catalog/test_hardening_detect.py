@@ -167,7 +167,12 @@ def test_submit_refuses_gpu_auto(cli):
 # a catalog family inside another model's name is not that model: planning an RTX A4000 (16 GB)
 # as the 48 GB A40 would promise three times its memory
 @pytest.mark.parametrize("device, mib", [
-    ("NVIDIA RTX A4000", 16376), ("NVIDIA RTX A1000", 8188), ("NVIDIA GB200", 189471), ("Quadro RTX 6000", 24576),
+    ("NVIDIA RTX A4000", 16376), ("NVIDIA RTX A1000", 8188), ("NVIDIA GB300", 284208), ("Quadro RTX 6000", 24576),
 ])
 def test_a_family_inside_another_models_name_is_not_matched(device, mib):
     assert match_catalog(device, mib * MiB) is None
+
+
+def test_gb200_is_its_own_entry_not_the_b200_inside_its_name():
+    assert match_catalog("NVIDIA GB200", 189471 * MiB) == "gb200"
+    assert match_catalog("NVIDIA B200", 183359 * MiB) == "b200"

@@ -6,6 +6,7 @@ Bad files: one line, exit 2."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -186,13 +187,60 @@ def test_emitted_recipe_settings_read_back_through_the_same_library_keys():
     from planner.emit import settings
     from planner.request import ADAPTER_RECIPE, TRAINING_ARGS
 
-    config = TrainConfig(method="lora", fused_ce=True, use_cache=True, lora_dropout=0.1, micro_batch=2)
     spec = type("Spec", (), {"is_encoder": False, "is_encoder_decoder": False})
-    args = {"model_name_or_path": "gpt2", **settings.training_arguments(config, on_cpu=False)}
-    reading = read_texts({"training_args.json": json.dumps(args),
-                          # as PEFT saves it: LoraConfig's fields with the peft_type
-                          "adapter_config.json": json.dumps({"peft_type": "LORA", **settings.lora_config(config, spec=spec)})})
-    for f in (*TRAINING_ARGS, *ADAPTER_RECIPE):
-        assert reading.options[f.name] == getattr(config, f.name), f.name
-        assert reading.origins[f.name].key in (f.training_args, f.peft)
-    assert (reading.options["use_cache"], reading.options["fused_ce"], reading.options["lora_dropout"]) == (True, True, 0.1)
+    # the eval pass is refused with the fused loss (planner.config): one config for each
+    for config in (TrainConfig(method="lora", fused_ce=True, use_cache=True, lora_dropout=0.1, micro_batch=2),
+                   TrainConfig(method="lora", use_cache=True, lora_dropout=0.1, micro_batch=2, eval_batch=4)):
+        args = {"model_name_or_path": "gpt2", **settings.training_arguments(config, on_cpu=False)}
+        reading = read_texts({"training_args.json": json.dumps(args),
+                              # as PEFT saves it: LoraConfig's fields with the peft_type
+                              "adapter_config.json": json.dumps({"peft_type": "LORA",
+                                                                 **settings.lora_config(config, spec=spec)})})
+        # the eval pass the plan holds runs (eval_strategy), and its batch is read back
+        assert args["eval_strategy"] == ("steps" if config.eval_batch else "no")
+        for f in (*TRAINING_ARGS, *ADAPTER_RECIPE):
+            # no evaluation: not read (eval_strategy "no"); a switch is read only when on
+            if (f.evaluation and not config.eval_batch) or (f.switch and not getattr(config, f.name)):
+                assert f.name not in reading.options
+                continue
+            assert reading.options[f.name] == getattr(config, f.name), f.name
+            assert reading.origins[f.name].key in (f.training_args, f.peft)
+        assert (reading.options["use_cache"], reading.options.get("fused_ce", False), reading.options["lora_dropout"]) \
+            == (True, config.fused_ce, 0.1)
+
+
+@pytest.mark.parametrize("args, eval_batch, given", [
+    ({"eval_strategy": "steps", "per_device_eval_batch_size": 16}, 16, True),
+    ({"eval_strategy": "epoch"}, 8, False),  # TrainingArguments' default per_device_eval_batch_size
+    ({"eval_strategy": "no", "per_device_eval_batch_size": 16}, None, None),  # no evaluation: nothing to plan
+    ({"per_device_eval_batch_size": 16}, None, None),  # eval_strategy's default is "no"
+])
+def test_the_eval_batch_is_read_where_the_file_evaluates(args, eval_batch, given, tmp_path):
+    from planner.check import check
+
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"model_name_or_path": "gpt2", "output_dir": "out", "bf16": True,
+                                "per_device_train_batch_size": 2, **args}))
+    result = check([path], gpu="a10g", seq_len=256)
+    assert result.config.eval_batch == eval_batch
+    if eval_batch is None:
+        assert "eval_batch" not in result.origins and not result.estimate["memory"]["peak_phase"].startswith("eval")
+    else:
+        assert result.origins["eval_batch"] == {"file": str(path), "key": "per_device_eval_batch_size",
+                                                "value": eval_batch, "given": given}
+        assert any(note.startswith(f"eval_strategy {args['eval_strategy']}: the plan holds the eval pass at "
+                                   f"per_device_eval_batch_size {eval_batch}") for note in result.notes)
+
+
+def test_check_prints_no_library_warnings(tmp_path):
+    """A real `planner check` process: transformers imports bitsandbytes, whose CPU backend warned
+    on this machine (AVX512-BF16) that its optional Hub kernel could not load; reading keys runs no
+    kernel, so stderr holds nothing but what the planner says."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "planner", "check", str(HF), "--gpu", "a10g", "--seq-len", "1024"],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert "kernels-community" not in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -218,7 +218,8 @@ BAD = {
     "unknown option": (EST + ["--bogus"], "--bogus"),
     "non-integer value": (EST + ["--micro-batch", "abc"], "--micro-batch"),
     "non-integer target": (SUG + ["--target-batch", "1.5"], "--target-batch"),
-    "unknown precision": (EST + ["--precision", "fp8"], "fp8"),
+    "unknown precision": (EST + ["--precision", "fp4"], "fp4"),
+    "fp8 on an a10g": (EST + ["--precision", "fp8"], "NVIDIA A10G has no FP8 tensor cores"),
     "missing required option": (["estimate", "-g", "a10g"], "--model"),
     # found by a QA walkthrough: each used to traceback, hang, or be taken literally
     "target batch beyond any run": (SUG + ["-b", "99999999999999999999"], "--target-batch"),

@@ -160,7 +160,11 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
     }
     # the recipe knobs of estimate, measure, suggest and submit (fixed by the user, given to every candidate)
     recipe = {"--lora-dropout": _DROPOUTS, "--loop": _choice("trainer", "manual"), "--fused-ce": None, "--no-fused-ce": None,
-              "--packing": None, "--no-packing": None, "--use-cache": None, "--no-use-cache": None}
+              "--packing": None, "--no-packing": None, "--use-cache": None, "--no-use-cache": None,
+              # torchtune's recipe settings: in and past their bounds, and with what refuses them
+              "--optimizer-in-bwd": None, "--no-optimizer-in-bwd": None, "--loss-chunks": _ints((1, 64)),
+              # the evaluation pass (planner.memory.evaluation): sizes in and past their bounds
+              "--eval-batch": _ints((1, 64)), "--eval-seq-len": _ints((1, 8192)), "--generate-tokens": _ints((1, 512))}
     shared.update(recipe)
     db = {"--db": st.sampled_from(files.db_urls())}
     picture = {
@@ -182,7 +186,8 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
         "suggest": {**shared, **db, **emit, "--target-batch": _ints((1, 512)), "--seq-len": _ints((1, 8192)),
                     "--precision": config["--precision"], "--no-offload": None, "--cpu-mem": _SIZES,
                     "--top-k": _ints((1, 10)), "--no-save": None, "--prefer": _choice("fidelity", "speed")},
-        "emit": {**db, "--rank": _ints((-1, 10)), "--force": None, "--dataset": emit["--dataset"]},
+        "emit": {**db, "--rank": _ints((-1, 10)), "--force": None, "--dataset": emit["--dataset"],
+                 "--for": _choice("hf", "trl", "axolotl", "llama-factory", "torchtune", "unsloth")},
         # the port is always one serve refuses (see ALWAYS): no server ever starts
         "serve": {**db, "--port": st.sampled_from(["0", "70000", "-1"]), "--host": st.sampled_from(["127.0.0.1", "", "::1"]),
                   "--ray-address": st.sampled_from(files.job_api_addresses()), "--workers": _ints((0, 3)),
@@ -196,7 +201,7 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
         "db current": {**db},
         "calibrate": {**db, "--gpu": _GPUS, "--reset": None, "--json": None},
         "check": {**db, "--gpu": _GPUS, "--model": _models(files), "--gpus": _ints((1, 17)), "--seq-len": _ints((1, 8192)),
-                  "--gpu-mem": _SIZES, "--cpu-mem": _SIZES, "--trainer": _choice("hf", "trl", "axolotl"), "--json": None},
+                  "--gpu-mem": _SIZES, "--cpu-mem": _SIZES, "--trainer": _choice("hf", "trl", "axolotl", "llama-factory", "torchtune", "unsloth"), "--json": None},
     }
     verify = {"--verify-top": _ints((1, 5)), "--steps": _ints((2, 5)), "--run-timeout": _FLOATS}
     job_api = {"--address": st.sampled_from(files.job_api_addresses())}

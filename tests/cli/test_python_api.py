@@ -82,7 +82,8 @@ def test_the_readmes_check_examples_run(cli, monkeypatch):
     pytest.importorskip("trl")
     monkeypatch.chdir(ROOT)
     lines = re.findall(r"^\$ planner (check .*)$", _readme_section("## Check a training config"), re.M)
-    assert len(lines) == 3
+    # a config of each format: TRL, axolotl, LLaMA-Factory, HF, accelerate, torchtune
+    assert [line.split("/")[3] for line in lines] == ["trl", "axolotl", "llama_factory", "hf", "accelerate", "torchtune"]
     for line in lines:
         r = cli(*shlex.split(line))
         assert r.code in (0, 3) and "closest change" in r.out, (line, r)

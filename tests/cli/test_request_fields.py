@@ -47,11 +47,19 @@ ALTERNATIVES: dict[str, list] = {
     "fused_ce": [True],
     "packing": [False],
     "use_cache": [True],
+    "optimizer_in_bwd": [True],
+    "loss_chunks": [8],
+    "eval_batch": [4],
+    "eval_seq_len": [128],
+    "generate_tokens": [16],
 }
-#: the configurations each field is varied from: LoRA (every adapter and recipe field) and full
-#: fine-tuning on two GPUs (the sharding's terms)
+#: the configurations each field is varied from: LoRA (every adapter and recipe field), full
+#: fine-tuning on two GPUs (the sharding's terms) and on one (torchtune's optimizer_in_bwd), and
+#: LoRA with an eval pass (the eval settings other than the eval batch need one)
 BASES = (dict(method="lora", precision="bf16-mixed", micro_batch=2, seq_len=512),
-         dict(method="full", precision="bf16-mixed", micro_batch=2, seq_len=512, gpus=2))
+         dict(method="full", precision="bf16-mixed", micro_batch=2, seq_len=512, gpus=2),
+         {"method": "full", "precision": "bf16-mixed", "micro_batch": 2, "seq_len": 512},
+         dict(method="lora", precision="bf16-mixed", micro_batch=2, seq_len=512, eval_batch=8))
 
 
 def test_every_trainconfig_field_is_declared_with_its_memo_key():
@@ -81,7 +89,8 @@ def _variants():
     for base in BASES:
         for name, values in ALTERNATIVES.items():
             for value in values:
-                yield pytest.param(base, name, value, id=f"{base['method']}-{name}={value}")
+                eval_id = "-eval" if "eval_batch" in base else ""
+                yield pytest.param(base, name, value, id=f"{base['method']}{eval_id}-{name}={value}")
 
 
 @pytest.mark.parametrize(("base", "name", "value"), list(_variants()))
@@ -203,7 +212,7 @@ def _source_files_naming(name: str) -> list[str]:
                   if (root / top).is_dir() for path in (root / top).rglob("*.py") if word.search(path.read_text()))
 
 
-@pytest.mark.parametrize("name", ["use_cache", "fused_ce", "lora_dropout"])
+@pytest.mark.parametrize("name", ["use_cache", "fused_ce", "lora_dropout", "optimizer_in_bwd", "loss_chunks"])
 def test_a_request_field_is_named_in_at_most_five_source_files(name):
     files = _source_files_naming(name)
     assert "planner/request.py" in files and "planner/config.py" in files, files  # the search is not blind

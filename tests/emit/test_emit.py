@@ -51,7 +51,11 @@ PLANS = [
     dict(method="lora", precision="bf16-mixed", lora_dropout=0.05, fused_ce=True, packing=False, use_cache=True,
          seq_len=256),
     dict(method="qlora", precision="bf16-mixed", lora_dropout=0.1, grad_ckpt=True, packing=False, seq_len=512),
+    # fp8 on an FP8 GPU (``FP8_GPU``): accelerate's torchao backend, DDP over 2
+    dict(method="full", precision="fp8", grad_ckpt=True, gpus=2, seq_len=512),
 ]
+#: where the fp8 plans are emitted (the A100 has no FP8)
+FP8_GPU = "h100-80gb"
 #: a LoRA plan for each registered optimizer the plans above do not name (planner.optim: adding an
 #: optimizer is its descriptor module and its tests, and its emitted files are held here as well)
 PLANS += [dict(method="lora", precision="bf16-mixed", optimizer=str(o), seq_len=128)
@@ -63,7 +67,8 @@ def candidate_for(spec, gpu, config: TrainConfig) -> Candidate:
                      throughput=estimate_throughput(model=spec, config=config, gpu=gpu), fits=True, rank=1)
 
 
-def emit_into(folder: Path, config: TrainConfig, *, model: str = MODEL, gpu: str = GPU) -> Path:
+def emit_into(folder: Path, config: TrainConfig, *, model: str = MODEL, gpu: str | None = None) -> Path:
+    gpu = gpu or (FP8_GPU if config.precision is Precision.FP8 else GPU)
     spec, device = resolve_model(model), get_gpu(gpu)
     request = PlanRequest(model_id=model, model_fingerprint=fingerprint(spec), gpu=gpu, gpu_count=config.gpus,
                           gpu_memory_bytes=device.memory_bytes, target_batch=config.global_batch, seq_len=config.seq_len)
@@ -103,7 +108,14 @@ def read_training_arguments(folder: Path):
     return TrainingArguments(**settings)
 
 
-def precision_back(args, script, bnb) -> str:
+def precision_back(args, script, bnb, cluster) -> str:
+    if cluster.mixed_precision == "fp8":
+        # accelerate's torchao backend, which train.py names too for `python train.py`; the Trainer's flags
+        # off, so it keeps the launcher's ACCELERATE_MIXED_PRECISION (transformers training_args.py)
+        assert cluster.fp8_config == {"backend": "AO"} and not (args.bf16 or args.fp16)
+        assert script.os.environ["ACCELERATE_MIXED_PRECISION"] == "fp8"
+        assert script.os.environ["ACCELERATE_FP8_BACKEND"] == "AO" and script.MODEL_DTYPE == "float32"
+        return "fp8"
     if args.bf16:
         return "bf16-mixed"
     if args.fp16:
@@ -170,8 +182,14 @@ def accelerate_back(folder: Path, args) -> dict:
     cluster = load_config_from_file(str(folder / "accelerate_config.yaml"))
     assert (str(cluster.distributed_type).endswith("DEEPSPEED")) == bool(args.deepspeed)
     mixed = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
-    assert cluster.mixed_precision == mixed
+    assert cluster.mixed_precision in (mixed, "fp8")
     return {"gpus": cluster.num_processes}
+
+
+def read_cluster(folder: Path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    return load_config_from_file(str(folder / "accelerate_config.yaml"))
 
 
 def knobs_back(folder: Path, hidden: int) -> TrainConfig:
@@ -187,7 +205,7 @@ def knobs_back(folder: Path, hidden: int) -> TrainConfig:
                                             "rms_norm": False, "rope": False, "swiglu": False}
     attention = {"flash_attention_2": "flash"}.get(script.ATTENTION, script.ATTENTION)
     return TrainConfig(
-        **adapters, precision=precision_back(args, script, bnb), optimizer=optimizer_back(args),
+        **adapters, precision=precision_back(args, script, bnb, read_cluster(folder)), optimizer=optimizer_back(args),
         micro_batch=args.per_device_train_batch_size, grad_accum=args.gradient_accumulation_steps,
         seq_len=script.SEQ_LEN, grad_ckpt=args.activation_checkpointing, attention=attention,
         fused_ce=args.use_liger_kernel, packing=script.PACKED, use_cache=args.use_cache,

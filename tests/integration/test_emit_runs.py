@@ -132,6 +132,10 @@ SCRIPT_RUNS = [
     # one row per sequence, padded per batch with an attention mask; LoRA dropout
     ("lora-padded", dict(method="lora", precision="bf16-mixed", lora_dropout=0.1, packing=False, micro_batch=2,
                          seq_len=32), "text.jsonl", "adapter_model.safetensors"),
+    # evaluation on held-out sequences every step (--eval-steps 1), then greedy generation from the
+    # first eval batch (the callback train.py adds)
+    ("lora-eval-generate", dict(method="lora", precision="bf16-mixed", micro_batch=2, seq_len=32, eval_batch=3,
+                                eval_seq_len=16, generate_tokens=8), "data.txt", "adapter_model.safetensors"),
 ]
 
 
@@ -142,11 +146,15 @@ def test_the_emitted_script_trains_two_steps(tiny, tmp_path, name, options, data
     # run from elsewhere: the script finds its settings next to itself
     result = subprocess.run(
         [sys.executable, str(folder / "train.py"), "--dataset", str(tiny / data), "--max-steps", "2",
-         "--output-dir", str(tmp_path / "trained")],
+         "--output-dir", str(tmp_path / "trained"), "--eval-steps", "1"],
         cwd=tmp_path, env=run_env(config), capture_output=True, text=True, timeout=1200,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "'train_loss'" in result.stdout + result.stderr
+    # evaluation only where the plan holds its pass (--eval-steps is ignored otherwise)
+    assert ("'eval_loss'" in result.stdout + result.stderr) == bool(config.eval_batch)
+    if config.generate_tokens:
+        assert f"generated {config.generate_tokens} tokens for {config.eval_batch} eval prompts" in result.stdout
     assert (tmp_path / "trained" / saved).exists(), os.listdir(tmp_path / "trained")
 
 

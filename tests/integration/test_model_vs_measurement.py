@@ -50,6 +50,10 @@ CASES = [
     (GPT2, dict(zero=1, optimizer="adamw_8bit", micro_batch=1, seq_len=32)),
     (GPT2, dict(zero=2, offload="optimizer")),
     (LLAMA, dict(zero=3)),
+    # the eval pass after the step (planner/memory/evaluation.py): the eval forward's logits, and
+    # generation's KV cache (240 new tokens on 8-token prompts)
+    (LLAMA, dict(eval_batch=8)),
+    (LLAMA, dict(method="lora", eval_batch=64, eval_seq_len=8, generate_tokens=240)),
 ]
 
 

@@ -123,6 +123,18 @@ def test_deepspeed_offload_row_maps_to_zero3_with_parameter_offload():
     assert (config.method.value, config.lora_targets, config.seq_len) == ("lora", ("query_key_value",), 64)
 
 
+def test_a_model_outside_the_catalog_is_read_from_its_config_under_bench():
+    """gpjt's Qwen1.5-0.5B is in neither the catalog nor the local cache: the rows name its
+    config.json under bench/ (model_config), whose shape is the model card's 463,987,712 parameters;
+    the run is ZeRO-3 in DeepSpeed's fp16 mode with the allocator setting its file names."""
+    row = ROWS["gpjt-qwen1.5-0.5b-zero3-seq2048-es-reserved"]
+    spec, _, config, unmodelled = published.map_row(row)
+    assert spec.params_total == 463_987_712
+    assert (config.zero, config.precision.value, config.alloc_conf) == (3, "fp16-mixed", "expandable_segments:True")
+    assert "zero_buckets" in unmodelled  # DeepSpeed's default buckets: no request field reaches them
+    assert not published.map_row(ROWS["gpjt-qwen1.5-0.5b-zero3-seq2048-default-reserved"])[2].alloc_conf
+
+
 def test_score_is_the_signed_relative_error_on_the_measured_metric():
     from planner.memory import estimate_memory
 
@@ -285,3 +297,57 @@ def test_a_refusal_is_laid_on_what_makes_the_plan_too_large():
     reserved = {**row, "metric": "max_memory_reserved"}
     assert published.refused_by({**reserved, "predicted_allocated": 20 * GiB + 1}).endswith("over-prediction")
     assert published.refused_by({**reserved, "predicted_allocated": 19 * GiB}) == "the reserve"
+
+
+def test_a_row_that_cannot_be_its_stated_run_is_not_a_plan_that_ran():
+    """A term marked not_the_run is one a hand check proves: litgpt's phi-3 full row (bf16-true,
+    AdamW, devices 1: bf16 weights, gradients and two bf16 moments, 8 bytes a parameter) measured
+    less than those states alone. It stays scored and visible, and is not counted by ``refused``."""
+    row = ROWS["litgpt-phi-3-full"]
+    spec = published.map_row(row)[0]
+    assert published.measured_bytes(row) < 8 * spec.params_total
+    marked = [k for k, t in DATA["terms"].items() if t.get("not_the_run")]
+    assert marked == ["measured_below_states"]
+    result = published.score_row(row, DATA["sources"])
+    assert result["status"] == "scored" and not result["fits"]
+    assert published.not_the_run(result, DATA["terms"])
+    assert result not in published.refused([result], DATA["terms"])
+    assert published.refused([{**result, "terms": []}], DATA["terms"]) != []
+
+
+def test_the_recipes_own_terms_are_estimated_where_they_are_request_fields():
+    """torchtune's rows state optimizer_in_bwd and an 8-piece chunked loss (8B_full_single_device.yaml,
+    CEWithChunkedOutputLoss' default): both are request fields, so the rows' configs carry them and
+    the scored prediction is the estimate's with them; ``recipe_terms`` has nothing left to add
+    (None). The full 4090 row's allocated peak is at least its gradient set less the largest
+    tensor's (8,030,261,248 - 525,336,576 bf16 elements) below the same plan without them, less
+    the loss backward's two fp32 vocab-wide gradients of 4096 tokens."""
+    from planner.memory import estimate_memory
+
+    for row_id in ("torchtune-llama3.1-8b-lora-4090", "torchtune-llama3.1-8b-full-4090"):
+        row = ROWS[row_id]
+        spec, gpu, config, unmodelled = published.map_row(row)
+        assert config.loss_chunks == 8 and "optimizer_in_bwd" not in unmodelled
+        assert published.recipe_terms(row, spec, config, gpu) is None
+        result = published.score_row(row, DATA["sources"])
+        assert result["predicted"] == estimate_memory(model=spec, config=config, gpu=gpu).peak_reserved_bytes
+    assert config.optimizer_in_bwd
+    plain = config.replace(optimizer_in_bwd=False)
+    drop = (estimate_memory(model=spec, config=plain, gpu=gpu).peak_allocated_bytes
+            - estimate_memory(model=spec, config=config, gpu=gpu).peak_allocated_bytes)
+    assert drop >= (8_030_261_248 - 525_336_576) * 2 - 7 * 2 * 512 * 128256 * 4
+    spec, gpu, config, _ = published.map_row(ROWS["hf-vanilla-bs4"])
+    assert published.recipe_terms(ROWS["hf-vanilla-bs4"], spec, config, gpu) is None
+
+
+def test_litgpts_loss_is_evaluated_in_bf16_pieces():
+    """litgpt's rows state lm_head_chunk_size 128 and no upcast (litgpt/finetune/lora.py:
+    model(input_ids, lm_head_chunk_size=128), chunked_cross_entropy on the bf16 pieces): phi-2 at
+    4 x 512 tokens moves by at most the bf16 half of its 2048 x 51200 fp32 log-probabilities and its
+    loss backward's two fp32 gradients less two bf16 ones of a 4 x 128-token piece."""
+    row = ROWS["litgpt-phi-2-lora"]
+    spec, gpu, config, unmodelled = published.map_row(row)
+    assert {"lm_head_chunk_size", "loss_upcast"} <= set(unmodelled)
+    moved = published.recipe_terms(row, spec, config, gpu)
+    assert moved["chunks"] == 4 and not config.optimizer_in_bwd
+    assert 0 < moved["moved"] <= 2048 * 51200 * 2 + 2 * 2048 * 51200 * 4 - 2 * 512 * 51200 * 2

@@ -471,3 +471,72 @@ def test_the_timeline_gives_gradients_their_parameters_shapes():
     assert states == ["step 1: optimizer step"]
     logits = next(ev for ev in events if ev.key == "activations/loss/log_softmax")
     assert logits.tensors == (512 * 8, 512 * 32000 * 4)  # the int64 labels, the fp32 log-probabilities
+
+
+def _gemma2_qlora_events():
+    """Gemma-2-9B QLoRA on an A10G (the litgpt-gemma2-9b-qlora row of bench/published.py): r 16 on
+    every linear, lora_dropout 0.1, batch 1 x 512 tokens."""
+    from planner.catalog import resolve_model
+    from planner.config import TrainConfig
+    from planner.gpus import get_gpu
+    from planner.memory.timeline import step_timeline
+
+    model, gpu = resolve_model("google/gemma-2-9b"), get_gpu("a10g")
+    config = TrainConfig(method="qlora", precision="bf16", micro_batch=1, seq_len=512, lora_r=16,
+                         lora_targets=("all-linear",), lora_dropout=0.1)
+    return step_timeline(model=model, config=config, kernels=gpu.kernels).events
+
+
+def test_the_weights_are_their_parameters_tensors():
+    """Gemma-2-9B (h 3584, vocab 256000, tied head, 42 layers of 4 RMSNorms, q 3584x4096, k and v
+    3584x2048, o 4096x3584, gate/up/down 3584x14336) under QLoRA: bitsandbytes quantises the 7
+    linears of each layer (294 tensors, in proportion to their elements); the rest stays fp32
+    after prepare_model_for_kbit_training: the 256000 x 3584 x 4 B = 3,670,016,000 B (3500 MiB)
+    embedding and 42 x 4 + 1 = 169 norms of 3584 x 4 = 14,336 B.
+    Replayed: the embedding is one 3500 MiB segment (a multiple of kRoundLarge); the norms are
+    small requests (<= kSmallSize), 146 to a 2 MiB kSmallBuffer segment (146 x 14,336 =
+    2,093,056 B, 4,096 B left), the other 23 in a second: 3504 MiB. Cut into the 381 equal pieces
+    a model-state component was (42 x (7 + 2) + 3), each is 3,672,438,784 / 381 -> 9,638,946 B,
+    rounded to 18,827 x 512 = 9,639,424 B < kMinLargeAlloc: a 20 MiB kLargeBuffer segment, whose
+    split leaves 11,332,096 B, which the next piece splits (1,692,672 B > kSmallSize left, cached
+    and never fitting another): two pieces a segment, 191 segments, 3820 MiB."""
+    from planner.memory.timeline import shares
+
+    events = _gemma2_qlora_events()
+    unquantized = next(ev for ev in events if ev.key == "weights/unquantized")
+    assert unquantized.nbytes == 3_670_016_000 + 169 * 14_336
+    assert unquantized.tensors == (3_670_016_000,) + (14_336,) * 169
+    nf4 = next(ev for ev in events if ev.key == "weights/nf4")
+    layer = (3584 * 4096, 3584 * 2048, 3584 * 2048, 4096 * 3584) + (3584 * 14336,) * 3
+    assert nf4.tensors == shares(layer * 42, nf4.nbytes) and len(nf4.tensors) == 294
+
+    real = allocator()
+    real.malloc_tensors(unquantized.nbytes, unquantized.tensors, freed=False)
+    assert real.reserved == (3500 + 2 + 2) * MiB
+    pieces = allocator()
+    pieces.malloc_tensors(unquantized.nbytes, 381, freed=False)
+    assert round_size(unquantized.nbytes // 381) == 18_827 * 512 and allocation_size(18_827 * 512) == 20 * MiB
+    assert pieces.reserved == 191 * 20 * MiB
+
+
+def test_lora_dropout_masks_and_copies_are_tensors_of_their_own():
+    """peft keeps, per adapted linear, dropout's bool mask (1 B an element on CUDA) and the
+    dropped fp32 copy lora_A saves: in Gemma-2-9B's second block at 512 tokens, for q, k and v
+    (input 3584) 1.75 MiB and 7 MiB each, o (input 4096) 2 and 8 MiB, gate and up 1.75 and 7, down
+    (input 14336) 7 and 28 MiB; the first block's q, k and v keep no mask (their input needs no
+    gradient). Not 14 equal pieces of the 88.75 MiB.
+    Replayed by hand from an empty cache (MiB): 1.75 opens a 20 MiB segment A (18.25 left), 7
+    (11.25), 1.75 (9.5), 7 (2.5 > kSmallSize: split), 1.75 takes A's 2.5 whole (0.75 would be
+    left); 7 opens B (13), 2 (11), 8 (3), 1.75 (1.25 left, split); 7 fits no cached block: C
+    (13), 1.75's best fit is C (B's 1.25 is too small; 11.25 left), 7 (4.25); 7 opens D; 28 >=
+    kMinLargeAlloc: its own 28 MiB segment. 4 x 20 + 28 = 108 MiB."""
+    events = _gemma2_qlora_events()
+    blocks = [ev for ev in events if ev.key == "lora/dropout" and ev.op == "alloc"]
+    m = 512 * 3584  # a 3584-wide input's elements
+    q_k_v, o, down = (m, 4 * m) * 3, (512 * 4096, 512 * 4096 * 4), (512 * 14336, 512 * 14336 * 4)
+    assert blocks[0].tensors == (4 * m,) * 3 + o + (m, 4 * m) * 2 + down
+    assert blocks[1].tensors == q_k_v + o + (m, 4 * m) * 2 + down
+    a = allocator()
+    a.malloc_tensors(blocks[1].nbytes, blocks[1].tensors)
+    # (the third q/k/v mask holds A's 2.5 MiB whole: 0.75 MiB more allocated than requested)
+    assert a.reserved == 108 * MiB and a.allocated == blocks[1].nbytes + 768 * 1024 == 93_061_120 + 786_432

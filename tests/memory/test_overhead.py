@@ -39,6 +39,8 @@ def test_workspace_by_compute_capability():
     assert cublas_workspace_bytes(get_gpu("a100-80gb")) == WORKSPACE
     assert cublas_workspace_bytes(get_gpu("h100-80gb")) == WORKSPACE_SM90
     assert cublas_workspace_bytes(get_gpu("cpu")) == 0
+    # ROCm on gfx94x (MI300X, capability 9.4): hipBLAS 1024 * 128 * 1024 + hipBLASLt 76 * 1024 KiB
+    assert cublas_workspace_bytes(get_gpu("mi300x")) == 1024 * 128 * 1024 + 76 * 1024 * 1024
 
 
 def test_nccl_only_on_several_gpus():

@@ -157,6 +157,8 @@ RUNS = [
     (dict(precision="fp32"), 0.5),
     (dict(precision="bf16-mixed"), 0.5),
     (dict(precision="bf16-mixed", method="lora", lora_r=16, lora_targets=("all-linear",)), 1),
+    # MLP-only adapters: the first block of each stack keeps no self-attention (was +13.8%)
+    (dict(precision="bf16-mixed", method="lora", lora_r=16, lora_targets=("wi", "wo")), 1),
     (dict(precision="bf16-mixed", feed_forward_proj="gated-gelu"), 0.5),
     (dict(precision="fp32", grad_ckpt=True), 10),
     (dict(precision="bf16-mixed", method="lora", lora_r=16, lora_targets=("all-linear",), grad_ckpt=True), 10),

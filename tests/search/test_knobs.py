@@ -17,7 +17,7 @@ import pytest
 from planner.catalog import spec_from_config
 from planner.config import TrainConfig
 from planner.errors import InvalidConfigError, UnsupportedError
-from planner.gpus import get_gpu
+from planner.gpus import cpu_kernels, get_gpu
 from planner.memory import estimate_memory
 from planner.memory.activations import fused_ce_chunk_rows, fused_ce_transient
 from planner.memory.dtypes import mode_of
@@ -106,8 +106,11 @@ def test_fused_ce_working_set_follows_liger(spec):
     dims, mode = dims_of(spec, config), mode_of(config)
     assert fused_ce_chunk_rows(dims) == 16
     assert fused_ce_transient(dims, mode) == 34_863_104
-    terms = batch_terms(spec, config, get_gpu("cpu").kernels)
-    assert terms.forward_logits == 34_863_104 and terms.backward_logits == 0
+    assert batch_terms(spec, config, get_gpu("a10g").kernels).forward_logits == 34_863_104
+    # an AMX CPU's bf16 matmul computes the chunk's logits into an fp32 buffer beside them
+    # (KernelProfile.mm_fp32_buffer): 16 x 32000 x (2 + 4) = 3,072,000 in place of the chunk and its product
+    terms = batch_terms(spec, config, cpu_kernels(amx=True))
+    assert terms.forward_logits == 34_863_104 - 1_040_384 + 3_072_000 and terms.backward_logits == 0
     assert terms.activations["activations/loss/fused_grad_input"] == 1_048_576
     assert "activations/loss/log_softmax" not in terms.activations and "autocast/weight_casts" in terms.activations
 
@@ -122,10 +125,10 @@ def test_fused_ce_refusals():
 # ---- use_cache -------------------------------------------------------------------------------------
 def test_kv_cache_in_a_training_forward(spec):
     """Per layer DynamicLayer keeps cat([empty, k]) and cat([empty, v]): 512 tokens x 4 kv heads x 64
-    = 131,072 elements each; k after rope in fp32 (bf16 projection x fp32 cos/sin), and v promoted
-    to fp32 by the cat with an empty tensor made in k's dtype: 1,048,576 B per layer, 4,194,304 for
-    4. Checkpointing turns use_cache off."""
-    assert batch_terms(spec, _cfg(use_cache=True), get_gpu("cpu").kernels).kv_cache == 4_194_304
+    = 131,072 elements each; k after rope in fp32 (bf16 projection x fp32 cos/sin), and v in bf16
+    (transformers 5.24 makes each empty tensor in its own dtype): 786,432 B per layer, 3,145,728 for
+    4 (measured so: 8 torch.cat tensors). Checkpointing turns use_cache off."""
+    assert batch_terms(spec, _cfg(use_cache=True), get_gpu("cpu").kernels).kv_cache == 3_145_728
     assert batch_terms(spec, _cfg(use_cache=True, grad_ckpt=True), get_gpu("cpu").kernels).kv_cache == 0
 
 

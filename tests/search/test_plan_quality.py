@@ -127,21 +127,27 @@ def test_gpus_are_bounded_by_one_node():
 
 
 def test_pure_fp16_lora_is_searched_on_a_t4():
-    """The issue: on a T4 with --no-offload, plan 1 had 511 MiB of headroom while pure fp16 LoRA
-    (16-bit frozen base, fp32 adapters) fits with GiBs to spare; auto now searches it."""
+    """The issue: on a T4 with --no-offload, plan 1 had 511 MiB of headroom while LoRA on a 16-bit
+    frozen base fits with GiBs to spare; auto now searches it. Since peft's fp32 adapters are
+    priced as fp32 GEMMs without autocast (8.1 of the T4's 65 TFLOPS), pure fp16 (3,092 tokens/s)
+    is 6.6 % behind DeepSpeed's fp16 mode on one GPU (3,297), which casts the adapters to fp16 too:
+    either is a 16-bit base with GiBs to spare."""
     planned = make_plan(SuggestRequest(model=QWEN15, gpu="t4", target_batch=16, seq_len=1024, allow_offload=False))
     top = planned.result.plans[0]
-    assert top.config.method is Method.LORA and top.config.precision is Precision.FP16
+    assert top.config.method is Method.LORA
+    assert top.config.precision is Precision.FP16 or top.config.sharding.spec.casts_model
     assert planned.result.usable_bytes - top.memory.process_total_bytes > 3 * GiB
-    assert fidelity_tier(top.config) == 1  # LoRA in pure fp16 keeps fp32 adapters: not the pure-16-bit tier
+    assert fidelity_tier(top.config) == 1  # LoRA in 16-bit keeps fp32 adapters' updates: not the pure-16-bit tier
 
 
 def test_prefer_decides_lora_with_offload_against_a_faster_qlora():
     """The issue: gemma-2-9b on an L4, batch 8: LoRA with ZeRO-3 offload (613 tokens/s) ranked
     above QLoRA (821). --prefer fidelity keeps LoRA first and names the faster plan under the
-    table; --prefer speed puts QLoRA first and names the LoRA plan. (On an A10G: with the kernel
-    throughput model, the L4's LoRA plan with FSDP2's offload is within 2% of its QLoRA plan.)"""
-    base = dict(model=GEMMA9, gpu="a10g", target_batch=8, cpu_mem_bytes=64 * GiB)
+    table; --prefer speed puts QLoRA first and names the LoRA plan. (On an RTX 4090: since the
+    kernel model counts QLoRA's fp32 residual stream and bitsandbytes' casts, peft's k-bit recipe,
+    the L4's and the A10G's LoRA plans with offload are faster than their QLoRA plans; the 4090's
+    QLoRA plan stays 12% ahead of its LoRA plan with offload.)"""
+    base = dict(model=GEMMA9, gpu="rtx4090", target_batch=8, cpu_mem_bytes=64 * GiB)
     fidelity = make_plan(SuggestRequest(**base)).result
     speed = make_plan(SuggestRequest(**base, prefer="speed")).result
     assert fidelity.plans[0].config.method is Method.LORA and fidelity.plans[0].config.offload is not Offload.NONE
@@ -254,7 +260,7 @@ def test_a_bad_method_reads_the_same_in_estimate_and_suggest(cli):
 
 
 def test_suggest_prints_the_other_policy_and_the_node(cli):
-    r = cli("suggest", "-m", GEMMA9, "-g", "a10g", "-b", "8", "--cpu-mem", "64GiB", "--no-save")
+    r = cli("suggest", "-m", GEMMA9, "-g", "rtx4090", "-b", "8", "--cpu-mem", "64GiB", "--no-save")
     assert r.code == 0, r
     assert "ranked by fidelity" in r.out and "--prefer speed would rank first: qlora" in r.out
     assert "trade-offs:" in r.out

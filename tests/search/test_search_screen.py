@@ -110,6 +110,10 @@ SHORTCUT_RECIPES = [
     dict(method="lora", precision="bf16-mixed", lora_r=8, attention="eager", packing=False),
     dict(method="full", precision="bf16-mixed", zero=2, fused_ce=True, loop="manual"),
     dict(method="lora", precision="bf16-mixed", lora_r=16, zero=3, gpus=2),
+    # the eval pass (planner/memory/evaluation.py; not modelled for encoder-decoders, no generation
+    # for encoders: those are skipped)
+    dict(method="full", precision="bf16-mixed", eval_batch=4, generate_tokens=16),
+    dict(method="lora", precision="fp32", lora_r=8, eval_batch=2, eval_seq_len=64),
 ]
 
 
@@ -125,6 +129,9 @@ def _shortcut_configs(model):
         for lora_targets in targets:
             for ckpt in (False, True):
                 for micro in (1, 3):
+                    if "eval_batch" in recipe and (model.is_encoder_decoder
+                                                   or (model.is_encoder and recipe.get("generate_tokens"))):
+                        continue
                     try:
                         yield TrainConfig(micro_batch=micro, seq_len=min(256, model.max_seq_len), grad_ckpt=ckpt,
                                           lora_targets=lora_targets, **recipe)
@@ -283,7 +290,58 @@ def test_the_screen_shares_results_only_between_equal_terms(n):
             if safe <= safe_bound(config.method, gpu):
                 safes.append((config.with_split(micro_batch=micro, grad_accum=accum), safe))
                 break
-    assert [(config, total) for config, _, total in fitting] == fits + safes
+    assert [(config, total) for config, _, total, _ in fitting] == fits + safes
     assert safes or n == 1  # (the offload request's fits are far from the edge)
     assert closest == misses
     assert searched == sum(len(splits) for _, splits in combinations)
+
+
+def test_the_fixed_bytes_of_a_device_are_its_part_plus_the_paged_states():
+    """``_screen_tables`` shares a search's static terms with another device's where the two add
+    the same fixed bytes without paged states: it takes ``peak_independent`` to be the device's
+    part plus the paged bytes, whatever they are."""
+    from planner.memory.reserve import peak_independent
+
+    model = resolve_model("meta-llama/Llama-2-7b-hf")
+    for name in ("a10g", "h100", "mi300x", "cpu"):
+        gpu = get_gpu(name)
+        for gpus in (1, 2, 8):
+            part = peak_independent(model, gpu, paged=0, gpus=gpus)
+            assert [peak_independent(model, gpu, paged=p, gpus=gpus) - part for p in (1, 4096, 3 * GiB)] == [1, 4096, 3 * GiB]
+
+
+def test_searches_sharing_their_screens_answer_as_each_alone():
+    """Inside ``shared_terms`` searches of the same rows share batch lines (kernels alike), static
+    terms (fixed bytes alike: a10g, l4, l40s and a40 at one GPU) and screenings (budgets alike: l40s
+    and a40 have the same memory), and rows (the same space at each GPU count); every answer,
+    its misses and its candidate count included, is the one the search gives alone."""
+    import dataclasses
+
+    from planner import search
+    from planner.ranking import suggest
+
+    model = resolve_model("meta-llama/Llama-2-7b-hf")
+    # every precision but fp8, which only l4 and l40s have: with it their rows would differ from the
+    # others' and l40s could not share a40's screenings
+    space = SearchSpace(cpu_mem_bytes=64 * GiB, precisions=tuple(p for p in Precision if p is not Precision.FP8))
+    runs = [(name, gpus) for gpus in (1, 2) for name in ("a10g", "l4", "l40s", "a40")]
+
+    def answers():
+        out = []
+        for name, gpus in runs:
+            s = dataclasses.replace(space, cpu_mem_bytes=space.cpu_mem_bytes * gpus)
+            out.append(suggest(model=model, gpu=get_gpu(name), target_batch=16, seq_len=1024, gpus=gpus, space=s,
+                               top_k=3).to_dict())
+        return out
+
+    alone = answers()
+    with search.shared_terms(model):
+        together = answers()
+        shared = search._SHARED_TERMS.get()
+        kinds = [key[0] for key in shared.screens]
+        rows = len(shared.rows)
+    assert together == alone
+    assert rows == 2  # one per GPU count
+    # per GPU count: one table of batch lines; static terms for fewer fixed parts than devices;
+    # screenings for fewer budgets than devices (l40s and a40 alike)
+    assert kinds.count("lines") == 2 and kinds.count("static") < len(runs) and kinds.count("screened") < len(runs)

@@ -58,3 +58,19 @@ def test_a_referenced_file_must_be_sent_and_the_server_reads_no_path(client):
 def test_a_file_name_with_a_folder_is_refused(client):
     answer = client.post("/v1/check", json={"gpu": "a10g", "files": [{"name": "../etc/x.json", "content": "{}"}]})
     assert answer.status_code == 422
+
+
+def test_check_reads_an_axolotl_and_a_llama_factory_config_sent_as_text(client):
+    # the LLaMA-Factory example's -Instruct release is no catalog id of its own: the server takes ids only
+    for path, model, schema in ((DATA / "axolotl" / "llama3_qlora.yml", None, "axolotl 0.19.0"),
+                                (DATA / "llama_factory" / "llama3_lora_sft.yaml", "meta-llama/Meta-Llama-3-8B",
+                                 "llama-factory 0.9.5")):
+        answer = client.post("/v1/check", json={"gpu": "a10g", "files": _sent(path), "model": model})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["schema"].startswith(schema) and answer.json()["change"]["diff"], answer.text
+    torchtune = DATA / "torchtune" / "1B_lora_single_device.yaml"
+    answer = client.post("/v1/check", json={"gpu": "a10g", "files": _sent(torchtune), "trainer": "torchtune"})
+    assert answer.status_code == 422 and "no file names the model" in answer.json()["error"]  # its folder is not read
+    answer = client.post("/v1/check", json={"gpu": "a10g", "files": _sent(torchtune),
+                                            "model": "meta-llama/Llama-3.2-1B"})
+    assert answer.status_code == 200 and answer.json()["schema"].startswith("torchtune 0.6.1"), answer.text

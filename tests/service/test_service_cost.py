@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -124,6 +126,26 @@ def test_the_cli_refuses_it_in_one_line(cli, tmp_path):
     assert result.code == 2 and "tensor sizings" in result.err and "Traceback" not in result.err
 
 
+def test_warm_leaves_planning_nothing_to_import():
+    """A server warms at startup (``planner.planning.warm``) so that a request's CPU budget is its
+    own work: planning after it imports no planner module and reads the catalog from memory. Run
+    in a fresh interpreter: this one has imported everything already."""
+    script = (
+        "import sys\n"
+        "from planner.catalog import _catalog\n"
+        "from planner.planning import SuggestRequest, make_plan, warm\n"
+        "warm()\n"
+        "before, reads = set(sys.modules), _catalog.cache_info().misses\n"
+        "make_plan(SuggestRequest(model='gpt2', gpu='a10g', target_batch=8))\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith('planner')), "
+        "_catalog.cache_info().misses - reads)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] 0"
+
+
 # ---- the service ----------------------------------------------------------------------------------
 fastapi = pytest.importorskip("fastapi", reason="the service extra is not installed (pip install 'oom-planner[service]')")
 
@@ -149,10 +171,12 @@ def test_the_issue_request_is_a_422_in_a_second_and_stores_nothing(db_url):
 
 
 def test_a_request_past_the_cpu_budget_is_a_422_and_the_server_goes_on(sqlite_url):
-    """What the static bounds let through but takes long (here: the re-ranking after the
-    allocator replay refuses plans, about 3 s of CPU) is stopped at the budget."""
-    slow = {"model": "acme/deep", "config": catalog_config("Qwen/Qwen2.5-0.5B", num_hidden_layers=190), "gpu": "h100",
-            "gpu_mem": "40GiB", "target_batch": 64, "top_k": 18}
+    """What the static bounds let through but takes long is stopped at the budget. Here a
+    96-block Qwen3 MoE on 8 GPUs, 18 plans shown: about 1.3 s of CPU, four times the budget (the
+    190-block dense model this test used took 3 s before the search got faster, then 0.5 s, too
+    close to the budget: a swallowed stop let it finish with a 201)."""
+    slow = {"model": "acme/deep", "config": catalog_config("Qwen/Qwen3-30B-A3B", num_hidden_layers=96), "gpu": "h100",
+            "gpus": 8, "target_batch": 64, "top_k": 18}
     with TestClient(create_app(ServiceSettings(database_url=sqlite_url, cpu_budget_s=0.3))) as client:
         answer = client.post("/v1/plans", json=slow)
         assert answer.status_code == 422, answer.text
@@ -185,6 +209,34 @@ def test_a_request_past_the_memory_budget_is_a_413(sqlite_url, monkeypatch):
         answer = client.post("/v1/plans", json={"model": "gpt2", "gpu": "a10g", "target_batch": 8})
     assert answer.status_code == 413, answer.text
     assert "grew by more than 512 MiB" in answer.json()["error"] and "PLANNER_API_MEMORY" in answer.json()["error"]
+
+
+def test_a_stop_that_arrives_where_python_ignores_it_is_sent_again(sqlite_url, monkeypatch):
+    """The watchdog's exception lands wherever the thread is. In a garbage-collection callback
+    (a WeakKeyDictionary's ``remove``) Python prints "Exception ignored" and goes on: the request
+    ran to its end and answered 201 in 2 whole-suite runs of 3. Stood in for by a search that
+    swallows the first stop as such a callback does; the second stop ends it."""
+    from planner import planning
+    from planner.service.budget import Stopped
+
+    swallowed = []
+
+    def busy(*args, **kwargs):
+        give_up = time.monotonic() + 20  # not stopped again: fail, not hang
+        while time.monotonic() < give_up:
+            try:
+                sum(range(1000))
+            except Stopped as stop:
+                if swallowed:
+                    raise
+                swallowed.append(stop)
+        raise RuntimeError("the search was stopped once and never again")
+
+    monkeypatch.setattr(planning, "make_plan", busy)
+    with TestClient(create_app(ServiceSettings(database_url=sqlite_url, cpu_budget_s=0.2))) as client:
+        answer = client.post("/v1/plans", json={"model": "gpt2", "gpu": "a10g", "target_batch": 8})
+    assert len(swallowed) == 1
+    assert answer.status_code == 422 and "more than 0.2 s of CPU" in answer.json()["error"], answer.text
 
 
 def test_shutdown_stops_the_requests_still_running(sqlite_url, monkeypatch):

@@ -178,3 +178,72 @@ def test_searches_sharing_their_device_free_terms_answer_as_each_alone(tiny, mon
     make_plan(request, spec=spec)
     one_search = len(computed)
     assert first == one_search > 0  # the two later GPUs (the same CUDA kernels) found every one of the first's terms
+
+
+def test_one_devices_searches_at_each_gpu_count_share_its_throughput_memo(tiny, monkeypatch):
+    """Inside ``planner.search.shared_terms`` the searches of one device at several GPU counts share
+    one ``ThroughputMemo`` (it is for one model on one device), and every answer is the one the
+    search gives alone."""
+    import dataclasses
+
+    from planner import search
+    from planner.catalog import resolve_model
+    from planner.planning import make_plan
+
+    spec = resolve_model(str(tiny))
+    request = SuggestRequest(model=str(tiny), gpu="a10g", target_batch=8, top_k=3)
+    alone = [make_plan(dataclasses.replace(request, gpus=n), spec=spec).result.to_dict() for n in (1, 2, 4)]
+    made = []
+    real = search.ThroughputMemo
+    monkeypatch.setattr(search, "ThroughputMemo", lambda *a: made.append(real(*a)) or made[-1])
+    with search.shared_terms(spec):
+        together = [make_plan(dataclasses.replace(request, gpus=n), spec=spec).result.to_dict()
+                    for n in (1, 2, 4)]
+    assert together == alone
+    assert len(made) == 1
+    make_plan(request, spec=spec)  # outside the block: a memo of its own
+    assert len(made) == 2
+
+
+def test_the_comparison_plans_each_option_without_the_other_policys_alternative(tiny):
+    """``compare_gpus`` reads each option's #1 plan only, so it plans without ranking by the other
+    policy (``make_plan(alternative=False)``): the same plans, no alternative."""
+    from planner.catalog import resolve_model
+    from planner.planning import make_plan
+
+    spec = resolve_model(str(tiny))
+    request = SuggestRequest(model=str(tiny), gpu="a10g", target_batch=8, top_k=3)
+    full, best = make_plan(request, spec=spec).result, make_plan(request, spec=spec, alternative=False).result
+    assert full.alternative is not None  # (the tiny model's fastest plan is not its most faithful)
+    assert best.alternative is None
+    assert best.plans == full.plans and best.rejected == full.rejected
+
+
+def test_the_gpu_types_planned_in_two_processes_answer_as_in_one(tiny):
+    """``processes=2``: a forked child plans every other GPU type; the comparison is the same, in
+    the same order."""
+    request = SuggestRequest(model=str(tiny), gpu="any", target_batch=8)
+    one, two = (compare_gpus(request, workload=workload(tokens=10**9), prices=load_prices(), gpus_max=2,
+                             gpu_names=["t4", "a10g", "l4"], processes=n).to_dict() for n in (1, 2))
+    order = [(g, n) for g in ("t4", "a10g", "l4") for n in (1, 2)]
+    assert [(o["gpu"], o["gpus"]) for o in two["options"]] == order
+    assert two == one
+
+
+def test_a_childs_error_is_raised_in_the_parent(tiny, monkeypatch):
+    """The GPU types a forked child plans fail as they fail in one process: the error is raised by
+    ``compare_gpus``, with its words."""
+    from planner import rent
+
+    real = rent._options_on
+
+    def refusing_a10g(device, *args, **kwargs):
+        if device.name == "a10g":  # the second type: planned by the child
+            raise InvalidConfigError("a10g refused here")
+        return real(device, *args, **kwargs)
+
+    monkeypatch.setattr(rent, "_options_on", refusing_a10g)
+    with pytest.raises(InvalidConfigError, match="a10g refused here"):
+        compare_gpus(SuggestRequest(model=str(tiny), gpu="any", target_batch=8),
+                     workload=workload(tokens=10**9), prices=load_prices(), gpus_max=1, gpu_names=["t4", "a10g"],
+                     processes=2)

@@ -306,11 +306,16 @@ HELD_BACK = [(1, 96), (2, 192), (4, 128)]
 
 
 @pytest.mark.slow
-def test_fitted_on_real_cpu_runs_it_predicts_held_back_runs_better(cli, tmp_path, capsys):
+def test_fitted_on_real_cpu_runs_it_predicts_held_back_runs_better(cli, tmp_path, capsys, monkeypatch):
     """Seven real ``planner measure --gpu cpu`` runs of a tiny llama (about 6 s each): fit on four,
     check on the three held back (another database) that the calibrated constants predict their
-    step time better than the defaults."""
+    step time better than the defaults. The runs use one thread: under the whole suite another
+    process holds a core, and torch's two-thread parallel regions then wait for a descheduled thread
+    (steps 10-20x slower, by how the scheduler falls, in CI's run of 2026-11-26: held-back error
+    98.6 % -> 40.5 % median but 568 % max), a noise no constant fits; one thread is a steady machine
+    (the calibration takes up its 1.5x as a lower rate)."""
     pytest.importorskip("torch")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     from planner.calibration.fit import ErrorStats, predict_step
     from planner.calibration.runs import default_values, fit_runs
     from planner.gpus import get_gpu

@@ -27,6 +27,7 @@ def _plans(cli):
 def test_every_catalog_gpu_has_its_ray_accelerator_type_and_the_constants_are_rays():
     pytest.importorskip("ray")
     import ray.util.accelerators.accelerators as constants
+    from ray._private.accelerators.amd_gpu import amd_product_dict
     from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
 
     from planner.gpus import list_gpus
@@ -42,6 +43,9 @@ def test_every_catalog_gpu_has_its_ray_accelerator_type_and_the_constants_are_ra
             assert getattr(constants, accelerator.constant) == accelerator.accelerator_type, gpu.name
         else:  # said to have none: Ray indeed defines none for it
             assert accelerator.accelerator_type not in ray_values, gpu.name
+        if gpu.kernels.rocm:  # Ray names AMD GPUs by PCI device id: the MI300X OAM module is 0x74a1
+            assert amd_product_dict["0x74a1"] == accelerator.accelerator_type, gpu.name
+            continue
         # what a node with this GPU advertises by itself (Ray's NVML name detection)
         detected = NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(gpu.display_name)
         assert detected == accelerator.accelerator_type, (gpu.name, gpu.display_name, detected)

@@ -1,0 +1,189 @@
+"""An axolotl YAML (``axolotl train config.yml``), read with axolotl's ``AxolotlInputConfig`` as
+shipped (planner/data/trainers/axolotl.json), and a configuration written as its keys.
+
+axolotl's rules, cited where they are used: the dtype the model is loaded in
+(axolotl/utils/config/__init__.py ``resolve_dtype``: ``bf16`` or ``bfloat16`` loads it in
+bfloat16, ``fp16``/``float16`` in float16, else float32; ``bf16: auto`` is bf16 where the GPU has
+it), so full fine-tuning in bf16 is pure bf16 (no fp32 master weights); ``adapter: qlora`` needs
+``load_in_4bit`` (utils/schemas/validation.py); ``lora_target_linear`` adapts every linear.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from planner.check.files import ConfigFile
+from planner.check.trainers import read_spelled, refuse_unknown, schema_of, shipped
+from planner.errors import InvalidConfigError, UnsupportedError
+from planner.request import trainer_values, unexpressible
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.check.reading import Reading
+    from planner.check.schemas import Schema
+    from planner.config import TrainConfig
+    from planner.gpus import GPUSpec
+
+KIND = "axolotl config"
+MODULE = "axolotl"
+#: how axolotl runs a config (docs: docs/cli.qmd)
+LAUNCH = "axolotl train {file}"
+#: keys whose value changes memory in a way the planner has no term for, with what they do
+UNMODELLED = {"load_in_8bit": "8-bit base weights", "peft_use_dora": "DoRA's magnitude vectors",
+              "lora_modules_to_save": "fully trained module copies", "activation_offloading": "activations offloaded",
+              "fsdp": "FSDP (shard with DeepSpeed ZeRO: key deepspeed)", "fsdp_config": "FSDP", "fsdp_version": "FSDP",
+              "xformers_attention": "xformers attention", "unfrozen_parameters": "partly frozen full fine-tuning",
+              "plugins": "plugins (their own keys and kernels)", "rl": "preference training (rl)",
+              "tensor_parallel_size": "tensor parallelism", "context_parallel_size": "context parallelism",
+              "peft_layers_to_transform": "LoRA on some layers", "relora": "ReLoRA", "lora_mlp_kernel": "axolotl's LoRA kernels",
+              "lora_qkv_kernel": "axolotl's LoRA kernels", "lora_o_kernel": "axolotl's LoRA kernels"}
+_ATTENTION_KEYS = {"flash_attention": "flash", "sdp_attention": "sdpa", "eager_attention": "eager"}
+
+
+def owns(data: Mapping[str, Any]) -> bool:
+    return "base_model" in data
+
+
+def schema() -> "Schema":
+    data = shipped(MODULE)
+    aliases = {alias: data["keys"][name] for alias, name in data["aliases"].items()}
+    return schema_of(MODULE, {**data["keys"], **aliases})
+
+
+def default(data: Mapping[str, Any], key: str) -> Any:
+    return schema().defaults.get(key)
+
+
+def read(reading: "Reading", file: ConfigFile) -> None:
+    """The options of an axolotl config."""
+    from planner.check.reading import Origin, _count, read_optimizer
+
+    s = schema()
+    data = file.data
+    refuse_unknown(reading, file.path, s, data)
+    value = lambda key: s.value(data, key)  # noqa: E731
+    given = lambda key: key in data  # noqa: E731
+    problems = [f"{key} ({why} not modelled)" for key, why in UNMODELLED.items() if value(key) not in (None, False, [], {}, "")]
+    if value("gradient_checkpointing") not in (True, False, None):
+        problems.append(f"gradient_checkpointing {value('gradient_checkpointing')} (offloaded checkpoints are not modelled)")
+    if problems:
+        raise UnsupportedError(f"{file.path}: {'; '.join(problems)}")
+    reading.schema = s.name
+    reading.trainer = "axolotl"
+    if not value("base_model") or not isinstance(value("base_model"), str):
+        raise InvalidConfigError(f"{file.path}: base_model must name the model (axolotl requires it)")
+    reading.model = value("base_model")
+    reading.origins["model"] = Origin(file=file.path, key="base_model", value=reading.model, given=True)
+    for option, key in (("micro_batch", "micro_batch_size"), ("grad_accum", "gradient_accumulation_steps")):
+        reading.set(option, _count(file, key, value(key)), file=file, key=key, given=given(key))
+    reading.seq_len = _count(file, "sequence_len", value("sequence_len"))
+    reading.origins["seq_len"] = Origin(file=file.path, key="sequence_len", value=reading.seq_len, given=given("sequence_len"))
+    reading.set("packing", bool(value("sample_packing")), file=file, key="sample_packing", given=given("sample_packing"))
+    reading.set("grad_ckpt", bool(value("gradient_checkpointing")), file=file, key="gradient_checkpointing",
+                given=given("gradient_checkpointing"))
+    read_optimizer(reading, file, "optimizer", value, given)
+    _method(reading, file, value, given)
+    _attention(reading, file, value)
+    reading.device_rules.append(lambda r, gpu: _precision(r, file, value, given, gpu))
+    if value("deepspeed"):
+        from planner.check.reading import _deepspeed_reference
+
+        _deepspeed_reference(reading, file, value("deepspeed"))
+
+
+def _attention(reading: "Reading", file: ConfigFile, value) -> None:
+    """``attn_implementation`` (axolotl 0.19's key), or the legacy flags it maps to it
+    (utils/schemas/config.py ``normalize_attn_implementation``: the two together are refused)."""
+    from planner.check.reading import ATTENTION
+
+    legacy = [key for key in _ATTENTION_KEYS if value(key)]
+    implementation = value("attn_implementation")
+    if legacy and implementation or len(legacy) > 1:
+        raise InvalidConfigError(f"{file.path}: {', '.join(legacy + (['attn_implementation'] if implementation else []))}: "
+                                 "give one attention (attn_implementation; axolotl refuses both)")
+    if legacy:
+        reading.set("attention", _ATTENTION_KEYS[legacy[0]], file=file, key=legacy[0], raw=True)
+        return
+    if implementation not in ATTENTION:
+        raise UnsupportedError(f"{file.path}: attn_implementation {implementation} is not modelled: use sdpa, eager or "
+                               "flash_attention_2")
+    reading.set("attention", ATTENTION[implementation], file=file, key="attn_implementation", raw=implementation,
+                given=implementation is not None)
+
+
+def _method(reading: "Reading", file: ConfigFile, value, given) -> None:
+    from planner.check.reading import _targets
+
+    adapter = value("adapter")
+    if adapter not in (None, "lora", "qlora"):
+        raise UnsupportedError(f"{file.path}: adapter {adapter!r} is not modelled: lora, qlora or none (full fine-tuning)")
+    if adapter == "qlora" and not value("load_in_4bit"):
+        raise InvalidConfigError(f"{file.path}: adapter qlora needs load_in_4bit: true (axolotl refuses it too)")
+    if adapter is None and value("load_in_4bit"):
+        raise InvalidConfigError(f"{file.path}: load_in_4bit without an adapter trains 4-bit weights: set adapter: qlora")
+    reading.set("method", adapter or "full", file=file, key="adapter", raw=adapter, given=given("adapter"))
+    if adapter is None:
+        return
+    reading.set("lora_r", value("lora_r"), file=file, key="lora_r", given=given("lora_r"))
+    if value("lora_target_linear"):
+        reading.set("lora_targets", ("all-linear",), file=file, key="lora_target_linear", raw=True)
+    else:
+        if value("lora_target_modules") is None:
+            raise InvalidConfigError(f"{file.path}: name the modules LoRA adapts: lora_target_modules, or "
+                                     "lora_target_linear: true (axolotl refuses neither)")
+        reading.set("lora_targets", _targets(value("lora_target_modules")), file=file, key="lora_target_modules",
+                    raw=value("lora_target_modules"))
+    read_spelled(reading, file, "axolotl", lambda key: value(key) or 0.0, given)  # axolotl's default: None
+
+
+def _precision(reading: "Reading", file: ConfigFile, value, given, gpu: "GPUSpec") -> None:
+    """axolotl's ``resolve_dtype``: bf16 (``auto``: where the GPU has it), else fp16, else fp32."""
+    bf16, fp16 = value("bf16"), value("fp16") or value("float16")
+    if bf16 == "auto":
+        bf16 = bool(gpu.bf16) and not fp16
+        reading.notes.append(f"bf16: auto is {'on' if bf16 else 'off'} on {gpu.name} (axolotl resolve_dtype)")
+    bf16 = bool(bf16) or bool(value("bfloat16"))
+    half = "bf16" if bf16 else "fp16" if fp16 else None
+    key = "bf16" if bf16 or not fp16 else "fp16"
+    if str(reading.options["method"]) == "qlora":
+        precision = f"{half}-mixed" if half else "fp32"
+    else:
+        precision = half or "fp32"
+    reading.set("precision", precision, file=file, key=key, raw=value(key), given=given(key))
+
+
+def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The keys of an axolotl config that say ``config`` (the model, data and schedule apart); ``like``: the file read, whose attention spelling (the
+    legacy flags or ``attn_implementation``) is kept."""
+    from planner.optim import OPTIMIZERS
+
+    method, precision = str(config.method), str(config.precision)
+    half = precision.split("-")[0] if precision != "fp32" else None
+    if precision == "fp8":  # axolotl's own fp8 switch is not the accelerate torchao recipe the plan counts
+        raise UnsupportedError("axolotl: fp8 (accelerate's torchao float8 linears) has no spelling the planner writes")
+    if (method == "qlora") != precision.endswith("-mixed") and half is not None:
+        raise UnsupportedError(f"axolotl loads the model in the training dtype: {method} in {precision} has no spelling "
+                               f"there ({'bf16-mixed' if method == 'qlora' else 'pure bf16 or fp32'} has)")
+    out: dict[str, Any] = {"adapter": None if method == "full" else method, "load_in_4bit": method == "qlora"}
+    if config.method.uses_adapters:
+        all_linear = config.lora_all_linear
+        out.update(lora_r=config.lora_r, lora_target_linear=True if all_linear else None,
+                   lora_target_modules=None if all_linear else list(config.lora_targets))
+    hf = OPTIMIZERS[config.optimizer]
+    if hf.hf_args:
+        raise UnsupportedError(f"optimizer {config.optimizer} needs {', '.join(hf.hf_args)} beside it, which the planner "
+                               "does not write for axolotl")
+    out.update(micro_batch_size=config.micro_batch, gradient_accumulation_steps=config.grad_accum,
+               sequence_len=config.seq_len, sample_packing=config.packing, gradient_checkpointing=config.grad_ckpt,
+               optimizer=hf.hf_optim, bf16=half == "bf16", fp16=half == "fp16")
+    if like is not None and any(like.get(key) for key in _ATTENTION_KEYS):  # the file's spelling: axolotl refuses both
+        out.update({key: str(config.attention) == name for key, name in _ATTENTION_KEYS.items()})
+    else:
+        from planner.check.reading import ATTENTION
+
+        out["attn_implementation"] = next(k for k, v in ATTENTION.items() if k and v == str(config.attention))
+    if missing := unexpressible(config, "axolotl"):
+        raise UnsupportedError(f"axolotl's core config has no key for {', '.join(missing)}")
+    return out | trainer_values(config, "axolotl", adapters=config.method.uses_adapters)
+
+
+__all__ = ["KIND", "LAUNCH", "default", "owns", "read", "schema", "write"]

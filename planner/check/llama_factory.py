@@ -1,0 +1,162 @@
+"""A LLaMA-Factory YAML (``llamafactory-cli train config.yaml``), read with the five argument
+dataclasses it parses a YAML into, as shipped (planner/data/trainers/llama_factory.json), and a
+configuration written as their keys.
+
+LLaMA-Factory's rules, cited where they are used: gradient checkpointing is on unless
+``disable_gradient_checkpointing`` (model/model_utils/checkpointing.py
+``prepare_model_for_training``); the model is loaded in the compute dtype (``bf16``/``pure_bf16``:
+bfloat16, ``fp16``: float16; hparams/parser.py) and the trainable parameters are cast to fp32
+unless ``pure_bf16`` (model/adapter.py ``init_adapter``): full fine-tuning is bf16-mixed, pure bf16
+with ``pure_bf16``, LoRA a 16-bit base with fp32 adapters; ``quantization_bit: 4`` is QLoRA;
+``packing`` unset packs for pre-training only (parser.py); ``lora_target: all`` adapts every linear.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from planner.check.files import ConfigFile
+from planner.check.trainers import read_spelled, refuse_unknown, schema_of, shipped
+from planner.errors import InvalidConfigError, UnsupportedError
+from planner.request import trainer_values, unexpressible
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.check.reading import Reading
+    from planner.check.schemas import Schema
+    from planner.config import TrainConfig
+
+KIND = "LLaMA-Factory config"
+MODULE = "llama_factory"
+#: how LLaMA-Factory runs a config (README "Quickstart"); FORCE_TORCHRUN=1 for several GPUs
+LAUNCH = "llamafactory-cli train {file}"
+#: flash_attn (extras/constants.py ``AttentionFunction``) -> the planner's attention
+ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash", "disabled": "eager"}
+UNMODELLED = {"use_unsloth": "Unsloth's kernels", "use_dora": "DoRA's magnitude vectors",
+              "additional_target": "fully trained module copies", "use_galore": "GaLore", "use_apollo": "APOLLO",
+              "use_badam": "BAdam", "use_llama_pro": "LLaMA Pro", "enable_liger_kernel": "Liger's kernels (only its fused "
+              "cross-entropy is modelled)", "neat_packing": "packing without cross-attention",
+              "freeze_vision_tower": None, "use_adam_mini": "Adam-mini", "use_muon": "Muon"}
+
+
+def owns(data: Mapping[str, Any]) -> bool:
+    return "finetuning_type" in data or "stage" in data
+
+
+def schema() -> "Schema":
+    return schema_of(MODULE, shipped(MODULE)["keys"])
+
+
+def default(data: Mapping[str, Any], key: str) -> Any:
+    return schema().defaults.get(key)
+
+
+def read(reading: "Reading", file: ConfigFile) -> None:
+    """The options of a LLaMA-Factory config."""
+    from planner.check.reading import Origin, _count, _refuse_unmodelled, read_optimizer
+
+    s = schema()
+    data = file.data
+    refuse_unknown(reading, file.path, s, data)
+    value = lambda key: s.value(data, key)  # noqa: E731
+    given = lambda key: key in data  # noqa: E731
+    problems = [f"{key} ({why} not modelled)" for key, why in UNMODELLED.items() if why and value(key)]
+    if value("stage") not in ("sft", "pt"):
+        problems.append(f"stage {value('stage')} (only supervised fine-tuning and pre-training are modelled: sft, pt)")
+    if problems:
+        raise UnsupportedError(f"{file.path}: {'; '.join(problems)}")
+    _refuse_unmodelled(file, value)  # the HF TrainingArguments keys it holds (fsdp, auto_find_batch_size, ...)
+    reading.schema = s.name
+    reading.trainer = "llama-factory"
+    if not value("model_name_or_path"):
+        raise InvalidConfigError(f"{file.path}: no model_name_or_path: name the model")
+    reading.model = str(value("model_name_or_path"))
+    reading.origins["model"] = Origin(file=file.path, key="model_name_or_path", value=reading.model, given=True)
+    for option, key in (("micro_batch", "per_device_train_batch_size"), ("grad_accum", "gradient_accumulation_steps")):
+        reading.set(option, _count(file, key, value(key)), file=file, key=key, given=given(key))
+    reading.seq_len = _count(file, "cutoff_len", value("cutoff_len"))
+    reading.origins["seq_len"] = Origin(file=file.path, key="cutoff_len", value=reading.seq_len, given=given("cutoff_len"))
+    packing = value("packing") if value("packing") is not None else value("stage") == "pt"
+    reading.set("packing", bool(packing), file=file, key="packing", given=given("packing"))
+    reading.set("grad_ckpt", not value("disable_gradient_checkpointing"), file=file, key="disable_gradient_checkpointing",
+                raw=value("disable_gradient_checkpointing"), given=given("disable_gradient_checkpointing"))
+    read_optimizer(reading, file, "optim", value, given)
+    attention = str(value("flash_attn"))
+    if attention not in ATTENTION:
+        raise UnsupportedError(f"{file.path}: flash_attn {attention} is not modelled: use {', '.join(ATTENTION)}")
+    reading.set("attention", ATTENTION[attention], file=file, key="flash_attn", raw=attention, given=given("flash_attn"))
+    _method(reading, file, value, given)
+    _precision(reading, file, value, given)
+    if value("deepspeed"):
+        from planner.check.reading import _deepspeed_reference
+
+        _deepspeed_reference(reading, file, value("deepspeed"))
+
+
+def _method(reading: "Reading", file: ConfigFile, value, given) -> None:
+    from planner.check.reading import _targets
+
+    kind, bits = value("finetuning_type"), value("quantization_bit")
+    if kind not in ("full", "lora"):
+        raise UnsupportedError(f"{file.path}: finetuning_type {kind} is not modelled: full or lora")
+    if bits not in (None, 4) or (bits == 4 and kind != "lora"):
+        raise UnsupportedError(f"{file.path}: quantization_bit {bits} with finetuning_type {kind} is not modelled: "
+                               "4 with lora (QLoRA), or none")
+    method = "qlora" if bits == 4 else kind
+    key = "quantization_bit" if bits == 4 else "finetuning_type"
+    reading.set("method", method, file=file, key=key, raw=value(key), given=given(key))
+    if kind != "lora":
+        return
+    reading.set("lora_r", value("lora_rank"), file=file, key="lora_rank", given=given("lora_rank"))
+    target = str(value("lora_target"))
+    targets = ("all-linear",) if target == "all" else _targets([t.strip() for t in target.split(",") if t.strip()])
+    reading.set("lora_targets", targets, file=file, key="lora_target", raw=target, given=given("lora_target"))
+    read_spelled(reading, file, "llama-factory", value, given)
+
+
+def _precision(reading: "Reading", file: ConfigFile, value, given) -> None:
+    bf16, fp16, pure = bool(value("bf16")), bool(value("fp16")), bool(value("pure_bf16"))
+    if bf16 and fp16:
+        raise InvalidConfigError(f"{file.path}: bf16 and fp16 are both true: keep one (the Trainer refuses both)")
+    method = str(reading.options["method"])
+    if pure and method != "full":
+        raise UnsupportedError(f"{file.path}: pure_bf16 with {method} is not modelled: it applies to full fine-tuning")
+    half = "bf16" if bf16 or pure else "fp16" if fp16 else None
+    if method == "lora" and half is None:
+        raise UnsupportedError(f"{file.path}: LoRA without bf16 or fp16 loads the base in the dtype LLaMA-Factory "
+                               "infers from the GPU: write bf16: true (or fp16: true)")
+    if method == "full":
+        precision = "bf16" if pure else f"{half}-mixed" if half else "fp32"
+    else:
+        precision = half if method == "lora" else f"{half}-mixed" if half else "fp32"
+    key = "pure_bf16" if pure else "bf16" if bf16 or not fp16 else "fp16"
+    reading.set("precision", precision, file=file, key=key, raw=value(key), given=given(key))
+
+
+def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The keys of a LLaMA-Factory config that say ``config`` (the model, data and schedule apart); ``like`` (the file read) changes nothing here."""
+    from planner.optim import OPTIMIZERS
+
+    method, precision = str(config.method), str(config.precision)
+    half = precision.split("-")[0] if precision != "fp32" else None
+    spelled = {"full": ("fp32", "bf16-mixed", "fp16-mixed", "bf16"), "lora": ("bf16", "fp16"),
+               "qlora": ("fp32", "bf16-mixed", "fp16-mixed")}[method]
+    if precision not in spelled:
+        raise UnsupportedError(f"LLaMA-Factory has no spelling for {method} in {precision}: {', '.join(spelled)}")
+    out: dict[str, Any] = {"finetuning_type": "full" if method == "full" else "lora",
+                           "quantization_bit": 4 if method == "qlora" else None}
+    if config.method.uses_adapters:
+        targets = "all" if config.lora_all_linear else ",".join(config.lora_targets)
+        out.update(lora_rank=config.lora_r, lora_target=targets)
+    out.update(trainer_values(config, "llama-factory", adapters=config.method.uses_adapters))
+    attention = {v: k for k, v in reversed(ATTENTION.items())}[str(config.attention)]
+    out.update(per_device_train_batch_size=config.micro_batch, gradient_accumulation_steps=config.grad_accum,
+               cutoff_len=config.seq_len, packing=config.packing, disable_gradient_checkpointing=not config.grad_ckpt,
+               optim=OPTIMIZERS[config.optimizer].hf_optim, **OPTIMIZERS[config.optimizer].hf_args,
+               bf16=half == "bf16" and precision != "bf16" or (method == "lora" and half == "bf16"),
+               fp16=half == "fp16", pure_bf16=method == "full" and precision == "bf16", flash_attn=attention)
+    if missing := unexpressible(config, "llama-factory"):
+        raise UnsupportedError(f"LLaMA-Factory has no key for {', '.join(missing)}")
+    return out
+
+
+__all__ = ["KIND", "LAUNCH", "default", "owns", "read", "schema", "write"]

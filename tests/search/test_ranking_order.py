@@ -1,0 +1,103 @@
+"""``planner.ranking._ranking``'s order, read plan by plan, and what it hands back unread.
+
+Plans are drawn with few speeds, totals and knobs, so groups, speed ties and equal tie keys
+(``_tie_key``) are common: the reference is the ranking written out (sort by group key and speed,
+cut into groups of SPEED_TIE from each leader, each group sorted by preference), and a re-ranking
+of the unread plans must equal a re-ranking of the whole preference order, as ``_replayed_plans``
+re-ranks after a replay drops or moves a plan."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from planner.config import Method, Optimizer, Precision, TrainConfig
+from planner.errors import PlannerError
+from planner.ranking import SPEED_TIE, _ranking, _tie_key
+from planner.search import Speed
+from planner.sharding import search_axis
+from planner.tradeoffs import Prefer
+
+
+def _configs() -> list[TrainConfig]:
+    out = []
+    for method in (Method.FULL, Method.LORA):
+        for precision in (Precision.BF16_MIXED, Precision.BF16):
+            for optimizer in (Optimizer.ADAMW, Optimizer.ADAFACTOR):
+                for sharding in search_axis(allow_offload=True, gpus=1)[:4]:
+                    try:
+                        out.append(TrainConfig(method=method, precision=precision, optimizer=optimizer,
+                                               sharding=sharding, micro_batch=1, seq_len=512))
+                    except PlannerError:  # (pure bf16 under DeepSpeed)
+                        pass
+    return out
+
+
+def _plans(rng: random.Random, n: int) -> list[tuple]:
+    configs = _configs()
+    # (config, speed, total): a config object per plan (the ranking tells plans by identity)
+    return [(configs[rng.randrange(len(configs))].replace(), Speed(rng.choice([100.0, 101.0, 103.0, 110.0, 120.0])),
+             rng.choice([1, 2, 3])) for _ in range(n)]
+
+
+def _facts(rng: random.Random):
+    drawn: dict[int, tuple] = {}
+
+    def facts(items):
+        for item in items:
+            if id(item) not in drawn:
+                drawn[id(item)] = (item, rng.random() < 0.2, rng.random() < 0.3, rng.randrange(4), (),
+                                  item[1].tokens_per_s)
+        return [drawn[id(item)] for item in items]
+
+    return facts
+
+
+def _reference(fitting, prefer, facts, edgy=frozenset()):
+    """The rank order written out in full."""
+    known = facts(fitting)
+    edges = [int(f[1] or id(f[0][0]) in edgy) for f in known]
+    best = [0.0, 0.0]
+    for f, e in zip(known, edges):
+        if not f[2]:
+            best[e] = max(best[e], f[0][1].tokens_per_s)
+    rows = sorted([(e * 8 + int(f[2] and f[0][1].tokens_per_s <= best[e] * (1 + SPEED_TIE)) * 4
+                    + (f[3] if prefer is Prefer.FIDELITY else 0), -f[0][1].tokens_per_s, n, f)
+                   for n, (f, e) in enumerate(zip(known, edges))])
+    out, group = [], []
+    for row in rows:
+        if group and (row[0] != group[0][0] or -row[1] < -group[0][1] / (1 + SPEED_TIE)):
+            out += [f[0] for f in sorted([r[3] for r in group], key=_tie_key)]
+            group = []
+        group.append(row)
+    return out + [f[0] for f in sorted([r[3] for r in group], key=_tie_key)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_ranking_read_in_full_is_the_rank_order(seed):
+    rng = random.Random(seed)
+    plans, facts = _plans(rng, 300), _facts(rng)
+    for prefer in Prefer:
+        assert list(_ranking(plans, prefer, facts)) == _reference(plans, prefer, facts)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_unread_plans_rank_again_as_the_whole_order_does(seed):
+    """After reading some plans, dropping some and marking some near the edge (``edgy``), the
+    unread plans (groups not reached left by speed) rank as the rest of the preference order does."""
+    rng = random.Random(seed)
+    plans, facts = _plans(rng, 300), _facts(rng)
+    for prefer in Prefer:
+        for _ in range(5):
+            ranked = _ranking(plans, prefer, facts)
+            read = [next(ranked) for _ in range(rng.randrange(1, 40))]
+            whole = _reference(plans, prefer, facts)
+            assert read == whole[:len(read)]
+            unread = ranked.unread()
+            assert sorted(map(id, unread)) == sorted(map(id, whole[len(read):]))
+            dropped = {id(p[0]) for p in rng.sample(read, min(3, len(read)))}
+            edgy = {id(p[0]) for p in rng.sample(plans, 20)}
+            again = [p for p in read + unread if id(p[0]) not in dropped]
+            reference = [p for p in whole if id(p[0]) not in dropped]
+            assert list(_ranking(again, prefer, facts, edgy=edgy)) == _reference(reference, prefer, facts, edgy)
