@@ -140,16 +140,20 @@ def _two_rank_plan(tiny_config, *schemes: str):
 
 
 def _leftovers(marker_prefix: str) -> list[str]:
-    """Measurement processes of this plan's runs, and rank actors, still alive."""
+    """Measurement processes of this plan's runs, and this test's rank actors, still alive. An
+    actor counts only under this process (the embedded Ray's raylet is its child): another suite's
+    or another Ray's ``RankWorker`` on the same machine is not this test's leftover (a newcomer's
+    suite beside CI's clean clone failed here on the other's actors)."""
     import psutil
 
+    ours = {child.pid for child in psutil.Process().children(recursive=True)}
     left = []
     for proc in psutil.process_iter(["cmdline", "pid"]):
         try:
             line = " ".join(proc.info["cmdline"] or ())
             if "workers.child" in line and proc.environ().get("PLANNER_VERIFY_RUN", "").startswith(marker_prefix):
                 left.append(f"{proc.pid} {line}")
-            elif "RankWorker" in line:
+            elif "RankWorker" in line and proc.pid in ours:
                 left.append(f"{proc.pid} {line}")
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
