@@ -36,19 +36,25 @@ from planner.modelspec import LinearKind, LinearSpec, ModelSpec
 #: GB200 72.9%, MI300X 51.4% (ROCm 6.3, TunableOp on).
 #: The cards that table lacks take the best square torch matmul (1024-10240, 30 timed iterations after 10 warm-up;
 #: the device's precision, fp16 on Volta and Turing) of zzc0721/torch-performance-test-data database.md (commit
-#: 078586871da3 and later), over the same dense peak the catalog gives the card: RTX 4090 bf16 170.06 and 173.31
-#: TFLOPS on two bare-metal machines (torch 2.4) of 165.2 (cloud containers read 160-168), RTX 3090 76.34 of 71,
-#: RTX 5090 236.03 of 209.5: GeForce cards boost above the whitepaper's clock and reach their rated peak, 1.0 (a
-#: fraction of the rated peak is at most 1: ``planner calibrate`` and ``--utilization`` share the bound); RTX
-#: PRO 6000 Workstation 417.98 of 503.8 => 0.830; RTX A6000 123.34 of 154.8 => 0.797; L40S 269.15 of 362.05 =>
-#: 0.743; A10G 69.5 of the 70 the catalog takes from it => 0.993; V100-SXM2-16GB fp16 94.84 of 125 => 0.759 (the
-#: same for the 32 GB part); T4 fp16 41.91 of 65 => 0.645 (its 70 W cap). The same table's A100 80GB (264.53 of
-#: 312, 0.848) and H100 (789.24 of 989.4, 0.798) agree with the brute-force rows above.
+#: 078586871da3 and later), over the same dense peak the catalog gives the card. Cards whose FP32-accumulate tensor
+#: rate is rated at half their die's (GeForce; the A10G) reach that rated peak: RTX 4090 bf16 170.06 and 173.31
+#: TFLOPS on two bare-metal machines (torch 2.4; cloud containers 160-168) of 165.2, RTX 3090 76.34 of 71, RTX 5090
+#: 236.03 of 209.5, A10G 69.5 of the 70 the catalog takes from it (issue #126): 1.0 (a fraction of the rated peak
+#: is at most 1: ``planner calibrate`` and ``--utilization`` share the bound; GeForce clocks boost above the
+#: rated one). Full-rate cards fall short as the table above does: RTX PRO 6000 Workstation 417.98 of 503.8 =>
+#: 0.830; RTX A6000 123.34 of 154.8 => 0.797; L40S 269.15 of 362.05 => 0.743; V100-SXM2-16GB fp16 94.84 of 125 =>
+#: 0.759 (the same for the 32 GB part); T4 fp16 41.91 of 65 => 0.645 and L4 bf16 70.89 of 121 => 0.586 (issue
+#: #120), both power-capped at 70-72 W. The same table's A100 80GB (264.53 of 312, 0.848) and H100 (789.24 of
+#: 989.4, 0.798) agree with the brute-force rows above. The L40 is not measured there; its datasheet rates it at
+#: half its die's rate (181.05 dense: 128 FLOP per tensor core per clock at 568 tensor cores and 2,490 MHz, the
+#: 4090's 165.2 / (512 x 2,520 MHz) likewise; the L40S, the same 142-SM AD102 with 18,176 CUDA cores and 864 GB/s,
+#: 362.05, and the RTX 6000 Ada 364.25, at 256), so it takes the half-rate cards' 1.0.
 MAMF_FRACTION = {
     "a100-40gb": 0.869, "a100-80gb": 0.869, "gh200": 0.838, "h100-80gb": 0.803, "h200": 0.803,
     "h100-pcie": 0.803, "b200": 0.776, "gb200": 0.729, "mi300x": 0.514,
-    "rtx4090": 1.0, "rtx3090": 1.0, "rtx5090": 1.0, "rtx-pro-6000": 0.830, "rtx-a6000": 0.797,
-    "l40s": 0.743, "a10g": 0.993, "v100-16gb": 0.759, "v100-32gb": 0.759, "t4": 0.645,
+    "rtx4090": 1.0, "rtx3090": 1.0, "rtx5090": 1.0, "a10g": 1.0, "l40": 1.0,
+    "rtx-pro-6000": 0.830, "rtx-a6000": 0.797, "l40s": 0.743, "v100-16gb": 0.759, "v100-32gb": 0.759,
+    "t4": 0.645, "l4": 0.586,
 }
 #: Tensor-core GPUs neither table lists: 0.80, the median of the brute-force table's NVIDIA rows (0.73-0.87).
 DEFAULT_MAMF_FRACTION = 0.80

@@ -37,7 +37,20 @@ def test_mamf_fractions_per_device():
     # stas00/ml-engineering MAMF table: A100 SXM 271.2 / 312, H100 SXM 794.5 / 989
     assert matmul_fraction(get_gpu("a100-80gb"), TrainConfig().precision) == 0.869
     assert matmul_fraction(get_gpu("h100-80gb"), TrainConfig().precision) == 0.803
-    assert matmul_fraction(get_gpu("l40"), TrainConfig().precision) == 0.80  # not in the table
+    # zzc0721/torch-performance-test-data database.md, best square torch matmul over the catalog's dense peak:
+    #   RTX A6000 bf16 123.34 / 154.8 = 0.7968 -> 0.797; V100-SXM2-16GB fp16 94.84 / 125 = 0.7587 -> 0.759;
+    #   L40S 269.15 / 362.05 = 0.7434 -> 0.743; T4 fp16 41.91 / 65 = 0.6448 -> 0.645
+    assert matmul_fraction(get_gpu("rtx-a6000"), TrainConfig().precision) == 0.797
+    assert matmul_fraction(get_gpu("v100-16gb"), TrainConfig(precision="fp16-mixed").precision) == 0.759
+    assert matmul_fraction(get_gpu("l40s"), TrainConfig().precision) == 0.743
+    assert matmul_fraction(get_gpu("t4"), TrainConfig(precision="fp16-mixed").precision) == 0.645
+    # half-rate FP32-accumulate cards reach their rated peak: RTX 4090 170.06 / 165.2 = 1.029 (capped at 1.0);
+    # the L40 at half its die's rate (181.05 = 568 tensor cores x 2.49 GHz x 128, the 4090's 128 per clock)
+    assert matmul_fraction(get_gpu("rtx4090"), TrainConfig().precision) == 1.0
+    assert matmul_fraction(get_gpu("l40"), TrainConfig().precision) == 1.0
+    assert 181.05e12 / (568 * 2.49e9) == pytest.approx(128, rel=0.001)
+    assert 165.2e12 / (512 * 2.52e9) == pytest.approx(128, rel=0.001)
+    assert matmul_fraction(get_gpu("a40"), TrainConfig().precision) == 0.80  # in neither table
     assert matmul_fraction(get_gpu("a10g"), TrainConfig(precision="fp32").precision) == 0.75
     assert matmul_fraction(get_gpu("cpu"), TrainConfig().precision) == 1.0
 
@@ -157,7 +170,8 @@ def test_calibration_terms_add_up_to_the_step():
     for config in (TrainConfig(seq_len=512), TrainConfig(method="qlora", grad_ckpt=True, micro_batch=2, seq_len=256)):
         m, b, c = calibration_terms(model=LLAMA_7B, config=config, gpu=gpu)
         step = estimate_throughput(model=LLAMA_7B, config=config, gpu=gpu).step_s
-        assert m / 0.80 + b / 0.80 + c == pytest.approx(step, rel=1e-12)
+        # the A10G's large GEMMs reach the 70 TFLOPS the catalog takes from a measured matmul (1.0); bandwidth 0.80
+        assert m / 1.0 + b / 0.80 + c == pytest.approx(step, rel=1e-12)
 
 
 def test_peft_fp32_adapters_under_pure_16_bit_cost_fp32_gemms_and_the_promoted_add():
