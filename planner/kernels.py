@@ -58,9 +58,18 @@ MAMF_FRACTION = {
 }
 #: Tensor-core GPUs neither table lists: 0.80, the median of the brute-force table's NVIDIA rows (0.73-0.87).
 DEFAULT_MAMF_FRACTION = 0.80
-#: fp32 matmuls on CUDA cores: a 10240^2 fp32 torch matmul measured 23.4 of the A10G's 31.2
-#: TFLOP/s (zzc0721/torch-performance-test-data#126): 0.75.
+#: fp32 matmuls on CUDA cores (torch's default: no TF32): a 10240^2 fp32 torch matmul measured 23.4 of the A10G's
+#: 31.2 TFLOP/s (zzc0721/torch-performance-test-data#126): 0.75, for the cards not measured. The same table's fp32
+#: column (database.md) over the catalog's fp32 peak: the HBM datacenter parts, whose fp32 peak is one FMA per core
+#: per clock, reach it: V100-SXM2-16GB 14.06 of 15.7 => 0.896, A100 SXM4 80GB 19.18 of 19.5 => 0.984; Ampere GA10x
+#: and Ada, whose fp32 peak counts the second fp32 datapath (dual-issue) a GEMM cannot keep fed, reach less: RTX
+#: 4090 55.01 of 82.6 => 0.666, RTX 3090 24.46 of 35.6 => 0.687, RTX A6000 23.92 of 38.7 => 0.618, L40S 46.88 of
+#: 91.6 => 0.512, T4 4.17 of 8.1 => 0.515.
 FP32_MATMUL_FRACTION = 0.75
+FP32_MATMUL_FRACTIONS = {
+    "v100-16gb": 0.896, "v100-32gb": 0.896, "a100-40gb": 0.984, "a100-80gb": 0.984, "rtx4090": 0.666,
+    "rtx3090": 0.687, "rtx-a6000": 0.618, "l40s": 0.512, "t4": 0.515,
+}
 #: The CPU profile's FLOP/s are its MEASURED 2048^2 GEMM rates (``planner.gpus``): 1.0.
 CPU_MATMUL_FRACTION = 1.0
 #: The CPU profile's bandwidth is likewise a MEASURED achieved rate (``copy_`` into a kept tensor, bytes counted
@@ -217,7 +226,7 @@ def matmul_fraction(gpu: GPUSpec, precision: Precision) -> float:
     if gpu.is_cpu:
         return CPU_MATMUL_FRACTION
     if precision is Precision.FP32:
-        return FP32_MATMUL_FRACTION
+        return FP32_MATMUL_FRACTIONS.get(gpu.name, FP32_MATMUL_FRACTION)
     return MAMF_FRACTION.get(gpu.name, DEFAULT_MAMF_FRACTION)
 
 

@@ -52,6 +52,10 @@ def test_mamf_fractions_per_device():
     assert 165.2e12 / (512 * 2.52e9) == pytest.approx(128, rel=0.001)
     assert matmul_fraction(get_gpu("a40"), TrainConfig().precision) == 0.80  # in neither table
     assert matmul_fraction(get_gpu("a10g"), TrainConfig(precision="fp32").precision) == 0.75
+    # fp32 on CUDA cores, the same table's fp32 column: V100 14.06 / 15.7 = 0.8955 -> 0.896 (one FMA per core per
+    # clock is reached); RTX 4090 55.01 / 82.6 = 0.6660 -> 0.666 (its dual-issue second datapath is not)
+    assert matmul_fraction(get_gpu("v100-16gb"), TrainConfig(precision="fp32").precision) == 0.896
+    assert matmul_fraction(get_gpu("rtx4090"), TrainConfig(precision="fp32").precision) == 0.666
     assert matmul_fraction(get_gpu("cpu"), TrainConfig().precision) == 1.0
 
 
