@@ -598,9 +598,12 @@ def weight_cast_bytes(config: TrainConfig, weights: int) -> float:
 
 
 def casts_weights(config: TrainConfig) -> bool:
-    """Whether torch AMP casts fp32 weights each micro-step (see ``weight_cast_bytes``)."""
-    return (config.method is Method.FULL and config.precision.is_mixed
-            and not config.sharding.spec.master_update_bytes(config))
+    """Whether torch AMP casts fp32 weights each micro-step (see ``weight_cast_bytes``): not where the
+    scheme runs the layers on 16-bit parameters of its own (``ShardingSpec.casts_model``): DeepSpeed casts the
+    model; FSDP2's MixedPrecisionPolicy gathers each unit in ``param_dtype`` and runs it without autocast
+    (planner/sharding/fsdp2.py ``worker_setup``: ``autocast=False``), so its norms' weights are 16-bit too
+    and the stream stays 16-bit (``fp32_stream``)."""
+    return config.method is Method.FULL and config.precision.is_mixed and not config.sharding.spec.casts_model
 
 
 def ops_per_micro_step(model: ModelSpec, config: TrainConfig) -> int:

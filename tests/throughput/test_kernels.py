@@ -28,6 +28,7 @@ from planner.kernels import (
     stream_cast_elements,
     weight_cast_bytes,
 )
+from planner.sharding import Sharding
 from planner.throughput import calibration_terms, estimate_throughput
 
 A100 = DeviceRates(gemm=312e12 * 0.869, bandwidth=2039e9 * 0.8, op_seconds=1e-6)
@@ -146,6 +147,11 @@ def test_micro_step_elementwise_bytes_by_hand():
     # no casts: LoRA's frozen 16-bit base, pure bf16, or ZeRO's own fp32 master copy (16-bit model weights)
     for config in (lora, TrainConfig(precision="bf16"), TrainConfig(zero=2, gpus=2)):
         assert weight_cast_bytes(config, 131_072) == 0
+    # FSDP2 at bf16-mixed gathers each unit in bf16 and runs it without autocast: no weight casts and a 16-bit
+    # stream, per token the blocks 2 x (64 x 84 + 3,584 + 2,560) x 3 = 69,120 and the loss 24,000 = 93,120
+    fsdp2 = TrainConfig(seq_len=128, gpus=2, sharding=Sharding("fsdp2", "none"))
+    assert weight_cast_bytes(fsdp2, 131_072) == 0
+    assert elementwise_bytes(tiny, fsdp2, 128) == (69_120 + 24_000) * 128 == 93_120 * 128
 
 
 def test_eager_attention_moves_its_scores():
