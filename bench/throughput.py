@@ -158,8 +158,8 @@ def cause(r: dict[str, Any]) -> str:
     if not over and s.get("compile"):
         found.append("torch.compile fuses the norms, activations and casts the eager step runs one kernel each (no knob)")
     if not over and r["gpu_id"] not in MAMF_FRACTION and r["assumed_mfu"] < 0.85:
-        found.append(f"{r['gpu_id']} is not in the published MAMF table: its large GEMMs run at the "
-                     f"{r['assumed_mfu']:.0%} default")
+        found.append(f"{r['gpu_id']} has no measured matmul rate (planner.kernels.MAMF_FRACTION): its large GEMMs run at "
+                     f"the {r['assumed_mfu']:.0%} default")
     if not over and r["gpus"] > 1 and shares["comm"] + shares["offload"] > 0.1:
         found.append(f"communication and offload ({shares['comm'] + shares['offload']:.0%} of the predicted step) are summed "
                      "with no overlap, where FSDP prefetches the all-gathers and overlaps the reduce-scatters with backward")

@@ -34,15 +34,42 @@ from planner.modelspec import LinearKind, LinearSpec, ModelSpec
 #: README.md, "Maximum Achievable Matmul FLOPS comparison table", BF16): A100 SXM 271.2 of 312
 #: (86.9%), A100 PCIe 81.1%, GH200 83.8%, H100 SXM 80.3% ("H200 is the same"), B200 77.6%,
 #: GB200 72.9%, MI300X 51.4% (ROCm 6.3, TunableOp on).
+#: The cards that table lacks take the best square torch matmul (1024-10240, 30 timed iterations after 10 warm-up;
+#: the device's precision, fp16 on Volta and Turing) of zzc0721/torch-performance-test-data database.md (commit
+#: 078586871da3 and later), over the same dense peak the catalog gives the card. Cards whose FP32-accumulate tensor
+#: rate is rated at half their die's (GeForce; the A10G) reach that rated peak: RTX 4090 bf16 170.06 and 173.31
+#: TFLOPS on two bare-metal machines (torch 2.4; cloud containers 160-168) of 165.2, RTX 3090 76.34 of 71, RTX 5090
+#: 236.03 of 209.5, A10G 69.5 of the 70 the catalog takes from it (issue #126): 1.0 (a fraction of the rated peak
+#: is at most 1: ``planner calibrate`` and ``--utilization`` share the bound; GeForce clocks boost above the
+#: rated one). Full-rate cards fall short as the table above does: RTX PRO 6000 Workstation 417.98 of 503.8 =>
+#: 0.830; RTX A6000 123.34 of 154.8 => 0.797; L40S 269.15 of 362.05 => 0.743; V100-SXM2-16GB fp16 94.84 of 125 =>
+#: 0.759 (the same for the 32 GB part); T4 fp16 41.91 of 65 => 0.645 and L4 bf16 70.89 of 121 => 0.586 (issue
+#: #120), both power-capped at 70-72 W. The same table's A100 80GB (264.53 of 312, 0.848) and H100 (789.24 of
+#: 989.4, 0.798) agree with the brute-force rows above. The L40 is not measured there; its datasheet rates it at
+#: half its die's rate (181.05 dense: 128 FLOP per tensor core per clock at 568 tensor cores and 2,490 MHz, the
+#: 4090's 165.2 / (512 x 2,520 MHz) likewise; the L40S, the same 142-SM AD102 with 18,176 CUDA cores and 864 GB/s,
+#: 362.05, and the RTX 6000 Ada 364.25, at 256), so it takes the half-rate cards' 1.0.
 MAMF_FRACTION = {
     "a100-40gb": 0.869, "a100-80gb": 0.869, "gh200": 0.838, "h100-80gb": 0.803, "h200": 0.803,
     "h100-pcie": 0.803, "b200": 0.776, "gb200": 0.729, "mi300x": 0.514,
+    "rtx4090": 1.0, "rtx3090": 1.0, "rtx5090": 1.0, "a10g": 1.0, "l40": 1.0,
+    "rtx-pro-6000": 0.830, "rtx-a6000": 0.797, "l40s": 0.743, "v100-16gb": 0.759, "v100-32gb": 0.759,
+    "t4": 0.645, "l4": 0.586,
 }
-#: Tensor-core GPUs the table does not list: 0.80, the median of its NVIDIA rows (0.73-0.87).
+#: Tensor-core GPUs neither table lists: 0.80, the median of the brute-force table's NVIDIA rows (0.73-0.87).
 DEFAULT_MAMF_FRACTION = 0.80
-#: fp32 matmuls on CUDA cores: a 10240^2 fp32 torch matmul measured 23.4 of the A10G's 31.2
-#: TFLOP/s (zzc0721/torch-performance-test-data#126): 0.75.
+#: fp32 matmuls on CUDA cores (torch's default: no TF32): a 10240^2 fp32 torch matmul measured 23.4 of the A10G's
+#: 31.2 TFLOP/s (zzc0721/torch-performance-test-data#126): 0.75, for the cards not measured. The same table's fp32
+#: column (database.md) over the catalog's fp32 peak: the HBM datacenter parts, whose fp32 peak is one FMA per core
+#: per clock, reach it: V100-SXM2-16GB 14.06 of 15.7 => 0.896, A100 SXM4 80GB 19.18 of 19.5 => 0.984; Ampere GA10x
+#: and Ada, whose fp32 peak counts the second fp32 datapath (dual-issue) a GEMM cannot keep fed, reach less: RTX
+#: 4090 55.01 of 82.6 => 0.666, RTX 3090 24.46 of 35.6 => 0.687, RTX A6000 23.92 of 38.7 => 0.618, L40S 46.88 of
+#: 91.6 => 0.512, T4 4.17 of 8.1 => 0.515.
 FP32_MATMUL_FRACTION = 0.75
+FP32_MATMUL_FRACTIONS = {
+    "v100-16gb": 0.896, "v100-32gb": 0.896, "a100-40gb": 0.984, "a100-80gb": 0.984, "rtx4090": 0.666,
+    "rtx3090": 0.687, "rtx-a6000": 0.618, "l40s": 0.512, "t4": 0.515,
+}
 #: The CPU profile's FLOP/s are its MEASURED 2048^2 GEMM rates (``planner.gpus``): 1.0.
 CPU_MATMUL_FRACTION = 1.0
 #: The CPU profile's bandwidth is likewise a MEASURED achieved rate (``copy_`` into a kept tensor, bytes counted
@@ -199,7 +226,7 @@ def matmul_fraction(gpu: GPUSpec, precision: Precision) -> float:
     if gpu.is_cpu:
         return CPU_MATMUL_FRACTION
     if precision is Precision.FP32:
-        return FP32_MATMUL_FRACTION
+        return FP32_MATMUL_FRACTIONS.get(gpu.name, FP32_MATMUL_FRACTION)
     return MAMF_FRACTION.get(gpu.name, DEFAULT_MAMF_FRACTION)
 
 
@@ -571,9 +598,12 @@ def weight_cast_bytes(config: TrainConfig, weights: int) -> float:
 
 
 def casts_weights(config: TrainConfig) -> bool:
-    """Whether torch AMP casts fp32 weights each micro-step (see ``weight_cast_bytes``)."""
-    return (config.method is Method.FULL and config.precision.is_mixed
-            and not config.sharding.spec.master_update_bytes(config))
+    """Whether torch AMP casts fp32 weights each micro-step (see ``weight_cast_bytes``): not where the
+    scheme runs the layers on 16-bit parameters of its own (``ShardingSpec.casts_model``): DeepSpeed casts the
+    model; FSDP2's MixedPrecisionPolicy gathers each unit in ``param_dtype`` and runs it without autocast
+    (planner/sharding/fsdp2.py ``worker_setup``: ``autocast=False``), so its norms' weights are 16-bit too
+    and the stream stays 16-bit (``fp32_stream``)."""
+    return config.method is Method.FULL and config.precision.is_mixed and not config.sharding.spec.casts_model
 
 
 def ops_per_micro_step(model: ModelSpec, config: TrainConfig) -> int:

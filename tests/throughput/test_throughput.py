@@ -259,8 +259,8 @@ def test_precision_picks_the_peak_and_the_default_utilization():
     assert fp32.breakdown_s["compute"] == pytest.approx(6 * N_7B * 2048 / (31.2e12 * FP32_MATMUL_FRACTION) + io32, rel=1e-12)
     t4 = estimate_throughput(model=LLAMA_7B, config=cfg(precision="fp16-mixed"), gpu=get_gpu("t4"))
     io16 = 3 * GEMM_IO_7B_2048 * 2048 / (320e9 * 0.8)
-    # the T4 is not in the MAMF table: 0.80
-    assert t4.breakdown_s["compute"] == pytest.approx(6 * N_7B * 2048 / (65e12 * 0.80) + io16, rel=1e-12)
+    # the T4's measured fp16 matmul: 41.91 of its 65 TFLOPS (zzc0721/torch-performance-test-data) = 0.645
+    assert t4.breakdown_s["compute"] == pytest.approx(6 * N_7B * 2048 / (65e12 * 0.645) + io16, rel=1e-12)
 
 
 def test_bf16_on_t4_is_refused():
