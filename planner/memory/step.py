@@ -168,7 +168,8 @@ MOMENTS = (
         _static(SCHEME, "reducing_end", transient=True),
         _static("gradients/tied_embedding_partials", "tied_partials", transient=True),
         _KEPT)),
-    # DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition (two buffers)
+    # DeepSpeed ZeRO flattens this rank's gradients into an fp32 partition (two buffers), after
+    # ZeRO-3's checks of them (``StaticTerms.step_checks``: the timeline draws each, then the flatten)
     Moment("optimizer_start", (
         _static("gradients", "gradients"),
         _static(SCHEME, "gradient_flatten", transient=True, tensors=2),
@@ -222,7 +223,8 @@ class StaticSizes(NamedTuple):
     tied_partials: int
     """``StaticTerms.tied_gradient_sum``."""
     gradient_flatten: int
-    """``StaticTerms.zero_gradient_flatten``."""
+    """``StaticTerms.zero_gradient_flatten``, or the largest of ``StaticTerms.step_checks`` when one
+    is larger (each is made and freed before the flatten)."""
     optimizer_gradients: int
     """Gradient bytes alive while the optimizer steps."""
     optimizer_step: int
@@ -242,7 +244,9 @@ def static_sizes(static: StaticTerms, *, accumulating: bool, head_grads: int = 0
         every if accumulating else head_grads + down_grads,  # gradients_block
         static.gathered, static.held, static.reducing, static.reducing_end,
         static.tied_gradient_sum,  # tied_partials
-        static.zero_gradient_flatten,  # gradient_flatten
+        # the step's checks come one after the other before the flatten: the largest of them is the moment's
+        max(static.zero_gradient_flatten, *[n for _, n in static.step_checks]) if static.step_checks
+        else static.zero_gradient_flatten,  # gradient_flatten
         static.optimizer_gradients, static.optimizer_step,
     )
 
