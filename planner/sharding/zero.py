@@ -76,6 +76,24 @@ def zero_buckets(sharding: Any, hidden_size: int) -> dict[str, int]:
     return out
 
 
+#: the bucket keys the memory terms read (``_bucket``); the others size nothing the model counts
+_READ = ("reduce_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+         "stage3_max_reuse_distance")
+
+
+def users_buffers(sharding: Any, hidden_size: int) -> Any:
+    """``sharding`` as ``planner check`` plans it: with its ``buffers`` where they change a memory
+    term, else the planner's own (``buffers`` None: a file the planner wrote reads back as the
+    same plan). FusedAdam (``torch_adam`` 0) changes the step's temporaries (``fused_step``)."""
+    if sharding.buffers is None:
+        return sharding
+    theirs, ours = zero_buckets(sharding, hidden_size), deepspeed_buckets(hidden_size)
+    read = _READ if sharding.spec.zero_stage == 3 else _READ[:1]  # ZeRO-1/2 read the reduce bucket alone
+    if all(theirs[k] == ours[k] for k in read) and dict(sharding.buffers).get("torch_adam") != 0:
+        return type(sharding)(sharding.scheme, sharding.offload)
+    return sharding
+
+
 #: the bucket keys the HF Trainer fills when a ds_config says "auto" (``zero_buckets``)
 _HF_AUTO = frozenset({"reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"})
 
@@ -686,4 +704,4 @@ SPECS = (
 
 __all__ = ["DEEPSPEED_FILE", "DS_DEFAULTS", "DS_MAX_LIVE_PARAMETERS", "DS_MAX_REUSE_DISTANCE", "SPECS", "ZeRO", "comm_bytes", "deepspeed_buckets",
            "persistence_threshold", "reduce_bucket_size", "zero3_gathered_bytes", "zero3_live_params",
-           "zero3_param_split", "zero_buckets", "zero_partition"]
+           "users_buffers", "zero3_param_split", "zero_buckets", "zero_partition"]

@@ -143,3 +143,28 @@ def test_offloaded_zero3_keeps_the_old_build(offload):
     t = trained(spec, config)
     assert config.sharding.spec.build_sequence(spec, config, t, {}) == ()
     assert config.sharding.spec.step_checks(spec, t, config) == ()
+
+
+def test_planner_check_reads_a_users_buckets_with_deepspeeds_defaults(tmp_path):
+    """tests/data/check/hf: LoRA r16 on Qwen-0.5B-sized q/k/v/o, ZeRO-2 with optimizer offload, bf16.
+    Its ds_config leaves reduce_bucket_size out: DeepSpeed's 5e8 elements x 2 B = 1,000,000,000 B
+    on the device, where the planner's own file ("auto": hidden^2 elements) holds hidden^2 x 2."""
+    import json
+    import shutil
+
+    from planner.check import check
+
+    hf = Path(__file__).resolve().parents[1] / "data" / "check" / "hf"
+    for name in ("training_args.json", "adapter_config.json"):
+        shutil.copy(hf / name, tmp_path / name)
+    ds = json.loads((hf / "ds_config.json").read_text())
+    (tmp_path / "ds_config.json").write_text(json.dumps(ds))
+    left_out = check([tmp_path / "training_args.json"], gpu="a10g", seq_len=1024)
+    assert left_out.config.sharding.buffers == ()
+    assert left_out.estimate["memory"]["breakdown"]["zero/reduce_bucket"] == 10**9
+    ds["zero_optimization"]["reduce_bucket_size"] = "auto"  # the Trainer fills hidden^2: the planner's own plan
+    (tmp_path / "ds_config.json").write_text(json.dumps(ds))
+    auto = check([tmp_path / "training_args.json"], gpu="a10g", seq_len=1024)
+    assert auto.config.sharding.buffers is None
+    hidden = auto.estimate["memory"]["breakdown"]["zero/reduce_bucket"] // 2
+    assert hidden == int(hidden**0.5) ** 2  # hidden^2 elements of 2 bytes
