@@ -109,7 +109,8 @@ class StaticTerms:
     """Alive at the end of backward only (FSDP2's root gradients unsharded, the last reduce-scatter input)."""
     step_checks: tuple[tuple[str, int], ...] = ()
     """The library's checks of the gradients as the step begins, made and freed one after the
-    other before the flatten (``ShardingSpec.step_checks``: ZeRO-3's overflow test and norm copy)."""
+    other before the flatten (``ShardingSpec.step_checks``: ZeRO-3's norm copy; its fp16 overflow test, on a side stream and
+    never a moment's largest, the timeline draws alone: ``ShardingSpec.stream_checks``)."""
     tied_gradient_sum: int = 0
     """A trained embedding tied to the output head gets two partial gradients (the head's matmul
     and the embedding's backward), which autograd's input buffer adds into a third tensor: the

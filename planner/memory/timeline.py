@@ -425,14 +425,17 @@ def _checks_then_flatten(b: _Builder, s: _Step, part, name: str, mark: bool, whe
     be marked (the caller's ``mark``)."""
     flatten = s.static.zero_gradient_flatten
     most = s.sizes.gradient_flatten
+    spec = s.config.sharding.spec
+    t = trained(s.model, s.config)
+    for key, nbytes in spec.stream_checks(t, s.config):  # below the flatten: never the mark
+        b.free(b.alloc(key, nbytes, where, 1), where)
     for key, nbytes in s.static.step_checks:
         ident = b.alloc(key, nbytes, where, 1)
         if mark and nbytes == most:
             b.mark(name)
             mark = False
         b.free(ident, where)
-    spec = s.config.sharding.spec
-    tensors = spec.gradient_flatten_tensors(trained(s.model, s.config), s.config)
+    tensors = spec.gradient_flatten_tensors(t, s.config)
     ident = b.alloc(part_key(part, spec), flatten, where, tensors or part.tensors)
     if mark and flatten == most:
         b.mark(name)

@@ -239,6 +239,11 @@ class ShardingSpec:
         temporary)."""
         return ()
 
+    def stream_checks(self, t: Any, config: Any) -> tuple[tuple[str, int], ...]:
+        """Checks made on a side stream before ``step_checks``, never larger than the flatten
+        (``BreakdownKey.side_stream`` keys): drawn by the timeline for the allocator replay."""
+        return ()
+
     def build_sequence(self, model: Any, config: Any, t: Any, resident: dict[str, int]) -> tuple[tuple[str, str, int], ...]:
         """How the library builds the resident model states before the first step, as
         (``alloc``/``free``, breakdown key, bytes): the resident keys in the order it makes them,

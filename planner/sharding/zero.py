@@ -438,25 +438,28 @@ class ZeRO(ShardingSpec):
 
     def step_checks(self, model: Any, t: Any, config: Any) -> tuple[tuple[str, int], ...]:
         """ZeRO-3 without offload, as ``step()`` begins (deepspeed 0.19.8 stage3.py l.2873-2890),
-        before the flatten:
-
-        * in fp16, the overflow check (l.2815-2816 check_overflow -> has_overflow l.3011-3016):
-          ``torch.isinf(self.grad_partitions_flat_buffer).any()`` then ``torch.isnan(...)``, each a
-          bool tensor of one byte per element of the 16-bit gradient partition, on the reduce
-          stream (``zero3/overflow_check``: its segment stays that stream's);
-        * the gradient norm (l.2889 _get_norm_groups -> get_grad_norm_direct l.2454-2459): each
-          parameter's gradient partition ``.to(get_norm_dtype())``, float64 wherever the device has
-          it (runtime/zero/utils.py l.59-62), one at a time: eight bytes per element of the
-          largest parameter's partition (``zero3/norm_copy``; Qwen1.5-0.5B's embedding,
-          151936 x 1024 elements: 1.16 GiB)."""
+        after the overflow check (``stream_checks``) and before the flatten: the gradient norm
+        (l.2889 _get_norm_groups -> get_grad_norm_direct l.2454-2459): each parameter's gradient
+        partition ``.to(get_norm_dtype())``, float64 wherever the device has it
+        (runtime/zero/utils.py l.59-62), one at a time: eight bytes per element of the largest
+        parameter's partition (``zero3/norm_copy``; Qwen1.5-0.5B's embedding, 151936 x 1024
+        elements: 1.16 GiB)."""
         if self.zero_stage != 3 or config.sharding.offload is not _NONE or not t.count:
             return ()
-        checks = []
-        if config.precision == "fp16-mixed":
-            checks.append(("zero3/overflow_check", zero_partition(t, config)))
         largest = max(math.ceil(n / config.gpus) for n, _ in t.size_counts)
-        checks.append(("zero3/norm_copy", 8 * largest))
-        return tuple(checks)
+        return (("zero3/norm_copy", 8 * largest),)
+
+    def stream_checks(self, t: Any, config: Any) -> tuple[tuple[str, int], ...]:
+        """ZeRO-3 without offload in fp16, first of the step: the overflow check (stage3.py
+        l.2815-2816 check_overflow -> has_overflow l.3011-3016), ``torch.isinf(self.
+        grad_partitions_flat_buffer).any()`` then ``torch.isnan(...)``, each a bool tensor of one
+        byte per element of the 16-bit gradient partition, on the reduce stream
+        (``zero3/overflow_check``: its segment stays that stream's). P bytes, never a moment's
+        largest (the flatten is 6P), so not in the static terms, which the search shares between
+        bf16 and fp16 under DeepSpeed: the timeline draws it for the replay."""
+        if self.zero_stage != 3 or config.sharding.offload is not _NONE or config.precision != "fp16-mixed":
+            return ()
+        return (("zero3/overflow_check", zero_partition(t, config)),)
 
     def build_sequence(self, model: Any, config: Any, t: Any, resident: dict[str, int]) -> tuple[tuple[Any, ...], ...]:
         """ZeRO-3 without offload, as deepspeed 0.19.8's engine builds it (stage3.py __init__):

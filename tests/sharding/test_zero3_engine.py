@@ -78,18 +78,21 @@ def test_a_users_buffers_survive_the_payload():
 def test_the_step_checks_and_the_flatten():
     spec, gpu, config = _config(Sharding("zero3", "none", {}))
     static = static_terms(spec, config, gpu.kernels)
-    # fp16: torch.isinf over the 16-bit gradient partition, one byte per element: P bytes;
-    # the norm: the largest gradient (the tied embedding) in float64: 8 x 155,582,464 = 1,244,659,712
-    assert static.step_checks == (("zero3/overflow_check", P), ("zero3/norm_copy", 8 * EMBEDDING))
+    # fp16: torch.isinf over the 16-bit gradient partition, one byte per element: P bytes (on the
+    # reduce stream, drawn by the timeline only); the norm: the largest gradient (the tied
+    # embedding) in float64: 8 x 155,582,464 = 1,244,659,712
+    assert config.sharding.spec.stream_checks(trained(spec, config), config) == (("zero3/overflow_check", P),)
+    assert static.step_checks == (("zero3/norm_copy", 8 * EMBEDDING),)
     assert 8 * EMBEDDING == 1_244_659_712
     # flatten of the 16-bit partition (2P) beside its fp32 copy (4P): 6P = 2,783,926,272 B, the
     # largest of the three, so the moment's size
     assert static.zero_gradient_flatten == 6 * P == 2_783_926_272
     assert static_sizes(static, accumulating=False).gradient_flatten == 6 * P
     assert config.sharding.spec.gradient_flatten_tensors(trained(spec, config), config) == (2 * P, 4 * P)
-    # bf16 runs no overflow check (stage3.py l.2815: fp16 only)
+    # bf16 runs no overflow check (stage3.py l.2815: fp16 only), and its static terms are fp16's
     _, _, bf16 = _config(Sharding("zero3", "none", {}), precision="bf16-mixed")
-    assert [k for k, _ in static_terms(spec, bf16, gpu.kernels).step_checks] == ["zero3/norm_copy"]
+    assert bf16.sharding.spec.stream_checks(trained(spec, bf16), bf16) == ()
+    assert static_terms(spec, bf16, gpu.kernels) == static
 
 
 def test_fused_adam_has_no_step_temporaries_where_the_users_file_builds_it():
