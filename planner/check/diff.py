@@ -211,9 +211,10 @@ def _buckets(d: _Diff, path: str, zero: int, *, new_file: bool = False) -> None:
     there DeepSpeed's 5e8-element reduce bucket would hold 1 GB of 16-bit gradients the changed
     plan does not count (planner/sharding/zero.py zero_buckets). A number the file sets is the
     user's, and stays."""
+    from planner.sharding.zero import auto_bucket_keys
+
     zero_section = {} if new_file or d.ds is None else (d.ds.data.get("zero_optimization") or {})
-    for key in ("reduce_bucket_size",) + (("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
-                                          if zero == 3 else ()):
+    for key in auto_bucket_keys(zero):
         if key not in zero_section:
             d.put(path, f"zero_optimization.{key}", None, "auto", new_file=new_file)
 

@@ -94,6 +94,23 @@ def users_buffers(sharding: Any, hidden_size: int) -> Any:
     return sharding
 
 
+def users_sharding(zero: int, offload: Any, buffers: dict[str, Any], hidden_size: int) -> Any:
+    """The sharding of a run that reads the user's own DeepSpeed JSON: the stage and offload it
+    names, with its ``buffers`` where they change a memory term (``users_buffers``)."""
+    from planner.sharding import Sharding, from_zero
+
+    named = from_zero(zero, offload)
+    return users_buffers(Sharding(named.scheme, named.offload, buffers), hidden_size)
+
+
+def auto_bucket_keys(zero_stage: int) -> tuple[str, ...]:
+    """The bucket keys of ``zero_optimization`` a stage reads that the HF Trainer fills when a
+    file says "auto" (``_HF_AUTO``): what a DeepSpeed JSON the planner changes or writes sets, so
+    that the run holds the buckets the plan counts."""
+    return ("reduce_bucket_size",) + (("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+                                      if zero_stage == 3 else ())
+
+
 #: the bucket keys the HF Trainer fills when a ds_config says "auto" (``zero_buckets``)
 _HF_AUTO = frozenset({"reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"})
 
@@ -707,4 +724,4 @@ SPECS = (
 
 __all__ = ["DEEPSPEED_FILE", "DS_DEFAULTS", "DS_MAX_LIVE_PARAMETERS", "DS_MAX_REUSE_DISTANCE", "SPECS", "ZeRO", "comm_bytes", "deepspeed_buckets",
            "persistence_threshold", "reduce_bucket_size", "zero3_gathered_bytes", "zero3_live_params",
-           "users_buffers", "zero3_param_split", "zero_buckets", "zero_partition"]
+           "auto_bucket_keys", "users_buffers", "users_sharding", "zero3_param_split", "zero_buckets", "zero_partition"]
