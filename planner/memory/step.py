@@ -19,7 +19,8 @@ after them; the peak is the largest:
   (``activations.block_backward_terms``; for small vocabularies and long sequences, and for QLoRA's
   fp32 residual stream, this is the peak);
 * ``backward_end``: most saved tensors are released and every gradient exists;
-* ``optimizer_start``: DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition;
+* ``optimizer_start``: DeepSpeed ZeRO flattens this rank's gradients into an fp32 partition
+  (ZeRO-3 after its checks of them: the fp16 overflow test, the norm's float64 copy);
 * ``optimizer``: gradients + optimizer states + the optimizer's own temporaries;
 * ``eval_generate``, ``eval``: the eval pass after the step (``planner.memory.evaluation``): the
   model states without gradients, and generation's last step or the eval forward at its loss

@@ -14,7 +14,10 @@ micro-step is drawn, then the last one, in which the earlier micro-steps' gradie
 ones between repeat the last. A torch optimizer makes its states in the run's first
 ``optimizer.step()`` (lazy state initialization): that first step comes before, unmarked
 (``_first_step``), so the allocator replay sees the states carved from the cache the first
-step's activations left, as a real run does.
+step's activations left, as a real run does (ZeRO-3's flat states too, made inside DeepSpeed's
+first ``step()``). Before it, the model states are made in the order and with the temporaries
+the sharding library builds them (``ShardingSpec.build_sequence``: ZeRO-3's flat partition, fp32
+cast and init gradient buffer).
 
 Each event says which tensors its bytes are (``Event.tensors``, ``Grains``): the loss path's
 logits-sized tensors, gradients and the foreach optimizer's temporaries of their parameters'
