@@ -387,7 +387,10 @@ class ZeRO(ShardingSpec):
         # stage_1_and_2.py's contiguous-gradients ipg buffer alike), the run's file's size (``zero_buckets``)
         out["zero/reduce_bucket"] = _bucket(model, config, "reduce_bucket_size") * gb
         if offload is _NONE:
-            out["master_weights"] = FP32 * trainable // n
+            # ZeRO-3 in fp32 steps the fp32 partition itself: its master is that tensor (deepspeed
+            # 0.19.8 stage3.py l.1163-1168, "we don't need another copy of the weights")
+            if self.zero_stage != 3 or config.precision.is_mixed:
+                out["master_weights"] = FP32 * trainable // n
             out["optimizer_states"] = states_per_device
             return out, host
         return out, host + self._offload_host(config, t, out, states_per_device)

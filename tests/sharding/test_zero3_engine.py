@@ -171,3 +171,19 @@ def test_planner_check_reads_a_users_buckets_with_deepspeeds_defaults(tmp_path):
     assert auto.config.sharding.buffers is None
     hidden = auto.estimate["memory"]["breakdown"]["zero/reduce_bucket"] // 2
     assert hidden == int(hidden**0.5) ** 2  # hidden^2 elements of 2 bytes
+
+
+def test_zero3_in_fp32_steps_its_partition_without_a_master_copy():
+    # fp32: the flat partition is fp32 already, the master aliases it (stage3.py l.1163-1168):
+    # weights 4P, no master_weights; in fp16 the master is its own 4P beside the 2P partition
+    spec, gpu, fp32 = _config(Sharding("zero3", "none", {}), precision="fp32")
+    resident = static_terms(spec, fp32, gpu.kernels).resident
+    assert resident["weights"] == 4 * P and "master_weights" not in resident
+    _, _, fp16 = _config(Sharding("zero3", "none", {}))
+    assert static_terms(spec, fp16, gpu.kernels).resident["master_weights"] == 4 * P
+    # nor a cast at build: the flat partition, the init gradient buffer, the bucket (5e8 x 4 B), the gradients
+    timeline = step_timeline(model=spec, config=fp32, kernels=gpu.kernels)
+    assert [(e.op, e.key, e.nbytes) for e in timeline.events[:5]] == [
+        ("alloc", "weights", 4 * P), ("alloc", "zero3/init_gradient_buffer", 4 * P),
+        ("free", "zero3/init_gradient_buffer", 4 * P), ("alloc", "zero/reduce_bucket", 2 * 10**9),
+        ("alloc", "zero3/grad_partitions", 4 * P)]
