@@ -93,7 +93,7 @@ def map_row(row: dict[str, Any]) -> tuple[Any, Any, Any, list[str]]:
     settings = row["settings"]
     fields = config_fields()
     options = {k: v for k, v in settings.items() if k in fields}
-    unmodelled = sorted(k for k in settings if k not in fields and k not in DESCRIPTIVE)
+    unmodelled = sorted(k for k in settings if k not in fields and k not in DESCRIPTIVE and k != "ds_buffers")
     unmodelled += sorted(k for k in ("compile", "task") if settings.get(k))
     if options.get("optimizer_in_bwd") and int(settings.get("gpus") or 1) > 1:
         # a request field on one device (torchtune's full_finetune_single_device recipe); the
@@ -109,6 +109,13 @@ def map_row(row: dict[str, Any]) -> tuple[Any, Any, Any, list[str]]:
             # planner models the stack a user installs today, not the one this row ran on
             raise Unscorable(f"ran on transformers {settings['transformers_major']}, whose MoE experts were "
                              "nn.Linear modules; the planner models transformers 5's fused expert stacks")
+        if "ds_buffers" in settings:
+            # the run read its own ds_config: the bucket keys it sets (none: DeepSpeed's defaults,
+            # planner.sharding.zero.zero_buckets), not the file the planner writes
+            from planner.sharding import Sharding, from_zero
+
+            named = from_zero(options.pop("zero"), options.pop("offload", "none"))
+            options["sharding"] = Sharding(named.scheme, named.offload, settings["ds_buffers"])
         config = build_config(spec, gpu, seq_len=settings["seq_len"], **options)
     except PlannerError as exc:
         raise Unscorable(str(exc)) from None

@@ -195,7 +195,11 @@ def _sharding(sharding: Any, zero: Any, offload: Any) -> Sharding:
     if zero is None and offload is None:
         return base
     off = base.offload if offload is None else offload
-    return from_zero(zero, off) if zero is not None else Sharding(base.scheme, off)
+    named = from_zero(zero, off) if zero is not None else Sharding(base.scheme, off)
+    # a user's file's buffer keys (``Sharding.buffers``) stay with the scheme that file names
+    if base.buffers is not None and named.scheme is base.scheme:
+        return Sharding(named.scheme, named.offload, base.buffers)
+    return named
 
 
 def _lora_fields(lora_r: Any, lora_targets: Any) -> tuple[int, tuple[str, ...]]:
@@ -581,13 +585,19 @@ class TrainConfig:
         this code does not know (a newer planner's settings) raise with ``strict``, else are
         ignored with a warning."""
         known = {f.name for f in dataclasses.fields(cls)} | {"zero", "offload"}  # the old sharding keys
+        known.add("buffers")  # ``Sharding.payload``'s, read by ``decode`` below
         unknown = set(data) - known - {"version"}
         if unknown and strict:
             raise InvalidConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
         if unknown:
             warnings.warn(f"configuration keys this planner does not know are ignored: {', '.join(sorted(unknown))}",
                           stacklevel=2)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        kept = {k: v for k, v in data.items() if k in known and k != "buffers"}
+        if data.get("buffers") is not None:  # a user's file's buffer keys: the sharding decoded whole
+            from planner.sharding import decode
+
+            kept.update(sharding=decode(data), zero=None, offload=None)
+        return cls(**kept)
 
     def label(self) -> str:
         """Short human description, e.g. ``lora r16 all-linear, bf16-mixed, adamw, mb4x8, ckpt``."""

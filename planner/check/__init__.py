@@ -177,6 +177,12 @@ def check_reading(reading: Reading, *, gpu: str, model: str | None = None, gpus:
                      "(peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)")
     if gpus is None and reading.gpus is None:
         notes.append("no file says the number of GPUs: planned on 1 (--gpus N, or num_processes in an accelerate config)")
+    if reading.buffers is not None and options.get("zero"):
+        # the run reads the user's own DeepSpeed JSON: its buckets, DeepSpeed's defaults for the rest
+        from planner.sharding.zero import users_sharding
+
+        options["sharding"] = users_sharding(options["zero"], options.get("offload") or "none", reading.buffers,
+                                             spec.hidden_size)
     try:
         config = train_config(spec, device, seq_len=seq, options=options)
     except PlannerError as exc:

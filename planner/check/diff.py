@@ -76,6 +76,8 @@ def key_changes(reading: Reading, old: TrainConfig, new: TrainConfig, *, shardin
         _precision(d, old, new)
     if sharding(old) != sharding(new):
         _sharding(d, sharding(old), sharding(new))
+    elif d.ds is not None and new.sharding.zero and old.sharding.buffers is not None and new.sharding.buffers is None:
+        _buckets(d, d.ds.path, new.sharding.zero)
     if old.attention != new.attention:
         name = {v: k for k, v in ATTENTION.items() if k}[str(new.attention)]
         d.put(d.args.path if d.trl and d.args else SCRIPT, "attn_implementation", None, name)
@@ -175,6 +177,8 @@ def _sharding(d: _Diff, old: tuple[int, str], new: tuple[int, str]) -> None:
         d.put(path, "zero_optimization.stage", old_zero, new_zero)
         for part, before, after in zip(("offload_optimizer", "offload_param"), devices(old_off), devices(new_off)):
             d.put(path, f"zero_optimization.{part}.device", before, after)
+        if new_zero:
+            _buckets(d, path, new_zero)
         return
     if accel_inline:
         path = d.accel.path
@@ -198,6 +202,21 @@ def _sharding(d: _Diff, old: tuple[int, str], new: tuple[int, str]) -> None:
         d.put(new_file, "zero_optimization.offload_param.device", None, param, new_file=True)
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16.enabled", "fp16.enabled"):
         d.put(new_file, key, None, "auto", new_file=True)  # the Trainer fills "auto" from its own arguments
+    _buckets(d, new_file, new_zero, new_file=True)
+
+
+def _buckets(d: _Diff, path: str, zero: int, *, new_file: bool = False) -> None:
+    """The bucket keys the plan assumes, "auto" for the Trainer to fill from the model's hidden size
+    (transformers integrations/deepspeed.py l.204-240), where the DeepSpeed JSON leaves them out:
+    there DeepSpeed's 5e8-element reduce bucket would hold 1 GB of 16-bit gradients the changed
+    plan does not count (planner/sharding/zero.py zero_buckets). A number the file sets is the
+    user's, and stays."""
+    from planner.sharding.zero import auto_bucket_keys
+
+    zero_section = {} if new_file or d.ds is None else (d.ds.data.get("zero_optimization") or {})
+    for key in auto_bucket_keys(zero):
+        if key not in zero_section:
+            d.put(path, f"zero_optimization.{key}", None, "auto", new_file=new_file)
 
 
 __all__ = ["NEW_ADAPTER", "NEW_BNB", "NEW_DEEPSPEED", "SCRIPT", "key_changes", "sharding_changes"]

@@ -50,6 +50,10 @@ class Reading:
     notes: list[str] = field(default_factory=list)
     trainer: str | None = None
     """The trainer whose one YAML file holds the run (``planner.check.trainers.MODULES``), else None."""
+    buffers: dict[str, Any] | None = None
+    """The memory-relevant keys a user's own DeepSpeed JSON sets (``deepspeed``): its bucket sizes
+    and whether DeepSpeed builds a fused Adam; DeepSpeed's defaults hold for the ones it leaves
+    out (``planner.sharding.Sharding.buffers``). None without a DeepSpeed JSON."""
     device_rules: list[Callable[["Reading", Any], None]] = field(default_factory=list)
     """Settings the trainer decides by the GPU (axolotl's ``bf16: auto``), applied once it is known."""
     resolve: Callable[[str, ConfigFile], ConfigFile] | None = None
@@ -371,6 +375,7 @@ def deepspeed(reading: Reading, file: ConfigFile) -> None:
         else "none"
     reading.set("offload", offload, file=file, key="zero_optimization.offload_optimizer.device",
                 raw=devices["offload_optimizer"], given="offload_optimizer" in zero)
+    reading.buffers = _ds_buffers(file, zero)
     precision, origin = reading.options.get("precision"), reading.origins.get("precision")
     for name in ("bf16", "fp16"):
         enabled = _section(file, name, file.data.get(name)).get("enabled", "auto")
@@ -388,6 +393,32 @@ def deepspeed(reading: Reading, file: ConfigFile) -> None:
                                      f"{origin.file}: make them equal, or write \"auto\" (the HF Trainer refuses a mismatch)")
         if origin is None or not origin.given:
             reading.set(option, number, file=file, key=key)
+
+
+#: the ``zero_optimization`` keys that size DeepSpeed's buffers (planner/sharding/zero.py DS_DEFAULTS)
+_BUCKET_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance")
+
+
+def _ds_buffers(file: ConfigFile, zero: dict[str, Any]) -> dict[str, Any]:
+    """The bucket keys the file sets (a number of elements, or "auto" for the HF Trainer to fill),
+    and ``torch_adam`` (0/1) where its ``optimizer`` section has DeepSpeed build Adam or AdamW
+    (deepspeed 0.19.8 runtime/engine.py l.2378: torch_adam defaults to False, FusedAdam on a GPU);
+    the keys it leaves out keep DeepSpeed's defaults (``planner.sharding.zero.zero_buckets``)."""
+    out: dict[str, Any] = {}
+    for key in _BUCKET_KEYS:
+        if key not in zero:
+            continue
+        value = zero[key]
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise InvalidConfigError(f"{file.path}: zero_optimization.{key} must be a number of elements or \"auto\", "
+                                     f"got {value!r}")
+        out[key] = value if value == "auto" else int(value)
+    optimizer = _section(file, "optimizer", file.data.get("optimizer"))
+    if str(optimizer.get("type", "")).lower() in ("adam", "adamw"):
+        params = _section(file, "optimizer.params", optimizer.get("params"))
+        out["torch_adam"] = int(bool(params.get("torch_adam", False)))
+    return out
 
 
 def adapter(reading: Reading, file: ConfigFile, schema: Schema) -> None:

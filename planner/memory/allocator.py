@@ -786,38 +786,60 @@ class Replay:
 
 
 def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig(),
-           trace: list[int] | None = None) -> Replay:
+           trace: list[int] | None = None, side_keys: frozenset[str] = frozenset()) -> Replay:
     """Replay ``events`` (``planner.memory.timeline.Event``: alloc/free of ``tensors`` equal
     tensors) on a caching allocator of ``capacity`` bytes. When the device runs out, the replay
     is repeated without the limit, so the reserve it would need is known, and says where.
-    ``trace``: gets the reserve before the first event and after each."""
+    ``trace``: gets the reserve before the first event and after each. ``side_keys``: the breakdown
+    keys allocated on a side stream, whose blocks only that stream's requests reuse
+    (CUDACachingAllocator.cpp: ``BlockComparatorSize`` orders a pool by stream first and
+    ``get_free_block`` takes a block of the request's stream only; an expandable segment is per
+    stream too): a pool of their own, reserved beside the default stream's."""
     allocator = CachingAllocator(capacity=capacity, config=config)
+    side = CachingAllocator(capacity=capacity, config=config) if side_keys else None
     if trace is not None:
         trace[:] = [0]
     malloc, free = allocator.malloc_tensors, allocator.free_blocks
     live: dict[int, list[Block]] = {}
     # (the events unpacked: a named tuple's field by name is a slower lookup than by position)
     freed = {event[4] for event in events if event[0] == "free"}  # (by position: see below)
-    requested = peak = reserved_at_peak = 0
-    for op, _, nbytes, tensors, ident, where in events:
+    requested = peak = reserved_at_peak = side_reserved = both_peak = 0
+    for op, key, nbytes, tensors, ident, where in events:
+        if side is not None and key in side_keys:
+            if op == "alloc":
+                live[ident] = side.malloc_tensors(nbytes, tensors, ident in freed)
+                requested += nbytes
+            else:
+                side.free_blocks(live.pop(ident, ()))
+                requested -= nbytes
+            side_reserved = side.reserved
+            both_peak = max(both_peak, allocator.reserved + side_reserved)
+            if requested > peak:
+                peak, reserved_at_peak = requested, allocator.reserved + side_reserved
+            if trace is not None:
+                trace.append(allocator.reserved + side_reserved)
+            continue
         if op == "alloc":
             try:
                 live[ident] = malloc(nbytes, tensors, ident in freed)
             except OutOfMemory:
                 if capacity >= UNLIMITED:
                     raise
-                again = replay(events, capacity=UNLIMITED, config=config, trace=trace)
+                again = replay(events, capacity=UNLIMITED, config=config, trace=trace, side_keys=side_keys)
                 return Replay(peak_reserved=again.peak_reserved, reserved_at_peak=again.reserved_at_peak,
                               allocated_peak=again.allocated_peak, out_of_memory=where or "the step")
             requested += nbytes
             if requested > peak:
-                peak, reserved_at_peak = requested, allocator.reserved
+                peak, reserved_at_peak = requested, allocator.reserved + side_reserved
         else:
             free(live.pop(ident, ()))
             requested -= nbytes
+        if side_reserved:
+            both_peak = max(both_peak, allocator.reserved + side_reserved)
         if trace is not None:
-            trace.append(allocator.reserved)
-    return Replay(peak_reserved=allocator.peak_reserved, reserved_at_peak=reserved_at_peak, allocated_peak=peak)
+            trace.append(allocator.reserved + side_reserved)
+    return Replay(peak_reserved=max(allocator.peak_reserved, both_peak), reserved_at_peak=reserved_at_peak,
+                  allocated_peak=peak)
 
 
 __all__ = ["AllocatorConfig", "CachingAllocator", "OutOfMemory", "Replay", "allocation_size", "replay", "round_size"]

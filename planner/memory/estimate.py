@@ -16,6 +16,10 @@ from planner.memory.overhead import outside_allocator, overhead_notes, with_work
 from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import ModelSpec
 from planner.results import MemoryEstimate
+from planner.sharding import BREAKDOWN_KEYS
+
+#: the breakdown keys made on a side stream (``BreakdownKey.side_stream``): the replay keeps their pool apart
+SIDE_STREAM_KEYS = frozenset(key for key, k in BREAKDOWN_KEYS.items() if k.side_stream)
 
 
 def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline, replayed: Replay | None) -> list[str]:
@@ -67,7 +71,8 @@ def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[in
     && ``alloc_block`` || ``release_cached_blocks`` && ``alloc_block``); only a request no release
     can place is out of memory."""
     capacity = (budget or gpu.memory_bytes) - outside_allocator(gpu, config.gpus) - timeline.outside_allocator
-    return replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf), trace=trace)
+    return replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf), trace=trace,
+                  side_keys=SIDE_STREAM_KEYS)
 
 
 def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int | None = None) -> MemoryEstimate:

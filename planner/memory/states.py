@@ -107,6 +107,10 @@ class StaticTerms:
     """Alive in the last block's backward only (FSDP2's unsharded gradients and reduce-scatter input)."""
     reducing_end: int = 0
     """Alive at the end of backward only (FSDP2's root gradients unsharded, the last reduce-scatter input)."""
+    step_checks: tuple[tuple[str, int], ...] = ()
+    """The library's checks of the gradients as the step begins, made and freed one after the
+    other before the flatten (``ShardingSpec.step_checks``: ZeRO-3's norm copy; its fp16 overflow test, on a side stream and
+    never a moment's largest, the timeline draws alone: ``ShardingSpec.stream_checks``)."""
     tied_gradient_sum: int = 0
     """A trained embedding tied to the output head gets two partial gradients (the head's matmul
     and the embedding's backward), which autograd's input buffer adds into a third tensor: the
@@ -143,7 +147,8 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     if stepped is not None:
         # in backward, one optimizer per parameter steps one tensor at a time: the largest's temporaries
         counts = ((max(n for n, _ in stepped[0]), 1),) if config.optimizer_in_bwd and stepped[0] else stepped[0]
-        transient = OPTIMIZERS[config.optimizer].memory.step_transient(counts, stepped[1], kernels)
+        transient = 0 if spec.fused_step(config, kernels) else \
+            OPTIMIZERS[config.optimizer].memory.step_transient(counts, stepped[1], kernels)
     tied = 0
     if model.tied_embeddings and config.method is Method.FULL and not config.sharding.offloaded:
         tied = 2 * model.vocab_size * model.hidden_size * mode.weight
@@ -152,6 +157,7 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
         optimizer_step=transient, optimizer_gradients=spec.optimizer_gradients(t, config, gradients),
         tied_gradient_sum=tied, zero_gradient_flatten=spec.gradient_flatten(t, config) + parts.get("gradient_flatten", 0),
         held=parts.get("held", 0), reducing=parts.get("reducing", 0), reducing_end=parts.get("reducing_end", 0),
+        step_checks=spec.step_checks(model, t, config),
     )
 
 

@@ -19,7 +19,8 @@ after them; the peak is the largest:
   (``activations.block_backward_terms``; for small vocabularies and long sequences, and for QLoRA's
   fp32 residual stream, this is the peak);
 * ``backward_end``: most saved tensors are released and every gradient exists;
-* ``optimizer_start``: DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition;
+* ``optimizer_start``: DeepSpeed ZeRO flattens this rank's gradients into an fp32 partition
+  (ZeRO-3 after its checks of them: the fp16 overflow test, the norm's float64 copy);
 * ``optimizer``: gradients + optimizer states + the optimizer's own temporaries;
 * ``eval_generate``, ``eval``: the eval pass after the step (``planner.memory.evaluation``): the
   model states without gradients, and generation's last step or the eval forward at its loss
@@ -168,7 +169,8 @@ MOMENTS = (
         _static(SCHEME, "reducing_end", transient=True),
         _static("gradients/tied_embedding_partials", "tied_partials", transient=True),
         _KEPT)),
-    # DeepSpeed ZeRO-1/2 flattens this rank's gradients into an fp32 partition (two buffers)
+    # DeepSpeed ZeRO flattens this rank's gradients into an fp32 partition (two buffers), after
+    # ZeRO-3's checks of them (``StaticTerms.step_checks``: the timeline draws each, then the flatten)
     Moment("optimizer_start", (
         _static("gradients", "gradients"),
         _static(SCHEME, "gradient_flatten", transient=True, tensors=2),
@@ -222,7 +224,8 @@ class StaticSizes(NamedTuple):
     tied_partials: int
     """``StaticTerms.tied_gradient_sum``."""
     gradient_flatten: int
-    """``StaticTerms.zero_gradient_flatten``."""
+    """``StaticTerms.zero_gradient_flatten``, or the largest of ``StaticTerms.step_checks`` when one
+    is larger (each is made and freed before the flatten)."""
     optimizer_gradients: int
     """Gradient bytes alive while the optimizer steps."""
     optimizer_step: int
@@ -242,7 +245,9 @@ def static_sizes(static: StaticTerms, *, accumulating: bool, head_grads: int = 0
         every if accumulating else head_grads + down_grads,  # gradients_block
         static.gathered, static.held, static.reducing, static.reducing_end,
         static.tied_gradient_sum,  # tied_partials
-        static.zero_gradient_flatten,  # gradient_flatten
+        # the step's checks come one after the other before the flatten: the largest of them is the moment's
+        max(static.zero_gradient_flatten, *[n for _, n in static.step_checks]) if static.step_checks
+        else static.zero_gradient_flatten,  # gradient_flatten
         static.optimizer_gradients, static.optimizer_step,
     )
 

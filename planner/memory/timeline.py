@@ -14,7 +14,10 @@ micro-step is drawn, then the last one, in which the earlier micro-steps' gradie
 ones between repeat the last. A torch optimizer makes its states in the run's first
 ``optimizer.step()`` (lazy state initialization): that first step comes before, unmarked
 (``_first_step``), so the allocator replay sees the states carved from the cache the first
-step's activations left, as a real run does.
+step's activations left, as a real run does (ZeRO-3's flat states too, made inside DeepSpeed's
+first ``step()``). Before it, the model states are made in the order and with the temporaries
+the sharding library builds them (``ShardingSpec.build_sequence``: ZeRO-3's flat partition, fp32
+cast and init gradient buffer).
 
 Each event says which tensors its bytes are (``Event.tensors``, ``Grains``): the loss path's
 logits-sized tensors, gradients and the foreach optimizer's temporaries of their parameters'
@@ -404,6 +407,9 @@ def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
     made: list[int] = []
     for part in MOMENT[name].transients:
         value = part_value(part, s.sizes, s.batch)
+        if part.size == "gradient_flatten" and s.static.step_checks:
+            mark = _checks_then_flatten(b, s, part, name, mark, where)
+            continue
         if part.by_key:
             made += b.alloc_terms(value, where)
         elif part.key == "optimizer_step/transient":
@@ -413,6 +419,32 @@ def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
     if mark:
         b.mark(name)
     b.free_all(made, where)
+
+
+def _checks_then_flatten(b: _Builder, s: _Step, part, name: str, mark: bool, where: str) -> bool:
+    """The library's checks of the gradients (``StaticTerms.step_checks``), each made and freed
+    in turn, then its flatten (``part``, the moment's other transient): the moment is marked at
+    the largest, the first of them where two are as large. Returns whether the moment is still to
+    be marked (the caller's ``mark``)."""
+    flatten = s.static.zero_gradient_flatten
+    most = s.sizes.gradient_flatten
+    spec = s.config.sharding.spec
+    t = trained(s.model, s.config)
+    for key, nbytes in spec.stream_checks(t, s.config):  # below the flatten: never the mark
+        b.free(b.alloc(key, nbytes, where, 1), where)
+    for key, nbytes in s.static.step_checks:
+        ident = b.alloc(key, nbytes, where, 1)
+        if mark and nbytes == most:
+            b.mark(name)
+            mark = False
+        b.free(ident, where)
+    tensors = spec.gradient_flatten_tensors(t, s.config)
+    ident = b.alloc(part_key(part, spec), flatten, where, tensors or part.tensors)
+    if mark and flatten == most:
+        b.mark(name)
+        mark = False
+    b.free(ident, where)
+    return mark
 
 
 def _grain(tensors: tuple[int, ...] | None, nbytes: int) -> tuple[int, ...] | None:
@@ -477,13 +509,18 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     return grads, kept
 
 
-def _optimizer_step(b: _Builder, s: _Step, grads: list[int], marks: bool = True, label: str = "") -> None:
+def _optimizer_step(b: _Builder, s: _Step, grads: list[int], marks: bool = True, label: str = "",
+                    states: dict[str, int] | None = None) -> None:
+    """``states``: the optimizer states a flat-partition optimizer makes in this ``step()`` (the
+    run's first, ``_lazy_states``), once its fp32 gradient partition exists."""
     _instant(b, s, "optimizer_start", marks, f"{label}optimizer step")
     if s.static.optimizer_gradients != s.static.gradients:
         # ZeRO steps from one flat fp32 partition and frees the 16-bit gradients first; with
         # offload the step runs on the host
         b.free_all(grads, f"{label}optimizer step")
         grads = [b.alloc("gradients", s.static.optimizer_gradients, f"{label}optimizer step", tensors=1)]
+    for key, nbytes in (states or {}).items():  # never freed: exp_avg and exp_avg_sq, one flat tensor each
+        b.alloc(key, nbytes, f"{label}optimizer step", 2)
     _instant(b, s, "optimizer", marks, f"{label}optimizer step")
     b.free_all(grads, f"{label}zero_grad")
 
@@ -501,8 +538,8 @@ def _lazy_states(s: _Step) -> dict[str, int]:
     and ``exp_avg_sq`` for each parameter; bitsandbytes' ``init_state`` alike). DeepSpeed ZeRO
     makes its partitions' states when the engine is built (stage_1_and_2.py
     ``initialize_optimizer_states``): resident from the start, as are paged states, outside the
-    allocator."""
-    if s.config.sharding.spec.flat_optimizer or s.grains is None:
+    allocator; ZeRO-3's optimizer makes them in its first step too (``ShardingSpec.lazy_states``)."""
+    if not s.config.sharding.spec.lazy_states(s.config) or (s.grains is None and not s.config.sharding.spec.flat_optimizer):
         return {}
     return {key: nbytes for key, nbytes in s.static.resident.items() if key == "optimizer_states" and nbytes}
 
@@ -516,6 +553,9 @@ def _first_step(b: _Builder, s: _Step, lazy: dict[str, int], previous: int) -> i
     reserves (``torch.cuda.max_memory_reserved`` is the run's largest, not the first step's).
     Returns what a hand-written loop's outputs keep."""
     grads, previous = _micro_step(b, s, grads_exist=False, label="step 1: ", marks=False, previous=previous)
+    if s.config.sharding.spec.flat_optimizer:  # made inside step(), from the flat fp32 partition
+        _optimizer_step(b, s, grads, marks=False, label="step 1: ", states=lazy)
+        return previous
     g = s.grains
     for key, nbytes in lazy.items():  # never freed
         b.alloc(key, nbytes, "step 1: optimizer step", _grain(tuple(n for n in g.params for _ in range(2)), nbytes))
@@ -535,9 +575,7 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     b = _Builder(unit=dims.tokens * dims.h * mode.compute, logits=dims.tokens * dims.v * 4 if builds_logits(config) else 0,
                  units={"activations/mlp/intermediate": dims.tokens * model.intermediate_size * mode.compute})
     lazy = _lazy_states(s)
-    for key, nbytes in s.static.resident.items():
-        if key not in lazy:
-            b.alloc(key, nbytes, "model states", tensors=_resident_tensors(model, config, key, nbytes))
+    _model_states(b, s, lazy)
     start = len(b.events)
     # a hand-written loop still holds the previous step's outputs when this step's forward runs
     previous = b.alloc("loop/manual_outputs", s.batch.kept, "outputs of the previous step")
@@ -559,6 +597,23 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     for moment, fixed, batch in zip(MOMENTS, static_moments(s.sizes), batch_moments(s.batch.sizes())):
         assert curve[timeline.marks[moment.name]] == resident + fixed + batch, moment.name
     return timeline
+
+
+def _model_states(b: _Builder, s: _Step, lazy: dict[str, int]) -> None:
+    """The resident model states before the first step (all but ``lazy``): in the order and with
+    the temporaries the sharding library builds them (``ShardingSpec.build_sequence``), the rest
+    in order, each as the tensors it is (``_resident_tensors``)."""
+    model, config, resident = s.model, s.config, s.static.resident
+    made: dict[str, int] = {}
+    for op, key, nbytes, tensors in config.sharding.spec.build_sequence(model, config, trained(model, config), resident):
+        if op == "free":
+            b.free(made.pop(key), "model states")
+            continue
+        made[key] = b.alloc(key, nbytes, "model states",
+                            tensors=tensors or _resident_tensors(model, config, key, nbytes))
+    for key, nbytes in resident.items():
+        if key not in lazy and key not in made:
+            b.alloc(key, nbytes, "model states", tensors=_resident_tensors(model, config, key, nbytes))
 
 
 #: the weights' breakdown keys (planner/memory/states.py model_state_breakdown)

@@ -8,8 +8,9 @@ memory and throughput models, the search's axis, emit, the CLI and the API, the 
 it. Adding a scheme (FSDP2 next, issue 24) is one module here and its tests. Like
 ``planner.optim``, the descriptors import nothing of the planner above the foundation.
 
-A ``Sharding`` value is a scheme and its offload (``Offload``, the part of the state the host
-holds): one interned instance per pair, compared by identity.
+A ``Sharding`` value is a scheme, its offload (``Offload``, the part of the state the host
+holds) and, for a user's own library config, the buffer keys that file sets (``buffers``): one
+interned instance per triple, compared by identity.
 """
 
 from __future__ import annotations
@@ -56,41 +57,70 @@ for _spec in SPECS:
         _BY_STAGE.setdefault(_spec.zero_stage, Scheme(_spec.name))
 
 
+def _buffers(buffers: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...] | None:
+    """``Sharding.buffers`` as a hashable value: the keys in order, each an int or "auto"."""
+    if buffers is None:
+        return None
+    out = []
+    for key, value in sorted(dict(buffers).items()):
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise InvalidConfigError(f"{key} must be a number of elements >= 0 or \"auto\", got {value!r}")
+        out.append((str(key), value if value == "auto" else int(value)))
+    return tuple(out)
+
+
 class Sharding:
     """A sharding scheme with its offload: ``TrainConfig.sharding``. One instance per pair
     (``Sharding("zero2", "optimizer") is Sharding("zero2", "optimizer")``), immutable; made from
     the names or the members, refused in one line when a name is unknown. Whether the scheme takes
     the offload (and the rest of the configuration) is checked where the ``TrainConfig`` is made
-    (``ShardingSpec.check``)."""
+    (``ShardingSpec.check``).
 
-    __slots__ = ("scheme", "offload", "spec")
+    ``buffers``: the buffer keys a user's own library config sets (DeepSpeed: ``zero_optimization``'s
+    bucket keys, an element count or "auto" each), for a run that reads that file instead of the
+    one the planner writes; the library's own defaults hold for the keys it leaves out
+    (``planner.sharding.zero.zero_buckets``). None (the search's, emit's): the planner's file
+    (``ShardingSpec.emitted_files``)."""
+
+    __slots__ = ("scheme", "offload", "spec", "buffers")
     scheme: Scheme
     offload: Offload
     spec: ShardingSpec
-    _interned: dict[tuple[Any, Any], "Sharding"] = {}
+    buffers: tuple[tuple[str, Any], ...] | None
+    _interned: dict[tuple[Any, Any, Any], "Sharding"] = {}
 
-    def __new__(cls, scheme: Scheme | str = "none", offload: Offload | str = Offload.NONE) -> "Sharding":
-        found = cls._interned.get((scheme, offload))
-        if found is not None:
-            return found
+    def __new__(cls, scheme: Scheme | str = "none", offload: Offload | str = Offload.NONE,
+                buffers: Mapping[str, Any] | tuple[tuple[str, Any], ...] | None = None) -> "Sharding":
+        if buffers is None:
+            found = cls._interned.get((scheme, offload, None))
+            if found is not None:
+                return found
+        b = _buffers(buffers)
         s = choice(Scheme, scheme, "sharding")
         o = choice(Offload, offload, "offload")
-        found = cls._interned.get((s, o))
+        found = cls._interned.get((s, o, b))
         if found is None:
             found = object.__new__(cls)
-            for name, value in (("scheme", s), ("offload", o), ("spec", SCHEMES[s])):
+            for name, value in (("scheme", s), ("offload", o), ("spec", SCHEMES[s]), ("buffers", b)):
                 object.__setattr__(found, name, value)
-        cls._interned[(scheme, offload)] = cls._interned[(s, o)] = found
+        if b is None:
+            cls._interned[(scheme, offload, None)] = found
+        cls._interned[(s, o, b)] = found
         return found
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Sharding is immutable: make Sharding({self.scheme!r}, ...) instead of setting {name}")
 
     def __reduce__(self):
-        return Sharding, (str(self.scheme), str(self.offload))
+        return Sharding, (str(self.scheme), str(self.offload), None if self.buffers is None else dict(self.buffers))
 
     def __repr__(self) -> str:
-        return f"Sharding({str(self.scheme)!r}, {str(self.offload)!r})"
+        tail = "" if self.buffers is None else f", {dict(self.buffers)!r}"
+        return f"Sharding({str(self.scheme)!r}, {str(self.offload)!r}{tail})"
+
+    def with_offload(self, offload: Offload | str) -> "Sharding":
+        """The same scheme and buffers with another offload."""
+        return Sharding(self.scheme, offload, self.buffers)
 
     @property
     def offloaded(self) -> bool:
@@ -135,15 +165,18 @@ class Sharding:
     def memory_key(self, gpus: int) -> "Sharding":
         """The sharding whose memory terms this one's equal on ``gpus`` ranks (a memo key)."""
         twin = self.spec.memory_twin(gpus)
-        return self if twin == self.scheme else Sharding(twin, self.offload)
+        return self if twin == self.scheme else Sharding(twin, self.offload, self.buffers)
 
     def payload(self) -> dict[str, Any]:
         """Its entries of a ``TrainConfig.to_dict`` payload: the ``--zero`` stage and the offload
         (the shape payloads of versions 1 and 2 have), or the scheme's name for a scheme ``--zero``
-        does not name (version 3)."""
-        if self.spec.zero_stage is not None:
-            return {"zero": self.spec.zero_stage, "offload": str(self.offload)}
-        return {"sharding": str(self.scheme), "offload": str(self.offload)}
+        does not name (version 3); ``buffers`` when a user's file set them (no entry otherwise, so
+        the planner's own plans keep their payloads)."""
+        out: dict[str, Any] = ({"zero": self.spec.zero_stage, "offload": str(self.offload)}
+                               if self.spec.zero_stage is not None else {"sharding": str(self.scheme), "offload": str(self.offload)})
+        if self.buffers is not None:
+            out["buffers"] = dict(self.buffers)
+        return out
 
 
 def from_zero(zero: Any, offload: Offload | str = Offload.NONE) -> Sharding:
@@ -182,8 +215,9 @@ def decode(data: Mapping[str, Any]) -> Sharding:
     (versions 1 and 2, and the API's body), or ``sharding`` and ``offload`` (version 3)."""
     offload = data.get("offload", Offload.NONE)
     if data.get("sharding") is not None:
-        return Sharding(data["sharding"], offload)
-    return from_zero(data.get("zero", 0), offload)
+        return Sharding(data["sharding"], offload, data.get("buffers"))
+    found = from_zero(data.get("zero", 0), offload)
+    return found if data.get("buffers") is None else Sharding(found.scheme, found.offload, data["buffers"])
 
 
 NONE = Sharding("none")

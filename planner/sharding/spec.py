@@ -54,6 +54,10 @@ class BreakdownKey:
     replay's default (one per parameter tensor for a model state)."""
     tensor_bytes: int | None = None
     """Else, the bytes of one of its tensors at most (DDP's 25 MiB buckets)."""
+    side_stream: bool = False
+    """Made on a side stream (DeepSpeed's reduce stream): the caching allocator keeps a stream's
+    freed blocks for that stream (CUDACachingAllocator.cpp: a block is reused only by a request of
+    its own stream), so its segment is reserved apart from the default stream's."""
     gloo_only: bool = False
     """A copy only gloo's collectives make (the CPU's process group), not NCCL's: counted on a
     device without the CUDA caching allocator (``KernelProfile.caching_allocator``) only."""
@@ -223,6 +227,40 @@ class ShardingSpec:
     def gradient_flatten(self, t: Any, config: Any) -> int:
         """Bytes of the gradient copies made as the step begins (transient)."""
         return 0
+
+    def gradient_flatten_tensors(self, t: Any, config: Any) -> tuple[int, ...] | None:
+        """The bytes of each tensor ``gradient_flatten`` is, in the order they are made (None:
+        the moment part's grain)."""
+        return None
+
+    def step_checks(self, model: Any, t: Any, config: Any) -> tuple[tuple[str, int], ...]:
+        """The library's checks of the gradients as the step begins, before ``gradient_flatten``:
+        (breakdown key, bytes) each made and freed in turn (a norm's or an overflow test's
+        temporary)."""
+        return ()
+
+    def stream_checks(self, t: Any, config: Any) -> tuple[tuple[str, int], ...]:
+        """Checks made on a side stream before ``step_checks``, never larger than the flatten
+        (``BreakdownKey.side_stream`` keys): drawn by the timeline for the allocator replay."""
+        return ()
+
+    def build_sequence(self, model: Any, config: Any, t: Any, resident: dict[str, int]) -> tuple[tuple[str, str, int], ...]:
+        """How the library builds the resident model states before the first step, as
+        (``alloc``/``free``, breakdown key, bytes): the resident keys in the order it makes them,
+        and its temporaries between them (made, then freed); a resident key it does not name is
+        made after, in ``resident``'s order. () where the model states are simply made in order."""
+        return ()
+
+    def lazy_states(self, config: Any) -> bool:
+        """Its optimizer makes its states in the run's first ``step()`` (torch's lazy state
+        initialization), not when it is built; the scheme's default: as torch does, unless its
+        optimizer steps one flat partition (``flat_optimizer``)."""
+        return not self.flat_optimizer
+
+    def fused_step(self, config: Any, kernels: Any) -> bool:
+        """The library builds the optimizer itself as one fused kernel with no temporaries
+        (DeepSpeed's FusedAdam, where the run's own ds_config asks for it)."""
+        return False
 
     def step_key(self, size: str) -> str:
         """The breakdown key under which the step counts the scheme's part ``size``

@@ -41,6 +41,80 @@ _OFFLOADABLE = tuple(o for o in Optimizer if OPTIMIZERS[o].deepspeed_offload)
 _UNPAGED = {o: OPTIMIZERS[o].unpaged for o in Optimizer if OPTIMIZERS[o].paged}
 
 
+#: DeepSpeed's own value of each bucket key, what a ds_config that leaves the key out gets
+#: (deepspeed 0.19.8 runtime/zero/config.py l.113 reduce_bucket_size pp_int(5e8), l.132
+#: allgather_bucket_size pp_int(5e8), l.222 stage3_prefetch_bucket_size pp_int(5e7), l.228
+#: stage3_param_persistence_threshold pp_int(1e5), l.245 stage3_max_live_parameters and l.251
+#: stage3_max_reuse_distance pp_int(1e9)). The reduce bucket is the one that costs memory whatever
+#: the model: stage3.py l.780-784 allocates torch.empty(reduce_bucket_size) per gradient dtype at
+#: init, 953.7 MiB in fp16 at 5e8 elements.
+DS_DEFAULTS: dict[str, int] = {
+    "reduce_bucket_size": 5 * 10**8,
+    "allgather_bucket_size": 5 * 10**8,
+    "stage3_prefetch_bucket_size": 5 * 10**7,
+    "stage3_param_persistence_threshold": 10**5,
+    "stage3_max_live_parameters": DS_MAX_LIVE_PARAMETERS,
+    "stage3_max_reuse_distance": DS_MAX_REUSE_DISTANCE,
+}
+
+
+def zero_buckets(sharding: Any, hidden_size: int) -> dict[str, int]:
+    """The bucket sizes (elements) a run of ``sharding`` uses: the planner's own file's
+    (``deepspeed_buckets``) when ``sharding.buffers`` is None, else the user's file's keys over
+    DeepSpeed's defaults (``DS_DEFAULTS``: a key left out gets DeepSpeed's value, not the HF
+    Trainer's), "auto" where the Trainer fills it with its own value (transformers 5.24
+    integrations/deepspeed.py l.204-240: reduce_bucket_size, stage3_prefetch_bucket_size,
+    stage3_param_persistence_threshold; other "auto" keys keep DeepSpeed's default)."""
+    ours = deepspeed_buckets(hidden_size)
+    buffers = sharding.buffers
+    if buffers is None:
+        return ours
+    out = dict(DS_DEFAULTS)
+    for key, value in buffers:
+        if key in out:
+            out[key] = (ours[key] if key in _HF_AUTO else out[key]) if value == "auto" else value
+    return out
+
+
+#: the bucket keys the memory terms read (``_bucket``); the others size nothing the model counts
+_READ = ("reduce_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+         "stage3_max_reuse_distance")
+
+
+def users_buffers(sharding: Any, hidden_size: int) -> Any:
+    """``sharding`` as ``planner check`` plans it: with its ``buffers`` where they change a memory
+    term, else the planner's own (``buffers`` None: a file the planner wrote reads back as the
+    same plan). FusedAdam (``torch_adam`` 0) changes the step's temporaries (``fused_step``)."""
+    if sharding.buffers is None:
+        return sharding
+    theirs, ours = zero_buckets(sharding, hidden_size), deepspeed_buckets(hidden_size)
+    read = _READ if sharding.spec.zero_stage == 3 else _READ[:1]  # ZeRO-1/2 read the reduce bucket alone
+    if all(theirs[k] == ours[k] for k in read) and dict(sharding.buffers).get("torch_adam") != 0:
+        return type(sharding)(sharding.scheme, sharding.offload)
+    return sharding
+
+
+def users_sharding(zero: int, offload: Any, buffers: dict[str, Any], hidden_size: int) -> Any:
+    """The sharding of a run that reads the user's own DeepSpeed JSON: the stage and offload it
+    names, with its ``buffers`` where they change a memory term (``users_buffers``)."""
+    from planner.sharding import Sharding, from_zero
+
+    named = from_zero(zero, offload)
+    return users_buffers(Sharding(named.scheme, named.offload, buffers), hidden_size)
+
+
+def auto_bucket_keys(zero_stage: int) -> tuple[str, ...]:
+    """The bucket keys of ``zero_optimization`` a stage reads that the HF Trainer fills when a
+    file says "auto" (``_HF_AUTO``): what a DeepSpeed JSON the planner changes or writes sets, so
+    that the run holds the buckets the plan counts."""
+    return ("reduce_bucket_size",) + (("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+                                      if zero_stage == 3 else ())
+
+
+#: the bucket keys the HF Trainer fills when a ds_config says "auto" (``zero_buckets``)
+_HF_AUTO = frozenset({"reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"})
+
+
 def deepspeed_buckets(hidden_size: int) -> dict[str, int]:
     """The communication buffer sizes (elements) our DeepSpeed configs set and this model assumes.
 
@@ -75,6 +149,14 @@ def persistence_threshold(hidden_size: int) -> int:
     return 10 * hidden_size
 
 
+def _bucket(model: Any, config: Any, key: str) -> int:
+    """One bucket key of ``config``'s run (``zero_buckets``), the planner's file's read alone."""
+    if config.sharding.buffers is None:
+        return reduce_bucket_size(model.hidden_size) if key == "reduce_bucket_size" else \
+            persistence_threshold(model.hidden_size) if key == "stage3_param_persistence_threshold" else DS_DEFAULTS[key]
+    return zero_buckets(config.sharding, model.hidden_size)[key]
+
+
 def zero3_live_params(sizes: tuple[int, ...], *, max_live: int, max_reuse: int, persistence_threshold: int) -> int:
     """Most elements of partitioned parameters ZeRO-3 holds gathered at once, from the element
     counts ``sizes`` of every parameter tensor (frozen ones too).
@@ -101,7 +183,8 @@ def zero3_live_params(sizes: tuple[int, ...], *, max_live: int, max_reuse: int, 
 
 @functools.lru_cache(maxsize=256)
 def zero3_param_split(base_sizes: tuple[int, ...], adapter_sizes: tuple[int, ...],
-                      persistence_threshold: int) -> tuple[int, int, int]:
+                      persistence_threshold: int, max_live: int = DS_MAX_LIVE_PARAMETERS,
+                      max_reuse: int = DS_MAX_REUSE_DISTANCE) -> tuple[int, int, int]:
     """(partitioned elements, persistent elements, elements gathered at most) of a ZeRO-3 model:
     the base model's tensors (``base_sizes``) and the adapters' (``adapter_sizes``). ZeRO-3
     partitions every parameter, trainable or frozen (zero.Init converts the whole module:
@@ -110,8 +193,7 @@ def zero3_param_split(base_sizes: tuple[int, ...], adapter_sizes: tuple[int, ...
     the device even with parameter offload (l.1829-1830)."""
     sizes = base_sizes + adapter_sizes
     persistent = sum(s for s in sizes if s <= persistence_threshold)
-    live = zero3_live_params(sizes, max_live=DS_MAX_LIVE_PARAMETERS, max_reuse=DS_MAX_REUSE_DISTANCE,
-                             persistence_threshold=persistence_threshold)
+    live = zero3_live_params(sizes, max_live=max_live, max_reuse=max_reuse, persistence_threshold=persistence_threshold)
     return sum(sizes) - persistent, persistent, live
 
 
@@ -128,8 +210,9 @@ def zero3_gathered_bytes(model: Any, config: Any, t: Any, base_sizes: tuple[int,
     if config.gpus == 1 and config.sharding.offload is not _OPTIMIZER_PARAMS:
         return 0
     adapters = t.sizes if config.method.uses_adapters else ()
-    threshold = persistence_threshold(model.hidden_size)
-    _, _, live = zero3_param_split(base_sizes, adapters, threshold)
+    threshold = _bucket(model, config, "stage3_param_persistence_threshold")
+    _, _, live = zero3_param_split(base_sizes, adapters, threshold, _bucket(model, config, "stage3_max_live_parameters"),
+                                   _bucket(model, config, "stage3_max_reuse_distance"))
     return live * comm_bytes(config)
 
 
@@ -143,9 +226,9 @@ def _zero3_released_after_forward(model: Any, config: Any, base_sizes: tuple[int
     every partitioned parameter is gathered at once (``zero3_live_params`` below its bound)."""
     if not config.method.uses_adapters or model.tied_embeddings:
         return 0
-    threshold = persistence_threshold(model.hidden_size)
+    threshold = _bucket(model, config, "stage3_param_persistence_threshold")
     partitioned = sum(s for s in base_sizes if s > threshold)
-    if DS_MAX_LIVE_PARAMETERS < partitioned:
+    if _bucket(model, config, "stage3_max_live_parameters") < partitioned:
         return 0
     sizes = [model.embedding_params] + [lin.in_features * lin.out_features for lin in model.layer_linears
                                         for _ in range(lin.count) if lin.kind is LinearKind.ATTN_IN]
@@ -163,7 +246,7 @@ def _adapter_weights(model: Any, config: Any, t: Any) -> int:
     gb = comm_bytes(config)
     if config.sharding.spec.zero_stage != 3:
         return t.count * gb
-    threshold = persistence_threshold(model.hidden_size)
+    threshold = _bucket(model, config, "stage3_param_persistence_threshold")
     n = config.gpus
     return sum((math.ceil(s / n) if s > threshold else s) * count for s, count in t.size_counts) * gb
 
@@ -300,9 +383,14 @@ class ZeRO(ShardingSpec):
                 host += grad_partitions
         else:
             out["gradients"] = grads * gb // param_bytes if self.zero_stage == 1 else grads * gb // param_bytes // n
-        out["zero/reduce_bucket"] = reduce_bucket_size(model.hidden_size) * gb
+        # the IPG bucket: one buffer of reduce_bucket_size elements per gradient dtype (stage3.py l.780-784;
+        # stage_1_and_2.py's contiguous-gradients ipg buffer alike), the run's file's size (``zero_buckets``)
+        out["zero/reduce_bucket"] = _bucket(model, config, "reduce_bucket_size") * gb
         if offload is _NONE:
-            out["master_weights"] = FP32 * trainable // n
+            # ZeRO-3 in fp32 steps the fp32 partition itself: its master is that tensor (deepspeed
+            # 0.19.8 stage3.py l.1163-1168, "we don't need another copy of the weights")
+            if self.zero_stage != 3 or config.precision.is_mixed:
+                out["master_weights"] = FP32 * trainable // n
             out["optimizer_states"] = states_per_device
             return out, host
         return out, host + self._offload_host(config, t, out, states_per_device)
@@ -346,15 +434,103 @@ class ZeRO(ShardingSpec):
         return FP32 * zero_partition(t, config)
 
     def gradient_flatten(self, t: Any, config: Any) -> int:
-        """ZeRO-1/2 without offload, as the step begins: the 16-bit gradients of this rank's
-        partition flattened into one tensor and that tensor's fp32 copy, both alive with the 16-bit
-        gradients (stage_1_and_2.py step: flatten_dense_tensors_aligned(...).to(fp32); measured on
-        gpt2 with an 8-bit optimizer, whose own step adds nothing the probe sees). In fp32 the flat
-        copy already is the fp32 partition (.to() returns it)."""
-        if self.zero_stage not in (1, 2) or config.sharding.offload is not _NONE:
+        """Without offload, as the step begins: the 16-bit gradients of this rank's partition
+        flattened into one tensor and that tensor's fp32 copy, both alive with the 16-bit
+        gradients (ZeRO-1/2: stage_1_and_2.py step, flatten_dense_tensors_aligned(...).to(fp32);
+        measured on gpt2 with an 8-bit optimizer, whose own step adds nothing the probe sees;
+        ZeRO-3: deepspeed 0.19.8 stage3.py l.2686-2687 _prepare_fp32_grad_for_sub_group,
+        ``self.flatten(self.averaged_gradients[i]).to(fp32)`` over the views of the flat 16-bit
+        gradient partition, which stays). In fp32 the flat copy already is the fp32 partition
+        (.to() returns it)."""
+        if config.sharding.offload is not _NONE:
             return 0
         partition = zero_partition(t, config)
         return partition * HALF + FP32 * partition if config.precision.is_mixed else FP32 * partition
+
+    def gradient_flatten_tensors(self, t: Any, config: Any) -> tuple[int, ...] | None:
+        """The 16-bit flat copy, then its fp32 copy (``gradient_flatten``): 2 and 4 bytes per
+        element, not two equal halves; in fp32 the one flat tensor."""
+        nbytes = self.gradient_flatten(t, config)
+        if not nbytes:
+            return None
+        partition = zero_partition(t, config)
+        return (HALF * partition, FP32 * partition) if config.precision.is_mixed else (nbytes,)
+
+    def step_checks(self, model: Any, t: Any, config: Any) -> tuple[tuple[str, int], ...]:
+        """ZeRO-3 without offload, as ``step()`` begins (deepspeed 0.19.8 stage3.py l.2873-2890),
+        after the overflow check (``stream_checks``) and before the flatten: the gradient norm
+        (l.2889 _get_norm_groups -> get_grad_norm_direct l.2454-2459): each parameter's gradient
+        partition ``.to(get_norm_dtype())``, float64 wherever the device has it
+        (runtime/zero/utils.py l.59-62), one at a time: eight bytes per element of the largest
+        parameter's partition (``zero3/norm_copy``; Qwen1.5-0.5B's embedding, 151936 x 1024
+        elements: 1.16 GiB)."""
+        if self.zero_stage != 3 or config.sharding.offload is not _NONE or not t.count:
+            return ()
+        largest = max(math.ceil(n / config.gpus) for n, _ in t.size_counts)
+        return (("zero3/norm_copy", 8 * largest),)
+
+    def stream_checks(self, t: Any, config: Any) -> tuple[tuple[str, int], ...]:
+        """ZeRO-3 without offload in fp16, first of the step: the overflow check (stage3.py
+        l.2815-2816 check_overflow -> has_overflow l.3011-3016), ``torch.isinf(self.
+        grad_partitions_flat_buffer).any()`` then ``torch.isnan(...)``, each a bool tensor of one
+        byte per element of the 16-bit gradient partition, on the reduce stream
+        (``zero3/overflow_check``: its segment stays that stream's). P bytes, never a moment's
+        largest (the flatten is 6P), so not in the static terms, which the search shares between
+        bf16 and fp16 under DeepSpeed: the timeline draws it for the replay."""
+        if self.zero_stage != 3 or config.sharding.offload is not _NONE or config.precision != "fp16-mixed":
+            return ()
+        return (("zero3/overflow_check", zero_partition(t, config)),)
+
+    def build_sequence(self, model: Any, config: Any, t: Any, resident: dict[str, int]) -> tuple[tuple[Any, ...], ...]:
+        """ZeRO-3 without offload, as deepspeed 0.19.8's engine builds it (stage3.py __init__):
+
+        * the 16-bit partition: defragment (runtime/zero/utils.py l.215-243) copies every
+          parameter's partition to the host, empties the cache and copies them back as ONE flat
+          device buffer (stage3.py l.972): one tensor under full fine-tuning (LoRA's frozen base
+          weights are not in it);
+        * the fp32 master (l.1168-1172): ``converted = fp16_flat.to(device, fp32)`` then
+          ``converted.clone().detach()``: the cast lives beside the master until the function
+          returns (``zero3/master_cast``, fp32 of the partition, 16-bit runs only);
+        * initialize_optimizer_states (l.1301-1306): a zero fp32 gradient buffer of the largest
+          sub-group (``zero3/init_gradient_buffer``), dropped at the end (l.1366-1368); no state
+          is made (l.1310-1311: lazy, at the first step, but Adagrad's; ``lazy_states``);
+        * the IPG bucket (l.780-784) and the flat 16-bit gradient partition (l.791-793).
+
+        Its freed blocks stay cached: the first step's activations are carved from them."""
+        if self.zero_stage != 3 or config.sharding.offload is not _NONE:
+            return ()
+        partition = zero_partition(t, config)
+        seq: list[tuple[Any, ...]] = []
+        if "weights" in resident:
+            seq.append(("alloc", "weights", resident["weights"], None if config.method.uses_adapters else 1))
+        if "lora/weights" in resident:
+            seq.append(("alloc", "lora/weights", resident["lora/weights"], None))
+        if config.precision.is_mixed:
+            seq.append(("alloc", "zero3/master_cast", FP32 * partition, 1))
+        seq.append(("alloc", "master_weights", resident.get("master_weights", 0), 1))
+        if config.precision.is_mixed:
+            seq.append(("free", "zero3/master_cast", FP32 * partition, 1))
+        seq += [("alloc", "zero3/init_gradient_buffer", FP32 * partition, 1),
+                ("free", "zero3/init_gradient_buffer", FP32 * partition, 1)]
+        for key in ("zero/reduce_bucket", "zero3/grad_partitions"):
+            seq.append(("alloc", key, resident.get(key, 0), 1))
+        return tuple(seq)
+
+    def lazy_states(self, config: Any) -> bool:
+        """ZeRO-3's optimizer makes its states in the first ``step()`` (deepspeed 0.19.8 stage3.py
+        l.1310-1311: "lazy initialization of the state at the first call to step", Adagrad
+        excepted); ZeRO-1/2 here as they were measured (states resident from the start)."""
+        return self.zero_stage == 3 and config.sharding.offload is _NONE
+
+    def fused_step(self, config: Any, kernels: Any) -> bool:
+        """A run whose own ds_config has an Adam/AdamW section without ``torch_adam`` (its
+        ``buffers`` say ``torch_adam: 0``) steps DeepSpeed's FusedAdam on a GPU (deepspeed 0.19.8
+        runtime/engine.py l.2378-2380: torch_adam defaults to False, then FusedAdam, l.2402-2403):
+        one multi-tensor kernel, no foreach temporaries. The planner's own file sets torch_adam
+        (``planner.optim.adamw.deepspeed_section``); with offload the step runs on the host."""
+        buffers = dict(config.sharding.buffers or ())
+        return (buffers.get("torch_adam") == 0 and config.sharding.offload is _NONE and kernels.caching_allocator
+                and config.optimizer == "adamw")
 
     def memory_twin(self, gpus: int) -> str:
         # ZeRO-2 on one GPU partitions gradients over one rank, as ZeRO-1 does
@@ -507,7 +683,7 @@ def _zero3_weights(model: Any, config: Any, out: dict[str, int], base_sizes: tup
     if "weights" not in out:
         return 0
     per_element = out["weights"] / model.params_total
-    base_persistent = zero3_param_split(base_sizes, (), persistence_threshold(model.hidden_size))[1]
+    base_persistent = zero3_param_split(base_sizes, (), _bucket(model, config, "stage3_param_persistence_threshold"))[1]
     partition = int((model.params_total - base_persistent) * per_element) // config.gpus
     persistent = int(base_persistent * per_element)
     if config.sharding.offload is _OPTIMIZER_PARAMS:
@@ -527,6 +703,10 @@ _KEYS = (
     BreakdownKey("zero/reduce_bucket", "gradients", tensors=1),
     BreakdownKey("zero/offload_grad_buffer", "gradients", tensors=1),
     BreakdownKey("zero/gradient_flatten", "temporaries", size="gradient_flatten"),
+    BreakdownKey("zero3/overflow_check", "temporaries", tensors=1, side_stream=True),
+    BreakdownKey("zero3/norm_copy", "temporaries", tensors=1),
+    BreakdownKey("zero3/master_cast", "weights", tensors=1),
+    BreakdownKey("zero3/init_gradient_buffer", "gradients", tensors=1),
 )
 _COMMON = dict(searched=True, library="deepspeed", casts_model=True, flat_optimizer=True, partitions_optimizer=True,
                keys=_KEYS,
@@ -545,6 +725,6 @@ SPECS = (
          words="ZeRO-3", linear_saves_input=True, **_COMMON),
 )
 
-__all__ = ["DEEPSPEED_FILE", "DS_MAX_LIVE_PARAMETERS", "DS_MAX_REUSE_DISTANCE", "SPECS", "ZeRO", "comm_bytes", "deepspeed_buckets",
+__all__ = ["DEEPSPEED_FILE", "DS_DEFAULTS", "DS_MAX_LIVE_PARAMETERS", "DS_MAX_REUSE_DISTANCE", "SPECS", "ZeRO", "comm_bytes", "deepspeed_buckets",
            "persistence_threshold", "reduce_bucket_size", "zero3_gathered_bytes", "zero3_live_params",
-           "zero3_param_split", "zero_partition"]
+           "auto_bucket_keys", "users_buffers", "users_sharding", "zero3_param_split", "zero_buckets", "zero_partition"]

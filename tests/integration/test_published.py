@@ -131,7 +131,11 @@ def test_a_model_outside_the_catalog_is_read_from_its_config_under_bench():
     spec, _, config, unmodelled = published.map_row(row)
     assert spec.params_total == 463_987_712
     assert (config.zero, config.precision.value, config.alloc_conf) == (3, "fp16-mixed", "expandable_segments:True")
-    assert "zero_buckets" in unmodelled  # DeepSpeed's default buckets: no request field reaches them
+    # the run read its own ds_config, which sets no bucket key and builds AdamW itself (FusedAdam):
+    # DeepSpeed's defaults, carried by the sharding (planner/sharding/zero.py zero_buckets)
+    assert not unmodelled
+    assert config.sharding.buffers == (("torch_adam", 0),)
+    assert published.map_row(ROWS["peft-bloomz-7b1-lora-zero3-offload"])[2].sharding.buffers == ()
     assert not published.map_row(ROWS["gpjt-qwen1.5-0.5b-zero3-seq2048-default-reserved"])[2].alloc_conf
 
 
