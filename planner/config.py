@@ -311,7 +311,7 @@ class TrainConfig:
     ``prepare_model_for_kbit_training``, peft 0.21 utils/other.py:204-209: norms, embeddings, the
     head), so the residual stream is fp32 (``planner.memory.dtypes.dtype_mode``); False: they stay in
     the 16-bit compute dtype they were loaded in (fms-acceleration's accelerated-peft-bnb, torchtune's
-    QLoRA recipes, LLaMA-Factory). Only QLoRA takes False."""
+    QLoRA recipes, LLaMA-Factory, axolotl: ``planner.request``'s note). Only QLoRA takes False."""
     eval_batch: int | None = None
     """Evaluation during training (the HF Trainer's ``per_device_eval_batch_size`` with an
     ``eval_strategy``): sequences per eval forward; None: the run does not evaluate. The eval pass

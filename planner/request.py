@@ -203,14 +203,16 @@ _FIELDS = (
            trainers=(("hf", None), ("axolotl", None), ("llama-factory", None), ("torchtune", "loss.num_output_chunks"))),
     # QLoRA's k-bit preparation: peft's prepare_model_for_kbit_training (the HF/TRL path, emit's
     # train.py and the worker) upcasts every non-4-bit parameter to fp32 (peft 0.21 utils/other.py:204-209);
-    # fms-acceleration's accelerated-peft-bnb, torchtune's QLoRA recipes and LLaMA-Factory
+    # fms-acceleration's accelerated-peft-bnb, torchtune's QLoRA recipes, LLaMA-Factory
     # (model/model_utils/checkpointing.py prepare_model_for_training: fp32 norms only under
-    # upcast_layernorm) keep them in the 16-bit compute dtype. No trainer spells it by a key: planner
-    # check's readers set it as each trainer runs (planner/check/llama_factory.py, torchtune.py).
+    # upcast_layernorm) and axolotl (which casts the norms, embeddings and head back to torch_dtype
+    # after it: src/axolotl/loaders/model.py _configure_embedding_dtypes) keep them in the 16-bit
+    # compute dtype. No trainer spells it by a key: planner check's readers set it as each trainer
+    # runs (planner/check/axolotl.py, llama_factory.py, torchtune.py).
     _field("kbit_upcast", bool, True, "QLoRA: peft's prepare_model_for_kbit_training upcasts every non-4-bit parameter "
            "(norms, embeddings, head) to fp32, and with them the residual stream (default); --no-kbit-upcast: they "
-           "stay in the 16-bit compute dtype (fms-acceleration's accelerated-peft-bnb, torchtune's and LLaMA-Factory's "
-           "QLoRA).", memo=(STATIC, DERIVED), qlora_only=True,
+           "stay in the 16-bit compute dtype (fms-acceleration's accelerated-peft-bnb, torchtune's, LLaMA-Factory's and "
+           "axolotl's QLoRA).", memo=(STATIC, DERIVED), qlora_only=True,
            terms="the unquantised weights' and the residual stream's dtype (memory/dtypes.py dtype_mode)"),
     # the evaluation pass during training (planner.memory.evaluation): the HF Trainer's
     # evaluation_loop after an optimizer step, with generation where asked

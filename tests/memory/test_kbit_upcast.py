@@ -1,6 +1,6 @@
 """QLoRA's k-bit preparation (``TrainConfig.kbit_upcast``): peft's ``prepare_model_for_kbit_training``
 upcasts every non-4-bit parameter to fp32 (the default, the HF/TRL path); fms-acceleration's
-accelerated-peft-bnb, torchtune and LLaMA-Factory keep them, and the residual stream, 16-bit."""
+accelerated-peft-bnb, torchtune, LLaMA-Factory and axolotl keep them, and the residual stream, 16-bit."""
 
 from __future__ import annotations
 
