@@ -332,6 +332,12 @@ CASES += [
     ("llama4", dict(precision="bf16", grad_ckpt=True)),
 ]
 
+# QLoRA without the k-bit upcast (fms-acceleration's accelerated-peft-bnb, torchtune, LLaMA-Factory):
+# the non-4-bit parameters and the residual stream stay bf16 (planner/memory/dtypes.py _qlora_16bit)
+CASES += [
+    ("llama", dict(method="qlora", kbit_upcast=False)),
+]
+
 # evaluation during training (planner/memory/evaluation.py): the eval pass after the measured step,
 # the model states without gradients; the eval forward at its loss as the peak (the logits of 8 x 256
 # tokens), and generation's last step as the peak (a small vocabulary, 64 rows generating 192 tokens:

@@ -107,7 +107,7 @@ class Loop(enum.StrEnum):
 #: (``lora_dropout``, ``loop``, ``fused_ce``, ``packing``, ``use_cache``) were added within version 2:
 #: a payload without them decodes to their defaults, which are the behaviour it was planned with.
 #: torchtune's ``optimizer_in_bwd`` and ``loss_chunks`` were added within version 3 the same way,
-#: written only where set.
+#: written only where set, and so was QLoRA's ``kbit_upcast`` (written only where False).
 #: Version 3 names the sharding scheme (``sharding``, ``planner.sharding``) where no ``--zero``
 #: stage names it; a configuration whose scheme a stage names (none, DDP, ZeRO-1/2/3) is still
 #: written as version 2 (``zero`` and ``offload``), so that version-2 readers read it and stored
@@ -231,6 +231,7 @@ _COUNT_BOUNDS = tuple((name, _UPPER_BOUNDS[name]) for name in ("micro_batch", "s
 #: The members ``TrainConfig``'s checks compare with, bound once: reading a member through its class
 #: goes through ``EnumType.__getattr__``'s slow attribute path on CPython 3.11 (~0.3 us a read).
 _FULL = Method.FULL
+_QLORA = Method.QLORA
 _FP32 = Precision.FP32
 _FLASH = Attention.FLASH
 _FP8 = Precision.FP8
@@ -309,6 +310,12 @@ class TrainConfig:
     loss_chunks: int = 1
     """A cross-entropy over this many pieces of the logits along the sequence, each upcast alone
     (torchtune's ``CEWithChunkedOutputLoss``: ``num_output_chunks``); 1: the whole logits at once."""
+    kbit_upcast: bool = True
+    """QLoRA's k-bit preparation upcasts every non-4-bit parameter to fp32 (peft's
+    ``prepare_model_for_kbit_training``, peft 0.21 utils/other.py:204-209: norms, embeddings, the
+    head), so the residual stream is fp32 (``planner.memory.dtypes.dtype_mode``); False: they stay in
+    the 16-bit compute dtype they were loaded in (fms-acceleration's accelerated-peft-bnb, torchtune's
+    QLoRA recipes, LLaMA-Factory, axolotl: ``planner.request``'s note). Only QLoRA takes False."""
     eval_batch: int | None = None
     """Evaluation during training (the HF Trainer's ``per_device_eval_batch_size`` with an
     ``eval_strategy``): sequences per eval forward; None: the run does not evaluate. The eval pass
@@ -326,7 +333,7 @@ class TrainConfig:
                  sharding: Sharding | str = NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
                  loop: Loop | str = Loop.TRAINER, fused_ce: bool = False, packing: bool = True,
                  use_cache: bool = False, optimizer_in_bwd: bool = False, loss_chunks: int = 1,
-                 eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, zero: int | None = None, offload: Offload | str | None = None) -> None:
+                 kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, zero: int | None = None, offload: Offload | str | None = None) -> None:
         # The dataclass's own __init__ with every field and its default (a test holds them equal),
         # setting all fields at once: the generated one makes one object.__setattr__ call per frozen
         # field, half the cost of a construction (the search makes hundreds per request). ``zero``
@@ -337,7 +344,7 @@ class TrainConfig:
             "attention": attention, "lora_r": lora_r, "lora_targets": lora_targets, "sharding": sharding,
             "alloc_conf": alloc_conf, "lora_dropout": lora_dropout, "loop": loop, "fused_ce": fused_ce,
             "packing": packing, "use_cache": use_cache, "optimizer_in_bwd": optimizer_in_bwd,
-            "loss_chunks": loss_chunks, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
+            "loss_chunks": loss_chunks, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
             "generate_tokens": generate_tokens,
         })
         self.__post_init__(zero, offload)
@@ -368,8 +375,9 @@ class TrainConfig:
         if type(dropout) is not float or not 0.0 <= dropout < 1.0:
             fields["lora_dropout"] = _check_dropout(dropout)
         if not (type(fields["fused_ce"]) is bool and type(fields["packing"]) is bool  # bool has no subclasses
-                and type(fields["use_cache"]) is bool and type(fields["optimizer_in_bwd"]) is bool):
-            flag = next(flag for flag in ("fused_ce", "packing", "use_cache", "optimizer_in_bwd")
+                and type(fields["use_cache"]) is bool and type(fields["optimizer_in_bwd"]) is bool
+                and type(fields["kbit_upcast"]) is bool):
+            flag = next(flag for flag in ("fused_ce", "packing", "use_cache", "optimizer_in_bwd", "kbit_upcast")
                         if type(fields[flag]) is not bool)
             raise InvalidConfigError(f"{flag} must be true or false, got {fields[flag]!r}")
         for name, bound in _COUNT_BOUNDS:
@@ -424,6 +432,9 @@ class TrainConfig:
             )
         if self._torchtune_set:
             self._check_torchtune()
+        if not self.kbit_upcast and self.method is not _QLORA:
+            raise InvalidConfigError(f"--no-kbit-upcast describes QLoRA's k-bit preparation (the 4-bit base's other "
+                                     f"parameters); --method {self.method} has none: use --method qlora or drop it")
         sharding = self.sharding
         if self.precision is _FP8:
             _check_fp8(self)
@@ -551,7 +562,8 @@ class TrainConfig:
         sharding = self.sharding.payload()
         return {
             # torchtune's settings are version 3's: a version-2 reader would drop them
-            "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding and not self._torchtune_set else CONFIG_VERSION,
+            "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding and not self._torchtune_set and self.kbit_upcast
+            else CONFIG_VERSION,
             "method": str(self.method),
             "precision": str(self.precision),
             "optimizer": str(self.optimizer),
@@ -573,6 +585,8 @@ class TrainConfig:
             # torchtune's settings only where set: a payload without them keeps its bytes
             **({"optimizer_in_bwd": True} if self.optimizer_in_bwd else {}),
             **({"loss_chunks": self.loss_chunks} if self.loss_chunks > 1 else {}),
+            # the k-bit preparation only where it does not upcast (peft's, the default, keeps the bytes)
+            **({"kbit_upcast": False} if not self.kbit_upcast else {}),
             # the evaluation settings only where the run evaluates: a payload without them is a
             # run without an eval pass, and keeps its bytes
             **({"eval_batch": self.eval_batch, "eval_seq_len": self.eval_seq_len,
@@ -629,6 +643,8 @@ class TrainConfig:
             parts.append("optim-in-bwd")
         if self.loss_chunks > 1:
             parts.append(f"loss/{self.loss_chunks}")
+        if not self.kbit_upcast:
+            parts.append("no-kbit-upcast")
         if self.evaluates:
             parts.append(f"eval b{self.eval_batch}x{self.eval_tokens}"
                          + (f"+gen{self.generate_tokens}" if self.generate_tokens else ""))

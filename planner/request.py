@@ -109,6 +109,9 @@ class RequestField:
     its keys are ``training_args``): the key of their own config that spells the field (dotted for
     torchtune's components), or None where that trainer's config has none, so a value other than the
     default cannot be written there (``unexpressible``)."""
+    qlora_only: bool = False
+    """Only QLoRA takes it (a setting of the k-bit preparation): ``TrainConfig`` refuses a value other
+    than the default with any other method."""
     evaluation: bool = False
     """A setting of the evaluation pass: absent (None) where the run does not evaluate, so
     ``planner emit`` writes its ``training_args`` key only when given (with an ``eval_strategy``
@@ -198,6 +201,19 @@ _FIELDS = (
            "whole logits at once).", memo=(BATCH,), recipe=True, upper=1 << 16,
            terms="the loss' fp32 transients (memory/activations.py loss_chunk_tokens, memory/step.py)",
            trainers=(("hf", None), ("axolotl", None), ("llama-factory", None), ("torchtune", "loss.num_output_chunks"))),
+    # QLoRA's k-bit preparation: peft's prepare_model_for_kbit_training (the HF/TRL path, emit's
+    # train.py and the worker) upcasts every non-4-bit parameter to fp32 (peft 0.21 utils/other.py:204-209);
+    # fms-acceleration's accelerated-peft-bnb, torchtune's QLoRA recipes, LLaMA-Factory
+    # (model/model_utils/checkpointing.py prepare_model_for_training: fp32 norms only under
+    # upcast_layernorm) and axolotl (which casts the norms, embeddings and head back to torch_dtype
+    # after it: src/axolotl/loaders/model.py _configure_embedding_dtypes) keep them in the 16-bit
+    # compute dtype. No trainer spells it by a key: planner check's readers set it as each trainer
+    # runs (planner/check/axolotl.py, llama_factory.py, torchtune.py).
+    _field("kbit_upcast", bool, True, "QLoRA: peft's prepare_model_for_kbit_training upcasts every non-4-bit parameter "
+           "(norms, embeddings, head) to fp32, and with them the residual stream (default); --no-kbit-upcast: they "
+           "stay in the 16-bit compute dtype (fms-acceleration's accelerated-peft-bnb, torchtune's, LLaMA-Factory's and "
+           "axolotl's QLoRA).", memo=(STATIC, DERIVED), qlora_only=True,
+           terms="the unquantised weights' and the residual stream's dtype (memory/dtypes.py dtype_mode)"),
     # the evaluation pass during training (planner.memory.evaluation): the HF Trainer's
     # evaluation_loop after an optimizer step, with generation where asked
     _field("eval_batch", int, None, "Evaluate during training with this many sequences per eval forward (the HF "
@@ -318,6 +334,8 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
                                     else " (off under checkpointing)" if values.get("grad_ckpt") else ""))
     if values.get("optimizer_in_bwd"):
         parts.append("optimizer stepped in backward")
+    if values.get("kbit_upcast") is False:
+        parts.append("16-bit non-4-bit parameters (no k-bit upcast)")
     if values.get("loss_chunks", 1) > 1:
         parts.append(f"loss over {values['loss_chunks']} chunks")
     if values.get("eval_batch"):

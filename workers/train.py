@@ -32,7 +32,8 @@ Precision: ``*-mixed`` runs an fp32 model under ``torch.autocast`` (plus a GradS
 pure fp16/bf16 casts the model and the optimizer works on those parameters. QLoRA saves the
 random model with ``save_pretrained`` and reloads it with a 4-bit NF4 ``BitsAndBytesConfig``
 (the real loading path), then ``prepare_model_for_kbit_training`` (which upcasts the
-non-quantized parameters to fp32: real behaviour) and LoRA.
+non-quantized parameters to fp32: real behaviour) unless the plan keeps them 16-bit
+(``kbit_upcast`` False, as fms-acceleration, torchtune and LLaMA-Factory do), and LoRA.
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ def _build_qlora_base(*, model_config: dict[str, Any], config: TrainConfig, chec
 def _apply_training_setup(model, *, model_config: Mapping[str, Any], config: TrainConfig):
     """Checkpointing, k-bit preparation and LoRA adapters, in the order HF recipes apply them."""
     ckpt_kwargs = {"use_reentrant": False}
-    if config.method is Method.QLORA:
+    if config.method is Method.QLORA and config.kbit_upcast:
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(

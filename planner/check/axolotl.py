@@ -121,6 +121,12 @@ def _method(reading: "Reading", file: ConfigFile, value, given) -> None:
     if adapter is None and value("load_in_4bit"):
         raise InvalidConfigError(f"{file.path}: load_in_4bit without an adapter trains 4-bit weights: set adapter: qlora")
     reading.set("method", adapter or "full", file=file, key="adapter", raw=adapter, given=given("adapter"))
+    if adapter == "qlora":
+        # axolotl runs peft's prepare_model_for_kbit_training (not under FSDP or ZeRO-3, where it skips
+        # it), then casts every module named *norm* and the embeddings and head back to torch_dtype for
+        # any LoRA/QLoRA adapter (src/axolotl/loaders/model.py _configure_embedding_dtypes,
+        # _convert_embedding_modules_dtype): the non-4-bit parameters train 16-bit either way
+        reading.set("kbit_upcast", False, file=file, key="adapter", raw=adapter, given=False)
     if adapter is None:
         return
     reading.set("lora_r", value("lora_r"), file=file, key="lora_r", given=given("lora_r"))

@@ -104,6 +104,13 @@ def _method(reading: "Reading", file: ConfigFile, value, given) -> None:
     method = "qlora" if bits == 4 else kind
     key = "quantization_bit" if bits == 4 else "finetuning_type"
     reading.set("method", method, file=file, key=key, raw=value(key), given=given(key))
+    if method == "qlora":
+        # LLaMA-Factory prepares a k-bit model itself, without peft's prepare_model_for_kbit_training
+        # (model/model_utils/checkpointing.py prepare_model_for_training): the non-4-bit parameters stay
+        # in the compute dtype, only the norms' weights are upcast under upcast_layernorm, planned as
+        # peft's whole upcast (an fp32 stream: the bound above it)
+        upcast = bool(value("upcast_layernorm"))
+        reading.set("kbit_upcast", upcast, file=file, key="upcast_layernorm", given=given("upcast_layernorm"))
     if kind != "lora":
         return
     reading.set("lora_r", value("lora_rank"), file=file, key="lora_rank", given=given("lora_rank"))

@@ -156,6 +156,10 @@ def _model(reading: "Reading", file: ConfigFile, comp: "Schema") -> None:
     lora = "lora_rank" in comp.defaults
     method = "qlora" if builder.startswith("qlora_") or value("quantize_base") else "lora" if lora else "full"
     reading.set("method", method, file=file, key="model._component_", raw=data["_component_"])
+    if method == "qlora":
+        # torchtune's QLoRA keeps every parameter but the NF4 base in the recipe's dtype (the model is
+        # built under training.set_default_dtype(self._dtype); no k-bit upcast): a 16-bit stream at bf16
+        reading.set("kbit_upcast", False, file=file, key="model._component_", raw=data["_component_"], given=False)
     if value("use_dora") or value("apply_lora_to_output"):
         raise UnsupportedError(f"{file.path}: model use_dora/apply_lora_to_output not modelled: set them false")
     if lora:

@@ -39,6 +39,7 @@ MASKED_LM = $masked_lm  # True for an encoder (BERT-like), trained as masked LM
 SEQ2SEQ = $seq2seq  # True for an encoder-decoder (T5-like): the labels are the input, shifted by the model
 PACKED = $packed  # True: sequences packed to SEQ_LEN; False: one row per sequence, padded per batch
 USE_CACHE = $use_cache  # transformers' use_cache in the training forward
+KBIT_UPCAST = $kbit_upcast  # QLoRA: peft's prepare_model_for_kbit_training upcasts the non-4-bit parameters to fp32
 EVAL_SEQUENCES = $eval_sequences  # sequences held out of the dataset for evaluation (0: no evaluation)
 EVAL_SEQ_LEN = $eval_seq_len  # tokens per eval sequence (the prompt's when generating)
 GENERATE_TOKENS = $generate_tokens  # tokens generated from the first eval batch at each evaluation (0: none)
@@ -69,8 +70,9 @@ def add_adapters(model, args):
         return model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    if read_settings("bnb_config.json"):
-        # upcasts the non-4-bit parameters to fp32 (the plan counts them so)
+    if read_settings("bnb_config.json") and KBIT_UPCAST:
+        # upcasts the non-4-bit parameters to fp32 (the plan counts them so; without it they stay
+        # in MODEL_DTYPE, as the plan counts them then)
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=args.activation_checkpointing,
             gradient_checkpointing_kwargs=args.activation_checkpointing_kwargs,
@@ -224,7 +226,7 @@ def render_train_script(
     *, model: str, plan_id: str, rank: int, label: str, seq_len: int, dtype: str, dtype_why: str,
     attention: str, masked_lm: bool, dataset: str | None, seq2seq: bool = False, packed: bool = True,
     use_cache: bool = False, launch_env: dict[str, str] | None = None, eval_sequences: int = 0,
-    eval_seq_len: int = 0, generate_tokens: int = 0,
+    eval_seq_len: int = 0, generate_tokens: int = 0, kbit_upcast: bool = True,
 ) -> str:
     """The text of ``train.py`` for one plan; ``launch_env``: variables it sets as ``accelerate launch``
     would (``planner.emit.settings.launch_env``), before TrainingArguments reads them."""
@@ -240,6 +242,7 @@ def render_train_script(
         seq_len=seq_len, dtype_repr=repr(dtype), dtype_why=dtype_why, attention_repr=repr(attention),
         masked_lm=masked_lm, seq2seq=seq2seq, packed=packed, use_cache=use_cache, data_doc=data_doc, launch_env=env,
         eval_sequences=eval_sequences, eval_seq_len=eval_seq_len or seq_len, generate_tokens=generate_tokens,
+        kbit_upcast=kbit_upcast,
     )
 
 

@@ -91,9 +91,10 @@ def trainable_bytes(method: Method, mode: DtypeMode) -> int:
 
 
 @functools.cache
-def dtype_mode(method: Method, precision: Precision, casts_model: bool) -> DtypeMode:
+def dtype_mode(method: Method, precision: Precision, casts_model: bool, kbit_upcast: bool = True) -> DtypeMode:
     """The dtype mode of (method, precision), with or without a sharding library that casts the
-    model to 16 bits (``ShardingSpec.casts_model``: DeepSpeed)."""
+    model to 16 bits (``ShardingSpec.casts_model``: DeepSpeed), and for QLoRA with or without the
+    k-bit preparation's fp32 upcast (``TrainConfig.kbit_upcast``)."""
     lora = method.uses_adapters
     p = precision
     if casts_model and p.is_mixed:
@@ -109,6 +110,8 @@ def dtype_mode(method: Method, precision: Precision, casts_model: bool) -> Dtype
         # fp32 copy of an adapter's input (the mode counted one per adapter: +3.6 %, +9.2 %, +9.1 %).
         return DtypeMode(autocast=False, compute=2, attn=2, residual=2, weight=2, adapter_input=0, adapter=HALF,
                          adapter_weight=HALF)
+    if method is Method.QLORA and not kbit_upcast and p is not Precision.FP32:
+        return _qlora_16bit(p)
     if method is Method.QLORA:
         # peft.prepare_model_for_kbit_training upcasts every non-4-bit parameter to fp32
         # (peft/utils/other.py), so the residual stream is fp32; bnb's Linear4bit casts its input
@@ -131,6 +134,24 @@ def dtype_mode(method: Method, precision: Precision, casts_model: bool) -> Dtype
     return DtypeMode(autocast=False, compute=2, attn=2, residual=2, weight=2, adapter_input=4 if lora else 0)
 
 
+def _qlora_16bit(p: Precision) -> DtypeMode:
+    """QLoRA whose non-4-bit parameters stay in the 16-bit dtype they were loaded in (no
+    ``prepare_model_for_kbit_training``): the embedding's output, the residual adds and the norms'
+    outputs are 16-bit (transformers 5.24 models/llama/modeling_llama.py:62-67, ``LlamaRMSNorm``
+    computes in fp32 but returns ``self.weight * hidden_states.to(input_dtype)``, a 16-bit weight
+    times a 16-bit input); bitsandbytes' Linear4bit computes in its compute dtype and returns its
+    input's dtype (bitsandbytes 0.50.2 nn/modules.py:626-637: ``x.to(self.compute_dtype)``, then
+    ``matmul_4bit(...).to(inp_dtype)``), 16-bit here, so every projection output and what the
+    activations save are 16-bit, and SDPA saves 16-bit q/k/v/out. peft's adapters stay fp32
+    (ADAPTER_BYTES): each casts its 16-bit input to fp32 (peft 0.21 tuners_utils.py:2220-2235
+    ``_cast_input_dtype``); under autocast lora_A then casts that to 16 bits again and saves the
+    16-bit cast (the fp32 copy dies), without autocast it saves the fp32 copy (as pure 16-bit LoRA).
+    fp32 itself loads fp32 and is the upcast mode (nothing to upcast)."""
+    mixed = p.is_mixed
+    return DtypeMode(autocast=mixed, compute=HALF, attn=HALF, residual=HALF, weight=HALF,
+                     adapter_input=HALF if mixed else FP32, adapter=HALF if mixed else FP32)
+
+
 #: Model types whose block linears are transformers' ``Conv1D``, not ``nn.Linear`` (models/gpt2/modeling_gpt2.py):
 #: torchao swaps ``nn.Linear`` modules only (float8/float8_linear_utils.py:72 ``isinstance(module, nn.Linear)``).
 FP8_CONV1D_MODEL_TYPES = frozenset({"gpt2"})
@@ -151,7 +172,7 @@ def fp8_converts(model, lin) -> bool:
 
 def mode_of(config) -> DtypeMode:
     """The dtype mode of a ``TrainConfig``."""
-    return dtype_mode(config.method, config.precision, config.sharding.spec.casts_model)
+    return dtype_mode(config.method, config.precision, config.sharding.spec.casts_model, config.kbit_upcast)
 
 
 __all__ = [

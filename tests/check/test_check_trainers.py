@@ -77,7 +77,10 @@ def test_axolotl_qlora_example_is_read_with_its_keys_and_gets_a_change_that_fits
     copied = copy(AXOLOTL, tmp_path)
     apply(change, tmp_path)
     again = check([copied], gpu="a10g")
-    assert again.fits and again.config == change.config
+    # axolotl casts the norms, embeddings and head back to torch_dtype after the k-bit preparation:
+    # no k-bit upcast (the search planned peft's, which needs more)
+    assert result.config.kbit_upcast is False and again.config.kbit_upcast is False
+    assert again.fits and again.config == change.config.replace(kbit_upcast=False)
 
 
 def test_llama_factory_lora_sft_example_near_the_edge_gets_the_change_that_fits_safely(tmp_path):
@@ -97,7 +100,10 @@ def test_llama_factory_lora_sft_example_near_the_edge_gets_the_change_that_fits_
     copied = copy(LLAMA_FACTORY, tmp_path)
     apply(change, tmp_path)
     again = check([copied], gpu="a10g")
-    assert again.fits and not again.estimate["near_edge"] and again.config == change.config
+    # LLaMA-Factory runs QLoRA without peft's k-bit upcast (its own prepare_model_for_training): the
+    # search planned peft's upcast, which needs more, so the file read back fits with room to spare
+    assert again.config.kbit_upcast is False and again.origins["kbit_upcast"]["key"] == "upcast_layernorm"
+    assert again.fits and not again.estimate["near_edge"] and again.config == change.config.replace(kbit_upcast=False)
 
 
 def test_torchtune_lora_recipe_config_is_read_through_its_recipe_and_components(tmp_path):
@@ -114,6 +120,17 @@ def test_torchtune_lora_recipe_config_is_read_through_its_recipe_and_components(
     apply(result.change, tmp_path)
     again = check([copied], gpu="a10g", model=TORCHTUNE_MODEL)
     assert again.fits and again.config == result.change.config
+
+
+def test_torchtune_qlora_builder_keeps_the_stream_16_bit(tmp_path):
+    data = yaml.safe_load(TORCHTUNE.read_text())
+    data["model"]["_component_"] = data["model"]["_component_"].replace(".lora_", ".qlora_")
+    path = tmp_path / TORCHTUNE.name
+    path.write_text(yaml.safe_dump(data))
+    result = check([path], gpu="a100-80gb", model=TORCHTUNE_MODEL)
+    c = result.config
+    assert (str(c.method), str(c.precision), c.kbit_upcast) == ("qlora", "bf16-mixed", False)
+    assert result.origins["kbit_upcast"]["given"] is False
 
 
 TORCHTUNE_FULL = DATA / "torchtune" / "8B_full_single_device.yaml"

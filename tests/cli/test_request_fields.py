@@ -49,17 +49,20 @@ ALTERNATIVES: dict[str, list] = {
     "use_cache": [True],
     "optimizer_in_bwd": [True],
     "loss_chunks": [8],
+    "kbit_upcast": [False],
     "eval_batch": [4],
     "eval_seq_len": [128],
     "generate_tokens": [16],
 }
 #: the configurations each field is varied from: LoRA (every adapter and recipe field), full
-#: fine-tuning on two GPUs (the sharding's terms) and on one (torchtune's optimizer_in_bwd), and
-#: LoRA with an eval pass (the eval settings other than the eval batch need one)
+#: fine-tuning on two GPUs (the sharding's terms) and on one (torchtune's optimizer_in_bwd),
+#: LoRA with an eval pass (the eval settings other than the eval batch need one) and QLoRA (its
+#: k-bit preparation's upcast)
 BASES = (dict(method="lora", precision="bf16-mixed", micro_batch=2, seq_len=512),
          dict(method="full", precision="bf16-mixed", micro_batch=2, seq_len=512, gpus=2),
          {"method": "full", "precision": "bf16-mixed", "micro_batch": 2, "seq_len": 512},
-         dict(method="lora", precision="bf16-mixed", micro_batch=2, seq_len=512, eval_batch=8))
+         dict(method="lora", precision="bf16-mixed", micro_batch=2, seq_len=512, eval_batch=8),
+         dict(method="qlora", precision="bf16-mixed", micro_batch=2, seq_len=512))
 
 
 def test_every_trainconfig_field_is_declared_with_its_memo_key():

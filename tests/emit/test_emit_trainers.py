@@ -67,7 +67,10 @@ def test_an_emitted_trainer_config_checks_back_to_the_same_configuration(target,
     assert FILE_NAMES[target] in launch
     gpus = None if target == "trl" else config.gpus  # TRL's accelerate config says the processes
     again = check(paths, gpu="a10g", model=MODEL, gpus=gpus)
-    assert again.config == config, (again.config.label(), config.label())
+    # axolotl, LLaMA-Factory and torchtune train QLoRA's non-4-bit parameters 16-bit whatever the plan
+    # (no k-bit upcast; TRL runs peft's): their file reads back so, which needs less than the plan
+    expected = config.replace(kbit_upcast=False) if str(config.method) == "qlora" and target != "trl" else config
+    assert again.config == expected, (again.config.label(), expected.label())
     if config.sharding.payload().get("zero"):
         assert json.loads((tmp_path / "ds_config.json").read_text())["zero_optimization"]["stage"] == 2
 

@@ -81,3 +81,28 @@ def test_every_technique_within_4_percent(errors):
 @pytest.mark.slow
 def test_median_error_within_1_percent(errors):
     assert statistics.median(abs(e) for e in errors.values()) <= 1, errors
+
+
+#: QLoRA without the k-bit upcast (planner/memory/dtypes.py ``_qlora_16bit``): the worker skips
+#: prepare_model_for_kbit_training, so the embeddings, norms and head stay bf16
+NO_UPCAST = [(LLAMA, dict(method="qlora", kbit_upcast=False)), (LLAMA, dict(method="qlora", grad_ckpt=True,
+                                                                              kbit_upcast=False))]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="planner/memory/states.py counts QLoRA's unquantised weights at fp32 "
+                   "(weights/unquantized: FP32, not mode.weight) and activations.py the head's autocast weight cast "
+                   "whatever the head's dtype (not only where mode.weight is fp32): +23% and +29% until both read "
+                   "the mode (-0.2% and -0.5% with them)")
+def test_qlora_without_the_kbit_upcast_within_4_percent():
+    off = {}
+    for arch, changes in NO_UPCAST:
+        config = TrainConfig(**(dict(micro_batch=2, seq_len=64, precision="bf16-mixed") | changes))
+        measurement, _details = run_in_process(model_config=arch, config=config)
+        assert measurement.outcome is RunOutcome.OK, measurement.error
+        spec = spec_from_config(arch, model_id=f"tiny-{arch['model_type']}", source="test")
+        predicted = estimate_memory(model=spec, config=config, gpu=get_gpu("cpu")).peak_allocated_bytes
+        error = 100 * (predicted - measurement.peak_allocated_bytes) / measurement.peak_allocated_bytes
+        if abs(error) > 4:
+            off[config.label()] = round(error, 2)
+    assert not off, off

@@ -1,0 +1,73 @@
+"""QLoRA's k-bit preparation (``TrainConfig.kbit_upcast``): peft's ``prepare_model_for_kbit_training``
+upcasts every non-4-bit parameter to fp32 (the default, the HF/TRL path); fms-acceleration's
+accelerated-peft-bnb, torchtune, LLaMA-Factory and axolotl keep them, and the residual stream, 16-bit."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.config import Method, Precision, TrainConfig
+from planner.emit import settings
+from planner.emit.train_script import render_train_script
+from planner.errors import InvalidConfigError
+from planner.memory.dtypes import FP32, HALF, dtype_mode, mode_of
+from planner.request import FIELDS
+
+
+def test_the_default_is_peft_s_upcast_and_its_mode_is_unchanged():
+    config = TrainConfig(method="qlora")
+    assert config.kbit_upcast is True and FIELDS["kbit_upcast"].default is True
+    assert mode_of(config) == dtype_mode(Method.QLORA, Precision.BF16_MIXED, False)
+    assert (mode_of(config).residual, mode_of(config).compute, mode_of(config).weight) == (FP32, FP32, FP32)
+    # a payload without the key is peft's upcast, and the default keeps every payload's bytes
+    assert "kbit_upcast" not in config.to_dict() and config.to_dict()["version"] == 2
+    assert TrainConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(("precision", "autocast", "adapter_input", "adapter"),
+                         [("bf16-mixed", True, HALF, HALF), ("bf16", False, FP32, FP32), ("fp16-mixed", True, HALF, HALF)])
+def test_without_the_upcast_the_stream_projections_and_stored_weights_are_16_bit(precision, autocast, adapter_input,
+                                                                                  adapter):
+    mode = mode_of(TrainConfig(method="qlora", precision=precision, kbit_upcast=False))
+    assert (mode.autocast, mode.residual, mode.compute, mode.attn, mode.weight) == (autocast, HALF, HALF, HALF, HALF)
+    # peft's fp32 adapters: under autocast lora_A saves the 16-bit cast of its input, else peft's fp32 copy
+    assert (mode.adapter_input, mode.adapter) == (adapter_input, adapter)
+
+
+def test_fp32_has_nothing_to_upcast():
+    assert mode_of(TrainConfig(method="qlora", precision="fp32", kbit_upcast=False)) == \
+        mode_of(TrainConfig(method="qlora", precision="fp32"))
+
+
+def test_only_qlora_takes_it_in_one_line():
+    for method in ("full", "lora"):
+        with pytest.raises(InvalidConfigError, match="--no-kbit-upcast describes QLoRA's k-bit preparation.*"
+                                                     "use --method qlora or drop it"):
+            TrainConfig(method=method, kbit_upcast=False)
+    with pytest.raises(InvalidConfigError, match="kbit_upcast must be true or false"):
+        TrainConfig(method="qlora", kbit_upcast="no")
+
+
+def test_the_payload_and_label_say_it_where_set():
+    config = TrainConfig(method="qlora", kbit_upcast=False)
+    payload = config.to_dict()
+    assert payload["kbit_upcast"] is False and payload["version"] == 3  # a version-2 reader would drop it
+    assert TrainConfig.from_dict(payload) == config
+    assert config.label().endswith("no-kbit-upcast")
+
+
+def test_the_request_field_derives_the_cli_option():
+    f = FIELDS["kbit_upcast"]
+    assert f.flag == "--kbit-upcast/--no-kbit-upcast" and f.qlora_only and not f.recipe
+
+
+def test_emit_calls_prepare_model_for_kbit_training_only_when_upcasting():
+    def script(config):
+        return render_train_script(model="m", plan_id="p", rank=1, label="l", seq_len=8, dtype="bfloat16", dtype_why="",
+                                   attention="sdpa", masked_lm=False, dataset=None, **settings.script_recipe(config))
+
+    upcast, kept = TrainConfig(method="qlora"), TrainConfig(method="qlora", kbit_upcast=False)
+    assert "KBIT_UPCAST = True" in script(upcast) and "KBIT_UPCAST = False" in script(kept)
+    assert 'if read_settings("bnb_config.json") and KBIT_UPCAST:' in script(kept)
+    assert not any("k-bit" in line for line in settings.run_assumptions(upcast))
+    assert any(line.startswith("no k-bit upcast") and "bfloat16" in line for line in settings.run_assumptions(kept))
