@@ -130,7 +130,9 @@ def _exotic(memo: MemoryMemo, *, node_ram: int, usable: int):
     terms, where the caller has them (a screened plan's, ``planner.search.Screened.fitting``)."""
     def exotic(config: TrainConfig, total: int, static=None) -> bool:
         sharding = config.sharding
-        host = (static or memo.static(config)).terms.host if sharding.offloaded else 0
+        if not sharding.offloaded:  # (pins nothing: the host share below is 0, never over the node's RAM)
+            return not sharding.spec.replicas and config.gpus == 1 and total <= usable
+        host = (static or memo.static(config)).terms.host
         if not sharding.spec.replicas and config.gpus == 1 and total + host <= usable:
             return True
         return host * config.gpus > EXOTIC_HOST_SHARE * node_ram
@@ -236,6 +238,9 @@ def _plan_facts(gpu: GPUSpec, exotic=None):
     item takes its id while the facts live (one search)."""
     bounds: dict = {}
     known: dict[int, tuple] = {}
+    # what the family decides (its safe bound, fidelity tier and key), once a family: a search ranks
+    # about a thousand plans of a few dozen families
+    kinds: dict[tuple, tuple[int, int, tuple]] = {}
 
     def facts(items: list[tuple]) -> list[tuple]:
         out = []
@@ -243,9 +248,13 @@ def _plan_facts(gpu: GPUSpec, exotic=None):
             found = known.get(id(item))
             if found is None:
                 config = item[0]
-                found = known[id(item)] = (item, int(item[2] > _safe_bound(config, gpu, bounds)),
-                                           int(exotic is not None and exotic(config, item[2], *item[3:])), fidelity_tier(config),
-                                           family_key(config), item[1].tokens_per_s)
+                family = family_key(config)
+                kind = kinds.get(family)
+                if kind is None:
+                    kind = kinds[family] = (_safe_bound(config, gpu, bounds), fidelity_tier(config), family)
+                found = known[id(item)] = (item, int(item[2] > kind[0]),
+                                           int(exotic is not None and exotic(config, item[2], *item[3:])), kind[1],
+                                           kind[2], item[1].tokens_per_s)
             out.append(found)
         return out
 
