@@ -18,8 +18,8 @@ import dataclasses
 from typing import Iterable, Iterator, NamedTuple
 
 from planner.advice import advice
-from planner.config import Optimizer, Precision, TrainConfig
-from planner.errors import NothingFitsError
+from planner.config import Method, Optimizer, Precision, TrainConfig
+from planner.errors import NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
 from planner.host import host_shortfall, node_ram_needed
 from planner.memory import estimate_memory, model_states_bytes
@@ -37,6 +37,7 @@ from planner.search import (
     plan_request,
     safe_bound,
     screen,
+    skipped_precisions,
     totals_by_split,
 )
 from planner.sharding import NONE
@@ -57,12 +58,21 @@ def suggest(
     top_k: int = 5,
     model_fingerprint: str = "",
     alternative: bool = True,
+    first_only: bool = False,
 ) -> PlanResult:
     """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does.
     ``alternative``: also rank by the other policy, for ``PlanResult.alternative`` (``planner.rent``
     reads the #1 plan only: 69 of the 310 full estimates of a ``--gpu any`` comparison of
-    Llama-3.1-8B were the other policy's)."""
+    Llama-3.1-8B were the other policy's). ``first_only`` (with ``top_k`` 1 and no alternative): the
+    caller reads the #1 plan and nothing else (``planner.rent``), found where it can be without
+    screening the whole space (``_first_of_full_fine_tuning``); the answer then has no rejections
+    and ``searched`` counts the candidates screened for it."""
     check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
+    if first_only and top_k == 1 and not alternative:
+        first = _first_of_full_fine_tuning(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len,
+                                           gpus=gpus, space=space, model_fingerprint=model_fingerprint)
+        if first is not None:
+            return first
     fitting, closest, searched, memo, usable, margin, speeds = screen(
         model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
     request = plan_request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space,
@@ -104,6 +114,57 @@ def suggest(
                       safety_margin_bytes=margin, prefer=str(space.prefer),
                       alternative=theirs[0] if theirs and theirs[0].config != plans[0].config else None,
                       advice=_edge_advice(plans, model=model, gpu=gpu, space=space))
+
+
+def _first_of_full_fine_tuning(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
+                               space: SearchSpace, model_fingerprint: str) -> PlanResult | None:
+    """The #1 plan under ``fidelity`` found by screening full fine-tuning alone, or None where
+    that cannot tell it (the caller then searches the whole space).
+
+    Under ``fidelity`` the first group key, 0, holds the plans that are not near the edge, of
+    fidelity tier 0 (full fine-tuning with fp32 master weights: every such plan is in this
+    screen) and plain, or exotic and faster than every plain plan by EXOTIC_WIN. The other methods
+    change that group only through the fastest plain plan, which only grows with them: an exotic
+    plan that is not in group 0 here is not in it there either. So where each ranking the
+    replays make here (``_replayed_plans``' ``decided``) begins with group 0 and holds no exotic
+    plan in it (``_led_by_plain_tier_zero``), its first plan is the whole space's: the same plans
+    in the same order (the screen makes each combination's plans alike wherever it screens it,
+    in the order of the rows, of which these are the first method's). A ``--gpu any`` comparison
+    of Llama-3.1-8B answered 70 of its 96 options with full fine-tuning, whose rows are about a
+    seventeenth of the space (LoRA and QLoRA have eight adapter variants each)."""
+    if space.prefer is not Prefer.FIDELITY or Method.FULL not in space.methods or len(space.methods) == 1 \
+            or skipped_precisions(gpu, space):  # (whose warning the whole search would say again)
+        return None
+    try:
+        full = dataclasses.replace(space, methods=(Method.FULL,))
+    except PlannerError:  # (a recipe of adapter settings only: no full fine-tuning of it)
+        return None
+    fitting, _, searched, memo, usable, margin, speeds = screen(
+        model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=full)
+    facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes, usable=usable))
+    plans = _replayed_plans(_ranking(fitting, Prefer.FIDELITY, facts), model=model, gpu=gpu, usable=usable, top_k=1,
+                            memo=memo, facts=facts, speeds=speeds, decided=_led_by_plain_tier_zero)
+    if not plans:
+        return None
+    request = plan_request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space,
+                           top_k=1, model_fingerprint=model_fingerprint)
+    return PlanResult(request=request, plans=plans, searched=searched, usable_bytes=usable, safety_margin_bytes=margin,
+                      prefer=str(space.prefer), advice=_edge_advice(plans, model=model, gpu=gpu, space=space))
+
+
+def _led_by_plain_tier_zero(ranked: _Ranked) -> bool:
+    """Whether the ranking (under ``fidelity``, not read yet) begins with group key 0 and every
+    plan of that key is plain (``_exotic``: not exotic), so the group does not depend on how fast
+    the plans of other methods are (``_first_of_full_fine_tuning``)."""
+    rows = ranked.by_speed
+    if not rows or rows[0][0] != 0:
+        return False
+    for key, _, _, facts in rows:
+        if key:
+            return True
+        if facts[2]:
+            return False
+    return True
 
 
 #: How much faster than every plain plan an exotic plan (``_exotic``) must be predicted to rank
@@ -151,7 +212,7 @@ def _safe_bound(config: TrainConfig, gpu: GPUSpec, bounds: dict) -> int:
 def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
                     prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None,
                     memo: MemoryMemo | None = None, facts=None,
-                    speeds: ThroughputMemo | None = None) -> tuple[Candidate, ...]:
+                    speeds: ThroughputMemo | None = None, decided=None) -> tuple[Candidate, ...] | None:
     """The top plans with their full estimates. The fast path screens with the allocator's
     stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
     caching allocator replayed on its step. One the replay finds too large for the usable memory
@@ -160,7 +221,9 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     the replay has just said that split is too large. A plan the replay finds near the edge
     (``near_edge``) where the screen did not moves after every plan that is not, and the same
     configuration with the next smaller micro-batch joins the ranking: the slot it stood for may
-    have a safe plan the replay has not seen yet."""
+    have a safe plan the replay has not seen yet. ``decided(ranking)``: whether a ranking (``_Ranked``)
+    of ``fitting`` and of each re-ranking is one whose first plan the caller can take; where one is
+    not, None is returned."""
     replays = {} if replays is None else replays
     memo = memo or MemoryMemo(model, gpu)
     speeds = speeds or ThroughputMemo(model, gpu)  # (times the plans it adds: the screen's, where given)
@@ -169,6 +232,8 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     ranked, read = iter(fitting), []  # read: the ranked plans _distinct has gone through
     edgy: set[int] = set()  # ids of the configurations the replay found near the edge
     while True:
+        if decided is not None and not decided(ranked):
+            return None
         plans, dropped, moved = [], set(), set()
         for cfg, _, total, *_ in _distinct(ranked, top_k, read):
             if cfg not in replays:
@@ -320,6 +385,11 @@ class _Ranked:
             self._reached, self._read = end, 0
         self._read += 1
         return self._group[self._read - 1]
+
+    @property
+    def by_speed(self) -> list[tuple]:
+        """(group key, -tokens/s, input index, facts) of every plan, in group key and speed order."""
+        return self._by_speed
 
     def unread(self) -> list[tuple]:
         return self._group[self._read:] + [row[3][0] for row in self._by_speed[self._reached:]]
