@@ -65,12 +65,12 @@ def suggest(
     reads the #1 plan only: 69 of the 310 full estimates of a ``--gpu any`` comparison of
     Llama-3.1-8B were the other policy's). ``first_only`` (with ``top_k`` 1 and no alternative): the
     caller reads the #1 plan and nothing else (``planner.rent``), found where it can be without
-    screening the whole space (``_first_of_full_fine_tuning``); the answer then has no rejections
+    screening the whole space (``_first_plan``); the answer then has no rejections
     and ``searched`` counts the candidates screened for it."""
     check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
     if first_only and top_k == 1 and not alternative:
-        first = _first_of_full_fine_tuning(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len,
-                                           gpus=gpus, space=space, model_fingerprint=model_fingerprint)
+        first = _first_plan(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus,
+                            space=space, model_fingerprint=model_fingerprint)
         if first is not None:
             return first
     fitting, closest, searched, memo, usable, margin, speeds = screen(
@@ -116,51 +116,65 @@ def suggest(
                       advice=_edge_advice(plans, model=model, gpu=gpu, space=space))
 
 
-def _first_of_full_fine_tuning(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
-                               space: SearchSpace, model_fingerprint: str) -> PlanResult | None:
-    """The #1 plan under ``fidelity`` found by screening full fine-tuning alone, or None where
-    that cannot tell it (the caller then searches the whole space).
-
-    Under ``fidelity`` the first group key, 0, holds the plans that are not near the edge, of
-    fidelity tier 0 (full fine-tuning with fp32 master weights: every such plan is in this
-    screen) and plain, or exotic and faster than every plain plan by EXOTIC_WIN. The other methods
-    change that group only through the fastest plain plan, which only grows with them: an exotic
-    plan that is not in group 0 here is not in it there either. So where each ranking the
-    replays make here (``_replayed_plans``' ``decided``) begins with group 0 and holds no exotic
-    plan in it (``_led_by_plain_tier_zero``), its first plan is the whole space's: the same plans
-    in the same order (the screen makes each combination's plans alike wherever it screens it,
-    in the order of the rows, of which these are the first method's). A ``--gpu any`` comparison
-    of Llama-3.1-8B answered 70 of its 96 options with full fine-tuning, whose rows are about a
-    seventeenth of the space (LoRA and QLoRA have eight adapter variants each)."""
-    if space.prefer is not Prefer.FIDELITY or Method.FULL not in space.methods or len(space.methods) == 1 \
-            or skipped_precisions(gpu, space):  # (whose warning the whole search would say again)
-        return None
-    try:
-        full = dataclasses.replace(space, methods=(Method.FULL,))
-    except PlannerError:  # (a recipe of adapter settings only: no full fine-tuning of it)
-        return None
-    fitting, _, searched, memo, usable, margin, speeds = screen(
-        model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=full)
-    facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes, usable=usable))
-    plans = _replayed_plans(_ranking(fitting, Prefer.FIDELITY, facts), model=model, gpu=gpu, usable=usable, top_k=1,
-                            memo=memo, facts=facts, speeds=speeds, decided=_led_by_plain_tier_zero)
-    if not plans:
-        return None
-    request = plan_request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space,
-                           top_k=1, model_fingerprint=model_fingerprint)
-    return PlanResult(request=request, plans=plans, searched=searched, usable_bytes=usable, safety_margin_bytes=margin,
-                      prefer=str(space.prefer), advice=_edge_advice(plans, model=model, gpu=gpu, space=space))
+#: The methods ``_first_plan`` screens before the whole space, each with the last group key all of
+#: whose plans they hold: fidelity tier 0 is full fine-tuning's with fp32 master weights, 1 LoRA's,
+#: 2 QLoRA's (``fidelity_tier``; tests/usecases/test_rent.py holds the other methods' tiers above).
+FIRST_METHODS = (((Method.FULL,), 0), ((Method.FULL, Method.LORA), 1))
 
 
-def _led_by_plain_tier_zero(ranked: _Ranked) -> bool:
-    """Whether the ranking (under ``fidelity``, not read yet) begins with group key 0 and every
-    plan of that key is plain (``_exotic``: not exotic), so the group does not depend on how fast
-    the plans of other methods are (``_first_of_full_fine_tuning``)."""
+def _first_plan(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
+                space: SearchSpace, model_fingerprint: str) -> PlanResult | None:
+    """The #1 plan under ``fidelity`` found by screening the most faithful methods alone
+    (FIRST_METHODS, in turn), or None where they cannot tell it (the caller then searches the
+    whole space).
+
+    Under ``fidelity`` a group key up to 3 holds the plans of that fidelity tier that are not near
+    the edge and are plain, or exotic and faster than every plain plan by EXOTIC_WIN. The methods
+    left out change such a group only through the fastest plain plan, which only grows with them:
+    an exotic plan that is not in the group here is not in it there either. So where each ranking
+    the replays make here (``_replayed_plans``' ``decided``) begins with a group key the screened
+    methods hold every plan of, with no exotic plan (``_led_by_plain``), its first plan is the
+    whole space's: the same plans in the same order (the screen makes each combination's plans
+    alike wherever it screens it, in the order of the rows, here without the other methods'). A ``--gpu any`` comparison of Llama-3.1-8B answered 70 of its 96 options with full
+    fine-tuning, whose rows are about a seventeenth of the space (LoRA and QLoRA have eight
+    adapter variants each), and 21 with LoRA."""
+    if space.prefer is not Prefer.FIDELITY or skipped_precisions(gpu, space):  # (its warning, said twice)
+        return None
+    screened: tuple = ()
+    for methods, last_key in FIRST_METHODS:
+        subset = tuple(m for m in space.methods if m in methods)
+        if subset in (screened, space.methods):
+            continue  # (nothing to screen, screened already, or the whole space)
+        screened = subset
+        try:
+            some = dataclasses.replace(space, methods=subset)
+        except PlannerError:  # (a recipe of adapter settings only: no full fine-tuning of it)
+            continue
+        fitting, _, searched, memo, usable, margin, speeds = screen(
+            model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=some)
+        facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes, usable=usable))
+        plans = _replayed_plans(_ranking(fitting, Prefer.FIDELITY, facts), model=model, gpu=gpu, usable=usable,
+                                top_k=1, memo=memo, facts=facts, speeds=speeds,
+                                decided=lambda ranked, last=last_key: _led_by_plain(ranked, last))
+        if plans:
+            request = plan_request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus,
+                                   space=space, top_k=1, model_fingerprint=model_fingerprint)
+            return PlanResult(request=request, plans=plans, searched=searched, usable_bytes=usable,
+                              safety_margin_bytes=margin, prefer=str(space.prefer),
+                              advice=_edge_advice(plans, model=model, gpu=gpu, space=space))
+    return None
+
+
+def _led_by_plain(ranked: _Ranked, last_key: int) -> bool:
+    """Whether the ranking (under ``fidelity``, not read yet) begins with a group key up to
+    ``last_key`` and every plan of that key is plain (``_exotic``: not exotic), so the group does
+    not depend on how fast the plans of the methods not screened are (``_first_plan``)."""
     rows = ranked.by_speed
-    if not rows or rows[0][0] != 0:
+    if not rows or rows[0][0] > last_key:
         return False
+    first = rows[0][0]
     for key, _, _, facts in rows:
-        if key:
+        if key != first:
             return True
         if facts[2]:
             return False

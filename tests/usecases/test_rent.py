@@ -257,7 +257,7 @@ def test_a_childs_error_is_raised_in_the_parent(tiny, monkeypatch):
 ])
 def test_the_first_plan_alone_is_the_whole_searchs_first(model_id, gpus, target_batch, extra):
     """``make_plan(first_only=True)`` (what ``compare_gpus`` asks) screens full fine-tuning alone
-    where that decides the #1 plan (``ranking._first_of_full_fine_tuning``), else the whole space:
+    and then with LoRA where that decides the #1 plan (``ranking._first_plan``), else the whole space:
     either way its #1 plan is the whole search's, estimates included; both paths are taken here
     (GPUs that full fine-tuning fits and GPUs it does not)."""
     import dataclasses
@@ -268,7 +268,7 @@ def test_the_first_plan_alone_is_the_whole_searchs_first(model_id, gpus, target_
 
     spec = resolve_model(model_id)
     answered = []
-    real = ranking._first_of_full_fine_tuning
+    real = ranking._first_plan
 
     def counted(**kwargs):
         answered.append(real(**kwargs) is not None)
@@ -276,7 +276,7 @@ def test_the_first_plan_alone_is_the_whole_searchs_first(model_id, gpus, target_
 
     request = SuggestRequest(model=model_id, gpu="a10g", target_batch=target_batch, top_k=1, **extra)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ranking, "_first_of_full_fine_tuning", counted)
+        patch.setattr(ranking, "_first_plan", counted)
         for gpu in ("t4", "a10g", "a100-80gb"):
             for n in gpus:
                 one = dataclasses.replace(request, gpu=gpu, gpus=n)
@@ -290,3 +290,21 @@ def test_the_first_plan_alone_is_the_whole_searchs_first(model_id, gpus, target_
                 assert first == (whole,), (gpu, n)
     if model_id == "meta-llama/Llama-3.1-8B":
         assert True in answered and False in answered
+
+
+def test_the_methods_screened_first_hold_every_plan_of_their_group_keys():
+    """``ranking.FIRST_METHODS``: every plan of a method left out of a step has a fidelity tier past
+    the step's last group key, over every precision and sharding."""
+    from planner.catalog import resolve_model
+    from planner.config import Precision
+    from planner.gpus import get_gpu
+    from planner.ranking import FIRST_METHODS
+    from planner.search import SearchSpace, enumerate_configs
+    from planner.tradeoffs import fidelity_tier
+
+    configs = list(enumerate_configs(model=resolve_model("gpt2"), gpu=get_gpu("h100-80gb"), target_batch=2,
+                                     seq_len=128, gpus=1, space=SearchSpace(precisions=tuple(Precision),
+                                                                            cpu_mem_bytes=1 << 40, lora_ranks=(8,))))
+    assert {c.method for c in configs} == set(SearchSpace().methods)
+    for methods, last_key in FIRST_METHODS:
+        assert all(fidelity_tier(c) > last_key for c in configs if c.method not in methods), methods
