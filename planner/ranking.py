@@ -68,9 +68,10 @@ def suggest(
     screening the whole space (``_first_plan``); the answer then has no rejections
     and ``searched`` counts the candidates screened for it."""
     check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
+    replays: dict[TrainConfig, object] = {}  # (the full estimates made, by configuration: one device and budget)
     if first_only and top_k == 1 and not alternative:
         first = _first_plan(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus,
-                            space=space, model_fingerprint=model_fingerprint)
+                            space=space, model_fingerprint=model_fingerprint, replays=replays)
         if first is not None:
             return first
     fitting, closest, searched, memo, usable, margin, speeds = screen(
@@ -84,7 +85,6 @@ def suggest(
     # each family's closest try (as the fast path screened it), most faithful method first, then
     # the nearest miss
     by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
-    replays: dict[TrainConfig, object] = {}
     facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes, usable=usable))  # read by both policies' rankings
     plans = _replayed_plans(_ranking(fitting, space.prefer, facts), model=model, gpu=gpu,
                             usable=usable, top_k=top_k, prefer=space.prefer, replays=replays, memo=memo, facts=facts,
@@ -123,10 +123,10 @@ FIRST_METHODS = (((Method.FULL,), 0), ((Method.FULL, Method.LORA), 1))
 
 
 def _first_plan(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
-                space: SearchSpace, model_fingerprint: str) -> PlanResult | None:
+                space: SearchSpace, model_fingerprint: str, replays: dict) -> PlanResult | None:
     """The #1 plan under ``fidelity`` found by screening the most faithful methods alone
     (FIRST_METHODS, in turn), or None where they cannot tell it (the caller then searches the
-    whole space).
+    whole space, with the full estimates made here: ``replays``).
 
     Under ``fidelity`` a group key up to 3 holds the plans of that fidelity tier that are not near
     the edge and are plain, or exotic and faster than every plain plan by EXOTIC_WIN. The methods
@@ -154,7 +154,7 @@ def _first_plan(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: i
             model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=some)
         facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes, usable=usable))
         plans = _replayed_plans(_ranking(fitting, Prefer.FIDELITY, facts), model=model, gpu=gpu, usable=usable,
-                                top_k=1, memo=memo, facts=facts, speeds=speeds,
+                                top_k=1, replays=replays, memo=memo, facts=facts, speeds=speeds,
                                 decided=lambda ranked, last=last_key: _led_by_plain(ranked, last))
         if plans:
             request = plan_request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus,
