@@ -91,12 +91,12 @@ def warm() -> None:
 
 
 def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
-              calibration: "Calibration | None" = None, alternative: bool = True) -> Planned:
+              calibration: "Calibration | None" = None, alternative: bool = True, first_only: bool = False) -> Planned:
     """Resolve, validate and search. ``spec`` replaces resolving ``request.model`` (a config sent
     inline over HTTP); ``calibration``: the device's active one (``planner calibrate``), which the
     plans use and name in their assumptions. Raises ``PlannerError``s for bad input and
     ``NothingFitsError`` (with the closest tries) when nothing fits. ``alternative``: rank by the
-    other policy too (``ranking.suggest``)."""
+    other policy too; ``first_only``: the caller reads the #1 plan alone (``ranking.suggest``)."""
     from planner.calibration import apply_calibration
     from planner.catalog import fingerprint
     from planner.config import Method, Precision
@@ -134,7 +134,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
     result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=seq, gpus=request.gpus,
                      space=space, top_k=request.top_k, model_fingerprint=fingerprint(spec),
-                     alternative=alternative)
+                     alternative=alternative, first_only=first_only)
     return Planned(result=result, spec=spec, device=device, host_bytes=host, host_source=source,
                    seq_defaulted=request.seq_len is None)
 

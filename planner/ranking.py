@@ -18,8 +18,8 @@ import dataclasses
 from typing import Iterable, Iterator, NamedTuple
 
 from planner.advice import advice
-from planner.config import Optimizer, Precision, TrainConfig
-from planner.errors import NothingFitsError
+from planner.config import Method, Optimizer, Precision, TrainConfig
+from planner.errors import NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
 from planner.host import host_shortfall, node_ram_needed
 from planner.memory import estimate_memory, model_states_bytes
@@ -37,6 +37,7 @@ from planner.search import (
     plan_request,
     safe_bound,
     screen,
+    skipped_precisions,
     totals_by_split,
 )
 from planner.sharding import NONE
@@ -57,12 +58,22 @@ def suggest(
     top_k: int = 5,
     model_fingerprint: str = "",
     alternative: bool = True,
+    first_only: bool = False,
 ) -> PlanResult:
     """Rank the configurations that fit; raise ``NothingFitsError`` (exit 3) when none does.
     ``alternative``: also rank by the other policy, for ``PlanResult.alternative`` (``planner.rent``
     reads the #1 plan only: 69 of the 310 full estimates of a ``--gpu any`` comparison of
-    Llama-3.1-8B were the other policy's)."""
+    Llama-3.1-8B were the other policy's). ``first_only`` (with ``top_k`` 1 and no alternative): the
+    caller reads the #1 plan and nothing else (``planner.rent``), found where it can be without
+    screening the whole space (``_first_plan``); the answer then has no rejections
+    and ``searched`` counts the candidates screened for it."""
     check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
+    replays: dict[TrainConfig, object] = {}  # (the full estimates made, by configuration: one device and budget)
+    if first_only and top_k == 1 and not alternative:
+        first = _first_plan(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus,
+                            space=space, model_fingerprint=model_fingerprint, replays=replays)
+        if first is not None:
+            return first
     fitting, closest, searched, memo, usable, margin, speeds = screen(
         model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
     request = plan_request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space,
@@ -74,7 +85,6 @@ def suggest(
     # each family's closest try (as the fast path screened it), most faithful method first, then
     # the nearest miss
     by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
-    replays: dict[TrainConfig, object] = {}
     facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes, usable=usable))  # read by both policies' rankings
     plans = _replayed_plans(_ranking(fitting, space.prefer, facts), model=model, gpu=gpu,
                             usable=usable, top_k=top_k, prefer=space.prefer, replays=replays, memo=memo, facts=facts,
@@ -106,6 +116,72 @@ def suggest(
                       advice=_edge_advice(plans, model=model, gpu=gpu, space=space))
 
 
+#: The methods ``_first_plan`` screens before the whole space, each with the last group key all of
+#: whose plans they hold: fidelity tier 0 is full fine-tuning's with fp32 master weights, 1 LoRA's,
+#: 2 QLoRA's (``fidelity_tier``; tests/usecases/test_rent.py holds the other methods' tiers above).
+FIRST_METHODS = (((Method.FULL,), 0), ((Method.FULL, Method.LORA), 1))
+
+
+def _first_plan(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
+                space: SearchSpace, model_fingerprint: str, replays: dict) -> PlanResult | None:
+    """The #1 plan under ``fidelity`` found by screening the most faithful methods alone
+    (FIRST_METHODS, in turn), or None where they cannot tell it (the caller then searches the
+    whole space, with the full estimates made here: ``replays``).
+
+    Under ``fidelity`` a group key up to 3 holds the plans of that fidelity tier that are not near
+    the edge and are plain, or exotic and faster than every plain plan by EXOTIC_WIN. The methods
+    left out change such a group only through the fastest plain plan, which only grows with them:
+    an exotic plan that is not in the group here is not in it there either. So where each ranking
+    the replays make here (``_replayed_plans``' ``decided``) begins with a group key the screened
+    methods hold every plan of, with no exotic plan (``_led_by_plain``), its first plan is the
+    whole space's: the same plans in the same order (the screen makes each combination's plans
+    alike wherever it screens it, in the order of the rows, here without the other methods'). A
+    ``--gpu any`` comparison of Llama-3.1-8B answered 70 of its 96 options with full fine-tuning,
+    whose rows are about a seventeenth of the space (LoRA and QLoRA have eight adapter variants
+    each), and 21 with LoRA: its searches took 2.95 s of CPU rather than 6.4 s."""
+    if space.prefer is not Prefer.FIDELITY or skipped_precisions(gpu, space):  # (its warning, said twice)
+        return None
+    screened: tuple = ()
+    for methods, last_key in FIRST_METHODS:
+        subset = tuple(m for m in space.methods if m in methods)
+        if subset in (screened, space.methods):
+            continue  # (nothing to screen, screened already, or the whole space)
+        screened = subset
+        try:
+            some = dataclasses.replace(space, methods=subset)
+        except PlannerError:  # (a recipe of adapter settings only: no full fine-tuning of it)
+            continue
+        fitting, _, searched, memo, usable, margin, speeds = screen(
+            model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=some)
+        facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes, usable=usable))
+        plans = _replayed_plans(_ranking(fitting, Prefer.FIDELITY, facts), model=model, gpu=gpu, usable=usable,
+                                top_k=1, replays=replays, memo=memo, facts=facts, speeds=speeds,
+                                decided=lambda ranked, last=last_key: _led_by_plain(ranked, last))
+        if plans:
+            request = plan_request(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus,
+                                   space=space, top_k=1, model_fingerprint=model_fingerprint)
+            return PlanResult(request=request, plans=plans, searched=searched, usable_bytes=usable,
+                              safety_margin_bytes=margin, prefer=str(space.prefer),
+                              advice=_edge_advice(plans, model=model, gpu=gpu, space=space))
+    return None
+
+
+def _led_by_plain(ranked: _Ranked, last_key: int) -> bool:
+    """Whether the ranking (under ``fidelity``, not read yet) begins with a group key up to
+    ``last_key`` and every plan of that key is plain (``_exotic``: not exotic), so the group does
+    not depend on how fast the plans of the methods not screened are (``_first_plan``)."""
+    rows = ranked.by_speed
+    if not rows or rows[0][0] > last_key:
+        return False
+    first = rows[0][0]
+    for key, _, _, facts in rows:
+        if key != first:
+            return True
+        if facts[2]:
+            return False
+    return True
+
+
 #: How much faster than every plain plan an exotic plan (``_exotic``) must be predicted to rank
 #: before them: the throughput model's median absolute error on published runs, rounded up
 #: (bench/results/throughput.md: 8.8 % over 76 rows). A smaller predicted gain is one the model
@@ -130,7 +206,9 @@ def _exotic(memo: MemoryMemo, *, node_ram: int, usable: int):
     terms, where the caller has them (a screened plan's, ``planner.search.Screened.fitting``)."""
     def exotic(config: TrainConfig, total: int, static=None) -> bool:
         sharding = config.sharding
-        host = (static or memo.static(config)).terms.host if sharding.offloaded else 0
+        if not sharding.offloaded:  # (pins nothing: the host share below is 0, never over the node's RAM)
+            return not sharding.spec.replicas and config.gpus == 1 and total <= usable
+        host = (static or memo.static(config)).terms.host
         if not sharding.spec.replicas and config.gpus == 1 and total + host <= usable:
             return True
         return host * config.gpus > EXOTIC_HOST_SHARE * node_ram
@@ -149,7 +227,7 @@ def _safe_bound(config: TrainConfig, gpu: GPUSpec, bounds: dict) -> int:
 def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
                     prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None,
                     memo: MemoryMemo | None = None, facts=None,
-                    speeds: ThroughputMemo | None = None) -> tuple[Candidate, ...]:
+                    speeds: ThroughputMemo | None = None, decided=None) -> tuple[Candidate, ...] | None:
     """The top plans with their full estimates. The fast path screens with the allocator's
     stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
     caching allocator replayed on its step. One the replay finds too large for the usable memory
@@ -158,7 +236,9 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     the replay has just said that split is too large. A plan the replay finds near the edge
     (``near_edge``) where the screen did not moves after every plan that is not, and the same
     configuration with the next smaller micro-batch joins the ranking: the slot it stood for may
-    have a safe plan the replay has not seen yet."""
+    have a safe plan the replay has not seen yet. ``decided(ranking)``: whether a ranking (``_Ranked``)
+    of ``fitting`` and of each re-ranking is one whose first plan the caller can take; where one is
+    not, None is returned."""
     replays = {} if replays is None else replays
     memo = memo or MemoryMemo(model, gpu)
     speeds = speeds or ThroughputMemo(model, gpu)  # (times the plans it adds: the screen's, where given)
@@ -167,6 +247,8 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     ranked, read = iter(fitting), []  # read: the ranked plans _distinct has gone through
     edgy: set[int] = set()  # ids of the configurations the replay found near the edge
     while True:
+        if decided is not None and not decided(ranked):
+            return None
         plans, dropped, moved = [], set(), set()
         for cfg, _, total, *_ in _distinct(ranked, top_k, read):
             if cfg not in replays:
@@ -236,6 +318,9 @@ def _plan_facts(gpu: GPUSpec, exotic=None):
     item takes its id while the facts live (one search)."""
     bounds: dict = {}
     known: dict[int, tuple] = {}
+    # what the family decides (its safe bound, fidelity tier and key), once a family: a search ranks
+    # about a thousand plans of a few dozen families
+    kinds: dict[tuple, tuple[int, int, tuple]] = {}
 
     def facts(items: list[tuple]) -> list[tuple]:
         out = []
@@ -243,9 +328,13 @@ def _plan_facts(gpu: GPUSpec, exotic=None):
             found = known.get(id(item))
             if found is None:
                 config = item[0]
-                found = known[id(item)] = (item, int(item[2] > _safe_bound(config, gpu, bounds)),
-                                           int(exotic is not None and exotic(config, item[2], *item[3:])), fidelity_tier(config),
-                                           family_key(config), item[1].tokens_per_s)
+                family = family_key(config)
+                kind = kinds.get(family)
+                if kind is None:
+                    kind = kinds[family] = (_safe_bound(config, gpu, bounds), fidelity_tier(config), family)
+                found = known[id(item)] = (item, int(item[2] > kind[0]),
+                                           int(exotic is not None and exotic(config, item[2], *item[3:])), kind[1],
+                                           kind[2], item[1].tokens_per_s)
             out.append(found)
         return out
 
@@ -311,6 +400,11 @@ class _Ranked:
             self._reached, self._read = end, 0
         self._read += 1
         return self._group[self._read - 1]
+
+    @property
+    def by_speed(self) -> list[tuple]:
+        """(group key, -tokens/s, input index, facts) of every plan, in group key and speed order."""
+        return self._by_speed
 
     def unread(self) -> list[tuple]:
         return self._group[self._read:] + [row[3][0] for row in self._by_speed[self._reached:]]

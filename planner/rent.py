@@ -316,8 +316,8 @@ def _option(request: "SuggestRequest", *, spec: "ModelSpec", gpu: str, gpus: int
 
     one = dataclasses.replace(request, gpu=gpu, gpus=gpus, top_k=1)
     try:
-        # (the option reads its #1 plan only: no ranking by the other policy)
-        planned = make_plan(one, spec=spec, calibration=calibration, alternative=False)
+        # (the option reads its #1 plan only: no ranking by the other policy, no rejections)
+        planned = make_plan(one, spec=spec, calibration=calibration, alternative=False, first_only=True)
     except NothingFitsError as exc:
         return RentOption(gpu=gpu, gpus=gpus, price=price, plan=None, tokens=tokens, reason=str(exc).split("\n")[0])
     # (make_plan raises NothingFitsError rather than answer without a plan)

@@ -814,12 +814,17 @@ class Screened(NamedTuple):
     """The throughput model's memo the screen timed the plans with, for the plans the ranking adds."""
 
 
+def skipped_precisions(gpu: GPUSpec, space: SearchSpace) -> list[str]:
+    """The space's precisions the GPU cannot run, which ``screen`` warns of."""
+    # fp8 is skipped without a word where the GPU has no FP8 (an accelerator asked alone is refused: _precisions)
+    return [str(p) for p in space.precisions or () if p not in _precisions(gpu, space) and p is not Precision.FP8]
+
+
 def screen(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gpus: int,
            space: SearchSpace) -> Screened:
     """Screen every combination of the space with the fast path (``_screen``), warning of the
     space's precisions the GPU cannot run."""
-    # fp8 is skipped without a word where the GPU has no FP8 (an accelerator asked alone is refused: _precisions)
-    skipped = [str(p) for p in space.precisions or () if p not in _precisions(gpu, space) and p is not Precision.FP8]
+    skipped = skipped_precisions(gpu, space)
     if skipped:
         warnings.warn(f"{gpu.display_name} cannot run {', '.join(skipped)} (bf16 needs compute capability 8.0): "
                       "searching the space's other precisions", stacklevel=3)

@@ -101,3 +101,22 @@ def test_the_unread_plans_rank_again_as_the_whole_order_does(seed):
             again = [p for p in read + unread if id(p[0]) not in dropped]
             reference = [p for p in whole if id(p[0]) not in dropped]
             assert list(_ranking(again, prefer, facts, edgy=edgy)) == _reference(reference, prefer, facts, edgy)
+
+
+def test_what_the_ranking_reads_of_a_family_is_one_per_family():
+    """``_plan_facts`` works out a plan's safe bound and fidelity tier once per family
+    (``family_key``): over every configuration of a search's space (every precision, method and
+    sharding on 1 and 2 GPUs), both are equal within each family."""
+    from planner.catalog import resolve_model
+    from planner.gpus import get_gpu
+    from planner.search import SearchSpace, enumerate_configs, family_key, safe_bound
+    from planner.tradeoffs import fidelity_tier
+
+    model, gpu = resolve_model("gpt2"), get_gpu("a100-80gb")
+    space = SearchSpace(precisions=tuple(Precision), cpu_mem_bytes=1 << 40, lora_ranks=(8,))
+    seen: dict[tuple, tuple] = {}
+    for gpus in (1, 2):
+        for config in enumerate_configs(model=model, gpu=gpu, target_batch=4, seq_len=128, gpus=gpus, space=space):
+            facts = (safe_bound(config.method, gpu), fidelity_tier(config))
+            assert seen.setdefault(family_key(config), facts) == facts, config.label()
+    assert len(seen) > 20

@@ -9,7 +9,7 @@ import json
 import pytest
 from support.cli import assert_user_error, write_config
 
-from planner.errors import InvalidConfigError
+from planner.errors import InvalidConfigError, NothingFitsError
 from planner.planning import SuggestRequest
 from planner.pricing import YOUR_FILE, load_prices
 from planner.rent import DEFAULT_TOKENS, compare_gpus, parse_tokens, workload
@@ -247,3 +247,64 @@ def test_a_childs_error_is_raised_in_the_parent(tiny, monkeypatch):
         compare_gpus(SuggestRequest(model=str(tiny), gpu="any", target_batch=8),
                      workload=workload(tokens=10**9), prices=load_prices(), gpus_max=1, gpu_names=["t4", "a10g"],
                      processes=2)
+
+
+@pytest.mark.parametrize("model_id, gpus, target_batch, extra", [
+    ("meta-llama/Llama-3.1-8B", (1, 8), 32, {}),
+    ("meta-llama/Llama-2-7b-hf", (2,), 8, {"allow_offload": False}),
+    ("Qwen/Qwen2.5-0.5B", (1,), 128, {"seq_len": 4096}),
+    ("meta-llama/Llama-3.2-1B", (1,), 32, {"precision": "fp32"}),
+])
+def test_the_first_plan_alone_is_the_whole_searchs_first(model_id, gpus, target_batch, extra):
+    """``make_plan(first_only=True)`` (what ``compare_gpus`` asks) screens full fine-tuning alone
+    and then with LoRA where that decides the #1 plan (``ranking._first_plan``), else the whole space:
+    either way its #1 plan is the whole search's, estimates included; both paths are taken here
+    (GPUs that full fine-tuning fits and GPUs it does not)."""
+    import dataclasses
+
+    from planner import ranking
+    from planner.catalog import resolve_model
+    from planner.planning import make_plan
+
+    spec = resolve_model(model_id)
+    answered = []
+    real = ranking._first_plan
+
+    def counted(**kwargs):
+        answered.append(real(**kwargs) is not None)
+        return real(**kwargs)
+
+    request = SuggestRequest(model=model_id, gpu="a10g", target_batch=target_batch, top_k=1, **extra)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ranking, "_first_plan", counted)
+        for gpu in ("t4", "a10g", "a100-80gb"):
+            for n in gpus:
+                one = dataclasses.replace(request, gpu=gpu, gpus=n)
+                try:
+                    whole = make_plan(one, spec=spec, alternative=False).result.plans[0]
+                except NothingFitsError:
+                    with pytest.raises(NothingFitsError):
+                        make_plan(one, spec=spec, alternative=False, first_only=True)
+                    continue
+                first = make_plan(one, spec=spec, alternative=False, first_only=True).result.plans
+                assert first == (whole,), (gpu, n)
+    if model_id == "meta-llama/Llama-3.1-8B":
+        assert True in answered and False in answered
+
+
+def test_the_methods_screened_first_hold_every_plan_of_their_group_keys():
+    """``ranking.FIRST_METHODS``: every plan of a method left out of a step has a fidelity tier past
+    the step's last group key, over every precision and sharding."""
+    from planner.catalog import resolve_model
+    from planner.config import Precision
+    from planner.gpus import get_gpu
+    from planner.ranking import FIRST_METHODS
+    from planner.search import SearchSpace, enumerate_configs
+    from planner.tradeoffs import fidelity_tier
+
+    configs = list(enumerate_configs(model=resolve_model("gpt2"), gpu=get_gpu("h100-80gb"), target_batch=2,
+                                     seq_len=128, gpus=1, space=SearchSpace(precisions=tuple(Precision),
+                                                                            cpu_mem_bytes=1 << 40, lora_ranks=(8,))))
+    assert {c.method for c in configs} == set(SearchSpace().methods)
+    for methods, last_key in FIRST_METHODS:
+        assert all(fidelity_tier(c) > last_key for c in configs if c.method not in methods), methods
