@@ -168,11 +168,7 @@ def cause(r: dict[str, Any]) -> str:
     if over and r["method"] == "qlora":
         found.append("bitsandbytes' dequantise-then-matmul per call: its small kernels and fp32 upcasts are counted at "
                      f"memory speed ({shares['dequant'] + shares['elementwise']:.0%} of the predicted step)")
-    if not over and r["method"] == "qlora" and s.get("kbit_upcast") is False:
-        found.append("planned without the k-bit upcast (kbit_upcast false: the memory model's 16-bit stream), but the step "
-                     "prices QLoRA's stream at fp32 by the method (planner.kernels fp32_stream: norms, rotary, the "
-                     f"activation and Linear4bit's casts, {shares['elementwise']:.0%} of the predicted step)")
-    elif not over and r["method"] == "qlora":
+    if not over and r["method"] == "qlora" and s.get("kbit_upcast", True):
         found.append("the planner's QLoRA is peft's prepare_model_for_kbit_training: an fp32 residual stream (norms, rotary, "
                      "the activation and Linear4bit's casts in and out at fp32, "
                      f"{shares['elementwise']:.0%} of the predicted step); a stack that keeps it 16-bit (fms's "

@@ -456,9 +456,15 @@ def fp32_stream(config: TrainConfig) -> bool:
     the norms return fp32 (transformers' RMSNorm ``self.weight * hidden_states.to(input_dtype)``,
     modeling_llama.py:67, promotes to its weight's dtype; LayerNorm is on torch autocast's fp32 op
     list) and the residual adds stay fp32. Under QLoRA, peft's ``prepare_model_for_kbit_training``
-    casts every non-quantised parameter (norms, embeddings) to fp32 (peft 0.21 utils/other.py:204);
-    under torch AMP every weight is fp32 (``casts_weights``)."""
-    return config.method is Method.QLORA or casts_weights(config)
+    casts every non-quantised parameter (norms, embeddings) to fp32 (peft 0.21 utils/other.py:204),
+    unless the recipe skips that upcast (``kbit_upcast``: LLaMA-Factory, torchtune, fms's
+    accelerated-peft-bnb); under torch AMP every weight is fp32 (``casts_weights``)."""
+    return _upcast_qlora(config) or casts_weights(config)
+
+
+def _upcast_qlora(config: TrainConfig) -> bool:
+    """QLoRA after peft's k-bit upcast: its non-4-bit tensors, and so its stream, are fp32."""
+    return config.method is Method.QLORA and config.kbit_upcast
 
 
 def block_forward_bytes(model: ModelSpec, config: TrainConfig) -> float:
@@ -470,7 +476,7 @@ def block_forward_bytes(model: ModelSpec, config: TrainConfig) -> float:
     # nn/modules.py:626-637, ``matmul_4bit(...).to(inp_dtype)``): under QLoRA the projections that
     # read the fp32 stream return fp32, so rotary and the MLP activation run in fp32 too; under AMP
     # the linears return 16-bit and only the norms and residuals are fp32
-    qlora = config.method is Method.QLORA
+    qlora = _upcast_qlora(config)
     if fp32_stream(config):
         per *= FP32_STREAM
     if model.position == "rope":
@@ -495,7 +501,7 @@ def stream_cast_elements(model: ModelSpec, config: TrainConfig) -> float:
     kernel's output (its casts are no-ops)."""
     if not fp32_stream(config) or config.precision is Precision.FP32:
         return 0.0
-    qlora = config.method is Method.QLORA
+    qlora = _upcast_qlora(config)
     total = 0.0
     for n, lin in _linears(model):
         if not lin.module or not (lin.kind in _READS_STREAM or qlora and lin.kind is LinearKind.MLP_OUT):

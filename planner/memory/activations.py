@@ -463,7 +463,7 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         return out
     if full or config.sharding.spec.linear_saves_input:
         out["lm_head/input"] = e * h * (HALF if mode.autocast else mode.residual)
-    if mode.autocast:
+    if mode.autocast and mode.weight == FP32:  # a 16-bit head (QLoRA without the upcast) casts nothing
         out["autocast/weight_casts"] = model.vocab_size * h * HALF
     if mode.fp8:
         out.update(fp8_first_linear(model))

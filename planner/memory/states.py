@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
-from planner.memory.dtypes import ADAPTER_BYTES, FP32, DtypeMode, mode_of, nf4_bytes, trainable_bytes
+from planner.memory.dtypes import ADAPTER_BYTES, DtypeMode, mode_of, nf4_bytes, trainable_bytes
 from planner.memory.parameters import (
     Trained,
     largest_gradient_elements,
@@ -64,7 +64,10 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | No
     if config.method is _QLORA:
         q = _model_terms(model)[2]  # quantized_linear_params
         out["weights/nf4"] = int(nf4_bytes(q))
-        out["weights/unquantized"] = (model.params_total - q) * FP32
+        # the non-4-bit tensors (norms, embeddings, head) in the mode's weight dtype: fp32 after
+        # peft's k-bit upcast (prepare_model_for_kbit_training, peft 0.21 utils/other.py:204-209),
+        # the compute dtype without it or where a library casts the model to 16 bits
+        out["weights/unquantized"] = (model.params_total - q) * mode.weight
     else:
         out["weights"] = model.params_total * mode.weight
     if config.method.uses_adapters:

@@ -90,10 +90,6 @@ NO_UPCAST = [(LLAMA, dict(method="qlora", kbit_upcast=False)), (LLAMA, dict(meth
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="planner/memory/states.py counts QLoRA's unquantised weights at fp32 "
-                   "(weights/unquantized: FP32, not mode.weight) and activations.py the head's autocast weight cast "
-                   "whatever the head's dtype (not only where mode.weight is fp32): +23% and +29% until both read "
-                   "the mode (-0.2% and -0.5% with them)")
 def test_qlora_without_the_kbit_upcast_within_4_percent():
     off = {}
     for arch, changes in NO_UPCAST:
