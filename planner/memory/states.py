@@ -66,7 +66,9 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | No
         out["weights/nf4"] = int(nf4_bytes(q))
         # the non-4-bit tensors (norms, embeddings, head) in the mode's weight dtype: fp32 after
         # peft's k-bit upcast (prepare_model_for_kbit_training, peft 0.21 utils/other.py:204-209),
-        # the compute dtype without it or where a library casts the model to 16 bits
+        # the compute dtype without it, and 16-bit where a library casts the model (DeepSpeed casts every
+        # floating parameter, the upcast ones too, and leaves bitsandbytes' uint8 NF4 storage alone:
+        # deepspeed 0.19.8 runtime/engine.py:1859-1862 ``p.data = p.data.to(param_dtype)``)
         out["weights/unquantized"] = (model.params_total - q) * mode.weight
     else:
         out["weights"] = model.params_total * mode.weight
