@@ -70,7 +70,8 @@ class RequestField:
     short: str | None = None
     """The option's one-letter spelling ("-b"), if it has one."""
     recipe: bool = False
-    """A recipe setting: fixed by the user and given to every candidate of a search."""
+    """A recipe setting: fixed by the user and given to every candidate of a search that takes it
+    (``recipe_for``: those of the adapters to LoRA/QLoRA's, those of QLoRA to QLoRA's)."""
     adapters_only: bool = False
     """Only LoRA/QLoRA take it (the search gives full fine-tuning the default)."""
     full_only: bool = False
@@ -212,7 +213,7 @@ _FIELDS = (
     _field("kbit_upcast", bool, True, "QLoRA: peft's prepare_model_for_kbit_training upcasts every non-4-bit parameter "
            "(norms, embeddings, head) to fp32, and with them the residual stream (default); --no-kbit-upcast: they "
            "stay in the 16-bit compute dtype (fms-acceleration's accelerated-peft-bnb, torchtune's, LLaMA-Factory's and "
-           "axolotl's QLoRA).", memo=(STATIC, DERIVED), qlora_only=True,
+           "axolotl's QLoRA).", memo=(STATIC, DERIVED), recipe=True, qlora_only=True,
            terms="the unquantised weights' and the residual stream's dtype (memory/dtypes.py dtype_mode)"),
     # the evaluation pass during training (planner.memory.evaluation): the HF Trainer's
     # evaluation_loop after an optimizer step, with generation where asked
@@ -345,11 +346,13 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
     return ", ".join(parts)
 
 
-def recipe_for(values: Mapping[str, Any], *, adapters: bool) -> dict[str, Any]:
-    """``values`` as a candidate takes them: those of LoRA/QLoRA only at their defaults without adapters.
-    A setting of full fine-tuning alone is refused: the search (its one reader) gives every method
-    the same recipe and splits the batch with accumulation, which torchtune's ``optimizer_in_bwd``
-    forbids, so it is planned by estimate and check, not searched."""
+def recipe_for(values: Mapping[str, Any], *, adapters: bool, qlora: bool) -> dict[str, Any]:
+    """``values`` as a candidate takes them: those of LoRA/QLoRA only at their defaults without adapters,
+    those of QLoRA (its k-bit preparation: ``kbit_upcast``) only at their defaults with another method,
+    so a search for every method plans QLoRA with the fixed setting and LoRA and full fine-tuning as
+    they are. A setting of full fine-tuning alone is refused: the search (its one reader) gives every
+    method the same recipe and splits the batch with accumulation, which torchtune's
+    ``optimizer_in_bwd`` forbids, so it is planned by estimate and check, not searched."""
     from planner.errors import UnsupportedError
 
     held = [f.flag.split("/")[0] for name, f in FIELDS.items() if f.full_only and values.get(name, f.default) != f.default]
@@ -357,9 +360,10 @@ def recipe_for(values: Mapping[str, Any], *, adapters: bool) -> dict[str, Any]:
         raise UnsupportedError(f"the search does not take {', '.join(held)} (it varies the method and the gradient "
                                "accumulation, which that setting fixes at full fine-tuning without accumulation): "
                                "planner estimate --method full --grad-accum 1 and planner check plan it")
-    if adapters:
-        return dict(values)
-    return {name: FIELDS[name].default if FIELDS[name].adapters_only else value for name, value in values.items()}
+    def dropped(f: RequestField) -> bool:
+        return (f.adapters_only and not adapters) or (f.qlora_only and not qlora)
+
+    return {name: FIELDS[name].default if dropped(FIELDS[name]) else value for name, value in values.items()}
 
 
 def changed(values: Mapping[str, Any]) -> dict[str, Any]:

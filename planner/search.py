@@ -89,11 +89,12 @@ class SearchSpace:
     """The sharding schemes tried (``planner.sharding.Scheme`` names; None: every one the GPU
     count takes). ``planner check`` narrows it to those its files can say."""
     # then the recipe settings (``planner.request.RECIPE``), fixed by the user and given to every
-    # candidate (``TrainConfig``'s fields of the same names; those of LoRA only to LoRA/QLoRA's)
+    # candidate (``TrainConfig``'s fields of the same names; those of LoRA only to LoRA/QLoRA's,
+    # those of QLoRA only to QLoRA's: ``request.recipe_for``)
 
     def recipe(self, method: Method) -> dict:
         """The fixed recipe settings of a candidate of ``method``."""
-        return request.recipe_for(request.recipe_of(self), adapters=method.uses_adapters)
+        return request.recipe_for(request.recipe_of(self), adapters=method.uses_adapters, qlora=method is _QLORA)
 
     def __post_init__(self) -> None:
         if not self.methods or not self.optimizers:
@@ -110,10 +111,11 @@ class SearchSpace:
         # the recipe settings, checked as TrainConfig checks them with each method searched: a
         # recipe no method takes is the user's mistake, said as estimate says it (exit 2), not
         # "no configuration of the searched space is valid" (exit 3)
-        lora_only = {name: value for name, value in request.changed(request.recipe_of(self)).items()
-                     if request.FIELDS[name].adapters_only}
-        if lora_only and not any(m.uses_adapters for m in self.methods):
-            TrainConfig(method=self.methods[0], **lora_only)  # raises the LoRA-only line
+        given = request.changed(request.recipe_of(self))
+        taken = [self.recipe(method) for method in self.methods]
+        untaken = {name: value for name, value in given.items() if all(r[name] != value for r in taken)}
+        if untaken:  # a setting of LoRA (QLoRA) alone with no such method searched
+            TrainConfig(method=self.methods[0], **untaken)  # raises the LoRA-only (QLoRA-only) line
         refusals = []
         for method in self.methods:
             try:
@@ -869,9 +871,10 @@ def plan_request(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: 
 
 
 def _recipe_constraints(space: SearchSpace) -> dict:
-    """The space's recipe settings that differ from TrainConfig's defaults, JSON-able."""
-    given = TrainConfig(method=Method.LORA, **space.recipe(Method.LORA)).to_dict()
-    default = TrainConfig(method=Method.LORA).to_dict()
+    """The space's recipe settings that differ from TrainConfig's defaults, JSON-able (as a QLoRA
+    candidate takes them: every setting, the adapters' and the k-bit preparation's too)."""
+    given = TrainConfig(method=_QLORA, **space.recipe(_QLORA)).to_dict()
+    default = TrainConfig(method=_QLORA).to_dict()
     # (a payload holds the eval settings only where the run evaluates: TrainConfig.to_dict)
     return {f.name: given[f.name] for f in request.RECIPE if given.get(f.name) != default.get(f.name)}
 

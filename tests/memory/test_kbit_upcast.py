@@ -58,7 +58,7 @@ def test_the_payload_and_label_say_it_where_set():
 
 def test_the_request_field_derives_the_cli_option():
     f = FIELDS["kbit_upcast"]
-    assert f.flag == "--kbit-upcast/--no-kbit-upcast" and f.qlora_only and not f.recipe
+    assert f.flag == "--kbit-upcast/--no-kbit-upcast" and f.qlora_only and f.recipe
 
 
 def test_emit_calls_prepare_model_for_kbit_training_only_when_upcasting():
@@ -71,3 +71,41 @@ def test_emit_calls_prepare_model_for_kbit_training_only_when_upcasting():
     assert 'if read_settings("bnb_config.json") and KBIT_UPCAST:' in script(kept)
     assert not any("k-bit" in line for line in settings.run_assumptions(upcast))
     assert any(line.startswith("no k-bit upcast") and "bfloat16" in line for line in settings.run_assumptions(kept))
+
+
+def test_suggest_gives_qlora_candidates_the_16_bit_mode_and_others_their_plans(cli):
+    """``suggest --no-kbit-upcast`` (a recipe setting of QLoRA alone: ``request.recipe_for``) plans
+    its QLoRA candidates without the upcast, below the upcast's peak for the same configuration,
+    and its LoRA candidates as without the flag."""
+    import json
+
+    from planner.catalog import resolve_model
+    from planner.gpus import get_gpu
+    from planner.memory import estimate_memory
+
+    args = ("suggest", "-m", "meta-llama/Llama-2-7b-hf", "-g", "a10g", "-b", "8", "--seq-len", "1024", "-k", "10",
+            "--no-save", "--json")
+    kept, upcast = cli(*args, "--no-kbit-upcast"), cli(*args)
+    assert kept.code == 0 and upcast.code == 0, (kept, upcast)
+    plans, before = json.loads(kept.out)["plans"], json.loads(upcast.out)["plans"]
+    qlora = [p for p in plans if p["config"]["method"] == "qlora"]
+    assert qlora and all(p["config"]["kbit_upcast"] is False for p in qlora)
+    model, gpu = resolve_model("meta-llama/Llama-2-7b-hf"), get_gpu("a10g")
+    for plan in qlora:
+        config = TrainConfig.from_dict(plan["config"])
+        with_upcast = estimate_memory(model=model, config=config.replace(kbit_upcast=True), gpu=gpu)
+        peak = plan["memory"]["peak_allocated_bytes"]
+        # fp32 has nothing to upcast (test_fp32_has_nothing_to_upcast)
+        assert peak == with_upcast.peak_allocated_bytes if config.precision == "fp32" else \
+            peak < with_upcast.peak_allocated_bytes
+    assert any(p["config"]["precision"] != "fp32" for p in qlora)
+    lora = [p for p in plans if p["config"]["method"] == "lora"]
+    assert lora and lora == [p for p in before if p["config"]["method"] == "lora"]
+    assert all("kbit_upcast" not in p["config"] for p in lora)
+
+
+def test_suggest_without_qlora_refuses_it_in_one_line(cli):
+    r = cli("suggest", "-m", "gpt2", "-g", "a10g", "-b", "8", "--method", "lora", "--no-kbit-upcast", "--no-save")
+    assert r.code == 2, r
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and "--no-kbit-upcast" in lines[0] and "--method qlora" in lines[0], r.err

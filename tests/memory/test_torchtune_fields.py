@@ -96,6 +96,6 @@ def test_the_search_refuses_the_optimizer_in_backward_in_one_line():
 
     values = {**request.recipe_of(TrainConfig()), "optimizer_in_bwd": True}
     with pytest.raises(UnsupportedError, match="the search does not take --optimizer-in-bwd"):
-        request.recipe_for(values, adapters=False)
+        request.recipe_for(values, adapters=False, qlora=False)
     chunked = {**request.recipe_of(TrainConfig()), "loss_chunks": 8}
-    assert request.recipe_for(chunked, adapters=True)["loss_chunks"] == 8
+    assert request.recipe_for(chunked, adapters=True, qlora=False)["loss_chunks"] == 8
