@@ -29,7 +29,10 @@ from planner.errors import InvalidConfigError, PlannerError
 from planner.gpus import GPUSpec, check_precision
 from planner.host import host_reserve
 from planner.limits import check_gpu_count
+from planner.memory.allocator import Replay, allocation_size, kLargeBuffer
 from planner.memory.dtypes import mode_of
+from planner.memory.estimate import device_timeline, estimate_memory, replay_capacity, replay_timeline
+from planner.memory.overhead import cublas_workspace_bytes
 from planner.memory.parameters import Trained, trained
 from planner.memory.reserve import largest_peak, peak_independent, process_total
 from planner.memory.states import StaticTerms, static_terms
@@ -40,9 +43,10 @@ from planner.memory.step import (
     static_moments,
     static_sizes,
 )
+from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import LinearKind, ModelSpec
 from planner.optim import SEARCHED
-from planner.results import PlanRequest
+from planner.results import MemoryEstimate, PlanRequest
 from planner.sharding import search_axis
 from planner.throughput import ThroughputMemo, tokens_per_second
 from planner.tradeoffs import Prefer
@@ -350,6 +354,9 @@ class _SharedTerms:
     """What ``_rows`` reads of a search -> its rows, for the searches of other devices (``_shared_rows``)."""
     screens: dict = dataclasses.field(default_factory=dict)
     """The screen's tables (``_screen_tables``), for the searches whose terms and budgets are alike."""
+    timelines: dict = dataclasses.field(default_factory=dict)
+    """(configuration, kernel profile) -> its ``step_timeline``, and (configuration, kernel profile,
+    cuBLAS workspace bytes) -> its ``_Estimated``: for the full estimates (``shared_estimate``)."""
 
 
 _SHARED_TERMS: ContextVar["_SharedTerms | None"] = ContextVar("planner_shared_terms", default=None)
@@ -371,6 +378,78 @@ def shared_terms(model: ModelSpec) -> Iterator[None]:
         yield
     finally:
         _SHARED_TERMS.reset(token)
+
+
+@dataclass
+class _Estimated:
+    """What the full estimates of one configuration on one kind of device share (``shared_estimate``)."""
+
+    timeline: Timeline
+    """Its ``device_timeline``."""
+    ask: int | None = None
+    """The most one of the replay's room checks asks for (``_largest_ask``), once computed."""
+    replayed: Replay | None = None
+    """A replay of it in which no request was refused for lack of room, once one is made."""
+
+
+def _largest_ask(timeline: Timeline) -> int:
+    """An upper bound on the bytes one room check of the allocator replay asks for: a new segment
+    (``allocation_size`` of its request) or expandable pages (the request rounded up to a page, at
+    most kLargeBuffer: CachingAllocator ``_new_segment``, ``_expand``), for the largest tensor of
+    the timeline (an event's tensors: their sizes, or ``nbytes`` in equal parts whose last takes
+    the remainder, as ``CachingAllocator.malloc_tensors`` divides it)."""
+    largest = 0
+    for op, _, nbytes, tensors, _, _ in timeline.events:
+        if op == "alloc":
+            tensor = max(tensors) if type(tensors) is tuple else nbytes - nbytes // tensors * (tensors - 1)
+            largest = max(largest, tensor)
+    return allocation_size(largest) + kLargeBuffer
+
+
+def shared_estimate(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, budget: int) -> MemoryEstimate:
+    """``estimate_memory`` of ``config`` on ``gpu`` within ``budget``; inside ``shared_terms``, with
+    what other devices' estimates computed. The plans shown of a ``--gpu any`` comparison are few
+    configurations on many devices: on Llama-3.1-8B at target batch 32, 256 full estimates of 138
+    (configuration, kernels) pairs over 24 GPU types.
+
+    - The step's timeline reads the model, the configuration and ``gpu.kernels`` only
+      (``step_timeline``'s arguments); with the cuBLAS workspaces, the compute capability besides
+      (``device_timeline``).
+    - A replay in which no room check failed is the replay on any capacity at or above its peak
+      reserve (planner/memory/allocator.py). The capacity enters the replay only as the
+      allocator's room: in the checks that a new segment, expandable pages or a run of fresh
+      segments fit (``_new_segment``, ``_expand``, ``_fresh``, whose shortfall is followed by a
+      ``_new_segment`` that fails), each of which, passed, makes the reserve it checked (at most
+      the peak, ``Replay.peak_reserved``, which is at least either stream's own); the cache is
+      released only after one failed; and as the base address of the small pool's expandable
+      segment, which moves every small-pool address alike (blocks are ordered and joined within
+      a pool only). A check fails only where the reserve so far plus what it asks exceeds the
+      capacity, so a replay whose peak reserve plus the most one check asks (``_largest_ask``)
+      fits its capacity had none fail."""
+    shared = _SHARED_TERMS.get()
+    if shared is None or shared.model is not model:
+        return estimate_memory(model=model, config=config, gpu=gpu, budget=budget)
+    kernels = gpu.kernels
+    key = (config, kernels, cublas_workspace_bytes(gpu))
+    found = shared.timelines.get(key)
+    if found is None:
+        step = shared.timelines.get((config, kernels))
+        if step is None:
+            step = shared.timelines[config, kernels] = step_timeline(model=model, config=config, kernels=kernels)
+        found = shared.timelines[key] = _Estimated(device_timeline(model=model, config=config, gpu=gpu, step=step))
+    timeline, replayed = found.timeline, None
+    if kernels.caching_allocator:
+        capacity = replay_capacity(timeline, config, gpu, budget)
+        if found.replayed is not None and found.replayed.peak_reserved <= capacity:
+            replayed = found.replayed
+        else:
+            replayed = replay_timeline(timeline, config, gpu, budget=budget)
+            if found.replayed is None:
+                if found.ask is None:
+                    found.ask = _largest_ask(timeline)
+                if replayed.peak_reserved + found.ask <= capacity:
+                    found.replayed = replayed
+    return estimate_memory(model=model, config=config, gpu=gpu, budget=budget, timeline=timeline, replayed=replayed)
 
 
 class MemoryMemo:
