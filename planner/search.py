@@ -368,7 +368,9 @@ def shared_terms(model: ModelSpec) -> Iterator[None]:
     set trains, the model states but for the device's fixed overheads, the per-sequence
     activations) with the other searches of devices whose kernels allocate alike: they depend on
     the model, the configuration and ``GPUSpec.kernels`` only (``static_terms``, ``batch_line``);
-    and each device's throughput memo with its searches at other GPU counts (``_throughput_memo``).
+    and each device's throughput memo with its searches at other GPU counts (``_throughput_memo``);
+    the full estimates of the plans shown share their timelines and allocator replays
+    (``shared_estimate``).
     ``planner.rent`` plans one request on every GPU type this way: measured on Llama-3.1-8B at
     target batch 32 over 22 GPU types x 4 counts, the static terms were 23% and the batch lines
     10% of the CPU time when each search computed its own. Leaving the block drops the tables, so
