@@ -388,10 +388,13 @@ class _Estimated:
 
     timeline: Timeline
     """Its ``device_timeline``."""
-    ask: int | None = None
-    """The most one of the replay's room checks asks for (``_largest_ask``), once computed."""
     replayed: Replay | None = None
-    """A replay of it in which no request was refused for lack of room, once one is made."""
+    """A replay of it, to reuse if none of its room checks failed (``clean``)."""
+    capacity: int = 0
+    """The capacity ``replayed`` was made on."""
+    clean: bool | None = None
+    """Whether no room check of ``replayed`` failed, once asked (``_largest_ask``: asked only when
+    another device could reuse it, as the scan costs a thirtieth of a replay)."""
 
 
 def _largest_ask(timeline: Timeline) -> int:
@@ -441,16 +444,15 @@ def shared_estimate(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, budg
         found = shared.timelines[key] = _Estimated(device_timeline(model=model, config=config, gpu=gpu, step=step))
     timeline, replayed = found.timeline, None
     if kernels.caching_allocator:
-        capacity = replay_capacity(timeline, config, gpu, budget)
-        if found.replayed is not None and found.replayed.peak_reserved <= capacity:
-            replayed = found.replayed
+        capacity, made = replay_capacity(timeline, config, gpu, budget), found.replayed
+        if made is not None and made.peak_reserved <= capacity and found.clean is None:
+            found.clean = made.peak_reserved + _largest_ask(timeline) <= found.capacity
+        if made is not None and made.peak_reserved <= capacity and found.clean:
+            replayed = made
         else:
             replayed = replay_timeline(timeline, config, gpu, budget=budget)
-            if found.replayed is None:
-                if found.ask is None:
-                    found.ask = _largest_ask(timeline)
-                if replayed.peak_reserved + found.ask <= capacity:
-                    found.replayed = replayed
+            if made is None or found.clean is False:
+                found.replayed, found.capacity, found.clean = replayed, capacity, None
     return estimate_memory(model=model, config=config, gpu=gpu, budget=budget, timeline=timeline, replayed=replayed)
 
 
