@@ -22,7 +22,7 @@ from planner.config import Method, Optimizer, Precision, TrainConfig
 from planner.errors import NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
 from planner.host import host_shortfall, node_ram_needed
-from planner.memory import estimate_memory, model_states_bytes
+from planner.memory import model_states_bytes
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
 from planner.results import Candidate, PlanResult, Rejection
@@ -37,6 +37,7 @@ from planner.search import (
     plan_request,
     safe_bound,
     screen,
+    shared_estimate,
     skipped_precisions,
     totals_by_split,
 )
@@ -252,7 +253,7 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
         plans, dropped, moved = [], set(), set()
         for cfg, _, total, *_ in _distinct(ranked, top_k, read):
             if cfg not in replays:
-                replays[cfg] = estimate_memory(model=model, config=cfg, gpu=gpu, budget=usable)
+                replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable)
             memory = replays[cfg]
             if memory.process_total_bytes > usable:
                 dropped.add(id(cfg))

@@ -29,7 +29,10 @@ from planner.errors import InvalidConfigError, PlannerError
 from planner.gpus import GPUSpec, check_precision
 from planner.host import host_reserve
 from planner.limits import check_gpu_count
+from planner.memory.allocator import Replay, allocation_size, kLargeBuffer
 from planner.memory.dtypes import mode_of
+from planner.memory.estimate import device_timeline, estimate_memory, replay_capacity, replay_timeline
+from planner.memory.overhead import cublas_workspace_bytes
 from planner.memory.parameters import Trained, trained
 from planner.memory.reserve import largest_peak, peak_independent, process_total
 from planner.memory.states import StaticTerms, static_terms
@@ -40,9 +43,10 @@ from planner.memory.step import (
     static_moments,
     static_sizes,
 )
+from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import LinearKind, ModelSpec
 from planner.optim import SEARCHED
-from planner.results import PlanRequest
+from planner.results import MemoryEstimate, PlanRequest
 from planner.sharding import search_axis
 from planner.throughput import ThroughputMemo, tokens_per_second
 from planner.tradeoffs import Prefer
@@ -352,6 +356,9 @@ class _SharedTerms:
     """What ``_rows`` reads of a search -> its rows, for the searches of other devices (``_shared_rows``)."""
     screens: dict = dataclasses.field(default_factory=dict)
     """The screen's tables (``_screen_tables``), for the searches whose terms and budgets are alike."""
+    timelines: dict = dataclasses.field(default_factory=dict)
+    """(configuration, kernel profile) -> its ``step_timeline``, and (configuration, kernel profile,
+    cuBLAS workspace bytes) -> its ``_Estimated``: for the full estimates (``shared_estimate``)."""
 
 
 _SHARED_TERMS: ContextVar["_SharedTerms | None"] = ContextVar("planner_shared_terms", default=None)
@@ -363,7 +370,9 @@ def shared_terms(model: ModelSpec) -> Iterator[None]:
     set trains, the model states but for the device's fixed overheads, the per-sequence
     activations) with the other searches of devices whose kernels allocate alike: they depend on
     the model, the configuration and ``GPUSpec.kernels`` only (``static_terms``, ``batch_line``);
-    and each device's throughput memo with its searches at other GPU counts (``_throughput_memo``).
+    and each device's throughput memo with its searches at other GPU counts (``_throughput_memo``);
+    the full estimates of the plans shown share their timelines and allocator replays
+    (``shared_estimate``).
     ``planner.rent`` plans one request on every GPU type this way: measured on Llama-3.1-8B at
     target batch 32 over 22 GPU types x 4 counts, the static terms were 23% and the batch lines
     10% of the CPU time when each search computed its own. Leaving the block drops the tables, so
@@ -373,6 +382,80 @@ def shared_terms(model: ModelSpec) -> Iterator[None]:
         yield
     finally:
         _SHARED_TERMS.reset(token)
+
+
+@dataclass
+class _Estimated:
+    """What the full estimates of one configuration on one kind of device share (``shared_estimate``)."""
+
+    timeline: Timeline
+    """Its ``device_timeline``."""
+    replayed: Replay | None = None
+    """A replay of it, to reuse if none of its room checks failed (``clean``)."""
+    capacity: int = 0
+    """The capacity ``replayed`` was made on."""
+    clean: bool | None = None
+    """Whether no room check of ``replayed`` failed, once asked (``_largest_ask``: asked only when
+    another device could reuse it, as the scan costs a thirtieth of a replay)."""
+
+
+def _largest_ask(timeline: Timeline) -> int:
+    """An upper bound on the bytes one room check of the allocator replay asks for: a new segment
+    (``allocation_size`` of its request) or expandable pages (the request rounded up to a page, at
+    most kLargeBuffer: CachingAllocator ``_new_segment``, ``_expand``), for the largest tensor of
+    the timeline (an event's tensors: their sizes, or ``nbytes`` in equal parts whose last takes
+    the remainder, as ``CachingAllocator.malloc_tensors`` divides it)."""
+    largest = 0
+    for op, _, nbytes, tensors, _, _ in timeline.events:
+        if op == "alloc":
+            tensor = max(tensors) if type(tensors) is tuple else nbytes - nbytes // tensors * (tensors - 1)
+            largest = max(largest, tensor)
+    return allocation_size(largest) + kLargeBuffer
+
+
+def shared_estimate(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, budget: int) -> MemoryEstimate:
+    """``estimate_memory`` of ``config`` on ``gpu`` within ``budget``; inside ``shared_terms``, with
+    what other devices' estimates computed. The plans shown of a ``--gpu any`` comparison are few
+    configurations on many devices: on Llama-3.1-8B at target batch 32, 256 full estimates of 138
+    (configuration, kernels) pairs over 24 GPU types.
+
+    - The step's timeline reads the model, the configuration and ``gpu.kernels`` only
+      (``step_timeline``'s arguments); with the cuBLAS workspaces, the compute capability besides
+      (``device_timeline``).
+    - A replay in which no room check failed is the replay on any capacity at or above its peak
+      reserve (planner/memory/allocator.py). The capacity enters the replay only as the
+      allocator's room: in the checks that a new segment, expandable pages or a run of fresh
+      segments fit (``_new_segment``, ``_expand``, ``_fresh``, whose shortfall is followed by a
+      ``_new_segment`` that fails), each of which, passed, makes the reserve it checked (at most
+      the peak, ``Replay.peak_reserved``, which is at least either stream's own); the cache is
+      released only after one failed; and as the base address of the small pool's expandable
+      segment, which moves every small-pool address alike (blocks are ordered and joined within
+      a pool only). A check fails only where the reserve so far plus what it asks exceeds the
+      capacity, so a replay whose peak reserve plus the most one check asks (``_largest_ask``)
+      fits its capacity had none fail."""
+    shared = _SHARED_TERMS.get()
+    if shared is None or shared.model is not model:
+        return estimate_memory(model=model, config=config, gpu=gpu, budget=budget)
+    kernels = gpu.kernels
+    key = (config, kernels, cublas_workspace_bytes(gpu))
+    found = shared.timelines.get(key)
+    if found is None:
+        step = shared.timelines.get((config, kernels))
+        if step is None:
+            step = shared.timelines[config, kernels] = step_timeline(model=model, config=config, kernels=kernels)
+        found = shared.timelines[key] = _Estimated(device_timeline(model=model, config=config, gpu=gpu, step=step))
+    timeline, replayed = found.timeline, None
+    if kernels.caching_allocator:
+        capacity, made = replay_capacity(timeline, config, gpu, budget), found.replayed
+        if made is not None and made.peak_reserved <= capacity and found.clean is None:
+            found.clean = made.peak_reserved + _largest_ask(timeline) <= found.capacity
+        if made is not None and made.peak_reserved <= capacity and found.clean:
+            replayed = made
+        else:
+            replayed = replay_timeline(timeline, config, gpu, budget=budget)
+            if made is None or found.clean is False:
+                found.replayed, found.capacity, found.clean = replayed, capacity, None
+    return estimate_memory(model=model, config=config, gpu=gpu, budget=budget, timeline=timeline, replayed=replayed)
 
 
 class MemoryMemo:

@@ -60,6 +60,20 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
     return out
 
 
+def device_timeline(*, model: ModelSpec, config: TrainConfig, gpu, step: Timeline | None = None) -> Timeline:
+    """The step's timeline on ``gpu``: ``step_timeline`` of its kernel profile (``step``, where the
+    caller has it already), with the cuBLAS workspaces where the caching allocator holds them.
+    What it reads of the device: ``gpu.kernels`` and, for the workspaces, its compute capability
+    (``overhead.cublas_workspace_bytes``); not its memory."""
+    timeline = step if step is not None else step_timeline(model=model, config=config, kernels=gpu.kernels)
+    return with_workspaces(timeline, gpu) if gpu.kernels.caching_allocator else timeline
+
+
+def replay_capacity(timeline: Timeline, config: TrainConfig, gpu, budget: int | None = None) -> int:
+    """The bytes the caching allocator has on ``gpu`` (``replay_timeline``)."""
+    return (budget or gpu.memory_bytes) - outside_allocator(gpu, config.gpus) - timeline.outside_allocator
+
+
 def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[int] | None = None,
                     budget: int | None = None) -> Replay:
     """The caching allocator over the timeline, on what the device leaves it (its memory, or the
@@ -70,23 +84,27 @@ def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[in
     (CUDACachingAllocator.cpp ``malloc``: ``alloc_block`` || ``release_available_cached_blocks``
     && ``alloc_block`` || ``release_cached_blocks`` && ``alloc_block``); only a request no release
     can place is out of memory."""
-    capacity = (budget or gpu.memory_bytes) - outside_allocator(gpu, config.gpus) - timeline.outside_allocator
-    return replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf), trace=trace,
-                  side_keys=SIDE_STREAM_KEYS)
+    return replay(timeline.events, capacity=replay_capacity(timeline, config, gpu, budget),
+                  config=AllocatorConfig.parse(config.alloc_conf), trace=trace, side_keys=SIDE_STREAM_KEYS)
 
 
-def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int | None = None) -> MemoryEstimate:
+def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int | None = None,
+                    timeline: Timeline | None = None, replayed: Replay | None = None) -> MemoryEstimate:
     """Predict peak memory per device for one configuration on one GPU (or the ``cpu`` profile).
 
     ``budget``: the bytes the process may use (the usable memory a plan must fit in; default the
     device's): the allocator is replayed on it, so a cache that would grow past it is released
     as the real allocator releases it when the device is full, and the process total exceeds it
-    only when the step cannot run in it."""
-    timeline = step_timeline(model=model, config=config, kernels=gpu.kernels)
-    if gpu.kernels.caching_allocator:
-        timeline = with_workspaces(timeline, gpu)
+    only when the step cannot run in it. ``timeline`` and ``replayed``: ``device_timeline`` and its
+    ``replay_timeline`` on this budget, where the caller has them (``planner.search.shared_estimate``
+    shares them between devices); computed here otherwise."""
+    if timeline is None:
+        timeline = device_timeline(model=model, config=config, gpu=gpu)
     peak = timeline.peak
-    replayed = replay_timeline(timeline, config, gpu, budget=budget) if gpu.kernels.caching_allocator else None
+    if not gpu.kernels.caching_allocator:
+        replayed = None
+    elif replayed is None:
+        replayed = replay_timeline(timeline, config, gpu, budget=budget)
     if replayed is None:
         reserved = total = peak
         fragmentation = 0
@@ -107,4 +125,4 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int |
     )
 
 
-__all__ = ["estimate_memory", "replay_timeline"]
+__all__ = ["device_timeline", "estimate_memory", "replay_capacity", "replay_timeline"]

@@ -1,0 +1,67 @@
+"""``shared_estimate`` is ``estimate_memory``: inside ``shared_terms`` it reuses the timeline and the
+allocator replay other devices computed, and every estimate must equal the one made from scratch,
+on devices of other kernels, workspaces and memory, on budgets where the allocator runs out and
+must release its cache (the replay of unlimited memory does not hold there), and with the
+allocator settings that change what it does when full."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.catalog import resolve_model
+from planner.config import TrainConfig
+from planner.gpus import get_gpu
+from planner.memory import estimate_memory
+from planner.memory.allocator import UNLIMITED, AllocatorConfig, replay
+from planner.memory.estimate import SIDE_STREAM_KEYS, device_timeline
+from planner.search import _SHARED_TERMS, _Estimated, shared_estimate, shared_terms
+
+GiB = 1024**3
+#: sm90 (32 MiB workspaces) and not, 16 to 80 GiB, PCIe and NVLink, and the CPU profile
+GPUS = ("a10g", "l4", "t4", "h100", "a100-80gb", "rtx4090", "cpu")
+CONFIGS = [
+    TrainConfig(method="lora", precision="bf16-mixed", micro_batch=4, seq_len=1024, lora_r=16),
+    TrainConfig(method="full", precision="bf16", micro_batch=2, seq_len=2048, grad_ckpt=True),
+    TrainConfig(method="full", precision="bf16-mixed", micro_batch=2, seq_len=1024, gpus=2, zero=2),
+    TrainConfig(method="qlora", precision="bf16-mixed", micro_batch=8, seq_len=512, lora_r=32,
+                alloc_conf="max_split_size_mb:128"),
+    TrainConfig(method="full", precision="bf16", micro_batch=4, seq_len=1024, alloc_conf="expandable_segments:True"),
+]
+
+
+def _budgets(model, config, gpu) -> list[int]:
+    """The device's memory, and budgets around the step's allocated peak: where the allocator
+    has to release cached blocks to go on, and where nothing it releases makes room."""
+    peak = device_timeline(model=model, config=config, gpu=gpu).peak
+    return [peak // 2, int(peak * 1.02) + 2 * GiB, int(peak * 1.1) + 2 * GiB, gpu.memory_bytes]
+
+
+@pytest.mark.parametrize(("model_id", "configs"), [("meta-llama/Llama-3.2-1B", CONFIGS), ("t5-large", CONFIGS[:2]),
+                                                  pytest.param("Qwen/Qwen3-30B-A3B", CONFIGS[:1],
+                                                               marks=pytest.mark.slow)])  # (an MoE: a minute)
+def test_a_shared_estimate_is_the_estimate_made_from_scratch(model_id, configs):
+    model = resolve_model(model_id)
+    cases = [(config, get_gpu(name), budget) for config in configs for name in GPUS
+             for budget in _budgets(model, config, get_gpu(name))]
+    alone = [estimate_memory(model=model, config=config, gpu=gpu, budget=budget) for config, gpu, budget in cases]
+    with shared_terms(model):
+        shared = [shared_estimate(model=model, config=config, gpu=gpu, budget=budget) for config, gpu, budget in cases]
+        kept = [e for e in _SHARED_TERMS.get().timelines.values() if isinstance(e, _Estimated)]
+    assert shared == alone
+    assert any(e.clean for e in kept)  # (a replay was reused)
+    assert any("runs out of device memory" in " ".join(e.assumptions) for e in alone)
+
+
+@pytest.mark.parametrize("conf", [None, "max_split_size_mb:128", "expandable_segments:True"])
+def test_the_replay_of_unlimited_memory_is_the_replay_on_any_capacity_its_peak_reserve_fits(conf):
+    """What ``shared_estimate`` reuses (its docstring has the argument from the allocator's code)."""
+    model, gpu = resolve_model("meta-llama/Llama-3.2-1B"), get_gpu("a10g")
+    config = TrainConfig(method="full", precision="bf16", micro_batch=4, seq_len=1024, alloc_conf=conf)
+    timeline = device_timeline(model=model, config=config, gpu=gpu)
+    settings = AllocatorConfig.parse(conf)
+    unlimited = replay(timeline.events, capacity=UNLIMITED, config=settings, side_keys=SIDE_STREAM_KEYS)
+    for capacity in (unlimited.peak_reserved, unlimited.peak_reserved + 511, unlimited.peak_reserved + 3 * GiB):
+        trace, again = [], []
+        found = replay(timeline.events, capacity=capacity, config=settings, side_keys=SIDE_STREAM_KEYS, trace=trace)
+        replay(timeline.events, capacity=UNLIMITED, config=settings, side_keys=SIDE_STREAM_KEYS, trace=again)
+        assert (found, trace) == (unlimited, again)
