@@ -155,13 +155,11 @@ def estimate_configuration(*, spec: "ModelSpec", gpu: "GPUSpec", seq_len: int | 
 def step_curves(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig"):
     """The predicted step as curves (``planner.plot.StepCurves``): live bytes by category and,
     where there is a caching allocator, its replayed reserve."""
-    from planner.memory.estimate import replay_timeline
-    from planner.memory.overhead import with_workspaces
-    from planner.memory.timeline import step_timeline
+    from planner.memory.estimate import device_timeline, replay_timeline
     from planner.plot import step_curves as curves_of
 
-    # the cuBLAS workspaces the estimate counts (planner.memory.overhead), so the curves peak where it does
-    timeline = with_workspaces(step_timeline(model=spec, config=config, kernels=gpu.kernels), gpu)
+    # the timeline the estimate replays, cuBLAS workspaces included, so the curves peak where it does
+    timeline = device_timeline(model=spec, config=config, gpu=gpu)
     reserved = None
     if gpu.kernels.caching_allocator:
         reserved = []
