@@ -23,37 +23,13 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 def _saved_per_layer(raw: dict, precision: str, lora, attention: str) -> list[int]:
     """test_mla's liveness count per decoder layer at b = 2, s = 32 (Llama4ForCausalLM's layers sit under
     ``model.model``: get_decoder() is the causal LM itself)."""
-    import weakref
-
     import torch
+    from test_mla import held_per_layer
     from test_moe import tiny_model
 
     model, params = tiny_model(raw, precision, lora, attention)
     layers = next(m for n, m in model.named_modules() if n.endswith(".layers") and isinstance(m, torch.nn.ModuleList))
-    packed: list[weakref.WeakSet] = [weakref.WeakSet() for _ in layers]
-    inside = [-1]
-
-    class Saved:
-        def __init__(self, tensor):
-            self.tensor = tensor
-
-    def pack(t):
-        box = Saved(t)
-        if inside[0] >= 0 and t.untyped_storage().data_ptr() not in params:
-            packed[inside[0]].add(box)
-        return box
-
-    for index, layer in enumerate(layers):
-        layer.register_forward_pre_hook(lambda *_, i=index: inside.__setitem__(0, i))
-        layer.register_forward_hook(lambda *_: inside.__setitem__(0, -1))
-    ids = torch.randint(0, 256, (2, 32))
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda box: box.tensor), autocast:
-        loss = model(input_ids=ids, labels=ids).loss
-        held = [sum({box.tensor.untyped_storage().data_ptr(): box.tensor.untyped_storage().nbytes()
-                     for box in list(boxes)}.values()) for boxes in packed]
-        loss.backward()
-    return held
+    return held_per_layer(model, params, layers, precision)
 
 
 @pytest.mark.parametrize(("precision", "lora", "attention"), [

@@ -34,12 +34,20 @@ def _saved_per_layer(raw: dict, precision: str, lora, attention: str) -> tuple[l
     trainable parameters), b=2, s=32. Liveness matters: counting every storage pointer the pack hook
     sees can take a later tensor at a freed address for one already counted (seen here, 1,024 B off
     in one process and not in another)."""
+    model, params = tiny_model(raw, precision, lora, attention)
+    held = held_per_layer(model, params, model.get_decoder().layers, precision)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return held, trainable
+
+
+def held_per_layer(model, params, layers, precision: str) -> list[int]:
+    """Bytes autograd holds for backward inside each of ``layers`` once the forward of a
+    (2, 32) batch is done (``_saved_per_layer``'s liveness count; ``params``: the storage pointers
+    of the parameters, left out)."""
     import weakref
 
     import torch
 
-    model, params = tiny_model(raw, precision, lora, attention)
-    layers = model.get_decoder().layers
     packed: list[weakref.WeakSet] = [weakref.WeakSet() for _ in layers]
     inside = [-1]
 
@@ -63,8 +71,7 @@ def _saved_per_layer(raw: dict, precision: str, lora, attention: str) -> tuple[l
         held = [sum({box.tensor.untyped_storage().data_ptr(): box.tensor.untyped_storage().nbytes()
                      for box in list(boxes)}.values()) for boxes in packed]
         loss.backward()
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return held, trainable
+    return held
 
 
 @pytest.mark.parametrize(("precision", "lora", "attention"), [
