@@ -19,9 +19,9 @@ per pair, compared by identity; a user's buffer sets are as many as the files se
 from __future__ import annotations
 
 import enum
-from types import MappingProxyType
 from collections import OrderedDict
-from typing import Any, Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar, Mapping
 
 from planner.errors import InvalidConfigError, choice
 from planner.registry import discover
@@ -112,7 +112,7 @@ class Sharding:
         return found
 
     @classmethod
-    def _make(cls, s: Scheme, o: Offload, b: tuple[tuple[str, Any], ...] | None) -> "Sharding":
+    def _make(cls, s: Scheme, o: Offload, b: tuple[tuple[str, Any], ...] | None) -> Sharding:
         made = object.__new__(cls)
         for name, value in (("scheme", s), ("offload", o), ("spec", SCHEMES[s]), ("buffers", b)):
             object.__setattr__(made, name, value)
@@ -201,10 +201,10 @@ class _Buffered(Sharding):
     alone defines ``__eq__``, so their hashing and comparing stay the interpreter's own)."""
 
     __slots__ = ()
-    _kept: "OrderedDict[tuple[Any, Any, Any], _Buffered]" = OrderedDict()
+    _kept: ClassVar[OrderedDict[tuple[Any, Any, Any], _Buffered]] = OrderedDict()
 
     @classmethod
-    def made(cls, s: Scheme, o: Offload, b: tuple[tuple[str, Any], ...]) -> "_Buffered":
+    def made(cls, s: Scheme, o: Offload, b: tuple[tuple[str, Any], ...]) -> _Buffered:
         key = (s, o, b)
         found = cls._kept.get(key)
         if found is None:
