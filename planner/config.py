@@ -191,7 +191,7 @@ def _sharding(sharding: Any, zero: Any, offload: Any) -> Sharding:
     """The ``Sharding`` of a construction: ``sharding`` (a value or a scheme's name), with the
     scheme ``--zero`` names when ``zero`` is given and the ``offload`` when given (the old spelling
     of payloads of versions 1 and 2, of the CLI's options and the API's body)."""
-    base = sharding if type(sharding) is Sharding else Sharding(sharding)
+    base = sharding if isinstance(sharding, Sharding) else Sharding(sharding)
     if zero is None and offload is None:
         return base
     off = base.offload if offload is None else offload
@@ -387,7 +387,7 @@ class TrainConfig:
         if fields["eval_batch"] is not None or fields["eval_seq_len"] is not None or fields["generate_tokens"]:
             _check_eval(fields)
         sharding = fields["sharding"]
-        if type(sharding) is not Sharding or zero is not None or offload is not None:
+        if not isinstance(sharding, Sharding) or zero is not None or offload is not None:
             sharding = _sharding(sharding, zero, offload)
         fields["sharding"] = for_gpus(sharding, fields["gpus"]) if sharding.spec.replicas else sharding
         if fields["alloc_conf"] is not None:
@@ -547,7 +547,7 @@ class TrainConfig:
         equal to full constructions and refused where those are)."""
         fields = self.__dict__.copy()
         fields["optimizer"] = optimizer if type(optimizer) is Optimizer else choice(Optimizer, optimizer, "optimizer")
-        if type(sharding) is not Sharding:
+        if not isinstance(sharding, Sharding):
             sharding = Sharding(sharding)
         fields["sharding"] = for_gpus(sharding, fields["gpus"]) if sharding.spec.replicas else sharding
         copy = _new(TrainConfig)

@@ -9,15 +9,19 @@ it. Adding a scheme (FSDP2 next, issue 24) is one module here and its tests. Lik
 ``planner.optim``, the descriptors import nothing of the planner above the foundation.
 
 A ``Sharding`` value is a scheme, its offload (``Offload``, the part of the state the host
-holds) and, for a user's own library config, the buffer keys that file sets (``buffers``): one
-interned instance per triple, compared by identity.
+holds) and, for a user's own library config, the buffer keys that file sets (``buffers``). The
+planner's own values (no buffers: a few schemes times a few offloads) are interned, one instance
+per pair, compared by identity; a user's buffer sets are as many as the files sent to
+``planner check`` or ``POST /v1/check``, so those values compare by value and only the latest
+``_BUFFERED_KEPT`` are kept for reuse (a long-running service's table stays bounded).
 """
 
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from planner.errors import InvalidConfigError, choice
 from planner.registry import discover
@@ -98,15 +102,21 @@ class Sharding:
         b = _buffers(buffers)
         s = choice(Scheme, scheme, "sharding")
         o = choice(Offload, offload, "offload")
-        found = cls._interned.get((s, o, b))
+        if b is not None:
+            return _Buffered.made(s, o, b)
+        found = cls._interned.get((s, o, None))
         if found is None:
-            found = object.__new__(cls)
-            for name, value in (("scheme", s), ("offload", o), ("spec", SCHEMES[s]), ("buffers", b)):
-                object.__setattr__(found, name, value)
-        if b is None:
-            cls._interned[(scheme, offload, None)] = found
-        cls._interned[(s, o, b)] = found
+            found = Sharding._make(s, o, None)
+        # the spelling it was asked by too (the members and the names): a handful of keys per pair
+        cls._interned[(scheme, offload, None)] = cls._interned[(s, o, None)] = found
         return found
+
+    @classmethod
+    def _make(cls, s: Scheme, o: Offload, b: tuple[tuple[str, Any], ...] | None) -> Sharding:
+        made = object.__new__(cls)
+        for name, value in (("scheme", s), ("offload", o), ("spec", SCHEMES[s]), ("buffers", b)):
+            object.__setattr__(made, name, value)
+        return made
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Sharding is immutable: make Sharding({self.scheme!r}, ...) instead of setting {name}")
@@ -177,6 +187,38 @@ class Sharding:
         if self.buffers is not None:
             out["buffers"] = dict(self.buffers)
         return out
+
+
+#: How many distinct user buffer sets ``_Buffered`` keeps for reuse: a request's values share one
+#: instance (its memo keys hit by identity first); past this many, the oldest is dropped, and a value
+#: made again afterwards is a new instance, equal to the old by value.
+_BUFFERED_KEPT = 64
+
+
+class _Buffered(Sharding):
+    """A ``Sharding`` with a user's buffer keys: equal to another with the same scheme, offload and
+    buffers, whichever instance it is (the planner's own values stay identity-compared: this class
+    alone defines ``__eq__``, so their hashing and comparing stay the interpreter's own)."""
+
+    __slots__ = ()
+    _kept: ClassVar[OrderedDict[tuple[Any, Any, Any], _Buffered]] = OrderedDict()
+
+    @classmethod
+    def made(cls, s: Scheme, o: Offload, b: tuple[tuple[str, Any], ...]) -> _Buffered:
+        key = (s, o, b)
+        found = cls._kept.get(key)
+        if found is None:
+            found = cls._kept[key] = cls._make(s, o, b)
+            if len(cls._kept) > _BUFFERED_KEPT:
+                cls._kept.popitem(last=False)
+        return found
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, Sharding) and (self.scheme, self.offload, self.buffers)
+                                 == (other.scheme, other.offload, other.buffers))
+
+    def __hash__(self) -> int:
+        return hash((self.scheme, self.offload, self.buffers))
 
 
 def from_zero(zero: Any, offload: Offload | str = Offload.NONE) -> Sharding:

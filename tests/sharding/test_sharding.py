@@ -166,3 +166,25 @@ def test_only_the_sharding_package_reads_the_zero_stage():
                 if pattern.search(code) and "sharding.offload" not in code and "sharding.zero" not in code:
                     found.append(f"{rel}:{n}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_user_buffer_sets_compare_by_value_and_the_kept_table_is_bounded():
+    """A service reading many users' ds_configs (``POST /v1/check``) must not grow the values'
+    table without bound: the planner's own values stay interned (identity), a user's buffer sets
+    compare by value and only the latest ``_BUFFERED_KEPT`` are kept for reuse."""
+    from planner import sharding as module
+
+    first = Sharding("zero3", "none", {"reduce_bucket_size": 1})
+    assert first is Sharding("zero3", "none", {"reduce_bucket_size": 1})  # reused while kept
+    for n in range(2, module._BUFFERED_KEPT + 50):
+        Sharding("zero3", "none", {"reduce_bucket_size": n})
+    assert len(module._Buffered._kept) == module._BUFFERED_KEPT
+    again = Sharding("zero3", "none", {"reduce_bucket_size": 1})
+    assert again is not first and again == first and hash(again) == hash(first)
+    assert again != Sharding("zero3", "none", {"reduce_bucket_size": 2}) and again != Sharding("zero3")
+    assert Sharding("zero3") != again  # the reflected comparison, from an interned value
+    # a buffered value made again without its buffers is the interned one
+    assert type(again)(again.scheme, again.offload) is Sharding("zero3") and again.with_offload("none") == first
+    assert pickle.loads(pickle.dumps(first)) == first
+    config = TrainConfig(sharding=again)
+    assert config.sharding is again and config == TrainConfig(sharding=first)
