@@ -112,6 +112,10 @@ def test_litgpt_qlora_row_maps_to_its_config_file():
     assert (config.lora_r, config.lora_targets) == (32, ("q_proj", "v_proj"))
     assert (config.micro_batch, config.grad_accum, config.seq_len, config.grad_ckpt) == (2, 4, 512, False)
     assert published.METRICS[ROWS["litgpt-llama-2-7b-qlora"]["metric"]] == "peak_allocated_bytes"
+    # Fabric's BitsandbytesPrecision keeps every non-4-bit tensor in bf16: no k-bit upcast, on every litgpt QLoRA row
+    litgpt_qlora = [row for row in DATA["rows"] if row["settings"].get("framework") == "litgpt"
+                    and row["settings"]["method"] == "qlora"]
+    assert not config.kbit_upcast and all(row["settings"]["kbit_upcast"] is False for row in litgpt_qlora)
     # a setting without a TrainConfig field is reported, not dropped
     fields = published.config_fields()
     assert ("lora_dropout" in unmodelled) == ("lora_dropout" not in fields)
