@@ -23,8 +23,9 @@ peak beside each, and the plans that ran but the planner calls "does not fit" (e
 run that ran; ``verdict`` judges it as ``planner estimate`` and ``suggest`` do, the allocator
 replayed on the usable memory), with what refuses each (``refused_by``). A row whose measurement
 cannot be its stated run (a term marked ``not_the_run``) is scored and shown but not counted there.
-Beside each prediction, never instead of it, the plan with terms of its recipe the memory core has
-and no request field reaches (``recipe_terms``: torchtune's optimizer_in_bwd, chunked losses).
+A recipe's own terms are request fields the rows state (torchtune's ``optimizer_in_bwd`` and
+chunked loss, litgpt's 16-bit chunked loss: ``loss_chunks``, ``loss_upcast``), so each row is
+estimated with them.
 
     python bench/published.py [--rows PATH] [--out PATH] [--quiet]
 
@@ -171,13 +172,6 @@ def score_row(row: dict[str, Any], sources: dict[str, Any] | None = None) -> dic
                peak_phase=estimate.peak_phase, context_bytes=int(gpu.cuda_context_bytes),
                default_context_bytes=default_context, predicted_allocated=estimate.peak_allocated_bytes,
                **verdict(spec, config, gpu, estimate))
-    recipe = recipe_terms(row, spec, config, gpu)
-    if recipe is not None:
-        # the process total as estimate_memory makes it, less the moments' change
-        out.update(recipe_allocated=estimate.peak_allocated_bytes - recipe["moved"],
-                   recipe_total=out["budget_total"] - recipe["moved"], recipe_chunks=recipe["chunks"])
-        out["recipe_fits"] = out["recipe_total"] <= out["usable"]
-        out["recipe_error"] = (predicted - recipe["moved"] - out["measured"]) / out["measured"]
     moment = block_moment(spec, config, gpu)
     if moment is not None and row["metric"] == "max_memory_allocated":
         out.update(block_moment=moment[0], without_moment=moment[1],
@@ -214,48 +208,6 @@ def not_the_run(r: dict[str, Any], terms: dict[str, Any]) -> bool:
     """A row whose measurement cannot be the run its settings state (a term marked ``not_the_run``:
     measured below the bytes its model states must hold): scored and shown, but not a plan that ran."""
     return any(terms.get(k, {}).get("not_the_run") for k in r["terms"])
-
-
-def recipe_terms(row: dict[str, Any], spec: Any, config: Any, gpu: Any) -> dict[str, Any] | None:
-    """How far the allocated peak of the row's plan moves (``moved``) with the term of its recipe
-    the estimate has no request field for, in the memory core: litgpt's cross-entropy over pieces
-    of ``lm_head_chunk_size`` tokens in the logits' dtype (``loss_upcast`` false:
-    planner/memory/activations.py ``loss_chunk_tokens``, ``log_softmax_bytes``). torchtune's
-    optimizer in backward and chunked loss are request fields (``optimizer_in_bwd``,
-    ``loss_chunks``): a row that states them is estimated with them. Each moment of the step
-    (planner/memory/step.py ``MOMENTS``) is evaluated again with it; ``score_row`` moves the
-    estimate's peak and its process total on the usable memory by the moments' change (its
-    workspaces and the replayed reserve over the allocated peak kept). None where the row states
-    none. Shown beside the scored prediction, never instead of it."""
-    settings = row["settings"]
-    if not settings.get("lm_head_chunk_size"):
-        return None
-    # litgpt: pieces of that many tokens (litgpt/lora.py GPT.forward), upcast or not
-    chunks = -(-int(settings["seq_len"]) // int(settings["lm_head_chunk_size"]))
-    upcast = settings.get("loss_upcast", True)
-    if chunks == 1 and upcast:
-        return None
-    from planner.memory.activations import (
-        log_softmax_bytes,
-        logits_backward_transient,
-        logits_forward_transient,
-    )
-    from planner.memory.dtypes import mode_of
-    from planner.memory.shapes import dims_of
-    from planner.memory.step import moment_breakdowns
-    from planner.memory.timeline import _step_parts  # the moments' sizes, as the estimate's timeline has them
-
-    parts = _step_parts(spec, config, gpu.kernels)
-    dims, mode = dims_of(spec, config), mode_of(config)
-    saved = {**parts.batch.activations, "activations/loss/log_softmax": log_softmax_bytes(dims, mode, upcast=upcast)}
-    batch = dataclasses.replace(
-        parts.batch, activations=saved,
-        forward_logits=logits_forward_transient(dims, mode, config, gpu.kernels, chunks=chunks, upcast=upcast),
-        backward_logits=logits_backward_transient(dims, mode, config, chunks=chunks, upcast=upcast))
-    peak = [max(sum(live.values()) for live in moment_breakdowns(parts.static.resident, parts.sizes, b,
-                                                                config.sharding.spec).values())
-            for b in (parts.batch, batch)]
-    return {"chunks": chunks, "moved": peak[0] - peak[1]}
 
 
 def refused(results: list[dict[str, Any]], terms: dict[str, Any]) -> list[dict[str, Any]]:
@@ -507,8 +459,7 @@ def _reserve_lines(results: list[dict[str, Any]]) -> list[str]:
 def _refused_lines(results: list[dict[str, Any]], terms: dict[str, Any]) -> list[str]:
     """Every row (a run that ran) the planner calls "does not fit", whether its allocated peak
     alone is past the usable memory (a memory term's error, not the reserve's), the run's terms the
-    model lacks and the plan with its recipe's own terms (``recipe_terms``); the rows that cannot
-    be the stated run apart."""
+    model lacks; the rows that cannot be the stated run apart."""
     rows = refused(results, terms)
     scored = [r for r in results if r["status"] == "scored"]
     ran = [r for r in scored if not not_the_run(r, terms)]
@@ -524,35 +475,13 @@ def _refused_lines(results: list[dict[str, Any]], terms: dict[str, Any]) -> list
                               f"{'does not fit' if not r['fits'] else 'fits'})" for r in apart) + "."]
     if rows:
         lines += ["", "| row | usable GiB | predicted allocated + context GiB | process total on the usable memory GiB | refused by | "
-                  "the run's terms not in the model that push over | with its recipe's terms: allocated / process total GiB | guessed |",
-                  "|---|---:|---:|---:|---|---|---|---|"]
+                  "the run's terms not in the model that push over | guessed |",
+                  "|---|---:|---:|---:|---|---|---|"]
         lines += [f"| {r['id']} | {_gib(r['usable'])} | {_gib(r['predicted_allocated'] + r['context_bytes'])} | "
                   f"{_gib(r['budget_total'])} | {refused_by(r)} | "
-                  f"{', '.join(k for k in r['terms'] if terms[k]['effect'] == 'over') or '-'} | {_recipe_text(r)} | "
+                  f"{', '.join(k for k in r['terms'] if terms[k]['effect'] == 'over') or '-'} | "
                   f"{', '.join(r['guessed']) or '-'} |" for r in rows]
-    recipe = [r for r in scored if "recipe_total" in r and not not_the_run(r, terms)]
-    if recipe:
-        still = [r for r in recipe if not r["recipe_fits"]]
-        lines += ["", (f"torchtune's optimizer stepped inside backward and its chunked loss are request fields "
-                       "(`--optimizer-in-bwd`, `--loss-chunks`): a row that states them is estimated with them (on one "
-                       "device: the distributed recipe's optimizer_in_bwd is listed unmodelled). litgpt's loss, 128-token "
-                       "pieces in bf16 with no upcast, has no request field; its terms are in the memory core "
-                       "(planner/memory/activations.py loss_chunk_tokens, log_softmax_bytes). With them (the step's moments evaluated again, "
-                       f"`recipe_terms`), {len(still)} of the {len(recipe)} rows that state them would be called \"does not fit\""
-                       + (f" ({', '.join(r['id'] for r in still)})" if still else "")
-                       + f"; the median absolute error of these rows goes from {_median_abs(recipe, 'error')} to "
-                       f"{_median_abs(recipe, 'recipe_error')} (the rows' other unmodelled terms, named in the table, stay).")]
     return lines
-
-
-def _median_abs(rows: list[dict[str, Any]], key: str) -> str:
-    return f"{statistics.median(abs(r[key]) for r in rows) * 100:.1f}%"
-
-
-def _recipe_text(r: dict[str, Any]) -> str:
-    if "recipe_total" not in r:
-        return "-"
-    return f"{_gib(r['recipe_allocated'] + r['context_bytes'])} / {_gib(r['recipe_total'])} ({'fits' if r['recipe_fits'] else 'does not fit'})"
 
 
 def _metric(data: dict[str, Any], row_id: str) -> str:
@@ -676,7 +605,7 @@ def _print_summary(results: list[dict[str, Any]], terms: dict[str, Any]) -> None
             print(f"{name:24s} n={len(rows):3d}  median |err| {statistics.median(errs) * 100:5.1f}%  max {max(errs) * 100:5.1f}%")
     no = refused(results, terms)
     print(f'ran but "does not fit": {len(no)} ({sum(refused_by(r) == "the reserve" for r in no)} by the reserve, '
-          f'the rest by the allocated peak; {sum(not r.get("recipe_fits", False) for r in no)} with the recipes\' own terms)')
+          'the rest by the allocated peak)')
     speed = [abs(r["tokens_error"]) for r in results if r.get("tokens_error") is not None]
     if speed:
         print(f"throughput (uncalibrated)  n={len(speed):3d}  median |err| {statistics.median(speed) * 100:5.1f}%  "

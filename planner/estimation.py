@@ -48,7 +48,8 @@ def check_recipe(spec: "ModelSpec", recipe: Mapping[str, Any]) -> None:
     from planner.catalog import check_plannable
 
     check_plannable(spec)
-    _request.check_for_model(model_id=spec.id, is_encoder=spec.is_encoder, values=recipe)
+    _request.check_for_model(model_id=spec.id, is_encoder=spec.is_encoder, values=recipe,
+                             is_encoder_decoder=spec.is_encoder_decoder)
 
 
 def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **options: Any) -> "TrainConfig":

@@ -202,6 +202,18 @@ _FIELDS = (
            "whole logits at once).", memo=(BATCH,), recipe=True, upper=1 << 16,
            terms="the loss' fp32 transients (memory/activations.py loss_chunk_tokens, memory/step.py)",
            trainers=(("hf", None), ("axolotl", None), ("llama-factory", None), ("torchtune", "loss.num_output_chunks"))),
+    # The loss' dtype: transformers' ForCausalLMLoss upcasts the whole logits to fp32 before the
+    # cross-entropy (transformers 5.24 loss/loss_utils.py:61, ``logits = logits.float()``), so the HF
+    # Trainer, TRL, axolotl and LLaMA-Factory do; torchtune's CEWithChunkedOutputLoss upcasts one
+    # piece at a time (loss_chunks); litgpt's chunked_cross_entropy runs F.cross_entropy on the bf16
+    # pieces with no upcast (litgpt/utils.py). No trainer's config spells it: emit's train.py passes
+    # the HF Trainer a compute_loss_func without the upcast (planner.emit.train_script).
+    _field("loss_upcast", bool, True, "The cross-entropy upcasts the logits to fp32 first (transformers' "
+           "ForCausalLMLoss, the default); --no-loss-upcast: it runs on the logits in the head's 16-bit dtype "
+           "(litgpt's chunked_cross_entropy): 16-bit log-probabilities and loss gradients, no fp32 copy.",
+           memo=(BATCH,), recipe=True,
+           terms="the loss' log-probabilities and transients (memory/activations.py log_softmax_bytes, memory/step.py)",
+           trainers=_NO_TRAINER_KEY),
     # QLoRA's k-bit preparation: peft's prepare_model_for_kbit_training (the HF/TRL path, emit's
     # train.py and the worker) upcasts every non-4-bit parameter to fp32 (peft 0.21 utils/other.py:204-209);
     # fms-acceleration's accelerated-peft-bnb, torchtune's QLoRA recipes, LLaMA-Factory
@@ -339,6 +351,8 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
         parts.append("16-bit non-4-bit parameters (no k-bit upcast)")
     if values.get("loss_chunks", 1) > 1:
         parts.append(f"loss over {values['loss_chunks']} chunks")
+    if values.get("loss_upcast") is False:
+        parts.append("16-bit loss (no fp32 upcast of the logits)")
     if values.get("eval_batch"):
         tokens = values.get("eval_seq_len") or values.get("seq_len")
         parts.append(f"eval batch {values['eval_batch']}" + (f" x {tokens} tokens" if tokens else "")
@@ -371,14 +385,20 @@ def changed(values: Mapping[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value != FIELDS[name].default}
 
 
-def check_for_model(*, model_id: str, is_encoder: bool, values: Mapping[str, Any]) -> None:
+def check_for_model(*, model_id: str, is_encoder: bool, values: Mapping[str, Any],
+                    is_encoder_decoder: bool = False) -> None:
     """The recipe settings a model cannot take: a fused linear cross-entropy fuses a causal LM's
-    head and its loss, which a masked-LM encoder does not have."""
+    head and its loss, which a masked-LM encoder does not have; a 16-bit loss is a causal LM's
+    cross-entropy written without ForCausalLMLoss' upcast (emit's train.py), which a masked LM's
+    or an encoder-decoder's own loss is not."""
     from planner.errors import InvalidConfigError
 
     if values.get("fused_ce") and is_encoder:
         raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {model_id} is a masked-LM encoder: "
                                  "drop --fused-ce")
+    if values.get("loss_upcast") is False and (is_encoder or is_encoder_decoder):
+        raise InvalidConfigError(f"--no-loss-upcast is a causal LM's cross-entropy on its 16-bit logits; {model_id} "
+                                 f"is {'a masked-LM encoder' if is_encoder else 'an encoder-decoder'}: drop it")
     if values.get("generate_tokens") and is_encoder:
         raise InvalidConfigError(f"--generate-tokens generates with a causal LM; {model_id} is a masked-LM encoder: "
                                  "drop --generate-tokens")

@@ -33,7 +33,9 @@ pure fp16/bf16 casts the model and the optimizer works on those parameters. QLoR
 random model with ``save_pretrained`` and reloads it with a 4-bit NF4 ``BitsAndBytesConfig``
 (the real loading path), then ``prepare_model_for_kbit_training`` (which upcasts the
 non-quantized parameters to fp32: real behaviour) unless the plan keeps them 16-bit
-(``kbit_upcast`` False, as fms-acceleration, torchtune and LLaMA-Factory do), and LoRA.
+(``kbit_upcast`` False, as fms-acceleration, torchtune and LLaMA-Factory do), and LoRA. A
+16-bit loss (``loss_upcast`` False) is computed on the logits as the head makes them, as emit's
+train.py does (``_install_loss_in_logits_dtype``).
 """
 
 from __future__ import annotations
@@ -343,6 +345,8 @@ def _train(
     forward_settings = model_config_settings(config) if seq2seq.is_seq2seq(model_config) else {}
     if training_arguments(config, on_cpu=device == "cpu").get("use_liger_kernel"):
         _install_fused_ce(model, model_config=model_config)
+    if not config.loss_upcast:
+        _install_loss_in_logits_dtype(model, model_config=model_config)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     details["params_total"] = sum(p.numel() for p in model.parameters())
@@ -529,6 +533,31 @@ def _install_fused_ce(model, *, model_config: Mapping[str, Any]) -> None:
         return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=out.past_key_values)
 
     base.forward = types.MethodType(forward, base)
+
+
+def _install_loss_in_logits_dtype(model, *, model_config: Mapping[str, Any]) -> None:
+    """The 16-bit loss (``loss_upcast`` False) as emit's train.py gives it to the HF Trainer
+    (planner/emit/train_script.py ``loss_in_logits_dtype``, the same lines): the model's forward
+    without the labels, then ForCausalLMLoss without its ``logits.float()`` (transformers
+    loss/loss_utils.py), autocast off so that the cross-entropy runs on the 16-bit logits."""
+    import torch
+
+    if _is_encoder(model_config) or seq2seq.is_seq2seq(model_config):
+        raise InvalidConfigError("--no-loss-upcast is a causal LM's loss: the worker has no 16-bit masked-LM or "
+                                 "encoder-decoder loss")
+    forward = model.forward
+
+    def with_loss(*args, labels=None, **kwargs):
+        out = forward(*args, **kwargs)
+        if labels is not None:
+            logits = out.logits
+            shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].contiguous().to(logits.device)
+            with torch.autocast(logits.device.type, enabled=False):
+                out["loss"] = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), shifted.view(-1),
+                                                                ignore_index=-100)
+        return out
+
+    model.forward = with_loss
 
 
 def _tag_states(probe, *, model, optimizer, use_ds: bool) -> None:

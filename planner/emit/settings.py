@@ -140,6 +140,9 @@ def run_assumptions(config: TrainConfig) -> list[str]:
     if config.method.uses_adapters:
         lines.append(f"LoRA dropout {config.lora_dropout}: " + ("each adapted layer keeps a dropped copy of its input and "
                      "the mask" if config.lora_dropout else "no dropped copy of each adapted layer's input"))
+    if not config.loss_upcast:
+        lines.append("a 16-bit loss: train.py passes the Trainer a compute_loss_func that computes the cross-entropy on "
+                     "the logits in the head's dtype, without transformers' fp32 upcast (and with autocast off)")
     if not config.kbit_upcast:  # (peft's upcast, the default, is what every QLoRA plan says of itself)
         lines.append("no k-bit upcast: the non-4-bit parameters (norms, embeddings, head) and the residual stream stay "
                      f"{model_dtype(config)} (train.py skips peft's prepare_model_for_kbit_training)")
@@ -163,10 +166,12 @@ def model_config_settings(config: TrainConfig) -> dict[str, Any]:
 def script_recipe(config: TrainConfig) -> dict[str, Any]:
     """The recipe settings train.py applies itself (``planner.emit.train_script``): packing, the
     launcher's environment, the model-config settings (the KV cache), the evaluation pass's sequences
-    and QLoRA's k-bit preparation (peft's fp32 upcast or none)."""
+    QLoRA's k-bit preparation (peft's fp32 upcast or none) and the loss' dtype (transformers' fp32
+    upcast or train.py's 16-bit ``loss_in_logits_dtype``)."""
     return {"packed": config.packing, "launch_env": launch_env(config), **model_config_settings(config),
             "eval_sequences": eval_sequences(config), "eval_seq_len": config.eval_tokens,
-            "generate_tokens": config.generate_tokens, "kbit_upcast": config.kbit_upcast}
+            "generate_tokens": config.generate_tokens, "kbit_upcast": config.kbit_upcast,
+            "loss_upcast": config.loss_upcast}
 
 
 def launch_env(config: TrainConfig) -> dict[str, str]:

@@ -40,6 +40,7 @@ SEQ2SEQ = $seq2seq  # True for an encoder-decoder (T5-like): the labels are the 
 PACKED = $packed  # True: sequences packed to SEQ_LEN; False: one row per sequence, padded per batch
 USE_CACHE = $use_cache  # transformers' use_cache in the training forward
 KBIT_UPCAST = $kbit_upcast  # QLoRA: peft's prepare_model_for_kbit_training upcasts the non-4-bit parameters to fp32
+LOSS_UPCAST = $loss_upcast  # transformers' causal-LM loss upcasts the logits to fp32; False: the loss below
 EVAL_SEQUENCES = $eval_sequences  # sequences held out of the dataset for evaluation (0: no evaluation)
 EVAL_SEQ_LEN = $eval_seq_len  # tokens per eval sequence (the prompt's when generating)
 GENERATE_TOKENS = $generate_tokens  # tokens generated from the first eval batch at each evaluation (0: none)
@@ -155,6 +156,22 @@ def generating_callback(trainer, held_out):
     return Generate()
 
 
+def loss_in_logits_dtype(outputs, labels, num_items_in_batch=None):
+    """transformers' ForCausalLMLoss without its `logits.float()` (transformers/loss/loss_utils.py):
+    the cross-entropy on the logits in the head's 16-bit dtype, autocast off so that it does not
+    upcast them either (the plan counts 16-bit log-probabilities and loss gradients)."""
+    import torch
+
+    logits = outputs.logits
+    labels = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].contiguous().to(logits.device)
+    with torch.autocast(logits.device.type, enabled=False):
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100,
+                                                 reduction="mean" if num_items_in_batch is None else "sum")
+    if num_items_in_batch is None:
+        return loss
+    return loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=MODEL, help=f"model id or folder (default {MODEL})")
@@ -198,7 +215,8 @@ def build_trainer(argv=None):
         collator = default_data_collator  # the model shifts the labels itself
         data = [{"input_ids": b, "labels": b} for b in blocks]
     data, held_out = split_off_evaluation(data)
-    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=held_out, data_collator=collator)
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=held_out, data_collator=collator,
+                      compute_loss_func=None if LOSS_UPCAST else loss_in_logits_dtype)
     if GENERATE_TOKENS:
         trainer.add_callback(generating_callback(trainer, held_out))
     if "8bit" in args.optim:
@@ -226,7 +244,7 @@ def render_train_script(
     *, model: str, plan_id: str, rank: int, label: str, seq_len: int, dtype: str, dtype_why: str,
     attention: str, masked_lm: bool, dataset: str | None, seq2seq: bool = False, packed: bool = True,
     use_cache: bool = False, launch_env: dict[str, str] | None = None, eval_sequences: int = 0,
-    eval_seq_len: int = 0, generate_tokens: int = 0, kbit_upcast: bool = True,
+    eval_seq_len: int = 0, generate_tokens: int = 0, kbit_upcast: bool = True, loss_upcast: bool = True,
 ) -> str:
     """The text of ``train.py`` for one plan; ``launch_env``: variables it sets as ``accelerate launch``
     would (``planner.emit.settings.launch_env``), before TrainingArguments reads them."""
@@ -242,7 +260,7 @@ def render_train_script(
         seq_len=seq_len, dtype_repr=repr(dtype), dtype_why=dtype_why, attention_repr=repr(attention),
         masked_lm=masked_lm, seq2seq=seq2seq, packed=packed, use_cache=use_cache, data_doc=data_doc, launch_env=env,
         eval_sequences=eval_sequences, eval_seq_len=eval_seq_len or seq_len, generate_tokens=generate_tokens,
-        kbit_upcast=kbit_upcast,
+        kbit_upcast=kbit_upcast, loss_upcast=loss_upcast,
     )
 
 

@@ -467,7 +467,7 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         out["autocast/weight_casts"] = model.vocab_size * h * HALF
     if mode.fp8:
         out.update(fp8_first_linear(model))
-    out["loss/log_softmax"] = log_softmax_bytes(dims, mode)
+    out["loss/log_softmax"] = log_softmax_bytes(dims, mode, upcast=config.loss_upcast)
     if model.final_logit_softcap:
         # logits / cap -> tanh -> * cap (Gemma4ForCausalLM.forward): tanh keeps its output, the lm_head's dtype
         out["loss/softcap"] = e * dims.v * mode.logits

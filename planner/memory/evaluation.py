@@ -98,12 +98,14 @@ def _forward_parts(model: ModelSpec, config: TrainConfig) -> dict[str, int]:
     (fp32, freed after ``nll_loss``; in training they are saved for backward), the last hidden
     state the head read (the final norm's output, in the residual stream's dtype), and the int64
     token ids: the batch's, the labels padded by one (ForCausalLMLoss ``nn.functional.pad``) and
-    their contiguous shift."""
+    their contiguous shift. A 16-bit loss (``loss_upcast`` False: the Trainer's compute_loss_func
+    runs in eval too) has no upcast and makes its log-probabilities in the logits' dtype."""
     eval_config = _eval_config(config, config.eval_tokens)
     dims, mode = dims_of(model, eval_config), mode_of(eval_config)
     e = dims.tokens
     return {
-        LOGITS: logits_forward_transient(dims, mode) + e * dims.v * FP32,
+        LOGITS: logits_forward_transient(dims, mode, upcast=config.loss_upcast)
+        + e * dims.v * (FP32 if config.loss_upcast else mode.logits),
         HIDDEN: e * dims.h * mode.residual,
         TOKENS: (3 * e + dims.b) * INT64,
     }

@@ -390,8 +390,9 @@ def _output_terms(model: ModelSpec, config: TrainConfig, dims, mode,
     cache = model.num_layers * kv_cache_block_bytes(model, config, dims, mode)
     kept = manual_loop_logits(dims, mode, config) + cache if config.loop is _MANUAL else 0
     chunks = config.loss_chunks  # a chunked cross-entropy upcasts one piece at a time
-    return (logits_forward_transient(dims, mode, config, kernels, chunks=chunks),
-            logits_backward_transient(dims, mode, config, chunks=chunks), cache, kept)
+    upcast = config.loss_upcast  # or none at all (litgpt's bf16 loss)
+    return (logits_forward_transient(dims, mode, config, kernels, chunks=chunks, upcast=upcast),
+            logits_backward_transient(dims, mode, config, chunks=chunks, upcast=upcast), cache, kept)
 
 
 def batch_totals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,

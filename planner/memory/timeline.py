@@ -568,11 +568,13 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     s = _step_parts(model, config, kernels)
     dims, mode = dims_of(model, config), mode_of(config)
     # the loss path's tensors are logits-sized: tokens x vocab in fp32 (ForCausalLMLoss upcasts
-    # them, transformers/loss/loss_utils.py); a fused cross-entropy has no logits tensor
+    # them, transformers/loss/loss_utils.py), in the logits' dtype under a 16-bit loss
+    # (``loss_upcast`` False); a fused cross-entropy has no logits tensor
     # the MLP's intermediate tensors are tokens x intermediate_size (LlamaMLP: act_fn(gate_proj(x))
     # * up_proj(x)): 4-8 hidden states each; split into hidden-sized pieces they would be
     # requests of 1-10 MiB on small shapes, each given a 20 MiB kLargeBuffer segment no real one gets
-    b = _Builder(unit=dims.tokens * dims.h * mode.compute, logits=dims.tokens * dims.v * 4 if builds_logits(config) else 0,
+    b = _Builder(unit=dims.tokens * dims.h * mode.compute, logits=dims.tokens * dims.v * (4 if config.loss_upcast else mode.logits)
+                 if builds_logits(config) else 0,
                  units={"activations/mlp/intermediate": dims.tokens * model.intermediate_size * mode.compute})
     lazy = _lazy_states(s)
     _model_states(b, s, lazy)

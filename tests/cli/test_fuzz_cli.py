@@ -163,6 +163,8 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
               "--packing": None, "--no-packing": None, "--use-cache": None, "--no-use-cache": None,
               # torchtune's recipe settings: in and past their bounds, and with what refuses them
               "--optimizer-in-bwd": None, "--no-optimizer-in-bwd": None, "--loss-chunks": _ints((1, 64)),
+              # the loss' dtype (refused with --fused-ce and with an encoder's or encoder-decoder's loss)
+              "--loss-upcast": None, "--no-loss-upcast": None,
               # QLoRA's k-bit preparation (refused with any other method)
               "--kbit-upcast": None, "--no-kbit-upcast": None,
               # the evaluation pass (planner.memory.evaluation): sizes in and past their bounds

@@ -49,6 +49,7 @@ ALTERNATIVES: dict[str, list] = {
     "use_cache": [True],
     "optimizer_in_bwd": [True],
     "loss_chunks": [8],
+    "loss_upcast": [False],
     "kbit_upcast": [False],
     "eval_batch": [4],
     "eval_seq_len": [128],

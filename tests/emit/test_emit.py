@@ -397,3 +397,32 @@ def test_suggest_emit_writes_the_top_plan_and_refuses_a_full_directory_before_pl
     assert again.code == 2 and "already holds files" in again.err and len(again.err.strip().splitlines()) == 1
     assert len(json.loads(cli("history", "--json").out)) == 1  # refused before anything was planned or stored
     assert cli("suggest", "-m", "gpt2", "-g", "a10g", "-b", "8", "--emit", str(out), "--no-save").code == 2
+
+
+def test_a_16_bit_loss_plan_computes_the_cross_entropy_on_the_16_bit_logits(tmp_path):
+    """--no-loss-upcast: train.py gives the Trainer a compute_loss_func (transformers' Trainer
+    pops the labels and calls it on the outputs) that is ForCausalLMLoss without its
+    ``logits.float()``: the same loss within bf16's precision, computed in bf16, even under autocast."""
+    import inspect
+
+    import torch
+    from transformers import Trainer
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    folder = emit_into(tmp_path / "bf16-loss", TrainConfig(method="lora", precision="bf16-mixed", loss_upcast=False,
+                                                           seq_len=256))
+    script = import_script(folder / "train.py")
+    assert script.LOSS_UPCAST is False and "compute_loss_func" in inspect.signature(Trainer).parameters
+    assert "16-bit loss" in (folder / "PLAN.md").read_text()
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 8, 50, generator=gen).to(torch.bfloat16).requires_grad_()
+    labels = torch.randint(0, 50, (2, 8), generator=gen)
+    labels[0, :3] = -100
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = script.loss_in_logits_dtype(type("Out", (), {"logits": logits})(), labels)
+    assert loss.dtype == torch.bfloat16
+    assert abs(loss.item() - ForCausalLMLoss(logits, labels, vocab_size=50).item()) < 0.05
+    summed = script.loss_in_logits_dtype(type("Out", (), {"logits": logits})(), labels, num_items_in_batch=torch.tensor(11))
+    assert abs(summed.item() - ForCausalLMLoss(logits, labels, 50, num_items_in_batch=torch.tensor(11)).item()) < 0.05
+    assert TrainConfig(method="lora", seq_len=256).loss_upcast and import_script(
+        emit_into(tmp_path / "fp32-loss", TrainConfig(method="lora", seq_len=256)) / "train.py").LOSS_UPCAST is True

@@ -29,7 +29,7 @@ RECIPES = [
 SETTINGS = [
     {}, {"loop": "manual"}, {"fused_ce": True}, {"packing": False}, {"use_cache": True},
     {"loop": "manual", "use_cache": True, "packing": False}, {"fused_ce": True, "loop": "manual"},
-    {"attention": "eager", "packing": False}, {"attention": "flash"},
+    {"attention": "eager", "packing": False}, {"attention": "flash"}, {"loss_upcast": False, "loop": "manual"},
 ]
 
 

@@ -110,6 +110,8 @@ SHORTCUT_RECIPES = [
     dict(method="lora", precision="bf16-mixed", lora_r=8, attention="eager", packing=False),
     dict(method="full", precision="bf16-mixed", zero=2, fused_ce=True, loop="manual"),
     dict(method="lora", precision="bf16-mixed", lora_r=16, zero=3, gpus=2),
+    # litgpt's loss: 16-bit, in pieces
+    dict(method="lora", precision="bf16", lora_r=8, loss_upcast=False, loss_chunks=4, loop="manual"),
     # the eval pass (planner/memory/evaluation.py; not modelled for encoder-decoders, no generation
     # for encoders: those are skipped)
     dict(method="full", precision="bf16-mixed", eval_batch=4, generate_tokens=16),
