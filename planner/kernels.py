@@ -304,12 +304,17 @@ def rows_per_token(model: ModelSpec, lin: LinearSpec) -> int:
     return lin.active
 
 
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note), and the search's throughput memo asks this once a plan
+_FULL, _PURE_16 = Method.FULL, (Precision.FP16, Precision.BF16)
+
+
 def fp32_adapters(config: TrainConfig) -> bool:
     """Whether the adapters multiply in fp32: peft keeps them fp32 (``ADAPTER_BYTES``) and casts each
     input to their dtype (peft 0.21 tuners/lora/layer.py:1100 ``_cast_input_dtype``; bnb.py likewise when
     autocast is off), so without autocast (pure 16-bit) lora_A and lora_B are fp32 GEMMs with fp32
     operands; under autocast (``*-mixed``) the matmuls run 16-bit again."""
-    return config.method is not Method.FULL and config.precision in (Precision.FP16, Precision.BF16)
+    return config.method is not _FULL and config.precision in _PURE_16
 
 
 def adapter_flop_weight(gpu: GPUSpec | None, config: TrainConfig) -> float:

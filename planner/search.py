@@ -575,6 +575,18 @@ def _line_at(line: tuple[tuple[int, ...], tuple[int, ...]], splits) -> list[tupl
     return [tuple([o + s * (micro - 1) for o, s in zip(one, slope)]) for micro, _ in splits]
 
 
+def _line_at_once(at_of: dict, line: tuple[tuple[int, ...], tuple[int, ...]], splits) -> list[tuple[int, ...]]:
+    """``_line_at`` of ``line``, once per line of one screen (``at_of``: by the line's id). The memo
+    hands out one object per line value (``MemoryMemo.batch_line``) and keeps it for the search, so
+    its id names its value: the 156 batch lines of an every-precision search of the bench request
+    (78 slots, without and with checkpointing) hold 118 values. One list per value also lets the
+    peaks table (``_peaks``, by the id of the list) serve every slot of that value."""
+    found = at_of.get(id(line))
+    if found is None:
+        found = at_of[id(line)] = _line_at(line, splits)
+    return found
+
+
 def totals_by_split(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, splits,
                     memo: MemoryMemo | None = None) -> list[tuple[int, int]]:
     """(process_total_bytes, cpu_bytes) of ``config`` with each (micro_batch, grad_accum) of
@@ -633,6 +645,7 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
     searched, cpu_mem, caching, per_device = 0, space.cpu_mem_bytes, memo.caching, splits[-1][0]
     statics, lines, peaks, screened, safer = _screen_tables(rows, memo, usable, cpu_mem)
     made = _made_configs(rows)
+    at_of: dict[int, list[tuple[int, ...]]] = {}  # id of a batch line -> its value at each split (``_line_at_once``)
     for row in rows:
         n = len(row.variants)
         slots = [(knobs, statics.setdefault(knobs.static_prefix, [None] * n),
@@ -649,7 +662,7 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                 if pair is None:
                     base = base or knobs.variant(lora, v == 0)
                     ckpt = base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True)
-                    pair = line_slot[v] = tuple((line, _line_at(line, splits), id(line))
+                    pair = line_slot[v] = tuple((line, _line_at_once(at_of, line, splits), id(line))
                                                 for line in (memo.batch_line(base), memo.batch_line(ckpt)))
                 static_id = id(static.screens_as)
                 for ckpt, (line, at, line_id) in enumerate(pair):

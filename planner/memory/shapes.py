@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
@@ -110,8 +111,14 @@ class BlockContext:
         """This context with ``changed`` fields, the derived ones as they are (the callers change
         only what those do not read, or also what they derive from it)."""
         copy = object.__new__(BlockContext)
-        for name in _CONTEXT_SLOTS:
-            object.__setattr__(copy, name, changed[name] if name in changed else getattr(self, name))
+        # every slot copied through its descriptor (what ``object.__setattr__`` calls, without
+        # looking the name up), then the changed ones set over it: each of the search's batch lines
+        # copies a context up to three times (``batch_line``: the later block at micro-batch 2, and
+        # the first block at 1 and 2 where it differs)
+        for setter, value in zip(_CONTEXT_SETTERS, _context_values(self)):
+            setter(copy, value)
+        for name, value in changed.items():
+            object.__setattr__(copy, name, value)
         return copy
 
     def at(self, config: TrainConfig, dims: Dims) -> BlockContext:
@@ -168,6 +175,8 @@ class BlockContext:
 
 #: every field of a context, the derived ones too (``BlockContext._but``)
 _CONTEXT_SLOTS = BlockContext.__slots__
+_context_values = attrgetter(*_CONTEXT_SLOTS)
+_CONTEXT_SETTERS = tuple(BlockContext.__dict__[name].__set__ for name in _CONTEXT_SLOTS)
 
 
 #: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
