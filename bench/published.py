@@ -178,7 +178,7 @@ def score_row(row: dict[str, Any], sources: dict[str, Any] | None = None) -> dic
                    without_moment_error=(max(moment[1], 0) - out["measured"]) / out["measured"])
     tokens = _measured_tokens_per_s(row)
     if tokens is not None:
-        speed = estimate_throughput(model=spec, config=config, gpu=gpu)
+        speed = estimate_throughput(model=spec, config=config, gpu=gpu, paged_host=estimate.paged_host_bytes)
         out.update(tokens_measured=tokens, tokens_predicted=speed.tokens_per_s,
                    tokens_error=(speed.tokens_per_s - tokens) / tokens)
     return out

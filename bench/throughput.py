@@ -106,6 +106,8 @@ def score_row(row: dict[str, Any]) -> dict[str, Any]:
     """Prediction, signed error and the step's predicted parts of one row; ``status`` is ``scored``
     or ``unscorable`` (with the reason)."""
     from planner.errors import PlannerError
+    from planner.memory import estimate_memory
+    from planner.optim import OPTIMIZERS
     from planner.throughput import default_utilization, estimate_throughput, flops_per_token
 
     settings = row["settings"]
@@ -118,7 +120,10 @@ def score_row(row: dict[str, Any]) -> dict[str, Any]:
     out["generation"] = generation(gpu) if gpu is not None else "unknown"
     try:
         spec, gpu, config, unmodelled = _published().map_row(row)
-        speed = estimate_throughput(model=spec, config=config, gpu=gpu)
+        # a paged optimizer's states the device has no room for cross the host link each step
+        paged = (estimate_memory(model=spec, config=config, gpu=gpu).paged_host_bytes
+                 if OPTIMIZERS[config.optimizer].paged else 0)
+        speed = estimate_throughput(model=spec, config=config, gpu=gpu, paged_host=paged)
     except (_published().Unscorable, PlannerError) as exc:
         return {**out, "status": "unscorable", "reason": str(exc)}
     total = speed.tokens_per_s

@@ -149,7 +149,7 @@ def estimate_configuration(*, spec: "ModelSpec", gpu: "GPUSpec", seq_len: int | 
     config = build_config(spec, gpu, seq_len=seq_len, **options)
     usable = gpu.memory_bytes - safety_margin(gpu.memory_bytes)
     memory = estimate_memory(model=spec, config=config, gpu=gpu, budget=usable)  # (fits as suggest's plans do)
-    throughput = estimate_throughput(model=spec, config=config, gpu=gpu)
+    throughput = estimate_throughput(model=spec, config=config, gpu=gpu, paged_host=memory.paged_host_bytes)
     return estimate_dict(spec, gpu, config, memory, throughput, usable), memory
 
 

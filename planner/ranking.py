@@ -34,6 +34,7 @@ from planner.search import (
     divisors,
     family_key,
     family_label,
+    paged_host,
     plan_request,
     safe_bound,
     screen,
@@ -237,7 +238,9 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     the replay has just said that split is too large. A plan the replay finds near the edge
     (``near_edge``) where the screen did not moves after every plan that is not, and the same
     configuration with the next smaller micro-batch joins the ranking: the slot it stood for may
-    have a safe plan the replay has not seen yet. ``decided(ranking)``: whether a ranking (``_Ranked``)
+    have a safe plan the replay has not seen yet. A plan with paged optimizer states is timed
+    again with the paging its replay leaves (the screen timed it from its own total) and, where
+    that moves its speed, ranked anew. ``decided(ranking)``: whether a ranking (``_Ranked``)
     of ``fitting`` and of each re-ranking is one whose first plan the caller can take; where one is
     not, None is returned."""
     replays = {} if replays is None else replays
@@ -250,26 +253,32 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     while True:
         if decided is not None and not decided(ranked):
             return None
-        plans, dropped, moved = [], set(), set()
-        for cfg, _, total, *_ in _distinct(ranked, top_k, read):
+        plans, dropped, moved, retimed = [], set(), set(), {}
+        for cfg, speed, total, *_ in _distinct(ranked, top_k, read):
             if cfg not in replays:
                 replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable)
             memory = replays[cfg]
             if memory.process_total_bytes > usable:
                 dropped.add(id(cfg))
                 continue
+            if memory.paged_bytes:  # its paging as the replay's reserve leaves it, not the screen's
+                replayed = Speed(tokens_per_second(cfg, speeds.step_seconds(cfg, memory.paged_host_bytes)))
+                if replayed != speed:
+                    retimed[id(cfg)] = replayed
             plans.append((cfg, memory))
             if (id(cfg) not in edgy and total <= _safe_bound(cfg, gpu, {})
                     and near_edge(cfg, memory, capacity=capacity)):
                 moved.add(id(cfg))
-        if not dropped and not moved:
+        if not dropped and not moved and not retimed:
             plans.sort(key=lambda p: near_edge(p[0], p[1], capacity=capacity))  # stable: rank order otherwise
             return tuple(Candidate(config=cfg, memory=_with_uncertainty(cfg, memory, gpu),
-                                   throughput=estimate_throughput(model=model, config=cfg, gpu=gpu),
+                                   throughput=estimate_throughput(model=model, config=cfg, gpu=gpu,
+                                                                  paged_host=memory.paged_host_bytes),
                                    fits=True, rank=i + 1) for i, (cfg, memory) in enumerate(plans))
         edgy |= moved
         fitting = read + (ranked.unread() if isinstance(ranked, _Ranked) else list(ranked))
-        kept = [item for item in fitting if id(item[0]) not in dropped]
+        kept = [(item[0], retimed[id(item[0])], *item[2:]) if id(item[0]) in retimed else item
+                for item in fitting if id(item[0]) not in dropped]
         smaller = [_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo, speeds=speeds)
                    for item in fitting if id(item[0]) in dropped or id(item[0]) in moved]
         ranked, read = _ranking(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer,
@@ -294,7 +303,8 @@ def _next_smaller_split(config: TrainConfig, *, model: ModelSpec, gpu: GPUSpec, 
     [(total, _host)] = totals_by_split(model=model, config=config, gpu=gpu, splits=[split], memo=memo)
     smaller = config.with_split(micro_batch=split[0], grad_accum=split[1])
     # (the screen's memo: ``ThroughputMemo.step_seconds`` is the sum of ``step_breakdown``, the same float)
-    step_s = (speeds or ThroughputMemo(model, gpu)).step_seconds(smaller)
+    paging = paged_host(memo.static(smaller).terms, total, gpu)
+    step_s = (speeds or ThroughputMemo(model, gpu)).step_seconds(smaller, paging)
     return smaller, Speed(tokens_per_second(smaller, step_s)), total
 
 

@@ -52,9 +52,17 @@ class MemoryEstimate:
     oom_probability: float | None = None
     """The probability (0-1) that the process total passes the device planned for
     (``planner.uncertainty.oom_probability``); None where it was not stated."""
+    paged_bytes: int = 0
+    """A paged optimizer's states in unified memory (bitsandbytes' paged optimizers on CUDA),
+    outside the allocator: the process total holds what the step needs of them (one tensor's)."""
+    paged_host_bytes: int = 0
+    """Of ``paged_bytes``, what the device has no room for at the step: on the host, migrated in
+    and out over the host link each step (``planner.throughput``'s offload part)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = {"version": MEMORY_VERSION, **asdict(self)}
+        if not self.paged_bytes:  # written only for a paged optimizer (a payload without them: 0)
+            del d["paged_bytes"], d["paged_host_bytes"]
         d["breakdown"] = dict(self.breakdown)
         d["assumptions"] = list(self.assumptions)
         d["peak_interval_bytes"] = list(self.peak_interval_bytes) if self.peak_interval_bytes is not None else None

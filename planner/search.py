@@ -32,7 +32,7 @@ from planner.limits import check_gpu_count
 from planner.memory.allocator import Replay, allocation_size, kLargeBuffer
 from planner.memory.dtypes import mode_of
 from planner.memory.estimate import device_timeline, estimate_memory, replay_capacity, replay_timeline
-from planner.memory.overhead import cublas_workspace_bytes
+from planner.memory.overhead import cublas_workspace_bytes, paged_on_host
 from planner.memory.parameters import Trained, trained
 from planner.memory.reserve import largest_peak, peak_independent, process_total
 from planner.memory.states import StaticTerms, static_terms
@@ -479,7 +479,8 @@ class MemoryMemo:
         # (``_Static.screens_as``, ``batch_line``): the screen keys its results by their identity
         self._values: dict[tuple, tuple] = tables[3]
         self._static: dict[tuple, _Static] = {}
-        #: (paged bytes, GPU count) -> ``peak_independent``: what it reads besides the model and device
+        #: (paged bytes the step needs on the device, GPU count) -> ``peak_independent``: what it reads
+        #: besides the model and device
         self._fixed: dict[tuple[int, int], int] = {}
 
     def _adapters(self, config: TrainConfig) -> tuple[Trained, tuple[int, int]]:
@@ -522,10 +523,12 @@ class MemoryMemo:
     def _static_terms(self, config: TrainConfig, key: tuple) -> _Static:
         """``config``'s static terms on this device (``key``: its ``_static_key``)."""
         static, parts, resident = self._device_free(config, key)
-        fixed = self._fixed.get((static.paged, config.gpus))
+        # the paged states the process total holds: the stepped tensor's, as estimate_memory's
+        # (``Timeline.outside_allocator``)
+        fixed = self._fixed.get((static.paged_step, config.gpus))
         if fixed is None:
-            fixed = self._fixed[static.paged, config.gpus] = peak_independent(
-                self.model, self.gpu, paged=static.paged, gpus=config.gpus)
+            fixed = self._fixed[static.paged_step, config.gpus] = peak_independent(
+                self.model, self.gpu, paged=static.paged_step, gpus=config.gpus)
         value = (parts, resident, fixed, static.host)
         return _Static(static, parts, resident, fixed, {}, self._values.setdefault(value, value))
 
@@ -786,9 +789,21 @@ def _shared_rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: 
 
 def _with_speeds(largest_fit: list[tuple[TrainConfig, int, _Static]], speeds: ThroughputMemo) -> list[tuple]:
     """(config, speed, total, static terms) of each fitting plan: ranking needs the speed only; the full
-    estimate (with its assumptions) is made for the plans shown."""
-    return [(config, Speed(tokens_per_second(config, speeds.step_seconds(config))), total, static)
-            for config, total, static in largest_fit]
+    estimate (with its assumptions) is made for the plans shown. A plan whose paged optimizer
+    states the device has no room for is timed with their paging (``paged_host``)."""
+    out = []
+    for config, total, static in largest_fit:
+        step_s = speeds.step_seconds(config, paged_host(static.terms, total, speeds.gpu))
+        out.append((config, Speed(tokens_per_second(config, step_s)), total, static))
+    return out
+
+
+def paged_host(terms: StaticTerms, total: int, gpu: GPUSpec) -> int:
+    """``MemoryEstimate.paged_host_bytes`` of a plan of these static terms whose process total the
+    screen puts at ``total`` (which holds ``terms.paged_step``, as the full estimate's does)."""
+    if not terms.paged:
+        return 0
+    return paged_on_host(terms.paged, required=terms.paged_step, device=gpu.memory_bytes, total=total)
 
 
 def _throughput_memo(model: ModelSpec, gpu: GPUSpec) -> ThroughputMemo:

@@ -220,6 +220,22 @@ def _offload_bytes(config: TrainConfig, trainable: int, params_total: int) -> fl
     return sharding.spec.offload_bytes(config, sharding.offload, trainable=trainable, params_total=params_total)
 
 
+def paging_bytes_per_step(paged_host: int) -> int:
+    """Host<->device bytes per optimizer step of a paged optimizer's states the device has no room
+    for (``MemoryEstimate.paged_host_bytes``): each is migrated in when bitsandbytes prefetches it
+    for its update and out again when the allocator or the next state needs the room
+    (``planner.memory.overhead.paged_on_host``), serially: bitsandbytes synchronises after every
+    parameter's update (bitsandbytes/optim/optimizer.py ``step``: ``sync_gpu(p)``)."""
+    return 2 * paged_host
+
+
+def _with_paging(parts: tuple[float, ...], paged_host: int, rates: _Rates) -> tuple[float, ...]:
+    """``parts`` (of ``PARTS``) with the paging traffic in the offload part, at the host link's rate."""
+    if not paged_host:
+        return parts
+    return (*parts[:-1], parts[-1] + paging_bytes_per_step(paged_host) / rates.host_link_bw)
+
+
 def _quantized_weights(model: ModelSpec) -> int:
     """Weights stored in 4 bits under QLoRA: every block linear, all experts (the output head
     stays 16-bit: transformers skips lm_head)."""
@@ -443,9 +459,11 @@ def _with_fp8(micro: tuple[float, ...], fp8: tuple[float, float, float, float]) 
     return (gemm_s + fp8[0], attention_s, recompute_s + fp8[1], elementwise_s + fp8[2], overhead_s + fp8[3])
 
 
-def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None) -> dict[str, float]:
+def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None,
+                   paged_host: int = 0) -> dict[str, float]:
     """Seconds of one optimizer step by part (the search ranks on their sum; see
-    ``estimate_throughput`` for the assumptions)."""
+    ``estimate_throughput`` for the assumptions); ``paged_host``: the paged optimizer states the
+    memory estimate leaves on the host (``MemoryEstimate.paged_host_bytes``)."""
     rates = _rates(gpu, config.precision, utilization)
     tokens = config.micro_batch * config.seq_len
     micro = price(micro_terms(model, config, gpu), rates.kernels).at(tokens)
@@ -458,7 +476,7 @@ def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utili
         params_total=model.params_total, quantized=_quantized_weights(model) if config.method is Method.QLORA else 0,
         host=_host_terms(model, config, gpu),
     )
-    return dict(zip(PARTS, parts))
+    return dict(zip(PARTS, _with_paging(parts, paged_host, rates)))
 
 
 def _host_terms(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> tuple[float, float, float]:
@@ -517,15 +535,15 @@ class ThroughputMemo:
         # fp8 (full fine-tuning only): grad_ckpt -> its converted linears' work (``planner.kernels.fp8_work``)
         self._fp8: dict[bool, object] = {}
 
-    def breakdown(self, config: TrainConfig) -> dict[str, float]:
-        """``step_breakdown(model=, config=, gpu=, utilization=)``, the same floats."""
-        return dict(zip(PARTS, self._parts(config)))
+    def breakdown(self, config: TrainConfig, paged_host: int = 0) -> dict[str, float]:
+        """``step_breakdown(model=, config=, gpu=, utilization=, paged_host=)``, the same floats."""
+        return dict(zip(PARTS, self._parts(config, paged_host)))
 
-    def step_seconds(self, config: TrainConfig) -> float:
+    def step_seconds(self, config: TrainConfig, paged_host: int = 0) -> float:
         """``sum(step_breakdown(...).values())``, the same float (summed in the same order)."""
-        return sum(self._parts(config))
+        return sum(self._parts(config, paged_host))
 
-    def _parts(self, config: TrainConfig) -> tuple[float, ...]:
+    def _parts(self, config: TrainConfig, paged_host: int = 0) -> tuple[float, ...]:
         key = (config.method, config.precision, config.optimizer, config.sharding)
         device = self._device.get(key)
         if device is None:
@@ -558,10 +576,11 @@ class ThroughputMemo:
             if work is None:
                 work = self._fp8[config.grad_ckpt] = fp8_work(self.model, config)
             micro = _with_fp8(micro, fp8_seconds(work, device[0].kernels, tokens))
-        return _step_parts(config, rates=device[0], micro=micro,
-                           casts=casts, trainable=trainable, update_bytes=device[1],
-                           params_total=self.model.params_total, quantized=self._quantized,
-                           host=_host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else (0.0, 0.0, 0.0))
+        parts = _step_parts(config, rates=device[0], micro=micro,
+                            casts=casts, trainable=trainable, update_bytes=device[1],
+                            params_total=self.model.params_total, quantized=self._quantized,
+                            host=_host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else (0.0, 0.0, 0.0))
+        return _with_paging(parts, paged_host, device[0])
 
 
 def tokens_per_second(config: TrainConfig, step_s: float) -> float:
@@ -591,13 +610,16 @@ def _attention_assumption(config: TrainConfig, model: ModelSpec, gpu: GPUSpec) -
 
 
 def estimate_throughput(
-    *, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None
+    *, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None = None,
+    paged_host: int = 0,
 ) -> ThroughputEstimate:
-    """Predict the time of one optimizer step and the tokens per second across all devices."""
+    """Predict the time of one optimizer step and the tokens per second across all devices
+    (``paged_host``: the paged optimizer states the memory estimate leaves on the host)."""
     check_precision(gpu, config.precision)
     utilization_given = utilization is not None
     utilization = _utilization(gpu, config.precision, utilization)
-    breakdown = step_breakdown(model=model, config=config, gpu=gpu, utilization=utilization)
+    breakdown = step_breakdown(model=model, config=config, gpu=gpu, utilization=utilization,
+                               paged_host=paged_host)
     step_s = sum(breakdown.values())
     assert step_s > 0, breakdown
     offloaded = config.sharding.offloaded
@@ -636,6 +658,11 @@ def estimate_throughput(
             f"CPU Adam at {HOST_DRAM_GBS_PER_RANK if not gpu.is_cpu else gpu.mem_bandwidth_gbs:g} GB/s of host "
             f"DRAM per rank; copies over {gpu.host_link_gbs:g} GB/s host link"
         )
+    if paged_host:
+        unpaged = step_breakdown(model=model, config=config, gpu=gpu, utilization=utilization)
+        assumptions.append(f"paged optimizer states: {paged_host / 2**30:.2f} GiB on the host migrated in and out "
+                           f"each step over the {gpu.host_link_gbs:g} GB/s host link "
+                           f"({breakdown['offload'] - unpaged['offload']:.3g} s)")
     if gpu.calibration:
         assumptions.append(gpu.calibration)
     tokens_per_device = config.micro_batch * config.seq_len * config.grad_accum
@@ -661,6 +688,7 @@ __all__ = [
     "fresh_bytes",
     "offload_bytes_per_step",
     "optimizer_bytes_per_param",
+    "paging_bytes_per_step",
     "step_breakdown",
     "tokens_per_second",
 ]

@@ -24,8 +24,9 @@ with the defaults, and only with ``MIN_RUNS`` such runs; the others keep their d
 **Memory.** On CUDA the caching allocator is replayed (``planner.memory.allocator``); what the
 model cannot derive is the memory the process holds outside it: the CUDA context, cuBLAS/cuDNN
 handles, NCCL buffers. A run measures it as its process total less its peak reserved
-(``workers.probes.CudaProbe``: device used - free - reserved before the measured step), less the
-paged optimizer states the model itself puts outside the allocator. The fit is the median over
+(``workers.probes.CudaProbe``: device used - free - reserved before the measured step), less what
+the model itself puts on the device outside the allocator (NCCL's buffers, the paged optimizer
+states it keeps resident: ``planner.calibration.runs``). The fit is the median over
 the runs (robust to one odd run), bounded to [0, 8 GiB]. The reserve itself is not fitted: the
 replay models it, and a residual there is a modelling error to find, not a constant (no fudge
 factors); it is reported beside the fit. The CPU has neither context nor caching allocator: its
@@ -89,13 +90,14 @@ class MemoryRun:
     """The replayed reserve; None where there is no caching allocator (the CPU)."""
     measured_reserved: int | None = None
     predicted_outside: int = 0
-    """Bytes the model puts outside the allocator besides the context (paged optimizer states)."""
+    """Bytes the model puts on the device outside the allocator besides the context (NCCL's
+    buffers, the resident part of paged optimizer states)."""
     measured_total: int | None = None
     """Process total (nvidia-smi's view); None where the run could not see it."""
 
     @property
     def outside_measured(self) -> int | None:
-        """The context as this run measured it: total - reserved - paged."""
+        """The context as this run measured it: total - reserved - the model's other outside bytes."""
         if self.measured_total is None or self.measured_reserved is None or self.predicted_reserved is None:
             return None
         return self.measured_total - self.measured_reserved - self.predicted_outside

@@ -77,13 +77,17 @@ def _step_run(run: "MeasuredRun", spec: "ModelSpec", gpu: "GPUSpec") -> StepRun 
 
 def _memory_run(run: "MeasuredRun", spec: "ModelSpec", gpu: "GPUSpec") -> MemoryRun | None:
     from planner.memory import estimate_memory
+    from planner.memory.overhead import nccl_buffer_bytes
 
     m = run.measurement.measurement
     if m.peak_allocated_bytes is None:
         return None
     predicted = estimate_memory(model=spec, config=run.candidate.config, gpu=gpu)
     allocator = gpu.kernels.caching_allocator
-    outside = predicted.process_total_bytes - predicted.peak_reserved_bytes - int(gpu.cuda_context_bytes) if allocator else 0
+    # NCCL's buffers and the paged optimizer states resident on the device (all but what the
+    # model leaves on the host): what device used - free - reserved holds besides the context
+    resident = predicted.paged_bytes - predicted.paged_host_bytes
+    outside = nccl_buffer_bytes(gpu, run.candidate.config.gpus) + resident if allocator else 0
     return MemoryRun(
         id=run.measurement.id, predicted_allocated=predicted.peak_allocated_bytes, measured_allocated=m.peak_allocated_bytes,
         predicted_reserved=predicted.peak_reserved_bytes if allocator else None, measured_reserved=m.peak_reserved_bytes,

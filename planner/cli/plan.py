@@ -140,6 +140,9 @@ def _print_estimate(out, data: dict[str, Any], estimate, *, encoder: bool = Fals
     table.add_row("process total (nvidia-smi)", format_bytes(estimate.process_total_bytes), "", style="bold")
     if estimate.cpu_bytes:
         table.add_row("host RAM (offload)", format_bytes(estimate.cpu_bytes), "")
+    if estimate.paged_bytes:
+        table.add_row("paged optimizer states (unified memory)", format_bytes(estimate.paged_bytes), "")
+        table.add_row("  of them on the host at the step", format_bytes(estimate.paged_host_bytes), "")
     out.print(table)
     for line in _bar(dict(estimate.breakdown), dev["capacity_bytes"]):
         out.print(line, markup=False)
@@ -295,7 +298,8 @@ def measure(
                 f"machine with a {device.display_name}, or measure here with --gpu cpu"
             )
     predicted = estimate_memory(model=spec, config=config, gpu=device)
-    throughput = estimate_throughput(model=spec, config=config, gpu=device)
+    throughput = estimate_throughput(model=spec, config=config, gpu=device,
+                                     paged_host=predicted.paged_host_bytes)
     import workers
 
     # on the CPU, --gpu-mem is enforced: an allocation past it makes the run an "oom" outcome

@@ -140,7 +140,7 @@ def _knob_costs(plan, *, spec, device) -> list[str]:
     for name, variant in variants:
         try:
             mem = estimate_memory(model=spec, config=variant, gpu=device)
-            thr = estimate_throughput(model=spec, config=variant, gpu=device)
+            thr = estimate_throughput(model=spec, config=variant, gpu=device, paged_host=mem.paged_host_bytes)
         except PlannerError:
             continue
         saved = mem.process_total_bytes - plan.memory.process_total_bytes

@@ -68,6 +68,10 @@ def _memory_table(candidate: Candidate, *, usable: int) -> list[str]:
         rows.append(f"| usable on the device | {usable:,} | {format_bytes(usable)} |")
     if m.cpu_bytes:
         rows.append(f"| host RAM (offload) | {m.cpu_bytes:,} | {format_bytes(m.cpu_bytes)} |")
+    if m.paged_bytes:
+        for name, size in (("paged optimizer states (unified memory)", m.paged_bytes),
+                           ("of them on the host at the step", m.paged_host_bytes)):
+            rows.append(f"| {name} | {size:,} | {format_bytes(size)} |")
     return rows
 
 

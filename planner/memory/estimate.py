@@ -12,7 +12,7 @@ from planner.memory.activations import ACTIVATION_SAVED
 from planner.memory.allocator import AllocatorConfig, Replay, replay
 from planner.memory.attention import effective_attention
 from planner.memory.evaluation import eval_note
-from planner.memory.overhead import outside_allocator, overhead_notes, with_workspaces
+from planner.memory.overhead import outside_allocator, overhead_notes, paged_on_host, with_workspaces
 from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import ModelSpec
 from planner.results import MemoryEstimate
@@ -22,13 +22,14 @@ from planner.sharding import BREAKDOWN_KEYS
 SIDE_STREAM_KEYS = frozenset(key for key, k in BREAKDOWN_KEYS.items() if k.side_stream)
 
 
-def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline, replayed: Replay | None) -> list[str]:
+def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline, replayed: Replay | None,
+                 paged_host: int = 0) -> list[str]:
     out = []
     if replayed is None:
         out.append("cpu profile: live tensor bytes; no caching allocator, no CUDA context")
     else:
-        if timeline.outside_allocator:
-            out.append("paged 8-bit optimizer states counted in the process total, not in the allocator")
+        if timeline.paged:
+            out.append(_paged_note(timeline, gpu, paged_host))
         conf = AllocatorConfig.parse(config.alloc_conf)
         out.append(f"allocator: PyTorch's CUDA caching allocator replayed on the step's allocations "
                    f"({conf.spelling() or 'default settings'}; one stream, tensors of a term taken as equal)")
@@ -58,6 +59,17 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
     if config.method is Method.QLORA:
         out.append("NF4 with double quantisation, blocksize 64; non-4-bit params upcast to fp32 by prepare_model_for_kbit_training")
     return out
+
+
+def _paged_note(timeline: Timeline, gpu, paged_host: int) -> str:
+    from planner.units import format_bytes
+
+    where = (f"{format_bytes(paged_host)} of them stay on the host, migrated in and out over the "
+             f"{gpu.host_link_gbs:g} GB/s host link each step (in the step time)" if paged_host
+             else "all of them fit beside the allocator's reserve")
+    return (f"paged optimizer states: {format_bytes(timeline.paged)} in unified memory, outside the allocator "
+            f"(bitsandbytes get_paged); the process total holds the largest tensor's, "
+            f"{format_bytes(timeline.outside_allocator)}, on the device while it steps; {where}")
 
 
 def device_timeline(*, model: ModelSpec, config: TrainConfig, gpu, step: Timeline | None = None) -> Timeline:
@@ -113,6 +125,8 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int |
         reserved = replayed.peak_reserved
         fragmentation = replayed.fragmentation
         total = reserved + outside_allocator(gpu, config.gpus) + timeline.outside_allocator
+    host_paged = paged_on_host(timeline.paged, required=timeline.outside_allocator, device=gpu.memory_bytes,
+                               total=total)
     return MemoryEstimate(
         peak_allocated_bytes=peak,
         peak_reserved_bytes=reserved,
@@ -120,8 +134,10 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int |
         cpu_bytes=timeline.host,
         breakdown=timeline.breakdown(),
         peak_phase=timeline.peak_phase,
-        assumptions=tuple(_assumptions(model, config, gpu, timeline, replayed)),
+        assumptions=tuple(_assumptions(model, config, gpu, timeline, replayed, host_paged)),
         fragmentation_bytes=fragmentation,
+        paged_bytes=timeline.paged,
+        paged_host_bytes=host_paged,
     )
 
 

@@ -94,6 +94,19 @@ def outside_allocator(gpu, gpus: int) -> int:
     return int(gpu.cuda_context_bytes) + nccl_buffer_bytes(gpu, gpus)
 
 
+def paged_on_host(paged: int, *, required: int, device: int, total: int) -> int:
+    """Of ``paged`` bytes of optimizer states in unified memory, what stays on the host at the
+    step. ``total`` is the process total, which holds the ``required`` bytes that must be resident
+    (the tensor being stepped); the driver keeps the other pages on the device while it has room,
+    ``device - total``, and past that migrates them to the host when the caching allocator's
+    cudaMalloc needs the memory and back when bitsandbytes prefetches them for their update
+    (bitsandbytes/functional.py ``prefetch_tensor``; CUDA Programming Guide, "Unified Memory":
+    oversubscription on devices with concurrent managed access). An estimate: the driver evicts
+    by its own order (least recently migrated first), so a step that visits the states in the
+    same order each time may migrate more than this, up to all of them."""
+    return max(0, paged - required - max(0, device - total))
+
+
 def with_workspaces(timeline: Timeline, gpu) -> Timeline:
     """``timeline`` with the step's cuBLAS workspaces allocated first and kept (they live as long
     as their handle); the moments' marks move by the one event added."""
@@ -127,4 +140,4 @@ def overhead_notes(gpu, config: TrainConfig) -> list[str]:
 
 __all__ = ["CUBLAS_WORKSPACE", "CUBLAS_WORKSPACES", "CUBLAS_WORKSPACE_SM90", "NCCL_CONNECTION", "WORKSPACE_KEY",
            "cublas_workspace_bytes", "nccl_buffer_bytes", "nccl_channels", "outside_allocator", "overhead_notes",
-           "with_workspaces"]
+           "paged_on_host", "with_workspaces"]

@@ -26,10 +26,10 @@ def reserved_and_total(model: ModelSpec, gpu, *, peak: int, static: int, paged: 
 
     Large-block rounding on the live large tensors, the cuBLAS workspaces' segments, plus the
     stated fragmentation of the activation churn; the CUDA context, NCCL's buffers on ``gpus``
-    devices and paged (unified-memory) states come on top (``planner.memory.overhead``). All the
-    paged states, as ``estimate_memory`` counts them: past the device the driver moves their pages
-    to the host and the optimizer step reads them over the bus, which the throughput model does
-    not price, so neither calls such a plan fitting."""
+    devices and ``paged``, the paged (unified-memory) optimizer states the step needs on the device,
+    come on top (``planner.memory.overhead``): the stepped tensor's (``StaticTerms.paged_step``), as
+    ``estimate_memory`` counts them; the others stay on the device where it has room and on the
+    host past it, which the throughput model prices (``planner.memory.overhead.paged_on_host``)."""
     transient = max(peak - static, 0)
     reserved = peak + _large_rounding(model) + _workspaces(gpu) + int(CUDA_FRAGMENTATION * transient)
     return reserved, reserved + outside_allocator(gpu, gpus) + paged
@@ -58,7 +58,7 @@ def _workspaces(gpu) -> int:
 def peak_independent(model: ModelSpec, gpu, *, paged: int, gpus: int = 1) -> int:
     """What ``reserved_and_total``'s process total adds to any peak besides fragmentation: the
     large-block rounding, the cuBLAS workspaces, the CUDA context, NCCL's buffers and the paged
-    states (whole numbers, so adding them first changes no byte)."""
+    states the step needs on the device (whole numbers, so adding them first changes no byte)."""
     return _large_rounding(model) + _workspaces(gpu) + outside_allocator(gpu, gpus) + paged
 
 

@@ -96,7 +96,8 @@ class StaticTerms:
     gathered: int
     """ZeRO-3: parameters gathered for the block running now (forward and backward only)."""
     paged: int
-    """Paged 8-bit states outside the caching allocator (unified memory)."""
+    """A paged optimizer's states in unified memory, outside the caching allocator: on the device
+    as far as the allocator's reserve leaves room, on the host past it (``overhead.paged_on_host``)."""
     host: int
     """Host RAM (what the sharding scheme offloads)."""
     optimizer_step: int
@@ -116,6 +117,9 @@ class StaticTerms:
     """The library's checks of the gradients as the step begins, made and freed one after the
     other before the flatten (``ShardingSpec.step_checks``: ZeRO-3's norm copy; its fp16 overflow test, on a side stream and
     never a moment's largest, the timeline draws alone: ``ShardingSpec.stream_checks``)."""
+    paged_step: int = 0
+    """Of ``paged``, what must be on the device at once: the states of the largest tensor, which
+    bitsandbytes prefetches and updates alone (``OptimizerModel.largest_state_bytes``)."""
     tied_gradient_sum: int = 0
     """A trained embedding tied to the output head gets two partial gradients (the head's matmul
     and the embedding's backward), which autograd's input buffer adds into a third tensor: the
@@ -127,9 +131,10 @@ class StaticTerms:
 
 
 def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained | None = None) -> StaticTerms:
-    """The batch-independent terms of ``config`` on a device with these kernels. Paged 8-bit
-    states are split off where they live in unified memory: max_memory_allocated does not see
-    them while nvidia-smi does when they are resident (bitsandbytes/functional.py get_paged)."""
+    """The batch-independent terms of ``config`` on a device with these kernels. A paged
+    optimizer's states are split off where they live in unified memory (bitsandbytes/functional.py
+    ``get_paged``): max_memory_allocated does not see them, nvidia-smi does as far as they are
+    resident; the step needs the largest tensor's at once (``OptimizerModel.largest_state_bytes``)."""
     t = t or trained(model, config)
     mode = mode_of(config)
     states, host = model_state_breakdown(model, config, t, mode)
@@ -143,9 +148,12 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
         if k.size:
             nbytes = states.pop(k.key, 0)  # a copy only gloo makes: on the CPU only
             parts[k.size] = parts.get(k.size, 0) + (0 if k.gloo_only and kernels.caching_allocator else nbytes)
-    paged = 0
+    paged = paged_step = 0
     if OPTIMIZERS[config.optimizer].paged and kernels.unified_memory_paging:
         paged = states.pop("optimizer_states", 0)
+        # (ZeRO refuses paged optimizers and FSDP2 bitsandbytes': each device steps whole tensors)
+        paged_step = OPTIMIZERS[config.optimizer].memory.largest_state_bytes(
+            t.size_counts, trainable_bytes(config.method, mode))
     transient = 0
     # what the optimizer steps on the device (None: it steps on the host)
     stepped = spec.optimizer_tensors(t, config, trainable_bytes(config.method, mode))
@@ -160,7 +168,8 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     return StaticTerms(
         resident=states, gradients=gradients, gathered=parts.get("gathered", 0), paged=paged, host=host,
         optimizer_step=transient, optimizer_gradients=spec.optimizer_gradients(t, config, gradients),
-        tied_gradient_sum=tied, zero_gradient_flatten=spec.gradient_flatten(t, config) + parts.get("gradient_flatten", 0),
+        tied_gradient_sum=tied, paged_step=paged_step,
+        zero_gradient_flatten=spec.gradient_flatten(t, config) + parts.get("gradient_flatten", 0),
         held=parts.get("held", 0), reducing=parts.get("reducing", 0), reducing_end=parts.get("reducing_end", 0),
         step_checks=spec.step_checks(model, t, config),
     )

@@ -133,7 +133,11 @@ class Timeline:
     host: int = 0
     """Host RAM the configuration needs (offload), beside the device's timeline."""
     outside_allocator: int = 0
-    """Device bytes outside the caching allocator (paged optimizer states in unified memory)."""
+    """Device bytes outside the caching allocator the step needs (of the paged optimizer states in
+    unified memory, those of the tensor stepped: ``StaticTerms.paged_step``)."""
+    paged: int = 0
+    """Every paged optimizer state in unified memory (``StaticTerms.paged``): resident where the
+    device has room, on the host past it (``planner.memory.overhead.paged_on_host``)."""
     start: int = 0
     """Events before the step the moments are read from: the model states, and the run's first
     step when the optimizer makes its states in it (``_first_step``)."""
@@ -593,7 +597,7 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     _optimizer_step(b, s, grads)
     _eval_pass(b, s)
     timeline = Timeline(events=tuple(b.events), marks=dict(b.marks), host=s.static.host,
-                        outside_allocator=s.static.paged, start=start)
+                        outside_allocator=s.static.paged_step, paged=s.static.paged, start=start)
     # the walk holds at each mark what the moment lists (its transient parts come from the list)
     curve, resident = timeline._curve, s.static.resident_bytes
     for moment, fixed, batch in zip(MOMENTS, static_moments(s.sizes), batch_moments(s.batch.sizes())):

@@ -65,6 +65,22 @@ class OptimizerModel:
         """Device memory traffic of one update per trainable parameter of ``w`` bytes."""
         raise NotImplementedError
 
+    def largest_state_bytes(self, counts: Iterable[tuple[int, int]], param_bytes: int) -> int:
+        """The state of the largest of these tensors ((element count, number of such tensors)
+        pairs): what a paged optimizer (``OptimizerSpec.paged``) must have on the device at once.
+        bitsandbytes (95f9af30) allocates paged state with ``cudaMallocManaged(...,
+        cudaMemAttachHost)`` (bitsandbytes/functional.py:91-99 ``get_paged``,
+        csrc/pythonInterface.cpp:557-563) and, in ``step``, prefetches one parameter's states to
+        the device, updates it and synchronises before the next (optim/optimizer.py:325-335:
+        ``prefetch_state(p)``, ``update_step``, ``sync_gpu(p)``; ``prefetch_state`` l.392-400).
+        Counted as the whole state of a paged optimizer, as its unified-memory bytes are
+        (``planner.memory.states.static_terms``): its fp32 absmax (optimizer.py:528-529) and the
+        states of tensors under 1e5 elements (optimizer.py:383) are ``torch.zeros`` in the caching
+        allocator, ~1.6% of the states, which the allocator replay would make at the end of the
+        first step (``planner.memory.timeline._first_step``), not in each parameter's hook as under
+        optimizer_in_bwd: left with the paged bytes until that timing is modelled."""
+        return max((self.tensor_state_bytes(n, param_bytes) for n, copies in counts if copies), default=0)
+
 
 #: ``build(params, *, lr)``: the torch optimizer the measurement worker steps (torch and the
 #: optimizer's library imported inside it, when it is called)
