@@ -72,6 +72,7 @@ from planner.memory.parameters import param_tensor_sizes, stack_targets, trainab
 from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
+from planner.optim.adamw import AdamWMemory
 from planner.results import ThroughputEstimate
 
 # ---- stated assumptions (calibrate with measurements) ----------------------------------------
@@ -342,9 +343,10 @@ def _adamw_path(gpu: GPUSpec, config: TrainConfig) -> str | None:
     (torch/optim/optimizer.py ``_default_to_fused_or_foreach``: ``fused = use_fused and ...``), and
     the single-tensor loop on the CPU. HF's own default became ``adamw_torch_fused`` for torch >= 2.8
     (transformers training_args.py ``default_optim``), but an emitted plan names ``adamw_torch``."""
-    if config.sharding.offloaded or OPTIMIZERS[config.optimizer].name != "adamw":
+    memory = OPTIMIZERS[config.optimizer].memory
+    if config.sharding.offloaded or not isinstance(memory, AdamWMemory):
         return None
-    return str(gpu.kernels.adamw)
+    return str(memory.path_on(gpu.kernels))
 
 
 def _cpu_adamw(gpu: GPUSpec, config: TrainConfig) -> str | None:
