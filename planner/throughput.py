@@ -72,6 +72,7 @@ from planner.memory.parameters import param_tensor_sizes, stack_targets, trainab
 from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
+from planner.optim.adamw import AdamWMemory
 from planner.results import ThroughputEstimate
 
 # ---- stated assumptions (calibrate with measurements) ----------------------------------------
@@ -178,8 +179,8 @@ def optimizer_bytes_per_param(*, config: TrainConfig) -> float:
     """Device memory traffic of one optimizer update per trainable parameter.
 
     Each optimizer's own traffic is its memory model's ``update_bytes_per_param`` in its
-    descriptor (``planner.optim``; AdamW 7w: HF's default ``adamw_torch_fused`` for torch >= 2.8
-    reads param, grad and both moments and writes three; 8-bit AdamW 3w + 4·(1 + 4/256); SGD 5w;
+    descriptor (``planner.optim``; AdamW 7w: the fused kernel reads param, grad and both moments
+    and writes three, and ``_update_bytes_per_param`` prices the unfused paths a device takes; 8-bit AdamW 3w + 4·(1 + 4/256); SGD 5w;
     Adafactor 16 fp32 passes). The sharding scheme adds its own (``ShardingSpec.master_update_bytes``;
     ZeRO's fp32 master copy under 16-bit training: +4 B read of the master, +2 B write of the
     16-bit model weight).
@@ -333,23 +334,35 @@ def _rates(gpu: GPUSpec, precision: Precision, utilization: float | None) -> _Ra
     )
 
 
-def _cpu_adamw(gpu: GPUSpec, config: TrainConfig) -> str | None:
-    """The torch.optim.AdamW path a CPU run steps with (``KernelProfile.adamw``: torch's default there is the
-    single-tensor loop; ``planner measure``'s worker and HF's ``adamw_torch`` build torch.optim.AdamW), or None
-    where the update is priced as a fused kernel (the GPUs: HF's default ``adamw_torch_fused``) or is not AdamW."""
-    if not gpu.is_cpu or config.sharding.offloaded or OPTIMIZERS[config.optimizer].name != "adamw":
+def _adamw_path(gpu: GPUSpec, config: TrainConfig) -> str | None:
+    """The torch.optim.AdamW path the device steps with (``KernelProfile.adamw``), or None where the
+    optimizer is not torch's AdamW on the device (another optimizer; DeepSpeed's CPU Adam under
+    offload). The planner's runs build torch.optim.AdamW with no ``fused``/``foreach`` argument (HF's
+    ``adamw_torch``, the descriptor's ``hf_optim``; the worker's ``build``), and torch then takes the
+    foreach path wherever every parameter is on a CUDA device, never the fused kernel unless asked
+    (torch/optim/optimizer.py ``_default_to_fused_or_foreach``: ``fused = use_fused and ...``), and
+    the single-tensor loop on the CPU. HF's own default became ``adamw_torch_fused`` for torch >= 2.8
+    (transformers training_args.py ``default_optim``), but an emitted plan names ``adamw_torch``."""
+    memory = OPTIMIZERS[config.optimizer].memory
+    if config.sharding.offloaded or not isinstance(memory, AdamWMemory):
         return None
-    return str(gpu.kernels.adamw)
+    return str(memory.path_on(gpu.kernels))
+
+
+def _cpu_adamw(gpu: GPUSpec, config: TrainConfig) -> str | None:
+    """``_adamw_path`` on the CPU profile (its page faults and per-tensor host time), None elsewhere."""
+    return _adamw_path(gpu, config) if gpu.is_cpu else None
 
 
 def _update_bytes_per_param(config: TrainConfig, gpu: GPUSpec) -> float:
     """Bytes the optimizer update moves per trainable parameter: DeepSpeed's CPU Adam on the host
     under offload, else ``optimizer_bytes_per_param`` on the device; the CPU's unfused AdamW
-    makes 20 element passes, not 7 (``planner.kernels.ADAMW_SINGLE_TENSOR_PASSES``)."""
+    makes 20 element passes, not 7, and so does the foreach path a GPU steps with
+    (``planner.kernels.ADAMW_SINGLE_TENSOR_PASSES``)."""
     if config.sharding.offloaded:
         return CPU_ADAM_BYTES_PER_PARAM + (CPU_ADAM_HALF_COPY_BYTES if config.precision.is_mixed else 0)
     per_param = optimizer_bytes_per_param(config=config)
-    if _cpu_adamw(gpu, config) in ("single_tensor", "foreach"):  # the foreach path runs the same passes
+    if _adamw_path(gpu, config) in ("single_tensor", "foreach"):  # the foreach path runs the same passes
         # in place of the fused kernel's passes, which AdamW's descriptor prices (planner.optim.adamw)
         w = _trainable_bytes(config)
         per_param += ADAMW_SINGLE_TENSOR_PASSES * w - OPTIMIZERS[config.optimizer].memory.update_bytes_per_param(w)

@@ -76,9 +76,8 @@ def _optimizers() -> dict[str, str]:
 
     names = {spec.hf_optim: str(name) for name, spec in OPTIMIZERS.items()}
     # transformers' OptimizerNames: ADAMW_8BIT "adamw_8bit" builds bnb.optim.AdamW8bit as adamw_bnb_8bit
-    # does (trainer_optimizer.py); the fused and foreach AdamW keep the same states
+    # does (trainer_optimizer.py)
     names.setdefault("adamw_8bit", names.get("adamw_bnb_8bit", "adamw_8bit"))
-    names["adamw_torch_fused"] = names["adamw_torch"]
     return names
 
 

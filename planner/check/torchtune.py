@@ -35,6 +35,8 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 #: torch's and bitsandbytes' optimizers -> the planner's (planner.optim)
 OPTIMIZERS = {"torch.optim.AdamW": "adamw", "bitsandbytes.optim.PagedAdamW8bit": "paged_adamw_8bit",
               "bitsandbytes.optim.AdamW8bit": "adamw_8bit", "torch.optim.SGD": "sgd"}
+#: torch.optim.AdamW with ``fused: True`` (torchtune's LoRA configs set it) is the planner's fused AdamW
+_ADAMW, _ADAMW_FUSED = "torch.optim.AdamW", "adamw_fused"
 DTYPES = {"bf16": "bf16", "fp32": "fp32"}
 #: the sections whose ``_component_`` signature the planner checks the keys of
 SECTIONS = ("model", "optimizer")
@@ -116,10 +118,10 @@ def read(reading: "Reading", file: ConfigFile) -> None:
     optimizer = str(dotted(data, "optimizer._component_"))
     if optimizer not in OPTIMIZERS:
         raise UnsupportedError(f"{file.path}: optimizer {optimizer} is not modelled: use one of {', '.join(OPTIMIZERS)}")
-    reading.set("optimizer", OPTIMIZERS[optimizer], file=file, key="optimizer._component_", raw=optimizer)
-    if optimizer == "torch.optim.AdamW" and dotted(data, "optimizer.fused"):
-        reading.notes.append("optimizer fused: True is planned as torch's foreach AdamW (an upper bound: its step "
-                             "holds a copy of the second moments the fused kernel does not)")
+    if optimizer == _ADAMW and dotted(data, "optimizer.fused"):
+        reading.set("optimizer", _ADAMW_FUSED, file=file, key="optimizer.fused", raw=True)
+    else:
+        reading.set("optimizer", OPTIMIZERS[optimizer], file=file, key="optimizer._component_", raw=optimizer)
     reading.set("attention", "sdpa", file=file, key="model._component_", given=False)  # torchtune's attention is SDPA
     _model(reading, file, sections["model"])
     _recipe_settings(reading, file, recipe)
@@ -195,7 +197,7 @@ def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None) -> di
                                f"there ({', '.join(expected)} have)")
     if config.sharding.payload() != {"zero": 0, "offload": "none"} or config.gpus > 1:
         raise UnsupportedError("the single-device torchtune recipes have no sharding or offload")
-    names = {v: k for k, v in OPTIMIZERS.items()}
+    names = {v: k for k, v in OPTIMIZERS.items()} | {_ADAMW_FUSED: _ADAMW}
     if str(config.optimizer) not in names:
         raise UnsupportedError(f"torchtune configs name torch or bitsandbytes optimizers: {config.optimizer} has none here")
     out: dict[str, Any] = {}
@@ -218,6 +220,8 @@ def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None) -> di
                 "tokenizer.max_seq_len": config.seq_len, "dataset.packed": config.packing,
                 "enable_activation_checkpointing": config.grad_ckpt, "optimizer._component_": names[str(config.optimizer)],
                 "dtype": precision.split("-")[0]})
+    if out["optimizer._component_"] == _ADAMW:
+        out["optimizer.fused"] = str(config.optimizer) == _ADAMW_FUSED
     if str(config.attention) != "sdpa" or unexpressible(config, "torchtune"):
         raise UnsupportedError("torchtune's recipes run SDPA attention and their own loss and loop")
     return out

@@ -120,7 +120,8 @@ def _fmt(n: int) -> str:
 
 def _knob_costs(plan, *, spec, device) -> list[str]:
     """What each knob of the top plan costs: the same plan with the knob turned back."""
-    from planner.config import Optimizer, Sharding
+    from planner.config import Sharding
+    from planner.optim import SEARCHED
     from planner.errors import PlannerError
     from planner.memory import estimate_memory
     from planner.throughput import estimate_throughput
@@ -130,8 +131,9 @@ def _knob_costs(plan, *, spec, device) -> list[str]:
     variants = []
     if c.grad_ckpt:
         variants.append(("gradient checkpointing", c.replace(grad_ckpt=False)))
-    if c.optimizer is not Optimizer.ADAMW:
-        variants.append((f"{c.optimizer} instead of adamw", c.replace(optimizer=Optimizer.ADAMW)))
+    usual = SEARCHED[0]  # the usual recipe's optimizer (AdamW), first in preference order
+    if c.optimizer is not usual:
+        variants.append((f"{c.optimizer} instead of {usual}", c.replace(optimizer=usual)))
     if c.sharding.offloaded:
         variants.append((f"offload {c.sharding.offload}", c.replace(sharding=Sharding(c.sharding.scheme))))
     if c.grad_accum > 1:

@@ -21,7 +21,16 @@ class AdamWImpl(enum.StrEnum):
 
 class AdamWMemory(OptimizerModel):
     """torch.optim.AdamW: exp_avg and exp_avg_sq like the parameter plus a 4-byte fp32 ``step``
-    tensor per parameter (torch/optim/adamw.py _init_group)."""
+    tensor per parameter (torch/optim/adamw.py _init_group). ``path``: the code path the optimizer is
+    built to take (``fused=True``), or None for the one torch picks on the device
+    (``KernelProfile.adamw``)."""
+
+    def __init__(self, path: AdamWImpl | None = None) -> None:
+        self.path = path
+
+    def path_on(self, kernels) -> AdamWImpl:
+        """The path that steps the parameters on a device whose kernels are ``kernels``."""
+        return self.path or kernels.adamw
 
     def tensor_state_bytes(self, n: int, param_bytes: int) -> int:
         return 2 * n * param_bytes + FP32  # + the fp32 step tensor
@@ -31,9 +40,10 @@ class AdamWMemory(OptimizerModel):
         every second moment (torch/optim/adamw.py _multi_tensor_adamw); tensor by tensor
         (_single_tensor_adamw) ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` holds two temporaries
         of the largest parameter; the fused kernel none."""
-        if kernels.adamw is AdamWImpl.SINGLE_TENSOR:
+        path = self.path_on(kernels)
+        if path is AdamWImpl.SINGLE_TENSOR:
             return 2 * max((n for n, _ in counts), default=0) * param_bytes
-        if kernels.adamw is AdamWImpl.FOREACH:
+        if path is AdamWImpl.FOREACH:
             return sum(n * copies for n, copies in counts) * param_bytes
         return 0
 
@@ -48,24 +58,51 @@ def build(params, *, lr: float):
     return torch.optim.AdamW(params, lr=lr)
 
 
+def build_fused(params, *, lr: float):
+    import torch
+
+    return torch.optim.AdamW(params, lr=lr, fused=True)
+
+
 def deepspeed_section(*, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
-                      offload: bool) -> dict:
+                      offload: bool, fused: bool = False) -> dict:
     """DeepSpeed builds AdamW itself from this section: DeepSpeedCPUAdam with offload."""
     params: dict = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay}
     if not offload:
         # torch.optim.AdamW instead of FusedAdam (a CUDA-only extension): deepspeed
-        # runtime/engine.py _configure_basic_optimizer, "torch_adam"
+        # runtime/engine.py _configure_basic_optimizer, "torch_adam"; the section's other keys
+        # reach torch.optim.AdamW's constructor (get_optimizer_configuration pops only its own)
         params["torch_adam"] = True
+        if fused:
+            params["fused"] = True
     return {"type": "AdamW", "params": params}
 
 
+def deepspeed_section_fused(**kwargs) -> dict:
+    return deepspeed_section(**kwargs, fused=True)
+
+
 SPECS = (
+    # The searched AdamW: torch's fused kernel, which HF's Trainer builds by default since torch 2.8
+    # (transformers training_args.py ``default_optim``): no temporaries outside the kernel and one
+    # pass over each tensor, where the path torch picks unasked (foreach on CUDA, torch/optim/
+    # optimizer.py ``_default_to_fused_or_foreach``: ``fused = use_fused and ...``) holds a copy of
+    # every second moment and makes 20 passes (planner.kernels.ADAMW_SINGLE_TENSOR_PASSES)
+    OptimizerSpec(
+        name="adamw_fused", memory=AdamWMemory(AdamWImpl.FUSED), build=build_fused, preference=0,
+        # transformers trainer_optimizer.py builds torch.optim.AdamW(fused=True) for adamw_torch_fused
+        hf_optim="adamw_torch_fused",
+        words="AdamW (torch, fused kernel), two fp32 moments per trainable parameter",
+        deepspeed_section=deepspeed_section_fused, deepspeed_offload=True,
+    ),
+    # The same AdamW on the path torch picks: what a run that names adamw_torch (or builds
+    # torch.optim.AdamW itself) steps with; planned when named, never better than the fused one
     OptimizerSpec(
         name="adamw", memory=AdamWMemory(), build=build, preference=0,
         # transformers trainer_optimizer.py builds torch.optim.AdamW for adamw_torch
         hf_optim="adamw_torch",
         words="AdamW (torch), two fp32 moments per trainable parameter",
-        deepspeed_section=deepspeed_section, deepspeed_offload=True,
+        deepspeed_section=deepspeed_section, deepspeed_offload=True, searched=False,
     ),
 )
 

@@ -29,8 +29,8 @@ def test_trl_sft_yaml_is_read_with_trls_defaults_and_a_full_7b_on_a10g_gets_the_
     assert result.schema.startswith("TRL ")
     # the file's keys, and TRL's defaults where it says nothing: bf16 on unless fp16
     # (trl/trainer/base_config.py), the model loaded in ModelConfig's dtype float32 -> bf16-mixed;
-    # optim: TrainingArguments' default adamw_torch_fused, planned as adamw
-    assert (str(c.method), str(c.precision), str(c.optimizer)) == ("full", "bf16-mixed", "adamw")
+    # optim: TrainingArguments' default adamw_torch_fused, planned as the fused AdamW
+    assert (str(c.method), str(c.precision), str(c.optimizer)) == ("full", "bf16-mixed", "adamw_fused")
     assert (c.micro_batch, c.grad_accum, c.gpus, c.seq_len, c.grad_ckpt, c.packing) == (4, 8, 1, 2048, True, True)
     assert result.origins["seq_len"]["key"] == "max_length"
     # 7B full fine-tuning with AdamW: 16 bytes a parameter of states alone (fp32 weights, grads,

@@ -88,8 +88,8 @@ def test_llama_factory_lora_sft_example_near_the_edge_gets_the_change_that_fits_
     c = result.config
     assert result.schema.startswith("llama-factory 0.9.5 ModelArguments")
     # LLaMA-Factory: LoRA in bf16 is a bf16 base with fp32 adapters; checkpointing on by default;
-    # lora_target all = every linear; optim: transformers' default adamw_torch_fused, planned as adamw
-    assert (str(c.method), str(c.precision), str(c.optimizer), c.grad_ckpt) == ("lora", "bf16", "adamw", True)
+    # lora_target all = every linear; optim: transformers' default adamw_torch_fused, the fused AdamW
+    assert (str(c.method), str(c.precision), str(c.optimizer), c.grad_ckpt) == ("lora", "bf16", "adamw_fused", True)
     assert (c.micro_batch, c.grad_accum, c.seq_len, c.lora_r, c.lora_targets, c.packing) == (1, 8, 2048, 8, ("all-linear",), False)
     assert result.origins["grad_ckpt"] == {"file": str(LLAMA_FACTORY), "key": "disable_gradient_checkpointing",
                                            "value": False, "given": False}
@@ -113,7 +113,7 @@ def test_torchtune_lora_recipe_config_is_read_through_its_recipe_and_components(
     # output_proj is HF's o_proj; apply_lora_to_mlp adds the MLP's three projections
     assert c.lora_targets == ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     assert (str(c.method), str(c.precision), str(c.optimizer), c.lora_r, c.micro_batch, c.grad_accum, c.grad_ckpt) == \
-        ("lora", "bf16", "adamw", 64, 4, 8, False)
+        ("lora", "bf16", "adamw_fused", 64, 4, 8, False)  # torch.optim.AdamW with fused: True
     assert not result.fits and result.change.goal == "fit"
     assert all(k.file == str(TORCHTUNE) for k in result.change.keys)
     copied = copy(TORCHTUNE, tmp_path)

@@ -287,9 +287,9 @@ def test_16bit_mixed_beats_fp32_on_speed_in_the_full_finetuning_tier():
     top = result.plans[0]
     assert top.config.method is Method.FULL and top.config.precision is Precision.BF16_MIXED
     assert _safe(result, top) and top.throughput.tokens_per_s > 10 * 1_601
-    # the (full, mixed, adamw) slot is represented by a plan that is not near the edge
+    # the (full, mixed, AdamW) slot is represented by a plan that is not near the edge
     adamw = [p for p in result.plans if p.config.method is Method.FULL and p.config.precision.is_mixed
-             and p.config.optimizer.value == "adamw"]
+             and p.config.optimizer.value == "adamw_fused"]
     assert adamw and _safe(result, adamw[0])
 
 

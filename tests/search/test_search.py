@@ -142,7 +142,7 @@ def test_full_finetuning_of_llama7b_on_a10g_is_rejected_with_reasons(llama7b_a10
                for p in llama7b_a10g.plans)
     full = [r for r in llama7b_a10g.rejected if r.family.startswith("full,")]
     assert full
-    assert any(r.family == "full, bf16-mixed, adamw" for r in full)
+    assert any(r.family == "full, bf16-mixed, adamw_fused" for r in full)
     for r in full:
         assert r.reason and "\n" not in r.reason
         assert "GiB" in r.reason
