@@ -85,7 +85,8 @@ LLAMA_7B = llama(hidden=4096, layers=32, vocab=32000, intermediate=11008, heads=
 
 
 def cfg(**kw) -> TrainConfig:
-    base = dict(micro_batch=1, seq_len=2048)
+    # the fused AdamW, the one the search plans: its update is the 7 passes the hand figures count
+    base = dict(micro_batch=1, seq_len=2048, optimizer="adamw_fused")
     return TrainConfig(**(base | kw))
 
 
@@ -168,8 +169,11 @@ def test_checkpointing_adds_one_third_of_the_layer_compute():
 @pytest.mark.parametrize(
     ("optimizer", "precision", "bytes_per_param"),
     [
-        ("adamw", "bf16-mixed", 28),  # r p g m v (4 x 4) + w p m v (3 x 4)
-        ("adamw", "bf16", 14),  # the same 7 tensors in 2 bytes
+        ("adamw_fused", "bf16-mixed", 28),  # r p g m v (4 x 4) + w p m v (3 x 4)
+        ("adamw_fused", "bf16", 14),  # the same 7 tensors in 2 bytes
+        # torch's unasked path on CUDA (foreach): planner.kernels.ADAMW_SINGLE_TENSOR_PASSES, 20 passes
+        ("adamw", "bf16-mixed", 80),
+        ("adamw", "bf16", 40),
         ("adamw_8bit", "bf16-mixed", 4 + 4 + 1 + 1 + 4 + 1 + 1 + 4 * 4 / 256),  # = 16.0625
         ("paged_adamw_8bit", "bf16-mixed", 16.0625),
         ("sgd", "bf16-mixed", 20),  # r p g buf + w p buf
@@ -289,7 +293,9 @@ def test_sliding_window_caps_the_attention_context():
 def test_cpu_profile_estimate():
     tiny = llama(hidden=64, layers=2, vocab=1000, intermediate=256, heads=4)
     cpu = get_gpu("cpu")
-    est = estimate_throughput(model=tiny, config=cfg(seq_len=128, micro_batch=2, precision="fp32"), gpu=cpu)
+    # torch.optim.AdamW as planner measure's worker builds it by default: the CPU's single-tensor path
+    est = estimate_throughput(model=tiny, config=cfg(seq_len=128, micro_batch=2, precision="fp32", optimizer="adamw"),
+                              gpu=cpu)
     # per layer 4 x 64 x 64 + 3 x 64 x 256 = 65,536 weights; x2 layers + head 64,000 = 195,072; the
     # CPU profile's rate is its measured GEMM rate (fraction 1.0); fp32 operands: per layer
     # 4 x (64 + 64) + 3 x (64 + 256) = 1,472 elements per token, x2 + head 1,064 = 4,008, and the
@@ -330,14 +336,14 @@ def test_cpu_page_faults_of_tensors_past_the_mmap_threshold():
     amx = dataclasses.replace(get_gpu("cpu"), kernels=cpu_kernels(amx=True))
     no_amx = dataclasses.replace(get_gpu("cpu"), kernels=cpu_kernels(amx=False))
     model = llama(hidden=384, layers=1, vocab=50_000, intermediate=1024, heads=6)
-    config = cfg(precision="bf16-mixed", micro_batch=1, seq_len=64)
+    config = cfg(precision="bf16-mixed", micro_batch=1, seq_len=64, optimizer="adamw")  # the single-tensor step
     assert fresh_bytes(model=model, config=config, gpu=amx) == (307_200_000, 307_200_000)
     assert fresh_bytes(model=model, config=config, gpu=no_amx) == (230_400_000, 307_200_000)  # no 76.8 MB buffer
     assert fresh_bytes(model=model, config=config, gpu=get_gpu("a100-80gb")) == (0.0, 0.0)  # caching allocator
     # 4 x 64 = 256 tokens: the fp32 logits (256 x 50,000 x 4 B = 51.2 MB) pass it too: bf16 output 25.6 MB (no),
     # logits.float() 51.2, log-softmax 51.2, nll gradient 51.2, log-softmax gradient 51.2 (yes), cast back 25.6 (no),
     # the matmul's fp32 buffer 51.2 (yes)
-    bigger = cfg(precision="bf16-mixed", micro_batch=4, seq_len=64)
+    bigger = cfg(precision="bf16-mixed", micro_batch=4, seq_len=64, optimizer="adamw")
     assert fresh_bytes(model=model, config=bigger, gpu=amx)[0] == 307_200_000 + 5 * 51_200_000
     assert fresh_bytes(model=model, config=bigger, gpu=no_amx)[0] == 230_400_000 + 4 * 51_200_000
     # 1 thread's 394 ps per byte over the 2 threads' 1.5x

@@ -176,7 +176,9 @@ def _store_run(*, gpu: str, micro_batch: int, seq_len: int, truth: dict, context
     from planner.throughput import estimate_throughput
 
     spec, device = resolve_model(model), get_gpu(gpu)
-    config = build_config(spec, device, seq_len=seq_len, micro_batch=micro_batch, precision=precision)
+    # the fused AdamW (the searched one): the sizes below were chosen for its 7-pass update (A10G_SIZES)
+    config = build_config(spec, device, seq_len=seq_len, micro_batch=micro_batch, precision=precision,
+                          optimizer="adamw_fused")
     memory = estimate_memory(model=spec, config=config, gpu=device)
     true_device = dataclasses.replace(device, **truth)
     step_s = estimate_throughput(model=spec, config=config, gpu=true_device).step_s
