@@ -76,8 +76,6 @@ def test_a_trainer_config_naming_the_fused_adamw_reads_as_it():
     assert names["adamw_torch_fused"] == "adamw_fused" and names["adamw_torch"] == "adamw"
 
 
-TINY_LLAMA = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=2000, max_position_embeddings=256)
 
 
 @pytest.mark.slow
@@ -90,15 +88,8 @@ TINY_LLAMA = dict(model_type="llama", hidden_size=128, intermediate_size=256, nu
 def test_the_fused_adamw_measured_on_the_cpu_within_the_accuracy_bound(changes):
     """A real run of torch's fused AdamW on the CPU (torch supports ``fused=True`` there): the
     prediction within the CPU bench's bound (4 %, tests/integration/test_model_vs_measurement.py)."""
-    from planner.catalog import spec_from_config
-    from planner.memory import estimate_memory
-    from planner.results import RunOutcome
-    from workers import run_in_process
+    from support.models import cpu_peak_error
 
     config = TrainConfig(**(dict(micro_batch=2, seq_len=64, precision="bf16-mixed", optimizer="adamw_fused") | changes))
-    measurement, _ = run_in_process(model_config=TINY_LLAMA, config=config)
-    assert measurement.outcome is RunOutcome.OK, measurement.error
-    spec = spec_from_config(TINY_LLAMA, model_id="tiny-llama", source="test")
-    predicted = estimate_memory(model=spec, config=config, gpu=get_gpu("cpu")).peak_allocated_bytes
-    error = 100 * (predicted - measurement.peak_allocated_bytes) / measurement.peak_allocated_bytes
-    assert abs(error) <= 4, (config.label(), predicted, measurement.peak_allocated_bytes, error)
+    error, predicted, measured = cpu_peak_error(config)
+    assert abs(error) <= 4, (config.label(), predicted, measured, error)

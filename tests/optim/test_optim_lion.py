@@ -109,8 +109,6 @@ def test_emit_writes_what_the_trainer_builds_as_lion(name):
     assert kwargs["betas"] == (0.9, 0.99)
 
 
-TINY_LLAMA = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=2000, max_position_embeddings=256)
 
 
 @pytest.mark.slow
@@ -126,16 +124,8 @@ def test_lion_measured_on_the_cpu_within_the_accuracy_bound(changes):
     (4%, tests/integration/test_model_vs_measurement.py); measured when written: -0.03 ... +0.12%, the
     optimizer step the peak in all but the LoRA run."""
     pytest.importorskip("bitsandbytes")
-    from planner.catalog import spec_from_config
-    from planner.gpus import get_gpu
-    from planner.memory import estimate_memory
-    from planner.results import RunOutcome
-    from workers import run_in_process
+    from support.models import cpu_peak_error
 
     config = TrainConfig(**(dict(micro_batch=2, seq_len=64, precision="bf16-mixed") | changes))
-    measurement, _ = run_in_process(model_config=TINY_LLAMA, config=config)
-    assert measurement.outcome is RunOutcome.OK, measurement.error
-    spec = spec_from_config(TINY_LLAMA, model_id="tiny-llama", source="test")
-    predicted = estimate_memory(model=spec, config=config, gpu=get_gpu("cpu")).peak_allocated_bytes
-    error = 100 * (predicted - measurement.peak_allocated_bytes) / measurement.peak_allocated_bytes
-    assert abs(error) <= 4, (config.label(), predicted, measurement.peak_allocated_bytes, error)
+    error, predicted, measured = cpu_peak_error(config)
+    assert abs(error) <= 4, (config.label(), predicted, measured, error)
