@@ -107,12 +107,27 @@ def planner_error_body(exc: PlannerError) -> dict[str, Any]:
     return body
 
 
+_SEND = "send one JSON object with Content-Type: application/json"
+
+
+def _field_and_reason(error: dict[str, Any]) -> tuple[str, str]:
+    """One pydantic error as (field, reason). A body that does not parse is located at the
+    character offset (("body", 12)): that is no field, and "JSON decode error" does not say what
+    to send."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") == "json_invalid":
+        detail = (error.get("ctx") or {}).get("error")
+        where = f" ({detail} at character {loc[-1]})" if detail and loc else ""
+        return "body", f"the body is not valid JSON{where}: {_SEND}"
+    if error.get("type") == "missing" and loc == ("body",):
+        return "body", f"the body is empty: {_SEND}"
+    names = [str(part) for part in loc if part not in ("body", "query", "path")]
+    return ".".join(names) or "body", str(error.get("msg", "invalid"))
+
+
 def validation_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
     """422 body of a request that does not parse: every field with the reason, and one line."""
-    fields = []
-    for error in errors:
-        loc = [str(part) for part in error.get("loc", ()) if part not in ("body", "query", "path")]
-        fields.append({"field": ".".join(loc) or "body", "reason": str(error.get("msg", "invalid"))})
+    fields = [dict(zip(("field", "reason"), _field_and_reason(error))) for error in errors]
     line = "; ".join(f"{f['field']}: {f['reason']}" for f in fields) or "invalid request"
     return {"error": line, "field": fields[0]["field"] if fields else "body", "errors": fields}
 

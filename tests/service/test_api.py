@@ -151,6 +151,18 @@ def test_bad_plan_requests_name_the_field(lite, body, status, field, words):
     assert lite.get("/v1/plans").json()["plans"] == []  # nothing half-written
 
 
+@pytest.mark.parametrize(("raw", "words"), [(b"notjson", "the body is not valid JSON (Expecting value at character 0)"),
+                                            (b'{"model": "gpt2",', "the body is not valid JSON"),
+                                            (b"", "the body is empty")])
+def test_a_body_that_is_not_json_says_so(lite, raw, words):
+    answer = lite.post("/v1/plans", content=raw, headers={"content-type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    data = answer.json()
+    assert data["field"] == "body" and data["error"].startswith(f"body: {words}"), data
+    assert "send one JSON object" in data["error"] and "\n" not in data["error"]
+    assert lite.get("/v1/plans").json()["plans"] == []
+
+
 def test_nothing_fits_is_422_with_the_closest_tries(lite, cli):
     answer = lite.post("/v1/plans", json=LLAMA | {"gpu": "t4", "gpu_mem": "2GiB", "allow_offload": False})
     assert answer.status_code == 422
