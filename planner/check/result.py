@@ -42,6 +42,15 @@ class Change:
     estimate: Mapping[str, Any]
     """``planner estimate --json`` of the changed configuration: it was planned again."""
 
+    def aim(self, *, fits: bool) -> str:
+        """What the change achieves, for a config that ``fits`` today or not: a config that fits
+        near the edge gets a change that takes it off the edge, not one "that makes it fit"."""
+        from planner.uncertainty import NEAR_EDGE_PROBABILITY
+
+        if self.goal == "faster":
+            return "faster"
+        return f"fit with an OOM risk <= {NEAR_EDGE_PROBABILITY:.0%}" if fits else "fit"
+
     def to_dict(self) -> dict[str, Any]:
         return {"goal": self.goal, "config": self.config.to_dict(), "diff": [k.to_dict() for k in self.keys],
                 "fits": self.estimate["fits"], "oom_probability": self.estimate["oom_probability"],
@@ -108,7 +117,7 @@ class CheckResult:
             diff = "".join(f"<tr><td>{html.escape(k.file)}{' (new)' if k.new_file else ''}</td><td><code>{html.escape(k.key)}"
                            f"</code></td><td>{html.escape(repr(k.old))}</td><td>{html.escape(repr(k.new))}</td></tr>"
                            for k in self.change.keys)
-            out += (f"<p>closest change that makes it {'fit' if self.change.goal == 'fit' else 'faster'}: "
+            out += (f"<p>closest change that makes it {self.change.aim(fits=self.fits)}: "
                     f"{html.escape(self.change.config.label())}</p><table><tr><th>file</th><th>key</th><th>now</th>"
                     f"<th>change to</th></tr>{diff}</table>")
         out += "".join(f"<p>{html.escape(line)}</p>" for line in (*self.advice, *self.notes))

@@ -73,7 +73,7 @@ def print_check(out, result) -> None:
     change = result.change
     if change is not None:
         c = change.estimate
-        out.print(f"closest change that makes it {'fit' if change.goal == 'fit' else 'faster'}: {change.config.label()} "
+        out.print(f"closest change that makes it {change.aim(fits=result.fits)}: {change.config.label()} "
                   f"(peak {format_bytes(c['memory']['process_total_bytes'])}, OOM risk {_risk(c['oom_probability'])}, "
                   f"{c['throughput']['tokens_per_s']:,.0f} tokens/s)")
         for key in change.keys:

@@ -250,3 +250,21 @@ def test_check_prints_no_library_warnings(tmp_path):
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr
     assert "kernels-community" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_config_near_the_edge_is_offered_a_change_that_takes_it_off_the_edge(cli, tmp_path):
+    """It fits (22.3 GiB of 22.8 usable on a 4090) but at an OOM risk over 5%: the change is
+    one that fits with a margin, and the line says so instead of "that makes it fit"."""
+    path = tmp_path / "axolotl.yml"
+    path.write_text("base_model: meta-llama/Llama-3.1-8B\nload_in_4bit: true\nadapter: qlora\nlora_r: 32\n"
+                    "lora_alpha: 16\nlora_target_linear: true\nsequence_len: 4096\nmicro_batch_size: 2\n"
+                    "gradient_accumulation_steps: 4\noptimizer: paged_adamw_8bit\nbf16: true\n"
+                    "gradient_checkpointing: true\nflash_attention: true\n")
+    result = check([path], gpu="rtx4090")
+    assert result.fits and result.estimate["near_edge"] and result.change.goal == "fit"
+    assert result.change.estimate["fits"] and not result.change.estimate["near_edge"]
+    r = cli("check", str(path), "--gpu", "rtx4090")
+    assert r.code == 0, r
+    assert "fits: " in r.out and "near the edge" in r.out
+    assert "closest change that makes it fit with an OOM risk <= 5%:" in r.out
+    assert "closest change that makes it fit with" in result._repr_html_()  # the notebook view
