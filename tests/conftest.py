@@ -16,14 +16,21 @@ import anyio._core._fileio  # noqa: E402,F401
 #: in one pytest-xdist worker, one after the other, so that no two Ray clusters share the 2-core
 #: machine and an embedded ``ray.init()`` never meets another test's head
 RAY_FILES = frozenset({"test_verify.py", "test_api_verify.py", "test_verify_secrets.py", "test_verify_ranks.py"})
+#: files whose test functions each run for minutes (real training runs in subprocesses) and share
+#: nothing costly at module scope: a group per test function, so that the two workers split them
+#: (test_emit_runs.py's two functions took 10.6 and 7.4 of a 33-minute whole-suite run's minutes,
+#: --durations, both in one worker)
+SPLIT_FILES = frozenset({"test_emit_runs.py"})
 
 
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist's ``--dist loadgroup`` (pyproject.toml), keep each file's tests in one
-    worker (module-scoped fixtures, such as test_store_paging's 100,000 plans, are built once) and
-    the Ray files in one worker together."""
+    worker (module-scoped fixtures, such as test_store_paging's 100,000 plans, are built once),
+    each test function of SPLIT_FILES in one, and the Ray files in one worker together."""
     for item in items:
         name = item.path.name
+        if name in SPLIT_FILES:
+            name = f"{name}::{item.originalname}"
         item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_FILES else name))
 
 
