@@ -654,19 +654,21 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
     at_of: dict[int, list[tuple[int, ...]]] = {}  # id of a batch line -> its value at each split (``_line_at_once``)
     for row in rows:
         n = len(row.variants)
+        searched += 2 * len(splits) * n * len(row.knobs)  # (without and with checkpointing, at every split)
+        # each knobs' slots of its prefixes, and its method's safe bound (one search, one device)
         slots = [(knobs, statics.setdefault(knobs.static_prefix, [None] * n),
-                  lines.setdefault(knobs.batch_prefix, [None] * n)) for knobs in row.knobs]
+                  lines.setdefault(knobs.batch_prefix, [None] * n), bounds[knobs.config.method]) for knobs in row.knobs]
         for v, lora in enumerate(row.variants):
-            for knobs, static_slot, line_slot in slots:
-                searched += 2 * len(splits)
+            first = v == 0
+            for knobs, static_slot, line_slot, bound in slots:
                 base = None
                 static = static_slot[v]
                 if static is None:
-                    base = knobs.variant(lora, v == 0)
+                    base = knobs.variant(lora, first)
                     static = static_slot[v] = memo.static(base)
                 pair = line_slot[v]
                 if pair is None:
-                    base = base or knobs.variant(lora, v == 0)
+                    base = base or knobs.variant(lora, first)
                     ckpt = base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True)
                     pair = line_slot[v] = tuple((line, _line_at_once(at_of, line, splits), id(line))
                                                 for line in (memo.batch_line(base), memo.batch_line(ckpt)))
@@ -685,13 +687,12 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                     if fit is not None:
                         config = made.get((id(knobs), v, fit[1], ckpt)) if made is not None else None
                         if config is None:
-                            base = base or knobs.variant(lora, v == 0)
+                            base = base or knobs.variant(lora, first)
                             micro, accum = splits[fit[1]]
                             config = base.with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1)
                             if made is not None:
                                 made[id(knobs), v, fit[1], ckpt] = config
                         largest_fit.append(_timed(config, fit[0], static, speeds))
-                        bound = bounds[config.method]
                         if fit[0] > bound and fit[1]:  # near the edge, with a smaller micro-batch to try
                             key = (static_id, line_id, bound)
                             safe = safer.get(key, ())
