@@ -630,7 +630,7 @@ def check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: in
 
 
 def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo,
-            usable: int, space: SearchSpace, speeds: ThroughputMemo | None = None):
+            usable: int, cpu_mem: int, speeds: ThroughputMemo | None = None):
     """(fitting [(config, speed, total, static terms)], each family's closest miss {family: (total, config)},
     candidates searched) of every combination of ``_combinations``, in its order, with the fast
     path's totals: each combination's largest fitting split, then, in the same order, the largest
@@ -641,29 +641,34 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
     terms are equal (a bf16 plan and its fp16 twin, one dtype mode; a ZeRO stage that changes
     nothing on one GPU) share one screening: the memo hands out one object per value
     (``_Static.screens_as``, ``batch_line``)."""
-    largest_fit: list[tuple[TrainConfig, int, _Static]] = []
-    safe_splits: list[tuple[TrainConfig, int, _Static]] = []  # (config, total, static) of a near-the-edge fit's safe split
+    # (config, speed, total, static) of each largest fit, and of each near-the-edge fit's safe split:
+    # each timed as it is found (``_timed``), not copied into a list of its own first
+    largest_fit: list[tuple] = []
+    safe_splits: list[tuple] = []
+    speeds = speeds or _throughput_memo(model, gpu)
     closest: dict[tuple, tuple] = {}  # family -> (total, knobs, adapter variant, its index, split index, ckpt)
     bounds = {method: safe_bound(method, gpu) for method in Method}
-    searched, cpu_mem, caching, per_device = 0, space.cpu_mem_bytes, memo.caching, splits[-1][0]
+    searched, caching, per_device = 0, memo.caching, splits[-1][0]
     statics, lines, peaks, screened, safer = _screen_tables(rows, memo, usable, cpu_mem)
     made = _made_configs(rows)
     at_of: dict[int, list[tuple[int, ...]]] = {}  # id of a batch line -> its value at each split (``_line_at_once``)
     for row in rows:
         n = len(row.variants)
+        searched += 2 * len(splits) * n * len(row.knobs)  # (without and with checkpointing, at every split)
+        # each knobs' slots of its prefixes, and its method's safe bound (one search, one device)
         slots = [(knobs, statics.setdefault(knobs.static_prefix, [None] * n),
-                  lines.setdefault(knobs.batch_prefix, [None] * n)) for knobs in row.knobs]
+                  lines.setdefault(knobs.batch_prefix, [None] * n), bounds[knobs.config.method]) for knobs in row.knobs]
         for v, lora in enumerate(row.variants):
-            for knobs, static_slot, line_slot in slots:
-                searched += 2 * len(splits)
+            first = v == 0
+            for knobs, static_slot, line_slot, bound in slots:
                 base = None
                 static = static_slot[v]
                 if static is None:
-                    base = knobs.variant(lora, v == 0)
+                    base = knobs.variant(lora, first)
                     static = static_slot[v] = memo.static(base)
                 pair = line_slot[v]
                 if pair is None:
-                    base = base or knobs.variant(lora, v == 0)
+                    base = base or knobs.variant(lora, first)
                     ckpt = base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True)
                     pair = line_slot[v] = tuple((line, _line_at_once(at_of, line, splits), id(line))
                                                 for line in (memo.batch_line(base), memo.batch_line(ckpt)))
@@ -682,13 +687,12 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                     if fit is not None:
                         config = made.get((id(knobs), v, fit[1], ckpt)) if made is not None else None
                         if config is None:
-                            base = base or knobs.variant(lora, v == 0)
+                            base = base or knobs.variant(lora, first)
                             micro, accum = splits[fit[1]]
                             config = base.with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1)
                             if made is not None:
                                 made[id(knobs), v, fit[1], ckpt] = config
-                        largest_fit.append((config, fit[0], static))
-                        bound = bounds[config.method]
+                        largest_fit.append(_timed(config, fit[0], static, speeds))
                         if fit[0] > bound and fit[1]:  # near the edge, with a smaller micro-batch to try
                             key = (static_id, line_id, bound)
                             safe = safer.get(key, ())
@@ -702,13 +706,13 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                                     smaller = config.with_split(micro_batch=micro, grad_accum=accum)
                                     if made is not None:
                                         made[id(knobs), v, safe[1], ckpt] = smaller
-                                safe_splits.append((smaller, safe[0], static))
+                                safe_splits.append(_timed(smaller, safe[0], static, speeds))
     misses = {}
     for total, knobs, lora, v, split, ckpt in closest.values():
         micro, accum = splits[split]
         config = knobs.variant(lora, v == 0).with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1)
         misses[family_label(config)] = (total, config)
-    return _with_speeds(largest_fit + safe_splits, speeds or _throughput_memo(model, gpu)), misses, searched
+    return largest_fit + safe_splits, misses, searched
 
 
 def _screen_tables(rows: list[_Row], memo: MemoryMemo, usable: int,
@@ -787,15 +791,12 @@ def _shared_rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: 
     return found
 
 
-def _with_speeds(largest_fit: list[tuple[TrainConfig, int, _Static]], speeds: ThroughputMemo) -> list[tuple]:
-    """(config, speed, total, static terms) of each fitting plan: ranking needs the speed only; the full
+def _timed(config: TrainConfig, total: int, static: _Static, speeds: ThroughputMemo) -> tuple:
+    """(config, speed, total, static terms) of a fitting plan: ranking needs the speed only; the full
     estimate (with its assumptions) is made for the plans shown. A plan whose paged optimizer
     states the device has no room for is timed with their paging (``paged_host``)."""
-    out = []
-    for config, total, static in largest_fit:
-        step_s = speeds.step_seconds(config, paged_host(static.terms, total, speeds.gpu))
-        out.append((config, Speed(tokens_per_second(config, step_s)), total, static))
-    return out
+    step_s = speeds.step_seconds(config, paged_host(static.terms, total, speeds.gpu))
+    return config, Speed(tokens_per_second(config, step_s)), total, static
 
 
 def paged_host(terms: StaticTerms, total: int, gpu: GPUSpec) -> int:
@@ -946,12 +947,12 @@ def screen(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, g
     memo = MemoryMemo(model, gpu)
     splits = _per_device_splits(target_batch, gpus)
     rows = _shared_rows(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=space)
-    # the screen compares each candidate's host bytes, one rank's, with space.cpu_mem_bytes: it
-    # is handed one rank's share of the node's RAM (SearchSpace.offload_budget)
-    per_rank = dataclasses.replace(space, cpu_mem_bytes=space.offload_budget(gpus))
+    # the screen compares each candidate's host bytes, one rank's, with one rank's share of the
+    # node's RAM (SearchSpace.offload_budget); handed the number alone: a copy of the space would
+    # validate its recipe again (TrainConfig constructions, 1% of a search)
     speeds = _throughput_memo(model, gpu)
-    fitting, closest, searched = _screen(rows, splits, model=model, gpu=gpu, memo=memo, usable=usable, space=per_rank,
-                                         speeds=speeds)
+    fitting, closest, searched = _screen(rows, splits, model=model, gpu=gpu, memo=memo, usable=usable,
+                                         cpu_mem=space.offload_budget(gpus), speeds=speeds)
     return Screened(fitting, closest, searched, memo, usable, margin, speeds)
 
 

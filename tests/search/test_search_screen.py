@@ -273,7 +273,7 @@ def test_the_screen_shares_results_only_between_equal_terms(n):
     combinations = list(_combinations(model=model, gpu=gpu, target_batch=batch, seq_len=seq, gpus=gpus, space=space))
     rows = _rows(model=model, gpu=gpu, target_batch=batch, seq_len=seq, gpus=gpus, space=space)
     fitting, closest, searched = _screen(rows, combinations[0][1], model=model, gpu=gpu, memo=MemoryMemo(model, gpu),
-                                         usable=usable, space=space)
+                                         usable=usable, cpu_mem=cpu_mem)
     fits, misses = [], {}
     for base, splits in combinations:
         fit, miss = MemoryMemo(model, gpu).fit_and_miss(base, splits, usable=usable, cpu_mem=cpu_mem)
