@@ -287,6 +287,7 @@ PARTS = ("compute", "attention", "recompute", "elementwise", "dequant", "optimiz
 #: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
 #: path on CPython 3.11 (``planner.config``'s note), and the search reads these thousands of times a search
 _QLORA, _FP8 = Method.QLORA, Precision.FP8
+_NO_HOST = (0.0, 0.0, 0.0)  # a GPU's host terms (``_host_terms``)
 
 
 class _Rates(NamedTuple):
@@ -431,7 +432,7 @@ def _optimizer_host_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> fl
     return CPU_ADAMW_TENSOR_SECONDS[path] * len(param_tensor_sizes(model, config))
 
 
-def _step_parts(config: TrainConfig, *, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
+def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
                 update_bytes: float, params_total: int, quantized: int, host: tuple[float, float, float] = (0.0, 0.0, 0.0),
                 ) -> tuple[float, ...]:
     """Seconds of each of ``PARTS`` from what the configuration's terms depend on beyond itself
@@ -537,8 +538,9 @@ class ThroughputMemo:
         # (method, lora_r, lora_targets) -> trainable params
         self._trainable: dict[tuple, int] = {}
         # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, adapters' dropout, activation
-        #  bytes, AMP's weight casts) -> the micro-step's work at any micro-batch; + (precision,) -> its seconds
-        #  on this device
+        #  bytes, AMP's weight casts, fp32 adapters) -> the micro-step's work at any micro-batch (``_micro_work``);
+        #  (method, precision, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, lora_dropout, AMP's
+        #  weight casts) -> its seconds on this device
         self._work: dict[tuple, MicroTerms] = {}
         self._micro: dict[tuple, PricedTerms] = {}
         # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter, AMP casts);
@@ -557,43 +559,53 @@ class ThroughputMemo:
         return sum(self._parts(config, paged_host))
 
     def _parts(self, config: TrainConfig, paged_host: int = 0) -> tuple[float, ...]:
-        key = (config.method, config.precision, config.optimizer, config.sharding)
-        device = self._device.get(key)
-        if device is None:
-            rates = self._rates.get(config.precision)
-            if rates is None:
-                rates = self._rates[config.precision] = _rates(self.gpu, config.precision, self.utilization)
-            device = self._device[key] = (rates, _update_bytes_per_param(config, self.gpu), casts_weights(config))
-        adapters = (config.method, config.lora_r, config.lora_targets)
-        trainable = self._trainable.get(adapters)
+        method, precision = config.method, config.precision
+        device = self._device.get((method, precision, config.optimizer, config.sharding)) or self._device_terms(config)
+        rates, update_bytes, casts = device
+        trainable = self._trainable.get((method, config.lora_r, config.lora_targets))
         if trainable is None:
-            trainable = self._trainable[adapters] = trainable_params(self.model, config)
-        shape = adapters + (config.grad_ckpt, config.seq_len, config.attention, config.packing, drops_adapter_inputs(config),
-                            config.precision.compute_bytes, device[2], fp32_adapters(config))  # all micro_terms reads (fp32 is the 4-byte
-        # precision; AMP's fp32 weights make the residual stream fp32: ``planner.kernels.fp32_stream``)
-        key = shape + (config.precision,)
+            trainable = self._trainable[method, config.lora_r, config.lora_targets] = trainable_params(self.model, config)
+        # the fields the micro-step's priced work reads, as they are (the work's own key, ``_micro_work``,
+        # derives a coarser one from them: working it out per call cost more than the lookup)
+        key = (method, precision, config.lora_r, config.lora_targets, config.grad_ckpt, config.seq_len,
+               config.attention, config.packing, config.lora_dropout, casts)
         terms = self._micro.get(key)
         if terms is None:
-            work = self._work.get(shape)
-            if work is None:
-                work = self._work[shape] = micro_terms(self.model, config, self.gpu)
-            terms = self._micro[key] = price(work, device[0].kernels)
-        if self._quantized is None:
-            self._quantized = _quantized_weights(self.model)
-            self._weights = block_weights(self.model)
-        casts = weight_cast_bytes(config, self._weights) if device[2] else 0.0
+            terms = self._micro[key] = price(self._micro_work(config, casts), rates.kernels)
         tokens = config.micro_batch * config.seq_len
         micro = terms.at(tokens)
-        if config.precision is _FP8:
+        if precision is _FP8:
             work = self._fp8.get(config.grad_ckpt)
             if work is None:
                 work = self._fp8[config.grad_ckpt] = fp8_work(self.model, config)
-            micro = _with_fp8(micro, fp8_seconds(work, device[0].kernels, tokens))
-        parts = _step_parts(config, rates=device[0], micro=micro,
-                            casts=casts, trainable=trainable, update_bytes=device[1],
-                            params_total=self.model.params_total, quantized=self._quantized,
-                            host=_host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else (0.0, 0.0, 0.0))
-        return _with_paging(parts, paged_host, device[0])
+            micro = _with_fp8(micro, fp8_seconds(work, rates.kernels, tokens))
+        parts = _step_parts(config, rates, micro, weight_cast_bytes(config, self._weights) if casts else 0.0, trainable,
+                            update_bytes, self.model.params_total, self._quantized,
+                            _host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else _NO_HOST)
+        return _with_paging(parts, paged_host, rates) if paged_host else parts
+
+    def _device_terms(self, config: TrainConfig) -> tuple[_Rates, float, bool]:
+        """(rates, update bytes per parameter, AMP casts) of ``config``'s method, precision, optimizer and sharding."""
+        rates = self._rates.get(config.precision)
+        if rates is None:
+            rates = self._rates[config.precision] = _rates(self.gpu, config.precision, self.utilization)
+        if self._quantized is None:
+            self._quantized = _quantized_weights(self.model)
+            self._weights = block_weights(self.model)
+        key = (config.method, config.precision, config.optimizer, config.sharding)
+        found = self._device[key] = (rates, _update_bytes_per_param(config, self.gpu), casts_weights(config))
+        return found
+
+    def _micro_work(self, config: TrainConfig, casts: bool) -> MicroTerms:
+        """The micro-step's work at any micro-batch, by what ``micro_terms`` reads (fp32 is the 4-byte precision;
+        AMP's fp32 weights make the residual stream fp32: ``planner.kernels.fp32_stream``)."""
+        shape = (config.method, config.lora_r, config.lora_targets, config.grad_ckpt, config.seq_len, config.attention,
+                 config.packing, drops_adapter_inputs(config), config.precision.compute_bytes, casts,
+                 fp32_adapters(config))
+        work = self._work.get(shape)
+        if work is None:
+            work = self._work[shape] = micro_terms(self.model, config, self.gpu)
+        return work
 
 
 def tokens_per_second(config: TrainConfig, step_s: float) -> float:
