@@ -39,13 +39,28 @@ class Dims:
         object.__setattr__(self, "tokens", self.b * self.s)
 
 
+#: ``dims_of`` by the model's identity, micro-batch and sequence length, with the model, so no other takes
+#: its id while its entry lives (hashing a ModelSpec reads every field): the sizes are immutable, and the
+#: search asks for the same few (each batch line's micro-batches 1 and 2) ~500 times a search
+_DIMS: dict[tuple[int, int, int], tuple[ModelSpec, Dims]] = {}
+_DIMS_KEPT = 256
+
+
 def dims_of(model: ModelSpec, config: TrainConfig) -> Dims:
+    key = (id(model), config.micro_batch, config.seq_len)
+    hit = _DIMS.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
     inter = model.intermediate_size
     if model.is_moe:
         # tokens are routed to top-k experts: k intermediate activations per token
         inter = model.intermediate_size * model.experts_per_token
-    return Dims(b=config.micro_batch, s=config.seq_len, h=model.hidden_size, a=model.num_heads,
+    dims = Dims(b=config.micro_batch, s=config.seq_len, h=model.hidden_size, a=model.num_heads,
                 kv=model.num_kv_heads, d=model.head_dim, i=inter, v=model.vocab_size)
+    if len(_DIMS) >= _DIMS_KEPT:
+        _DIMS.clear()
+    _DIMS[key] = (model, dims)
+    return dims
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
