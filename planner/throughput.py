@@ -544,9 +544,9 @@ class ThroughputMemo:
         # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, adapters' dropout, activation
         #  bytes, AMP's weight casts, fp32 adapters) -> the micro-step's work at any micro-batch (``_micro_work``);
         #  (method, precision, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, lora_dropout, AMP's
-        #  weight casts) -> its seconds on this device
+        #  weight casts) -> (its seconds on this device, trainable params, AMP's weight-cast bytes)
         self._work: dict[tuple, MicroTerms] = {}
-        self._micro: dict[tuple, PricedTerms] = {}
+        self._micro: dict[tuple, tuple[PricedTerms, int, float]] = {}
         # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter, AMP casts);
         # the rates read the precision only
         self._device: dict[tuple, tuple[_Rates, float, bool]] = {}
@@ -566,16 +566,15 @@ class ThroughputMemo:
         method, precision = config.method, config.precision
         device = self._device.get((method, precision, config.optimizer, config.sharding)) or self._device_terms(config)
         rates, update_bytes, casts = device
-        trainable = self._trainable.get((method, config.lora_r, config.lora_targets))
-        if trainable is None:
-            trainable = self._trainable[method, config.lora_r, config.lora_targets] = trainable_params(self.model, config)
-        # the fields the micro-step's priced work reads, as they are (the work's own key, ``_micro_work``,
-        # derives a coarser one from them: working it out per call cost more than the lookup)
+        # the fields the micro-step's priced work, the trainable parameters and AMP's weight-cast bytes read,
+        # as they are (the work's own key, ``_micro_work``, derives a coarser one from them: working it out
+        # per call cost more than the lookup)
         key = (method, precision, config.lora_r, config.lora_targets, config.grad_ckpt, config.seq_len,
                config.attention, config.packing, config.lora_dropout, casts)
-        terms = self._micro.get(key)
-        if terms is None:
-            terms = self._micro[key] = price(self._micro_work(config, casts), rates.kernels)
+        found = self._micro.get(key)
+        if found is None:
+            found = self._micro[key] = self._micro_terms(config, rates, casts)
+        terms, trainable, cast_bytes = found
         tokens = config.micro_batch * config.seq_len
         micro = terms.at(tokens)
         if precision is _FP8:
@@ -583,10 +582,18 @@ class ThroughputMemo:
             if work is None:
                 work = self._fp8[config.grad_ckpt] = fp8_work(self.model, config)
             micro = _with_fp8(micro, fp8_seconds(work, rates.kernels, tokens))
-        parts = _step_parts(config, rates, micro, weight_cast_bytes(config, self._weights) if casts else 0.0, trainable,
-                            update_bytes, self.model.params_total, self._quantized,
-                            _host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else _NO_HOST)
+        parts = _step_parts(config, rates, micro, cast_bytes, trainable, update_bytes, self.model.params_total,
+                            self._quantized, _host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else _NO_HOST)
         return _with_paging(parts, paged_host, rates) if paged_host else parts
+
+    def _micro_terms(self, config: TrainConfig, rates: _Rates, casts: bool) -> tuple[PricedTerms, int, float]:
+        """(the micro-step's seconds at any micro-batch, trainable parameters, AMP's weight-cast bytes) of ``config``."""
+        trainable = self._trainable.get((config.method, config.lora_r, config.lora_targets))
+        if trainable is None:
+            trainable = self._trainable[config.method, config.lora_r, config.lora_targets] = \
+                trainable_params(self.model, config)
+        cast_bytes = weight_cast_bytes(config, self._weights) if casts else 0.0
+        return price(self._micro_work(config, casts), rates.kernels), trainable, cast_bytes
 
     def _device_terms(self, config: TrainConfig) -> tuple[_Rates, float, bool]:
         """(rates, update bytes per parameter, AMP casts) of ``config``'s method, precision, optimizer and sharding."""
