@@ -303,8 +303,7 @@ def _dropped_bytes(ctx: BlockContext, lin: LinearSpec) -> int:
     if ctx.config.method is not _QLORA or not ctx.mode.autocast or not ctx.kernels.plain_autocast_query:
         return ctx.mode.adapter_weight
     kind = lin.kind
-    if kind in (_ATTN_IN, _MLP_IN, _ROUTER, _SHARED_GATE,
-                _CROSS_ATTN_IN):
+    if kind in (_ATTN_IN, _MLP_IN, _ROUTER, _SHARED_GATE, _CROSS_ATTN_IN):
         return ctx.mode.residual
     return ctx.mode.compute if kind is _MLP_OUT else ctx.mode.attn  # (ATTN_OUT, CROSS_ATTN_OUT)
 

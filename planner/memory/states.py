@@ -166,12 +166,12 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     if model.tied_embeddings and config.method is _FULL_METHOD and not config.sharding.offloaded:
         tied = 2 * model.vocab_size * model.hidden_size * mode.weight
     return StaticTerms(
-        resident=states, gradients=gradients, gathered=parts.get("gathered", 0) if parts else 0, paged=paged,
-        host=host, optimizer_step=transient, optimizer_gradients=spec.optimizer_gradients(t, config, gradients),
+        resident=states, gradients=gradients, gathered=parts.get("gathered", 0), paged=paged, host=host,
+        optimizer_step=transient, optimizer_gradients=spec.optimizer_gradients(t, config, gradients),
         tied_gradient_sum=tied, paged_step=paged_step,
-        zero_gradient_flatten=spec.gradient_flatten(t, config) + (parts.get("gradient_flatten", 0) if parts else 0),
-        held=parts.get("held", 0) if parts else 0, reducing=parts.get("reducing", 0) if parts else 0,
-        reducing_end=parts.get("reducing_end", 0) if parts else 0, step_checks=spec.step_checks(model, t, config),
+        zero_gradient_flatten=spec.gradient_flatten(t, config) + parts.get("gradient_flatten", 0),
+        held=parts.get("held", 0), reducing=parts.get("reducing", 0), reducing_end=parts.get("reducing_end", 0),
+        step_checks=spec.step_checks(model, t, config),
     )
 
 
