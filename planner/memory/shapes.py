@@ -111,16 +111,16 @@ class BlockContext:
             if targets else ()
         for lin in adapted:
             by_kind[lin.kind] = by_kind.get(lin.kind, ()) + (lin,)
-        derived = {
-            "full": full, "block_input_needs_grad": block_input_needs_grad(config, first=self.first),
-            "lora_dropout": lora_dropout,
-            "adapter_saves_shared_input": not full and not self.mode.adapter_input and not lora_dropout,
-            "adapted": adapted, "targeted_kinds": frozenset(by_kind), "adapted_by_kind": by_kind,
-            "o_targeted": _ATTN_OUT in by_kind,
-            "attn_targeted": _ATTN_IN in by_kind or _ATTN_OUT in by_kind,
-        }
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
+        derived = (
+            full, block_input_needs_grad(config, first=self.first), lora_dropout,
+            not full and not self.mode.adapter_input and not lora_dropout,  # adapter_saves_shared_input
+            adapted, frozenset(by_kind), by_kind,  # adapted, targeted_kinds, adapted_by_kind
+            _ATTN_OUT in by_kind,  # o_targeted
+            _ATTN_IN in by_kind or _ATTN_OUT in by_kind,  # attn_targeted
+        )
+        # each through its slot's descriptor, in ``_DERIVED``'s order (``_but``'s note)
+        for setter, value in zip(_DERIVED_SETTERS, derived):
+            setter(self, value)
 
     def _but(self, **changed) -> BlockContext:
         """This context with ``changed`` fields, the derived ones as they are (the callers change
@@ -192,6 +192,10 @@ class BlockContext:
 _CONTEXT_SLOTS = BlockContext.__slots__
 _context_values = attrgetter(*_CONTEXT_SLOTS)
 _CONTEXT_SETTERS = tuple(BlockContext.__dict__[name].__set__ for name in _CONTEXT_SLOTS)
+#: the derived fields ``__post_init__`` sets, in its order
+_DERIVED = ("full", "block_input_needs_grad", "lora_dropout", "adapter_saves_shared_input", "adapted", "targeted_kinds",
+            "adapted_by_kind", "o_targeted", "attn_targeted")
+_DERIVED_SETTERS = tuple(BlockContext.__dict__[name].__set__ for name in _DERIVED)
 
 
 #: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
