@@ -287,6 +287,7 @@ PARTS = ("compute", "attention", "recompute", "elementwise", "dequant", "optimiz
 #: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
 #: path on CPython 3.11 (``planner.config``'s note), and the search reads these thousands of times a search
 _QLORA, _FP8 = Method.QLORA, Precision.FP8
+_NO_HOST = (0.0, 0.0, 0.0)  # a GPU's host terms (``_host_terms``)
 
 
 class _Rates(NamedTuple):
@@ -431,7 +432,7 @@ def _optimizer_host_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> fl
     return CPU_ADAMW_TENSOR_SECONDS[path] * len(param_tensor_sizes(model, config))
 
 
-def _step_parts(config: TrainConfig, *, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
+def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
                 update_bytes: float, params_total: int, quantized: int, host: tuple[float, float, float] = (0.0, 0.0, 0.0),
                 ) -> tuple[float, ...]:
     """Seconds of each of ``PARTS`` from what the configuration's terms depend on beyond itself
@@ -440,28 +441,32 @@ def _step_parts(config: TrainConfig, *, rates: _Rates, micro: tuple[float, ...],
     weight-cast bytes (``planner.kernels.weight_cast_bytes``); ``host`` the CPU profile's (fresh bytes per
     micro-step, fresh bytes per step, optimizer host seconds): ``fresh_bytes``, ``_optimizer_host_s``."""
     accum = config.grad_accum
-    if config.sharding.offloaded:
+    offloaded = config.sharding.offloaded
+    device_bw = rates.kernels.bandwidth
+    if offloaded:
         optimizer_s = trainable / config.gpus * update_bytes / rates.host_bw
     else:
         stepped = trainable / config.gpus if config.sharding.spec.partitions_optimizer else trainable
-        optimizer_s = stepped * update_bytes / rates.device_bw
+        optimizer_s = stepped * update_bytes / device_bw
     gemm_s, attention_s, recompute_s, elementwise_s, overhead_s = micro
     if casts:
-        elementwise_s += casts / rates.device_bw
+        elementwise_s += casts / device_bw
     fresh_micro, fresh_step, optimizer_host = host
     if fresh_micro or fresh_step or optimizer_host:
         elementwise_s += fresh_micro * rates.first_touch
         optimizer_s += fresh_step * rates.first_touch + optimizer_host
+    # the dequantisation, collectives and offload copies are 0 bytes (then 0.0 s, as their functions
+    # give) without QLoRA, on one GPU and without offload: not called then (the search times ~1,700 plans)
     return (
         gemm_s * accum,
         attention_s * accum,
         recompute_s * accum,
         elementwise_s * accum,
-        _dequant_bytes(config, quantized) / rates.device_bw,
+        (_dequant_bytes(config, quantized) if config.method is _QLORA else 0.0) / device_bw,
         optimizer_s,
         overhead_s * accum,
-        _comm_bytes(config, trainable, params_total) / rates.link_bw,
-        _offload_bytes(config, trainable, params_total) / rates.host_link_bw,
+        (_comm_bytes(config, trainable, params_total) if config.gpus != 1 else 0.0) / rates.link_bw,
+        (_offload_bytes(config, trainable, params_total) if offloaded else 0.0) / rates.host_link_bw,
     )
 
 
@@ -537,10 +542,11 @@ class ThroughputMemo:
         # (method, lora_r, lora_targets) -> trainable params
         self._trainable: dict[tuple, int] = {}
         # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, adapters' dropout, activation
-        #  bytes, AMP's weight casts) -> the micro-step's work at any micro-batch; + (precision,) -> its seconds
-        #  on this device
+        #  bytes, AMP's weight casts, fp32 adapters) -> the micro-step's work at any micro-batch (``_micro_work``);
+        #  (method, precision, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, lora_dropout, AMP's
+        #  weight casts) -> (its seconds on this device, trainable params, AMP's weight-cast bytes)
         self._work: dict[tuple, MicroTerms] = {}
-        self._micro: dict[tuple, PricedTerms] = {}
+        self._micro: dict[tuple, tuple[PricedTerms, int, float]] = {}
         # (method, precision, optimizer, sharding) -> (rates, update bytes per parameter, AMP casts);
         # the rates read the precision only
         self._device: dict[tuple, tuple[_Rates, float, bool]] = {}
@@ -557,43 +563,60 @@ class ThroughputMemo:
         return sum(self._parts(config, paged_host))
 
     def _parts(self, config: TrainConfig, paged_host: int = 0) -> tuple[float, ...]:
-        key = (config.method, config.precision, config.optimizer, config.sharding)
-        device = self._device.get(key)
-        if device is None:
-            rates = self._rates.get(config.precision)
-            if rates is None:
-                rates = self._rates[config.precision] = _rates(self.gpu, config.precision, self.utilization)
-            device = self._device[key] = (rates, _update_bytes_per_param(config, self.gpu), casts_weights(config))
-        adapters = (config.method, config.lora_r, config.lora_targets)
-        trainable = self._trainable.get(adapters)
-        if trainable is None:
-            trainable = self._trainable[adapters] = trainable_params(self.model, config)
-        shape = adapters + (config.grad_ckpt, config.seq_len, config.attention, config.packing, drops_adapter_inputs(config),
-                            config.precision.compute_bytes, device[2], fp32_adapters(config))  # all micro_terms reads (fp32 is the 4-byte
-        # precision; AMP's fp32 weights make the residual stream fp32: ``planner.kernels.fp32_stream``)
-        key = shape + (config.precision,)
-        terms = self._micro.get(key)
-        if terms is None:
-            work = self._work.get(shape)
-            if work is None:
-                work = self._work[shape] = micro_terms(self.model, config, self.gpu)
-            terms = self._micro[key] = price(work, device[0].kernels)
-        if self._quantized is None:
-            self._quantized = _quantized_weights(self.model)
-            self._weights = block_weights(self.model)
-        casts = weight_cast_bytes(config, self._weights) if device[2] else 0.0
+        method, precision = config.method, config.precision
+        device = self._device.get((method, precision, config.optimizer, config.sharding)) or self._device_terms(config)
+        rates, update_bytes, casts = device
+        # the fields the micro-step's priced work, the trainable parameters and AMP's weight-cast bytes read,
+        # as they are (the work's own key, ``_micro_work``, derives a coarser one from them: working it out
+        # per call cost more than the lookup)
+        key = (method, precision, config.lora_r, config.lora_targets, config.grad_ckpt, config.seq_len,
+               config.attention, config.packing, config.lora_dropout, casts)
+        found = self._micro.get(key)
+        if found is None:
+            found = self._micro[key] = self._micro_terms(config, rates, casts)
+        terms, trainable, cast_bytes = found
         tokens = config.micro_batch * config.seq_len
         micro = terms.at(tokens)
-        if config.precision is _FP8:
+        if precision is _FP8:
             work = self._fp8.get(config.grad_ckpt)
             if work is None:
                 work = self._fp8[config.grad_ckpt] = fp8_work(self.model, config)
-            micro = _with_fp8(micro, fp8_seconds(work, device[0].kernels, tokens))
-        parts = _step_parts(config, rates=device[0], micro=micro,
-                            casts=casts, trainable=trainable, update_bytes=device[1],
-                            params_total=self.model.params_total, quantized=self._quantized,
-                            host=_host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else (0.0, 0.0, 0.0))
-        return _with_paging(parts, paged_host, device[0])
+            micro = _with_fp8(micro, fp8_seconds(work, rates.kernels, tokens))
+        parts = _step_parts(config, rates, micro, cast_bytes, trainable, update_bytes, self.model.params_total,
+                            self._quantized, _host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else _NO_HOST)
+        return _with_paging(parts, paged_host, rates) if paged_host else parts
+
+    def _micro_terms(self, config: TrainConfig, rates: _Rates, casts: bool) -> tuple[PricedTerms, int, float]:
+        """(the micro-step's seconds at any micro-batch, trainable parameters, AMP's weight-cast bytes) of ``config``."""
+        trainable = self._trainable.get((config.method, config.lora_r, config.lora_targets))
+        if trainable is None:
+            trainable = self._trainable[config.method, config.lora_r, config.lora_targets] = \
+                trainable_params(self.model, config)
+        cast_bytes = weight_cast_bytes(config, self._weights) if casts else 0.0
+        return price(self._micro_work(config, casts), rates.kernels), trainable, cast_bytes
+
+    def _device_terms(self, config: TrainConfig) -> tuple[_Rates, float, bool]:
+        """(rates, update bytes per parameter, AMP casts) of ``config``'s method, precision, optimizer and sharding."""
+        rates = self._rates.get(config.precision)
+        if rates is None:
+            rates = self._rates[config.precision] = _rates(self.gpu, config.precision, self.utilization)
+        if self._quantized is None:
+            self._quantized = _quantized_weights(self.model)
+            self._weights = block_weights(self.model)
+        key = (config.method, config.precision, config.optimizer, config.sharding)
+        found = self._device[key] = (rates, _update_bytes_per_param(config, self.gpu), casts_weights(config))
+        return found
+
+    def _micro_work(self, config: TrainConfig, casts: bool) -> MicroTerms:
+        """The micro-step's work at any micro-batch, by what ``micro_terms`` reads (fp32 is the 4-byte precision;
+        AMP's fp32 weights make the residual stream fp32: ``planner.kernels.fp32_stream``)."""
+        shape = (config.method, config.lora_r, config.lora_targets, config.grad_ckpt, config.seq_len, config.attention,
+                 config.packing, drops_adapter_inputs(config), config.precision.compute_bytes, casts,
+                 fp32_adapters(config))
+        work = self._work.get(shape)
+        if work is None:
+            work = self._work[shape] = micro_terms(self.model, config, self.gpu)
+        return work
 
 
 def tokens_per_second(config: TrainConfig, step_s: float) -> float:

@@ -29,6 +29,12 @@ from planner.memory.parameters import lora_targets
 from planner.memory.shapes import BlockContext, Dims, block_context, block_input_needs_grad, dims_of
 from planner.modelspec import LATENT_UP, LinearKind, LinearSpec, ModelSpec
 
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note); the search's batch lines read these thousands of times
+_ATTN_IN, _MLP_IN, _MLP_OUT = LinearKind.ATTN_IN, LinearKind.MLP_IN, LinearKind.MLP_OUT
+_CROSS_ATTN_IN, _ROUTER, _SHARED_GATE = LinearKind.CROSS_ATTN_IN, LinearKind.ROUTER, LinearKind.SHARED_GATE
+_FULL, _QLORA, _SDPA = Method.FULL, Method.QLORA, Attention.SDPA
+
 #: Intermediate-sized tensors an MLP activation (transformers' ACT2FN) saves for its backward,
 #: besides its output, counted with saved_tensors_hooks (transformers 5.23, torch 2.13). Fused
 #: kernels save their input (derivatives.yaml: gelu_backward(grad, self)); the Python ones save
@@ -218,7 +224,7 @@ def _mlp_intermediate(ctx: BlockContext) -> int:
     inter = ctx.dims.tokens * ctx.dims.i * mode.compute
     act_saved = ACTIVATION_SAVED.get(model.hidden_act, ACTIVATION_SAVED_DEFAULT)
     # a targeted down saves the product unless, with dropout and no cast, lora_A saves its dropped copy
-    down_needs_input = ctx.full or (LinearKind.MLP_OUT in ctx.targeted_kinds
+    down_needs_input = ctx.full or (_MLP_OUT in ctx.targeted_kinds
                                     and (ctx.adapter_saves_shared_input or bool(mode.adapter_input)))
     if model.gated_mlp:
         saved_tensors = act_saved + 2 + (1 if down_needs_input else 0)
@@ -226,7 +232,7 @@ def _mlp_intermediate(ctx: BlockContext) -> int:
         saved_tensors = act_saved + (1 if down_needs_input or model.hidden_act in ACTIVATION_SAVES_OUTPUT else 0)
     total = saved_tensors * inter
     if not ctx.full and mode.adapter_input:
-        down = ctx.adapted_of(LinearKind.MLP_OUT)
+        down = ctx.adapted_of(_MLP_OUT)
         total += ctx.dims.tokens * (mode.adapter_input - mode.compute) * sum([lin.in_features for lin in down])
     return total
 
@@ -250,7 +256,7 @@ def _shared_expert_terms(ctx: BlockContext) -> dict[str, int]:
       both in the projections' output dtype."""
     model, mode, e, h = ctx.model, ctx.mode, ctx.dims.tokens, ctx.dims.h
     linears = moe.shared_expert(model)
-    reading = [lin for lin in linears if lin.kind is not LinearKind.MLP_OUT]
+    reading = [lin for lin in linears if lin.kind is not _MLP_OUT]
     adapted = [lin for lin in reading if ctx.targeted(lin)]
     out_bytes = HALF if mode.autocast else mode.compute
     if ctx.full and mode.autocast:
@@ -265,7 +271,7 @@ def _shared_expert_terms(ctx: BlockContext) -> dict[str, int]:
     else:
         router_keeps_x = moe.router_input_saved(ctx) and not mode.autocast
         inputs = e * h * mode.residual if ctx.adapter_saves_shared_input and not router_keeps_x else 0
-    gate = next((lin for lin in linears if lin.kind is LinearKind.SHARED_GATE), None)
+    gate = next((lin for lin in linears if lin.kind is _SHARED_GATE), None)
     shared = {"moe/shared_input": inputs, "moe/shared_intermediate": _mlp_intermediate(_shared_ctx(ctx))}
     if gate is None:
         # DeepseekV3MoE.forward (modeling_deepseek_v3.py:221): ``hidden_states + self.shared_experts(residuals)``
@@ -294,13 +300,12 @@ def _dropped_bytes(ctx: BlockContext, lin: LinearSpec) -> int:
     the encoder output), the attention output's before o_proj, the MLP product's before down. That
     query asks CUDA's autocast state only (KernelProfile.plain_autocast_query): on the CPU bnb
     casts too."""
-    if ctx.config.method is not Method.QLORA or not ctx.mode.autocast or not ctx.kernels.plain_autocast_query:
+    if ctx.config.method is not _QLORA or not ctx.mode.autocast or not ctx.kernels.plain_autocast_query:
         return ctx.mode.adapter_weight
     kind = lin.kind
-    if kind in (LinearKind.ATTN_IN, LinearKind.MLP_IN, LinearKind.ROUTER, LinearKind.SHARED_GATE,
-                LinearKind.CROSS_ATTN_IN):
+    if kind in (_ATTN_IN, _MLP_IN, _ROUTER, _SHARED_GATE, _CROSS_ATTN_IN):
         return ctx.mode.residual
-    return ctx.mode.compute if kind is LinearKind.MLP_OUT else ctx.mode.attn  # (ATTN_OUT, CROSS_ATTN_OUT)
+    return ctx.mode.compute if kind is _MLP_OUT else ctx.mode.attn  # (ATTN_OUT, CROSS_ATTN_OUT)
 
 
 def _lora_dropout(ctx: BlockContext, kinds: frozenset[LinearKind] | None = None) -> int:
@@ -348,7 +353,7 @@ def _weight_casts(ctx: BlockContext) -> dict[str, int]:
         return out
     # not the expert stacks: grouped_mm is not autocast-enabled (moe.is_expert_stack); Llama 4's bmm is, and
     # QLoRA's 4-bit modules are not cast, but its bare expert stacks (unquantised) are
-    dense, qlora = moe.dense_experts(ctx.model), ctx.config.method is Method.QLORA
+    dense, qlora = moe.dense_experts(ctx.model), ctx.config.method is _QLORA
     if not qlora or dense:
         # a frozen weight's cast is kept only when the linear's input needs a gradient (mm saves the
         # other operand of the one that does): in the first LoRA block, none of the linears before the
@@ -375,7 +380,7 @@ def block_terms(ctx: BlockContext) -> dict[str, int]:
     e, h, mixer = ctx.dims.tokens, ctx.dims.h, ctx.model.mixer
     out = {"norms": _norms(ctx)}
     if mixer != "none":  # a Nemotron-H MLP or MoE block has no token mixer
-        out["attention/qkv_input"] = _inputs(ctx, LinearKind.ATTN_IN)
+        out["attention/qkv_input"] = _inputs(ctx, _ATTN_IN)
     if mixer == "gated_deltanet":
         out.update(recurrent.gated_deltanet_terms(ctx))
     elif mixer == "mamba2":
@@ -384,7 +389,7 @@ def block_terms(ctx: BlockContext) -> dict[str, int]:
         if ctx.model.qk_norm:
             out["attention/qk_norms"] = _qk_norms(ctx)
         out.update(attention_terms(ctx))
-        if not (ctx.block_input_needs_grad or LinearKind.ATTN_IN in ctx.targeted_kinds):
+        if not (ctx.block_input_needs_grad or _ATTN_IN in ctx.targeted_kinds):
             # q, k and v need no gradient (a first LoRA block adapting none of them): the attention
             # keeps nothing; o's adapter still keeps its input (attention/out_input)
             out.pop("attention/core", None)
@@ -398,12 +403,12 @@ def block_terms(ctx: BlockContext) -> dict[str, int]:
         if ctx.model.routing is not None and ctx.model.routing.parallel_experts:
             # Gemma 4: a dense MLP beside the experts (its own normed input), as a dense block's
             dense = _shared_ctx(ctx)
-            out["mlp/input"] = _inputs(dense, LinearKind.MLP_IN)
+            out["mlp/input"] = _inputs(dense, _MLP_IN)
             out["mlp/intermediate"] = _mlp_intermediate(dense)
         elif moe.shared_expert(ctx.model):
             out.update(_shared_expert_terms(ctx))
     elif ctx.model.has_mlp:
-        out["mlp/input"] = _inputs(ctx, LinearKind.MLP_IN)
+        out["mlp/input"] = _inputs(ctx, _MLP_IN)
         out["mlp/intermediate"] = _mlp_intermediate(ctx)
     if ctx.model.hidden_dropout > 0:
         # dropout on the attention and MLP outputs keeps only its mask (the residual add that
@@ -424,7 +429,7 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
                       kernels: KernelProfile) -> dict[str, int]:
     """Tensors saved outside the blocks: token ids, rotary tables, final norm, lm_head, loss."""
     e, h = dims.tokens, dims.h
-    full = config.method is Method.FULL
+    full = config.method is _FULL
     out = {"embeddings": e * INT64}  # int64 token ids kept by the embedding backward
     if model.position == "rope":
         # cos and sin (1, s, head_dim) in the residual dtype, shared by all blocks
@@ -444,7 +449,7 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         # transformers' 4D mask from the padding (masking_utils.create_causal_mask): (b, 1, s, s),
         # bool for SDPA, additive in the model's dtype for eager; made before the first block and
         # kept by every block's attention backward
-        mask = 1 if effective_attention(model, config) is Attention.SDPA else mode.residual
+        mask = 1 if effective_attention(model, config) is _SDPA else mode.residual
         out["embeddings"] += dims.b * dims.s * dims.s * mask
     if model.embedding_dropout > 0 and (full or config.grad_ckpt):
         # its mask, kept only when the embeddings' output needs a gradient: trained embeddings,
@@ -686,8 +691,8 @@ def _down_saved(ctx: BlockContext) -> int:
     lora_B's input (lora_A's output), the 16-bit weight casts and the adapter dropout. Not the
     product when the activation keeps it as its own output (relu)."""
     model, mode, e = ctx.model, ctx.mode, ctx.dims.tokens
-    down = ctx.of_kind(LinearKind.MLP_OUT)
-    targeted = ctx.adapted_of(LinearKind.MLP_OUT)
+    down = ctx.of_kind(_MLP_OUT)
+    targeted = ctx.adapted_of(_MLP_OUT)
     keeps_output = not model.gated_mlp and model.hidden_act in ACTIVATION_SAVES_OUTPUT
     if not model.has_mlp:
         return 0  # a Nemotron-H block of a token mixer alone
@@ -707,7 +712,7 @@ def _down_saved(ctx: BlockContext) -> int:
     r = ctx.config.lora_r or 0
     total += sum([lin.active * e * r * mode.adapter for lin in targeted])
     if mode.autocast:
-        if ctx.config.method is not Method.QLORA:
+        if ctx.config.method is not _QLORA:
             total += sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down
                           if not (mode.fp8 and fp8_converts(model, lin))])
         total += sum([lin.count * r * (lin.out_features + lin.in_features) * 2 for lin in targeted])
@@ -844,7 +849,7 @@ def _grads_before_down(ctx: BlockContext) -> int:
     ``grad * scaling`` in lora_B's output dtype, the input of lora_B's MmBackward."""
     mode, e, h = ctx.mode, ctx.dims.tokens, ctx.dims.h
     total = mode.residual + (mode.compute if mode.compute != mode.residual else 0)
-    if LinearKind.MLP_OUT in ctx.targeted_kinds:
+    if _MLP_OUT in ctx.targeted_kinds:
         lora_out = mode.adapter
         total += (mode.compute if max(mode.compute, lora_out) != mode.compute else 0) + lora_out
     return e * h * total
@@ -877,21 +882,21 @@ def _recompute_stops(ctx: BlockContext, down_saved: int) -> list[tuple[int, int]
         return [(0, 0)]
     experts, _ = _mlp_split(ctx)
     inter = e * ctx.dims.i // experts
-    outer = 0 if _read_as_is(ctx, LinearKind.MLP_IN, mode.residual) else e * h * mode.residual
+    outer = 0 if _read_as_is(ctx, _MLP_IN, mode.residual) else e * h * mode.residual
     if model.norm == "rmsnorm" and mode.residual != FP32 and not model.parallel_block:
         outer += e * h * mode.residual  # the residual; RMSNorm saved its fp32 copy
     keeps_output = not model.gated_mlp and model.hidden_act in ACTIVATION_SAVES_OUTPUT
-    down = ctx.adapted_of(LinearKind.MLP_OUT)
-    local = outer + (0 if keeps_output or _read_as_is(ctx, LinearKind.MLP_OUT, mode.compute) else inter * mode.compute)
+    down = ctx.adapted_of(_MLP_OUT)
+    local = outer + (0 if keeps_output or _read_as_is(ctx, _MLP_OUT, mode.compute) else inter * mode.compute)
     if down:
         if mode.compute != mode.adapter_weight and (mode.autocast or ctx.lora_dropout):
             local += inter * mode.adapter_weight
         local += sum([lin.active * e * lin.out_features * mode.compute for lin in down])
     stops = [(0, local)]
-    up = ctx.adapted_of(LinearKind.MLP_IN)
+    up = ctx.adapted_of(_MLP_IN)
     if model.gated_mlp and up:
         lora_out = mode.adapter
-        if ctx.config.method is Method.QLORA and not (mode.autocast and ctx.kernels.plain_autocast_query):
+        if ctx.config.method is _QLORA and not (mode.autocast and ctx.kernels.plain_autocast_query):
             # bnb's LoRA casts the adapter output to the base output's dtype before the sum
             # (peft/tuners/lora/bnb.py:549-552 ``output = output.to(expected_dtype)``): no promotion
             at_sum = mode.compute * 3 + max(lora_out - mode.compute, 0)
@@ -925,13 +930,18 @@ def recompute_end_terms(model: ModelSpec, config: TrainConfig, kernels: KernelPr
     return _recompute_end_at(ctx, sum(block_terms(ctx).values()), _down_saved(ctx))
 
 
+def _stop_excess(stop: tuple[int, int]) -> int:
+    """What a stop of ``_recompute_stops`` adds: its locals less the saved tensors not yet rebuilt."""
+    return stop[1] - stop[0]
+
+
 def _recompute_end_at(ctx: BlockContext, saved: int, down: int) -> dict[str, int]:
     """``recompute_end_terms`` of the last block's context, given what the block saves
     (``block_terms``' sum) and ``_down_saved`` of it (both read under checkpointing only)."""
     grads = _grads_before_down(ctx)
     if not ctx.config.grad_ckpt:
         return {"block_backward": grads}
-    missing, local = max(_recompute_stops(ctx, down), key=lambda stop: stop[1] - stop[0])
+    missing, local = max(_recompute_stops(ctx, down), key=_stop_excess)
     return {"recompute": saved - missing - _own_checkpoint(ctx), "recompute_locals": local,
             "block_backward": grads}
 
@@ -1068,8 +1078,8 @@ def layer_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t
 def down_gradient_params(model: ModelSpec, config: TrainConfig, targets: frozenset[str] | None = None) -> int:
     """Trainable elements of one block's MLP output projection, whose gradient its backward
     makes first (full: the weight and bias; LoRA: A and B of each adapted one), of the last block."""
-    down = [lin for lin in model.block_at(model.num_layers - 1).layer_linears if lin.kind is LinearKind.MLP_OUT]
-    if config.method is Method.FULL:
+    down = [lin for lin in model.block_at(model.num_layers - 1).layer_linears if lin.kind is _MLP_OUT]
+    if config.method is _FULL:
         return sum(lin.params for lin in down)
     r = config.lora_r or 0
     names = targets if targets is not None else frozenset(lin.key for lin in lora_targets(model, config))

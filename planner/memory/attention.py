@@ -8,6 +8,10 @@ from planner.memory.dtypes import FP32, INT64, DtypeMode
 from planner.memory.shapes import BlockContext
 from planner.modelspec import ModelSpec
 
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
+#: path on CPython 3.11 (``planner.config``'s note); the search's batch lines read these thousands of times
+_EAGER, _FLASH, _SDPA = Attention.EAGER, Attention.FLASH, Attention.SDPA
+
 
 def out_input(ctx: BlockContext, copy_bytes: int) -> int:
     """What o_proj's input costs beyond the kernel's saved output: ``copy_bytes`` when the
@@ -32,8 +36,8 @@ def attention_terms(ctx: BlockContext) -> dict[str, int]:
     # with a padding mask transformers repeats k/v to every head before SDPA
     # (integrations/sdpa_attention.py use_gqa_in_sdpa: GQA only when attention_mask is None)
     window = window_mask(ctx)
-    kvn = q if (padding_mask(ctx.config) or window) and attention is Attention.SDPA else e * dims.kv * dims.d
-    if attention is Attention.SDPA and ctx.kernels.sdpa_dropout_math_fp32 and model.attn_dropout > 0:
+    kvn = q if (padding_mask(ctx.config) or window) and attention is _SDPA else e * dims.kv * dims.d
+    if attention is _SDPA and ctx.kernels.sdpa_dropout_math_fp32 and model.attn_dropout > 0:
         # SDPA's flash kernel refuses dropout here, so training falls back to the math path,
         # which upcasts 16-bit inputs to fp32 and saves q·scale, kᵀ·scale and v (fp32, all
         # heads), the fp32 softmax, the dropout mask and the dropped probabilities; its
@@ -41,7 +45,7 @@ def attention_terms(ctx: BlockContext) -> dict[str, int]:
         # (bench/accuracy.py, CPU probe).
         scores = dims.b * dims.a * dims.s * dims.s
         return {"attention/core": 4 * 3 * q + 4 * 3 * scores, "attention/out_input": out_input(ctx, q * mode.attn)}
-    if attention in (Attention.SDPA, Attention.FLASH):
+    if attention in (_SDPA, _FLASH):
         terms = _fused_kernel_terms(ctx, q, kvn)
         if window:
             terms["attention/core"] += window
@@ -91,13 +95,13 @@ def latent_attention_terms(ctx: BlockContext) -> dict[str, int]:
     q, kv_out, out = e * heads * qk, e * heads * (mla.nope + mla.v), e * heads * mla.v
     attention = effective_attention(model, ctx.config)
     lse = e * heads * FP32
-    if attention is Attention.SDPA and ctx.kernels.sdpa_dropout_math_fp32:
+    if attention is _SDPA and ctx.kernels.sdpa_dropout_math_fp32:
         # the CPU's sdp_utils_cpp decides both: dropout and unequal head dims send SDPA to the math path
         core = {"attention/core": FP32 * (2 * q + out) + FP32 * dims.b * heads * dims.s * dims.s,
                 "attention/out_input": out_input(ctx, out * mode.attn)}
-    elif attention is Attention.SDPA:
+    elif attention is _SDPA:
         core = {"attention/core": mode.attn * (2 * q + kv_out + out) + lse, "attention/out_input": out_input(ctx, 0)}
-    elif attention is Attention.FLASH:
+    elif attention is _FLASH:
         core = {"attention/core": mode.attn * 4 * q + lse, "attention/out_input": out_input(ctx, out * mode.attn)}
     else:
         scores = dims.b * heads * dims.s * dims.s
@@ -134,8 +138,8 @@ def effective_attention(model: ModelSpec, config) -> Attention:
     """The attention path that runs: SDPA asked of a model without one (gpt-oss, ``ModelSpec.sdpa``)
     is planned as the eager path, the one its published recipe loads (``attn_implementation="eager"``,
     OpenAI's cookbook ``articles/gpt-oss/fine-tune-transfomers.ipynb``)."""
-    if config.attention is Attention.SDPA and not model.sdpa:
-        return Attention.EAGER
+    if config.attention is _SDPA and not model.sdpa:
+        return _EAGER
     return config.attention
 
 
@@ -187,7 +191,7 @@ def window_mask(ctx: BlockContext) -> int:
     model, config = ctx.model, ctx.config
     if not model.sliding_attention or model.sliding_window is None or config.seq_len <= model.sliding_window:
         return 0
-    if effective_attention(model, config) is not Attention.SDPA:
+    if effective_attention(model, config) is not _SDPA:
         return 0
     return ctx.dims.b * ctx.dims.s * ctx.dims.s * ctx.mode.attn
 
@@ -196,7 +200,7 @@ def padding_mask(config) -> bool:
     """Batches padded to the longest carry an attention mask into the model (not with flash-attn,
     which unpads). The model assumes the worst batch is padded; a micro-batch of one never is,
     where this over-counts the mask's terms."""
-    return not config.packing and config.attention is not Attention.FLASH
+    return not config.packing and config.attention is not _FLASH
 
 
 def eager_probs_bytes_per_score(model: ModelSpec, mode: DtypeMode, kernels: KernelProfile) -> int:

@@ -39,13 +39,28 @@ class Dims:
         object.__setattr__(self, "tokens", self.b * self.s)
 
 
+#: ``dims_of`` by the model's identity, micro-batch and sequence length, with the model, so no other takes
+#: its id while its entry lives (hashing a ModelSpec reads every field): the sizes are immutable, and the
+#: search asks for the same few (each batch line's micro-batches 1 and 2) ~500 times a search
+_DIMS: dict[tuple[int, int, int], tuple[ModelSpec, Dims]] = {}
+_DIMS_KEPT = 256
+
+
 def dims_of(model: ModelSpec, config: TrainConfig) -> Dims:
+    key = (id(model), config.micro_batch, config.seq_len)
+    hit = _DIMS.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
     inter = model.intermediate_size
     if model.is_moe:
         # tokens are routed to top-k experts: k intermediate activations per token
         inter = model.intermediate_size * model.experts_per_token
-    return Dims(b=config.micro_batch, s=config.seq_len, h=model.hidden_size, a=model.num_heads,
+    dims = Dims(b=config.micro_batch, s=config.seq_len, h=model.hidden_size, a=model.num_heads,
                 kv=model.num_kv_heads, d=model.head_dim, i=inter, v=model.vocab_size)
+    if len(_DIMS) >= _DIMS_KEPT:
+        _DIMS.clear()
+    _DIMS[key] = (model, dims)
+    return dims
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,7 +102,7 @@ class BlockContext:
 
     def __post_init__(self) -> None:
         config, targets = self.config, self.targets
-        full = config.method is Method.FULL
+        full = config.method is _FULL
         lora_dropout = drops_adapter_inputs(config)
         by_kind: dict[LinearKind, tuple[LinearSpec, ...]] = {}
         # bare weights (expert stacks, routers) take peft's ParamWrapper, which merges its adapter into
@@ -96,16 +111,16 @@ class BlockContext:
             if targets else ()
         for lin in adapted:
             by_kind[lin.kind] = by_kind.get(lin.kind, ()) + (lin,)
-        derived = {
-            "full": full, "block_input_needs_grad": block_input_needs_grad(config, first=self.first),
-            "lora_dropout": lora_dropout,
-            "adapter_saves_shared_input": not full and not self.mode.adapter_input and not lora_dropout,
-            "adapted": adapted, "targeted_kinds": frozenset(by_kind), "adapted_by_kind": by_kind,
-            "o_targeted": LinearKind.ATTN_OUT in by_kind,
-            "attn_targeted": LinearKind.ATTN_IN in by_kind or LinearKind.ATTN_OUT in by_kind,
-        }
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
+        derived = (
+            full, block_input_needs_grad(config, first=self.first), lora_dropout,
+            not full and not self.mode.adapter_input and not lora_dropout,  # adapter_saves_shared_input
+            adapted, frozenset(by_kind), by_kind,  # adapted, targeted_kinds, adapted_by_kind
+            _ATTN_OUT in by_kind,  # o_targeted
+            _ATTN_IN in by_kind or _ATTN_OUT in by_kind,  # attn_targeted
+        )
+        # each through its slot's descriptor, in ``_DERIVED``'s order (``_but``'s note)
+        for setter, value in zip(_DERIVED_SETTERS, derived):
+            setter(self, value)
 
     def _but(self, **changed) -> BlockContext:
         """This context with ``changed`` fields, the derived ones as they are (the callers change
@@ -143,7 +158,7 @@ class BlockContext:
 
     @property
     def attn_out(self) -> tuple[LinearSpec, ...]:
-        return self.of_kind(LinearKind.ATTN_OUT)
+        return self.of_kind(_ATTN_OUT)
 
     def input_needs_grad(self, lin: LinearSpec) -> bool:
         """Whether the input a linear of the block reads needs a gradient: everything does but, in
@@ -155,21 +170,21 @@ class BlockContext:
         after the cross-attention; its q reads the self-attention's output."""
         if self.block_input_needs_grad:
             return True
-        kind, attention = lin.kind, (LinearKind.ATTN_IN, LinearKind.ATTN_OUT)
+        kind, attention = lin.kind, (_ATTN_IN, _ATTN_OUT)
         if lin.name in LATENT_DOWN and self.model.latent_attention is not None:
             # MLA's q_b_proj/kv_b_proj read their down projection's normed output
             return LATENT_DOWN[lin.name] in self.targets
-        if kind is LinearKind.ATTN_IN:
+        if kind is _ATTN_IN:
             return False
-        if kind is LinearKind.ATTN_OUT or (kind is LinearKind.CROSS_ATTN_IN and lin.name == "q"):
-            upstream = attention[:1] if kind is LinearKind.ATTN_OUT else attention
-        elif self.of_kind(LinearKind.CROSS_ATTN_IN):  # after the encoder output, in a decoder block
+        if kind is _ATTN_OUT or (kind is _CROSS_ATTN_IN and lin.name == "q"):
+            upstream = attention[:1] if kind is _ATTN_OUT else attention
+        elif self.of_kind(_CROSS_ATTN_IN):  # after the encoder output, in a decoder block
             return bool(self.targets)
-        elif kind in (LinearKind.MLP_IN, LinearKind.ROUTER, LinearKind.SHARED_GATE):
+        elif kind in (_MLP_IN, _ROUTER, _SHARED_GATE):
             upstream = () if self.model.parallel_block else attention
         else:
-            assert kind is LinearKind.MLP_OUT, kind
-            upstream = (LinearKind.MLP_IN,) + (() if self.model.parallel_block else attention)
+            assert kind is _MLP_OUT, kind
+            upstream = (_MLP_IN,) + (() if self.model.parallel_block else attention)
         return any(kind in self.targeted_kinds for kind in upstream)
 
 
@@ -177,11 +192,18 @@ class BlockContext:
 _CONTEXT_SLOTS = BlockContext.__slots__
 _context_values = attrgetter(*_CONTEXT_SLOTS)
 _CONTEXT_SETTERS = tuple(BlockContext.__dict__[name].__set__ for name in _CONTEXT_SLOTS)
+#: the derived fields ``__post_init__`` sets, in its order
+_DERIVED = ("full", "block_input_needs_grad", "lora_dropout", "adapter_saves_shared_input", "adapted", "targeted_kinds",
+            "adapted_by_kind", "o_targeted", "attn_targeted")
+_DERIVED_SETTERS = tuple(BlockContext.__dict__[name].__set__ for name in _DERIVED)
 
 
 #: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
-#: path on CPython 3.11 (``planner.config``'s note); the search reads it thousands of times a search
+#: path on CPython 3.11 (``planner.config``'s note); the search reads these thousands of times a search
 _FULL = Method.FULL
+_ATTN_IN, _ATTN_OUT, _CROSS_ATTN_IN = LinearKind.ATTN_IN, LinearKind.ATTN_OUT, LinearKind.CROSS_ATTN_IN
+_MLP_IN, _MLP_OUT = LinearKind.MLP_IN, LinearKind.MLP_OUT
+_ROUTER, _SHARED_GATE = LinearKind.ROUTER, LinearKind.SHARED_GATE
 
 
 def drops_adapter_inputs(config: TrainConfig) -> bool:

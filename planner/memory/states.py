@@ -26,7 +26,7 @@ from planner.optim import OPTIMIZERS
 _FULL = TrainConfig(method=Method.FULL)
 #: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
 #: path on CPython 3.11 (``planner.config``'s note), and the search reads it thousands of times a search
-_QLORA = Method.QLORA
+_QLORA, _FULL_METHOD = Method.QLORA, Method.FULL
 
 
 #: ``_model_terms`` by the model's identity, with the model, so no other takes its id while its
@@ -61,8 +61,8 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | No
     trainable = t.count
     param_bytes = trainable_bytes(config.method, mode)
     out: dict[str, int] = {}
+    _, base_sizes, q = _model_terms(model)  # (base_tensor_sizes, quantized_linear_params)
     if config.method is _QLORA:
-        q = _model_terms(model)[2]  # quantized_linear_params
         out["weights/nf4"] = int(nf4_bytes(q))
         # the non-4-bit tensors (norms, embeddings, head) in the mode's weight dtype: fp32 after
         # peft's k-bit upcast (prepare_model_for_kbit_training, peft 0.21 utils/other.py:204-209),
@@ -72,11 +72,11 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | No
         out["weights/unquantized"] = (model.params_total - q) * mode.weight
     else:
         out["weights"] = model.params_total * mode.weight
-    if config.method.uses_adapters:
+    if config.method is not _FULL_METHOD:  # (uses_adapters)
         out["lora/weights"] = trainable * ADAPTER_BYTES
     # gradients, optimizer states and what the sharding scheme adds, splits or moves to the host
     return config.sharding.spec.model_states(model, config, t, out, param_bytes=param_bytes,
-                                             grads=trainable * param_bytes, base_sizes=base_tensor_sizes(model))
+                                             grads=trainable * param_bytes, base_sizes=base_sizes)
 
 
 def model_states_bytes(model: ModelSpec, config: TrainConfig) -> int:
@@ -139,9 +139,11 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     mode = mode_of(config)
     states, host = model_state_breakdown(model, config, t, mode)
     spec = config.sharding.spec
+    optimizer = OPTIMIZERS[config.optimizer]
+    param_bytes = trainable_bytes(config.method, mode)
     gradients = states.pop("gradients", 0)
     if config.optimizer_in_bwd:  # each gradient stepped and freed as it is made: the largest alone is alive
-        gradients = min(gradients, largest_gradient_elements(t) * trainable_bytes(config.method, mode))
+        gradients = min(gradients, largest_gradient_elements(t) * param_bytes)
     # the scheme's parts of the step (``ShardingSpec.keys`` with a ``size``): not resident
     parts: dict[str, int] = {}
     for k in spec.keys:
@@ -149,21 +151,19 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
             nbytes = states.pop(k.key, 0)  # a copy only gloo makes: on the CPU only
             parts[k.size] = parts.get(k.size, 0) + (0 if k.gloo_only and kernels.caching_allocator else nbytes)
     paged = paged_step = 0
-    if OPTIMIZERS[config.optimizer].paged and kernels.unified_memory_paging:
+    if optimizer.paged and kernels.unified_memory_paging:
         paged = states.pop("optimizer_states", 0)
         # (ZeRO refuses paged optimizers and FSDP2 bitsandbytes': each device steps whole tensors)
-        paged_step = OPTIMIZERS[config.optimizer].memory.largest_state_bytes(
-            t.size_counts, trainable_bytes(config.method, mode))
+        paged_step = optimizer.memory.largest_state_bytes(t.size_counts, param_bytes)
     transient = 0
     # what the optimizer steps on the device (None: it steps on the host)
-    stepped = spec.optimizer_tensors(t, config, trainable_bytes(config.method, mode))
+    stepped = spec.optimizer_tensors(t, config, param_bytes)
     if stepped is not None:
         # in backward, one optimizer per parameter steps one tensor at a time: the largest's temporaries
         counts = ((max(n for n, _ in stepped[0]), 1),) if config.optimizer_in_bwd and stepped[0] else stepped[0]
-        transient = 0 if spec.fused_step(config, kernels) else \
-            OPTIMIZERS[config.optimizer].memory.step_transient(counts, stepped[1], kernels)
+        transient = 0 if spec.fused_step(config, kernels) else optimizer.memory.step_transient(counts, stepped[1], kernels)
     tied = 0
-    if model.tied_embeddings and config.method is Method.FULL and not config.sharding.offloaded:
+    if model.tied_embeddings and config.method is _FULL_METHOD and not config.sharding.offloaded:
         tied = 2 * model.vocab_size * model.hidden_size * mode.weight
     return StaticTerms(
         resident=states, gradients=gradients, gathered=parts.get("gathered", 0), paged=paged, host=host,

@@ -412,7 +412,8 @@ def batch_line(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     kept (the search's memo: every term is affine in the micro-batch). A decoder-only model's two
     evaluations share a later block's context, which reads no size (``BlockContext.at``);
     tests/memory/test_batch_line.py holds this equal to the two calls."""
-    one, two = (config.with_split(micro_batch=b, grad_accum=config.grad_accum) for b in (1, 2))
+    one = config.with_split(micro_batch=1, grad_accum=config.grad_accum)
+    two = config.with_split(micro_batch=2, grad_accum=config.grad_accum)
     if model.is_encoder_decoder:
         at_one, at_two = batch_totals(model, one, kernels, targets), batch_totals(model, two, kernels, targets)
     else:
@@ -428,12 +429,16 @@ def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext) ->
     fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode, ctx.kernels)
     step = block_step_activations(ctx)
     saved = step.saved_bytes()
-    evaluated, generated = eval_parts(model, config, ctx.kernels, ctx.targets) if config.evaluates else ({}, {})
-    return batch_moments(BatchSizes(
-        activations=saved, after_head=saved - sum([nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED]),
-        recompute_end=sum(step.recompute_end.values()), block_backward=sum(step.block_backward.values()),
-        recompute=step.recompute, forward_logits=fwd_logits, backward_logits=bwd_logits, kv_cache=cache, kept=kept,
-        eval_generate=sum(generated.values()), eval_forward=sum(evaluated.values())))
+    eval_forward = eval_generate = 0
+    if config.evaluates:
+        evaluated, generated = eval_parts(model, config, ctx.kernels, ctx.targets)
+        eval_forward, eval_generate = sum(evaluated.values()), sum(generated.values())
+    # by position, in the fields' order (``static_sizes``' note: the search makes two per batch line)
+    return _BATCH_SUMS(BatchSizes(
+        saved,  # activations
+        saved - sum([nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED]),  # after_head
+        sum(step.recompute_end.values()), sum(step.block_backward.values()),  # recompute_end, block_backward
+        step.recompute, fwd_logits, bwd_logits, cache, kept, eval_generate, eval_forward))
 
 
 def first_block_gradients(model: ModelSpec, config: TrainConfig, gradients: int, t: Trained,

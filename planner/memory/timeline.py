@@ -561,8 +561,11 @@ def _first_step(b: _Builder, s: _Step, lazy: dict[str, int], previous: int) -> i
         _optimizer_step(b, s, grads, marks=False, label="step 1: ", states=lazy)
         return previous
     g = s.grains
+    # two states a parameter, each of its size: every size twice, in order (the pairs flattened in C, not
+    # a generator's step per element: Llama-2-7b has 291 parameter tensors)
+    twice = tuple(itertools.chain.from_iterable(zip(g.params, g.params)))
     for key, nbytes in lazy.items():  # never freed
-        b.alloc(key, nbytes, "step 1: optimizer step", _grain(tuple(n for n in g.params for _ in range(2)), nbytes))
+        b.alloc(key, nbytes, "step 1: optimizer step", _grain(twice, nbytes))
     _optimizer_step(b, s, grads, marks=False, label="step 1: ")
     return previous
 

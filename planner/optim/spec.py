@@ -43,7 +43,8 @@ class OptimizerModel:
     def counted_state_bytes(self, counts: Iterable[tuple[int, int]], param_bytes: int) -> int:
         """``state_bytes`` of tensors given as (element count, number of such tensors) pairs (a
         model has few distinct tensor shapes; an element count may come in more than one pair)."""
-        return sum(self.tensor_state_bytes(n, param_bytes) * copies for n, copies in counts)
+        # (a list, not a generator: the search sums a few pairs ~430 times a search)
+        return sum([self.tensor_state_bytes(n, param_bytes) * copies for n, copies in counts])
 
     def model_state_bytes(self, model, config, t, param_bytes: int) -> int:
         """Persistent state of the configuration's trainable tensors ``t`` (a
@@ -52,7 +53,7 @@ class OptimizerModel:
 
     def flat_partition_state_bytes(self, partition: int) -> int:
         """State of one flat fp32 tensor of ``partition`` elements (DeepSpeed's master partition)."""
-        return self.counted_state_bytes(((partition, 1),), FP32)
+        return self.tensor_state_bytes(partition, FP32)  # (``counted_state_bytes`` of the one tensor)
 
     def step_transient(self, counts: Iterable[tuple[int, int]], param_bytes: int, kernels) -> int:
         """Temporaries inside ``optimizer.step()`` beyond states and gradients, for trainable tensors
