@@ -646,6 +646,24 @@ def weight_tensors(model: ModelSpec, key: str) -> tuple[int, ...]:
     base = base_tensor_sizes(model)
     if key == "weights":
         return base
+    hit = _WEIGHT_TENSORS.get((id(model), key))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if len(_WEIGHT_TENSORS) >= _WEIGHT_TENSORS_KEPT:
+        _WEIGHT_TENSORS.clear()
+    found = _quantized_split(model, key, base)
+    _WEIGHT_TENSORS[id(model), key] = (model, found)
+    return found
+
+
+#: ``weight_tensors``' QLoRA components by (the model's identity, key), with the model, so no other
+#: takes its id while its entry lives: every QLoRA plan shown walks the model's linears again otherwise
+_WEIGHT_TENSORS: dict[tuple[int, str], tuple[ModelSpec, tuple[int, ...]]] = {}
+_WEIGHT_TENSORS_KEPT = 64
+
+
+def _quantized_split(model: ModelSpec, key: str, base: tuple[int, ...]) -> tuple[int, ...]:
+    """``weight_tensors`` of ``weights/nf4`` or ``weights/unquantized`` (``base``: every base tensor)."""
     quantized = [lin.in_features * lin.out_features for n, linears in model.all_blocks for _ in range(n)
                  for lin in linears if lin.module for _ in range(lin.count)]
     if key == "weights/nf4":
