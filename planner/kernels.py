@@ -326,15 +326,19 @@ def adapter_flop_weight(gpu: GPUSpec | None, config: TrainConfig) -> float:
     return rate / (gpu.peak_tflops(Precision.FP32) * matmul_fraction(gpu, Precision.FP32))
 
 
-def _gemms(model: ModelSpec, config: TrainConfig, adapter_weight: float = 1.0) -> tuple[tuple[float, float, float], ...]:
-    """(forward, backward, head-forward) GEMM work of the block linears, the vocab projection and
-    the adapters, each as (FLOPs per token, bytes per token, bytes per micro-step): ``gemm`` summed
-    over the linears, in closed form (a linear of ``count`` experts, ``active`` per token, sees
-    ``tokens x active / count`` tokens per expert: its FLOPs and activations scale with the
-    tokens, its weights are read once per pass). The adapters' FLOPs count ``adapter_weight`` each
-    (``adapter_flop_weight``), their operands at their own width where they multiply in fp32."""
-    elem = config.precision.compute_bytes
-    backward = 2 if config.method is Method.FULL else 1  # dX always; dW only for trained weights
+#: ``_base_gemms`` by (the model's identity, element bytes), with the model, so no other takes its id
+#: while its entry lives: the search prices ~70 micro-step kinds a request, each summing every block
+#: linear of the same model at one of a few element sizes
+_BASE_GEMMS: dict[tuple[int, int], tuple[ModelSpec, tuple[float, ...]]] = {}
+_BASE_GEMMS_KEPT = 64
+
+
+def _base_gemms(model: ModelSpec, elem: int) -> tuple[float, ...]:
+    """(FLOPs, bytes, weight bytes) per token of the block linears and of the vocab projection
+    (``_gemms``' base model, the adapters aside) at ``elem`` bytes an element, remembered."""
+    hit = _BASE_GEMMS.get((id(model), elem))
+    if hit is not None and hit[0] is model:
+        return hit[1]
     f = t = w = 0.0
     for n, lin in _linears(model):
         rows = rows_per_token(model, lin)  # Llama 4's expert stacks: every expert, not top-k
@@ -346,6 +350,23 @@ def _gemms(model: ModelSpec, config: TrainConfig, adapter_weight: float = 1.0) -
         hf = 2.0 * model.vocab_size * model.hidden_size
         ht = (model.hidden_size + model.vocab_size) * elem
         hw = model.vocab_size * model.hidden_size * elem
+    if len(_BASE_GEMMS) >= _BASE_GEMMS_KEPT:
+        _BASE_GEMMS.clear()
+    found = (f, t, w, hf, ht, hw)
+    _BASE_GEMMS[id(model), elem] = (model, found)
+    return found
+
+
+def _gemms(model: ModelSpec, config: TrainConfig, adapter_weight: float = 1.0) -> tuple[tuple[float, float, float], ...]:
+    """(forward, backward, head-forward) GEMM work of the block linears, the vocab projection and
+    the adapters, each as (FLOPs per token, bytes per token, bytes per micro-step): ``gemm`` summed
+    over the linears, in closed form (a linear of ``count`` experts, ``active`` per token, sees
+    ``tokens x active / count`` tokens per expert: its FLOPs and activations scale with the
+    tokens, its weights are read once per pass). The adapters' FLOPs count ``adapter_weight`` each
+    (``adapter_flop_weight``), their operands at their own width where they multiply in fp32."""
+    elem = config.precision.compute_bytes
+    backward = 2 if config.method is Method.FULL else 1  # dX always; dW only for trained weights
+    f, t, w, hf, ht, hw = _base_gemms(model, elem)
     af = at = aw = 0.0
     if config.method is not Method.FULL:
         r = config.lora_r or 0

@@ -198,7 +198,12 @@ def shares(weights: tuple[int, ...], nbytes: int) -> tuple[int, ...] | None:
         return None
     sizes = [nbytes * w // total for w in weights[:-1]]
     sizes.append(nbytes - sum(sizes))
-    return tuple(size for size in sizes if size)
+    return tuple([size for size in sizes if size])  # (a list: no generator frame)
+
+
+#: ``Event(...)`` without its ``__new__``'s Python frame (``collections.namedtuple`` makes ``__new__`` a
+#: lambda around ``tuple.__new__``): the builder makes every event of the shown plans' timelines
+_new_event = tuple.__new__
 
 
 class _Builder:
@@ -219,7 +224,7 @@ class _Builder:
             elif tensors is None:  # max(1, min(64, ...)), written out: the builder's hot path
                 tensors = round(nbytes / self.units.get(key, self.unit))
                 tensors = 1 if tensors < 1 else 64 if tensors > 64 else tensors
-            self._allocs[ident] = event = Event("alloc", key, int(nbytes), tensors, ident, where)
+            self._allocs[ident] = event = _new_event(Event, ("alloc", key, int(nbytes), tensors, ident, where))
             self.events.append(event)
         return ident
 
@@ -237,8 +242,8 @@ class _Builder:
         allocs, events = self._allocs, self.events
         for ident in idents:
             ev = allocs.pop(ident, None)  # None: a zero-byte allocation, never made
-            if ev is not None:
-                events.append(Event("free", ev.key, ev.nbytes, ev.tensors, ident, where))
+            if ev is not None:  # (by position: op, key, nbytes, tensors)
+                events.append(_new_event(Event, ("free", ev[1], ev[2], ev[3], ident, where)))
 
     def mark(self, name: str) -> None:
         self.marks[name] = len(self.events)
@@ -641,6 +646,24 @@ def weight_tensors(model: ModelSpec, key: str) -> tuple[int, ...]:
     base = base_tensor_sizes(model)
     if key == "weights":
         return base
+    hit = _WEIGHT_TENSORS.get((id(model), key))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if len(_WEIGHT_TENSORS) >= _WEIGHT_TENSORS_KEPT:
+        _WEIGHT_TENSORS.clear()
+    found = _quantized_split(model, key, base)
+    _WEIGHT_TENSORS[id(model), key] = (model, found)
+    return found
+
+
+#: ``weight_tensors``' QLoRA components by (the model's identity, key), with the model, so no other
+#: takes its id while its entry lives: every QLoRA plan shown walks the model's linears again otherwise
+_WEIGHT_TENSORS: dict[tuple[int, str], tuple[ModelSpec, tuple[int, ...]]] = {}
+_WEIGHT_TENSORS_KEPT = 64
+
+
+def _quantized_split(model: ModelSpec, key: str, base: tuple[int, ...]) -> tuple[int, ...]:
+    """``weight_tensors`` of ``weights/nf4`` or ``weights/unquantized`` (``base``: every base tensor)."""
     quantized = [lin.in_features * lin.out_features for n, linears in model.all_blocks for _ in range(n)
                  for lin in linears if lin.module for _ in range(lin.count)]
     if key == "weights/nf4":

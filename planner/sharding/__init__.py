@@ -39,6 +39,8 @@ Scheme.__doc__ = "A sharding scheme of the registry (``planner.sharding``), by i
 #: ``EnumType.__getattr__``'s slow attribute path on CPython 3.11 (``planner.config``'s note), and
 #: the search asks ``Sharding.offloaded`` thousands of times a search.
 _NO_OFFLOAD = Offload.NONE
+#: (the ranking reads ``moving_parts`` of every plan it ties: thousands a search)
+_OFFLOAD_PARAMS = Offload.OPTIMIZER_PARAMS
 
 #: The descriptor of each scheme, by ``Scheme`` member (a plain name finds it too).
 SCHEMES: Mapping[Scheme, ShardingSpec] = MappingProxyType({Scheme(s.name): s for s in SPECS})
@@ -146,14 +148,14 @@ class Sharding:
     @property
     def plain(self) -> bool:
         """Whole replicas on the device: no sharding library, nothing offloaded."""
-        return self.spec.replicas and self.offload is Offload.NONE
+        return self.spec.replicas and self.offload is _NO_OFFLOAD
 
     @property
     def moving_parts(self) -> int:
         """What the plan adds to plain training, for the ranking's ties: a sharding library, an
         offload, the parameters offloaded too."""
-        return ((self.spec.library is not None) + (self.offload is not Offload.NONE)
-                + (self.offload is Offload.OPTIMIZER_PARAMS))
+        return ((self.spec.library is not None) + (self.offload is not _NO_OFFLOAD)
+                + (self.offload is _OFFLOAD_PARAMS))
 
     def label(self) -> str:
         """Its part of ``TrainConfig.label()``: ``zero3+offload:optimizer`` ("" for none/DDP)."""

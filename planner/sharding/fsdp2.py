@@ -99,24 +99,28 @@ def _reduce(config: Any, weight: int) -> int:
     return FP32 if config.precision.is_mixed else weight
 
 
-#: (id of a sizes tuple, ranks) -> (the tuple, each tensor's shard): the search asks for the same
-#: model's tensors, sharded over the same ranks, once per static key (hundreds of times a request);
-#: the tuple is kept so its id is never reused while the entry lives
-_SHARDS: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+#: (id of a sizes tuple, ranks) -> (the tuple, the sum of each tensor's shard): the search asks for
+#: the same model's tensors, sharded over the same ranks, once per static key (hundreds of times a
+#: request; 291 tensors for Llama-2-7b); the tuple is kept so its id is never reused while the entry lives
+_SHARDS: dict[tuple[int, int], tuple[tuple[int, ...], int]] = {}
 _SHARDS_KEPT = 64
+#: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow
+#: attribute path on CPython 3.11 (``planner.config``'s note), and the search reads it per static key
+_NO_OFFLOAD = Offload.NONE
 
 
-def _shards(sizes: tuple[int, ...], n: int) -> tuple[int, ...]:
-    """Each tensor's shard on one of ``n`` ranks (``shard``), remembered per tuple and rank count."""
+def _sharded_total(sizes: tuple[int, ...], n: int) -> int:
+    """The elements of each tensor's shard on one of ``n`` ranks (``shard``), summed: remembered
+    per tuple and rank count."""
     key = (id(sizes), n)
     hit = _SHARDS.get(key)
     if hit is not None and hit[0] is sizes:
         return hit[1]
     if len(_SHARDS) >= _SHARDS_KEPT:
         _SHARDS.clear()
-    out = tuple(shard(s, n) for s in sizes)
-    _SHARDS[key] = (sizes, out)
-    return out
+    total = sum([shard(s, n) for s in sizes])
+    _SHARDS[key] = (sizes, total)
+    return total
 
 
 class FSDP2(ShardingSpec):
@@ -173,17 +177,17 @@ class FSDP2(ShardingSpec):
         """``casts_model`` gives the 16-bit model's dtype mode (the unsharded parameters the layers
         compute with are ``param_dtype``, no autocast copies), so the stored dtypes are read from
         the precision here, not from ``out`` or ``param_bytes``."""
-        n, offloaded = config.gpus, config.sharding.offload is not Offload.NONE
+        n, offloaded = config.gpus, config.sharding.offload is not _NO_OFFLOAD
         full = not config.method.uses_adapters
         weight = config.precision.weight_bytes  # the sharded parameters' dtype: fp32 under *-mixed
         trained_bytes = _trained_bytes(config)
         compute, reduce = _compute(config, weight), _reduce(config, weight)
         host = 0
         # every base parameter sharded in its own dtype (fp32 master under *-mixed)
-        states = {"weights": sum(_shards(base_sizes, n)) * weight}
+        states = {"weights": _sharded_total(base_sizes, n) * weight}
         # each trained tensor's shard, by the few distinct tensor sizes (``Trained.size_counts``)
         shard_counts = [(shard(size, n), count) for size, count in t.size_counts]
-        trained_shards = sum(size * count for size, count in shard_counts)
+        trained_shards = sum([size * count for size, count in shard_counts])
         if config.method.uses_adapters:
             states["lora/weights"] = trained_shards * ADAPTER_BYTES
         states["gradients"] = trained_shards * trained_bytes
@@ -225,13 +229,13 @@ class FSDP2(ShardingSpec):
         return states, host
 
     def optimizer_tensors(self, t: Any, config: Any, param_bytes: int) -> tuple[tuple[tuple[int, int], ...], int] | None:
-        if config.sharding.offload is not Offload.NONE:
+        if config.sharding.offload is not _NO_OFFLOAD:
             return None  # the optimizer steps the host's shards
         n = config.gpus
-        return tuple((shard(size, n), count) for size, count in t.size_counts), _trained_bytes(config)
+        return tuple([(shard(size, n), count) for size, count in t.size_counts]), _trained_bytes(config)
 
     def optimizer_gradients(self, t: Any, config: Any, device_grads: int) -> int:
-        return 0 if config.sharding.offload is not Offload.NONE else device_grads
+        return 0 if config.sharding.offload is not _NO_OFFLOAD else device_grads
 
     def searched_on(self, gpus: int, offload: Offload) -> bool:
         """Where it shards something (more than one GPU), or on one GPU where its CPU offload lets a

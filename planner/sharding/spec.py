@@ -120,6 +120,11 @@ def join_process_group(device: str, init: Callable[[str], None] | None = None) -
         dist.init_process_group(backend=backend)
 
 
+#: ``ShardingSpec.step_key`` by (scheme, part): a scheme hashes by identity (eq=False), and the
+#: registry's few schemes and parts keep it small
+_STEP_KEYS: dict[tuple[ShardingSpec, str], str] = {}
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class ShardingSpec:
     """Everything the planner knows about one sharding scheme, read by name from
@@ -267,10 +272,13 @@ class ShardingSpec:
         (``planner.memory.step``: the parts ``MOMENTS`` names ``SCHEME``, by the ``StaticSizes``
         field they read: ``gathered``, the parameters gathered whole for the running unit): the
         one of its ``keys`` that says so (a part it does not have is 0 bytes, named generically)."""
-        for k in self.keys:
-            if k.size == size and not k.gloo_only:
-                return k.key
-        return f"sharding/{size}"
+        # remembered per scheme and part: its model states ask for up to five per static key
+        # (FSDP2), hundreds of times a search, and the keys are its own fixed declaration
+        found = _STEP_KEYS.get((self, size))
+        if found is None:
+            found = _STEP_KEYS[self, size] = next(
+                (k.key for k in self.keys if k.size == size and not k.gloo_only), f"sharding/{size}")
+        return found
 
     def searched_on(self, gpus: int, offload: Offload) -> bool:
         """``suggest`` tries it with ``offload`` on ``gpus`` GPUs (``searched`` and ``offloads``
