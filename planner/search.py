@@ -292,7 +292,9 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
 #: (``planner.request.memo_fields``): a field a memory term reads is declared there with its key.
 _STATIC_FIELDS = attrgetter(*request.memo_fields(request.STATIC))
 _BATCH_FIELDS = attrgetter(*request.memo_fields(request.BATCH))
-#: How many fields each key ends with that ``_Knobs``' prefixes leave out (``planner.request.MEMO_TAIL``).
+#: How many fields each key ends with that ``_Knobs``' prefixes leave out (``planner.request.MEMO_TAIL``): the
+#: adapter's rank and targets, then (the batch key's) checkpointing, which the screen appends to a prefix to make
+#: a combination's keys (tests/search/test_search_screen.py holds them equal to ``_static_key``'s and ``_batch_key``'s).
 _STATIC_TAIL = sum(name in request.memo_fields(request.STATIC) for name in request.MEMO_TAIL)
 _BATCH_TAIL = sum(name in request.memo_fields(request.BATCH) for name in request.MEMO_TAIL)
 
@@ -497,10 +499,11 @@ class MemoryMemo:
     def trained(self, config: TrainConfig) -> Trained:
         return self._adapters(config)[0]
 
-    def static(self, config: TrainConfig) -> _Static:
+    def static(self, config: TrainConfig, key: tuple | None = None) -> _Static:
         """The static terms and, per accumulating (False, True), the resident states plus each
-        moment's static part."""
-        key = _static_key(config)
+        moment's static part. ``key``: ``config``'s ``_static_key``, where the caller has it (the
+        screen makes it from its knobs' prefix: working it out again was 1% of a search)."""
+        key = key or _static_key(config)
         found = self._static.get(key)
         if found is None:
             found = self._static[key] = self._static_terms(config, key)
@@ -518,7 +521,9 @@ class MemoryMemo:
             single = static_moments(static_sizes(static, accumulating=False, head_grads=head_grads, down_grads=down_grads))
             accumulating = static_moments(static_sizes(static, accumulating=True))  # (every gradient exists)
             parts = (tuple(map(add, repeat(resident), single)), tuple(map(add, repeat(resident), accumulating)))
-            found = self._free[key] = (static, parts, resident)
+            # one object per value, as the screen's peaks are kept by its identity (``_peaks``): 489 static
+            # keys of an every-precision search of the bench request hold 435 values
+            found = self._free[key] = (static, self._values.setdefault(parts, parts), resident)
         return found
 
     def _static_terms(self, config: TrainConfig, key: tuple) -> _Static:
@@ -533,11 +538,12 @@ class MemoryMemo:
         value = (parts, resident, fixed, static.host)
         return _Static(static, parts, resident, fixed, {}, self._values.setdefault(value, value))
 
-    def batch_line(self, config: TrainConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def batch_line(self, config: TrainConfig, key: tuple | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Each moment's per-micro-batch part at b = 1 and its increase per sample (every term is
         affine in the micro-batch); shared by every optimizer and ZeRO stage of the same method,
-        precision and shape, and one object per value (``_screen``)."""
-        key = _batch_key(config)
+        precision and shape, and one object per value (``_screen``). ``key``: ``config``'s
+        ``_batch_key``, where the caller has it."""
+        key = key or _batch_key(config)
         found = self._batch.get(key)
         if found is None:
             line = batch_line(self.model, config, self.kernels, self.trained(config).target_names)
@@ -665,15 +671,16 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
             for knobs, static_slot, line_slot, bound in slots:
                 base = None
                 static = static_slot[v]
-                if static is None:
+                if static is None:  # (the keys: the knobs' prefixes and the variant's adapter fields)
                     base = knobs.variant(lora, first)
-                    static = static_slot[v] = memo.static(base)
+                    static = static_slot[v] = memo.static(base, knobs.static_prefix + lora)
                 pair = line_slot[v]
                 if pair is None:
                     base = base or knobs.variant(lora, first)
                     ckpt = base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True)
-                    pair = line_slot[v] = tuple((_line_at_once(at_of, line, splits), id(line))
-                                                for line in (memo.batch_line(base), memo.batch_line(ckpt)))
+                    pair = line_slot[v] = tuple((_line_at_once(at_of, line, splits), id(line)) for line in (
+                        memo.batch_line(base, knobs.batch_prefix + lora + (False,)),
+                        memo.batch_line(ckpt, knobs.batch_prefix + lora + (True,))))
                 static_id = id(static.screens_as)
                 for ckpt, (at, line_id) in enumerate(pair):
                     found = screened.get((static_id, line_id))
