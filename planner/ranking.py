@@ -371,9 +371,11 @@ def _plan_facts(gpu: GPUSpec, exotic=None):
                 kind = kinds.get(family)
                 if kind is None:
                     kind = kinds[family] = (_safe_bound(config, gpu, bounds), fidelity_tier(config), family)
-                found = known[id(item)] = (item, int(item[2] > kind[0]),
-                                           int(exotic is not None and exotic(config, item[2], *item[3:])), kind[1],
-                                           kind[2], item[1].tokens_per_s)
+                total = item[2]  # (the static terms where the item has them: the screen's plans)
+                found = known[id(item)] = (
+                    item, 1 if total > kind[0] else 0,
+                    1 if exotic is not None and exotic(config, total, item[3] if len(item) > 3 else None) else 0,
+                    kind[1], kind[2], item[1].tokens_per_s)
             out.append(found)
         last[:] = items, out
         return out

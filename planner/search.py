@@ -20,7 +20,8 @@ import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from operator import add, attrgetter
+from itertools import repeat
+from operator import add, attrgetter, mul
 from typing import Iterator, NamedTuple
 
 from planner import __version__, request
@@ -291,7 +292,9 @@ def _combinations(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len:
 #: (``planner.request.memo_fields``): a field a memory term reads is declared there with its key.
 _STATIC_FIELDS = attrgetter(*request.memo_fields(request.STATIC))
 _BATCH_FIELDS = attrgetter(*request.memo_fields(request.BATCH))
-#: How many fields each key ends with that ``_Knobs``' prefixes leave out (``planner.request.MEMO_TAIL``).
+#: How many fields each key ends with that ``_Knobs``' prefixes leave out (``planner.request.MEMO_TAIL``): the
+#: adapter's rank and targets, then (the batch key's) checkpointing, which the screen appends to a prefix to make
+#: a combination's keys (tests/search/test_search_screen.py holds them equal to ``_static_key``'s and ``_batch_key``'s).
 _STATIC_TAIL = sum(name in request.memo_fields(request.STATIC) for name in request.MEMO_TAIL)
 _BATCH_TAIL = sum(name in request.memo_fields(request.BATCH) for name in request.MEMO_TAIL)
 
@@ -496,10 +499,11 @@ class MemoryMemo:
     def trained(self, config: TrainConfig) -> Trained:
         return self._adapters(config)[0]
 
-    def static(self, config: TrainConfig) -> _Static:
+    def static(self, config: TrainConfig, key: tuple | None = None) -> _Static:
         """The static terms and, per accumulating (False, True), the resident states plus each
-        moment's static part."""
-        key = _static_key(config)
+        moment's static part. ``key``: ``config``'s ``_static_key``, where the caller has it (the
+        screen makes it from its knobs' prefix: working it out again was 1% of a search)."""
+        key = key or _static_key(config)
         found = self._static.get(key)
         if found is None:
             found = self._static[key] = self._static_terms(config, key)
@@ -516,8 +520,10 @@ class MemoryMemo:
             head_grads, down_grads = first_block_gradients(self.model, config, static.gradients, t, params)
             single = static_moments(static_sizes(static, accumulating=False, head_grads=head_grads, down_grads=down_grads))
             accumulating = static_moments(static_sizes(static, accumulating=True))  # (every gradient exists)
-            parts = (tuple([resident + x for x in single]), tuple([resident + x for x in accumulating]))
-            found = self._free[key] = (static, parts, resident)
+            parts = (tuple(map(add, repeat(resident), single)), tuple(map(add, repeat(resident), accumulating)))
+            # one object per value, as the screen's peaks are kept by its identity (``_peaks``): 489 static
+            # keys of an every-precision search of the bench request hold 435 values
+            found = self._free[key] = (static, self._values.setdefault(parts, parts), resident)
         return found
 
     def _static_terms(self, config: TrainConfig, key: tuple) -> _Static:
@@ -532,11 +538,12 @@ class MemoryMemo:
         value = (parts, resident, fixed, static.host)
         return _Static(static, parts, resident, fixed, {}, self._values.setdefault(value, value))
 
-    def batch_line(self, config: TrainConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def batch_line(self, config: TrainConfig, key: tuple | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Each moment's per-micro-batch part at b = 1 and its increase per sample (every term is
         affine in the micro-batch); shared by every optimizer and ZeRO stage of the same method,
-        precision and shape, and one object per value (``_screen``)."""
-        key = _batch_key(config)
+        precision and shape, and one object per value (``_screen``). ``key``: ``config``'s
+        ``_batch_key``, where the caller has it."""
+        key = key or _batch_key(config)
         found = self._batch.get(key)
         if found is None:
             line = batch_line(self.model, config, self.kernels, self.trained(config).target_names)
@@ -575,7 +582,8 @@ def _line_at(line: tuple[tuple[int, ...], tuple[int, ...]], splits) -> list[tupl
     """Each moment's per-micro-batch part at each split's micro-batch: ``_peak`` less the static
     part, which the screen then adds moment by moment (a batch line meets several static terms)."""
     one, slope = line
-    return [tuple([o + s * (micro - 1) for o, s in zip(one, slope)]) for micro, _ in splits]
+    # (mapped: the comprehension's frame and per-element bytecode were most of its cost)
+    return [tuple(map(add, one, map(mul, slope, repeat(micro - 1)))) for micro, _ in splits]
 
 
 def _line_at_once(at_of: dict, line: tuple[tuple[int, ...], tuple[int, ...]], splits) -> list[tuple[int, ...]]:
@@ -663,17 +671,18 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
             for knobs, static_slot, line_slot, bound in slots:
                 base = None
                 static = static_slot[v]
-                if static is None:
+                if static is None:  # (the keys: the knobs' prefixes and the variant's adapter fields)
                     base = knobs.variant(lora, first)
-                    static = static_slot[v] = memo.static(base)
+                    static = static_slot[v] = memo.static(base, knobs.static_prefix + lora)
                 pair = line_slot[v]
                 if pair is None:
                     base = base or knobs.variant(lora, first)
                     ckpt = base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True)
-                    pair = line_slot[v] = tuple((line, _line_at_once(at_of, line, splits), id(line))
-                                                for line in (memo.batch_line(base), memo.batch_line(ckpt)))
+                    pair = line_slot[v] = tuple((_line_at_once(at_of, line, splits), id(line)) for line in (
+                        memo.batch_line(base, knobs.batch_prefix + lora + (False,)),
+                        memo.batch_line(ckpt, knobs.batch_prefix + lora + (True,))))
                 static_id = id(static.screens_as)
-                for ckpt, (line, at, line_id) in enumerate(pair):
+                for ckpt, (at, line_id) in enumerate(pair):
                     found = screened.get((static_id, line_id))
                     if found is None:
                         found = screened[static_id, line_id] = _fit_and_miss(
@@ -796,7 +805,12 @@ def _timed(config: TrainConfig, total: int, static: _Static, speeds: ThroughputM
     estimate (with its assumptions) is made for the plans shown. A plan whose paged optimizer
     states the device has no room for is timed with their paging (``paged_host``)."""
     step_s = speeds.step_seconds(config, paged_host(static.terms, total, speeds.gpu))
-    return config, Speed(tokens_per_second(config, step_s)), total, static
+    return config, _speed(Speed, (tokens_per_second(config, step_s),)), total, static
+
+
+#: ``Speed``'s constructor without its generated ``__new__`` (a Python-level lambda): the screen
+#: makes one per fitting plan, about 2,000 a search (Llama-2-7B on an A10G, every precision)
+_speed = tuple.__new__
 
 
 def paged_host(terms: StaticTerms, total: int, gpu: GPUSpec) -> int:
@@ -874,9 +888,12 @@ def _fit_and_miss(static: _Static, at: list[tuple[int, ...]], usable: int, cpu_m
     (each moment is affine in it with a slope >= 0), so the boundary between fitting and missing
     is found by bisection; the last split, without accumulation, is evaluated on its own. Host RAM
     does not depend on the split: over --cpu-mem, every split misses. ``peaks``: ``_peaks``, else
-    none evaluated yet."""
+    none evaluated yet. (The screen runs this about 1,100 times a search, so its steps are written
+    out: ``_boundary`` is called only with a split to bisect.)"""
     single, accumulating = static.parts
-    ceiling = _ceiling(static, usable, caching)
+    ceiling = static.ceilings.get(usable)
+    if ceiling is None:
+        ceiling = _ceiling(static, usable, caching)
     last = len(at) - 1
     peaks = [None] * len(at) if peaks is None else peaks
     last_peak = peaks[last]
@@ -894,16 +911,16 @@ def _fit_and_miss(static: _Static, at: list[tuple[int, ...]], usable: int, cpu_m
             hi, hi_peak = 0, peak
         else:
             lo, lo_peak = 0, peak
-    lo, hi, lo_peak, hi_peak = _boundary(accumulating, at, peaks, ceiling, lo, lo_peak, hi, hi_peak)
-    miss = (static.total(hi_peak, caching), hi) if hi < last else None
-    if last_peak > ceiling or not host_fits:
-        last_total = static.total(last_peak, caching)
-        if miss is None or last_total < miss[0]:
-            miss = (last_total, last)
-        fit = (static.total(lo_peak, caching), lo) if lo >= 0 else None
-    else:
-        fit = (static.total(last_peak, caching), last)
-    return fit, miss
+            if last > 1:
+                lo, hi, lo_peak, hi_peak = _boundary(accumulating, at, peaks, ceiling, 0, peak, last, 0)
+    if last_peak <= ceiling and host_fits:  # (accumulation can make a smaller micro-batch miss where it fits)
+        return (static.total(last_peak, caching), last), (static.total(hi_peak, caching), hi) if hi < last else None
+    fit = (static.total(lo_peak, caching), lo) if lo >= 0 else None
+    # the smaller of the two misses, by peak: the process total grows strictly with it
+    # (``reserve.largest_peak``), and a tie goes to the first split
+    if hi < last and hi_peak <= last_peak:
+        return fit, (static.total(hi_peak, caching), hi)
+    return fit, (static.total(last_peak, caching), last)
 
 
 class Screened(NamedTuple):

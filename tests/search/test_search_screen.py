@@ -258,6 +258,30 @@ def test_configurations_of_one_static_key_have_equal_terms(model_id, gpu_name, g
     assert merged
 
 
+@pytest.mark.parametrize("model_id,gpu_name,gpus", KEY_REQUESTS)
+def test_the_keys_the_screen_makes_are_the_memo_keys(model_id, gpu_name, gpus):
+    """``_screen`` looks a combination's terms up by its knobs' prefixes with the adapter variant's
+    rank and targets (and checkpointing) appended: those are ``_static_key`` and ``_batch_key`` of
+    the combination, for every precision, method, sharding and adapter variant."""
+    from planner.config import Precision
+    from planner.search import _batch_key, _rows, _static_key
+
+    model, gpu = resolve_model(model_id), get_gpu(gpu_name)
+    space = SearchSpace(cpu_mem_bytes=512 * GiB, precisions=tuple(Precision))
+    rows = _rows(model=model, gpu=gpu, target_batch=4 * gpus, seq_len=256, gpus=gpus, space=space)
+    checked = 0
+    for row in rows:
+        for v, lora in enumerate(row.variants):
+            for knobs in row.knobs:
+                base = knobs.variant(lora, v == 0)
+                ckpt = base.with_split(micro_batch=base.micro_batch, grad_accum=1, grad_ckpt=True)
+                assert knobs.static_prefix + lora == _static_key(base) == _static_key(ckpt), base.label()
+                assert knobs.batch_prefix + lora + (False,) == _batch_key(base), base.label()
+                assert knobs.batch_prefix + lora + (True,) == _batch_key(ckpt), base.label()
+                checked += 1
+    assert checked > 100
+
+
 @pytest.mark.parametrize("n", [0, 1, 4])
 def test_the_screen_shares_results_only_between_equal_terms(n):
     """``_screen`` screens once per value of the terms (the memo hands out one object per value):
