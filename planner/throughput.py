@@ -543,7 +543,7 @@ class ThroughputMemo:
         self._trainable: dict[tuple, int] = {}
         # (method, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, adapters' dropout, activation
         #  bytes, AMP's weight casts, fp32 adapters) -> the micro-step's work at any micro-batch (``_micro_work``);
-        #  (method, precision, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, lora_dropout, AMP's
+        #  (method, precision, lora_r, lora_targets, grad_ckpt, seq_len, attention, packing, adapters' dropout, AMP's
         #  weight casts) -> (its seconds on this device, trainable params, AMP's weight-cast bytes)
         self._work: dict[tuple, MicroTerms] = {}
         self._micro: dict[tuple, tuple[PricedTerms, int, float]] = {}
@@ -568,9 +568,10 @@ class ThroughputMemo:
         rates, update_bytes, casts = device
         # the fields the micro-step's priced work, the trainable parameters and AMP's weight-cast bytes read,
         # as they are (the work's own key, ``_micro_work``, derives a coarser one from them: working it out
-        # per call cost more than the lookup)
+        # per call cost more than the lookup); the dropout as whether the adapters drop their inputs, all
+        # the work reads of it
         key = (method, precision, config.lora_r, config.lora_targets, config.grad_ckpt, config.seq_len,
-               config.attention, config.packing, config.lora_dropout, casts)
+               config.attention, config.packing, drops_adapter_inputs(config), casts)
         found = self._micro.get(key)
         if found is None:
             found = self._micro[key] = self._micro_terms(config, rates, casts)
