@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from planner.config import Attention, Method, Precision, TrainConfig
 from planner.gpus import FP8_PER_BF16, GPUSpec
+from planner.memo import IdentityMemo
 from planner.memory.dtypes import ADAPTER_BYTES, fp8_converts
 from planner.memory.parameters import stack_targets
 from planner.memory.shapes import drops_adapter_inputs
@@ -326,19 +327,17 @@ def adapter_flop_weight(gpu: GPUSpec | None, config: TrainConfig) -> float:
     return rate / (gpu.peak_tflops(Precision.FP32) * matmul_fraction(gpu, Precision.FP32))
 
 
-#: ``_base_gemms`` by (the model's identity, element bytes), with the model, so no other takes its id
-#: while its entry lives: the search prices ~70 micro-step kinds a request, each summing every block
-#: linear of the same model at one of a few element sizes
-_BASE_GEMMS: dict[tuple[int, int], tuple[ModelSpec, tuple[float, ...]]] = {}
-_BASE_GEMMS_KEPT = 64
+#: ``_base_gemms`` by model and element bytes: the search prices ~70 micro-step kinds a request, each
+#: summing every block linear of the same model at one of a few element sizes
+_BASE_GEMMS = IdentityMemo(kept=64)
 
 
 def _base_gemms(model: ModelSpec, elem: int) -> tuple[float, ...]:
     """(FLOPs, bytes, weight bytes) per token of the block linears and of the vocab projection
     (``_gemms``' base model, the adapters aside) at ``elem`` bytes an element, remembered."""
-    hit = _BASE_GEMMS.get((id(model), elem))
-    if hit is not None and hit[0] is model:
-        return hit[1]
+    hit = _BASE_GEMMS.get(model, elem)
+    if hit is not None:
+        return hit
     f = t = w = 0.0
     for n, lin in _linears(model):
         rows = rows_per_token(model, lin)  # Llama 4's expert stacks: every expert, not top-k
@@ -350,11 +349,7 @@ def _base_gemms(model: ModelSpec, elem: int) -> tuple[float, ...]:
         hf = 2.0 * model.vocab_size * model.hidden_size
         ht = (model.hidden_size + model.vocab_size) * elem
         hw = model.vocab_size * model.hidden_size * elem
-    if len(_BASE_GEMMS) >= _BASE_GEMMS_KEPT:
-        _BASE_GEMMS.clear()
-    found = (f, t, w, hf, ht, hw)
-    _BASE_GEMMS[id(model), elem] = (model, found)
-    return found
+    return _BASE_GEMMS.put(model, elem, (f, t, w, hf, ht, hw))
 
 
 def _gemms(model: ModelSpec, config: TrainConfig, adapter_weight: float = 1.0) -> tuple[tuple[float, float, float], ...]:

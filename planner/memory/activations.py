@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from planner.config import Attention, Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
+from planner.memo import IdentityMemo
 from planner.memory import moe, recurrent
 from planner.memory.attention import attention_terms, effective_attention, out_input, padding_mask
 from planner.memory.dtypes import FP32, HALF, INT64, DtypeMode, fp8_converts, mode_of
@@ -343,26 +344,18 @@ def block_tensors(ctx: BlockContext) -> dict[str, tuple[int, ...]]:
     return {}
 
 
-#: ``_weight_casts`` by what it reads: (the model's identity, autocast, fp8, method, LoRA rank, targets,
-#: whether the block's input needs a gradient), with the model, so no other takes its id while its
-#: entry lives. None of it reads the tokens: a batch line's two evaluations, and the search's lines of
-#: one method and adapters, share it (four calls to each of ~156 lines a search)
-_WEIGHT_CASTS: dict[tuple, tuple[ModelSpec, dict[str, int]]] = {}
-_WEIGHT_CASTS_KEPT = 256
+#: ``_weight_casts`` by what it reads: the model, autocast, fp8, method, LoRA rank, targets and whether
+#: the block's input needs a gradient. None of it reads the tokens: a batch line's two evaluations, and
+#: the search's lines of one method and adapters, share it (four calls to each of ~156 lines a search)
+_WEIGHT_CASTS = IdentityMemo(kept=256)
 
 
 def _weight_casts(ctx: BlockContext) -> dict[str, int]:
     """``_casts_kept`` of ``ctx``, remembered (the callers read it, never change it)."""
     mode, config, model = ctx.mode, ctx.config, ctx.model
-    key = (id(model), mode.autocast, mode.fp8, config.method, config.lora_r, ctx.targets, ctx.block_input_needs_grad)
-    hit = _WEIGHT_CASTS.get(key)
-    if hit is not None and hit[0] is model:
-        return hit[1]
-    if len(_WEIGHT_CASTS) >= _WEIGHT_CASTS_KEPT:
-        _WEIGHT_CASTS.clear()
-    out = _casts_kept(ctx)
-    _WEIGHT_CASTS[key] = (model, out)
-    return out
+    key = (mode.autocast, mode.fp8, config.method, config.lora_r, ctx.targets, ctx.block_input_needs_grad)
+    hit = _WEIGHT_CASTS.get(model, key)
+    return hit if hit is not None else _WEIGHT_CASTS.put(model, key, _casts_kept(ctx))
 
 
 def _casts_kept(ctx: BlockContext) -> dict[str, int]:

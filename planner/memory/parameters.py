@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from planner.config import ALL_LINEAR, Method, TrainConfig
 from planner.errors import InvalidConfigError
+from planner.memo import IdentityMemo
 from planner.modelspec import LinearSpec, ModelSpec
 
 
@@ -83,26 +84,20 @@ def targeted_linears(model: ModelSpec, targets: tuple[str, ...] | None) -> tuple
     return tuple(lin for _, linears in stack_targets(model, targets) for lin in linears)
 
 
-#: ``stack_targets`` by the model's identity and the targets, with the model, so no other takes its id
-#: while its entry lives (hashing a ModelSpec reads every field): an every-precision search of Llama-2-7b
-#: asks ~340 times for a handful of target sets (the adapters' FLOPs, ops, traffic and parameters), and
-#: checking the names and selecting the linears took three to four times the lookup's time
-_STACK_TARGETS: dict[tuple[int, tuple[str, ...] | None], tuple[ModelSpec, tuple]] = {}
-_STACK_TARGETS_KEPT = 256
+#: ``stack_targets`` by model and targets: an every-precision search of Llama-2-7b asks ~340 times for a
+#: handful of target sets (the adapters' FLOPs, ops, traffic and parameters), and checking the names and
+#: selecting the linears took three to four times the lookup's time
+_STACK_TARGETS = IdentityMemo(kept=256)
 
 
 def stack_targets(model: ModelSpec, targets: tuple[str, ...] | None) -> tuple[tuple[int, tuple[LinearSpec, ...]], ...]:
     """(blocks, targeted linears of one block) of each kind of block (``ModelSpec.all_blocks``)."""
-    key = (id(model), targets)
-    hit = _STACK_TARGETS.get(key)
-    if hit is not None and hit[0] is model:
-        return hit[1]
+    hit = _STACK_TARGETS.get(model, targets)
+    if hit is not None:
+        return hit
     selects = _selects(model, _check_names(model, targets))  # (refused names raise: never remembered)
-    out = tuple((n, tuple(lin for lin in linears if selects(lin))) for n, linears in model.all_blocks)
-    if len(_STACK_TARGETS) >= _STACK_TARGETS_KEPT:
-        _STACK_TARGETS.clear()
-    _STACK_TARGETS[key] = (model, out)
-    return out
+    return _STACK_TARGETS.put(model, targets,
+                              tuple((n, tuple(lin for lin in linears if selects(lin))) for n, linears in model.all_blocks))
 
 
 def lora_params(model: ModelSpec, config: TrainConfig) -> int:

@@ -7,6 +7,7 @@ from operator import attrgetter
 
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
+from planner.memo import IdentityMemo
 from planner.memory.dtypes import DtypeMode, mode_of
 from planner.memory.parameters import lora_targets
 from planner.modelspec import LATENT_DOWN, LinearKind, LinearSpec, ModelSpec
@@ -39,28 +40,22 @@ class Dims:
         object.__setattr__(self, "tokens", self.b * self.s)
 
 
-#: ``dims_of`` by the model's identity, micro-batch and sequence length, with the model, so no other takes
-#: its id while its entry lives (hashing a ModelSpec reads every field): the sizes are immutable, and the
-#: search asks for the same few (each batch line's micro-batches 1 and 2) ~500 times a search
-_DIMS: dict[tuple[int, int, int], tuple[ModelSpec, Dims]] = {}
-_DIMS_KEPT = 256
+#: ``dims_of`` by model, micro-batch and sequence length: the sizes are immutable, and the search asks
+#: for the same few (each batch line's micro-batches 1 and 2) ~500 times a search
+_DIMS = IdentityMemo(kept=256)
 
 
 def dims_of(model: ModelSpec, config: TrainConfig) -> Dims:
-    key = (id(model), config.micro_batch, config.seq_len)
-    hit = _DIMS.get(key)
-    if hit is not None and hit[0] is model:
-        return hit[1]
+    key = (config.micro_batch, config.seq_len)
+    hit = _DIMS.get(model, key)
+    if hit is not None:
+        return hit
     inter = model.intermediate_size
     if model.is_moe:
         # tokens are routed to top-k experts: k intermediate activations per token
         inter = model.intermediate_size * model.experts_per_token
-    dims = Dims(b=config.micro_batch, s=config.seq_len, h=model.hidden_size, a=model.num_heads,
-                kv=model.num_kv_heads, d=model.head_dim, i=inter, v=model.vocab_size)
-    if len(_DIMS) >= _DIMS_KEPT:
-        _DIMS.clear()
-    _DIMS[key] = (model, dims)
-    return dims
+    return _DIMS.put(model, key, Dims(b=config.micro_batch, s=config.seq_len, h=model.hidden_size, a=model.num_heads,
+                                      kv=model.num_kv_heads, d=model.head_dim, i=inter, v=model.vocab_size))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
+from planner.memo import IdentityMemo
 from planner.memory.dtypes import ADAPTER_BYTES, DtypeMode, mode_of, nf4_bytes, trainable_bytes
 from planner.memory.parameters import (
     Trained,
@@ -29,27 +30,22 @@ _FULL = TrainConfig(method=Method.FULL)
 _QLORA, _FULL_METHOD = Method.QLORA, Method.FULL
 
 
-#: ``_model_terms`` by the model's identity, with the model, so no other takes its id while its
-#: entry lives: the search asks once per static key, and hashing a ModelSpec (every field) took
-#: longer than the terms themselves (6 us a call for Llama-2-7b, 516 calls an every-precision suggest)
-_MODEL_TERMS: dict[int, tuple[ModelSpec, tuple[int, ...], int]] = {}
-_MODEL_TERMS_KEPT = 64
+#: ``_model_terms`` by model: the search asks once per static key (516 calls an every-precision suggest)
+_MODEL_TERMS = IdentityMemo(kept=64)
 
 
-def _model_terms(model: ModelSpec) -> tuple[ModelSpec, tuple[int, ...], int]:
-    """(model, ``base_tensor_sizes``, ``quantized_linear_params``) of ``model``, remembered."""
-    hit = _MODEL_TERMS.get(id(model))
-    if hit is None or hit[0] is not model:
-        if len(_MODEL_TERMS) >= _MODEL_TERMS_KEPT:
-            _MODEL_TERMS.clear()
-        hit = _MODEL_TERMS[id(model)] = (model, param_tensor_sizes(model, _FULL), quantized_linear_params(model))
+def _model_terms(model: ModelSpec) -> tuple[tuple[int, ...], int]:
+    """(``base_tensor_sizes``, ``quantized_linear_params``) of ``model``, remembered."""
+    hit = _MODEL_TERMS.get(model)
+    if hit is None:
+        hit = _MODEL_TERMS.put(model, None, (param_tensor_sizes(model, _FULL), quantized_linear_params(model)))
     return hit
 
 
 def base_tensor_sizes(model: ModelSpec) -> tuple[int, ...]:
     """Element counts of the base model's parameter tensors, trainable or frozen (what a scheme
     that partitions every parameter, ZeRO-3, splits: ``ShardingSpec.model_states``)."""
-    return _model_terms(model)[1]
+    return _model_terms(model)[0]
 
 
 def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | None = None,
@@ -61,7 +57,7 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | No
     trainable = t.count
     param_bytes = trainable_bytes(config.method, mode)
     out: dict[str, int] = {}
-    _, base_sizes, q = _model_terms(model)  # (base_tensor_sizes, quantized_linear_params)
+    base_sizes, q = _model_terms(model)  # (base_tensor_sizes, quantized_linear_params)
     if config.method is _QLORA:
         out["weights/nf4"] = int(nf4_bytes(q))
         # the non-4-bit tensors (norms, embeddings, head) in the mode's weight dtype: fp32 after

@@ -50,6 +50,7 @@ from typing import NamedTuple
 
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
+from planner.memo import IdentityMemo
 from planner.memory.activations import (
     block_tensors,
     block_terms,
@@ -646,20 +647,13 @@ def weight_tensors(model: ModelSpec, key: str) -> tuple[int, ...]:
     base = base_tensor_sizes(model)
     if key == "weights":
         return base
-    hit = _WEIGHT_TENSORS.get((id(model), key))
-    if hit is not None and hit[0] is model:
-        return hit[1]
-    if len(_WEIGHT_TENSORS) >= _WEIGHT_TENSORS_KEPT:
-        _WEIGHT_TENSORS.clear()
-    found = _quantized_split(model, key, base)
-    _WEIGHT_TENSORS[id(model), key] = (model, found)
-    return found
+    hit = _WEIGHT_TENSORS.get(model, key)
+    return hit if hit is not None else _WEIGHT_TENSORS.put(model, key, _quantized_split(model, key, base))
 
 
-#: ``weight_tensors``' QLoRA components by (the model's identity, key), with the model, so no other
-#: takes its id while its entry lives: every QLoRA plan shown walks the model's linears again otherwise
-_WEIGHT_TENSORS: dict[tuple[int, str], tuple[ModelSpec, tuple[int, ...]]] = {}
-_WEIGHT_TENSORS_KEPT = 64
+#: ``weight_tensors``' QLoRA components by model and key: every QLoRA plan shown walks the model's
+#: linears again otherwise
+_WEIGHT_TENSORS = IdentityMemo(kept=64)
 
 
 def _quantized_split(model: ModelSpec, key: str, base: tuple[int, ...]) -> tuple[int, ...]:

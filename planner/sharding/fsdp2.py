@@ -37,6 +37,7 @@ import math
 from typing import Any, Callable
 
 from planner.errors import InvalidConfigError, UnsupportedError
+from planner.memo import IdentityMemo
 from planner.optim import OPTIMIZERS, Optimizer, names
 from planner.optim.spec import FP32, HALF
 from planner.sharding.spec import BreakdownKey, Offload, ShardingSpec, WorkerSetup, join_process_group, ring
@@ -99,11 +100,10 @@ def _reduce(config: Any, weight: int) -> int:
     return FP32 if config.precision.is_mixed else weight
 
 
-#: (id of a sizes tuple, ranks) -> (the tuple, the sum of each tensor's shard): the search asks for
-#: the same model's tensors, sharded over the same ranks, once per static key (hundreds of times a
-#: request; 291 tensors for Llama-2-7b); the tuple is kept so its id is never reused while the entry lives
-_SHARDS: dict[tuple[int, int], tuple[tuple[int, ...], int]] = {}
-_SHARDS_KEPT = 64
+#: (sizes tuple, ranks) -> the sum of each tensor's shard: the search asks for the same model's
+#: tensors, sharded over the same ranks, once per static key (hundreds of times a request; 291
+#: tensors for Llama-2-7b)
+_SHARDS = IdentityMemo(kept=64)
 #: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow
 #: attribute path on CPython 3.11 (``planner.config``'s note), and the search reads it per static key
 _NO_OFFLOAD = Offload.NONE
@@ -112,15 +112,8 @@ _NO_OFFLOAD = Offload.NONE
 def _sharded_total(sizes: tuple[int, ...], n: int) -> int:
     """The elements of each tensor's shard on one of ``n`` ranks (``shard``), summed: remembered
     per tuple and rank count."""
-    key = (id(sizes), n)
-    hit = _SHARDS.get(key)
-    if hit is not None and hit[0] is sizes:
-        return hit[1]
-    if len(_SHARDS) >= _SHARDS_KEPT:
-        _SHARDS.clear()
-    total = sum([shard(s, n) for s in sizes])
-    _SHARDS[key] = (sizes, total)
-    return total
+    hit = _SHARDS.get(sizes, n)
+    return hit if hit is not None else _SHARDS.put(sizes, n, sum([shard(s, n) for s in sizes]))
 
 
 class FSDP2(ShardingSpec):
