@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import attrgetter
+from typing import NamedTuple, Self
 
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
@@ -58,11 +58,8 @@ def dims_of(model: ModelSpec, config: TrainConfig) -> Dims:
                                       kv=model.num_kv_heads, d=model.head_dim, i=inter, v=model.vocab_size))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BlockContext:
-    """Everything one transformer block's activation terms depend on. What the terms read of the
-    configuration is derived once, as the context is made (``__post_init__``): a block's terms
-    read it dozens of times."""
+class _ContextFields(NamedTuple):
+    """``BlockContext``'s fields, the derived ones after the seven it is made from."""
 
     model: ModelSpec
     config: TrainConfig
@@ -73,73 +70,77 @@ class BlockContext:
     """The block reading the (frozen, for LoRA) embedding's output."""
     targets: frozenset[str]
     """``LinearSpec.key`` of each linear LoRA adapts (empty for full fine-tuning)."""
-    full: bool = field(init=False, repr=False, compare=False)
+    full: bool
     """Full fine-tuning."""
-    block_input_needs_grad: bool = field(init=False, repr=False, compare=False)
+    block_input_needs_grad: bool
     """Autograd saves an operand only when the other operand needs a gradient. In the first
     block under LoRA nothing upstream of the first adapter needs one, unless checkpointing
     makes the inputs require grad (peft's ``enable_input_require_grads``)."""
-    lora_dropout: bool = field(init=False, repr=False, compare=False)
+    lora_dropout: bool
     """PEFT applies an ``nn.Dropout`` to each adapter's input (Identity when p == 0)."""
-    adapter_saves_shared_input: bool = field(init=False, repr=False, compare=False)
+    adapter_saves_shared_input: bool
     """lora_A saves the very tensor the base layer reads (no cast, no dropout in between): fp32
     LoRA and QLoRA without autocast. Otherwise it saves its own cast or its own dropped copy."""
-    adapted: tuple[LinearSpec, ...] = field(init=False, repr=False, compare=False)
+    adapted: tuple[LinearSpec, ...]
     """The block's linears LoRA adapts, in the block's order."""
-    targeted_kinds: frozenset[LinearKind] = field(init=False, repr=False, compare=False)
+    targeted_kinds: frozenset[LinearKind]
     """The kinds of the block's linears LoRA adapts at least one of."""
-    adapted_by_kind: dict[LinearKind, tuple[LinearSpec, ...]] = field(init=False, repr=False, compare=False)
+    adapted_by_kind: dict[LinearKind, tuple[LinearSpec, ...]]
     """``adapted`` by kind (``adapted_of``), in the block's order."""
-    o_targeted: bool = field(init=False, repr=False, compare=False)
+    o_targeted: bool
     """LoRA adapts the attention's output projection."""
-    attn_targeted: bool = field(init=False, repr=False, compare=False)
+    attn_targeted: bool
     """LoRA adapts an attention projection, input or output."""
 
-    def __post_init__(self) -> None:
-        config, targets = self.config, self.targets
+
+#: a tuple of a class's fields made without the class's ``__new__`` (all C: ``collections.namedtuple``'s ``_make``)
+_new = tuple.__new__
+
+
+class BlockContext(_ContextFields):
+    """Everything one transformer block's activation terms depend on. What the terms read of the
+    configuration is derived once, as the context is made (``__new__``): a block's terms
+    read it dozens of times. (An immutable named tuple, not a frozen dataclass, as ``Dims``' users
+    read it alike: each of the search's batch lines makes a context and copies it up to three
+    times (``batch_line``: the later block at micro-batch 2, the first block at 1 and 2 where it
+    differs), and a frozen dataclass' copy, slot by slot, cost half as much as the block's terms.)"""
+
+    __slots__ = ()
+
+    def __new__(cls, *, model: ModelSpec, config: TrainConfig, dims: Dims, mode: DtypeMode, kernels: KernelProfile,
+                first: bool, targets: frozenset[str]) -> Self:
         full = config.method is _FULL
         lora_dropout = drops_adapter_inputs(config)
         by_kind: dict[LinearKind, tuple[LinearSpec, ...]] = {}
         # bare weights (expert stacks, routers) take peft's ParamWrapper, which merges its adapter into
         # the weight instead of adapting the activations: planner.memory.moe counts them
-        adapted = tuple([lin for lin in self.model.layer_linears if lin.key in targets and lin.module]) \
-            if targets else ()
+        adapted = tuple([lin for lin in model.layer_linears if lin.key in targets and lin.module]) if targets else ()
         for lin in adapted:
             by_kind[lin.kind] = by_kind.get(lin.kind, ()) + (lin,)
-        derived = (
-            full, block_input_needs_grad(config, first=self.first), lora_dropout,
-            not full and not self.mode.adapter_input and not lora_dropout,  # adapter_saves_shared_input
+        return _new(cls, (
+            model, config, dims, mode, kernels, first, targets,
+            full, block_input_needs_grad(config, first=first), lora_dropout,
+            not full and not mode.adapter_input and not lora_dropout,  # adapter_saves_shared_input
             adapted, frozenset(by_kind), by_kind,  # adapted, targeted_kinds, adapted_by_kind
             _ATTN_OUT in by_kind,  # o_targeted
             _ATTN_IN in by_kind or _ATTN_OUT in by_kind,  # attn_targeted
-        )
-        # each through its slot's descriptor, in ``_DERIVED``'s order (``_but``'s note)
-        for setter, value in zip(_DERIVED_SETTERS, derived):
-            setter(self, value)
+        ))
 
     def _but(self, **changed) -> BlockContext:
         """This context with ``changed`` fields, the derived ones as they are (the callers change
         only what those do not read, or also what they derive from it)."""
-        copy = object.__new__(BlockContext)
-        # every slot copied through its descriptor (what ``object.__setattr__`` calls, without
-        # looking the name up), then the changed ones set over it: each of the search's batch lines
-        # copies a context up to three times (``batch_line``: the later block at micro-batch 2, and
-        # the first block at 1 and 2 where it differs)
-        for setter, value in zip(_CONTEXT_SETTERS, _context_values(self)):
-            setter(copy, value)
-        for name, value in changed.items():
-            object.__setattr__(copy, name, value)
-        return copy
+        return self._replace(**changed)
 
     def at(self, config: TrainConfig, dims: Dims) -> BlockContext:
         """This block in ``config``, which differs from this one's in its micro-batch only, at its
         sizes ``dims``: nothing derived reads the micro-batch."""
-        return self._but(config=config, dims=dims)
+        return _new(BlockContext, self[:1] + (config, dims) + self[3:])
 
     def as_first(self, first: bool) -> BlockContext:
         """This context as the first block or a later one: only whether its input needs a gradient
         depends on it."""
-        return self._but(first=first, block_input_needs_grad=block_input_needs_grad(self.config, first=first))
+        return _new(BlockContext, self[:5] + (first,) + self[6:8]
+                    + (block_input_needs_grad(self.config, first=first),) + self[9:])
 
     def of_kind(self, kind: LinearKind) -> tuple[LinearSpec, ...]:
         return self.model.linears_by_kind[kind]
@@ -181,16 +182,6 @@ class BlockContext:
             assert kind is _MLP_OUT, kind
             upstream = (_MLP_IN,) + (() if self.model.parallel_block else attention)
         return any(kind in self.targeted_kinds for kind in upstream)
-
-
-#: every field of a context, the derived ones too (``BlockContext._but``)
-_CONTEXT_SLOTS = BlockContext.__slots__
-_context_values = attrgetter(*_CONTEXT_SLOTS)
-_CONTEXT_SETTERS = tuple(BlockContext.__dict__[name].__set__ for name in _CONTEXT_SLOTS)
-#: the derived fields ``__post_init__`` sets, in its order
-_DERIVED = ("full", "block_input_needs_grad", "lora_dropout", "adapter_saves_shared_input", "adapted", "targeted_kinds",
-            "adapted_by_kind", "o_targeted", "attn_targeted")
-_DERIVED_SETTERS = tuple(BlockContext.__dict__[name].__set__ for name in _DERIVED)
 
 
 #: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
