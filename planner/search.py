@@ -256,7 +256,9 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
             for optimizer, sharding in itertools.product(space.optimizers, shardings):
                 try:  # the row's first valid construction, copied with each other optimizer and sharding
                     if knobs:
-                        config = knobs[0].config.with_knobs(optimizer=optimizer, sharding=sharding)
+                        config = knobs[0].config.taken_knobs(optimizer=optimizer, sharding=sharding)
+                        if config is None:
+                            continue  # (refused by the scheme, without raising: ``ShardingSpec.refusal``)
                     else:
                         config = TrainConfig(
                             method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
