@@ -707,7 +707,10 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                             config = base.with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1)
                             if made is not None:
                                 made[id(knobs), v, fit[1], ckpt] = config
-                        largest_fit.append(_timed(config, fit[0], static, speeds, timed, (timing, v, ckpt, fit[1])))
+                        if fit[0] <= bound:
+                            largest_fit.append(_timed(config, fit[0], static, speeds, timed, (timing, v, ckpt, fit[1])))
+                        else:  # near the edge: timed when the ranking reaches it (``timed``)
+                            largest_fit.append((config, None, fit[0], static))
                         if fit[0] > bound and fit[1]:  # near the edge, with a smaller micro-batch to try
                             key = (static_id, line_id, bound)
                             safe = safer.get(key, ())
@@ -819,6 +822,13 @@ def _timed(config: TrainConfig, total: int, static: _Static, speeds: ThroughputM
     if speed is None:
         speed = timed[(*slot, paging)] = _speed(Speed, (tokens_per_second(config, speeds.step_seconds(config, paging)),))
     return config, speed, total, static
+
+
+def timed(item: tuple, speeds: ThroughputMemo) -> tuple:
+    """A fitting plan the screen left untimed (its speed None: ``Screened.fitting``), timed as the
+    screen times the others (``_timed``: the same float, ``ThroughputMemo.knob_class``)."""
+    config, _, total, static = item
+    return _timed(config, total, static, speeds, {}, ())
 
 
 #: ``Speed``'s constructor without its generated ``__new__`` (a Python-level lambda): the screen
@@ -943,7 +953,9 @@ class Screened(NamedTuple):
     """(config, speed, screened process total, its static terms) of each combination's largest
     fitting split, then of each near-the-edge one's largest safe split (``_screen``): the ranking
     reads the host bytes of the static terms (``planner.ranking._exotic``) without working out
-    their key again."""
+    their key again. A largest fit near the edge (over ``safe_bound``) has no speed (None): the
+    ranking reaches such plans only after every other (``planner.ranking._ranking``), and times
+    them then (``timed``); 650 of the bench request's 1,662 plans (every precision), never reached."""
     closest: dict[str, tuple[int, TrainConfig]]
     """Each family's closest miss (``family_label``): (screened process total, config)."""
     searched: int
