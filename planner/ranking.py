@@ -579,7 +579,8 @@ def _edge_only(fitting: list[tuple], plans: tuple[Candidate, ...], *, best_tier:
 
 def _rejection(c: _Tried, *, model: ModelSpec, usable: int, space: SearchSpace) -> Rejection:
     """One line for a family: its plain model states if they alone overflow, else its closest try."""
-    plain = dataclasses.replace(c.config, sharding=NONE)  # whole replicas: DDP on more than one GPU
+    # whole replicas: DDP on more than one GPU (a copy with the sharding checked, not a full construction)
+    plain = c.config.with_knobs(optimizer=c.config.optimizer, sharding=NONE)
     states = model_states_bytes(model, plain)
     tried = c.config.label()
     if c.cpu_bytes > space.offload_budget(c.config.gpus) and c.process_total_bytes <= usable:
