@@ -42,6 +42,7 @@ from planner.search import (
     screen,
     shared_estimate,
     skipped_precisions,
+    timed,
     totals_by_split,
 )
 from planner.sharding import NONE
@@ -111,7 +112,7 @@ def suggest(
     # the nearest miss
     by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
     facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes, usable=usable))  # read by both policies' rankings
-    plans = _replayed_plans(_ranking(fitting, space.prefer, facts), model=model, gpu=gpu,
+    plans = _replayed_plans(_ranking(fitting, space.prefer, facts, speeds=speeds), model=model, gpu=gpu,
                             usable=usable, top_k=top_k, prefer=space.prefer, replays=replays, memo=memo, facts=facts,
                             speeds=speeds)
     if not plans:
@@ -133,7 +134,8 @@ def suggest(
     rejected = _edge_only(facts(fitting), plans, best_tier=best_tier, gpu=gpu) + rejected
     other = Prefer.SPEED if space.prefer is Prefer.FIDELITY else Prefer.FIDELITY
     theirs = () if not alternative else _replayed_plans(
-        _ranking(fitting, other, facts), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3), prefer=other,
+        _ranking(fitting, other, facts, speeds=speeds), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
+        prefer=other,
         replays=replays, memo=memo, facts=facts, speeds=speeds)
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
                       safety_margin_bytes=margin, prefer=str(space.prefer),
@@ -179,7 +181,8 @@ def _first_plan(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: i
         fitting, _, searched, memo, usable, margin, speeds = screen(
             model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus, space=some)
         facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes, usable=usable))
-        plans = _replayed_plans(_ranking(fitting, Prefer.FIDELITY, facts), model=model, gpu=gpu, usable=usable,
+        plans = _replayed_plans(_ranking(fitting, Prefer.FIDELITY, facts, speeds=speeds), model=model, gpu=gpu,
+                                usable=usable,
                                 top_k=1, replays=replays, memo=memo, facts=facts, speeds=speeds,
                                 decided=lambda ranked, last=last_key: _led_by_plain(ranked, last))
         if plans:
@@ -305,7 +308,7 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
         smaller = [_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo, speeds=speeds)
                    for item in fitting if id(item[0]) in dropped or id(item[0]) in moved]
         ranked, read = _ranking(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer,
-                                facts, edgy=edgy), []
+                                facts, edgy=edgy, speeds=speeds), []
 
 
 def _with_uncertainty(config: TrainConfig, memory, gpu: GPUSpec):
@@ -375,7 +378,7 @@ def _plan_facts(gpu: GPUSpec, exotic=None):
                 found = known[id(item)] = (
                     item, 1 if total > kind[0] else 0,
                     1 if exotic is not None and exotic(config, total, item[3] if len(item) > 3 else None) else 0,
-                    kind[1], kind[2], item[1].tokens_per_s)
+                    kind[1], kind[2], item[1] and item[1].tokens_per_s)  # (None: untimed, near the edge)
             out.append(found)
         last[:] = items, out
         return out
@@ -383,7 +386,8 @@ def _plan_facts(gpu: GPUSpec, exotic=None):
     return facts
 
 
-def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = frozenset()) -> _Ranked:
+def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = frozenset(),
+             speeds: ThroughputMemo | None = None) -> _Ranked:
     """The fitting plans in rank order: the plans that are not near the edge (by their
     screened totals, ``_safe_bound``, or, ids in ``edgy``, by their replays) before those that are;
     among each, the exotic plans (``_exotic``) that are not faster than every other plan of
@@ -392,31 +396,45 @@ def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = fr
     fastest plan of their group are a tie, ordered by the preferences (a group is measured from
     its leader, so two plans 1% apart are never split by a fixed bucket boundary). Each group is
     put in preference order only when the reader reaches it: the search shows the first few of
-    about a thousand fitting plans, once per policy. Each plan's facts (``_plan_facts``) are read
-    once a search; equal keys keep the input order."""
+    about a thousand fitting plans, once per policy; and the plans near the edge are ranked only
+    when the reader has read every other, as nothing of theirs decides the order before them
+    (so the screen leaves them untimed: ``planner.search.Screened.fitting``; ``speeds`` times
+    them). Each plan's facts (``_plan_facts``) are read once a search; equal keys keep the input
+    order."""
     fidelity = prefer is Prefer.FIDELITY
     known = facts(fitting)
-    edges = [f[1] or int(id(f[0][0]) in edgy) for f in known] if edgy else [f[1] for f in known]
-    # the fastest plain plan of each edge class: an exotic plan not faster ranks after the plain ones
-    best = [0.0, 0.0]
-    for f, e in zip(known, edges):
-        if not f[2] and f[5] > best[e]:
-            best[e] = f[5]
-    odd = [best[0] * (1 + EXOTIC_WIN), best[1] * (1 + EXOTIC_WIN)]  # an exotic plan at most this fast, by edge class
+    if edgy:
+        edges = [f[1] or int(id(f[0][0]) in edgy) for f in known]
+        return _Ranked(_grouped([f for f, e in zip(known, edges) if not e], 0, fidelity),
+                       [f for f, e in zip(known, edges) if e], fidelity, facts, speeds)
+    return _Ranked(_grouped([f for f in known if not f[1]], 0, fidelity), [f for f in known if f[1]], fidelity,
+                   facts, speeds)
+
+
+def _grouped(known: list[tuple], edge: int, fidelity: bool) -> list[tuple]:
+    """(group key, -tokens/s, index, facts) of each plan of one edge class (``known``: their
+    facts, timed), in group key and speed order (``_ranking``)."""
+    # the fastest plain plan of the class: an exotic plan not faster ranks after the plain ones
+    best = 0.0
+    for f in known:
+        if not f[2] and f[5] > best:
+            best = f[5]
+    odd = best * (1 + EXOTIC_WIN)  # an exotic plan at most this fast
     # the order of (group key, -tokens/s, input index): the plans by speed (a stable sort on one
     # float: equal speeds keep the input order), then put in their groups' buckets in that order,
     # so only the few group keys are sorted, not a thousand tuples (two rankings were 5% of a search)
     minus = [-f[5] for f in known]
     groups: dict[int, list[tuple]] = {}
+    base = edge * 8
     for n in sorted(range(len(known)), key=minus.__getitem__):
-        f, e = known[n], edges[n]
+        f = known[n]
         # the group key: near the edge, then exotic, then (under fidelity) the fidelity tier (0-3)
-        key = e * 8 + (4 if f[2] and f[5] <= odd[e] else 0) + (f[3] if fidelity else 0)
+        key = base + (4 if f[2] and f[5] <= odd else 0) + (f[3] if fidelity else 0)
         found = groups.get(key)
         if found is None:
             found = groups[key] = []
         found.append((key, minus[n], n, f))
-    return _Ranked([row for key in sorted(groups) for row in groups[key]])
+    return [row for key in sorted(groups) for row in groups[key]]
 
 
 class _Ranked:
@@ -431,11 +449,26 @@ class _Ranked:
     preference order, a ``--gpu any`` comparison put every group of about a thousand plans in
     order after each replay that dropped a plan: 5% of its samples in py-spy.)"""
 
-    def __init__(self, by_speed: list[tuple]) -> None:
+    def __init__(self, by_speed: list[tuple], near: list[tuple] = (), fidelity: bool = True, facts=None,
+                 speeds: ThroughputMemo | None = None) -> None:
         self._by_speed = by_speed  # (group key, -tokens/s, input index, facts), sorted
         self._reached = 0  # by_speed's first plan of a group not reached
         self._group: list[tuple] = []  # the group being read, in preference order
         self._read = 0  # of it
+        # the facts of the plans near the edge, in input order, until by_speed holds them (``_near``)
+        self._near, self._fidelity, self._facts, self._speeds = near, fidelity, facts, speeds
+
+    def _rank_near(self) -> None:
+        """Put the plans near the edge after the others, timing those the screen left untimed (their
+        input order, which ``unread`` hands over until now, ranks again as their order by speed
+        does: of two plans near the edge of one speed and tier, both plain or both exotic are in
+        one group whatever the fastest plain plan, and a plain and an exotic one never are)."""
+        near, self._near = self._near, ()
+        untimed = [f[0] for f in near if f[5] is None]
+        if untimed:
+            again = dict(zip(map(id, untimed), self._facts([timed(item, self._speeds) for item in untimed])))
+            near = [again.get(id(f[0]), f) for f in near]
+        self._by_speed.extend(_grouped(near, 1, self._fidelity))
 
     def __iter__(self) -> _Ranked:
         return self
@@ -444,7 +477,9 @@ class _Ranked:
         if self._read == len(self._group):
             by_speed, start = self._by_speed, self._reached
             if start == len(by_speed):
-                raise StopIteration
+                if not self._near:
+                    raise StopIteration
+                self._rank_near()
             tier, floor = by_speed[start][0], -by_speed[start][1] / (1 + SPEED_TIE)
             end = start + 1
             while end < len(by_speed) and by_speed[end][0] == tier and -by_speed[end][1] >= floor:
@@ -457,10 +492,13 @@ class _Ranked:
     @property
     def by_speed(self) -> list[tuple]:
         """(group key, -tokens/s, input index, facts) of every plan, in group key and speed order."""
+        if self._near:
+            self._rank_near()
         return self._by_speed
 
     def unread(self) -> list[tuple]:
-        return self._group[self._read:] + [row[3][0] for row in self._by_speed[self._reached:]]
+        return (self._group[self._read:] + [row[3][0] for row in self._by_speed[self._reached:]]
+                + [f[0] for f in self._near])
 
 
 def _tie_key(facts: tuple) -> tuple:
@@ -541,7 +579,8 @@ def _edge_only(fitting: list[tuple], plans: tuple[Candidate, ...], *, best_tier:
 
 def _rejection(c: _Tried, *, model: ModelSpec, usable: int, space: SearchSpace) -> Rejection:
     """One line for a family: its plain model states if they alone overflow, else its closest try."""
-    plain = dataclasses.replace(c.config, sharding=NONE)  # whole replicas: DDP on more than one GPU
+    # whole replicas: DDP on more than one GPU (a copy with the sharding checked, not a full construction)
+    plain = c.config.with_knobs(optimizer=c.config.optimizer, sharding=NONE)
     states = model_states_bytes(model, plain)
     tried = c.config.label()
     if c.cpu_bytes > space.offload_budget(c.config.gpus) and c.process_total_bytes <= usable:

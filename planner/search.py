@@ -256,7 +256,9 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
             for optimizer, sharding in itertools.product(space.optimizers, shardings):
                 try:  # the row's first valid construction, copied with each other optimizer and sharding
                     if knobs:
-                        config = knobs[0].config.with_knobs(optimizer=optimizer, sharding=sharding)
+                        config = knobs[0].config.taken_knobs(optimizer=optimizer, sharding=sharding)
+                        if config is None:
+                            continue  # (refused by the scheme, without raising: ``ShardingSpec.refusal``)
                     else:
                         config = TrainConfig(
                             method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
@@ -665,10 +667,14 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
         searched += 2 * len(splits) * n * len(row.knobs)  # (without and with checkpointing, at every split)
         # each knobs' slots of its prefixes, and its method's safe bound (one search, one device)
         slots = [(knobs, statics.setdefault(knobs.static_prefix, [None] * n),
-                  lines.setdefault(knobs.batch_prefix, [None] * n), bounds[knobs.config.method]) for knobs in row.knobs]
+                  lines.setdefault(knobs.batch_prefix, [None] * n), bounds[knobs.config.method],
+                  speeds.knob_class(knobs.config) or id(knobs)) for knobs in row.knobs]
+        # the row's speeds by (knob class, adapter variant, checkpointing, split, paged host bytes): the knobs
+        # of one row differ in optimizer and sharding only, which the class says all the step time reads of
+        timed: dict[tuple, Speed] = {}
         for v, lora in enumerate(row.variants):
             first = v == 0
-            for knobs, static_slot, line_slot, bound in slots:
+            for knobs, static_slot, line_slot, bound, timing in slots:
                 base = None
                 static = static_slot[v]
                 if static is None:  # (the keys: the knobs' prefixes and the variant's adapter fields)
@@ -701,7 +707,10 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                             config = base.with_split(micro_batch=micro, grad_accum=accum, grad_ckpt=ckpt == 1)
                             if made is not None:
                                 made[id(knobs), v, fit[1], ckpt] = config
-                        largest_fit.append(_timed(config, fit[0], static, speeds))
+                        if fit[0] <= bound:
+                            largest_fit.append(_timed(config, fit[0], static, speeds, timed, (timing, v, ckpt, fit[1])))
+                        else:  # near the edge: timed when the ranking reaches it (``timed``)
+                            largest_fit.append((config, None, fit[0], static))
                         if fit[0] > bound and fit[1]:  # near the edge, with a smaller micro-batch to try
                             key = (static_id, line_id, bound)
                             safe = safer.get(key, ())
@@ -715,7 +724,8 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                                     smaller = config.with_split(micro_batch=micro, grad_accum=accum)
                                     if made is not None:
                                         made[id(knobs), v, safe[1], ckpt] = smaller
-                                safe_splits.append(_timed(smaller, safe[0], static, speeds))
+                                safe_splits.append(_timed(smaller, safe[0], static, speeds, timed,
+                                                          (timing, v, ckpt, safe[1])))
     misses = {}
     for total, knobs, lora, v, split, ckpt in closest.values():
         micro, accum = splits[split]
@@ -800,12 +810,25 @@ def _shared_rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: 
     return found
 
 
-def _timed(config: TrainConfig, total: int, static: _Static, speeds: ThroughputMemo) -> tuple:
+def _timed(config: TrainConfig, total: int, static: _Static, speeds: ThroughputMemo, timed: dict,
+           slot: tuple) -> tuple:
     """(config, speed, total, static terms) of a fitting plan: ranking needs the speed only; the full
     estimate (with its assumptions) is made for the plans shown. A plan whose paged optimizer
-    states the device has no room for is timed with their paging (``paged_host``)."""
-    step_s = speeds.step_seconds(config, paged_host(static.terms, total, speeds.gpu))
-    return config, _speed(Speed, (tokens_per_second(config, step_s),)), total, static
+    states the device has no room for is timed with their paging (``paged_host``). ``timed``: the
+    speeds of the screen's row by ``slot`` (the knobs' class, ``ThroughputMemo.knob_class``, adapter
+    variant, checkpointing and split index) and paged bytes: the plans of one slot take one speed."""
+    paging = paged_host(static.terms, total, speeds.gpu)
+    speed = timed.get((*slot, paging))
+    if speed is None:
+        speed = timed[(*slot, paging)] = _speed(Speed, (tokens_per_second(config, speeds.step_seconds(config, paging)),))
+    return config, speed, total, static
+
+
+def timed(item: tuple, speeds: ThroughputMemo) -> tuple:
+    """A fitting plan the screen left untimed (its speed None: ``Screened.fitting``), timed as the
+    screen times the others (``_timed``: the same float, ``ThroughputMemo.knob_class``)."""
+    config, _, total, static = item
+    return _timed(config, total, static, speeds, {}, ())
 
 
 #: ``Speed``'s constructor without its generated ``__new__`` (a Python-level lambda): the screen
@@ -930,7 +953,9 @@ class Screened(NamedTuple):
     """(config, speed, screened process total, its static terms) of each combination's largest
     fitting split, then of each near-the-edge one's largest safe split (``_screen``): the ranking
     reads the host bytes of the static terms (``planner.ranking._exotic``) without working out
-    their key again."""
+    their key again. A largest fit near the edge (over ``safe_bound``) has no speed (None): the
+    ranking reaches such plans only after every other (``planner.ranking._ranking``), and times
+    them then (``timed``); 650 of the bench request's 1,662 plans (every precision), never reached."""
     closest: dict[str, tuple[int, TrainConfig]]
     """Each family's closest miss (``family_label``): (screened process total, config)."""
     searched: int

@@ -587,6 +587,26 @@ class ThroughputMemo:
                             self._quantized, _host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else _NO_HOST)
         return _with_paging(parts, paged_host, rates) if paged_host else parts
 
+    def knob_class(self, config: TrainConfig) -> tuple | None:
+        """What ``step_seconds`` reads of ``config``'s optimizer and sharding: two configurations
+        equal but for those whose classes are equal take equal step times at every split and
+        paging. ``_parts`` reads them through the device terms (update bytes per parameter, AMP's
+        weight casts, the rates by precision) and ``_step_parts``: on one GPU without offload,
+        only whether the sharding partitions the optimizer; with collectives (more GPUs) or host
+        copies (offload), the scheme's own byte counts, which read the configuration further, so
+        there the class is the optimizer and sharding themselves. None on the CPU profile, whose
+        host terms (``_host_terms``) read the optimizer's path and tensors. The search times
+        about 1,700 fitting plans of about 500 distinct step times (Llama-2-7B on an A10G, every
+        precision: ZeRO-1/2 without offload on one GPU step as the plain plan of their casts)."""
+        if self.gpu.is_cpu:
+            return None
+        _, update_bytes, casts = (self._device.get((config.method, config.precision, config.optimizer, config.sharding))
+                                  or self._device_terms(config))
+        sharding = config.sharding
+        if sharding.offloaded or config.gpus != 1:
+            return update_bytes, casts, config.optimizer, sharding
+        return update_bytes, casts, sharding.spec.partitions_optimizer
+
     def _micro_terms(self, config: TrainConfig, rates: _Rates, casts: bool) -> tuple[PricedTerms, int, float]:
         """(the micro-step's seconds at any micro-batch, trainable parameters, AMP's weight-cast bytes) of ``config``."""
         trainable = self._trainable.get((config.method, config.lora_r, config.lora_targets))

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from planner.errors import InvalidConfigError, UnsupportedError
+from planner.errors import InvalidConfigError, PlannerError, UnsupportedError
 from planner.memo import IdentityMemo
 from planner.optim import OPTIMIZERS, Optimizer, names
 from planner.optim.spec import FP32, HALF
@@ -151,18 +151,25 @@ class FSDP2(ShardingSpec):
 
     # ---- validation -------------------------------------------------------------------------
     def check(self, config: Any, offload: Offload) -> None:
+        refused = self.refusal(config, offload)
+        if refused is not None:
+            raise refused()
+
+    def refusal(self, config: Any, offload: Offload) -> Callable[[], PlannerError] | None:
         if offload not in self.offloads:
-            raise InvalidConfigError("--sharding fsdp2 offloads parameters, gradients and optimizer states "
-                                     "together: use --offload optimizer+params (CPUOffloadPolicy) or none")
+            return lambda: InvalidConfigError("--sharding fsdp2 offloads parameters, gradients and optimizer states "
+                                              "together: use --offload optimizer+params (CPUOffloadPolicy) or none")
         if config.precision.value == "fp16-mixed":
-            raise UnsupportedError("--precision fp16-mixed with FSDP2 needs a sharded gradient scaler the plan does not "
-                                   "model: use bf16-mixed (or fp32)")
-        if config.optimizer not in _TORCH_OPTIMIZERS:
-            raise UnsupportedError(f"--optimizer {config.optimizer} with FSDP2: bitsandbytes' optimizers do not step "
-                                   f"FSDP2's sharded DTensor parameters, use {names(_TORCH_OPTIMIZERS)}")
+            return lambda: UnsupportedError("--precision fp16-mixed with FSDP2 needs a sharded gradient scaler the plan "
+                                            "does not model: use bf16-mixed (or fp32)")
+        optimizer = config.optimizer
+        if optimizer not in _TORCH_OPTIMIZERS:
+            return lambda: UnsupportedError(f"--optimizer {optimizer} with FSDP2: bitsandbytes' optimizers do not step "
+                                            f"FSDP2's sharded DTensor parameters, use {names(_TORCH_OPTIMIZERS)}")
         if config.method.value == "qlora":
-            raise UnsupportedError("--method qlora with FSDP2 (4-bit weights stored in bnb_4bit_quant_storage) is not "
-                                   "modelled: use --method lora, or --zero 2")
+            return lambda: UnsupportedError("--method qlora with FSDP2 (4-bit weights stored in bnb_4bit_quant_storage) "
+                                            "is not modelled: use --method lora, or --zero 2")
+        return None
 
     # ---- memory -----------------------------------------------------------------------------
     def model_states(self, model: Any, config: Any, t: Any, out: dict[str, int], *, param_bytes: int, grads: int,

@@ -15,7 +15,7 @@ import math
 import os
 from typing import Any, Callable
 
-from planner.errors import InvalidConfigError, UnsupportedError
+from planner.errors import InvalidConfigError, PlannerError, UnsupportedError
 from planner.modelspec import LinearKind
 from planner.optim import OPTIMIZERS, Optimizer, names
 from planner.optim.spec import FP32, HALF
@@ -299,33 +299,40 @@ class ZeRO(ShardingSpec):
 
     # ---- validation -------------------------------------------------------------------------
     def check(self, config: Any, offload: Offload) -> None:
-        """What DeepSpeed ZeRO does not take (or the memory model does not cover)."""
+        """What DeepSpeed ZeRO does not take (or the memory model does not cover): ``refusal``'s."""
+        refused = self.refusal(config, offload)
+        if refused is not None:
+            raise refused()
+
+    def refusal(self, config: Any, offload: Offload) -> Callable[[], PlannerError] | None:
         stage = self.zero_stage
         if offload not in self.offloads:
-            raise InvalidConfigError(
+            return lambda: InvalidConfigError(
                 "--offload optimizer+params needs --zero 3 (only ZeRO-3 partitions parameters)"
             )
         precision = config.precision
         if not precision.is_mixed and precision.weight_bytes == HALF:  # pure fp16/bf16
-            raise UnsupportedError(
+            return lambda: UnsupportedError(
                 f"--precision {precision} with --zero {stage}: DeepSpeed always keeps "
                 f"fp32 master weights, use --precision {precision}-mixed"
             )
-        if offload is not _NONE and config.optimizer not in _OFFLOADABLE:
-            raise UnsupportedError(
-                f"--offload with --optimizer {config.optimizer}: DeepSpeed offloads only its "
+        optimizer = config.optimizer
+        if offload is not _NONE and optimizer not in _OFFLOADABLE:
+            return lambda: UnsupportedError(
+                f"--offload with --optimizer {optimizer}: DeepSpeed offloads only its "
                 f"CPU Adam, use --optimizer {names(_OFFLOADABLE)}"
             )
-        if config.optimizer in _UNPAGED:
-            raise UnsupportedError(
-                f"--optimizer {config.optimizer} with --zero: paging and ZeRO partitioning do "
-                f"not combine, use {_UNPAGED[config.optimizer]}"
+        if optimizer in _UNPAGED:
+            return lambda: UnsupportedError(
+                f"--optimizer {optimizer} with --zero: paging and ZeRO partitioning do "
+                f"not combine, use {_UNPAGED[optimizer]}"
             )
         if stage == 3 and config.method == "qlora":
-            raise UnsupportedError(
+            return lambda: UnsupportedError(
                 "--method qlora with --zero 3 is not modelled (4-bit weights cannot be "
                 "partitioned without quant_storage tricks): use --zero 2 or lower"
             )
+        return None
 
     # ---- memory -----------------------------------------------------------------------------
     def model_states(self, model: Any, config: Any, t: Any, out: dict[str, int], *, param_bytes: int, grads: int,

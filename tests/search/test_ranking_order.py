@@ -120,3 +120,33 @@ def test_what_the_ranking_reads_of_a_family_is_one_per_family():
             facts = (safe_bound(config.method, gpu), fidelity_tier(config))
             assert seen.setdefault(family_key(config), facts) == facts, config.label()
     assert len(seen) > 20
+
+
+@pytest.mark.parametrize("model_id, gpu_name", [("meta-llama/Llama-2-7b-hf", "a10g"), ("meta-llama/Llama-3.2-1B", "t4")])
+def test_the_plans_the_screen_leaves_untimed_rank_as_if_timed(model_id, gpu_name):
+    """The screen leaves its near-the-edge largest fits untimed (``Screened.fitting``: speed None)
+    and the ranking times them when it reaches them: read in full, after a re-ranking of what is
+    left unread too, both policies' rankings are those of the same plans all timed up front."""
+    from planner.catalog import resolve_model
+    from planner.gpus import get_gpu
+    from planner.ranking import _exotic, _plan_facts
+    from planner.search import SearchSpace, safe_bound, screen, timed
+
+    model, gpu = resolve_model(model_id), get_gpu(gpu_name)
+    space = SearchSpace(precisions=tuple(Precision), cpu_mem_bytes=256 << 30)
+    s = screen(model=model, gpu=gpu, target_batch=32, seq_len=2048, gpus=1, space=space)
+    untimed = [item for item in s.fitting if item[1] is None]
+    assert untimed and all(item[2] > safe_bound(item[0].method, gpu) for item in untimed)
+    everything = [timed(item, s.speeds) if item[1] is None else item for item in s.fitting]
+
+    def order(items, prefer, read=0):
+        facts = _plan_facts(gpu, _exotic(s.memo, node_ram=space.cpu_mem_bytes, usable=s.usable))
+        ranked = _ranking(items, prefer, facts, speeds=s.speeds)
+        first = [next(ranked) for _ in range(read)]
+        edgy = {id(item[0]) for item in first[::3]}
+        rest = _ranking(ranked.unread(), prefer, facts, edgy=edgy, speeds=s.speeds)
+        return [(id(item[0]), item[1]) for item in first + list(rest)]
+
+    for prefer in Prefer:
+        for read in (0, 5, 50):
+            assert order(s.fitting, prefer, read) == order(everything, prefer, read)

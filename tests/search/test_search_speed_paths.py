@@ -23,6 +23,7 @@ from planner.config import ALL_LINEAR, Loop, Method, Offload, TrainConfig
 from planner.errors import InvalidConfigError, PlannerError
 from planner.gpus import get_gpu
 from planner.search import SearchSpace, _combinations, _precisions, attention_targets, divisors
+from planner.sharding import NONE as NONE_SHARDING
 from planner.sharding import Sharding, search_axis
 from planner.throughput import ThroughputMemo, step_breakdown
 
@@ -119,6 +120,34 @@ def test_throughput_memo_equals_step_breakdown(n):
         expected = step_breakdown(model=model, config=config, gpu=gpu)
         assert memo.breakdown(config) == expected, config.label()
         assert memo.step_seconds(config) == sum(expected.values()), config.label()
+
+
+@pytest.mark.parametrize("n", range(len(SPACES)), ids=IDS)
+def test_configurations_of_one_knob_class_take_one_step_time(n):
+    """``ThroughputMemo.knob_class`` (the screen times a plan once per class, adapter variant,
+    checkpointing, split and paging: ``planner.search._timed``): configurations of the space equal
+    but for their optimizer and sharding whose classes are equal take the same step seconds, with
+    paged states on the host too; and on one GPU the classes do share (the test is not vacuous)."""
+    model, gpu, request = _space(n)
+    memo = ThroughputMemo(model, gpu)
+    seen: dict[tuple, float] = {}
+    shared = 0
+    for base, splits in _combinations(model=model, gpu=gpu, **request):
+        knob_class = memo.knob_class(base)
+        if knob_class is None:
+            assert gpu.is_cpu
+            return
+        for micro, accum in splits:
+            config = base.with_split(micro_batch=micro, grad_accum=accum)
+            rest = dataclasses.replace(config, optimizer=TrainConfig.optimizer, sharding=NONE_SHARDING)
+            for paged in (0, 3 * GiB):
+                key = (rest, knob_class, paged)
+                step = memo.step_seconds(config, paged)
+                if key in seen:
+                    shared += 1
+                    assert seen[key] == step, config.label()
+                seen.setdefault(key, step)
+    assert shared or request["gpus"] > 1  # (on several GPUs a class is its optimizer and sharding)
 
 
 def test_throughput_memo_with_a_given_utilization():

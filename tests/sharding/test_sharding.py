@@ -4,6 +4,7 @@ the payload codec, the search axis, and each scheme's checks as ``TrainConfig`` 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import pickle
 
 import pytest
@@ -100,6 +101,36 @@ def test_zero_and_offload_make_the_sharding():
 def test_each_scheme_refuses_what_it_does_not_take(changes, error, message):
     with pytest.raises(error, match=message.replace("+", "\\+")):
         TrainConfig(**changes)
+
+
+def test_a_refusal_is_what_check_raises_and_taken_knobs_leaves_out():
+    """``ShardingSpec.refusal`` (the search's question, asked without raising) is None exactly where
+    ``check`` passes, and makes the error ``check`` raises, type and words; ``taken_knobs`` gives
+    ``with_knobs``' copy, or None where the scheme refuses it. Over every scheme, offload, method,
+    precision and optimizer, on one GPU and on two (the default space's base fields pass the
+    checks before the scheme's)."""
+    from planner.config import Method, Precision
+    from planner.errors import PlannerError
+    from planner.optim import OPTIMIZERS
+
+    refused = 0
+    for gpus, method, precision in itertools.product((1, 2), Method, (p for p in Precision if p.value != "fp8")):
+        base = TrainConfig(method=method, precision=precision, gpus=gpus)
+        for optimizer, scheme, offload in itertools.product(OPTIMIZERS, Scheme, Offload):
+            sharding = Sharding(scheme, offload)
+            try:
+                expected, error = base.with_knobs(optimizer=optimizer, sharding=sharding), None
+            except PlannerError as exc:
+                expected, error = None, exc
+            assert base.taken_knobs(optimizer=optimizer, sharding=sharding) == expected
+            copy = base._knobs_copy(optimizer, sharding)
+            refusal = copy.sharding.spec.refusal(copy, copy.sharding.offload)
+            if error is None:
+                assert refusal is None
+            else:
+                refused += 1
+                assert type(refusal()) is type(error) and str(refusal()) == str(error)
+    assert refused > 100  # (the refusals are many: the test would pass vacuously without)
 
 
 def test_labels_and_words_as_before():
