@@ -243,7 +243,7 @@ _FIELDS = (
            terms="the eval pass's KV cache at prompt + N tokens (memory/evaluation.py)"),
     # TrainConfig's own (its memory terms read it as Sharding.memory_key): named here, or made from
     # --zero and --offload, the older spelling (planner.estimation.build_config refuses both at once)
-    _field("sharding", str, None, "none|ddp|zero1|zero2|zero3|fsdp2: the sharding scheme, with --offload its CPU "
+    _field("sharding", str, None, "none|ddp|zero1|zero2|zero3|fsdp2|fsdp1: the sharding scheme, with --offload its CPU "
            "offload (default: what --zero names).", memo=(DERIVED,), max_length=32),
 )
 

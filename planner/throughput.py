@@ -432,14 +432,26 @@ def _optimizer_host_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> fl
     return CPU_ADAMW_TENSOR_SECONDS[path] * len(param_tensor_sizes(model, config))
 
 
+def _scheme_host_s(model: ModelSpec, config: TrainConfig) -> float:
+    """Host seconds per step the sharding scheme's units add on the step's path (``ShardingSpec.host_seconds``:
+    FSDP1's adapter units), on more than one GPU; 0.0 for a scheme without (``ShardingSpec.unit_host``)."""
+    spec = config.sharding.spec
+    if not spec.unit_host or config.gpus == 1:
+        return 0.0
+    adapted = sum(n * sum(lin.count for lin in linears if lin.module)
+                  for n, linears in stack_targets(model, config.lora_targets)) if config.method.uses_adapters else 0
+    return spec.host_seconds(model, config, adapted_modules=adapted)
+
+
 def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
                 update_bytes: float, params_total: int, quantized: int, host: tuple[float, float, float] = (0.0, 0.0, 0.0),
-                ) -> tuple[float, ...]:
+                scheme_host: float = 0.0) -> tuple[float, ...]:
     """Seconds of each of ``PARTS`` from what the configuration's terms depend on beyond itself
     (``step_breakdown`` computes those afresh, ``ThroughputMemo`` once per search); ``micro`` is
     one micro-step's (gemm, attention, recompute, elementwise, overhead) seconds, ``casts`` its AMP
     weight-cast bytes (``planner.kernels.weight_cast_bytes``); ``host`` the CPU profile's (fresh bytes per
-    micro-step, fresh bytes per step, optimizer host seconds): ``fresh_bytes``, ``_optimizer_host_s``."""
+    micro-step, fresh bytes per step, optimizer host seconds): ``fresh_bytes``, ``_optimizer_host_s``; ``scheme_host``
+    the sharding scheme's host seconds per step (``_scheme_host_s``), in ``overhead``."""
     accum = config.grad_accum
     offloaded = config.sharding.offloaded
     device_bw = rates.kernels.bandwidth
@@ -464,7 +476,7 @@ def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], ca
         elementwise_s * accum,
         (_dequant_bytes(config, quantized) if config.method is _QLORA else 0.0) / device_bw,
         optimizer_s,
-        overhead_s * accum,
+        overhead_s * accum + scheme_host,
         (_comm_bytes(config, trainable, params_total) if config.gpus != 1 else 0.0) / rates.link_bw,
         (_offload_bytes(config, trainable, params_total) if offloaded else 0.0) / rates.host_link_bw,
     )
@@ -492,7 +504,7 @@ def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utili
         micro=micro,
         trainable=trainable_params(model, config), update_bytes=_update_bytes_per_param(config, gpu),
         params_total=model.params_total, quantized=_quantized_weights(model) if config.method is Method.QLORA else 0,
-        host=_host_terms(model, config, gpu),
+        host=_host_terms(model, config, gpu), scheme_host=_scheme_host_s(model, config),
     )
     return dict(zip(PARTS, _with_paging(parts, paged_host, rates)))
 
@@ -584,7 +596,8 @@ class ThroughputMemo:
                 work = self._fp8[config.grad_ckpt] = fp8_work(self.model, config)
             micro = _with_fp8(micro, fp8_seconds(work, rates.kernels, tokens))
         parts = _step_parts(config, rates, micro, cast_bytes, trainable, update_bytes, self.model.params_total,
-                            self._quantized, _host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else _NO_HOST)
+                            self._quantized, _host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else _NO_HOST,
+                            _scheme_host_s(self.model, config))
         return _with_paging(parts, paged_host, rates) if paged_host else parts
 
     def knob_class(self, config: TrainConfig) -> tuple | None:

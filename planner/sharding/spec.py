@@ -172,6 +172,9 @@ class ShardingSpec:
     """PLAN.md's assumptions of the run that come from the scheme (its buffers as emitted)."""
     keys: tuple[BreakdownKey, ...] = ()
     """The breakdown keys it adds (its buffers, its partitions), each declared once here."""
+    unit_host: bool = False
+    """Its units add host time to the step on more than one GPU (``host_seconds``), which the
+    throughput asks it for then only."""
 
     # ---- words ------------------------------------------------------------------------------
     def label(self, offload: Offload) -> str:
@@ -311,6 +314,12 @@ class ShardingSpec:
 
     def offload_bytes(self, config: Any, offload: Offload, *, trainable: int, params_total: int) -> float:
         """Host<->device bytes per optimizer step per rank."""
+        return 0.0
+
+    def host_seconds(self, model: Any, config: Any, *, adapted_modules: int) -> float:
+        """Host seconds per optimizer step its own per-unit work adds on the step's path, beyond the
+        eager ops ``planner.kernels`` counts (asked where ``unit_host`` and more than one GPU;
+        ``adapted_modules``: the model's LoRA-wrapped linear modules): none."""
         return 0.0
 
     def master_update_bytes(self, config: Any) -> float:

@@ -16,9 +16,9 @@ from planner.sharding.spec import ShardingSpec
 
 
 def test_registry_names_each_scheme_once_in_order():
-    assert [str(s) for s in Scheme] == ["none", "ddp", "zero1", "zero2", "zero3", "fsdp2"]
+    assert [str(s) for s in Scheme] == ["none", "ddp", "zero1", "zero2", "zero3", "fsdp2", "fsdp1"]
     assert all(isinstance(SCHEMES[s], ShardingSpec) for s in Scheme)
-    assert [SCHEMES[s].zero_stage for s in Scheme] == [0, 0, 1, 2, 3, None]
+    assert [SCHEMES[s].zero_stage for s in Scheme] == [0, 0, 1, 2, 3, None, None]
 
 
 def test_values_are_interned_immutable_and_pickle_to_themselves():
@@ -31,7 +31,7 @@ def test_values_are_interned_immutable_and_pickle_to_themselves():
 
 
 def test_unknown_names_are_refused_in_one_line():
-    with pytest.raises(InvalidConfigError, match=r"--sharding must be one of none\|ddp\|zero1\|zero2\|zero3\|fsdp2, got 'fsdp9'"):
+    with pytest.raises(InvalidConfigError, match=r"--sharding must be one of none\|ddp\|zero1\|zero2\|zero3\|fsdp2\|fsdp1, got 'fsdp9'"):
         Sharding("fsdp9")
     with pytest.raises(InvalidConfigError, match="--offload must be one of none|optimizer|optimizer\\+params"):
         Sharding("zero3", "disk")

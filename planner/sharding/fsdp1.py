@@ -1,0 +1,215 @@
+"""PyTorch FSDP1 (``torch.distributed.fsdp.FullyShardedDataParallel``, FULL_SHARD) as accelerate's
+``fsdp_config`` (``fsdp_version: 1``) and the HF Trainer run it: one unit per decoder layer plus the
+root (TRANSFORMER_BASED_WRAP), and under LoRA one more per adapter: the Trainer hands accelerate
+peft's ``fsdp_auto_wrap_policy`` for a peft model (transformers distributed/fsdp.py
+``update_fsdp_plugin_peft``; fms-hf-tuning's sft_trainer.py does the same, v2.5.0 l.390-393), whose
+lambda policy wraps every leaf module whose weight trains (peft utils/other.py
+``fsdp_auto_wrap_policy``: ``lambda_policy_fn``), so each ``lora_A`` and ``lora_B`` Linear is a unit
+of its own (256 more units on Mistral-7B with LoRA on q, k, v, o; 640 on Llama-2-70B).
+
+Chosen by name only (``--sharding fsdp1``): the search does not try it (``searched=False``), FSDP2
+is the scheme it plans. It is here for runs that are FSDP1 (accelerate's ``fsdp_config`` before
+``fsdp_version: 2``), so their step time is priced as they ran.
+
+Memory: FSDP2's terms (``planner.sharding.fsdp2``), which FSDP1 shares at the precisions it takes
+here (fp32, or 16-bit weights with no MixedPrecision: the gathered, computed and reduced dtypes are
+the parameters' own):
+
+* flat parameters: each unit's parameters are one ``FlatParameter``, sharded as one 1-D tensor
+  padded to a multiple of the ranks (torch 2.13 fsdp/_flat_param.py ``_get_shard``), where FSDP2
+  pads each tensor's rows: the same bytes within N-1 elements a unit;
+* the root is not resharded after forward (fsdp/_runtime_utils.py ``_post_forward_reshard``: "Do
+  not free the root's parameters in the post-forward for FULL_SHARD"), as FSDP2's root;
+* ``limit_all_gathers`` (accelerate's default, utils/dataclasses.py FullyShardedDataParallelPlugin)
+  keeps at most two all-gathers in flight (fsdp/_limiter_utils.py ``_max_num_inflight_all_gathers =
+  2``): the running unit and one gathered ahead, FSDP2's ``gathered`` and ``held`` terms;
+* ``record_stream`` on the gathered and reduced tensors (fsdp/_flat_param.py, _runtime_utils.py)
+  lets the caching allocator reuse their blocks only once the compute stream passes them, which the
+  rate limiter bounds by the same two units;
+* LoRA's adapters are their own units, so the layers' flat parameters hold frozen weights only: no
+  gradient of theirs, no reduce-scatter (FSDP2's trained terms: the adapters' shards).
+
+Its breakdown keys are FSDP2's (``fsdp2/...``: the same buffers, declared once there).
+
+Step time: FSDP2's bytes (two all-gathers of every parameter and one reduce-scatter of the trained
+gradients per micro-step), and the host time of the units whose own kernels are too short to hide
+it (``host_seconds``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from planner.errors import InvalidConfigError, UnsupportedError
+from planner.optim import names
+from planner.sharding.fsdp2 import _KEYS, _TORCH_OPTIMIZERS, FSDP2, STATE_DICT_TYPE
+from planner.sharding.spec import Offload, WorkerSetup
+
+#: Host seconds from the rate limiter's wait on a GPU to the next unit's all-gather launch: FSDP1's
+#: unshard path with ``limit_all_gathers`` (pre-unshard, the free event's ``synchronize()``, the
+#: flat parameter's unshard and views), measured by PyTorch's own profile: "when the CPU thread
+#: resumes, there is an 235 us overhead between the time the synchronization is met and the time a
+#: new all-gather is launched. This overhead would turn into GPU utilization gap" (pytorch/pytorch
+#: PR #108234, "[FSDP] New rate limiter and memory reuse system", 2023-08-30; not landed: torch 2.13's
+#: _runtime_utils.py ``_unshard`` still waits on the CPU). bench/fsdp1_host.py measures the hooks on 2
+#: CPU ranks (bench/results/fsdp1_host.md): 2.2-2.7 ms of host CPU per LoRA adapter unit per step, all
+#: its hooks and collectives' calls included, ~0.6 ms per unshard: the work the exposed gap is part of.
+#: 3 unshards x 235 us = 0.70 ms per adapter unit per step; fms' 2-GPU LoRA rows imply 0.75 ms.
+UNSHARD_HOST_SECONDS = 235e-6
+
+#: Units peft's policy makes of one LoRA-wrapped linear: its ``lora_A`` and its ``lora_B``.
+UNITS_PER_ADAPTED_LINEAR = 2
+
+
+def unshards_per_micro_step(config: Any) -> int:
+    """All-gathers each adapter unit runs a micro-step: the forward's and the backward's
+    (FULL_SHARD frees it after forward), and with checkpointing the recompute's: an adapter unit
+    inside a checkpointed layer is gathered again for its recomputed forward (bench/fsdp1_host.py
+    counts 3 all-gathers and 1 reduce-scatter per adapter unit per step with checkpointing)."""
+    return 3 if config.grad_ckpt else 2
+
+
+class FSDP1(FSDP2):
+    """FSDP1: FSDP2's bytes and memory at the precisions it takes here, its units' host time on
+    the step's path, its own emitted files and worker."""
+
+    # ---- words ------------------------------------------------------------------------------
+    def label(self, offload: Offload) -> str:
+        return self.name
+
+    def short(self, offload: Offload) -> str:
+        return self.name
+
+    def plan_line(self, offload: Offload) -> str:
+        return ("FSDP1 (FullyShardedDataParallel FULL_SHARD, limit_all_gathers: one unit per decoder layer + root, "
+                "and one per LoRA adapter under peft's fsdp_auto_wrap_policy), no offload")
+
+    def cast_words(self, dtype: str) -> tuple[str, str] | None:
+        return None  # it takes no *-mixed precision (``check``)
+
+    def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
+        notes = [("FSDP1 keeps the root unit (embeddings, output head) unsharded from forward to the end of backward "
+                 "(torch fsdp/_runtime_utils.py _post_forward_reshard)")]
+        if config.method.uses_adapters and config.gpus > 1:
+            notes.append("FSDP1 wraps every LoRA adapter as its own unit (peft's fsdp_auto_wrap_policy); with "
+                         "limit_all_gathers the host waits for the GPU before each unit's all-gather, so each adapter "
+                         f"unit adds ~{UNSHARD_HOST_SECONDS * 1e6:.0f} us of host time per all-gather to the step "
+                         "(pytorch/pytorch PR #108234): --sharding fsdp2 does not")
+        return notes
+
+    # ---- validation -------------------------------------------------------------------------
+    def check(self, config: Any, offload: Offload) -> None:
+        if offload is not Offload.NONE:
+            raise InvalidConfigError("--sharding fsdp1 with --offload is not modelled: use --offload none, or "
+                                     "--sharding fsdp2 --offload optimizer+params")
+        if config.precision.is_mixed:
+            raise UnsupportedError(f"--precision {config.precision} with FSDP1: accelerate's MixedPrecision for FSDP1 "
+                                   "(parameters, reductions and buffers in one 16-bit dtype, under autocast) is not "
+                                   f"modelled: use --precision {config.precision.value.split('-')[0]} (16-bit weights, "
+                                   "as fms-hf-tuning runs), or --sharding fsdp2")
+        if config.optimizer not in _TORCH_OPTIMIZERS:
+            raise UnsupportedError(f"--optimizer {config.optimizer} with FSDP1 is not modelled: use "
+                                   f"{names(_TORCH_OPTIMIZERS)}")
+        if config.method.value == "qlora":
+            raise UnsupportedError("--method qlora with FSDP1 (4-bit weights in bnb_4bit_quant_storage flat "
+                                   "parameters) is not modelled: use --method lora, or --zero 2")
+
+    def searched_on(self, gpus: int, offload: Offload) -> bool:
+        return False  # chosen by name only: FSDP2 is the FSDP the search plans
+
+    def memory_twin(self, gpus: int) -> str:
+        return "fsdp2"  # its memory terms are FSDP2's (the module's docstring)
+
+    # ---- throughput -------------------------------------------------------------------------
+    def host_seconds(self, model: Any, config: Any, *, adapted_modules: int) -> float:
+        """Host seconds per optimizer step its units add on the step's path (more than one GPU): each
+        LoRA adapter unit's all-gathers, each ``UNSHARD_HOST_SECONDS`` after the rate limiter's wait.
+        An adapter's own kernels (rank-r products, microseconds) cannot cover that time; a decoder
+        layer's GEMMs (milliseconds) cover its own unit's, which is not counted."""
+        units = UNITS_PER_ADAPTED_LINEAR * adapted_modules
+        return units * unshards_per_micro_step(config) * UNSHARD_HOST_SECONDS * config.grad_accum
+
+    # ---- files ------------------------------------------------------------------------------
+    def fsdp_settings(self, config: Any) -> dict[str, Any]:
+        """The FSDP1 settings of both launchers, by the names of transformers' ``fsdp_config``
+        (transformers 5 training_args.py ``_process_fsdp_args``, its FSDP1 branch)."""
+        return {
+            "version": 1,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "reshard_after_forward": "full_shard",  # FSDP1's sharding strategy, by name
+            "backward_prefetch": "BACKWARD_PRE",
+            "forward_prefetch": False,
+            "limit_all_gathers": True,  # the rate limiter whose host time ``host_seconds`` prices
+            # accelerate's own default (utils/dataclasses.py: FSDP_USE_ORIG_PARAMS "False"); peft's
+            # policy gives every unit one requires_grad, which flat parameters need then
+            "use_orig_params": False,
+            "cpu_offload": False,
+            "state_dict_type": STATE_DICT_TYPE,
+            "activation_checkpointing": bool(config.grad_ckpt),
+            "cpu_ram_efficient_loading": True,
+            "sync_module_states": True,
+        }
+
+    def accelerate(self, config: Any, *, on_cpu: bool) -> dict[str, Any]:
+        """accelerate's ``fsdp_config`` section for FSDP1 (each key becomes the ``FSDP_*`` variable the
+        plugin reads: accelerate utils/launch.py prepare_multi_gpu_env)."""
+        names_ = {"version": "fsdp_version", "auto_wrap_policy": "fsdp_auto_wrap_policy",
+                  "reshard_after_forward": "fsdp_reshard_after_forward",
+                  "backward_prefetch": "fsdp_backward_prefetch", "forward_prefetch": "fsdp_forward_prefetch",
+                  "use_orig_params": "fsdp_use_orig_params",
+                  "cpu_offload": "fsdp_offload_params", "state_dict_type": "fsdp_state_dict_type",
+                  "activation_checkpointing": "fsdp_activation_checkpointing",
+                  "cpu_ram_efficient_loading": "fsdp_cpu_ram_efficient_loading",
+                  "sync_module_states": "fsdp_sync_module_states"}
+        # limit_all_gathers has no launcher key: the plugin's default, True (utils/dataclasses.py)
+        section = {names_[key]: value for key, value in self.fsdp_settings(config).items() if key in names_}
+        # accelerate names FSDP1's strategy fsdp_sharding_strategy (FULL_SHARD); fsdp_reshard_after_forward
+        # is FSDP2's boolean (commands/config/cluster.py)
+        section["fsdp_sharding_strategy"] = section.pop("fsdp_reshard_after_forward").upper()
+        return {"distributed_type": "FSDP", "fsdp_config": section}
+
+    # ---- the worker -------------------------------------------------------------------------
+    def worker_setup(self, model: Any, params: list, config: Any, *, device: str,
+                     build_optimizer: Callable[[list], Any], hidden_size: int,
+                     hyperparameters: dict[str, Any]) -> WorkerSetup:
+        """``FullyShardedDataParallel`` with the policy the Trainer gives it: peft's for a peft model
+        (each adapter and each decoder layer), else the decoder layers' classes; the optimizer on the
+        flat parameters."""
+        import functools
+
+        import torch
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        layer_names = set(getattr(base, "_no_split_modules", None) or ())
+        if not layer_names:
+            raise InvalidConfigError(f"{type(base).__name__} names no _no_split_modules: FSDP1 has no decoder layer to wrap")
+        if hasattr(model, "peft_config"):
+            from peft.utils.other import fsdp_auto_wrap_policy
+
+            policy = fsdp_auto_wrap_policy(model)
+        else:
+            classes = {type(m) for m in model.modules() if type(m).__name__ in layer_names}
+            policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
+        # torch 2.13 fsdp/_init_utils.py _init_device_handle refuses a CPU module without device_id
+        device_id = torch.device("cpu") if device == "cpu" else torch.device(device)
+        engine = FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD,
+                                          limit_all_gathers=True, use_orig_params=False, device_id=device_id)
+        units = sum(isinstance(m, FullyShardedDataParallel) for m in engine.modules())
+        trainable = [p for p in engine.parameters() if p.requires_grad]
+        return WorkerSetup(engine=engine, optimizer=build_optimizer(trainable), autocast=False,
+                           details={"fsdp_units": units})
+
+
+SPECS = (
+    FSDP1(name="fsdp1", order=6, searched=False, partitions_optimizer=True, unit_host=True,
+          partial_head="--fused-ce with FSDP1 is not modelled (the fused loss reads lm_head.weight outside the "
+                       "module's forward): drop --fused-ce",
+          casts_model=True, words="FSDP1", keys=_KEYS,
+          plan_notes=(("FSDP1 as in accelerate's fsdp_config (fsdp_version 1): FULL_SHARD, limit_all_gathers, one unit "
+                      "per decoder layer plus the root, and one per LoRA adapter (peft's fsdp_auto_wrap_policy)"),)),
+)
+
+__all__ = ["FSDP1", "SPECS", "UNSHARD_HOST_SECONDS", "unshards_per_micro_step"]

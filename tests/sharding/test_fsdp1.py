@@ -1,0 +1,160 @@
+"""FSDP1 (planner/sharding/fsdp1.py): FSDP2's memory at the precisions it takes, its adapter units'
+host time in the step (and nowhere else), its absence from the search, its refusals, its emitted
+files read by the real accelerate and transformers, and its worker's units on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from planner.catalog import resolve_model
+from planner.config import TrainConfig
+from planner.emit import settings
+from planner.errors import PlannerError
+from planner.gpus import get_gpu
+from planner.memory import model_state_breakdown
+from planner.sharding import Offload, Sharding, search_axis
+from planner.sharding.fsdp1 import UNSHARD_HOST_SECONDS
+from planner.throughput import ThroughputMemo, step_breakdown
+
+MISTRAL = "mistralai/Mistral-7B-v0.1"
+QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _lora(sharding: str, **changes) -> TrainConfig:
+    adapters = {"lora_r": 16, "lora_targets": QKVO} if changes.get("method", "lora") == "lora" else {}
+    return TrainConfig(**({"method": "lora", "precision": "bf16", "gpus": 2, "sharding": sharding, "micro_batch": 2,
+                               "seq_len": 4096, "grad_ckpt": True, "attention": "flash"} | adapters | changes))
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_its_memory_is_fsdp2s_at_pure_16_bit(method):
+    model = resolve_model(MISTRAL)
+    fsdp1 = _lora("fsdp1", method=method)
+    fsdp2 = _lora("fsdp2", method=method)
+    assert model_state_breakdown(model, fsdp1) == model_state_breakdown(model, fsdp2)
+    assert fsdp1.sharding.memory_key(2) is Sharding("fsdp2")
+
+
+def test_each_adapter_unit_adds_three_unshards_a_micro_step_with_checkpointing():
+    model, gpu = resolve_model(MISTRAL), get_gpu("a100-80gb")
+    one, two = (step_breakdown(model=model, config=_lora(s), gpu=gpu) for s in ("fsdp2", "fsdp1"))
+    # 32 layers x 4 adapted linears x (lora_A, lora_B) = 256 units, 3 all-gathers each (forward, recompute,
+    # backward), each UNSHARD_HOST_SECONDS after the rate limiter's wait: 0.18 s
+    assert two["overhead"] - one["overhead"] == pytest.approx(256 * 3 * 235e-6)
+    assert {k: v for k, v in two.items() if k != "overhead"} == {k: v for k, v in one.items() if k != "overhead"}
+    # the memo prices it the same
+    assert ThroughputMemo(model, gpu).step_seconds(_lora("fsdp1")) == sum(two.values())
+    # without checkpointing 2 all-gathers; accumulation repeats them; full fine-tuning has no adapter units;
+    # one GPU gathers nothing
+    for changes, seconds in (({"grad_ckpt": False}, 256 * 2), ({"grad_accum": 4}, 256 * 3 * 4),
+                             ({"method": "full"}, 0), ({"gpus": 1}, 0)):
+        a = step_breakdown(model=model, config=_lora("fsdp2", **changes), gpu=gpu)["overhead"]
+        b = step_breakdown(model=model, config=_lora("fsdp1", **changes), gpu=gpu)["overhead"]
+        assert b - a == pytest.approx(seconds * UNSHARD_HOST_SECONDS, abs=1e-12), changes
+
+
+def test_the_search_never_tries_it():
+    for gpus in (1, 2, 8):
+        for allow in (False, True):
+            assert "fsdp1" not in {str(s.scheme) for s in search_axis(allow_offload=allow, gpus=gpus)}
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"precision": "bf16-mixed"}, "--precision bf16"),
+    ({"offload": "optimizer+params"}, "--offload none"),
+    ({"optimizer": "adamw_8bit"}, "adamw"),
+    ({"method": "qlora", "precision": "bf16-mixed"}, "--precision bf16"),
+    ({"method": "qlora"}, "--method lora"),
+])
+def test_what_fsdp1_refuses_says_the_fix(changes, words):
+    with pytest.raises(PlannerError, match=re.escape(words)):
+        TrainConfig(**({"sharding": "fsdp1", "gpus": 2, "precision": "bf16"} | changes))
+
+
+def test_its_words():
+    config = _lora("fsdp1")
+    assert config.sharding.label() == "fsdp1" and config.sharding.words() == "sharding fsdp1, offload none"
+    notes = config.sharding.spec.notes(config, Offload.NONE, host_bytes=0)
+    assert any("PR #108234" in n for n in notes)
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_the_emitted_accelerate_config_builds_accelerates_fsdp1_plugin(tmp_path, monkeypatch, ckpt):
+    """``accelerate launch --config_file`` reads the file, and the plugin built from its environment is
+    FSDP1 FULL_SHARD with flat parameters, the rate limiter and fms' backward prefetch."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+
+    config = TrainConfig(sharding="fsdp1", gpus=2, precision="bf16", grad_ckpt=ckpt)
+    path = tmp_path / "accelerate_config.yaml"
+    path.write_text(settings.to_yaml(settings.accelerate_config(config, on_cpu=False)))
+    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    args, _, _ = _validate_launch_command(args)
+    assert args.use_fsdp and args.num_processes == 2
+    env = prepare_multi_gpu_env(args)
+    assert env["FSDP_SYNC_MODULE_STATES"] == "true" and env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"
+    # with sync_module_states the plugin asks for the accelerator's device, which this machine lacks
+    env["FSDP_SYNC_MODULE_STATES"] = env["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "false"
+    for key, value in env.items():
+        if key.startswith(("FSDP_", "ACCELERATE_")):
+            monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 1
+    assert plugin.sharding_strategy == ShardingStrategy.FULL_SHARD
+    assert plugin.use_orig_params is False and plugin.limit_all_gathers is True
+    assert plugin.backward_prefetch == BackwardPrefetch.BACKWARD_PRE
+    assert plugin.activation_checkpointing is ckpt and plugin.cpu_offload.offload_params is False
+
+
+def test_the_emitted_training_arguments_load_in_transformers(tmp_path):
+    from transformers import TrainingArguments
+
+    config = TrainConfig(sharding="fsdp1", gpus=2, precision="bf16", grad_ckpt=True)
+    kwargs = settings.training_arguments(config, on_cpu=True)
+    kwargs["output_dir"] = str(tmp_path)
+    args = TrainingArguments(**kwargs)
+    plugin = args.fsdp_plugin_args
+    assert plugin["fsdp_version"] == 1 and plugin["reshard_after_forward"] == "full_shard"
+    assert plugin["use_orig_params"] is False and plugin["limit_all_gathers"] is True
+    assert plugin["backward_prefetch"] == "BACKWARD_PRE" and plugin["activation_checkpointing"] is True
+    assert not args.gradient_checkpointing  # checkpointing is FSDP's, not the model's as well
+
+
+_WORKER = """
+import json, torch
+from peft import LoraConfig, get_peft_model
+from transformers import MistralConfig, MistralForCausalLM
+from planner.config import TrainConfig
+from planner.sharding import Sharding
+config = TrainConfig(method="lora", precision="fp32", sharding="fsdp1", gpus=2, lora_r=4, lora_targets=("q_proj", "v_proj"))
+spec = Sharding("fsdp1").spec
+spec.worker_init("cpu")
+model = MistralForCausalLM(MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                                         num_key_value_heads=2, vocab_size=128, head_dim=16))
+model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+setup = spec.worker_setup(model, [], config, device="cpu", build_optimizer=lambda ps: torch.optim.AdamW(ps),
+                          hidden_size=64, hyperparameters={})
+ids = torch.randint(0, 128, (1, 8))
+setup.engine(input_ids=ids, labels=ids).loss.backward()
+setup.optimizer.step()
+print(json.dumps(setup.details))
+"""
+
+
+def test_the_worker_wraps_each_adapter_as_fms_does():
+    """On one CPU rank (FSDP1 with device_id cpu): 3 layers x 2 adapted linears x (A, B) = 12 adapter
+    units, 3 layer units and the root; a training step runs."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        env.pop(key, None)
+    done = subprocess.run([sys.executable, "-c", _WORKER], check=False, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"fsdp_units": 12 + 3 + 1}
