@@ -35,7 +35,8 @@ random model with ``save_pretrained`` and reloads it with a 4-bit NF4 ``BitsAndB
 non-quantized parameters to fp32: real behaviour) unless the plan keeps them 16-bit
 (``kbit_upcast`` False, as fms-acceleration, torchtune and LLaMA-Factory do), and LoRA. A
 16-bit loss (``loss_upcast`` False) is computed on the logits as the head makes them, as emit's
-train.py does (``_install_loss_in_logits_dtype``).
+train.py does (``_install_loss_in_logits_dtype``); transformers <= 4.45's loss (``loss_shift``)
+on a shifted copy of the logits, as emit's train.py does (``_install_shifted_copy_loss``).
 """
 
 from __future__ import annotations
@@ -345,7 +346,9 @@ def _train(
     forward_settings = model_config_settings(config) if seq2seq.is_seq2seq(model_config) else {}
     if training_arguments(config, on_cpu=device == "cpu").get("use_liger_kernel"):
         _install_fused_ce(model, model_config=model_config)
-    if not config.loss_upcast:
+    if config.loss_shift:
+        _install_shifted_copy_loss(model, model_config=model_config, upcast=config.loss_upcast)
+    elif not config.loss_upcast:
         _install_loss_in_logits_dtype(model, model_config=model_config)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -555,6 +558,36 @@ def _install_loss_in_logits_dtype(model, *, model_config: Mapping[str, Any]) -> 
             with torch.autocast(logits.device.type, enabled=False):
                 out["loss"] = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), shifted.view(-1),
                                                                 ignore_index=-100)
+        return out
+
+    model.forward = with_loss
+
+
+def _install_shifted_copy_loss(model, *, model_config: Mapping[str, Any], upcast: bool) -> None:
+    """transformers <= 4.45's causal-LM loss (``loss_shift``) as emit's train.py gives it to the HF
+    Trainer (planner/emit/train_script.py ``shifted_copy_loss``, the same lines): the model's forward
+    without the labels, then the lines 4.45's models ran in theirs (4.45.2 models/llama/
+    modeling_llama.py l.1214-1229): ``logits.float()`` returned in the outputs in place of the head's
+    output, ``logits[..., :-1, :].contiguous()``, the cross-entropy on that copy (under the run's
+    autocast, as the model's forward ran it; with ``upcast`` False on the logits as they are,
+    autocast off, as the 16-bit loss)."""
+    import torch
+
+    if _is_encoder(model_config) or seq2seq.is_seq2seq(model_config):
+        raise InvalidConfigError("--loss-shift is a causal LM's loss: the worker has no shifted masked-LM or "
+                                 "encoder-decoder loss")
+    forward = model.forward
+
+    def with_loss(*args, labels=None, **kwargs):
+        out = forward(*args, **kwargs)
+        if labels is not None:
+            logits = out.logits.float() if upcast else out.logits
+            out["logits"] = logits  # the head's own output dies here, as 4.45's temporary did
+            shift_logits = logits[..., :-1, :].contiguous()
+            shift_labels = labels[..., 1:].contiguous().to(logits.device)
+            with contextlib.nullcontext() if upcast else torch.autocast(logits.device.type, enabled=False):
+                out["loss"] = torch.nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.shape[-1]),
+                                                                shift_labels.view(-1), ignore_index=-100)
         return out
 
     model.forward = with_loss
