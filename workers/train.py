@@ -35,8 +35,9 @@ random model with ``save_pretrained`` and reloads it with a 4-bit NF4 ``BitsAndB
 non-quantized parameters to fp32: real behaviour) unless the plan keeps them 16-bit
 (``kbit_upcast`` False, as fms-acceleration, torchtune and LLaMA-Factory do), and LoRA. A
 16-bit loss (``loss_upcast`` False) is computed on the logits as the head makes them, as emit's
-train.py does (``_install_loss_in_logits_dtype``); transformers <= 4.45's loss (``loss_shift``)
-on a shifted copy of the logits, as emit's train.py does (``_install_shifted_copy_loss``).
+train.py does (``_install_loss_in_logits_dtype``); transformers <= 4.45's loss (``loss_shift``) on a
+shifted copy of the logits inside the model's forward, as those versions ran it
+(``_install_shifted_copy_loss``).
 """
 
 from __future__ import annotations
@@ -564,33 +565,42 @@ def _install_loss_in_logits_dtype(model, *, model_config: Mapping[str, Any]) -> 
 
 
 def _install_shifted_copy_loss(model, *, model_config: Mapping[str, Any], upcast: bool) -> None:
-    """transformers <= 4.45's causal-LM loss (``loss_shift``) as emit's train.py gives it to the HF
-    Trainer (planner/emit/train_script.py ``shifted_copy_loss``, the same lines): the model's forward
-    without the labels, then the lines 4.45's models ran in theirs (4.45.2 models/llama/
-    modeling_llama.py l.1214-1229): ``logits.float()`` returned in the outputs in place of the head's
-    output, ``logits[..., :-1, :].contiguous()``, the cross-entropy on that copy (under the run's
-    autocast, as the model's forward ran it; with ``upcast`` False on the logits as they are,
-    autocast off, as the 16-bit loss)."""
+    """transformers <= 4.45's causal-LM forward with its loss (``loss_shift``): the decoder, the head,
+    then the lines 4.45's models ran in their forward (4.45.2 models/llama/modeling_llama.py
+    l.1214-1229): ``logits = self.lm_head(hidden_states).float()``, ``shift_logits = logits[...,
+    :-1, :].contiguous()``, ``CrossEntropyLoss`` on it, the upcast logits returned; the last hidden
+    state a local until the forward returns. Under the run's autocast, as the model's forward ran
+    it; with ``upcast`` False on the logits as they are, autocast off, as the 16-bit loss. (emit's
+    train.py passes the Trainer the same lines as a compute_loss_func, ``shifted_copy_loss``, which
+    runs after the forward returned.)"""
+    import types
+
     import torch
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
     if _is_encoder(model_config) or seq2seq.is_seq2seq(model_config):
         raise InvalidConfigError("--loss-shift is a causal LM's loss: the worker has no shifted masked-LM or "
                                  "encoder-decoder loss")
-    forward = model.forward
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = getattr(base, base.base_model_prefix)
+    head = base.get_output_embeddings()
 
-    def with_loss(*args, labels=None, **kwargs):
-        out = forward(*args, **kwargs)
+    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+        # the decoder reads the KV cache setting from the model's config, as the Trainer's forward
+        outputs = decoder(input_ids=input_ids, attention_mask=attention_mask)
+        hidden_states = outputs[0]
+        logits = head(hidden_states)
+        if upcast:
+            logits = logits.float()  # the head's own output dies here
+        loss = None
         if labels is not None:
-            logits = out.logits.float() if upcast else out.logits
-            out["logits"] = logits  # the head's own output dies here, as 4.45's temporary did
             shift_logits = logits[..., :-1, :].contiguous()
             shift_labels = labels[..., 1:].contiguous().to(logits.device)
             with contextlib.nullcontext() if upcast else torch.autocast(logits.device.type, enabled=False):
-                out["loss"] = torch.nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.shape[-1]),
-                                                                shift_labels.view(-1), ignore_index=-100)
-        return out
+                loss = torch.nn.CrossEntropyLoss()(shift_logits.view(-1, shift_logits.shape[-1]), shift_labels.view(-1))
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
 
-    model.forward = with_loss
+    base.forward = types.MethodType(forward, base)
 
 
 def _tag_states(probe, *, model, optimizer, use_ds: bool) -> None:

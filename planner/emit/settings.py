@@ -146,7 +146,9 @@ def run_assumptions(config: TrainConfig) -> list[str]:
     if config.loss_shift:
         lines.append("transformers <= 4.45's loss: train.py passes the Trainer a compute_loss_func that keeps the "
                      "upcast logits in the outputs and computes the cross-entropy on a contiguous shifted copy of them, "
-                     "as those versions' models did in their forward")
+                     "as those versions' models did in their forward; it runs after the forward returned, so the last "
+                     "hidden state, which the plan counts beside the loss as those versions held it, is already freed: "
+                     "it needs that much less")
     if not config.kbit_upcast:  # (peft's upcast, the default, is what every QLoRA plan says of itself)
         lines.append("no k-bit upcast: the non-4-bit parameters (norms, embeddings, head) and the residual stream stay "
                      f"{model_dtype(config)} (train.py skips peft's prepare_model_for_kbit_training)")

@@ -483,7 +483,7 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         # dtype of the final norm's output (the residual stream's)
         out["loss/fused_grad_input"] = e * h * mode.residual
         return out
-    if full or config.sharding.spec.linear_saves_input:
+    if head_saves_input(config):
         out["lm_head/input"] = e * h * (HALF if mode.autocast else mode.residual)
     if mode.autocast and mode.weight == FP32:  # a 16-bit head (QLoRA without the upcast) casts nothing
         out["autocast/weight_casts"] = model.vocab_size * h * HALF
@@ -548,8 +548,13 @@ class ShiftedLoss(NamedTuple):
     (torch/csrc/autograd/FunctionsManual.cpp ``slice_backward``: ``at::zeros(input_sizes)``), and
     the upcast's backward casts that to the head's dtype (ToCopyBackward0) for the head's matmul.
     ``upcast`` False (a model that shifts without upcasting, GPT-2 and BLOOM): every tensor is in
-    the head's dtype and there is no cast."""
+    the head's dtype and there is no cast. The loss runs inside the model's forward, so the last
+    hidden state the head read (the final norm's output, a local of the forward) is alive until it
+    returns (transformers 5's ForCausalLMLoss runs there too, but its peak is the loss' backward,
+    after the forward returned; this one's is the end of its forward)."""
 
+    hidden: int
+    """the final norm's output where nothing saved for backward is it (``shifted_loss``)"""
     head: int
     """the lm_head's output before its upcast (0 when the loss reads it as it is)"""
     logits: int
@@ -561,10 +566,10 @@ class ShiftedLoss(NamedTuple):
 
     @property
     def forward(self) -> int:
-        """Alive at the end of the loss' forward beside what it saves: the logits and their copy
-        (sequences of one token have no shifted position: there the head's output beside its upcast
-        is the most, ``shifted_loss_events``)."""
-        return self.logits + (self.shifted if self.shifted else self.head)
+        """Alive at the end of the loss' forward beside what it saves: the last hidden state, the
+        logits and their copy (sequences of one token have no shifted position: there the head's
+        output beside its upcast is the most, ``shifted_loss_events``)."""
+        return self.hidden + self.logits + (self.shifted if self.shifted else self.head)
 
     @property
     def backward(self) -> int:
@@ -572,11 +577,22 @@ class ShiftedLoss(NamedTuple):
         return 2 * self.shifted
 
 
-def shifted_loss(dims: Dims, mode: DtypeMode, *, upcast: bool = True) -> ShiftedLoss:
-    """transformers <= 4.45's loss tensors (``ShiftedLoss``) at ``dims``."""
-    dtype = FP32 if upcast else mode.logits
+def head_saves_input(config: TrainConfig) -> bool:
+    """The output head keeps its input for backward (``lm_head/input``): its weight trains, or the
+    sharding's linears save their input whatever trains (``ShardingSpec.linear_saves_input``)."""
+    return config.method is _FULL or config.sharding.spec.linear_saves_input
+
+
+def shifted_loss(dims: Dims, mode: DtypeMode, config: TrainConfig) -> ShiftedLoss:
+    """transformers <= 4.45's loss tensors (``ShiftedLoss``) at ``dims``, in ``config``'s loss dtype
+    (``loss_upcast``). The last hidden state is counted where the head keeps no copy of its own of
+    it: where it saves its input (``head_saves_input``) and that input is the hidden state itself,
+    not autocast's 16-bit cast of an fp32 one, ``lm_head/input`` counts it."""
+    dtype = FP32 if config.loss_upcast else mode.logits
     shifted = shifted_tokens(dims)
-    return ShiftedLoss(head=dims.tokens * dims.v * mode.logits if dtype != mode.logits else 0,
+    same = head_saves_input(config) and (not mode.autocast or mode.residual == HALF)
+    return ShiftedLoss(hidden=0 if same else dims.tokens * dims.h * mode.residual,
+                       head=dims.tokens * dims.v * mode.logits if dtype != mode.logits else 0,
                        logits=dims.tokens * dims.v * dtype, shifted=shifted * dims.v * dtype,
                        saved=(shifted * INT64, shifted * dims.v * dtype))
 
@@ -586,21 +602,22 @@ def shifted_loss(dims: Dims, mode: DtypeMode, *, upcast: bool = True) -> Shifted
 _LOSS_TRANSIENT, _LOSS_SAVED = "logits/transient", "activations/loss/log_softmax"
 
 
-def shifted_loss_events(dims: Dims, mode: DtypeMode, *, upcast: bool = True) -> tuple[tuple, tuple]:
+def shifted_loss_events(dims: Dims, mode: DtypeMode, config: TrainConfig) -> tuple[tuple, tuple]:
     """The forward's and the backward's events of transformers <= 4.45's loss (``ShiftedLoss``) in
     their order, as the timeline replays them (``planner.memory.timeline``): (op, tensor, breakdown
     key, sizes), op ``alloc`` (the tensor's sizes as made), ``free`` or ``mark`` (the moment: the
     end of the loss' forward, the loss' backward). Sequences of one token have no shifted position,
     so nothing follows the upcast: the head's output is freed after the mark."""
-    loss = shifted_loss(dims, mode, upcast=upcast)
+    loss = shifted_loss(dims, mode, config)
     free_head = ("free", "head", "", ())
     forward = (
+        ("alloc", "hidden", _LOSS_TRANSIENT, (loss.hidden,)),
         ("alloc", "head", _LOSS_TRANSIENT, (loss.head,)), ("alloc", "logits", _LOSS_TRANSIENT, (loss.logits,)),
         *((free_head,) if loss.shifted else ()),
         ("alloc", "shifted", _LOSS_TRANSIENT, (loss.shifted,)), ("alloc", "saved", _LOSS_SAVED, loss.saved),
         ("mark", "", "", ()),
         *(() if loss.shifted else (free_head,)),
-        ("free", "shifted", "", ()), ("free", "logits", "", ()),
+        ("free", "shifted", "", ()), ("free", "hidden", "", ()), ("free", "logits", "", ()),
     )
     backward = (
         ("alloc", "grad_saved", _LOSS_TRANSIENT, (loss.shifted,)),
@@ -627,7 +644,7 @@ def logits_forward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig | 
     if config is not None and config.fused_ce:
         return fused_ce_transient(dims, mode, kernels)
     if config is not None and config.loss_shift:
-        return shifted_loss(dims, mode, upcast=upcast).forward
+        return shifted_loss(dims, mode, config).forward
     ev = dims.tokens * dims.v
     return ev * mode.logits + (loss_chunk_tokens(dims, chunks) * dims.v * FP32 if upcast and mode.logits != FP32 else 0)
 
@@ -643,7 +660,7 @@ def logits_backward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig |
     if config is not None and config.fused_ce:
         return 0
     if config is not None and config.loss_shift:
-        return shifted_loss(dims, mode, upcast=upcast).backward
+        return shifted_loss(dims, mode, config).backward
     return 2 * loss_chunk_tokens(dims, chunks) * dims.v * (FP32 if upcast else mode.logits)
 
 
@@ -716,7 +733,7 @@ def manual_loop_logits(dims: Dims, mode: DtypeMode, config: TrainConfig) -> int:
     if config.fused_ce:
         return 0
     if config.loss_shift:
-        return shifted_loss(dims, mode, upcast=config.loss_upcast).logits
+        return shifted_loss(dims, mode, config).logits
     return dims.tokens * dims.v * mode.logits
 
 
@@ -1236,6 +1253,7 @@ __all__ = [
     "model_level_terms",
     "recompute_end_terms",
     "ShiftedLoss",
+    "head_saves_input",
     "shifted_loss",
     "shifted_loss_events",
     "shifted_tokens",

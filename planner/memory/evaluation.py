@@ -112,8 +112,9 @@ def _forward_parts(model: ModelSpec, config: TrainConfig) -> dict[str, int]:
     dims, mode = dims_of(model, eval_config), mode_of(eval_config)
     e = dims.tokens
     if config.loss_shift:
-        loss = shifted_loss(dims, mode, upcast=config.loss_upcast)
-        return {LOGITS: loss.forward + loss.saved[1], HIDDEN: e * dims.h * mode.residual,
+        loss = shifted_loss(dims, mode, config)
+        held = loss.shifted + loss.saved[1] if loss.shifted else loss.head  # (one token: the upcast's moment)
+        return {LOGITS: loss.logits + held, HIDDEN: e * dims.h * mode.residual,
                 TOKENS: (e + shifted_tokens(dims)) * INT64}
     return {
         LOGITS: logits_forward_transient(dims, mode, upcast=config.loss_upcast)

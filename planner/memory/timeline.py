@@ -424,7 +424,7 @@ def _loss_instant(b: _Builder, s: _Step, name: str, mark: bool, where: str, made
     log-probabilities the head's saved term), where ``_instant`` would allocate the moment's logits
     at once. ``made``: the loss' live tensors by name, across the two."""
     assert [part.key for part in MOMENT[name].transients] == ["logits/transient"], name
-    events = shifted_loss_events(dims_of(s.model, s.config), mode_of(s.config), upcast=s.config.loss_upcast)
+    events = shifted_loss_events(dims_of(s.model, s.config), mode_of(s.config), s.config)
     for op, tensor, key, sizes in events[name != "forward"]:
         if op == "mark":
             if mark:

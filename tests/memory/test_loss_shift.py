@@ -34,8 +34,9 @@ LLAMA3_VOCAB = 128256
 
 
 def test_the_terms_by_hand():
-    """Llama-3.1-8B, bf16-mixed, 2 x 2048 tokens: 2 x 2047 shifted positions. The forward's end
-    holds the fp32 logits (4096 x V x 4) and their shifted copy (4094 x V x 4) beside the fp32
+    """Llama-3.1-8B, LoRA, bf16-mixed, 2 x 2048 tokens: 2 x 2047 shifted positions. The forward's
+    end holds the last hidden state (fp32, 4096 x 4096 x 4: the frozen head keeps no copy of it),
+    the fp32 logits (4096 x V x 4) and their shifted copy (4094 x V x 4) beside the fp32
     log-probabilities of the shifted positions and their int64 labels; the loss' backward two
     fp32 gradients of the shifted copy; a hand-written loop keeps the fp32 logits (transformers
     5 keeps the head's bf16 output)."""
@@ -44,18 +45,24 @@ def test_the_terms_by_hand():
     dims, mode = dims_of(model, config), mode_of(config)
     e, shifted = 4096, 4094
     assert log_softmax_bytes(dims, mode, shift=True) == shifted * (LLAMA3_VOCAB * 4 + 8)
-    assert logits_forward_transient(dims, mode, config) == (e + shifted) * LLAMA3_VOCAB * 4
+    assert logits_forward_transient(dims, mode, config) == e * 4096 * 4 + (e + shifted) * LLAMA3_VOCAB * 4
+    # full fine-tuning in pure bf16: the head saves its input, the hidden state itself (lm_head/input)
+    pure = TrainConfig(micro_batch=2, seq_len=2048, precision="bf16", loss_shift=True)
+    assert shifted_loss(dims, mode_of(pure), pure).hidden == 0
+    # under autocast the head saves its bf16 cast: the fp32 hidden state is a tensor of its own
+    assert shifted_loss(dims, mode, config.replace(method="full", lora_r=None, lora_targets=None)).hidden == e * 4096 * 4
     assert logits_backward_transient(dims, mode, config) == 2 * shifted * LLAMA3_VOCAB * 4
     assert manual_loop_logits(dims, mode, config) == e * LLAMA3_VOCAB * 4
     assert manual_loop_logits(dims, mode, config.replace(loss_shift=False)) == e * LLAMA3_VOCAB * 2
-    loss = shifted_loss(dims, mode)
+    loss = shifted_loss(dims, mode, config)
     assert (loss.head, loss.logits, loss.shifted) == (e * LLAMA3_VOCAB * 2, e * LLAMA3_VOCAB * 4,
                                                      shifted * LLAMA3_VOCAB * 4)
     # a model that shifts without upcasting (GPT-2, BLOOM in 4.x) in a 16-bit loss: no cast, all bf16
-    low = shifted_loss(dims, mode, upcast=False)
+    low = shifted_loss(dims, mode, config.replace(loss_upcast=False))
     assert (low.head, low.logits, low.shifted) == (0, e * LLAMA3_VOCAB * 2, shifted * LLAMA3_VOCAB * 2)
     # an fp32 head's logits are upcast by nothing
-    assert shifted_loss(dims, mode_of(TrainConfig(precision="fp32", loss_shift=True))).head == 0
+    fp32 = TrainConfig(precision="fp32", loss_shift=True)
+    assert shifted_loss(dims, mode_of(fp32), fp32).head == 0
 
 
 def _loss_tensors(events):
@@ -71,22 +78,23 @@ def _loss_tensors(events):
 
 def test_the_timeline_replays_the_loss_in_its_order():
     """The step the moments are read from allocates and frees the loss' tensors in
-    ``shifted_loss_events``' order: the head's bf16 output, its fp32 upcast, the output freed, the
-    shifted copy, the labels and log-probabilities; at the end of the forward the copy and the
-    logits freed; in backward the two gradients of the shifted copy, the first and the saved
+    ``shifted_loss_events``' order: the last hidden state, the head's bf16 output, its fp32 upcast,
+    the output freed, the shifted copy, the labels and log-probabilities; at the end of the forward
+    the copy, the hidden state and the logits freed; in backward the two gradients of the shifted copy, the first and the saved
     log-probabilities freed, SliceBackward's gradient of the whole logits, the second freed, the
     upcast's backward in bf16, and both freed."""
     model = resolve_model("Qwen/Qwen2.5-0.5B")
     config = TrainConfig(method="lora", micro_batch=2, seq_len=512, loss_shift=True)
     dims, mode = dims_of(model, config), mode_of(config)
-    e, s, v = 1024, 1022, model.vocab_size
+    e, s, v, h = 1024, 1022, model.vocab_size, model.hidden_size
     timeline = step_timeline(model=model, config=config, kernels=get_gpu("a100-80gb").kernels)
     assert _loss_tensors(timeline.events[timeline.start:]) == [
-        e * v * 2, e * v * 4, -e * v * 2, s * v * 4, s * 8, s * v * 4, -s * v * 4, -e * v * 4,  # forward
+        e * h * 4, e * v * 2, e * v * 4, -e * v * 2, s * v * 4, s * 8, s * v * 4, -s * v * 4, -e * h * 4,  # forward
+        -e * v * 4,
         s * v * 4, s * v * 4, -s * v * 4, -s * 8, -s * v * 4, e * v * 4, -s * v * 4, e * v * 2, -e * v * 4,
         -e * v * 2]
-    forward, backward = shifted_loss_events(dims, mode)
-    assert [op for op, *_ in forward].index("mark") == 5 and [op for op, *_ in backward].index("mark") == 2
+    forward, backward = shifted_loss_events(dims, mode, config)
+    assert [op for op, *_ in forward].index("mark") == 6 and [op for op, *_ in backward].index("mark") == 2
     # the moments' totals are the walk's at their marks (step_timeline checks it as it builds), and
     # the loss' peak is the end of its forward: the logits, their copy and the log-probabilities
     assert timeline.peak_phase == "forward"
