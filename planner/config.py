@@ -108,7 +108,7 @@ class Loop(enum.StrEnum):
 #: a payload without them decodes to their defaults, which are the behaviour it was planned with.
 #: torchtune's ``optimizer_in_bwd`` and ``loss_chunks`` were added within version 3 the same way,
 #: written only where set, and so were QLoRA's ``kbit_upcast`` and the loss' ``loss_upcast`` (written
-#: only where False).
+#: only where False) and ``loss_shift`` (only where True).
 #: Version 3 names the sharding scheme (``sharding``, ``planner.sharding``) where no ``--zero``
 #: stage names it; a configuration whose scheme a stage names (none, DDP, ZeRO-1/2/3) is still
 #: written as version 2 (``zero`` and ``offload``), so that version-2 readers read it and stored
@@ -317,6 +317,13 @@ class TrainConfig:
     the head's dtype (litgpt's ``chunked_cross_entropy``), so its log-probabilities and gradients are
     16-bit (``planner.memory.activations.log_softmax_bytes``). Refused with ``fused_ce``, whose loss
     is Liger's own."""
+    loss_shift: bool = False
+    """The causal-LM loss as transformers <= 4.45 computes it in the model's forward
+    (``planner.memory.activations.shifted_loss``): the logits upcast and returned, a contiguous copy of
+    all but each sequence's last position, ``CrossEntropyLoss`` on that copy, and in backward a
+    zero-filled gradient of the whole logits (transformers 4.45.2 models/mistral/modeling_mistral.py
+    l.1059-1074); False: transformers 5's ``ForCausalLMLoss`` (the labels shifted, not the logits).
+    Refused with ``fused_ce`` and ``loss_chunks``, whose losses are their own."""
     kbit_upcast: bool = True
     """QLoRA's k-bit preparation upcasts every non-4-bit parameter to fp32 (peft's
     ``prepare_model_for_kbit_training``, peft 0.21 utils/other.py:204-209: norms, embeddings, the
@@ -340,7 +347,7 @@ class TrainConfig:
                  sharding: Sharding | str = NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
                  loop: Loop | str = Loop.TRAINER, fused_ce: bool = False, packing: bool = True,
                  use_cache: bool = False, optimizer_in_bwd: bool = False, loss_chunks: int = 1,
-                 loss_upcast: bool = True, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, zero: int | None = None, offload: Offload | str | None = None) -> None:
+                 loss_upcast: bool = True, loss_shift: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, zero: int | None = None, offload: Offload | str | None = None) -> None:
         # The dataclass's own __init__ with every field and its default (a test holds them equal),
         # setting all fields at once: the generated one makes one object.__setattr__ call per frozen
         # field, half the cost of a construction (the search makes hundreds per request). ``zero``
@@ -351,7 +358,7 @@ class TrainConfig:
             "attention": attention, "lora_r": lora_r, "lora_targets": lora_targets, "sharding": sharding,
             "alloc_conf": alloc_conf, "lora_dropout": lora_dropout, "loop": loop, "fused_ce": fused_ce,
             "packing": packing, "use_cache": use_cache, "optimizer_in_bwd": optimizer_in_bwd,
-            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
+            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
             "generate_tokens": generate_tokens,
         })
         self.__post_init__(zero, offload)
@@ -383,9 +390,10 @@ class TrainConfig:
             fields["lora_dropout"] = _check_dropout(dropout)
         if not (type(fields["fused_ce"]) is bool and type(fields["packing"]) is bool  # bool has no subclasses
                 and type(fields["use_cache"]) is bool and type(fields["optimizer_in_bwd"]) is bool
-                and type(fields["kbit_upcast"]) is bool and type(fields["loss_upcast"]) is bool):
+                and type(fields["kbit_upcast"]) is bool and type(fields["loss_upcast"]) is bool
+                and type(fields["loss_shift"]) is bool):
             flag = next(flag for flag in ("fused_ce", "packing", "use_cache", "optimizer_in_bwd", "kbit_upcast",
-                                          "loss_upcast")
+                                          "loss_upcast", "loss_shift")
                         if type(fields[flag]) is not bool)
             raise InvalidConfigError(f"{flag} must be true or false, got {fields[flag]!r}")
         for name, bound in _COUNT_BOUNDS:
@@ -441,6 +449,10 @@ class TrainConfig:
         if self.fused_ce and not self.loss_upcast:
             raise InvalidConfigError("--no-loss-upcast sets the dtype of a cross-entropy on the logits, which --fused-ce "
                                      "never materialises (Liger's fused loss is fp32 inside): drop one")
+        if self.loss_shift and (self.fused_ce or self.loss_chunks > 1):
+            raise InvalidConfigError(f"--loss-shift is transformers 4's cross-entropy on a shifted copy of the whole "
+                                     f"logits; {'--fused-ce' if self.fused_ce else '--loss-chunks'} is a loss of its "
+                                     "own: drop one")
         if self.fused_ce and self.eval_batch is not None:
             raise UnsupportedError(
                 "--eval-batch with --fused-ce is not modelled (Liger's eval forward skips the logits only under "
@@ -593,7 +605,7 @@ class TrainConfig:
         return {
             # torchtune's settings are version 3's: a version-2 reader would drop them
             "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding and not self._torchtune_set and self.kbit_upcast
-            and self.loss_upcast else CONFIG_VERSION,
+            and self.loss_upcast and not self.loss_shift else CONFIG_VERSION,
             "method": str(self.method),
             "precision": str(self.precision),
             "optimizer": str(self.optimizer),
@@ -618,6 +630,7 @@ class TrainConfig:
             # the k-bit preparation only where it does not upcast (peft's, the default, keeps the bytes)
             **({"kbit_upcast": False} if not self.kbit_upcast else {}),
             **({"loss_upcast": False} if not self.loss_upcast else {}),
+            **({"loss_shift": True} if self.loss_shift else {}),
             # the evaluation settings only where the run evaluates: a payload without them is a
             # run without an eval pass, and keeps its bytes
             **({"eval_batch": self.eval_batch, "eval_seq_len": self.eval_seq_len,
@@ -676,6 +689,8 @@ class TrainConfig:
             parts.append(f"loss/{self.loss_chunks}")
         if not self.loss_upcast:
             parts.append("16-bit loss")
+        if self.loss_shift:
+            parts.append("shifted-logits loss")
         if not self.kbit_upcast:
             parts.append("no-kbit-upcast")
         if self.evaluates:

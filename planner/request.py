@@ -214,6 +214,20 @@ _FIELDS = (
            memo=(BATCH,), recipe=True,
            terms="the loss' log-probabilities and transients (memory/activations.py log_softmax_bytes, memory/step.py)",
            trainers=_NO_TRAINER_KEY),
+    # Where the loss shifts: transformers 5's ForCausalLMLoss pads the labels and shifts them
+    # (transformers 5.24 loss/loss_utils.py:64-66); transformers <= 4.45 computed the loss in each
+    # causal LM's forward on a contiguous copy of the logits less each sequence's last position
+    # (4.45.2 models/mistral/modeling_mistral.py l.1059-1074, llama l.1214-1229, qwen2 l.1187-1202;
+    # 4.40.0 mistral l.1171-1185, qwen2 l.1182-1196), the logits upcast to fp32 first (GPT-2 and
+    # BLOOM shift the head's logits with no upcast of their own: 4.40.0 modeling_gpt2.py l.1327-1334,
+    # modeling_bloom.py l.864-871). The installed transformers never runs it: emit's train.py and the
+    # worker pass the model no labels and compute that loss on its logits (``shifted_copy_loss``).
+    _field("loss_shift", bool, False, "The causal-LM loss as transformers <= 4.45 computes it in the model's forward: "
+           "the upcast logits returned and a contiguous copy of all but each sequence's last position for "
+           "CrossEntropyLoss, whose backward fills a zero gradient of the whole logits (default: transformers 5's "
+           "ForCausalLMLoss, which shifts the labels instead).", memo=(BATCH,), recipe=True,
+           terms="the loss' logits-sized tensors and their order (memory/activations.py shifted_loss, "
+           "memory/timeline.py)", trainers=_NO_TRAINER_KEY),
     # QLoRA's k-bit preparation: peft's prepare_model_for_kbit_training (the HF/TRL path, emit's
     # train.py and the worker) upcasts every non-4-bit parameter to fp32 (peft 0.21 utils/other.py:204-209);
     # fms-acceleration's accelerated-peft-bnb, torchtune's QLoRA recipes, LLaMA-Factory
@@ -353,6 +367,8 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
         parts.append(f"loss over {values['loss_chunks']} chunks")
     if values.get("loss_upcast") is False:
         parts.append("16-bit loss (no fp32 upcast of the logits)")
+    if values.get("loss_shift"):
+        parts.append("transformers 4's loss on a shifted copy of the logits")
     if values.get("eval_batch"):
         tokens = values.get("eval_seq_len") or values.get("seq_len")
         parts.append(f"eval batch {values['eval_batch']}" + (f" x {tokens} tokens" if tokens else "")
@@ -399,6 +415,10 @@ def check_for_model(*, model_id: str, is_encoder: bool, values: Mapping[str, Any
     if values.get("loss_upcast") is False and (is_encoder or is_encoder_decoder):
         raise InvalidConfigError(f"--no-loss-upcast is a causal LM's cross-entropy on its 16-bit logits; {model_id} "
                                  f"is {'a masked-LM encoder' if is_encoder else 'an encoder-decoder'}: drop it")
+    if values.get("loss_shift") and (is_encoder or is_encoder_decoder):
+        raise InvalidConfigError(f"--loss-shift is a causal LM's loss on its shifted logits; {model_id} is "
+                                 f"{'a masked-LM encoder' if is_encoder else 'an encoder-decoder'} (its labels are not "
+                                 "shifted): drop it")
     if values.get("generate_tokens") and is_encoder:
         raise InvalidConfigError(f"--generate-tokens generates with a causal LM; {model_id} is a masked-LM encoder: "
                                  "drop --generate-tokens")

@@ -35,7 +35,9 @@ random model with ``save_pretrained`` and reloads it with a 4-bit NF4 ``BitsAndB
 non-quantized parameters to fp32: real behaviour) unless the plan keeps them 16-bit
 (``kbit_upcast`` False, as fms-acceleration, torchtune and LLaMA-Factory do), and LoRA. A
 16-bit loss (``loss_upcast`` False) is computed on the logits as the head makes them, as emit's
-train.py does (``_install_loss_in_logits_dtype``).
+train.py does (``_install_loss_in_logits_dtype``); transformers <= 4.45's loss (``loss_shift``) on a
+shifted copy of the logits inside the model's forward, as those versions ran it
+(``_install_shifted_copy_loss``).
 """
 
 from __future__ import annotations
@@ -345,7 +347,9 @@ def _train(
     forward_settings = model_config_settings(config) if seq2seq.is_seq2seq(model_config) else {}
     if training_arguments(config, on_cpu=device == "cpu").get("use_liger_kernel"):
         _install_fused_ce(model, model_config=model_config)
-    if not config.loss_upcast:
+    if config.loss_shift:
+        _install_shifted_copy_loss(model, model_config=model_config, upcast=config.loss_upcast)
+    elif not config.loss_upcast:
         _install_loss_in_logits_dtype(model, model_config=model_config)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -558,6 +562,45 @@ def _install_loss_in_logits_dtype(model, *, model_config: Mapping[str, Any]) -> 
         return out
 
     model.forward = with_loss
+
+
+def _install_shifted_copy_loss(model, *, model_config: Mapping[str, Any], upcast: bool) -> None:
+    """transformers <= 4.45's causal-LM forward with its loss (``loss_shift``): the decoder, the head,
+    then the lines 4.45's models ran in their forward (4.45.2 models/llama/modeling_llama.py
+    l.1214-1229): ``logits = self.lm_head(hidden_states).float()``, ``shift_logits = logits[...,
+    :-1, :].contiguous()``, ``CrossEntropyLoss`` on it, the upcast logits returned; the last hidden
+    state a local until the forward returns. Under the run's autocast, as the model's forward ran
+    it; with ``upcast`` False on the logits as they are, autocast off, as the 16-bit loss. (emit's
+    train.py passes the Trainer the same lines as a compute_loss_func, ``shifted_copy_loss``, which
+    runs after the forward returned.)"""
+    import types
+
+    import torch
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    if _is_encoder(model_config) or seq2seq.is_seq2seq(model_config):
+        raise InvalidConfigError("--loss-shift is a causal LM's loss: the worker has no shifted masked-LM or "
+                                 "encoder-decoder loss")
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = getattr(base, base.base_model_prefix)
+    head = base.get_output_embeddings()
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+        # the decoder reads the KV cache setting from the model's config, as the Trainer's forward
+        outputs = decoder(input_ids=input_ids, attention_mask=attention_mask)
+        hidden_states = outputs[0]
+        logits = head(hidden_states)
+        if upcast:
+            logits = logits.float()  # the head's own output dies here
+        loss = None
+        if labels is not None:
+            shift_logits = logits[..., :-1, :].contiguous()
+            shift_labels = labels[..., 1:].contiguous().to(logits.device)
+            with contextlib.nullcontext() if upcast else torch.autocast(logits.device.type, enabled=False):
+                loss = torch.nn.CrossEntropyLoss()(shift_logits.view(-1, shift_logits.shape[-1]), shift_labels.view(-1))
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
+
+    base.forward = types.MethodType(forward, base)
 
 
 def _tag_states(probe, *, model, optimizer, use_ds: bool) -> None:

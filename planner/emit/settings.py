@@ -143,6 +143,12 @@ def run_assumptions(config: TrainConfig) -> list[str]:
     if not config.loss_upcast:
         lines.append("a 16-bit loss: train.py passes the Trainer a compute_loss_func that computes the cross-entropy on "
                      "the logits in the head's dtype, without transformers' fp32 upcast (and with autocast off)")
+    if config.loss_shift:
+        lines.append("transformers <= 4.45's loss: train.py passes the Trainer a compute_loss_func that keeps the "
+                     "upcast logits in the outputs and computes the cross-entropy on a contiguous shifted copy of them, "
+                     "as those versions' models did in their forward; it runs after the forward returned, so the last "
+                     "hidden state, which the plan counts beside the loss as those versions held it, is already freed: "
+                     "it needs that much less")
     if not config.kbit_upcast:  # (peft's upcast, the default, is what every QLoRA plan says of itself)
         lines.append("no k-bit upcast: the non-4-bit parameters (norms, embeddings, head) and the residual stream stay "
                      f"{model_dtype(config)} (train.py skips peft's prepare_model_for_kbit_training)")
@@ -166,12 +172,13 @@ def model_config_settings(config: TrainConfig) -> dict[str, Any]:
 def script_recipe(config: TrainConfig) -> dict[str, Any]:
     """The recipe settings train.py applies itself (``planner.emit.train_script``): packing, the
     launcher's environment, the model-config settings (the KV cache), the evaluation pass's sequences
-    QLoRA's k-bit preparation (peft's fp32 upcast or none) and the loss' dtype (transformers' fp32
-    upcast or train.py's 16-bit ``loss_in_logits_dtype``)."""
+    QLoRA's k-bit preparation (peft's fp32 upcast or none), the loss' dtype (transformers' fp32
+    upcast or train.py's 16-bit ``loss_in_logits_dtype``) and transformers <= 4.45's loss on a shifted
+    copy of the logits (train.py's ``shifted_copy_loss``)."""
     return {"packed": config.packing, "launch_env": launch_env(config), **model_config_settings(config),
             "eval_sequences": eval_sequences(config), "eval_seq_len": config.eval_tokens,
             "generate_tokens": config.generate_tokens, "kbit_upcast": config.kbit_upcast,
-            "loss_upcast": config.loss_upcast}
+            "loss_upcast": config.loss_upcast, "loss_shift": config.loss_shift}
 
 
 def launch_env(config: TrainConfig) -> dict[str, str]:

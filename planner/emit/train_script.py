@@ -41,6 +41,7 @@ PACKED = $packed  # True: sequences packed to SEQ_LEN; False: one row per sequen
 USE_CACHE = $use_cache  # transformers' use_cache in the training forward
 KBIT_UPCAST = $kbit_upcast  # QLoRA: peft's prepare_model_for_kbit_training upcasts the non-4-bit parameters to fp32
 LOSS_UPCAST = $loss_upcast  # transformers' causal-LM loss upcasts the logits to fp32; False: the loss below
+LOSS_SHIFT = $loss_shift  # the loss as transformers <= 4.45 computed it, on a shifted copy of the logits (below)
 EVAL_SEQUENCES = $eval_sequences  # sequences held out of the dataset for evaluation (0: no evaluation)
 EVAL_SEQ_LEN = $eval_seq_len  # tokens per eval sequence (the prompt's when generating)
 GENERATE_TOKENS = $generate_tokens  # tokens generated from the first eval batch at each evaluation (0: none)
@@ -172,6 +173,28 @@ def loss_in_logits_dtype(outputs, labels, num_items_in_batch=None):
     return loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
 
 
+def shifted_copy_loss(outputs, labels, num_items_in_batch=None):
+    """The causal-LM loss as transformers <= 4.45 computed it in the model's forward (4.45.2
+    models/llama/modeling_llama.py l.1214-1229): the logits upcast (LOSS_UPCAST) and returned in
+    their place, a contiguous copy of all but each sequence's last position, the cross-entropy on
+    it (the plan counts that copy and the zero gradient of the whole logits its backward makes)."""
+    import contextlib
+
+    import torch
+
+    logits = outputs.logits.float() if LOSS_UPCAST else outputs.logits
+    outputs["logits"] = logits  # the model returned the upcast logits: the head's own output is dropped
+    shift_logits = logits[..., :-1, :].contiguous()
+    shift_labels = labels[..., 1:].contiguous().to(logits.device)
+    with contextlib.nullcontext() if LOSS_UPCAST else torch.autocast(logits.device.type, enabled=False):
+        loss = torch.nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.shape[-1]), shift_labels.view(-1),
+                                                 ignore_index=-100,
+                                                 reduction="mean" if num_items_in_batch is None else "sum")
+    if num_items_in_batch is None:
+        return loss
+    return loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=MODEL, help=f"model id or folder (default {MODEL})")
@@ -216,7 +239,7 @@ def build_trainer(argv=None):
         data = [{"input_ids": b, "labels": b} for b in blocks]
     data, held_out = split_off_evaluation(data)
     trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=held_out, data_collator=collator,
-                      compute_loss_func=None if LOSS_UPCAST else loss_in_logits_dtype)
+                      compute_loss_func=shifted_copy_loss if LOSS_SHIFT else None if LOSS_UPCAST else loss_in_logits_dtype)
     if GENERATE_TOKENS:
         trainer.add_callback(generating_callback(trainer, held_out))
     if "8bit" in args.optim:
@@ -245,6 +268,7 @@ def render_train_script(
     attention: str, masked_lm: bool, dataset: str | None, seq2seq: bool = False, packed: bool = True,
     use_cache: bool = False, launch_env: dict[str, str] | None = None, eval_sequences: int = 0,
     eval_seq_len: int = 0, generate_tokens: int = 0, kbit_upcast: bool = True, loss_upcast: bool = True,
+    loss_shift: bool = False,
 ) -> str:
     """The text of ``train.py`` for one plan; ``launch_env``: variables it sets as ``accelerate launch``
     would (``planner.emit.settings.launch_env``), before TrainingArguments reads them."""
@@ -260,7 +284,7 @@ def render_train_script(
         seq_len=seq_len, dtype_repr=repr(dtype), dtype_why=dtype_why, attention_repr=repr(attention),
         masked_lm=masked_lm, seq2seq=seq2seq, packed=packed, use_cache=use_cache, data_doc=data_doc, launch_env=env,
         eval_sequences=eval_sequences, eval_seq_len=eval_seq_len or seq_len, generate_tokens=generate_tokens,
-        kbit_upcast=kbit_upcast, loss_upcast=loss_upcast,
+        kbit_upcast=kbit_upcast, loss_upcast=loss_upcast, loss_shift=loss_shift,
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.config import Attention, Method, TrainConfig
 from planner.gpus import CPU_KERNELS, CUDA_KERNELS, KernelProfile
@@ -90,7 +91,8 @@ TERM_SOURCES = {
     "final_norm": "the final norm's saved tensors",
     "lm_head/input": "lm_head's input (F.linear)",
     "loss/log_softmax": "cross_entropy = log_softmax + nll_loss: fp32 log-probabilities and int64 labels "
-                        "(transformers/loss/loss_utils.py ForCausalLMLoss)",
+                        "(transformers/loss/loss_utils.py ForCausalLMLoss; transformers <= 4.45: of the shifted "
+                        "positions, activations.shifted_loss)",
     "loss/softcap": "final_logit_softcapping: tanh(logits / cap) keeps its output (Gemma4ForCausalLM.forward)",
     "loss/fused_grad_input": "fused linear cross-entropy: the gradient of the head's input, computed in the forward "
                              "and saved for backward (Liger ops/fused_linear_cross_entropy.py: grad_input = "
@@ -481,13 +483,13 @@ def model_level_terms(model: ModelSpec, config: TrainConfig, dims: Dims, mode: D
         # dtype of the final norm's output (the residual stream's)
         out["loss/fused_grad_input"] = e * h * mode.residual
         return out
-    if full or config.sharding.spec.linear_saves_input:
+    if head_saves_input(config):
         out["lm_head/input"] = e * h * (HALF if mode.autocast else mode.residual)
     if mode.autocast and mode.weight == FP32:  # a 16-bit head (QLoRA without the upcast) casts nothing
         out["autocast/weight_casts"] = model.vocab_size * h * HALF
     if mode.fp8:
         out.update(fp8_first_linear(model))
-    out["loss/log_softmax"] = log_softmax_bytes(dims, mode, upcast=config.loss_upcast)
+    out["loss/log_softmax"] = log_softmax_bytes(dims, mode, upcast=config.loss_upcast, shift=config.loss_shift)
     if model.final_logit_softcap:
         # logits / cap -> tanh -> * cap (Gemma4ForCausalLM.forward): tanh keeps its output, the lm_head's dtype
         out["loss/softcap"] = e * dims.v * mode.logits
@@ -512,13 +514,121 @@ def loss_chunk_tokens(dims: Dims, chunks: int = 1) -> int:
     return dims.b * -(-dims.s // chunks)
 
 
-def log_softmax_bytes(dims: Dims, mode: DtypeMode, *, upcast: bool = True) -> int:
+def log_softmax_bytes(dims: Dims, mode: DtypeMode, *, upcast: bool = True, shift: bool = False) -> int:
     """What the loss saves for backward: cross_entropy = log_softmax + nll_loss, log_softmax keeping
     its output (the log-probabilities, fp32 after ForCausalLMLoss' upcast) and nll_loss the int64
     labels. ``upcast`` False: a loss on the logits as the head makes them (litgpt's
     chunked_cross_entropy calls F.cross_entropy on the bf16 pieces: litgpt/utils.py), whose
-    log-probabilities are in the logits' dtype; chunked or not, every piece's are kept."""
-    return dims.tokens * (dims.v * (FP32 if upcast else mode.logits) + INT64)
+    log-probabilities are in the logits' dtype; chunked or not, every piece's are kept. ``shift``
+    (transformers <= 4.45's loss, ``shifted_loss``): over the shifted positions only."""
+    tokens = shifted_tokens(dims) if shift else dims.tokens
+    return tokens * (dims.v * (FP32 if upcast else mode.logits) + INT64)
+
+
+def shifted_tokens(dims: Dims) -> int:
+    """The positions transformers <= 4.45's causal-LM loss reads: all but each sequence's last
+    (``shift_logits = logits[..., :-1, :].contiguous()``, ``shift_labels = labels[..., 1:]``)."""
+    return dims.b * (dims.s - 1)
+
+
+class ShiftedLoss(NamedTuple):
+    """The logits-sized tensors of transformers <= 4.45's causal-LM loss (``TrainConfig.loss_shift``),
+    bytes each. The model's forward computes it (4.45.2 models/mistral/modeling_mistral.py
+    l.1059-1074; llama l.1214-1229, qwen2 l.1187-1202; 4.40.0 mistral l.1171-1185, qwen2
+    l.1182-1196): ``logits = self.lm_head(hidden_states).float()`` (the head's 16-bit output is a
+    temporary, freed once upcast), ``shift_logits = logits[..., :-1, :].contiguous()`` (a second
+    copy while ``logits``, returned in the outputs, is still referenced), then ``CrossEntropyLoss``:
+    log_softmax keeps its output of the shifted positions, nll_loss the contiguous shifted labels.
+    The shifted copy dies when the forward returns, the returned logits when the Trainer's
+    compute_loss does (a hand-written loop keeps them: ``manual_loop_logits``). Backward:
+    NllLossBackward's zero-filled gradient of the log-probabilities and LogSoftmaxBackward's
+    gradient of the shifted copy exist with the saved log-probabilities (the loss' peak, as
+    transformers 5's), both freed with them; the contiguous copy passes its gradient through, then
+    SliceBackward makes a zero gradient of the whole logits and copies the shifted one into it
+    (torch/csrc/autograd/FunctionsManual.cpp ``slice_backward``: ``at::zeros(input_sizes)``), and
+    the upcast's backward casts that to the head's dtype (ToCopyBackward0) for the head's matmul.
+    ``upcast`` False (a model that shifts without upcasting, GPT-2 and BLOOM): every tensor is in
+    the head's dtype and there is no cast. The loss runs inside the model's forward, so the last
+    hidden state the head read (the final norm's output, a local of the forward) is alive until it
+    returns (transformers 5's ForCausalLMLoss runs there too, but its peak is the loss' backward,
+    after the forward returned; this one's is the end of its forward)."""
+
+    hidden: int
+    """the final norm's output where nothing saved for backward is it (``shifted_loss``)"""
+    head: int
+    """the lm_head's output before its upcast (0 when the loss reads it as it is)"""
+    logits: int
+    """the returned logits, in the loss' dtype"""
+    shifted: int
+    """their contiguous copy of the shifted positions; each gradient of the loss' backward too"""
+    saved: tuple[int, int]
+    """what the loss keeps for backward, as made: nll_loss's int64 labels, log_softmax's output"""
+
+    @property
+    def forward(self) -> int:
+        """Alive at the end of the loss' forward beside what it saves: the last hidden state, the
+        logits and their copy (sequences of one token have no shifted position: there the head's
+        output beside its upcast is the most, ``shifted_loss_events``)."""
+        return self.hidden + self.logits + (self.shifted if self.shifted else self.head)
+
+    @property
+    def backward(self) -> int:
+        """Alive at the loss' backward beside what it saved: the two gradients of the shifted logits."""
+        return 2 * self.shifted
+
+
+def head_saves_input(config: TrainConfig) -> bool:
+    """The output head keeps its input for backward (``lm_head/input``): its weight trains, or the
+    sharding's linears save their input whatever trains (``ShardingSpec.linear_saves_input``)."""
+    return config.method is _FULL or config.sharding.spec.linear_saves_input
+
+
+def shifted_loss(dims: Dims, mode: DtypeMode, config: TrainConfig) -> ShiftedLoss:
+    """transformers <= 4.45's loss tensors (``ShiftedLoss``) at ``dims``, in ``config``'s loss dtype
+    (``loss_upcast``). The last hidden state is counted where the head keeps no copy of its own of
+    it: where it saves its input (``head_saves_input``) and that input is the hidden state itself,
+    not autocast's 16-bit cast of an fp32 one, ``lm_head/input`` counts it."""
+    dtype = FP32 if config.loss_upcast else mode.logits
+    shifted = shifted_tokens(dims)
+    same = head_saves_input(config) and (not mode.autocast or mode.residual == HALF)
+    return ShiftedLoss(hidden=0 if same else dims.tokens * dims.h * mode.residual,
+                       head=dims.tokens * dims.v * mode.logits if dtype != mode.logits else 0,
+                       logits=dims.tokens * dims.v * dtype, shifted=shifted * dims.v * dtype,
+                       saved=(shifted * INT64, shifted * dims.v * dtype))
+
+
+#: the breakdown keys of the loss' events: its transients, and the log-probabilities it saves (the
+#: head's saved term ``loss/log_softmax``)
+_LOSS_TRANSIENT, _LOSS_SAVED = "logits/transient", "activations/loss/log_softmax"
+
+
+def shifted_loss_events(dims: Dims, mode: DtypeMode, config: TrainConfig) -> tuple[tuple, tuple]:
+    """The forward's and the backward's events of transformers <= 4.45's loss (``ShiftedLoss``) in
+    their order, as the timeline replays them (``planner.memory.timeline``): (op, tensor, breakdown
+    key, sizes), op ``alloc`` (the tensor's sizes as made), ``free`` or ``mark`` (the moment: the
+    end of the loss' forward, the loss' backward). Sequences of one token have no shifted position,
+    so nothing follows the upcast: the head's output is freed after the mark."""
+    loss = shifted_loss(dims, mode, config)
+    free_head = ("free", "head", "", ())
+    forward = (
+        ("alloc", "hidden", _LOSS_TRANSIENT, (loss.hidden,)),
+        ("alloc", "head", _LOSS_TRANSIENT, (loss.head,)), ("alloc", "logits", _LOSS_TRANSIENT, (loss.logits,)),
+        *((free_head,) if loss.shifted else ()),
+        ("alloc", "shifted", _LOSS_TRANSIENT, (loss.shifted,)), ("alloc", "saved", _LOSS_SAVED, loss.saved),
+        ("mark", "", "", ()),
+        *(() if loss.shifted else (free_head,)),
+        ("free", "shifted", "", ()), ("free", "hidden", "", ()), ("free", "logits", "", ()),
+    )
+    backward = (
+        ("alloc", "grad_saved", _LOSS_TRANSIENT, (loss.shifted,)),
+        ("alloc", "grad_shifted", _LOSS_TRANSIENT, (loss.shifted,)),
+        ("mark", "", "", ()),
+        ("free", "grad_saved", "", ()), ("free", "saved", "", ()),
+        ("alloc", "grad_logits", _LOSS_TRANSIENT, (loss.logits,)), ("free", "grad_shifted", "", ()),
+        ("alloc", "grad_head", _LOSS_TRANSIENT, (loss.head,)), ("free", "grad_logits", "", ()),
+        ("free", "grad_head", "", ()),
+    )
+    return forward, backward
 
 
 def logits_forward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig | None = None,
@@ -533,6 +643,8 @@ def logits_forward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig | 
     logits alone."""
     if config is not None and config.fused_ce:
         return fused_ce_transient(dims, mode, kernels)
+    if config is not None and config.loss_shift:
+        return shifted_loss(dims, mode, config).forward
     ev = dims.tokens * dims.v
     return ev * mode.logits + (loss_chunk_tokens(dims, chunks) * dims.v * FP32 if upcast and mode.logits != FP32 else 0)
 
@@ -547,6 +659,8 @@ def logits_backward_transient(dims: Dims, mode: DtypeMode, config: TrainConfig |
     nothing."""
     if config is not None and config.fused_ce:
         return 0
+    if config is not None and config.loss_shift:
+        return shifted_loss(dims, mode, config).backward
     return 2 * loss_chunk_tokens(dims, chunks) * dims.v * (FP32 if upcast else mode.logits)
 
 
@@ -613,10 +727,13 @@ def builds_logits(config: TrainConfig) -> bool:
 
 
 def manual_loop_logits(dims: Dims, mode: DtypeMode, config: TrainConfig) -> int:
-    """The logits ``outputs.logits`` keeps in a hand-written loop (the lm_head's output); none
-    with a fused cross-entropy, whose forward returns no logits (Liger's lce_forward in training)."""
+    """The logits ``outputs.logits`` keeps in a hand-written loop (the lm_head's output; under
+    transformers <= 4.45's loss its upcast, ``ShiftedLoss.logits``); none with a fused
+    cross-entropy, whose forward returns no logits (Liger's lce_forward in training)."""
     if config.fused_ce:
         return 0
+    if config.loss_shift:
+        return shifted_loss(dims, mode, config).logits
     return dims.tokens * dims.v * mode.logits
 
 
@@ -1135,5 +1252,10 @@ __all__ = [
     "manual_loop_logits",
     "model_level_terms",
     "recompute_end_terms",
+    "ShiftedLoss",
+    "head_saves_input",
+    "shifted_loss",
+    "shifted_loss_events",
+    "shifted_tokens",
     "step_activations",
 ]

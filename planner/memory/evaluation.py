@@ -34,7 +34,12 @@ from __future__ import annotations
 from planner.config import TrainConfig
 from planner.errors import UnsupportedError
 from planner.gpus import KernelProfile
-from planner.memory.activations import kv_cache_token_bytes, logits_forward_transient
+from planner.memory.activations import (
+    kv_cache_token_bytes,
+    logits_forward_transient,
+    shifted_loss,
+    shifted_tokens,
+)
 from planner.memory.dtypes import FP32, HALF, INT64, mode_of
 from planner.memory.parameters import trainable_params
 from planner.memory.saved import activation_breakdown
@@ -99,10 +104,18 @@ def _forward_parts(model: ModelSpec, config: TrainConfig) -> dict[str, int]:
     state the head read (the final norm's output, in the residual stream's dtype), and the int64
     token ids: the batch's, the labels padded by one (ForCausalLMLoss ``nn.functional.pad``) and
     their contiguous shift. A 16-bit loss (``loss_upcast`` False: the Trainer's compute_loss_func
-    runs in eval too) has no upcast and makes its log-probabilities in the logits' dtype."""
+    runs in eval too) has no upcast and makes its log-probabilities in the logits' dtype.
+    transformers <= 4.45's loss (``loss_shift``, ``activations.shifted_loss``): the returned logits
+    in the loss' dtype, their shifted copy and the log-probabilities of the shifted positions (the
+    head's output freed once upcast), and the token ids and their shifted labels."""
     eval_config = _eval_config(config, config.eval_tokens)
     dims, mode = dims_of(model, eval_config), mode_of(eval_config)
     e = dims.tokens
+    if config.loss_shift:
+        loss = shifted_loss(dims, mode, config)
+        held = loss.shifted + loss.saved[1] if loss.shifted else loss.head  # (one token: the upcast's moment)
+        return {LOGITS: loss.logits + held, HIDDEN: e * dims.h * mode.residual,
+                TOKENS: (e + shifted_tokens(dims)) * INT64}
     return {
         LOGITS: logits_forward_transient(dims, mode, upcast=config.loss_upcast)
         + e * dims.v * (FP32 if config.loss_upcast else mode.logits),

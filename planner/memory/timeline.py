@@ -60,6 +60,7 @@ from planner.memory.activations import (
     kv_cache_block_bytes,
     layer_terms,
     model_level_terms,
+    shifted_loss_events,
 )
 from planner.memory.dtypes import mode_of
 from planner.memory.parameters import Trained, lora_targets, trained
@@ -413,8 +414,31 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
         blocks.append(b.alloc_terms(s.block(k), where, s.block_tensors(k)))
         if k < s.model.num_layers:  # batch_terms counts num_layers cache layers
             cache.append(b.alloc("kv_cache", s.cache, where))
-    head = b.alloc_terms(s.batch.head, f"{label}head and loss")
+    saved = s.batch.head
+    if s.config.loss_shift:  # its log-probabilities are made among the loss' own events (_loss_instant)
+        saved = {key: nbytes for key, nbytes in saved.items() if key != _LOG_SOFTMAX}
+    head = b.alloc_terms(saved, f"{label}head and loss")
     return [gathered, held], embeddings, blocks, head, cache
+
+
+_LOG_SOFTMAX = "activations/loss/log_softmax"
+
+
+def _loss_instant(b: _Builder, s: _Step, name: str, mark: bool, where: str, made: dict[str, int]) -> None:
+    """The moment ``name`` (``forward`` or ``backward_start``) of transformers <= 4.45's loss
+    (``TrainConfig.loss_shift``): its events in their order (``activations.shifted_loss_events``; the
+    log-probabilities the head's saved term), where ``_instant`` would allocate the moment's logits
+    at once. ``made``: the loss' live tensors by name, across the two."""
+    assert [part.key for part in MOMENT[name].transients] == ["logits/transient"], name
+    events = shifted_loss_events(dims_of(s.model, s.config), mode_of(s.config), s.config)
+    for op, tensor, key, sizes in events[name != "forward"]:
+        if op == "mark":
+            if mark:
+                b.mark(name)
+        elif op == "alloc":
+            made[tensor] = b.alloc(key, sum(sizes), where, sizes)
+        else:
+            b.free(made.pop(tensor), where)
 
 
 def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
@@ -486,13 +510,20 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     its outputs keep (a hand-written loop's outputs: alive until the next forward returns, when
     ``previous``, the outputs the loop still held, are released)."""
     gathered, embeddings, blocks, head, cache = _forward(b, s, label)
-    _instant(b, s, "forward", marks, f"{label}loss")
+    loss: dict[str, int] = {}  # transformers <= 4.45's loss tensors (loss_shift), by name
+    if s.config.loss_shift:
+        _loss_instant(b, s, "forward", marks, f"{label}loss", loss)
+    else:
+        _instant(b, s, "forward", marks, f"{label}loss")
     b.free(previous, f"{label}outputs replaced")
     b.free_all(cache, f"{label}loss")
     held = gathered.pop()  # FSDP2's root unit: unsharded until the end of backward
     b.free_all(gathered, f"{label}loss")
     kept = b.alloc("loop/manual_outputs", s.batch.kept, f"{label}loss")
-    _instant(b, s, "backward_start", marks, f"{label}loss backward")
+    if s.config.loss_shift:
+        _loss_instant(b, s, "backward_start", marks, f"{label}loss backward", loss)
+    else:
+        _instant(b, s, "backward_start", marks, f"{label}loss backward")
     b.free_all(head, f"{label}head backward")
     gathered = b.alloc(s.config.sharding.spec.step_key("gathered"), s.static.gathered, f"{label}backward")
     grads: list[int] = []

@@ -165,6 +165,8 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
               "--optimizer-in-bwd": None, "--no-optimizer-in-bwd": None, "--loss-chunks": _ints((1, 64)),
               # the loss' dtype (refused with --fused-ce and with an encoder's or encoder-decoder's loss)
               "--loss-upcast": None, "--no-loss-upcast": None,
+              # transformers <= 4.45's loss (refused with --fused-ce, --loss-chunks and an encoder's loss)
+              "--loss-shift": None, "--no-loss-shift": None,
               # QLoRA's k-bit preparation (refused with any other method)
               "--kbit-upcast": None, "--no-kbit-upcast": None,
               # the evaluation pass (planner.memory.evaluation): sizes in and past their bounds

@@ -50,6 +50,7 @@ ALTERNATIVES: dict[str, list] = {
     "optimizer_in_bwd": [True],
     "loss_chunks": [8],
     "loss_upcast": [False],
+    "loss_shift": [True],
     "kbit_upcast": [False],
     "eval_batch": [4],
     "eval_seq_len": [128],
