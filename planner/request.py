@@ -69,6 +69,9 @@ class RequestField:
     """The longest text the API takes (a str field)."""
     short: str | None = None
     """The option's one-letter spelling ("-b"), if it has one."""
+    names_of: str | None = None
+    """The registry whose names the help lists where it says ``{names}`` ("optim", "sharding"):
+    read when a surface asks (``help_text``), so a new optimizer or scheme is its module alone."""
     recipe: bool = False
     """A recipe setting: fixed by the user and given to every candidate of a search that takes it
     (``recipe_for``: those of the adapters to LoRA/QLoRA's, those of QLoRA to QLoRA's)."""
@@ -127,6 +130,16 @@ class RequestField:
         return self.default is None
 
 
+def help_text(field: RequestField) -> str:
+    """``field``'s help as the command line and the API show it: ``{names}`` is its registry's
+    names (``names_of``: ``planner.optim``, ``planner.sharding``), imported only when asked."""
+    if field.names_of is None:
+        return field.help
+    import importlib
+
+    return field.help.format(names=importlib.import_module(f"planner.{field.names_of}").names())
+
+
 def _field(name: str, type_: type, default: Any, help: str, *, memo: tuple[str, ...], flag: str | None = "",
            **more: Any) -> RequestField:
     """A field whose flag is its name with dashes (a bool one a --x/--no-x switch) unless ``flag``."""
@@ -149,8 +162,8 @@ _FIELDS = (
     _field("precision", str, None, "fp32|fp16-mixed|bf16-mixed|fp16|bf16|fp8 (default: bf16-mixed, or fp16-mixed where the "
            "GPU has no bf16; lora: bf16, or fp16, a 16-bit frozen base with fp32 adapters).", memo=(DERIVED,),
            max_length=32),
-    # the help is the registry's names (planner.optim.names), filled in by the surfaces
-    _field("optimizer", str, "adamw", "", memo=(STATIC,), max_length=32,
+    # the help is the registry's names (planner.optim.names), filled in when asked (help_text)
+    _field("optimizer", str, "adamw", "{names}", memo=(STATIC,), max_length=32, names_of="optim",
            terms="the optimizer's states and step temporaries (planner.optim, memory/states.py)"),
     _field("micro_batch", int, 1, "Sequences per forward/backward on one device.", memo=(SPLIT,), upper=1 << 20),
     _field("seq_len", int, None, "Tokens per sequence (default: min(2048, the model's maximum)).", memo=(BATCH,),
@@ -257,8 +270,8 @@ _FIELDS = (
            terms="the eval pass's KV cache at prompt + N tokens (memory/evaluation.py)"),
     # TrainConfig's own (its memory terms read it as Sharding.memory_key): named here, or made from
     # --zero and --offload, the older spelling (planner.estimation.build_config refuses both at once)
-    _field("sharding", str, None, "none|ddp|zero1|zero2|zero3|fsdp2|fsdp1: the sharding scheme, with --offload its CPU "
-           "offload (default: what --zero names).", memo=(DERIVED,), max_length=32),
+    _field("sharding", str, None, "{names}: the sharding scheme, with --offload its CPU offload (default: what --zero "
+           "names).", memo=(DERIVED,), max_length=32, names_of="sharding"),
 )
 
 #: The default of a field a request must give.

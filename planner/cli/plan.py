@@ -10,14 +10,12 @@ from typing import Any, Callable, Iterable, Optional
 
 import typer
 
-from planner.optim import names as optimizer_names
-from planner.request import ESTIMATE, FIELDS, RequestField
+from planner.request import ESTIMATE, FIELDS, RequestField, help_text
 
 
 def option(field: RequestField) -> Any:
     """The typer option of a declared request field: its default, flag and help."""
-    help = field.help or optimizer_names()  # the optimizer's: the registry's names
-    return typer.Option(field.default, field.flag, *([field.short] if field.short else []), help=help)
+    return typer.Option(field.default, field.flag, *([field.short] if field.short else []), help=help_text(field))
 
 
 def _annotation(field: RequestField) -> Any:

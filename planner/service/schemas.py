@@ -23,8 +23,7 @@ from pydantic import (
     field_validator,
 )
 
-from planner.optim import names as optimizer_names
-from planner.request import ESTIMATE, FIELDS, RECIPE, SEARCH, RequestField
+from planner.request import ESTIMATE, FIELDS, RECIPE, SEARCH, RequestField, help_text
 from planner.service.settings import MAX_CONFIG_BYTES
 
 #: a size: bytes as a whole number, or a string with its unit as on the command line ("20GiB")
@@ -73,7 +72,7 @@ def _body_fields(fields: "tuple[RequestField, ...]") -> dict[str, Any]:
     for f in fields:
         type_ = Optional[_STRICT[f.type]] if f.optional else _STRICT[f.type]
         extra = {"max_length": f.max_length} if f.max_length else {}
-        out[f.name] = (type_, Field(default=f.default, description=f.help or optimizer_names(), **extra))
+        out[f.name] = (type_, Field(default=f.default, description=help_text(f), **extra))
     return out
 
 

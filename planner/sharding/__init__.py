@@ -35,6 +35,11 @@ SPECS: tuple[ShardingSpec, ...] = discover(__name__, __path__, key=lambda s: (s.
 Scheme = enum.StrEnum("Scheme", [(s.name.upper(), s.name) for s in SPECS], module=__name__)
 Scheme.__doc__ = "A sharding scheme of the registry (``planner.sharding``), by its name."
 
+def names() -> str:
+    """``a|b|c``: the registered schemes' names, as the help lists them."""
+    return "|".join(spec.name for spec in SPECS)
+
+
 #: ``Offload.NONE`` bound once: reading a member through its class goes through
 #: ``EnumType.__getattr__``'s slow attribute path on CPython 3.11 (``planner.config``'s note), and
 #: the search asks ``Sharding.offloaded`` thousands of times a search.

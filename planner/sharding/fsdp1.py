@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from planner.errors import InvalidConfigError, UnsupportedError
+from planner.errors import InvalidConfigError, PlannerError, UnsupportedError
 from planner.optim import names
 from planner.sharding.fsdp2 import _KEYS, _TORCH_OPTIMIZERS, FSDP2, STATE_DICT_TYPE
 from planner.sharding.spec import Offload, WorkerSetup
@@ -99,21 +99,25 @@ class FSDP1(FSDP2):
         return notes
 
     # ---- validation -------------------------------------------------------------------------
-    def check(self, config: Any, offload: Offload) -> None:
+    def refusal(self, config: Any, offload: Offload) -> Callable[[], PlannerError] | None:
+        # FSDP2's check raises what this returns (the search asks it without raising)
         if offload is not Offload.NONE:
-            raise InvalidConfigError("--sharding fsdp1 with --offload is not modelled: use --offload none, or "
-                                     "--sharding fsdp2 --offload optimizer+params")
-        if config.precision.is_mixed:
-            raise UnsupportedError(f"--precision {config.precision} with FSDP1: accelerate's MixedPrecision for FSDP1 "
-                                   "(parameters, reductions and buffers in one 16-bit dtype, under autocast) is not "
-                                   f"modelled: use --precision {config.precision.value.split('-')[0]} (16-bit weights, "
-                                   "as fms-hf-tuning runs), or --sharding fsdp2")
-        if config.optimizer not in _TORCH_OPTIMIZERS:
-            raise UnsupportedError(f"--optimizer {config.optimizer} with FSDP1 is not modelled: use "
-                                   f"{names(_TORCH_OPTIMIZERS)}")
+            return lambda: InvalidConfigError("--sharding fsdp1 with --offload is not modelled: use --offload none, or "
+                                              "--sharding fsdp2 --offload optimizer+params")
+        precision = config.precision
+        if precision.is_mixed:
+            return lambda: UnsupportedError(
+                f"--precision {precision} with FSDP1: accelerate's MixedPrecision for FSDP1 (parameters, reductions "
+                "and buffers in one 16-bit dtype, under autocast) is not modelled: use --precision "
+                f"{precision.value.split('-')[0]} (16-bit weights, as fms-hf-tuning runs), or --sharding fsdp2")
+        optimizer = config.optimizer
+        if optimizer not in _TORCH_OPTIMIZERS:
+            return lambda: UnsupportedError(f"--optimizer {optimizer} with FSDP1 is not modelled: use "
+                                            f"{names(_TORCH_OPTIMIZERS)}")
         if config.method.value == "qlora":
-            raise UnsupportedError("--method qlora with FSDP1 (4-bit weights in bnb_4bit_quant_storage flat "
-                                   "parameters) is not modelled: use --method lora, or --zero 2")
+            return lambda: UnsupportedError("--method qlora with FSDP1 (4-bit weights in bnb_4bit_quant_storage flat "
+                                            "parameters) is not modelled: use --method lora, or --zero 2")
+        return None
 
     def searched_on(self, gpus: int, offload: Offload) -> bool:
         return False  # chosen by name only: FSDP2 is the FSDP the search plans

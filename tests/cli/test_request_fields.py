@@ -146,7 +146,7 @@ _ASKED = (*SEARCH.values(), *RECIPE)
 @pytest.mark.parametrize(("command", "fields"), [("estimate", ESTIMATE), ("measure", ESTIMATE), ("suggest", _ASKED),
                                                  ("submit", _ASKED)])
 def test_the_cli_options_are_the_declarations(command, fields):
-    from planner.optim import names
+    from planner.request import help_text
 
     params = _click_params(command)
     for f in fields:
@@ -158,7 +158,7 @@ def test_the_cli_options_are_the_declarations(command, fields):
             assert param.required, f.name
         else:
             assert param.default == f.default, f.name
-        assert param.help == (f.help or names()), f.name
+        assert param.help == help_text(f), f.name
 
 
 def test_the_api_bodies_are_the_declarations():
@@ -170,8 +170,7 @@ def test_the_api_bodies_are_the_declarations():
         for f in fields:
             info = body.model_fields[f.name]
             assert info.is_required() if f.default is REQUIRED else info.default == f.default, f.name
-            if f.name != "optimizer":
-                assert info.description == f.help, f.name
+            assert info.description == request.help_text(f), f.name
             lengths = [m.max_length for m in info.metadata if hasattr(m, "max_length")]
             assert lengths == ([f.max_length] if f.max_length else []), f.name
             # strict: a value of another plain type is refused (a number is not a flag, text not a number)
@@ -228,3 +227,15 @@ def test_an_optimizer_name_is_named_in_at_most_two_source_files():
     files = _source_files_naming("adafactor")
     assert "planner/optim/adafactor.py" in files
     assert len(files) <= MAX_FILES_PER_OPTIMIZER, files
+
+
+def test_the_help_lists_every_registered_optimizer_and_scheme():
+    """A new optimizer or sharding scheme is its module alone: the help reads the registries."""
+    from planner.optim import OPTIMIZERS
+    from planner.request import help_text
+    from planner.sharding import SPECS
+
+    optim, sharding = help_text(request.FIELDS["optimizer"]), help_text(request.FIELDS["sharding"])
+    assert optim.split("|") == [str(name) for name in OPTIMIZERS]
+    assert sharding.split(":")[0].split("|") == [spec.name for spec in SPECS]
+    assert "fsdp1" in sharding and "lion_8bit" in optim and "{names}" not in optim + sharding
