@@ -21,6 +21,7 @@ from planner.memory import model_state_breakdown
 from planner.sharding import Offload, Sharding, search_axis
 from planner.sharding.fsdp1 import UNSHARD_HOST_SECONDS
 from planner.throughput import ThroughputMemo, step_breakdown
+from tests.support.accelerate import launch_env
 
 MISTRAL = "mistralai/Mistral-7B-v0.1"
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -88,18 +89,11 @@ def test_its_words():
 def test_the_emitted_accelerate_config_builds_accelerates_fsdp1_plugin(tmp_path, monkeypatch, ckpt):
     """``accelerate launch --config_file`` reads the file, and the plugin built from its environment is
     FSDP1 FULL_SHARD with flat parameters, the rate limiter and fms' backward prefetch."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils import FullyShardedDataParallelPlugin
-    from accelerate.utils.launch import prepare_multi_gpu_env
     from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 
     config = TrainConfig(sharding="fsdp1", gpus=2, precision="bf16", grad_ckpt=ckpt)
-    path = tmp_path / "accelerate_config.yaml"
-    path.write_text(settings.to_yaml(settings.accelerate_config(config, on_cpu=False)))
-    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
-    args, _, _ = _validate_launch_command(args)
-    assert args.use_fsdp and args.num_processes == 2
-    env = prepare_multi_gpu_env(args)
+    env = launch_env(config, tmp_path)
     assert env["FSDP_SYNC_MODULE_STATES"] == "true" and env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"
     # with sync_module_states the plugin asks for the accelerator's device, which this machine lacks
     env["FSDP_SYNC_MODULE_STATES"] = env["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "false"

@@ -18,6 +18,7 @@ from planner.memory import model_state_breakdown
 from planner.memory.states import base_tensor_sizes
 from planner.sharding import Sharding, search_axis
 from planner.sharding.fsdp2 import root_params
+from tests.support.accelerate import launch_env
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B"
 
@@ -102,17 +103,10 @@ def test_the_traffic_is_two_gathers_and_one_reduce_scatter_a_micro_step():
 def test_the_emitted_accelerate_config_builds_accelerates_fsdp2_plugin(tmp_path, monkeypatch, offload, ckpt):
     """``accelerate launch --config_file`` reads the file (its own loader and launch env), and the
     FSDP plugin built from that environment is FSDP2 with the plan's settings."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils import FullyShardedDataParallelPlugin
-    from accelerate.utils.launch import prepare_multi_gpu_env
 
     config = TrainConfig(sharding="fsdp2", gpus=2, precision="bf16-mixed", offload=offload, grad_ckpt=ckpt)
-    path = tmp_path / "accelerate_config.yaml"
-    path.write_text(settings.to_yaml(settings.accelerate_config(config, on_cpu=False)))
-    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
-    args, _, _ = _validate_launch_command(args)
-    assert args.use_fsdp and args.num_processes == 2
-    env = prepare_multi_gpu_env(args)
+    env = launch_env(config, tmp_path)
     for key, value in env.items():
         if key.startswith(("FSDP_", "ACCELERATE_")):
             monkeypatch.setenv(key, value)
