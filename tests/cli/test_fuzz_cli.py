@@ -211,7 +211,6 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
     }
     verify = {"--verify-top": _ints((1, 5)), "--steps": _ints((2, 5)), "--run-timeout": _FLOATS}
     job_api = {"--address": st.sampled_from(files.job_api_addresses())}
-    job_id = st.one_of(st.sampled_from(["raysubmit_abc123", "", "x" * 300]), _ODD_TEXT, _MARKUP)
     grammar.update({
         # the Ray address always names the closed port (see ALWAYS): nothing is ever verified
         "suggest": {**grammar["suggest"], **verify, "--verify": None, "--fresh": None,
@@ -248,6 +247,8 @@ ALWAYS = {"measure": ["--gpus"], "serve": ["--port"], "submit": ["--address"], "
 ALWAYS_WITH = {("suggest", "--verify"): "--ray-address", ("suggest", "--plan-id"): "--ray-address"}
 #: commands with a positional argument, and what it is
 POSITIONAL = {"show": "plan id", "emit": "plan id", "jobs status": "job id", "jobs logs": "job id", "jobs stop": "job id"}
+_IDS = {"plan id": st.one_of(st.text("0123456789abcdef", min_size=0, max_size=40), _ODD_TEXT, _MARKUP),
+        "job id": st.one_of(st.sampled_from(["raysubmit_abc123", "", "x" * 300]), _ODD_TEXT, _MARKUP)}
 #: the short names the grammar may use instead of the long ones
 SHORT = {"--model": "-m", "--gpu": "-g", "--target-batch": "-b", "--top-k": "-k", "--limit": "-n", "--search": "-s"}
 
@@ -259,7 +260,7 @@ def argv_and_config(draw, files: FuzzFiles):
     grammar = option_grammar(files, command)
     argv = command.split()
     if command in POSITIONAL:
-        argv.append(draw(st.one_of(st.text("0123456789abcdef", min_size=0, max_size=40), _ODD_TEXT, _MARKUP)))
+        argv.append(draw(_IDS[POSITIONAL[command]]))
     if command == "emit":
         argv.append(draw(st.sampled_from(files.emit_dirs())))
     if command == "check":  # a training config to read: the generated config.json, markup, a folder, nothing

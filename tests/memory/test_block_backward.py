@@ -16,14 +16,14 @@ from planner.memory.activations import block_backward_terms, block_terms, recomp
 from planner.memory.parameters import trained
 from planner.memory.shapes import block_context
 from planner.memory.states import static_terms
+from planner.memory.step import PHASES, first_block_gradients
+from planner.memory.timeline import step_timeline
 
 #: The two seq-1024 CPU runs below took 337 s and 304 s each in this stop's full run on the 2-core
 #: machine (minutes more than the rest of this file), which would take CI past its 30 minutes:
 #: they run when PLANNER_LONG_TESTS=1 is set, until their slowdown is found.
 LONG = pytest.mark.skipif(not os.environ.get("PLANNER_LONG_TESTS"),
                           reason="seq-1024 CPU run of 5+ minutes: set PLANNER_LONG_TESTS=1 to run it")
-from planner.memory.step import PHASES, first_block_gradients
-from planner.memory.timeline import step_timeline
 
 # a tiny llama with a small vocabulary: hidden 64, intermediate 128, 2 layers, vocab 256
 TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

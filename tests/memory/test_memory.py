@@ -39,7 +39,7 @@ def _lin(name: str, i: int, o: int, kind: LinearKind) -> LinearSpec:
     return LinearSpec(name=name, in_features=i, out_features=o, bias=False, kind=kind)
 
 
-H, I, L, A, V = 64, 172, 2, 4, 1000
+H, I, L, A, V = 64, 172, 2, 4, 1000  # noqa: E741 - hidden, intermediate, layers, heads, vocab: the paper's letters
 TINY = ModelSpec(
     id="tiny-llama", model_type="llama", is_encoder=False,
     hidden_size=H, num_layers=L, num_heads=A, num_kv_heads=A, head_dim=H // A,

@@ -104,7 +104,7 @@ def test_a_password_in_the_query_of_a_working_database_is_in_no_log(tmp_path):
         assert detailed["status"] == "ok" and detailed["plans"] >= 1
         httpx.get(f"{url}/v1/plans", headers={"Authorization": "Bearer not-the-token"}, timeout=10)
     text = log.read_text()
-    assert f"POST /v1/plans -> 201" in text and f"by {token_id(WRITE)}" in text, text[-2000:]
+    assert "POST /v1/plans -> 201" in text and f"by {token_id(WRITE)}" in text, text[-2000:]
     assert "by invalid-token" in text and "by anonymous" in text
     assert PASSWORD not in text and WRITE not in text and "not-the-token" not in text
 

@@ -374,7 +374,7 @@ def test_a_model_id_longer_than_the_store_keeps_is_refused_before_anything_is_wr
     from planner.limits import MODEL_ID_MAX_CHARS
 
     long_id = "/m" * (MODEL_ID_MAX_CHARS // 2 + 1)
-    with pytest.raises(StoreError, match=f"the model id is 1,026 characters and the store keeps at most 1,024"):
+    with pytest.raises(StoreError, match="the model id is 1,026 characters and the store keeps at most 1,024"):
         store.save_plan(result=plan_result(req=request(model_id=long_id)))
     assert store.count_plans() == 0
     # the longest it keeps, on SQLite and PostgreSQL alike (varchar(255) refused 256 before 0002)
