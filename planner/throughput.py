@@ -705,8 +705,10 @@ def estimate_throughput(
         assumptions.append(f"fp8: torchao's float8 linears (accelerate's torchao backend, eager) at {gpu.fp8_tflops:g} "
                            f"TFLOP/s FP8 peak x {utilization:.0%}; each cast of an operand to fp8 at memory speed")
     if breakdown["overhead"]:
+        units = _scheme_host_s(model, config)  # FSDP1's adapter units (ShardingSpec.host_seconds)
         assumptions.append(f"{breakdown['overhead']:.3g} s of host time per step the device waits for "
-                           "(eager ops too small to hide their launch)")
+                           "(eager ops too small to hide their launch"
+                           + (f"; {units:.3g} s of it {config.sharding.scheme}'s per-unit hooks)" if units else ")"))
     if gpu.is_cpu:
         fresh_micro, fresh_step = fresh_bytes(model=model, config=config, gpu=gpu)
         if fresh_micro or fresh_step:

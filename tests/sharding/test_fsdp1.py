@@ -60,6 +60,16 @@ def test_each_adapter_unit_adds_three_unshards_a_micro_step_with_checkpointing()
         assert b - a == pytest.approx(seconds * UNSHARD_HOST_SECONDS, abs=1e-12), changes
 
 
+def test_the_assumption_says_how_much_of_the_host_time_is_its_units():
+    from planner.throughput import estimate_throughput
+
+    model, gpu = resolve_model(MISTRAL), get_gpu("a100-80gb")
+    words = {s: [a for a in estimate_throughput(model=model, config=_lora(s), gpu=gpu).assumptions
+                 if "host time per step" in a] for s in ("fsdp1", "fsdp2")}
+    assert words["fsdp1"][0].endswith(f"; {256 * 3 * 235e-6:.3g} s of it fsdp1's per-unit hooks)"), words
+    assert words["fsdp2"][0].endswith("(eager ops too small to hide their launch)"), words
+
+
 def test_the_search_never_tries_it():
     for gpus in (1, 2, 8):
         for allow in (False, True):
