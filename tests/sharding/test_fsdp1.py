@@ -21,7 +21,7 @@ from planner.memory import model_state_breakdown
 from planner.sharding import Offload, Sharding, search_axis
 from planner.sharding.fsdp1 import UNSHARD_HOST_SECONDS
 from planner.throughput import ThroughputMemo, step_breakdown
-from tests.support.accelerate import launch_env
+from support.accelerate import launch_env
 
 MISTRAL = "mistralai/Mistral-7B-v0.1"
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")

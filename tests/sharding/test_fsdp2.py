@@ -18,7 +18,7 @@ from planner.memory import model_state_breakdown
 from planner.memory.states import base_tensor_sizes
 from planner.sharding import Sharding, search_axis
 from planner.sharding.fsdp2 import root_params
-from tests.support.accelerate import launch_env
+from support.accelerate import launch_env
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B"
 
