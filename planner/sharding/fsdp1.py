@@ -86,7 +86,7 @@ class FSDP1(FSDP2):
                 "and one per LoRA adapter under peft's fsdp_auto_wrap_policy), no offload")
 
     def cast_words(self, dtype: str) -> tuple[str, str] | None:
-        return None  # it takes no *-mixed precision (``check``)
+        return None  # it takes no *-mixed precision (``refusal``)
 
     def notes(self, config: Any, offload: Offload, *, host_bytes: int) -> list[str]:
         notes = [("FSDP1 keeps the root unit (embeddings, output head) unsharded from forward to the end of backward "
@@ -100,7 +100,6 @@ class FSDP1(FSDP2):
 
     # ---- validation -------------------------------------------------------------------------
     def refusal(self, config: Any, offload: Offload) -> Callable[[], PlannerError] | None:
-        # FSDP2's check raises what this returns (the search asks it without raising)
         if offload is not Offload.NONE:
             return lambda: InvalidConfigError("--sharding fsdp1 with --offload is not modelled: use --offload none, or "
                                               "--sharding fsdp2 --offload optimizer+params")

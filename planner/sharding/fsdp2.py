@@ -150,11 +150,6 @@ class FSDP2(ShardingSpec):
         return notes
 
     # ---- validation -------------------------------------------------------------------------
-    def check(self, config: Any, offload: Offload) -> None:
-        refused = self.refusal(config, offload)
-        if refused is not None:
-            raise refused()
-
     def refusal(self, config: Any, offload: Offload) -> Callable[[], PlannerError] | None:
         if offload not in self.offloads:
             return lambda: InvalidConfigError("--sharding fsdp2 offloads parameters, gradients and optimizer states "

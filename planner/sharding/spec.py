@@ -207,22 +207,20 @@ class ShardingSpec:
     # ---- validation -------------------------------------------------------------------------
     def check(self, config: Any, offload: Offload) -> None:
         """Raise ``InvalidConfigError``/``UnsupportedError`` (with the fix) for what the scheme
-        does not take with the rest of ``config``. Called last of ``TrainConfig``'s combination
-        checks."""
-        if offload is not Offload.NONE:
-            raise InvalidConfigError(f"--offload {offload} is a DeepSpeed ZeRO feature: add --zero 1, 2 or 3")
+        does not take with the rest of ``config``: what ``refusal`` returns. Called last of
+        ``TrainConfig``'s combination checks."""
+        refused = self.refusal(config, offload)
+        if refused is not None:
+            raise refused()
 
     def refusal(self, config: Any, offload: Offload) -> Callable[[], PlannerError] | None:
-        """What ``check`` raises, made only when called; None where the scheme takes ``config``. The
-        search asks this of every optimizer and sharding of each method and precision, about 450
-        of which a scheme refuses (Llama-2-7B on an A10G, every precision): raised and caught, they
-        were 2% of its instructions. A scheme whose refusals are many defines them here and raises
-        them from ``check`` (``planner.sharding.zero``); by default ``check`` is asked."""
-        try:
-            self.check(config, offload)
-        except PlannerError as exc:  # (InvalidConfigError or UnsupportedError)
-            error = exc
-            return lambda: error
+        """The error ``check`` raises, made only when called; None where the scheme takes
+        ``config``. A scheme states its refusals here: the search asks this of every optimizer and
+        sharding of each method and precision, about 450 of which a scheme refuses (Llama-2-7B on
+        an A10G, every precision), and raising and catching them was 2% of its instructions. Here:
+        an offload, which only the schemes that define one take."""
+        if offload is not Offload.NONE:
+            return lambda: InvalidConfigError(f"--offload {offload} is a DeepSpeed ZeRO feature: add --zero 1, 2 or 3")
         return None
 
     # ---- memory -----------------------------------------------------------------------------

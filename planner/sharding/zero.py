@@ -298,13 +298,8 @@ class ZeRO(ShardingSpec):
         return notes
 
     # ---- validation -------------------------------------------------------------------------
-    def check(self, config: Any, offload: Offload) -> None:
-        """What DeepSpeed ZeRO does not take (or the memory model does not cover): ``refusal``'s."""
-        refused = self.refusal(config, offload)
-        if refused is not None:
-            raise refused()
-
     def refusal(self, config: Any, offload: Offload) -> Callable[[], PlannerError] | None:
+        """What DeepSpeed ZeRO does not take (or the memory model does not cover)."""
         stage = self.zero_stage
         if offload not in self.offloads:
             return lambda: InvalidConfigError(
