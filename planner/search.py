@@ -244,9 +244,7 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
         if attn:
             lora_variants.append((r, attn))
     # on the cpu profile the host is the device: an offload moves nothing off it, so none is searched
-    shardings = search_axis(allow_offload=space.allow_offload and not gpu.is_cpu, gpus=gpus)
-    if space.schemes is not None:
-        shardings = tuple(s for s in shardings if s.scheme in space.schemes)
+    shardings = search_axis(allow_offload=space.allow_offload and not gpu.is_cpu, gpus=gpus, schemes=space.schemes)
     rows = []
     for method in space.methods:
         variants = [(None, None)] if method is Method.FULL else lora_variants

@@ -57,9 +57,9 @@ def read_texts(texts: Mapping[str, str], *, trainer: str | None = None) -> Readi
         raise InvalidConfigError("send at least one training config file")
     sent = {Path(name).name: kinds.parse(name, text) for name, text in texts.items()}
 
-    def among_sent(ref: str, file: kinds.ConfigFile) -> kinds.ConfigFile:
+    def among_sent(ref: str, file: kinds.ConfigFile, key: str = "deepspeed") -> kinds.ConfigFile:
         if Path(ref).name not in sent:
-            raise InvalidConfigError(f"{file.path}: deepspeed names {ref}, which was not sent: send it too "
+            raise InvalidConfigError(f"{file.path}: {key} names {ref}, which was not sent: send it too "
                                      f"(files: {', '.join(sorted(sent))})")
         return sent[Path(ref).name]
 
@@ -130,6 +130,10 @@ def _read(reading: Reading, *, trainer: str | None) -> Reading:
         raise InvalidConfigError(f"{reading.files[0].path} is a {reading.files[0].kind}: give the training arguments "
                                  "(TrainingArguments/SFTConfig JSON or YAML, an axolotl, LLaMA-Factory or torchtune "
                                  "config) or the accelerate config it goes with")
+    fsdp = reading.by_kind(kinds.FSDP)
+    if fsdp is not None and "sharding" not in reading.options:
+        raise InvalidConfigError(f"{fsdp.path} is an FSDP config that no arguments file names: set fsdp: true and "
+                                 f"fsdp_config: {Path(fsdp.path).name} in the training arguments")
     if "micro_batch" not in reading.origins:
         raise InvalidConfigError("no file says the per-device batch: give the training arguments file too "
                                  "(per_device_train_batch_size), or train_micro_batch_size_per_gpu in the DeepSpeed JSON")

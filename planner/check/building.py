@@ -1,5 +1,6 @@
 """The one place ``planner check`` makes a ``TrainConfig`` and reads its sharding back in the
-DeepSpeed spelling the files it reads use (``Sharding.payload``: the ZeRO stage and the offload)."""
+spelling the files it reads use (``Sharding.payload``: DeepSpeed's ZeRO stage, or the FSDP scheme
+of an ``fsdp_config``, and the offload)."""
 
 from __future__ import annotations
 
@@ -19,23 +20,25 @@ def train_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, opti
     return build_config(spec, gpu, seq_len=seq_len, **options)
 
 
-def sharding(config: "TrainConfig") -> tuple[int, str]:
-    """(ZeRO stage, offload) of a configuration: the one place ``planner check`` reads them. A
-    scheme no ZeRO stage names has no spelling in the files ``check`` reads: an invariant while the
-    search offers ZeRO and DDP only."""
+def sharding(config: "TrainConfig") -> tuple[int | str, str]:
+    """(ZeRO stage, offload) of a configuration, or (the scheme's name, offload) for a scheme no ZeRO
+    stage names (FSDP1, FSDP2: the files ``check`` reads spell them in ``fsdp_config``): the one
+    place ``planner check`` reads them."""
     payload = config.sharding.payload()
-    assert "zero" in payload, f"{config.sharding} has no DeepSpeed spelling"
-    return payload["zero"], payload["offload"]
+    return payload["zero"] if "zero" in payload else payload["sharding"], payload["offload"]
 
 
-def spelled_schemes(trainer: str | None = None) -> tuple[str, ...]:
-    """The sharding schemes the files ``check`` reads can say (a ZeRO stage and an offload): its
-    search tries these only (FSDP2 has no spelling there yet: ``check`` reads no ``fsdp_config``;
-    torchtune's single-device recipes have none)."""
+def spelled_schemes(trainer: str | None = None, config: "TrainConfig | None" = None) -> tuple[str, ...]:
+    """The sharding schemes the files ``check`` reads can say, which its search tries: a ZeRO stage
+    and an offload (DeepSpeed's JSON); a file that runs FSDP keeps its scheme (the change is written
+    in its ``fsdp_config``, whose other strategies the memory model has not); torchtune's
+    single-device recipes have none."""
     from planner.sharding import Scheme, Sharding
 
     if trainer == "torchtune":
         return ("none",)
+    if config is not None and isinstance(sharding(config)[0], str):
+        return (str(config.sharding.scheme),)
     return tuple(str(s) for s in Scheme if "zero" in Sharding(s).payload())
 
 
@@ -57,9 +60,9 @@ def options_of(config: "TrainConfig") -> dict[str, Any]:
     """A configuration as ``build_config`` options again (its seq_len apart)."""
     from planner.estimation import CONFIG_OPTIONS
 
-    zero, offload = sharding(config)
+    spelled, offload = sharding(config)
     out = {name: getattr(config, name) for name in CONFIG_OPTIONS if name not in ("zero", "offload")}
-    out.update(zero=zero, offload=offload)
+    out.update(zero=spelled if isinstance(spelled, int) else None, offload=offload)
     if out.get("lora_targets") is not None:
         out["lora_targets"] = ",".join(out["lora_targets"])
     return out

@@ -79,7 +79,7 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
     refused: list[str] = []
     base = dict(model=spec.id, gpu=device.name, target_batch=config.global_batch, seq_len=config.seq_len,
                 gpus=config.gpus, gpu_mem_bytes=gpu_mem_bytes, cpu_mem_bytes=cpu_mem_bytes, top_k=TOP_K,
-                schemes=spelled_schemes(reading.trainer), **recipe_of(config))
+                schemes=spelled_schemes(reading.trainer, config), **recipe_of(config))
     tiers = [(str(config.method), str(config.precision)), (str(config.method), "auto"), ("auto", "auto")]
     for method, precision in dict.fromkeys(tiers):
         try:

@@ -57,7 +57,7 @@ class _Diff:
 
 def key_changes(reading: Reading, old: TrainConfig, new: TrainConfig, *, sharding) -> tuple[KeyChange, ...]:
     """The keys to change in ``reading``'s files so that they say ``new`` instead of ``old``.
-    ``sharding``: config -> (zero stage, offload) (the one reader of those fields)."""
+    ``sharding``: config -> (zero stage or FSDP scheme, offload) (the one reader of those fields)."""
     d = _Diff(reading)
     for option, key in (("micro_batch", "per_device_train_batch_size"), ("grad_accum", "gradient_accumulation_steps")):
         before, after = getattr(old, option), getattr(new, option)
@@ -159,7 +159,7 @@ def _precision(d: _Diff, old: TrainConfig, new: TrainConfig) -> None:
         d.put(dtype_file, "dtype", _DTYPE_NAMES[pure(old_p)], _DTYPE_NAMES[pure(new_p)])
 
 
-def sharding_changes(reading: Reading, file, old: tuple[int, str], new: tuple[int, str]) -> list[KeyChange]:
+def sharding_changes(reading: Reading, file, old: tuple[int | str, str], new: tuple[int | str, str]) -> list[KeyChange]:
     """The sharding change of a trainer whose ``file`` names its DeepSpeed JSON under ``deepspeed``
     (axolotl, LLaMA-Factory), as the HF arguments file does."""
     d = _Diff(reading)
@@ -168,8 +168,12 @@ def sharding_changes(reading: Reading, file, old: tuple[int, str], new: tuple[in
     return d.changes
 
 
-def _sharding(d: _Diff, old: tuple[int, str], new: tuple[int, str]) -> None:
+def _sharding(d: _Diff, old: tuple[int | str, str], new: tuple[int | str, str]) -> None:
     (old_zero, old_off), (new_zero, new_off) = old, new
+    if isinstance(old_zero, str):  # FSDP: the search keeps the file's scheme (``spelled_schemes``), so the offload
+        assert old_zero == new_zero, f"{old_zero} -> {new_zero}: check's search keeps an FSDP file's scheme"
+        d.origin("offload", old_off != "none", new_off != "none", fallback_key="fsdp_config.cpu_offload")
+        return
     devices = lambda off: ("cpu" if off != "none" else "none", "cpu" if off == "optimizer+params" else "none")  # noqa: E731
     accel_inline = d.accel is not None and d.ds is None and str(d.accel.data.get("distributed_type", "")).upper() == "DEEPSPEED"
     if d.ds is not None:

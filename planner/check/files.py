@@ -1,6 +1,6 @@
 """Reading the files of an existing training setup: JSON or YAML, each told apart by the schema its
 keys belong to (a DeepSpeed config, a PEFT adapter config, a bitsandbytes config, an accelerate
-config, else the trainer's arguments).
+config, the ``fsdp_config`` file TrainingArguments names, else the trainer's arguments).
 
 Nothing here knows a trainer's keys by heart: the schemas are read from the trainers' own
 dataclasses (``planner.check.schemas``); this module only loads text and picks the reader.
@@ -19,8 +19,15 @@ from planner.errors import InvalidConfigError, MissingDependencyError
 MAX_FILE_BYTES = 1 << 20
 
 #: the kinds of file, as ``planner check`` names them in its answer
-TRAINING_ARGS, ACCELERATE, DEEPSPEED, ADAPTER, BNB = "training arguments", "accelerate config", "DeepSpeed config", \
-    "PEFT adapter config", "bitsandbytes config"
+TRAINING_ARGS, ACCELERATE, DEEPSPEED, ADAPTER, BNB, FSDP = "training arguments", "accelerate config", "DeepSpeed config", \
+    "PEFT adapter config", "bitsandbytes config", "FSDP config"
+
+#: the keys of TrainingArguments' ``fsdp_config`` file (transformers 5 training_args.py: the documented
+#: fsdp_config keys and those ``_process_fsdp_args`` reads), each also written with its ``fsdp_`` prefix
+FSDP_KEYS = frozenset({"version", "auto_wrap_policy", "min_num_params", "transformer_layer_cls_to_wrap", "reshard_after_forward",
+                       "cpu_offload", "backward_prefetch", "forward_prefetch", "limit_all_gathers", "use_orig_params",
+                       "sync_module_states", "cpu_ram_efficient_loading", "state_dict_type", "activation_checkpointing",
+                       "xla", "xla_fsdp_settings", "xla_fsdp_v2", "xla_fsdp_grad_ckpt"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +108,9 @@ def kind_of(data: Mapping[str, Any]) -> str:
         return ADAPTER
     if "distributed_type" in data or "compute_environment" in data:
         return ACCELERATE
+    names = {k.removeprefix("fsdp_") for k in data}
+    if names and names <= FSDP_KEYS and names != {"activation_checkpointing"}:  # (a TrainingArguments key too)
+        return FSDP
     if "load_in_4bit" in data and "per_device_train_batch_size" not in data and "model_name_or_path" not in data \
             and "base_model" not in data:
         return BNB
@@ -118,5 +128,5 @@ def parse(name: str, text: str) -> ConfigFile:
     return ConfigFile(path=name, kind=kind_of(data), data=data)
 
 
-__all__ = ["ACCELERATE", "ADAPTER", "BNB", "ConfigFile", "DEEPSPEED", "MAX_FILE_BYTES", "TRAINING_ARGS", "kind_of",
+__all__ = ["ACCELERATE", "ADAPTER", "BNB", "ConfigFile", "DEEPSPEED", "FSDP", "FSDP_KEYS", "MAX_FILE_BYTES", "TRAINING_ARGS", "kind_of",
            "load_mapping", "parse", "parse_mapping", "read"]

@@ -56,8 +56,8 @@ class Reading:
     out (``planner.sharding.Sharding.buffers``). None without a DeepSpeed JSON."""
     device_rules: list[Callable[["Reading", Any], None]] = field(default_factory=list)
     """Settings the trainer decides by the GPU (axolotl's ``bf16: auto``), applied once it is known."""
-    resolve: Callable[[str, ConfigFile], ConfigFile] | None = None
-    """How a file named by another (TrainingArguments' ``deepspeed``) is found: None reads the disk
+    resolve: Callable[..., ConfigFile] | None = None
+    """How a file named by another (TrainingArguments' ``deepspeed``, ``fsdp_config``: (name, file, key)) is found: None reads the disk
     (``_on_disk``); the service resolves among the files sent, never on its own disk."""
 
     def by_kind(self, kind: str) -> ConfigFile | None:
@@ -110,7 +110,7 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     reading.schema = schema.name
     value = lambda key: schema.value(data, key)  # noqa: E731
     given = lambda key: key in data  # noqa: E731
-    _refuse_unmodelled(file, value)
+    _refuse_unmodelled(file, value, reads_fsdp=True)
     if value(MODEL_KEY):
         reading.model = str(value(MODEL_KEY))
         reading.origins["model"] = Origin(file=file.path, key=MODEL_KEY, value=reading.model, given=True)
@@ -151,6 +151,10 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     _attention(reading, file, schema)
     if value("deepspeed"):
         _deepspeed_reference(reading, file, value("deepspeed"))
+    if not _empty(value("fsdp")):
+        if value("deepspeed"):
+            raise InvalidConfigError(f"{file.path}: fsdp and deepspeed are both set: keep one (accelerate runs one of them)")
+        _fsdp_arguments(reading, file, value("fsdp"), value("fsdp_config"))
     _evaluation(reading, file, value, given)
     if value("torch_compile"):
         reading.notes.append("torch_compile: the plan is eager PyTorch's; compiled kernels keep fewer activations")
@@ -193,16 +197,14 @@ def read_optimizer(reading: "Reading", file: ConfigFile, key: str, value, given)
     if optim not in table:
         raise UnsupportedError(f"{file.path}: {key} {optim!r} is not modelled: use one of {', '.join(sorted(table))}")
     reading.set("optimizer", table[optim], file=file, key=key, raw=optim, given=given(key))
-    if optim == "adamw_torch_fused":
-        reading.notes.append(f"{key} adamw_torch_fused is planned as torch's foreach AdamW, whose step holds a copy of "
-                             "the second moments the fused kernel does not: the peak is an upper bound by that much")
 
 
-def _refuse_unmodelled(file: ConfigFile, value) -> None:
-    """The keys whose value the memory model has no term for: refused with the key named."""
+def _refuse_unmodelled(file: ConfigFile, value, *, reads_fsdp: bool = False) -> None:
+    """The keys whose value the memory model has no term for: refused with the key named
+    (``reads_fsdp``: the file's ``fsdp`` keys are read by ``training_args``, not refused)."""
     problems = []
-    if not _empty(value("fsdp")) or not _empty(value("fsdp_config")):
-        problems.append("fsdp/fsdp_config (FSDP is not modelled yet: shard with DeepSpeed ZeRO, key deepspeed)")
+    if not reads_fsdp and (not _empty(value("fsdp")) or not _empty(value("fsdp_config"))):
+        problems.append("fsdp/fsdp_config (not read from this trainer's file: shard with DeepSpeed ZeRO, key deepspeed)")
     if value("parallelism_config") is not None:
         problems.append("parallelism_config (tensor/context parallelism is not modelled)")
     if value("auto_find_batch_size"):
@@ -329,6 +331,101 @@ def _section(file: ConfigFile, key: str, value: Any) -> Mapping[str, Any]:
     return value
 
 
+#: transformers 5's FSDP version when fsdp_config names none (training_args.py ``_process_fsdp_args``:
+#: ``fsdp_config.get("version", 2)``); accelerate's own config keeps FSDP1 unless ``fsdp_version`` says 2
+#: (utils/dataclasses.py FullyShardedDataParallelPlugin ``__post_init__``: ``os.environ.get("FSDP_VERSION", "1")``)
+_FSDP_VERSION = {"transformers": 2, "accelerate": 1}
+#: FSDP1's sharding strategies by accelerate's numbering (utils/constants.py FSDP_SHARDING_STRATEGY: "1" is FULL_SHARD)
+_FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+
+
+def _fsdp_arguments(reading: Reading, file: ConfigFile, fsdp: Any, settings: Any) -> None:
+    """TrainingArguments' ``fsdp`` (True, or the legacy option string or list: "full_shard
+    auto_wrap offload") and ``fsdp_config`` (a mapping, or a JSON file's path; keys with or without
+    their ``fsdp_`` prefix), read as transformers 5 reads them (training_args.py
+    ``_process_fsdp_args`` and ``_apply_legacy_fsdp_to_config``)."""
+    home, prefix = file, "fsdp_config."  # where fsdp_config's keys are written
+    if isinstance(settings, str):
+        home, prefix = (reading.resolve or _on_disk)(settings, file, "fsdp_config"), ""
+        if all(not _same(f.path, home.path) for f in reading.files):
+            reading.files.append(home)
+        settings = home.data
+    # each setting's key as the file writes it (with or without the prefix); a legacy option's setting is
+    # said where fsdp_config's own would go, which wins over it (transformers' setdefault)
+    where = {(k[5:] if k.startswith("fsdp_") else k): f"{prefix}{k}" for k in _section(file, "fsdp_config", settings)}
+    config = {name: settings[key.removeprefix(prefix)] for name, key in where.items()}
+    version = _fsdp_version(file, "fsdp_config.version", config.get("version", _FSDP_VERSION["transformers"]))
+    if _flag(file, where.get("xla", "xla"), config.get("xla", False)):
+        raise UnsupportedError(f"{file.path}: fsdp_config.xla (PyTorch/XLA's FSDP on TPUs) is not modelled: the planner "
+                               "plans CUDA and CPU devices")
+    if isinstance(fsdp, (str, list, tuple)):
+        for item in (fsdp.split() if isinstance(fsdp, str) else [str(i) for i in fsdp]):
+            if item.upper() in _FSDP1_STRATEGIES:  # a strategy: reshard_after_forward's legacy spelling
+                if item.upper() != "FULL_SHARD" and "reshard_after_forward" not in config:
+                    raise _not_full_shard(file, "fsdp", item)
+                name, value = "reshard_after_forward", item if version == 1 else True
+            elif item == "offload":
+                name, value = "cpu_offload", True
+            elif item == "auto_wrap":
+                continue
+            else:
+                raise InvalidConfigError(f"{file.path}: fsdp option {item!r} is not one of transformers': full_shard, "
+                                         "shard_grad_op, hybrid_shard, no_shard, offload, auto_wrap")
+            config.setdefault(name, value)
+    _fsdp(reading, home, version=version, strategy=config.get("reshard_after_forward", True if version == 2 else "FULL_SHARD"),
+          offload=config.get("cpu_offload", False), checkpointing=config.get("activation_checkpointing"),
+          keys=tuple(where.get(name, f"{prefix}{name}") for name in ("version", "reshard_after_forward", "cpu_offload",
+                                                                   "activation_checkpointing")),
+          given=lambda key: key in where.values())
+    if config.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP") != "TRANSFORMER_BASED_WRAP":
+        reading.notes.append(f"fsdp_config.auto_wrap_policy {config['auto_wrap_policy']}: planned as one FSDP unit per "
+                             "decoder layer (TRANSFORMER_BASED_WRAP), the units the memory model gathers")
+
+
+def _not_full_shard(file: ConfigFile, key: str, value: Any) -> UnsupportedError:
+    return UnsupportedError(f"{file.path}: {key} {value!r} is not modelled: FSDP is planned fully sharded (full_shard: "
+                            "FSDP2's reshard_after_forward true, FSDP1's FULL_SHARD); for gradients and optimizer "
+                            "states sharded alone, use DeepSpeed ZeRO-2 (key deepspeed)")
+
+
+def _fsdp_version(file: ConfigFile, key: str, value: Any) -> int:
+    if str(value) not in ("1", "2"):
+        raise InvalidConfigError(f"{file.path}: {key} must be 1 or 2, got {value!r}")
+    return int(value)
+
+
+def _flag(file: ConfigFile, key: str, value: Any) -> bool:
+    """A true/false setting as transformers and accelerate read one (``str_to_bool`` of its text)."""
+    text = str(value).lower()
+    if text not in ("y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0", "none"):
+        raise InvalidConfigError(f"{file.path}: {key} must be true or false, got {value!r}")
+    return text in ("y", "yes", "t", "true", "on", "1")
+
+
+def _fsdp(reading: Reading, file: ConfigFile, *, version: int, strategy: Any, offload: Any, checkpointing: Any,
+          keys: tuple[str, str, str, str], given: Callable[[str], bool]) -> None:
+    """The sharding an FSDP setup runs: FSDP1 or FSDP2 (``planner.sharding``), fully sharded (FSDP2's
+    ``reshard_after_forward`` true, FSDP1's FULL_SHARD: the only strategy the memory model has), its
+    CPU offload (parameters, gradients and the optimizer step on the host) and FSDP's own activation
+    checkpointing of each unit (the non-reentrant checkpoint per decoder layer the model's own is)."""
+    version_key, strategy_key, offload_key, ckpt_key = keys
+    if version == 2:
+        full = _flag(file, strategy_key, strategy)
+    else:
+        name = str(strategy).upper()
+        name = _FSDP1_STRATEGIES[int(name) - 1] if name.isdigit() and 1 <= int(name) <= 5 else name
+        full = name == "FULL_SHARD"
+    if not full:
+        raise _not_full_shard(file, strategy_key, strategy)
+    reading.set("sharding", f"fsdp{version}", file=file, key=version_key, raw=version, given=given(version_key))
+    reading.set("offload", "optimizer+params" if _flag(file, offload_key, offload) else "none", file=file,
+                key=offload_key, raw=offload, given=given(offload_key))
+    if checkpointing is not None and _flag(file, ckpt_key, checkpointing):
+        reading.set("grad_ckpt", True, file=file, key=ckpt_key)
+        reading.notes.append(f"{ckpt_key}: FSDP's checkpoint wrapper on each unit, planned as checkpointing every "
+                             "decoder layer")
+
+
 def _deepspeed_reference(reading: Reading, file: ConfigFile, ref: Any) -> None:
     """TrainingArguments' ``deepspeed``: a path (relative to the working directory, as the Trainer
     opens it; the file's folder is tried too) or the config itself as a mapping."""
@@ -340,12 +437,12 @@ def _deepspeed_reference(reading: Reading, file: ConfigFile, ref: Any) -> None:
         reading.files.append(found)
 
 
-def _on_disk(ref: str, file: ConfigFile) -> ConfigFile:
+def _on_disk(ref: str, file: ConfigFile, key: str = "deepspeed") -> ConfigFile:
     path = Path(ref)
     found = next((p for p in (path, Path(file.path).parent / path) if p.is_file()), None)
     if found is None:
-        raise InvalidConfigError(f"{file.path}: deepspeed names {ref}, which is not a file here or beside {file.path}: "
-                                 "give the DeepSpeed JSON's path")
+        raise InvalidConfigError(f"{file.path}: {key} names {ref}, which is not a file here or beside {file.path}: "
+                                 f"give the {'DeepSpeed JSON' if key == 'deepspeed' else 'FSDP config'}'s path")
     return kinds.read(found)
 
 
@@ -460,8 +557,8 @@ def accelerate(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     if unknown:
         raise InvalidConfigError(f"{file.path}: {', '.join(unknown)} not keys of {schema.name}: fix or remove them")
     kind = str(data.get("distributed_type", "NO")).upper()
-    if kind not in ("NO", "MULTI_GPU", "DEEPSPEED", "MULTI_CPU"):
-        raise UnsupportedError(f"{file.path}: distributed_type {kind} is not modelled: NO, MULTI_GPU or DEEPSPEED")
+    if kind not in ("NO", "MULTI_GPU", "DEEPSPEED", "FSDP", "MULTI_CPU"):
+        raise UnsupportedError(f"{file.path}: distributed_type {kind} is not modelled: NO, MULTI_GPU, DEEPSPEED or FSDP")
     if _count(file, "num_machines", data.get("num_machines", 1) or 1) > 1:
         raise UnsupportedError(f"{file.path}: num_machines {data['num_machines']}: the planner plans one node")
     reading.gpus = _count(file, "num_processes", data.get("num_processes", 1) or 1)
@@ -489,6 +586,23 @@ def accelerate(reading: Reading, file: ConfigFile, schema: Schema) -> None:
         reading.set("offload", offload, file=file, key="deepspeed_config.offload_optimizer_device", raw=opt)
         if "gradient_accumulation_steps" in ds and "grad_accum" not in reading.options:
             reading.set("grad_accum", ds["gradient_accumulation_steps"], file=file, key="deepspeed_config.gradient_accumulation_steps")
+    if kind == "FSDP":
+        _accelerate_fsdp(reading, file, _section(file, "fsdp_config", data.get("fsdp_config")))
+
+
+def _accelerate_fsdp(reading: Reading, file: ConfigFile, fsdp: Mapping[str, Any]) -> None:
+    """accelerate's ``fsdp_config`` section (the ``FSDP_*`` variables ``accelerate launch`` sets:
+    utils/launch.py ``prepare_multi_gpu_env``). FSDP1's strategy is ``fsdp_sharding_strategy``,
+    else ``fsdp_reshard_after_forward`` (FSDP2's boolean, FSDP1's strategy name)."""
+    if "sharding" in reading.options:  # the arguments file's own fsdp_config, read first, is what the Trainer runs
+        return
+    version = _fsdp_version(file, "fsdp_config.fsdp_version", fsdp.get("fsdp_version", _FSDP_VERSION["accelerate"]))
+    strategy_key = "fsdp_sharding_strategy" if version == 1 and "fsdp_sharding_strategy" in fsdp else "fsdp_reshard_after_forward"
+    _fsdp(reading, file, version=version, strategy=fsdp.get(strategy_key, True if version == 2 else "FULL_SHARD"),
+          offload=fsdp.get("fsdp_offload_params", False), checkpointing=fsdp.get("fsdp_activation_checkpointing"),
+          keys=tuple(f"fsdp_config.{k}" for k in ("fsdp_version", strategy_key, "fsdp_offload_params",
+                                                   "fsdp_activation_checkpointing")),
+          given=lambda key: key.split(".", 1)[1] in fsdp)
 
 
 __all__ = ["ATTENTION", "Origin", "Reading", "accelerate", "adapter", "bnb", "deepspeed", "read_optimizer", "training_args"]

@@ -249,14 +249,18 @@ def for_gpus(sharding: Sharding, gpus: int) -> Sharding:
     return sharding if sharding.scheme is scheme else Sharding(scheme, sharding.offload)
 
 
-def search_axis(*, allow_offload: bool, gpus: int) -> tuple[Sharding, ...]:
+def search_axis(*, allow_offload: bool, gpus: int, schemes: tuple[str, ...] | None = None) -> tuple[Sharding, ...]:
     """The shardings ``suggest`` tries on ``gpus`` GPUs, in its order: each scheme searched there
     without offload, then (when the space allows offload) each with each of its offloads
-    (``ShardingSpec.searched_on``)."""
+    (``ShardingSpec.searched_on``). ``schemes``: only these; where the search takes none of them on
+    its own (FSDP1, chosen by name only), they are tried as named, without offload, so that ``planner
+    check`` of a file that runs one searches its split and checkpointing."""
     offloads = [o for o in Offload if o is not Offload.NONE] if allow_offload else []
     axis = [Sharding(s.name) for s in SPECS if s.searched_on(gpus, Offload.NONE)]
     axis += [Sharding(s.name, o) for s in SPECS for o in s.offloads if o in offloads and s.searched_on(gpus, o)]
-    return tuple(axis)
+    if schemes is None:
+        return tuple(axis)
+    return tuple(s for s in axis if s.scheme in schemes) or tuple(Sharding(s.name) for s in SPECS if s.name in schemes)
 
 
 def decode(data: Mapping[str, Any]) -> Sharding:
