@@ -43,7 +43,7 @@ from typing import Any
 
 from planner.errors import InvalidConfigError, PlannerError, UnsupportedError
 from planner.optim import names
-from planner.sharding.fsdp2 import _KEYS, _TORCH_OPTIMIZERS, FSDP2, STATE_DICT_TYPE
+from planner.sharding.fsdp2 import _KEYS, _TORCH_OPTIMIZERS, FSDP2, STATE_DICT_TYPE, qlora_refusal
 from planner.sharding.spec import Offload, WorkerSetup
 
 #: Host seconds from the rate limiter's wait on a GPU to the next unit's all-gather launch: FSDP1's
@@ -104,7 +104,9 @@ class FSDP1(FSDP2):
             return lambda: InvalidConfigError("--sharding fsdp1 with --offload is not modelled: use --offload none, or "
                                               "--sharding fsdp2 --offload optimizer+params")
         precision = config.precision
-        if precision.is_mixed:
+        # QLoRA at *-mixed too: under the FSDP-QLoRA recipe every base parameter is 16-bit already
+        # (``qlora_refusal``), so accelerate's MixedPrecision casts only the adapters' units
+        if precision.is_mixed and config.method.value != "qlora":
             return lambda: UnsupportedError(
                 f"--precision {precision} with FSDP1: accelerate's MixedPrecision for FSDP1 (parameters, reductions "
                 "and buffers in one 16-bit dtype, under autocast) is not modelled: use --precision "
@@ -113,10 +115,7 @@ class FSDP1(FSDP2):
         if optimizer not in _TORCH_OPTIMIZERS:
             return lambda: UnsupportedError(f"--optimizer {optimizer} with FSDP1 is not modelled: use "
                                             f"{names(_TORCH_OPTIMIZERS)}")
-        if config.method.value == "qlora":
-            return lambda: UnsupportedError("--method qlora with FSDP1 (4-bit weights in bnb_4bit_quant_storage flat "
-                                            "parameters) is not modelled: use --method lora, or --zero 2")
-        return None
+        return qlora_refusal(config, offload, self.name)
 
     def searched_on(self, gpus: int, offload: Offload) -> bool:
         return False  # chosen by name only: FSDP2 is the FSDP the search plans
@@ -207,7 +206,7 @@ class FSDP1(FSDP2):
 
 
 SPECS = (
-    FSDP1(name="fsdp1", order=6, searched=False, partitions_optimizer=True, unit_host=True,
+    FSDP1(name="fsdp1", order=6, searched=False, partitions_optimizer=True, unit_host=True, shards_4bit=True,
           partial_head="--fused-ce with FSDP1 is not modelled (the fused loss reads lm_head.weight outside the "
                        "module's forward): drop --fused-ce",
           casts_model=True, words="FSDP1", keys=_KEYS,

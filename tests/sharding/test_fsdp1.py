@@ -42,6 +42,26 @@ def test_its_memory_is_fsdp2s_at_pure_16_bit(method):
     assert fsdp1.sharding.memory_key(2) is Sharding("fsdp2")
 
 
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
+def test_qlora_memory_is_fsdp2s_and_takes_mixed_precision(precision):
+    """Under the FSDP-QLoRA recipe every base parameter is 16-bit (no k-bit upcast), so FSDP1 takes
+    QLoRA at *-mixed too (accelerate's MixedPrecision then casts only the adapters' units)."""
+    model = resolve_model(MISTRAL)
+    fsdp1 = _lora("fsdp1", method="qlora", precision=precision, kbit_upcast=False, lora_r=16, lora_targets=QKVO)
+    fsdp2 = _lora("fsdp2", method="qlora", precision=precision, kbit_upcast=False, lora_r=16, lora_targets=QKVO)
+    assert model_state_breakdown(model, fsdp1) == model_state_breakdown(model, fsdp2)
+    assert "weights/nf4" in model_state_breakdown(model, fsdp1)[0]
+
+
+def test_qlora_adapter_units_add_fsdp1s_host_time_too():
+    model, gpu = resolve_model(MISTRAL), get_gpu("a100-80gb")
+    qlora = {"method": "qlora", "precision": "bf16-mixed", "kbit_upcast": False, "lora_r": 16, "lora_targets": QKVO}
+    one, two = (step_breakdown(model=model, config=_lora(s, **qlora), gpu=gpu) for s in ("fsdp2", "fsdp1"))
+    # peft's fsdp_auto_wrap_policy wraps the adapters of a Linear4bit as of a Linear: 256 units, 3 gathers each
+    assert two["overhead"] - one["overhead"] == pytest.approx(256 * 3 * UNSHARD_HOST_SECONDS)
+    assert {k: v for k, v in two.items() if k != "overhead"} == {k: v for k, v in one.items() if k != "overhead"}
+
+
 def test_each_adapter_unit_adds_three_unshards_a_micro_step_with_checkpointing():
     model, gpu = resolve_model(MISTRAL), get_gpu("a100-80gb")
     one, two = (step_breakdown(model=model, config=_lora(s), gpu=gpu) for s in ("fsdp2", "fsdp1"))
@@ -80,8 +100,8 @@ def test_the_search_never_tries_it():
     ({"precision": "bf16-mixed"}, "--precision bf16"),
     ({"offload": "optimizer+params"}, "--offload none"),
     ({"optimizer": "adamw_8bit"}, "adamw"),
-    ({"method": "qlora", "precision": "bf16-mixed"}, "--precision bf16"),
-    ({"method": "qlora"}, "--method lora"),
+    ({"method": "qlora", "precision": "bf16-mixed"}, "--no-kbit-upcast"),
+    ({"method": "qlora"}, "--no-kbit-upcast"),
 ])
 def test_what_fsdp1_refuses_says_the_fix(changes, words):
     with pytest.raises(PlannerError, match=re.escape(words)):
@@ -162,3 +182,4 @@ def test_the_worker_wraps_each_adapter_as_fms_does():
     done = subprocess.run([sys.executable, "-c", _WORKER], check=False, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"fsdp_units": 12 + 3 + 1}
+
