@@ -27,7 +27,11 @@ the parameters' own):
   lets the caching allocator reuse their blocks only once the compute stream passes them, which the
   rate limiter bounds by the same two units;
 * LoRA's adapters are their own units, so the layers' flat parameters hold frozen weights only: no
-  gradient of theirs, no reduce-scatter (FSDP2's trained terms: the adapters' shards).
+  gradient of theirs, no reduce-scatter (FSDP2's trained terms: the adapters' shards);
+* QLoRA as the FSDP-QLoRA recipe runs it (``qlora_refusal``: no k-bit upcast): a layer's flat
+  parameter is its packed 4-bit weights (``bnb_4bit_quant_storage``, the load dtype) and its 16-bit
+  norms, one dtype as FSDP1 needs; at ``*-mixed`` too, since accelerate's MixedPrecision then casts
+  only the adapter units (FSDP2's terms at ``*-mixed``: fp32 adapter shards gathered in 16 bits).
 
 Its breakdown keys are FSDP2's (``fsdp2/...``: the same buffers, declared once there).
 

@@ -29,6 +29,9 @@ What each rank keeps (N ranks; line numbers: torch 2.13 torch/distributed/fsdp/_
 
 With ``CPUOffloadPolicy`` the shards, their gradients and the optimizer's states live in the host's
 RAM and the optimizer steps there; the device holds what is gathered and reduced.
+
+Under QLoRA (``shards_4bit``) the packed 4-bit weights are parameters like the others, sharded and
+gathered as stored (``_qlora_weights``), their quantisation state whole on every rank.
 """
 
 from __future__ import annotations
