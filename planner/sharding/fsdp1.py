@@ -202,11 +202,28 @@ class FSDP1(FSDP2):
         # torch 2.13 fsdp/_init_utils.py _init_device_handle refuses a CPU module without device_id
         device_id = torch.device("cpu") if device == "cpu" else torch.device(device)
         engine = FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                                          limit_all_gathers=True, use_orig_params=False, device_id=device_id)
+                                          limit_all_gathers=True, use_orig_params=False, device_id=device_id,
+                                          mixed_precision=_mixed_precision(config))
         units = sum(isinstance(m, FullyShardedDataParallel) for m in engine.modules())
         trainable = [p for p in engine.parameters() if p.requires_grad]
-        return WorkerSetup(engine=engine, optimizer=build_optimizer(trainable), autocast=False,
+        # accelerate autocasts the forward at *-mixed as well: peft casts an adapter's input to the dtype
+        # of its (sharded, fp32) weight before the adapter unit gathers it in 16 bits
+        return WorkerSetup(engine=engine, optimizer=build_optimizer(trainable), autocast=config.precision.is_mixed,
                            details={"fsdp_units": units})
+
+
+def _mixed_precision(config: Any) -> Any:
+    """accelerate's FSDP1 policy at *-mixed (QLoRA only reaches it: ``refusal``): parameters, reductions
+    and buffers in the 16-bit dtype (accelerate utils/dataclasses.py FullyShardedDataParallelPlugin
+    ``set_mixed_precision``: ``param_dtype``, ``reduce_dtype`` and, for FSDP1, ``buffer_dtype`` all
+    ``dtype``); None (no casts) otherwise."""
+    if not config.precision.is_mixed:
+        return None
+    import torch
+    from torch.distributed.fsdp import MixedPrecision
+
+    dtype = getattr(torch, config.precision.compute_dtype)
+    return MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
 
 
 SPECS = (
