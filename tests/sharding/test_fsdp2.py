@@ -230,12 +230,15 @@ TINY_LLAMA = dict(model_type="llama", hidden_size=256, intermediate_size=688, nu
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("changes, bound", [(dict(), 0.01), (dict(method="lora"), 0.01)], ids=["full", "lora"])
+@pytest.mark.parametrize("changes, bound", [(dict(), 0.01), (dict(method="lora"), 0.01),
+                                            (dict(method="qlora", kbit_upcast=False, lora_r=16), 0.01)],
+                         ids=["full", "lora", "qlora"])
 def test_two_cpu_ranks_measure_what_the_model_predicts_per_rank(changes, bound):
     """Each rank's peak (c10's CPU allocator, the last of 2 steps) against the estimate for one
     rank of 2. Measured on 2026-11-26: full 81,246,592 B on both ranks (predicted 81,244,756,
     -0.002 %; torch's FSDPMemTracker 81,246,556), LoRA 51,689,616 B (predicted 51,691,120, tracker 51,689,336,
-    +0.003 %). Before the probe dated the frees of gloo's own copies, a rank of the full run read
+    +0.003 %); on 2026-11-27 QLoRA (bitsandbytes' CPU backend, the 4-bit weights stored in bf16 and
+    sharded by fully_shard) 44,006,704 B (predicted 43,991,890, -0.03 %). Before the probe dated the frees of gloo's own copies, a rank of the full run read
     84,148,608 B in some runs (bench/accuracy.py's row notes say why)."""
     from planner.catalog import spec_from_config
     from planner.gpus import get_gpu
