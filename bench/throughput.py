@@ -170,8 +170,14 @@ def cause(r: dict[str, Any]) -> str:
                      "with no overlap, where FSDP prefetches the all-gathers and overlaps the reduce-scatters with backward")
     if over and r["gpus"] > 1 and str(r["interconnect"]).startswith("pcie"):
         found.append("FSDP over PCIe: the collectives contend with host traffic and run below the link rate the model assumes")
+    if over and r["method"] == "qlora" and s.get("sharding") == "fsdp1" and r["gpus"] > 1:
+        found.append("FSDP1's rate limiter keeps the host in step with the GPU through the adapter units, so host work "
+                     "per Linear4bit call (bitsandbytes re-wraps the flat parameter's view as a Params4bit each forward: "
+                     "nn/modules.py fix_4bit_weight_quant_state_from_module; the dequantise's Python) would be on the "
+                     "step's path: not priced beyond the units' all-gathers (the overhead share)")
     if over and r["method"] == "qlora":
-        found.append("bitsandbytes' dequantise-then-matmul per call: its small kernels and fp32 upcasts are counted at "
+        upcasts = " and fp32 upcasts" if s.get("kbit_upcast", True) else ""
+        found.append(f"bitsandbytes' dequantise-then-matmul per call: its small kernels{upcasts} are counted at "
                      f"memory speed ({shares['dequant'] + shares['elementwise']:.0%} of the predicted step)")
     if not over and r["method"] == "qlora" and s.get("kbit_upcast", True):
         found.append("the planner's QLoRA is peft's prepare_model_for_kbit_training: an fp32 residual stream (norms, rotary, "

@@ -67,7 +67,7 @@ from planner.kernels import (
     rows_per_token,
     weight_cast_bytes,
 )
-from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES
+from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES, nf4_packed_bytes
 from planner.memory.parameters import param_tensor_sizes, stack_targets, trainable_params
 from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import ModelSpec
@@ -196,14 +196,20 @@ def comm_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
     """Bytes each device sends over the interconnect per optimizer step (ring collectives): the
     sharding scheme's collectives (``ShardingSpec.comm_bytes``: DDP's gradient all-reduce,
     ZeRO's reduce-scatters and all-gathers, each with its source)."""
-    return _comm_bytes(config, trainable_params(model, config), model.params_total)
+    quantized = _quantized_weights(model) if config.method is _QLORA else 0
+    return _comm_bytes(config, trainable_params(model, config), model.params_total, quantized)
 
 
-def _comm_bytes(config: TrainConfig, trainable: int, params_total: int) -> float:
+def _comm_bytes(config: TrainConfig, trainable: int, params_total: int, quantized: int = 0) -> float:
     if config.gpus == 1:
         return 0.0
-    return config.sharding.spec.comm_bytes(config, trainable=trainable, params_total=params_total,
-                                           grad_bytes=_trainable_bytes(config))
+    spec = config.sharding.spec
+    if quantized and config.method is _QLORA and spec.shards_4bit:  # (FSDP gathers the packed 4-bit weights)
+        return spec.comm_bytes(config, trainable=trainable, params_total=params_total,
+                               grad_bytes=_trainable_bytes(config), quantized=quantized,
+                               packed=nf4_packed_bytes(quantized))
+    return spec.comm_bytes(config, trainable=trainable, params_total=params_total,
+                           grad_bytes=_trainable_bytes(config))
 
 
 def offload_bytes_per_step(*, model: ModelSpec, config: TrainConfig) -> float:
@@ -477,7 +483,7 @@ def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], ca
         (_dequant_bytes(config, quantized) if config.method is _QLORA else 0.0) / device_bw,
         optimizer_s,
         overhead_s * accum + scheme_host,
-        (_comm_bytes(config, trainable, params_total) if config.gpus != 1 else 0.0) / rates.link_bw,
+        (_comm_bytes(config, trainable, params_total, quantized) if config.gpus != 1 else 0.0) / rates.link_bw,
         (_offload_bytes(config, trainable, params_total) if offloaded else 0.0) / rates.host_link_bw,
     )
 

@@ -53,7 +53,7 @@ from typing import Any, Mapping
 
 from planner.config import Loop, Method, Precision, TrainConfig
 from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
-from planner.emit.settings import adapter_settings, model_config_settings, training_arguments
+from planner.emit.settings import adapter_settings, bnb_config, model_config_settings, training_arguments
 from planner.errors import InvalidConfigError
 from planner.optim import OPTIMIZERS
 from planner.results import Measurement, RunOutcome
@@ -260,17 +260,19 @@ def _build_qlora_base(*, model_config: dict[str, Any], config: TrainConfig, chec
         random_model = _build_model(
             model_config=model_config, config=config.replace(precision=Precision.FP32), checkpoint_dir=None
         )
-        random_model.save_pretrained(tmp)
+        # each rank writes the copy it reads: once a process group is up, save_pretrained writes on
+        # rank 0 only (transformers 5 distributed/mixin.py should_save_on_this_rank)
+        from safetensors.torch import save_model
+
+        random_model.config.save_pretrained(tmp)
+        save_model(random_model, f"{tmp}/model.safetensors", metadata={"format": "pt"})
         del random_model
         gc.collect()
         checkpoint_dir = tmp
     auto = seq2seq.auto_class(model_config, encoder=_is_encoder(model_config))
-    quant = BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=compute,
-    )
+    # the config emit writes (bnb_config.json): NF4, double quantisation, the compute dtype, and under
+    # FSDP the 4-bit weights stored in the load dtype (bnb_4bit_quant_storage)
+    quant = BitsAndBytesConfig(**bnb_config(config))
     return auto.from_pretrained(
         checkpoint_dir, local_files_only=True, quantization_config=quant, dtype=compute,
         attn_implementation=config.attention.hf_name,

@@ -234,15 +234,22 @@ def bnb_config(config: TrainConfig) -> dict[str, Any] | None:
     """Keyword arguments of ``transformers.BitsAndBytesConfig``; None unless QLoRA.
 
     4-bit NF4 with double quantization (the memory model's ``_nf4_bytes``; QLoRA paper §3),
-    compute in the plan's 16-bit dtype."""
+    compute in the plan's 16-bit dtype. Where the sharding scheme shards the 4-bit weights
+    (``ShardingSpec.shards_4bit``: FSDP), they are stored in the dtype the model loads in: FSDP
+    shards floating-point parameters of one dtype per flat parameter, and bitsandbytes then packs
+    the codes into that dtype (bitsandbytes docs/source/fsdp_qlora.md, "Quantized data storage";
+    transformers utils/quantization_config.py ``bnb_4bit_quant_storage``)."""
     if config.method is not Method.QLORA:
         return None
-    return {
+    out = {
         "load_in_4bit": True,
         "bnb_4bit_quant_type": "nf4",
         "bnb_4bit_use_double_quant": True,
         "bnb_4bit_compute_dtype": config.precision.compute_dtype,
     }
+    if config.sharding.spec.shards_4bit:
+        out["bnb_4bit_quant_storage"] = model_dtype(config)
+    return out
 
 
 def deepspeed_config(config: TrainConfig, *, spec: ModelSpec, on_cpu: bool) -> dict[str, Any] | None:

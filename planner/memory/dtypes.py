@@ -35,10 +35,18 @@ NF4_DQ_BLOCK = 256
 NF4_READ_BYTES = 0.5 + 1 / NF4_BLOCK + 4 / (NF4_BLOCK * NF4_DQ_BLOCK)
 
 
+def nf4_packed_bytes(n: int) -> float:
+    """Bytes of n weights' packed 4-bit codes alone, two to a byte (bitsandbytes 0.50.2
+    backends/default/ops.py:256 ``(q8[::2] << 4) | q8[1::2]``), whatever dtype
+    ``bnb_4bit_quant_storage`` views them as (:257-258): the part of ``nf4_bytes`` that is the
+    parameter's data; the rest is its quantisation state."""
+    return n / 2
+
+
 def nf4_bytes(n: int) -> float:
     """Bytes of n weights stored as bitsandbytes NF4 with double quantisation."""
     blocks = n / NF4_BLOCK
-    return n / 2 + blocks * 1 + (blocks / NF4_DQ_BLOCK) * 4
+    return nf4_packed_bytes(n) + blocks * 1 + (blocks / NF4_DQ_BLOCK) * 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,5 +185,5 @@ def mode_of(config) -> DtypeMode:
 
 __all__ = [
     "ADAPTER_BYTES", "BNB_8BIT_BLOCK", "BNB_8BIT_STATE_BYTES", "BNB_MIN_8BIT_SIZE", "DtypeMode", "FP32", "HALF",
-    "FP8_CONV1D_MODEL_TYPES", "FP8_DIM_MULTIPLE", "INT64", "NF4_BLOCK", "NF4_DQ_BLOCK", "NF4_READ_BYTES", "dtype_mode", "fp8_converts", "mode_of", "nf4_bytes", "trainable_bytes",
+    "FP8_CONV1D_MODEL_TYPES", "FP8_DIM_MULTIPLE", "INT64", "NF4_BLOCK", "NF4_DQ_BLOCK", "NF4_READ_BYTES", "dtype_mode", "fp8_converts", "mode_of", "nf4_bytes", "nf4_packed_bytes", "trainable_bytes",
 ]

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memo import IdentityMemo
-from planner.memory.dtypes import ADAPTER_BYTES, DtypeMode, mode_of, nf4_bytes, trainable_bytes
+from planner.memory.dtypes import ADAPTER_BYTES, DtypeMode, mode_of, nf4_bytes, nf4_packed_bytes, trainable_bytes
 from planner.memory.parameters import (
     Trained,
     largest_gradient_elements,
@@ -71,8 +71,12 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | No
     if config.method is not _FULL_METHOD:  # (uses_adapters)
         out["lora/weights"] = trainable * ADAPTER_BYTES
     # gradients, optimizer states and what the sharding scheme adds, splits or moves to the host
-    return config.sharding.spec.model_states(model, config, t, out, param_bytes=param_bytes,
-                                             grads=trainable * param_bytes, base_sizes=base_sizes)
+    spec = config.sharding.spec
+    if config.method is _QLORA and spec.shards_4bit:  # (FSDP: the packed 4-bit weights are flat parameters)
+        return spec.model_states(model, config, t, out, param_bytes=param_bytes, grads=trainable * param_bytes,
+                                 base_sizes=base_sizes, quantized=q, packed=nf4_packed_bytes(q))
+    return spec.model_states(model, config, t, out, param_bytes=param_bytes,
+                             grads=trainable * param_bytes, base_sizes=base_sizes)
 
 
 def model_states_bytes(model: ModelSpec, config: TrainConfig) -> int:

@@ -27,7 +27,11 @@ the parameters' own):
   lets the caching allocator reuse their blocks only once the compute stream passes them, which the
   rate limiter bounds by the same two units;
 * LoRA's adapters are their own units, so the layers' flat parameters hold frozen weights only: no
-  gradient of theirs, no reduce-scatter (FSDP2's trained terms: the adapters' shards).
+  gradient of theirs, no reduce-scatter (FSDP2's trained terms: the adapters' shards);
+* QLoRA as the FSDP-QLoRA recipe runs it (``qlora_refusal``: no k-bit upcast): a layer's flat
+  parameter is its packed 4-bit weights (``bnb_4bit_quant_storage``, the load dtype) and its 16-bit
+  norms, one dtype as FSDP1 needs; at ``*-mixed`` too, since accelerate's MixedPrecision then casts
+  only the adapter units (FSDP2's terms at ``*-mixed``: fp32 adapter shards gathered in 16 bits).
 
 Its breakdown keys are FSDP2's (``fsdp2/...``: the same buffers, declared once there).
 
@@ -43,7 +47,7 @@ from typing import Any
 
 from planner.errors import InvalidConfigError, PlannerError, UnsupportedError
 from planner.optim import names
-from planner.sharding.fsdp2 import _KEYS, _TORCH_OPTIMIZERS, FSDP2, STATE_DICT_TYPE
+from planner.sharding.fsdp2 import _KEYS, _TORCH_OPTIMIZERS, FSDP2, STATE_DICT_TYPE, qlora_refusal
 from planner.sharding.spec import Offload, WorkerSetup
 
 #: Host seconds from the rate limiter's wait on a GPU to the next unit's all-gather launch: FSDP1's
@@ -104,7 +108,9 @@ class FSDP1(FSDP2):
             return lambda: InvalidConfigError("--sharding fsdp1 with --offload is not modelled: use --offload none, or "
                                               "--sharding fsdp2 --offload optimizer+params")
         precision = config.precision
-        if precision.is_mixed:
+        # QLoRA at *-mixed too: under the FSDP-QLoRA recipe every base parameter is 16-bit already
+        # (``qlora_refusal``), so accelerate's MixedPrecision casts only the adapters' units
+        if precision.is_mixed and config.method.value != "qlora":
             return lambda: UnsupportedError(
                 f"--precision {precision} with FSDP1: accelerate's MixedPrecision for FSDP1 (parameters, reductions "
                 "and buffers in one 16-bit dtype, under autocast) is not modelled: use --precision "
@@ -113,10 +119,7 @@ class FSDP1(FSDP2):
         if optimizer not in _TORCH_OPTIMIZERS:
             return lambda: UnsupportedError(f"--optimizer {optimizer} with FSDP1 is not modelled: use "
                                             f"{names(_TORCH_OPTIMIZERS)}")
-        if config.method.value == "qlora":
-            return lambda: UnsupportedError("--method qlora with FSDP1 (4-bit weights in bnb_4bit_quant_storage flat "
-                                            "parameters) is not modelled: use --method lora, or --zero 2")
-        return None
+        return qlora_refusal(config, offload, self.name)
 
     def searched_on(self, gpus: int, offload: Offload) -> bool:
         return False  # chosen by name only: FSDP2 is the FSDP the search plans
@@ -199,15 +202,32 @@ class FSDP1(FSDP2):
         # torch 2.13 fsdp/_init_utils.py _init_device_handle refuses a CPU module without device_id
         device_id = torch.device("cpu") if device == "cpu" else torch.device(device)
         engine = FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                                          limit_all_gathers=True, use_orig_params=False, device_id=device_id)
+                                          limit_all_gathers=True, use_orig_params=False, device_id=device_id,
+                                          mixed_precision=_mixed_precision(config))
         units = sum(isinstance(m, FullyShardedDataParallel) for m in engine.modules())
         trainable = [p for p in engine.parameters() if p.requires_grad]
-        return WorkerSetup(engine=engine, optimizer=build_optimizer(trainable), autocast=False,
+        # accelerate autocasts the forward at *-mixed as well: peft casts an adapter's input to the dtype
+        # of its (sharded, fp32) weight before the adapter unit gathers it in 16 bits
+        return WorkerSetup(engine=engine, optimizer=build_optimizer(trainable), autocast=config.precision.is_mixed,
                            details={"fsdp_units": units})
 
 
+def _mixed_precision(config: Any) -> Any:
+    """accelerate's FSDP1 policy at *-mixed (QLoRA only reaches it: ``refusal``): parameters, reductions
+    and buffers in the 16-bit dtype (accelerate utils/dataclasses.py FullyShardedDataParallelPlugin
+    ``set_mixed_precision``: ``param_dtype``, ``reduce_dtype`` and, for FSDP1, ``buffer_dtype`` all
+    ``dtype``); None (no casts) otherwise."""
+    if not config.precision.is_mixed:
+        return None
+    import torch
+    from torch.distributed.fsdp import MixedPrecision
+
+    dtype = getattr(torch, config.precision.compute_dtype)
+    return MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
+
+
 SPECS = (
-    FSDP1(name="fsdp1", order=6, searched=False, partitions_optimizer=True, unit_host=True,
+    FSDP1(name="fsdp1", order=6, searched=False, partitions_optimizer=True, unit_host=True, shards_4bit=True,
           partial_head="--fused-ce with FSDP1 is not modelled (the fused loss reads lm_head.weight outside the "
                        "module's forward): drop --fused-ce",
           casts_model=True, words="FSDP1", keys=_KEYS,

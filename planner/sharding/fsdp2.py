@@ -29,6 +29,9 @@ What each rank keeps (N ranks; line numbers: torch 2.13 torch/distributed/fsdp/_
 
 With ``CPUOffloadPolicy`` the shards, their gradients and the optimizer's states live in the host's
 RAM and the optimizer steps there; the device holds what is gathered and reduced.
+
+Under QLoRA (``shards_4bit``) the packed 4-bit weights are parameters like the others, sharded and
+gathered as stored (``_qlora_weights``), their quantisation state whole on every rank.
 """
 
 from __future__ import annotations
@@ -116,6 +119,41 @@ def _sharded_total(sizes: tuple[int, ...], n: int) -> int:
     return hit if hit is not None else _SHARDS.put(sizes, n, sum([shard(s, n) for s in sizes]))
 
 
+def _qlora_weights(out: dict[str, int], n: int, packed: float) -> dict[str, int]:
+    """QLoRA's base weights on one of ``n`` ranks (``out``: as one process holds them). The packed
+    4-bit codes are a float tensor of the ``bnb_4bit_quant_storage`` dtype (bitsandbytes 0.50.2
+    backends/default/ops.py:257-258 views the packed bytes as it), so FSDP shards and gathers them as
+    any parameter: 1/N each. Their quantisation state (absmax, the nested absmax and codes) is no
+    parameter or buffer: bitsandbytes keeps it on the module (nn/modules.py:391-393 ``_quantize``:
+    ``self.module.quant_state = quant_state``) and gives it back to the weight FSDP's flattening
+    replaced (:487-501 ``fix_4bit_weight_quant_state_from_module``: "the quant state got lost when the
+    parameter got converted. This happens for example for fsdp"), so each rank holds all of it. The
+    other tensors (norms, embeddings, head) are sharded in the 16-bit dtype they were loaded in."""
+    state = out["weights/nf4"] - packed
+    return {"weights/nf4": int(math.ceil(packed / n) + state), "weights/unquantized": -(-out["weights/unquantized"] // n)}
+
+
+def qlora_refusal(config: Any, offload: Offload, scheme: str) -> Callable[[], PlannerError] | None:
+    """FSDP's refusal of a QLoRA configuration it does not model (None: not QLoRA, or modelled). Modelled:
+    the FSDP-QLoRA recipe (bitsandbytes docs/source/fsdp_qlora.md; peft docs accelerate/fsdp.md), whose
+    non-4-bit parameters stay in the 16-bit dtype the model loads in (``bnb_4bit_quant_storage`` the
+    same): TRL's SFTTrainer skips peft's k-bit preparation under FSDP (trl v0.13.0
+    trl/trainer/sft_trainer.py:182-231). peft's upcast (``kbit_upcast``, peft 0.21 utils/other.py:204-209)
+    casts the norms to fp32 beside the 16-bit-stored 4-bit weights, which FSDP1 cannot flatten into one
+    flat parameter (torch 2.13 fsdp/_flat_param.py:814: "Must flatten tensors with uniform dtype")."""
+    if config.method.value != "qlora":
+        return None
+    if config.kbit_upcast:
+        return lambda: UnsupportedError(
+            f"--method qlora with --sharding {scheme} and peft's k-bit upcast (fp32 norms beside the 16-bit-stored "
+            "4-bit weights) is not modelled: add --no-kbit-upcast (the FSDP-QLoRA recipe: TRL's SFTTrainer skips the "
+            "upcast under FSDP), or use --zero 2")
+    if offload is not Offload.NONE:
+        return lambda: UnsupportedError(f"--method qlora with --sharding {scheme} and --offload is not modelled: "
+                                        "use --offload none")
+    return None
+
+
 class FSDP2(ShardingSpec):
     """FSDP2: every unit's parameters sharded over the ranks, gathered for its forward and
     backward, its gradients reduce-scattered after its backward."""
@@ -161,25 +199,24 @@ class FSDP2(ShardingSpec):
         if optimizer not in _TORCH_OPTIMIZERS:
             return lambda: UnsupportedError(f"--optimizer {optimizer} with FSDP2: bitsandbytes' optimizers do not step "
                                             f"FSDP2's sharded DTensor parameters, use {names(_TORCH_OPTIMIZERS)}")
-        if config.method.value == "qlora":
-            return lambda: UnsupportedError("--method qlora with FSDP2 (4-bit weights stored in bnb_4bit_quant_storage) "
-                                            "is not modelled: use --method lora, or --zero 2")
-        return None
+        return qlora_refusal(config, offload, self.name)
 
     # ---- memory -----------------------------------------------------------------------------
     def model_states(self, model: Any, config: Any, t: Any, out: dict[str, int], *, param_bytes: int, grads: int,
-                     base_sizes: tuple[int, ...]) -> tuple[dict[str, int], int]:
+                     base_sizes: tuple[int, ...], quantized: int = 0,
+                     packed: float = 0.0) -> tuple[dict[str, int], int]:
         """``casts_model`` gives the 16-bit model's dtype mode (the unsharded parameters the layers
         compute with are ``param_dtype``, no autocast copies), so the stored dtypes are read from
-        the precision here, not from ``out`` or ``param_bytes``."""
+        the precision here, not from ``out`` or ``param_bytes``. Under QLoRA (``shards_4bit``),
+        ``quantized`` and ``packed``: the 4-bit weights' element count and packed bytes."""
         n, offloaded = config.gpus, config.sharding.offload is not _NO_OFFLOAD
         full = not config.method.uses_adapters
         weight = config.precision.weight_bytes  # the sharded parameters' dtype: fp32 under *-mixed
         trained_bytes = _trained_bytes(config)
         compute, reduce = _compute(config, weight), _reduce(config, weight)
         host = 0
-        # every base parameter sharded in its own dtype (fp32 master under *-mixed)
-        states = {"weights": _sharded_total(base_sizes, n) * weight}
+        # every base parameter sharded in its own dtype (fp32 master under *-mixed); QLoRA's as loaded
+        states = _qlora_weights(out, n, packed) if quantized else {"weights": _sharded_total(base_sizes, n) * weight}
         # each trained tensor's shard, by the few distinct tensor sizes (``Trained.size_counts``)
         shard_counts = [(shard(size, n), count) for size, count in t.size_counts]
         trained_shards = sum([size * count for size, count in shard_counts])
@@ -196,6 +233,8 @@ class FSDP2(ShardingSpec):
         per_layer = max(1, model.num_layers)
         trainable_unit = (t.count - root_trainable) // per_layer
         unit = unit_bytes(model, compute=compute, adapters_per_layer=0 if full else trainable_unit)
+        if quantized:  # a layer's 4-bit weights are gathered packed, as stored (no cast: the storage dtype is param_dtype)
+            unit += math.ceil(packed / per_layer) - quantized // per_layer * compute
         # the running unit unsharded; and, from the first unshard to the end of backward, the root
         # unsharded and one all-gather output (forward: the last one, kept until the next unit's
         # copy-out; backward: the prefetched unit's, made as soon as backward starts, by the root's
@@ -238,15 +277,19 @@ class FSDP2(ShardingSpec):
         return super().searched_on(gpus, offload) and (gpus > 1 or offload is not Offload.NONE)
 
     # ---- throughput -------------------------------------------------------------------------
-    def comm_bytes(self, config: Any, *, trainable: int, params_total: int, grad_bytes: int) -> float:
+    def comm_bytes(self, config: Any, *, trainable: int, params_total: int, grad_bytes: int, quantized: int = 0,
+                   packed: float = 0.0) -> float:
         """Every micro-step all-gathers every parameter for the forward and again for the backward
         (reshard_after_forward; a checkpointed unit's recompute runs on the parameters its backward
         gathered: ``_fsdp_state.py`` _pre_forward returns early in PRE_BACKWARD) in the compute
         dtype, and reduce-scatters the trainable gradients in the reduce dtype (fp32 under
-        *-mixed): (n-1)/n · (2 · params · compute + trainable · reduce) per micro-step."""
+        *-mixed): (n-1)/n · (2 · params · compute + trainable · reduce) per micro-step. Under
+        QLoRA (``shards_4bit``) the ``quantized`` weights are gathered as their ``packed`` bytes;
+        their quantisation state, on every rank already (``_qlora_weights``), is not gathered."""
         cb = config.precision.compute_bytes
         rb = FP32 if config.precision.is_mixed else cb
-        return ring(config.gpus) * (2 * params_total * cb + trainable * rb) * config.grad_accum
+        gathered = (params_total - quantized) * cb + packed
+        return ring(config.gpus) * (2 * gathered + trainable * rb) * config.grad_accum
 
     def offload_bytes(self, config: Any, offload: Offload, *, trainable: int, params_total: int) -> float:
         """CPUOffloadPolicy: each unit's shards are copied to the device for its forward and its
@@ -347,6 +390,7 @@ _KEYS = (
 SPECS = (
     # casts_model: the layers compute with the 16-bit unsharded parameters, no autocast
     FSDP2(name="fsdp2", order=5, offloads=(Offload.NONE, Offload.OPTIMIZER_PARAMS), partitions_optimizer=True,
+          shards_4bit=True,
           partial_head="--fused-ce with FSDP2 is not modelled (the fused loss reads lm_head.weight outside the "
                        "module's forward): drop --fused-ce",
           casts_model=True,
@@ -355,4 +399,4 @@ SPECS = (
                       "MixedPrecisionPolicy(param_dtype 16-bit, reduce_dtype fp32)",)),
 )
 
-__all__ = ["FSDP2", "SPECS", "STATE_DICT_TYPE", "head_params", "root_params", "shard", "unit_bytes"]
+__all__ = ["FSDP2", "SPECS", "STATE_DICT_TYPE", "head_params", "qlora_refusal", "root_params", "shard", "unit_bytes"]

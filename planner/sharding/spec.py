@@ -175,6 +175,12 @@ class ShardingSpec:
     unit_host: bool = False
     """Its units add host time to the step on more than one GPU (``host_seconds``), which the
     throughput asks it for then only."""
+    shards_4bit: bool = False
+    """Under QLoRA its units' flat parameters hold bitsandbytes' packed 4-bit weights (stored in the
+    ``bnb_4bit_quant_storage`` dtype), which it shards and gathers like any other parameter:
+    ``model_states`` is given their element count and packed bytes (``quantized``, ``packed``) and
+    ``comm_bytes`` too; a scheme without it holds them whole (its ``model_states`` and
+    ``comm_bytes`` are not given them)."""
 
     # ---- words ------------------------------------------------------------------------------
     def label(self, offload: Offload) -> str:

@@ -65,6 +65,85 @@ def test_lora_shards_the_frozen_base_and_the_adapters():
     assert states["fsdp2/root_and_gather_buffer"] == root_params(model) * 2 + (layer + 1_310_720) * 2
 
 
+MISTRAL = "mistralai/Mistral-7B-v0.1"
+#: Mistral-7B's 4-bit weights: per layer q and o 4096 x 4096, k and v 4096 x 1024, gate, up and down
+#: 4096 x 14336: 218,103,808, x 32 layers
+MISTRAL_4BIT = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+
+
+def _qlora(gpus: int, sharding: str = "fsdp2", **changes) -> TrainConfig:
+    return TrainConfig(**(dict(method="qlora", precision="bf16-mixed", gpus=gpus, sharding=sharding, lora_r=16,
+                               lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"), kbit_upcast=False) | changes))
+
+
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_qlora_shards_the_packed_4_bit_weights_and_keeps_their_quantisation_state_whole(gpus):
+    model = resolve_model(MISTRAL)
+    states, host = model_state_breakdown(model, _qlora(gpus))
+    assert MISTRAL_4BIT == 6_979_321_856
+    # packed two 4-bit codes a byte (bnb_4bit_quant_storage views them as bf16): 3,489,660,928 B, 1/N a rank;
+    # the double-quantised state, one 8-bit absmax a block of 64 and one fp32 scale per 256 blocks
+    # (109,051,904 + 1,703,936 B), on the module, whole on every rank
+    packed, state = MISTRAL_4BIT // 2, MISTRAL_4BIT // 64 + MISTRAL_4BIT // 64 // 256 * 4
+    assert state == 110_755_840
+    assert states["weights/nf4"] == packed // gpus + state
+    # the rest in bf16 as loaded (no fp32 upcast): embed_tokens and lm_head 32000 x 4096, 65 norms of 4096
+    unquantized = 2 * 32000 * 4096 + 65 * 4096
+    assert states["weights/unquantized"] == unquantized * 2 // gpus
+    # the adapters (r 16 on q, k, v, o: 16 x (8192 + 5120 + 5120 + 8192) = 425,984 a layer) sharded in fp32
+    adapters = 32 * 425_984
+    assert states["lora/weights"] == adapters // gpus * 4
+    assert states["gradients"] == adapters // gpus * 4
+    # a layer gathered: its 4-bit weights packed (218,103,808 / 2 B), its two norms and adapters in bf16
+    unit = 218_103_808 // 2 + (2 * 4096 + 425_984) * 2
+    assert states["fsdp2/gathered_unit"] == unit == 109_920_256
+    # the root (embeddings, head, final norm) unsharded in bf16 beside one gathered layer
+    assert states["fsdp2/root_and_gather_buffer"] == (2 * 32000 * 4096 + 4096) * 2 + unit
+    assert host == 0
+
+
+def test_qlora_weights_under_fsdp_are_what_one_process_holds_less_the_other_ranks_shards():
+    model = resolve_model(MISTRAL)
+    whole, _ = model_state_breakdown(model, _qlora(1, sharding="none"))
+    sharded, _ = model_state_breakdown(model, _qlora(2))
+    assert whole["weights/nf4"] - sharded["weights/nf4"] == MISTRAL_4BIT // 2 // 2
+    assert whole["weights/unquantized"] == 2 * sharded["weights/unquantized"]
+
+
+def test_bitsandbytes_packs_two_codes_a_byte_in_the_storage_dtype_and_keeps_the_state_off_the_parameters():
+    """What ``_qlora_weights`` reads of bitsandbytes, on the real library (its CPU backend): a Linear4bit
+    stored in bf16 is one bf16 parameter of n / 2 bytes, and its quantisation state (8-bit absmax a block
+    of 64, an fp32 scale per 256 blocks) is an attribute of the module, neither a parameter nor a buffer,
+    so FSDP neither shards nor gathers it."""
+    torch = pytest.importorskip("torch")
+    bnb = pytest.importorskip("bitsandbytes")
+    linear = bnb.nn.Linear4bit(256, 128, bias=False, compute_dtype=torch.bfloat16, compress_statistics=True,
+                               quant_type="nf4", quant_storage=torch.bfloat16).to("cpu")
+    weight = linear.weight
+    assert weight.dtype == torch.bfloat16 and weight.numel() * weight.element_size() == 256 * 128 // 2
+    assert [name for name, _ in linear.named_parameters()] == ["weight"] and not list(linear.named_buffers())
+    state = linear.quant_state
+    assert state is weight.quant_state
+    assert state.absmax.dtype == torch.uint8 and state.absmax.numel() == 256 * 128 // 64
+    assert state.state2.absmax.dtype == torch.float32 and state.state2.absmax.numel() == 256 * 128 // 64 // 256
+
+
+def test_qlora_gathers_the_packed_bytes_not_the_quantisation_state():
+    config = _qlora(2, grad_accum=2)
+    spec = config.sharding.spec
+    # (2-1)/2 x (2 gathers x (600 16-bit params x 2 B + 400 4-bit params packed in 200 B) + 10 trainable x 4 B
+    # fp32 reduce) x 2 micro-steps
+    got = spec.comm_bytes(config, trainable=10, params_total=1000, grad_bytes=4, quantized=400, packed=200.0)
+    assert got == 0.5 * (2 * (600 * 2 + 200) + 10 * 4) * 2
+    # Mistral-7B's step: 262,410,240 bf16 parameters and 6,979,321,856 4-bit ones gathered twice, r 16 on q, k,
+    # v, o reduce-scattered in fp32
+    from planner.throughput import comm_bytes_per_step
+
+    model = resolve_model(MISTRAL)
+    step = comm_bytes_per_step(model=model, config=_qlora(2))
+    assert step == 0.5 * (2 * (262_410_240 * 2 + MISTRAL_4BIT // 2) + 32 * 425_984 * 4)
+
+
 def test_cpu_offload_moves_shards_grads_and_states_to_the_host():
     model = resolve_model(LLAMA_8B)
     config = TrainConfig(method="full", precision="bf16-mixed", gpus=2, sharding="fsdp2", offload="optimizer+params")
@@ -85,7 +164,8 @@ def test_fsdp2_is_searched_on_several_gpus_and_on_one_only_with_offload():
     (dict(offload="optimizer"), "optimizer+params"),
     (dict(precision="fp16-mixed"), "bf16-mixed"),
     (dict(optimizer="adamw_8bit"), "adamw"),
-    (dict(method="qlora"), "lora"),
+    (dict(method="qlora"), "--no-kbit-upcast"),
+    (dict(method="qlora", kbit_upcast=False, offload="optimizer+params"), "--offload none"),
 ])
 def test_what_fsdp2_refuses_says_the_fix(changes, words):
     with pytest.raises(PlannerError, match=re.escape(words)):
@@ -150,12 +230,15 @@ TINY_LLAMA = dict(model_type="llama", hidden_size=256, intermediate_size=688, nu
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("changes, bound", [(dict(), 0.01), (dict(method="lora"), 0.01)], ids=["full", "lora"])
+@pytest.mark.parametrize("changes, bound", [(dict(), 0.01), (dict(method="lora"), 0.01),
+                                            (dict(method="qlora", kbit_upcast=False, lora_r=16), 0.01)],
+                         ids=["full", "lora", "qlora"])
 def test_two_cpu_ranks_measure_what_the_model_predicts_per_rank(changes, bound):
     """Each rank's peak (c10's CPU allocator, the last of 2 steps) against the estimate for one
     rank of 2. Measured on 2026-11-26: full 81,246,592 B on both ranks (predicted 81,244,756,
     -0.002 %; torch's FSDPMemTracker 81,246,556), LoRA 51,689,616 B (predicted 51,691,120, tracker 51,689,336,
-    +0.003 %). Before the probe dated the frees of gloo's own copies, a rank of the full run read
+    +0.003 %); on 2026-11-27 QLoRA (bitsandbytes' CPU backend, the 4-bit weights stored in bf16 and
+    sharded by fully_shard) 44,006,704 B (predicted 43,991,890, -0.03 %). Before the probe dated the frees of gloo's own copies, a rank of the full run read
     84,148,608 B in some runs (bench/accuracy.py's row notes say why)."""
     from planner.catalog import spec_from_config
     from planner.gpus import get_gpu
