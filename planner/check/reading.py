@@ -257,6 +257,8 @@ def _dtype_name(file: ConfigFile, key: str, value: Any) -> str:
 def _precision_and_method(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     """Method (full, LoRA from TRL's ``use_peft`` or a PEFT adapter config beside, QLoRA from
     ``load_in_4bit``) and precision (TrainingArguments' autocast flags over the loaded dtype)."""
+    from planner.check.schemas import is_trl
+
     data = file.data
     value = lambda key: schema.value(data, key)  # noqa: E731
     fp16 = bool(value("fp16"))
@@ -275,6 +277,13 @@ def _precision_and_method(reading: Reading, file: ConfigFile, schema: Schema) ->
         reading.set("lora_targets", _targets(targets), file=file, key="lora_target_modules", raw=targets,
                     given="lora_target_modules" in data)
         _adapter_recipe(reading, file, value, {f.name: f.trl for f in ADAPTER_RECIPE})
+    if quantized and is_trl(schema.name):
+        # TRL's SFTTrainer loads the 4-bit model in ModelConfig's dtype and wraps it with get_peft_model alone: no
+        # prepare_model_for_kbit_training, so the non-4-bit parameters stay in the load dtype (trl 1.16
+        # trainer/sft_trainer.py l.806-869; 0.13 still ran it, skipping it for sharded QLoRA, l.182-231): fp32, the
+        # default dtype, is what peft's upcast gives; a 16-bit dtype keeps them 16-bit
+        reading.set("kbit_upcast", dtype == "fp32", file=file, key=dtype_key or "dtype", raw=dtype,
+                    given=bool(dtype_key) and (dtype_key.startswith("model_init_kwargs") or dtype_key in data))
     if quantized and not value("use_bnb_nested_quant"):
         reading.notes.append("use_bnb_nested_quant false: the plan counts NF4 with double quantization, "
                              "0.37 bit a weight less than without (QLoRA paper, section 2)")

@@ -177,6 +177,23 @@ def test_a_trl_qlora_without_target_modules_gets_peft_s_default_and_a_t4_refuses
     assert result.fits
 
 
+@pytest.mark.parametrize("dtype, upcast", [(None, True), ("float32", True), ("bfloat16", False)])
+def test_a_trl_qlora_keeps_its_unquantised_weights_in_the_load_dtype(dtype, upcast, tmp_path):
+    """TRL's SFTTrainer wraps a 4-bit model with get_peft_model alone (no prepare_model_for_kbit_training:
+    trl 1.16 sft_trainer.py), so the norms, embeddings and head stay in ModelConfig's dtype: float32 (its
+    default) is what peft's upcast gives, bfloat16 keeps them 16-bit, and the peak follows."""
+    path = tmp_path / "qlora.yaml"
+    path.write_text("model_name_or_path: meta-llama/Llama-3.1-8B\nuse_peft: true\nload_in_4bit: true\nmax_length: 2048\n"
+                    "per_device_train_batch_size: 2\nlora_target_modules: all-linear\n" + (f"dtype: {dtype}\n" if dtype else ""))
+    result = check([path], gpu="a10g")
+    assert result.config.kbit_upcast is upcast
+    assert (result.origins["kbit_upcast"]["key"], result.origins["kbit_upcast"]["given"]) == ("dtype", dtype is not None)
+    # the 16-bit load holds the 128k x 4096 embedding and head (and every norm) at 2 bytes, not 4: over 2 GiB less
+    if not upcast:
+        path.write_text(path.read_text().replace("dtype: bfloat16", "dtype: float32"))
+        assert check([path], gpu="a10g").peak_bytes - result.peak_bytes > 2 * 2**30
+
+
 def test_a_deepspeed_json_whose_numbers_differ_from_the_trainers_is_refused_as_the_trainer_refuses_it(tmp_path, cli):
     # transformers integrations/deepspeed.py fill_match: a value that is not "auto" must equal the Trainer's
     shutil.copy(HF.parent / "adapter_config.json", tmp_path / "adapter_config.json")
