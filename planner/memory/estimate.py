@@ -57,7 +57,9 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
         out.append(f"LoRA on {','.join(config.lora_targets or ())}: every linear but {'/'.join(model.lora_refused)} "
                    f"({model.lora_refused_why}), all-linear's default named")
     if config.method is Method.QLORA:
-        out.append("NF4 with double quantisation, blocksize 64; non-4-bit params upcast to fp32 by prepare_model_for_kbit_training")
+        out.append("NF4 with double quantisation, blocksize 64; " + (
+            "non-4-bit params upcast to fp32 by prepare_model_for_kbit_training" if config.kbit_upcast
+            else "non-4-bit params kept in the 16-bit compute dtype (no k-bit upcast, --no-kbit-upcast)"))
     return out
 
 

@@ -109,3 +109,16 @@ def test_suggest_without_qlora_refuses_it_in_one_line(cli):
     assert r.code == 2, r
     lines = r.err.strip().splitlines()
     assert len(lines) == 1 and "--no-kbit-upcast" in lines[0] and "--method qlora" in lines[0], r.err
+
+
+@pytest.mark.parametrize("upcast, words", [(True, "upcast to fp32 by prepare_model_for_kbit_training"),
+                                           (False, "kept in the 16-bit compute dtype")])
+def test_the_estimate_notes_say_which_k_bit_preparation_was_planned(upcast, words):
+    from planner.catalog import resolve_model
+    from planner.gpus import get_gpu
+    from planner.memory import estimate_memory
+
+    estimate = estimate_memory(model=resolve_model("meta-llama/Llama-2-7b-hf"), gpu=get_gpu("a10g"),
+                               config=TrainConfig(method="qlora", seq_len=512, kbit_upcast=upcast))
+    (note,) = [n for n in estimate.assumptions if n.startswith("NF4")]
+    assert words in note
