@@ -41,6 +41,7 @@ from planner.memory.step import (
     batch_line,
     first_block_gradients,
     first_block_params,
+    line_reads,
     static_moments,
     static_sizes,
 )
@@ -318,12 +319,12 @@ def _static_key(config: TrainConfig) -> tuple:
 
 
 def _batch_key(config: TrainConfig) -> tuple:
-    """What the per-micro-batch terms depend on: the fields declared ``BATCH``, and the precision
-    and DeepSpeed only through the dtype mode (bf16 and fp16 autocast type every tensor alike, so do
-    pure bf16 and DeepSpeed's 16-bit model), and whether the scheme's linear layers save every
-    input (ZeRO-3: a frozen head keeps its input). The adapter fields and checkpointing come last
-    (``_Knobs.batch_prefix``)."""
-    return (mode_of(config), config.sharding.spec.linear_saves_input, *_BATCH_FIELDS(config))
+    """What the per-micro-batch terms depend on: the fields declared ``BATCH``, and the method,
+    precision and sharding only as the terms read them (``memory.step.line_reads``: the dtype mode,
+    as bf16 and fp16 autocast type every tensor alike, so do pure bf16 and DeepSpeed's 16-bit model;
+    QLoRA as LoRA where its terms are LoRA's; whether the head saves its input, as ZeRO-3's frozen
+    head does). The adapter fields and checkpointing come last (``_Knobs.batch_prefix``)."""
+    return (*line_reads(config), *_BATCH_FIELDS(config))
 
 
 class _Static(NamedTuple):
@@ -592,8 +593,10 @@ def _line_at_once(at_of: dict, line: tuple[tuple[int, ...], tuple[int, ...]], sp
     """``_line_at`` of ``line``, once per line of one screen (``at_of``: by the line's id). The memo
     hands out one object per line value (``MemoryMemo.batch_line``) and keeps it for the search, so
     its id names its value: the 156 batch lines of an every-precision search of the bench request
-    (78 slots, without and with checkpointing) hold 118 values. One list per value also lets the
-    peaks table (``_peaks``, by the id of the list) serve every slot of that value."""
+    (78 slots, without and with checkpointing) hold 118 values, which its keys find without working
+    out the other 38 (``step.line_reads``), and other requests' keys may still hold equal values. One
+    list per value also lets the peaks table (``_peaks``, by the id of the list) serve every slot of
+    that value."""
     found = at_of.get(id(line))
     if found is None:
         found = at_of[id(line)] = _line_at(line, splits)

@@ -577,6 +577,18 @@ class ShiftedLoss(NamedTuple):
         return 2 * self.shifted
 
 
+def qlora_as_lora(mode: DtypeMode) -> bool:
+    """Whether QLoRA's per-micro-batch terms are LoRA's in the same dtype mode ``mode``: they read
+    QLoRA apart only for bitsandbytes' Linear4bit under autocast (``_dropped_bytes``, ``_casts_kept``,
+    ``_down_saved``; the eval pass's casts, ``evaluation.weight_casts``) and for its cast of the adapter
+    output to the base output's dtype before the up projection's sum (``_recompute_stops``), which
+    changes nothing where the adapter computes in the projections' dtype; elsewhere only whether the
+    method trains adapters. Of the bench request's 156 batch lines (every precision), 32 are QLoRA's
+    in fp32 or DeepSpeed's 16-bit model, each its LoRA twin's (``planner.memory.step.line_reads``;
+    tests/memory/test_line_reads.py)."""
+    return not mode.autocast and mode.adapter == mode.compute
+
+
 def head_saves_input(config: TrainConfig) -> bool:
     """The output head keeps its input for backward (``lm_head/input``): its weight trains, or the
     sharding's linears save their input whatever trains (``ShardingSpec.linear_saves_input``)."""
@@ -1254,6 +1266,7 @@ __all__ = [
     "recompute_end_terms",
     "ShiftedLoss",
     "head_saves_input",
+    "qlora_as_lora",
     "shifted_loss",
     "shifted_loss_events",
     "shifted_tokens",

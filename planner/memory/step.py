@@ -37,6 +37,8 @@ its mark and checks that the bytes its walk holds there are the moment's).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
 from operator import sub
 from typing import NamedTuple
@@ -49,14 +51,16 @@ from planner.memory.activations import (
     block_step_activations,
     breakdown_key,
     down_gradient_params,
+    head_saves_input,
     kv_cache_block_bytes,
     logits_backward_transient,
     logits_forward_transient,
     manual_loop_logits,
+    qlora_as_lora,
     recompute_end_terms,
     step_activations,
 )
-from planner.memory.dtypes import mode_of
+from planner.memory.dtypes import FP32, DtypeMode, mode_of
 from planner.memory.evaluation import eval_parts
 from planner.memory.parameters import Trained
 from planner.memory.saved import activation_breakdown, recompute_bytes
@@ -423,6 +427,35 @@ def batch_line(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     return at_one, tuple(map(sub, at_two, at_one))
 
 
+#: bound once (``_MANUAL``'s note): the search's keys read them for every combination
+_FULL, _LORA, _QLORA = Method.FULL, Method.LORA, Method.QLORA
+
+
+def line_reads(config: TrainConfig) -> tuple:
+    """What ``batch_line`` reads of the method, the precision and the sharding, and nothing more: the
+    search's batch key holds it beside the fields declared ``BATCH`` (``planner.request.DERIVED``), so
+    configurations whose lines are equal share one. The dtype mode (``mode_of``), of which full
+    fine-tuning reads nothing of the adapters' (``DtypeMode.adapter``, ``adapter_weight``: read per
+    adapted linear, and it adapts none); the method, QLoRA as LoRA where its terms are LoRA's
+    (``qlora_as_lora``); whether the output head saves its input (``head_saves_input``: the
+    sharding's linears matter only where the head's weight is frozen). The bench request's 156 batch
+    lines (every precision) hold 118 values: 32 QLoRA lines their LoRA twins', 6 full fine-tuning
+    lines under ZeRO-3 or DeepSpeed's 16-bit model those without. (tests/memory/test_line_reads.py
+    holds configurations of one key to equal lines, over every model family.)"""
+    mode, method = mode_of(config), config.method
+    if method is _FULL:
+        mode = _full_mode(mode)
+    elif method is _QLORA and qlora_as_lora(mode):
+        method = _LORA
+    return method, mode, head_saves_input(config)
+
+
+@functools.cache
+def _full_mode(mode: DtypeMode) -> DtypeMode:
+    """``mode`` as full fine-tuning's terms read it: the adapters' dtypes as peft's (fp32)."""
+    return dataclasses.replace(mode, adapter=FP32, adapter_weight=FP32)
+
+
 def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext) -> tuple[int, ...]:
     """``batch_totals`` of a decoder-only model, from a later block's context ``ctx``."""
     dims, mode = ctx.dims, ctx.mode
@@ -508,6 +541,7 @@ __all__ = [
     "batch_totals",
     "first_block_gradients",
     "first_block_params",
+    "line_reads",
     "moment_breakdowns",
     "part_key",
     "part_value",
