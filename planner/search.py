@@ -39,6 +39,7 @@ from planner.memory.reserve import largest_peak, peak_independent, process_total
 from planner.memory.states import StaticTerms, static_terms
 from planner.memory.step import (
     batch_line,
+    batch_line_pair,
     first_block_gradients,
     first_block_params,
     line_reads,
@@ -553,6 +554,22 @@ class MemoryMemo:
             found = self._batch[key] = self._values.setdefault(line, line)
         return found
 
+    def batch_lines(self, config: TrainConfig, key: tuple, ckpt_key: tuple) -> tuple[tuple, tuple]:
+        """(``batch_line`` of ``config``, which does not checkpoint, of it with checkpointing), keys
+        ``key`` and ``ckpt_key``: where the memo has neither, both in one pass (``step.batch_line_pair``:
+        they share every later block's terms)."""
+        without, with_ckpt = self._batch.get(key), self._batch.get(ckpt_key)
+        if without is None and with_ckpt is None:
+            lines = batch_line_pair(self.model, config, self.kernels, self.trained(config).target_names)
+            without = self._batch[key] = self._values.setdefault(lines[0], lines[0])
+            with_ckpt = self._batch[ckpt_key] = self._values.setdefault(lines[1], lines[1])
+        elif without is None:
+            without = self.batch_line(config, key)
+        elif with_ckpt is None:
+            ckpt = config.with_split(micro_batch=config.micro_batch, grad_accum=config.grad_accum, grad_ckpt=True)
+            with_ckpt = self.batch_line(ckpt, ckpt_key)
+        return without, with_ckpt
+
     def split_total(self, config: TrainConfig):
         """(total(micro, accumulation), host bytes) of ``config``: its process total at any split,
         exactly as ``estimate_memory``'s screen computes it. Each moment of
@@ -661,7 +678,7 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
     speeds = speeds or _throughput_memo(model, gpu)
     closest: dict[tuple, tuple] = {}  # family -> (total, knobs, adapter variant, its index, split index, ckpt)
     bounds = {method: safe_bound(method, gpu) for method in Method}
-    searched, caching, per_device = 0, memo.caching, splits[-1][0]
+    searched, caching = 0, memo.caching
     statics, lines, peaks, screened, safer = _screen_tables(rows, memo, usable, cpu_mem)
     made = _made_configs(rows)
     at_of: dict[int, list[tuple[int, ...]]] = {}  # id of a batch line -> its value at each split (``_line_at_once``)
@@ -686,10 +703,9 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                 pair = line_slot[v]
                 if pair is None:
                     base = base or knobs.variant(lora, first)
-                    ckpt = base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True)
-                    pair = line_slot[v] = tuple((_line_at_once(at_of, line, splits), id(line)) for line in (
-                        memo.batch_line(base, knobs.batch_prefix + lora + (False,)),
-                        memo.batch_line(ckpt, knobs.batch_prefix + lora + (True,))))
+                    both = memo.batch_lines(base, knobs.batch_prefix + lora + (False,),
+                                            knobs.batch_prefix + lora + (True,))
+                    pair = line_slot[v] = tuple((_line_at_once(at_of, line, splits), id(line)) for line in both)
                 static_id = id(static.screens_as)
                 for ckpt, (at, line_id) in enumerate(pair):
                     found = screened.get((static_id, line_id))

@@ -47,8 +47,10 @@ from planner.config import Loop, Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.activations import (
     HEAD_TERMS,
+    StepActivations,
     block_backward_terms,
     block_step_activations,
+    block_step_pair,
     breakdown_key,
     down_gradient_params,
     head_saves_input,
@@ -456,11 +458,40 @@ def _full_mode(mode: DtypeMode) -> DtypeMode:
     return dataclasses.replace(mode, adapter=FP32, adapter_weight=FP32)
 
 
-def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext) -> tuple[int, ...]:
-    """``batch_totals`` of a decoder-only model, from a later block's context ``ctx``."""
+def batch_line_pair(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                    targets: frozenset[str] | None = None) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """(``batch_line`` of ``config``, which does not checkpoint, ``batch_line`` of it with
+    checkpointing): the search's memo asks for both of every slot. A decoder-only model's two share,
+    at each micro-batch, a later block's terms and what its MLP's output projection saves
+    (``activations.block_step_pair``); tests/memory/test_batch_line.py holds this equal to the two
+    ``batch_line`` calls."""
+    assert not config.grad_ckpt, config.label()
+    ckpt = config.with_split(micro_batch=config.micro_batch, grad_accum=config.grad_accum, grad_ckpt=True)
+    if model.is_encoder_decoder:
+        return batch_line(model, config, kernels, targets), batch_line(model, ckpt, kernels, targets)
+    totals, ctx = [], None
+    for micro in (1, 2):
+        without = config.with_split(micro_batch=micro, grad_accum=config.grad_accum)
+        with_ckpt = ckpt.with_split(micro_batch=micro, grad_accum=config.grad_accum)
+        if ctx is None:
+            ctx = block_context(model, without, kernels, first=False, targets=targets)
+        else:
+            ctx = ctx.at(without, dims_of(model, without))
+        ckpt_ctx = ctx.at(with_ckpt, ctx.dims)
+        steps = block_step_pair(ctx, ckpt_ctx)
+        totals.append((_decoder_totals(model, without, ctx, steps[0]),
+                       _decoder_totals(model, with_ckpt, ckpt_ctx, steps[1])))
+    (one, one_ckpt), (two, two_ckpt) = totals
+    return (one, tuple(map(sub, two, one))), (one_ckpt, tuple(map(sub, two_ckpt, one_ckpt)))
+
+
+def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext,
+                    step: StepActivations | None = None) -> tuple[int, ...]:
+    """``batch_totals`` of a decoder-only model, from a later block's context ``ctx`` (and its
+    ``block_step_activations``, where the caller has them)."""
     dims, mode = ctx.dims, ctx.mode
     fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode, ctx.kernels)
-    step = block_step_activations(ctx)
+    step = step or block_step_activations(ctx)
     saved = step.saved_bytes()
     eval_forward = eval_generate = 0
     if config.evaluates:
@@ -536,6 +567,7 @@ __all__ = [
     "SCHEME",
     "StaticSizes",
     "batch_line",
+    "batch_line_pair",
     "batch_moments",
     "batch_terms",
     "batch_totals",
