@@ -43,8 +43,7 @@ from planner.memory.step import (
     first_block_gradients,
     first_block_params,
     line_reads,
-    static_moments,
-    static_sizes,
+    static_parts,
 )
 from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import LinearKind, ModelSpec
@@ -522,9 +521,7 @@ class MemoryMemo:
             static = static_terms(self.model, config, self.kernels, t)
             resident = static.resident_bytes
             head_grads, down_grads = first_block_gradients(self.model, config, static.gradients, t, params)
-            single = static_moments(static_sizes(static, accumulating=False, head_grads=head_grads, down_grads=down_grads))
-            accumulating = static_moments(static_sizes(static, accumulating=True))  # (every gradient exists)
-            parts = (tuple(map(add, repeat(resident), single)), tuple(map(add, repeat(resident), accumulating)))
+            parts = static_parts(static, resident, head_grads, down_grads)
             # one object per value, as the screen's peaks are kept by its identity (``_peaks``): 489 static
             # keys of an every-precision search of the bench request hold 435 values
             found = self._free[key] = (static, self._values.setdefault(parts, parts), resident)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass, field
 from operator import sub
 from typing import NamedTuple
@@ -238,24 +239,39 @@ class StaticSizes(NamedTuple):
     """Temporaries inside optimizer.step()."""
 
 
+#: each ``StaticSizes`` field, in its order, as an expression of the static terms ``s`` (``StaticTerms``),
+#: whether the micro-step accumulates (``acc``: every gradient exists) and the head's and the last block's
+#: MLP output projection's gradients (``head``, ``down``: ``first_block_gradients``); ``static_sizes`` and
+#: ``static_parts`` are made from it
+_SIZE_OF = {
+    "gradients": "s.gradients",
+    "gradients_forward": "s.gradients if acc else 0",
+    "gradients_head": "s.gradients if acc else head",
+    "gradients_block": "s.gradients if acc else head + down",
+    "gathered": "s.gathered", "held": "s.held", "reducing": "s.reducing", "reducing_end": "s.reducing_end",
+    "tied_partials": "s.tied_gradient_sum",
+    # the step's checks come one after the other before the flatten: the largest of them is the moment's
+    "gradient_flatten": "max(s.zero_gradient_flatten, *[n for _, n in s.step_checks]) if s.step_checks"
+                        " else s.zero_gradient_flatten",
+    "optimizer_gradients": "s.optimizer_gradients", "optimizer_step": "s.optimizer_step",
+}
+
+
 def static_sizes(static: StaticTerms, *, accumulating: bool, head_grads: int = 0, down_grads: int = 0) -> StaticSizes:
-    """``static``'s sizes as the moments read them; ``head_grads`` and ``down_grads``: the head's
-    and the last block's MLP output projection's gradients (``first_block_gradients``)."""
-    every = static.gradients
-    # by position, in the fields' order (a named tuple's keyword call parses its keywords in Python:
-    # twice as long, and the search makes two per static key)
-    return StaticSizes(
-        every,  # gradients
-        every if accumulating else 0,  # gradients_forward
-        every if accumulating else head_grads,  # gradients_head
-        every if accumulating else head_grads + down_grads,  # gradients_block
-        static.gathered, static.held, static.reducing, static.reducing_end,
-        static.tied_gradient_sum,  # tied_partials
-        # the step's checks come one after the other before the flatten: the largest of them is the moment's
-        max(static.zero_gradient_flatten, *[n for _, n in static.step_checks]) if static.step_checks
-        else static.zero_gradient_flatten,  # gradient_flatten
-        static.optimizer_gradients, static.optimizer_step,
-    )
+    """``static``'s sizes as the moments read them (``_SIZE_OF``); ``head_grads`` and ``down_grads``:
+    the head's and the last block's MLP output projection's gradients (``first_block_gradients``)."""
+    return _SIZES(static, accumulating, head_grads, down_grads)
+
+
+def _sizer():
+    """``lambda s, acc, head, down: StaticSizes(...)`` of ``_SIZE_OF``'s expressions, made by position
+    (a named tuple's keyword call parses its keywords in Python: twice as long)."""
+    assert tuple(_SIZE_OF) == StaticSizes._fields, tuple(_SIZE_OF)
+    return eval(f"lambda s, acc, head, down: _new(StaticSizes, ({', '.join(_SIZE_OF.values())},))",  # noqa: S307
+                {"_new": tuple.__new__, "StaticSizes": StaticSizes})
+
+
+_SIZES = _sizer()
 
 
 class BatchSizes(NamedTuple):
@@ -276,21 +292,62 @@ class BatchSizes(NamedTuple):
     eval_forward: int = 0
 
 
+def _moment_sizes(static: bool) -> list[list[str]]:
+    """Each moment's ``static`` (else per-micro-batch) parts' sizes, in ``MOMENTS``' order."""
+    out = [[part.size for part in moment.parts if part.static is static] for moment in MOMENTS]
+    assert all(size.isidentifier() for sizes in out for size in sizes), out
+    return out
+
+
 def _summer(static: bool):
     """``lambda s: (s.a + s.b, ...)``: each moment's sum of its ``static`` (else per-micro-batch)
     parts' sizes, the code a hand-written sum would be, made once from ``MOMENTS`` (as
     ``collections.namedtuple`` makes its methods). The search sums a thousand moments' lists per
     search, and a loop over getters took ten times as long (3.7 against 35 us a call on a loaded
     machine)."""
-    sums = []
-    for moment in MOMENTS:
-        sizes = [part.size for part in moment.parts if part.static is static]
-        assert all(size.isidentifier() for size in sizes), sizes
-        sums.append(" + ".join([f"s.{size}" for size in sizes]) or "0")
+    sums = [" + ".join([f"s.{size}" for size in sizes]) or "0" for sizes in _moment_sizes(static)]
     return eval(f"lambda s: ({', '.join(sums)},)", {})  # noqa: S307 (the table's own names)
 
 
 _STATIC_SUMS, _BATCH_SUMS = _summer(True), _summer(False)
+
+
+def static_parts(static: StaticTerms, resident: int, head_grads: int,
+                 down_grads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per accumulating (False, True), each moment's static part plus ``resident`` (the resident
+    states' bytes): ``static_moments`` of ``static_sizes`` (``head_grads``, ``down_grads`` read when
+    not accumulating), each plus ``resident``, in one pass (``_parter``). The search makes it for
+    each static key (489 an every-precision search of the bench request), where the two sizes and
+    their sums took 36 K instructions a key (cachegrind; tests/memory/test_static_parts.py holds the
+    two equal)."""
+    return _PARTS(static, resident, head_grads, down_grads)
+
+
+def _parter():
+    """``static_parts``' code, made once from ``_SIZE_OF`` and ``MOMENTS``: each field of the static
+    terms read once (the named tuple unpacked into locals), each size worked out not accumulating
+    (``a_``) and accumulating (``b_``), and each moment's sum of its static sizes on the resident
+    states (as ``_summer``'s)."""
+    fields = StaticTerms._fields
+    lines = ["def parts(s, r, head, down):", f"    {', '.join('s_' + name for name in fields)}, = s"]
+    for acc, prefix in ((False, "a_"), (True, "b_")):
+        lines.append(f"    acc = {acc}")
+        lines += [f"    {prefix}{size} = {_on_locals(expr)}" for size, expr in _SIZE_OF.items()]
+    sums = _moment_sizes(True)
+    made = ["(" + ", ".join([" + ".join(["r"] + [prefix + size for size in sizes]) for sizes in sums]) + ",)"
+            for prefix in ("a_", "b_")]
+    lines.append(f"    return {made[0]}, {made[1]}")
+    namespace: dict = {}
+    exec("\n".join(lines), {}, namespace)  # noqa: S102 (the tables' own names)
+    return namespace["parts"]
+
+
+def _on_locals(expr: str) -> str:
+    """``_SIZE_OF``'s expression with each field of ``s`` read from ``_parter``'s local of it."""
+    return re.sub(r"\bs\.(\w+)", r"s_\1", expr)
+
+
+_PARTS = _parter()
 
 
 def static_moments(sizes: StaticSizes) -> tuple[int, ...]:
@@ -578,5 +635,6 @@ __all__ = [
     "part_key",
     "part_value",
     "static_moments",
+    "static_parts",
     "static_sizes",
 ]

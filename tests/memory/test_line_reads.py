@@ -19,9 +19,9 @@ from planner.units import GiB
 #: block), MoE (Mixtral's expert loop, Qwen3-MoE's grouped_mm, Llama 4's dense experts and shared expert,
 #: DeepSeek-V3's latent attention, Gemma 4's parallel experts), encoder (bert), encoder-decoder (t5),
 #: hybrid/recurrent (Qwen3-Next: Gated DeltaNet and gated attention; Nemotron-H: Mamba2 and MoE)
-MODELS = ["meta-llama/Llama-2-7b-hf", "gpt2", "microsoft/phi-2", "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B",
-          "meta-llama/Llama-4-Scout-17B-16E-Instruct", "deepseek-ai/DeepSeek-V3", "google/gemma-4-26B-A4B",
-          "bert-base-uncased", "t5-large", "Qwen/Qwen3-Next-80B-A3B-Thinking",
+MODELS = ["meta-llama/Llama-2-7b-hf", "gpt2", "microsoft/phi-2", "mistralai/Mixtral-8x7B-v0.1",
+          "Qwen/Qwen3-30B-A3B", "meta-llama/Llama-4-Scout-17B-16E-Instruct", "deepseek-ai/DeepSeek-V3",
+          "google/gemma-4-26B-A4B", "bert-base-uncased", "t5-large", "Qwen/Qwen3-Next-80B-A3B-Thinking",
           "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"]
 
 #: the recipe settings the per-micro-batch terms read, among them QLoRA without the k-bit upcast (whose
@@ -34,8 +34,8 @@ RECIPES = [{}, {"kbit_upcast": False}, {"lora_dropout": 0.1}, {"lora_dropout": 0
 def _lines(model, gpu, gpus: int, recipe: dict):
     """(config, its batch line) of every combination of the space over every precision and sharding
     (one optimizer: the lines read none), without and with checkpointing."""
-    space = SearchSpace(cpu_mem_bytes=512 * GiB, precisions=tuple(Precision), optimizers=(SearchSpace().optimizers[0],),
-                        lora_ranks=(8, 64), **recipe)
+    space = SearchSpace(cpu_mem_bytes=512 * GiB, precisions=tuple(Precision),
+                        optimizers=(SearchSpace().optimizers[0],), lora_ranks=(8, 64), **recipe)
     for base, _ in _combinations(model=model, gpu=gpu, target_batch=4 * gpus, seq_len=128, gpus=gpus, space=space):
         yield base, batch_line(model, base, gpu.kernels, trained(model, base).target_names)
 
@@ -62,8 +62,9 @@ def test_configurations_of_one_batch_key_have_equal_lines(model_id):
                 elif config.method is Method.FULL and (seen.precision, seen.sharding) != (config.precision,
                                                                                           config.sharding):
                     merged["full"] += 1
-    # a recipe whose QLoRA model is pure 16-bit is kept apart from LoRA's (test_qlora_apart) and every
-    # model merges QLoRA into LoRA in fp32, and full fine-tuning across ZeRO-3 or DeepSpeed's 16-bit model
+    # every model merges QLoRA into LoRA (fp32, DeepSpeed's 16-bit model) and full fine-tuning across ZeRO-3 or
+    # DeepSpeed's 16-bit model; QLoRA's pure 16-bit model is kept apart from LoRA's
+    # (test_qlora_is_kept_apart_where_its_terms_are_not_loras)
     assert merged["qlora"] and merged["full"], merged
 
 
