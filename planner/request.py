@@ -30,7 +30,9 @@ BATCH = "batch"
 """In ``_batch_key`` as it is: the per-micro-batch terms (``memory.step.batch_line``) read it."""
 DERIVED = "derived"
 """Read through what it decides, which the keys hold instead: the precision as the dtype mode
-(``memory.dtypes.mode_of``) and the stored weight's bytes, the sharding as ``Sharding.memory_key``."""
+(``memory.dtypes.mode_of``) and the stored weight's bytes, the sharding as ``Sharding.memory_key``; in
+the batch key the method, precision and sharding as what the per-micro-batch terms read of them
+(``memory.step.line_reads``)."""
 SPLIT = "split"
 """The split the screen varies (micro-batch x accumulation): the keys leave it out on purpose, the
 batch lines are affine in the micro-batch and the static parts are kept per accumulating or not."""
@@ -157,7 +159,7 @@ def _field(name: str, type_: type, default: Any, help: str, *, memo: tuple[str, 
 _NO_TRAINER_KEY = (("axolotl", None), ("llama-factory", None), ("torchtune", None))
 
 _FIELDS = (
-    _field("method", str, "full", "full|lora|qlora", memo=(STATIC, BATCH), max_length=32,
+    _field("method", str, "full", "full|lora|qlora", memo=(STATIC, DERIVED), max_length=32,
            terms="what is trained and stored (memory/parameters.py, memory/states.py) and the activations"),
     _field("precision", str, None, "fp32|fp16-mixed|bf16-mixed|fp16|bf16|fp8 (default: bf16-mixed, or fp16-mixed where the "
            "GPU has no bf16; lora: bf16, or fp16, a 16-bit frozen base with fp32 adapters).", memo=(DERIVED,),

@@ -39,10 +39,11 @@ from planner.memory.reserve import largest_peak, peak_independent, process_total
 from planner.memory.states import StaticTerms, static_terms
 from planner.memory.step import (
     batch_line,
+    batch_line_pair,
     first_block_gradients,
     first_block_params,
-    static_moments,
-    static_sizes,
+    line_reads,
+    static_parts,
 )
 from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import LinearKind, ModelSpec
@@ -316,12 +317,12 @@ def _static_key(config: TrainConfig) -> tuple:
 
 
 def _batch_key(config: TrainConfig) -> tuple:
-    """What the per-micro-batch terms depend on: the fields declared ``BATCH``, and the precision
-    and DeepSpeed only through the dtype mode (bf16 and fp16 autocast type every tensor alike, so do
-    pure bf16 and DeepSpeed's 16-bit model), and whether the scheme's linear layers save every
-    input (ZeRO-3: a frozen head keeps its input). The adapter fields and checkpointing come last
-    (``_Knobs.batch_prefix``)."""
-    return (mode_of(config), config.sharding.spec.linear_saves_input, *_BATCH_FIELDS(config))
+    """What the per-micro-batch terms depend on: the fields declared ``BATCH``, and the method,
+    precision and sharding only as the terms read them (``memory.step.line_reads``: the dtype mode,
+    as bf16 and fp16 autocast type every tensor alike, so do pure bf16 and DeepSpeed's 16-bit model;
+    QLoRA as LoRA where its terms are LoRA's; whether the head saves its input, as ZeRO-3's frozen
+    head does). The adapter fields and checkpointing come last (``_Knobs.batch_prefix``)."""
+    return (*line_reads(config), *_BATCH_FIELDS(config))
 
 
 class _Static(NamedTuple):
@@ -518,9 +519,7 @@ class MemoryMemo:
             static = static_terms(self.model, config, self.kernels, t)
             resident = static.resident_bytes
             head_grads, down_grads = first_block_gradients(self.model, config, static.gradients, t, params)
-            single = static_moments(static_sizes(static, accumulating=False, head_grads=head_grads, down_grads=down_grads))
-            accumulating = static_moments(static_sizes(static, accumulating=True))  # (every gradient exists)
-            parts = (tuple(map(add, repeat(resident), single)), tuple(map(add, repeat(resident), accumulating)))
+            parts = static_parts(static, resident, head_grads, down_grads)
             # one object per value, as the screen's peaks are kept by its identity (``_peaks``): 489 static
             # keys of an every-precision search of the bench request hold 435 values
             found = self._free[key] = (static, self._values.setdefault(parts, parts), resident)
@@ -549,6 +548,22 @@ class MemoryMemo:
             line = batch_line(self.model, config, self.kernels, self.trained(config).target_names)
             found = self._batch[key] = self._values.setdefault(line, line)
         return found
+
+    def batch_lines(self, config: TrainConfig, key: tuple, ckpt_key: tuple) -> tuple[tuple, tuple]:
+        """(``batch_line`` of ``config``, which does not checkpoint, of it with checkpointing), keys
+        ``key`` and ``ckpt_key``: where the memo has neither, both in one pass (``step.batch_line_pair``:
+        they share every later block's terms)."""
+        without, with_ckpt = self._batch.get(key), self._batch.get(ckpt_key)
+        if without is None and with_ckpt is None:
+            lines = batch_line_pair(self.model, config, self.kernels, self.trained(config).target_names)
+            without = self._batch[key] = self._values.setdefault(lines[0], lines[0])
+            with_ckpt = self._batch[ckpt_key] = self._values.setdefault(lines[1], lines[1])
+        elif without is None:
+            without = self.batch_line(config, key)
+        elif with_ckpt is None:
+            ckpt = config.with_split(micro_batch=config.micro_batch, grad_accum=config.grad_accum, grad_ckpt=True)
+            with_ckpt = self.batch_line(ckpt, ckpt_key)
+        return without, with_ckpt
 
     def split_total(self, config: TrainConfig):
         """(total(micro, accumulation), host bytes) of ``config``: its process total at any split,
@@ -590,8 +605,10 @@ def _line_at_once(at_of: dict, line: tuple[tuple[int, ...], tuple[int, ...]], sp
     """``_line_at`` of ``line``, once per line of one screen (``at_of``: by the line's id). The memo
     hands out one object per line value (``MemoryMemo.batch_line``) and keeps it for the search, so
     its id names its value: the 156 batch lines of an every-precision search of the bench request
-    (78 slots, without and with checkpointing) hold 118 values. One list per value also lets the
-    peaks table (``_peaks``, by the id of the list) serve every slot of that value."""
+    (78 slots, without and with checkpointing) hold 118 values, which its keys find without working
+    out the other 38 (``step.line_reads``), and other requests' keys may still hold equal values. One
+    list per value also lets the peaks table (``_peaks``, by the id of the list) serve every slot of
+    that value."""
     found = at_of.get(id(line))
     if found is None:
         found = at_of[id(line)] = _line_at(line, splits)
@@ -656,7 +673,7 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
     speeds = speeds or _throughput_memo(model, gpu)
     closest: dict[tuple, tuple] = {}  # family -> (total, knobs, adapter variant, its index, split index, ckpt)
     bounds = {method: safe_bound(method, gpu) for method in Method}
-    searched, caching, per_device = 0, memo.caching, splits[-1][0]
+    searched, caching = 0, memo.caching
     statics, lines, peaks, screened, safer = _screen_tables(rows, memo, usable, cpu_mem)
     made = _made_configs(rows)
     at_of: dict[int, list[tuple[int, ...]]] = {}  # id of a batch line -> its value at each split (``_line_at_once``)
@@ -681,10 +698,9 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
                 pair = line_slot[v]
                 if pair is None:
                     base = base or knobs.variant(lora, first)
-                    ckpt = base.with_split(micro_batch=per_device, grad_accum=1, grad_ckpt=True)
-                    pair = line_slot[v] = tuple((_line_at_once(at_of, line, splits), id(line)) for line in (
-                        memo.batch_line(base, knobs.batch_prefix + lora + (False,)),
-                        memo.batch_line(ckpt, knobs.batch_prefix + lora + (True,))))
+                    both = memo.batch_lines(base, knobs.batch_prefix + lora + (False,),
+                                            knobs.batch_prefix + lora + (True,))
+                    pair = line_slot[v] = tuple((_line_at_once(at_of, line, splits), id(line)) for line in both)
                 static_id = id(static.screens_as)
                 for ckpt, (at, line_id) in enumerate(pair):
                     found = screened.get((static_id, line_id))

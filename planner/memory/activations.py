@@ -577,6 +577,18 @@ class ShiftedLoss(NamedTuple):
         return 2 * self.shifted
 
 
+def qlora_as_lora(mode: DtypeMode) -> bool:
+    """Whether QLoRA's per-micro-batch terms are LoRA's in the same dtype mode ``mode``: they read
+    QLoRA apart only for bitsandbytes' Linear4bit under autocast (``_dropped_bytes``, ``_casts_kept``,
+    ``_down_saved``; the eval pass's casts, ``evaluation.weight_casts``) and for its cast of the adapter
+    output to the base output's dtype before the up projection's sum (``_recompute_stops``), which
+    changes nothing where the adapter computes in the projections' dtype; elsewhere only whether the
+    method trains adapters. Of the bench request's 156 batch lines (every precision), 32 are QLoRA's
+    in fp32 or DeepSpeed's 16-bit model, each its LoRA twin's (``planner.memory.step.line_reads``;
+    tests/memory/test_line_reads.py)."""
+    return not mode.autocast and mode.adapter == mode.compute
+
+
 def head_saves_input(config: TrainConfig) -> bool:
     """The output head keeps its input for backward (``lm_head/input``): its weight trains, or the
     sharding's linears save their input whatever trains (``ShardingSpec.linear_saves_input``)."""
@@ -1135,17 +1147,37 @@ def block_step_activations(ctx: BlockContext) -> StepActivations:
     """``step_activations`` from a later block's context ``ctx``, when the caller has one."""
     if ctx.model.other_blocks:
         return _mixed_step_activations(ctx)
-    model, config, dims = ctx.model, ctx.config, ctx.dims
     first, first_terms, rest, rest_terms = _block_pair(ctx)
-    level = model_level_terms(model, config, dims, rest.mode, ctx.kernels)
+    last = first if ctx.model.num_layers == 1 else rest
+    return _step_at(ctx, first_terms, rest_terms, last, _down_saved(last))
+
+
+def block_step_pair(ctx: BlockContext, ckpt: BlockContext) -> tuple[StepActivations, StepActivations]:
+    """``block_step_activations`` of a later block's context ``ctx``, without checkpointing, and of
+    ``ckpt``, the same block of ``ctx``'s configuration with checkpointing (``BlockContext.at``). A
+    later block's input needs a gradient either way (``block_input_needs_grad``), so its terms and
+    what its MLP's output projection saves (``_down_saved``) read nothing of checkpointing: both are
+    worked out once (the search's memo asks for both of every slot's lines). A model whose blocks
+    differ, or of one block (the last block is the first), takes them one at a time."""
+    if ctx.model.other_blocks or ctx.model.num_layers == 1:
+        return block_step_activations(ctx), block_step_activations(ckpt)
+    _, first_terms, rest, rest_terms = _block_pair(ctx)
+    down = _down_saved(rest)
+    return _step_at(ctx, first_terms, rest_terms, rest, down), _step_at(ckpt, rest_terms, rest_terms, ckpt, down)
+
+
+def _step_at(ctx: BlockContext, first_terms: dict[str, int], rest_terms: dict[str, int], last: BlockContext,
+             down: int) -> StepActivations:
+    """``block_step_activations`` of a later block's context ``ctx`` given the first block's terms and
+    a later one's, the last block's context and ``_down_saved`` of it."""
+    model, config, dims = ctx.model, ctx.config, ctx.dims
     ckpt = config.grad_ckpt
-    last, last_terms = (first, first_terms) if model.num_layers == 1 else (rest, rest_terms)
-    last_saved, down = sum(last_terms.values()), _down_saved(last)
+    last_saved = sum((first_terms if model.num_layers == 1 else rest_terms).values())
     return StepActivations(
         layers=model.num_layers,
         blocks=None if ckpt else (first_terms, rest_terms),
-        checkpoint=checkpoint_bytes(model, dims, rest.mode) if ckpt else 0,
-        level=level,
+        checkpoint=checkpoint_bytes(model, dims, ctx.mode) if ckpt else 0,
+        level=model_level_terms(model, config, dims, ctx.mode, ctx.kernels),
         recompute=sum(rest_terms.values()) if ckpt else 0,
         block_backward=_block_backward_at(last, last_saved, down),
         recompute_end=_recompute_end_at(last, last_saved, down),
@@ -1229,6 +1261,7 @@ __all__ = [
     "block_tensors",
     "builds_logits",
     "block_step_activations",
+    "block_step_pair",
     "block_terms",
     "breakdown_key",
     "checkpoint_bytes",
@@ -1254,6 +1287,7 @@ __all__ = [
     "recompute_end_terms",
     "ShiftedLoss",
     "head_saves_input",
+    "qlora_as_lora",
     "shifted_loss",
     "shifted_loss_events",
     "shifted_tokens",

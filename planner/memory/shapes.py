@@ -132,8 +132,9 @@ class BlockContext(_ContextFields):
         return self._replace(**changed)
 
     def at(self, config: TrainConfig, dims: Dims) -> BlockContext:
-        """This block in ``config``, which differs from this one's in its micro-batch only, at its
-        sizes ``dims``: nothing derived reads the micro-batch."""
+        """This block in ``config``, which differs from this one's in its micro-batch only, or for a
+        later block in checkpointing too, at its sizes ``dims``: nothing derived reads the micro-batch,
+        and a later block's input needs a gradient either way (``block_input_needs_grad``)."""
         return _new(BlockContext, self[:1] + (config, dims) + self[3:])
 
     def as_first(self, first: bool) -> BlockContext:

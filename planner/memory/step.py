@@ -37,6 +37,9 @@ its mark and checks that the bytes its walk holds there are the moment's).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import re
 from dataclasses import dataclass, field
 from operator import sub
 from typing import NamedTuple
@@ -45,18 +48,22 @@ from planner.config import Loop, Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memory.activations import (
     HEAD_TERMS,
+    StepActivations,
     block_backward_terms,
     block_step_activations,
+    block_step_pair,
     breakdown_key,
     down_gradient_params,
+    head_saves_input,
     kv_cache_block_bytes,
     logits_backward_transient,
     logits_forward_transient,
     manual_loop_logits,
+    qlora_as_lora,
     recompute_end_terms,
     step_activations,
 )
-from planner.memory.dtypes import mode_of
+from planner.memory.dtypes import FP32, DtypeMode, mode_of
 from planner.memory.evaluation import eval_parts
 from planner.memory.parameters import Trained
 from planner.memory.saved import activation_breakdown, recompute_bytes
@@ -232,24 +239,39 @@ class StaticSizes(NamedTuple):
     """Temporaries inside optimizer.step()."""
 
 
+#: each ``StaticSizes`` field, in its order, as an expression of the static terms ``s`` (``StaticTerms``),
+#: whether the micro-step accumulates (``acc``: every gradient exists) and the head's and the last block's
+#: MLP output projection's gradients (``head``, ``down``: ``first_block_gradients``); ``static_sizes`` and
+#: ``static_parts`` are made from it
+_SIZE_OF = {
+    "gradients": "s.gradients",
+    "gradients_forward": "s.gradients if acc else 0",
+    "gradients_head": "s.gradients if acc else head",
+    "gradients_block": "s.gradients if acc else head + down",
+    "gathered": "s.gathered", "held": "s.held", "reducing": "s.reducing", "reducing_end": "s.reducing_end",
+    "tied_partials": "s.tied_gradient_sum",
+    # the step's checks come one after the other before the flatten: the largest of them is the moment's
+    "gradient_flatten": "max(s.zero_gradient_flatten, *[n for _, n in s.step_checks]) if s.step_checks"
+                        " else s.zero_gradient_flatten",
+    "optimizer_gradients": "s.optimizer_gradients", "optimizer_step": "s.optimizer_step",
+}
+
+
 def static_sizes(static: StaticTerms, *, accumulating: bool, head_grads: int = 0, down_grads: int = 0) -> StaticSizes:
-    """``static``'s sizes as the moments read them; ``head_grads`` and ``down_grads``: the head's
-    and the last block's MLP output projection's gradients (``first_block_gradients``)."""
-    every = static.gradients
-    # by position, in the fields' order (a named tuple's keyword call parses its keywords in Python:
-    # twice as long, and the search makes two per static key)
-    return StaticSizes(
-        every,  # gradients
-        every if accumulating else 0,  # gradients_forward
-        every if accumulating else head_grads,  # gradients_head
-        every if accumulating else head_grads + down_grads,  # gradients_block
-        static.gathered, static.held, static.reducing, static.reducing_end,
-        static.tied_gradient_sum,  # tied_partials
-        # the step's checks come one after the other before the flatten: the largest of them is the moment's
-        max(static.zero_gradient_flatten, *[n for _, n in static.step_checks]) if static.step_checks
-        else static.zero_gradient_flatten,  # gradient_flatten
-        static.optimizer_gradients, static.optimizer_step,
-    )
+    """``static``'s sizes as the moments read them (``_SIZE_OF``); ``head_grads`` and ``down_grads``:
+    the head's and the last block's MLP output projection's gradients (``first_block_gradients``)."""
+    return _SIZES(static, accumulating, head_grads, down_grads)
+
+
+def _sizer():
+    """``lambda s, acc, head, down: StaticSizes(...)`` of ``_SIZE_OF``'s expressions, made by position
+    (a named tuple's keyword call parses its keywords in Python: twice as long)."""
+    assert tuple(_SIZE_OF) == StaticSizes._fields, tuple(_SIZE_OF)
+    return eval(f"lambda s, acc, head, down: _new(StaticSizes, ({', '.join(_SIZE_OF.values())},))",  # noqa: S307
+                {"_new": tuple.__new__, "StaticSizes": StaticSizes})
+
+
+_SIZES = _sizer()
 
 
 class BatchSizes(NamedTuple):
@@ -270,21 +292,62 @@ class BatchSizes(NamedTuple):
     eval_forward: int = 0
 
 
+def _moment_sizes(static: bool) -> list[list[str]]:
+    """Each moment's ``static`` (else per-micro-batch) parts' sizes, in ``MOMENTS``' order."""
+    out = [[part.size for part in moment.parts if part.static is static] for moment in MOMENTS]
+    assert all(size.isidentifier() for sizes in out for size in sizes), out
+    return out
+
+
 def _summer(static: bool):
     """``lambda s: (s.a + s.b, ...)``: each moment's sum of its ``static`` (else per-micro-batch)
     parts' sizes, the code a hand-written sum would be, made once from ``MOMENTS`` (as
     ``collections.namedtuple`` makes its methods). The search sums a thousand moments' lists per
     search, and a loop over getters took ten times as long (3.7 against 35 us a call on a loaded
     machine)."""
-    sums = []
-    for moment in MOMENTS:
-        sizes = [part.size for part in moment.parts if part.static is static]
-        assert all(size.isidentifier() for size in sizes), sizes
-        sums.append(" + ".join([f"s.{size}" for size in sizes]) or "0")
+    sums = [" + ".join([f"s.{size}" for size in sizes]) or "0" for sizes in _moment_sizes(static)]
     return eval(f"lambda s: ({', '.join(sums)},)", {})  # noqa: S307 (the table's own names)
 
 
 _STATIC_SUMS, _BATCH_SUMS = _summer(True), _summer(False)
+
+
+def static_parts(static: StaticTerms, resident: int, head_grads: int,
+                 down_grads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per accumulating (False, True), each moment's static part plus ``resident`` (the resident
+    states' bytes): ``static_moments`` of ``static_sizes`` (``head_grads``, ``down_grads`` read when
+    not accumulating), each plus ``resident``, in one pass (``_parter``). The search makes it for
+    each static key (489 an every-precision search of the bench request), where the two sizes and
+    their sums took 36 K instructions a key (cachegrind; tests/memory/test_static_parts.py holds the
+    two equal)."""
+    return _PARTS(static, resident, head_grads, down_grads)
+
+
+def _parter():
+    """``static_parts``' code, made once from ``_SIZE_OF`` and ``MOMENTS``: each field of the static
+    terms read once (the named tuple unpacked into locals), each size worked out not accumulating
+    (``a_``) and accumulating (``b_``), and each moment's sum of its static sizes on the resident
+    states (as ``_summer``'s)."""
+    fields = StaticTerms._fields
+    lines = ["def parts(s, r, head, down):", f"    {', '.join('s_' + name for name in fields)}, = s"]
+    for acc, prefix in ((False, "a_"), (True, "b_")):
+        lines.append(f"    acc = {acc}")
+        lines += [f"    {prefix}{size} = {_on_locals(expr)}" for size, expr in _SIZE_OF.items()]
+    sums = _moment_sizes(True)
+    made = ["(" + ", ".join([" + ".join(["r"] + [prefix + size for size in sizes]) for sizes in sums]) + ",)"
+            for prefix in ("a_", "b_")]
+    lines.append(f"    return {made[0]}, {made[1]}")
+    namespace: dict = {}
+    exec("\n".join(lines), {}, namespace)  # noqa: S102 (the tables' own names)
+    return namespace["parts"]
+
+
+def _on_locals(expr: str) -> str:
+    """``_SIZE_OF``'s expression with each field of ``s`` read from ``_parter``'s local of it."""
+    return re.sub(r"\bs\.(\w+)", r"s_\1", expr)
+
+
+_PARTS = _parter()
 
 
 def static_moments(sizes: StaticSizes) -> tuple[int, ...]:
@@ -423,11 +486,69 @@ def batch_line(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     return at_one, tuple(map(sub, at_two, at_one))
 
 
-def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext) -> tuple[int, ...]:
-    """``batch_totals`` of a decoder-only model, from a later block's context ``ctx``."""
+#: bound once (``_MANUAL``'s note): the search's keys read them for every combination
+_FULL, _LORA, _QLORA = Method.FULL, Method.LORA, Method.QLORA
+
+
+def line_reads(config: TrainConfig) -> tuple:
+    """What ``batch_line`` reads of the method, the precision and the sharding, and nothing more: the
+    search's batch key holds it beside the fields declared ``BATCH`` (``planner.request.DERIVED``), so
+    configurations whose lines are equal share one. The dtype mode (``mode_of``), of which full
+    fine-tuning reads nothing of the adapters' (``DtypeMode.adapter``, ``adapter_weight``: read per
+    adapted linear, and it adapts none); the method, QLoRA as LoRA where its terms are LoRA's
+    (``qlora_as_lora``); whether the output head saves its input (``head_saves_input``: the
+    sharding's linears matter only where the head's weight is frozen). The bench request's 156 batch
+    lines (every precision) hold 118 values: 32 QLoRA lines their LoRA twins', 6 full fine-tuning
+    lines under ZeRO-3 or DeepSpeed's 16-bit model those without. (tests/memory/test_line_reads.py
+    holds configurations of one key to equal lines, over every model family.)"""
+    mode, method = mode_of(config), config.method
+    if method is _FULL:
+        mode = _full_mode(mode)
+    elif method is _QLORA and qlora_as_lora(mode):
+        method = _LORA
+    return method, mode, head_saves_input(config)
+
+
+@functools.cache
+def _full_mode(mode: DtypeMode) -> DtypeMode:
+    """``mode`` as full fine-tuning's terms read it: the adapters' dtypes as peft's (fp32)."""
+    return dataclasses.replace(mode, adapter=FP32, adapter_weight=FP32)
+
+
+def batch_line_pair(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                    targets: frozenset[str] | None = None) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """(``batch_line`` of ``config``, which does not checkpoint, ``batch_line`` of it with
+    checkpointing): the search's memo asks for both of every slot. A decoder-only model's two share,
+    at each micro-batch, a later block's terms and what its MLP's output projection saves
+    (``activations.block_step_pair``); tests/memory/test_batch_line.py holds this equal to the two
+    ``batch_line`` calls."""
+    assert not config.grad_ckpt, config.label()
+    ckpt = config.with_split(micro_batch=config.micro_batch, grad_accum=config.grad_accum, grad_ckpt=True)
+    if model.is_encoder_decoder:
+        return batch_line(model, config, kernels, targets), batch_line(model, ckpt, kernels, targets)
+    totals, ctx = [], None
+    for micro in (1, 2):
+        without = config.with_split(micro_batch=micro, grad_accum=config.grad_accum)
+        with_ckpt = ckpt.with_split(micro_batch=micro, grad_accum=config.grad_accum)
+        if ctx is None:
+            ctx = block_context(model, without, kernels, first=False, targets=targets)
+        else:
+            ctx = ctx.at(without, dims_of(model, without))
+        ckpt_ctx = ctx.at(with_ckpt, ctx.dims)
+        steps = block_step_pair(ctx, ckpt_ctx)
+        totals.append((_decoder_totals(model, without, ctx, steps[0]),
+                       _decoder_totals(model, with_ckpt, ckpt_ctx, steps[1])))
+    (one, one_ckpt), (two, two_ckpt) = totals
+    return (one, tuple(map(sub, two, one))), (one_ckpt, tuple(map(sub, two_ckpt, one_ckpt)))
+
+
+def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext,
+                    step: StepActivations | None = None) -> tuple[int, ...]:
+    """``batch_totals`` of a decoder-only model, from a later block's context ``ctx`` (and its
+    ``block_step_activations``, where the caller has them)."""
     dims, mode = ctx.dims, ctx.mode
     fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode, ctx.kernels)
-    step = block_step_activations(ctx)
+    step = step or block_step_activations(ctx)
     saved = step.saved_bytes()
     eval_forward = eval_generate = 0
     if config.evaluates:
@@ -503,14 +624,17 @@ __all__ = [
     "SCHEME",
     "StaticSizes",
     "batch_line",
+    "batch_line_pair",
     "batch_moments",
     "batch_terms",
     "batch_totals",
     "first_block_gradients",
     "first_block_params",
+    "line_reads",
     "moment_breakdowns",
     "part_key",
     "part_value",
     "static_moments",
+    "static_parts",
     "static_sizes",
 ]

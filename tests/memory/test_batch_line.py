@@ -14,10 +14,11 @@ from planner.config import ALL_LINEAR, TrainConfig
 from planner.errors import PlannerError
 from planner.gpus import get_gpu
 from planner.memory.parameters import trained
-from planner.memory.step import batch_line, batch_totals
+from planner.memory.step import batch_line, batch_line_pair, batch_totals
 
 MODELS = ["meta-llama/Llama-2-7b-hf", "gpt2", "t5-large", "mistralai/Mixtral-8x7B-v0.1", "microsoft/phi-2",
-          "bert-base-uncased", "facebook/opt-1.3b", "microsoft/Phi-3-mini-4k-instruct", "google/gemma-2-9b"]
+          "Qwen/Qwen3-Next-80B-A3B-Thinking", "bert-base-uncased", "facebook/opt-1.3b",
+          "microsoft/Phi-3-mini-4k-instruct", "google/gemma-2-9b"]
 
 #: (method, precision, extra fields): every method and precision, ZeRO's 16-bit model among them
 RECIPES = [
@@ -71,3 +72,21 @@ def test_batch_line_is_the_totals_at_one_and_the_increase_to_two(model):
             assert batch_line(model, config, kernels, targets) == (one, tuple(map(sub, two, one))), (config.label(), gpu)
             checked += 1
     assert checked > 100
+
+
+@pytest.mark.parametrize("model", _models(), ids=lambda m: m.id)
+def test_batch_line_pair_is_the_line_without_and_with_checkpointing(model):
+    """``step.batch_line_pair`` shares a later block's terms between the two lines: each is still
+    ``batch_line`` of its configuration."""
+    checked = 0
+    for config in _configs(model):
+        if config.grad_ckpt:
+            continue
+        ckpt = config.with_split(micro_batch=config.micro_batch, grad_accum=config.grad_accum, grad_ckpt=True)
+        targets = trained(model, config).target_names
+        for gpu in ("a10g", "cpu"):
+            kernels = get_gpu(gpu).kernels
+            lines = batch_line(model, config, kernels, targets), batch_line(model, ckpt, kernels, targets)
+            assert batch_line_pair(model, config, kernels, targets) == lines, (config.label(), gpu)
+            checked += 1
+    assert checked > 50
