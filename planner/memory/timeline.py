@@ -143,6 +143,19 @@ class Timeline:
     start: int = 0
     """Events before the step the moments are read from: the model states, and the run's first
     step when the optimizer makes its states in it (``_first_step``)."""
+    fork_tails: tuple[int, ...] = ()
+    """Where the timelines of plans that differ in one setting commonly part, each as the number of
+    events after it (events added before the step, ``overhead.with_workspaces``', leave it in
+    place): the model states made (plans of one model, method and weights' precision share them),
+    and the run's first step up to its optimizer step (plans that differ in the optimizer only:
+    the states it makes there). The allocator replay keeps its state there for the next timeline
+    that begins alike (``allocator.ReplayPrefixes``)."""
+
+    @property
+    def forks(self) -> tuple[int, ...]:
+        """``fork_tails`` as event counts, ascending, each inside the timeline."""
+        n = len(self.events)
+        return tuple(sorted({n - after for after in self.fork_tails if 0 < n - after < n}))
 
     def curve(self) -> list[int]:
         """Live bytes after each event (index 0: before the first)."""
@@ -223,6 +236,7 @@ class _Builder:
         self.units = {key: max(size, 1) for key, size in (units or {}).items()}
         self._next = 0
         self._allocs: dict[int, Event] = {}
+        self.forks: list[int] = []
 
     def alloc(self, key: str, nbytes: int, where: str, tensors: int | tuple[int, ...] | None = None) -> int:
         self._next = ident = self._next + 1
@@ -255,6 +269,10 @@ class _Builder:
 
     def mark(self, name: str) -> None:
         self.marks[name] = len(self.events)
+
+    def fork(self) -> None:
+        """A point where the timelines of plans that differ in one setting commonly part (``Timeline.fork_tails``)."""
+        self.forks.append(len(self.events))
 
 
 @dataclass(frozen=True)
@@ -600,6 +618,7 @@ def _first_step(b: _Builder, s: _Step, lazy: dict[str, int], previous: int) -> i
     reserves (``torch.cuda.max_memory_reserved`` is the run's largest, not the first step's).
     Returns what a hand-written loop's outputs keep."""
     grads, previous = _micro_step(b, s, grads_exist=False, label="step 1: ", marks=False, previous=previous)
+    b.fork()  # plans that differ in the optimizer only part here
     if s.config.sharding.spec.flat_optimizer:  # made inside step(), from the flat fp32 partition
         _optimizer_step(b, s, grads, marks=False, label="step 1: ", states=lazy)
         return previous
@@ -628,6 +647,7 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
                  units={"activations/mlp/intermediate": dims.tokens * model.intermediate_size * mode.compute})
     lazy = _lazy_states(s)
     _model_states(b, s, lazy)
+    b.fork()  # plans of one model, method and weights' precision part here
     start = len(b.events)
     # a hand-written loop still holds the previous step's outputs when this step's forward runs
     previous = b.alloc("loop/manual_outputs", s.batch.kept, "outputs of the previous step")
@@ -643,7 +663,8 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     _optimizer_step(b, s, grads)
     _eval_pass(b, s)
     timeline = Timeline(events=tuple(b.events), marks=dict(b.marks), host=s.static.host,
-                        outside_allocator=s.static.paged_step, paged=s.static.paged, start=start)
+                        outside_allocator=s.static.paged_step, paged=s.static.paged, start=start,
+                        fork_tails=tuple(len(b.events) - fork for fork in b.forks))
     # the walk holds at each mark what the moment lists (its transient parts come from the list)
     curve, resident = timeline._curve, s.static.resident_bytes
     for moment, fixed, batch in zip(MOMENTS, static_moments(s.sizes), batch_moments(s.batch.sizes())):
