@@ -34,7 +34,7 @@ import bisect
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import groupby, repeat
 from typing import Iterator
 
 from planner.errors import InvalidConfigError
@@ -245,9 +245,7 @@ class CachingAllocator:
         new._addr = self._addr
         new._tails = {small: copied[block] for small, block in self._tails.items()}
         new._never_freed = copied[self._never_freed]
-        # _plan's, each on the copy's pool (its last fields but one)
-        new._plans = {request: plan[:6] + (new._sizes[plan[1]], new._buckets[plan[1]], plan[8])
-                      for request, plan in self._plans.items()}
+        new._plans = {}  # (made again as its requests come: no dearer than copying them, measured)
         return new
 
     def cached_keys(self, small: bool) -> list[tuple[int, int]]:
@@ -520,14 +518,9 @@ class CachingAllocator:
         run = None if freed else self._never_freed
         if type(tensors) is tuple:
             assert sum(tensors) == nbytes, (tensors, nbytes)
-            i, n = 0, len(tensors)
-            while i < n:  # one _take per stretch of equal sizes
-                size, j = tensors[i], i + 1
-                while j < n and tensors[j] == size:
-                    j += 1
+            for size, same in groupby(tensors):  # one _take per stretch of equal sizes (found in C)
                 if size > 0:
-                    run = self._take(size, j - i, run, runs)
-                i = j
+                    run = self._take(size, len(list(same)), run, runs)
             if freed and run is not None:
                 runs.append(run)
             return runs

@@ -170,9 +170,8 @@ class Timeline:
         """Live bytes by breakdown key once ``done`` events happened."""
         live: dict[str, int] = {}
         get = live.get
-        for ev in self.events[:done]:
-            key = ev.key
-            live[key] = get(key, 0) + (ev.nbytes if ev.op == "alloc" else -ev.nbytes)
+        for op, key, nbytes, _, _, _ in self.events[:done]:  # (unpacked: see _curve)
+            live[key] = get(key, 0) + (nbytes if op == "alloc" else -nbytes)
         return {k: v for k, v in live.items() if v}
 
     @functools.cached_property
@@ -285,6 +284,10 @@ class _Builder:
         if not tensors:
             return [self.alloc(key, nbytes, where) for key, nbytes in terms.items()]
         return [self.alloc(key, nbytes, where, tensors.get(key)) for key, nbytes in terms.items()]
+
+    def skip(self) -> None:
+        """``alloc`` of 0 bytes, whose ident is not kept: no event."""
+        self._next += 1
 
     def free(self, ident: int, where: str) -> None:
         self.free_all((ident,), where)
@@ -461,8 +464,12 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
     for k in range(s.n_blocks):
         where = f"{label}forward block {k + 1}"
         blocks.append(b.allocs(alike[k > 0], where) if alike else b.alloc_terms(s.block(k), where, s.block_tensors(k)))
-        if k < layers:  # batch_terms counts num_layers cache layers
+        if k >= layers:  # batch_terms counts num_layers cache layers
+            continue
+        if s.cache:
             cache += b.allocs(kv, where)
+        else:  # (no cache: its ident taken, no event, nothing to free, as ``alloc`` of 0 bytes)
+            b.skip()
     saved = s.batch.head
     if s.config.loss_shift:  # its log-probabilities are made among the loss' own events (_loss_instant)
         saved = {key: nbytes for key, nbytes in saved.items() if key != _LOG_SOFTMAX}
