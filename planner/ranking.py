@@ -25,6 +25,7 @@ from planner.errors import NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
 from planner.host import host_shortfall, node_ram_needed
 from planner.memory import model_states_bytes
+from planner.memory.allocator import sharing_prefixes
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
 from planner.results import Candidate, PlanResult, Rejection
@@ -72,7 +73,21 @@ def _collector_paused(search):
     return paused
 
 
+def _sharing_replays(search):
+    """``search`` with the allocator replays of the plans it shows sharing what their timelines
+    have in common (``planner.memory.allocator.ReplayPrefixes``): the plans shown often differ in
+    one setting (Llama-2-7B on an A10G over every precision: two pairs of plans differ in the
+    optimizer only, and three QLoRA plans share their model states)."""
+    @functools.wraps(search)
+    def sharing(*args, **kwargs):
+        with sharing_prefixes():
+            return search(*args, **kwargs)
+
+    return sharing
+
+
 @_collector_paused
+@_sharing_replays
 def suggest(
     *,
     model: ModelSpec,
@@ -95,6 +110,7 @@ def suggest(
     and ``searched`` counts the candidates screened for it."""
     check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
     replays: dict[TrainConfig, object] = {}  # (the full estimates made, by configuration: one device and budget)
+    shown: dict[TrainConfig, dict] = {}  # (the plans shown's estimates, by configuration: _shown)
     if first_only and top_k == 1 and not alternative:
         first = _first_plan(model=model, gpu=gpu, target_batch=target_batch, seq_len=seq_len, gpus=gpus,
                             space=space, model_fingerprint=model_fingerprint, replays=replays)
@@ -113,8 +129,8 @@ def suggest(
     by_tier = sorted(closest.items(), key=lambda kv: (fidelity_tier(kv[1][1]), kv[1][0]))
     facts = _plan_facts(gpu, _exotic(memo, node_ram=space.cpu_mem_bytes, usable=usable))  # read by both policies' rankings
     plans = _replayed_plans(_ranking(fitting, space.prefer, facts, speeds=speeds), model=model, gpu=gpu,
-                            usable=usable, top_k=top_k, prefer=space.prefer, replays=replays, memo=memo, facts=facts,
-                            speeds=speeds)
+                            usable=usable, top_k=top_k, prefer=space.prefer, replays=replays, shown=shown, memo=memo,
+                            facts=facts, speeds=speeds)
     if not plans:
         tried = {fam: missed(cfg, total) for fam, (total, cfg) in by_tier}
         rejected = tuple(_rejection(c, model=model, usable=usable, space=space) for c in tried.values())
@@ -136,7 +152,7 @@ def suggest(
     theirs = () if not alternative else _replayed_plans(
         _ranking(fitting, other, facts, speeds=speeds), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
         prefer=other,
-        replays=replays, memo=memo, facts=facts, speeds=speeds)
+        replays=replays, shown=shown, memo=memo, facts=facts, speeds=speeds)
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
                       safety_margin_bytes=margin, prefer=str(space.prefer),
                       alternative=theirs[0] if theirs and theirs[0].config != plans[0].config else None,
@@ -253,7 +269,7 @@ def _safe_bound(config: TrainConfig, gpu: GPUSpec, bounds: dict) -> int:
 
 
 def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
-                    prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None,
+                    prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None, shown: dict | None = None,
                     memo: MemoryMemo | None = None, facts=None,
                     speeds: ThroughputMemo | None = None, decided=None) -> tuple[Candidate, ...] | None:
     """The top plans with their full estimates. The fast path screens with the allocator's
@@ -270,6 +286,7 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     of ``fitting`` and of each re-ranking is one whose first plan the caller can take; where one is
     not, None is returned."""
     replays = {} if replays is None else replays
+    shown = {} if shown is None else shown
     memo = memo or MemoryMemo(model, gpu)
     speeds = speeds or ThroughputMemo(model, gpu)  # (times the plans it adds: the screen's, where given)
     facts = facts or _plan_facts(gpu)
@@ -297,10 +314,8 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
                 moved.add(id(cfg))
         if not dropped and not moved and not retimed:
             plans.sort(key=lambda p: near_edge(p[0], p[1], capacity=capacity))  # stable: rank order otherwise
-            return tuple(Candidate(config=cfg, memory=_with_uncertainty(cfg, memory, gpu),
-                                   throughput=estimate_throughput(model=model, config=cfg, gpu=gpu,
-                                                                  paged_host=memory.paged_host_bytes),
-                                   fits=True, rank=i + 1) for i, (cfg, memory) in enumerate(plans))
+            return tuple(Candidate(config=cfg, **_shown(cfg, memory, model=model, gpu=gpu, shown=shown), fits=True,
+                                   rank=i + 1) for i, (cfg, memory) in enumerate(plans))
         edgy |= moved
         fitting = read + (ranked.unread() if isinstance(ranked, _Ranked) else list(ranked))
         kept = [(item[0], retimed[id(item[0])], *item[2:]) if id(item[0]) in retimed else item
@@ -309,6 +324,18 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
                    for item in fitting if id(item[0]) in dropped or id(item[0]) in moved]
         ranked, read = _ranking(kept + [item for item in smaller if item is not None and item[2] <= usable], prefer,
                                 facts, edgy=edgy, speeds=speeds), []
+
+
+def _shown(config: TrainConfig, memory, *, model: ModelSpec, gpu: GPUSpec, shown: dict) -> dict:
+    """A plan shown's memory, with its uncertainty, and throughput estimate, once a search (``shown``,
+    by configuration: its full estimate is one a search, ``replays``); both policies' lists show
+    most plans (Llama-2-7B on an A10G: the other policy's three plans were all among the five)."""
+    found = shown.get(config)
+    if found is None:
+        found = shown[config] = {
+            "memory": _with_uncertainty(config, memory, gpu),
+            "throughput": estimate_throughput(model=model, config=config, gpu=gpu, paged_host=memory.paged_host_bytes)}
+    return found
 
 
 def _with_uncertainty(config: TrainConfig, memory, gpu: GPUSpec):

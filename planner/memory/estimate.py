@@ -99,7 +99,8 @@ def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[in
     && ``alloc_block`` || ``release_cached_blocks`` && ``alloc_block``); only a request no release
     can place is out of memory."""
     return replay(timeline.events, capacity=replay_capacity(timeline, config, gpu, budget),
-                  config=AllocatorConfig.parse(config.alloc_conf), trace=trace, side_keys=SIDE_STREAM_KEYS)
+                  config=AllocatorConfig.parse(config.alloc_conf), trace=trace, side_keys=SIDE_STREAM_KEYS,
+                  forks=timeline.forks)
 
 
 def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int | None = None,

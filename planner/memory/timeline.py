@@ -143,6 +143,19 @@ class Timeline:
     start: int = 0
     """Events before the step the moments are read from: the model states, and the run's first
     step when the optimizer makes its states in it (``_first_step``)."""
+    fork_tails: tuple[int, ...] = ()
+    """Where the timelines of plans that differ in one setting commonly part, each as the number of
+    events after it (events added before the step, ``overhead.with_workspaces``', leave it in
+    place): the model states made (plans of one model, method and weights' precision share them),
+    and the run's first step up to its optimizer step (plans that differ in the optimizer only:
+    the states it makes there). The allocator replay keeps its state there for the next timeline
+    that begins alike (``allocator.ReplayPrefixes``)."""
+
+    @property
+    def forks(self) -> tuple[int, ...]:
+        """``fork_tails`` as event counts, ascending, each inside the timeline."""
+        n = len(self.events)
+        return tuple(sorted({n - after for after in self.fork_tails if 0 < n - after < n}))
 
     def curve(self) -> list[int]:
         """Live bytes after each event (index 0: before the first)."""
@@ -150,16 +163,15 @@ class Timeline:
 
     @functools.cached_property
     def _curve(self) -> tuple[int, ...]:
-        return tuple(itertools.accumulate([ev.nbytes if ev.op == "alloc" else -ev.nbytes for ev in self.events],
-                                          initial=0))
+        # (by position: a named tuple's field by name is a slower lookup)
+        return tuple(itertools.accumulate([ev[2] if ev[0] == "alloc" else -ev[2] for ev in self.events], initial=0))
 
     def live_at(self, done: int) -> dict[str, int]:
         """Live bytes by breakdown key once ``done`` events happened."""
         live: dict[str, int] = {}
         get = live.get
-        for ev in self.events[:done]:
-            key = ev.key
-            live[key] = get(key, 0) + (ev.nbytes if ev.op == "alloc" else -ev.nbytes)
+        for op, key, nbytes, _, _, _ in self.events[:done]:  # (unpacked: see _curve)
+            live[key] = get(key, 0) + (nbytes if op == "alloc" else -nbytes)
         return {k: v for k, v in live.items() if v}
 
     @functools.cached_property
@@ -204,9 +216,13 @@ def shares(weights: tuple[int, ...], nbytes: int) -> tuple[int, ...] | None:
         # states and temporaries of every plan shown): each share is exactly its weight times that, multiplied
         # in C (a QLoRA plan's 291 base tensors, a LoRA plan's 512 lazy states, once a timeline each)
         return tuple(map(per.__mul__, weights))
-    sizes = [nbytes * w // total for w in weights[:-1]]
+    # each size worked out once: a model's tensors come in a few sizes, repeated in every layer (a LoRA
+    # plan's 512 lazy optimizer states, once a timeline, are 2 sizes: one product and division each
+    # took 80 us, a third of the run's first step)
+    share = {w: nbytes * w // total for w in set(weights[:-1])}
+    sizes = list(map(share.__getitem__, weights[:-1]))
     sizes.append(nbytes - sum(sizes))
-    return tuple([size for size in sizes if size])  # (a list: no generator frame)
+    return tuple(filter(None, sizes))
 
 
 #: ``Event(...)`` without its ``__new__``'s Python frame (``collections.namedtuple`` makes ``__new__`` a
@@ -223,18 +239,44 @@ class _Builder:
         self.units = {key: max(size, 1) for key, size in (units or {}).items()}
         self._next = 0
         self._allocs: dict[int, Event] = {}
+        self.forks: list[int] = []
+        self.moments: dict[str, list[tuple]] = {}  # ``_instant``'s parts, by moment
+
+    def grain(self, key: str, nbytes: int) -> int | tuple[int, ...]:
+        """The tensors (``Event.tensors``) of an allocation whose tensors are not known: the loss
+        path's logits-sized ones, else pieces of its key's unit, 1 to 64."""
+        if self.logits and key in _LOGITS_KEYS:
+            return whole_tensors(int(nbytes), self.logits)
+        tensors = round(nbytes / self.units.get(key, self.unit))
+        return 1 if tensors < 1 else 64 if tensors > 64 else tensors  # max(1, min(64, ...)), written out
 
     def alloc(self, key: str, nbytes: int, where: str, tensors: int | tuple[int, ...] | None = None) -> int:
         self._next = ident = self._next + 1
         if nbytes:
-            if tensors is None and self.logits and key in _LOGITS_KEYS:
-                tensors = whole_tensors(int(nbytes), self.logits)
-            elif tensors is None:  # max(1, min(64, ...)), written out: the builder's hot path
-                tensors = round(nbytes / self.units.get(key, self.unit))
-                tensors = 1 if tensors < 1 else 64 if tensors > 64 else tensors
-            self._allocs[ident] = event = _new_event(Event, ("alloc", key, int(nbytes), tensors, ident, where))
+            self._allocs[ident] = event = _new_event(Event, (
+                "alloc", key, int(nbytes), self.grain(key, nbytes) if tensors is None else tensors, ident, where))
             self.events.append(event)
         return ident
+
+    def resolved(self, terms: dict[str, int], tensors: dict[str, tuple[int, ...]] | None = None) -> list[tuple]:
+        """(key, bytes, tensors) of each term as ``alloc_terms`` allocates it, for ``allocs``."""
+        known = tensors or {}
+        return [(key, int(nbytes), None if not nbytes else self.grain(key, nbytes) if known.get(key) is None
+                 else known[key]) for key, nbytes in terms.items()]
+
+    def allocs(self, terms: list[tuple], where: str) -> list[int]:
+        """``alloc_terms`` of terms ``resolved`` once: the blocks' terms are the same in every block
+        and micro-step (a step of Llama-2-7B allocates them 96 times)."""
+        allocs, events, idents = self._allocs, self.events, []
+        ident = self._next
+        for key, nbytes, tensors in terms:
+            ident += 1
+            if nbytes:
+                allocs[ident] = event = _new_event(Event, ("alloc", key, nbytes, tensors, ident, where))
+                events.append(event)
+            idents.append(ident)
+        self._next = ident
+        return idents
 
     def alloc_terms(self, terms: dict[str, int], where: str,
                     tensors: dict[str, tuple[int, ...]] | None = None) -> list[int]:
@@ -242,6 +284,10 @@ class _Builder:
         if not tensors:
             return [self.alloc(key, nbytes, where) for key, nbytes in terms.items()]
         return [self.alloc(key, nbytes, where, tensors.get(key)) for key, nbytes in terms.items()]
+
+    def skip(self) -> None:
+        """``alloc`` of 0 bytes, whose ident is not kept: no event."""
+        self._next += 1
 
     def free(self, ident: int, where: str) -> None:
         self.free_all((ident,), where)
@@ -255,6 +301,10 @@ class _Builder:
 
     def mark(self, name: str) -> None:
         self.marks[name] = len(self.events)
+
+    def fork(self) -> None:
+        """A point where the timelines of plans that differ in one setting commonly part (``Timeline.fork_tails``)."""
+        self.forks.append(len(self.events))
 
 
 @dataclass(frozen=True)
@@ -409,11 +459,17 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
     held = b.alloc(scheme.step_key("held"), s.static.held, f"{label}forward")
     embeddings = b.alloc_terms(s.embeddings, f"{label}embeddings")
     blocks, cache = [], []
+    layers, kv = s.model.num_layers, b.resolved({"kv_cache": s.cache})
+    alike = None if s.blocks else [b.resolved(s.block(k), s.block_tensors(k)) for k in (0, 1)]  # first, the rest
     for k in range(s.n_blocks):
         where = f"{label}forward block {k + 1}"
-        blocks.append(b.alloc_terms(s.block(k), where, s.block_tensors(k)))
-        if k < s.model.num_layers:  # batch_terms counts num_layers cache layers
-            cache.append(b.alloc("kv_cache", s.cache, where))
+        blocks.append(b.allocs(alike[k > 0], where) if alike else b.alloc_terms(s.block(k), where, s.block_tensors(k)))
+        if k >= layers:  # batch_terms counts num_layers cache layers
+            continue
+        if s.cache:
+            cache += b.allocs(kv, where)
+        else:  # (no cache: its ident taken, no event, nothing to free, as ``alloc`` of 0 bytes)
+            b.skip()
     saved = s.batch.head
     if s.config.loss_shift:  # its log-probabilities are made among the loss' own events (_loss_instant)
         saved = {key: nbytes for key, nbytes in saved.items() if key != _LOG_SOFTMAX}
@@ -444,21 +500,36 @@ def _loss_instant(b: _Builder, s: _Step, name: str, mark: bool, where: str, made
 def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
     """A moment of the step (``step.MOMENT``): its transient parts allocated, the moment marked
     (``mark``: on the micro-step the moments are read from), and they are freed."""
+    parts = b.moments.get(name)
+    if parts is None:  # (each moment's parts are the same in every micro-step)
+        parts = b.moments[name] = _transients(b, s, name)
     made: list[int] = []
-    for part in MOMENT[name].transients:
-        value = part_value(part, s.sizes, s.batch)
-        if part.size == "gradient_flatten" and s.static.step_checks:
+    for part, terms in parts:
+        if terms is None:
             mark = _checks_then_flatten(b, s, part, name, mark, where)
-            continue
-        if part.by_key:
-            made += b.alloc_terms(value, where)
-        elif part.key == "optimizer_step/transient":
-            made.append(b.alloc(part.key, value, where, _optimizer_grain(s, value)))
         else:
-            made.append(b.alloc(part_key(part, s.config.sharding.spec), value, where, part.tensors))
+            made += b.allocs(terms, where)
     if mark:
         b.mark(name)
     b.free_all(made, where)
+
+
+def _transients(b: _Builder, s: _Step, name: str) -> list[tuple]:
+    """(part, its allocations ``resolved``) of each transient part of the moment ``name``; None for
+    a flatten the library's checks come before (``_checks_then_flatten``)."""
+    out: list[tuple] = []
+    for part in MOMENT[name].transients:
+        value = part_value(part, s.sizes, s.batch)
+        if part.size == "gradient_flatten" and s.static.step_checks:
+            out.append((part, None))
+        elif part.by_key:
+            out.append((part, b.resolved(value)))
+        elif part.key == "optimizer_step/transient":
+            out.append((part, b.resolved({part.key: value}, {part.key: _optimizer_grain(s, value)})))
+        else:
+            key = part_key(part, s.config.sharding.spec)
+            out.append((part, b.resolved({key: value}, {key: part.tensors})))
+    return out
 
 
 def _checks_then_flatten(b: _Builder, s: _Step, part, name: str, mark: bool, where: str) -> bool:
@@ -538,14 +609,18 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
         grads.append(b.alloc("gradients", s.down_gradients, where, _grain(g and g.down, s.down_gradients)))
     _instant(b, s, "first_block_backward", marks, where)
     # every block but the last makes its whole share of the gradients, each split alike (once a step)
-    block_grain = None if grads_exist else _grain(g and g.block, s.block_gradients)
+    block_grads = None if grads_exist else b.resolved({"gradients": s.block_gradients},
+                                                      {"gradients": _grain(g and g.block, s.block_gradients)})
     for k in reversed(range(layers)):
         where = f"{label}backward block {k + 1}"
-        b.free_all(blocks[k] + (embeddings if k == 0 else []), where)
-        if not grads_exist:
-            made = s.down_gradients if k == layers - 1 else 0
-            grain = _grain(g and g.block[len(g.down):], s.block_gradients - made) if made else block_grain
-            grads.append(b.alloc("gradients", s.block_gradients - made, where, grain))
+        b.free_all(blocks[k] if k else blocks[0] + embeddings, where)
+        if block_grads is None:
+            continue
+        if k == layers - 1 and s.down_gradients:  # the rest of the last block's share
+            made = s.block_gradients - s.down_gradients
+            grads.append(b.alloc("gradients", made, where, _grain(g and g.block[len(g.down):], made)))
+        else:
+            grads += b.allocs(block_grads, where)
     where = f"{label}end of backward"
     if not grads_exist:
         rest = s.static.gradients - s.block_gradients * layers - s.head_gradients
@@ -600,6 +675,7 @@ def _first_step(b: _Builder, s: _Step, lazy: dict[str, int], previous: int) -> i
     reserves (``torch.cuda.max_memory_reserved`` is the run's largest, not the first step's).
     Returns what a hand-written loop's outputs keep."""
     grads, previous = _micro_step(b, s, grads_exist=False, label="step 1: ", marks=False, previous=previous)
+    b.fork()  # plans that differ in the optimizer only part here
     if s.config.sharding.spec.flat_optimizer:  # made inside step(), from the flat fp32 partition
         _optimizer_step(b, s, grads, marks=False, label="step 1: ", states=lazy)
         return previous
@@ -628,6 +704,7 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
                  units={"activations/mlp/intermediate": dims.tokens * model.intermediate_size * mode.compute})
     lazy = _lazy_states(s)
     _model_states(b, s, lazy)
+    b.fork()  # plans of one model, method and weights' precision part here
     start = len(b.events)
     # a hand-written loop still holds the previous step's outputs when this step's forward runs
     previous = b.alloc("loop/manual_outputs", s.batch.kept, "outputs of the previous step")
@@ -643,7 +720,8 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     _optimizer_step(b, s, grads)
     _eval_pass(b, s)
     timeline = Timeline(events=tuple(b.events), marks=dict(b.marks), host=s.static.host,
-                        outside_allocator=s.static.paged_step, paged=s.static.paged, start=start)
+                        outside_allocator=s.static.paged_step, paged=s.static.paged, start=start,
+                        fork_tails=tuple(len(b.events) - fork for fork in b.forks))
     # the walk holds at each mark what the moment lists (its transient parts come from the list)
     curve, resident = timeline._curve, s.static.resident_bytes
     for moment, fixed, batch in zip(MOMENTS, static_moments(s.sizes), batch_moments(s.batch.sizes())):

@@ -1,0 +1,96 @@
+"""``ReplayPrefixes``: a replay that resumes from the state another replay kept at a fork point of
+its timeline (``Timeline.forks``) gives what the whole replay gives, every field, on plans of
+other models, methods, ZeRO stages, checkpointing and allocator settings, on budgets where the
+allocator runs out; and a copy of a replay under way replays on as the original does."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from planner.catalog import resolve_model
+from planner.config import TrainConfig
+from planner.gpus import get_gpu
+from planner.memory.allocator import AllocatorConfig, ReplayPrefixes, _Replaying, replay
+from planner.memory.estimate import SIDE_STREAM_KEYS, device_timeline, replay_capacity
+
+GiB = 1024**3
+LORA = dict(method="lora", precision="bf16", micro_batch=2, seq_len=1024, lora_r=8, grad_accum=4, grad_ckpt=True)
+QLORA = dict(method="qlora", precision="bf16-mixed", micro_batch=4, seq_len=512, lora_r=16)
+#: in pairs that part at a fork: the optimizer only (the first step's optimizer step), the
+#: weights' precision (the model states), and plans that share nothing
+CONFIGS = [
+    TrainConfig(**LORA, optimizer="adamw_fused"),
+    TrainConfig(**LORA, optimizer="adamw_8bit"),
+    TrainConfig(**QLORA, optimizer="adamw_fused"),
+    TrainConfig(**{**QLORA, "precision": "bf16"}, optimizer="adamw_fused"),
+    TrainConfig(**QLORA, optimizer="adamw_8bit"),
+    TrainConfig(**{**QLORA, "alloc_conf": "max_split_size_mb:128"}, optimizer="adamw_8bit"),
+    TrainConfig(method="full", precision="bf16", micro_batch=2, seq_len=1024, grad_ckpt=True),
+    TrainConfig(method="full", precision="bf16", micro_batch=2, seq_len=1024, grad_ckpt=True, optimizer="adamw_8bit"),
+    TrainConfig(method="full", precision="bf16-mixed", micro_batch=2, seq_len=1024, gpus=2, zero=2),
+    TrainConfig(method="full", precision="bf16-mixed", micro_batch=2, seq_len=1024, gpus=2, zero=3),
+    TrainConfig(method="full", precision="bf16", micro_batch=4, seq_len=1024, alloc_conf="expandable_segments:True"),
+    TrainConfig(method="full", precision="bf16", micro_batch=4, seq_len=1024, optimizer="adamw_8bit",
+                alloc_conf="expandable_segments:True"),
+]
+
+
+def _whole(timeline, config, capacity):
+    return replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf),
+                  side_keys=SIDE_STREAM_KEYS)
+
+
+@pytest.mark.parametrize("model_id", ["meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B"])
+@pytest.mark.parametrize("share", [1.0, 0.55])
+def test_resumed_replays_are_the_whole_replays(model_id, share, monkeypatch):
+    model, gpu = resolve_model(model_id), get_gpu("a10g")
+    plans = []
+    for config in CONFIGS:
+        timeline = device_timeline(model=model, config=config, gpu=gpu)
+        # the device's memory, and a budget at about half the step's peak: the allocator runs out
+        budget = gpu.memory_bytes if share == 1.0 else int(timeline.peak * share)
+        plans.append((config, timeline, replay_capacity(timeline, config, gpu, budget)))
+    expected = [_whole(timeline, config, capacity) for config, timeline, capacity in plans]
+    replayed: list[int] = []
+    advance = _Replaying.advance
+
+    def counted(self, events, *args):
+        replayed[-1] += len(events)
+        return advance(self, events, *args)
+
+    monkeypatch.setattr(_Replaying, "advance", counted)
+    prefixes, got = ReplayPrefixes(), []
+    for config, timeline, capacity in plans:
+        replayed.append(0)
+        got.append(replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf),
+                          side_keys=SIDE_STREAM_KEYS, forks=timeline.forks, prefixes=prefixes))
+    assert [dataclasses.asdict(r) for r in got] == [dataclasses.asdict(r) for r in expected]
+    assert any(r.out_of_memory for r in got) == (share < 1)
+    # the second of a pair that differs in the optimizer only resumed at the first step's optimizer step
+    lora, lora_8bit = plans[0][1], plans[1][1]
+    assert lora.events[:lora.forks[-1]] == lora_8bit.events[:lora.forks[-1]]
+    if share == 1.0:
+        assert replayed[1] == len(lora_8bit.events) - lora.forks[-1]
+        assert replayed[0] == len(lora.events)
+
+
+def test_a_copy_replays_on_as_the_original():
+    model, gpu = resolve_model("meta-llama/Llama-3.2-1B"), get_gpu("a10g")
+    for config in (CONFIGS[2], CONFIGS[5], CONFIGS[9], CONFIGS[10]):
+        timeline = device_timeline(model=model, config=config, gpu=gpu)
+        events, capacity = timeline.events, replay_capacity(timeline, config, gpu)
+        freed = {event[4] for event in events if event[0] == "free"}
+        for cut in (*timeline.forks, len(events) // 2):
+            state = _Replaying(capacity, AllocatorConfig.parse(config.alloc_conf), SIDE_STREAM_KEYS)
+            state.advance(events[:cut], freed, None, SIDE_STREAM_KEYS)
+            copy = state.copy()
+            for one in (state, copy):
+                one.advance(events[cut:], freed, None, SIDE_STREAM_KEYS)
+            assert copy.result() == state.result() == _whole(timeline, config, capacity)
+            for small in (True, False):
+                assert copy.allocator.cached_keys(small) == state.allocator.cached_keys(small)
+            assert (copy.allocator.reserved, copy.allocator.allocated) == (state.allocator.reserved,
+                                                                           state.allocator.allocated)
+            assert not set(map(id, copy.allocator._cached.values())) & set(map(id, state.allocator._cached.values()))
