@@ -71,9 +71,13 @@ def _trl(config: "TrainConfig", *, spec: "ModelSpec", model: str, dataset: str |
     from planner.config import Method
     from planner.emit import settings
 
+    # TRL's SFTTrainer runs no k-bit preparation (trl 1.16 trainer/sft_trainer.py l.806-869: get_peft_model
+    # alone), so a QLoRA plan with peft's fp32 upcast loads its non-4-bit parameters in fp32 itself, the
+    # dtype planner check reads back as the upcast (planner.check.reading _precision_and_method)
+    upcast = config.method is Method.QLORA and config.kbit_upcast
     out: dict[str, Any] = {"model_name_or_path": model, "dataset_name": dataset or EXAMPLE_DATASET["trl"],
                            **settings.training_arguments(config, on_cpu=on_cpu), "max_length": config.seq_len,
-                           "packing": config.packing, "dtype": settings.model_dtype(config),
+                           "packing": config.packing, "dtype": "float32" if upcast else settings.model_dtype(config),
                            "attn_implementation": config.attention.hf_name}
     if config.method.uses_adapters:
         lora = settings.lora_config(config, spec=spec)
