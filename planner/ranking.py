@@ -439,30 +439,43 @@ def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = fr
     order."""
     fidelity = prefer is Prefer.FIDELITY
     known = facts(fitting)
+    if not edgy and fitting is getattr(facts, "plain", (None,))[0]:  # (the other policy's ranking of the same plans)
+        _, safe, by_speed, near = facts.plain
+        return _Ranked(_grouped(safe, 0, fidelity, by_speed), near, fidelity, facts, speeds)
     if edgy:
         edges = [f[1] or int(id(f[0][0]) in edgy) for f in known]
         return _Ranked(_grouped([f for f, e in zip(known, edges) if not e], 0, fidelity),
                        [f for f, e in zip(known, edges) if e], fidelity, facts, speeds)
-    return _Ranked(_grouped([f for f in known if not f[1]], 0, fidelity), [f for f in known if f[1]], fidelity,
-                   facts, speeds)
+    safe, near = [f for f in known if not f[1]], [f for f in known if f[1]]
+    by_speed = _by_speed(safe)
+    facts.plain = fitting, safe, by_speed, near  # (both policies rank the screen's plans: their order by speed once)
+    return _Ranked(_grouped(safe, 0, fidelity, by_speed), near, fidelity, facts, speeds)
 
 
-def _grouped(known: list[tuple], edge: int, fidelity: bool) -> list[tuple]:
-    """(group key, -tokens/s, index, facts) of each plan of one edge class (``known``: their
-    facts, timed), in group key and speed order (``_ranking``)."""
+def _by_speed(known: list[tuple]) -> tuple[list[float], list[int], float]:
+    """What ``_grouped`` reads of one edge class whatever the policy: each plan's -tokens/s, the
+    plans' indices by speed (a stable sort on one float: equal speeds keep the input order) and the
+    speed at or below which an exotic plan ranks after the plain ones."""
     # the fastest plain plan of the class: an exotic plan not faster ranks after the plain ones
     best = 0.0
     for f in known:
         if not f[2] and f[5] > best:
             best = f[5]
-    odd = best * (1 + EXOTIC_WIN)  # an exotic plan at most this fast
-    # the order of (group key, -tokens/s, input index): the plans by speed (a stable sort on one
-    # float: equal speeds keep the input order), then put in their groups' buckets in that order,
-    # so only the few group keys are sorted, not a thousand tuples (two rankings were 5% of a search)
     minus = [-f[5] for f in known]
+    return minus, sorted(range(len(known)), key=minus.__getitem__), best * (1 + EXOTIC_WIN)
+
+
+def _grouped(known: list[tuple], edge: int, fidelity: bool, by_speed: tuple | None = None) -> list[tuple]:
+    """(group key, -tokens/s, index, facts) of each plan of one edge class (``known``: their
+    facts, timed), in group key and speed order (``_ranking``); ``by_speed``: ``_by_speed(known)``
+    where the caller has it."""
+    minus, order, odd = by_speed or _by_speed(known)
+    # the order of (group key, -tokens/s, input index): the plans by speed, then put in their
+    # groups' buckets in that order, so only the few group keys are sorted, not a thousand tuples
+    # (two rankings were 5% of a search)
     groups: dict[int, list[tuple]] = {}
     base = edge * 8
-    for n in sorted(range(len(known)), key=minus.__getitem__):
+    for n in order:
         f = known[n]
         # the group key: near the edge, then exotic, then (under fidelity) the fidelity tier (0-3)
         key = base + (4 if f[2] and f[5] <= odd else 0) + (f[3] if fidelity else 0)
