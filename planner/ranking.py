@@ -141,7 +141,8 @@ def suggest(
                               safety_margin_bytes=margin, prefer=str(space.prefer)),
         )
     best_tier = fidelity_tier(plans[0].config)
-    fitting_families = {f[4] for f in facts(fitting)}
+    # (a family's tier is one: a family above best_tier is never one asked of below; skipped unhashed)
+    fitting_families = {f[4] for f in facts(fitting) if f[3] <= best_tier}
     rejected = tuple(
         _rejection(missed(cfg, total), model=model, usable=usable, space=space)
         for fam, (total, cfg) in by_tier
@@ -612,7 +613,7 @@ def _edge_only(fitting: list[tuple], plans: tuple[Candidate, ...], *, best_tier:
     shown = {family_key(c.config) for c in plans}
     safest: dict[tuple, tuple] = {}
     for item, _, _, tier, key, _ in fitting:
-        if key not in shown and tier <= best_tier and (key not in safest or item[2] < safest[key][2]):
+        if tier <= best_tier and key not in shown and (key not in safest or item[2] < safest[key][2]):
             safest[key] = item
     bounds: dict = {}
     lines = []
