@@ -407,7 +407,7 @@ def _plan_facts(gpu: GPUSpec, exotic=None):
     def facts(items: list[tuple]) -> list[tuple]:
         if items is last[0]:
             return last[1]
-        new = [item for item in items if id(item) not in known]
+        new = [item for item in items if id(item) not in known] if known else items  # (first: the screen's plans)
         for item, odd in zip(new, exotic(new) if exotic is not None else repeat(0)):
             config = item[0]
             family = family_key(config)
