@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+from itertools import repeat
 from typing import Iterable, Iterator, NamedTuple
 
 from planner.advice import advice
@@ -140,7 +141,8 @@ def suggest(
                               safety_margin_bytes=margin, prefer=str(space.prefer)),
         )
     best_tier = fidelity_tier(plans[0].config)
-    fitting_families = {f[4] for f in facts(fitting)}
+    # (a family's tier is one: a family above best_tier is never one asked of below; skipped unhashed)
+    fitting_families = {f[4] for f in facts(fitting) if f[3] <= best_tier}
     rejected = tuple(
         _rejection(missed(cfg, total), model=model, usable=usable, space=space)
         for fam, (total, cfg) in by_tier
@@ -246,16 +248,29 @@ def _exotic(memo: MemoryMemo, *, node_ram: int, usable: int):
     it fits: ZeRO saves memory there only because DeepSpeed keeps the model in 16-bit. A search that
     left only ZeRO-1 without offload exotic ranked ZeRO-1 with LoRA's optimizer offload, 81 MiB
     pinned, first for Llama-2-7B on one A10G), and offload that pins more than EXOTIC_HOST_SHARE
-    of the node's RAM. ``total``: the plan's process total; ``static``: the configuration's static
-    terms, where the caller has them (a screened plan's, ``planner.search.Screened.fitting``)."""
-    def exotic(config: TrainConfig, total: int, static=None) -> bool:
-        sharding = config.sharding
-        if not sharding.offloaded:  # (pins nothing: the host share below is 0, never over the node's RAM)
-            return not sharding.spec.replicas and config.gpus == 1 and total <= usable
-        host = (static or memo.static(config)).terms.host
-        if not sharding.spec.replicas and config.gpus == 1 and total + host <= usable:
-            return True
-        return host * config.gpus > EXOTIC_HOST_SHARE * node_ram
+    of the node's RAM. ``exotic(items)``: 1 for each exotic plan of ``items`` ((config, speed,
+    process total[, static terms]): the static terms where the caller has them, a screened plan's,
+    ``planner.search.Screened.fitting``), else 0."""
+    # each sharding's (offloaded, shards nothing), once a sharding: ``_plan_facts`` asks of about
+    # 1,700 plans a search, of a few shardings, in one call (a call and a property read a plan:
+    # _plan_facts 12.8 -> 12.55 M instructions, cachegrind, Llama-2-7B on an A10G, every precision)
+    kinds: dict[object, tuple[bool, bool]] = {}
+
+    def exotic(items: list[tuple]) -> list[int]:
+        out = []
+        for item in items:
+            config, total = item[0], item[2]
+            sharding = config.sharding
+            kind = kinds.get(sharding)
+            if kind is None:
+                kind = kinds[sharding] = (sharding.offloaded, not sharding.spec.replicas)
+            if not kind[0]:  # (pins nothing: the host share below is 0, never over the node's RAM)
+                out.append(1 if kind[1] and config.gpus == 1 and total <= usable else 0)
+                continue
+            host = ((item[3] if len(item) > 3 else None) or memo.static(config)).terms.host
+            out.append(1 if (kind[1] and config.gpus == 1 and total + host <= usable)
+                       or host * config.gpus > EXOTIC_HOST_SHARE * node_ram else 0)
+        return out
 
     return exotic
 
@@ -392,21 +407,16 @@ def _plan_facts(gpu: GPUSpec, exotic=None):
     def facts(items: list[tuple]) -> list[tuple]:
         if items is last[0]:
             return last[1]
-        out = []
-        for item in items:
-            found = known.get(id(item))
-            if found is None:
-                config = item[0]
-                family = family_key(config)
-                kind = kinds.get(family)
-                if kind is None:
-                    kind = kinds[family] = (_safe_bound(config, gpu, bounds), fidelity_tier(config), family)
-                total = item[2]  # (the static terms where the item has them: the screen's plans)
-                found = known[id(item)] = (
-                    item, 1 if total > kind[0] else 0,
-                    1 if exotic is not None and exotic(config, total, item[3] if len(item) > 3 else None) else 0,
-                    kind[1], kind[2], item[1] and item[1].tokens_per_s)  # (None: untimed, near the edge)
-            out.append(found)
+        new = [item for item in items if id(item) not in known] if known else items  # (first: the screen's plans)
+        for item, odd in zip(new, exotic(new) if exotic is not None else repeat(0)):
+            config = item[0]
+            family = family_key(config)
+            kind = kinds.get(family)
+            if kind is None:
+                kind = kinds[family] = (_safe_bound(config, gpu, bounds), fidelity_tier(config), family)
+            known[id(item)] = (item, 1 if item[2] > kind[0] else 0, odd, kind[1], kind[2],
+                               item[1] and item[1].tokens_per_s)  # (None: untimed, near the edge)
+        out = list(map(known.__getitem__, map(id, items)))
         last[:] = items, out
         return out
 
@@ -430,30 +440,43 @@ def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = fr
     order."""
     fidelity = prefer is Prefer.FIDELITY
     known = facts(fitting)
+    if not edgy and fitting is getattr(facts, "plain", (None,))[0]:  # (the other policy's ranking of the same plans)
+        _, safe, by_speed, near = facts.plain
+        return _Ranked(_grouped(safe, 0, fidelity, by_speed), near, fidelity, facts, speeds)
     if edgy:
         edges = [f[1] or int(id(f[0][0]) in edgy) for f in known]
         return _Ranked(_grouped([f for f, e in zip(known, edges) if not e], 0, fidelity),
                        [f for f, e in zip(known, edges) if e], fidelity, facts, speeds)
-    return _Ranked(_grouped([f for f in known if not f[1]], 0, fidelity), [f for f in known if f[1]], fidelity,
-                   facts, speeds)
+    safe, near = [f for f in known if not f[1]], [f for f in known if f[1]]
+    by_speed = _by_speed(safe)
+    facts.plain = fitting, safe, by_speed, near  # (both policies rank the screen's plans: their order by speed once)
+    return _Ranked(_grouped(safe, 0, fidelity, by_speed), near, fidelity, facts, speeds)
 
 
-def _grouped(known: list[tuple], edge: int, fidelity: bool) -> list[tuple]:
-    """(group key, -tokens/s, index, facts) of each plan of one edge class (``known``: their
-    facts, timed), in group key and speed order (``_ranking``)."""
+def _by_speed(known: list[tuple]) -> tuple[list[float], list[int], float]:
+    """What ``_grouped`` reads of one edge class whatever the policy: each plan's -tokens/s, the
+    plans' indices by speed (a stable sort on one float: equal speeds keep the input order) and the
+    speed at or below which an exotic plan ranks after the plain ones."""
     # the fastest plain plan of the class: an exotic plan not faster ranks after the plain ones
     best = 0.0
     for f in known:
         if not f[2] and f[5] > best:
             best = f[5]
-    odd = best * (1 + EXOTIC_WIN)  # an exotic plan at most this fast
-    # the order of (group key, -tokens/s, input index): the plans by speed (a stable sort on one
-    # float: equal speeds keep the input order), then put in their groups' buckets in that order,
-    # so only the few group keys are sorted, not a thousand tuples (two rankings were 5% of a search)
     minus = [-f[5] for f in known]
+    return minus, sorted(range(len(known)), key=minus.__getitem__), best * (1 + EXOTIC_WIN)
+
+
+def _grouped(known: list[tuple], edge: int, fidelity: bool, by_speed: tuple | None = None) -> list[tuple]:
+    """(group key, -tokens/s, index, facts) of each plan of one edge class (``known``: their
+    facts, timed), in group key and speed order (``_ranking``); ``by_speed``: ``_by_speed(known)``
+    where the caller has it."""
+    minus, order, odd = by_speed or _by_speed(known)
+    # the order of (group key, -tokens/s, input index): the plans by speed, then put in their
+    # groups' buckets in that order, so only the few group keys are sorted, not a thousand tuples
+    # (two rankings were 5% of a search)
     groups: dict[int, list[tuple]] = {}
     base = edge * 8
-    for n in sorted(range(len(known)), key=minus.__getitem__):
+    for n in order:
         f = known[n]
         # the group key: near the edge, then exotic, then (under fidelity) the fidelity tier (0-3)
         key = base + (4 if f[2] and f[5] <= odd else 0) + (f[3] if fidelity else 0)
@@ -590,7 +613,7 @@ def _edge_only(fitting: list[tuple], plans: tuple[Candidate, ...], *, best_tier:
     shown = {family_key(c.config) for c in plans}
     safest: dict[tuple, tuple] = {}
     for item, _, _, tier, key, _ in fitting:
-        if key not in shown and tier <= best_tier and (key not in safest or item[2] < safest[key][2]):
+        if tier <= best_tier and key not in shown and (key not in safest or item[2] < safest[key][2]):
             safest[key] = item
     bounds: dict = {}
     lines = []
