@@ -19,6 +19,7 @@ from planner.memory.states import base_tensor_sizes
 from planner.sharding import Sharding, search_axis
 from planner.sharding.fsdp2 import root_params
 from support.accelerate import launch_env
+from support.ranks import RANK_LLAMA, rank_errors
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B"
 
@@ -221,14 +222,6 @@ def test_the_emitted_training_arguments_load_in_transformers(tmp_path):
 
 
 # ---- the truth: 2 ranks over gloo -----------------------------------------------------------------
-#: a small llama (2 decoder layers, vocabulary 8000, untied head) whose 2-rank run takes about 90 s
-#: on the 2-core CI machine: its root unit (4.1 M parameters) is most of the model, as Llama-3's
-#: embeddings and head are a large part of an 8B (1.05 B of 8.03 B)
-TINY_LLAMA = dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, vocab_size=8000, max_position_embeddings=512,
-                  rms_norm_eps=1e-5, tie_word_embeddings=False)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("changes, bound", [(dict(), 0.01), (dict(method="lora"), 0.01),
                                             (dict(method="qlora", kbit_upcast=False, lora_r=16), 0.01)],
@@ -240,23 +233,12 @@ def test_two_cpu_ranks_measure_what_the_model_predicts_per_rank(changes, bound):
     +0.003 %); on 2026-11-27 QLoRA (bitsandbytes' CPU backend, the 4-bit weights stored in bf16 and
     sharded by fully_shard) 44,006,704 B (predicted 43,991,890, -0.03 %). Before the probe dated the frees of gloo's own copies, a rank of the full run read
     84,148,608 B in some runs (bench/accuracy.py's row notes say why)."""
-    from planner.catalog import spec_from_config
-    from planner.gpus import get_gpu
-    from planner.memory import estimate_memory
-    from workers.ranks import measure_ranks
-
     config = TrainConfig(**(dict(micro_batch=2, seq_len=128, precision="bf16-mixed", optimizer="adamw",
                                  sharding="fsdp2", gpus=2) | changes))
     rank_before = os.environ.get("RANK")  # (an in-process DeepSpeed run of another test may have set it)
-    results = measure_ranks(model_config=TINY_LLAMA, config=config, timeout_s=1800, steps=2)
-    spec = spec_from_config(TINY_LLAMA, model_id="tiny-llama", source="test")
-    predicted = estimate_memory(model=spec, config=config, gpu=get_gpu("cpu")).peak_allocated_bytes
-    assert len(results) == 2
-    for measurement, details in results:
-        assert measurement.outcome == "ok", measurement.error
-        assert details["fsdp_units"] == TINY_LLAMA["num_hidden_layers"] + 1
-        error = (predicted - measurement.peak_allocated_bytes) / measurement.peak_allocated_bytes
-        assert abs(error) <= bound, (details["rank"], predicted, measurement.peak_allocated_bytes)
+    for details, predicted, measured, error in rank_errors(config):
+        assert details["fsdp_units"] == RANK_LLAMA["num_hidden_layers"] + 1
+        assert abs(error) <= bound, (details["rank"], predicted, measured)
     assert os.environ.get("RANK") == rank_before  # the launcher leaves this process's environment alone
 
 
