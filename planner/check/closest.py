@@ -7,7 +7,8 @@ towards the file.
    plan that meets the goal answers. The goal: fit without being near the edge (over 5% OOM risk)
    when the file's configuration does not; else be faster by more than the ranking's 2% tie.
 2. Of the plans that meet it, the one that changes the least of the file (``DISTANCE``: a method
-   weighs more than a precision, which weighs more than a batch split), the fastest of those.
+   weighs more than a precision, which weighs more than a batch split), the fastest of those; a
+   faster change keeps an optimizer at least as preferred as the file's (``_keeps_the_optimizer``).
 3. Each option that plan changed is put back to the file's value, one at a time, largest first,
    and kept back when the configuration, estimated again (``planner.estimation``), still meets the
    goal: the diff holds only what the goal needs.
@@ -99,7 +100,7 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
                  if c.fits and not near_edge(c.config, c.memory, capacity=capacity)
                  and (goal == "fit" or c.throughput.tokens_per_s > speed * (1 + FASTER_BY))]
         found += _with_the_files_adapter(config, pool, goal=goal, speed=speed, spec=spec, device=device)
-        found = [f for f in found if spellable(reading.trainer, f[2])]
+        found = [f for f in found if spellable(reading.trainer, f[2]) and _keeps_the_optimizer(config, f[2], goal)]
         if found:
             best = min(found, key=lambda t: t[:2])[2]
             try:
@@ -120,6 +121,16 @@ def closest_change(reading: "Reading", *, spec: "ModelSpec", device: "GPUSpec", 
             return Change(goal=goal, config=best, keys=keys, estimate=data), []
     # every tier refused: say why no change was searched (the first refusal: the file's own tier's)
     return None, advice or ([f"no change searched: {refused[0]}"] if len(refused) == len(dict.fromkeys(tiers)) else [])
+
+
+def _keeps_the_optimizer(original: "TrainConfig", changed: "TrainConfig", goal: str) -> bool:
+    """A change made to be faster keeps an optimizer at least as preferred as the file's
+    (``OptimizerSpec.preference``: AdamW, then its 8-bit states, then Adafactor, SGD, Lion): the
+    optimizer is part of what the run learns, and trading it for speed (SGD's freed moments let a
+    plan drop checkpointing) is not a change of arrangement. To fit, any optimizer may be offered."""
+    from planner.optim import OPTIMIZERS
+
+    return goal == "fit" or OPTIMIZERS[changed.optimizer].preference <= OPTIMIZERS[original.optimizer].preference
 
 
 def _with_the_files_adapter(config: "TrainConfig", pool, *, goal: str, speed: float, spec, device) -> list:

@@ -116,6 +116,9 @@ def test_an_fsdp2_file_is_planned_as_estimate_plans_it_and_its_change_keeps_fsdp
     assert result.origins["grad_ckpt"]["key"] == "fsdp_config.fsdp_activation_checkpointing"
     change = result.change
     assert change is not None and str(change.config.sharding.scheme) == "fsdp2"
+    # a faster change keeps AdamW: SGD's freed moments would let it drop checkpointing, and was offered before
+    # closest._keeps_the_optimizer (an optimizer is what the run learns with, not how its step is arranged)
+    assert str(change.config.optimizer) in ("adamw_fused", "adamw")
     keys = {k.key for k in change.keys}
     assert keys and not any(k.startswith(("zero_optimization", "deepspeed")) for k in keys)
     if change.config.grad_ckpt != c.grad_ckpt:
@@ -150,3 +153,15 @@ def test_the_search_axis_takes_a_named_scheme_only_where_the_search_takes_none_o
     assert [str(s.scheme) for s in search_axis(allow_offload=True, gpus=2)].count("fsdp1") == 0
     assert [(str(s.scheme), str(s.offload)) for s in search_axis(allow_offload=True, gpus=2, schemes=("fsdp1",))] == \
         [("fsdp1", "none")]
+
+
+def test_a_change_to_fit_may_change_the_optimizer_and_one_to_be_faster_may_not_give_it_up():
+    from planner.check.closest import _keeps_the_optimizer
+
+    adamw = TrainConfig(method="full", optimizer="adamw_fused")
+    for other, faster in (("adamw", True), ("adamw_8bit", False), ("adafactor", False), ("sgd", False), ("lion_8bit", False)):
+        changed = TrainConfig(method="full", optimizer=other)
+        assert _keeps_the_optimizer(adamw, changed, "faster") is faster, other
+        assert _keeps_the_optimizer(adamw, changed, "fit")
+    # from 8-bit AdamW, the 32-bit one is no loss
+    assert _keeps_the_optimizer(TrainConfig(optimizer="adamw_8bit"), adamw, "faster")
