@@ -57,7 +57,7 @@ def read_texts(texts: Mapping[str, str], *, trainer: str | None = None) -> Readi
         raise InvalidConfigError("send at least one training config file")
     sent = {Path(name).name: kinds.parse(name, text) for name, text in texts.items()}
 
-    def among_sent(ref: str, file: kinds.ConfigFile, key: str = "deepspeed") -> kinds.ConfigFile:
+    def among_sent(ref: str, file: kinds.ConfigFile, key: str) -> kinds.ConfigFile:
         if Path(ref).name not in sent:
             raise InvalidConfigError(f"{file.path}: {key} names {ref}, which was not sent: send it too "
                                      f"(files: {', '.join(sorted(sent))})")

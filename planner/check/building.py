@@ -37,8 +37,8 @@ def spelled_schemes(trainer: str | None = None, config: "TrainConfig | None" = N
 
     if trainer == "torchtune":
         return ("none",)
-    if config is not None and isinstance(sharding(config)[0], str):
-        return (str(config.sharding.scheme),)
+    if config is not None and isinstance(spelled := sharding(config)[0], str):
+        return (spelled,)
     return tuple(str(s) for s in Scheme if "zero" in Sharding(s).payload())
 
 

@@ -56,7 +56,7 @@ class Reading:
     out (``planner.sharding.Sharding.buffers``). None without a DeepSpeed JSON."""
     device_rules: list[Callable[["Reading", Any], None]] = field(default_factory=list)
     """Settings the trainer decides by the GPU (axolotl's ``bf16: auto``), applied once it is known."""
-    resolve: Callable[..., ConfigFile] | None = None
+    resolve: Callable[[str, ConfigFile, str], ConfigFile] | None = None
     """How a file named by another (TrainingArguments' ``deepspeed``, ``fsdp_config``: (name, file, key)) is found: None reads the disk
     (``_on_disk``); the service resolves among the files sent, never on its own disk."""
 
@@ -355,9 +355,7 @@ def _fsdp_arguments(reading: Reading, file: ConfigFile, fsdp: Any, settings: Any
     ``_process_fsdp_args`` and ``_apply_legacy_fsdp_to_config``)."""
     home, prefix = file, "fsdp_config."  # where fsdp_config's keys are written
     if isinstance(settings, str):
-        home, prefix = (reading.resolve or _on_disk)(settings, file, "fsdp_config"), ""
-        if all(not _same(f.path, home.path) for f in reading.files):
-            reading.files.append(home)
+        home, prefix = _named_file(reading, file, settings, "fsdp_config"), ""
         settings = home.data
     # each setting's key as the file writes it (with or without the prefix); a legacy option's setting is
     # said where fsdp_config's own would go, which wins over it (transformers' setdefault)
@@ -403,12 +401,16 @@ def _fsdp_version(file: ConfigFile, key: str, value: Any) -> int:
     return int(value)
 
 
+#: transformers' and accelerate's ``str_to_bool`` spellings (a missing setting, None, reads as false)
+_TRUE, _FALSE = ("y", "yes", "t", "true", "on", "1"), ("n", "no", "f", "false", "off", "0", "none")
+
+
 def _flag(file: ConfigFile, key: str, value: Any) -> bool:
     """A true/false setting as transformers and accelerate read one (``str_to_bool`` of its text)."""
     text = str(value).lower()
-    if text not in ("y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0", "none"):
+    if text not in _TRUE and text not in _FALSE:
         raise InvalidConfigError(f"{file.path}: {key} must be true or false, got {value!r}")
-    return text in ("y", "yes", "t", "true", "on", "1")
+    return text in _TRUE
 
 
 def _fsdp(reading: Reading, file: ConfigFile, *, version: int, strategy: Any, offload: Any, checkpointing: Any,
@@ -441,12 +443,18 @@ def _deepspeed_reference(reading: Reading, file: ConfigFile, ref: Any) -> None:
     if isinstance(ref, Mapping):
         reading.files.append(ConfigFile(path=f"{file.path}#deepspeed", kind=kinds.DEEPSPEED, data=ref))
         return
-    found = (reading.resolve or _on_disk)(str(ref), file)
+    _named_file(reading, file, str(ref), "deepspeed")
+
+
+def _named_file(reading: Reading, file: ConfigFile, ref: str, key: str) -> ConfigFile:
+    """The file ``file``'s ``key`` names (``Reading.resolve``, else the disk), read once into ``reading``."""
+    found = (reading.resolve or _on_disk)(ref, file, key)
     if all(not _same(f.path, found.path) for f in reading.files):
         reading.files.append(found)
+    return found
 
 
-def _on_disk(ref: str, file: ConfigFile, key: str = "deepspeed") -> ConfigFile:
+def _on_disk(ref: str, file: ConfigFile, key: str) -> ConfigFile:
     path = Path(ref)
     found = next((p for p in (path, Path(file.path).parent / path) if p.is_file()), None)
     if found is None:
