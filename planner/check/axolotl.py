@@ -39,7 +39,8 @@ UNMODELLED = {"load_in_8bit": "8-bit base weights", "peft_use_dora": "DoRA's mag
               "lora_qkv_kernel": "axolotl's LoRA kernels", "lora_o_kernel": "axolotl's LoRA kernels"}
 _ATTENTION_KEYS = {"flash_attention": "flash", "sdp_attention": "sdpa", "eager_attention": "eager"}
 #: the fields of axolotl's ``FSDPConfig`` (utils/schemas/fsdp.py l.15-82 at v0.18.0-9-g067b021c8, the newest
-#: source to hand; "version" is fsdp_version's alias), by their names without the ``fsdp_`` prefix
+#: whole source to hand; "version" is fsdp_version's alias; a later revision drops sync_module_states and
+#: use_orig_params, which the plan does not read), by their names without the ``fsdp_`` prefix
 #: (validation.py l.1085-1103 strips it): pydantic drops any other key of ``fsdp_config``
 FSDP_FIELDS = ("version", "activation_checkpointing", "offload_params", "sync_module_states", "cpu_ram_efficient_loading",
                "cpu_offload_pin_memory", "use_orig_params", "state_dict_type", "final_state_dict_type", "auto_wrap_policy",
@@ -110,7 +111,8 @@ def _sharding(reading: "Reading", file: ConfigFile, value) -> None:
         if value("deepspeed"):
             _deepspeed_reference(reading, file, value("deepspeed"))
         return
-    if value("deepspeed"):  # validation.py l.1226-1228 refuses deepspeed with fsdp; prepare_optim_env then drops it
+    if value("deepspeed"):  # validation.py l.1226-1228 refuses it with fsdp; with fsdp_config, FSDP's variables are set
+        # and DeepSpeed's are not (utils/trainer.py l.664-668)
         raise InvalidConfigError(f"{file.path}: {'fsdp' if fsdp else 'fsdp_config'} and deepspeed are both set: keep one "
                                  "(axolotl runs FSDP and not DeepSpeed's ZeRO)")
     if settings is None:  # setup_fsdp_envs reads cfg.fsdp_config's fields, which a list alone leaves None
@@ -143,6 +145,8 @@ def _fsdp_config(reading: "Reading", file: ConfigFile, value, fsdp: Any, setting
         raise InvalidConfigError(f"{file.path}: {strategy_key} is FSDP2's (true or false): with fsdp_version 1 remove it "
                                  "(FSDP1 shards fully), or set fsdp_version: 2")
     offload_key = where.get("offload_params", "fsdp_config.offload_params")
+    # cpu_offload is the list's "offload" (FSDPConfig has no such field): transformers passes it to the plugin,
+    # which reads FSDP_OFFLOAD_PARAMS (offload_params) only when it is unset (accelerate utils/dataclasses.py)
     _fsdp(reading, file, version=version, strategy=strategy,
           offload=config.get("cpu_offload") or config.get("offload_params", False),
           checkpointing=config.get("activation_checkpointing"),
@@ -186,7 +190,10 @@ def _method(reading: "Reading", file: ConfigFile, value, given) -> None:
         # axolotl runs peft's prepare_model_for_kbit_training (not under FSDP or ZeRO-3, where it skips
         # it), then casts every module named *norm* and the embeddings and head back to torch_dtype for
         # any LoRA/QLoRA adapter (src/axolotl/loaders/model.py _configure_embedding_dtypes,
-        # _convert_embedding_modules_dtype): the non-4-bit parameters train 16-bit either way
+        # _convert_embedding_modules_dtype): the non-4-bit parameters train 16-bit either way. Under FSDP the
+        # 4-bit codes are stored as bfloat16 whatever torch_dtype is (loaders/model.py l.713-721; torch_dtype
+        # only on its sharded loading path, l.892): the same bytes, and FSDP2 gathers mixed dtypes as bytes (torch
+        # distributed/fsdp/_fully_shard/_fsdp_collectives.py: a uint8 all-gather where the dtypes differ)
         reading.set("kbit_upcast", False, file=file, key="adapter", raw=adapter, given=False)
     if adapter is None:
         return

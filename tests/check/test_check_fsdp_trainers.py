@@ -154,27 +154,37 @@ def test_what_emit_writes_for_an_fsdp_plan_is_read_back_as_the_plan(target, conf
     assert reading.options["method"] == str(config.method)
 
 
-def test_a_change_to_an_axolotl_fsdp_file_is_written_where_the_file_says_it(tmp_path):
+#: an 8B full fine-tuning in pure bf16 on 4 A100s with checkpointing, as each trainer's file turns it on
+CHECKPOINTED = [
+    ("axolotl", {**AXOLOTL, "fsdp_config": dict(fsdp_version=2, fsdp_activation_checkpointing=True)},
+     "fsdp_config.fsdp_activation_checkpointing"),
+    ("axolotl", {**AXOLOTL, "gradient_checkpointing": True, "fsdp_version": 2, "fsdp_config": dict(offload_params=False)},
+     "gradient_checkpointing"),
+    ("llama-factory", {**LLAMA_FACTORY, "disable_gradient_checkpointing": True, "fsdp": True,
+                       "fsdp_config": dict(activation_checkpointing=True)}, "fsdp_config.activation_checkpointing"),
+    ("llama-factory", {**LLAMA_FACTORY, "fsdp": True}, "disable_gradient_checkpointing"),
+]
+
+
+@pytest.mark.parametrize("target, data, key", CHECKPOINTED, ids=lambda v: v if isinstance(v, str) else "")
+def test_a_change_to_an_fsdp_file_is_written_where_the_file_says_it(target, data, key, tmp_path):
     """The search keeps the file's FSDP2; the checkpointing a faster change drops goes back to the
-    key the file turned it on with (fsdp_config's prefixed key, or the model's gradient_checkpointing),
+    key the file turned it on with (fsdp_config's, prefixed as the file writes it, or the model's),
     and the file with the change applied checks back as the change's plan."""
     from test_check_trainers import apply
 
-    for ckpt, key in ((dict(fsdp_config=dict(fsdp_version=2, fsdp_activation_checkpointing=True)),
-                       "fsdp_config.fsdp_activation_checkpointing"),
-                      (dict(gradient_checkpointing=True, fsdp_version=2, fsdp_config=dict(offload_params=False)),
-                       "gradient_checkpointing")):
-        path = tmp_path / "axolotl.yml"
-        path.write_text(yaml.safe_dump({**AXOLOTL, **ckpt}))
-        result = check([path], gpu="a100-80gb", gpus=4)
-        assert (str(result.config.sharding.scheme), result.config.grad_ckpt, result.fits) == ("fsdp2", True, True)
-        change = result.change
-        assert change is not None and str(change.config.sharding.scheme) == "fsdp2"
-        keys = {k.key: (k.old, k.new) for k in change.keys}
-        assert all(k.file == str(path) for k in change.keys) and not any(k.startswith("deepspeed") for k in keys)
-        # 8B full in pure bf16 on 4 A100s: mb2x4 without checkpointing is faster
-        assert not change.config.grad_ckpt and keys[key] == (True, False)
-        assert ("gradient_checkpointing" in keys) == (key == "gradient_checkpointing")
-        apply(change, tmp_path)
-        again = check([Path(path)], gpu="a100-80gb", gpus=4)
-        assert again.config == change.config
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = check([path], gpu="a100-80gb", gpus=4)
+    assert (str(result.config.sharding.scheme), result.config.grad_ckpt, result.fits) == ("fsdp2", True, True)
+    change = result.change
+    assert change is not None and str(change.config.sharding.scheme) == "fsdp2"
+    keys = {k.key: (k.old, k.new) for k in change.keys}
+    assert all(k.file == str(path) for k in change.keys) and not any(k.startswith("deepspeed") for k in keys)
+    # mb2x4 without checkpointing is faster; the model's own key is said only where the file checkpoints with it
+    own = "gradient_checkpointing" if target == "axolotl" else "disable_gradient_checkpointing"
+    off = (False, True) if key == "disable_gradient_checkpointing" else (True, False)  # (old, new) of the key
+    assert not change.config.grad_ckpt and keys[key] == off
+    assert (own in keys) == (key == own)
+    apply(change, tmp_path)
+    assert check([Path(path)], gpu="a100-80gb", gpus=4).config == change.config
