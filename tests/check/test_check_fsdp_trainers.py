@@ -188,3 +188,35 @@ def test_a_change_to_an_fsdp_file_is_written_where_the_file_says_it(target, data
     assert (own in keys) == (key == own)
     apply(change, tmp_path)
     assert check([Path(path)], gpu="a100-80gb", gpus=4).config == change.config
+
+
+@pytest.mark.parametrize("target", ["axolotl", "llama-factory"])
+@pytest.mark.parametrize("config", [c for c in PLANS if str(c.sharding.scheme) == "fsdp2"], ids=lambda c: c.label())
+def test_the_fsdp2_keys_emit_writes_build_the_plans_plugin_in_transformers_and_accelerate(target, config, monkeypatch):
+    """The real libraries take what each trainer hands on: LLaMA-Factory's fsdp/fsdp_config go to
+    TrainingArguments as they are; axolotl passes fsdp_config (with its fsdp_version) as the
+    arguments' and sets FSDP_OFFLOAD_PARAMS / FSDP_ACTIVATION_CHECKPOINTING from offload_params and
+    activation_checkpointing (utils/trainer.py setup_fsdp_envs), which accelerate's plugin reads where
+    transformers passes nothing. The plugin built on the CPU is the plan's FSDP2."""
+    pytest.importorskip("accelerate")
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers import TrainingArguments
+
+    from planner.emit.trainers import trainer_files
+    from planner.estimation import resolve
+
+    spec, _ = resolve(model=MODEL, gpu="a100-80gb")
+    files, _ = trainer_files(target, config=config, spec=spec, model=MODEL, dataset=None, on_cpu=False)
+    data = yaml.safe_load(next(iter(files.values())))
+    for variable in ("FSDP_OFFLOAD_PARAMS", "FSDP_ACTIVATION_CHECKPOINTING", "FSDP_VERSION"):
+        monkeypatch.delenv(variable, raising=False)
+    settings = dict(data["fsdp_config"])
+    if target == "axolotl":
+        settings["fsdp_version"] = data["fsdp_version"]
+        for key, variable in (("offload_params", "FSDP_OFFLOAD_PARAMS"), ("activation_checkpointing", "FSDP_ACTIVATION_CHECKPOINTING")):
+            if settings.get(key):
+                monkeypatch.setenv(variable, "true")
+    args = TrainingArguments(output_dir="out", fsdp=data.get("fsdp") or True, fsdp_config=settings)
+    plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
+    assert (plugin.fsdp_version, plugin.reshard_after_forward, plugin.activation_checkpointing) == (2, True, config.grad_ckpt)
+    assert (type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy") == (str(config.offload) != "none")
