@@ -158,13 +158,15 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
 def sharding_arguments(reading: Reading, file: ConfigFile, value: Callable[[str], Any]) -> None:
     """TrainingArguments' ``deepspeed`` or ``fsdp``/``fsdp_config`` (the HF arguments file's, and
     LLaMA-Factory's YAML, which holds the same TrainingArguments keys). ``fsdp_config`` without
-    ``fsdp`` is ignored, as transformers ignores it (training_args.py ``_process_fsdp_args``)."""
+    ``fsdp`` runs nothing (training_args.py ``_process_fsdp_args`` returns first), which is said."""
     if value("deepspeed") and not _empty(value("fsdp")):
         raise InvalidConfigError(f"{file.path}: fsdp and deepspeed are both set: keep one (accelerate runs one of them)")
     if value("deepspeed"):
         _deepspeed_reference(reading, file, value("deepspeed"))
     elif not _empty(value("fsdp")):
         _fsdp_arguments(reading, file, value("fsdp"), value("fsdp_config"))
+    elif not _empty(value("fsdp_config")):
+        reading.notes.append("fsdp_config without fsdp: transformers runs no FSDP (set fsdp: true to shard)")
 
 
 def _evaluation(reading: Reading, file: ConfigFile, value, given) -> None:

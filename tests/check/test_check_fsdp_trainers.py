@@ -119,6 +119,8 @@ def test_llama_factory_fsdp_is_read_as_the_hf_arguments_are():
         read(fsdp=True, deepspeed="ds.json")
     with pytest.raises(UnsupportedError, match="fsdp 'shard_grad_op' is not modelled"):
         read(fsdp="shard_grad_op", fsdp_config=dict(version=1))
+    unused = read(fsdp_config=dict(cpu_offload=True))
+    assert "sharding" not in unused.options and "fsdp_config without fsdp: transformers runs no FSDP" in unused.notes[-1]
 
 
 PLANS = [
@@ -220,3 +222,19 @@ def test_the_fsdp2_keys_emit_writes_build_the_plans_plugin_in_transformers_and_a
     plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
     assert (plugin.fsdp_version, plugin.reshard_after_forward, plugin.activation_checkpointing) == (2, True, config.grad_ckpt)
     assert (type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy") == (str(config.offload) != "none")
+
+
+def test_an_offload_an_axolotl_fsdp_file_needs_is_written_in_its_own_key(tmp_path):
+    """8B full fine-tuning with FSDP2 on one A100 does not fit; FSDP's CPU offload does, said in the
+    file's own (prefixed) offload key, and the file with it checks back as the change's plan."""
+    from test_check_trainers import apply
+
+    path = tmp_path / "axolotl.yml"
+    path.write_text(yaml.safe_dump({**AXOLOTL, "fsdp_config": dict(fsdp_version=2, fsdp_offload_params=False)}))
+    result = check([path], gpu="a100-80gb", gpus=1)
+    assert not result.fits and result.change.goal == "fit" and str(result.change.config.offload) == "optimizer+params"
+    keys = [(k.key, k.old, k.new) for k in result.change.keys]
+    assert ("fsdp_config.fsdp_offload_params", False, True) in keys  # not a new unprefixed offload_params beside it
+    assert not any(k[0] in ("fsdp_config.offload_params", "fsdp_version") or k[0].startswith("deepspeed") for k in keys)
+    apply(result.change, tmp_path)
+    assert check([path], gpu="a100-80gb", gpus=1).config == result.change.config
