@@ -115,6 +115,9 @@ def _sharding(reading: "Reading", file: ConfigFile, value) -> None:
         # and DeepSpeed's are not (utils/trainer.py l.664-668)
         raise InvalidConfigError(f"{file.path}: {'fsdp' if fsdp else 'fsdp_config'} and deepspeed are both set: keep one "
                                  "(axolotl runs FSDP and not DeepSpeed's ZeRO)")
+    if not _empty(fsdp) and not isinstance(fsdp, list):  # config.py: fsdp is list[str] | None
+        raise InvalidConfigError(f"{file.path}: fsdp must be a list of transformers' options, got {fsdp!r}: write "
+                                 "[full_shard, auto_wrap], or drop it and keep fsdp_config")
     if settings is None:  # setup_fsdp_envs reads cfg.fsdp_config's fields, which a list alone leaves None
         raise InvalidConfigError(f"{file.path}: fsdp without fsdp_config: axolotl reads FSDP's settings from fsdp_config "
                                  "(utils/trainer.py setup_fsdp_envs): write fsdp_version: 2 and an fsdp_config mapping")

@@ -92,6 +92,8 @@ def test_what_axolotl_drops_or_leaves_off_is_said():
     (dict(fsdp_version=1, fsdp_config=dict(reshard_after_forward=True)), InvalidConfigError,
      "fsdp_config.reshard_after_forward is FSDP2's (true or false): with fsdp_version 1 remove it"),
     (dict(fsdp=["full_shard", "auto_wrap"]), InvalidConfigError, "fsdp without fsdp_config: axolotl reads FSDP's settings"),
+    (dict(fsdp="full_shard auto_wrap", fsdp_config=dict(fsdp_version=2)), InvalidConfigError,
+     "fsdp must be a list of transformers' options"),  # transformers takes the string; axolotl's schema does not
     (dict(fsdp_version=2, fsdp_config=dict(offload_params=False), deepspeed="ds.json"), InvalidConfigError,
      "fsdp_config and deepspeed are both set: keep one"),
     (dict(fsdp_version=3, fsdp_config=dict(offload_params=False)), InvalidConfigError, "fsdp_version must be 1 or 2, got 3"),
