@@ -240,3 +240,23 @@ def test_an_offload_an_axolotl_fsdp_file_needs_is_written_in_its_own_key(tmp_pat
     assert not any(k[0] in ("fsdp_config.offload_params", "fsdp_version") or k[0].startswith("deepspeed") for k in keys)
     apply(result.change, tmp_path)
     assert check([path], gpu="a100-80gb", gpus=1).config == result.change.config
+
+
+def test_axolotl_qlora_under_fsdp2_is_planned_as_estimate_plans_fsdp_qlora(tmp_path):
+    """axolotl skips peft's k-bit preparation under FSDP (loaders/model.py _prepare_model_for_quantization):
+    the plan is the FSDP-QLoRA recipe without the upcast, and its peak is planner estimate's for it."""
+    from planner.estimation import estimate_configuration, resolve
+
+    path = tmp_path / "axolotl.yml"
+    path.write_text(yaml.safe_dump({**AXOLOTL, "base_model": "meta-llama/Llama-3.1-70B", "adapter": "qlora",
+                                    "load_in_4bit": True, "lora_r": 8, "lora_target_linear": True, "micro_batch_size": 1,
+                                    "sequence_len": 512, "gradient_checkpointing": True, "fsdp_version": 2,
+                                    "fsdp_config": dict(offload_params=False, state_dict_type="FULL_STATE_DICT")}))
+    result = check([path], gpu="a100-80gb", gpus=2)
+    c = result.config
+    assert (str(c.method), str(c.precision), str(c.sharding.scheme), c.kbit_upcast) == ("qlora", "bf16-mixed", "fsdp2", False)
+    spec, device = resolve(model="meta-llama/Llama-3.1-70B", gpu="a100-80gb")
+    data, _ = estimate_configuration(spec=spec, gpu=device, seq_len=512, method="qlora", precision="bf16-mixed", lora_r=8,
+                                     lora_targets="all-linear", optimizer="adamw_fused", micro_batch=1, grad_accum=2, gpus=2,
+                                     grad_ckpt=True, sharding="fsdp2", kbit_upcast=False, lora_dropout=0.0, packing=False)
+    assert result.peak_bytes == data["memory"]["process_total_bytes"]
