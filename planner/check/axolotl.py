@@ -5,7 +5,8 @@ axolotl's rules, cited where they are used: the dtype the model is loaded in
 (axolotl/utils/config/__init__.py ``resolve_dtype``: ``bf16`` or ``bfloat16`` loads it in
 bfloat16, ``fp16``/``float16`` in float16, else float32; ``bf16: auto`` is bf16 where the GPU has
 it), so full fine-tuning in bf16 is pure bf16 (no fp32 master weights); ``adapter: qlora`` needs
-``load_in_4bit`` (utils/schemas/validation.py); ``lora_target_linear`` adapts every linear.
+``load_in_4bit`` (utils/schemas/validation.py); ``lora_target_linear`` adapts every linear; FSDP
+runs where ``fsdp_config`` or the legacy ``fsdp`` list is, FSDP1 unless a version says 2 (``_sharding``).
 """
 
 from __future__ import annotations
