@@ -39,10 +39,9 @@ UNMODELLED = {"load_in_8bit": "8-bit base weights", "peft_use_dora": "DoRA's mag
               "peft_layers_to_transform": "LoRA on some layers", "relora": "ReLoRA", "lora_mlp_kernel": "axolotl's LoRA kernels",
               "lora_qkv_kernel": "axolotl's LoRA kernels", "lora_o_kernel": "axolotl's LoRA kernels"}
 _ATTENTION_KEYS = {"flash_attention": "flash", "sdp_attention": "sdpa", "eager_attention": "eager"}
-#: the fields of axolotl's ``FSDPConfig`` (utils/schemas/fsdp.py l.15-82 at v0.18.0-9-g067b021c8, the newest
-#: whole source to hand; "version" is fsdp_version's alias; a later revision drops sync_module_states and
-#: use_orig_params, which the plan does not read), by their names without the ``fsdp_`` prefix
-#: (validation.py l.1085-1103 strips it): pydantic drops any other key of ``fsdp_config``
+#: the fields of axolotl's ``FSDPConfig`` (0.19.0 utils/schemas/fsdp.py l.15-82; "version" is fsdp_version's
+#: alias; a later revision drops sync_module_states and use_orig_params, which the plan does not read), by
+#: their names without the ``fsdp_`` prefix (validation.py l.1192-1212 strips it): pydantic drops any other key
 FSDP_FIELDS = ("version", "activation_checkpointing", "offload_params", "sync_module_states", "cpu_ram_efficient_loading",
                "cpu_offload_pin_memory", "use_orig_params", "state_dict_type", "final_state_dict_type", "auto_wrap_policy",
                "transformer_layer_cls_to_wrap", "min_num_params", "reshard_after_forward", "mixed_precision_policy")
@@ -98,22 +97,22 @@ def read(reading: "Reading", file: ConfigFile) -> None:
 
 def _sharding(reading: "Reading", file: ConfigFile, value) -> None:
     """DeepSpeed (``deepspeed``), or FSDP as axolotl runs it. FSDP is on where ``fsdp_config`` or the
-    legacy ``fsdp`` list is (utils/trainer.py l.664 ``prepare_optim_env``); axolotl hands both to the HF
-    Trainer's arguments (core/builders/base.py l.684-686), so the list is read as transformers reads it
+    legacy ``fsdp`` list is (utils/trainer.py l.673 ``prepare_optim_env``); axolotl hands both to the HF
+    Trainer's arguments (core/builders/base.py l.693-695), so the list is read as transformers reads it
     (``legacy_fsdp``), and sets the ``FSDP_*`` variables accelerate's plugin reads for what transformers
-    leaves unset (utils/trainer.py l.591-622 ``setup_fsdp_envs``): ``offload_params`` is the CPU offload
+    leaves unset (utils/trainer.py l.597-628 ``setup_fsdp_envs``): ``offload_params`` is the CPU offload
     (FSDP_OFFLOAD_PARAMS), ``activation_checkpointing`` FSDP's checkpointing of each unit."""
     from planner.check.reading import _deepspeed_reference, _empty
 
     fsdp, settings = value("fsdp"), value("fsdp_config")
     if _empty(fsdp) and _empty(settings):
-        if value("fsdp_version") is not None:  # config.py l.1661-1663: fsdp_version alone turns nothing on
+        if value("fsdp_version") is not None:  # config.py l.1680-1682: fsdp_version alone turns nothing on
             reading.notes.append("fsdp_version without fsdp_config: axolotl runs no FSDP")
         if value("deepspeed"):
             _deepspeed_reference(reading, file, value("deepspeed"))
         return
-    if value("deepspeed"):  # validation.py l.1226-1228 refuses it with fsdp; with fsdp_config, FSDP's variables are set
-        # and DeepSpeed's are not (utils/trainer.py l.664-668)
+    if value("deepspeed"):  # validation.py l.1352-1355 refuses it with fsdp; with fsdp_config, FSDP's variables are set
+        # and DeepSpeed's are not (utils/trainer.py l.673-676)
         raise InvalidConfigError(f"{file.path}: {'fsdp' if fsdp else 'fsdp_config'} and deepspeed are both set: keep one "
                                  "(axolotl runs FSDP and not DeepSpeed's ZeRO)")
     if not _empty(fsdp) and not isinstance(fsdp, list):  # config.py: fsdp is list[str] | None
@@ -132,7 +131,7 @@ def _fsdp_config(reading: "Reading", file: ConfigFile, value, fsdp: Any, setting
     where, written = fsdp_settings(file, settings)
     config = {name: v for name, v in written.items() if name in FSDP_FIELDS}
     # the version: fsdp_version, else fsdp_config's, else FSDP1, which axolotl pins where fsdp_config holds
-    # anything (validation.py l.1107-1124); an empty fsdp_config leaves it to transformers (its default, 2)
+    # anything (validation.py l.1214-1233); an empty fsdp_config leaves it to transformers (its default, 2)
     version_key = "fsdp_version" if value("fsdp_version") or not config else where.get("version", "fsdp_version")
     default = 1 if config else _FSDP_VERSION["transformers"]
     version = _fsdp_version(file, version_key, (value("fsdp_version") if config else None) or config.get("version") or default)
@@ -144,13 +143,15 @@ def _fsdp_config(reading: "Reading", file: ConfigFile, value, fsdp: Any, setting
     strategy = config.get("reshard_after_forward", True if version == 2 else "FULL_SHARD")
     strategy_key = where.get("reshard_after_forward", "fsdp")
     if version == 1 and isinstance(strategy, bool):
-        # transformers passes FSDP1's reshard_after_forward on as a strategy's name (training_args.py
-        # _process_fsdp_args), and accelerate has none called "true" (utils/dataclasses.py: KeyError)
+        # transformers passes FSDP1's reshard_after_forward on as a strategy's name (5.16.1, the one axolotl 0.19
+        # pins: training_args.py l.2820-2822), and accelerate has none called "true" (1.13.0 utils/dataclasses.py
+        # l.1850: KeyError; the same in the 5.24 and 1.15 installed here)
         raise InvalidConfigError(f"{file.path}: {strategy_key} is FSDP2's (true or false): with fsdp_version 1 remove it "
                                  "(FSDP1 shards fully), or set fsdp_version: 2")
     offload_key = where.get("offload_params", "fsdp_config.offload_params")
     # cpu_offload is the list's "offload" (FSDPConfig has no such field): transformers passes it to the plugin,
-    # which reads FSDP_OFFLOAD_PARAMS (offload_params) only when it is unset (accelerate utils/dataclasses.py)
+    # which reads FSDP_OFFLOAD_PARAMS (offload_params) only when it is unset (accelerate 1.13.0 utils/dataclasses.py
+    # l.1861-1862)
     _fsdp(reading, file, version=version, strategy=strategy,
           offload=config.get("cpu_offload") or config.get("offload_params", False),
           checkpointing=config.get("activation_checkpointing"),
@@ -195,8 +196,8 @@ def _method(reading: "Reading", file: ConfigFile, value, given) -> None:
         # it), then casts every module named *norm* and the embeddings and head back to torch_dtype for
         # any LoRA/QLoRA adapter (src/axolotl/loaders/model.py _configure_embedding_dtypes,
         # _convert_embedding_modules_dtype): the non-4-bit parameters train 16-bit either way. Under FSDP the
-        # 4-bit codes are stored as bfloat16 whatever torch_dtype is (loaders/model.py l.713-721; torch_dtype
-        # only on its sharded loading path, l.892): the same bytes, and FSDP2 gathers mixed dtypes as bytes (torch
+        # 4-bit codes are stored as bfloat16 whatever torch_dtype is (0.19.0 loaders/model.py l.801-810; torch_dtype
+        # only on its sharded loading path, l.1020): the same bytes, and FSDP2 gathers mixed dtypes as bytes (torch
         # distributed/fsdp/_fully_shard/_fsdp_collectives.py: a uint8 all-gather where the dtypes differ)
         reading.set("kbit_upcast", False, file=file, key="adapter", raw=adapter, given=False)
     if adapter is None:
