@@ -5,7 +5,8 @@ axolotl's rules, cited where they are used: the dtype the model is loaded in
 (axolotl/utils/config/__init__.py ``resolve_dtype``: ``bf16`` or ``bfloat16`` loads it in
 bfloat16, ``fp16``/``float16`` in float16, else float32; ``bf16: auto`` is bf16 where the GPU has
 it), so full fine-tuning in bf16 is pure bf16 (no fp32 master weights); ``adapter: qlora`` needs
-``load_in_4bit`` (utils/schemas/validation.py); ``lora_target_linear`` adapts every linear.
+``load_in_4bit`` (utils/schemas/validation.py); ``lora_target_linear`` adapts every linear; FSDP
+runs where ``fsdp_config`` or the legacy ``fsdp`` list is, FSDP1 unless a version says 2 (``_sharding``).
 """
 
 from __future__ import annotations
@@ -27,16 +28,23 @@ KIND = "axolotl config"
 MODULE = "axolotl"
 #: how axolotl runs a config (docs: docs/cli.qmd)
 LAUNCH = "axolotl train {file}"
+#: the key of the model's own checkpointing (``trainers.key_changes``: an FSDP file's may be FSDP's instead)
+CHECKPOINTING = "gradient_checkpointing"
 #: keys whose value changes memory in a way the planner has no term for, with what they do
 UNMODELLED = {"load_in_8bit": "8-bit base weights", "peft_use_dora": "DoRA's magnitude vectors",
               "lora_modules_to_save": "fully trained module copies", "activation_offloading": "activations offloaded",
-              "fsdp": "FSDP (shard with DeepSpeed ZeRO: key deepspeed)", "fsdp_config": "FSDP", "fsdp_version": "FSDP",
               "xformers_attention": "xformers attention", "unfrozen_parameters": "partly frozen full fine-tuning",
               "plugins": "plugins (their own keys and kernels)", "rl": "preference training (rl)",
               "tensor_parallel_size": "tensor parallelism", "context_parallel_size": "context parallelism",
               "peft_layers_to_transform": "LoRA on some layers", "relora": "ReLoRA", "lora_mlp_kernel": "axolotl's LoRA kernels",
               "lora_qkv_kernel": "axolotl's LoRA kernels", "lora_o_kernel": "axolotl's LoRA kernels"}
 _ATTENTION_KEYS = {"flash_attention": "flash", "sdp_attention": "sdpa", "eager_attention": "eager"}
+#: the fields of axolotl's ``FSDPConfig`` (0.19.0 utils/schemas/fsdp.py l.15-82; "version" is fsdp_version's
+#: alias; a later revision drops sync_module_states and use_orig_params, which the plan does not read), by
+#: their names without the ``fsdp_`` prefix (validation.py l.1192-1212 strips it): pydantic drops any other key
+FSDP_FIELDS = ("version", "activation_checkpointing", "offload_params", "sync_module_states", "cpu_ram_efficient_loading",
+               "cpu_offload_pin_memory", "use_orig_params", "state_dict_type", "final_state_dict_type", "auto_wrap_policy",
+               "transformer_layer_cls_to_wrap", "min_num_params", "reshard_after_forward", "mixed_precision_policy")
 
 
 def owns(data: Mapping[str, Any]) -> bool:
@@ -84,10 +92,72 @@ def read(reading: "Reading", file: ConfigFile) -> None:
     _method(reading, file, value, given)
     _attention(reading, file, value)
     reading.device_rules.append(lambda r, gpu: _precision(r, file, value, given, gpu))
-    if value("deepspeed"):
-        from planner.check.reading import _deepspeed_reference
+    _sharding(reading, file, value)
 
-        _deepspeed_reference(reading, file, value("deepspeed"))
+
+def _sharding(reading: "Reading", file: ConfigFile, value) -> None:
+    """DeepSpeed (``deepspeed``), or FSDP as axolotl runs it. FSDP is on where ``fsdp_config`` or the
+    legacy ``fsdp`` list is (utils/trainer.py l.673 ``prepare_optim_env``); axolotl hands both to the HF
+    Trainer's arguments (core/builders/base.py l.693-695), so the list is read as transformers reads it
+    (``legacy_fsdp``), and sets the ``FSDP_*`` variables accelerate's plugin reads for what transformers
+    leaves unset (utils/trainer.py l.597-628 ``setup_fsdp_envs``): ``offload_params`` is the CPU offload
+    (FSDP_OFFLOAD_PARAMS), ``activation_checkpointing`` FSDP's checkpointing of each unit."""
+    from planner.check.reading import _deepspeed_reference, _empty
+
+    fsdp, settings = value("fsdp"), value("fsdp_config")
+    if _empty(fsdp) and _empty(settings):
+        if value("fsdp_version") is not None:  # config.py l.1680-1682: fsdp_version alone turns nothing on
+            reading.notes.append("fsdp_version without fsdp_config: axolotl runs no FSDP")
+        if value("deepspeed"):
+            _deepspeed_reference(reading, file, value("deepspeed"))
+        return
+    if value("deepspeed"):  # validation.py l.1352-1355 refuses it with fsdp; with fsdp_config, FSDP's variables are set
+        # and DeepSpeed's are not (utils/trainer.py l.673-676)
+        raise InvalidConfigError(f"{file.path}: {'fsdp' if fsdp else 'fsdp_config'} and deepspeed are both set: keep one "
+                                 "(axolotl runs FSDP and not DeepSpeed's ZeRO)")
+    if not _empty(fsdp) and not isinstance(fsdp, list):  # config.py: fsdp is list[str] | None
+        raise InvalidConfigError(f"{file.path}: fsdp must be a list of transformers' options, got {fsdp!r}: write "
+                                 "[full_shard, auto_wrap], or drop it and keep fsdp_config")
+    if settings is None:  # setup_fsdp_envs reads cfg.fsdp_config's fields, which a list alone leaves None
+        raise InvalidConfigError(f"{file.path}: fsdp without fsdp_config: axolotl reads FSDP's settings from fsdp_config "
+                                 "(utils/trainer.py setup_fsdp_envs): write fsdp_version: 2 and an fsdp_config mapping")
+    _fsdp_config(reading, file, value, fsdp, settings)
+
+
+def _fsdp_config(reading: "Reading", file: ConfigFile, value, fsdp: Any, settings: Any) -> None:
+    """``fsdp_config`` (and the legacy list) planned through the HF reader's ``_fsdp``."""
+    from planner.check.reading import _FSDP_VERSION, _fsdp, _fsdp_version, fsdp_settings, legacy_fsdp, wrap_note
+
+    where, written = fsdp_settings(file, settings)
+    config = {name: v for name, v in written.items() if name in FSDP_FIELDS}
+    # the version: fsdp_version, else fsdp_config's, else FSDP1, which axolotl pins where fsdp_config holds
+    # anything (validation.py l.1214-1233); an empty fsdp_config leaves it to transformers (its default, 2)
+    version_key = "fsdp_version" if value("fsdp_version") or not config else where.get("version", "fsdp_version")
+    default = 1 if config else _FSDP_VERSION["transformers"]
+    version = _fsdp_version(file, version_key, (value("fsdp_version") if config else None) or config.get("version") or default)
+    if dropped := [name for name in written if name not in config]:
+        strategy = " (FSDP1 runs accelerate's default, FULL_SHARD)" if "sharding_strategy" in dropped and version == 1 else ""
+        reading.notes.append(f"{', '.join(where[name] for name in dropped)}: not fields of axolotl's FSDPConfig, which "
+                             f"drops them{strategy}")
+    legacy_fsdp(file, fsdp, config, version)
+    strategy = config.get("reshard_after_forward", True if version == 2 else "FULL_SHARD")
+    strategy_key = where.get("reshard_after_forward", "fsdp")
+    if version == 1 and isinstance(strategy, bool):
+        # transformers passes FSDP1's reshard_after_forward on as a strategy's name (5.16.1, the one axolotl 0.19
+        # pins: training_args.py l.2820-2822), and accelerate has none called "true" (1.13.0 utils/dataclasses.py
+        # l.1850: KeyError; the same in the 5.24 and 1.15 installed here)
+        raise InvalidConfigError(f"{file.path}: {strategy_key} is FSDP2's (true or false): with fsdp_version 1 remove it "
+                                 "(FSDP1 shards fully), or set fsdp_version: 2")
+    offload_key = where.get("offload_params", "fsdp_config.offload_params")
+    # cpu_offload is the list's "offload" (FSDPConfig has no such field): transformers passes it to the plugin,
+    # which reads FSDP_OFFLOAD_PARAMS (offload_params) only when it is unset (accelerate 1.13.0 utils/dataclasses.py
+    # l.1861-1862)
+    _fsdp(reading, file, version=version, strategy=strategy,
+          offload=config.get("cpu_offload") or config.get("offload_params", False),
+          checkpointing=config.get("activation_checkpointing"),
+          keys=(version_key, strategy_key, offload_key, where.get("activation_checkpointing", "fsdp_config.activation_checkpointing")),
+          given=lambda key: key in where.values() or key in file.data)
+    wrap_note(reading, config)
 
 
 def _attention(reading: "Reading", file: ConfigFile, value) -> None:
@@ -125,7 +195,10 @@ def _method(reading: "Reading", file: ConfigFile, value, given) -> None:
         # axolotl runs peft's prepare_model_for_kbit_training (not under FSDP or ZeRO-3, where it skips
         # it), then casts every module named *norm* and the embeddings and head back to torch_dtype for
         # any LoRA/QLoRA adapter (src/axolotl/loaders/model.py _configure_embedding_dtypes,
-        # _convert_embedding_modules_dtype): the non-4-bit parameters train 16-bit either way
+        # _convert_embedding_modules_dtype): the non-4-bit parameters train 16-bit either way. Under FSDP the
+        # 4-bit codes are stored as bfloat16 whatever torch_dtype is (0.19.0 loaders/model.py l.801-810; torch_dtype
+        # only on its sharded loading path, l.1020): the same bytes, and FSDP2 gathers mixed dtypes as bytes (torch
+        # distributed/fsdp/_fully_shard/_fsdp_collectives.py: a uint8 all-gather where the dtypes differ)
         reading.set("kbit_upcast", False, file=file, key="adapter", raw=adapter, given=False)
     if adapter is None:
         return
@@ -189,7 +262,25 @@ def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None) -> di
         out["attn_implementation"] = next(k for k, v in ATTENTION.items() if k and v == str(config.attention))
     if missing := unexpressible(config, "axolotl"):
         raise UnsupportedError(f"axolotl's core config has no key for {', '.join(missing)}")
-    return out | trainer_values(config, "axolotl", adapters=config.method.uses_adapters)
+    return out | trainer_values(config, "axolotl", adapters=config.method.uses_adapters) | _fsdp_keys(config, like)
+
+
+def _fsdp_keys(config: "TrainConfig", like: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An FSDP plan's settings (its scheme's ``fsdp_settings``, in transformers' names) as axolotl's keys:
+    the version at the top (docs/multi-gpu.qmd, "Migrating from FSDP1 to FSDP2"), the CPU offload as
+    ``offload_params``, the rest in ``fsdp_config`` where ``FSDPConfig`` has the field. A new file
+    (no ``like``) checkpoints with FSDP's own wrapper and the model's off (both would gather each layer
+    twice: transformers issue 30404); a file read keeps its own (``trainers.key_changes``)."""
+    spec = config.sharding.spec
+    if not hasattr(spec, "fsdp_settings"):
+        return {}
+    settings = dict(spec.fsdp_settings(config))
+    version = settings.pop("version")
+    settings["offload_params"] = settings.pop("cpu_offload")
+    if version == 1:  # FSDP1's strategy by name, which axolotl's boolean field cannot say (accelerate's FULL_SHARD runs)
+        settings.pop("reshard_after_forward")
+    out = {"fsdp_version": version, "fsdp_config": {k: v for k, v in settings.items() if k in FSDP_FIELDS}}
+    return out if like is not None else out | {"gradient_checkpointing": False}
 
 
 __all__ = ["KIND", "LAUNCH", "default", "owns", "read", "schema", "write"]

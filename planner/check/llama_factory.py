@@ -29,6 +29,8 @@ KIND = "LLaMA-Factory config"
 MODULE = "llama_factory"
 #: how LLaMA-Factory runs a config (README "Quickstart"); FORCE_TORCHRUN=1 for several GPUs
 LAUNCH = "llamafactory-cli train {file}"
+#: the key of the model's own checkpointing (``trainers.key_changes``: an FSDP file's may be FSDP's instead)
+CHECKPOINTING = "disable_gradient_checkpointing"
 #: flash_attn (extras/constants.py ``AttentionFunction``) -> the planner's attention
 ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash", "disabled": "eager"}
 UNMODELLED = {"use_unsloth": "Unsloth's kernels", "use_dora": "DoRA's magnitude vectors",
@@ -52,7 +54,7 @@ def default(data: Mapping[str, Any], key: str) -> Any:
 
 def read(reading: "Reading", file: ConfigFile) -> None:
     """The options of a LLaMA-Factory config."""
-    from planner.check.reading import Origin, _count, _refuse_unmodelled, read_optimizer
+    from planner.check.reading import Origin, _count, _refuse_unmodelled, read_optimizer, sharding_arguments
 
     s = schema()
     data = file.data
@@ -64,7 +66,7 @@ def read(reading: "Reading", file: ConfigFile) -> None:
         problems.append(f"stage {value('stage')} (only supervised fine-tuning and pre-training are modelled: sft, pt)")
     if problems:
         raise UnsupportedError(f"{file.path}: {'; '.join(problems)}")
-    _refuse_unmodelled(file, value)  # the HF TrainingArguments keys it holds (fsdp, auto_find_batch_size, ...)
+    _refuse_unmodelled(file, value)  # the HF TrainingArguments keys it holds (auto_find_batch_size, ...)
     reading.schema = s.name
     reading.trainer = "llama-factory"
     if not value("model_name_or_path"):
@@ -86,10 +88,10 @@ def read(reading: "Reading", file: ConfigFile) -> None:
     reading.set("attention", ATTENTION[attention], file=file, key="flash_attn", raw=attention, given=given("flash_attn"))
     _method(reading, file, value, given)
     _precision(reading, file, value, given)
-    if value("deepspeed"):
-        from planner.check.reading import _deepspeed_reference
-
-        _deepspeed_reference(reading, file, value("deepspeed"))
+    # its TrainingArguments' deepspeed or fsdp/fsdp_config, which it hands to the HF Trainer as they are
+    # (hparams/parser.py reads nothing of them; model/model_utils/quantization.py stores QLoRA's 4-bit codes
+    # in the compute dtype, "crucial for fsdp+qlora", as the plan's FSDP QLoRA does)
+    sharding_arguments(reading, file, value)
 
 
 def _method(reading: "Reading", file: ConfigFile, value, given) -> None:
@@ -140,7 +142,8 @@ def _precision(reading: "Reading", file: ConfigFile, value, given) -> None:
 
 
 def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The keys of a LLaMA-Factory config that say ``config`` (the model, data and schedule apart); ``like`` (the file read) changes nothing here."""
+    """The keys of a LLaMA-Factory config that say ``config`` (the model, data and schedule apart); ``like`` (the
+    file read): a file read keeps its own checkpointing key (``trainers.key_changes``)."""
     from planner.optim import OPTIMIZERS
 
     method, precision = str(config.method), str(config.precision)
@@ -163,6 +166,11 @@ def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None) -> di
                fp16=half == "fp16", pure_bf16=method == "full" and precision == "bf16", flash_attn=attention)
     if missing := unexpressible(config, "llama-factory"):
         raise UnsupportedError(f"LLaMA-Factory has no key for {', '.join(missing)}")
+    spec = config.sharding.spec
+    if hasattr(spec, "fsdp_settings"):  # its TrainingArguments' fsdp keys, as the HF arguments file's (transformers 5)
+        out.update(fsdp=True, fsdp_config=spec.fsdp_settings(config))
+        if like is None:  # a new file checkpoints with FSDP's wrapper alone (the model's too gathers twice: issue 30404)
+            out["disable_gradient_checkpointing"] = True
     return out
 
 

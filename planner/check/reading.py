@@ -110,7 +110,7 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     reading.schema = schema.name
     value = lambda key: schema.value(data, key)  # noqa: E731
     given = lambda key: key in data  # noqa: E731
-    _refuse_unmodelled(file, value, reads_fsdp=True)
+    _refuse_unmodelled(file, value)
     if value(MODEL_KEY):
         reading.model = str(value(MODEL_KEY))
         reading.origins["model"] = Origin(file=file.path, key=MODEL_KEY, value=reading.model, given=True)
@@ -149,15 +149,24 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
         reading.set("packing", packed, file=file, key=key, given=given(key))
     _precision_and_method(reading, file, schema)
     _attention(reading, file, schema)
-    if value("deepspeed"):
-        _deepspeed_reference(reading, file, value("deepspeed"))
-    if not _empty(value("fsdp")):
-        if value("deepspeed"):
-            raise InvalidConfigError(f"{file.path}: fsdp and deepspeed are both set: keep one (accelerate runs one of them)")
-        _fsdp_arguments(reading, file, value("fsdp"), value("fsdp_config"))
+    sharding_arguments(reading, file, value)
     _evaluation(reading, file, value, given)
     if value("torch_compile"):
         reading.notes.append("torch_compile: the plan is eager PyTorch's; compiled kernels keep fewer activations")
+
+
+def sharding_arguments(reading: Reading, file: ConfigFile, value: Callable[[str], Any]) -> None:
+    """TrainingArguments' ``deepspeed`` or ``fsdp``/``fsdp_config`` (the HF arguments file's, and
+    LLaMA-Factory's YAML, which holds the same TrainingArguments keys). ``fsdp_config`` without
+    ``fsdp`` runs nothing (training_args.py ``_process_fsdp_args`` returns first), which is said."""
+    if value("deepspeed") and not _empty(value("fsdp")):
+        raise InvalidConfigError(f"{file.path}: fsdp and deepspeed are both set: keep one (accelerate runs one of them)")
+    if value("deepspeed"):
+        _deepspeed_reference(reading, file, value("deepspeed"))
+    elif not _empty(value("fsdp")):
+        _fsdp_arguments(reading, file, value("fsdp"), value("fsdp_config"))
+    elif not _empty(value("fsdp_config")):
+        reading.notes.append("fsdp_config without fsdp: transformers runs no FSDP (set fsdp: true to shard)")
 
 
 def _evaluation(reading: Reading, file: ConfigFile, value, given) -> None:
@@ -199,12 +208,10 @@ def read_optimizer(reading: "Reading", file: ConfigFile, key: str, value, given)
     reading.set("optimizer", table[optim], file=file, key=key, raw=optim, given=given(key))
 
 
-def _refuse_unmodelled(file: ConfigFile, value, *, reads_fsdp: bool = False) -> None:
-    """The keys whose value the memory model has no term for: refused with the key named
-    (``reads_fsdp``: the file's ``fsdp`` keys are read by ``training_args``, not refused)."""
+def _refuse_unmodelled(file: ConfigFile, value) -> None:
+    """The keys whose value the memory model has no term for: refused with the key named (the
+    ``fsdp`` keys are read: ``sharding_arguments``)."""
     problems = []
-    if not reads_fsdp and (not _empty(value("fsdp")) or not _empty(value("fsdp_config"))):
-        problems.append("fsdp/fsdp_config (not read from this trainer's file: shard with DeepSpeed ZeRO, key deepspeed)")
     if value("parallelism_config") is not None:
         problems.append("parallelism_config (tensor/context parallelism is not modelled)")
     if value("auto_find_batch_size"):
@@ -357,33 +364,53 @@ def _fsdp_arguments(reading: Reading, file: ConfigFile, fsdp: Any, settings: Any
     if isinstance(settings, str):
         home, prefix = _named_file(reading, file, settings, "fsdp_config"), ""
         settings = home.data
-    # each setting's key as the file writes it (with or without the prefix); a legacy option's setting is
-    # said where fsdp_config's own would go, which wins over it (transformers' setdefault)
-    where = {(k[5:] if k.startswith("fsdp_") else k): f"{prefix}{k}" for k in _section(file, "fsdp_config", settings)}
-    config = {name: settings[key.removeprefix(prefix)] for name, key in where.items()}
+    where, config = fsdp_settings(file, settings, prefix)
     version = _fsdp_version(file, "fsdp_config.version", config.get("version", _FSDP_VERSION["transformers"]))
     if _flag(file, where.get("xla", "xla"), config.get("xla", False)):
         raise UnsupportedError(f"{file.path}: fsdp_config.xla (PyTorch/XLA's FSDP on TPUs) is not modelled: the planner "
                                "plans CUDA and CPU devices")
-    if isinstance(fsdp, (str, list, tuple)):
-        for item in (fsdp.split() if isinstance(fsdp, str) else [str(i) for i in fsdp]):
-            if item.upper() in _FSDP1_STRATEGIES:  # a strategy: reshard_after_forward's legacy spelling
-                if item.upper() != "FULL_SHARD" and "reshard_after_forward" not in config:
-                    raise _not_full_shard(file, "fsdp", item)
-                name, value = "reshard_after_forward", item if version == 1 else True
-            elif item == "offload":
-                name, value = "cpu_offload", True
-            elif item == "auto_wrap":
-                continue
-            else:
-                raise InvalidConfigError(f"{file.path}: fsdp option {item!r} is not one of transformers': full_shard, "
-                                         "shard_grad_op, hybrid_shard, no_shard, offload, auto_wrap")
-            config.setdefault(name, value)
+    legacy_fsdp(file, fsdp, config, version)
     _fsdp(reading, home, version=version, strategy=config.get("reshard_after_forward", True if version == 2 else "FULL_SHARD"),
           offload=config.get("cpu_offload", False), checkpointing=config.get("activation_checkpointing"),
           keys=tuple(where.get(name, f"{prefix}{name}") for name in ("version", "reshard_after_forward", "cpu_offload",
                                                                    "activation_checkpointing")),
           given=lambda key: key in where.values())
+    wrap_note(reading, config)
+
+
+def fsdp_settings(file: ConfigFile, settings: Any, prefix: str = "fsdp_config.") -> tuple[dict[str, str], dict[str, Any]]:
+    """(each setting's name -> its key as the file writes it, each name -> its value) of an
+    ``fsdp_config`` mapping, its keys read with or without their ``fsdp_`` prefix (transformers
+    strips it: training_args.py ``_process_fsdp_args``; axolotl too: utils/schemas/validation.py
+    ``check_fsdp_config_kwargs_prefix``)."""
+    section = _section(file, "fsdp_config", settings)
+    where = {(k[5:] if k.startswith("fsdp_") else k): f"{prefix}{k}" for k in section}
+    return where, {name: section[key.removeprefix(prefix)] for name, key in where.items()}
+
+
+def legacy_fsdp(file: ConfigFile, fsdp: Any, config: dict[str, Any], version: int) -> None:
+    """The legacy ``fsdp`` option string or list put into ``config`` as transformers 5 puts it
+    (``_apply_legacy_fsdp_to_config``: a strategy is reshard_after_forward's legacy spelling,
+    ``offload`` is cpu_offload, ``auto_wrap`` the default policy); ``config``'s own values win
+    (transformers' setdefault). True (``fsdp: true``) says nothing more."""
+    if not isinstance(fsdp, (str, list, tuple)):
+        return
+    for item in (fsdp.split() if isinstance(fsdp, str) else [str(i) for i in fsdp]):
+        if item.upper() in _FSDP1_STRATEGIES:
+            if item.upper() != "FULL_SHARD" and "reshard_after_forward" not in config:
+                raise _not_full_shard(file, "fsdp", item)
+            name, value = "reshard_after_forward", item if version == 1 else True
+        elif item == "offload":
+            name, value = "cpu_offload", True
+        elif item == "auto_wrap":
+            continue
+        else:
+            raise InvalidConfigError(f"{file.path}: fsdp option {item!r} is not one of transformers': full_shard, "
+                                     "shard_grad_op, hybrid_shard, no_shard, offload, auto_wrap")
+        config.setdefault(name, value)
+
+
+def wrap_note(reading: Reading, config: Mapping[str, Any]) -> None:
     if config.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP") != "TRANSFORMER_BASED_WRAP":
         reading.notes.append(f"fsdp_config.auto_wrap_policy {config['auto_wrap_policy']}: planned as one FSDP unit per "
                              "decoder layer (TRANSFORMER_BASED_WRAP), the units the memory model gathers")

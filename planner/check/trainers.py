@@ -100,20 +100,33 @@ def nested(flat: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: the FSDP keys of axolotl's file and of the HF arguments LLaMA-Factory's holds (the first part of a dotted key)
+FSDP_KEYS = ("fsdp", "fsdp_config", "fsdp_version")
+
+
 def key_changes(reading: "Reading", old: "TrainConfig", new: "TrainConfig", *,
                 sharding: Callable[["TrainConfig"], tuple[int, str]]) -> "tuple[KeyChange, ...]":
     """The keys of the trainer's file that say ``new`` instead of ``old``: those whose value the
     trainer's ``write`` gives differently for the two, with the value the file holds (or the
     schema's default) as the old one; the sharding as the DeepSpeed JSON's keys (the file's
-    ``deepspeed`` names it, as the HF arguments' does)."""
+    ``deepspeed`` names it, as the HF arguments' does). A file that runs FSDP keeps its scheme (the
+    search's ``spelled_schemes``): its offload and checkpointing go back to the keys they were read
+    from (a prefixed key, the JSON ``fsdp_config`` names, FSDP's checkpointing or the model's)."""
     from planner.check.diff import sharding_changes
     from planner.check.result import KeyChange
 
     module = trainer(reading.trainer)
     file = reading.by_kind(module.KIND)
     before, after = module.write(old, like=file.data), module.write(new, like=file.data)
+    fsdp = isinstance(sharding(old)[0], str)
+    ckpt_key = getattr(module, "CHECKPOINTING", None)  # the key the trainer's own checkpointing is said by
+    origin = reading.origins.get("grad_ckpt")
+    by_origin = fsdp and origin is not None and (origin.file, origin.key) != (file.path, ckpt_key)
+    skip = {k for k in [*before, *after] if fsdp and (k.split(".")[0] in FSDP_KEYS or by_origin and k == ckpt_key)}
     changes = [KeyChange(file=file.path, key=key, old=_held(file.data, key, module), new=after.get(key))
-               for key in dict.fromkeys([*before, *after]) if before.get(key) != after.get(key)]
+               for key in dict.fromkeys([*before, *after]) if before.get(key) != after.get(key) and key not in skip]
+    if by_origin and old.grad_ckpt != new.grad_ckpt:
+        changes.append(KeyChange(file=origin.file, key=origin.key, old=old.grad_ckpt, new=new.grad_ckpt))
     if sharding(old) != sharding(new):
         changes.extend(sharding_changes(reading, file, sharding(old), sharding(new)))
     return tuple(changes)
@@ -124,7 +137,7 @@ def _held(data: Mapping[str, Any], key: str, module) -> Any:
     return value if value is not None else module.default(data, key)
 
 
-__all__ = ["DATA", "MODULES", "dotted", "key_changes", "kind_of", "nested", "refuse_unknown", "read_spelled", "schema_of", "shipped",
+__all__ = ["DATA", "FSDP_KEYS", "MODULES", "dotted", "key_changes", "kind_of", "nested", "refuse_unknown", "read_spelled", "schema_of", "shipped",
            "trainer"]
 
 

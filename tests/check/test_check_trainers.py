@@ -176,8 +176,8 @@ def test_a_key_no_trainer_schema_has_is_named_and_an_unmodelled_one_is_refused_b
     bad.write_text(yaml.safe_dump({**data, "micro_batch_sise": 4}))
     with pytest.raises(InvalidConfigError, match="micro_batch_sise is not a key of axolotl 0.19.0"):
         check([bad], gpu="a10g")
-    bad.write_text(yaml.safe_dump({**data, "fsdp": ["full_shard"]}))
-    with pytest.raises(UnsupportedError, match="fsdp .FSDP"):
+    bad.write_text(yaml.safe_dump({**data, "fsdp": ["full_shard"]}))  # FSDP's settings are fsdp_config's
+    with pytest.raises(InvalidConfigError, match="fsdp without fsdp_config"):
         check([bad], gpu="a10g")
     # axolotl 0.19's attention key, and its legacy flags refused beside it (as axolotl refuses them)
     modern = {**data, "flash_attention": None, "attn_implementation": "eager"}
