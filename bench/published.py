@@ -1,18 +1,24 @@
 """Accuracy of the planner against *published* GPU measurements (issue 10, item 3).
 
 No GPU is needed: ``bench/published_rows.json`` holds peaks that docs pages, READMEs and benchmark
-tables publish for single-GPU fine-tuning runs, each with its source (URL or repository, path and
+tables publish for fine-tuning runs, each with its source (URL or repository, path and
 commit), the quoted line (every measured number appears in it verbatim), the metric and unit it
 was measured in, every setting the source states, and ``guessed`` naming each setting it does not.
 
 Each row is mapped to a ``TrainConfig`` through ``planner.estimation.resolve`` + ``build_config``
 (every setting whose name is a ``TrainConfig`` field is passed; the others are listed as not
 modelled), predicted with ``planner.memory.estimate_memory`` (and ``estimate_throughput`` where
-the row gives samples/s or tokens/s), and scored on the metric it measured:
+the row gives samples/s or tokens/s, per GPU), and scored on the metric it measured:
 
     max_memory_allocated -> peak_allocated_bytes
     max_memory_reserved  -> peak_reserved_bytes
     nvml_used (nvidia-smi / pynvml) -> process_total_bytes
+
+A row of a multi-GPU run (``gpus`` > 1, e.g. FSDP1 FULL_SHARD) is one rank's peak, as its source
+measured it (fms-acceleration: rank 0's Trainer memory metrics; nvidia-smi's per-device peak,
+averaged over the devices), and the estimate is per device: its shard of the model states, its
+own micro-batch's activations, and on the nvidia-smi rows NCCL's buffers outside the allocator
+(planner/memory/overhead.py), which ``process_total_bytes`` carries.
 
 No per-source or per-model factor is applied: the report names, row by row, the physical terms
 (with their sources, from the data file's ``terms``) that the model does not carry.
@@ -57,7 +63,8 @@ METRICS = {
 #: settings a row may carry that describe, not configure (never passed to TrainConfig)
 DESCRIPTIVE = frozenset({"model", "model_id", "gpu", "gpu_id", "seq_len", "framework", "task", "dataset", "epochs",
                          "max_seq_length", "quantize", "compile", "optimizer_in_bwd", "torch_dtype", "fp16_amp",
-                         "seq_len_from", "transformers_major", "transformers_from", "model_config"})
+                         "seq_len_from", "transformers_major", "transformers_from", "model_config",
+                         "sharding_from"})
 #: the guess/targets thresholds of issue 10
 TARGET_MEDIAN = 0.05
 TARGET_UNDER = -0.05
@@ -132,6 +139,8 @@ def model_source(settings: dict[str, Any]) -> str:
 
 
 def _measured_tokens_per_s(row: dict[str, Any]) -> float | None:
+    """The row's tokens/s per GPU (every source here prints one rank's: fms-acceleration's
+    train_tokens_per_second is one rank's tokens over the run time)."""
     tp = row.get("throughput")
     if not tp:
         return None
@@ -179,8 +188,8 @@ def score_row(row: dict[str, Any], sources: dict[str, Any] | None = None) -> dic
     tokens = _measured_tokens_per_s(row)
     if tokens is not None:
         speed = estimate_throughput(model=spec, config=config, gpu=gpu, paged_host=estimate.paged_host_bytes)
-        out.update(tokens_measured=tokens, tokens_predicted=speed.tokens_per_s,
-                   tokens_error=(speed.tokens_per_s - tokens) / tokens)
+        per_gpu = speed.tokens_per_s / config.gpus  # the estimate is summed over the GPUs, the row per GPU
+        out.update(tokens_measured=tokens, tokens_predicted=per_gpu, tokens_error=(per_gpu - tokens) / tokens)
     return out
 
 
@@ -273,7 +282,9 @@ def groups(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     scored = [r for r in results if r["status"] == "scored"]
     return {"all scored rows": scored,
             "fully stated": [r for r in scored if not r["guessed"]],
-            "with guessed settings": [r for r in scored if r["guessed"]]}
+            "with guessed settings": [r for r in scored if r["guessed"]],
+            "one GPU": [r for r in scored if r["config"].gpus == 1],
+            "one rank of a multi-GPU run": [r for r in scored if r["config"].gpus > 1]}
 
 
 # --- the report ------------------------------------------------------------------------------------
@@ -295,6 +306,8 @@ def _config_text(config: Any) -> str:
     parts += ["ckpt"] * bool(config.grad_ckpt) + [str(config.attention)] * (str(config.attention) != "sdpa")
     if config.zero:
         parts.append(f"zero{config.zero} offload {config.offload}")
+    if config.gpus > 1:
+        parts.append(f"{config.sharding.scheme} x{config.gpus}, per rank")
     return ", ".join(parts)
 
 
@@ -346,7 +359,8 @@ def _throughput_lines(results: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return ["No row publishes a throughput."]
     errs = [abs(r["tokens_error"]) for r in rows]
-    lines = [f"{len(rows)} rows publish samples/s or tokens/s. Median absolute throughput error "
+    lines = [f"{len(rows)} rows publish samples/s or tokens/s (per GPU; a multi-GPU run's prediction is divided by its "
+             "GPUs). Median absolute throughput error "
              f"{statistics.median(errs) * 100:.0f}%, p90 {_p90(errs) * 100:.0f}% (memory error of the same rows beside it). "
              "The throughput model runs on its uncalibrated defaults (MFU and bandwidth efficiency per device, see each "
              "estimate's assumptions); these rows are measurements `planner calibrate` (item 4) can fit them from.", "",
@@ -554,7 +568,9 @@ def markdown(results: list[dict[str, Any]], data: dict[str, Any]) -> str:
         "# Planner vs published GPU measurements",
         "",
         "Generated by `python bench/published.py` from `bench/published_rows.json`. Each row is a peak a public source "
-        "published for a single-GPU fine-tuning run; it is predicted with `planner.memory.estimate_memory` for the stated "
+        "published for a fine-tuning run on one GPU, or for one rank of a multi-GPU run (the config column says "
+        "`fsdp1 x2, per rank`: that rank's shard of the model states and its own micro-batch; on nvidia-smi rows NCCL's "
+        "buffers too); it is predicted with `planner.memory.estimate_memory`, per device, for the stated "
         "model, GPU and settings and scored on the counter it measured (max_memory_allocated -> peak_allocated_bytes, "
         "max_memory_reserved -> peak_reserved_bytes, nvidia-smi/NVML used -> process_total_bytes). "
         "Signed error = (predicted - measured) / measured: negative is an under-prediction, the error that costs an OOM. "

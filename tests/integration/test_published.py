@@ -362,3 +362,32 @@ def test_litgpts_loss_is_estimated_in_bf16_pieces():
              - estimate_memory(model=spec, config=config, gpu=gpu).peak_allocated_bytes)
     assert 0 < moved <= 2048 * 51200 * 2 + 2 * 2048 * 51200 * 4 - 2 * 512 * 51200 * 2
     assert published.score_row(row, DATA["sources"])["fits"]
+
+
+def test_a_multi_gpu_row_is_one_ranks_peak():
+    """fms-acceleration's 2-GPU rows are FSDP1 FULL_SHARD (accelerate.yaml) at 2 sequences a device, and
+    each figure is one rank's (the Trainer's metrics of rank 0; nvidia-smi's per-device peak averaged
+    over the devices, benchmark.py). The estimate is per device: Mistral-7B in pure fp16 keeps its
+    weights, gradients and AdamW's two moments in fp16 (8 B a parameter), half on each rank; the
+    nvidia-smi row adds, outside the allocator, the CUDA context and NCCL's buffers, by hand 24
+    NVLink ring channels x (Simple 4 MiB + LL 8*512*8*16 B + LL128 120*640*8*8 B). The throughput
+    is one rank's tokens/s against the estimate over the GPUs."""
+    from planner.memory import estimate_memory
+    from planner.throughput import estimate_throughput
+
+    row = ROWS["fms24-mistral-full-g2-bs2-nvidia"]
+    spec, gpu, config, unmodelled = published.map_row(row)
+    assert (config.gpus, config.sharding.scheme, config.micro_batch, config.seq_len) == (2, "fsdp1", 2, 4096)
+    assert config.loss_shift and not unmodelled
+    est = estimate_memory(model=spec, config=config, gpu=gpu)
+    result = published.score_row(row, DATA["sources"])
+    assert result["predicted"] == est.process_total_bytes
+    nccl = 24 * (4 * 2**20 + 8 * 512 * 8 * 16 + 120 * 640 * 8 * 8)
+    assert est.process_total_bytes == est.peak_reserved_bytes + gpu.cuda_context_bytes + nccl
+    alloc = published.score_row(ROWS["fms24-mistral-full-g2-bs2-alloc"], DATA["sources"])
+    assert 8 * spec.params_total / 2 <= alloc["predicted"] < 8 * spec.params_total
+    speed = estimate_throughput(model=spec, config=config, gpu=gpu, paged_host=est.paged_host_bytes)
+    assert math.isclose(alloc["tokens_predicted"], speed.tokens_per_s / 2)
+    assert math.isclose(alloc["tokens_measured"], 2698.11)
+    # the report says it is a rank's
+    assert "fsdp1 x2, per rank" in published._config_text(config)
