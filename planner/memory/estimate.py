@@ -70,8 +70,8 @@ def _streams_words(config: TrainConfig, timeline: Timeline) -> str:
             named.setdefault(stream, []).append(key)
     if not named:
         return "one stream"
-    return "each stream its own pool: " + "; ".join(f"{', '.join(keys)} on the {stream} stream"
-                                                     for stream, keys in named.items())
+    return "a pool per stream (" + "; ".join(f"{', '.join(keys)} on the {stream} stream"
+                                            for stream, keys in named.items()) + ")"
 
 
 def _paged_note(timeline: Timeline, gpu, paged_host: int) -> str:
