@@ -1,7 +1,8 @@
 """PyTorch's CUDA caching allocator, replayed on the predicted allocations of a step.
 
 A model of c10/cuda/CUDACachingAllocator.cpp (pytorch/pytorch, read at commit eb42ad6e) for one
-device and one stream; each rule cites the code it follows:
+device and one stream (``replay`` runs one per stream the step allocates on); each rule cites the
+code it follows:
 
 * ``round_size``: every request is rounded up to a multiple of kMinBlockSize = 512 bytes
   (``constexpr size_t kMinBlockSize = 512``; roundup_power2_divisions is not modelled).
@@ -804,36 +805,41 @@ class Replay:
 
 
 class _Replaying:
-    """A replay under way (``replay``): the default stream's allocator, the side stream's, the live
-    events' blocks and the peaks so far; ``copy`` is an independent copy, which replays on as this
-    one does (``ReplayPrefixes``)."""
+    """A replay under way (``replay``): the default stream's allocator, one allocator per side
+    stream (``streams``: breakdown key -> stream name; the keys of a stream share its allocator),
+    the live events' blocks and the peaks so far; ``copy`` is an independent copy, which replays on
+    as this one does (``ReplayPrefixes``)."""
 
-    __slots__ = ("allocator", "side", "live", "requested", "peak", "reserved_at_peak", "side_reserved", "both_peak")
+    __slots__ = ("allocator", "sides", "live", "requested", "peak", "reserved_at_peak", "side_reserved", "both_peak")
 
-    def __init__(self, capacity: int, config: AllocatorConfig, side_keys: frozenset[str]) -> None:
+    def __init__(self, capacity: int, config: AllocatorConfig, streams: tuple[tuple[str, str], ...] = ()) -> None:
         self.allocator = CachingAllocator(capacity=capacity, config=config)
-        self.side = CachingAllocator(capacity=capacity, config=config) if side_keys else None
+        pools = {stream: CachingAllocator(capacity=capacity, config=config) for _, stream in streams}
+        # by breakdown key: the hot loop asks one dict per event (empty on one stream: one test)
+        self.sides: dict[str, CachingAllocator] = {key: pools[stream] for key, stream in streams}
         self.live: dict[int, list[Block]] = {}
         self.requested = self.peak = self.reserved_at_peak = self.side_reserved = self.both_peak = 0
 
-    def advance(self, events, freed: set[int], trace: list[int] | None, side_keys: frozenset[str]) -> None:
+    def advance(self, events, freed: set[int], trace: list[int] | None) -> None:
         """Replay ``events`` (raises ``OutOfMemory`` where the default stream's allocator does);
         ``freed``: the idents of every event the timeline frees."""
-        allocator, side, live = self.allocator, self.side, self.live
+        allocator, sides, live = self.allocator, self.sides, self.live
         malloc, free = allocator.malloc_tensors, allocator.free_blocks
         requested, peak, reserved_at_peak = self.requested, self.peak, self.reserved_at_peak
         side_reserved, both_peak = self.side_reserved, self.both_peak
         try:
             # (the events unpacked: a named tuple's field by name is a slower lookup than by position)
             for op, key, nbytes, tensors, ident, where in events:
-                if side is not None and key in side_keys:
+                if sides and key in sides:
+                    side = sides[key]
+                    before = side.reserved
                     if op == "alloc":
                         live[ident] = side.malloc_tensors(nbytes, tensors, ident in freed)
                         requested += nbytes
                     else:
                         side.free_blocks(live.pop(ident, ()))
                         requested -= nbytes
-                    side_reserved = side.reserved
+                    side_reserved += side.reserved - before  # (the side streams' reserves, summed)
                     both_peak = max(both_peak, allocator.reserved + side_reserved)
                     if requested > peak:
                         peak, reserved_at_peak = requested, allocator.reserved + side_reserved
@@ -865,16 +871,17 @@ class _Replaying:
                       reserved_at_peak=self.reserved_at_peak, allocated_peak=self.peak)
 
     def copy(self) -> _Replaying:
-        allocators = [self.allocator] + ([self.side] if self.side is not None else [])
+        pools = list({id(side): side for side in self.sides.values()}.values())  # each stream's once
         roots = [block for runs in self.live.values() for block in runs]
-        for allocator in allocators:
+        for allocator in [self.allocator, *pools]:
             roots += allocator._cached.values()
             roots += allocator._tails.values()
             roots.append(allocator._never_freed)
         copied = _copy_blocks(roots)
         new = _Replaying.__new__(_Replaying)
         new.allocator = self.allocator._copy(copied)
-        new.side = self.side._copy(copied) if self.side is not None else None
+        new_pools = {id(side): side._copy(copied) for side in pools}
+        new.sides = {key: new_pools[id(side)] for key, side in self.sides.items()}
         new.live = {ident: [copied[block] for block in runs] for ident, runs in self.live.items()}
         new.requested, new.peak, new.reserved_at_peak = self.requested, self.peak, self.reserved_at_peak
         new.side_reserved, new.both_peak = self.side_reserved, self.both_peak
@@ -905,7 +912,7 @@ def _copy_blocks(roots: list[Block]) -> dict[Block, Block]:
 
 class ReplayPrefixes:
     """The replays' states at their timelines' fork points (``Timeline.forks``), by what was
-    replayed to reach each: the capacity, the allocator settings, the side stream's keys, the events
+    replayed to reach each: the capacity, the allocator settings, the side streams' keys, the events
     before the fork and which of their allocations the timeline frees (a tensor never freed gets no
     block: ``malloc_tensors``). A replay whose timeline begins with the same events takes the state
     the first left there (a copy, made there: it replays on as the first's did) and replays only
@@ -920,10 +927,10 @@ class ReplayPrefixes:
         self._states: dict[tuple, _Replaying] = {}
 
     def replay(self, events, forks: tuple[int, ...], *, capacity: int, config: AllocatorConfig,
-               side_keys: frozenset[str], freed: set[int]) -> _Replaying:
+               streams: tuple[tuple[str, str], ...], freed: set[int]) -> _Replaying:
         """The replay of ``events`` (raises ``OutOfMemory``) from the state kept at the last fork
         whose prefix was replayed before, keeping a copy of the state at each later fork."""
-        keys = [(capacity, config, side_keys, events[:fork],
+        keys = [(capacity, config, streams, events[:fork],
                  tuple([event[4] in freed for event in events[:fork] if event[0] == "alloc"])) for fork in forks]
         state, done = None, 0
         for fork, key in zip(reversed(forks), reversed(keys)):
@@ -932,13 +939,13 @@ class ReplayPrefixes:
                 done = fork
                 break
         else:
-            state = _Replaying(capacity, config, side_keys)
+            state = _Replaying(capacity, config, streams)
         for fork, key in zip(forks, keys):
             if fork > done:
-                state.advance(events[done:fork], freed, None, side_keys)
+                state.advance(events[done:fork], freed, None)
                 self._states[key] = state.copy()
                 done = fork
-        state.advance(events[done:] if done else events, freed, None, side_keys)
+        state.advance(events[done:] if done else events, freed, None)
         return state
 
 
@@ -957,16 +964,19 @@ def sharing_prefixes() -> Iterator[None]:
 
 
 def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig(),
-           trace: list[int] | None = None, side_keys: frozenset[str] = frozenset(),
+           trace: list[int] | None = None, streams: tuple[tuple[str, str], ...] = (),
            forks: tuple[int, ...] = (), prefixes: ReplayPrefixes | None = None) -> Replay:
     """Replay ``events`` (``planner.memory.timeline.Event``: alloc/free of ``tensors`` equal
     tensors) on a caching allocator of ``capacity`` bytes. When the device runs out, the replay
     is repeated without the limit, so the reserve it would need is known, and says where.
-    ``trace``: gets the reserve before the first event and after each. ``side_keys``: the breakdown
-    keys allocated on a side stream, whose blocks only that stream's requests reuse
-    (CUDACachingAllocator.cpp: ``BlockComparatorSize`` orders a pool by stream first and
-    ``get_free_block`` takes a block of the request's stream only; an expandable segment is per
-    stream too): a pool of their own, reserved beside the default stream's. ``forks`` (event counts,
+    ``trace``: gets the reserve before the first event and after each. ``streams``: (breakdown key,
+    stream name) for the keys allocated on a side stream (``ShardingSpec.streams``), whose blocks only
+    that stream's requests reuse (CUDACachingAllocator.cpp: ``BlockComparatorSize`` orders a pool by
+    stream first and ``get_free_block`` takes a block of the request's stream only; an expandable
+    segment is per stream too): a caching allocator per stream, each reserving beside the default
+    stream's; the keys of one stream share its blocks. A side stream's allocator is not bounded by
+    what the others reserve (it has the whole ``capacity``): a step that runs out only on the device
+    the streams share is not found. ``forks`` (event counts,
     ascending) and ``prefixes``: the states kept there, shared with other replays (``ReplayPrefixes``;
     ``sharing_prefixes``' when none is given; none with a ``trace``)."""
     if prefixes is None:
@@ -974,17 +984,17 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     freed = {event[4] for event in events if event[0] == "free"}  # (by position: see _Replaying.advance)
     try:
         if prefixes is not None and forks and trace is None:
-            state = prefixes.replay(events, forks, capacity=capacity, config=config, side_keys=side_keys,
+            state = prefixes.replay(events, forks, capacity=capacity, config=config, streams=streams,
                                     freed=freed)
         else:
             if trace is not None:
                 trace[:] = [0]
-            state = _Replaying(capacity, config, side_keys)
-            state.advance(events, freed, trace, side_keys)
+            state = _Replaying(capacity, config, streams)
+            state.advance(events, freed, trace)
     except OutOfMemory as error:
-        if capacity >= UNLIMITED or error.where is None:  # (the side stream's: not the step's to report)
+        if capacity >= UNLIMITED or error.where is None:  # (a side stream's: not the step's to report)
             raise
-        again = replay(events, capacity=UNLIMITED, config=config, trace=trace, side_keys=side_keys, forks=forks,
+        again = replay(events, capacity=UNLIMITED, config=config, trace=trace, streams=streams, forks=forks,
                        prefixes=prefixes)
         return Replay(peak_reserved=again.peak_reserved, reserved_at_peak=again.reserved_at_peak,
                       allocated_peak=again.allocated_peak, out_of_memory=error.where or "the step")

@@ -16,10 +16,6 @@ from planner.memory.overhead import outside_allocator, overhead_notes, paged_on_
 from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import ModelSpec
 from planner.results import MemoryEstimate
-from planner.sharding import BREAKDOWN_KEYS
-
-#: the breakdown keys made on a side stream (``BreakdownKey.side_stream``): the replay keeps their pool apart
-SIDE_STREAM_KEYS = frozenset(key for key, k in BREAKDOWN_KEYS.items() if k.side_stream)
 
 
 def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline, replayed: Replay | None,
@@ -32,7 +28,8 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
             out.append(_paged_note(timeline, gpu, paged_host))
         conf = AllocatorConfig.parse(config.alloc_conf)
         out.append(f"allocator: PyTorch's CUDA caching allocator replayed on the step's allocations "
-                   f"({conf.spelling() or 'default settings'}; one stream, tensors of a term taken as equal)")
+                   f"({conf.spelling() or 'default settings'}; {_streams_words(config, timeline)}, tensors of a term taken "
+                   "as equal)")
         out.extend(overhead_notes(gpu, config))
         if conf.ignored:
             out.append(f"allocator settings not modelled: {', '.join(conf.ignored)}")
@@ -61,6 +58,20 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
             "non-4-bit params upcast to fp32 by prepare_model_for_kbit_training" if config.kbit_upcast
             else "non-4-bit params kept in the 16-bit compute dtype (no k-bit upcast, --no-kbit-upcast)"))
     return out
+
+
+def _streams_words(config: TrainConfig, timeline: Timeline) -> str:
+    """The side streams the replay keeps apart (``ShardingSpec.streams``) whose keys the step
+    allocates, as the assumption names them."""
+    made = {event[1] for event in timeline.events}
+    named: dict[str, list[str]] = {}
+    for key, stream in config.sharding.spec.streams(config):
+        if key in made:
+            named.setdefault(stream, []).append(key)
+    if not named:
+        return "one stream"
+    return "a pool per stream (" + "; ".join(f"{', '.join(keys)} on the {stream} stream"
+                                            for stream, keys in named.items()) + ")"
 
 
 def _paged_note(timeline: Timeline, gpu, paged_host: int) -> str:
@@ -99,8 +110,8 @@ def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[in
     && ``alloc_block`` || ``release_cached_blocks`` && ``alloc_block``); only a request no release
     can place is out of memory."""
     return replay(timeline.events, capacity=replay_capacity(timeline, config, gpu, budget),
-                  config=AllocatorConfig.parse(config.alloc_conf), trace=trace, side_keys=SIDE_STREAM_KEYS,
-                  forks=timeline.forks)
+                  config=AllocatorConfig.parse(config.alloc_conf), trace=trace,
+                  streams=config.sharding.spec.streams(config), forks=timeline.forks)
 
 
 def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int | None = None,

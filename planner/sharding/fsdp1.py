@@ -121,6 +121,13 @@ class FSDP1(FSDP2):
                                             f"{names(_TORCH_OPTIMIZERS)}")
         return qlora_refusal(config, offload, self.name)
 
+    def streams(self, config: Any) -> tuple[tuple[str, str], ...]:
+        """The gathered units on the unshard stream, the sharded gradients on the post-backward
+        stream (``_STREAMS``); on one GPU FSDP1 runs NO_SHARD (torch 2.13 fsdp/_init_utils.py:430-433:
+        "FSDP is switching to use `NO_SHARD`"): nothing gathered, autograd's gradients all-reduced in
+        place, all on the default stream."""
+        return _STREAMS if config.gpus > 1 else ()
+
     def searched_on(self, gpus: int, offload: Offload) -> bool:
         return False  # chosen by name only: FSDP2 is the FSDP the search plans
 
@@ -210,6 +217,29 @@ class FSDP1(FSDP2):
         # of its (sharded, fp32) weight before the adapter unit gathers it in 16 bits
         return WorkerSetup(engine=engine, optimizer=build_optimizer(trainable), autocast=config.precision.is_mixed,
                            details={"fsdp_units": units})
+
+
+#: Where FSDP1 allocates what the keys count (torch 2.13 torch/distributed/fsdp/; only where a
+#: tensor is allocated decides the pool its block returns to, ``ShardingSpec.streams``):
+#:
+#: * the padded unsharded flat parameters, of the running unit, the unit gathered ahead and the
+#:   root (``fsdp2/gathered_unit``, ``fsdp2/root_and_gather_buffer``): ``_unshard`` allocates and
+#:   all-gathers them on the unshard stream (_runtime_utils.py:304-306 ``with state._device_handle.
+#:   stream(unshard_stream): handle.unshard()`` -> _flat_param.py:1408 ``_alloc_storage``), in
+#:   forward (_runtime_utils.py:421) and for backward's prefetch (l.1233); the reshard frees them
+#:   with ``record_stream`` on the default stream (_flat_param.py:1817-1821), which delays their
+#:   blocks' reuse, not the stream they return to;
+#: * the sharded gradients (``gradients``): the reduce-scatter output, ``torch.empty_like`` on the
+#:   post-backward stream (_runtime_utils.py:755 ``with ...stream(state._post_backward_stream)``,
+#:   l.901), kept as ``_saved_grad_shard`` (l.926) and handed to the optimizer as ``.grad``
+#:   (_flat_param.py:1708) until ``zero_grad``;
+#: * the reduce-scatter inputs (``fsdp2/reduce_scatter``, ``reduce_scatter_end``,
+#:   ``root_reduce_scatter``): autograd's unsharded flat gradient, made on the default stream
+#:   and kept for the post-backward stream by ``record_stream`` (_runtime_utils.py:772-774); only a
+#:   flat parameter whose size the ranks do not divide gets a padded copy there (l.899, ``F.pad``):
+#:   the default stream.
+_STREAMS = (("fsdp2/gathered_unit", "unshard"), ("fsdp2/root_and_gather_buffer", "unshard"),
+            ("gradients", "post_backward"))
 
 
 def _mixed_precision(config: Any) -> Any:

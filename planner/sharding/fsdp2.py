@@ -262,6 +262,10 @@ class FSDP2(ShardingSpec):
         states[_GLOO_COPY] = root_trainable * reduce
         return states, host
 
+    def streams(self, config: Any) -> tuple[tuple[str, str], ...]:
+        """The sharded gradients on the reduce-scatter stream (``_STREAMS``)."""
+        return _STREAMS
+
     def optimizer_tensors(self, t: Any, config: Any, param_bytes: int) -> tuple[tuple[tuple[int, int], ...], int] | None:
         if config.sharding.offload is not _NO_OFFLOAD:
             return None  # the optimizer steps the host's shards
@@ -386,6 +390,30 @@ _KEYS = (
     BreakdownKey("fsdp2/reduce_scatter_end", "gradients", size="reducing_end"),
     BreakdownKey("fsdp2/root_reduce_scatter", "temporaries", size="gradient_flatten"),
 )
+
+#: Where FSDP2 allocates what its keys count (torch 2.13 torch/distributed/fsdp/_fully_shard/; only
+#: where a tensor is allocated decides the pool its block returns to, ``ShardingSpec.streams``):
+#:
+#: * the sharded gradients (``gradients``): the reduce-scatter output, allocated in the
+#:   reduce-scatter stream (_fsdp_collectives.py:611-612 ``with device_handle.stream(
+#:   reduce_scatter_stream): reduce_output = reduce_scatter_comm.allocate(...)``; without HSDP the
+#:   post-reduce stream is that stream, where a cast to the parameters' dtype is made, l.685-696),
+#:   each parameter's gradient a view of it (l.704 ``torch.as_strided``), kept by the sharded
+#:   parameters until the optimizer's ``zero_grad`` (l.763-766); on one rank too (its copy, l.625-631);
+#: * the gathered unit (``fsdp2/gathered_unit``): the unsharded parameters are the copy-out's
+#:   outputs, allocated on the current (default) stream by ``wait_for_unshard``
+#:   (_fsdp_param_group.py:463 ``foreach_all_gather_copy_out`` -> _fsdp_collectives.py:463
+#:   ``alloc_all_gather_outputs``, _fsdp_param.py:823-825; one rank: _fsdp_param_group.py:455);
+#: * the root and the all-gather buffer (``fsdp2/root_and_gather_buffer``): the root's unsharded
+#:   parameters on the default stream, as above; the flat all-gather output on the all-gather
+#:   copy-in stream (_fsdp_collectives.py:336-351, the streams of _fsdp_param_group.py:116-124 in
+#:   forward and pre-backward). One key, mostly the root's (Mistral-7B: 0.52 GB of embeddings and
+#:   head against a 0.44 GB layer): left on the default stream;
+#: * the reduce-scatter inputs (``fsdp2/reduce_scatter``, ``reduce_scatter_end``,
+#:   ``root_reduce_scatter``): allocated on the current stream before the switch to the
+#:   reduce-scatter stream (_fsdp_collectives.py:597-601), beside autograd's unsharded gradients
+#:   (default stream).
+_STREAMS = (("gradients", "reduce_scatter"),)
 
 SPECS = (
     # casts_model: the layers compute with the 16-bit unsharded parameters, no autocast

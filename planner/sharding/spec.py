@@ -54,10 +54,6 @@ class BreakdownKey:
     replay's default (one per parameter tensor for a model state)."""
     tensor_bytes: int | None = None
     """Else, the bytes of one of its tensors at most (DDP's 25 MiB buckets)."""
-    side_stream: bool = False
-    """Made on a side stream (DeepSpeed's reduce stream): the caching allocator keeps a stream's
-    freed blocks for that stream (CUDACachingAllocator.cpp: a block is reused only by a request of
-    its own stream), so its segment is reserved apart from the default stream's."""
     gloo_only: bool = False
     """A copy only gloo's collectives make (the CPU's process group), not NCCL's: counted on a
     device without the CUDA caching allocator (``KernelProfile.caching_allocator``) only."""
@@ -266,7 +262,19 @@ class ShardingSpec:
 
     def stream_checks(self, t: Any, config: Any) -> tuple[tuple[str, int], ...]:
         """Checks made on a side stream before ``step_checks``, never larger than the flatten
-        (``BreakdownKey.side_stream`` keys): drawn by the timeline for the allocator replay."""
+        (keys ``streams`` names): drawn by the timeline for the allocator replay."""
+        return ()
+
+    def streams(self, config: Any) -> tuple[tuple[str, str], ...]:
+        """The breakdown keys the library allocates on a stream of its own, each as (key, the
+        stream's name): its own keys, or a model state's (``gradients``: the sharded gradients a
+        reduce-scatter makes). The allocator replay gives each stream its own caching allocator, as
+        PyTorch's keeps a stream's freed blocks for that stream's requests
+        (CUDACachingAllocator.cpp: ``BlockComparatorSize`` orders a pool by stream first,
+        ``get_free_block`` takes the request's stream only), so a side stream's segments are
+        reserved beside the default stream's (``planner.memory.allocator.replay``). () : everything
+        on the default stream. A tensor freed with ``record_stream`` on another stream still goes
+        back to the stream it was allocated on: only where it was allocated counts here."""
         return ()
 
     def build_sequence(self, model: Any, config: Any, t: Any, resident: dict[str, int]) -> tuple[tuple[str, str, int], ...]:

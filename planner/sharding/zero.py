@@ -483,6 +483,10 @@ class ZeRO(ShardingSpec):
             return ()
         return (("zero3/overflow_check", zero_partition(t, config)),)
 
+    def streams(self, config: Any) -> tuple[tuple[str, str], ...]:
+        """ZeRO-3's overflow check runs on its reduce stream (``stream_checks``)."""
+        return _ZERO3_STREAMS if self.zero_stage == 3 else ()
+
     def build_sequence(self, model: Any, config: Any, t: Any, resident: dict[str, int]) -> tuple[tuple[Any, ...], ...]:
         """ZeRO-3 without offload, as deepspeed 0.19.8's engine builds it (stage3.py __init__):
 
@@ -695,6 +699,8 @@ def _zero3_weights(model: Any, config: Any, out: dict[str, int], base_sizes: tup
     return 0
 
 
+#: ZeRO-3's keys allocated on a side stream (``ZeRO.streams``): the overflow check, on the reduce stream
+_ZERO3_STREAMS = (("zero3/overflow_check", "reduce"),)
 #: the breakdown keys of ZeRO's partitions and buffers: flat tensors, one each (stage_1_and_2.py and
 #: stage3.py allocate each as one buffer), but the gathered parameters and the step's gradient copies
 _KEYS = (
@@ -705,7 +711,7 @@ _KEYS = (
     BreakdownKey("zero/reduce_bucket", "gradients", tensors=1),
     BreakdownKey("zero/offload_grad_buffer", "gradients", tensors=1),
     BreakdownKey("zero/gradient_flatten", "temporaries", size="gradient_flatten"),
-    BreakdownKey("zero3/overflow_check", "temporaries", tensors=1, side_stream=True),
+    BreakdownKey("zero3/overflow_check", "temporaries", tensors=1),
     BreakdownKey("zero3/norm_copy", "temporaries", tensors=1),
     BreakdownKey("zero3/master_cast", "weights", tensors=1),
     BreakdownKey("zero3/init_gradient_buffer", "gradients", tensors=1),

@@ -13,7 +13,7 @@ from planner.catalog import resolve_model
 from planner.config import TrainConfig
 from planner.gpus import get_gpu
 from planner.memory.allocator import AllocatorConfig, ReplayPrefixes, _Replaying, replay
-from planner.memory.estimate import SIDE_STREAM_KEYS, device_timeline, replay_capacity
+from planner.memory.estimate import device_timeline, replay_capacity
 
 GiB = 1024**3
 LORA = dict(method="lora", precision="bf16", micro_batch=2, seq_len=1024, lora_r=8, grad_accum=4, grad_ckpt=True)
@@ -34,12 +34,18 @@ CONFIGS = [
     TrainConfig(method="full", precision="bf16", micro_batch=4, seq_len=1024, alloc_conf="expandable_segments:True"),
     TrainConfig(method="full", precision="bf16", micro_batch=4, seq_len=1024, optimizer="adamw_8bit",
                 alloc_conf="expandable_segments:True"),
+    # FSDP1 on 2 GPUs: two side streams' pools (unshard, post-backward), a pair parting at the optimizer
+    TrainConfig(method="full", precision="bf16", micro_batch=2, seq_len=1024, grad_ckpt=True, gpus=2, sharding="fsdp1"),
+    TrainConfig(method="full", precision="bf16", micro_batch=2, seq_len=1024, grad_ckpt=True, gpus=2, sharding="fsdp1",
+                optimizer="sgd"),
+    # FSDP2: the reduce-scatter stream's pool
+    TrainConfig(method="lora", precision="bf16-mixed", micro_batch=2, seq_len=1024, lora_r=8, gpus=2, sharding="fsdp2"),
 ]
 
 
 def _whole(timeline, config, capacity):
     return replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf),
-                  side_keys=SIDE_STREAM_KEYS)
+                  streams=config.sharding.spec.streams(config))
 
 
 @pytest.mark.parametrize("model_id", ["meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B"])
@@ -65,7 +71,7 @@ def test_resumed_replays_are_the_whole_replays(model_id, share, monkeypatch):
     for config, timeline, capacity in plans:
         replayed.append(0)
         got.append(replay(timeline.events, capacity=capacity, config=AllocatorConfig.parse(config.alloc_conf),
-                          side_keys=SIDE_STREAM_KEYS, forks=timeline.forks, prefixes=prefixes))
+                          streams=config.sharding.spec.streams(config), forks=timeline.forks, prefixes=prefixes))
     assert [dataclasses.asdict(r) for r in got] == [dataclasses.asdict(r) for r in expected]
     assert any(r.out_of_memory for r in got) == (share < 1)
     # the second of a pair that differs in the optimizer only resumed at the first step's optimizer step
@@ -78,19 +84,28 @@ def test_resumed_replays_are_the_whole_replays(model_id, share, monkeypatch):
 
 def test_a_copy_replays_on_as_the_original():
     model, gpu = resolve_model("meta-llama/Llama-3.2-1B"), get_gpu("a10g")
-    for config in (CONFIGS[2], CONFIGS[5], CONFIGS[9], CONFIGS[10]):
+    for config in (CONFIGS[2], CONFIGS[5], CONFIGS[9], CONFIGS[10], CONFIGS[12], CONFIGS[14]):
         timeline = device_timeline(model=model, config=config, gpu=gpu)
         events, capacity = timeline.events, replay_capacity(timeline, config, gpu)
         freed = {event[4] for event in events if event[0] == "free"}
         for cut in (*timeline.forks, len(events) // 2):
-            state = _Replaying(capacity, AllocatorConfig.parse(config.alloc_conf), SIDE_STREAM_KEYS)
-            state.advance(events[:cut], freed, None, SIDE_STREAM_KEYS)
+            state = _Replaying(capacity, AllocatorConfig.parse(config.alloc_conf), config.sharding.spec.streams(config))
+            state.advance(events[:cut], freed, None)
             copy = state.copy()
             for one in (state, copy):
-                one.advance(events[cut:], freed, None, SIDE_STREAM_KEYS)
+                one.advance(events[cut:], freed, None)
             assert copy.result() == state.result() == _whole(timeline, config, capacity)
             for small in (True, False):
                 assert copy.allocator.cached_keys(small) == state.allocator.cached_keys(small)
             assert (copy.allocator.reserved, copy.allocator.allocated) == (state.allocator.reserved,
                                                                            state.allocator.allocated)
             assert not set(map(id, copy.allocator._cached.values())) & set(map(id, state.allocator._cached.values()))
+            # each side stream's allocator copied once, its keys sharing the copy as they share the original
+            assert copy.sides.keys() == state.sides.keys()
+            for key, side in state.sides.items():
+                assert copy.sides[key] is not side
+                assert [copy.sides[k] is copy.sides[key] for k in state.sides] == [
+                    state.sides[k] is side for k in state.sides]
+                assert [copy.sides[key].cached_keys(small) for small in (True, False)] == [
+                    side.cached_keys(small) for small in (True, False)]
+                assert copy.sides[key].reserved == side.reserved

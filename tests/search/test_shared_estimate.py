@@ -13,7 +13,7 @@ from planner.config import TrainConfig
 from planner.gpus import get_gpu
 from planner.memory import estimate_memory
 from planner.memory.allocator import UNLIMITED, AllocatorConfig, replay
-from planner.memory.estimate import SIDE_STREAM_KEYS, device_timeline
+from planner.memory.estimate import device_timeline
 from planner.search import _SHARED_TERMS, _Estimated, shared_estimate, shared_terms
 
 GiB = 1024**3
@@ -59,9 +59,9 @@ def test_the_replay_of_unlimited_memory_is_the_replay_on_any_capacity_its_peak_r
     config = TrainConfig(method="full", precision="bf16", micro_batch=4, seq_len=1024, alloc_conf=conf)
     timeline = device_timeline(model=model, config=config, gpu=gpu)
     settings = AllocatorConfig.parse(conf)
-    unlimited = replay(timeline.events, capacity=UNLIMITED, config=settings, side_keys=SIDE_STREAM_KEYS)
+    unlimited = replay(timeline.events, capacity=UNLIMITED, config=settings, streams=config.sharding.spec.streams(config))
     for capacity in (unlimited.peak_reserved, unlimited.peak_reserved + 511, unlimited.peak_reserved + 3 * GiB):
         trace, again = [], []
-        found = replay(timeline.events, capacity=capacity, config=settings, side_keys=SIDE_STREAM_KEYS, trace=trace)
-        replay(timeline.events, capacity=UNLIMITED, config=settings, side_keys=SIDE_STREAM_KEYS, trace=again)
+        found = replay(timeline.events, capacity=capacity, config=settings, streams=config.sharding.spec.streams(config), trace=trace)
+        replay(timeline.events, capacity=UNLIMITED, config=settings, streams=config.sharding.spec.streams(config), trace=again)
         assert (found, trace) == (unlimited, again)

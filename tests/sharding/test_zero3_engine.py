@@ -21,7 +21,7 @@ from planner.memory.parameters import trained
 from planner.memory.states import static_terms
 from planner.memory.step import static_sizes
 from planner.memory.timeline import Event, step_timeline
-from planner.sharding import Sharding
+from planner.sharding import SCHEMES, Sharding
 from planner.sharding.zero import DS_DEFAULTS, zero_buckets
 
 CONFIG = Path(__file__).resolve().parents[2] / "bench" / "model_configs" / "Qwen1.5-0.5B" / "config.json"
@@ -133,7 +133,7 @@ def test_a_side_streams_blocks_are_not_reused_by_the_default_stream():
     events = [Event("alloc", "zero3/overflow_check", 100 * MiB, 1, 1, "step"),
               Event("free", "zero3/overflow_check", 100 * MiB, 1, 1, "step"),
               Event("alloc", "gradients", 100 * MiB, 1, 2, "step")]
-    apart = replay(events, capacity=2**34, config=AllocatorConfig(), side_keys=frozenset({"zero3/overflow_check"}))
+    apart = replay(events, capacity=2**34, config=AllocatorConfig(), streams=SCHEMES["zero3"].streams(None))
     shared = replay(events, capacity=2**34, config=AllocatorConfig())
     assert (apart.peak_reserved, shared.peak_reserved) == (200 * MiB, 100 * MiB)
     assert apart.allocated_peak == shared.allocated_peak == 100 * MiB
