@@ -1,7 +1,8 @@
 """The step as a timeline: what is allocated and freed over one optimizer step.
 
 Forward block by block (the running block's ZeRO-3 parameters, the embeddings' saved tensors,
-each block's saved tensors or its checkpoint, the head's, the logits at the loss), the loss'
+each block's saved tensors or its checkpoint and the MLP tensors its forward makes and frees,
+the head's, the logits at the loss), the loss'
 backward, the head's (its gradients made, its saved tensors freed), the backward of the last
 block (recomputed under checkpointing while every checkpoint is held, with the forward's locals
 where the recompute stops; then its MLP output projection's gradients and the gradients at the
