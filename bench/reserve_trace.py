@@ -46,6 +46,8 @@ RUNS: dict[str, tuple[int, dict]] = {
     "lora-l2-s2048-b1": (2, dict(_COMMON, method="lora", lora_r=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
                                  micro_batch=1, seq_len=2048)),
     "full-l2-s2048-b1": (2, dict(_COMMON, method="full", micro_batch=1, seq_len=2048)),
+    "qlora-l2-s2048-b1": (2, dict(_COMMON, method="qlora", lora_r=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
+                                  micro_batch=1, seq_len=2048)),
     "lora-l2-s4096-b1": (2, dict(_COMMON, method="lora", lora_r=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
                                  micro_batch=1, seq_len=4096)),
 }
@@ -307,6 +309,12 @@ NOTES = """## Reading
   LoRA sums, rotary's halves: hidden- and kv-sized, many alive at once) and the backward's
   intermediate-sized tensors, which the timeline draws as hidden-sized pieces. They leave 10-30 %
   of the real pool unexplained.
+- QLoRA: the real run holds 1.6 GiB more before its first step than the timeline's model states
+  (what the CPU build of the 4-bit model leaves; the worker's probe keeps such blocks out of its
+  step count, hence c10's 1.147 GiB), so only its pool compares. Its forward and backward make a
+  transient the timeline does not draw: each 4-bit linear's weight dequantised whole before its
+  matmul (bitsandbytes 0.50.2 autograd/_functions.py l.446, ``F.dequantize_4bit(B, quant_state)``,
+  and l.384 in backward): 224 MiB a MLP linear here in fp32, 112 MiB in fp16 on a GPU.
 - The optimizer step on the CPU is torch's single-tensor AdamW (two temporaries of each
   parameter's size, one parameter at a time: 500 MiB for the embedding); the timeline draws it in
   hidden-sized pieces. Only CPU plans step so, and the CPU profile replays no allocator.
