@@ -1,7 +1,8 @@
 """The step as a timeline: what is allocated and freed over one optimizer step.
 
 Forward block by block (the running block's ZeRO-3 parameters, the embeddings' saved tensors,
-each block's saved tensors or its checkpoint, the head's, the logits at the loss), the loss'
+each block's saved tensors or its checkpoint and the MLP tensors its forward makes and frees,
+the head's, the logits at the loss), the loss'
 backward, the head's (its gradients made, its saved tensors freed), the backward of the last
 block (recomputed under checkpointing while every checkpoint is held, with the forward's locals
 where the recompute stops; then its MLP output projection's gradients and the gradients at the
@@ -339,6 +340,8 @@ class _Step:
     tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
     """the first block's and every other block's terms whose tensors are known (bytes each,
     ``activations.block_tensors``), by breakdown key"""
+    forward_locals: tuple[int, ...] = ()
+    """under checkpointing, the MLP tensors each block's forward makes and frees (``_forward_locals``)"""
 
     @property
     def n_blocks(self) -> int:
@@ -419,8 +422,10 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
     static = static_terms(model, config, kernels, t)
     dims, mode = dims_of(model, config), mode_of(config)
     tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
+    forward_locals: tuple[int, ...] = ()
     if config.grad_ckpt:
         first = rest = {"activations/checkpoints": checkpoint_bytes(model, dims, mode)}
+        forward_locals = _forward_locals(model, config, kernels, t, dims, mode)
     else:
         keyed = lambda terms: {breakdown_key(k): v for k, v in terms.items() if v}  # noqa: E731
         contexts = [block_context(model, config, kernels, first=f, targets=t.target_names, dims=dims)
@@ -448,8 +453,33 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
         cache=kv_cache_block_bytes(model, config, dims, mode),
         head_gradients=head_gradients, down_gradients=down_gradients, grains=_grains(model, config, t),
-        tensors=tensors,
+        tensors=tensors, forward_locals=forward_locals,
     )
+
+
+def _forward_locals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims, mode) -> tuple[int, ...]:
+    """The MLP tensors a checkpointed block's forward makes and frees, at most alive at once. The
+    forward keeps nothing but the block's input (torch 2.13 torch/utils/checkpoint.py: reentrant,
+    transformers 4's default, runs it under ``torch.no_grad()``, l.273-274; non-reentrant,
+    transformers 5's, l.1153-1157, packs a ``_Holder`` instead of the tensor), so each tensor
+    dies once its last reader ran. In MistralMLP.forward (transformers 5.24
+    models/mistral/modeling_mistral.py l.46-47, LlamaMLP alike) ``down_proj(act_fn(gate_proj(x)) *
+    up_proj(x))`` the gate's output dies inside the activation, and act(gate), up(x) and their
+    product are alive together: three 112 MiB tensors a block in a real 2-layer Mistral-shaped
+    LoRA run at 2048 fp32 tokens (bench/reserve_trace.py); an ungated MLP's fc1 output and its
+    activation. No more than the block saves of them without checkpointing (``mlp/intermediate``),
+    which the recompute rebuilds: the forward's point stays under the recompute's moment. They
+    change no peak, only the allocator's cache: without them the replay's first step carved the
+    250 MiB logits from fresh segments, where the real forward had split the cache into 112 MiB
+    blocks first (that run's pool over the allocated peak, 439 MiB replayed from its real
+    sequence: 85 MiB replayed from the timeline without them, 333 MiB with them)."""
+    if not model.has_mlp or model.other_blocks or model.is_encoder_decoder:
+        return ()
+    ctx = block_context(model, config, kernels, first=False, targets=t.target_names, dims=dims)
+    saved = block_terms(ctx).get("mlp/intermediate", 0)
+    unit = dims.tokens * model.intermediate_size * mode.compute
+    alive = min(3 if model.gated_mlp else 2, saved // unit) if unit else 0
+    return (unit,) * alive
 
 
 def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], list[list[int]], list[int], list[int]]:
@@ -464,6 +494,8 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
     for k in range(s.n_blocks):
         where = f"{label}forward block {k + 1}"
         blocks.append(b.allocs(alike[k > 0], where) if alike else b.alloc_terms(s.block(k), where, s.block_tensors(k)))
+        if s.forward_locals:
+            b.free(b.alloc("activations/mlp/intermediate", sum(s.forward_locals), where, s.forward_locals), where)
         if k >= layers:  # batch_terms counts num_layers cache layers
             continue
         if s.cache:
