@@ -630,8 +630,12 @@ def _print_summary(results: list[dict[str, Any]], terms: dict[str, Any]) -> None
 
 # --- the memory error distribution the planner ships (planner/uncertainty.py MEMORY_ERROR) ---------
 
-#: a method's own distribution needs this many fully-stated rows; with fewer it is pooled over methods
+#: a method's own distribution needs this many rows of a kind, from at least MIN_SOURCES sources; with
+#: fewer it is pooled over methods (one source's rows are one harness, one trainer and mostly one model:
+#: eight fms-acceleration Mistral-7B LoRA rows within 1-6 % of each other would otherwise give every
+#: LoRA plan a 95th percentile of +5.7 %)
 MIN_ROWS = 8
+MIN_SOURCES = 2
 
 
 def _order_stat(ordered: list[float], q: float, *, upper: bool) -> float:
@@ -644,33 +648,44 @@ def _order_stat(ordered: list[float], q: float, *, upper: bool) -> float:
     return ordered[_math.ceil(at) if upper else _math.floor(at)]
 
 
-def uncertainty_table(results: list[dict[str, Any]]) -> dict[tuple[str, bool], tuple[int, float, float, float]]:
-    """{(method or "all", guessed): (rows, q05, median, q95)} of ln(measured / predicted) over the
-    scored rows, every counter together (a plan is compared with the device by its process total;
-    the counters measure parts of it, and split by counter and method only full fine-tuning's NVML
-    rows, 11, reach MIN_ROWS stated rows). ``guessed``: rows with at least one guessed setting, whose error is the guess's as
-    much as the model's. A method with fewer than MIN_ROWS rows of a kind takes the pooled ("all")
-    entry's median and its interval widened to hold the method's own rows."""
+def uncertainty_table(results: list[dict[str, Any]], sources: dict[str, Any] | None = None,
+                      ) -> dict[tuple[str, bool, bool], tuple[int, float, float, float]]:
+    """{(method or "all", guessed, several GPUs): (rows, q05, median, q95)} of ln(measured / predicted)
+    over the scored rows, every counter together (a plan is compared with the device by its process
+    total; the counters measure parts of it, and split by counter and method only full fine-tuning's
+    NVML rows reach MIN_ROWS stated rows). ``guessed``: rows with at least one guessed setting, whose
+    error is the guess's as much as the model's. ``several GPUs``: one rank of a multi-GPU run, whose
+    error is the sharding's and the collectives' as much as the step's (the fms FSDP1 rows: median
+    |error| twice the one-GPU rows'), kept apart so that it widens the multi-GPU plans' interval and
+    not the one-GPU plans'. A method with fewer than MIN_ROWS rows of a kind, or rows of fewer than
+    MIN_SOURCES sources, takes the pooled ("all") entry's median and its interval widened to hold the
+    method's own rows. Sources are counted by what they published (``sources``' url: the data file's
+    by default), so one harness's re-run is not a second source."""
     import math as _math
 
-    cells: dict[tuple[str, bool], list[float]] = {}
+    if sources is None:
+        sources = load()["sources"]
+    harness = {name: source.get("url", name) for name, source in sources.items()}
+    cells: dict[tuple[str, bool, bool], list[float]] = {}
+    published: dict[tuple[str, bool, bool], set[str]] = {}
     for r in results:
         if r["status"] != "scored":
             continue
         x = _math.log(r["measured"] / r["predicted"])
-        guessed = bool(r["guessed"])
-        cells.setdefault((str(r["config"].method), guessed), []).append(x)
-        cells.setdefault(("all", guessed), []).append(x)
+        kind = (bool(r["guessed"]), r["config"].gpus > 1)
+        for key in ((str(r["config"].method), *kind), ("all", *kind)):
+            cells.setdefault(key, []).append(x)
+            published.setdefault(key, set()).add(harness.get(r["source"], r["source"]))
     table = {}
     for key, xs in sorted(cells.items(), key=lambda kv: (kv[0][0] != "all", kv[0])):
         xs.sort()
         # four decimals, rounded outward as the order statistics are
         own = (len(xs), _math.floor(_order_stat(xs, 0.05, upper=False) * 1e4) / 1e4, round(statistics.median(xs), 4),
                _math.ceil(_order_stat(xs, 0.95, upper=True) * 1e4) / 1e4)
-        if len(xs) < MIN_ROWS and key[0] != "all":
-            # too few rows for quantiles of its own: the pooled interval, widened to hold this
-            # method's rows (the pooled median)
-            _, q05, median, q95 = table[("all", key[1])]
+        if (len(xs) < MIN_ROWS or len(published[key]) < MIN_SOURCES) and key[0] != "all":
+            # too few rows (or sources) for quantiles of its own: the pooled interval, widened to
+            # hold this method's rows (the pooled median)
+            _, q05, median, q95 = table[("all", *key[1:])]
             own = (len(xs), min(q05, _math.floor(xs[0] * 1e4) / 1e4), median, max(q95, _math.ceil(xs[-1] * 1e4) / 1e4))
         table[key] = own
     return table
@@ -678,7 +693,7 @@ def uncertainty_table(results: list[dict[str, Any]]) -> dict[tuple[str, bool], t
 
 def _print_uncertainty(results: list[dict[str, Any]]) -> None:
     """The table as the Python constant planner/uncertainty.py ships."""
-    print("MEMORY_ERROR = {  # (method, guessed): (rows, q05, median, q95) of ln(measured / predicted)")
+    print("MEMORY_ERROR = {  # (method, guessed, several GPUs): (rows, q05, median, q95) of ln(measured / predicted)")
     for key, value in uncertainty_table(results).items():
         print(f"    {key!r}: {value!r},")
     print("}")

@@ -133,7 +133,7 @@ def _bigger_gpu(*, model: "ModelSpec", gpu: "GPUSpec", config: TrainConfig) -> s
             need = _total(model, config, other)
         except PlannerError:
             continue
-        if need <= safe_total(other.memory_bytes, spread(config.method)):
+        if need <= safe_total(other.memory_bytes, spread(config.method, gpus=config.gpus)):
             return f"a bigger GPU: --gpu {other.name} ({format_bytes(other.memory_bytes)}) holds it"
     return None
 

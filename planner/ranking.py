@@ -279,7 +279,7 @@ def _safe_bound(config: TrainConfig, gpu: GPUSpec, bounds: dict) -> int:
     """The largest process total of ``config``'s method that is not near the edge of ``gpu``."""
     bound = bounds.get(config.method)
     if bound is None:
-        bound = bounds[config.method] = safe_bound(config.method, gpu)
+        bound = bounds[config.method] = safe_bound(config.method, gpu, config.gpus)
     return bound
 
 
@@ -620,7 +620,7 @@ def _edge_only(fitting: list[tuple], plans: tuple[Candidate, ...], *, best_tier:
     for config, _, total, *_ in sorted(safest.values(), key=lambda item: (fidelity_tier(item[0]), item[2])):
         if total <= _safe_bound(config, gpu, bounds):
             continue  # a safe plan of this family exists: it is left out for speed or variety, not for memory
-        risk = oom_probability(total, gpu.memory_bytes, spread(config.method))
+        risk = oom_probability(total, gpu.memory_bytes, spread(config.method, gpus=config.gpus))
         reason = (f"fits only near the edge: its safest plan, {config.label()}, needs {format_bytes(total)}, an OOM risk "
                   f"of {risk:.0%} (over {NEAR_EDGE_PROBABILITY:.0%}); shown only when no safe plan exists")
         lines.append(Rejection(family=family_label(config), reason=reason, config=config.to_dict()))

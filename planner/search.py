@@ -138,10 +138,10 @@ class SearchSpace:
         return max(self.cpu_mem_bytes - host_reserve(self.cpu_mem_bytes, ranks), 0) // ranks
 
 
-def safe_bound(method: Method, gpu: GPUSpec) -> int:
-    """The largest process total of a plan of ``method`` that is not near the edge of ``gpu``
-    (``planner.uncertainty.safe_total`` with the method's measured spread)."""
-    return safe_total(gpu.memory_bytes, spread(method))
+def safe_bound(method: Method, gpu: GPUSpec, gpus: int = 1) -> int:
+    """The largest process total of a plan of ``method`` on ``gpus`` of ``gpu`` that is not near the
+    edge of one (``planner.uncertainty.safe_total`` with the method's measured spread)."""
+    return safe_total(gpu.memory_bytes, spread(method, gpus=gpus))
 
 
 def safety_margin(capacity: int) -> int:
@@ -655,7 +655,7 @@ def check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: in
 
 
 def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec, gpu: GPUSpec, memo: MemoryMemo,
-            usable: int, cpu_mem: int, speeds: ThroughputMemo | None = None):
+            usable: int, cpu_mem: int, speeds: ThroughputMemo | None = None, gpus: int = 1):
     """(fitting [(config, speed, total, static terms)], each family's closest miss {family: (total, config)},
     candidates searched) of every combination of ``_combinations``, in its order, with the fast
     path's totals: each combination's largest fitting split, then, in the same order, the largest
@@ -672,7 +672,7 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
     safe_splits: list[tuple] = []
     speeds = speeds or _throughput_memo(model, gpu)
     closest: dict[tuple, tuple] = {}  # family -> (total, knobs, adapter variant, its index, split index, ckpt)
-    bounds = {method: safe_bound(method, gpu) for method in Method}
+    bounds = {method: safe_bound(method, gpu, gpus) for method in Method}
     searched, caching = 0, memo.caching
     statics, lines, peaks, screened, safer = _screen_tables(rows, memo, usable, cpu_mem)
     made = _made_configs(rows)
@@ -1008,7 +1008,7 @@ def screen(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, g
     # validate its recipe again (TrainConfig constructions, 1% of a search)
     speeds = _throughput_memo(model, gpu)
     fitting, closest, searched = _screen(rows, splits, model=model, gpu=gpu, memo=memo, usable=usable,
-                                         cpu_mem=space.offload_budget(gpus), speeds=speeds)
+                                         cpu_mem=space.offload_budget(gpus), speeds=speeds, gpus=gpus)
     return Screened(fitting, closest, searched, memo, usable, margin, speeds)
 
 

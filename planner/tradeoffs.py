@@ -82,12 +82,13 @@ def oom_risk(config: TrainConfig, memory: MemoryEstimate, *, capacity: int,
              calibrated: Spread | None = None) -> float:
     """The probability that the plan's process total passes the device's ``capacity``, from the
     memory model's measured error for its method (``planner.uncertainty``)."""
-    return oom_probability(memory.process_total_bytes, capacity, spread(config.method, calibrated=calibrated))
+    return oom_probability(memory.process_total_bytes, capacity,
+                           spread(config.method, gpus=config.gpus, calibrated=calibrated))
 
 
 def memory_interval(config: TrainConfig, memory: MemoryEstimate, *, calibrated: Spread | None = None) -> tuple[int, int]:
     """The 90% central interval of the plan's process total (``planner.uncertainty.peak_interval``)."""
-    return peak_interval(memory.process_total_bytes, spread(config.method, calibrated=calibrated))
+    return peak_interval(memory.process_total_bytes, spread(config.method, gpus=config.gpus, calibrated=calibrated))
 
 
 def near_edge(config: TrainConfig, memory: MemoryEstimate, *, capacity: int) -> bool:

@@ -5,8 +5,10 @@ The error is the model's own against published GPU measurements: ``bench/publish
 every row of ``bench/published_rows.json`` on the counter the source measured and
 ``python bench/published.py --uncertainty`` prints ``MEMORY_ERROR`` below, the quantiles of
 ln(measured / predicted) by method, rows whose settings are all stated apart from rows with a
-guessed setting (their error is the guess's as much as the model's: wider). A method with fewer
-than 8 rows of a kind takes the pooled median and the pooled interval widened to hold its rows. The quantiles are order statistics rounded outward,
+guessed setting (their error is the guess's as much as the model's: wider), and one GPU's runs apart
+from one rank of several (the sharding's and the collectives' error too: wider). A method with fewer
+than 8 rows of a kind, or rows of one harness, takes the pooled median and the pooled interval widened
+to hold its rows. The quantiles are order statistics rounded outward,
 so the central interval covers at least its share of the rows it came from
 (tests/memory/test_uncertainty.py checks it on the bench).
 
@@ -19,7 +21,7 @@ above it the normal scales that put the 5% and 95% quantiles where the table has
 is 5% exactly where the interval's upper end meets the device. A device calibrated on its own runs
 (``Spread.from_residuals``: at least 8 measured ln ratios) uses their spread where it is narrower.
 
-What it is not: the chance a particular run fails. The rows are 72 runs from 7 sources, the
+What it is not: the chance a particular run fails. The rows are 124 measurements from 8 sources, the
 counters measure parts of the process total (allocated, reserved, NVML used) and are pooled, and
 the interval says how far the model has been from measurements like these, not what a new
 library version, driver or data loader adds.
@@ -31,19 +33,23 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-#: (method or "all", guessed): (rows, q05, median, q95) of ln(measured / predicted) over the scored
-#: rows of bench/published.py (bench/published_rows.json), every counter together; printed by
-#: ``python bench/published.py --uncertainty`` (2026-11-27, 72 scored rows of 83; 18 of them one source,
-#: DeepSpeed ZeRO-3 on Qwen1.5-0.5B, its allocated and reserved peaks of the same runs).
-MEMORY_ERROR: dict[tuple[str, bool], tuple[int, float, float, float]] = {
-    ("all", False): (21, -0.1305, 0.0339, 0.2355),
-    ("all", True): (51, -0.3147, 0.0323, 0.3206),
-    ("full", False): (13, -0.1889, 0.0125, 0.1419),
-    ("full", True): (22, -0.1502, 0.0249, 0.1029),
-    ("lora", False): (4, -0.1305, 0.0339, 0.2355),
-    ("lora", True): (15, -0.4224, -0.008, 0.194),
-    ("qlora", False): (4, -0.1305, 0.0339, 0.2408),
-    ("qlora", True): (14, -0.3147, 0.3113, 0.4734),
+#: (method or "all", guessed, several GPUs): (rows, q05, median, q95) of ln(measured / predicted) over
+#: the scored rows of bench/published.py (bench/published_rows.json), every counter together; printed by
+#: ``python bench/published.py --uncertainty`` (2026-11-27, 124 scored rows of 144 from 8 sources; 28 of
+#: them one rank of a 2-GPU FSDP1 run, fms-acceleration's, kept apart as "several GPUs").
+MEMORY_ERROR: dict[tuple[str, bool, bool], tuple[int, float, float, float]] = {
+    ("all", False, False): (45, -0.0963, 0.0362, 0.1068),
+    ("all", False, True): (28, 0.0, 0.1435, 0.3018),
+    ("all", True, False): (51, -0.3625, 0.0323, 0.3206),
+    ("full", False, False): (17, -0.1889, 0.0074, 0.1419),
+    ("full", False, True): (8, 0.0, 0.1435, 0.3018),
+    ("full", True, False): (22, -0.1502, 0.0249, 0.1029),
+    ("lora", False, False): (8, -0.0963, 0.0362, 0.1068),
+    ("lora", False, True): (8, 0.0, 0.1435, 0.3018),
+    ("lora", True, False): (15, -0.4224, -0.008, 0.194),
+    ("qlora", False, False): (20, -0.0963, 0.0362, 0.1091),
+    ("qlora", False, True): (12, 0.0, 0.1435, 0.3141),
+    ("qlora", True, False): (14, -0.3625, 0.3113, 0.4613),
 }
 
 #: The central interval's share: 90%, so its upper end is the 95th percentile.
@@ -81,14 +87,17 @@ class Spread(NamedTuple):
         return cls(xs[math.floor(at_lo)], median, xs[math.ceil(at_hi)], source)
 
 
-def spread(method: str, *, guessed: bool = False, calibrated: Spread | None = None) -> Spread:
-    """The spread of a plan of ``method`` (full, lora, qlora): the method's entry of MEMORY_ERROR,
-    or the pooled one; a device calibration's own spread when it is the narrower."""
-    key = (str(method), guessed)
-    if key not in MEMORY_ERROR:
-        key = ("all", guessed)
+def spread(method: str, *, guessed: bool = False, gpus: int = 1, calibrated: Spread | None = None) -> Spread:
+    """The spread of a plan of ``method`` (full, lora, qlora) on ``gpus`` GPUs: the method's entry of
+    MEMORY_ERROR for one GPU or for one rank of several, else the pooled one of that kind, else (no
+    measured run of the kind: settings guessed on several GPUs) the one-GPU pooled one; a device
+    calibration's own spread when it is the narrower."""
+    several = gpus > 1
+    key = next((k for k in ((str(method), guessed, several), ("all", guessed, several), ("all", guessed, False))
+                if k in MEMORY_ERROR))
     rows, q05, median, q95 = MEMORY_ERROR[key]
-    stated = Spread(q05, median, q95, f"{rows} published runs ({key[0]}{', settings guessed' if guessed else ''})")
+    kind = ", settings guessed" * guessed + ", one rank of several GPUs" * key[2]
+    stated = Spread(q05, median, q95, f"{rows} published runs ({key[0]}{kind})")
     if calibrated is not None and calibrated.q95 - calibrated.q05 < q95 - q05:
         return calibrated
     return stated
