@@ -174,9 +174,11 @@ def _first_plan(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: i
     whole space, with the full estimates made here: ``replays``).
 
     Under ``fidelity`` a group key up to 3 holds the plans of that fidelity tier that are not near
-    the edge and are plain, or exotic and faster than every plain plan by EXOTIC_WIN. The methods
-    left out change such a group only through the fastest plain plan, which only grows with them:
-    an exotic plan that is not in the group here is not in it there either. So where each ranking
+    the edge and are plain, or exotic and faster than every plain plan of that tier by EXOTIC_WIN
+    (of the class, where the tier has none). The methods left out hold no plan of a tier screened
+    here (each tier is one method's), so they change such a group only through the class's fastest
+    plain plan, which only grows with them: an exotic plan that is not in the group here is not in it
+    there either. So where each ranking
     the replays make here (``_replayed_plans``' ``decided``) begins with a group key the screened
     methods hold every plan of, with no exotic plan (``_led_by_plain``), its first plan is the
     whole space's: the same plans in the same order (the screen makes each combination's plans
@@ -453,24 +455,33 @@ def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = fr
     return _Ranked(_grouped(safe, 0, fidelity, by_speed), near, fidelity, facts, speeds)
 
 
-def _by_speed(known: list[tuple]) -> tuple[list[float], list[int], float]:
+def _by_speed(known: list[tuple]) -> tuple[list[float], list[int], tuple[float, dict[int, float]]]:
     """What ``_grouped`` reads of one edge class whatever the policy: each plan's -tokens/s, the
     plans' indices by speed (a stable sort on one float: equal speeds keep the input order) and the
-    speed at or below which an exotic plan ranks after the plain ones."""
-    # the fastest plain plan of the class: an exotic plan not faster ranks after the plain ones
-    best = 0.0
+    speed at or below which an exotic plan ranks after the plain ones: under ``speed`` the fastest
+    plain plan's of the class; under ``fidelity`` that of its own fidelity tier (by tier), or the
+    class's where its tier has no plain plan. Under ``fidelity`` an exotic plan competes with the
+    plans it ranks among: a faster plain QLoRA plan (tier 2; QLoRA's 16-bit stream under
+    --no-kbit-upcast) demoted LoRA's ZeRO-1 plan on one A10G (1,504 tokens/s) below a plain LoRA
+    plan with offload (1,292), so a QLoRA setting changed the LoRA plan shown. A tier of exotic
+    plans alone keeps the class's bar: Llama-3.2-1B on a T4 would otherwise lead with full
+    fine-tuning offloaded to the host (301 tokens/s) over LoRA (3,748)."""
+    # the fastest plain plan of the class, and of each tier: an exotic plan not faster ranks after the plain ones
+    best, tiers = 0.0, {}
     for f in known:
-        if not f[2] and f[5] > best:
-            best = f[5]
+        if not f[2] and f[5] > tiers.get(f[3], 0.0):
+            tiers[f[3]] = f[5]
+            best = max(best, f[5])
     minus = [-f[5] for f in known]
-    return minus, sorted(range(len(known)), key=minus.__getitem__), best * (1 + EXOTIC_WIN)
+    return (minus, sorted(range(len(known)), key=minus.__getitem__),
+            (best * (1 + EXOTIC_WIN), {tier: speed * (1 + EXOTIC_WIN) for tier, speed in tiers.items()}))
 
 
 def _grouped(known: list[tuple], edge: int, fidelity: bool, by_speed: tuple | None = None) -> list[tuple]:
     """(group key, -tokens/s, index, facts) of each plan of one edge class (``known``: their
     facts, timed), in group key and speed order (``_ranking``); ``by_speed``: ``_by_speed(known)``
     where the caller has it."""
-    minus, order, odd = by_speed or _by_speed(known)
+    minus, order, (odd_class, odd_tier) = by_speed or _by_speed(known)
     # the order of (group key, -tokens/s, input index): the plans by speed, then put in their
     # groups' buckets in that order, so only the few group keys are sorted, not a thousand tuples
     # (two rankings were 5% of a search)
@@ -479,6 +490,7 @@ def _grouped(known: list[tuple], edge: int, fidelity: bool, by_speed: tuple | No
     for n in order:
         f = known[n]
         # the group key: near the edge, then exotic, then (under fidelity) the fidelity tier (0-3)
+        odd = odd_tier.get(f[3], odd_class) if fidelity else odd_class
         key = base + (4 if f[2] and f[5] <= odd else 0) + (f[3] if fidelity else 0)
         found = groups.get(key)
         if found is None:

@@ -276,11 +276,11 @@ def test_check_prints_no_library_warnings(tmp_path):
 
 
 def test_a_config_near_the_edge_is_offered_a_change_that_takes_it_off_the_edge(cli, tmp_path):
-    """It fits (22.3 GiB of 22.8 usable on a 4090) but at an OOM risk over 5%: the change is
-    one that fits with a margin, and the line says so instead of "that makes it fit"."""
+    """It fits (2 x 3840 tokens on a 4090) but at an OOM risk over 5% (19%): the change is one
+    that fits with a margin, and the line says so instead of "that makes it fit"."""
     path = tmp_path / "axolotl.yml"
     path.write_text("base_model: meta-llama/Llama-3.1-8B\nload_in_4bit: true\nadapter: qlora\nlora_r: 32\n"
-                    "lora_alpha: 16\nlora_target_linear: true\nsequence_len: 4096\nmicro_batch_size: 2\n"
+                    "lora_alpha: 16\nlora_target_linear: true\nsequence_len: 3840\nmicro_batch_size: 2\n"
                     "gradient_accumulation_steps: 4\noptimizer: paged_adamw_8bit\nbf16: true\n"
                     "gradient_checkpointing: true\nflash_attention: true\n")
     result = check([path], gpu="rtx4090")

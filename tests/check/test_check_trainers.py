@@ -84,7 +84,10 @@ def test_axolotl_qlora_example_is_read_with_its_keys_and_gets_a_change_that_fits
 
 
 def test_llama_factory_lora_sft_example_near_the_edge_gets_the_change_that_fits_safely(tmp_path):
-    result = check([LLAMA_FACTORY], gpu="a10g")
+    # an A10G of which another process holds half a GiB (22 GiB left): LLaMA-Factory's Llama-3-8B LoRA
+    # example fits there at an OOM risk of 11% (4.3% on the whole 22.5 GiB, within its measured error)
+    room = 22 * 1024**3
+    result = check([LLAMA_FACTORY], gpu="a10g", gpu_mem_bytes=room)
     c = result.config
     assert result.schema.startswith("llama-factory 0.9.5 ModelArguments")
     # LLaMA-Factory: LoRA in bf16 is a bf16 base with fp32 adapters; checkpointing on by default;
@@ -99,7 +102,7 @@ def test_llama_factory_lora_sft_example_near_the_edge_gets_the_change_that_fits_
     assert [(k.key, k.old, k.new) for k in change.keys] == [("quantization_bit", None, 4)]
     copied = copy(LLAMA_FACTORY, tmp_path)
     apply(change, tmp_path)
-    again = check([copied], gpu="a10g")
+    again = check([copied], gpu="a10g", gpu_mem_bytes=room)
     # LLaMA-Factory runs QLoRA without peft's k-bit upcast (its own prepare_model_for_training): the
     # search planned peft's upcast, which needs more, so the file read back fits with room to spare
     assert again.config.kbit_upcast is False and again.origins["kbit_upcast"]["key"] == "upcast_layernorm"
