@@ -323,6 +323,80 @@ def _train(
     scheme.worker_init(device)  # its library's environment and process group, outside the probe
     tracks = hasattr(probe, "track")  # the CPU probe can attribute bytes to categories
     probe.start()
+    model, forward_settings = _prepared_model(
+        model_config=model_config, config=config, device=device, checkpoint_dir=checkpoint_dir)
+    params = [p for p in model.parameters() if p.requires_grad]
+    _record_parameters(details, model=model, params=params)
+    if tracks:
+        probe.track(model.parameters(), category="parameters")
+        probe.track(model.buffers())
+
+    setup = scheme.worker_setup(
+        model, params, config, device=device, build_optimizer=lambda ps: _build_optimizer(config, ps),
+        hidden_size=model.config.hidden_size,
+        hyperparameters={"lr": LEARNING_RATE, "betas": ADAM_BETAS, "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY})
+    engine, optimizer, use_ds = setup.engine, setup.optimizer, setup.engine_steps
+    if not use_ds:
+        # the scheme may have replaced the parameters (FSDP2's DTensor shards): the old ones must
+        # not stay alive through this list
+        params = [p for p in engine.parameters() if p.requires_grad]
+    details.update(setup.details)
+    scaler = None
+    autocast_dtype = _torch_dtype(config.precision.compute_dtype) if setup.autocast else None
+    if not use_ds:
+        if config.precision is Precision.FP16_MIXED:
+            scaler = torch.amp.GradScaler(device.split(":")[0])
+        if tracks:
+            for p in params:
+                p.register_post_accumulate_grad_hook(lambda p: probe.track([p.grad], category="gradients"))
+
+    device_type = device.split(":")[0]
+    dev = torch.device(device)
+    vocab = int(model_config.get("vocab_size") or model.config.vocab_size)
+    gen = torch.Generator().manual_seed(seed)
+    batches = [_batch(config, vocab=vocab, gen=gen, device=dev) for _ in range(config.grad_accum)]
+
+    def set_phase(name: str) -> None:
+        probe.phase = name
+
+    one_step = _step_function(
+        engine=engine, optimizer=optimizer, config=config, batches=batches, use_ds=use_ds, scaler=scaler,
+        autocast=(device_type, autocast_dtype), forward_settings=forward_settings, set_phase=set_phase)
+    for _ in range(steps - 1):
+        one_step()
+    if tracks:
+        _tag_states(probe, model=model, optimizer=optimizer, use_ds=use_ds)
+    if device_type == "cuda":
+        torch.cuda.synchronize(dev)
+    set_phase("forward")
+    probe.reset_peak()
+    t0 = time.perf_counter()
+    one_step()
+    if device_type == "cuda":
+        torch.cuda.synchronize(dev)
+    step_s = time.perf_counter() - t0
+    if config.evaluates:
+        # the HF Trainer evaluates after an optimizer step (_maybe_log_save_evaluate): the
+        # measured peak is the run's, the larger of the step and the eval pass
+        _evaluate(engine, model, config, vocab=vocab, gen=gen, device=dev, autocast_dtype=autocast_dtype,
+                  set_phase=set_phase)
+    details["live_bytes_after"] = getattr(probe, "live_bytes", None)
+    if tracks:
+        # The CPU probe's dispatch mode runs Python on every op (tens of microseconds each),
+        # which makes a small model's step many times slower: its step time comes from one more
+        # step with the probe stopped (the CUDA probe costs nothing; its step is timed as is).
+        details["probed_step_s"] = step_s
+        probe.stop()
+        t0 = time.perf_counter()
+        one_step()
+        step_s = time.perf_counter() - t0
+    if scaler is not None:
+        details["grad_scaler_scale"] = float(scaler.get_scale())
+    return step_s
+
+
+def _prepared_model(*, model_config: dict[str, Any], config: TrainConfig, device: str, checkpoint_dir: str | None):
+    """The model as the emitted training script has it at its first step, and the settings its forward takes."""
     with tempfile.TemporaryDirectory(prefix="workers-qlora-") as tmp:
         if config.method is Method.QLORA:
             model = _build_qlora_base(model_config=model_config, config=config, checkpoint_dir=checkpoint_dir, tmp=tmp)
@@ -354,44 +428,24 @@ def _train(
     elif not config.loss_upcast:
         _install_loss_in_logits_dtype(model, model_config=model_config)
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
+    return model, forward_settings
+
+
+def _record_parameters(details: dict[str, Any], *, model, params: list) -> None:
     details["params_total"] = sum(p.numel() for p in model.parameters())
     details["params_trainable"] = sum(p.numel() for p in params)
     details["trainable_bytes"] = sum(p.numel() * p.element_size() for p in params)
     details["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     details["param_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
-    if tracks:
-        probe.track(model.parameters(), category="parameters")
-        probe.track(model.buffers())
 
-    setup = scheme.worker_setup(
-        model, params, config, device=device, build_optimizer=lambda ps: _build_optimizer(config, ps),
-        hidden_size=model.config.hidden_size,
-        hyperparameters={"lr": LEARNING_RATE, "betas": ADAM_BETAS, "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY})
-    engine, optimizer, use_ds = setup.engine, setup.optimizer, setup.engine_steps
-    if not use_ds:
-        # the scheme may have replaced the parameters (FSDP2's DTensor shards): the old ones must
-        # not stay alive through this list
-        params = [p for p in engine.parameters() if p.requires_grad]
-    details.update(setup.details)
-    scaler = None
-    autocast_dtype = _torch_dtype(config.precision.compute_dtype) if setup.autocast else None
-    if not use_ds:
-        if config.precision is Precision.FP16_MIXED:
-            scaler = torch.amp.GradScaler(device.split(":")[0])
-        if tracks:
-            for p in params:
-                p.register_post_accumulate_grad_hook(lambda p: probe.track([p.grad], category="gradients"))
 
-    device_type = device.split(":")[0]
-    dev = torch.device(device)
-    vocab = int(model_config.get("vocab_size") or model.config.vocab_size)
-    gen = torch.Generator().manual_seed(seed)
-    batches = [_batch(config, vocab=vocab, gen=gen, device=dev) for _ in range(config.grad_accum)]
+def _step_function(*, engine, optimizer, config: TrainConfig, batches: list, use_ds: bool, scaler, autocast,
+                   forward_settings: Mapping[str, Any], set_phase):
+    """One optimizer step over the accumulated micro-batches, as the HF Trainer or a manual loop runs it."""
+    import torch
+
+    device_type, autocast_dtype = autocast
     held: list = [None]  # the manual loop's ``outputs``: alive until the next forward returns
-
-    def set_phase(name: str) -> None:
-        probe.phase = name
 
     def one_step() -> None:
         for batch in batches:
@@ -427,37 +481,7 @@ def _train(
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(steps - 1):
-        one_step()
-    if tracks:
-        _tag_states(probe, model=model, optimizer=optimizer, use_ds=use_ds)
-    if device_type == "cuda":
-        torch.cuda.synchronize(dev)
-    set_phase("forward")
-    probe.reset_peak()
-    t0 = time.perf_counter()
-    one_step()
-    if device_type == "cuda":
-        torch.cuda.synchronize(dev)
-    step_s = time.perf_counter() - t0
-    if config.evaluates:
-        # the HF Trainer evaluates after an optimizer step (_maybe_log_save_evaluate): the
-        # measured peak is the run's, the larger of the step and the eval pass
-        _evaluate(engine, model, config, vocab=vocab, gen=gen, device=dev, autocast_dtype=autocast_dtype,
-                  set_phase=set_phase)
-    details["live_bytes_after"] = getattr(probe, "live_bytes", None)
-    if tracks:
-        # The CPU probe's dispatch mode runs Python on every op (tens of microseconds each),
-        # which makes a small model's step many times slower: its step time comes from one more
-        # step with the probe stopped (the CUDA probe costs nothing; its step is timed as is).
-        details["probed_step_s"] = step_s
-        probe.stop()
-        t0 = time.perf_counter()
-        one_step()
-        step_s = time.perf_counter() - t0
-    if scaler is not None:
-        details["grad_scaler_scale"] = float(scaler.get_scale())
-    return step_s
+    return one_step
 
 
 def _evaluate(engine, model, config: TrainConfig, *, vocab: int, gen, device, autocast_dtype, set_phase) -> None:
