@@ -89,6 +89,17 @@ HOST_DRAM_GBS_PER_RANK = 25.0
 CPU_ADAM_BYTES_PER_PARAM = 28
 CPU_ADAM_HALF_COPY_BYTES = 2
 
+#: Fraction of NVLink's line rate a collective moves payload at: an NVLink packet carries at most
+#: 128 B of payload from the SMs NCCL's kernels copy with, so each link's 25 GB/s line rate gives
+#: ~20 GB/s ("Each NVLink has a line rate of 25GB/s (in each direction) which converts to ~20GB/s
+#: effective bandwidth with a 128B payload size"; on A100 "240GB/s ... some other bottlenecks on the
+#: GPUs limits it to ~230GB/s": NCCL's lead, NVIDIA/nccl-tests issue #149, 2023-07-05; "the
+#: app-level bandwidth is 80% of the peak bandwidth", NVIDIA/nccl issue #1054, whose src/graph/topo.h
+#: counts an NVLink at 20 GB/s). H100: "450GB/s is the line rate. With the protocol overhead (~20%)
+#: NCCL can get an effective NVLink bandwidth of 370GB/s" (NVIDIA/nccl-tests issue #212, 2024-05-06).
+#: The catalog's NVLink rates are line rates (``planner.gpus``); its PCIe rates are effective already.
+NVLINK_PAYLOAD_FRACTION = 0.80
+
 #: NF4 weights read per weight: ``planner.memory.dtypes.NF4_READ_BYTES`` (0.5 B plus the block
 #: constants with double quantisation, QLoRA paper sec. 3).
 #: bitsandbytes' Linear4bit dequantises the whole weight to the 16-bit compute dtype before the
@@ -335,10 +346,17 @@ def _rates(gpu: GPUSpec, precision: Precision, utilization: float | None) -> _Ra
         ),
         # DeepSpeed CPU Adam at host DRAM speed (on the CPU profile the host is the device itself)
         host_bw=(gpu.mem_bandwidth_gbs if gpu.is_cpu else HOST_DRAM_GBS_PER_RANK) * 1e9,
-        link_bw=gpu.interconnect_gbs * 1e9,
+        link_bw=link_gbs(gpu) * 1e9,
         host_link_bw=gpu.host_link_gbs * 1e9,
         first_touch=CPU_FIRST_TOUCH_SECONDS_PER_BYTE if gpu.is_cpu else 0.0,
     )
+
+
+def link_gbs(gpu: GPUSpec) -> float:
+    """GB/s per direction a collective moves between two devices: NVLink's line rate less its packet
+    overhead (``NVLINK_PAYLOAD_FRACTION``); the catalog's other links are effective rates already
+    (``planner.gpus``: PCIe at ~80% of raw)."""
+    return gpu.interconnect_gbs * (NVLINK_PAYLOAD_FRACTION if gpu.interconnect.startswith("nvlink") else 1.0)
 
 
 def _adamw_path(gpu: GPUSpec, config: TrainConfig) -> str | None:
@@ -729,7 +747,9 @@ def estimate_throughput(
                        + (" (calibrated)" if gpu.bandwidth_efficiency is not None else ""))
     if config.gpus > 1:
         assumptions.append(
-            f"collectives over {gpu.interconnect} at {gpu.interconnect_gbs:g} GB/s per direction, ring algorithm"
+            f"collectives over {gpu.interconnect} at {link_gbs(gpu):g} GB/s per direction, ring algorithm"
+            + (f" ({NVLINK_PAYLOAD_FRACTION:.0%} of its {gpu.interconnect_gbs:g} GB/s line rate: NVLink's packet overhead)"
+               if link_gbs(gpu) != gpu.interconnect_gbs else "")
         )
     if offloaded:
         assumptions.append(
@@ -764,6 +784,7 @@ __all__ = [
     "estimate_throughput",
     "flops_per_token",
     "fresh_bytes",
+    "link_gbs",
     "offload_bytes_per_step",
     "optimizer_bytes_per_param",
     "paging_bytes_per_step",
