@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from planner.config import Attention, Method, Precision, TrainConfig
 from planner.gpus import FP8_PER_BF16, GPUSpec
 from planner.memo import IdentityMemo
+from planner.memory.attention import effective_attention
 from planner.memory.dtypes import ADAPTER_BYTES, fp8_converts
 from planner.memory.parameters import stack_targets
 from planner.memory.shapes import drops_adapter_inputs
@@ -379,9 +380,17 @@ def _gemms(model: ModelSpec, config: TrainConfig, adapter_weight: float = 1.0) -
 def _attention_layers(model: ModelSpec, config: TrainConfig) -> tuple[tuple[int, int, int, int], ...]:
     """(layers, heads, head dim, keys each query reads) of each kind of softmax-attention block: every block
     of a model whose blocks are alike; per kind where they differ (Gemma 4's global layers' head dim and
-    their full context beside the sliding ones; Gated DeltaNet layers have none: ``_linear_attention_flops``)."""
+    their full context beside the sliding ones; Gated DeltaNet layers have none: ``_linear_attention_flops``).
+    Only flash-attn reads fewer keys in a sliding layer: transformers passes it the window
+    (modeling_gpt_oss.py l.284 and l.321 ``sliding_window=self.sliding_window``, flash-attn's ``window_size``),
+    where SDPA gets a materialised window mask (masking_utils.py create_sliding_window_causal_mask) and eager
+    adds one to the whole score matrix: both compute every key."""
+    windowed = effective_attention(model, config) is Attention.FLASH
+
     def context(sliding: bool) -> int:
-        return min(config.seq_len, model.sliding_window) if model.sliding_window and sliding else config.seq_len
+        if model.sliding_window and sliding and windowed:
+            return min(config.seq_len, model.sliding_window)
+        return config.seq_len
     if not model.other_blocks:
         return ((model.num_layers + 2 * model.decoder_layers, model.num_heads, model.head_dim, context(True)),)
     per_layer = any(view.sliding_attention for _, _, view in model.block_kinds)
@@ -441,29 +450,31 @@ def attention_flops(model: ModelSpec, config: TrainConfig, tokens: int, gpu: GPU
         forward /= CPU_MATH_FRACTION_OF_GEMM
         return (1 + EAGER_BACKWARD_FLOPS) * forward, forward
     cpu = gpu is not None and gpu.is_cpu
-    if _fused_attention(config):
+    if _fused_attention(model, config):
         if not model.is_encoder and not model.is_encoder_decoder and config.packing:
             forward /= 2  # causal: the kernel skips the masked half
         causal_kernel = config.packing or config.attention is Attention.FLASH
         forward /= CPU_FLASH_FRACTION_OF_GEMM if cpu else FLASH_FRACTION_OF_GEMM if causal_kernel \
             else MASKED_SDPA_FRACTION_OF_GEMM
-    backward = FUSED_BACKWARD_FLOPS if _fused_attention(config) else EAGER_BACKWARD_FLOPS
+    backward = FUSED_BACKWARD_FLOPS if _fused_attention(model, config) else EAGER_BACKWARD_FLOPS
     if linear := _linear_attention_flops(model, tokens):
         forward += linear / FLASH_FRACTION_OF_GEMM
     return (1 + backward) * forward, forward
 
 
-def _fused_attention(config: TrainConfig) -> bool:
+def _fused_attention(model: ModelSpec, config: TrainConfig) -> bool:
     """Whether attention runs a fused kernel (no materialised scores): flash, or SDPA at 16 bits
-    (fp32 SDPA on CUDA takes the math path or the slower fp32 efficient kernel: eager-like)."""
-    if config.attention is Attention.FLASH:
+    (fp32 SDPA on CUDA takes the math path or the slower fp32 efficient kernel: eager-like); SDPA asked
+    of a model without it runs eager (``effective_attention``: gpt-oss)."""
+    attention = effective_attention(model, config)
+    if attention is Attention.FLASH:
         return True
-    return config.attention is Attention.SDPA and config.precision is not Precision.FP32
+    return attention is Attention.SDPA and config.precision is not Precision.FP32
 
 
 def _score_bytes(model: ModelSpec, config: TrainConfig) -> float:
     """Bytes eager attention's materialised scores move per token, forward + backward."""
-    if _fused_attention(config):
+    if _fused_attention(model, config):
         return 0.0
     # the additive mask is built in the model's dtype (fp32 weights under AMP): adding it promotes the
     # 16-bit scores to fp32 for the softmax (itself on autocast's fp32 list) and the dropout after it
@@ -591,7 +602,7 @@ def dropout_draws(model: ModelSpec, config: TrainConfig) -> float:
     once. SDPA's math path draws its own, in its measured rate (``CPU_MATH_FRACTION_OF_GEMM``)."""
     blocks = model.num_layers + model.decoder_layers
     per_block = 2.0 * model.hidden_size * blocks if model.hidden_dropout else 0.0
-    if model.attn_dropout and config.attention is Attention.EAGER:
+    if model.attn_dropout and effective_attention(model, config) is Attention.EAGER:
         per_block += sum(layers * heads * ctx for layers, heads, _, ctx in _attention_layers(model, config))
     if drops_adapter_inputs(config):
         per_block += sum(n * sum(lin.active * lin.in_features for lin in linears)

@@ -267,9 +267,12 @@ def gpt_oss(c: ConfigReader, model_type: str) -> dict[str, Any]:
     linears = tuple(qkvo(hidden, heads, kv, head_dim, qkv_bias=bias, o_bias=bias)
                     + [lin("router", hidden, count, True, K.ROUTER, module=False)]
                     + experts(hidden, inter, count, top_k, bias=True))
-    return decoder_fields(
+    # configuration_gpt_oss.py l.84-87: sliding and full attention alternate, sliding first, unless the
+    # config lists ``layer_types``; only a sliding layer passes the window to its kernel (modeling_gpt_oss.py l.284)
+    types = _layer_types(c, layers, ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)])
+    fields = decoder_fields(
         c, model_type=model_type, hidden=hidden, heads=heads, kv=kv, head_dim=head_dim, inter=inter,
-        vocab=vocab, blocks=[("moe", linears, 2 * hidden + heads)] * layers,
+        vocab=vocab, blocks=[(f"moe {kind}", linears, 2 * hidden + heads) for kind in types],
         tied=c.flag("tie_word_embeddings", False), max_pos=c.size("max_position_embeddings", default=131_072),
         act=c.text("hidden_act", default="silu"), final_norm=hidden, num_experts=count, experts_per_token=top_k,
         sliding_window=c.size("sliding_window", default=128), routing=gpt_oss_routing(c),
@@ -279,7 +282,10 @@ def gpt_oss(c: ConfigReader, model_type: str) -> dict[str, Any]:
         # fp32 sinks (and the additive mask) promote to the parameters' (attention.sink_bytes)
         eager_softmax="residual",
         norm_weight_fp32=True,  # GptOssRMSNorm.forward (:63): (self.weight * hidden_states).to(input_dtype), in fp32
+        sliding_attention=types[0] == "sliding_attention",
     )
+    return dict(fields, other_blocks=tuple(dataclasses.replace(g, sliding=types[g.first] == "sliding_attention")
+                                           for g in fields["other_blocks"]))
 
 
 #: what fine-tuning does with gpt-oss's MXFP4 experts: OpenAI's cookbook "Fine-tuning with gpt-oss and Hugging

@@ -305,6 +305,31 @@ def test_sliding_window_caps_the_attention_context():
     assert fl.attention == 3 * 4 * 32 * 512 * 32 * 128
 
 
+def test_only_flash_reads_fewer_keys_in_a_sliding_layer():
+    """flash-attn takes the window (window_size) and skips the keys outside it; SDPA gets a materialised
+    window mask and eager adds one to the whole score matrix: both compute every key."""
+    from planner.kernels import _attention_layers
+
+    windowed = llama(hidden=4096, layers=32, vocab=32000, intermediate=11008, heads=32, sliding_window=512)
+    assert _attention_layers(windowed, cfg(attention="flash")) == ((32, 32, 128, 512),)
+    assert _attention_layers(windowed, cfg(attention="sdpa")) == ((32, 32, 128, 2048),)
+    assert _attention_layers(windowed, cfg(attention="eager")) == ((32, 32, 128, 2048),)
+
+
+def test_gpt_oss_alternates_sliding_and_full_layers():
+    """gpt-oss-20b (configuration_gpt_oss.py: layer_types sliding, full, ... over 24 layers; window 128; 64
+    heads of 64): under flash 12 layers read 128 keys and 12 the whole 4096; SDPA, which the model lacks, runs
+    eager (OpenAI's recipe) over every key of all 24."""
+    from planner.catalog import resolve_model
+    from planner.kernels import _attention_layers
+
+    oss = resolve_model("openai/gpt-oss-20b")
+    assert [(n, view.sliding_attention) for n, _, view in oss.block_kinds] == [(12, True), (12, False)]
+    flash = cfg(attention="flash", seq_len=4096, precision="bf16")
+    assert sorted(_attention_layers(oss, flash)) == [(12, 64, 64, 128), (12, 64, 64, 4096)]
+    assert _attention_layers(oss, cfg(attention="sdpa", seq_len=4096, precision="bf16")) == ((24, 64, 64, 4096),)
+
+
 def test_cpu_profile_estimate():
     tiny = llama(hidden=64, layers=2, vocab=1000, intermediate=256, heads=4)
     cpu = get_gpu("cpu")
