@@ -16,6 +16,12 @@ transformers 4.45's ``gradient_checkpointing_enable`` defaults), the peak counte
 CPU probe (workers/probes.py ``CpuProbe``, live storage bytes through the dispatcher).
 
     python bench/fsdp1_adapters.py [--seq 512] [--dropout 0.0] [--orig 1] [--mp none|bf16] [--trace]
+    python bench/fsdp1_adapters.py --rows   # the published FSDP1 adapter rows with the retained gradients
+
+``--rows`` prints, for each max_memory_allocated row of bench/published_rows.json that ran FSDP1 with
+adapters under transformers 4's reentrant checkpoint, the planner's prediction and the prediction with
+planner.sharding.fsdp1.retained_input_gradients added to the model's ``first_block_backward`` moment
+(the first layer's backward holds that moment's tensors and the retained gradients).
 """
 
 from __future__ import annotations
@@ -120,8 +126,48 @@ def _run(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any)
         queue.put(results)
 
 
+def rows() -> list[dict[str, Any]]:
+    """The FSDP1 adapter rows of bench/published_rows.json: measured, predicted, and predicted with
+    the retained layer-input gradients at the first layer's backward."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import published
+
+    from planner.memory import estimate_memory
+    from planner.sharding.fsdp1 import retained_input_gradients
+
+    out = []
+    for row in published.load()["rows"]:
+        s = row["settings"]
+        if (s.get("sharding") != "fsdp1" or row["metric"] != "max_memory_allocated"
+                or s.get("method") not in ("lora", "qlora")):
+            continue
+        try:
+            spec, gpu, config, _ = published.map_row(row)
+        except published.Unscorable:
+            continue  # the Mixtral rows: not scored by bench/published.py either
+        predicted = estimate_memory(model=spec, config=config, gpu=gpu).peak_allocated_bytes
+        block, _rest = published.block_moment(spec, config, gpu)
+        # transformers 4 (these rows' transformers_major) checkpoints around the unit, reentrant
+        retained = retained_input_gradients(spec, config, reentrant_around_unit=s.get("transformers_major") == 4)
+        measured = published.measured_bytes(row)
+        with_term = max(predicted, block + retained)
+        out.append({"id": row["id"], "measured": measured, "predicted": predicted, "retained": retained,
+                    "with_term": with_term, "error": (predicted - measured) / measured,
+                    "error_with_term": (with_term - measured) / measured})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch.multiprocessing as mp
+
+    if argv is None and "--rows" in sys.argv[1:] or argv is not None and "--rows" in argv:
+        gib = 2**30
+        print("| row | measured GiB | predicted GiB | error | retained GiB | with it GiB | error |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in rows():
+            print(f"| {r['id']} | {r['measured'] / gib:.2f} | {r['predicted'] / gib:.2f} | {r['error']:+.1%} | "
+                  f"{r['retained'] / gib:.2f} | {r['with_term'] / gib:.2f} | {r['error_with_term']:+.1%} |")
+        return 0
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arm", choices=("single", "fsdp1"), default="fsdp1")
