@@ -66,6 +66,46 @@ UNSHARD_HOST_SECONDS = 235e-6
 UNITS_PER_ADAPTED_LINEAR = 2
 
 
+def retained_input_gradients(model: Any, config: Any, *, reentrant_around_unit: bool) -> int:
+    """Bytes FSDP1 keeps alive at the backward of the first decoder layer (the last one backward
+    reaches) beyond what one process holds, when a reentrant checkpoint is called around each
+    frozen unit: (layers - 2) layer-input gradients, ``micro_batch x seq_len x hidden`` in the
+    residual stream's dtype each.
+
+    How (torch 2.4.1, the fms runs'; the same code in 2.13): a unit whose flat parameter does not
+    require gradients (every decoder layer's under LoRA and QLoRA, whose adapters are units of
+    their own) registers, in each forward run with gradients, a multi-grad hook on its inputs that
+    require them (fsdp/_runtime_utils.py l.401 ``_pre_forward`` ->
+    ``_register_post_backward_reshard_only_hook`` l.1461-1503), kept in
+    ``flat_param._post_backward_hook_state`` until ``_finalize_params`` at the end of backward
+    (l.1157-1178). ``register_multi_grad_hook`` keeps ``grad_fns`` (autograd/graph.py l.469): for a
+    leaf, the ``AccumulateGrad`` node ``_get_grad_fn_or_grad_acc`` makes (l.159-162), which owns the
+    leaf. transformers 4's model-level checkpoint calls the FSDP-wrapped layer inside the reentrant
+    checkpoint (4.45.2 models/mistral/modeling_mistral.py l.805-806
+    ``self._gradient_checkpointing_func(decoder_layer.__call__, ...)``, use_reentrant True by default:
+    modeling_utils.py l.2404), whose backward reruns the layer on detached leaves
+    (utils/checkpoint.py l.290) and fills their ``.grad`` (l.313-314): each layer's input and its
+    gradient then live until backward ends. Every checkpoint is alive at the model's
+    ``first_block_backward`` already, so what the first layer's backward adds over it is the
+    gradients of the layers between: the one flowing into the first layer is there on one process
+    too. Measured on the CPU (bench/fsdp1_adapters.py, bench/results/fsdp1_adapters.md): (L - 2)
+    input-sized gradients at 4 and 8 layers, none with a non-reentrant checkpoint.
+
+    ``reentrant_around_unit``: the run's checkpoint is reentrant and called around the FSDP unit
+    (transformers <= 4.x's default). The planner's own runs hold none: transformers 5 checkpoints
+    inside the layer (``GradientCheckpointingLayer``, inside the unit's forward) and the planner
+    asks for a non-reentrant one (planner/emit/settings.py ``CHECKPOINTING_KWARGS``). Full
+    fine-tuning holds none either: a unit whose flat parameter trains hooks its ``AccumulateGrad``
+    instead (``_register_post_backward_hook``), no input."""
+    from planner.memory.dtypes import mode_of
+
+    if not (reentrant_around_unit and config.grad_ckpt and config.method.uses_adapters):
+        return 0
+    layers = model.num_layers
+    per_gradient = config.micro_batch * config.seq_len * model.hidden_size * mode_of(config).residual
+    return max(layers - 2, 0) * per_gradient
+
+
 def unshards_per_micro_step(config: Any) -> int:
     """All-gathers each adapter unit runs a micro-step: the forward's and the backward's
     (FULL_SHARD frees it after forward), and with checkpointing the recompute's: an adapter unit
@@ -265,4 +305,4 @@ SPECS = (
                       "per decoder layer plus the root, and one per LoRA adapter (peft's fsdp_auto_wrap_policy)"),)),
 )
 
-__all__ = ["FSDP1", "SPECS", "UNSHARD_HOST_SECONDS", "unshards_per_micro_step"]
+__all__ = ["FSDP1", "SPECS", "UNSHARD_HOST_SECONDS", "retained_input_gradients", "unshards_per_micro_step"]
