@@ -108,7 +108,7 @@ class Loop(enum.StrEnum):
 #: a payload without them decodes to their defaults, which are the behaviour it was planned with.
 #: torchtune's ``optimizer_in_bwd`` and ``loss_chunks`` were added within version 3 the same way,
 #: written only where set, and so were QLoRA's ``kbit_upcast`` and the loss' ``loss_upcast`` (written
-#: only where False) and ``loss_shift`` (only where True).
+#: only where False) and ``loss_shift`` and ``reentrant_ckpt`` (only where True).
 #: Version 3 names the sharding scheme (``sharding``, ``planner.sharding``) where no ``--zero``
 #: stage names it; a configuration whose scheme a stage names (none, DDP, ZeRO-1/2/3) is still
 #: written as version 2 (``zero`` and ``offload``), so that version-2 readers read it and stored
@@ -324,6 +324,12 @@ class TrainConfig:
     zero-filled gradient of the whole logits (transformers 4.45.2 models/mistral/modeling_mistral.py
     l.1059-1074); False: transformers 5's ``ForCausalLMLoss`` (the labels shifted, not the logits).
     Refused with ``fused_ce`` and ``loss_chunks``, whose losses are their own."""
+    reentrant_ckpt: bool = False
+    """Gradient checkpointing as transformers 4 runs it: the model's loop calls each decoder layer inside a
+    reentrant checkpoint (4.45.2 models/mistral/modeling_mistral.py l.805-806, modeling_utils.py l.2404),
+    around the layer's FSDP1 unit, which then keeps each frozen layer's input gradient to the end of
+    backward (``planner.sharding.fsdp1.retained_input_gradients``); False: transformers 5's checkpoint
+    inside the layer, or a non-reentrant one (the planner's own runs)."""
     kbit_upcast: bool = True
     """QLoRA's k-bit preparation upcasts every non-4-bit parameter to fp32 (peft's
     ``prepare_model_for_kbit_training``, peft 0.21 utils/other.py:204-209: norms, embeddings, the
@@ -347,7 +353,7 @@ class TrainConfig:
                  sharding: Sharding | str = NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
                  loop: Loop | str = Loop.TRAINER, fused_ce: bool = False, packing: bool = True,
                  use_cache: bool = False, optimizer_in_bwd: bool = False, loss_chunks: int = 1,
-                 loss_upcast: bool = True, loss_shift: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, zero: int | None = None, offload: Offload | str | None = None) -> None:
+                 loss_upcast: bool = True, loss_shift: bool = False, reentrant_ckpt: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, zero: int | None = None, offload: Offload | str | None = None) -> None:
         # The dataclass's own __init__ with every field and its default (a test holds them equal),
         # setting all fields at once: the generated one makes one object.__setattr__ call per frozen
         # field, half the cost of a construction (the search makes hundreds per request). ``zero``
@@ -358,7 +364,7 @@ class TrainConfig:
             "attention": attention, "lora_r": lora_r, "lora_targets": lora_targets, "sharding": sharding,
             "alloc_conf": alloc_conf, "lora_dropout": lora_dropout, "loop": loop, "fused_ce": fused_ce,
             "packing": packing, "use_cache": use_cache, "optimizer_in_bwd": optimizer_in_bwd,
-            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
+            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "reentrant_ckpt": reentrant_ckpt, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
             "generate_tokens": generate_tokens,
         })
         self.__post_init__(zero, offload)
@@ -391,9 +397,9 @@ class TrainConfig:
         if not (type(fields["fused_ce"]) is bool and type(fields["packing"]) is bool  # bool has no subclasses
                 and type(fields["use_cache"]) is bool and type(fields["optimizer_in_bwd"]) is bool
                 and type(fields["kbit_upcast"]) is bool and type(fields["loss_upcast"]) is bool
-                and type(fields["loss_shift"]) is bool):
+                and type(fields["loss_shift"]) is bool and type(fields["reentrant_ckpt"]) is bool):
             flag = next(flag for flag in ("fused_ce", "packing", "use_cache", "optimizer_in_bwd", "kbit_upcast",
-                                          "loss_upcast", "loss_shift")
+                                          "loss_upcast", "loss_shift", "reentrant_ckpt")
                         if type(fields[flag]) is not bool)
             raise InvalidConfigError(f"{flag} must be true or false, got {fields[flag]!r}")
         for name, bound in _COUNT_BOUNDS:
@@ -605,7 +611,7 @@ class TrainConfig:
         return {
             # torchtune's settings are version 3's: a version-2 reader would drop them
             "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding and not self._torchtune_set and self.kbit_upcast
-            and self.loss_upcast and not self.loss_shift else CONFIG_VERSION,
+            and self.loss_upcast and not self.loss_shift and not self.reentrant_ckpt else CONFIG_VERSION,
             "method": str(self.method),
             "precision": str(self.precision),
             "optimizer": str(self.optimizer),
@@ -631,6 +637,7 @@ class TrainConfig:
             **({"kbit_upcast": False} if not self.kbit_upcast else {}),
             **({"loss_upcast": False} if not self.loss_upcast else {}),
             **({"loss_shift": True} if self.loss_shift else {}),
+            **({"reentrant_ckpt": True} if self.reentrant_ckpt else {}),
             # the evaluation settings only where the run evaluates: a payload without them is a
             # run without an eval pass, and keeps its bytes
             **({"eval_batch": self.eval_batch, "eval_seq_len": self.eval_seq_len,
@@ -691,6 +698,8 @@ class TrainConfig:
             parts.append("16-bit loss")
         if self.loss_shift:
             parts.append("shifted-logits loss")
+        if self.reentrant_ckpt:
+            parts.append("reentrant ckpt")
         if not self.kbit_upcast:
             parts.append("no-kbit-upcast")
         if self.evaluates:

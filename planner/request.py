@@ -243,6 +243,17 @@ _FIELDS = (
            "ForCausalLMLoss, which shifts the labels instead).", memo=(BATCH,), recipe=True,
            terms="the loss' logits-sized tensors and their order (memory/activations.py shifted_loss, "
            "memory/timeline.py)", trainers=_NO_TRAINER_KEY),
+    # transformers 4's model-level checkpoint: the model's loop calls each decoder layer inside a reentrant
+    # torch.utils.checkpoint (4.45.2 models/mistral/modeling_mistral.py l.805-806; use_reentrant True by
+    # default, modeling_utils.py l.2404), so under FSDP1 the checkpoint runs around the layer's unit;
+    # transformers 5 checkpoints inside the layer (GradientCheckpointingLayer) and the planner's own runs ask
+    # for a non-reentrant one: emit and the worker cannot run it (no trainer key)
+    _field("reentrant_ckpt", bool, False, "Gradient checkpointing as transformers 4 runs it: a reentrant checkpoint "
+           "called around each decoder layer (its default). Under FSDP1 with LoRA/QLoRA each layer's input "
+           "gradient is then kept to the end of backward (default: transformers 5's checkpoint inside the layer).",
+           memo=(BATCH,), recipe=True,
+           terms="FSDP1's retained layer-input gradients (planner/sharding/fsdp1.py retained_input_gradients, "
+           "memory/step.py)", trainers=(("hf", None),) + _NO_TRAINER_KEY),
     # QLoRA's k-bit preparation: peft's prepare_model_for_kbit_training (the HF/TRL path, emit's
     # train.py and the worker) upcasts every non-4-bit parameter to fp32 (peft 0.21 utils/other.py:204-209);
     # fms-acceleration's accelerated-peft-bnb, torchtune's QLoRA recipes, LLaMA-Factory
@@ -384,6 +395,8 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
         parts.append("16-bit loss (no fp32 upcast of the logits)")
     if values.get("loss_shift"):
         parts.append("transformers 4's loss on a shifted copy of the logits")
+    if values.get("reentrant_ckpt"):
+        parts.append("transformers 4's reentrant checkpoint around each layer")
     if values.get("eval_batch"):
         tokens = values.get("eval_seq_len") or values.get("seq_len")
         parts.append(f"eval batch {values['eval_batch']}" + (f" x {tokens} tokens" if tokens else "")

@@ -64,10 +64,13 @@ def model_dtype(config: TrainConfig) -> str:
 
 def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
     """Keyword arguments of ``transformers.TrainingArguments`` (transformers 5.x names); a plan
-    with a setting the HF Trainer has no key for (torchtune's: ``planner.request``) is refused."""
+    with a setting the HF Trainer has no key for (torchtune's, transformers 4's checkpoint: ``planner.request``)
+    is refused."""
     if missing := unexpressible(config, "hf"):
-        raise UnsupportedError(f"the HF Trainer has no {', '.join(missing)} (torchtune's recipe settings): "
-                               "emit --for torchtune, or plan without them")
+        fix = ("transformers 4's checkpoint, which the emitted transformers 5 run cannot take: plan without it"
+               if missing == ["reentrant_ckpt"] else "torchtune's recipe settings: emit --for torchtune, or plan "
+               "without them")
+        raise UnsupportedError(f"the HF Trainer has no {', '.join(missing)} ({fix})")
     args: dict[str, Any] = {
         "output_dir": OUTPUT_DIR,
         "per_device_train_batch_size": config.micro_batch,

@@ -432,9 +432,22 @@ def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     return BatchTerms(
         activations=activations, recompute=recompute, forward_logits=fwd_logits, backward_logits=bwd_logits,
         kv_cache=cache, kept=kept, head=head, after_head={k: v for k, v in after_head.items() if v},
-        block_backward=_keyed(block_added), recompute_end=_keyed(end_added), eval_generate=generated,
-        eval_forward=evaluated,
+        block_backward=_keyed(block_added) | _retained(model, config), recompute_end=_keyed(end_added),
+        eval_generate=generated, eval_forward=evaluated,
     )
+
+
+#: the breakdown key of what the sharding scheme keeps alive to the end of backward (``_retained``)
+RETAINED_KEY = "activations/retained_input_gradients"
+
+
+def _retained(model: ModelSpec, config: TrainConfig) -> dict[str, int]:
+    """What the sharding scheme's hooks keep alive to the end of backward, drawn at the last block's
+    backward (``ShardingSpec.retained_in_backward``: FSDP1's frozen layers' input gradients under
+    transformers 4's reentrant checkpoint). Every checkpoint is alive at that moment, as it is at the
+    first block's backward with them retained, so the moment stands for the end of backward too."""
+    nbytes = config.sharding.spec.retained_in_backward(model, config) if config.reentrant_ckpt else 0
+    return {RETAINED_KEY: nbytes} if nbytes else {}
 
 
 def _keyed(terms: dict[str, int]) -> dict[str, int]:
@@ -506,6 +519,8 @@ def line_reads(config: TrainConfig) -> tuple:
         mode = _full_mode(mode)
     elif method is _QLORA and qlora_as_lora(mode):
         method = _LORA
+    if config.reentrant_ckpt:  # what it keeps depends on the scheme (``_retained``), not on the batch key's fields
+        return method, mode, head_saves_input(config), config.sharding.spec.name
     return method, mode, head_saves_input(config)
 
 
@@ -558,7 +573,8 @@ def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext,
     return _BATCH_SUMS(BatchSizes(
         saved,  # activations
         saved - sum([nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED]),  # after_head
-        sum(step.recompute_end.values()), sum(step.block_backward.values()),  # recompute_end, block_backward
+        sum(step.recompute_end.values()),  # recompute_end
+        sum(step.block_backward.values()) + sum(_retained(model, config).values()),  # block_backward
         step.recompute, fwd_logits, bwd_logits, cache, kept, eval_generate, eval_forward))
 
 

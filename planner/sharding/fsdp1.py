@@ -172,7 +172,14 @@ class FSDP1(FSDP2):
         return False  # chosen by name only: FSDP2 is the FSDP the search plans
 
     def memory_twin(self, gpus: int) -> str:
-        return "fsdp2"  # its memory terms are FSDP2's (the module's docstring)
+        # its memory terms are FSDP2's (the module's docstring) but for ``retained_in_backward``, which the
+        # search's batch key holds apart (``planner.memory.step.line_reads``)
+        return "fsdp2"
+
+    def retained_in_backward(self, model: Any, config: Any) -> int:
+        """Each frozen layer's input gradient under a reentrant checkpoint around its unit
+        (``retained_input_gradients``, ``TrainConfig.reentrant_ckpt``)."""
+        return retained_input_gradients(model, config, reentrant_around_unit=config.reentrant_ckpt)
 
     # ---- throughput -------------------------------------------------------------------------
     def host_seconds(self, model: Any, config: Any, *, adapted_modules: int) -> float:

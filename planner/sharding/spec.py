@@ -319,6 +319,12 @@ class ShardingSpec:
         key): itself unless said otherwise."""
         return self.name
 
+    def retained_in_backward(self, model: Any, config: Any) -> int:
+        """Per-micro-batch bytes the scheme's hooks keep alive to the end of backward beyond what one
+        process holds (``planner.memory.step`` adds them to the last block's backward, where every
+        checkpoint is alive too): none."""
+        return 0
+
     # ---- throughput -------------------------------------------------------------------------
     def comm_bytes(self, config: Any, *, trainable: int, params_total: int, grad_bytes: int) -> float:
         """Bytes each rank sends over the interconnect per optimizer step (more than one GPU)."""

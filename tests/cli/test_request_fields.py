@@ -51,6 +51,7 @@ ALTERNATIVES: dict[str, list] = {
     "loss_chunks": [8],
     "loss_upcast": [False],
     "loss_shift": [True],
+    "reentrant_ckpt": [True],
     "kbit_upcast": [False],
     "eval_batch": [4],
     "eval_seq_len": [128],

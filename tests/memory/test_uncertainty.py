@@ -180,14 +180,15 @@ def test_a_plan_on_several_gpus_is_read_with_the_multi_gpu_runs_error():
 
 
 def test_the_multi_gpu_rows_are_wider_than_the_one_gpu_rows(scored):
-    """Why the split: on the bench the ranks of multi-GPU runs are further from the prediction than
-    the one-GPU runs (median |ln(measured / predicted)|), so pooling them would widen every one-GPU
-    plan's interval for an error it does not have."""
-    def median_abs(rows):
-        xs = sorted(abs(math.log(r["measured"] / r["predicted"])) for r in rows)
-        return xs[len(xs) // 2]
+    """Why the split: on the bench the ranks of multi-GPU runs have a longer upper tail of
+    ln(measured / predicted) than the one-GPU runs whose settings are stated (the 95th percentile,
+    what a plan's OOM probability reads: their nvidia-smi rows carry the FSDP1 replay's gaps), so
+    pooling them would widen every one-GPU plan's interval for an error it does not have."""
+    def q95(rows):
+        xs = sorted(math.log(r["measured"] / r["predicted"]) for r in rows)
+        return xs[math.ceil(0.95 * len(xs)) - 1]
 
     one = [r for r in scored if r["config"].gpus == 1 and not r["guessed"]]
     several = [r for r in scored if r["config"].gpus > 1]
     assert len(several) >= 8
-    assert median_abs(several) > median_abs(one)
+    assert q95(several) > q95(one)

@@ -123,3 +123,42 @@ def test_real_fsdp1_holds_them(layers):
     # at 4 layers and at 8: nothing that grows with the layers or the tokens
     assert 0 <= excess[True] - retained <= 1024
     assert excess[False] == 0
+
+
+def test_the_estimate_holds_them_at_the_last_blocks_backward():
+    """``reentrant_ckpt`` (transformers 4's checkpoint) puts the retained gradients into the moment of the
+    last block's backward, under their own key, in the breakdown and in the search's sums alike; FSDP2,
+    full fine-tuning and the default add nothing. The estimate's peak moves there: the forward's end
+    (where the default peaks) is lower than that moment with 1.875 GiB more."""
+    from planner.gpus import get_gpu
+    from planner.memory import estimate_memory
+    from planner.memory.step import RETAINED_KEY, batch_moments, batch_terms, batch_totals
+
+    model, gpu = resolve_model(MISTRAL), get_gpu("a100-80gb")
+    kernels = gpu.kernels
+    on, off = _config(reentrant_ckpt=True), _config()
+    held = batch_terms(model, on, kernels).block_backward
+    assert held[RETAINED_KEY] == 2_013_265_920  # test_mistral_lora_by_hand's figure
+    assert sum(held.values()) - sum(batch_terms(model, off, kernels).block_backward.values()) == 2_013_265_920
+    assert batch_totals(model, on, kernels) == batch_moments(batch_terms(model, on, kernels).sizes())
+    for other in (off, _config(reentrant_ckpt=True, sharding="fsdp2", precision="bf16"),
+                  _config(reentrant_ckpt=True, method="full", lora_r=None, lora_targets=None)):
+        assert RETAINED_KEY not in batch_terms(model, other, kernels).block_backward
+    with_them, without = (estimate_memory(model=model, config=c, gpu=gpu) for c in (on, off))
+    assert with_them.peak_phase == "first_block_backward" and without.peak_phase != "first_block_backward"
+    assert with_them.peak_allocated_bytes > without.peak_allocated_bytes
+
+
+def test_the_setting_is_written_only_where_set_and_keys_its_own_batch_line():
+    from planner.memory.step import line_reads
+
+    assert "reentrant_ckpt" not in _config().to_dict()
+    payload = _config(reentrant_ckpt=True).to_dict()
+    assert payload["reentrant_ckpt"] is True and payload["version"] == 3
+    assert TrainConfig.from_dict(payload).reentrant_ckpt is True
+    assert "reentrant ckpt" in _config(reentrant_ckpt=True).label()
+    # FSDP1 keeps them and FSDP2 does not: their memory terms are otherwise one (memory_twin), so the
+    # search's batch key tells the two apart where the setting is on
+    fsdp1 = _config(reentrant_ckpt=True, precision="bf16")
+    assert line_reads(fsdp1) != line_reads(fsdp1.replace(sharding="fsdp2"))
+    assert line_reads(_config(precision="bf16")) == line_reads(_config(precision="bf16", sharding="fsdp2"))
