@@ -827,42 +827,45 @@ def decoder_recompute_bytes(model: ModelSpec, config: TrainConfig, kernels: Kern
 _DOWN = frozenset({LinearKind.MLP_OUT})
 
 
-def _down_saved(ctx: BlockContext) -> int:
-    """What the MLP's output projection saved, released once its backward ran (autograd frees a
+def _down_saved(ctx: BlockContext) -> dict[str, int]:
+    """What the MLP's output projection saved, by the block's term it counts under
+    (``block_terms``), released once its backward ran (autograd frees a
     node's saved tensors after it runs; torch.utils.checkpoint's unpack_hook drops its reference
     to a recomputed one as it hands it out: ``holder.handles[gid] = None``, torch 2.13
     utils/checkpoint.py:1206): its input (the activation product, or the adapter's cast of it),
     lora_B's input (lora_A's output), the 16-bit weight casts and the adapter dropout. Not the
-    product when the activation keeps it as its own output (relu)."""
+    product when the activation keeps it as its own output (relu). By term, so that the timeline
+    frees those very tensors of the last block where the backward releases them."""
     model, mode, e = ctx.model, ctx.mode, ctx.dims.tokens
     down = ctx.of_kind(_MLP_OUT)
     targeted = ctx.adapted_of(_MLP_OUT)
     keeps_output = not model.gated_mlp and model.hidden_act in ACTIVATION_SAVES_OUTPUT
     if not model.has_mlp:
-        return 0  # a Nemotron-H block of a token mixer alone
+        return {}  # a Nemotron-H block of a token mixer alone
     if moe.is_moe_block(model):
         # the down grouped_mm saves the product when the stacks train; no casts of the stacks
         casts = sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down
                      if (not moe.is_expert_stack(lin) or moe.dense_experts(model))
                      and not (mode.fp8 and fp8_converts(model, lin))]) if mode.autocast and ctx.full else 0
         product = e * moe.shared_intermediate(model) * mode.compute if ctx.full else 0  # the shared down's input
-        return moe.product_bytes(ctx) + casts + product
+        return {"moe/experts": moe.product_bytes(ctx), "autocast/weight_casts": casts,
+                "moe/shared_intermediate": product}
     inter = ctx.dims.tokens * ctx.dims.i * mode.compute
-    total = 0
+    out = {}
     if (ctx.full or (targeted and (ctx.adapter_saves_shared_input or bool(mode.adapter_input)))) and not keeps_output:
-        total += inter  # _mlp_intermediate's "down saves the product"
+        out["mlp/intermediate"] = inter  # _mlp_intermediate's "down saves the product"
         if not ctx.full and mode.adapter_input:
-            total += sum([e * lin.in_features * (mode.adapter_input - mode.compute) for lin in targeted])
+            out["mlp/intermediate"] += sum([e * lin.in_features * (mode.adapter_input - mode.compute) for lin in targeted])
     r = ctx.config.lora_r or 0
-    total += sum([lin.active * e * r * mode.adapter for lin in targeted])
+    out["lora/activations"] = sum([lin.active * e * r * mode.adapter for lin in targeted])
     if mode.autocast:
         if ctx.config.method is not _QLORA:
-            total += sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down
-                          if not (mode.fp8 and fp8_converts(model, lin))])
-        total += sum([lin.count * r * (lin.out_features + lin.in_features) * 2 for lin in targeted])
+            out["autocast/weight_casts"] = sum([lin.count * lin.in_features * lin.out_features * 2 for lin in down
+                                                if not (mode.fp8 and fp8_converts(model, lin))])
+        out["lora/weight_casts"] = sum([lin.count * r * (lin.out_features + lin.in_features) * 2 for lin in targeted])
     if targeted and ctx.lora_dropout:
-        total += _lora_dropout(ctx, _DOWN)
-    return total
+        out["lora/dropout"] = _lora_dropout(ctx, _DOWN)
+    return out
 
 
 def block_backward_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
@@ -911,7 +914,7 @@ def _mlp_split(ctx: BlockContext) -> tuple[int, int]:
     return max(ctx.model.num_experts, 1), ctx.mode.compute
 
 
-def _block_backward_at(ctx: BlockContext, saved: int, down: int) -> dict[str, int]:
+def _block_backward_at(ctx: BlockContext, saved: int, down: dict[str, int]) -> dict[str, int]:
     """``block_backward_terms`` of the last block's context, given what the block saves
     (``block_terms``' sum; read under checkpointing only) and ``_down_saved`` of it."""
     model, dims, mode, e = ctx.model, ctx.dims, ctx.mode, ctx.dims.tokens
@@ -919,12 +922,16 @@ def _block_backward_at(ctx: BlockContext, saved: int, down: int) -> dict[str, in
     # a block without an MLP (Nemotron-H's mixer blocks): the output's gradient alone is counted
     rows = moe.slots(ctx) if moe.dense_experts(model) else e  # Llama 4's experts: every token through each
     grads = (3 if model.gated_mlp else 2) * rows * dims.i * inter_bytes // experts if model.has_mlp else 0
-    released = down // experts
+    released = {term: nbytes // experts for term, nbytes in down.items() if nbytes // experts}
     g_out = e * dims.h * mode.residual
     casts = fp8_cast_terms(model, e) if mode.fp8 else {}
     if not ctx.config.grad_ckpt:
-        return {"block_backward": g_out + grads - released, **casts}
-    return {"recompute": saved - released - _own_checkpoint(ctx), "block_backward": g_out + grads, **casts}
+        # the saved tensors released come off their own terms (negative here, on top of the block's
+        # saved ones in the moment's sum), so that the timeline frees those tensors and allocates
+        # the gradients apart, each of its own size (the replay has no negative allocation)
+        return {"block_backward": g_out + grads, **casts, **{term: -nbytes for term, nbytes in released.items()}}
+    return {"recompute": saved - sum(released.values()) - _own_checkpoint(ctx), "block_backward": g_out + grads,
+            **casts}
 
 
 def fp8_first_linear(model: ModelSpec) -> dict[str, int]:
@@ -1070,7 +1077,7 @@ def recompute_end_terms(model: ModelSpec, config: TrainConfig, kernels: KernelPr
         return step_activations(model, config, kernels, targets).recompute_end
     ctx = block_context(model, config, kernels, first=model.num_layers == 1, targets=targets)
     if not config.grad_ckpt:
-        return _recompute_end_at(ctx, 0, 0)
+        return _recompute_end_at(ctx, 0, {})
     return _recompute_end_at(ctx, sum(block_terms(ctx).values()), _down_saved(ctx))
 
 
@@ -1079,13 +1086,13 @@ def _stop_excess(stop: tuple[int, int]) -> int:
     return stop[1] - stop[0]
 
 
-def _recompute_end_at(ctx: BlockContext, saved: int, down: int) -> dict[str, int]:
+def _recompute_end_at(ctx: BlockContext, saved: int, down: dict[str, int]) -> dict[str, int]:
     """``recompute_end_terms`` of the last block's context, given what the block saves
     (``block_terms``' sum) and ``_down_saved`` of it (both read under checkpointing only)."""
     grads = _grads_before_down(ctx)
     if not ctx.config.grad_ckpt:
         return {"block_backward": grads}
-    missing, local = max(_recompute_stops(ctx, down), key=_stop_excess)
+    missing, local = max(_recompute_stops(ctx, sum(down.values())), key=_stop_excess)
     return {"recompute": saved - missing - _own_checkpoint(ctx), "recompute_locals": local,
             "block_backward": grads}
 
@@ -1167,7 +1174,7 @@ def block_step_pair(ctx: BlockContext, ckpt: BlockContext) -> tuple[StepActivati
 
 
 def _step_at(ctx: BlockContext, first_terms: dict[str, int], rest_terms: dict[str, int], last: BlockContext,
-             down: int) -> StepActivations:
+             down: dict[str, int]) -> StepActivations:
     """``block_step_activations`` of a later block's context ``ctx`` given the first block's terms and
     a later one's, the last block's context and ``_down_saved`` of it."""
     model, config, dims = ctx.model, ctx.config, ctx.dims

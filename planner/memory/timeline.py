@@ -242,6 +242,7 @@ class _Builder:
         self._allocs: dict[int, Event] = {}
         self.forks: list[int] = []
         self.moments: dict[str, list[tuple]] = {}  # ``_instant``'s parts, by moment
+        self.released: dict[str, int] = {}  # the last block's saved tensors its backward frees, by key (``_released``)
 
     def grain(self, key: str, nbytes: int) -> int | tuple[int, ...]:
         """The tensors (``Event.tensors``) of an allocation whose tensors are not known: the loss
@@ -491,9 +492,13 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
     blocks, cache = [], []
     layers, kv = s.model.num_layers, b.resolved({"kv_cache": s.cache})
     alike = None if s.blocks else [b.resolved(s.block(k), s.block_tensors(k)) for k in (0, 1)]  # first, the rest
+    released = _released(s)
     for k in range(s.n_blocks):
         where = f"{label}forward block {k + 1}"
-        blocks.append(b.allocs(alike[k > 0], where) if alike else b.alloc_terms(s.block(k), where, s.block_tensors(k)))
+        if released and k == s.n_blocks - 1:
+            blocks.append(_last_block(b, s, released, where))
+        else:
+            blocks.append(b.allocs(alike[k > 0], where) if alike else b.alloc_terms(s.block(k), where, s.block_tensors(k)))
         if s.forward_locals:
             b.free(b.alloc("activations/mlp/intermediate", sum(s.forward_locals), where, s.forward_locals), where)
         if k >= layers:  # batch_terms counts num_layers cache layers
@@ -510,6 +515,34 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
 
 
 _LOG_SOFTMAX = "activations/loss/log_softmax"
+
+
+def _released(s: _Step) -> dict[str, int]:
+    """Without checkpointing, what the last block's MLP output projection saved, by breakdown key,
+    released once its backward ran (``activations._block_backward_at``' negative terms): the first
+    block backward reaches frees these saved tensors before it makes its gradients."""
+    return {key: -nbytes for key, nbytes in s.batch.block_backward.items() if nbytes < 0}
+
+
+def _last_block(b: _Builder, s: _Step, released: dict[str, int], where: str) -> list[int]:
+    """The last block's saved tensors, those of ``released`` allocated apart, after the rest of
+    their term (the output projection's are the last the block's forward makes; of a term whose
+    tensors are known, the last tensors), so that its backward frees them (``Builder.released``)."""
+    k = s.n_blocks - 1
+    terms, known = s.block(k), s.block_tensors(k)
+    kept = {key: nbytes - released.get(key, 0) for key, nbytes in terms.items()}
+    assert all(v >= 0 for v in kept.values()) and released.keys() <= terms.keys(), (released, terms)
+    tensors: dict[str, tuple[int, ...]] = {}
+    tails: dict[str, tuple[int, ...]] = {}
+    for key, sizes in known.items():
+        cut = len(sizes)
+        while key in released and cut and sum(sizes[cut - 1:]) <= released[key]:
+            cut -= 1
+        tensors[key], tails[key] = sizes[:cut], sizes[cut:]
+    idents = b.alloc_terms(kept, where, {key: t for key, t in tensors.items() if sum(t) == kept[key]} or None)
+    b.released = {key: b.alloc(key, nbytes, where, tails.get(key) if sum(tails.get(key, ())) == nbytes else None)
+                  for key, nbytes in released.items()}
+    return idents + list(b.released.values())
 
 
 def _loss_instant(b: _Builder, s: _Step, name: str, mark: bool, where: str, made: dict[str, int]) -> None:
@@ -539,11 +572,17 @@ def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
     for part, terms in parts:
         if terms is None:
             mark = _checks_then_flatten(b, s, part, name, mark, where)
+        elif part is _RELEASE:
+            b.free_all([b.released.pop(key) for key in terms], where)
         else:
             made += b.allocs(terms, where)
     if mark:
         b.mark(name)
     b.free_all(made, where)
+
+
+#: ``_transients``' entry for the saved tensors a moment frees for good (``_released``)
+_RELEASE = "release"
 
 
 def _transients(b: _Builder, s: _Step, name: str) -> list[tuple]:
@@ -555,6 +594,10 @@ def _transients(b: _Builder, s: _Step, name: str) -> list[tuple]:
         if part.size == "gradient_flatten" and s.static.step_checks:
             out.append((part, None))
         elif part.by_key:
+            # a negative term (``_released``): the saved tensors the moment frees, before it allocates
+            if any(nbytes < 0 for nbytes in value.values()):
+                out.append((_RELEASE, [key for key, nbytes in value.items() if nbytes < 0]))
+                value = {key: nbytes for key, nbytes in value.items() if nbytes > 0}
             out.append((part, b.resolved(value)))
         elif part.key == "optimizer_step/transient":
             out.append((part, b.resolved({part.key: value}, {part.key: _optimizer_grain(s, value)})))
