@@ -54,10 +54,11 @@ def serve(
         raise PlannerError(f"--log-level {log_level!r} is not a level: use critical|error|warning|info|debug")
     if not 1 <= graceful_timeout <= 600:
         raise PlannerError(f"--graceful-timeout {graceful_timeout} is out of range: use 1-600 seconds, e.g. 10")
-    from planner.service.settings import DATABASE_URL_ENV, RAY_ADDRESS_ENV, ServiceSettings
+    from planner.service.settings import DATABASE_URL_ENV, GRACEFUL_TIMEOUT_ENV, RAY_ADDRESS_ENV, ServiceSettings
 
     # every server process builds its app from the environment (uvicorn imports the factory in
     # each worker), so the options go there; the settings are checked once here, before binding
+    os.environ[GRACEFUL_TIMEOUT_ENV] = str(graceful_timeout)  # the app stops what still runs then (budget.py)
     for name, value in ((DATABASE_URL_ENV, db), (RAY_ADDRESS_ENV, ray_address)):
         if value is not None:
             os.environ[name] = value

@@ -219,6 +219,29 @@ def index_html() -> str:
     return static_text("index.html")
 
 
+def _stop_on_exit_signals(budgets: Any, seconds: float) -> None:
+    """Wrap the server's SIGTERM/SIGINT handlers (uvicorn's, installed before the app starts) so that the
+    requests still running are stopped within ``seconds`` of the signal, the graceful timeout the server
+    waits (``Budgets.stop_after``): half a second before it (half of it at most), so that they answer 503
+    themselves before the server cancels them. Only the main thread may set handlers: an app run
+    elsewhere (a test client's thread) is left to its server."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(signum)
+        if not callable(previous):
+            continue
+
+        def on_exit(number: int, frame: Any, previous: Callable[..., Any] = previous) -> None:
+            budgets.stop_after(max(seconds - 0.5, seconds / 2))
+            previous(number, frame)
+
+        signal.signal(signum, on_exit)
+
+
 def build_app(settings: ServiceSettings) -> "FastAPI":
     """The app for ``settings``; its store opens in the background at startup and closes at shutdown."""
     from fastapi import FastAPI
@@ -244,6 +267,8 @@ def build_app(settings: ServiceSettings) -> "FastAPI":
         # the store's opener starts: two threads importing (compiling) at once is where CPython 3.11's
         # AST converter, whose recursion depth is per interpreter, can raise a SystemError
         warm()
+        if settings.graceful_timeout_s is not None:
+            _stop_on_exit_signals(budgets, settings.graceful_timeout_s)
         holder.open()  # in the background: the server binds and answers while the database is down or hung
         try:
             yield

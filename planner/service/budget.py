@@ -8,7 +8,10 @@ requests costs nothing) and the process's resident memory, and stops a request p
 raising an exception in its thread (``PyThreadState_SetAsyncExc``: delivered at the thread's next
 Python instruction; the search is Python). The route answers 422 (CPU) or 413 (memory) naming the
 budget, the worker lives on and so do the other requests on it. At shutdown every request still
-running is stopped the same way, so a worker exits within its graceful-shutdown timeout.
+running is stopped the same way, so a worker exits within its graceful-shutdown timeout: the watchdog
+stops them at the deadline the exit signal sets (``stop_after``), not when the server gets to its
+shutdown, which it reaches only once the event loop runs, and a loop thread among busy request threads
+waits its turn for the GIL for seconds (eight planning requests held a SIGTERM'd server 2.7-5.7 s).
 
 Routes are wrapped by ``BudgetedRoute`` (the router's route class); the app's ``Budgets`` reaches
 their thread through a context variable the middleware sets (anyio copies the context into the
@@ -104,6 +107,7 @@ class Budgets:
         self._running: dict[int, _Running] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._deadline: float | None = None  # time.monotonic() at which to stop everything (stop_after)
 
     # ---- in the request's thread ---------------------------------------------------------------
     def run(self, work: Callable[[], Any], *, what: str) -> Any:
@@ -160,6 +164,8 @@ class Budgets:
         while True:
             time.sleep(TICK_S)
             with self._lock:
+                if self._deadline is not None and time.monotonic() >= self._deadline and not self._stopping:
+                    self._stop_live()
                 if not self._running:
                     if self._stopping:
                         return
@@ -203,10 +209,26 @@ class Budgets:
     def stop_all(self) -> int:
         """Shutdown: stop every request still running (503); returns how many."""
         with self._lock:
-            self._stopping = True
-            live = [e for e in self._running.values() if e.fired is None]
-            for entry in live:
-                self._fire(entry, ShuttingDown)
+            return self._stop_live()
+
+    def stop_after(self, seconds: float) -> None:
+        """The server was told to exit: stop whatever still runs ``seconds`` from now (its graceful
+        timeout), from the watchdog's thread. Safe in a signal handler: it takes no lock (the handler
+        may interrupt this thread while it holds one)."""
+        if self._deadline is None:
+            self._deadline = time.monotonic() + seconds
+        threading.Thread(target=self._start_locked, name="planner-budget-arm", daemon=True).start()
+
+    def _start_locked(self) -> None:
+        with self._lock:
+            self._start()
+
+    def _stop_live(self) -> int:
+        """Under the lock: fire ``ShuttingDown`` at every live request, refuse new ones."""
+        self._stopping = True
+        live = [e for e in self._running.values() if e.fired is None]
+        for entry in live:
+            self._fire(entry, ShuttingDown)
         return len(live)
 
 

@@ -33,6 +33,8 @@ MEMORY_BUDGET_ENV = "PLANNER_API_MEMORY"
 #: Requests a minute each caller (token, or client address without one) may make to /v1/...;
 #: unset: no limit (``planner.service.ratelimit``).
 RATE_LIMIT_ENV = "PLANNER_API_RATE_LIMIT"
+#: seconds ``planner serve --graceful-timeout`` gives running requests after SIGTERM (it sets this for its workers)
+GRACEFUL_TIMEOUT_ENV = "PLANNER_GRACEFUL_TIMEOUT"
 #: Seconds the service waits for its database (``planner.store.deadlines.Timeouts``), by field.
 DB_TIMEOUT_ENVS = TIMEOUT_ENVS
 
@@ -93,6 +95,9 @@ class ServiceSettings:
     """How long the service waits for its database (``planner.store.deadlines``)."""
     rate_per_minute: int | None = None
     """Requests a minute per caller on /v1/... (429 past it); None: no limit."""
+    graceful_timeout_s: float | None = None
+    """Seconds the server gives running requests after SIGTERM/SIGINT before it stops them (``planner serve
+    --graceful-timeout``); None: the app was not started by ``planner serve`` and leaves them to its server."""
 
     def __post_init__(self) -> None:
         if self.database_url and self.database_url_file:
@@ -189,6 +194,8 @@ class ServiceSettings:
                 raise PlannerError(f"{RATE_LIMIT_ENV} {rate!r} is not a whole number of requests a minute: write "
                                    "e.g. 120, or unset it for no limit")
             budgets["rate_per_minute"] = int(rate)
+        if (graceful := seconds(GRACEFUL_TIMEOUT_ENV)) is not None:
+            budgets["graceful_timeout_s"] = graceful
         memory = env(MEMORY_BUDGET_ENV)
         if memory is not None:
             from planner.units import parse_bytes
@@ -198,5 +205,5 @@ class ServiceSettings:
                    ray_address=env(RAY_ADDRESS_ENV), **budgets)
 
 
-__all__ = ["CPU_BUDGET_ENV", "DATABASE_URL_ENV", "DATABASE_URL_FILE_ENV", "DB_TIMEOUT_ENVS", "MAX_BODY_BYTES", "MAX_CONFIG_BYTES", "MEMORY_BUDGET_ENV",
+__all__ = ["CPU_BUDGET_ENV", "GRACEFUL_TIMEOUT_ENV", "DATABASE_URL_ENV", "DATABASE_URL_FILE_ENV", "DB_TIMEOUT_ENVS", "MAX_BODY_BYTES", "MAX_CONFIG_BYTES", "MEMORY_BUDGET_ENV",
            "RATE_LIMIT_ENV", "READ_TOKEN_ENV", "RAY_ADDRESS_ENV", "ServiceSettings", "TOKEN_ENV", "token_id"]

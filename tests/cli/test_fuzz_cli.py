@@ -167,6 +167,8 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
               "--loss-upcast": None, "--no-loss-upcast": None,
               # transformers <= 4.45's loss (refused with --fused-ce, --loss-chunks and an encoder's loss)
               "--loss-shift": None, "--no-loss-shift": None,
+              # transformers 4's reentrant checkpoint around each layer (FSDP1's retained gradients)
+              "--reentrant-ckpt": None, "--no-reentrant-ckpt": None,
               # QLoRA's k-bit preparation (refused with any other method)
               "--kbit-upcast": None, "--no-kbit-upcast": None,
               # the evaluation pass (planner.memory.evaluation): sizes in and past their bounds
