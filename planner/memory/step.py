@@ -17,8 +17,12 @@ after them; the peak is the largest:
   head's saved tensors are gone, every block's checkpoint (or saved tensors) is still held, under
   checkpointing the block is recomputed, and its MLP's gradients sit on top
   (``activations.block_backward_terms``; for small vocabularies and long sequences, and for QLoRA's
-  fp32 residual stream, this is the peak);
-* ``backward_end``: most saved tensors are released and every gradient exists;
+  fp32 residual stream, this is the peak). Where the sharding scheme's hooks keep each layer's
+  checkpoint and input gradient to the end of backward (``retention``: FSDP1 under transformers 4's
+  reentrant checkpoint), these two stand at the first layer's backward, which holds the most: every
+  checkpoint and the gradients of the layers after it (``BatchTerms.retained``);
+* ``backward_end``: most saved tensors are released and every gradient exists (under ``retention``
+  every layer's checkpoint and input gradient too: ``BatchTerms.retained_end``);
 * ``optimizer_start``: DeepSpeed ZeRO flattens this rank's gradients into an fp32 partition
   (ZeRO-3 after its checks of them: the fp16 overflow test, the norm's float64 copy);
 * ``optimizer``: gradients + optimizer states + the optimizer's own temporaries;
@@ -116,6 +120,9 @@ def _batch(key: str, size: str, **how) -> Part:
     return Part(key, size, False, **how)
 
 
+#: the breakdown key of what the sharding scheme keeps alive to the end of backward (``retention``)
+RETAINED_KEY = "activations/retained_input_gradients"
+
 #: the key of a part the sharding scheme names: ``ShardingSpec.step_key`` of the part's size (ZeRO-3's
 #: gathered parameters count under ``zero3/gathered_params``)
 SCHEME = "<scheme>"
@@ -153,16 +160,19 @@ MOMENTS = (
     Moment("first_block_recompute", (
         _batch("activations", "after_head", by_key=True),
         _batch("activations/first_block_recompute", "recompute_end", by_key=True, transient=True),
+        _batch(RETAINED_KEY, "retained"),
         _static("gradients", "gradients_head"),
         _static(SCHEME, "gathered"),
         _static(SCHEME, "held"),
         _static(SCHEME, "reducing", transient=True),
         _KEPT)),
     # its MLP output projection's backward ran: its saved tensors freed, its gradients made
-    # (``activations.block_backward_terms``)
+    # (``activations.block_backward_terms``); under ``retention`` both moments are the first layer's
+    # backward, with the input gradients of the layers after it
     Moment("first_block_backward", (
         _batch("activations", "after_head", by_key=True),
         _batch("activations/first_block", "block_backward", by_key=True, transient=True),
+        _batch(RETAINED_KEY, "retained"),
         _static("gradients", "gradients_block"),
         _static(SCHEME, "gathered"),
         _static(SCHEME, "held"),
@@ -170,6 +180,7 @@ MOMENTS = (
         _KEPT)),
     Moment("backward_end", (
         _batch("activations/recompute", "recompute", transient=True),
+        _batch("activations", "retained_end", by_key=True),
         _static("gradients", "gradients"),
         _static(SCHEME, "gathered"),
         _static(SCHEME, "held"),
@@ -290,6 +301,8 @@ class BatchSizes(NamedTuple):
     kept: int
     eval_generate: int = 0
     eval_forward: int = 0
+    retained: int = 0
+    retained_end: int = 0
 
 
 def _moment_sizes(static: bool) -> list[list[str]]:
@@ -394,6 +407,13 @@ class BatchTerms:
     """The eval pass's generation at its last step, by breakdown key (``evaluation.eval_parts``)."""
     eval_forward: dict[str, int] = field(default_factory=dict)
     """The eval forward at its loss, by breakdown key (``evaluation.eval_parts``)."""
+    retained: int = 0
+    """What the sharding scheme's hooks hold at the first layer's backward (``retention``): the
+    input gradients of every layer after it (its own incoming one among them, which
+    ``block_backward`` and ``recompute_end`` then leave out)."""
+    retained_end: dict[str, int] = field(default_factory=dict)
+    """What they hold at the end of backward, by breakdown key: every layer's checkpoint and its
+    input gradient (``retention``)."""
 
     def sizes(self) -> BatchSizes:
         return BatchSizes(
@@ -401,7 +421,8 @@ class BatchTerms:
             recompute_end=sum(self.recompute_end.values()), block_backward=sum(self.block_backward.values()),
             recompute=self.recompute, forward_logits=self.forward_logits, backward_logits=self.backward_logits,
             kv_cache=self.kv_cache, kept=self.kept, eval_generate=sum(self.eval_generate.values()),
-            eval_forward=sum(self.eval_forward.values()))
+            eval_forward=sum(self.eval_forward.values()), retained=self.retained,
+            retained_end=sum(self.retained_end.values()))
 
 
 def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
@@ -429,25 +450,59 @@ def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
     for key, nbytes in head.items():
         after_head[key] -= nbytes
     evaluated, generated = eval_parts(model, config, kernels, targets)
+    block_backward, recompute_end = _keyed(block_added), _keyed(end_added)
+    per = retention(model, config)
+    retained, retained_end = 0, {}
+    if per:
+        block_backward, recompute_end = _incoming_retained(block_backward, per), _incoming_retained(recompute_end, per)
+        layers = model.num_layers
+        retained = (layers - 1) * per
+        retained_end = {_CHECKPOINTS: activations.get(_CHECKPOINTS, 0), RETAINED_KEY: layers * per}
     return BatchTerms(
         activations=activations, recompute=recompute, forward_logits=fwd_logits, backward_logits=bwd_logits,
         kv_cache=cache, kept=kept, head=head, after_head={k: v for k, v in after_head.items() if v},
-        block_backward=_keyed(block_added) | _retained(model, config), recompute_end=_keyed(end_added),
-        eval_generate=generated, eval_forward=evaluated,
+        block_backward=block_backward, recompute_end=recompute_end,
+        eval_generate=generated, eval_forward=evaluated, retained=retained, retained_end=retained_end,
     )
 
 
-#: the breakdown key of what the sharding scheme keeps alive to the end of backward (``_retained``)
-RETAINED_KEY = "activations/retained_input_gradients"
+#: the checkpoints' breakdown key (``activations.decoder_activation_breakdown`` under checkpointing)
+_CHECKPOINTS = "activations/checkpoints"
+#: the key of the gradients the last block's backward holds, its output's among them
+#: (``activations.block_backward_terms``, ``recompute_end_terms``: term ``block_backward``)
+_BLOCK_GRADIENTS = "activations/block_backward"
 
 
-def _retained(model: ModelSpec, config: TrainConfig) -> dict[str, int]:
-    """What the sharding scheme's hooks keep alive to the end of backward, drawn at the last block's
-    backward (``ShardingSpec.retained_in_backward``: FSDP1's frozen layers' input gradients under
-    transformers 4's reentrant checkpoint). Every checkpoint is alive at that moment, as it is at the
-    first block's backward with them retained, so the moment stands for the end of backward too."""
-    nbytes = config.sharding.spec.retained_in_backward(model, config) if config.reentrant_ckpt else 0
-    return {RETAINED_KEY: nbytes} if nbytes else {}
+def retention(model: ModelSpec, config: TrainConfig) -> int:
+    """Bytes of one layer-input gradient the sharding scheme's hooks keep alive to the end of
+    backward (``ShardingSpec.retained_in_backward``: FSDP1's frozen layers under transformers 4's
+    reentrant checkpoint, which gives the (layers - 2) of them the first layer's backward holds
+    beyond one process), or 0. What the hooks keep is a layer's detached checkpoint input and its
+    ``.grad`` (planner/sharding/fsdp1.py ``retained_input_gradients``), so backward makes them one
+    layer at a time: each layer's backward leaves its input gradient, and its checkpoint stays
+    (``timeline._retained_backward`` draws them so). The first layer's backward holds those of the
+    layers after it, the one it received among them: ``block_backward`` and ``recompute_end`` (a
+    block's incoming gradient) leave that one out, and the moments of the last block's backward
+    stand there (their sums are the one process' and the (layers - 2) gradients beyond it). At the
+    end of backward, before FSDP1's ``_finalize_params`` releases the hooks, every layer's
+    checkpoint and input gradient is alive: on the CPU (the test's frozen stack, FSDP1 on one gloo
+    rank, reentrant checkpoint) at the last gradient backward makes, (layers - 1) input-sized
+    checkpoints and (layers - 1) gradients over one process, which holds the first layer's input
+    and its gradient too (4 layers: 6 MiB of 1 MiB tensors, 6 layers: 10 MiB; all freed once
+    ``backward()`` returns). Encoder-decoder stacks are not modelled (0): the scheme counts one
+    stack's layers."""
+    if not config.reentrant_ckpt or model.is_encoder_decoder:
+        return 0
+    nbytes = config.sharding.spec.retained_in_backward(model, config)
+    return nbytes // (model.num_layers - 2) if nbytes else 0
+
+
+def _incoming_retained(terms: dict[str, int], per: int) -> dict[str, int]:
+    """``terms`` of the last block's backward less its incoming gradient, which the layer after
+    it left (``retention``): one retained gradient, counted there."""
+    out = dict(terms)
+    out[_BLOCK_GRADIENTS] = out.get(_BLOCK_GRADIENTS, 0) - min(per, out.get(_BLOCK_GRADIENTS, 0))
+    return {key: nbytes for key, nbytes in out.items() if nbytes}
 
 
 def _keyed(terms: dict[str, int]) -> dict[str, int]:
@@ -519,7 +574,7 @@ def line_reads(config: TrainConfig) -> tuple:
         mode = _full_mode(mode)
     elif method is _QLORA and qlora_as_lora(mode):
         method = _LORA
-    if config.reentrant_ckpt:  # what it keeps depends on the scheme (``_retained``), not on the batch key's fields
+    if config.reentrant_ckpt:  # what it keeps depends on the scheme (``retention``), not on the batch key's fields
         return method, mode, head_saves_input(config), config.sharding.spec.name
     return method, mode, head_saves_input(config)
 
@@ -565,6 +620,7 @@ def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext,
     fwd_logits, bwd_logits, cache, kept = _output_terms(model, config, dims, mode, ctx.kernels)
     step = step or block_step_activations(ctx)
     saved = step.saved_bytes()
+    per = retention(model, config) if config.reentrant_ckpt else 0
     eval_forward = eval_generate = 0
     if config.evaluates:
         evaluated, generated = eval_parts(model, config, ctx.kernels, ctx.targets)
@@ -573,9 +629,11 @@ def _decoder_totals(model: ModelSpec, config: TrainConfig, ctx: BlockContext,
     return _BATCH_SUMS(BatchSizes(
         saved,  # activations
         saved - sum([nbytes for term, nbytes in step.level.items() if term in HEAD_SAVED]),  # after_head
-        sum(step.recompute_end.values()),  # recompute_end
-        sum(step.block_backward.values()) + sum(_retained(model, config).values()),  # block_backward
-        step.recompute, fwd_logits, bwd_logits, cache, kept, eval_generate, eval_forward))
+        sum(step.recompute_end.values()) - min(per, step.recompute_end.get("block_backward", 0)),  # recompute_end
+        sum(step.block_backward.values()) - min(per, step.block_backward.get("block_backward", 0)),  # block_backward
+        step.recompute, fwd_logits, bwd_logits, cache, kept, eval_generate, eval_forward,
+        (model.num_layers - 1) * per,  # retained
+        (step.layers * step.checkpoint + model.num_layers * per) if per else 0))  # retained_end
 
 
 def first_block_gradients(model: ModelSpec, config: TrainConfig, gradients: int, t: Trained,

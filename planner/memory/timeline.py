@@ -38,7 +38,11 @@ backward where the model counts them. The recompute of the last block, the first
 reaches, is drawn where it runs, with every checkpoint alive (``first_block_recompute``, then
 ``first_block_backward`` once the output projection's backward ran); the
 blocks between are recomputed one at a time while fewer checkpoints and more gradients live,
-which those two moments bound.
+which those two moments bound. Where the sharding scheme's hooks keep each layer's checkpoint
+and input gradient to the end of backward (FSDP1 under transformers 4's reentrant checkpoint,
+``step.retention``), no block frees its checkpoint, each block's recompute and backward are drawn
+and its input gradient stays, and the two moments are marked at the first layer's backward, which
+holds the most (``_retained_backward``).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ from planner.memory.step import (
     MOMENT,
     MOMENTS,
     PHASES,
+    RETAINED_KEY,
     BatchTerms,
     StaticSizes,
     batch_moments,
@@ -79,6 +84,7 @@ from planner.memory.step import (
     first_block_gradients,
     part_key,
     part_value,
+    retention,
     static_moments,
     static_sizes,
 )
@@ -343,6 +349,9 @@ class _Step:
     ``activations.block_tensors``), by breakdown key"""
     forward_locals: tuple[int, ...] = ()
     """under checkpointing, the MLP tensors each block's forward makes and frees (``_forward_locals``)"""
+    retained: int = 0
+    """one layer-input gradient the sharding scheme keeps to the end of backward, or 0
+    (``step.retention``, ``_retained_backward``)"""
 
     @property
     def n_blocks(self) -> int:
@@ -454,7 +463,7 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
         cache=kv_cache_block_bytes(model, config, dims, mode),
         head_gradients=head_gradients, down_gradients=down_gradients, grains=_grains(model, config, t),
-        tensors=tensors, forward_locals=forward_locals,
+        tensors=tensors, forward_locals=forward_locals, retained=retention(model, config),
     )
 
 
@@ -562,12 +571,15 @@ def _loss_instant(b: _Builder, s: _Step, name: str, mark: bool, where: str, made
             b.free(made.pop(tensor), where)
 
 
-def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
+def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str, incoming: bool = False) -> None:
     """A moment of the step (``step.MOMENT``): its transient parts allocated, the moment marked
-    (``mark``: on the micro-step the moments are read from), and they are freed."""
-    parts = b.moments.get(name)
+    (``mark``: on the micro-step the moments are read from), and they are freed. ``incoming``: the
+    last block's backward under retention (``_retained_backward``), whose incoming gradient is its
+    own transient, where the moment's counts it retained."""
+    cached = name + " incoming" if incoming else name
+    parts = b.moments.get(cached)
     if parts is None:  # (each moment's parts are the same in every micro-step)
-        parts = b.moments[name] = _transients(b, s, name)
+        parts = b.moments[cached] = _transients(b, s, name, s.retained if incoming else 0)
     made: list[int] = []
     for part, terms in parts:
         if terms is None:
@@ -581,16 +593,23 @@ def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str) -> None:
     b.free_all(made, where)
 
 
+#: the key of the gradients a block's backward holds, its incoming one among them (``step._BLOCK_GRADIENTS``)
+_BLOCK_GRADIENTS = "activations/block_backward"
+
 #: ``_transients``' entry for the saved tensors a moment frees for good (``_released``)
 _RELEASE = "release"
 
 
-def _transients(b: _Builder, s: _Step, name: str) -> list[tuple]:
+def _transients(b: _Builder, s: _Step, name: str, incoming: int = 0) -> list[tuple]:
     """(part, its allocations ``resolved``) of each transient part of the moment ``name``; None for
-    a flatten the library's checks come before (``_checks_then_flatten``)."""
+    a flatten the library's checks come before (``_checks_then_flatten``). ``incoming``: the bytes of
+    a block's incoming gradient to add back to the block's gradients (``_instant``)."""
     out: list[tuple] = []
     for part in MOMENT[name].transients:
         value = part_value(part, s.sizes, s.batch)
+        if incoming and part.by_key:
+            value = dict(value)
+            value[_BLOCK_GRADIENTS] = value.get(_BLOCK_GRADIENTS, 0) + incoming
         if part.size == "gradient_flatten" and s.static.step_checks:
             out.append((part, None))
         elif part.by_key:
@@ -665,7 +684,7 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     b.free_all(cache, f"{label}loss")
     held = gathered.pop()  # FSDP2's root unit: unsharded until the end of backward
     b.free_all(gathered, f"{label}loss")
-    kept = b.alloc("loop/manual_outputs", s.batch.kept, f"{label}loss")
+    outputs = b.alloc("loop/manual_outputs", s.batch.kept, f"{label}loss")
     if s.config.loss_shift:
         _loss_instant(b, s, "backward_start", marks, f"{label}loss backward", loss)
     else:
@@ -677,6 +696,33 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
     g = s.grains
     if not grads_exist:
         grads.append(b.alloc("gradients", s.head_gradients, f"{label}head backward", _grain(g and g.head, s.head_gradients)))
+    kept: list[int] = []
+    if s.retained:
+        kept = _retained_backward(b, s, embeddings, grads, grads_exist=grads_exist, label=label, marks=marks)
+    else:
+        _backward_blocks(b, s, blocks, embeddings, grads, grads_exist=grads_exist, label=label, marks=marks)
+    where = f"{label}end of backward"
+    if not grads_exist:
+        rest = s.static.gradients - s.block_gradients * layers - s.head_gradients
+        grads.append(b.alloc("gradients", rest, where, _grain(g and g.embeddings, rest)))
+    _instant(b, s, "backward_end", marks, where)
+    b.free(gathered, where)
+    b.free(held, where)
+    # FSDP1's final callback: each unit's ``_finalize_params`` drops its hooks, and with them the
+    # layer's retained checkpoint input and gradient (torch fsdp/_runtime_utils.py
+    # ``_post_backward_final_callback``: ``_catch_all_reshard`` then ``_finalize_params``, unit by unit)
+    for k, retained in enumerate(reversed(kept)):
+        b.free_all(blocks[k] + [retained], where)
+    return grads, outputs
+
+
+def _backward_blocks(b: _Builder, s: _Step, blocks: list[list[int]], embeddings: list[int], grads: list[int], *,
+                     grads_exist: bool, label: str, marks: bool) -> None:
+    """Backward block by block (the module's docstring): the last block's, recomputed under
+    checkpointing with every checkpoint held, at the moments of ``step.MOMENTS``; then each
+    block's saved tensors released and its gradients made."""
+    layers = s.n_blocks
+    g = s.grains
     # the last block's backward: recomputed under checkpointing with every checkpoint held
     where = f"{label}backward block {layers}"
     _instant(b, s, "first_block_recompute", marks, where)
@@ -696,14 +742,42 @@ def _micro_step(b: _Builder, s: _Step, *, grads_exist: bool, label: str, marks: 
             grads.append(b.alloc("gradients", made, where, _grain(g and g.block[len(g.down):], made)))
         else:
             grads += b.allocs(block_grads, where)
-    where = f"{label}end of backward"
+
+
+def _retained_backward(b: _Builder, s: _Step, embeddings: list[int], grads: list[int], *, grads_exist: bool,
+                       label: str, marks: bool) -> list[int]:
+    """Backward block by block when the sharding scheme's hooks keep each layer's checkpoint input
+    and input gradient to the end of backward (``step.retention``: FSDP1 under transformers 4's
+    reentrant checkpoint). Every block is recomputed and runs its backward as the last one does
+    (its two instants: at the end of its recompute and at its MLP's activation product); its input
+    gradient then stays, and so does its checkpoint: no block frees its saved tensors before the end
+    of backward. The first layer's backward, holding the most, is where the two moments of the last
+    block's backward are marked (``step.BatchTerms.retained``): every gradient made there counts as
+    a block's incoming one, but the last block's, which the head's backward made (not retained: it
+    is drawn with the block's other transients, ``incoming``). The blocks' own gradients (the
+    adapters' shards on FSDP1's post-backward stream: a pool of their own on more than one GPU,
+    ``FSDP1.streams``) are drawn after that mark, at the end of backward where the moments count
+    them, as the embeddings' are: beside the first layer's output projection's, the moments hold
+    the head's only. Returns the retained gradients' allocations, the last block's first."""
+    layers, g, kept = s.n_blocks, s.grains, []
+    for k in reversed(range(layers)):
+        where = f"{label}backward block {k + 1}"
+        first, last = k == 0, k == layers - 1
+        _instant(b, s, "first_block_recompute", marks and first, where, incoming=last)
+        if first and not grads_exist:
+            grads.append(b.alloc("gradients", s.down_gradients, where, _grain(g and g.down, s.down_gradients)))
+        _instant(b, s, "first_block_backward", marks and first, where, incoming=last)
+        if first:
+            b.free_all(embeddings, where)
+        kept.append(b.alloc(RETAINED_KEY, s.retained, where, 1))
     if not grads_exist:
-        rest = s.static.gradients - s.block_gradients * layers - s.head_gradients
-        grads.append(b.alloc("gradients", rest, where, _grain(g and g.embeddings, rest)))
-    _instant(b, s, "backward_end", marks, where)
-    b.free(gathered, where)
-    b.free(held, where)
-    return grads, kept
+        where = f"{label}end of backward"
+        made = s.block_gradients - s.down_gradients  # the rest of the first layer's share
+        grads.append(b.alloc("gradients", made, where, _grain(g and g.block[len(g.down):], made)))
+        block_grads = b.resolved({"gradients": s.block_gradients}, {"gradients": _grain(g and g.block, s.block_gradients)})
+        for _ in range(layers - 1):
+            grads += b.allocs(block_grads, where)
+    return kept
 
 
 def _optimizer_step(b: _Builder, s: _Step, grads: list[int], marks: bool = True, label: str = "",

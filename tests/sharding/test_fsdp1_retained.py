@@ -126,10 +126,13 @@ def test_real_fsdp1_holds_them(layers):
 
 
 def test_the_estimate_holds_them_at_the_last_blocks_backward():
-    """``reentrant_ckpt`` (transformers 4's checkpoint) puts the retained gradients into the moment of the
-    last block's backward, under their own key, in the breakdown and in the search's sums alike; FSDP2,
-    full fine-tuning and the default add nothing. The estimate's peak moves there: the forward's end
-    (where the default peaks) is lower than that moment with 1.875 GiB more."""
+    """``reentrant_ckpt`` (transformers 4's checkpoint) puts the retained gradients into the moments of the
+    last block's backward (which stand at the first layer's backward, planner/memory/step.py ``retention``),
+    under their own key, in the breakdown and in the search's sums alike: the 31 of layers 32..2, each
+    2 x 4096 x 4096 x 2 B = 67,108,864 B, one of them the block's incoming gradient, which the block's
+    own terms then leave out: 30 x 67,108,864 = 2,013,265,920 B more than without. FSDP2, full
+    fine-tuning and the default add nothing. The estimate's peak moves there: the forward's end (where
+    the default peaks) is lower than that moment with 1.875 GiB more."""
     from planner.gpus import get_gpu
     from planner.memory import estimate_memory
     from planner.memory.step import RETAINED_KEY, batch_moments, batch_terms, batch_totals
@@ -137,16 +140,18 @@ def test_the_estimate_holds_them_at_the_last_blocks_backward():
     model, gpu = resolve_model(MISTRAL), get_gpu("a100-80gb")
     kernels = gpu.kernels
     on, off = _config(reentrant_ckpt=True), _config()
-    held = batch_terms(model, on, kernels).block_backward
-    assert held[RETAINED_KEY] == 2_013_265_920  # test_mistral_lora_by_hand's figure
-    assert sum(held.values()) - sum(batch_terms(model, off, kernels).block_backward.values()) == 2_013_265_920
-    assert batch_totals(model, on, kernels) == batch_moments(batch_terms(model, on, kernels).sizes())
+    held, without = batch_terms(model, on, kernels), batch_terms(model, off, kernels)
+    assert held.retained == 31 * 67_108_864
+    assert sum(held.block_backward.values()) + held.retained - sum(without.block_backward.values()) == 2_013_265_920
+    assert batch_totals(model, on, kernels) == batch_moments(held.sizes())
     for other in (off, _config(reentrant_ckpt=True, sharding="fsdp2", precision="bf16"),
                   _config(reentrant_ckpt=True, method="full", lora_r=None, lora_targets=None)):
-        assert RETAINED_KEY not in batch_terms(model, other, kernels).block_backward
-    with_them, without = (estimate_memory(model=model, config=c, gpu=gpu) for c in (on, off))
-    assert with_them.peak_phase == "first_block_backward" and without.peak_phase != "first_block_backward"
-    assert with_them.peak_allocated_bytes > without.peak_allocated_bytes
+        terms = batch_terms(model, other, kernels)
+        assert RETAINED_KEY not in terms.block_backward and not terms.retained and not terms.retained_end
+    with_them, plain = (estimate_memory(model=model, config=c, gpu=gpu) for c in (on, off))
+    assert with_them.peak_phase == "first_block_backward" and plain.peak_phase != "first_block_backward"
+    assert with_them.peak_allocated_bytes > plain.peak_allocated_bytes
+    assert with_them.breakdown[RETAINED_KEY] == 31 * 67_108_864
 
 
 def test_the_setting_is_written_only_where_set_and_keys_its_own_batch_line():
