@@ -20,8 +20,8 @@ CPU probe (workers/probes.py ``CpuProbe``, live storage bytes through the dispat
 
 ``--rows`` prints, for each max_memory_allocated row of bench/published_rows.json that ran FSDP1 with
 adapters under transformers 4's reentrant checkpoint, the planner's prediction and the prediction with
-planner.sharding.fsdp1.retained_input_gradients added to the model's ``first_block_backward`` moment
-(the first layer's backward holds that moment's tensors and the retained gradients).
+the estimate without and with ``reentrant_ckpt`` (FSDP1's retained layer-input gradients,
+planner.sharding.fsdp1.retained_input_gradients, at the first layer's backward).
 """
 
 from __future__ import annotations
@@ -145,12 +145,13 @@ def rows() -> list[dict[str, Any]]:
             spec, gpu, config, _ = published.map_row(row)
         except published.Unscorable:
             continue  # the Mixtral rows: not scored by bench/published.py either
-        predicted = estimate_memory(model=spec, config=config, gpu=gpu).peak_allocated_bytes
-        block, _rest = published.block_moment(spec, config, gpu)
-        # transformers 4 (these rows' transformers_major) checkpoints around the unit, reentrant
-        retained = retained_input_gradients(spec, config, reentrant_around_unit=s.get("transformers_major") == 4)
+        # the rows state transformers 4's reentrant checkpoint (reentrant_ckpt), which the estimate now
+        # plans: without it is the model before the term, with it the estimate as bench/published.py scores it
+        without = config.replace(reentrant_ckpt=False)
+        predicted = estimate_memory(model=spec, config=without, gpu=gpu).peak_allocated_bytes
+        retained = retained_input_gradients(spec, without, reentrant_around_unit=s.get("transformers_major") == 4)
         measured = published.measured_bytes(row)
-        with_term = max(predicted, block + retained)
+        with_term = estimate_memory(model=spec, config=without.replace(reentrant_ckpt=True), gpu=gpu).peak_allocated_bytes
         out.append({"id": row["id"], "measured": measured, "predicted": predicted, "retained": retained,
                     "with_term": with_term, "error": (predicted - measured) / measured,
                     "error_with_term": (with_term - measured) / measured})

@@ -321,8 +321,8 @@ class ShardingSpec:
 
     def retained_in_backward(self, model: Any, config: Any) -> int:
         """Per-micro-batch bytes the scheme's hooks keep alive to the end of backward beyond what one
-        process holds (``planner.memory.step`` adds them to the last block's backward, where every
-        checkpoint is alive too): none."""
+        process holds (``planner.memory.step``: ``BatchTerms.retained`` at the first layer's backward,
+        ``retained_end`` at the end of backward; the timeline draws one per layer): none."""
         return 0
 
     # ---- throughput -------------------------------------------------------------------------
