@@ -447,6 +447,9 @@ def check_for_model(*, model_id: str, is_encoder: bool, values: Mapping[str, Any
         raise InvalidConfigError(f"--loss-shift is a causal LM's loss on its shifted logits; {model_id} is "
                                  f"{'a masked-LM encoder' if is_encoder else 'an encoder-decoder'} (its labels are not "
                                  "shifted): drop it")
+    if values.get("reentrant_ckpt") and is_encoder_decoder:
+        raise InvalidConfigError(f"--reentrant-ckpt is not modelled for an encoder-decoder ({model_id}: FSDP1's retained "
+                                 "gradients are counted over one stack of layers): drop it")
     if values.get("generate_tokens") and is_encoder:
         raise InvalidConfigError(f"--generate-tokens generates with a causal LM; {model_id} is a masked-LM encoder: "
                                  "drop --generate-tokens")

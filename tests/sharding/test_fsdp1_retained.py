@@ -167,3 +167,13 @@ def test_the_setting_is_written_only_where_set_and_keys_its_own_batch_line():
     fsdp1 = _config(reentrant_ckpt=True, precision="bf16")
     assert line_reads(fsdp1) != line_reads(fsdp1.replace(sharding="fsdp2"))
     assert line_reads(_config(precision="bf16")) == line_reads(_config(precision="bf16", sharding="fsdp2"))
+
+
+def test_an_encoder_decoder_is_refused_with_it():
+    """``retention`` counts one stack's layers: an encoder-decoder would get no term, so it is refused."""
+    from planner.errors import InvalidConfigError
+    from planner.request import check_for_model
+
+    with pytest.raises(InvalidConfigError, match="--reentrant-ckpt is not modelled for an encoder-decoder"):
+        check_for_model(model_id="t5-large", is_encoder=False, is_encoder_decoder=True, values={"reentrant_ckpt": True})
+    check_for_model(model_id="m", is_encoder=False, is_encoder_decoder=False, values={"reentrant_ckpt": True})
