@@ -133,6 +133,7 @@ def rows() -> list[dict[str, Any]]:
     import published
 
     from planner.memory import estimate_memory
+    from planner.memory.dtypes import mode_of
     from planner.sharding.fsdp1 import retained_input_gradients
 
     out = []
@@ -149,7 +150,8 @@ def rows() -> list[dict[str, Any]]:
         # plans: without it is the model before the term, with it the estimate as bench/published.py scores it
         without = config.replace(reentrant_ckpt=False)
         predicted = estimate_memory(model=spec, config=without, gpu=gpu).peak_allocated_bytes
-        retained = retained_input_gradients(spec, without, reentrant_around_unit=s.get("transformers_major") == 4)
+        retained = retained_input_gradients(spec, without, reentrant_around_unit=s.get("transformers_major") == 4,
+                                            residual_bytes=mode_of(without).residual)
         measured = published.measured_bytes(row)
         with_term = estimate_memory(model=spec, config=without.replace(reentrant_ckpt=True), gpu=gpu).peak_allocated_bytes
         out.append({"id": row["id"], "measured": measured, "predicted": predicted, "retained": retained,

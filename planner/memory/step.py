@@ -493,7 +493,7 @@ def retention(model: ModelSpec, config: TrainConfig) -> int:
     stack's layers."""
     if not config.reentrant_ckpt or model.is_encoder_decoder:
         return 0
-    nbytes = config.sharding.spec.retained_in_backward(model, config)
+    nbytes = config.sharding.spec.retained_in_backward(model, config, residual_bytes=mode_of(config).residual)
     return nbytes // (model.num_layers - 2) if nbytes else 0
 
 

@@ -66,7 +66,7 @@ UNSHARD_HOST_SECONDS = 235e-6
 UNITS_PER_ADAPTED_LINEAR = 2
 
 
-def retained_input_gradients(model: Any, config: Any, *, reentrant_around_unit: bool) -> int:
+def retained_input_gradients(model: Any, config: Any, *, reentrant_around_unit: bool, residual_bytes: int) -> int:
     """Bytes FSDP1 keeps alive at the backward of the first decoder layer (the last one backward
     reaches) beyond what one process holds, when a reentrant checkpoint is called around each
     frozen unit: (layers - 2) layer-input gradients, ``micro_batch x seq_len x hidden`` in the
@@ -97,12 +97,10 @@ def retained_input_gradients(model: Any, config: Any, *, reentrant_around_unit: 
     asks for a non-reentrant one (planner/emit/settings.py ``CHECKPOINTING_KWARGS``). Full
     fine-tuning holds none either: a unit whose flat parameter trains hooks its ``AccumulateGrad``
     instead (``_register_post_backward_hook``), no input."""
-    from planner.memory.dtypes import mode_of
-
     if not (reentrant_around_unit and config.grad_ckpt and config.method.uses_adapters):
         return 0
     layers = model.num_layers
-    per_gradient = config.micro_batch * config.seq_len * model.hidden_size * mode_of(config).residual
+    per_gradient = config.micro_batch * config.seq_len * model.hidden_size * residual_bytes
     return max(layers - 2, 0) * per_gradient
 
 
@@ -176,10 +174,11 @@ class FSDP1(FSDP2):
         # search's batch key holds apart (``planner.memory.step.line_reads``)
         return "fsdp2"
 
-    def retained_in_backward(self, model: Any, config: Any) -> int:
+    def retained_in_backward(self, model: Any, config: Any, *, residual_bytes: int) -> int:
         """Each frozen layer's input gradient under a reentrant checkpoint around its unit
         (``retained_input_gradients``, ``TrainConfig.reentrant_ckpt``)."""
-        return retained_input_gradients(model, config, reentrant_around_unit=config.reentrant_ckpt)
+        return retained_input_gradients(model, config, reentrant_around_unit=config.reentrant_ckpt,
+                                        residual_bytes=residual_bytes)
 
     # ---- throughput -------------------------------------------------------------------------
     def host_seconds(self, model: Any, config: Any, *, adapted_modules: int) -> float:

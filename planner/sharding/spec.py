@@ -319,10 +319,11 @@ class ShardingSpec:
         key): itself unless said otherwise."""
         return self.name
 
-    def retained_in_backward(self, model: Any, config: Any) -> int:
+    def retained_in_backward(self, model: Any, config: Any, *, residual_bytes: int) -> int:
         """Per-micro-batch bytes the scheme's hooks keep alive to the end of backward beyond what one
         process holds (``planner.memory.step``: ``BatchTerms.retained`` at the first layer's backward,
-        ``retained_end`` at the end of backward; the timeline draws one per layer): none."""
+        ``retained_end`` at the end of backward; the timeline draws one per layer); ``residual_bytes``: an
+        element of the residual stream (``planner.memory.dtypes.DtypeMode.residual``): none."""
         return 0
 
     # ---- throughput -------------------------------------------------------------------------

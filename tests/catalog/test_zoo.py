@@ -128,7 +128,8 @@ def test_multimodal_wrapper_is_its_language_model():
     ("deepseek-ai/DeepSeek-V3", "first_k_dense_replace", "3", "first_k_dense_replace must be a whole number >= 0"),
     ("deepseek-ai/DeepSeek-V3", "num_experts_per_tok", 300, "num_experts_per_tok 300 is larger than n_routed_experts"),
     ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "hybrid_override_pattern", "MXM", "hybrid_override_pattern must be"),
-    ("openai/gpt-oss-20b", "layer_types", ["full_attention"], None),  # gpt-oss reads no layer_types for sizes
+    # gpt-oss reads layer_types for which layers attend through the window (its attention cost)
+    ("openai/gpt-oss-20b", "layer_types", ["full_attention"], "layer_types must be a list of 24 layer type names"),
 ])
 def test_malformed_new_configs_are_one_line(model_id, key, value, problem):
     from planner.catalog import spec_from_config
