@@ -67,9 +67,9 @@ from planner.memory.activations import (
     model_level_terms,
     shifted_loss_events,
 )
-from planner.memory.dtypes import mode_of
+from planner.memory.dtypes import FP32, HALF, mode_of
 from planner.memory.parameters import Trained, lora_targets, trained
-from planner.memory.shapes import block_context, dims_of
+from planner.memory.shapes import block_context, dims_of, drops_adapter_inputs
 from planner.memory.states import StaticTerms, base_tensor_sizes, static_terms
 from planner.memory.step import (
     HEAD_SAVED,
@@ -249,6 +249,8 @@ class _Builder:
         self.forks: list[int] = []
         self.moments: dict[str, list[tuple]] = {}  # ``_instant``'s parts, by moment
         self.released: dict[str, int] = {}  # the last block's saved tensors its backward frees, by key (``_released``)
+        self.live = 0  # bytes allocated and not freed (``locals``' bound)
+        self.limit = 0  # the step's allocated peak, which ``locals`` stays under
 
     def grain(self, key: str, nbytes: int) -> int | tuple[int, ...]:
         """The tensors (``Event.tensors``) of an allocation whose tensors are not known: the loss
@@ -264,6 +266,7 @@ class _Builder:
             self._allocs[ident] = event = _new_event(Event, (
                 "alloc", key, int(nbytes), self.grain(key, nbytes) if tensors is None else tensors, ident, where))
             self.events.append(event)
+            self.live += int(nbytes)
         return ident
 
     def resolved(self, terms: dict[str, int], tensors: dict[str, tuple[int, ...]] | None = None) -> list[tuple]:
@@ -277,13 +280,15 @@ class _Builder:
         and micro-step (a step of Llama-2-7B allocates them 96 times)."""
         allocs, events, idents = self._allocs, self.events, []
         ident = self._next
+        live = self.live
         for key, nbytes, tensors in terms:
             ident += 1
             if nbytes:
                 allocs[ident] = event = _new_event(Event, ("alloc", key, nbytes, tensors, ident, where))
                 events.append(event)
+                live += nbytes
             idents.append(ident)
-        self._next = ident
+        self._next, self.live = ident, live
         return idents
 
     def alloc_terms(self, terms: dict[str, int], where: str,
@@ -301,11 +306,24 @@ class _Builder:
         self.free_all((ident,), where)
 
     def free_all(self, idents: list[int] | tuple[int, ...], where: str) -> None:
-        allocs, events = self._allocs, self.events
+        allocs, events, live = self._allocs, self.events, self.live
         for ident in idents:
             ev = allocs.pop(ident, None)  # None: a zero-byte allocation, never made
             if ev is not None:  # (by position: op, key, nbytes, tensors)
                 events.append(_new_event(Event, ("free", ev[1], ev[2], ev[3], ident, where)))
+                live -= ev[2]
+        self.live = live
+
+    def locals(self, ops: tuple[tuple[int, str], ...], where: str) -> None:
+        """Tensors made and freed in turn (``_Program.ops``), one event each; one that would take the
+        live bytes over the step's peak (``limit``) is left out, so no point between the moments
+        exceeds them."""
+        made: list[int | None] = []
+        for size, key in ops:
+            if size > 0:
+                made.append(self.alloc(key, size, where, 1) if self.live + size <= self.limit else None)
+            elif (ident := made[-1 - size]) is not None:
+                self.free(ident, where)
 
     def mark(self, name: str) -> None:
         self.marks[name] = len(self.events)
@@ -347,8 +365,10 @@ class _Step:
     tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
     """the first block's and every other block's terms whose tensors are known (bytes each,
     ``activations.block_tensors``), by breakdown key"""
-    forward_locals: tuple[int, ...] = ()
-    """under checkpointing, the MLP tensors each block's forward makes and frees (``_forward_locals``)"""
+    forward_locals: tuple[tuple[int, str], ...] = ()
+    """the tensors each block's forward makes and frees (``_forward_locals``)"""
+    backward_locals: tuple[tuple[int, str], ...] = ()
+    """the tensors each block's backward makes and frees beside its own terms (``_backward_locals``)"""
     retained: int = 0
     """one layer-input gradient the sharding scheme keeps to the end of backward, or 0
     (``step.retention``, ``_retained_backward``)"""
@@ -432,10 +452,9 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
     static = static_terms(model, config, kernels, t)
     dims, mode = dims_of(model, config), mode_of(config)
     tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
-    forward_locals: tuple[int, ...] = ()
+    forward_locals = _forward_locals(model, config, kernels, t, dims, mode)
     if config.grad_ckpt:
         first = rest = {"activations/checkpoints": checkpoint_bytes(model, dims, mode)}
-        forward_locals = _forward_locals(model, config, kernels, t, dims, mode)
     else:
         keyed = lambda terms: {breakdown_key(k): v for k, v in terms.items() if v}  # noqa: E731
         contexts = [block_context(model, config, kernels, first=f, targets=t.target_names, dims=dims)
@@ -463,33 +482,256 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
         cache=kv_cache_block_bytes(model, config, dims, mode),
         head_gradients=head_gradients, down_gradients=down_gradients, grains=_grains(model, config, t),
-        tensors=tensors, forward_locals=forward_locals, retained=retention(model, config),
+        tensors=tensors, forward_locals=forward_locals, backward_locals=_backward_locals(model, config, dims),
+        retained=retention(model, config),
     )
 
 
-def _forward_locals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims, mode) -> tuple[int, ...]:
-    """The MLP tensors a checkpointed block's forward makes and frees, at most alive at once. The
-    forward keeps nothing but the block's input (torch 2.13 torch/utils/checkpoint.py: reentrant,
-    transformers 4's default, runs it under ``torch.no_grad()``, l.273-274; non-reentrant,
-    transformers 5's, l.1153-1157, packs a ``_Holder`` instead of the tensor), so each tensor
-    dies once its last reader ran. In MistralMLP.forward (transformers 5.24
+#: the breakdown keys of the forward's locals: the MLP's intermediate-sized tensors, every other one
+_MLP_LOCALS = "activations/mlp/intermediate"
+_LOCALS = "activations/block_locals"
+
+
+class _Program:
+    """The tensors a block's forward makes and frees in the order it does: ``ops`` holds
+    (size, key) for an allocation and (-1 - n, "") for the free of the n-th allocation."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[int, str]] = []
+        self.made = 0
+
+    def alloc(self, size: int, key: str = _LOCALS) -> int | None:
+        if size <= 0:
+            return None
+        self.ops.append((size, key))
+        self.made += 1
+        return self.made - 1
+
+    def free(self, *made: int | None) -> None:
+        self.ops += [(-1 - n, "") for n in made if n is not None]
+
+
+def _plain_block(model: ModelSpec) -> bool:
+    """A pre-norm decoder block of RMSNorm, rotary attention over separate q/k/v projections and
+    a gated MLP (Llama, Mistral, Qwen2), whose forward ``_block_program`` follows."""
+    kinds = [lin.kind for lin in model.layer_linears]
+    return (model.norm == "rmsnorm" and model.norm_placement == "pre" and not model.parallel_block
+            and model.gated_mlp and model.position == "rope" and not model.qk_norm and not model.num_experts
+            and not model.attn_output_gate and not model.hidden_dropout and not model.other_blocks
+            and not model.is_encoder_decoder and model.mixer == "attention"
+            and kinds == [LinearKind.ATTN_IN] * 3 + [LinearKind.ATTN_OUT] + [LinearKind.MLP_IN] * 2 + [LinearKind.MLP_OUT]
+            and all(lin.module and lin.count == 1 and lin.active == 1 for lin in model.layer_linears))
+
+
+def _norm(p: _Program, tokens: int, h: int, residual: int) -> int | None:
+    """RMSNorm's forward (transformers 5.24 models/mistral/modeling_mistral.py l.192-197,
+    MistralRMSNorm: ``hidden_states.to(torch.float32)``, ``pow(2).mean``, ``* torch.rsqrt``,
+    ``self.weight * hidden_states.to(input_dtype)``): fp32 pieces of the hidden state, its output in
+    the residual stream's dtype (the weight's: fp32 under autocast or k-bit upcast)."""
+    n = tokens * h
+    up = p.alloc(n * FP32) if residual != FP32 else None  # .to(torch.float32) of a 16-bit stream
+    sq = p.alloc(n * FP32)  # pow(2), gone once mean ran
+    p.free(sq)
+    scaled = p.alloc(n * FP32)
+    p.free(up)
+    down = p.alloc(n * residual) if residual != FP32 else None  # .to(input_dtype)
+    out = p.alloc(n * residual)
+    p.free(down, scaled)
+    return out
+
+
+def _linear(p: _Program, lin, tokens: int, in_dtype: int, out_dtype: int, ctx: "_LocalsContext",
+            key: str = _LOCALS) -> int | None:
+    """One projection of ``in_dtype`` input: its output, with what it makes and frees on the way.
+
+    * autocast casts the input to 16 bits for each call (torch autocast's fp16 cast policy for
+      ``linear``; nothing keeps the cast in a checkpointed forward);
+    * QLoRA: bitsandbytes 0.50.2 Linear4bit.forward (nn/modules.py l.626-637) casts the input to
+      its compute dtype and the output back to the input's (``matmul_4bit(...).to(inp_dtype)``);
+      MatMul4Bit's forward dequantises the whole weight to the compute dtype before its matmul once
+      the tokens exceed 1536 (backends/cuda/ops.py l.954-967, ``_dequant_linear_fallback``
+      l.914-916 ``B_dq = torch.empty(shapeB, dtype=A.dtype)``; older releases always, autograd/
+      _functions.py l.446 ``F.dequantize_4bit(B, quant_state).to(A.dtype)``), freed once it returns;
+    * LoRA (peft 0.21 tuners/lora/layer.py l.1082-1113, Linear.forward): ``result =
+      self.base_layer(x)``, then ``result + lora_B(lora_A(dropout(x))) * scaling``: lora_B's output,
+      its scaled copy and the sum, in the adapter's dtype promoted with the base output's, cast
+      back to it (``result.to(torch_result_dtype)``); lora_A's tokens x r output is left out
+      (under a MiB at the ranks planned)."""
+    n_in, n_out = tokens * lin.in_features, tokens * lin.out_features
+    qlora = ctx.qlora
+    work = ctx.bnb if qlora else (HALF if ctx.autocast else out_dtype)
+    cast = p.alloc(n_in * work) if (qlora or ctx.autocast) and in_dtype != work else None
+    weight = p.alloc(lin.in_features * lin.out_features * ctx.bnb) if qlora and tokens > BNB_FUSED_MAX_TOKENS else None
+    out = p.alloc(n_out * work, key)
+    p.free(weight, cast)
+    if qlora and work != in_dtype:
+        raw, out = out, p.alloc(n_out * in_dtype, key)  # .to(inp_dtype)
+        p.free(raw)
+    base = in_dtype if qlora else work
+    if lin.name not in ctx.targets:
+        return out
+    # x = self._cast_input_dtype(x, lora_A.weight.dtype) (l.1100): a copy where the dtypes differ (bnb's
+    # Linear4bit LoRA casts only outside autocast, peft tuners/lora/bnb.py ``requires_conversion``)
+    adapter_in = in_dtype if in_dtype == ctx.adapter_weight or (qlora and ctx.autocast) else ctx.adapter_weight
+    x_cast = p.alloc(n_in * adapter_in) if adapter_in != in_dtype else None
+    if ctx.dropout_mask:  # nn.Dropout's output and its mask, gone once lora_A read them
+        p.free(p.alloc(n_in * adapter_in), p.alloc(n_in * ctx.dropout_mask))
+    a = ctx.adapter
+    summed = max(base, a)
+    b_out = p.alloc(n_out * a, key)
+    scaled = p.alloc(n_out * a, key)
+    p.free(b_out)
+    total = p.alloc(n_out * summed, key)
+    p.free(scaled, out)
+    if summed != base:
+        total, wide = p.alloc(n_out * base, key), total
+        p.free(wide)
+    p.free(x_cast)
+    return total
+
+
+def _rotary(p: _Program, n: int) -> int | None:
+    """``(q * cos) + (rotate_half(q) * sin)`` (modeling_mistral.py l.51-55, l.79-80: rotate_half's
+    ``torch.cat((-x2, x1))``; cos and sin cast to q's dtype) for one of q and k of ``n`` bytes."""
+    cos = p.alloc(n)
+    neg = p.alloc(n // 2)
+    cat = p.alloc(n)
+    p.free(neg)
+    sin = p.alloc(n)
+    p.free(cat)
+    out = p.alloc(n)
+    p.free(cos, sin)
+    return out
+
+
+class _LocalsContext(NamedTuple):
+    targets: frozenset[str]
+    autocast: bool
+    qlora: bool
+    bnb: int
+    """bytes of bitsandbytes' compute dtype (the dequantised weight, the 4-bit matmul's output)"""
+    adapter: int
+    adapter_weight: int
+    dropout_mask: int
+    """bytes per element of LoRA dropout's mask (0: no dropout)"""
+
+
+def _block_program(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims, mode) -> _Program:
+    """A checkpointed decoder block's forward (``_plain_block``), tensor by tensor, as
+    MistralDecoderLayer.forward runs it (modeling_mistral.py l.213-241; MistralAttention.forward
+    l.140-178, MistralMLP.forward l.46-47) with nothing saved (torch 2.13 torch/utils/checkpoint.py:
+    reentrant under ``torch.no_grad()``, l.273-274; non-reentrant packs a ``_Holder``, l.1153-1157):
+    each tensor freed once its last reader ran, as a real 2-layer Mistral-shaped run's c10
+    allocator events show (bench/reserve_trace.py). The block's input and output are the
+    checkpoints the timeline draws; the attention kernel's own scratch, LoRA's tokens x r tensors
+    and the views (transpose, reshape) are left out."""
+    e, h = dims.tokens, dims.h
+    r = mode.residual
+    ctx = _LocalsContext(targets=frozenset(t.target_names) if config.method.uses_adapters else frozenset(),
+                         autocast=mode.autocast, qlora=config.method is Method.QLORA,
+                         bnb=config.precision.compute_bytes, adapter=mode.adapter, adapter_weight=mode.adapter_weight,
+                         dropout_mask=kernels.dropout_mask_bytes(mode.adapter_weight) if drops_adapter_inputs(config) else 0)
+    out_c = r if ctx.qlora else mode.compute  # a 4-bit projection returns its input's dtype
+    q_lin, k_lin, v_lin, o_lin, gate_lin, up_lin, down_lin = model.layer_linears
+    p = _Program()
+    x = _norm(p, e, h, r)
+    q = _linear(p, q_lin, e, r, out_c, ctx)
+    k = _linear(p, k_lin, e, r, out_c, ctx)
+    v = _linear(p, v_lin, e, r, out_c, ctx)
+    q_rot = _rotary(p, e * q_lin.out_features * out_c)
+    k_rot = _rotary(p, e * k_lin.out_features * out_c)
+    p.free(q, k)
+    attn = e * dims.a * dims.d
+    # SDPA under autocast casts an fp32 q/k/v (QLoRA's upcast stream) to 16 bits; its output
+    casts = [p.alloc(n * mode.attn) for n in (attn, e * k_lin.out_features, e * v_lin.out_features)
+             if out_c != mode.attn]
+    core = p.alloc(attn * mode.attn)
+    p.free(*casts)
+    o = _linear(p, o_lin, e, mode.attn, mode.attn if ctx.qlora else mode.compute, ctx)
+    p.free(core, q_rot, k_rot, v, x)
+    mid = p.alloc(e * h * r)  # ``residual + hidden_states``
+    p.free(o)
+    x = _norm(p, e, h, r)
+    gate = _linear(p, gate_lin, e, r, out_c, ctx, _MLP_LOCALS)
+    act = p.alloc(e * gate_lin.out_features * out_c, _MLP_LOCALS)
+    p.free(gate)
+    up = _linear(p, up_lin, e, r, out_c, ctx, _MLP_LOCALS)
+    product = p.alloc(e * up_lin.out_features * out_c, _MLP_LOCALS)
+    p.free(act, up)
+    down = _linear(p, down_lin, e, out_c, out_c, ctx)
+    p.free(product, x, down, mid)
+    return p
+
+
+def _mlp_program(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims, mode,
+                 p: _Program) -> _Program:
+    """The MLP tensors a checkpointed block's forward makes and frees, at most alive at once, for
+    blocks ``_block_program`` does not follow. In MistralMLP.forward (transformers 5.24
     models/mistral/modeling_mistral.py l.46-47, LlamaMLP alike) ``down_proj(act_fn(gate_proj(x)) *
     up_proj(x))`` the gate's output dies inside the activation, and act(gate), up(x) and their
-    product are alive together: three 112 MiB tensors a block in a real 2-layer Mistral-shaped
-    LoRA run at 2048 fp32 tokens (bench/reserve_trace.py); an ungated MLP's fc1 output and its
-    activation. No more than the block saves of them without checkpointing (``mlp/intermediate``),
-    which the recompute rebuilds: the forward's point stays under the recompute's moment. They
-    change no peak, only the allocator's cache: without them the replay's first step carved the
-    250 MiB logits from fresh segments, where the real forward had split the cache into 112 MiB
-    blocks first (that run's pool over the allocated peak, 439 MiB replayed from its real
-    sequence: 85 MiB replayed from the timeline without them, 333 MiB with them)."""
+    product are alive together; an ungated MLP's fc1 output and its activation. No more than the
+    block saves of them without checkpointing (``mlp/intermediate``). Onto ``p``."""
     if not model.has_mlp or model.other_blocks or model.is_encoder_decoder:
-        return ()
+        return p
     ctx = block_context(model, config, kernels, first=False, targets=t.target_names, dims=dims)
     saved = block_terms(ctx).get("mlp/intermediate", 0)
     unit = dims.tokens * model.intermediate_size * mode.compute
     alive = min(3 if model.gated_mlp else 2, saved // unit) if unit else 0
-    return (unit,) * alive
+    p.free(*[p.alloc(unit, _MLP_LOCALS) for _ in range(alive)])
+    return p
+
+
+#: bitsandbytes' CUDA gemm_4bit runs its own kernel up to this many tokens and dequantises the whole
+#: weight past it (bitsandbytes 0.50.2 backends/cuda/ops.py l.926 ``_gemm_4bit_custom_max_m = 1536``, l.954)
+BNB_FUSED_MAX_TOKENS = 1536
+
+
+def _dequantised(model: ModelSpec, config: TrainConfig) -> tuple[int, ...]:
+    """QLoRA: the bytes of each 4-bit weight dequantised whole, in the block's forward order (its
+    module linears; a stack of experts, one expert at a time), in bitsandbytes' compute dtype."""
+    if config.method is not Method.QLORA or model.other_blocks or model.is_encoder_decoder:
+        return ()
+    return tuple(lin.in_features * lin.out_features * config.precision.compute_bytes
+                 for lin in model.layer_linears if lin.module for _ in range(lin.count))
+
+
+def _dequant_program(weights: tuple[int, ...], p: _Program | None = None) -> _Program:
+    """Each weight dequantised, then freed once its matmul returned (onto ``p``)."""
+    p = p or _Program()
+    for size in weights:
+        p.free(p.alloc(size))
+    return p
+
+
+def _backward_locals(model: ModelSpec, config: TrainConfig, dims) -> tuple[tuple[int, str], ...]:
+    """What each block's backward makes and frees beside its saved tensors and gradients: QLoRA's
+    weights dequantised, by the recompute's forward under checkpointing (as the forward's,
+    ``_linear``) and by each 4-bit linear's backward, last linear first (bitsandbytes 0.50.2
+    autograd/_functions.py l.384, MatMul4Bit.backward: ``torch.matmul(grad_output,
+    F.dequantize_4bit(B, ctx.state).to(grad_output.dtype))``, whatever the tokens)."""
+    weights = _dequantised(model, config)
+    if not weights:
+        return ()
+    recompute = weights if config.grad_ckpt and dims.tokens > BNB_FUSED_MAX_TOKENS else ()
+    return tuple(_dequant_program(recompute + weights[::-1]).ops)
+
+
+def _forward_locals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims,
+                    mode) -> tuple[tuple[int, str], ...]:
+    """The tensors a checkpointed block's forward makes and frees (``_Program.ops``). The forward
+    keeps nothing but the block's input, so each tensor dies once its last reader ran. They change
+    no allocated peak (each is drawn only where the live bytes stay under the step's peak:
+    ``_Builder.locals``), only the allocator's cache: without them the replay's first step carved
+    the 250 MiB logits from fresh segments, where the real forward had split the cache into
+    blocks of these sizes first (a real 2-layer Mistral-shaped LoRA run at 2048 fp32 tokens,
+    bench/reserve_trace.py: its pool over the allocated peak 449 MiB replayed from its real
+    sequence, 85 MiB from the timeline without them)."""
+    dequantised = _dequantised(model, config) if dims.tokens > BNB_FUSED_MAX_TOKENS else ()
+    if not config.grad_ckpt:  # the rest of the forward's tensors are saved (the block's terms)
+        return tuple(_dequant_program(dequantised).ops)
+    if _plain_block(model):
+        return tuple(_block_program(model, config, kernels, t, dims, mode).ops)
+    return tuple(_mlp_program(model, config, kernels, t, dims, mode, _dequant_program(dequantised)).ops)
 
 
 def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], list[list[int]], list[int], list[int]]:
@@ -509,7 +751,7 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
         else:
             blocks.append(b.allocs(alike[k > 0], where) if alike else b.alloc_terms(s.block(k), where, s.block_tensors(k)))
         if s.forward_locals:
-            b.free(b.alloc("activations/mlp/intermediate", sum(s.forward_locals), where, s.forward_locals), where)
+            b.locals(s.forward_locals, where)
         if k >= layers:  # batch_terms counts num_layers cache layers
             continue
         if s.cache:
@@ -734,6 +976,8 @@ def _backward_blocks(b: _Builder, s: _Step, blocks: list[list[int]], embeddings:
                                                       {"gradients": _grain(g and g.block, s.block_gradients)})
     for k in reversed(range(layers)):
         where = f"{label}backward block {k + 1}"
+        if s.backward_locals:
+            b.locals(s.backward_locals, where)
         b.free_all(blocks[k] if k else blocks[0] + embeddings, where)
         if block_grads is None:
             continue
@@ -851,6 +1095,8 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     b = _Builder(unit=dims.tokens * dims.h * mode.compute, logits=dims.tokens * dims.v * (4 if config.loss_upcast else mode.logits)
                  if builds_logits(config) else 0,
                  units={"activations/mlp/intermediate": dims.tokens * model.intermediate_size * mode.compute})
+    # the step's allocated peak: the forward's locals stay under it (``_Builder.locals``)
+    b.limit = s.static.resident_bytes + max(map(sum, zip(static_moments(s.sizes), batch_moments(s.batch.sizes()))))
     lazy = _lazy_states(s)
     _model_states(b, s, lazy)
     b.fork()  # plans of one model, method and weights' precision part here
