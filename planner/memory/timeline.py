@@ -369,6 +369,9 @@ class _Step:
     """the tensors each block's forward makes and frees (``_forward_locals``)"""
     backward_locals: tuple[tuple[int, str], ...] = ()
     """the tensors each block's backward makes and frees beside its own terms (``_backward_locals``)"""
+    backward_mlp: tuple[tuple[int, str], ...] = ()
+    """under checkpointing, the MLP's tensors each block's recompute and backward make and free
+    (``_mlp_backward_program``; the last block's are the moments' own parts)"""
     retained: int = 0
     """one layer-input gradient the sharding scheme keeps to the end of backward, or 0
     (``step.retention``, ``_retained_backward``)"""
@@ -483,6 +486,8 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         cache=kv_cache_block_bytes(model, config, dims, mode),
         head_gradients=head_gradients, down_gradients=down_gradients, grains=_grains(model, config, t),
         tensors=tensors, forward_locals=forward_locals, backward_locals=_backward_locals(model, config, dims),
+        backward_mlp=tuple(_mlp_backward_program(model, config, dims, mode, _Program()).ops)
+        if config.grad_ckpt and _plain_block(model) else (),
         retained=retention(model, config),
     )
 
@@ -703,6 +708,33 @@ def _dequant_program(weights: tuple[int, ...], p: _Program | None = None) -> _Pr
     return p
 
 
+def _mlp_backward_program(model: ModelSpec, config: TrainConfig, dims, mode, p: _Program) -> _Program:
+    """A checkpointed gated MLP's recompute and backward (onto ``p``), as a real 2-layer
+    Mistral-shaped LoRA run's c10 events show them (bench/reserve_trace.py): the recompute makes
+    gate(x), act(gate), up(x) and their product again (MistralMLP.forward, modeling_mistral.py
+    l.46-47; the product kept until down_proj's backward when down_proj saves it); then
+    down_proj's backward makes the product's gradient, MulBackward0 the two operands' (grad *
+    other, grad * self: torch derivatives.yaml ``mul.Tensor``), up_proj's backward the input's
+    gradient, SiluBackward0 the gate's, gate_proj's backward its input's, and their sum (each
+    tokens x intermediate_size in the projections' dtype, or x hidden_size)."""
+    n_i = dims.tokens * model.intermediate_size * mode.compute
+    n_h = dims.tokens * model.hidden_size * mode.compute
+    gate, act, up = p.alloc(n_i, _MLP_LOCALS), p.alloc(n_i, _MLP_LOCALS), p.alloc(n_i, _MLP_LOCALS)
+    product = p.alloc(n_i, _MLP_LOCALS)
+    g_product = p.alloc(n_i, _MLP_LOCALS)
+    p.free(product)
+    g_act, g_up = p.alloc(n_i, _MLP_LOCALS), p.alloc(n_i, _MLP_LOCALS)
+    p.free(act, up, g_product)
+    g_x1 = p.alloc(n_h)
+    p.free(g_up)
+    g_gate = p.alloc(n_i, _MLP_LOCALS)
+    p.free(gate, g_act)
+    g_x2 = p.alloc(n_h)
+    p.free(g_gate)
+    p.free(p.alloc(n_h), g_x1, g_x2)
+    return p
+
+
 def _backward_locals(model: ModelSpec, config: TrainConfig, dims) -> tuple[tuple[int, str], ...]:
     """What each block's backward makes and frees beside its saved tensors and gradients: QLoRA's
     weights dequantised, by the recompute's forward under checkpointing (as the forward's,
@@ -710,8 +742,6 @@ def _backward_locals(model: ModelSpec, config: TrainConfig, dims) -> tuple[tuple
     autograd/_functions.py l.384, MatMul4Bit.backward: ``torch.matmul(grad_output,
     F.dequantize_4bit(B, ctx.state).to(grad_output.dtype))``, whatever the tokens)."""
     weights = _dequantised(model, config)
-    if not weights:
-        return ()
     recompute = weights if config.grad_ckpt and dims.tokens > BNB_FUSED_MAX_TOKENS else ()
     return tuple(_dequant_program(recompute + weights[::-1]).ops)
 
@@ -976,6 +1006,8 @@ def _backward_blocks(b: _Builder, s: _Step, blocks: list[list[int]], embeddings:
                                                       {"gradients": _grain(g and g.block, s.block_gradients)})
     for k in reversed(range(layers)):
         where = f"{label}backward block {k + 1}"
+        if s.backward_mlp and k < layers - 1:
+            b.locals(s.backward_mlp, where)
         if s.backward_locals:
             b.locals(s.backward_locals, where)
         b.free_all(blocks[k] if k else blocks[0] + embeddings, where)

@@ -133,3 +133,18 @@ def test_a_real_checkpointed_forward_makes_the_tensors_drawn():
                     if ev.op == "alloc" and ev.where.startswith("forward block") and ev.nbytes in sizes)
     assert real == drawn + Counter(hidden=4)
     assert real == Counter(hidden=48, half=26, intermediate=8, quarter=2)
+
+
+def test_a_checkpointed_block_backward_remakes_and_frees_the_mlp_tensors():
+    """A block before the last one (the last's are the moments' parts): its recompute makes gate(x),
+    act(gate), up(x) and their product again, its backward the product's gradient, the two
+    operands' and the gate's (SiluBackward0): eight 112 MiB tensors, six alive at most, as in the
+    real run's c10 events (bench/reserve_trace.py: gate, act, up, then the three gradients, the
+    product freed before)."""
+    model = spec_from_config(MISTRAL, model_id="mistral-2l", source="test")
+    timeline = step_timeline(model=model, config=TrainConfig(**LORA, grad_ckpt=True), kernels=get_gpu("a100-80gb").kernels)
+    unit = 2048 * 14336 * 4
+    events = [ev for ev in timeline.events if ev.where == "backward block 1" and ev.key == "activations/mlp/intermediate"]
+    assert [ev.nbytes for ev in events if ev.op == "alloc"] == [unit] * 8
+    assert _most_alive(events, unit) == 6
+    assert not [ev for ev in timeline.events if ev.where == "backward block 2" and ev.key == "activations/mlp/intermediate"]
