@@ -251,6 +251,7 @@ class _Builder:
         self.released: dict[str, int] = {}  # the last block's saved tensors its backward frees, by key (``_released``)
         self.live = 0  # bytes allocated and not freed (``locals``' bound)
         self.limit = 0  # the step's allocated peak, which ``locals`` stays under
+        self.drew_locals = False  # the block forward's locals drawn one by one (``_forward``)
 
     def grain(self, key: str, nbytes: int) -> int | tuple[int, ...]:
         """The tensors (``Event.tensors``) of an allocation whose tensors are not known: the loss
@@ -365,13 +366,12 @@ class _Step:
     tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
     """the first block's and every other block's terms whose tensors are known (bytes each,
     ``activations.block_tensors``), by breakdown key"""
+    forward_mlp: tuple[int, ...] = ()
+    """under checkpointing, the MLP tensors each block's forward makes and frees, at most alive at
+    once (``_forward_mlp``): one event a block"""
     forward_locals: tuple[tuple[int, str], ...] = ()
-    """the tensors each block's forward makes and frees (``_forward_locals``)"""
-    backward_locals: tuple[tuple[int, str], ...] = ()
-    """the tensors each block's backward makes and frees beside its own terms (``_backward_locals``)"""
-    backward_mlp: tuple[tuple[int, str], ...] = ()
-    """under checkpointing, the MLP's tensors each block's recompute and backward make and free
-    (``_mlp_backward_program``; the last block's are the moments' own parts)"""
+    """the tensors a block's forward makes and frees, one by one (``_forward_locals``): drawn in the
+    last block of the timeline's first forward, in place of ``forward_mlp`` (``_forward``)"""
     retained: int = 0
     """one layer-input gradient the sharding scheme keeps to the end of backward, or 0
     (``step.retention``, ``_retained_backward``)"""
@@ -456,7 +456,9 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
     dims, mode = dims_of(model, config), mode_of(config)
     tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
     forward_locals = _forward_locals(model, config, kernels, t, dims, mode)
+    forward_mlp: tuple[int, ...] = ()
     if config.grad_ckpt:
+        forward_mlp = _forward_mlp(model, config, kernels, t, dims, mode)
         first = rest = {"activations/checkpoints": checkpoint_bytes(model, dims, mode)}
     else:
         keyed = lambda terms: {breakdown_key(k): v for k, v in terms.items() if v}  # noqa: E731
@@ -485,10 +487,7 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
         cache=kv_cache_block_bytes(model, config, dims, mode),
         head_gradients=head_gradients, down_gradients=down_gradients, grains=_grains(model, config, t),
-        tensors=tensors, forward_locals=forward_locals, backward_locals=_backward_locals(model, config, dims),
-        backward_mlp=tuple(_mlp_backward_program(model, config, dims, mode, _Program()).ops)
-        if config.grad_ckpt and _plain_block(model) else (),
-        retained=retention(model, config),
+        tensors=tensors, forward_mlp=forward_mlp, forward_locals=forward_locals, retained=retention(model, config),
     )
 
 
@@ -668,22 +667,28 @@ def _block_program(model: ModelSpec, config: TrainConfig, kernels: KernelProfile
     return p
 
 
-def _mlp_program(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims, mode,
-                 p: _Program) -> _Program:
-    """The MLP tensors a checkpointed block's forward makes and frees, at most alive at once, for
-    blocks ``_block_program`` does not follow. In MistralMLP.forward (transformers 5.24
+def _forward_mlp(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims, mode) -> tuple[int, ...]:
+    """The MLP tensors a checkpointed block's forward makes and frees, at most alive at once. The
+    forward keeps nothing but the block's input (torch 2.13 torch/utils/checkpoint.py: reentrant,
+    transformers 4's default, runs it under ``torch.no_grad()``, l.273-274; non-reentrant,
+    transformers 5's, l.1153-1157, packs a ``_Holder`` instead of the tensor), so each tensor
+    dies once its last reader ran. In MistralMLP.forward (transformers 5.24
     models/mistral/modeling_mistral.py l.46-47, LlamaMLP alike) ``down_proj(act_fn(gate_proj(x)) *
     up_proj(x))`` the gate's output dies inside the activation, and act(gate), up(x) and their
-    product are alive together; an ungated MLP's fc1 output and its activation. No more than the
-    block saves of them without checkpointing (``mlp/intermediate``). Onto ``p``."""
+    product are alive together: three 112 MiB tensors a block in a real 2-layer Mistral-shaped
+    LoRA run at 2048 fp32 tokens (bench/reserve_trace.py); an ungated MLP's fc1 output and its
+    activation. No more than the block saves of them without checkpointing (``mlp/intermediate``),
+    which the recompute rebuilds: the forward's point stays under the recompute's moment. They
+    change no peak, only the allocator's cache: without them the replay's first step carved the
+    250 MiB logits from fresh segments, where the real forward had split the cache into 112 MiB
+    blocks first."""
     if not model.has_mlp or model.other_blocks or model.is_encoder_decoder:
-        return p
+        return ()
     ctx = block_context(model, config, kernels, first=False, targets=t.target_names, dims=dims)
     saved = block_terms(ctx).get("mlp/intermediate", 0)
     unit = dims.tokens * model.intermediate_size * mode.compute
     alive = min(3 if model.gated_mlp else 2, saved // unit) if unit else 0
-    p.free(*[p.alloc(unit, _MLP_LOCALS) for _ in range(alive)])
-    return p
+    return (unit,) * alive
 
 
 #: bitsandbytes' CUDA gemm_4bit runs its own kernel up to this many tokens and dequantises the whole
@@ -700,72 +705,49 @@ def _dequantised(model: ModelSpec, config: TrainConfig) -> tuple[int, ...]:
                  for lin in model.layer_linears if lin.module for _ in range(lin.count))
 
 
-def _dequant_program(weights: tuple[int, ...], p: _Program | None = None) -> _Program:
+def _dequant_program(weights: tuple[int, ...], p: _Program) -> _Program:
     """Each weight dequantised, then freed once its matmul returned (onto ``p``)."""
-    p = p or _Program()
     for size in weights:
         p.free(p.alloc(size))
     return p
 
 
-def _mlp_backward_program(model: ModelSpec, config: TrainConfig, dims, mode, p: _Program) -> _Program:
-    """A checkpointed gated MLP's recompute and backward (onto ``p``), as a real 2-layer
-    Mistral-shaped LoRA run's c10 events show them (bench/reserve_trace.py): the recompute makes
-    gate(x), act(gate), up(x) and their product again (MistralMLP.forward, modeling_mistral.py
-    l.46-47; the product kept until down_proj's backward when down_proj saves it); then
-    down_proj's backward makes the product's gradient, MulBackward0 the two operands' (grad *
-    other, grad * self: torch derivatives.yaml ``mul.Tensor``), up_proj's backward the input's
-    gradient, SiluBackward0 the gate's, gate_proj's backward its input's, and their sum (each
-    tokens x intermediate_size in the projections' dtype, or x hidden_size)."""
-    n_i = dims.tokens * model.intermediate_size * mode.compute
-    n_h = dims.tokens * model.hidden_size * mode.compute
-    gate, act, up = p.alloc(n_i, _MLP_LOCALS), p.alloc(n_i, _MLP_LOCALS), p.alloc(n_i, _MLP_LOCALS)
-    product = p.alloc(n_i, _MLP_LOCALS)
-    g_product = p.alloc(n_i, _MLP_LOCALS)
-    p.free(product)
-    g_act, g_up = p.alloc(n_i, _MLP_LOCALS), p.alloc(n_i, _MLP_LOCALS)
-    p.free(act, up, g_product)
-    g_x1 = p.alloc(n_h)
-    p.free(g_up)
-    g_gate = p.alloc(n_i, _MLP_LOCALS)
-    p.free(gate, g_act)
-    g_x2 = p.alloc(n_h)
-    p.free(g_gate)
-    p.free(p.alloc(n_h), g_x1, g_x2)
-    return p
-
-
-def _backward_locals(model: ModelSpec, config: TrainConfig, dims) -> tuple[tuple[int, str], ...]:
-    """What each block's backward makes and frees beside its saved tensors and gradients: QLoRA's
-    weights dequantised, by the recompute's forward under checkpointing (as the forward's,
-    ``_linear``) and by each 4-bit linear's backward, last linear first (bitsandbytes 0.50.2
-    autograd/_functions.py l.384, MatMul4Bit.backward: ``torch.matmul(grad_output,
-    F.dequantize_4bit(B, ctx.state).to(grad_output.dtype))``, whatever the tokens)."""
-    weights = _dequantised(model, config)
-    recompute = weights if config.grad_ckpt and dims.tokens > BNB_FUSED_MAX_TOKENS else ()
-    return tuple(_dequant_program(recompute + weights[::-1]).ops)
-
-
 def _forward_locals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims,
                     mode) -> tuple[tuple[int, str], ...]:
-    """The tensors a checkpointed block's forward makes and frees (``_Program.ops``). The forward
-    keeps nothing but the block's input, so each tensor dies once its last reader ran. They change
-    no allocated peak (each is drawn only where the live bytes stay under the step's peak:
+    """The tensors a block's forward makes and frees (``_Program.ops``): under checkpointing the
+    forward keeps nothing but the block's input, so each tensor dies once its last reader ran;
+    without it, QLoRA's dequantised weights (the rest is saved: the block's terms). They change no
+    allocated peak (each is drawn only where the live bytes stay under the step's peak:
     ``_Builder.locals``), only the allocator's cache: without them the replay's first step carved
     the 250 MiB logits from fresh segments, where the real forward had split the cache into
     blocks of these sizes first (a real 2-layer Mistral-shaped LoRA run at 2048 fp32 tokens,
     bench/reserve_trace.py: its pool over the allocated peak 449 MiB replayed from its real
-    sequence, 85 MiB from the timeline without them)."""
+    sequence, 85 MiB from the timeline without them). Empty where they would be ``_forward_mlp``'s
+    tensors alone."""
     dequantised = _dequantised(model, config) if dims.tokens > BNB_FUSED_MAX_TOKENS else ()
+    p = _dequant_program(dequantised, _Program())
     if not config.grad_ckpt:  # the rest of the forward's tensors are saved (the block's terms)
-        return tuple(_dequant_program(dequantised).ops)
+        return tuple(p.ops)
     if _plain_block(model):
         return tuple(_block_program(model, config, kernels, t, dims, mode).ops)
-    return tuple(_mlp_program(model, config, kernels, t, dims, mode, _dequant_program(dequantised)).ops)
+    if not dequantised:
+        return ()
+    p.free(*[p.alloc(size, _MLP_LOCALS) for size in _forward_mlp(model, config, kernels, t, dims, mode)])
+    return tuple(p.ops)
 
 
 def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], list[list[int]], list[int], list[int]]:
-    """Forward up to the loss: the (gathered, embeddings, blocks, head, KV cache) allocations."""
+    """Forward up to the loss: the (gathered, embeddings, blocks, head, KV cache) allocations.
+
+    Each block makes and frees its MLP's tensors as one event (``_Step.forward_mlp``), but the last
+    block of the timeline's first forward, which draws every tensor its forward makes and frees
+    one by one (``_Step.forward_locals``, 62-138 events for Llama-2-7b where the rest of the
+    timeline has about 440): that block's locals are what the head's logits, the step's largest
+    request, meet in the cache, and a transient of one size made and freed in every block, or in
+    every step, takes the same cached block after its first time. Drawn in every block of every
+    forward instead (8,700-12,400 events, 4-6 times the replay's time), they move the fms
+    Mistral nvidia-smi rows less (bench/published.py: stated reserve rows within 5% 14 of 41,
+    against 18 of 41 drawn once; 13 of 41 with neither) and their LoRA rows the wrong way."""
     scheme = s.config.sharding.spec
     gathered = b.alloc(scheme.step_key("gathered"), s.static.gathered, f"{label}forward")
     held = b.alloc(scheme.step_key("held"), s.static.held, f"{label}forward")
@@ -780,8 +762,11 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
             blocks.append(_last_block(b, s, released, where))
         else:
             blocks.append(b.allocs(alike[k > 0], where) if alike else b.alloc_terms(s.block(k), where, s.block_tensors(k)))
-        if s.forward_locals:
+        if s.forward_locals and k == s.n_blocks - 1 and not b.drew_locals:
+            b.drew_locals = True  # (``_Step.forward_locals``: once, see ``_forward``)
             b.locals(s.forward_locals, where)
+        elif s.forward_mlp:
+            b.free(b.alloc(_MLP_LOCALS, sum(s.forward_mlp), where, s.forward_mlp), where)
         if k >= layers:  # batch_terms counts num_layers cache layers
             continue
         if s.cache:
@@ -1006,10 +991,6 @@ def _backward_blocks(b: _Builder, s: _Step, blocks: list[list[int]], embeddings:
                                                       {"gradients": _grain(g and g.block, s.block_gradients)})
     for k in reversed(range(layers)):
         where = f"{label}backward block {k + 1}"
-        if s.backward_mlp and k < layers - 1:
-            b.locals(s.backward_mlp, where)
-        if s.backward_locals:
-            b.locals(s.backward_locals, where)
         b.free_all(blocks[k] if k else blocks[0] + embeddings, where)
         if block_grads is None:
             continue

@@ -1,6 +1,7 @@
-"""A checkpointed block's forward in the step's timeline: the MLP tensors it makes and frees
-(``timeline._forward_locals``), which change no peak but the allocator's cache, against sizes
-worked out by hand and against a real forward's allocations (c10's CPU allocator events)."""
+"""A checkpointed block's forward in the step's timeline: the tensors it makes and frees
+(``timeline._forward_mlp`` in every block, ``timeline._forward_locals`` one by one in the last
+block of the first forward), which change no peak but the allocator's cache, against sizes worked
+out by hand and against a real forward's allocations (c10's CPU allocator events)."""
 
 from __future__ import annotations
 
@@ -33,20 +34,23 @@ def _most_alive(events, size: int) -> int:
     return most
 
 
-def test_each_checkpointed_block_forward_makes_and_frees_the_mlp_tensors_in_order():
+def test_the_last_block_of_the_first_forward_makes_and_frees_the_mlp_tensors_in_order():
     """MistralMLP.forward ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``: gate(x), act(gate) (gate
     freed), up(x), the product (act and up freed), then the product freed once down_proj ran: each
-    a tensor of tokens x intermediate_size fp32, 2048 * 14336 * 4 = 112 MiB, three alive at most."""
+    a tensor of tokens x intermediate_size fp32, 2048 * 14336 * 4 = 112 MiB, three alive at most.
+    Drawn so in the last block of the run's first step; every other block of the two steps
+    makes the three as one event and frees them."""
     model = spec_from_config(MISTRAL, model_id="mistral-2l", source="test")
     timeline = step_timeline(model=model, config=TrainConfig(**LORA, grad_ckpt=True), kernels=get_gpu("a100-80gb").kernels)
     unit = 2048 * 14336 * 4
     events = _forward_mlp_events(timeline)
-    assert {ev.nbytes for ev in events} == {unit} and {ev.tensors for ev in events} == {1}
-    # the run's first step and the measured step, two blocks each
-    assert [ev.op for ev in events] == ["alloc", "alloc", "free", "alloc", "alloc", "free", "free", "free"] * 4
-    assert {ev.where for ev in events} == {"step 1: forward block 1", "step 1: forward block 2",
-                                           "forward block 1", "forward block 2"}
-    assert _most_alive(events, unit) == 3
+    one_by_one = [ev for ev in events if ev.where == "step 1: forward block 2"]
+    assert {ev.nbytes for ev in one_by_one} == {unit} and {ev.tensors for ev in one_by_one} == {1}
+    assert [ev.op for ev in one_by_one] == ["alloc", "alloc", "free", "alloc", "alloc", "free", "free", "free"]
+    assert _most_alive(one_by_one, unit) == 3
+    together = [(ev.where, ev.op, ev.tensors) for ev in events if ev not in one_by_one]
+    assert together == [(where, op, (unit,) * 3) for where in ("step 1: forward block 1", "forward block 1",
+                                                                "forward block 2") for op in ("alloc", "free")]
 
 
 def test_without_checkpointing_the_forward_saves_them_instead():
@@ -70,29 +74,25 @@ def test_the_forward_locals_change_no_peak():
     assert max(curve[i + 1] for i in locals_) < timeline.peak
 
 
-def test_qlora_dequantises_each_weight_in_forward_recompute_and_backward():
+def test_qlora_dequantises_each_weight_in_the_first_forwards_last_block():
     """bitsandbytes 0.50.2 dequantises a 4-bit weight whole past 1536 tokens in forward (backends/cuda/
-    ops.py l.954-967) and always in MatMul4Bit.backward (autograd/_functions.py l.384): per block,
-    q and o 4096 x 4096, k and v 4096 x 1024, gate, up and down 4096 x 14336, fp16 (2 bytes) for
-    fp16-mixed: 32, 8, 8, 32, 112, 112, 112 MiB; each in the forward, the recompute and the backward."""
+    ops.py l.954-967): q and o 4096 x 4096, k and v 4096 x 1024, gate, up and down 4096 x 14336, fp16
+    (2 bytes) for fp16-mixed: 32, 8, 8, 32, 112, 112, 112 MiB, drawn in the last block of the
+    first forward."""
     model = spec_from_config(MISTRAL, model_id="mistral-2l", source="test")
     config = TrainConfig(method="qlora", lora_r=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
                          precision="fp16-mixed", seq_len=2048, micro_batch=1, grad_ckpt=True)
     timeline = step_timeline(model=model, config=config, kernels=get_gpu("a100-80gb").kernels)
     MiB = 1024**2
-    weights = [32 * MiB, 8 * MiB, 8 * MiB, 32 * MiB, 112 * MiB, 112 * MiB, 112 * MiB]
-    backward = [ev.nbytes for ev in timeline.events if ev.where == "backward block 2" and ev.op == "alloc"
-                and ev.key == "activations/block_locals"]
-    assert backward == weights + weights[::-1]
-    forward = [ev.nbytes for ev in timeline.events if ev.where == "forward block 2" and ev.op == "alloc"]
+    forward = [ev.nbytes for ev in timeline.events if ev.where == "step 1: forward block 2" and ev.op == "alloc"]
     # 112 MiB: the three MLP weights in fp16, and the fp32 (k-bit upcast) 2048 x 14336 tensors of as many bytes:
     # gate's and up's outputs cast back to their fp32 input's dtype (``.to(inp_dtype)``), act(gate), the product
     assert forward.count(112 * MiB) == 3 + 4
     assert forward.count(56 * MiB) == 2 + 1  # gate's and up's fp16 outputs, down's fp16 cast of the product
-    # at 1024 tokens bitsandbytes' own kernel reads the 4-bit weight: only the backward dequantises
+    # at 1024 tokens bitsandbytes' own kernel reads the 4-bit weight: no weight dequantised (the MLP's
+    # fp32 tensors are 1024 x 14336 x 4 B = 56 MiB)
     short = step_timeline(model=model, config=config.replace(seq_len=1024), kernels=get_gpu("a100-80gb").kernels)
-    assert [ev.nbytes for ev in short.events if ev.where == "backward block 2" and ev.op == "alloc"
-            and ev.key == "activations/block_locals"] == weights[::-1]
+    assert 112 * MiB not in [ev.nbytes for ev in short.events if ev.where == "step 1: forward block 2"]
 
 
 def test_a_real_checkpointed_forward_makes_the_tensors_drawn():
@@ -130,21 +130,9 @@ def test_a_real_checkpointed_forward_makes_the_tensors_drawn():
     config = TrainConfig(**dict(LORA, seq_len=tokens, micro_batch=batch), grad_ckpt=True)
     timeline = step_timeline(model=spec, config=config, kernels=get_gpu("cpu").kernels)
     drawn = Counter(sizes[ev.nbytes] for ev in timeline.events
-                    if ev.op == "alloc" and ev.where.startswith("forward block") and ev.nbytes in sizes)
-    assert real == drawn + Counter(hidden=4)
+                    if ev.op == "alloc" and ev.where.startswith("step 1: forward block") and ev.nbytes in sizes)
+    # the last block's locals, one by one; the first block's are as many (drawn there as one event of the MLP's)
+    last = Counter(sizes[ev.nbytes] for ev in timeline.events if ev.op == "alloc" and ev.nbytes in sizes
+                   and ev.where == "step 1: forward block 2" and ev.key != "activations/checkpoints")
+    assert real == drawn + last + Counter(hidden=4)
     assert real == Counter(hidden=48, half=26, intermediate=8, quarter=2)
-
-
-def test_a_checkpointed_block_backward_remakes_and_frees_the_mlp_tensors():
-    """A block before the last one (the last's are the moments' parts): its recompute makes gate(x),
-    act(gate), up(x) and their product again, its backward the product's gradient, the two
-    operands' and the gate's (SiluBackward0): eight 112 MiB tensors, six alive at most, as in the
-    real run's c10 events (bench/reserve_trace.py: gate, act, up, then the three gradients, the
-    product freed before)."""
-    model = spec_from_config(MISTRAL, model_id="mistral-2l", source="test")
-    timeline = step_timeline(model=model, config=TrainConfig(**LORA, grad_ckpt=True), kernels=get_gpu("a100-80gb").kernels)
-    unit = 2048 * 14336 * 4
-    events = [ev for ev in timeline.events if ev.where == "backward block 1" and ev.key == "activations/mlp/intermediate"]
-    assert [ev.nbytes for ev in events if ev.op == "alloc"] == [unit] * 8
-    assert _most_alive(events, unit) == 6
-    assert not [ev for ev in timeline.events if ev.where == "backward block 2" and ev.key == "activations/mlp/intermediate"]
