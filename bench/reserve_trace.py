@@ -171,16 +171,16 @@ def _timeline_phase(where: str) -> str:
 
 
 def _block_local(ev) -> bool:
-    """A tensor a checkpointed block's forward, recompute or backward makes and frees beside its
-    terms (planner/memory/timeline.py ``_forward_locals``, ``_backward_locals``, ``_mlp_backward_program``)."""
+    """A tensor a block's forward makes and frees beside its terms (planner/memory/timeline.py
+    ``_forward_mlp``, ``_forward_locals``)."""
     return ("forward block" in ev.where or "backward block" in ev.where) and ev.key in (
         "activations/mlp/intermediate", "activations/block_locals")
 
 
 def timeline_replay(name: str, kernels, *, without_forward_locals: bool = False) -> dict:
     """The planner's timeline of the same run on ``kernels`` through the same allocator model
-    (``without_forward_locals``: less the tensors each checkpointed block's forward, recompute and
-    backward make and free beside its terms, the timeline before any was drawn)."""
+    (``without_forward_locals``: less the tensors each block's forward makes and frees beside its
+    terms, the timeline before any was drawn)."""
     from planner.catalog import spec_from_config
     from planner.config import TrainConfig
     from planner.memory.allocator import UNLIMITED, replay
@@ -191,7 +191,7 @@ def timeline_replay(name: str, kernels, *, without_forward_locals: bool = False)
     timeline = step_timeline(model=model, config=TrainConfig(**fields), kernels=kernels)
     events = [ev for ev in timeline.events if not (without_forward_locals and _block_local(ev))]
     replayed = replay(tuple(events), capacity=UNLIMITED)
-    start = timeline.start - (len(timeline.events) - len(events)) // 2
+    start = timeline.start - sum(map(_block_local, timeline.events[:timeline.start])) * without_forward_locals
     resident = sum(ev.nbytes for ev in events if ev.where == "model states")
     large = [(_timeline_phase(ev.where), t) for ev in events[start:] for t in _expanded(ev.op, ev.nbytes, ev.tensors)
              if abs(t) >= MiB]
@@ -303,17 +303,18 @@ NOTES = """## Reading
   freed inside a phase, the LoRA run's real pool falls from 449 MiB to 4 MiB; without the
   backward's alone it grows (516 MiB); by size, the forward's 112 MiB MLP tensors matter most,
   then its hidden-sized (32 MiB) and kv-sized (8 MiB) ones.
-- The timeline now draws a checkpointed Llama/Mistral block's forward tensor by tensor, as the
-  real run makes and frees them (planner/memory/timeline.py ``_block_program``: RMSNorm's fp32
-  pieces, q/k/v/o and peft's LoRA sum, rotary's halves and cat, the attention output, the residual
-  adds, the MLP's four): a real small Mistral LoRA forward's c10 events have the drawn sizes one
-  for one (tests/memory/test_reserve_trace.py). Each block before the last remakes its MLP tensors
-  in its recompute and makes the MLP's gradients in its backward (``_mlp_backward_program``);
-  the rest of the recompute and of the attention's backward is not drawn.
-- QLoRA: each 4-bit linear's weight dequantised whole, before its matmul in the forward past 1536
+- The timeline draws the last block of the run's first forward tensor by tensor, as the real run
+  makes and frees them (planner/memory/timeline.py ``_block_program``: RMSNorm's fp32 pieces,
+  q/k/v/o and peft's LoRA sum, rotary's halves and cat, the attention output, the residual adds,
+  the MLP's four): a real small Mistral LoRA forward's c10 events have the drawn sizes one for one
+  (tests/memory/test_reserve_trace.py); every other block, in that forward and the measured
+  step's, makes and frees the MLP's three alive tensors as one event (``_forward_mlp``). The
+  recompute's and backward's own locals are not drawn (the last block's are the moments' parts).
+- QLoRA: each 4-bit linear's weight dequantised whole before its matmul in the forward past 1536
   tokens (bitsandbytes 0.50.2 backends/cuda/ops.py l.954-967, ``_dequant_linear_fallback``
-  l.914-916; the CPU build alike) and in every backward (autograd/_functions.py l.384), freed once
-  the matmul returned: 224 MiB a MLP linear here in fp32, 112 MiB in fp16 on a GPU. The real run
+  l.914-916; the CPU build alike), drawn in that one block; the backward dequantises every weight
+  too (autograd/_functions.py l.384), not drawn: 224 MiB a MLP linear here in fp32, 112 MiB in
+  fp16 on a GPU. The real run
   holds 1.6 GiB more before its first step than the timeline's model states (what the CPU build of
   the 4-bit model leaves; the worker's probe keeps such blocks out of its step count, hence c10's
   1.147 GiB), so only its pool compares.
@@ -322,9 +323,14 @@ NOTES = """## Reading
   embedding), which only CPU plans run and the CPU profile replays no allocator; its pool is not a
   GPU run's. Full fine-tuning's pool is not monotonic in the batch on fms' rows either (measured
   7.4 GiB at batch 4, 4.2 at batch 8).
-- The replay's pool is sensitive to detail: drawing the block locals in only some blocks (the
-  first and last one to three) moves fms' stated reserve rows by 1-3 points either way, so a row's
-  error under ~3 % is within what the drawing's detail decides.
+- The replay's pool is sensitive to where the locals are drawn. bench/published.py's stated
+  reserve rows within 5 % (of 41): 13 with each block's MLP tensors as one event (no block one
+  by one); 14 with every block of every forward one by one and the recompute's and backward's
+  MLP tensors and dequantised weights in every block (8,700-12,400 events for Llama-2-7b, its LoRA
+  rows 1-1.5 points further under); 12 with the first block one by one; 18 with the last block of
+  the first forward one by one (the drawing kept: the block whose locals the head's logits meet in
+  the cache), unchanged when the backward's MLP tensors and dequantised weights are added to it
+  in one or every block. A row's error under ~3 % is within what the drawing's detail decides.
 """
 
 
