@@ -136,3 +136,26 @@ def test_a_real_checkpointed_forward_makes_the_tensors_drawn():
                    and ev.where == "step 1: forward block 2" and ev.key != "activations/checkpoints")
     assert real == drawn + last + Counter(hidden=4)
     assert real == Counter(hidden=48, half=26, intermediate=8, quarter=2)
+
+
+def test_the_locals_are_drawn_one_by_one_once_whatever_the_layers_and_steps():
+    """The replay's cost: the forward's locals one by one in one block of one forward, so a deeper
+    model or more micro-steps add the one-event MLP draw of each block (two events: its alloc and
+    free), not a block's program."""
+    config = TrainConfig(**LORA, grad_ckpt=True)
+    kernels = get_gpu("a100-80gb").kernels
+
+    def timeline(layers: int, accum: int = 1):
+        model = spec_from_config(dict(MISTRAL, num_hidden_layers=layers), model_id=f"mistral-{layers}l", source="test")
+        return step_timeline(model=model, config=config.replace(grad_accum=accum), kernels=kernels)
+
+    def one_by_one(t) -> list:
+        return [ev.where for ev in t.events if ev.key == "activations/block_locals"]
+
+    two, four, accumulating = timeline(2), timeline(4), timeline(2, accum=2)
+    assert set(one_by_one(two)) == {"step 1: forward block 2"} and set(one_by_one(four)) == {"step 1: forward block 4"}
+    assert len(one_by_one(two)) == len(one_by_one(four)) == len(one_by_one(accumulating)) > 0
+    # two more blocks in each of the two steps' forwards: 2 x 2 one-event MLP draws (alloc and free) and the
+    # blocks' own terms, as without the locals
+    mlp = [ev for ev in four.events if ev.key == "activations/mlp/intermediate" and ev.tensors != 1]
+    assert len(mlp) == 2 * (4 + 3)
