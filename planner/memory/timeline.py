@@ -2,7 +2,7 @@
 
 Forward block by block (the running block's ZeRO-3 parameters, the embeddings' saved tensors,
 each block's saved tensors or its checkpoint and the MLP tensors its forward makes and frees,
-the head's, the logits at the loss), the loss'
+every tensor it makes and frees in the last block of the first forward (``_forward``), the head's, the logits at the loss), the loss'
 backward, the head's (its gradients made, its saved tensors freed), the backward of the last
 block (recomputed under checkpointing while every checkpoint is held, with the forward's locals
 where the recompute stops; then its MLP output projection's gradients and the gradients at the
