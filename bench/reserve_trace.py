@@ -170,10 +170,17 @@ def _timeline_phase(where: str) -> str:
     return "backward" if "backward" in where else "forward"
 
 
+def _block_local(ev) -> bool:
+    """A tensor a block's forward makes and frees beside its terms (planner/memory/timeline.py
+    ``_forward_mlp``, ``_forward_locals``)."""
+    return ("forward block" in ev.where or "backward block" in ev.where) and ev.key in (
+        "activations/mlp/intermediate", "activations/block_locals")
+
+
 def timeline_replay(name: str, kernels, *, without_forward_locals: bool = False) -> dict:
     """The planner's timeline of the same run on ``kernels`` through the same allocator model
-    (``without_forward_locals``: less the MLP tensors each checkpointed block's forward makes and
-    frees, the timeline before they were drawn)."""
+    (``without_forward_locals``: less the tensors each block's forward makes and frees beside its
+    terms, the timeline before any was drawn)."""
     from planner.catalog import spec_from_config
     from planner.config import TrainConfig
     from planner.memory.allocator import UNLIMITED, replay
@@ -182,10 +189,9 @@ def timeline_replay(name: str, kernels, *, without_forward_locals: bool = False)
     layers, fields = RUNS[name]
     model = spec_from_config(dict(MISTRAL, num_hidden_layers=layers), model_id=f"mistral-{layers}l", source="bench")
     timeline = step_timeline(model=model, config=TrainConfig(**fields), kernels=kernels)
-    events = [ev for ev in timeline.events if not (without_forward_locals and "forward block" in ev.where
-                                                   and ev.key == "activations/mlp/intermediate")]
+    events = [ev for ev in timeline.events if not (without_forward_locals and _block_local(ev))]
     replayed = replay(tuple(events), capacity=UNLIMITED)
-    start = timeline.start - (len(timeline.events) - len(events)) // 2
+    start = timeline.start - sum(map(_block_local, timeline.events[:timeline.start])) * without_forward_locals
     resident = sum(ev.nbytes for ev in events if ev.where == "model states")
     large = [(_timeline_phase(ev.where), t) for ev in events[start:] for t in _expanded(ev.op, ev.nbytes, ev.tensors)
              if abs(t) >= MiB]
@@ -211,7 +217,7 @@ def report(name: str, run: dict) -> list[str]:
     rows = [("real sequence", real_replay(run)),
             ("real, less the forward's transients", real_replay(run, forward_transients(run))),
             ("timeline (cpu kernels)", timeline_replay(name, cpu_kernels())),
-            ("timeline (cpu kernels) less the forward's MLP tensors", timeline_replay(name, cpu_kernels(),
+            ("timeline (cpu kernels) less the blocks' locals", timeline_replay(name, cpu_kernels(),
                                                                                   without_forward_locals=True)),
             ("timeline (a100 kernels)", timeline_replay(name, get_gpu("a100-80gb").kernels))]
     cuda = rows[-1][1]
@@ -234,7 +240,7 @@ def report(name: str, run: dict) -> list[str]:
         out.append(f"| {phase} | {_sizes(real['large'], phase) or '-'} | {_sizes(timeline['large'], phase) or '-'} |")
     pool = {label: r["peak_reserved"] - r["peak_allocated"] for label, r in rows}
     out += ["", f"The timeline's pool is {pool[rows[2][0]] / pool[rows[0][0]]:.0%} of the real sequence's "
-            f"({pool[rows[3][0]] / pool[rows[0][0]]:.0%} without the checkpointed forward's MLP tensors); the real "
+            f"({pool[rows[3][0]] / pool[rows[0][0]]:.0%} without the blocks' locals); the real "
             f"forward's transients make {(pool[rows[0][0]] - pool[rows[1][0]]) / MiB:.0f} MiB of its pool."]
     return out + [""]
 
@@ -242,8 +248,8 @@ def report(name: str, run: dict) -> list[str]:
 def published_pools() -> list[str]:
     """fms-acceleration's Mistral-7B rows (bench/published_rows.json): the pool they measured
     (nvidia-smi's used memory less max_memory_allocated and the CUDA context the planner counts)
-    beside the replay's pool of the planner's timeline, with and without the checkpointed forward's
-    MLP tensors (no capacity limit), and on the device as ``estimate_memory`` replays it."""
+    beside the replay's pool of the planner's timeline, with and without the checkpointed blocks'
+    locals (no capacity limit), and on the device as ``estimate_memory`` replays it."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import published
     from planner.memory.allocator import UNLIMITED, replay
@@ -252,7 +258,7 @@ def published_pools() -> list[str]:
 
     rows = {row["id"]: row for row in json.loads(published.ROWS.read_text())["rows"]}
     out = ["## The fms-acceleration rows", "",
-           "| row | measured pool GiB | replay, less the forward's MLP tensors | replay | replay on the device |",
+           "| row | measured pool GiB | replay, less the blocks' locals | replay | replay on the device |",
            "|---|---:|---:|---:|---:|"]
     for method in ("full", "lora", "qlora"):
         for batch in (4, 8):
@@ -261,8 +267,7 @@ def published_pools() -> list[str]:
             measured = (published.measured_bytes(row) - published.measured_bytes(rows[f"fms-mistral-{method}-bs{batch}-alloc"])
                         - outside_allocator(gpu, config.gpus))
             timeline = device_timeline(model=spec, config=config, gpu=gpu)
-            before = tuple(ev for ev in timeline.events
-                           if not ("forward block" in ev.where and ev.key == "activations/mlp/intermediate"))
+            before = tuple(ev for ev in timeline.events if not _block_local(ev))
             pools = [replay(events, capacity=UNLIMITED) for events in (before, timeline.events)]
             pools.append(replay_timeline(timeline, config, gpu))
             out.append(f"| {row['id']} | {measured / GiB:.2f} | "
@@ -294,30 +299,38 @@ NOTES = """## Reading
   no is_causal skip when ``kv_length >= local_attention_size``): a 16 MiB bool mask
   (aten::bitwise_and) and its 64 MiB float form (aten::where), which the planner does not count
   (FlashAttention-2, the fms rows' attention, takes no mask); the rest is not found.
-- The real sequence's pool is larger than the timeline's at every configuration. The cause found: a
-  checkpointed block's forward makes and frees its MLP's intermediate-sized tensors (act(gate),
-  up(x), their product) before the loss, so the real allocator has split its cache into blocks
-  of that size when the logits come, and the logits take fresh segments. The timeline drew no
-  forward tensor but the checkpoint; it now draws them (planner/memory/timeline.py
-  _forward_locals).
-- On fms-acceleration's rows the forward's MLP tensors bring the LoRA and QLoRA pools from a
-  quarter to a third of the measured ones to 70-110 % of them (QLoRA's fp32 stream makes them
-  larger). Full fine-tuning's pool is not monotonic in the batch, in the runs as in the replay
-  (measured 7.4 GiB at batch 4, 4.2 at batch 8): where the first step's optimizer states are carved
-  decides it, and the replay's swings the other way (3.1 and 10.5 GiB).
-- What is left: the real forward's other transients (the norms' pow/mul, the projections and peft's
-  LoRA sums, rotary's halves: hidden- and kv-sized, many alive at once) and the backward's
-  intermediate-sized tensors, which the timeline draws as hidden-sized pieces. They leave 10-30 %
-  of the real pool unexplained.
-- QLoRA: the real run holds 1.6 GiB more before its first step than the timeline's model states
-  (what the CPU build of the 4-bit model leaves; the worker's probe keeps such blocks out of its
-  step count, hence c10's 1.147 GiB), so only its pool compares. Its forward and backward make a
-  transient the timeline does not draw: each 4-bit linear's weight dequantised whole before its
-  matmul (bitsandbytes 0.50.2 autograd/_functions.py l.446, ``F.dequantize_4bit(B, quant_state)``,
-  and l.384 in backward): 224 MiB a MLP linear here in fp32, 112 MiB in fp16 on a GPU.
-- The optimizer step on the CPU is torch's single-tensor AdamW (two temporaries of each
-  parameter's size, one parameter at a time: 500 MiB for the embedding); the timeline draws it in
-  hidden-sized pieces. Only CPU plans step so, and the CPU profile replays no allocator.
+- The pool is the transients': replayed without the forward's and the backward's tensors made and
+  freed inside a phase, the LoRA run's real pool falls from 449 MiB to 4 MiB; without the
+  backward's alone it grows (516 MiB); by size, the forward's 112 MiB MLP tensors matter most,
+  then its hidden-sized (32 MiB) and kv-sized (8 MiB) ones.
+- The timeline draws the last block of the run's first forward tensor by tensor, as the real run
+  makes and frees them (planner/memory/timeline.py ``_block_program``: RMSNorm's fp32 pieces,
+  q/k/v/o and peft's LoRA sum, rotary's halves and cat, the attention output, the residual adds,
+  the MLP's four): a real small Mistral LoRA forward's c10 events have the drawn sizes one for one
+  (tests/memory/test_reserve_trace.py); every other block, in that forward and the measured
+  step's, makes and frees the MLP's three alive tensors as one event (``_forward_mlp``). The
+  recompute's and backward's own locals are not drawn (the last block's are the moments' parts).
+- QLoRA: each 4-bit linear's weight dequantised whole before its matmul in the forward past 1536
+  tokens (bitsandbytes 0.50.2 backends/cuda/ops.py l.954-967, ``_dequant_linear_fallback``
+  l.914-916; the CPU build alike), drawn in that one block; the backward dequantises every weight
+  too (autograd/_functions.py l.384), not drawn: 224 MiB a MLP linear here in fp32, 112 MiB in
+  fp16 on a GPU. The real run
+  holds 1.6 GiB more before its first step than the timeline's model states (what the CPU build of
+  the 4-bit model leaves; the worker's probe keeps such blocks out of its step count, hence c10's
+  1.147 GiB), so only its pool compares.
+- Full fine-tuning's real reserve peaks in the optimizer step: on the CPU torch's single-tensor
+  AdamW (two temporaries of each parameter's size, one parameter at a time: 500 MiB for the
+  embedding), which only CPU plans run and the CPU profile replays no allocator; its pool is not a
+  GPU run's. Full fine-tuning's pool is not monotonic in the batch on fms' rows either (measured
+  7.4 GiB at batch 4, 4.2 at batch 8).
+- The replay's pool is sensitive to where the locals are drawn. bench/published.py's stated
+  reserve rows within 5 % (of 41): 13 with each block's MLP tensors as one event (no block one
+  by one); 14 with every block of every forward one by one and the recompute's and backward's
+  MLP tensors and dequantised weights in every block (8,700-12,400 events for Llama-2-7b, its LoRA
+  rows 1-1.5 points further under); 12 with the first block one by one; 18 with the last block of
+  the first forward one by one (the drawing kept: the block whose locals the head's logits meet in
+  the cache), unchanged when the backward's MLP tensors and dequantised weights are added to it
+  in one or every block. A row's error under ~3 % is within what the drawing's detail decides.
 """
 
 

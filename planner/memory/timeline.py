@@ -2,7 +2,7 @@
 
 Forward block by block (the running block's ZeRO-3 parameters, the embeddings' saved tensors,
 each block's saved tensors or its checkpoint and the MLP tensors its forward makes and frees,
-the head's, the logits at the loss), the loss'
+every tensor it makes and frees in the last block of the first forward (``_forward``), the head's, the logits at the loss), the loss'
 backward, the head's (its gradients made, its saved tensors freed), the backward of the last
 block (recomputed under checkpointing while every checkpoint is held, with the forward's locals
 where the recompute stops; then its MLP output projection's gradients and the gradients at the
@@ -67,9 +67,9 @@ from planner.memory.activations import (
     model_level_terms,
     shifted_loss_events,
 )
-from planner.memory.dtypes import mode_of
+from planner.memory.dtypes import FP32, HALF, mode_of
 from planner.memory.parameters import Trained, lora_targets, trained
-from planner.memory.shapes import block_context, dims_of
+from planner.memory.shapes import block_context, dims_of, drops_adapter_inputs
 from planner.memory.states import StaticTerms, base_tensor_sizes, static_terms
 from planner.memory.step import (
     HEAD_SAVED,
@@ -249,6 +249,9 @@ class _Builder:
         self.forks: list[int] = []
         self.moments: dict[str, list[tuple]] = {}  # ``_instant``'s parts, by moment
         self.released: dict[str, int] = {}  # the last block's saved tensors its backward frees, by key (``_released``)
+        self.live = 0  # bytes allocated and not freed (``locals``' bound)
+        self.limit = 0  # the step's allocated peak, which ``locals`` stays under
+        self.drew_locals = False  # the block forward's locals drawn one by one (``_forward``)
 
     def grain(self, key: str, nbytes: int) -> int | tuple[int, ...]:
         """The tensors (``Event.tensors``) of an allocation whose tensors are not known: the loss
@@ -264,6 +267,7 @@ class _Builder:
             self._allocs[ident] = event = _new_event(Event, (
                 "alloc", key, int(nbytes), self.grain(key, nbytes) if tensors is None else tensors, ident, where))
             self.events.append(event)
+            self.live += int(nbytes)
         return ident
 
     def resolved(self, terms: dict[str, int], tensors: dict[str, tuple[int, ...]] | None = None) -> list[tuple]:
@@ -277,13 +281,15 @@ class _Builder:
         and micro-step (a step of Llama-2-7B allocates them 96 times)."""
         allocs, events, idents = self._allocs, self.events, []
         ident = self._next
+        live = self.live
         for key, nbytes, tensors in terms:
             ident += 1
             if nbytes:
                 allocs[ident] = event = _new_event(Event, ("alloc", key, nbytes, tensors, ident, where))
                 events.append(event)
+                live += nbytes
             idents.append(ident)
-        self._next = ident
+        self._next, self.live = ident, live
         return idents
 
     def alloc_terms(self, terms: dict[str, int], where: str,
@@ -301,11 +307,24 @@ class _Builder:
         self.free_all((ident,), where)
 
     def free_all(self, idents: list[int] | tuple[int, ...], where: str) -> None:
-        allocs, events = self._allocs, self.events
+        allocs, events, live = self._allocs, self.events, self.live
         for ident in idents:
             ev = allocs.pop(ident, None)  # None: a zero-byte allocation, never made
             if ev is not None:  # (by position: op, key, nbytes, tensors)
                 events.append(_new_event(Event, ("free", ev[1], ev[2], ev[3], ident, where)))
+                live -= ev[2]
+        self.live = live
+
+    def locals(self, ops: tuple[tuple[int, str], ...], where: str) -> None:
+        """Tensors made and freed in turn (``_Program.ops``), one event each; one that would take the
+        live bytes over the step's peak (``limit``) is left out, so no point between the moments
+        exceeds them."""
+        made: list[int | None] = []
+        for size, key in ops:
+            if size > 0:
+                made.append(self.alloc(key, size, where, 1) if self.live + size <= self.limit else None)
+            elif (ident := made[-1 - size]) is not None:
+                self.free(ident, where)
 
     def mark(self, name: str) -> None:
         self.marks[name] = len(self.events)
@@ -347,8 +366,12 @@ class _Step:
     tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
     """the first block's and every other block's terms whose tensors are known (bytes each,
     ``activations.block_tensors``), by breakdown key"""
-    forward_locals: tuple[int, ...] = ()
-    """under checkpointing, the MLP tensors each block's forward makes and frees (``_forward_locals``)"""
+    forward_mlp: tuple[int, ...] = ()
+    """under checkpointing, the MLP tensors each block's forward makes and frees, at most alive at
+    once (``_forward_mlp``): one event a block"""
+    forward_locals: tuple[tuple[int, str], ...] = ()
+    """the tensors a block's forward makes and frees, one by one (``_forward_locals``): drawn in the
+    last block of the timeline's first forward, in place of ``forward_mlp`` (``_forward``)"""
     retained: int = 0
     """one layer-input gradient the sharding scheme keeps to the end of backward, or 0
     (``step.retention``, ``_retained_backward``)"""
@@ -432,10 +455,11 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
     static = static_terms(model, config, kernels, t)
     dims, mode = dims_of(model, config), mode_of(config)
     tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
-    forward_locals: tuple[int, ...] = ()
+    forward_locals = _forward_locals(model, config, kernels, t, dims, mode)
+    forward_mlp: tuple[int, ...] = ()
     if config.grad_ckpt:
+        forward_mlp = _forward_mlp(model, config, kernels, t, dims, mode)
         first = rest = {"activations/checkpoints": checkpoint_bytes(model, dims, mode)}
-        forward_locals = _forward_locals(model, config, kernels, t, dims, mode)
     else:
         keyed = lambda terms: {breakdown_key(k): v for k, v in terms.items() if v}  # noqa: E731
         contexts = [block_context(model, config, kernels, first=f, targets=t.target_names, dims=dims)
@@ -463,11 +487,187 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
         cache=kv_cache_block_bytes(model, config, dims, mode),
         head_gradients=head_gradients, down_gradients=down_gradients, grains=_grains(model, config, t),
-        tensors=tensors, forward_locals=forward_locals, retained=retention(model, config),
+        tensors=tensors, forward_mlp=forward_mlp, forward_locals=forward_locals, retained=retention(model, config),
     )
 
 
-def _forward_locals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims, mode) -> tuple[int, ...]:
+#: the breakdown keys of the forward's locals: the MLP's intermediate-sized tensors, every other one
+_MLP_LOCALS = "activations/mlp/intermediate"
+_LOCALS = "activations/block_locals"
+
+
+class _Program:
+    """The tensors a block's forward makes and frees in the order it does: ``ops`` holds
+    (size, key) for an allocation and (-1 - n, "") for the free of the n-th allocation."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[int, str]] = []
+        self.made = 0
+
+    def alloc(self, size: int, key: str = _LOCALS) -> int | None:
+        if size <= 0:
+            return None
+        self.ops.append((size, key))
+        self.made += 1
+        return self.made - 1
+
+    def free(self, *made: int | None) -> None:
+        self.ops += [(-1 - n, "") for n in made if n is not None]
+
+
+def _plain_block(model: ModelSpec) -> bool:
+    """A pre-norm decoder block of RMSNorm, rotary attention over separate q/k/v projections and
+    a gated MLP (Llama, Mistral, Qwen2), whose forward ``_block_program`` follows."""
+    kinds = [lin.kind for lin in model.layer_linears]
+    return (model.norm == "rmsnorm" and model.norm_placement == "pre" and not model.parallel_block
+            and model.gated_mlp and model.position == "rope" and not model.qk_norm and not model.num_experts
+            and not model.attn_output_gate and not model.hidden_dropout and not model.other_blocks
+            and not model.is_encoder_decoder and model.mixer == "attention"
+            and kinds == [LinearKind.ATTN_IN] * 3 + [LinearKind.ATTN_OUT] + [LinearKind.MLP_IN] * 2 + [LinearKind.MLP_OUT]
+            and all(lin.module and lin.count == 1 and lin.active == 1 for lin in model.layer_linears))
+
+
+def _norm(p: _Program, tokens: int, h: int, residual: int) -> int | None:
+    """RMSNorm's forward (transformers 5.24 models/mistral/modeling_mistral.py l.192-197,
+    MistralRMSNorm: ``hidden_states.to(torch.float32)``, ``pow(2).mean``, ``* torch.rsqrt``,
+    ``self.weight * hidden_states.to(input_dtype)``): fp32 pieces of the hidden state, its output in
+    the residual stream's dtype (the weight's: fp32 under autocast or k-bit upcast)."""
+    n = tokens * h
+    up = p.alloc(n * FP32) if residual != FP32 else None  # .to(torch.float32) of a 16-bit stream
+    sq = p.alloc(n * FP32)  # pow(2), gone once mean ran
+    p.free(sq)
+    scaled = p.alloc(n * FP32)
+    p.free(up)
+    down = p.alloc(n * residual) if residual != FP32 else None  # .to(input_dtype)
+    out = p.alloc(n * residual)
+    p.free(down, scaled)
+    return out
+
+
+def _linear(p: _Program, lin, tokens: int, in_dtype: int, out_dtype: int, ctx: "_LocalsContext",
+            key: str = _LOCALS) -> int | None:
+    """One projection of ``in_dtype`` input: its output, with what it makes and frees on the way.
+
+    * autocast casts the input to 16 bits for each call (torch autocast's fp16 cast policy for
+      ``linear``; nothing keeps the cast in a checkpointed forward);
+    * QLoRA: bitsandbytes 0.50.2 Linear4bit.forward (nn/modules.py l.626-637) casts the input to
+      its compute dtype and the output back to the input's (``matmul_4bit(...).to(inp_dtype)``);
+      MatMul4Bit's forward dequantises the whole weight to the compute dtype before its matmul once
+      the tokens exceed 1536 (backends/cuda/ops.py l.954-967, ``_dequant_linear_fallback``
+      l.914-916 ``B_dq = torch.empty(shapeB, dtype=A.dtype)``; older releases always, autograd/
+      _functions.py l.446 ``F.dequantize_4bit(B, quant_state).to(A.dtype)``), freed once it returns;
+    * LoRA (peft 0.21 tuners/lora/layer.py l.1082-1113, Linear.forward): ``result =
+      self.base_layer(x)``, then ``result + lora_B(lora_A(dropout(x))) * scaling``: lora_B's output,
+      its scaled copy and the sum, in the adapter's dtype promoted with the base output's, cast
+      back to it (``result.to(torch_result_dtype)``); lora_A's tokens x r output is left out
+      (under a MiB at the ranks planned)."""
+    n_in, n_out = tokens * lin.in_features, tokens * lin.out_features
+    qlora = ctx.qlora
+    work = ctx.bnb if qlora else (HALF if ctx.autocast else out_dtype)
+    cast = p.alloc(n_in * work) if (qlora or ctx.autocast) and in_dtype != work else None
+    weight = p.alloc(lin.in_features * lin.out_features * ctx.bnb) if qlora and tokens > BNB_FUSED_MAX_TOKENS else None
+    out = p.alloc(n_out * work, key)
+    p.free(weight, cast)
+    if qlora and work != in_dtype:
+        raw, out = out, p.alloc(n_out * in_dtype, key)  # .to(inp_dtype)
+        p.free(raw)
+    base = in_dtype if qlora else work
+    if lin.name not in ctx.targets:
+        return out
+    # x = self._cast_input_dtype(x, lora_A.weight.dtype) (l.1100): a copy where the dtypes differ (bnb's
+    # Linear4bit LoRA casts only outside autocast, peft tuners/lora/bnb.py ``requires_conversion``)
+    adapter_in = in_dtype if in_dtype == ctx.adapter_weight or (qlora and ctx.autocast) else ctx.adapter_weight
+    x_cast = p.alloc(n_in * adapter_in) if adapter_in != in_dtype else None
+    if ctx.dropout_mask:  # nn.Dropout's output and its mask, gone once lora_A read them
+        p.free(p.alloc(n_in * adapter_in), p.alloc(n_in * ctx.dropout_mask))
+    a = ctx.adapter
+    summed = max(base, a)
+    b_out = p.alloc(n_out * a, key)
+    scaled = p.alloc(n_out * a, key)
+    p.free(b_out)
+    total = p.alloc(n_out * summed, key)
+    p.free(scaled, out)
+    if summed != base:
+        total, wide = p.alloc(n_out * base, key), total
+        p.free(wide)
+    p.free(x_cast)
+    return total
+
+
+def _rotary(p: _Program, n: int) -> int | None:
+    """``(q * cos) + (rotate_half(q) * sin)`` (modeling_mistral.py l.51-55, l.79-80: rotate_half's
+    ``torch.cat((-x2, x1))``; cos and sin cast to q's dtype) for one of q and k of ``n`` bytes."""
+    cos = p.alloc(n)
+    neg = p.alloc(n // 2)
+    cat = p.alloc(n)
+    p.free(neg)
+    sin = p.alloc(n)
+    p.free(cat)
+    out = p.alloc(n)
+    p.free(cos, sin)
+    return out
+
+
+class _LocalsContext(NamedTuple):
+    targets: frozenset[str]
+    autocast: bool
+    qlora: bool
+    bnb: int
+    """bytes of bitsandbytes' compute dtype (the dequantised weight, the 4-bit matmul's output)"""
+    adapter: int
+    adapter_weight: int
+    dropout_mask: int
+    """bytes per element of LoRA dropout's mask (0: no dropout)"""
+
+
+def _block_program(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims, mode) -> _Program:
+    """A checkpointed decoder block's forward (``_plain_block``), tensor by tensor, as
+    MistralDecoderLayer.forward runs it (modeling_mistral.py l.213-241; MistralAttention.forward
+    l.140-178, MistralMLP.forward l.46-47) with nothing saved (torch 2.13 torch/utils/checkpoint.py:
+    reentrant under ``torch.no_grad()``, l.273-274; non-reentrant packs a ``_Holder``, l.1153-1157):
+    each tensor freed once its last reader ran, as a real 2-layer Mistral-shaped run's c10
+    allocator events show (bench/reserve_trace.py). The block's input and output are the
+    checkpoints the timeline draws; the attention kernel's own scratch, LoRA's tokens x r tensors
+    and the views (transpose, reshape) are left out."""
+    e, h = dims.tokens, dims.h
+    r = mode.residual
+    ctx = _LocalsContext(targets=frozenset(t.target_names) if config.method.uses_adapters else frozenset(),
+                         autocast=mode.autocast, qlora=config.method is Method.QLORA,
+                         bnb=config.precision.compute_bytes, adapter=mode.adapter, adapter_weight=mode.adapter_weight,
+                         dropout_mask=kernels.dropout_mask_bytes(mode.adapter_weight) if drops_adapter_inputs(config) else 0)
+    out_c = r if ctx.qlora else mode.compute  # a 4-bit projection returns its input's dtype
+    q_lin, k_lin, v_lin, o_lin, gate_lin, up_lin, down_lin = model.layer_linears
+    p = _Program()
+    x = _norm(p, e, h, r)
+    q = _linear(p, q_lin, e, r, out_c, ctx)
+    k = _linear(p, k_lin, e, r, out_c, ctx)
+    v = _linear(p, v_lin, e, r, out_c, ctx)
+    q_rot = _rotary(p, e * q_lin.out_features * out_c)
+    k_rot = _rotary(p, e * k_lin.out_features * out_c)
+    p.free(q, k)
+    attn = e * dims.a * dims.d
+    # SDPA under autocast casts an fp32 q/k/v (QLoRA's upcast stream) to 16 bits; its output
+    casts = [p.alloc(n * mode.attn) for n in (attn, e * k_lin.out_features, e * v_lin.out_features)
+             if out_c != mode.attn]
+    core = p.alloc(attn * mode.attn)
+    p.free(*casts)
+    o = _linear(p, o_lin, e, mode.attn, mode.attn if ctx.qlora else mode.compute, ctx)
+    p.free(core, q_rot, k_rot, v, x)
+    mid = p.alloc(e * h * r)  # ``residual + hidden_states``
+    p.free(o)
+    x = _norm(p, e, h, r)
+    gate = _linear(p, gate_lin, e, r, out_c, ctx, _MLP_LOCALS)
+    act = p.alloc(e * gate_lin.out_features * out_c, _MLP_LOCALS)
+    p.free(gate)
+    up = _linear(p, up_lin, e, r, out_c, ctx, _MLP_LOCALS)
+    product = p.alloc(e * up_lin.out_features * out_c, _MLP_LOCALS)
+    p.free(act, up)
+    down = _linear(p, down_lin, e, out_c, out_c, ctx)
+    p.free(product, x, down, mid)
+    return p
+
+
+def _forward_mlp(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims, mode) -> tuple[int, ...]:
     """The MLP tensors a checkpointed block's forward makes and frees, at most alive at once. The
     forward keeps nothing but the block's input (torch 2.13 torch/utils/checkpoint.py: reentrant,
     transformers 4's default, runs it under ``torch.no_grad()``, l.273-274; non-reentrant,
@@ -481,8 +681,7 @@ def _forward_locals(model: ModelSpec, config: TrainConfig, kernels: KernelProfil
     which the recompute rebuilds: the forward's point stays under the recompute's moment. They
     change no peak, only the allocator's cache: without them the replay's first step carved the
     250 MiB logits from fresh segments, where the real forward had split the cache into 112 MiB
-    blocks first (that run's pool over the allocated peak, 439 MiB replayed from its real
-    sequence: 85 MiB replayed from the timeline without them, 333 MiB with them)."""
+    blocks first."""
     if not model.has_mlp or model.other_blocks or model.is_encoder_decoder:
         return ()
     ctx = block_context(model, config, kernels, first=False, targets=t.target_names, dims=dims)
@@ -492,8 +691,63 @@ def _forward_locals(model: ModelSpec, config: TrainConfig, kernels: KernelProfil
     return (unit,) * alive
 
 
+#: bitsandbytes' CUDA gemm_4bit runs its own kernel up to this many tokens and dequantises the whole
+#: weight past it (bitsandbytes 0.50.2 backends/cuda/ops.py l.926 ``_gemm_4bit_custom_max_m = 1536``, l.954)
+BNB_FUSED_MAX_TOKENS = 1536
+
+
+def _dequantised(model: ModelSpec, config: TrainConfig) -> tuple[int, ...]:
+    """QLoRA: the bytes of each 4-bit weight dequantised whole, in the block's forward order (its
+    module linears; a stack of experts, one expert at a time), in bitsandbytes' compute dtype."""
+    if config.method is not Method.QLORA or model.other_blocks or model.is_encoder_decoder:
+        return ()
+    return tuple(lin.in_features * lin.out_features * config.precision.compute_bytes
+                 for lin in model.layer_linears if lin.module for _ in range(lin.count))
+
+
+def _dequant_program(weights: tuple[int, ...], p: _Program) -> _Program:
+    """Each weight dequantised, then freed once its matmul returned (onto ``p``)."""
+    for size in weights:
+        p.free(p.alloc(size))
+    return p
+
+
+def _forward_locals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims,
+                    mode) -> tuple[tuple[int, str], ...]:
+    """The tensors a block's forward makes and frees (``_Program.ops``): under checkpointing the
+    forward keeps nothing but the block's input, so each tensor dies once its last reader ran;
+    without it, QLoRA's dequantised weights (the rest is saved: the block's terms). They change no
+    allocated peak (each is drawn only where the live bytes stay under the step's peak:
+    ``_Builder.locals``), only the allocator's cache: without them the replay's first step carved
+    the 250 MiB logits from fresh segments, where the real forward had split the cache into
+    blocks of these sizes first (a real 2-layer Mistral-shaped LoRA run at 2048 fp32 tokens,
+    bench/reserve_trace.py: its pool over the allocated peak 449 MiB replayed from its real
+    sequence, 85 MiB from the timeline without them). Empty where they would be ``_forward_mlp``'s
+    tensors alone."""
+    dequantised = _dequantised(model, config) if dims.tokens > BNB_FUSED_MAX_TOKENS else ()
+    p = _dequant_program(dequantised, _Program())
+    if not config.grad_ckpt:  # the rest of the forward's tensors are saved (the block's terms)
+        return tuple(p.ops)
+    if _plain_block(model):
+        return tuple(_block_program(model, config, kernels, t, dims, mode).ops)
+    if not dequantised:
+        return ()
+    p.free(*[p.alloc(size, _MLP_LOCALS) for size in _forward_mlp(model, config, kernels, t, dims, mode)])
+    return tuple(p.ops)
+
+
 def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], list[list[int]], list[int], list[int]]:
-    """Forward up to the loss: the (gathered, embeddings, blocks, head, KV cache) allocations."""
+    """Forward up to the loss: the (gathered, embeddings, blocks, head, KV cache) allocations.
+
+    Each block makes and frees its MLP's tensors as one event (``_Step.forward_mlp``), but the last
+    block of the timeline's first forward, which draws every tensor its forward makes and frees
+    one by one (``_Step.forward_locals``, 62-138 events for Llama-2-7b where the rest of the
+    timeline has about 440): that block's locals are what the head's logits, the step's largest
+    request, meet in the cache, and a transient of one size made and freed in every block, or in
+    every step, takes the same cached block after its first time. Drawn in every block of every
+    forward instead (8,700-12,400 events, 4-6 times the replay's time), they move the fms
+    Mistral nvidia-smi rows less (bench/published.py: stated reserve rows within 5% 14 of 41,
+    against 18 of 41 drawn once; 13 of 41 with neither) and their LoRA rows the wrong way."""
     scheme = s.config.sharding.spec
     gathered = b.alloc(scheme.step_key("gathered"), s.static.gathered, f"{label}forward")
     held = b.alloc(scheme.step_key("held"), s.static.held, f"{label}forward")
@@ -508,8 +762,11 @@ def _forward(b: _Builder, s: _Step, label: str) -> tuple[list[int], list[int], l
             blocks.append(_last_block(b, s, released, where))
         else:
             blocks.append(b.allocs(alike[k > 0], where) if alike else b.alloc_terms(s.block(k), where, s.block_tensors(k)))
-        if s.forward_locals:
-            b.free(b.alloc("activations/mlp/intermediate", sum(s.forward_locals), where, s.forward_locals), where)
+        if s.forward_locals and k == s.n_blocks - 1 and not b.drew_locals:
+            b.drew_locals = True  # (``_Step.forward_locals``: once, see ``_forward``)
+            b.locals(s.forward_locals, where)
+        elif s.forward_mlp:
+            b.free(b.alloc(_MLP_LOCALS, sum(s.forward_mlp), where, s.forward_mlp), where)
         if k >= layers:  # batch_terms counts num_layers cache layers
             continue
         if s.cache:
@@ -851,6 +1108,8 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     b = _Builder(unit=dims.tokens * dims.h * mode.compute, logits=dims.tokens * dims.v * (4 if config.loss_upcast else mode.logits)
                  if builds_logits(config) else 0,
                  units={"activations/mlp/intermediate": dims.tokens * model.intermediate_size * mode.compute})
+    # the step's allocated peak: the forward's locals stay under it (``_Builder.locals``)
+    b.limit = s.static.resident_bytes + max(map(sum, zip(static_moments(s.sizes), batch_moments(s.batch.sizes()))))
     lazy = _lazy_states(s)
     _model_states(b, s, lazy)
     b.fork()  # plans of one model, method and weights' precision part here
