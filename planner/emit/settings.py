@@ -62,15 +62,21 @@ def model_dtype(config: TrainConfig) -> str:
     return "float32"
 
 
+#: the settings no trainer emit writes for can express, with what to do instead (the others the HF Trainer has
+#: no key for are torchtune's)
+_NOT_EMITTED = {"reentrant_ckpt": "reentrant_ckpt is transformers 4's checkpoint, which the emitted transformers 5 "
+                                  "run cannot take: plan without it"}
+
+
 def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
     """Keyword arguments of ``transformers.TrainingArguments`` (transformers 5.x names); a plan
     with a setting the HF Trainer has no key for (torchtune's, transformers 4's checkpoint: ``planner.request``)
     is refused."""
     if missing := unexpressible(config, "hf"):
-        fix = ("transformers 4's checkpoint, which the emitted transformers 5 run cannot take: plan without it"
-               if missing == ["reentrant_ckpt"] else "torchtune's recipe settings: emit --for torchtune, or plan "
-               "without them")
-        raise UnsupportedError(f"the HF Trainer has no {', '.join(missing)} ({fix})")
+        fixes = [_NOT_EMITTED[name] for name in missing if name in _NOT_EMITTED]
+        if any(name not in _NOT_EMITTED for name in missing):
+            fixes.append("torchtune's recipe settings: emit --for torchtune, or plan without them")
+        raise UnsupportedError(f"the HF Trainer has no {', '.join(missing)} ({'; '.join(fixes)})")
     args: dict[str, Any] = {
         "output_dir": OUTPUT_DIR,
         "per_device_train_batch_size": config.micro_batch,

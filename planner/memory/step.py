@@ -470,7 +470,7 @@ def batch_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
 _CHECKPOINTS = "activations/checkpoints"
 #: the key of the gradients the last block's backward holds, its output's among them
 #: (``activations.block_backward_terms``, ``recompute_end_terms``: term ``block_backward``)
-_BLOCK_GRADIENTS = "activations/block_backward"
+BLOCK_GRADIENTS = "activations/block_backward"
 
 
 def retention(model: ModelSpec, config: TrainConfig) -> int:
@@ -493,15 +493,14 @@ def retention(model: ModelSpec, config: TrainConfig) -> int:
     stack's layers."""
     if not config.reentrant_ckpt or model.is_encoder_decoder:
         return 0
-    nbytes = config.sharding.spec.retained_in_backward(model, config, residual_bytes=mode_of(config).residual)
-    return nbytes // (model.num_layers - 2) if nbytes else 0
+    return config.sharding.spec.retained_in_backward(model, config, residual_bytes=mode_of(config).residual)
 
 
 def _incoming_retained(terms: dict[str, int], per: int) -> dict[str, int]:
     """``terms`` of the last block's backward less its incoming gradient, which the layer after
     it left (``retention``): one retained gradient, counted there."""
     out = dict(terms)
-    out[_BLOCK_GRADIENTS] = out.get(_BLOCK_GRADIENTS, 0) - min(per, out.get(_BLOCK_GRADIENTS, 0))
+    out[BLOCK_GRADIENTS] = out.get(BLOCK_GRADIENTS, 0) - min(per, out.get(BLOCK_GRADIENTS, 0))
     return {key: nbytes for key, nbytes in out.items() if nbytes}
 
 
@@ -687,6 +686,7 @@ def moment_breakdowns(resident: dict[str, int], static: StaticSizes, batch: Batc
 
 
 __all__ = [
+    "BLOCK_GRADIENTS",
     "HEAD_SAVED",
     "MOMENT",
     "MOMENTS",

@@ -72,6 +72,7 @@ from planner.memory.parameters import Trained, lora_targets, trained
 from planner.memory.shapes import block_context, dims_of, drops_adapter_inputs
 from planner.memory.states import StaticTerms, base_tensor_sizes, static_terms
 from planner.memory.step import (
+    BLOCK_GRADIENTS,
     HEAD_SAVED,
     MOMENT,
     MOMENTS,
@@ -455,7 +456,6 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
     static = static_terms(model, config, kernels, t)
     dims, mode = dims_of(model, config), mode_of(config)
     tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
-    forward_locals = _forward_locals(model, config, kernels, t, dims, mode)
     forward_mlp: tuple[int, ...] = ()
     if config.grad_ckpt:
         forward_mlp = _forward_mlp(model, config, kernels, t, dims, mode)
@@ -487,7 +487,8 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         block_gradients=_block_gradient_share(model, config, t, static.gradients),
         cache=kv_cache_block_bytes(model, config, dims, mode),
         head_gradients=head_gradients, down_gradients=down_gradients, grains=_grains(model, config, t),
-        tensors=tensors, forward_mlp=forward_mlp, forward_locals=forward_locals, retained=retention(model, config),
+        tensors=tensors, forward_mlp=forward_mlp,
+        forward_locals=_forward_locals(model, config, kernels, t, dims, mode, forward_mlp), retained=retention(model, config),
     )
 
 
@@ -713,7 +714,7 @@ def _dequant_program(weights: tuple[int, ...], p: _Program) -> _Program:
 
 
 def _forward_locals(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims,
-                    mode) -> tuple[tuple[int, str], ...]:
+                    mode, forward_mlp: tuple[int, ...]) -> tuple[tuple[int, str], ...]:
     """The tensors a block's forward makes and frees (``_Program.ops``): under checkpointing the
     forward keeps nothing but the block's input, so each tensor dies once its last reader ran;
     without it, QLoRA's dequantised weights (the rest is saved: the block's terms). They change no
@@ -723,7 +724,7 @@ def _forward_locals(model: ModelSpec, config: TrainConfig, kernels: KernelProfil
     blocks of these sizes first (a real 2-layer Mistral-shaped LoRA run at 2048 fp32 tokens,
     bench/reserve_trace.py: its pool over the allocated peak 449 MiB replayed from its real
     sequence, 85 MiB from the timeline without them). Empty where they would be ``_forward_mlp``'s
-    tensors alone."""
+    tensors alone (``forward_mlp``: ``_forward_mlp``'s, which the blocks drawn as one event make)."""
     dequantised = _dequantised(model, config) if dims.tokens > BNB_FUSED_MAX_TOKENS else ()
     p = _dequant_program(dequantised, _Program())
     if not config.grad_ckpt:  # the rest of the forward's tensors are saved (the block's terms)
@@ -732,7 +733,7 @@ def _forward_locals(model: ModelSpec, config: TrainConfig, kernels: KernelProfil
         return tuple(_block_program(model, config, kernels, t, dims, mode).ops)
     if not dequantised:
         return ()
-    p.free(*[p.alloc(size, _MLP_LOCALS) for size in _forward_mlp(model, config, kernels, t, dims, mode)])
+    p.free(*[p.alloc(size, _MLP_LOCALS) for size in forward_mlp])
     return tuple(p.ops)
 
 
@@ -850,9 +851,6 @@ def _instant(b: _Builder, s: _Step, name: str, mark: bool, where: str, incoming:
     b.free_all(made, where)
 
 
-#: the key of the gradients a block's backward holds, its incoming one among them (``step._BLOCK_GRADIENTS``)
-_BLOCK_GRADIENTS = "activations/block_backward"
-
 #: ``_transients``' entry for the saved tensors a moment frees for good (``_released``)
 _RELEASE = "release"
 
@@ -866,7 +864,7 @@ def _transients(b: _Builder, s: _Step, name: str, incoming: int = 0) -> list[tup
         value = part_value(part, s.sizes, s.batch)
         if incoming and part.by_key:
             value = dict(value)
-            value[_BLOCK_GRADIENTS] = value.get(_BLOCK_GRADIENTS, 0) + incoming
+            value[BLOCK_GRADIENTS] = value.get(BLOCK_GRADIENTS, 0) + incoming
         if part.size == "gradient_flatten" and s.static.step_checks:
             out.append((part, None))
         elif part.by_key:
@@ -1107,7 +1105,7 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     # requests of 1-10 MiB on small shapes, each given a 20 MiB kLargeBuffer segment no real one gets
     b = _Builder(unit=dims.tokens * dims.h * mode.compute, logits=dims.tokens * dims.v * (4 if config.loss_upcast else mode.logits)
                  if builds_logits(config) else 0,
-                 units={"activations/mlp/intermediate": dims.tokens * model.intermediate_size * mode.compute})
+                 units={_MLP_LOCALS: dims.tokens * model.intermediate_size * mode.compute})
     # the step's allocated peak: the forward's locals stay under it (``_Builder.locals``)
     b.limit = s.static.resident_bytes + max(map(sum, zip(static_moments(s.sizes), batch_moments(s.batch.sizes()))))
     lazy = _lazy_states(s)

@@ -97,11 +97,16 @@ def retained_input_gradients(model: Any, config: Any, *, reentrant_around_unit: 
     asks for a non-reentrant one (planner/emit/settings.py ``CHECKPOINTING_KWARGS``). Full
     fine-tuning holds none either: a unit whose flat parameter trains hooks its ``AccumulateGrad``
     instead (``_register_post_backward_hook``), no input."""
-    if not (reentrant_around_unit and config.grad_ckpt and config.method.uses_adapters):
+    return max(model.num_layers - 2, 0) * retained_input_gradient(
+        model, config, reentrant_around_unit=reentrant_around_unit, residual_bytes=residual_bytes)
+
+
+def retained_input_gradient(model: Any, config: Any, *, reentrant_around_unit: bool, residual_bytes: int) -> int:
+    """One of ``retained_input_gradients``' gradients, ``micro_batch x seq_len x hidden`` in the residual
+    stream's dtype; 0 where none is retained beyond one process (fewer than 3 layers among them)."""
+    if not (reentrant_around_unit and config.grad_ckpt and config.method.uses_adapters) or model.num_layers <= 2:
         return 0
-    layers = model.num_layers
-    per_gradient = config.micro_batch * config.seq_len * model.hidden_size * residual_bytes
-    return max(layers - 2, 0) * per_gradient
+    return config.micro_batch * config.seq_len * model.hidden_size * residual_bytes
 
 
 def unshards_per_micro_step(config: Any) -> int:
@@ -176,9 +181,9 @@ class FSDP1(FSDP2):
 
     def retained_in_backward(self, model: Any, config: Any, *, residual_bytes: int) -> int:
         """Each frozen layer's input gradient under a reentrant checkpoint around its unit
-        (``retained_input_gradients``, ``TrainConfig.reentrant_ckpt``)."""
-        return retained_input_gradients(model, config, reentrant_around_unit=config.reentrant_ckpt,
-                                        residual_bytes=residual_bytes)
+        (``retained_input_gradient``, ``TrainConfig.reentrant_ckpt``)."""
+        return retained_input_gradient(model, config, reentrant_around_unit=config.reentrant_ckpt,
+                                       residual_bytes=residual_bytes)
 
     # ---- throughput -------------------------------------------------------------------------
     def host_seconds(self, model: Any, config: Any, *, adapted_modules: int) -> float:
@@ -311,4 +316,4 @@ SPECS = (
                       "per decoder layer plus the root, and one per LoRA adapter (peft's fsdp_auto_wrap_policy)"),)),
 )
 
-__all__ = ["FSDP1", "SPECS", "UNSHARD_HOST_SECONDS", "retained_input_gradients", "unshards_per_micro_step"]
+__all__ = ["FSDP1", "SPECS", "UNSHARD_HOST_SECONDS", "retained_input_gradient", "retained_input_gradients", "unshards_per_micro_step"]

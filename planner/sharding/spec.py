@@ -320,8 +320,9 @@ class ShardingSpec:
         return self.name
 
     def retained_in_backward(self, model: Any, config: Any, *, residual_bytes: int) -> int:
-        """Per-micro-batch bytes the scheme's hooks keep alive to the end of backward beyond what one
-        process holds (``planner.memory.step``: ``BatchTerms.retained`` at the first layer's backward,
+        """Per-micro-batch bytes of one layer's input gradient the scheme's hooks keep alive to the end
+        of backward beyond what one process holds (``planner.memory.step.retention``:
+        ``BatchTerms.retained`` at the first layer's backward,
         ``retained_end`` at the end of backward; the timeline draws one per layer); ``residual_bytes``: an
         element of the residual stream (``planner.memory.dtypes.DtypeMode.residual``): none."""
         return 0

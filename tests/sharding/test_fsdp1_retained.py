@@ -184,3 +184,18 @@ def test_an_encoder_decoder_is_refused_with_it():
     with pytest.raises(InvalidConfigError, match="--reentrant-ckpt is not modelled for an encoder-decoder"):
         check_for_model(model_id="t5-large", is_encoder=False, is_encoder_decoder=True, values={"reentrant_ckpt": True})
     check_for_model(model_id="m", is_encoder=False, is_encoder_decoder=False, values={"reentrant_ckpt": True})
+
+
+def test_emit_refuses_it_with_its_own_fix():
+    """The emitted run is transformers 5's: the HF Trainer has no reentrant_ckpt; beside torchtune's settings
+    each gets its own fix (the message once named both torchtune's)."""
+    from planner.emit.settings import training_arguments
+    from planner.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match=r"^the HF Trainer has no reentrant_ckpt \(reentrant_ckpt is "
+                                               r"transformers 4's checkpoint.*: plan without it\)$"):
+        training_arguments(_config(reentrant_ckpt=True), on_cpu=True)
+    both = TrainConfig(optimizer_in_bwd=True, reentrant_ckpt=True)
+    with pytest.raises(UnsupportedError, match=r"no optimizer_in_bwd, reentrant_ckpt \(reentrant_ckpt is .*; "
+                                               r"torchtune's recipe settings: emit --for torchtune"):
+        training_arguments(both, on_cpu=True)
