@@ -57,9 +57,11 @@ from planner.sharding.spec import Offload, WorkerSetup
 #: new all-gather is launched. This overhead would turn into GPU utilization gap" (pytorch/pytorch
 #: PR #108234, "[FSDP] New rate limiter and memory reuse system", 2023-08-30; not landed: torch 2.13's
 #: _runtime_utils.py ``_unshard`` still waits on the CPU). bench/fsdp1_host.py measures the hooks on 2
-#: CPU ranks (bench/results/fsdp1_host.md): 2.2-2.7 ms of host CPU per LoRA adapter unit per step, all
-#: its hooks and collectives' calls included, ~0.6 ms per unshard: the work the exposed gap is part of.
-#: 3 unshards x 235 us = 0.70 ms per adapter unit per step; fms' 2-GPU LoRA rows imply 0.75 ms.
+#: CPU ranks (bench/results/fsdp1_host.md): 1.6-2.7 ms of host CPU per LoRA adapter unit per step across
+#: runs, all its hooks and collectives' calls included, 0.4-0.6 ms per unshard: the work the exposed gap
+#: is part of. 3 unshards x 235 us = 0.70 ms per adapter unit per step; fms' 2-GPU LoRA rows imply
+#: 0.75 ms. Neither accelerate's MixedPrecision (its shard cast runs before the rate limiter's wait) nor
+#: bitsandbytes' Linear4bit lengthens the span after the wait there: nothing more is priced for QLoRA.
 UNSHARD_HOST_SECONDS = 235e-6
 
 #: Units peft's policy makes of one LoRA-wrapped linear: its ``lora_A`` and its ``lora_B``.
