@@ -89,6 +89,7 @@ from planner.memory.step import (
     static_moments,
     static_sizes,
 )
+from planner.memory.wrap import draws_wrap, wrap_ops
 from planner.modelspec import LinearKind, ModelSpec
 from planner.sharding import BREAKDOWN_KEYS
 
@@ -1140,7 +1141,7 @@ def _model_states(b: _Builder, s: _Step, lazy: dict[str, int]) -> None:
     the temporaries the sharding library builds them (``ShardingSpec.build_sequence``), the rest
     in order, each as the tensors it is (``_resident_tensors``)."""
     model, config, resident = s.model, s.config, s.static.resident
-    made: dict[str, int] = {}
+    made: dict[str, int] = _wrap_prelude(b, s) if draws_wrap(model, config) else {}
     for op, key, nbytes, tensors in config.sharding.spec.build_sequence(model, config, trained(model, config), resident):
         if op == "free":
             b.free(made.pop(key), "model states")
@@ -1150,6 +1151,30 @@ def _model_states(b: _Builder, s: _Step, lazy: dict[str, int]) -> None:
     for key, nbytes in resident.items():
         if key not in lazy and key not in made:
             b.alloc(key, nbytes, "model states", tensors=_resident_tensors(model, config, key, nbytes))
+
+
+def _wrap_prelude(b: _Builder, s: _Step) -> dict[str, int]:
+    """FSDP1 wrapping a host-loaded model on more than one GPU (``planner.memory.wrap``): each unit's
+    parameters, broadcast buckets and flat parameter made and freed around its shard of the resident
+    weights, drawn as the model states. A temporary that would take the live bytes over the step's
+    peak (``_Builder.limit``) is left out, as ``_Builder.locals`` leaves a local out, so no point
+    before the step exceeds the moments. Returns the weights' keys made (the ``made`` of
+    ``_model_states``)."""
+    made: dict[str, int] = {}
+    slots: dict[int, int | None] = {}
+    where = "load and wrap"
+    for op in wrap_ops(s.model, s.config, s.static.resident):
+        if op[0] == "free":
+            ident = slots.pop(op[1])
+            if ident is not None:
+                b.free(ident, where)
+            continue
+        _, slot, key, nbytes, tensors = op
+        if key in s.static.resident:  # a unit's shard: resident, never freed
+            slots[slot] = made[key] = b.alloc(key, nbytes, where, tensors)
+        else:
+            slots[slot] = b.alloc(key, nbytes, where, tensors) if b.live + nbytes <= b.limit else None
+    return made
 
 
 #: the weights' breakdown keys (planner/memory/states.py model_state_breakdown)
