@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "cli")]  # support.*, test_fuzz_cli
 
 
 def _where(exc: BaseException) -> str:

@@ -84,6 +84,9 @@ def workload(*, tokens: int | None = None, epochs: float | None = None, epoch_to
                                  "(or give --tokens instead)")
     if not (math.isfinite(epochs) and epochs > 0):
         raise InvalidConfigError(f"--epochs must be a positive number, got {epochs!r}")
+    if epochs * epoch_tokens > MAX_TOKENS:  # (the product may be inf: round() would raise OverflowError)
+        raise InvalidConfigError(f"--epochs {epochs:g} x {epoch_tokens:,} tokens ({epoch_source}) is more than 1e16 "
+                                 "tokens: give the epochs the job trains and the tokens of one epoch")
     return Workload(tokens=max(1, round(epochs * epoch_tokens)),
                     source=f"{epochs:g} epoch{'s' if epochs != 1 else ''} x {epoch_tokens:,} tokens ({epoch_source})")
 
@@ -188,6 +191,9 @@ def compare_gpus(request: "SuggestRequest", *, workload: Workload, prices: "Pric
     if isinstance(gpus_max, bool) or not isinstance(gpus_max, int) or not 1 <= gpus_max <= MAX_GPUS_PER_NODE:
         raise InvalidConfigError(f"--gpus-max must be a whole number from 1 to {MAX_GPUS_PER_NODE} (the GPUs of one "
                                  f"node), got {gpus_max!r}")
+    if gpu_names is not None and not list(gpu_names):  # (an empty answer would read as "nothing to rent")
+        raise InvalidConfigError("no GPU type to compare: name at least one from 'planner gpus' (e.g. a10g,l4), "
+                                 "or leave the list out to compare the whole catalog")
     devices = ([g for g in list_gpus() if g.name != "cpu"] if gpu_names is None
                else list({d.name: d for d in (get_gpu(n.strip()) for n in gpu_names)}.values()))
     if any(d.name == "cpu" for d in devices):

@@ -71,10 +71,12 @@ def status_for(exc: PlannerError) -> int:
 
 @functools.cache
 def _fields() -> frozenset[str]:
-    """Every request field name: body fields and the history filters."""
-    from planner.service.schemas import EstimateBody, PlanBody
+    """Every request field name: body fields and the query parameters (history's filters and
+    pages, a candidate's rank), so that a line naming ``--rank`` or ``--gpus-max`` names the field."""
+    from planner.service.schemas import CompareBody, EstimateBody, PlanBody
 
-    return frozenset(PlanBody.model_fields) | frozenset(EstimateBody.model_fields) | {"since", "status", "limit"}
+    bodies = frozenset(PlanBody.model_fields) | frozenset(EstimateBody.model_fields) | frozenset(CompareBody.model_fields)
+    return bodies | {"since", "status", "limit", "offset", "after", "rank", "search"}
 
 
 def in_api_terms(message: str) -> tuple[str, str | None]:

@@ -49,7 +49,7 @@ def test_prices_sent_replace_the_table(api):
     ({"tokens": "lots"}, "tokens"),
     ({"gpu_types": ["cpu"]}, "cpu is this machine"),
     ({"model": "./local/config.json"}, "not a catalog id"),
-    ({"gpus_max": 0}, "gpus-max"),
+    ({"gpus_max": 0}, "gpus_max"),  # the field, not the CLI option
 ])
 def test_bad_input_is_a_422_with_one_line(api, change, field):
     answer = api.post("/v1/compare", json=BODY | change)

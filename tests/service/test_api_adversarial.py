@@ -1,0 +1,44 @@
+"""Requests a demanding user sends that the schema fuzzing does not reach: each a 4xx with one line
+in the API's own terms (the field, not the CLI's option), never a 500."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the service extra is not installed (pip install 'oom-planner[service]')")
+
+from fastapi.testclient import TestClient  # noqa: E402
+from support.store import sqlite_url  # noqa: E402,F401 - fixture
+
+from planner.service import create_app  # noqa: E402
+from planner.service.settings import ServiceSettings  # noqa: E402
+
+COMPARE = {"model": "gpt2", "target_batch": 8, "gpu_types": ["a10g"], "gpus_max": 1}
+
+
+@pytest.fixture
+def api(sqlite_url):
+    with TestClient(create_app(ServiceSettings(database_url=sqlite_url))) as client:
+        yield client
+
+
+@pytest.mark.parametrize("change, fragment, field", [
+    ({"epochs": 1e300, "dataset_tokens": "1e16"}, "more than 1e16", "epochs"),  # was a 500 (OverflowError)
+    ({"gpu_types": []}, "no GPU type to compare", None),                       # was 200 with no option
+    ({"gpus_max": 0}, "gpus_max must be", "gpus_max"),                          # said --gpus-max
+    ({"epochs": 2}, "add dataset_tokens", "epochs"),                            # said --dataset-tokens
+])
+def test_compare_refuses_in_its_own_terms(api, change, fragment, field):
+    answer = api.post("/v1/compare", json=COMPARE | change)
+    assert answer.status_code == 422, answer.text
+    body = answer.json()
+    assert fragment in body["error"] and "--" not in body["error"].split(" or --dataset")[0], body
+    assert body.get("field") == field, body
+
+
+def test_a_rank_past_the_plans_names_the_rank_field(api):
+    plan = api.post("/v1/plans", json={"model": "gpt2", "gpu": "a10g", "target_batch": 8, "top_k": 2})
+    assert plan.status_code == 201, plan.text
+    answer = api.get(f"/v1/plans/{plan.json()['plan_id']}/timeline", params={"rank": 9})
+    assert answer.status_code == 422 and answer.json()["field"] == "rank", answer.text
+    assert "--rank" not in answer.json()["error"], answer.text
