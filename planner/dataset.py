@@ -165,6 +165,10 @@ def read_lengths(path: str | os.PathLike, *, tokenizer: str | os.PathLike | None
     samples = sum(histogram.values())
     if not samples:
         raise InvalidConfigError(f"--dataset {path}: holds no samples: give a file with at least one sample")
+    if not any(histogram.keys() - {0}):  # padded to its longest, the batch would be 0 tokens long
+        raise InvalidConfigError(f"--dataset {path}: its {samples:,} sample{'s hold' if samples != 1 else ' holds'} no "
+                                 "tokens (empty text, or chat turns without content): check the file, or name the "
+                                 "text or token column with --dataset-field")
     summary = TokenLengths(samples=samples, tokens=sum(n * k for n, k in histogram.items()),
                            p50=_quantile(histogram, samples, 0.50), p99=_quantile(histogram, samples, 0.99),
                            longest=max(histogram), counted_by=counter.counted_by(),
@@ -237,7 +241,10 @@ def _sample(record: dict, field: str | None, where: str):
                                  f"{', '.join(sorted(record))[:200]}): name the column with --dataset-field")
     if isinstance(value, str) or (isinstance(value, list) and all(type(i) is int for i in value[:8])):
         return value
-    raise InvalidConfigError(f"{where}: field {field or 'of the sample'} is neither text nor a list of token ids")
+    name = field or ("input_ids" if "input_ids" in record else "text")
+    raise InvalidConfigError(f"{where}: field {name!r} is neither text nor a list of token ids (got "
+                             f"{type(value).__name__}): give text or a list of integers there, or name another "
+                             "column with --dataset-field")
 
 
 def _batches(source: Path, field: str | None) -> Iterator[tuple[list, int, int]]:
@@ -274,7 +281,7 @@ def _lines(source: Path, sample) -> Iterator[tuple[list, int, int]]:
     with source.open("rb") as f:
         for n, raw in enumerate(f, 1):
             done += len(raw)
-            line = raw.decode("utf-8", errors="replace")
+            line = raw.decode("utf-8-sig" if n == 1 else "utf-8", errors="replace")  # (a BOM: Windows editors' UTF-8)
             if not line.strip():
                 continue
             batch.append(sample(line, n))
