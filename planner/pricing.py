@@ -19,13 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.errors import InvalidConfigError, MissingDependencyError
+from planner.errors import InvalidConfigError, MissingDependencyError, UnknownGPUError
 
 #: where a row of the shipped table is said to come from when a user's plain mapping gives none
 YOUR_FILE = "your prices"
 _DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 #: a price file is a few KiB; anything far larger is the wrong file
 MAX_PRICE_FILE_BYTES = 1 << 20
+#: dollars per GPU-hour past which a price is a mistake, not an offer: the shipped table's dearest
+#: GPU-hour is a few dollars, and a month of a $2/h GPU (a monthly price given by mistake) is $1,460;
+#: far past it, the dollars of a long job overflow to inf and the option's cost reads as unknown
+MAX_USD_PER_GPU_HOUR = 1000.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +51,10 @@ class GpuPrice:
                 and math.isfinite(self.usd_per_gpu_hour) and self.usd_per_gpu_hour > 0):
             raise InvalidConfigError(f"the price of {self.gpu} must be a positive number of dollars per GPU-hour, "
                                      f"got {self.usd_per_gpu_hour!r}")
+        if self.usd_per_gpu_hour > MAX_USD_PER_GPU_HOUR:
+            raise InvalidConfigError(f"the price of {self.gpu}, {self.usd_per_gpu_hour:,g} dollars per GPU-hour, is "
+                                     f"more than {MAX_USD_PER_GPU_HOUR:,.0f}: give the price of one GPU for one hour "
+                                     "(not a month's or a node's)")
         if self.date and not _DATE.match(self.date):
             raise InvalidConfigError(f"the date of {self.gpu}'s price at {self.provider} must read YYYY-MM or "
                                      f"YYYY-MM-DD, got {self.date!r}")
@@ -87,7 +95,8 @@ def load_prices(path: str | Path | None = None) -> PriceTable:
 
 def _read(file: Path) -> Any:
     if not file.is_file():
-        raise InvalidConfigError(f"--prices {file}: no such file: give a JSON or YAML file of dollars per GPU-hour, "
+        what = "a folder, not a file" if file.is_dir() else "no such file"
+        raise InvalidConfigError(f"--prices {file}: {what}: give a JSON or YAML file of dollars per GPU-hour, "
                                  'e.g. {"a100-80gb": 1.10}')
     if file.stat().st_size > MAX_PRICE_FILE_BYTES:
         raise InvalidConfigError(f"--prices {file} is larger than 1 MiB: a price file maps GPU names to dollars")
@@ -95,6 +104,9 @@ def _read(file: Path) -> Any:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise InvalidConfigError(f"--prices {file} is not UTF-8 text: give a JSON or YAML file") from None
+    except OSError as exc:  # unreadable (permissions, a file that vanished)
+        raise InvalidConfigError(f"--prices {file}: cannot be read ({exc.strerror or exc}): give a file "
+                                 "this user can read") from None
     if file.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml
@@ -132,7 +144,10 @@ def _row(item: Any, *, where: str) -> GpuPrice:
     unknown = sorted(set(item) - known)
     if unknown:
         raise InvalidConfigError(f"{where}: unknown key {unknown[0]!r} in a price (known: {', '.join(sorted(known))})")
-    name = get_gpu(str(item["gpu"])).name  # an unknown GPU is one line naming the catalog's
+    try:
+        name = get_gpu(str(item["gpu"])).name
+    except UnknownGPUError as exc:  # the catalog's names, and where the name came from
+        raise InvalidConfigError(f"{where}: {exc}") from None
     if name == "cpu":
         raise InvalidConfigError(f"{where}: cpu is this machine, not a GPU to rent: remove its price")
     return GpuPrice(gpu=name, usd_per_gpu_hour=item["usd_per_gpu_hour"], provider=str(item.get("provider", YOUR_FILE)),

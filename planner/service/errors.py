@@ -103,6 +103,8 @@ def planner_error_body(exc: PlannerError) -> dict[str, Any]:
     if isinstance(exc, NothingFitsError) and exc.result is not None:
         return exc.result.to_dict() | {"plan_id": None, "error": message}  # as planner suggest --json
     body: dict[str, Any] = {"error": message}
+    lead = message.split(": ", 1)[0]  # a line about a body field may start with its name ("prices: ...")
+    field = field or (lead if lead in _fields() else None)
     field = field or next((name for kind, name in _FIELD_OF if isinstance(exc, kind)), None)
     if field and status_for(exc) == 422:
         body["field"] = field

@@ -57,3 +57,15 @@ def test_a_nested_token_list_names_the_field_and_the_fix(cli, tiny, tmp_path):
     data.write_text('{"input_ids": [[1, 2], [3]]}\n')
     assert_user_error(cli("suggest", "-m", tiny, "-g", "a10g", "-b", "2", "--dataset", data, "--no-save"),
                       "'input_ids'", "--dataset-field")
+
+
+@pytest.mark.parametrize("make, fragments", [
+    (lambda p: p.mkdir(), ["a folder, not a file"]),                                      # said "no such file"
+    (lambda p: p.write_text('{"warp-drive": 1.0}'), ["prices.json: unknown GPU 'warp-drive'"]),  # named no file
+    (lambda p: p.write_text('{"a10g": 1460}'), ["more than 1,000", "not a month's"]),      # a monthly price
+])
+def test_a_bad_prices_file_says_which_file_and_what_to_give(cli, tiny, tmp_path, make, fragments):
+    path = tmp_path / "prices.json"
+    make(path)
+    assert_user_error(cli("suggest", "-m", tiny, "-b", "8", "-g", "a10g,l4", "--gpus-max", "1", "--prices", path),
+                      *fragments)

@@ -42,3 +42,15 @@ def test_a_rank_past_the_plans_names_the_rank_field(api):
     answer = api.get(f"/v1/plans/{plan.json()['plan_id']}/timeline", params={"rank": 9})
     assert answer.status_code == 422 and answer.json()["field"] == "rank", answer.text
     assert "--rank" not in answer.json()["error"], answer.text
+
+
+@pytest.mark.parametrize("prices, fragment", [
+    ({"warp-drive": 1}, "prices: unknown GPU 'warp-drive'"),  # was field "gpu": the request's gpu_types were fine
+    ({"a10g": 1.7e308}, "more than 1,000"),                   # was 200 with every option's dollars null
+])
+def test_a_bad_price_sent_is_a_422_about_the_prices(api, prices, fragment):
+    answer = api.post("/v1/compare", json=COMPARE | {"prices": prices})
+    assert answer.status_code == 422, answer.text
+    assert fragment in answer.json()["error"], answer.text
+    if fragment.startswith("prices"):
+        assert answer.json()["field"] == "prices", answer.text
