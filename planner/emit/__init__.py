@@ -8,6 +8,7 @@ model assumed (``planner.emit.settings``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, Sequence
@@ -31,6 +32,11 @@ HF_LAUNCH = "accelerate launch --config_file accelerate_config.yaml train.py --d
 
 class OutputExistsError(PlannerError):
     """The output directory already holds files (nothing is overwritten without --force)."""
+
+
+class OutputWriteError(PlannerError):
+    """The output directory cannot be made or written (permissions, a read-only or virtual file
+    system, a full disk); nothing of the files is left behind."""
 
 
 def _json(data: dict[str, Any]) -> str:
@@ -181,19 +187,36 @@ def write_plan_files(
 
 
 def write_files(files: dict[str, str], *, directory: Path | str, force: bool = False) -> list[Path]:
-    """``write_plan_files``' writing: refused into a directory with files unless ``force``."""
+    """``write_plan_files``' writing: refused into a directory with files unless ``force``. All or
+    nothing: every file is written beside its name first and renamed once all are; a directory
+    that cannot be made or written (no permission, a read-only or virtual file system, a full
+    disk) is one line, with what was begun removed and what was there (``force``) untouched."""
     check_directory(directory, force=force)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in set(ALL_FILE_NAMES) - set(files):
-        (directory / stale).unlink(missing_ok=True)
-    written = []
-    for name, text in files.items():
-        path = directory / name
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written
+    made = [p for p in (directory, *directory.absolute().parents) if not p.exists()]
+    pending: list[tuple[Path, Path]] = []
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            path = directory / name
+            part = path.with_name(f".{name}.partial")
+            pending.append((part, path))
+            part.write_text(text, encoding="utf-8")
+        for part, path in pending:
+            part.replace(path)
+        for stale in set(ALL_FILE_NAMES) - set(files):
+            (directory / stale).unlink(missing_ok=True)
+    except OSError as exc:
+        for part, _path in pending:
+            with contextlib.suppress(OSError):
+                part.unlink(missing_ok=True)
+        for folder in made:  # the directories this call made, deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise OutputWriteError(f"{directory}: cannot write the plan's files there ({exc.strerror or exc}): "
+                               "give a directory you can write to") from None
+    return [path for _part, path in pending]
 
 
-__all__ = ["ALL_FILE_NAMES", "FILE_NAMES", "HF_LAUNCH", "OutputExistsError", "check_directory", "emitted_files", "pick_candidate",
+__all__ = ["ALL_FILE_NAMES", "FILE_NAMES", "HF_LAUNCH", "OutputExistsError", "OutputWriteError", "check_directory", "emitted_files", "pick_candidate",
            "plan_files", "resolve_plan_model", "write_files", "write_plan_files"]

@@ -69,3 +69,43 @@ def test_a_bad_prices_file_says_which_file_and_what_to_give(cli, tiny, tmp_path,
     make(path)
     assert_user_error(cli("suggest", "-m", tiny, "-b", "8", "-g", "a10g,l4", "--gpus-max", "1", "--prices", path),
                       *fragments)
+
+
+@pytest.fixture
+def plan_id(cli, tiny):
+    import json
+
+    r = cli("suggest", "-m", tiny, "-g", "a10g", "-b", "8", "--json")
+    assert r.code == 0, r
+    return json.loads(r.out)["plan_id"]
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs Linux's /proc (no new folder there)")
+def test_emit_into_a_place_no_folder_can_be_made_is_one_line(cli, plan_id):
+    # was a FileNotFoundError traceback from Path.mkdir, after the plan was stored
+    assert_user_error(cli("emit", plan_id, "/proc/no-folder-here/run"), "cannot write the plan's files there",
+                      "give a directory you can write to")
+
+
+def test_emit_that_fails_midway_leaves_nothing_half_written(cli, plan_id, tmp_path, monkeypatch):
+    import errno
+    import pathlib
+
+    old = tmp_path / "old"
+    assert cli("emit", plan_id, old).code == 0
+    before = {p.name: p.read_text() for p in old.iterdir()}
+    real, calls = pathlib.Path.write_text, []
+
+    def disk_full_on_the_third(self, *args, **kwargs):
+        calls.append(self)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", disk_full_on_the_third)
+    assert_user_error(cli("emit", plan_id, old, "--force", "--rank", "2"), "No space left on device")
+    assert {p.name: p.read_text() for p in old.iterdir()} == before  # --force's old files untouched, no .partial
+    calls.clear()
+    new = tmp_path / "a" / "b"
+    assert_user_error(cli("emit", plan_id, new), "No space left on device")
+    assert not (tmp_path / "a").exists()  # the folders it made are gone again
