@@ -12,6 +12,8 @@ drawn: the planning path never imports it.
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -160,15 +162,24 @@ def write_picture(fig, path: str | Path) -> Path:
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise InvalidConfigError(f"--timeline {path}: write a .svg, .png or .html file")
-    if suffix == ".html":
-        import io
+    import io
 
-        buffer = io.StringIO()
-        fig.savefig(buffer, format="svg")
-        path.write_text(f"<!doctype html><meta charset='utf-8'><title>{path.stem}</title>\n{buffer.getvalue()}\n")
-    else:
-        fig.savefig(path)
+    buffer = io.BytesIO()  # drawn in memory, then written: a file that cannot be written is one line
+    fig.savefig(buffer, format="svg" if suffix == ".html" else suffix[1:])
     _pyplot().close(fig)
+    data = buffer.getvalue()
+    if suffix == ".html":
+        page = f"<!doctype html><meta charset='utf-8'><title>{path.stem}</title>\n{data.decode('utf-8')}\n"
+        data = page.encode("utf-8")
+    part = path.with_name(f".{path.name}.partial")
+    try:  # beside it, then renamed: a full disk leaves no half picture (and an old one as it was)
+        part.write_bytes(data)
+        part.replace(path)
+    except OSError as exc:  # no permission, a read-only or virtual file system, a full disk
+        with contextlib.suppress(OSError):
+            part.unlink(missing_ok=True)
+        raise InvalidConfigError(f"--timeline {path}: cannot be written ({exc.strerror or exc}): give a file in a "
+                                 "folder you can write to") from None
     return path
 
 

@@ -109,3 +109,10 @@ def test_emit_that_fails_midway_leaves_nothing_half_written(cli, plan_id, tmp_pa
     new = tmp_path / "a" / "b"
     assert_user_error(cli("emit", plan_id, new), "No space left on device")
     assert not (tmp_path / "a").exists()  # the folders it made are gone again
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs Linux's /proc (no new file there)")
+def test_a_timeline_that_cannot_be_written_is_one_line(cli, tiny):
+    # was a FileNotFoundError traceback from matplotlib's savefig, after the estimate
+    assert_user_error(cli("estimate", "-m", tiny, "-g", "a10g", "--timeline", "/proc/step.png"),
+                      "--timeline /proc/step.png: cannot be written", "folder you can write to")
