@@ -123,8 +123,8 @@ class _Counter:
     """Token counts of samples that are token ids (their length) or text (a tokenizer's count, or
     the byte estimate), remembering which of the two it saw."""
 
-    def __init__(self, tokenizer: str | os.PathLike | None) -> None:
-        self.encode, self.tokenizer = _encoder(tokenizer)
+    def __init__(self, tokenizer: str | os.PathLike | None, label: str | None = None) -> None:
+        self.encode, self.tokenizer = _encoder(tokenizer, label)
         self.saw_ids = self.saw_text = False
 
     def lengths(self, batch: list) -> list[int]:
@@ -147,16 +147,18 @@ class _Counter:
 
 
 def read_lengths(path: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None, field: str | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> tuple[TokenLengths, dict[int, int]]:
+                 progress: Callable[[int, int], None] | None = None,
+                 tokenizer_label: str | None = None) -> tuple[TokenLengths, dict[int, int]]:
     """(summary, samples by length) of the dataset at ``path``: memory grows with the number of
     distinct lengths, not of samples. ``tokenizer``: a tokenizer.json
     or a folder holding one; ``field``: the text or token column (default: ``input_ids``, then
-    ``text``, then chat messages). ``progress(done_bytes, total_bytes)`` is called as it reads."""
+    ``text``, then chat messages). ``progress(done_bytes, total_bytes)`` is called as it reads.
+    ``tokenizer_label``: how an error names the tokenizer (default ``--tokenizer PATH``)."""
     source = Path(path).expanduser()
     if not source.exists():
         raise InvalidConfigError(f"--dataset {path}: no such file or folder: give a .jsonl, .txt or .parquet file "
                                  "or a folder saved with datasets' save_to_disk")
-    counter = _Counter(tokenizer)
+    counter = _Counter(tokenizer, tokenizer_label)
     histogram: Counter[int] = Counter()
     for batch, done, total in _batches(source, field):
         histogram.update(counter.lengths(batch))
@@ -186,14 +188,16 @@ def _quantile(histogram: dict[int, int], samples: int, q: float) -> int:
     raise AssertionError("rank beyond the samples")
 
 
-def _encoder(tokenizer: str | os.PathLike | None):
-    """(encode(texts) -> token counts, the tokenizer's path) or (None, None) without one."""
+def _encoder(tokenizer: str | os.PathLike | None, label: str | None = None):
+    """(encode(texts) -> token counts, the tokenizer's path) or (None, None) without one.
+    ``label``: how an error names it (default ``--tokenizer PATH``, the user's option)."""
     if tokenizer is None:
         return None, None
+    label = label or f"--tokenizer {tokenizer}"
     path = Path(tokenizer).expanduser()
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
-        raise InvalidConfigError(f"--tokenizer {tokenizer}: no tokenizer.json there: give a tokenizer.json file or "
+        raise InvalidConfigError(f"{label}: no tokenizer.json there: give a tokenizer.json file or "
                                  "the model folder that holds one")
     try:
         from tokenizers import Tokenizer
@@ -202,8 +206,10 @@ def _encoder(tokenizer: str | os.PathLike | None):
     try:
         loaded = Tokenizer.from_file(str(file))
     except Exception as exc:  # the library's own parse errors: one line, not its traceback
-        raise InvalidConfigError(f"--tokenizer {tokenizer}: not a tokenizer.json the tokenizers library reads "
-                                 f"({str(exc).splitlines()[0][:120]})") from None
+        fix = (": give the model's own tokenizer.json (from its Hub folder)" if label.startswith("--tokenizer")
+               else ": give --tokenizer PATH of a good one, or move it away")
+        raise InvalidConfigError(f"{label}: not a tokenizer.json the tokenizers library reads "
+                                 f"({str(exc).splitlines()[0][:120]}){fix}") from None
 
     def encode(texts: list[str]) -> list[int]:
         # special tokens (BOS/EOS) as the trainer's tokenizer call adds them (add_special_tokens=True)
@@ -352,10 +358,13 @@ def plan_for_data(dataset: str, *, config_source: str, model_max: int, target_ba
     given, else the model's own beside its config.json (``config_source``), else the byte estimate."""
     if not Path(dataset).expanduser().exists():
         return None
+    label = None
     if tokenizer is None:
         found = model_tokenizer(config_source) if config_source else None
         tokenizer = str(found) if found is not None else None
-    lengths, histogram = read_lengths(dataset, tokenizer=tokenizer, field=field, progress=progress)
+        label = f"the model's tokenizer {found}" if found is not None else None
+    lengths, histogram = read_lengths(dataset, tokenizer=tokenizer, field=field, progress=progress,
+                                      tokenizer_label=label)
     return DataPlan(lengths=lengths, batches=plan_batches(lengths, target_batch=target_batch, packing=packing,
                                                           seq_len=seq_len, model_max=model_max, histogram=histogram))
 

@@ -116,3 +116,13 @@ def test_a_timeline_that_cannot_be_written_is_one_line(cli, tiny):
     # was a FileNotFoundError traceback from matplotlib's savefig, after the estimate
     assert_user_error(cli("estimate", "-m", tiny, "-g", "a10g", "--timeline", "/proc/step.png"),
                       "--timeline /proc/step.png: cannot be written", "folder you can write to")
+
+
+def test_a_broken_tokenizer_beside_the_model_is_named_as_found_not_as_an_option_never_given(cli, tmp_path):
+    model = write_config(tmp_path / "model")
+    (tmp_path / "model" / "tokenizer.json").write_text("garbage")
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "hello world"}\n')
+    r = cli("suggest", "-m", model, "-g", "a10g", "-b", "2", "--dataset", data, "--no-save")
+    assert_user_error(r, "the model's tokenizer", "give --tokenizer PATH")  # said "--tokenizer ...: not a tokenizer.json"
+    assert "error: --tokenizer" not in r.err, r
