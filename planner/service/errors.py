@@ -112,6 +112,9 @@ def planner_error_body(exc: PlannerError) -> dict[str, Any]:
 
 
 _SEND = "send one JSON object with Content-Type: application/json"
+#: FastAPI's detail for a body whose parse raised something other than a JSON decode error
+#: (fastapi 0.165.0 routing.py l.514, get_request_handler: a RecursionError on deep nesting)
+_UNPARSED = "There was an error parsing the body"
 
 
 def _field_and_reason(error: dict[str, Any]) -> tuple[str, str]:
@@ -125,6 +128,9 @@ def _field_and_reason(error: dict[str, Any]) -> tuple[str, str]:
         return "body", f"the body is not valid JSON{where}: {_SEND}"
     if error.get("type") == "missing" and loc == ("body",):
         return "body", f"the body is empty: {_SEND}"
+    if loc == ("body",) and error.get("type") in ("model_attributes_type", "dict_type"):
+        # a list, null, or a body sent without the JSON content type (FastAPI then reads it as bytes)
+        return "body", f"the body is not a JSON object: {_SEND}"
     names = [str(part) for part in loc if part not in ("body", "query", "path")]
     return ".".join(names) or "body", str(error.get("msg", "invalid"))
 
@@ -178,7 +184,10 @@ def install_handlers(app: "FastAPI") -> None:
         return answer(validation_body(list(exc.errors())), 422)
 
     def http_error(request: "Request", exc: HTTPException) -> "JSONResponse":
-        return answer({"error": str(exc.detail)}, exc.status_code, exc.headers)
+        detail = str(exc.detail)
+        if exc.status_code == 400 and detail == _UNPARSED:  # FastAPI's line for a body json.loads gave up on
+            detail = f"the body could not be read as JSON (nested too deeply, or not JSON): {_SEND}"
+        return answer({"error": detail}, exc.status_code, exc.headers)
 
     def unexpected(request: "Request", exc: Exception) -> "JSONResponse":
         log.exception("unexpected error answering %s %s", request.method, request.url.path)

@@ -54,3 +54,16 @@ def test_a_bad_price_sent_is_a_422_about_the_prices(api, prices, fragment):
     assert fragment in answer.json()["error"], answer.text
     if fragment.startswith("prices"):
         assert answer.json()["field"] == "prices", answer.text
+
+
+@pytest.mark.parametrize("content, headers, fragment", [
+    ('{"model": "gpt2", "gpu": "a10g", "target_batch": 8}', {"Content-Type": "text/plain"}, "not a JSON object"),
+    ("[]", {"Content-Type": "application/json"}, "not a JSON object"),
+    ('{"model": "gpt2", "config": {"a": ' + "[" * 50_000 + "]" * 50_000 + "}}", {"Content-Type": "application/json"},
+     "nested too deeply"),  # was FastAPI's "There was an error parsing the body": no fix
+], ids=["text-plain", "a-list", "deep-nesting"])
+def test_a_body_that_is_no_json_object_says_what_to_send(api, content, headers, fragment):
+    answer = api.post("/v1/plans", content=content, headers=headers)
+    assert 400 <= answer.status_code < 500, answer.text
+    error = answer.json()["error"]
+    assert fragment in error and "Content-Type: application/json" in error, error
