@@ -339,6 +339,16 @@ def _saved_dataset(source: Path, field: str | None) -> Iterator[tuple[list, int,
         yield [_sample({column: r}, column, f"{source}") for r in rows], min(start + ENCODE_BATCH, total), total
 
 
+#: what only a local file is called: a datasets name is "owner/name" (tatsu-lab/alpaca), which
+#: ends in no data file's suffix and starts with no path's prefix
+_LOCAL_SUFFIXES = (".jsonl", ".json", ".ndjson", ".txt", ".parquet", ".csv", ".arrow")
+_LOCAL_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")
+
+
+def _names_a_local_file(dataset: str) -> bool:
+    return dataset.lower().endswith(_LOCAL_SUFFIXES) or dataset.startswith(_LOCAL_PREFIXES)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataPlan:
     """What ``--dataset`` decided: the lengths read and the batch planned from them."""
@@ -357,6 +367,9 @@ def plan_for_data(dataset: str, *, config_source: str, model_max: int, target_ba
     no local file or folder (a datasets name that only the emitted train.py loads). ``tokenizer``:
     given, else the model's own beside its config.json (``config_source``), else the byte estimate."""
     if not Path(dataset).expanduser().exists():
+        if _names_a_local_file(dataset):  # a typo, not a datasets name: planning for --seq-len would hide it
+            raise InvalidConfigError(f"--dataset {dataset}: no such file or folder: check the path (a .jsonl, .txt "
+                                     "or .parquet file, or a folder saved with datasets' save_to_disk)")
         return None
     label = None
     if tokenizer is None:

@@ -126,3 +126,17 @@ def test_a_broken_tokenizer_beside_the_model_is_named_as_found_not_as_an_option_
     r = cli("suggest", "-m", model, "-g", "a10g", "-b", "2", "--dataset", data, "--no-save")
     assert_user_error(r, "the model's tokenizer", "give --tokenizer PATH")  # said "--tokenizer ...: not a tokenizer.json"
     assert "error: --tokenizer" not in r.err, r
+
+
+@pytest.mark.parametrize("name", ["data.jsonl", "./train", "~/no/such/data.parquet"])
+def test_a_dataset_path_that_is_not_there_is_refused_not_planned_as_a_datasets_name(cli, tiny, name):
+    # planned for --seq-len with a note on stderr, exit 0; with --epochs: "add ... --dataset FILE"
+    assert_user_error(cli("suggest", "-m", tiny, "-g", "a10g", "-b", "8", "--dataset", name, "--no-save"),
+                      f"--dataset {name}: no such file or folder")
+    assert_user_error(cli("suggest", "-m", tiny, "-g", "a10g,l4", "-b", "8", "--epochs", "1", "--dataset", name),
+                      "no such file or folder")
+
+
+def test_a_datasets_name_is_still_left_to_train_py(cli, tiny):
+    r = cli("suggest", "-m", tiny, "-g", "a10g", "-b", "8", "--dataset", "tatsu-lab/alpaca", "--no-save")
+    assert r.code == 0 and "no local file" in r.err, r
