@@ -286,6 +286,9 @@ def _compare(*, model, gpu_names, target_batch, seq_len, gpus, gpu_mem, method, 
             # the tokens the plans' tokens/s count
             batches = data.batches
             epoch_tokens, epoch_source = batches.steps_per_epoch * target_batch * batches.seq_len, f"--dataset {dataset}"
+        elif data is None and epochs is not None and epoch_tokens is None:
+            raise InvalidConfigError(f"--epochs over --dataset {dataset}: a datasets name is not read here, so an "
+                                     "epoch's tokens are unknown: add --dataset-tokens N, or give a local file")
     elif tokenizer is not None or dataset_field is not None:
         raise InvalidConfigError("--tokenizer and --dataset-field read the data of --dataset: add --dataset FILE")
     job = workload(tokens=job_tokens, epochs=epochs, epoch_tokens=epoch_tokens, epoch_source=epoch_source)

@@ -140,3 +140,9 @@ def test_a_dataset_path_that_is_not_there_is_refused_not_planned_as_a_datasets_n
 def test_a_datasets_name_is_still_left_to_train_py(cli, tiny):
     r = cli("suggest", "-m", tiny, "-g", "a10g", "-b", "8", "--dataset", "tatsu-lab/alpaca", "--no-save")
     assert r.code == 0 and "no local file" in r.err, r
+
+
+def test_epochs_over_a_datasets_name_asks_for_the_tokens_of_an_epoch(cli, tiny):
+    # said "add --dataset-tokens N or --dataset FILE" to a user who had given --dataset
+    assert_user_error(cli("suggest", "-m", tiny, "-g", "a10g,l4", "-b", "8", "--epochs", "1", "--dataset",
+                          "tatsu-lab/alpaca"), "a datasets name is not read here", "--dataset-tokens N")
