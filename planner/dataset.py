@@ -349,6 +349,12 @@ def _names_a_local_file(dataset: str) -> bool:
     return dataset.lower().endswith(_LOCAL_SUFFIXES) or dataset.startswith(_LOCAL_PREFIXES)
 
 
+def is_datasets_name(dataset: str) -> bool:
+    """True for what only train.py loads (a datasets name): no local file or folder by that name,
+    and not named like one."""
+    return not Path(dataset).expanduser().exists() and not _names_a_local_file(dataset)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataPlan:
     """What ``--dataset`` decided: the lengths read and the batch planned from them."""
@@ -366,11 +372,11 @@ def plan_for_data(dataset: str, *, config_source: str, model_max: int, target_ba
     """The longest batch of the data at ``dataset`` (``plan_batches``), or None when ``dataset`` is
     no local file or folder (a datasets name that only the emitted train.py loads). ``tokenizer``:
     given, else the model's own beside its config.json (``config_source``), else the byte estimate."""
-    if not Path(dataset).expanduser().exists():
-        if _names_a_local_file(dataset):  # a typo, not a datasets name: planning for --seq-len would hide it
-            raise InvalidConfigError(f"--dataset {dataset}: no such file or folder: check the path (a .jsonl, .txt "
-                                     "or .parquet file, or a folder saved with datasets' save_to_disk)")
+    if is_datasets_name(dataset):
         return None
+    if not Path(dataset).expanduser().exists():  # a typo, not a datasets name: planning for --seq-len would hide it
+        raise InvalidConfigError(f"--dataset {dataset}: no such file or folder: check the path (a .jsonl, .txt "
+                                 "or .parquet file, or a folder saved with datasets' save_to_disk)")
     label = None
     if tokenizer is None:
         found = model_tokenizer(config_source) if config_source else None
@@ -382,5 +388,5 @@ def plan_for_data(dataset: str, *, config_source: str, model_max: int, target_ba
                                                           seq_len=seq_len, model_max=model_max, histogram=histogram))
 
 
-__all__ = ["BYTES_PER_TOKEN", "BatchPlan", "DataPlan", "TokenLengths", "model_tokenizer", "plan_batches",
+__all__ = ["BYTES_PER_TOKEN", "BatchPlan", "DataPlan", "TokenLengths", "is_datasets_name", "model_tokenizer", "plan_batches",
            "plan_for_data", "read_lengths"]

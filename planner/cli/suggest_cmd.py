@@ -278,6 +278,11 @@ def _compare(*, model, gpu_names, target_batch, seq_len, gpus, gpu_mem, method, 
     epoch_tokens = parse_tokens(dataset_tokens, option="--dataset-tokens") if dataset_tokens is not None else None
     spec, epoch_source = None, "--dataset-tokens"
     if dataset is not None:
+        from planner.dataset import is_datasets_name
+
+        if epochs is not None and epoch_tokens is None and is_datasets_name(dataset):
+            raise InvalidConfigError(f"--epochs over --dataset {dataset}: a datasets name is not read here, so an "
+                                     "epoch's tokens are unknown: add --dataset-tokens N, or give a local file")
         seq_len, spec, data = _seq_len_of_data(dataset, model=model, target_batch=target_batch, seq_len=seq_len,
                                                packing=recipe.get("packing", True), tokenizer=tokenizer,
                                                field=dataset_field)
@@ -286,9 +291,6 @@ def _compare(*, model, gpu_names, target_batch, seq_len, gpus, gpu_mem, method, 
             # the tokens the plans' tokens/s count
             batches = data.batches
             epoch_tokens, epoch_source = batches.steps_per_epoch * target_batch * batches.seq_len, f"--dataset {dataset}"
-        elif data is None and epochs is not None and epoch_tokens is None:
-            raise InvalidConfigError(f"--epochs over --dataset {dataset}: a datasets name is not read here, so an "
-                                     "epoch's tokens are unknown: add --dataset-tokens N, or give a local file")
     elif tokenizer is not None or dataset_field is not None:
         raise InvalidConfigError("--tokenizer and --dataset-field read the data of --dataset: add --dataset FILE")
     job = workload(tokens=job_tokens, epochs=epochs, epoch_tokens=epoch_tokens, epoch_source=epoch_source)
