@@ -89,10 +89,10 @@ def from_env(environ: "Mapping[str, str] | None" = None) -> Timeouts:
             fields[name] = float(value)
         except ValueError:
             raise ValueError(f"{variable} {value[:40]!r} is not a number of seconds: write e.g. 10") from None
-    try:
-        return Timeouts(**fields)
-    except ValueError as exc:
-        raise ValueError(f"{' / '.join(TIMEOUT_ENVS.values())}: {exc}") from None
+        if not 0 < fields[name] <= 3600:  # (nan too) named by its variable, not by the field Timeouts checks
+            raise ValueError(f"{variable} must be a number of seconds above 0 and at most 3600, got "
+                             f"{value[:40]!r}: write e.g. {getattr(Timeouts, name):g}, or unset it for the default")
+    return Timeouts(**fields)
 
 
 def command_line() -> Timeouts:
