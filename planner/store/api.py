@@ -321,7 +321,7 @@ class Store:
         and run counts are subqueries over that page only. Nothing is loaded to be skipped and no
         id list is sent back, so a page deep in 100,000 plans stays under the drivers' bind
         parameter limits (65,535 on SQLite and PostgreSQL) and costs about what the first does."""
-        check_page(limit=limit, offset=offset)
+        check_page(limit=limit, offset=offset, model=model, gpu=gpu)
         r, c, m = PlanRequestRow, CandidateRow, MeasurementRow
         page = select(r.id, r.created_at, r.status, r.model_id, r.gpu, r.gpu_count, r.target_batch, r.seq_len)
         if model:

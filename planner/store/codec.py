@@ -201,8 +201,11 @@ def resolved_id(found: list[str], prefix: str, *, what: str) -> str:
     return found[0]
 
 
-def check_page(*, limit: object, offset: object) -> None:
-    """``history``'s page: ``limit`` 1 and ``offset`` 0 up to ``MAX_HISTORY``."""
+def check_page(*, limit: object, offset: object, model: object = None, gpu: object = None) -> None:
+    """``history``'s page: ``limit`` 1 and ``offset`` 0 up to ``MAX_HISTORY``; its filters text."""
+    for name, value in (("--model", model), ("--gpu", gpu)):
+        if value is not None and not isinstance(value, str):  # (a number reached str.replace: AttributeError)
+            raise PlannerError(f"{name} filters history by text (part of the model id, a GPU name), got {value!r}")
     for name, value, low in (("--limit", limit, 1), ("offset", offset, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_HISTORY:
             # the option's long name (the API names its field "limit"); the CLI checks the value

@@ -311,7 +311,7 @@ class LiteStore:
                 after: HistoryCursor | None = None) -> list[PlanSummary]:
         """As ``Store.history``, in the statement SQLAlchemy makes of it on SQLite: the page cut
         in a subquery, and each row's rank-1 label, candidate and run counts over that page only."""
-        codec.check_page(limit=limit, offset=offset)
+        codec.check_page(limit=limit, offset=offset, model=model, gpu=gpu)
         where, args = [], []
         if model:  # SQLAlchemy's icontains(autoescape=True): lower() LIKE, '/' escaping % _ and /
             escaped = model.replace("/", "//").replace("%", "/%").replace("_", "/_")

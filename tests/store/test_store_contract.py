@@ -239,3 +239,12 @@ def test_either_store_reads_what_the_other_wrote_alike(sqlite_url):  # noqa: F81
             orm.set_status(plan_id=b, status="verifying")
         with pytest.raises(StatusTransitionError):
             lite.set_status(plan_id=b, status="verifying")
+
+
+@pytest.mark.parametrize("filters", [{"model": 5}, {"gpu": ["a10g"]}])
+def test_a_history_filter_that_is_not_text_is_one_line(plan_store, filters):
+    # the lite store reached model.replace: AttributeError (op.history(model=5) was a traceback)
+    from planner.errors import PlannerError
+
+    with pytest.raises(PlannerError, match="filters history by text"):
+        plan_store.history(**filters)
