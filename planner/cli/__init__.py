@@ -6,6 +6,8 @@ until a command that needs it runs (``planner --help`` never loads torch).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import re
 import sys
@@ -214,6 +216,10 @@ def usage_line(exc: BaseException, *, missing: tuple[type[BaseException], ...], 
     return f"error: {problem} (see '{where}')"
 
 
+#: errors of writing the output (the device is full, over quota, failing)
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point. Returns (and as a script exits with) the process exit code.
 
@@ -254,6 +260,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 130
     except SystemExit as exc:  # click exits 1 itself when the reader of stdout went away (EPIPE)
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    except OSError as exc:
+        # the output itself cannot be written (stdout on a full disk or /dev/full, a dead terminal):
+        # the commands' own files are checked where they are written, as PlannerErrors
+        if exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        with contextlib.suppress(OSError):
+            echo(f"error: cannot write the output ({exc.strerror}): free space, or send it to another file", err=True)
+        code = 1
 
     if argv is None:
         sys.exit(code)

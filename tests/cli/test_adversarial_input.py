@@ -146,3 +146,19 @@ def test_epochs_over_a_datasets_name_asks_for_the_tokens_of_an_epoch(cli, tiny):
     # said "add --dataset-tokens N or --dataset FILE" to a user who had given --dataset
     assert_user_error(cli("suggest", "-m", tiny, "-g", "a10g,l4", "-b", "8", "--epochs", "1", "--dataset",
                           "tatsu-lab/alpaca"), "a datasets name is not read here", "--dataset-tokens N")
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (a device that is always full)")
+def test_output_to_a_full_device_is_one_line_not_a_traceback(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "planner", "gpus"], stdout=full, stderr=subprocess.PIPE,
+                              text=True, cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(root)}, timeout=120)
+    assert done.returncode == 1, done.stderr  # was an OSError traceback from rich's console
+    assert done.stderr == "error: cannot write the output (No space left on device): free space, or send it to " \
+                          "another file\n", done.stderr
