@@ -44,6 +44,14 @@ class CheckBody(ModelChoice):
                                                "trainer's schema (default: the one whose keys the file has).")
 
     def texts(self) -> dict[str, Any]:
+        """The files by name; a name sent twice is refused (the last would silently win)."""
+        from planner.errors import InvalidConfigError
+
+        names = [f.name for f in self.files]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidConfigError(f"files: {', '.join(twice)} sent more than once: send each file once, under "
+                                     "the name the others refer to it by")
         return {f.name: f.content for f in self.files}
 
 

@@ -73,9 +73,10 @@ def status_for(exc: PlannerError) -> int:
 def _fields() -> frozenset[str]:
     """Every request field name: body fields and the query parameters (history's filters and
     pages, a candidate's rank), so that a line naming ``--rank`` or ``--gpus-max`` names the field."""
+    from planner.service.check_body import CheckBody
     from planner.service.schemas import CompareBody, EstimateBody, PlanBody
 
-    bodies = frozenset(PlanBody.model_fields) | frozenset(EstimateBody.model_fields) | frozenset(CompareBody.model_fields)
+    bodies = frozenset().union(*(body.model_fields for body in (PlanBody, EstimateBody, CompareBody, CheckBody)))
     return bodies | {"since", "status", "limit", "offset", "after", "rank", "search"}
 
 

@@ -67,3 +67,11 @@ def test_a_body_that_is_no_json_object_says_what_to_send(api, content, headers, 
     assert 400 <= answer.status_code < 500, answer.text
     error = answer.json()["error"]
     assert fragment in error and "Content-Type: application/json" in error, error
+
+
+def test_a_check_file_sent_twice_is_refused_not_read_as_the_last(api):
+    files = [{"name": "args.json", "content": '{"per_device_train_batch_size": 2}'},
+             {"name": "args.json", "content": "{}"}]  # was 200, checking the default batch of 8
+    answer = api.post("/v1/check", json={"gpu": "a10g", "model": "gpt2", "files": files})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["field"] == "files" and "args.json sent more than once" in answer.json()["error"]
