@@ -27,14 +27,10 @@ SUGGEST_KNOBS = ("seq_len", "gpus", "gpu_mem", "method", "precision", "allow_off
 
 
 def _size(value: Any, *, name: str) -> int | None:
-    """A size as bytes: an int (bytes) or text with a unit ("20GiB"), by the CLI's parser."""
-    from planner.units import parse_bytes
+    """A size as bytes: an int (bytes) or text with a unit ("20GiB"), by the CLI's rules."""
+    from planner.units import size_of
 
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise InvalidConfigError(f"{name} must be bytes (an int) or a size like '20GiB', got {value!r}")
-    return value if isinstance(value, int) and value > 0 else parse_bytes(str(value), option=name)
+    return size_of(value, option=name)
 
 
 def _known(knobs: Mapping[str, Any], allowed: Sequence[str], call: str) -> None:

@@ -42,6 +42,23 @@ def parse_bytes(text: str, *, option: str = "size") -> int:
     return int(value)
 
 
+def size_of(value: object, *, option: str) -> int | None:
+    """A size given as bytes (an int, as the Python API and the HTTP API take it) or as text with a
+    unit (``parse_bytes``), held to the same bounds: above zero, at most ``MAX_BYTES`` (an int of
+    10**30 bytes passed unchecked and held a search for minutes). None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise PlannerError(f"{option} must be bytes (an int) or a size like '20GiB', got {value!r}")
+    if isinstance(value, str):
+        return parse_bytes(value, option=option)
+    if value <= 0:
+        raise PlannerError(f"{option} must be larger than zero, got {value}")
+    if value > MAX_BYTES:
+        raise PlannerError(f"{option} {value} is more than 1 PiB: write the device's or host's real size, e.g. 80GiB")
+    return value
+
+
 def format_bytes(n: float) -> str:
     """``1536 MiB`` -> ``1.50 GiB``; binary units, three significant figures."""
     sign = "-" if n < 0 else ""

@@ -24,19 +24,9 @@ INLINE_SOURCE = "inline"
 
 def size_bytes(value: "Size", *, field: str) -> int | None:
     """A size field as bytes, with the CLI's rules (unit required in text, > 0, <= 1 PiB)."""
-    from planner.errors import PlannerError
-    from planner.units import MAX_BYTES, parse_bytes
+    from planner.units import size_of
 
-    option = f"--{field.replace('_', '-')}"
-    if value is None:
-        return None
-    if isinstance(value, int):  # bytes as sent, echoed as sent (not as the "0B" parse_bytes would read)
-        if value <= 0:
-            raise PlannerError(f"{option} must be larger than zero, got {value}")
-        if value > MAX_BYTES:
-            raise PlannerError(f"{option} {value} is more than 1 PiB: write the device's or host's real size, e.g. 80GiB")
-        return value
-    return parse_bytes(value, option=option)
+    return size_of(value, option=f"--{field.replace('_', '-')}")
 
 
 def _looks_like_a_path(model: str) -> bool:

@@ -162,3 +162,16 @@ def test_output_to_a_full_device_is_one_line_not_a_traceback(tmp_path):
     assert done.returncode == 1, done.stderr  # was an OSError traceback from rich's console
     assert done.stderr == "error: cannot write the output (No space left on device): free space, or send it to " \
                           "another file\n", done.stderr
+
+
+@pytest.mark.parametrize("call, knobs", [
+    ("suggest", {"target_batch": 4, "save": False, "gpu_mem": 10**30}),  # held the search 13 min of CPU
+    ("suggest", {"target_batch": 4, "save": False, "cpu_mem": 10**30}),
+    ("estimate", {"gpu_mem": 10**30}),
+    ("suggest", {"target_batch": 4, "save": False, "gpu_mem": 0}),
+])
+def test_a_size_in_bytes_is_held_to_the_bounds_text_is(call, knobs, tiny):
+    import oom_planner as op
+
+    with pytest.raises(op.PlannerError, match="more than 1 PiB|larger than zero"):
+        getattr(op, call)(model=str(tiny), gpu="a10g", **knobs)
