@@ -41,15 +41,17 @@ def default_seq_len(spec: "ModelSpec") -> int:
     return min(DEFAULT_SEQ_LEN, spec.max_seq_len)
 
 
-def check_recipe(spec: "ModelSpec", recipe: Mapping[str, Any]) -> None:
+def check_recipe(spec: "ModelSpec", recipe: Mapping[str, Any], *, seq_len: int | None = None) -> None:
     """The recipe settings this model cannot take (estimate and suggest alike:
-    ``planner.request.check_for_model``), and an architecture whose features the memory model has
-    no terms for yet (``check_plannable``)."""
+    ``planner.request.check_for_model``; ``seq_len``: the training length, the eval prompt's by
+    default), and an architecture whose features the memory model has no terms for yet
+    (``check_plannable``)."""
     from planner.catalog import check_plannable
 
     check_plannable(spec)
     _request.check_for_model(model_id=spec.id, is_encoder=spec.is_encoder, values=recipe,
-                             is_encoder_decoder=spec.is_encoder_decoder)
+                             is_encoder_decoder=spec.is_encoder_decoder, max_seq_len=spec.max_seq_len,
+                             seq_len=seq_len)
 
 
 def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **options: Any) -> "TrainConfig":
@@ -76,7 +78,7 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
         # the default every-linear adapter, named, where all-linear fails on the model type (ModelSpec.lora_refused)
         options["lora_targets"] = spec.peft_linear_names
     config = TrainConfig(seq_len=seq, **options)
-    check_recipe(spec, _request.recipe_of(config))
+    check_recipe(spec, _request.recipe_of(config), seq_len=config.seq_len)
     check_precision(gpu, config.precision)
     check_attention(gpu, config.attention)
     targets = lora_targets(spec, config)  # unknown module names fail here, with the names that exist

@@ -128,10 +128,10 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
                                  device=device)
     space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host,
                         host_ram_source=source, prefer=request.prefer, schemes=request.schemes, **recipe_of(request))
-    check_recipe(spec, recipe_of(request))  # estimate's check (a fused CE needs a causal LM's head)
+    seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
+    check_recipe(spec, recipe_of(request), seq_len=seq)  # estimate's check (a fused CE needs a causal LM's head)
     check_model_id(spec.id)  # before anything is printed: the store would refuse it after
     check_search_cost(spec, methods=space.methods, lora_ranks=space.lora_ranks, top_k=request.top_k)
-    seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
     result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=seq, gpus=request.gpus,
                      space=space, top_k=request.top_k, model_fingerprint=fingerprint(spec),
                      alternative=alternative, first_only=first_only)

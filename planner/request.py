@@ -430,12 +430,24 @@ def changed(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_for_model(*, model_id: str, is_encoder: bool, values: Mapping[str, Any],
-                    is_encoder_decoder: bool = False) -> None:
+                    is_encoder_decoder: bool = False, max_seq_len: int | None = None,
+                    seq_len: int | None = None) -> None:
     """The recipe settings a model cannot take: a fused linear cross-entropy fuses a causal LM's
     head and its loss, which a masked-LM encoder does not have; a 16-bit loss is a causal LM's
     cross-entropy written without ForCausalLMLoss' upcast (emit's train.py), which a masked LM's
-    or an encoder-decoder's own loss is not."""
+    or an encoder-decoder's own loss is not; an eval sequence (its prompt, ``seq_len`` by default,
+    and the tokens it generates) longer than the model's ``max_seq_len``, as a training one is."""
     from planner.errors import InvalidConfigError
+
+    prompt = values.get("eval_seq_len") or seq_len
+    if values.get("eval_batch") and max_seq_len is not None and prompt is not None:
+        generated = values.get("generate_tokens") or 0
+        if prompt + generated > max_seq_len:
+            said = (f"--eval-seq-len {prompt}" if values.get("eval_seq_len") else f"the eval prompt (--seq-len {prompt})")
+            total = f"{said} + --generate-tokens {generated} = {prompt + generated:,} tokens" if generated else said
+            raise InvalidConfigError(f"{total} is longer than {model_id} allows ({max_seq_len}): keep the eval "
+                                     f"sequence within {max_seq_len} tokens (a shorter --eval-seq-len or fewer "
+                                     "--generate-tokens)")
 
     if values.get("fused_ce") and is_encoder:
         raise InvalidConfigError(f"--fused-ce fuses a causal LM's head and loss; {model_id} is a masked-LM encoder: "

@@ -175,3 +175,15 @@ def test_a_size_in_bytes_is_held_to_the_bounds_text_is(call, knobs, tiny):
 
     with pytest.raises(op.PlannerError, match="more than 1 PiB|larger than zero"):
         getattr(op, call)(model=str(tiny), gpu="a10g", **knobs)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--eval-seq-len", "500"], "--eval-seq-len 500 is longer than"),
+    (["--seq-len", "100", "--generate-tokens", "50"], "(--seq-len 100) + --generate-tokens 50 = 150 tokens"),
+])
+@pytest.mark.parametrize("command", ["suggest", "estimate"])
+def test_an_eval_sequence_past_the_models_maximum_is_refused_as_a_training_one_is(cli, tiny, command, args, fragment):
+    # the tiny model allows 128 positions; an eval of 500 (or 100 + 50 generated) was planned, exit 0
+    extra = ["-b", "4", "--no-save"] if command == "suggest" else []
+    assert_user_error(cli(command, "-m", tiny, "-g", "a10g", "--eval-batch", "2", *args, *extra),
+                      fragment, "allows (128)")
