@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from planner.errors import InvalidConfigError
-from planner.request import RECIPE
+from planner.request import FIELDS, RECIPE, SEARCH, check_types
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.check import CheckResult
@@ -170,6 +170,10 @@ def suggest(*, model: str, gpu: str, target_batch: int, save: bool = True, db: s
     from planner.usecases import plan_request
 
     _known(knobs, SUGGEST_KNOBS, "suggest")
+    check_types(knobs, {**FIELDS, **SEARCH})  # the recipe and search knobs, typed as the CLI types them
+    for name, value in (("allow_offload", knobs.get("allow_offload", True)), ("save", save)):
+        if not isinstance(value, bool):  # ("no" is truthy: it stored the plan)
+            raise InvalidConfigError(f"{name} must be True or False, got {value!r}")
     sizes = {f"{name}_bytes": _size(knobs.pop(name, None), name=name) for name in ("gpu_mem", "cpu_mem")}
     request = SuggestRequest(model=model, gpu=gpu, target_batch=target_batch, **sizes, **knobs)
     # the plan use case planner suggest calls; always a new plan (no answer from the store)
@@ -189,6 +193,7 @@ def estimate(*, model: str, gpu: str, seq_len: int | None = None, gpu_mem: int |
     from planner.estimation import CONFIG_OPTIONS, build_config, estimate_configuration, resolve
 
     _known(knobs, CONFIG_OPTIONS, "estimate")
+    check_types({"seq_len": seq_len, **knobs}, FIELDS)
     spec, device = resolve(model=model, gpu=gpu, gpu_mem_bytes=_size(gpu_mem, name="gpu_mem"))
     device = apply_calibration(device, _calibration(device.name, db))
     data, memory = estimate_configuration(spec=spec, gpu=device, seq_len=seq_len, **knobs)

@@ -467,6 +467,34 @@ def check_for_model(*, model_id: str, is_encoder: bool, values: Mapping[str, Any
                                  "drop --generate-tokens")
 
 
+_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+
+
+def check_types(values: Mapping[str, Any], fields: Mapping[str, RequestField]) -> None:
+    """Each of ``values`` of the type its field declares, as the command line's parser and the
+    HTTP API's schema hold them (the Python API's keywords are not typed by anything else: a list
+    for ``method`` reached a set lookup, ``grad_ckpt=None`` a kernel count, as TypeErrors). None
+    only where the field's default is None; an int for a float; ``lora_targets`` also a list of names."""
+    from planner.errors import InvalidConfigError
+
+    for name, value in values.items():
+        field = fields.get(name)
+        if field is None or (value is None and field.default is None):
+            continue
+        kind = field.type
+        if kind is str and name == "lora_targets" and isinstance(value, (list, tuple)):
+            ok = all(isinstance(v, str) for v in value)
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            option = (field.flag or f"--{name}").split("/")[0]
+            raise InvalidConfigError(f"{option} must be {_KINDS[kind]}, got {value!r}")
+
+
 def with_recipe_fields(cls: type) -> type:
     """``cls`` with a field per recipe setting (its plain type and default, its help as docstring),
     after its own: apply it under ``@dataclass``."""
@@ -479,5 +507,5 @@ def with_recipe_fields(cls: type) -> type:
 
 
 __all__ = ["trainer_keys", "trainer_values", "unexpressible", "ADAPTER", "ADAPTER_RECIPE", "BATCH", "CONFIG_OPTIONS", "REQUIRED", "SEARCH", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
-           "RequestField", "SPLIT", "STATIC", "TRAINING_ARGS", "changed", "check_for_model", "memo_fields", "recipe_for", "recipe_of", "recipe_words",
+           "RequestField", "SPLIT", "STATIC", "TRAINING_ARGS", "changed", "check_for_model", "check_types", "memo_fields", "recipe_for", "recipe_of", "recipe_words",
            "with_recipe_fields"]

@@ -110,8 +110,11 @@ def open_plan_store(*, url: str | None = None, create: bool = True, shared: bool
     which creates a new database's schema (when ``create``), says what to do with one that is
     behind, and speaks PostgreSQL. ``create=False``: a missing SQLite file raises
     ``DatabaseMissingError`` and is not created."""
+    from planner.errors import StoreError
     from planner.store.engine import default_database_url
 
+    if url is not None and not isinstance(url, str):  # (a float reached str.startswith: AttributeError)
+        raise StoreError(f"the database URL must be text, e.g. sqlite:///path/planner.db, got {type(url).__name__}")
     url = url or default_database_url()
     if not shared:
         from planner.store.lite import LiteStore, sqlite_path

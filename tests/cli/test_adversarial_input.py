@@ -187,3 +187,29 @@ def test_an_eval_sequence_past_the_models_maximum_is_refused_as_a_training_one_i
     extra = ["-b", "4", "--no-save"] if command == "suggest" else []
     assert_user_error(cli(command, "-m", tiny, "-g", "a10g", "--eval-batch", "2", *args, *extra),
                       fragment, "allows (128)")
+
+
+@pytest.mark.parametrize("call, knobs, fragment", [
+    ("suggest", {"method": []}, "--method must be text"),             # TypeError: unhashable type: 'list'
+    ("suggest", {"generate_tokens": [], "eval_batch": 2}, "--generate-tokens must be a whole number"),
+    ("suggest", {"allow_offload": "no"}, "allow_offload must be True or False"),
+    ("suggest", {"save": "no"}, "save must be True or False"),        # "no" is truthy: the plan was stored
+    ("suggest", {"db": 1.5, "save": True}, "database URL must be text"),  # AttributeError in the lite store
+    ("estimate", {"grad_ckpt": None}, "--grad-ckpt must be true or false"),  # TypeError in the kernels
+    ("estimate", {"grad_ckpt": "x"}, "--grad-ckpt must be true or false"),   # ValueError
+    ("estimate", {"zero": []}, "--zero must be a whole number"),
+    ("estimate", {"alloc_conf": 1e308}, "--alloc-conf must be text"),
+    ("estimate", {"seq_len": "x"}, "--seq-len must be a whole number"),
+    ("estimate", {"lora_dropout": 0, "method": "lora"}, None),        # an int for a float is fine
+    ("estimate", {"lora_targets": ["q_proj", "v_proj"], "method": "lora"}, None),  # so is a list of names
+])
+def test_the_python_apis_keywords_are_typed_as_the_cli_types_its_options(tiny, call, knobs, fragment):
+    import oom_planner as op
+
+    base = {"target_batch": 4, "save": False} if call == "suggest" else {}
+    kwargs = {"model": str(tiny), "gpu": "a10g", **base, **knobs}
+    if fragment is None:
+        getattr(op, call)(**kwargs)
+        return
+    with pytest.raises(op.PlannerError, match=fragment.replace("(", r"\(")):
+        getattr(op, call)(**kwargs)
