@@ -210,6 +210,9 @@ def check(config: "str | Path | Sequence[str | Path] | Mapping[str, Any] | Any",
     from planner.check import check as check_files
     from planner.check import check_arguments
 
+    check_types({name: value for name, value in (("gpus", gpus), ("seq_len", seq_len)) if value is not None}, FIELDS)
+    if isinstance(config, (list, tuple)) and not all(isinstance(p, (str, Path)) for p in config):
+        raise InvalidConfigError(f"check takes a list of paths (str or Path), got {config!r:.80}")
     options = dict(gpu=gpu, model=model, gpus=gpus, seq_len=seq_len, gpu_mem_bytes=_size(gpu_mem, name="gpu_mem"),
                    cpu_mem_bytes=_size(cpu_mem, name="cpu_mem"), calibration=_calibration(gpu, db), trainer=trainer)
     if isinstance(config, (str, Path)):

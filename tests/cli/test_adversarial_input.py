@@ -213,3 +213,15 @@ def test_the_python_apis_keywords_are_typed_as_the_cli_types_its_options(tiny, c
         return
     with pytest.raises(op.PlannerError, match=fragment.replace("(", r"\(")):
         getattr(op, call)(**kwargs)
+
+
+@pytest.mark.parametrize("config, knobs, fragment", [
+    ([1], {}, "a list of paths"),                       # TypeError from pathlib
+    ({}, {"seq_len": "x"}, "--seq-len must be a whole number"),  # TypeError comparing with the model's maximum
+    ({}, {"gpus": "2"}, "--gpus must be a whole number"),
+])
+def test_the_python_apis_check_is_typed_too(tiny, config, knobs, fragment):
+    import oom_planner as op
+
+    with pytest.raises(op.PlannerError, match=fragment):
+        op.check(config, gpu="a10g", model=str(tiny), **knobs)
