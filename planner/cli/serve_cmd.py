@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from typing import Optional
 
 import typer
@@ -63,6 +64,7 @@ def serve(
         if value is not None:
             os.environ[name] = value
     settings = ServiceSettings.from_env()
+    _check_listen(host, port)
     if settings.token is None and host not in ("127.0.0.1", "localhost", "::1"):
         from planner.cli._common import console_to_stderr
 
@@ -81,6 +83,32 @@ def serve(
         uvicorn.run(create_app(), **options)
     else:
         uvicorn.run("planner.service:create_app", factory=True, workers=workers, **options)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """One line, exit 2, for an address this machine cannot listen on (a port in use, a host name
+    that does not resolve or is not this machine's), before uvicorn logs it and exits 3, the code
+    that means "nothing fits" elsewhere. A bind and close: a race with another process is left to
+    uvicorn, as before."""
+    import socket
+
+    from planner.errors import PlannerError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise PlannerError(f"--host {host!r} is not an address of this machine ({exc.strerror}): give one, e.g. "
+                           "127.0.0.1, or 0.0.0.0 for every interface") from None
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds (a TIME_WAIT port is free)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            fix = ("stop what listens there, or give another --port" if exc.errno == errno.EADDRINUSE
+                   else "give an address of this machine, e.g. 127.0.0.1" if exc.errno == errno.EADDRNOTAVAIL
+                   else "give another --host or --port (ports below 1024 need privileges)")
+            raise PlannerError(f"cannot listen on {host}:{port} ({exc.strerror}): {fix}") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -75,3 +75,17 @@ def test_a_check_file_sent_twice_is_refused_not_read_as_the_last(api):
     answer = api.post("/v1/check", json={"gpu": "a10g", "model": "gpt2", "files": files})
     assert answer.status_code == 422, answer.text
     assert answer.json()["field"] == "files" and "args.json sent more than once" in answer.json()["error"]
+
+
+def test_serve_on_a_port_in_use_or_a_host_that_is_not_here_is_one_line_exit_2(cli):
+    import socket
+
+    from support.cli import assert_user_error
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # was uvicorn's log and exit 3, the code of "nothing fits"
+        assert_user_error(cli("serve", "--port", port), "Address already in use", "give another --port")
+    assert_user_error(cli("serve", "--host", "no-such-host.invalid", "--port", port), "not an address of this machine")
