@@ -66,8 +66,13 @@ def plan_request(request: "SuggestRequest", *, store: StoreOpener | None, spec: 
     plan's verification is submitted as a Ray job: a database the job could only be told by its
     password is refused before anything is planned, an unreachable cluster before anything is
     stored."""
+    from planner.errors import InvalidConfigError
     from planner.planning import make_plan
 
+    named = str(request.gpu).strip()
+    if named.lower() == "any" or "," in named:  # (it read "unknown GPU 'any'" over HTTP and from planner submit)
+        raise InvalidConfigError(f"--gpu {named} compares GPU types (planner suggest --gpu {named}, POST /v1/compare); "
+                                 "a plan is for one type: give one name from 'planner gpus'")
     reference = None
     if job is not None:
         from planner.verify.jobs import job_reference

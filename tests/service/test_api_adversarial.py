@@ -89,3 +89,10 @@ def test_serve_on_a_port_in_use_or_a_host_that_is_not_here_is_one_line_exit_2(cl
         # was uvicorn's log and exit 3, the code of "nothing fits"
         assert_user_error(cli("serve", "--port", port), "Address already in use", "give another --port")
     assert_user_error(cli("serve", "--host", "no-such-host.invalid", "--port", port), "not an address of this machine")
+
+
+@pytest.mark.parametrize("gpu", ["any", "a10g,l4"])
+def test_a_plan_for_several_gpu_types_points_to_compare(api, gpu):
+    answer = api.post("/v1/plans", json={"model": "gpt2", "gpu": gpu, "target_batch": 8})
+    assert answer.status_code == 422, answer.text  # was "unknown GPU 'any'": as if it were misspelt
+    assert "POST /v1/compare" in answer.json()["error"] and answer.json()["field"] == "gpu", answer.text
