@@ -413,6 +413,12 @@ def _print_measurement(out, data, predicted, measured) -> None:
     if measured.tokens_per_s:
         table.add_row("tokens/s", f"{data['throughput']['tokens_per_s']:,.0f}", f"{measured.tokens_per_s:,.0f}",
                       f"{data['error_pct']['tokens_per_s']:+.0f}%")
+    if not table.row_count:  # a run that ended before its measured step: no empty table, the prediction alone
+        out.print(f"nothing was measured (the run ended before its measured step); predicted: peak allocated "
+                  f"{format_bytes(predicted.peak_allocated_bytes)}, process total "
+                  f"{format_bytes(predicted.process_total_bytes)}, {data['throughput']['tokens_per_s']:,.0f} tokens/s",
+                  markup=False)
+        return
     out.print(table)
     if measured.tokens_per_s and measured.device == "cpu":
         out.print("tokens/s: the throughput model counts FLOPs and memory traffic for GPUs; on the CPU a small model's "

@@ -225,3 +225,24 @@ def test_the_python_apis_check_is_typed_too(tiny, config, knobs, fragment):
 
     with pytest.raises(op.PlannerError, match=fragment):
         op.check(config, gpu="a10g", model=str(tiny), **knobs)
+
+
+def test_a_run_that_measured_nothing_prints_the_prediction_not_an_empty_table():
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from planner.cli.plan import _print_measurement
+    from planner.results import Measurement, RunOutcome
+
+    out = Console(file=io.StringIO(), width=200)
+    data = {"model": {"id": "m"}, "config": {"method": "full", "precision": "bf16-mixed", "optimizer": "adamw",
+            "micro_batch": 1, "grad_accum": 1, "seq_len": 128, "grad_ckpt": False, "zero": 0, "offload": "none"},
+            "throughput": {"tokens_per_s": 1000.0}, "error_pct": {}}
+    predicted = SimpleNamespace(peak_allocated_bytes=5 << 20, peak_reserved_bytes=6 << 20, process_total_bytes=7 << 20)
+    measured = Measurement(outcome=RunOutcome.OOM, device="cpu", error="OutOfMemoryError: CPU probe")
+    _print_measurement(out, data, predicted, measured)
+    text = out.file.getvalue()
+    assert "predicted vs measured" not in text, text  # was a table with a header and no row
+    assert "nothing was measured" in text and "peak allocated 5 MiB" in text, text
