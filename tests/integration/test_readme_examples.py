@@ -62,6 +62,8 @@ def test_the_example_runs_as_written(line, cli, tmp_path, monkeypatch):
         plan_id = re.search(r"plan id: (\S+)", planned.out).group(1)
         args[1] = plan_id
         (tmp_path / "data.jsonl").write_text('{"text": "hello"}\n')
+    if args[0] == "suggest" and "--dataset" in args:  # the reader's own data: a path that is not there is refused
+        (tmp_path / args[args.index("--dataset") + 1]).write_text('{"text": "hello world"}\n{"input_ids": [1, 2, 3]}\n')
     r = cli(*args)
     assert r.code == 0, (line, r)
     if "--timeline" in args:
