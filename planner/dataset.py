@@ -83,7 +83,8 @@ class BatchPlan:
         cut = f"; {self.truncated:,} samples longer than {self.seq_len:,} are cut" if self.truncated and not self.packing else ""
         counted = (f"estimated at {BYTES_PER_TOKEN} bytes per token (no tokenizer: give --tokenizer PATH for exact lengths)"
                    if lengths.estimated else f"counted with {lengths.counted_by}")
-        return (f"dataset: {lengths.samples:,} samples, {lengths.tokens:,} tokens ({counted}); length p50 {lengths.p50:,}, "
+        return (f"dataset: {lengths.samples:,} sample{'s' if lengths.samples != 1 else ''}, {lengths.tokens:,} "
+                f"token{'s' if lengths.tokens != 1 else ''} ({counted}); length p50 {lengths.p50:,}, "
                 f"p99 {lengths.p99:,}, longest {lengths.longest:,}; {how}{cut}; an epoch is "
                 f"{self.steps_per_epoch:,} optimizer step{'s' if self.steps_per_epoch != 1 else ''}, "
                 f"{self.tokens_per_epoch:,} tokens")

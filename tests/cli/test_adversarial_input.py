@@ -246,3 +246,10 @@ def test_a_run_that_measured_nothing_prints_the_prediction_not_an_empty_table():
     text = out.file.getvalue()
     assert "predicted vs measured" not in text, text  # was a table with a header and no row
     assert "nothing was measured" in text and "peak allocated 5 MiB" in text, text
+
+
+def test_one_sample_is_said_in_the_singular(cli, tiny, tmp_path):
+    data = tmp_path / "one.jsonl"
+    data.write_text('{"input_ids": [1, 2, 3]}\n')
+    r = cli("suggest", "-m", tiny, "-g", "a10g", "-b", "2", "--dataset", data, "--no-save")
+    assert r.code == 0 and "dataset: 1 sample, 3 tokens" in r.err, r  # was "1 samples"
