@@ -109,7 +109,8 @@ def suggest(
     caller reads the #1 plan and nothing else (``planner.rent``), found where it can be without
     screening the whole space (``_first_plan``); the answer then has no rejections
     and ``searched`` counts the candidates screened for it."""
-    check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k)
+    check_request(model=model, target_batch=target_batch, seq_len=seq_len, gpus=gpus, top_k=top_k,
+                  space=space)
     replays: dict[TrainConfig, object] = {}  # (the full estimates made, by configuration: one device and budget)
     shown: dict[TrainConfig, dict] = {}  # (the plans shown's estimates, by configuration: _shown)
     if first_only and top_k == 1 and not alternative:

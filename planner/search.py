@@ -634,7 +634,8 @@ def family_key(config: TrainConfig) -> tuple:
     return (config.method, config.precision, config.optimizer)
 
 
-def check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: int, top_k: int) -> None:
+def check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: int, top_k: int,
+                  space: SearchSpace | None = None) -> None:
     if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
         raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch!r}")
     if target_batch > MAX_TARGET_BATCH:
@@ -646,10 +647,9 @@ def check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: in
     # estimate's wording (estimation.build_config, TrainConfig): one line per mistake on every command
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise InvalidConfigError(f"--seq-len must be a whole number >= 1, got {seq_len!r}")
-    if seq_len > model.max_seq_len:
-        raise InvalidConfigError(
-            f"--seq-len {seq_len} is longer than {model.id} allows ({model.max_seq_len}): use at most {model.max_seq_len}"
-        )
+    from planner.estimation import check_context
+
+    check_context(model, seq_len, space)  # the model's context, with the space's RoPE scaling
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise InvalidConfigError(f"--top-k must be a whole number >= 1, got {top_k!r}")
 

@@ -58,7 +58,9 @@ class Solved:
 
 def longest_seq_len(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig") -> Solved:
     """The longest sequence ``config`` (its micro-batch and everything else as given) fits on ``gpu``."""
-    return _solve("seq_len", spec=spec, gpu=gpu, config=config, limit=spec.max_seq_len)
+    from planner.config import context_limit
+
+    return _solve("seq_len", spec=spec, gpu=gpu, config=config, limit=context_limit(spec, config))
 
 
 def largest_micro_batch(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig") -> Solved:
