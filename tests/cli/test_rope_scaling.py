@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 from support.cli import assert_user_error, write_config
@@ -154,3 +155,57 @@ def test_train_py_sets_the_scaling_on_the_model_config(tmp_path, scaling, rope, 
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     assert float(LlamaRotaryEmbedding(config).inv_freq[0]) == pytest.approx(first_inv_freq)
+
+
+# ---- planner check ----------------------------------------------------------------------------------
+#: the trainers' own example files (tests/check/test_check_trainers.py reads them as they are)
+EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "check"
+
+
+def _yaml(tmp_path, source: str, **changes) -> str:
+    """The example ``source`` with ``changes``, written to ``tmp_path``."""
+    import yaml
+
+    data = {**yaml.safe_load((EXAMPLES / source).read_text()), **changes}
+    path = tmp_path / source.split("/")[-1]
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+LF = dict(model_name_or_path=LLAMA2, quantization_bit=4, flash_attn="fa2", lora_rank=8)
+
+
+def test_check_reads_llama_factory_s_type_and_derives_its_factor(tmp_path):
+    """LLaMA-Factory's factor is ceil(cutoff_len / max_position_embeddings) (model/model_utils/rope.py l.63):
+    16384 / 4096 = 4; a cutoff_len within the model's positions disables the scaling (l.52-55)."""
+    from planner.check import check
+    from planner.check.trainers import trainer
+
+    result = check([_yaml(tmp_path, "llama_factory/llama3_lora_sft.yaml", **LF, cutoff_len=16384, rope_scaling="linear")],
+                   gpu="a100-80gb")
+    assert result.config.rope_scaling == "linear:4" and result.config.seq_len == 16384
+    assert result.origins["rope_scaling"]["key"] == "rope_scaling"
+    assert trainer("llama-factory").write(result.config)["rope_scaling"] == "linear"  # the type: it derives the factor
+    result = check([_yaml(tmp_path, "llama_factory/llama3_lora_sft.yaml", **LF, cutoff_len=4096, rope_scaling="yarn")],
+                   gpu="a100-80gb")
+    assert result.config.rope_scaling is None and any("disables the scaling" in n for n in result.notes)
+    with pytest.raises(InvalidConfigError, match=r"allows \(4096\).*--rope-scaling 2 \[read from .*: cutoff_len\]"):
+        check([_yaml(tmp_path, "llama_factory/llama3_lora_sft.yaml", **LF, cutoff_len=8192)], gpu="a100-80gb")
+
+
+def test_check_reads_axolotl_s_model_config_rope_scaling(tmp_path):
+    """axolotl sets model_config's keys on the model's config (loaders/utils.py l.201-203); Meta-Llama-3-8B has
+    8192 positions, so factor 2 takes 16384 tokens; a top-level rope_scaling is axolotl's own refusal."""
+    from planner.check import check
+    from planner.check.trainers import trainer
+
+    path = _yaml(tmp_path, "axolotl/llama3_qlora.yml", sequence_len=16384, micro_batch_size=1, flash_attention=True,
+                 gradient_checkpointing=True, model_config={"rope_scaling": {"type": "linear", "factor": 2.0}})
+    result = check([path], gpu="a100-80gb")
+    assert result.config.rope_scaling == "linear:2" and result.config.seq_len == 16384
+    assert result.origins["rope_scaling"]["key"] == "model_config.rope_scaling"
+    assert trainer("axolotl").write(result.config)["model_config"] == {"rope_scaling": {"rope_type": "linear",
+                                                                                        "factor": 2.0}}
+    with pytest.raises(InvalidConfigError, match="axolotl refuses a top-level rope_scaling"):
+        check([_yaml(tmp_path, "axolotl/llama3_qlora.yml", rope_scaling={"type": "linear", "factor": 2.0})],
+              gpu="a100-80gb")
