@@ -41,7 +41,8 @@ class Solved:
     safe: int
     """Largest value that fits and is not near the edge (probability of running out <= 5%)."""
     limit: int
-    """The largest value the search could try (the model's maximum sequence, MAX_MICRO_BATCH)."""
+    """The largest value the search could try (the model's context limit, ``planner.config.context_limit``: with
+    its RoPE scaling; MAX_MICRO_BATCH)."""
     fits_total: int | None
     """Process total at ``fits`` (None when nothing fits)."""
     safe_total: int | None
