@@ -209,3 +209,33 @@ def test_check_reads_axolotl_s_model_config_rope_scaling(tmp_path):
     with pytest.raises(InvalidConfigError, match="axolotl refuses a top-level rope_scaling"):
         check([_yaml(tmp_path, "axolotl/llama3_qlora.yml", rope_scaling={"type": "linear", "factor": 2.0})],
               gpu="a100-80gb")
+
+
+def test_the_emitted_plan_says_and_sets_the_scaling():
+    from planner.catalog import fingerprint
+    from planner.emit import plan_files
+    from planner.results import Candidate, PlanRequest
+
+    spec, gpu = resolve_model(LLAMA2), get_gpu("a100-80gb")
+    config = TrainConfig(method="qlora", seq_len=8192, grad_ckpt=True, attention="flash", rope_scaling="2")
+    candidate = Candidate(config=config, memory=estimate_memory(model=spec, config=config, gpu=gpu),
+                          throughput=estimate_throughput(model=spec, config=config, gpu=gpu), fits=True, rank=1)
+    request = PlanRequest(model_id=LLAMA2, model_fingerprint=fingerprint(spec), gpu="a100-80gb", gpu_count=1,
+                          gpu_memory_bytes=gpu.memory_bytes, target_batch=1, seq_len=8192)
+    files = plan_files(candidate=candidate, spec=spec, request=request)
+    assert "ROPE_SCALING = {'rope_type': 'linear', 'factor': 2.0}" in files["train.py"]
+    assert "rope linear x2" in files["PLAN.md"] and "RoPE scaling linear:2 set on the model's config" in files["PLAN.md"]
+    assert "rope" not in json.dumps(json.loads(files["training_args.json"]))  # the model's config, not the Trainer's
+
+
+def test_dataset_rows_are_cut_at_the_extended_limit(cli, tmp_path):
+    """--dataset plans the longest row the data makes, cut at the context limit: 6000 tokens past Llama-2's
+    4096 positions are cut to 4096 without the scaling, kept with factor 2 (limit 8192)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"input_ids": list(range(n))}) for n in (6000, 100)) + "\n")
+    base = ("suggest", "-m", LLAMA2, "-g", "a100-80gb", "-b", "2", "--method", "qlora", "--no-packing",
+            "--dataset", str(data), "--json", "--no-save")
+    for extra, planned in (((), 4096), (("--rope-scaling", "2"), 6000)):
+        result = cli(*base, *extra)
+        assert result.code == 0, result
+        assert {p["config"]["seq_len"] for p in json.loads(result.out)["plans"]} == {planned}
