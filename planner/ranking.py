@@ -315,10 +315,10 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
             return None
         plans, dropped, moved, retimed = [], set(), set(), {}
         for cfg, speed, total, *_ in _distinct(ranked, top_k, read):
-            if cfg not in replays:
-                replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable)
+            if cfg not in replays:  # (None: its replay runs out of memory in ``usable``, and it is dropped)
+                replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable, dropping=True)
             memory = replays[cfg]
-            if memory.process_total_bytes > usable:
+            if memory is None or memory.process_total_bytes > usable:
                 dropped.add(id(cfg))
                 continue
             if memory.paged_bytes:  # its paging as the replay's reserve leaves it, not the screen's

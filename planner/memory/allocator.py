@@ -965,10 +965,13 @@ def sharing_prefixes() -> Iterator[None]:
 
 def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig(),
            trace: list[int] | None = None, streams: tuple[tuple[str, str], ...] = (),
-           forks: tuple[int, ...] = (), prefixes: ReplayPrefixes | None = None) -> Replay:
+           forks: tuple[int, ...] = (), prefixes: ReplayPrefixes | None = None, measure: bool = True) -> Replay | None:
     """Replay ``events`` (``planner.memory.timeline.Event``: alloc/free of ``tensors`` equal
     tensors) on a caching allocator of ``capacity`` bytes. When the device runs out, the replay
-    is repeated without the limit, so the reserve it would need is known, and says where.
+    is repeated without the limit, so the reserve it would need is known, and says where; with
+    ``measure`` False it is not, and None is returned: for a caller that asks only whether the step
+    runs in ``capacity`` (that repeat's peak reserve is over ``capacity``: the two replays are one
+    up to the first room check that fails, where the repeat's reserve grows past it).
     ``trace``: gets the reserve before the first event and after each. ``streams``: (breakdown key,
     stream name) for the keys allocated on a side stream (``ShardingSpec.streams``), whose blocks only
     that stream's requests reuse (CUDACachingAllocator.cpp: ``BlockComparatorSize`` orders a pool by
@@ -994,6 +997,8 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     except OutOfMemory as error:
         if capacity >= UNLIMITED or error.where is None:  # (a side stream's: not the step's to report)
             raise
+        if not measure:
+            return None
         again = replay(events, capacity=UNLIMITED, config=config, trace=trace, streams=streams, forks=forks,
                        prefixes=prefixes)
         return Replay(peak_reserved=again.peak_reserved, reserved_at_peak=again.reserved_at_peak,
