@@ -251,7 +251,6 @@ class _Builder:
         self.forks: list[int] = []
         self.moments: dict[str, list[tuple]] = {}  # ``_instant``'s parts, by moment
         self.released: dict[str, int] = {}  # the last block's saved tensors its backward frees, by key (``_released``)
-        self.live = 0  # bytes allocated and not freed (``locals``' bound)
         self.limit = 0  # the step's allocated peak, which ``locals`` stays under
         self.drew_locals = False  # the block forward's locals drawn one by one (``_forward``)
 
@@ -269,7 +268,6 @@ class _Builder:
             self._allocs[ident] = event = _new_event(Event, (
                 "alloc", key, int(nbytes), self.grain(key, nbytes) if tensors is None else tensors, ident, where))
             self.events.append(event)
-            self.live += int(nbytes)
         return ident
 
     def resolved(self, terms: dict[str, int], tensors: dict[str, tuple[int, ...]] | None = None) -> list[tuple]:
@@ -283,15 +281,13 @@ class _Builder:
         and micro-step (a step of Llama-2-7B allocates them 96 times)."""
         allocs, events, idents = self._allocs, self.events, []
         ident = self._next
-        live = self.live
         for key, nbytes, tensors in terms:
             ident += 1
             if nbytes:
                 allocs[ident] = event = _new_event(Event, ("alloc", key, nbytes, tensors, ident, where))
                 events.append(event)
-                live += nbytes
             idents.append(ident)
-        self._next, self.live = ident, live
+        self._next = ident
         return idents
 
     def alloc_terms(self, terms: dict[str, int], where: str,
@@ -309,23 +305,27 @@ class _Builder:
         self.free_all((ident,), where)
 
     def free_all(self, idents: list[int] | tuple[int, ...], where: str) -> None:
-        allocs, events, live = self._allocs, self.events, self.live
+        allocs, events = self._allocs, self.events
         for ident in idents:
             ev = allocs.pop(ident, None)  # None: a zero-byte allocation, never made
             if ev is not None:  # (by position: op, key, nbytes, tensors)
                 events.append(_new_event(Event, ("free", ev[1], ev[2], ev[3], ident, where)))
-                live -= ev[2]
-        self.live = live
 
     def locals(self, ops: tuple[tuple[int, str], ...], where: str) -> None:
         """Tensors made and freed in turn (``_Program.ops``), one event each; one that would take the
         live bytes over the step's peak (``limit``) is left out, so no point between the moments
         exceeds them."""
         made: list[int | None] = []
+        # the bytes allocated and not freed, summed over the allocations not freed here rather than
+        # kept by every alloc and free of the step: only the one block whose locals are drawn reads them
+        live = sum(event[2] for event in self._allocs.values())
         for size, key in ops:
             if size > 0:
-                made.append(self.alloc(key, size, where, 1) if self.live + size <= self.limit else None)
+                fits = live + size <= self.limit
+                made.append(self.alloc(key, size, where, 1) if fits else None)
+                live += size if fits else 0
             elif (ident := made[-1 - size]) is not None:
+                live -= self._allocs[ident][2]
                 self.free(ident, where)
 
     def mark(self, name: str) -> None:
