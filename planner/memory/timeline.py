@@ -316,9 +316,7 @@ class _Builder:
         live bytes over the step's peak (``limit``) is left out, so no point between the moments
         exceeds them."""
         made: list[int | None] = []
-        # the bytes allocated and not freed, summed over the allocations not freed here rather than
-        # kept by every alloc and free of the step: only the one block whose locals are drawn reads them
-        live = sum(event[2] for event in self._allocs.values())
+        live = self.live_bytes()
         for size, key in ops:
             if size > 0:
                 fits = live + size <= self.limit
@@ -327,6 +325,11 @@ class _Builder:
             elif (ident := made[-1 - size]) is not None:
                 live -= self._allocs[ident][2]
                 self.free(ident, where)
+
+    def live_bytes(self) -> int:
+        """The bytes allocated and not freed, summed over the allocations not freed rather than kept by
+        every alloc and free of the step: only ``locals`` and the wrap prelude read them, once each."""
+        return sum(event[2] for event in self._allocs.values())
 
     def mark(self, name: str) -> None:
         self.marks[name] = len(self.events)
@@ -1161,19 +1164,25 @@ def _wrap_prelude(b: _Builder, s: _Step) -> dict[str, int]:
     before the step exceeds the moments. Returns the weights' keys made (the ``made`` of
     ``_model_states``)."""
     made: dict[str, int] = {}
-    slots: dict[int, int | None] = {}
+    slots: dict[int, tuple[int, int] | None] = {}  # slot -> (event id, bytes), None where left out
     where = "load and wrap"
+    live = b.live_bytes()
     for op in wrap_ops(s.model, s.config, s.static.resident):
         if op[0] == "free":
-            ident = slots.pop(op[1])
-            if ident is not None:
-                b.free(ident, where)
+            if (held := slots.pop(op[1])) is not None:
+                b.free(held[0], where)
+                live -= held[1]
             continue
         _, slot, key, nbytes, tensors = op
         if key in s.static.resident:  # a unit's shard: resident, never freed
-            slots[slot] = made[key] = b.alloc(key, nbytes, where, tensors)
+            made[key] = b.alloc(key, nbytes, where, tensors)
+            slots[slot] = (made[key], nbytes)
+        elif live + nbytes <= b.limit:
+            slots[slot] = (b.alloc(key, nbytes, where, tensors), nbytes)
         else:
-            slots[slot] = b.alloc(key, nbytes, where, tensors) if b.live + nbytes <= b.limit else None
+            slots[slot] = None
+            continue
+        live += nbytes
     return made
 
 
