@@ -108,7 +108,7 @@ class Loop(enum.StrEnum):
 #: a payload without them decodes to their defaults, which are the behaviour it was planned with.
 #: torchtune's ``optimizer_in_bwd`` and ``loss_chunks`` were added within version 3 the same way,
 #: written only where set, and so were QLoRA's ``kbit_upcast`` and the loss' ``loss_upcast`` (written
-#: only where False) and ``loss_shift`` and ``reentrant_ckpt`` (only where True).
+#: only where False) and ``loss_shift`` and ``reentrant_ckpt`` (only where True), and ``rope_scaling`` (only where set).
 #: Version 3 names the sharding scheme (``sharding``, ``planner.sharding``) where no ``--zero``
 #: stage names it; a configuration whose scheme a stage names (none, DDP, ZeRO-1/2/3) is still
 #: written as version 2 (``zero`` and ``offload``), so that version-2 readers read it and stored
@@ -147,6 +147,55 @@ def _check_dropout(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
         raise InvalidConfigError(f"--lora-dropout must be a probability from 0 to below 1 (recipes use 0.05-0.1), got {value!r}")
     return float(value)
+
+
+#: The RoPE scaling types ``--rope-scaling`` takes: LLaMA-Factory's (extras/constants.py ``RopeScaling``), each one
+#: of transformers' ``ROPE_INIT_FUNCTIONS`` (5.24 modeling_rope_utils.py l.669-676; longrope needs per-dimension
+#: factor lists a plan does not carry). The first is the type a bare FACTOR means (linear: position interpolation).
+ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")
+#: A sanity bound on the factor, far above any published extension (Llama 3.1's is 8, YaRN's papers go to 32).
+ROPE_FACTOR_MAX = 1024
+
+
+def _rope_scaling(value: Any) -> str:
+    """``--rope-scaling`` in its canonical spelling ``TYPE:FACTOR`` (a bare factor is linear's), or the one-line
+    error with the fix."""
+    text = f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    kind, _, factor = text.rpartition(":") if isinstance(text, str) else ("", "", "")
+    kind = kind.strip().lower() or ROPE_TYPES[0]
+    try:
+        number = float(factor)
+    except ValueError:
+        number = float("nan")
+    if kind not in ROPE_TYPES or not 1.0 < number <= ROPE_FACTOR_MAX:
+        raise InvalidConfigError(f"--rope-scaling takes FACTOR or TYPE:FACTOR, TYPE one of {'|'.join(ROPE_TYPES)} and "
+                                 f"FACTOR a number above 1 (at most {ROPE_FACTOR_MAX}), e.g. 4 or yarn:4; got {value!r}")
+    return f"{kind}:{number:g}"
+
+
+def rope_scaling_of(source: Any) -> Any:
+    """The ``--rope-scaling`` value of a configuration, a search space (any object with the recipe
+    fields as attributes) or a mapping of options (None: not given)."""
+    if source is None:
+        return None
+    return source.get("rope_scaling") if isinstance(source, Mapping) else getattr(source, "rope_scaling", None)
+
+
+def context_limit(spec: Any, source: Any = None) -> int:
+    """The longest sequence ``spec`` takes: its position table's length (``ModelSpec.max_seq_len``, the model's
+    max_position_embeddings or n_positions), times the RoPE scaling factor where ``source`` (a configuration,
+    a search space or a mapping of options: ``rope_scaling_of``) gives one. The one home of that limit
+    (estimate, suggest, --max-seq, --dataset, check). A model whose positions are not rotary refuses the
+    scaling: a learned table (gpt2, opt, bert) has no row past its length, ALiBi (bloom) and T5's relative
+    buckets have no rotary frequencies to rescale."""
+    rope_scaling = rope_scaling_of(source)
+    if rope_scaling is None:
+        return spec.max_seq_len
+    canonical = _rope_scaling(rope_scaling)
+    if spec.position != "rope":
+        raise InvalidConfigError(f"--rope-scaling rescales rotary position embeddings; {spec.id} has {spec.position} "
+                                 f"positions: drop --rope-scaling (at most {spec.max_seq_len} tokens)")
+    return int(spec.max_seq_len * float(canonical.split(":")[1]))
 
 
 def _check_eval(fields: dict[str, Any]) -> None:
@@ -345,6 +394,10 @@ class TrainConfig:
     generate_tokens: int = 0
     """Tokens each eval sequence generates (``model.generate(max_new_tokens=N)``, the KV cache on:
     Seq2SeqTrainer's ``predict_with_generate``, a generating eval callback); 0: no generation."""
+    rope_scaling: str | None = None
+    """RoPE context extension, ``TYPE:FACTOR`` (``ROPE_TYPES``; given as FACTOR it is linear's): the
+    model's context limit times FACTOR (``context_limit``). No memory or time term reads it (the
+    scaling changes the rotary tables' values only: ``planner.request``'s note); None: no scaling."""
 
     def __init__(self, *, method: Method | str = Method.FULL, precision: Precision | str = Precision.BF16_MIXED,
                  optimizer: Optimizer | str = Optimizer.ADAMW, micro_batch: int = 1, seq_len: int = 512,
@@ -353,7 +406,7 @@ class TrainConfig:
                  sharding: Sharding | str = NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
                  loop: Loop | str = Loop.TRAINER, fused_ce: bool = False, packing: bool = True,
                  use_cache: bool = False, optimizer_in_bwd: bool = False, loss_chunks: int = 1,
-                 loss_upcast: bool = True, loss_shift: bool = False, reentrant_ckpt: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, zero: int | None = None, offload: Offload | str | None = None) -> None:
+                 loss_upcast: bool = True, loss_shift: bool = False, reentrant_ckpt: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, rope_scaling: str | None = None, zero: int | None = None, offload: Offload | str | None = None) -> None:
         # The dataclass's own __init__ with every field and its default (a test holds them equal),
         # setting all fields at once: the generated one makes one object.__setattr__ call per frozen
         # field, half the cost of a construction (the search makes hundreds per request). ``zero``
@@ -365,7 +418,7 @@ class TrainConfig:
             "alloc_conf": alloc_conf, "lora_dropout": lora_dropout, "loop": loop, "fused_ce": fused_ce,
             "packing": packing, "use_cache": use_cache, "optimizer_in_bwd": optimizer_in_bwd,
             "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "reentrant_ckpt": reentrant_ckpt, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
-            "generate_tokens": generate_tokens,
+            "generate_tokens": generate_tokens, "rope_scaling": rope_scaling,
         })
         self.__post_init__(zero, offload)
 
@@ -408,6 +461,8 @@ class TrainConfig:
                 _check_count(name, value)
         if fields["eval_batch"] is not None or fields["eval_seq_len"] is not None or fields["generate_tokens"]:
             _check_eval(fields)
+        if fields["rope_scaling"] is not None:
+            fields["rope_scaling"] = _rope_scaling(fields["rope_scaling"])
         sharding = fields["sharding"]
         if not isinstance(sharding, Sharding) or zero is not None or offload is not None:
             sharding = _sharding(sharding, zero, offload)
@@ -611,7 +666,8 @@ class TrainConfig:
         return {
             # torchtune's settings are version 3's: a version-2 reader would drop them
             "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding and not self._torchtune_set and self.kbit_upcast
-            and self.loss_upcast and not self.loss_shift and not self.reentrant_ckpt else CONFIG_VERSION,
+            and self.loss_upcast and not self.loss_shift and not self.reentrant_ckpt and not self.rope_scaling
+            else CONFIG_VERSION,
             "method": str(self.method),
             "precision": str(self.precision),
             "optimizer": str(self.optimizer),
@@ -642,6 +698,8 @@ class TrainConfig:
             # run without an eval pass, and keeps its bytes
             **({"eval_batch": self.eval_batch, "eval_seq_len": self.eval_seq_len,
                 "generate_tokens": self.generate_tokens} if self.evaluates else {}),
+            # only where set: a payload without it keeps its bytes
+            **({"rope_scaling": self.rope_scaling} if self.rope_scaling else {}),
         }
 
     @classmethod
@@ -705,13 +763,19 @@ class TrainConfig:
         if self.evaluates:
             parts.append(f"eval b{self.eval_batch}x{self.eval_tokens}"
                          + (f"+gen{self.generate_tokens}" if self.generate_tokens else ""))
+        if self.rope_scaling:
+            kind, factor = self.rope_scaling.split(":")
+            parts.append(f"rope {kind} x{factor}")
         return ", ".join(parts)
 
 
 __all__ = [
     "ALL_LINEAR",
     "CONFIG_VERSION",
+    "ROPE_TYPES",
     "Attention",
+    "context_limit",
+    "rope_scaling_of",
     "Loop",
     "Method",
     "Offload",

@@ -41,16 +41,33 @@ def default_seq_len(spec: "ModelSpec") -> int:
     return min(DEFAULT_SEQ_LEN, spec.max_seq_len)
 
 
+def check_context(spec: "ModelSpec", seq_len: int, source: Any = None) -> None:
+    """``seq_len`` within the model's context limit (``planner.config.context_limit``, with the RoPE scaling
+    ``source`` gives: a configuration, a search space or the options), or the one-line error with the fix
+    (every command's wording)."""
+    from planner.config import context_limit, rope_scaling_of
+    from planner.errors import InvalidConfigError
+
+    limit = context_limit(spec, source)
+    if seq_len > limit:
+        # a RoPE model reaches it by scaling its rotary frequencies: the smallest whole factor that does
+        # (LLaMA-Factory's rule, model/model_utils/rope.py l.63: ceil(cutoff_len / max_position_embeddings))
+        hint = (f", or extend its RoPE context: --rope-scaling {-(-seq_len // spec.max_seq_len)}"
+                if spec.position == "rope" and rope_scaling_of(source) is None else "")
+        raise InvalidConfigError(f"--seq-len {seq_len} is longer than {spec.id} allows ({limit}): use at most {limit}{hint}")
+
+
 def check_recipe(spec: "ModelSpec", recipe: Mapping[str, Any], *, seq_len: int | None = None) -> None:
     """The recipe settings this model cannot take (estimate and suggest alike:
     ``planner.request.check_for_model``; ``seq_len``: the training length, the eval prompt's by
-    default), and an architecture whose features the memory model has no terms for yet
-    (``check_plannable``)."""
+    default, held with the eval's generated tokens to the context the recipe's RoPE scaling gives),
+    and an architecture whose features the memory model has no terms for yet (``check_plannable``)."""
     from planner.catalog import check_plannable
+    from planner.config import context_limit
 
     check_plannable(spec)
     _request.check_for_model(model_id=spec.id, is_encoder=spec.is_encoder, values=recipe,
-                             is_encoder_decoder=spec.is_encoder_decoder, max_seq_len=spec.max_seq_len,
+                             is_encoder_decoder=spec.is_encoder_decoder, max_seq_len=context_limit(spec, recipe),
                              seq_len=seq_len)
 
 
@@ -68,8 +85,7 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
     check_estimate_cost(spec)  # before any work: the bounds of planner.limits
     seq = default_seq_len(spec) if seq_len is None else seq_len
     _sharding_option(options)
-    if seq > spec.max_seq_len:
-        raise InvalidConfigError(f"--seq-len {seq} is longer than {spec.id} allows ({spec.max_seq_len}): use at most {spec.max_seq_len}")
+    check_context(spec, seq, options)
     if options.get("precision") is None:
         from planner.defaults import default_precision
 

@@ -451,9 +451,12 @@ def attention_flops(model: ModelSpec, config: TrainConfig, tokens: int, gpu: GPU
         return (1 + EAGER_BACKWARD_FLOPS) * forward, forward
     cpu = gpu is not None and gpu.is_cpu
     if _fused_attention(model, config):
-        if not model.is_encoder and not model.is_encoder_decoder and config.packing:
-            forward /= 2  # causal: the kernel skips the masked half
+        # flash is causal on a padded batch too: transformers unpads it and calls the varlen kernel
+        # with the same causal flag (5.24 modeling_flash_attention_utils.py l.680 ``"causal": is_causal``,
+        # l.837-842 ``flash_varlen_fn(..., **flash_kwargs)``); SDPA given a padding mask is not
         causal_kernel = config.packing or config.attention is Attention.FLASH
+        if not model.is_encoder and not model.is_encoder_decoder and causal_kernel:
+            forward /= 2  # causal: the kernel skips the masked half
         forward /= CPU_FLASH_FRACTION_OF_GEMM if cpu else FLASH_FRACTION_OF_GEMM if causal_kernel \
             else MASKED_SDPA_FRACTION_OF_GEMM
     backward = FUSED_BACKWARD_FLOPS if _fused_attention(model, config) else EAGER_BACKWARD_FLOPS

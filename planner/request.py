@@ -37,7 +37,8 @@ SPLIT = "split"
 """The split the screen varies (micro-batch x accumulation): the keys leave it out on purpose, the
 batch lines are affine in the micro-batch and the static parts are kept per accumulating or not."""
 FIXED = "fixed"
-"""Not varied by the search (it keeps the field's default), so no key needs it."""
+"""Not varied by the search (it keeps the field's default, or a recipe setting's given value that no
+memory term reads), so no key needs it."""
 OPTION = "option"
 """Not a ``TrainConfig`` field: an option that makes one (``--zero``/``--offload`` make the sharding)."""
 
@@ -281,6 +282,17 @@ _FIELDS = (
            "max_new_tokens=N): predict_with_generate, a generating eval callback); needs --eval-batch.",
            memo=(BATCH,), recipe=True, upper=1 << 20, evaluation=True,
            terms="the eval pass's KV cache at prompt + N tokens (memory/evaluation.py)"),
+    # RoPE context extension: transformers' rope_parameters (rope_scaling before v5) rescale the rotary
+    # frequencies, which lifts the model's context limit (planner.config.context_limit). No memory term reads
+    # it: the scaling changes the values of the per-forward cos/sin tables only, not their shapes or count
+    # (transformers 5.24 modeling_rope_utils.py l.134-191, l.270-343, l.346-484, l.581-664: an inv_freq vector
+    # of head_dim / 2; models/llama/modeling_llama.py l.109-116: cos/sin computed per forward, times YaRN's
+    # attention_scaling, a Python float that is 1.0 otherwise). Emit's train.py sets it on the model's config;
+    # planner check reads axolotl's model_config.rope_scaling and LLaMA-Factory's rope_scaling (planner/check).
+    _field("rope_scaling", str, None, "RoPE context extension as FACTOR or TYPE:FACTOR (linear, dynamic, yarn, llama3; "
+           "default linear), e.g. 4 or yarn:4: the longest --seq-len becomes the model's max_position_embeddings x "
+           "FACTOR (RoPE models only). It rescales the rotary frequencies alone: no memory or time.",
+           memo=(FIXED,), recipe=True, max_length=32, trainers=(("torchtune", None),)),
     # TrainConfig's own (its memory terms read it as Sharding.memory_key): named here, or made from
     # --zero and --offload, the older spelling (planner.estimation.build_config refuses both at once)
     _field("sharding", str, None, "{names}: the sharding scheme, with --offload its CPU offload (default: what --zero "
@@ -397,6 +409,8 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
         parts.append("transformers 4's loss on a shifted copy of the logits")
     if values.get("reentrant_ckpt"):
         parts.append("transformers 4's reentrant checkpoint around each layer")
+    if values.get("rope_scaling"):
+        parts.append(f"RoPE scaling {values['rope_scaling']}")
     if values.get("eval_batch"):
         tokens = values.get("eval_seq_len") or values.get("seq_len")
         parts.append(f"eval batch {values['eval_batch']}" + (f" x {tokens} tokens" if tokens else "")

@@ -417,7 +417,8 @@ def _largest_ask(timeline: Timeline) -> int:
     return allocation_size(largest) + kLargeBuffer
 
 
-def shared_estimate(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, budget: int) -> MemoryEstimate:
+def shared_estimate(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, budget: int,
+                    dropping: bool = False) -> MemoryEstimate | None:
     """``estimate_memory`` of ``config`` on ``gpu`` within ``budget``; inside ``shared_terms``, with
     what other devices' estimates computed. The plans shown of a ``--gpu any`` comparison are few
     configurations on many devices: on Llama-3.1-8B at target batch 32, 256 full estimates of 138
@@ -436,28 +437,39 @@ def shared_estimate(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, budg
       segment, which moves every small-pool address alike (blocks are ordered and joined within
       a pool only). A check fails only where the reserve so far plus what it asks exceeds the
       capacity, so a replay whose peak reserve plus the most one check asks (``_largest_ask``)
-      fits its capacity had none fail."""
+      fits its capacity had none fail.
+
+    ``dropping``: None where the allocator runs out of memory within ``budget`` (its process total
+    would be over it: ``replay(measure=False)``), for a caller that drops such a plan and reads
+    nothing else of it (``planner.ranking``): neither the replay without the limit that would say
+    by how much nor the rest of the estimate is made. Llama-2-7B on an A10G: 9 of a search's 17
+    full estimates are such plans (QLoRA at micro-batch 8, whose replay reserves about 6.6 GiB
+    over its allocated peak)."""
     shared = _SHARED_TERMS.get()
-    if shared is None or shared.model is not model:
-        return estimate_memory(model=model, config=config, gpu=gpu, budget=budget)
     kernels = gpu.kernels
-    key = (config, kernels, cublas_workspace_bytes(gpu))
-    found = shared.timelines.get(key)
-    if found is None:
-        step = shared.timelines.get((config, kernels))
-        if step is None:
-            step = shared.timelines[config, kernels] = step_timeline(model=model, config=config, kernels=kernels)
-        found = shared.timelines[key] = _Estimated(device_timeline(model=model, config=config, gpu=gpu, step=step))
-    timeline, replayed = found.timeline, None
+    if shared is None or shared.model is not model:
+        timeline, found = device_timeline(model=model, config=config, gpu=gpu), None
+    else:
+        key = (config, kernels, cublas_workspace_bytes(gpu))
+        found = shared.timelines.get(key)
+        if found is None:
+            step = shared.timelines.get((config, kernels))
+            if step is None:
+                step = shared.timelines[config, kernels] = step_timeline(model=model, config=config, kernels=kernels)
+            found = shared.timelines[key] = _Estimated(device_timeline(model=model, config=config, gpu=gpu, step=step))
+        timeline = found.timeline
+    replayed = None
     if kernels.caching_allocator:
-        capacity, made = replay_capacity(timeline, config, gpu, budget), found.replayed
+        capacity, made = replay_capacity(timeline, config, gpu, budget), found.replayed if found is not None else None
         if made is not None and made.peak_reserved <= capacity and found.clean is None:
             found.clean = made.peak_reserved + _largest_ask(timeline) <= found.capacity
         if made is not None and made.peak_reserved <= capacity and found.clean:
             replayed = made
         else:
-            replayed = replay_timeline(timeline, config, gpu, budget=budget)
-            if made is None or found.clean is False:
+            replayed = replay_timeline(timeline, config, gpu, budget=budget, measure=not dropping)
+            if replayed is None:
+                return None
+            if found is not None and (made is None or found.clean is False):
                 found.replayed, found.capacity, found.clean = replayed, capacity, None
     return estimate_memory(model=model, config=config, gpu=gpu, budget=budget, timeline=timeline, replayed=replayed)
 
@@ -634,7 +646,8 @@ def family_key(config: TrainConfig) -> tuple:
     return (config.method, config.precision, config.optimizer)
 
 
-def check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: int, top_k: int) -> None:
+def check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: int, top_k: int,
+                  space: SearchSpace | None = None) -> None:
     if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
         raise InvalidConfigError(f"--target-batch must be a whole number >= 1, got {target_batch!r}")
     if target_batch > MAX_TARGET_BATCH:
@@ -646,10 +659,9 @@ def check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: in
     # estimate's wording (estimation.build_config, TrainConfig): one line per mistake on every command
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise InvalidConfigError(f"--seq-len must be a whole number >= 1, got {seq_len!r}")
-    if seq_len > model.max_seq_len:
-        raise InvalidConfigError(
-            f"--seq-len {seq_len} is longer than {model.id} allows ({model.max_seq_len}): use at most {model.max_seq_len}"
-        )
+    from planner.estimation import check_context
+
+    check_context(model, seq_len, space)  # the model's context, with the space's RoPE scaling
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise InvalidConfigError(f"--top-k must be a whole number >= 1, got {top_k!r}")
 

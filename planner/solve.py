@@ -41,7 +41,8 @@ class Solved:
     safe: int
     """Largest value that fits and is not near the edge (probability of running out <= 5%)."""
     limit: int
-    """The largest value the search could try (the model's maximum sequence, MAX_MICRO_BATCH)."""
+    """The largest value the search could try (the model's context limit, ``planner.config.context_limit``: with
+    its RoPE scaling; MAX_MICRO_BATCH)."""
     fits_total: int | None
     """Process total at ``fits`` (None when nothing fits)."""
     safe_total: int | None
@@ -58,7 +59,9 @@ class Solved:
 
 def longest_seq_len(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig") -> Solved:
     """The longest sequence ``config`` (its micro-batch and everything else as given) fits on ``gpu``."""
-    return _solve("seq_len", spec=spec, gpu=gpu, config=config, limit=spec.max_seq_len)
+    from planner.config import context_limit
+
+    return _solve("seq_len", spec=spec, gpu=gpu, config=config, limit=context_limit(spec, config))
 
 
 def largest_micro_batch(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig") -> Solved:

@@ -168,8 +168,10 @@ def check_reading(reading: Reading, *, gpu: str, model: str | None = None, gpus:
         device = apply_calibration(get_gpu(gpu, memory_bytes=gpu_mem_bytes), calibration)
     for rule in reading.device_rules:
         rule(reading, device)
-    notes = list(reading.notes)
     seq = seq_len or reading.seq_len
+    for rule in reading.model_rules:
+        rule(reading, spec, seq or default_seq_len(spec))
+    notes = list(reading.notes)
     if seq is None:
         seq = default_seq_len(spec)
         notes.append(f"no file says the sequence length: planned at {seq} tokens (--seq-len to change it)")

@@ -92,7 +92,32 @@ def read(reading: "Reading", file: ConfigFile) -> None:
     _method(reading, file, value, given)
     _attention(reading, file, value)
     reading.device_rules.append(lambda r, gpu: _precision(r, file, value, given, gpu))
+    _rope_scaling(reading, file, value)
     _sharding(reading, file, value)
+
+
+#: axolotl's key for the model config's overrides (``overrides_of_model_config``, alias ``model_config``:
+#: utils/schemas/deprecated.py l.147-153), set on the model's config one by one (loaders/utils.py l.201-203)
+MODEL_CONFIG = "model_config"
+
+
+def _rope_scaling(reading: "Reading", file: ConfigFile, value) -> None:
+    """The RoPE scaling axolotl sets on the model's config: ``model_config: {rope_scaling: {type, factor}}``
+    (or ``rope_parameters``, transformers 5's name; ``rope_type`` for ``type``). A top-level ``rope_scaling``
+    is refused by axolotl itself (utils/schemas/deprecated.py l.36-43: "it should now be a key under
+    model_config")."""
+    if value("rope_scaling"):
+        raise InvalidConfigError(f"{file.path}: axolotl refuses a top-level rope_scaling (deprecated): write it under "
+                                 "model_config, e.g. model_config: {rope_scaling: {type: linear, factor: 2.0}}")
+    overrides = value(MODEL_CONFIG) or value("overrides_of_model_config") or {}
+    key = next((k for k in ("rope_scaling", "rope_parameters") if isinstance(overrides, Mapping) and overrides.get(k)), None)
+    if key is None:
+        return
+    rope = overrides[key]
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, Mapping) else None
+    if kind in (None, "default") or rope.get("factor") is None:
+        return  # no scaling: the model's own rotary frequencies
+    reading.set("rope_scaling", f"{kind}:{rope['factor']}", file=file, key=f"{MODEL_CONFIG}.{key}", raw=dict(rope))
 
 
 def _sharding(reading: "Reading", file: ConfigFile, value) -> None:
@@ -260,6 +285,10 @@ def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None) -> di
         from planner.check.reading import ATTENTION
 
         out["attn_implementation"] = next(k for k, v in ATTENTION.items() if k and v == str(config.attention))
+    if config.rope_scaling:  # set on the model's config as it is (``_rope_scaling``): under transformers 5 the
+        # dict replaces rope_parameters whole, rope_theta included (configuration_utils.py l.724-733)
+        kind, factor = config.rope_scaling.split(":")
+        out[MODEL_CONFIG] = {"rope_scaling": {"rope_type": kind, "factor": float(factor)}}
     if missing := unexpressible(config, "axolotl"):
         raise UnsupportedError(f"axolotl's core config has no key for {', '.join(missing)}")
     return out | trainer_values(config, "axolotl", adapters=config.method.uses_adapters) | _fsdp_keys(config, like)

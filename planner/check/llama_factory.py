@@ -88,6 +88,8 @@ def read(reading: "Reading", file: ConfigFile) -> None:
     reading.set("attention", ATTENTION[attention], file=file, key="flash_attn", raw=attention, given=given("flash_attn"))
     _method(reading, file, value, given)
     _precision(reading, file, value, given)
+    if value("rope_scaling"):
+        reading.model_rules.append(lambda r, spec, seq: _rope_scaling(r, file, str(value("rope_scaling")), spec, seq))
     # its TrainingArguments' deepspeed or fsdp/fsdp_config, which it hands to the HF Trainer as they are
     # (hparams/parser.py reads nothing of them; model/model_utils/quantization.py stores QLoRA's 4-bit codes
     # in the compute dtype, "crucial for fsdp+qlora", as the plan's FSDP QLoRA does)
@@ -120,6 +122,23 @@ def _method(reading: "Reading", file: ConfigFile, value, given) -> None:
     targets = ("all-linear",) if target == "all" else _targets([t.strip() for t in target.split(",") if t.strip()])
     reading.set("lora_targets", targets, file=file, key="lora_target", raw=target, given=given("lora_target"))
     read_spelled(reading, file, "llama-factory", value, given)
+
+
+def _rope_scaling(reading: "Reading", file: ConfigFile, kind: str, spec, seq: int) -> None:
+    """LLaMA-Factory's RoPE scaling: ``rope_scaling`` names the type (extras/constants.py ``RopeScaling``) and
+    the factor is its own, ceil(cutoff_len / the model's length) where cutoff_len is longer, else it disables
+    the scaling (model/model_utils/rope.py l.52-63 at ff6d4d1; the same rule in 2024's model/patcher.py
+    ``_configure_rope``). The model's length is its max_position_embeddings (``ModelSpec.max_seq_len``;
+    LLaMA-Factory reads a config's rope_scaling.original_max_position_embeddings first, l.44-47, which a model
+    extended already has: planned from its max_position_embeddings)."""
+    import math
+
+    if seq <= spec.max_seq_len:
+        reading.notes.append(f"rope_scaling {kind}: cutoff_len {seq} is within {spec.id}'s {spec.max_seq_len} positions, "
+                             "so LLaMA-Factory disables the scaling (model/model_utils/rope.py)")
+        return
+    factor = math.ceil(seq / spec.max_seq_len)
+    reading.set("rope_scaling", f"{kind}:{factor}", file=file, key="rope_scaling", raw=kind)
 
 
 def _precision(reading: "Reading", file: ConfigFile, value, given) -> None:
@@ -164,6 +183,8 @@ def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None) -> di
                optim=OPTIMIZERS[config.optimizer].hf_optim, **OPTIMIZERS[config.optimizer].hf_args,
                bf16=half == "bf16" and precision != "bf16" or (method == "lora" and half == "bf16"),
                fp16=half == "fp16", pure_bf16=method == "full" and precision == "bf16", flash_attn=attention)
+    if config.rope_scaling:  # the type: LLaMA-Factory derives the factor from cutoff_len (``_rope_scaling``)
+        out["rope_scaling"] = config.rope_scaling.split(":")[0]
     if missing := unexpressible(config, "llama-factory"):
         raise UnsupportedError(f"LLaMA-Factory has no key for {', '.join(missing)}")
     spec = config.sharding.spec

@@ -56,6 +56,9 @@ class Reading:
     out (``planner.sharding.Sharding.buffers``). None without a DeepSpeed JSON."""
     device_rules: list[Callable[["Reading", Any], None]] = field(default_factory=list)
     """Settings the trainer decides by the GPU (axolotl's ``bf16: auto``), applied once it is known."""
+    model_rules: list[Callable[["Reading", Any, int], None]] = field(default_factory=list)
+    """Settings the trainer decides by the model and the sequence length (LLaMA-Factory's RoPE scaling
+    factor), applied with the resolved ``ModelSpec`` and the planned length."""
     resolve: Callable[[str, ConfigFile, str], ConfigFile] | None = None
     """How a file named by another (TrainingArguments' ``deepspeed``, ``fsdp_config``: (name, file, key)) is found: None reads the disk
     (``_on_disk``); the service resolves among the files sent, never on its own disk."""

@@ -126,7 +126,8 @@ def suggest(
     spec = None  # the model resolved once for the data's lengths is the one planned
     if dataset is not None:
         seq_len, spec, _data = _seq_len_of_data(dataset, model=model, target_batch=target_batch, seq_len=seq_len,
-                                   packing=recipe.get("packing", True), tokenizer=tokenizer, field=dataset_field)
+                                   packing=recipe.get("packing", True), tokenizer=tokenizer, field=dataset_field,
+                                   recipe=recipe)
     elif tokenizer is not None or dataset_field is not None:
         from planner.errors import InvalidConfigError
 
@@ -168,7 +169,8 @@ def suggest(
 
 
 def _seq_len_of_data(dataset: str, *, model: str, target_batch: int, seq_len: int | None, packing: bool,
-                     tokenizer: str | None, field: str | None) -> "tuple[int | None, ModelSpec, DataPlan | None]":
+                     tokenizer: str | None, field: str | None,
+                     recipe: dict | None = None) -> "tuple[int | None, ModelSpec, DataPlan | None]":
     """The sequence length to plan for: the longest row the data makes (``planner.dataset``), said
     on stderr with the lengths it read; ``seq_len`` as given when ``dataset`` is no local file. With
     it, the model it resolved, which the search then plans (not resolved a second time), and what
@@ -176,6 +178,7 @@ def _seq_len_of_data(dataset: str, *, model: str, target_batch: int, seq_len: in
     from pathlib import Path
 
     from planner.catalog import resolve_model
+    from planner.config import context_limit
     from planner.dataset import PROGRESS_BYTES, plan_for_data
 
     spec = resolve_model(model)
@@ -192,7 +195,7 @@ def _seq_len_of_data(dataset: str, *, model: str, target_batch: int, seq_len: in
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
     try:
-        planned = plan_for_data(dataset, config_source=spec.source, model_max=spec.max_seq_len,
+        planned = plan_for_data(dataset, config_source=spec.source, model_max=context_limit(spec, recipe),
                                 target_batch=target_batch, packing=packing, seq_len=seq_len, tokenizer=tokenizer,
                                 field=field, progress=progress)
     finally:
@@ -285,7 +288,7 @@ def _compare(*, model, gpu_names, target_batch, seq_len, gpus, gpu_mem, method, 
                                      "epoch's tokens are unknown: add --dataset-tokens N, or give a local file")
         seq_len, spec, data = _seq_len_of_data(dataset, model=model, target_batch=target_batch, seq_len=seq_len,
                                                packing=recipe.get("packing", True), tokenizer=tokenizer,
-                                               field=dataset_field)
+                                               field=dataset_field, recipe=recipe)
         if data is not None and epochs is not None and epoch_tokens is None:
             # what the trainer processes in an epoch at the planned row length (padding included):
             # the tokens the plans' tokens/s count

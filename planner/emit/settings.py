@@ -161,6 +161,9 @@ def run_assumptions(config: TrainConfig) -> list[str]:
     if not config.kbit_upcast:  # (peft's upcast, the default, is what every QLoRA plan says of itself)
         lines.append("no k-bit upcast: the non-4-bit parameters (norms, embeddings, head) and the residual stream stay "
                      f"{model_dtype(config)} (train.py skips peft's prepare_model_for_kbit_training)")
+    if config.rope_scaling:
+        lines.append(f"RoPE scaling {config.rope_scaling} set on the model's config before it is built (train.py "
+                     "ROPE_SCALING): it rescales the rotary frequencies only, the same tensors and time as without it")
     if config.precision is Precision.FP8:
         lines.append("fp8: accelerate's torchao backend converts every nn.Linear but the first and the lm_head whose "
                      "dims divide by 16 to torchao's Float8Linear (needs `pip install torchao` and an FP8 GPU); bf16 "
@@ -178,16 +181,34 @@ def model_config_settings(config: TrainConfig) -> dict[str, Any]:
     return {f.training_args: getattr(config, f.name) for f in TRAINING_ARGS if f.model_config}
 
 
+#: llama3's frequency band edges, as LLaMA-Factory sets them (model/model_utils/rope.py l.76-79) and Llama 3.1's
+#: config.json has them (transformers 5.24 modeling_rope_utils.py l.646-647: "`1`/`4` in the original implementation")
+LLAMA3_FREQ_FACTORS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+def rope_parameters(config: TrainConfig) -> dict[str, Any] | None:
+    """What train.py merges into the model config's ``rope_parameters`` before the model is built: the type
+    and factor of ``--rope-scaling`` (None: none). ``rope_parameters`` is transformers 5's name (5.24
+    configuration_utils.py l.721-733: ``rope_scaling`` is its deprecated alias, and setting it drops the
+    ``rope_theta`` the merge keeps); yarn and llama3 read the pretraining length from
+    ``original_max_position_embeddings``, dynamic NTK from ``max_position_embeddings``
+    (modeling_rope_utils.py l.329-342, l.422, l.648), which train.py's ``scaled_config`` sets accordingly."""
+    if config.rope_scaling is None:
+        return None
+    kind, factor = config.rope_scaling.split(":")
+    return {"rope_type": kind, "factor": float(factor), **(LLAMA3_FREQ_FACTORS if kind == "llama3" else {})}
+
+
 def script_recipe(config: TrainConfig) -> dict[str, Any]:
     """The recipe settings train.py applies itself (``planner.emit.train_script``): packing, the
     launcher's environment, the model-config settings (the KV cache), the evaluation pass's sequences
     QLoRA's k-bit preparation (peft's fp32 upcast or none), the loss' dtype (transformers' fp32
     upcast or train.py's 16-bit ``loss_in_logits_dtype``) and transformers <= 4.45's loss on a shifted
-    copy of the logits (train.py's ``shifted_copy_loss``)."""
+    copy of the logits (train.py's ``shifted_copy_loss``) and the RoPE scaling (``rope_parameters``)."""
     return {"packed": config.packing, "launch_env": launch_env(config), **model_config_settings(config),
             "eval_sequences": eval_sequences(config), "eval_seq_len": config.eval_tokens,
             "generate_tokens": config.generate_tokens, "kbit_upcast": config.kbit_upcast,
-            "loss_upcast": config.loss_upcast, "loss_shift": config.loss_shift}
+            "loss_upcast": config.loss_upcast, "loss_shift": config.loss_shift, "rope": rope_parameters(config)}
 
 
 def launch_env(config: TrainConfig) -> dict[str, str]:

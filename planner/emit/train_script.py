@@ -45,6 +45,7 @@ LOSS_SHIFT = $loss_shift  # the loss as transformers <= 4.45 computed it, on a s
 EVAL_SEQUENCES = $eval_sequences  # sequences held out of the dataset for evaluation (0: no evaluation)
 EVAL_SEQ_LEN = $eval_seq_len  # tokens per eval sequence (the prompt's when generating)
 GENERATE_TOKENS = $generate_tokens  # tokens generated from the first eval batch at each evaluation (0: none)
+ROPE_SCALING = $rope  # RoPE context extension merged into the model config's rope_parameters (None: none)
 
 
 def read_settings(name):
@@ -61,9 +62,27 @@ def load_model(name):
     model = auto.from_pretrained(
         name, dtype=getattr(torch, MODEL_DTYPE), attn_implementation=ATTENTION,
         quantization_config=BitsAndBytesConfig(**bnb) if bnb else None,
+        **({"config": scaled_config(name)} if ROPE_SCALING else {}),
     )
     model.config.use_cache = USE_CACHE
     return model
+
+
+def scaled_config(name):
+    """The model's config with ROPE_SCALING, set before the model is built (its rotary embedding computes its
+    frequencies in __init__). yarn and llama3 read the pretraining length from original_max_position_embeddings;
+    dynamic NTK reads it from max_position_embeddings, which the others raise to the extended length."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(name)
+    old = config.max_position_embeddings
+    rope = {**(config.rope_parameters or {}), **ROPE_SCALING}
+    if rope["rope_type"] in ("yarn", "llama3"):
+        rope["original_max_position_embeddings"] = old
+    config.rope_parameters = rope
+    if rope["rope_type"] != "dynamic":
+        config.max_position_embeddings = int(old * rope["factor"])
+    return config
 
 
 def add_adapters(model, args):
@@ -268,7 +287,7 @@ def render_train_script(
     attention: str, masked_lm: bool, dataset: str | None, seq2seq: bool = False, packed: bool = True,
     use_cache: bool = False, launch_env: dict[str, str] | None = None, eval_sequences: int = 0,
     eval_seq_len: int = 0, generate_tokens: int = 0, kbit_upcast: bool = True, loss_upcast: bool = True,
-    loss_shift: bool = False,
+    loss_shift: bool = False, rope: dict | None = None,
 ) -> str:
     """The text of ``train.py`` for one plan; ``launch_env``: variables it sets as ``accelerate launch``
     would (``planner.emit.settings.launch_env``), before TrainingArguments reads them."""
@@ -284,7 +303,7 @@ def render_train_script(
         seq_len=seq_len, dtype_repr=repr(dtype), dtype_why=dtype_why, attention_repr=repr(attention),
         masked_lm=masked_lm, seq2seq=seq2seq, packed=packed, use_cache=use_cache, data_doc=data_doc, launch_env=env,
         eval_sequences=eval_sequences, eval_seq_len=eval_seq_len or seq_len, generate_tokens=generate_tokens,
-        kbit_upcast=kbit_upcast, loss_upcast=loss_upcast, loss_shift=loss_shift,
+        kbit_upcast=kbit_upcast, loss_upcast=loss_upcast, loss_shift=loss_shift, rope=repr(rope),
     )
 
 

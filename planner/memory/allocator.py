@@ -206,6 +206,16 @@ class OutOfMemory(Exception):
     """The event's ``where``, when the default stream's allocator of ``replay`` ran out."""
 
 
+def _ran_out(where: str) -> OutOfMemory:
+    """The ``OutOfMemory`` of a replay that runs out at the event ``where``, as one of the same events
+    did before (``ReplayPrefixes``). (Made here, not in a local of the frame that raises it: the
+    traceback holds that frame, and a frame that holds its exception is a reference cycle, which
+    keeps the replay's events and blocks for the cyclic garbage collector.)"""
+    error = OutOfMemory(f"at {where}, as a replay of the same events before")
+    error.where = where
+    return error
+
+
 class CachingAllocator:
     """One device's caching allocator (one stream), on a device of ``capacity`` bytes."""
 
@@ -921,32 +931,79 @@ class ReplayPrefixes:
     (Llama-2-7B on an A10G over every precision: two pairs of plans differ in the optimizer only
     and share 121 and 124 of about 390 events, and a QLoRA plan shares another's model states;
     the five replays took 45.0 M instructions, 39.6 M so, 42.8 M copying the state again for
-    every replay that takes it). Lives for one search (``sharing_prefixes``)."""
+    every replay that takes it). Lives for one search (``sharing_prefixes``).
+
+    What a replay comes to is kept too, by the same key for its whole timeline (the events say
+    which allocations are freed): its ``Replay``; or, where the default stream's allocator ran out
+    of memory, where, by the key of the prefix it ran out in (up to the first fork after that
+    event, or the whole timeline): a replay of events that begin with that prefix runs out at the
+    same event. The plans a search drops because their replay runs out in the usable memory
+    commonly differ in the optimizer only, which the first step's forward and backward do not
+    read, and run out there (Llama-2-7B on an A10G, target batch 32: QLoRA at micro-batch 8 with
+    four optimizers at two adapter ranks); over every precision a fp16-mixed plan's timeline is its
+    bf16-mixed twin's, event for event."""
 
     def __init__(self) -> None:
-        self._states: dict[tuple, _Replaying] = {}
+        self._states: dict[_Key, _Replaying] = {}
+        self._replays: dict[_Key, Replay] = {}
+        self._ran_out: dict[_Key, str] = {}  # the key of a prefix -> the ``where`` of the event it runs out at
 
     def replay(self, events, forks: tuple[int, ...], *, capacity: int, config: AllocatorConfig,
-               streams: tuple[tuple[str, str], ...], freed: set[int]) -> _Replaying:
+               streams: tuple[tuple[str, str], ...], freed: set[int]) -> Replay:
         """The replay of ``events`` (raises ``OutOfMemory``) from the state kept at the last fork
-        whose prefix was replayed before, keeping a copy of the state at each later fork."""
-        keys = [(capacity, config, streams, events[:fork],
-                 tuple([event[4] in freed for event in events[:fork] if event[0] == "alloc"])) for fork in forks]
+        whose prefix was replayed before, keeping a copy of the state at each later fork; or what
+        an earlier replay of the same events, or of a prefix that ran out, came to."""
+        events = tuple(events)  # (a key)
+        keys = [_Key((capacity, config, streams, events[:fork],
+                      tuple([event[4] in freed for event in events[:fork] if event[0] == "alloc"]))) for fork in forks]
+        keys.append(_Key((capacity, config, streams, events)))
+        found = self._replays.get(keys[-1])
+        if found is not None:
+            return found
+        for key in keys:
+            where = self._ran_out.get(key)
+            if where is not None:
+                raise _ran_out(where)
         state, done = None, 0
-        for fork, key in zip(reversed(forks), reversed(keys)):
+        for fork, key in zip(reversed(forks), reversed(keys[:-1])):
             state = self._states.pop(key, None)
             if state is not None:
                 done = fork
                 break
         else:
             state = _Replaying(capacity, config, streams)
-        for fork, key in zip(forks, keys):
-            if fork > done:
-                state.advance(events[done:fork], freed, None)
-                self._states[key] = state.copy()
-                done = fork
-        state.advance(events[done:] if done else events, freed, None)
-        return state
+        reaching = 0  # (the index in ``keys`` of the prefix being replayed)
+        try:
+            for reaching, (fork, key) in enumerate(zip(forks, keys)):
+                if fork > done:
+                    state.advance(events[done:fork], freed, None)
+                    self._states[key] = state.copy()
+                    done = fork
+            reaching = len(forks)
+            state.advance(events[done:] if done else events, freed, None)
+        except OutOfMemory as error:
+            if error.where is not None:  # (the default stream's: a side stream's is raised on, not kept)
+                self._ran_out[keys[reaching]] = error.where
+            raise
+        found = self._replays[keys[-1]] = state.result()
+        return found
+
+
+class _Key:
+    """A key of ``ReplayPrefixes``' tables (a tuple that holds events), its hash worked out once: a
+    tuple's is worked out again at every lookup, and a replay looks each of its keys up two or
+    three times (a prefix of 300 events of Llama-2-7B hashes in about 20 us, its whole timeline in 45)."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: tuple) -> None:
+        self.value, self._hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Key) and self.value == other.value
 
 
 _PREFIXES: ContextVar[ReplayPrefixes | None] = ContextVar("planner_replay_prefixes", default=None)
@@ -965,10 +1022,13 @@ def sharing_prefixes() -> Iterator[None]:
 
 def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig(),
            trace: list[int] | None = None, streams: tuple[tuple[str, str], ...] = (),
-           forks: tuple[int, ...] = (), prefixes: ReplayPrefixes | None = None) -> Replay:
+           forks: tuple[int, ...] = (), prefixes: ReplayPrefixes | None = None, measure: bool = True) -> Replay | None:
     """Replay ``events`` (``planner.memory.timeline.Event``: alloc/free of ``tensors`` equal
     tensors) on a caching allocator of ``capacity`` bytes. When the device runs out, the replay
-    is repeated without the limit, so the reserve it would need is known, and says where.
+    is repeated without the limit, so the reserve it would need is known, and says where; with
+    ``measure`` False it is not, and None is returned: for a caller that asks only whether the step
+    runs in ``capacity`` (that repeat's peak reserve is over ``capacity``: the two replays are one
+    up to the first room check that fails, where the repeat's reserve grows past it).
     ``trace``: gets the reserve before the first event and after each. ``streams``: (breakdown key,
     stream name) for the keys allocated on a side stream (``ShardingSpec.streams``), whose blocks only
     that stream's requests reuse (CUDACachingAllocator.cpp: ``BlockComparatorSize`` orders a pool by
@@ -977,23 +1037,23 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     stream's; the keys of one stream share its blocks. A side stream's allocator is not bounded by
     what the others reserve (it has the whole ``capacity``): a step that runs out only on the device
     the streams share is not found. ``forks`` (event counts,
-    ascending) and ``prefixes``: the states kept there, shared with other replays (``ReplayPrefixes``;
-    ``sharing_prefixes``' when none is given; none with a ``trace``)."""
+    ascending) and ``prefixes``: the states kept there and what replays came to, shared with other
+    replays (``ReplayPrefixes``; ``sharing_prefixes``' when none is given; none with a ``trace``)."""
     if prefixes is None:
         prefixes = _PREFIXES.get()
     freed = {event[4] for event in events if event[0] == "free"}  # (by position: see _Replaying.advance)
     try:
-        if prefixes is not None and forks and trace is None:
-            state = prefixes.replay(events, forks, capacity=capacity, config=config, streams=streams,
-                                    freed=freed)
-        else:
-            if trace is not None:
-                trace[:] = [0]
-            state = _Replaying(capacity, config, streams)
-            state.advance(events, freed, trace)
+        if prefixes is not None and trace is None:
+            return prefixes.replay(events, forks, capacity=capacity, config=config, streams=streams, freed=freed)
+        if trace is not None:
+            trace[:] = [0]
+        state = _Replaying(capacity, config, streams)
+        state.advance(events, freed, trace)
     except OutOfMemory as error:
         if capacity >= UNLIMITED or error.where is None:  # (a side stream's: not the step's to report)
             raise
+        if not measure:
+            return None
         again = replay(events, capacity=UNLIMITED, config=config, trace=trace, streams=streams, forks=forks,
                        prefixes=prefixes)
         return Replay(peak_reserved=again.peak_reserved, reserved_at_peak=again.reserved_at_peak,

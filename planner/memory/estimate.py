@@ -100,7 +100,7 @@ def replay_capacity(timeline: Timeline, config: TrainConfig, gpu, budget: int | 
 
 
 def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[int] | None = None,
-                    budget: int | None = None) -> Replay:
+                    budget: int | None = None, measure: bool = True) -> Replay | None:
     """The caching allocator over the timeline, on what the device leaves it (its memory, or the
     ``budget`` a plan must fit in, less the CUDA context, NCCL's buffers and the memory outside the
     allocator, ``planner.memory.overhead``);
@@ -108,10 +108,11 @@ def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[in
     device that size: a cudaMalloc past it fails, and it frees cached blocks and retries
     (CUDACachingAllocator.cpp ``malloc``: ``alloc_block`` || ``release_available_cached_blocks``
     && ``alloc_block`` || ``release_cached_blocks`` && ``alloc_block``); only a request no release
-    can place is out of memory."""
+    can place is out of memory. ``measure`` False: None where the step runs out of memory, not the
+    reserve it would need (``planner.memory.allocator.replay``)."""
     return replay(timeline.events, capacity=replay_capacity(timeline, config, gpu, budget),
                   config=AllocatorConfig.parse(config.alloc_conf), trace=trace,
-                  streams=config.sharding.spec.streams(config), forks=timeline.forks)
+                  streams=config.sharding.spec.streams(config), forks=timeline.forks, measure=measure)
 
 
 def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int | None = None,

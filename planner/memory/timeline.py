@@ -251,7 +251,6 @@ class _Builder:
         self.forks: list[int] = []
         self.moments: dict[str, list[tuple]] = {}  # ``_instant``'s parts, by moment
         self.released: dict[str, int] = {}  # the last block's saved tensors its backward frees, by key (``_released``)
-        self.live = 0  # bytes allocated and not freed (``locals``' bound)
         self.limit = 0  # the step's allocated peak, which ``locals`` stays under
         self.drew_locals = False  # the block forward's locals drawn one by one (``_forward``)
 
@@ -269,7 +268,6 @@ class _Builder:
             self._allocs[ident] = event = _new_event(Event, (
                 "alloc", key, int(nbytes), self.grain(key, nbytes) if tensors is None else tensors, ident, where))
             self.events.append(event)
-            self.live += int(nbytes)
         return ident
 
     def resolved(self, terms: dict[str, int], tensors: dict[str, tuple[int, ...]] | None = None) -> list[tuple]:
@@ -283,15 +281,13 @@ class _Builder:
         and micro-step (a step of Llama-2-7B allocates them 96 times)."""
         allocs, events, idents = self._allocs, self.events, []
         ident = self._next
-        live = self.live
         for key, nbytes, tensors in terms:
             ident += 1
             if nbytes:
                 allocs[ident] = event = _new_event(Event, ("alloc", key, nbytes, tensors, ident, where))
                 events.append(event)
-                live += nbytes
             idents.append(ident)
-        self._next, self.live = ident, live
+        self._next = ident
         return idents
 
     def alloc_terms(self, terms: dict[str, int], where: str,
@@ -309,24 +305,31 @@ class _Builder:
         self.free_all((ident,), where)
 
     def free_all(self, idents: list[int] | tuple[int, ...], where: str) -> None:
-        allocs, events, live = self._allocs, self.events, self.live
+        allocs, events = self._allocs, self.events
         for ident in idents:
             ev = allocs.pop(ident, None)  # None: a zero-byte allocation, never made
             if ev is not None:  # (by position: op, key, nbytes, tensors)
                 events.append(_new_event(Event, ("free", ev[1], ev[2], ev[3], ident, where)))
-                live -= ev[2]
-        self.live = live
 
     def locals(self, ops: tuple[tuple[int, str], ...], where: str) -> None:
         """Tensors made and freed in turn (``_Program.ops``), one event each; one that would take the
         live bytes over the step's peak (``limit``) is left out, so no point between the moments
         exceeds them."""
         made: list[int | None] = []
+        live = self.live_bytes()
         for size, key in ops:
             if size > 0:
-                made.append(self.alloc(key, size, where, 1) if self.live + size <= self.limit else None)
+                fits = live + size <= self.limit
+                made.append(self.alloc(key, size, where, 1) if fits else None)
+                live += size if fits else 0
             elif (ident := made[-1 - size]) is not None:
+                live -= self._allocs[ident][2]
                 self.free(ident, where)
+
+    def live_bytes(self) -> int:
+        """The bytes allocated and not freed, summed over the allocations not freed rather than kept by
+        every alloc and free of the step: only ``locals`` and the wrap prelude read them, once each."""
+        return sum(event[2] for event in self._allocs.values())
 
     def mark(self, name: str) -> None:
         self.marks[name] = len(self.events)
@@ -1161,19 +1164,25 @@ def _wrap_prelude(b: _Builder, s: _Step) -> dict[str, int]:
     before the step exceeds the moments. Returns the weights' keys made (the ``made`` of
     ``_model_states``)."""
     made: dict[str, int] = {}
-    slots: dict[int, int | None] = {}
+    slots: dict[int, tuple[int, int] | None] = {}  # slot -> (event id, bytes), None where left out
     where = "load and wrap"
+    live = b.live_bytes()
     for op in wrap_ops(s.model, s.config, s.static.resident):
         if op[0] == "free":
-            ident = slots.pop(op[1])
-            if ident is not None:
-                b.free(ident, where)
+            if (held := slots.pop(op[1])) is not None:
+                b.free(held[0], where)
+                live -= held[1]
             continue
         _, slot, key, nbytes, tensors = op
         if key in s.static.resident:  # a unit's shard: resident, never freed
-            slots[slot] = made[key] = b.alloc(key, nbytes, where, tensors)
+            made[key] = b.alloc(key, nbytes, where, tensors)
+            slots[slot] = (made[key], nbytes)
+        elif live + nbytes <= b.limit:
+            slots[slot] = (b.alloc(key, nbytes, where, tensors), nbytes)
         else:
-            slots[slot] = b.alloc(key, nbytes, where, tensors) if b.live + nbytes <= b.limit else None
+            slots[slot] = None
+            continue
+        live += nbytes
     return made
 
 

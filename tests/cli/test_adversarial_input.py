@@ -253,3 +253,12 @@ def test_one_sample_is_said_in_the_singular(cli, tiny, tmp_path):
     data.write_text('{"input_ids": [1, 2, 3]}\n')
     r = cli("suggest", "-m", tiny, "-g", "a10g", "-b", "2", "--dataset", data, "--no-save")
     assert r.code == 0 and "dataset: 1 sample, 3 tokens" in r.err, r  # was "1 samples"
+
+
+def test_an_eval_sequence_may_use_the_context_rope_scaling_gives(cli, tiny):
+    # the tiny model's 128 positions, doubled: 200 + 50 generated fits, 300 does not
+    ok = cli("estimate", "-m", tiny, "-g", "a10g", "--eval-batch", "2", "--seq-len", "200", "--generate-tokens", "50",
+             "--rope-scaling", "2")
+    assert ok.code == 0, ok
+    assert_user_error(cli("estimate", "-m", tiny, "-g", "a10g", "--eval-batch", "2", "--eval-seq-len", "300",
+                          "--rope-scaling", "2"), "allows (256)")

@@ -109,3 +109,34 @@ def test_a_copy_replays_on_as_the_original():
                 assert [copy.sides[key].cached_keys(small) for small in (True, False)] == [
                     side.cached_keys(small) for small in (True, False)]
                 assert copy.sides[key].reserved == side.reserved
+
+
+@pytest.mark.parametrize("share", [1.0, 0.55])
+def test_a_replay_of_events_replayed_before_or_of_a_prefix_that_ran_out_advances_no_event(share, monkeypatch):
+    """The same timeline again (a fp16-mixed plan's is its bf16-mixed twin's), and a timeline that
+    parts from one that ran out only after the event it ran out at (the optimizer's states, after a
+    first step that does not fit), are answered from what the first came to."""
+    model, gpu = resolve_model("meta-llama/Llama-3.2-1B"), get_gpu("a10g")
+    first, second = CONFIGS[0], CONFIGS[1]  # (they part at the first step's optimizer step)
+    timelines = [device_timeline(model=model, config=config, gpu=gpu) for config in (first, second)]
+    capacity = replay_capacity(timelines[0], first, gpu, gpu.memory_bytes if share == 1.0 else timelines[0].peak // 2)
+    expected = [_whole(timeline, config, capacity) for timeline, config in zip(timelines, (first, second))]
+    replayed: list[int] = []
+    advance = _Replaying.advance
+
+    def counted(self, events, *args):
+        replayed[-1] += len(events)
+        return advance(self, events, *args)
+
+    monkeypatch.setattr(_Replaying, "advance", counted)
+    prefixes = ReplayPrefixes()
+    for timeline in (timelines[0], timelines[0], timelines[1]):
+        replayed.append(0)
+        got = replay(timeline.events, capacity=capacity, config=AllocatorConfig(), forks=timeline.forks,
+                     prefixes=prefixes, measure=False)
+        assert got == (None if expected[timeline is timelines[1]].out_of_memory else expected[timeline is timelines[1]])
+    assert replayed[1] == 0
+    if share < 1:
+        assert replayed[2] == 0 and expected[0].out_of_memory and expected[1].out_of_memory
+    else:
+        assert replayed[2] == len(timelines[1].events) - timelines[0].forks[-1]

@@ -150,3 +150,36 @@ def test_the_plans_the_screen_leaves_untimed_rank_as_if_timed(model_id, gpu_name
     for prefer in Prefer:
         for read in (0, 5, 50):
             assert order(s.fitting, prefer, read) == order(everything, prefer, read)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_ranking_made_again_from_the_last_is_the_ranking_made_anew(seed):
+    """``_ranked_again``, round after round as ``_replayed_plans`` calls it (a few plans read are
+    dropped, a few moved near the edge, smaller splits added, some near the edge by their screened
+    totals), reads as ``_ranking`` of ``read + unread() + added`` without the dropped reads, with the
+    moved in ``edgy``; where it declines (None), the caller ranks anew, as the reference does."""
+    from planner.ranking import _ranked_again
+
+    rng = random.Random(seed)
+    plans, facts = _plans(rng, 300), _facts(rng)
+    made_again = 0
+    for prefer in Prefer:
+        ours, anew = _ranking(plans, prefer, facts), _ranking(plans, prefer, facts)
+        edgy: set[int] = set()
+        for _ in range(6):
+            count = rng.randrange(1, 30)
+            read, read_anew = [next(ours) for _ in range(count)], [next(anew) for _ in range(count)]
+            assert read == read_anew
+            gone = rng.sample(read, min(len(read), rng.randrange(1, 4)))
+            moved = [p for p in gone if rng.random() < 0.4 and id(p[0]) not in edgy]
+            dropped = {id(p[0]) for p in gone} - {id(p[0]) for p in moved}
+            edgy |= {id(p[0]) for p in moved}
+            added = _plans(rng, rng.randrange(0, 4))
+            again = _ranked_again(ours, [p for p in read if id(p[0]) in dropped or id(p[0]) in edgy], moved, added)
+            anew = _ranking([p for p in read + anew.unread() if id(p[0]) not in dropped] + added, prefer, facts,
+                            edgy=edgy)
+            made_again += again is not None
+            ours = again or _ranking([p for p in read + ours.unread() if id(p[0]) not in dropped] + added, prefer,
+                                     facts, edgy=edgy)
+        assert list(ours) == list(anew)
+    assert made_again

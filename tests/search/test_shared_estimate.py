@@ -6,6 +6,8 @@ allocator settings that change what it does when full."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from planner.catalog import resolve_model
@@ -65,3 +67,38 @@ def test_the_replay_of_unlimited_memory_is_the_replay_on_any_capacity_its_peak_r
         found = replay(timeline.events, capacity=capacity, config=settings, streams=config.sharding.spec.streams(config), trace=trace)
         replay(timeline.events, capacity=UNLIMITED, config=settings, streams=config.sharding.spec.streams(config), trace=again)
         assert (found, trace) == (unlimited, again)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_dropping_is_none_exactly_where_the_estimate_is_over_the_budget_because_the_replay_ran_out(shared):
+    """``shared_estimate(dropping=True)``: None where the replay on the budget runs out (the
+    estimate made from scratch says so and its process total is over the budget, the argument in
+    ``allocator.replay``), else the estimate itself."""
+    model = resolve_model("meta-llama/Llama-3.2-1B")
+    cases = [(config, get_gpu(name), budget) for config in CONFIGS for name in ("a10g", "t4", "cpu")
+             for budget in _budgets(model, config, get_gpu(name))]
+    alone = [estimate_memory(model=model, config=config, gpu=gpu, budget=budget) for config, gpu, budget in cases]
+    with shared_terms(model) if shared else contextlib.nullcontext():
+        dropping = [shared_estimate(model=model, config=config, gpu=gpu, budget=budget, dropping=True)
+                    for config, gpu, budget in cases]
+    for (_, _, budget), whole, found in zip(cases, alone, dropping):
+        ran_out = "runs out of device memory" in " ".join(whole.assumptions)
+        assert found == (None if ran_out else whole)
+        assert not ran_out or whole.process_total_bytes > budget
+    assert None in dropping
+
+
+@pytest.mark.parametrize("conf", [None, "max_split_size_mb:128", "expandable_segments:True"])
+def test_a_replay_not_measured_is_none_where_the_measured_one_ran_out(conf):
+    model, gpu = resolve_model("meta-llama/Llama-3.2-1B"), get_gpu("a10g")
+    config = TrainConfig(method="full", precision="bf16", micro_batch=4, seq_len=1024, alloc_conf=conf)
+    timeline = device_timeline(model=model, config=config, gpu=gpu)
+    settings, streams = AllocatorConfig.parse(conf), config.sharding.spec.streams(config)
+    outcomes = set()
+    for capacity in (timeline.peak // 2, timeline.peak, timeline.peak + GiB, timeline.peak + 4 * GiB):
+        measured = replay(timeline.events, capacity=capacity, config=settings, streams=streams)
+        found = replay(timeline.events, capacity=capacity, config=settings, streams=streams, measure=False)
+        assert found == (None if measured.out_of_memory else measured)
+        assert not measured.out_of_memory or measured.peak_reserved > capacity
+        outcomes.add(found is None)
+    assert outcomes == {True, False}

@@ -87,6 +87,9 @@ def test_causal_flash_halves_attention_and_eager_does_not():
     # a padded batch: SDPA's masked (memory-efficient) kernel, the full product at 0.5 of the GEMM rate
     _, masked = attention_flops(LLAMA_7B, TrainConfig(seq_len=2048, packing=False), 2048)
     assert masked == pytest.approx(forward / 0.5, rel=1e-12)
+    # a padded batch under flash: transformers unpads it into the varlen kernel, causal all the same
+    _, padded_flash = attention_flops(LLAMA_7B, TrainConfig(seq_len=2048, attention="flash", packing=False), 2048)
+    assert padded_flash == pytest.approx(forward / 2 / 0.70, rel=1e-12)
 
 
 def test_block_elementwise_bytes_by_hand():
