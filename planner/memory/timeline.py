@@ -1163,17 +1163,23 @@ def _wrap_prelude(b: _Builder, s: _Step) -> dict[str, int]:
     made: dict[str, int] = {}
     slots: dict[int, int | None] = {}
     where = "load and wrap"
+    # the bytes allocated and not freed, counted here as ``_Builder.locals`` counts them (the builder keeps no
+    # running count): ``_allocs`` holds the allocations not freed, a zero-byte one never
+    allocs = b._allocs
+    live = sum(event[2] for event in allocs.values())
     for op in wrap_ops(s.model, s.config, s.static.resident):
         if op[0] == "free":
             ident = slots.pop(op[1])
             if ident is not None:
+                live -= allocs[ident][2] if ident in allocs else 0
                 b.free(ident, where)
             continue
         _, slot, key, nbytes, tensors = op
-        if key in s.static.resident:  # a unit's shard: resident, never freed
-            slots[slot] = made[key] = b.alloc(key, nbytes, where, tensors)
-        else:
-            slots[slot] = b.alloc(key, nbytes, where, tensors) if b.live + nbytes <= b.limit else None
+        fits = key in s.static.resident or live + nbytes <= b.limit  # (a unit's shard: resident, never freed)
+        slots[slot] = b.alloc(key, nbytes, where, tensors) if fits else None
+        if key in s.static.resident:
+            made[key] = slots[slot]
+        live += int(nbytes) if fits and nbytes else 0
     return made
 
 
