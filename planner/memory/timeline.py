@@ -51,7 +51,7 @@ import functools
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
@@ -1094,8 +1094,17 @@ def _first_step(b: _Builder, s: _Step, lazy: dict[str, int], previous: int) -> i
     return previous
 
 
-def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -> Timeline:
-    """The allocations and frees of one optimizer step of ``config`` (see the module docstring)."""
+def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                  abandon: Callable[[list[Event], list[int], int], bool] | None = None) -> Timeline | None:
+    """The allocations and frees of one optimizer step of ``config`` (see the module docstring).
+
+    ``abandon(events, forks, outside_allocator)``: asked once the events up to the last fork point
+    are made (the model states, and the run's first step up to its optimizer step where there is
+    one; ``forks`` so far, and the bytes ``Timeline.outside_allocator`` will hold); where it says
+    yes, None is returned and the rest is not made: for a caller that drops a plan whose allocator
+    replay is known to run out in those events (``planner.search.shared_estimate``: plans that
+    differ in the optimizer only commonly run out alike in the first step's backward, and the rest
+    of each timeline was about half of it)."""
     s = _step_parts(model, config, kernels)
     dims, mode = dims_of(model, config), mode_of(config)
     # the loss path's tensors are logits-sized: tokens x vocab in fp32 (ForCausalLMLoss upcasts
@@ -1118,6 +1127,8 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     if lazy:
         previous = _first_step(b, s, lazy, previous)
         start = len(b.events)
+    if abandon is not None and abandon(b.events, b.forks, s.static.paged_step):
+        return None
     if config.grad_accum > 1:
         grads, previous = _micro_step(b, s, grads_exist=False, label="micro-step 1: ", marks=False, previous=previous)
         last = f"micro-step {config.grad_accum}: "
