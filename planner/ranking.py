@@ -323,7 +323,8 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
         plans, dropped, moved, retimed = [], set(), set(), {}
         for cfg, speed, total, *_ in _distinct(ranked, top_k, read, kinds):
             if cfg not in replays:  # (None: its replay runs out of memory in ``usable``, and it is dropped)
-                replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable, dropping=True)
+                replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable, dropping=True,
+                                              memo=memo)
             memory = replays[cfg]
             if memory is None or memory.process_total_bytes > usable:
                 dropped.add(id(cfg))

@@ -32,7 +32,7 @@ from planner.host import host_reserve
 from planner.limits import check_gpu_count
 from planner.memory.allocator import Replay, allocation_size, kLargeBuffer
 from planner.memory.dtypes import mode_of
-from planner.memory.estimate import device_timeline, estimate_memory, replay_capacity, replay_timeline
+from planner.memory.estimate import device_timeline, estimate_memory, known_to_run_out, replay_capacity, replay_timeline
 from planner.memory.overhead import cublas_workspace_bytes, paged_on_host
 from planner.memory.parameters import Trained, trained
 from planner.memory.reserve import largest_peak, peak_independent, process_total
@@ -418,7 +418,7 @@ def _largest_ask(timeline: Timeline) -> int:
 
 
 def shared_estimate(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, budget: int,
-                    dropping: bool = False) -> MemoryEstimate | None:
+                    dropping: bool = False, memo: MemoryMemo | None = None) -> MemoryEstimate | None:
     """``estimate_memory`` of ``config`` on ``gpu`` within ``budget``; inside ``shared_terms``, with
     what other devices' estimates computed. The plans shown of a ``--gpu any`` comparison are few
     configurations on many devices: on Llama-3.1-8B at target batch 32, 256 full estimates of 138
@@ -442,20 +442,34 @@ def shared_estimate(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, budg
     ``dropping``: None where the allocator runs out of memory within ``budget`` (its process total
     would be over it: ``replay(measure=False)``), for a caller that drops such a plan and reads
     nothing else of it (``planner.ranking``): neither the replay without the limit that would say
-    by how much nor the rest of the estimate is made. Llama-2-7B on an A10G: 9 of a search's 17
+    by how much nor the rest of the estimate is made, and inside ``sharing_prefixes`` its timeline
+    stops where an earlier replay of the same first events ran out (``known_to_run_out``). Llama-2-7B on an A10G: 9 of a search's 17
     full estimates are such plans (QLoRA at micro-batch 8, whose replay reserves about 6.6 GiB
-    over its allocated peak)."""
+    over its allocated peak).
+
+    ``memo``: the search's, of this model and device, whose timelines share their activations
+    (``MemoryMemo.activations``)."""
     shared = _SHARED_TERMS.get()
     kernels = gpu.kernels
+    activations = memo.activations if memo is not None and memo.model is model and memo.kernels is kernels else None
+    # a plan dropped where its replay runs out: its timeline's making stops where the replays made have
+    # run out in its first events (``known_to_run_out``); its replay would have said None there
+    abandon = known_to_run_out(config, gpu, budget) if dropping else None
     if shared is None or shared.model is not model:
-        timeline, found = device_timeline(model=model, config=config, gpu=gpu), None
+        step = step_timeline(model=model, config=config, kernels=kernels, abandon=abandon, shared=activations)
+        if step is None:
+            return None
+        timeline, found = device_timeline(model=model, config=config, gpu=gpu, step=step), None
     else:
         key = (config, kernels, cublas_workspace_bytes(gpu))
         found = shared.timelines.get(key)
         if found is None:
             step = shared.timelines.get((config, kernels))
             if step is None:
-                step = shared.timelines[config, kernels] = step_timeline(model=model, config=config, kernels=kernels)
+                step = step_timeline(model=model, config=config, kernels=kernels, abandon=abandon, shared=activations)
+                if step is None:
+                    return None
+                shared.timelines[config, kernels] = step
             found = shared.timelines[key] = _Estimated(device_timeline(model=model, config=config, gpu=gpu, step=step))
         timeline = found.timeline
     replayed = None
@@ -485,8 +499,8 @@ class MemoryMemo:
         self.model, self.gpu, self.kernels = model, gpu, gpu.kernels
         self.caching = gpu.kernels.caching_allocator
         shared = _SHARED_TERMS.get()
-        tables = (shared.tables.setdefault(gpu.kernels, ({}, {}, {}, {})) if shared is not None and shared.model is model
-                  else ({}, {}, {}, {}))
+        tables = (shared.tables.setdefault(gpu.kernels, ({}, {}, {}, {}, {})) if shared is not None and shared.model is model
+                  else ({}, {}, {}, {}, {}))
         self._trained: dict[tuple, tuple[Trained, tuple[int, int]]] = tables[0]
         #: per static key, the terms that do not depend on the device (``_device_free``)
         self._free: dict[tuple, tuple] = tables[1]
@@ -498,6 +512,8 @@ class MemoryMemo:
         #: (paged bytes the step needs on the device, GPU count) -> ``peak_independent``: what it reads
         #: besides the model and device
         self._fixed: dict[tuple[int, int], int] = {}
+        #: the full estimates' timelines' activations (``step_timeline``'s ``shared``)
+        self.activations: dict[tuple, object] = tables[4]
 
     def _adapters(self, config: TrainConfig) -> tuple[Trained, tuple[int, int]]:
         """What ``config`` trains and its first block's trainable elements (``first_block_params``):

@@ -941,12 +941,30 @@ class ReplayPrefixes:
     commonly differ in the optimizer only, which the first step's forward and backward do not
     read, and run out there (Llama-2-7B on an A10G, target batch 32: QLoRA at micro-batch 8 with
     four optimizers at two adapter ranks); over every precision a fp16-mixed plan's timeline is its
-    bf16-mixed twin's, event for event."""
+    bf16-mixed twin's, event for event.
+
+    Whether a replay runs out within a prefix does not read which of its allocations are freed
+    after it: a tensor never freed is placed as one freed later is (``malloc_tensors``), and until
+    its free the allocator's segments, blocks and reserve are the same; so the ran-out table is
+    keyed by the events alone, and a timeline can be asked about (``ran_out``) before it is whole
+    (``planner.memory.timeline.step_timeline``'s ``abandon``)."""
 
     def __init__(self) -> None:
         self._states: dict[_Key, _Replaying] = {}
         self._replays: dict[_Key, Replay] = {}
-        self._ran_out: dict[_Key, str] = {}  # the key of a prefix -> the ``where`` of the event it runs out at
+        self._ran_out: dict[_Key, str] = {}  # the key of a prefix's events -> the ``where`` of the event it runs out at
+        self._ran_out_lengths: set[int] = set()  # (the prefixes' event counts: most timelines asked about match none)
+
+    def ran_out(self, events, forks, *, capacity: int, config: AllocatorConfig,
+                streams: tuple[tuple[str, str], ...]) -> str | None:
+        """Where a replay of a timeline that begins with ``events`` runs out, as a replay of the
+        events up to one of ``forks`` ran out before (its ``where``), or None where none is known."""
+        for fork in forks:
+            if fork in self._ran_out_lengths:
+                where = self._ran_out.get(_Key((capacity, config, streams, tuple(events[:fork]))))
+                if where is not None:
+                    return where
+        return None
 
     def replay(self, events, forks: tuple[int, ...], *, capacity: int, config: AllocatorConfig,
                streams: tuple[tuple[str, str], ...], freed: set[int]) -> Replay:
@@ -954,25 +972,27 @@ class ReplayPrefixes:
         whose prefix was replayed before, keeping a copy of the state at each later fork; or what
         an earlier replay of the same events, or of a prefix that ran out, came to."""
         events = tuple(events)  # (a key)
-        keys = [_Key((capacity, config, streams, events[:fork],
-                      tuple([event[4] in freed for event in events[:fork] if event[0] == "alloc"]))) for fork in forks]
-        keys.append(_Key((capacity, config, streams, events)))
-        found = self._replays.get(keys[-1])
+        # each prefix's events (the ran-out table's key), then with which of their allocations are freed (the states')
+        prefixes = [_Key((capacity, config, streams, events[:fork])) for fork in forks]
+        prefixes.append(_Key((capacity, config, streams, events)))
+        found = self._replays.get(prefixes[-1])  # (the whole timeline's events say what they free)
         if found is not None:
             return found
-        for key in keys:
+        for key in prefixes:
             where = self._ran_out.get(key)
             if where is not None:
                 raise _ran_out(where)
+        keys = [_Key((key, tuple([event[4] in freed for event in events[:fork] if event[0] == "alloc"])))
+                for fork, key in zip(forks, prefixes)]
         state, done = None, 0
-        for fork, key in zip(reversed(forks), reversed(keys[:-1])):
+        for fork, key in zip(reversed(forks), reversed(keys)):
             state = self._states.pop(key, None)
             if state is not None:
                 done = fork
                 break
         else:
             state = _Replaying(capacity, config, streams)
-        reaching = 0  # (the index in ``keys`` of the prefix being replayed)
+        reaching = 0  # (the index in ``prefixes`` of the prefix being replayed)
         try:
             for reaching, (fork, key) in enumerate(zip(forks, keys)):
                 if fork > done:
@@ -983,9 +1003,10 @@ class ReplayPrefixes:
             state.advance(events[done:] if done else events, freed, None)
         except OutOfMemory as error:
             if error.where is not None:  # (the default stream's: a side stream's is raised on, not kept)
-                self._ran_out[keys[reaching]] = error.where
+                self._ran_out[prefixes[reaching]] = error.where
+                self._ran_out_lengths.add(forks[reaching] if reaching < len(forks) else len(events))
             raise
-        found = self._replays[keys[-1]] = state.result()
+        found = self._replays[prefixes[-1]] = state.result()
         return found
 
 
@@ -1007,6 +1028,11 @@ class _Key:
 
 
 _PREFIXES: ContextVar[ReplayPrefixes | None] = ContextVar("planner_replay_prefixes", default=None)
+
+
+def shared_prefixes() -> ReplayPrefixes | None:
+    """The ``ReplayPrefixes`` of the ``sharing_prefixes`` block this runs in, or None."""
+    return _PREFIXES.get()
 
 
 @contextmanager
@@ -1062,4 +1088,4 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
 
 
 __all__ = ["AllocatorConfig", "CachingAllocator", "OutOfMemory", "Replay", "ReplayPrefixes", "allocation_size", "replay",
-           "round_size", "sharing_prefixes"]
+           "round_size", "shared_prefixes", "sharing_prefixes"]

@@ -7,9 +7,11 @@ for the peak reserve and the fragmentation at the peak.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from planner.config import Method, TrainConfig
 from planner.memory.activations import ACTIVATION_SAVED
-from planner.memory.allocator import AllocatorConfig, Replay, replay
+from planner.memory.allocator import AllocatorConfig, Replay, replay, shared_prefixes
 from planner.memory.attention import effective_attention
 from planner.memory.evaluation import eval_note
 from planner.memory.overhead import outside_allocator, overhead_notes, paged_on_host, with_workspaces
@@ -94,9 +96,34 @@ def device_timeline(*, model: ModelSpec, config: TrainConfig, gpu, step: Timelin
     return with_workspaces(timeline, gpu) if gpu.kernels.caching_allocator else timeline
 
 
+def known_to_run_out(config: TrainConfig, gpu, budget: int) -> Callable[[list, list[int], int], bool] | None:
+    """``step_timeline``'s ``abandon`` for a plan dropped where its allocator replay on ``budget``
+    runs out (``replay_timeline(measure=False)`` None): whether the replays of this search
+    (``allocator.shared_prefixes``) have run out in the events a timeline begins with, as its replay
+    would (``ReplayPrefixes.ran_out``), with what ``device_timeline`` puts before them. None where
+    nothing is replayed or no replays are shared."""
+    prefixes = shared_prefixes()
+    if prefixes is None or not gpu.kernels.caching_allocator:
+        return None
+    before = with_workspaces(Timeline(events=()), gpu).events  # (the events the device adds first)
+    settings, streams = AllocatorConfig.parse(config.alloc_conf), config.sharding.spec.streams(config)
+
+    def abandon(events: list, forks: list[int], outside: int) -> bool:
+        return prefixes.ran_out((*before, *events), [fork + len(before) for fork in forks],
+                                capacity=_capacity(outside, config, gpu, budget), config=settings,
+                                streams=streams) is not None
+
+    return abandon
+
+
 def replay_capacity(timeline: Timeline, config: TrainConfig, gpu, budget: int | None = None) -> int:
     """The bytes the caching allocator has on ``gpu`` (``replay_timeline``)."""
-    return (budget or gpu.memory_bytes) - outside_allocator(gpu, config.gpus) - timeline.outside_allocator
+    return _capacity(timeline.outside_allocator, config, gpu, budget)
+
+
+def _capacity(outside: int, config: TrainConfig, gpu, budget: int | None) -> int:
+    """``replay_capacity`` of a timeline whose ``outside_allocator`` is ``outside``."""
+    return (budget or gpu.memory_bytes) - outside_allocator(gpu, config.gpus) - outside
 
 
 def replay_timeline(timeline: Timeline, config: TrainConfig, gpu, trace: list[int] | None = None,
@@ -156,4 +183,4 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int |
     )
 
 
-__all__ = ["device_timeline", "estimate_memory", "replay_capacity", "replay_timeline"]
+__all__ = ["device_timeline", "estimate_memory", "known_to_run_out", "replay_capacity", "replay_timeline"]

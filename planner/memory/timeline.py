@@ -47,11 +47,13 @@ holds the most (``_retained_backward``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
+import operator
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
@@ -234,6 +236,9 @@ def shares(weights: tuple[int, ...], nbytes: int) -> tuple[int, ...] | None:
     return tuple(filter(None, sizes))
 
 
+#: an event's bytes (``Event.nbytes``, by position)
+_NBYTES = operator.itemgetter(2)
+
 #: ``Event(...)`` without its ``__new__``'s Python frame (``collections.namedtuple`` makes ``__new__`` a
 #: lambda around ``tuple.__new__``): the builder makes every event of the shown plans' timelines
 _new_event = tuple.__new__
@@ -253,6 +258,7 @@ class _Builder:
         self.released: dict[str, int] = {}  # the last block's saved tensors its backward frees, by key (``_released``)
         self.limit = 0  # the step's allocated peak, which ``locals`` stays under
         self.drew_locals = False  # the block forward's locals drawn one by one (``_forward``)
+        self.live_marked: dict[str, int] = {}  # the live bytes at each mark (``mark``: ``step_timeline``'s check)
 
     def grain(self, key: str, nbytes: int) -> int | tuple[int, ...]:
         """The tensors (``Event.tensors``) of an allocation whose tensors are not known: the loss
@@ -328,11 +334,13 @@ class _Builder:
 
     def live_bytes(self) -> int:
         """The bytes allocated and not freed, summed over the allocations not freed rather than kept by
-        every alloc and free of the step: only ``locals`` and the wrap prelude read them, once each."""
-        return sum(event[2] for event in self._allocs.values())
+        every alloc and free of the step: only ``locals``, the wrap prelude and (with assertions on) ``mark`` read them."""
+        return sum(map(_NBYTES, self._allocs.values()))
 
     def mark(self, name: str) -> None:
         self.marks[name] = len(self.events)
+        if __debug__:
+            self.live_marked[name] = self.live_bytes()
 
     def fork(self) -> None:
         """A point where the timelines of plans that differ in one setting commonly part (``Timeline.fork_tails``)."""
@@ -455,10 +463,58 @@ def _grains(model: ModelSpec, config: TrainConfig, t: Trained) -> Grains | None:
                   embeddings=tuple(n for n in embeddings if n), params=t.sizes)
 
 
-def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -> _Step:
+class _Activations(NamedTuple):
+    """What a micro-step saves and makes besides the model states: ``_Step``'s fields of the same names."""
+
+    first: dict[str, int]
+    rest: dict[str, int]
+    tensors: tuple[dict[str, tuple[int, ...]], ...]
+    blocks: tuple[dict[str, int], ...]
+    embeddings: dict[str, int]
+    batch: BatchTerms
+    cache: int
+    forward_mlp: tuple[int, ...]
+    forward_locals: tuple[tuple[int, str], ...]
+    retained: int
+
+
+#: every field of a configuration but the optimizer: the key of ``_Activations`` shared between plans
+#: (none of the activations' terms reads the optimizer; its states, temporaries and the sharding's
+#: checks of it are the static terms': tests/memory/test_timeline.py holds twins' activations equal)
+_BUT_OPTIMIZER = operator.attrgetter(*[f.name for f in dataclasses.fields(TrainConfig) if f.name != "optimizer"])
+
+
+def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, shared: dict | None = None) -> _Step:
+    """``shared``: the ``_Activations`` of the timelines made before, of this model and kernels, by
+    ``_BUT_OPTIMIZER`` (the plans a search shows commonly differ in the optimizer only: Llama-2-7B on
+    an A10G, target batch 32, 17 timelines of 7 activations)."""
     t = trained(model, config)
     static = static_terms(model, config, kernels, t)
     dims, mode = dims_of(model, config), mode_of(config)
+    key = _BUT_OPTIMIZER(config) if shared is not None else None
+    acts = shared.get(key) if shared is not None else None
+    if acts is None:
+        acts = _activations(model, config, kernels, t, dims, mode)
+        if shared is not None:
+            shared[key] = acts
+    head_gradients, down_gradients = first_block_gradients(model, config, static.gradients, t)
+    return _Step(
+        model=model, config=config, static=static, first=acts.first, rest=acts.rest, blocks=acts.blocks,
+        embeddings=acts.embeddings,
+        sizes=static_sizes(static, accumulating=config.grad_accum > 1, head_grads=head_gradients,
+                           down_grads=down_gradients),
+        batch=acts.batch,
+        block_gradients=_block_gradient_share(model, config, t, static.gradients),
+        cache=acts.cache,
+        head_gradients=head_gradients, down_gradients=down_gradients, grains=_grains(model, config, t),
+        tensors=acts.tensors, forward_mlp=acts.forward_mlp, forward_locals=acts.forward_locals, retained=acts.retained,
+    )
+
+
+def _activations(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained, dims,
+                 mode) -> _Activations:
+    """``config``'s ``_Activations``: its blocks' saved terms (and tensors), the model-level terms that
+    are not the head's, its batch terms, KV cache layer, forward locals and retained gradient."""
     tensors: tuple[dict[str, tuple[int, ...]], ...] = ({}, {})
     forward_mlp: tuple[int, ...] = ()
     if config.grad_ckpt:
@@ -482,18 +538,9 @@ def _step_parts(model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -
         if model.other_blocks and not config.grad_ckpt:  # blocks that differ (dense and MoE): each its own
             blocks = tuple({breakdown_key(k): v for k, v in terms.items() if v}
                            for terms in layer_terms(model, config, kernels, t.target_names, dims))
-    head_gradients, down_gradients = first_block_gradients(model, config, static.gradients, t)
-    return _Step(
-        model=model, config=config, static=static, first=first, rest=rest, blocks=blocks, embeddings=embeddings,
-        sizes=static_sizes(static, accumulating=config.grad_accum > 1, head_grads=head_gradients,
-                           down_grads=down_gradients),
-        batch=batch_terms(model, config, kernels, t.target_names),
-        block_gradients=_block_gradient_share(model, config, t, static.gradients),
-        cache=kv_cache_block_bytes(model, config, dims, mode),
-        head_gradients=head_gradients, down_gradients=down_gradients, grains=_grains(model, config, t),
-        tensors=tensors, forward_mlp=forward_mlp,
-        forward_locals=_forward_locals(model, config, kernels, t, dims, mode, forward_mlp), retained=retention(model, config),
-    )
+    return _Activations(first, rest, tensors, blocks, embeddings, batch_terms(model, config, kernels, t.target_names),
+                        kv_cache_block_bytes(model, config, dims, mode), forward_mlp,
+                        _forward_locals(model, config, kernels, t, dims, mode, forward_mlp), retention(model, config))
 
 
 #: the breakdown keys of the forward's locals: the MLP's intermediate-sized tensors, every other one
@@ -1097,9 +1144,20 @@ def _first_step(b: _Builder, s: _Step, lazy: dict[str, int], previous: int) -> i
     return previous
 
 
-def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfile) -> Timeline:
-    """The allocations and frees of one optimizer step of ``config`` (see the module docstring)."""
-    s = _step_parts(model, config, kernels)
+def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfile,
+                  abandon: Callable[[list[Event], list[int], int], bool] | None = None,
+                  shared: dict | None = None) -> Timeline | None:
+    """The allocations and frees of one optimizer step of ``config`` (see the module docstring).
+
+    ``abandon(events, forks, outside_allocator)``: asked once the events up to the last fork point
+    are made (the model states, and the run's first step up to its optimizer step where there is
+    one; ``forks`` so far, and the bytes ``Timeline.outside_allocator`` will hold); where it says
+    yes, None is returned and the rest is not made: for a caller that drops a plan whose allocator
+    replay is known to run out in those events (``planner.search.shared_estimate``: plans that
+    differ in the optimizer only commonly run out alike in the first step's backward, and the rest
+    of each timeline was about half of it). ``shared``: the activations of the timelines made before
+    (``_step_parts``), of this model and kernels, for one search (``MemoryMemo.activations``)."""
+    s = _step_parts(model, config, kernels, shared)
     dims, mode = dims_of(model, config), mode_of(config)
     # the loss path's tensors are logits-sized: tokens x vocab in fp32 (ForCausalLMLoss upcasts
     # them, transformers/loss/loss_utils.py), in the logits' dtype under a 16-bit loss
@@ -1121,6 +1179,8 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     if lazy:
         previous = _first_step(b, s, lazy, previous)
         start = len(b.events)
+    if abandon is not None and abandon(b.events, b.forks, s.static.paged_step):
+        return None
     if config.grad_accum > 1:
         grads, previous = _micro_step(b, s, grads_exist=False, label="micro-step 1: ", marks=False, previous=previous)
         last = f"micro-step {config.grad_accum}: "
@@ -1132,10 +1192,13 @@ def step_timeline(*, model: ModelSpec, config: TrainConfig, kernels: KernelProfi
     timeline = Timeline(events=tuple(b.events), marks=dict(b.marks), host=s.static.host,
                         outside_allocator=s.static.paged_step, paged=s.static.paged, start=start,
                         fork_tails=tuple(len(b.events) - fork for fork in b.forks))
-    # the walk holds at each mark what the moment lists (its transient parts come from the list)
-    curve, resident = timeline._curve, s.static.resident_bytes
-    for moment, fixed, batch in zip(MOMENTS, static_moments(s.sizes), batch_moments(s.batch.sizes())):
-        assert curve[timeline.marks[moment.name]] == resident + fixed + batch, moment.name
+    # the walk holds at each mark what the moment lists (its transient parts come from the list); read
+    # as the builder marked it, not from the timeline's curve: a plan the search drops never needs that
+    # curve, and a plan shown gets its own once the workspaces are put first (``device_timeline``)
+    if __debug__:
+        resident = s.static.resident_bytes
+        for moment, fixed, batch in zip(MOMENTS, static_moments(s.sizes), batch_moments(s.batch.sizes())):
+            assert b.live_marked[moment.name] == resident + fixed + batch, moment.name
     return timeline
 
 

@@ -12,7 +12,7 @@ import pytest
 from planner.catalog import resolve_model
 from planner.config import TrainConfig
 from planner.gpus import get_gpu
-from planner.memory.allocator import AllocatorConfig, ReplayPrefixes, _Replaying, replay
+from planner.memory.allocator import AllocatorConfig, OutOfMemory, ReplayPrefixes, _Replaying, replay
 from planner.memory.estimate import device_timeline, replay_capacity
 
 GiB = 1024**3
@@ -140,3 +140,33 @@ def test_a_replay_of_events_replayed_before_or_of_a_prefix_that_ran_out_advances
         assert replayed[2] == 0 and expected[0].out_of_memory and expected[1].out_of_memory
     else:
         assert replayed[2] == len(timelines[1].events) - timelines[0].forks[-1]
+
+
+@pytest.mark.parametrize("model_id", ["meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B"])
+@pytest.mark.parametrize("share", [0.45, 0.55, 0.7])
+def test_where_a_prefix_runs_out_does_not_read_what_the_rest_of_its_timeline_frees(model_id, share):
+    """``ReplayPrefixes``' ran-out table is keyed by a prefix's events alone: replayed with the
+    timeline's frees or with only those made inside the prefix (every allocation live at its end
+    then never freed, the blocks ``malloc_tensors`` does not make), a prefix runs out at the same
+    event, with the same reserve, or at none."""
+    model, gpu = resolve_model(model_id), get_gpu("a10g")
+    outcomes = set()
+    for config in CONFIGS:
+        timeline = device_timeline(model=model, config=config, gpu=gpu)
+        capacity = replay_capacity(timeline, config, gpu, int(timeline.peak * share))
+        settings, streams = AllocatorConfig.parse(config.alloc_conf), config.sharding.spec.streams(config)
+        freed = {event[4] for event in timeline.events if event[0] == "free"}
+        for fork in (*timeline.forks, len(timeline.events)):
+            prefix = timeline.events[:fork]
+            inside = {event[4] for event in prefix if event[0] == "free"}
+            ran = []
+            for frees in (freed, inside):
+                state = _Replaying(capacity, settings, streams)
+                try:
+                    state.advance(prefix, frees, None)
+                    ran.append((None, state.allocator.reserved, state.allocator.peak_reserved))
+                except OutOfMemory as error:
+                    ran.append((error.where, state.allocator.reserved, state.allocator.peak_reserved))
+            assert ran[0] == ran[1], (config.label(), fork)
+            outcomes.add(ran[0][0] is None)
+    assert outcomes == {True, False}

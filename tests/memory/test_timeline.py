@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from planner.catalog import resolve_model, spec_from_config
-from planner.config import TrainConfig
+from planner.config import Optimizer, TrainConfig
+from planner.errors import PlannerError
 from planner.gpus import get_gpu
 from planner.memory import estimate_memory
 from planner.memory.overhead import with_workspaces
@@ -79,6 +80,24 @@ def test_every_mark_holds_exactly_what_the_moment_lists(model, gpu, config):
     if gpu.is_cpu:
         [(total, host)] = totals_by_split(model=model, config=config, gpu=gpu, splits=[(config.micro_batch, config.grad_accum)])
         assert (total, host) == (estimate.peak_allocated_bytes, estimate.cpu_bytes)
+
+
+@pytest.mark.parametrize("model, gpu, config", list(_cases())[::4])
+def test_a_timeline_made_with_an_optimizer_twins_activations_is_the_one_made_alone(model, gpu, config):
+    """``step_timeline(shared=...)`` takes the activations of a timeline made before whose
+    configuration differs in the optimizer only (``_BUT_OPTIMIZER``): none of their terms reads it,
+    so every event, mark and fork is the timeline's made from scratch."""
+    twins = []
+    for optimizer in Optimizer:
+        try:
+            twins.append(config.replace(optimizer=optimizer))
+        except PlannerError:
+            continue  # (an optimizer the sharding scheme refuses)
+    shared: dict = {}
+    for twin in twins:
+        assert step_timeline(model=model, config=twin, kernels=gpu.kernels, shared=shared) == step_timeline(
+            model=model, config=twin, kernels=gpu.kernels)
+    assert len(shared) == 1
 
 
 def test_the_accuracy_rows_read_from_the_timeline_are_unchanged():

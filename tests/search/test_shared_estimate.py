@@ -102,3 +102,35 @@ def test_a_replay_not_measured_is_none_where_the_measured_one_ran_out(conf):
         assert not measured.out_of_memory or measured.peak_reserved > capacity
         outcomes.add(found is None)
     assert outcomes == {True, False}
+
+
+def test_a_plan_dropped_stops_its_timeline_where_the_replays_shared_ran_out(monkeypatch):
+    """Inside ``sharing_prefixes``, a plan that differs from a dropped one in the optimizer only and
+    runs out in the same first step is dropped without the rest of its timeline
+    (``known_to_run_out``): every answer is the estimate made from scratch, None where that ran out."""
+    from planner.memory import timeline as timelines
+    from planner.memory.allocator import sharing_prefixes
+
+    model, gpu = resolve_model("meta-llama/Llama-3.2-1B"), get_gpu("a10g")
+    configs = [TrainConfig(method="qlora", precision="bf16-mixed", micro_batch=8, seq_len=1024, lora_r=16,
+                           grad_accum=4, grad_ckpt=True, optimizer=optimizer)
+               for optimizer in ("adamw_fused", "adamw_8bit", "adafactor", "sgd", "paged_adamw_8bit")]
+    peak = device_timeline(model=model, config=configs[0], gpu=gpu).peak
+    abandoned = []
+    made = timelines.step_timeline
+
+    def counted(**kwargs):
+        found = made(**kwargs)
+        abandoned.append(found is None)
+        return found
+
+    monkeypatch.setattr("planner.search.step_timeline", counted)
+    for budget in (peak // 2, int(peak * 0.9), int(peak * 1.02) + 2 * GiB, gpu.memory_bytes):
+        alone = [estimate_memory(model=model, config=config, gpu=gpu, budget=budget) for config in configs]
+        with sharing_prefixes():
+            dropping = [shared_estimate(model=model, config=config, gpu=gpu, budget=budget, dropping=True)
+                        for config in configs]
+        for whole, found in zip(alone, dropping):
+            ran_out = "runs out of device memory" in " ".join(whole.assumptions)
+            assert found == (None if ran_out else whole)
+    assert any(abandoned) and not all(abandoned)
