@@ -198,6 +198,19 @@ def context_limit(spec: Any, source: Any = None) -> int:
     return int(spec.max_seq_len * float(canonical.split(":")[1]))
 
 
+def check_context(spec: Any, seq_len: int, source: Any = None) -> None:
+    """``seq_len`` within the model's context limit (``planner.config.context_limit``, with the RoPE scaling
+    ``source`` gives: a configuration, a search space or the options), or the one-line error with the fix
+    (every command's wording)."""
+    limit = context_limit(spec, source)
+    if seq_len > limit:
+        # a RoPE model reaches it by scaling its rotary frequencies: the smallest whole factor that does
+        # (LLaMA-Factory's rule, model/model_utils/rope.py l.63: ceil(cutoff_len / max_position_embeddings))
+        hint = (f", or extend its RoPE context: --rope-scaling {-(-seq_len // spec.max_seq_len)}"
+                if spec.position == "rope" and rope_scaling_of(source) is None else "")
+        raise InvalidConfigError(f"--seq-len {seq_len} is longer than {spec.id} allows ({limit}): use at most {limit}{hint}")
+
+
 def _check_eval(fields: dict[str, Any]) -> None:
     """The evaluation settings: counts, and an eval batch wherever the others are given."""
     for name in ("eval_batch", "eval_seq_len"):

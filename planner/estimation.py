@@ -41,22 +41,6 @@ def default_seq_len(spec: "ModelSpec") -> int:
     return min(DEFAULT_SEQ_LEN, spec.max_seq_len)
 
 
-def check_context(spec: "ModelSpec", seq_len: int, source: Any = None) -> None:
-    """``seq_len`` within the model's context limit (``planner.config.context_limit``, with the RoPE scaling
-    ``source`` gives: a configuration, a search space or the options), or the one-line error with the fix
-    (every command's wording)."""
-    from planner.config import context_limit, rope_scaling_of
-    from planner.errors import InvalidConfigError
-
-    limit = context_limit(spec, source)
-    if seq_len > limit:
-        # a RoPE model reaches it by scaling its rotary frequencies: the smallest whole factor that does
-        # (LLaMA-Factory's rule, model/model_utils/rope.py l.63: ceil(cutoff_len / max_position_embeddings))
-        hint = (f", or extend its RoPE context: --rope-scaling {-(-seq_len // spec.max_seq_len)}"
-                if spec.position == "rope" and rope_scaling_of(source) is None else "")
-        raise InvalidConfigError(f"--seq-len {seq_len} is longer than {spec.id} allows ({limit}): use at most {limit}{hint}")
-
-
 def check_recipe(spec: "ModelSpec", recipe: Mapping[str, Any], *, seq_len: int | None = None) -> None:
     """The recipe settings this model cannot take (estimate and suggest alike:
     ``planner.request.check_for_model``; ``seq_len``: the training length, the eval prompt's by
@@ -85,6 +69,8 @@ def build_config(spec: "ModelSpec", gpu: "GPUSpec", *, seq_len: int | None, **op
     check_estimate_cost(spec)  # before any work: the bounds of planner.limits
     seq = default_seq_len(spec) if seq_len is None else seq_len
     _sharding_option(options)
+    from planner.config import check_context
+
     check_context(spec, seq, options)
     if options.get("precision") is None:
         from planner.defaults import default_precision

@@ -25,7 +25,7 @@ from operator import add, attrgetter, mul
 from typing import Iterator, NamedTuple
 
 from planner import __version__, request
-from planner.config import ALL_LINEAR, Method, Optimizer, Precision, TrainConfig
+from planner.config import ALL_LINEAR, Method, Optimizer, Precision, TrainConfig, check_context
 from planner.errors import InvalidConfigError, PlannerError
 from planner.gpus import GPUSpec, check_precision
 from planner.host import host_reserve
@@ -675,8 +675,6 @@ def check_request(*, model: ModelSpec, target_batch: int, seq_len: int, gpus: in
     # estimate's wording (estimation.build_config, TrainConfig): one line per mistake on every command
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise InvalidConfigError(f"--seq-len must be a whole number >= 1, got {seq_len!r}")
-    from planner.estimation import check_context
-
     check_context(model, seq_len, space)  # the model's context, with the space's RoPE scaling
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise InvalidConfigError(f"--top-k must be a whole number >= 1, got {top_k!r}")

@@ -172,7 +172,10 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
               # QLoRA's k-bit preparation (refused with any other method)
               "--kbit-upcast": None, "--no-kbit-upcast": None,
               # the evaluation pass (planner.memory.evaluation): sizes in and past their bounds
-              "--eval-batch": _ints((1, 64)), "--eval-seq-len": _ints((1, 8192)), "--generate-tokens": _ints((1, 512))}
+              "--eval-batch": _ints((1, 64)), "--eval-seq-len": _ints((1, 8192)), "--generate-tokens": _ints((1, 512)),
+              # RoPE context extension: factors in and past their bounds, types known and not, a learned-position model
+              "--rope-scaling": st.one_of(_choice("2", "linear:4", "yarn:8", "llama3:2", "dynamic:1", "0.5", "1025", "ntk:2", "x"),
+                                          _ODD_TEXT)}
     shared.update(recipe)
     db = {"--db": st.sampled_from(files.db_urls())}
     picture = {
