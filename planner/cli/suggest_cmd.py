@@ -363,7 +363,9 @@ def _print_longest_contexts(out, plans, solved) -> None:
     for col in ("#", "fits", "process total", "not near the edge", "process total"):
         table.add_column(col, justify="right")
     for plan, s in zip(plans, solved):
-        table.add_row(str(plan.rank), f"{s.fits:,}" + (" (the model's maximum)" if s.fits == s.limit else ""),
+        # the limit is the model's positions, times the RoPE scaling where the plan has one (config.context_limit)
+        at_limit = " (the RoPE-scaled maximum)" if plan.config.rope_scaling else " (the model's maximum)"
+        table.add_row(str(plan.rank), f"{s.fits:,}" + (at_limit if s.fits == s.limit else ""),
                       format_bytes(s.fits_total) if s.fits_total else "-", f"{s.safe:,}" if s.safe else "none",
                       format_bytes(s.safe_total) if s.safe_total else "-")
     out.print(table)

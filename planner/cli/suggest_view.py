@@ -147,8 +147,19 @@ def _knob_costs(plan, *, spec, device) -> list[str]:
             continue
         saved = mem.process_total_bytes - plan.memory.process_total_bytes
         slower = plan.throughput.step_s / thr.step_s - 1
-        lines.append(f"{name}: saves {format_bytes(saved)}, costs {slower:+.0%} step time")
+        lines.append(f"{name}: {_trade(saved, slower)}")
     return lines
+
+
+def _trade(saved: int, slower: float) -> str:
+    """What a plan's choice saves and costs against the usual one, in words that read right either way
+    (a choice can save memory and be faster too: "costs -1% step time" said it backwards)."""
+    from planner.units import format_bytes
+
+    memory = f"saves {format_bytes(saved)}" if saved >= 0 else f"takes {format_bytes(-saved)} more"
+    if abs(slower) < 0.005:
+        return f"{memory}, the same step time"
+    return f"{memory}, costs {slower:.0%} step time" if slower > 0 else f"{memory}, {-slower:.0%} faster"
 
 
 __all__ = ["host_line", "print_suggestion"]
