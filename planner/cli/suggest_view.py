@@ -125,7 +125,6 @@ def _knob_costs(plan, *, spec, device) -> list[str]:
     from planner.errors import PlannerError
     from planner.memory import estimate_memory
     from planner.throughput import estimate_throughput
-    from planner.units import format_bytes
 
     c = plan.config
     variants = []
