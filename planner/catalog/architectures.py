@@ -542,4 +542,20 @@ def spec_from_config(config: Mapping[str, Any], *, model_id: str, source: str) -
     if builder is None:
         raise ModelConfigError(f"{source}: unknown model_type {short(model_type)}; supported: {supported}")
     fields = builder(ConfigReader(config, source), model_type)
+    if not fields.get("training_notes") and (note := _quantized_checkpoint_note(config)):
+        fields["training_notes"] = (note,)  # (gpt-oss and DeepSeek-V3 say their own: catalog/modern.py)
     return ModelSpec(id=model_id, config=public_config(config), source=source, **fields)
+
+
+def _quantized_checkpoint_note(config: Mapping[str, Any]) -> str | None:
+    """What a plan says of a checkpoint that ships quantized weights (config.json ``quantization_config``:
+    GPTQ, AWQ, bitsandbytes, FP8, compressed-tensors, ...): its counts are the 16-bit model's, which full
+    fine-tuning and LoRA load de-quantized and QLoRA quantizes with bitsandbytes itself; peft over the
+    checkpoint's own quantized kernels is not modelled, and the plan says so rather than planning it silently."""
+    quantization = config.get("quantization_config")
+    if not isinstance(quantization, Mapping):
+        return None
+    method = quantization.get("quant_method")
+    method = method[:40] if isinstance(method, str) and method.strip() else "quantized"
+    return (f"{method} checkpoint: planned as the 16-bit model it de-quantizes to (--method qlora: bitsandbytes' "
+            f"NF4 of it); training on its {method} weights directly is not modelled")
