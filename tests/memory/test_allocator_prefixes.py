@@ -59,14 +59,7 @@ def test_resumed_replays_are_the_whole_replays(model_id, share, monkeypatch):
         budget = gpu.memory_bytes if share == 1.0 else int(timeline.peak * share)
         plans.append((config, timeline, replay_capacity(timeline, config, gpu, budget)))
     expected = [_whole(timeline, config, capacity) for config, timeline, capacity in plans]
-    replayed: list[int] = []
-    advance = _Replaying.advance
-
-    def counted(self, events, *args):
-        replayed[-1] += len(events)
-        return advance(self, events, *args)
-
-    monkeypatch.setattr(_Replaying, "advance", counted)
+    replayed = _counting_advances(monkeypatch)
     prefixes, got = ReplayPrefixes(), []
     for config, timeline, capacity in plans:
         replayed.append(0)
@@ -121,14 +114,7 @@ def test_a_replay_of_events_replayed_before_or_of_a_prefix_that_ran_out_advances
     timelines = [device_timeline(model=model, config=config, gpu=gpu) for config in (first, second)]
     capacity = replay_capacity(timelines[0], first, gpu, gpu.memory_bytes if share == 1.0 else timelines[0].peak // 2)
     expected = [_whole(timeline, config, capacity) for timeline, config in zip(timelines, (first, second))]
-    replayed: list[int] = []
-    advance = _Replaying.advance
-
-    def counted(self, events, *args):
-        replayed[-1] += len(events)
-        return advance(self, events, *args)
-
-    monkeypatch.setattr(_Replaying, "advance", counted)
+    replayed = _counting_advances(monkeypatch)
     prefixes = ReplayPrefixes()
     for timeline in (timelines[0], timelines[0], timelines[1]):
         replayed.append(0)
@@ -170,3 +156,16 @@ def test_where_a_prefix_runs_out_does_not_read_what_the_rest_of_its_timeline_fre
             assert ran[0] == ran[1], (config.label(), fork)
             outcomes.add(ran[0][0] is None)
     assert outcomes == {True, False}
+
+
+def _counting_advances(monkeypatch) -> list[int]:
+    """The events each replay advances through: the caller appends a 0 before each replay."""
+    replayed: list[int] = []
+    advance = _Replaying.advance
+
+    def counted(self, events, *args):
+        replayed[-1] += len(events)
+        return advance(self, events, *args)
+
+    monkeypatch.setattr(_Replaying, "advance", counted)
+    return replayed
