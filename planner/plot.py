@@ -12,8 +12,6 @@ drawn: the planning path never imports it.
 
 from __future__ import annotations
 
-import contextlib
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -171,13 +169,14 @@ def write_picture(fig, path: str | Path) -> Path:
     if suffix == ".html":
         page = f"<!doctype html><meta charset='utf-8'><title>{path.stem}</title>\n{data.decode('utf-8')}\n"
         data = page.encode("utf-8")
-    part = path.with_name(f".{path.name}.partial")
+    from planner.files import discard, partial_of
+
+    part = partial_of(path)
     try:  # beside it, then renamed: a full disk leaves no half picture (and an old one as it was)
         part.write_bytes(data)
         part.replace(path)
     except OSError as exc:  # no permission, a read-only or virtual file system, a full disk
-        with contextlib.suppress(OSError):
-            part.unlink(missing_ok=True)
+        discard([part])
         raise InvalidConfigError(f"--timeline {path}: cannot be written ({exc.strerror or exc}): give a file in a "
                                  "folder you can write to") from None
     return path

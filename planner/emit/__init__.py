@@ -14,6 +14,7 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, Sequence
 
 from planner.errors import PlannerError
+from planner.files import discard, partial_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.config import TrainConfig
@@ -199,7 +200,7 @@ def write_files(files: dict[str, str], *, directory: Path | str, force: bool = F
         directory.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             path = directory / name
-            part = path.with_name(f".{name}.partial")
+            part = partial_of(path)
             pending.append((part, path))
             part.write_text(text, encoding="utf-8")
         for part, path in pending:
@@ -207,9 +208,7 @@ def write_files(files: dict[str, str], *, directory: Path | str, force: bool = F
         for stale in set(ALL_FILE_NAMES) - set(files):
             (directory / stale).unlink(missing_ok=True)
     except OSError as exc:
-        for part, _path in pending:
-            with contextlib.suppress(OSError):
-                part.unlink(missing_ok=True)
+        discard(part for part, _path in pending)
         for folder in made:  # the directories this call made, deepest first
             with contextlib.suppress(OSError):
                 folder.rmdir()

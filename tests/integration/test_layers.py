@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Lowest first. A module belongs to the first layer with a prefix that matches it (a prefix is a
 #: module or a package: "planner.memory" matches planner.memory and planner.memory.step).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("planner.errors", "planner.registry", "planner.units", "planner.text", "planner.lazy", "planner.memo", "planner.modelspec",
+    ("foundation", ("planner.errors", "planner.registry", "planner.units", "planner.text", "planner.files", "planner.lazy", "planner.memo", "planner.modelspec",
                     "planner.config", "planner.limits", "planner.results", "planner.tradeoffs",
                     "planner.calibration.values", "planner.calibration.fit", "planner.uncertainty", "planner.optim",
                     "planner.sharding", "planner.request")),
