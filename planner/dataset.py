@@ -373,9 +373,10 @@ def plan_for_data(dataset: str, *, config_source: str, model_max: int, target_ba
     """The longest batch of the data at ``dataset`` (``plan_batches``), or None when ``dataset`` is
     no local file or folder (a datasets name that only the emitted train.py loads). ``tokenizer``:
     given, else the model's own beside its config.json (``config_source``), else the byte estimate."""
-    if is_datasets_name(dataset):
-        return None
-    if not Path(dataset).expanduser().exists():  # a typo, not a datasets name: planning for --seq-len would hide it
+    if not Path(dataset).expanduser().exists():
+        if not _names_a_local_file(dataset):  # a datasets name (``is_datasets_name``): train.py's alone
+            return None
+        # a typo, not a datasets name: planning for --seq-len would hide it
         raise InvalidConfigError(f"--dataset {dataset}: no such file or folder: check the path (a .jsonl, .txt "
                                  "or .parquet file, or a folder saved with datasets' save_to_disk)")
     label = None
