@@ -1,7 +1,7 @@
 """Micro-benchmarks of what makes small models slow on the CPU: the figures behind the CPU
-profile's constants (``planner.kernels`` CPU_*, ``planner.gpus`` cpu profile).
+profile's constants and of a GPU host's dispatch (``planner.kernels`` CPU_*, HOST_OP_SECONDS; ``planner.gpus`` cpu profile).
 
-    python bench/cpu_overhead.py [--quick] [--only dispatch,optimizer,gemm,bandwidth,step]
+    python bench/cpu_overhead.py [--quick] [--cpu-time] [--only dispatch,host,optimizer,gemm,bandwidth,step]
 
 Prints, on this machine (torch's default threads; other processes share the cores: the 1-minute
 load average is printed, run it when that is low):
@@ -10,6 +10,9 @@ load average is printed, run it when that is low):
              node, the backward per node, and an ``nn.Module.__call__`` around it (hooks machinery)
 * fixed      a whole HF training step on tiny tensors (8 tokens, vocabulary 256): its host time per aten
              op forward and backward, and AdamW's per parameter tensor
+* host       a whole training micro-step's host time per counted op (``ops_per_micro_step``) on tiny tensors, gpt2,
+             llama and BERT-large, fp32 and under autocast, without checkpointing and with the non-reentrant and
+             reentrant ones, and the aten ops that would launch a GPU kernel per counted op (``HOST_OP_SECONDS``)
 * optimizer  torch.optim.AdamW's step: seconds per parameter tensor (many 1-element tensors) and
              per element (one large tensor), for the single-tensor, foreach and fused paths
 * gemm       achieved FLOP/s of the GEMM shapes small models run (fp32, bf16, and an fp32 weight
@@ -324,6 +327,84 @@ def fixed(quick: bool) -> None:
                   f"us/op; AdamW {o * 1e3:.2f} ms / {tensors} tensors = {o / tensors * 1e6:.1f} us/tensor ({oo} ops)")
 
 
+#: (name, HF model type, tiny-width config): the bench's models and BERT-large's 24 post-norm layers (the V100 rows of
+#: bench/throughput.py: bert-large-uncased, sequence classification, eager attention)
+HOST_MODELS = (("gpt2-tiny", "gpt2", None), ("llama-tiny", "llama", None),
+               ("bert-large", "bert", dict(hidden_size=32, num_hidden_layers=24, num_attention_heads=2,
+                                           intermediate_size=64, vocab_size=256, max_position_embeddings=64)))
+
+
+def _launching(func) -> bool:
+    """Whether an aten op runs a kernel: not a view (its schema returns an alias of an input: view, t, transpose,
+    expand, detach, ...) nor a bare allocation (empty, empty_like)."""
+    if func.overloadpacket.__name__ in ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"):
+        return False
+    return not any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+
+
+def host(quick: bool) -> None:
+    """A whole training micro-step's host time on tiny tensors (8 tokens, width 32: the kernels do no work), with and
+    without checkpointing (transformers 5's non-reentrant, and the reentrant one transformers 4 called), fp32 and
+    under bf16 autocast: its time over ``ops_per_micro_step``'s count (what the planner multiplies by its host seconds
+    per op), and the aten ops that would launch a kernel on a GPU (not views, not bare allocations) per counted op."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import sys
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from throughput_cpu import MODELS
+
+    from planner.catalog import spec_from_config
+    from planner.config import TrainConfig
+    from planner.kernels import ops_per_micro_step
+
+    class Count(_counting_mode()):
+        def __init__(self):
+            super().__init__()
+            self.launches = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.launches += _launching(func)
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    for name, model_type, tiny in HOST_MODELS[2:] if quick else HOST_MODELS:
+        cfg = {k: v for k, v in MODELS[name].items() if k != "model_type"} | TINY_WIDTHS[model_type] if tiny is None \
+            else tiny
+        spec = spec_from_config({"model_type": model_type, **cfg}, model_id=f"bench/{name}", source="bench")
+        for ckpt in (None, "non-reentrant", "reentrant"):
+            for mixed in (False, True):
+                torch.manual_seed(0)
+                config = AutoConfig.for_model(model_type, **cfg)
+                if model_type == "bert":
+                    config._attn_implementation = "eager"
+                    model = AutoModelForSequenceClassification.from_config(config)
+                    labels = torch.tensor([1])
+                else:
+                    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+                    labels = None
+                model.train()
+                if ckpt:
+                    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": ckpt == "reentrant"})
+                ids = torch.randint(0, 256, (1, 8))
+
+                def fwd_bwd(model=model, ids=ids, labels=labels, mixed=mixed):
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+                        loss = model(input_ids=ids, labels=ids if labels is None else labels).loss
+                    loss.backward()
+
+                seconds = _best(fwd_bwd, repeat=9)
+                with Count() as c:
+                    fwd_bwd()
+                counted = ops_per_micro_step(spec, TrainConfig(grad_ckpt=ckpt is not None))
+                print(f"{name} {ckpt or 'no checkpointing'} {'bf16 autocast' if mixed else 'fp32'}: forward + backward "
+                      f"{seconds * 1e3:.2f} ms, {c.ops} aten ops, {c.launches} launching; {counted} counted: "
+                      f"{seconds / counted * 1e6:.1f} us and {c.launches / counted:.2f} launches per counted op")
+
+
 def _op_seconds(fn) -> dict[str, float]:
     """Thread CPU seconds of each aten op ``fn`` runs (a TorchDispatchMode timing each call), by op name and
     its first tensor's dtype (``mm[float32]``)."""
@@ -462,7 +543,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only",
-                        default="dispatch,fixed,optimizer,gemm,bandwidth,step,adapter,attention,dropout,adamw")
+                        default="dispatch,fixed,host,optimizer,gemm,bandwidth,step,adapter,attention,dropout,adamw")
     parser.add_argument("--cpu-time", action="store_true", help="time dispatch and optimizer with this thread's CPU "
                         "time (robust to other processes; meaningless for multi-threaded kernels)")
     args = parser.parse_args()
