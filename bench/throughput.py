@@ -190,6 +190,10 @@ def cause(r: dict[str, Any]) -> str:
     if over and s.get("attention") == "eager":
         found.append("eager attention's scores are counted at 30 element passes each; the softmax, mask and dropout kernels "
                      "of the run's stack may move more")
+    if shares["overhead"] >= 0.3:
+        found.append(f"the host's dispatch bounds the step ({shares['overhead']:.0%} of the predicted step is host time "
+                     "the device waits for: planner.kernels.host_op_seconds, the framework's host seconds per op measured "
+                     "with torch 2.13 on this repository's CPU + the CUDA path's); the run's own host and stack set it")
     if not over and shares["recompute"] >= 0.15:
         found.append(f"checkpointing's recompute ({shares['recompute']:.0%} of the predicted step) priced as a full second "
                      "forward of every block; selective or overlapped recompute costs less")

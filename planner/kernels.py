@@ -11,9 +11,12 @@ sum (no overlap of the two) is the roofline's upper bound: a large square-ish GE
 of the achieved matmul rate, a skinny one (LoRA's rank-r products, a small hidden size) at
 memory speed. The elementwise work of a block
 (norms, activations, rotary, residual adds, casts, dropout) and eager attention's materialised
-scores run at achieved memory bandwidth; each kernel also costs a host-side launch, which bounds
-small models (Horace He, "Making Deep Learning Go Brrrr From First Principles", 2022: overhead,
-bandwidth and compute are the three regimes; eager PyTorch spends ~10 us of host time per op).
+scores run at achieved memory bandwidth; each kernel also costs a launch-to-launch gap on the device.
+Eager PyTorch issues the kernels asynchronously from one host thread, ~10 us of host time per op
+(Horace He, "Making Deep Learning Go Brrrr From First Principles", 2022: overhead, bandwidth and
+compute are the three regimes), so a micro-step takes at least its host's dispatch: where the kernels
+are shorter (a small model, a short micro-batch) the device waits for the host (``host_op_seconds``,
+``host_excess``).
 """
 
 from __future__ import annotations
@@ -153,10 +156,33 @@ LOSS_BYTES_PER_LOGIT = 24
 
 #: Device time per kernel beyond its work: the launch-to-launch gap of back-to-back kernels in one
 #: stream, ~1 us on the GPU (NVIDIA Developer Blog, "Getting Started with CUDA Graphs", 2019:
-#: 2.9 us kernels ran at 3.8 us each when launched back to back); eager PyTorch's host dispatch
-#: (~10 us per op, Horace He, "Making Deep Learning Go Brrrr", overhead) hides behind the queue
-#: unless the kernels are tiny, where this gap and the host both bound the step.
+#: 2.9 us kernels ran at 3.8 us each when launched back to back).
 GPU_OP_SECONDS = 1e-6
+#: Host seconds per counted op (``ops_per_micro_step``) of an eager HF training micro-step apart from its kernels:
+#: Python, nn.Module calls, the dispatcher, autograd's nodes and backward, autocast's casts and checkpointing's
+#: bookkeeping, by (autocast, checkpointing: "none", "reentrant", "non-reentrant"). Measured (``bench/cpu_overhead.py
+#: host --cpu-time``, OMP_NUM_THREADS=1, torch 2.13, transformers 5.24, the 2-core AMD EPYC at load 1.2; at load 9.7
+#: the same run read 1.4-2.3x these): a whole forward +
+#: backward at widths where the kernels do nothing (8 tokens, hidden 32) over the ops counted, the median of gpt2
+#: (4 blocks), llama (4) and BERT-large (24, eager attention, sequence classification): fp32 6.5 / 7.0 / 5.8 us,
+#: bf16 autocast 10.9 / 11.5 / 9.8; under transformers 5's non-reentrant checkpoint (saved-tensor hooks on every
+#: saved tensor) 11.7 / 11.7 / 10.3 and 16.0 / 17.0 / 15.9; under the reentrant one transformers 4 called
+#: (``TrainConfig.reentrant_ckpt``) 8.6 / 8.1 / 7.3 and 12.6 / 13.3 / 12.2. A GPU's host runs the same Python and
+#: dispatcher. (The CPU profile keeps its own ``CPU_OP_SECONDS``, 9 and 14 us from an earlier ``fixed`` run of gpt2
+#: and llama that its CPU rows are scored with; ``fixed --cpu-time`` at load 1.1 now reads 6.5-7.5 and 10.1-12.6 us.)
+HOST_OP_SECONDS = {
+    (False, "none"): 6.5e-6, (True, "none"): 10.9e-6,
+    (False, "non-reentrant"): 11.7e-6, (True, "non-reentrant"): 16.0e-6,
+    (False, "reentrant"): 8.1e-6, (True, "reentrant"): 12.6e-6,
+}
+#: Host seconds the CUDA path adds to an eager op that launches a kernel (the caching allocator, the device guard
+#: and the launch itself): torch.add on an A100 costs 7.1 us of host time per call issued back to back
+#: (flagos-ai/FlagGems issue #4558, bf16 (1, 4096)) and 8 us (flagos-ai/Torch-FL PR #27, 'cuda_sub' add of 512^2,
+#: N ops then one sync: the host's cost), against 1.34 us for the same call on CPU tensors here
+#: (``bench/cpu_overhead.py dispatch --cpu-time``): ~6 us (different hosts; libcuda's cuLaunchKernel alone took
+#: 4.9 us from C, JuliaGPU/CUDAdrv.jl PR #15). One per counted op: the ops that launch a kernel (not views, not bare
+#: allocations) are 0.61-0.98 of the count in fp32 and 0.87-1.24 under autocast (``host``).
+CUDA_OP_HOST_SECONDS = 6e-6
 #: Ops per decoder block, forward: 7 linears, 2 RMSNorms x 6, rotary ~10, attention 3, activation
 #: 2, residual 2, views/transposes ~10 = ~45; backward about twice: ~135 per block per micro-step.
 OPS_PER_BLOCK = 135
@@ -659,6 +685,27 @@ def ops_per_micro_step(model: ModelSpec, config: TrainConfig) -> int:
     return ops
 
 
+def host_op_seconds(gpu: GPUSpec, config: TrainConfig) -> float:
+    """Host seconds per counted op that a GPU's micro-step cannot go below: the framework's (``HOST_OP_SECONDS``,
+    by autocast and checkpointing) and the CUDA path's (``CUDA_OP_HOST_SECONDS``). Autocast runs under torch AMP
+    (``*-mixed``) unless the sharding scheme computes on 16-bit parameters of its own without it
+    (``ShardingSpec.casts_model``: DeepSpeed, FSDP's MixedPrecision). 0.0 on the CPU profile, whose device is its
+    host: its ``DeviceRates.op_seconds`` are the whole step's host time per op already."""
+    if gpu.is_cpu:
+        return 0.0
+    autocast = config.precision.is_mixed and not config.sharding.spec.casts_model
+    ckpt = ("reentrant" if config.reentrant_ckpt else "non-reentrant") if config.grad_ckpt else "none"
+    return HOST_OP_SECONDS[autocast, ckpt] + CUDA_OP_HOST_SECONDS
+
+
+def host_excess(device_s: float, host_s: float) -> float:
+    """Seconds a micro-step's host dispatch adds beyond its device time: the device runs the kernels behind the
+    host, so the micro-step takes the longer of the two, ``max(device, host) - device``. The lower bound of the
+    overhead regime: the host runs ahead during long kernels (GEMMs) and the queue drains through the short ones;
+    where single kernels are shorter than their dispatch while others are longer, the step takes more."""
+    return host_s - device_s if host_s > device_s else 0.0
+
+
 # ---- fp8: torchao's float8 linears (``Precision.FP8``) -----------------------------------------
 #: Bytes per element of one eager fp8 cast (accelerate's torchao backend: tensorwise dynamic scales, no
 #: torch.compile), from the ops torchao runs: the amax, ``torch.max(torch.abs(x))`` (float8_utils.py:65:
@@ -766,6 +813,8 @@ class PricedTerms:
 
     fixed: tuple[float, ...]
     per_token: tuple[float, ...]
+    ops: int = 0
+    """Eager ops per micro-step (``ops_per_micro_step``): the host's share (``host_op_seconds``)."""
 
     def at(self, tokens: int) -> tuple[float, ...]:
         f, p = self.fixed, self.per_token
@@ -775,7 +824,7 @@ class PricedTerms:
 
 def price(terms: MicroTerms, rates: DeviceRates) -> PricedTerms:
     """The seconds of a micro-step's work at ``rates``."""
-    return PricedTerms(fixed=terms.fixed.seconds(rates), per_token=terms.per_token.seconds(rates))
+    return PricedTerms(fixed=terms.fixed.seconds(rates), per_token=terms.per_token.seconds(rates), ops=terms.fixed.ops)
 
 
 def micro_terms(model: ModelSpec, config: TrainConfig, gpu: GPUSpec | None = None) -> MicroTerms:
@@ -823,6 +872,8 @@ __all__ = [
     "fp8_work",
     "gemm",
     "gemm_seconds",
+    "host_excess",
+    "host_op_seconds",
     "matmul_fraction",
     "micro_step",
     "micro_terms",

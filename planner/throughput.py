@@ -14,7 +14,9 @@ overlap assumed; conservative, and each part can be calibrated on its own):
 * ``optimizer``   the optimizer update (memory bound on the device, or DeepSpeed's CPU Adam; on the CPU
                   torch.optim.AdamW's single-tensor path, its host time per tensor and the page faults
                   of its temporaries)
-* ``overhead``    host time per eager op the device waits for (small models, the CPU)
+* ``overhead``    the device's gap per kernel; the host's dispatch where it outlasts a micro-step's
+                  kernels (the step takes max(device, host): small models, short micro-batches); on
+                  the CPU every op's host time
 * ``comm``        gradient reduction and ZeRO parameter gathers between devices
 * ``offload``     host<->device copies of ZeRO-Offload
 
@@ -61,8 +63,11 @@ from planner.kernels import (
     fp8_seconds,
     fp8_work,
     fp32_adapters,
+    host_excess,
+    host_op_seconds,
     matmul_fraction,
     micro_terms,
+    ops_per_micro_step,
     price,
     rows_per_token,
     weight_cast_bytes,
@@ -300,6 +305,8 @@ def _utilization(gpu: GPUSpec, precision: Precision, utilization: float | None) 
 
 #: The parts of a step, in the order ``step_breakdown`` lists them (and the search sums them).
 PARTS = ("compute", "attention", "recompute", "elementwise", "dequant", "optimizer", "overhead", "comm", "offload")
+#: The parts the micro-steps' kernels (and their gaps) fill: what the host's dispatch bounds below.
+_MICRO_PARTS = PARTS[:4] + ("overhead",)
 
 #: bound once: reading a member through its class goes through ``EnumType.__getattr__``'s slow attribute
 #: path on CPython 3.11 (``planner.config``'s note), and the search reads these thousands of times a search
@@ -469,13 +476,15 @@ def _scheme_host_s(model: ModelSpec, config: TrainConfig) -> float:
 
 def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
                 update_bytes: float, params_total: int, quantized: int, host: tuple[float, float, float] = (0.0, 0.0, 0.0),
-                scheme_host: float = 0.0) -> tuple[float, ...]:
+                scheme_host: float = 0.0, dispatch: float = 0.0) -> tuple[float, ...]:
     """Seconds of each of ``PARTS`` from what the configuration's terms depend on beyond itself
     (``step_breakdown`` computes those afresh, ``ThroughputMemo`` once per search); ``micro`` is
     one micro-step's (gemm, attention, recompute, elementwise, overhead) seconds, ``casts`` its AMP
     weight-cast bytes (``planner.kernels.weight_cast_bytes``); ``host`` the CPU profile's (fresh bytes per
     micro-step, fresh bytes per step, optimizer host seconds): ``fresh_bytes``, ``_optimizer_host_s``; ``scheme_host``
-    the sharding scheme's host seconds per step (``_scheme_host_s``), in ``overhead``."""
+    the sharding scheme's host seconds per step (``_scheme_host_s``), in ``overhead``; ``dispatch`` a GPU's host
+    seconds per micro-step (its ops x ``planner.kernels.host_op_seconds``): where it outlasts the micro-step's
+    device time, the difference is in ``overhead`` (``planner.kernels.host_excess``)."""
     accum = config.grad_accum
     offloaded = config.sharding.offloaded
     device_bw = rates.kernels.bandwidth
@@ -491,6 +500,8 @@ def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], ca
     if fresh_micro or fresh_step or optimizer_host:
         elementwise_s += fresh_micro * rates.first_touch
         optimizer_s += fresh_step * rates.first_touch + optimizer_host
+    if dispatch:  # the device waits for the host where the micro-step's kernels are shorter than its dispatch
+        overhead_s += host_excess(gemm_s + attention_s + recompute_s + elementwise_s + overhead_s, dispatch)
     # the dequantisation, collectives and offload copies are 0 bytes (then 0.0 s, as their functions
     # give) without QLoRA, on one GPU and without offload: not called then (the search times ~1,700 plans)
     return (
@@ -529,8 +540,18 @@ def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utili
         trainable=trainable_params(model, config), update_bytes=_update_bytes_per_param(config, gpu),
         params_total=model.params_total, quantized=_quantized_weights(model) if config.method is Method.QLORA else 0,
         host=_host_terms(model, config, gpu), scheme_host=_scheme_host_s(model, config),
+        dispatch=_dispatch_s(model, config, gpu),
     )
     return dict(zip(PARTS, _with_paging(parts, paged_host, rates)))
+
+
+def _dispatch_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
+    """A GPU's host seconds per micro-step: its eager ops (fp8's casts and GEMMs among them) x
+    ``planner.kernels.host_op_seconds``; 0.0 on the CPU profile."""
+    ops = ops_per_micro_step(model, config)
+    if config.precision is Precision.FP8:
+        ops += fp8_work(model, config).ops
+    return ops * host_op_seconds(gpu, config)
 
 
 def _host_terms(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> tuple[float, float, float]:
@@ -543,7 +564,8 @@ def calibration_terms(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec) ->
     """The step as ``planner calibrate`` fits it, ``t = M / mfu + B / e + C``: M the seconds of
     every FLOP at the peak (GEMMs, attention, recompute), B the seconds of every device byte at the
     datasheet bandwidth (GEMM operands, elementwise work, dequantisation, the on-device optimizer
-    update), C the rest (per-op overhead, collectives, offload copies, host-side Adam)."""
+    update), C the rest (per-op overhead, the host's dispatch beyond the kernels where it bounds the micro-step
+    as priced at the defaults, collectives, offload copies, host-side Adam)."""
     micro = micro_terms(model, config, gpu).at(config.micro_batch * config.seq_len)
     peak = gpu.peak_tflops(config.precision) * 1e12
     bandwidth = gpu.mem_bandwidth_gbs * 1e9
@@ -614,14 +636,16 @@ class ThroughputMemo:
         terms, trainable, cast_bytes = found
         tokens = config.micro_batch * config.seq_len
         micro = terms.at(tokens)
+        ops = terms.ops
         if precision is _FP8:
             work = self._fp8.get(config.grad_ckpt)
             if work is None:
                 work = self._fp8[config.grad_ckpt] = fp8_work(self.model, config)
             micro = _with_fp8(micro, fp8_seconds(work, rates.kernels, tokens))
+            ops += work.ops
         parts = _step_parts(config, rates, micro, cast_bytes, trainable, update_bytes, self.model.params_total,
                             self._quantized, _host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else _NO_HOST,
-                            _scheme_host_s(self.model, config))
+                            _scheme_host_s(self.model, config), ops * host_op_seconds(self.gpu, config))
         return _with_paging(parts, paged_host, rates) if paged_host else parts
 
     def knob_class(self, config: TrainConfig) -> tuple | None:
@@ -728,6 +752,12 @@ def estimate_throughput(
     if config.precision is Precision.FP8:
         assumptions.append(f"fp8: torchao's float8 linears (accelerate's torchao backend, eager) at {gpu.fp8_tflops:g} "
                            f"TFLOP/s FP8 peak x {utilization:.0%}; each cast of an operand to fp8 at memory speed")
+    dispatch = _dispatch_s(model, config, gpu)
+    micro_s = sum(breakdown[k] for k in _MICRO_PARTS) - _scheme_host_s(model, config)  # per step, all micro-steps
+    if dispatch and micro_s <= dispatch * config.grad_accum * (1 + 1e-9):
+        assumptions.append(f"host-bound: each micro-step's eager ops take {dispatch:.3g} s of host dispatch "
+                           f"({host_op_seconds(gpu, config) * 1e6:.1f} us each: Python, dispatcher, autograd, autocast and "
+                           "the CUDA launch), longer than their kernels, which wait for it")
     if breakdown["overhead"]:
         units = _scheme_host_s(model, config)  # FSDP1's adapter units (ShardingSpec.host_seconds)
         assumptions.append(f"{breakdown['overhead']:.3g} s of host time per step the device waits for "

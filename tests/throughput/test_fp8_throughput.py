@@ -16,6 +16,8 @@ from planner.kernels import (
     DeviceRates,
     fp8_seconds,
     fp8_work,
+    host_op_seconds,
+    ops_per_micro_step,
 )
 from planner.throughput import ThroughputMemo, step_breakdown
 
@@ -68,9 +70,21 @@ def test_the_step_adds_fp8_seconds_to_bf16_mixed_and_the_memo_agrees(spec, ckpt)
     assert deltas["attention"] == deltas["optimizer"] == deltas["comm"] == 0
     assert deltas["compute"] < 0 and deltas["elementwise"] > 0 and deltas["overhead"] > 0
     assert (deltas["recompute"] < 0) == ckpt
-    # per micro-step x 2 micro-steps
-    assert deltas["overhead"] == pytest.approx(2 * work.ops * 1e-6)
+    # two blocks at 1,024 tokens: the host's dispatch outlasts the kernels in both (planner.kernels.host_op_seconds),
+    # so each micro-step is its ops x the host seconds per op, fp8's 2 x 7 x 60 eager ops among them (x 2 micro-steps)
+    micro = ("compute", "attention", "recompute", "elementwise", "overhead")
+    ops = ops_per_micro_step(spec, bf16)
+    assert sum(a[k] for k in micro) == pytest.approx(2 * ops * host_op_seconds(gpu, bf16), rel=1e-12)
+    assert sum(b[k] for k in micro) == pytest.approx(2 * (ops + work.ops) * host_op_seconds(gpu, fp8), rel=1e-12)
     assert ThroughputMemo(spec, gpu).breakdown(fp8) == b  # the search's memo: the same floats
+
+
+def test_fp8_adds_its_ops_gaps_where_the_device_bounds_the_step():
+    # Llama-3.1-8B at 4 x 2048 tokens: the kernels outlast the host, so fp8's ops add their 1 us gaps alone
+    spec, gpu = resolve_model("meta-llama/Llama-3.1-8B"), get_gpu("h100-80gb")
+    bf16 = TrainConfig(precision="bf16-mixed", micro_batch=4, seq_len=2048, grad_accum=2)
+    a, b = (step_breakdown(model=spec, config=c, gpu=gpu) for c in (bf16, bf16.replace(precision="fp8")))
+    assert b["overhead"] - a["overhead"] == pytest.approx(2 * fp8_work(spec, bf16.replace(precision="fp8")).ops * 1e-6)
 
 
 def test_eager_fp8_is_predicted_slower_than_bf16_mixed_on_h100():
