@@ -529,6 +529,12 @@ def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utili
     """Seconds of one optimizer step by part (the search ranks on their sum; see
     ``estimate_throughput`` for the assumptions); ``paged_host``: the paged optimizer states the
     memory estimate leaves on the host (``MemoryEstimate.paged_host_bytes``)."""
+    return _breakdown(model, config, gpu, utilization, paged_host, _dispatch_s(model, config, gpu))
+
+
+def _breakdown(model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization: float | None, paged_host: int,
+               dispatch: float) -> dict[str, float]:
+    """``step_breakdown`` with ``dispatch`` the host seconds per micro-step the kernels cannot go below (0.0: none)."""
     rates = _rates(gpu, config.precision, utilization)
     tokens = config.micro_batch * config.seq_len
     micro = price(micro_terms(model, config, gpu), rates.kernels).at(tokens)
@@ -539,8 +545,7 @@ def step_breakdown(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utili
         micro=micro,
         trainable=trainable_params(model, config), update_bytes=_update_bytes_per_param(config, gpu),
         params_total=model.params_total, quantized=_quantized_weights(model) if config.method is Method.QLORA else 0,
-        host=_host_terms(model, config, gpu), scheme_host=_scheme_host_s(model, config),
-        dispatch=_dispatch_s(model, config, gpu),
+        host=_host_terms(model, config, gpu), scheme_host=_scheme_host_s(model, config), dispatch=dispatch,
     )
     return dict(zip(PARTS, _with_paging(parts, paged_host, rates)))
 
@@ -564,12 +569,13 @@ def calibration_terms(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec) ->
     """The step as ``planner calibrate`` fits it, ``t = M / mfu + B / e + C``: M the seconds of
     every FLOP at the peak (GEMMs, attention, recompute), B the seconds of every device byte at the
     datasheet bandwidth (GEMM operands, elementwise work, dequantisation, the on-device optimizer
-    update), C the rest (per-op overhead, the host's dispatch beyond the kernels where it bounds the micro-step
-    as priced at the defaults, collectives, offload copies, host-side Adam)."""
+    update), C the rest (per-op overhead, collectives, offload copies, host-side Adam). The host's dispatch
+    (``planner.kernels.host_op_seconds``) is left out: ``max(device, host)`` has no term in this sum, so a run the
+    host bounds (a small model at a short micro-batch) is not one the fit can read rates from."""
     micro = micro_terms(model, config, gpu).at(config.micro_batch * config.seq_len)
     peak = gpu.peak_tflops(config.precision) * 1e12
     bandwidth = gpu.mem_bandwidth_gbs * 1e9
-    parts = step_breakdown(model=model, config=config, gpu=gpu)
+    parts = _breakdown(model, config, gpu, None, 0, 0.0)  # the device's side: the host floor is no linear term
     on_device = not config.sharding.offloaded  # else the optimizer is DeepSpeed's CPU Adam: host DRAM
     # the CPU's page faults and optimizer host time are in the optimizer part but at neither rate: C
     fresh_micro, fresh_step, optimizer_host = _host_terms(model, config, gpu)
