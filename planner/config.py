@@ -394,7 +394,7 @@ class TrainConfig:
     inside the layer, or a non-reentrant one (the planner's own runs)."""
     experts_loop: bool = False
     """MoE experts as transformers 4 builds and runs them (Mixtral: an nn.ModuleList of per-expert nn.Linear
-    w1/w3/w2 looped over in Python, 4.48.1 models/mixtral/modeling_mixtral.py l.68-118): the model is planned with
+    w1/w3/w2 looped over in Python, 4.48.1 models/mixtral/modeling_mixtral.py l.67-150): the model is planned with
     ``planner.memory.moe.per_expert_layout`` (4-bit experts under QLoRA, all-linear adapting w1/w2/w3, the loop's
     saved tensors and eager ops); False: transformers 5's fused expert stacks run by grouped_mm."""
     kbit_upcast: bool = True

@@ -2,7 +2,7 @@
 ``planner.memory.moe.looped``): what ``planner.kernels`` asks of an MoE block whose experts are nn.Linear
 modules run one after another in Python.
 
-MixtralSparseMoeBlock.forward (transformers 4.48.1 models/mixtral/modeling_mixtral.py l.112-151) runs, for
+MixtralSparseMoeBlock.forward (transformers 4.48.1 models/mixtral/modeling_mixtral.py l.112-150) runs, for
 each of the E experts, ``torch.where(expert_mask[expert_idx])`` (a nonzero: the host waits for the device
 to know the count), the gather ``hidden_states[None, top_x]``, the expert's three nn.Linear GEMMs on its
 ~T·k/E rows with act and the product between them (MixtralBlockSparseTop2MLP.forward l.85-88), the weighting
@@ -26,7 +26,7 @@ from planner.modelspec import ModelSpec
 #: (modeling_mixtral.py l.143-148; the cast is a no-op where the output is in the stream's dtype).
 LOOP_ELEMENTS_PER_SLOT = 7
 #: Eager ops per expert in the loop's forward: where (nonzero and its copy to the host), the gather, w1,
-#: w3, act, the product, w2, the routing weight's index, the weighting, the cast, index_add_ (l.140-148).
+#: w3, act, the product, w2, the routing weight's index, the weighting, the cast, index_add_ (l.138-148).
 LOOP_FORWARD_OPS = 12
 #: ... and in its backward: index_add_'s (index_select), the cast's, the weighting's two products, the
 #: routing weight's IndexBackward (zeros and index_put), w2's input gradient, the product's two, act's, w1's

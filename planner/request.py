@@ -256,12 +256,11 @@ _FIELDS = (
            terms="FSDP1's retained layer-input gradients (planner/sharding/fsdp1.py retained_input_gradients, "
            "memory/step.py)", trainers=(("hf", None),) + _NO_TRAINER_KEY),
     # transformers 4's MoE experts: MixtralSparseMoeBlock held an nn.ModuleList of MixtralBlockSparseTop2MLP, each
-    # with nn.Linear w1/w3/w2, and looped over them in Python (4.48.1 models/mixtral/modeling_mixtral.py l.68-118,
+    # with nn.Linear w1/w3/w2, and looped over them in Python (4.48.1 models/mixtral/modeling_mixtral.py l.67-150,
     # ``for expert_idx in range(self.num_experts)``); transformers 5 fuses them into 3D stacks run by grouped_mm
     # (planner/memory/moe.py). The installed transformers builds the fused stacks: emit and the worker cannot run it
-    _field("experts_loop", bool, False, "MoE experts as transformers 4 builds them (Mixtral): per-expert nn.Linear "
-           "modules run in an eager loop (bitsandbytes quantises them under QLoRA, all-linear adapts them as "
-           "w1/w2/w3); default: transformers 5's fused expert stacks run by grouped_mm.",
+    _field("experts_loop", bool, False, "MoE experts as transformers 4 built them (Mixtral): per-expert nn.Linear "
+           "modules in an eager loop, 4-bit under QLoRA (default: transformers 5's fused stacks).",
            memo=(STATIC, BATCH), recipe=True,
            terms="the experts' weights, quantisation, adapters and saved tensors (memory/moe.py per_expert_layout, "
            "loop_expert_bytes)", trainers=(("hf", None),) + _NO_TRAINER_KEY),

@@ -77,9 +77,9 @@ def experts(hidden: int, inter: int, count: int, top_k: int, *, up: str = "gate_
 
 
 #: the model types whose transformers-4 expert layout ``per_expert_layout`` builds: Mixtral's
-#: MixtralBlockSparseTop2MLP (transformers 4.48.1 models/mixtral/modeling_mixtral.py l.68-83: nn.Linear w1
+#: MixtralBlockSparseTop2MLP (transformers 4.48.1 models/mixtral/modeling_mixtral.py l.67-82: nn.Linear w1
 #: [H -> I], w2 [I -> H], w3 [H -> I], no bias) in MixtralSparseMoeBlock's ``self.experts = nn.ModuleList(...)``
-#: beside its router ``self.gate = nn.Linear(hidden, num_experts, bias=False)`` (l.102-106)
+#: beside its router ``self.gate = nn.Linear(hidden, num_experts, bias=False)`` (l.105-107)
 PER_EXPERT_TYPES = frozenset({"mixtral"})
 
 
@@ -94,7 +94,7 @@ def per_expert_layout(model: ModelSpec) -> ModelSpec:
 
     if model.model_type not in PER_EXPERT_TYPES:
         raise UnsupportedError(f"--experts-loop (transformers 4's per-expert MoE modules) is modelled for "
-                               f"{', '.join(sorted(PER_EXPERT_TYPES))} only; {model.id} is {model.model_type}: "
+                               f"{', '.join(sorted(PER_EXPERT_TYPES))} only, not {model.id} (model type {model.model_type}): "
                                "drop --experts-loop")
     if model.other_blocks:  # Mixtral's blocks are all alike; a v4 layout of mixed blocks is not built here
         raise UnsupportedError(f"--experts-loop is not modelled for {model.id}'s mixed blocks: drop --experts-loop")

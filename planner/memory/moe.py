@@ -23,7 +23,7 @@ saved bytes depend on T·k alone: the balanced-routing assumption changes nothin
 
 **transformers 4's loop** (``TrainConfig.experts_loop``; ``catalog.modern.per_expert_layout`` makes the
 experts nn.Linear modules w1/w3/w2): MixtralSparseMoeBlock.forward (4.48.1 models/mixtral/modeling_mixtral.py
-l.112-151) runs each expert on its own tokens, ``idx, top_x = torch.where(expert_mask[expert_idx])``,
+l.112-150) runs each expert on its own tokens, ``idx, top_x = torch.where(expert_mask[expert_idx])``,
 ``hidden_states[None, top_x]``, ``expert_layer(current_state) * routing_weights[top_x, idx, None]``,
 ``final_hidden_states.index_add_(0, top_x, ...)``: ``loop_expert_bytes``. The experts' saved tensors
 summed over the experts again depend on T·k alone (each slot is in one expert's share); the backward
@@ -60,7 +60,7 @@ TERM_SOURCES = {
     "moe/norms": "Gemma 4's MoE block: pre_feedforward_layernorm_2 before the experts, post_feedforward_layernorm_1/_2 "
                  "on the dense MLP's and the experts' outputs (Gemma4TextDecoderLayer.forward; moe.parallel_norm_bytes)",
     "moe/expert_loop": "transformers 4's per-expert loop (MixtralSparseMoeBlock.forward, 4.48.1 modeling_mixtral.py "
-                       "l.112-151; experts_loop), per routed slot: top_x and idx (int64) the gathers keep, the experts' "
+                       "l.112-150; experts_loop), per routed slot: top_x and idx (int64) the gathers keep, the experts' "
                        "nn.Linear inputs where they train or are adapted, w1's and w3's outputs, act(w1), w2's output and "
                        "the routing weight the weighting multiplies (moe.loop_expert_bytes)",
     "lora/expert_weights": "LoRA on expert stacks and the router (peft ParamWrapper): the merged weight W + BA the "
@@ -445,11 +445,11 @@ def moe_block_terms(ctx: BlockContext, *, act_saved: int, keeps_output: bool) ->
 
 def loop_expert_bytes(ctx: BlockContext, *, act_saved: int) -> int:
     """What transformers 4's per-expert loop keeps (MixtralSparseMoeBlock.forward, 4.48.1
-    models/mixtral/modeling_mixtral.py l.112-151; the expert, MixtralBlockSparseTop2MLP.forward l.85-88:
+    models/mixtral/modeling_mixtral.py l.112-150; the expert, MixtralBlockSparseTop2MLP.forward l.79-82:
     ``self.w2(self.act_fn(self.w1(x)) * self.w3(x))``), summed over the experts, per routed slot (each
     of the S = T·k slots is in one expert's ``top_x``), c bytes an element (the projections' output
     dtype: autocast's 16 bits, bitsandbytes Linear4bit's ``out.to(inp_dtype)``), r the routing weights'
-    (``routing_weights.to(hidden_states.dtype)``, l.131: the normed stream's dtype):
+    (``routing_weights.to(hidden_states.dtype)``, l.125: the normed stream's dtype):
 
     * ``hidden_states[None, top_x]`` (l.143): IndexBackward0 saves ``top_x`` (int64) when the input needs a
       gradient; ``index_add_(0, top_x, ...)`` (l.148) saves the same tensor when the expert's output does;
@@ -466,7 +466,8 @@ def loop_expert_bytes(ctx: BlockContext, *, act_saved: int) -> int:
       c and r), for its gradient's ``expand_as(source)`` (torch tools/autograd/derivatives.yaml ``index_add``).
 
     Frozen experts (LoRA on the attention): S·(8 + 8 + c·(3I + H) + r + H·max(c, r)), measured on a tiny
-    Mixtral (tests/memory/test_expert_loop.py)."""
+    Mixtral (tests/memory/test_expert_loop.py). transformers 4.39.3 (modeling_mixtral.py l.870-877) indexed
+    with ``top_x.tolist()`` and ``idx.tolist()``, each index a new int64 tensor: 16 B a slot more, not counted."""
     mode, h, s = ctx.mode, ctx.dims.h, slots(ctx)
     inter, _, _ = expert_dims(ctx.model)
     c, r = mode.compute, mode.residual

@@ -1,7 +1,7 @@
 """transformers 4's per-expert MoE loop (``TrainConfig.experts_loop``; planner/memory/moe.py loop_expert_bytes,
 planner/catalog/modern.py per_expert_layout): by hand, and against what autograd keeps in a tiny Mixtral whose
 MoE blocks are a hand-built module that runs transformers 4.48.1's MixtralSparseMoeBlock.forward
-(models/mixtral/modeling_mixtral.py l.112-151: nn.Linear experts w1/w3/w2 in an nn.ModuleList, a Python loop
+(models/mixtral/modeling_mixtral.py l.85-150: nn.Linear experts w1/w3/w2 in an nn.ModuleList, a Python loop
 over them). transformers 5.24's ``experts_implementation="eager"`` is not that loop: it slices the 3D stacks
 (``F.linear(x, self.gate_up_proj[i])``: no nn.Linear for peft or bitsandbytes, a fused gate_up) and keeps the
 routing weights fp32, so the test builds transformers 4's block itself."""
@@ -84,8 +84,8 @@ def test_loop_by_hand_frozen_experts():
 
 
 def _v4_block(config):
-    """A module that runs as transformers 4.48.1's MixtralSparseMoeBlock (modeling_mixtral.py l.91-151) with
-    MixtralBlockSparseTop2MLP experts (l.68-88), written from their source (jitter 0, returned without the
+    """A module that runs as transformers 4.48.1's MixtralSparseMoeBlock (modeling_mixtral.py l.85-150) with
+    MixtralBlockSparseTop2MLP experts (l.67-82), written from their source (jitter 0, returned without the
     router logits, which the v4 decoder layer drops in training)."""
     import torch
     from torch import nn
