@@ -16,6 +16,7 @@ from planner.config import TrainConfig
 from planner.errors import UnsupportedError
 from planner.gpus import CPU_KERNELS
 from planner.memory.activations import step_activations
+from test_moe import saved_in_second_mlp  # noqa: E402
 
 # T = 2 x 32 = 64 tokens, H = 64, I = 96, E = 4, k = 2: S = 128 routed slots
 TINY = dict(model_type="mixtral", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -149,26 +150,7 @@ def _saved_in_v4_moe_block(precision: str, targets: tuple[str, ...] | None) -> i
         # transformers 4's runs (0.13) wrapped the modules themselves: the model type hidden from the conversion
         model.config.model_type = "mixtral-v4"
         model = get_peft_model(model, LoraConfig(r=4, target_modules=list(targets)))
-    model.train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    block = model.get_decoder().layers[1].mlp
-    seen: dict[int, int] = {}
-    inside = [False]
-
-    def pack(t):
-        if inside[0]:
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in params:
-                seen.setdefault(ptr, t.untyped_storage().nbytes())
-        return t
-
-    block.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
-    block.register_forward_hook(lambda *_: inside.__setitem__(0, False))
-    ids = torch.randint(0, 256, (2, 32))
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        model(input_ids=ids, labels=ids).loss.backward()
-    return sum(seen.values())
+    return saved_in_second_mlp(model, precision)
 
 
 @pytest.mark.parametrize(("precision", "targets"), [
