@@ -96,7 +96,7 @@ def map_row(row: dict[str, Any]) -> tuple[Any, Any, Any, list[str]]:
 
     Raises ``Unscorable`` when the model does not resolve or the configuration is refused."""
     from planner.errors import PlannerError
-    from planner.estimation import build_config, resolve
+    from planner.estimation import build_config, model_as_run, resolve
 
     settings = row["settings"]
     fields = config_fields()
@@ -110,13 +110,14 @@ def map_row(row: dict[str, Any]) -> tuple[Any, Any, Any, list[str]]:
         unmodelled.append("optimizer_in_bwd")
     try:
         spec, gpu = resolve(model=model_source(settings), gpu=settings["gpu_id"])
-        if spec.is_moe and settings.get("transformers_major", 5) < 5:
+        if spec.is_moe and settings.get("transformers_major", 5) < 5 and not settings.get("experts_loop"):
             # transformers 4 built each expert of an MoE layer from nn.Linear modules (bitsandbytes
             # quantised them, and the eager loop ran each on its tokens); 5 fuses them into 3D
-            # parameters run by grouped_mm, which stay unquantised (planner/memory/moe.py): the
-            # planner models the stack a user installs today, not the one this row ran on
+            # parameters run by grouped_mm, which stay unquantised (planner/memory/moe.py): a row
+            # that ran on 4 is planned with experts_loop, which it must state
             raise Unscorable(f"ran on transformers {settings['transformers_major']}, whose MoE experts were "
-                             "nn.Linear modules; the planner models transformers 5's fused expert stacks")
+                             "nn.Linear modules, and does not state experts_loop")
+        spec = model_as_run(spec, options)  # experts_loop: transformers 4's per-expert modules
         if "ds_buffers" in settings:
             # the run read its own ds_config: the bucket keys it sets (none: DeepSpeed's defaults,
             # planner.sharding.zero.zero_buckets), not the file the planner writes

@@ -108,7 +108,7 @@ class Loop(enum.StrEnum):
 #: a payload without them decodes to their defaults, which are the behaviour it was planned with.
 #: torchtune's ``optimizer_in_bwd`` and ``loss_chunks`` were added within version 3 the same way,
 #: written only where set, and so were QLoRA's ``kbit_upcast`` and the loss' ``loss_upcast`` (written
-#: only where False) and ``loss_shift`` and ``reentrant_ckpt`` (only where True), and ``rope_scaling`` (only where set).
+#: only where False) and ``loss_shift``, ``reentrant_ckpt`` and ``experts_loop`` (only where True), and ``rope_scaling`` (only where set).
 #: Version 3 names the sharding scheme (``sharding``, ``planner.sharding``) where no ``--zero``
 #: stage names it; a configuration whose scheme a stage names (none, DDP, ZeRO-1/2/3) is still
 #: written as version 2 (``zero`` and ``offload``), so that version-2 readers read it and stored
@@ -392,6 +392,11 @@ class TrainConfig:
     around the layer's FSDP1 unit, which then keeps each frozen layer's input gradient to the end of
     backward (``planner.sharding.fsdp1.retained_input_gradients``); False: transformers 5's checkpoint
     inside the layer, or a non-reentrant one (the planner's own runs)."""
+    experts_loop: bool = False
+    """MoE experts as transformers 4 builds and runs them (Mixtral: an nn.ModuleList of per-expert nn.Linear
+    w1/w3/w2 looped over in Python, 4.48.1 models/mixtral/modeling_mixtral.py l.67-150): the model is planned with
+    ``planner.memory.moe.per_expert_layout`` (4-bit experts under QLoRA, all-linear adapting w1/w2/w3, the loop's
+    saved tensors and eager ops); False: transformers 5's fused expert stacks run by grouped_mm."""
     kbit_upcast: bool = True
     """QLoRA's k-bit preparation upcasts every non-4-bit parameter to fp32 (peft's
     ``prepare_model_for_kbit_training``, peft 0.21 utils/other.py:204-209: norms, embeddings, the
@@ -419,7 +424,7 @@ class TrainConfig:
                  sharding: Sharding | str = NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
                  loop: Loop | str = Loop.TRAINER, fused_ce: bool = False, packing: bool = True,
                  use_cache: bool = False, optimizer_in_bwd: bool = False, loss_chunks: int = 1,
-                 loss_upcast: bool = True, loss_shift: bool = False, reentrant_ckpt: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, rope_scaling: str | None = None, zero: int | None = None, offload: Offload | str | None = None) -> None:
+                 loss_upcast: bool = True, loss_shift: bool = False, reentrant_ckpt: bool = False, experts_loop: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, rope_scaling: str | None = None, zero: int | None = None, offload: Offload | str | None = None) -> None:
         # The dataclass's own __init__ with every field and its default (a test holds them equal),
         # setting all fields at once: the generated one makes one object.__setattr__ call per frozen
         # field, half the cost of a construction (the search makes hundreds per request). ``zero``
@@ -430,7 +435,7 @@ class TrainConfig:
             "attention": attention, "lora_r": lora_r, "lora_targets": lora_targets, "sharding": sharding,
             "alloc_conf": alloc_conf, "lora_dropout": lora_dropout, "loop": loop, "fused_ce": fused_ce,
             "packing": packing, "use_cache": use_cache, "optimizer_in_bwd": optimizer_in_bwd,
-            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "reentrant_ckpt": reentrant_ckpt, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
+            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "reentrant_ckpt": reentrant_ckpt, "experts_loop": experts_loop, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
             "generate_tokens": generate_tokens, "rope_scaling": rope_scaling,
         })
         self.__post_init__(zero, offload)
@@ -463,9 +468,10 @@ class TrainConfig:
         if not (type(fields["fused_ce"]) is bool and type(fields["packing"]) is bool  # bool has no subclasses
                 and type(fields["use_cache"]) is bool and type(fields["optimizer_in_bwd"]) is bool
                 and type(fields["kbit_upcast"]) is bool and type(fields["loss_upcast"]) is bool
-                and type(fields["loss_shift"]) is bool and type(fields["reentrant_ckpt"]) is bool):
+                and type(fields["loss_shift"]) is bool and type(fields["reentrant_ckpt"]) is bool
+                and type(fields["experts_loop"]) is bool):
             flag = next(flag for flag in ("fused_ce", "packing", "use_cache", "optimizer_in_bwd", "kbit_upcast",
-                                          "loss_upcast", "loss_shift", "reentrant_ckpt")
+                                          "loss_upcast", "loss_shift", "reentrant_ckpt", "experts_loop")
                         if type(fields[flag]) is not bool)
             raise InvalidConfigError(f"{flag} must be true or false, got {fields[flag]!r}")
         for name, bound in _COUNT_BOUNDS:
@@ -679,7 +685,7 @@ class TrainConfig:
         return {
             # torchtune's settings are version 3's: a version-2 reader would drop them
             "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding and not self._torchtune_set and self.kbit_upcast
-            and self.loss_upcast and not self.loss_shift and not self.reentrant_ckpt and not self.rope_scaling
+            and self.loss_upcast and not self.loss_shift and not self.reentrant_ckpt and not self.experts_loop and not self.rope_scaling
             else CONFIG_VERSION,
             "method": str(self.method),
             "precision": str(self.precision),
@@ -707,6 +713,7 @@ class TrainConfig:
             **({"loss_upcast": False} if not self.loss_upcast else {}),
             **({"loss_shift": True} if self.loss_shift else {}),
             **({"reentrant_ckpt": True} if self.reentrant_ckpt else {}),
+            **({"experts_loop": True} if self.experts_loop else {}),
             # the evaluation settings only where the run evaluates: a payload without them is a
             # run without an eval pass, and keeps its bytes
             **({"eval_batch": self.eval_batch, "eval_seq_len": self.eval_seq_len,
@@ -771,6 +778,8 @@ class TrainConfig:
             parts.append("shifted-logits loss")
         if self.reentrant_ckpt:
             parts.append("reentrant ckpt")
+        if self.experts_loop:
+            parts.append("per-expert loop")
         if not self.kbit_upcast:
             parts.append("no-kbit-upcast")
         if self.evaluates:

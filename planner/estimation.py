@@ -37,6 +37,17 @@ def resolve(*, model: str, gpu: str, gpu_mem_bytes: int | None = None,
     return spec, apply_calibration(get_gpu(gpu, memory_bytes=gpu_mem_bytes), calibration)
 
 
+def model_as_run(spec: "ModelSpec", options: Mapping[str, Any]) -> "ModelSpec":
+    """The model as the request's transformers builds it: with ``experts_loop``, transformers 4's per-expert
+    MoE modules (``planner.catalog.modern.per_expert_layout``; refused for a model type it does not build),
+    else ``spec`` (transformers 5's fused expert stacks)."""
+    if not options.get("experts_loop"):
+        return spec
+    from planner.catalog.modern import per_expert_layout
+
+    return per_expert_layout(spec)
+
+
 def default_seq_len(spec: "ModelSpec") -> int:
     return min(DEFAULT_SEQ_LEN, spec.max_seq_len)
 
@@ -150,6 +161,7 @@ def estimate_configuration(*, spec: "ModelSpec", gpu: "GPUSpec", seq_len: int | 
     from planner.search import safety_margin
     from planner.throughput import estimate_throughput
 
+    spec = model_as_run(spec, options)
     config = build_config(spec, gpu, seq_len=seq_len, **options)
     usable = gpu.memory_bytes - safety_margin(gpu.memory_bytes)
     memory = estimate_memory(model=spec, config=config, gpu=gpu, budget=usable)  # (fits as suggest's plans do)

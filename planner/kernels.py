@@ -31,6 +31,7 @@ from planner.memory.dtypes import ADAPTER_BYTES, fp8_converts
 from planner.memory.parameters import stack_targets
 from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import LinearKind, LinearSpec, ModelSpec
+from planner.moe_loop import loop_ops, loop_slot_elements
 
 # ---- achieved matmul rate per device ---------------------------------------------------------
 
@@ -371,6 +372,8 @@ def _base_gemms(model: ModelSpec, elem: int) -> tuple[float, ...]:
         f += 2.0 * n * rows * lin.out_features * lin.in_features
         t += n * rows * (lin.in_features + lin.out_features) * elem
         w += n * lin.count * lin.in_features * lin.out_features * elem
+    # transformers 4's per-expert loop: its gathers and scatters around the experts' GEMMs (planner.moe_loop)
+    t += sum(n * loop_slot_elements(view) for n, _, view in model.block_kinds) * elem
     hf = ht = hw = 0.0
     if model.lm_head_params:
         hf = 2.0 * model.vocab_size * model.hidden_size
@@ -682,7 +685,7 @@ def ops_per_micro_step(model: ModelSpec, config: TrainConfig) -> int:
         ops += adapted * OPS_PER_ADAPTER
     if config.method is Method.QLORA:
         ops += sum(n * len(linears) for n, linears in model.all_blocks) * OPS_PER_QUANTIZED * (3 if config.grad_ckpt else 2) // 2
-    return ops
+    return ops + loop_ops(model, config, quantized_ops=OPS_PER_QUANTIZED)  # transformers 4's expert loop
 
 
 def host_op_seconds(gpu: GPUSpec, config: TrainConfig) -> float:

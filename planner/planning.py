@@ -101,7 +101,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     from planner.catalog import fingerprint
     from planner.config import Method, Precision
     from planner.errors import InvalidConfigError
-    from planner.estimation import check_recipe, default_seq_len, resolve
+    from planner.estimation import check_recipe, default_seq_len, model_as_run, resolve
     from planner.gpus import check_precision, get_gpu
     from planner.host import node_host_ram
     from planner.limits import check_model_id, check_search_cost
@@ -113,6 +113,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     else:
         device = get_gpu(request.gpu, memory_bytes=request.gpu_mem_bytes)
     device = apply_calibration(device, calibration)
+    spec = model_as_run(spec, recipe_of(request))
     if request.method != AUTO and request.method not in {m.value for m in Method}:
         raise InvalidConfigError(f"--method must be one of auto|{'|'.join(m.value for m in Method)}, got {request.method!r}")
     if request.precision != AUTO and request.precision not in {p.value for p in Precision}:

@@ -255,6 +255,15 @@ _FIELDS = (
            memo=(BATCH,), recipe=True,
            terms="FSDP1's retained layer-input gradients (planner/sharding/fsdp1.py retained_input_gradients, "
            "memory/step.py)", trainers=(("hf", None),) + _NO_TRAINER_KEY),
+    # transformers 4's MoE experts: MixtralSparseMoeBlock held an nn.ModuleList of MixtralBlockSparseTop2MLP, each
+    # with nn.Linear w1/w3/w2, and looped over them in Python (4.48.1 models/mixtral/modeling_mixtral.py l.67-150,
+    # ``for expert_idx in range(self.num_experts)``); transformers 5 fuses them into 3D stacks run by grouped_mm
+    # (planner/memory/moe.py). The installed transformers builds the fused stacks: emit and the worker cannot run it
+    _field("experts_loop", bool, False, "MoE experts as transformers 4 built them (Mixtral): per-expert nn.Linear "
+           "modules in an eager loop, 4-bit under QLoRA (default: transformers 5's fused stacks).",
+           memo=(STATIC, BATCH), recipe=True,
+           terms="the experts' weights, quantisation, adapters and saved tensors (memory/moe.py per_expert_layout, "
+           "loop_expert_bytes)", trainers=(("hf", None),) + _NO_TRAINER_KEY),
     # QLoRA's k-bit preparation: peft's prepare_model_for_kbit_training (the HF/TRL path, emit's
     # train.py and the worker) upcasts every non-4-bit parameter to fp32 (peft 0.21 utils/other.py:204-209);
     # fms-acceleration's accelerated-peft-bnb, torchtune's QLoRA recipes, LLaMA-Factory
@@ -409,6 +418,8 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
         parts.append("transformers 4's loss on a shifted copy of the logits")
     if values.get("reentrant_ckpt"):
         parts.append("transformers 4's reentrant checkpoint around each layer")
+    if values.get("experts_loop"):
+        parts.append("transformers 4's per-expert MoE modules")
     if values.get("rope_scaling"):
         parts.append(f"RoPE scaling {values['rope_scaling']}")
     if values.get("eval_batch"):

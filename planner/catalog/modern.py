@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from planner.catalog.blocks import ConfigReader, K, common_fields, lin, qkvo, swiglu, untied_head
-from planner.modelspec import BlockGroup, GatedDeltaNet, LatentAttention, LinearSpec, Mamba2, MoeRouting
+from planner.modelspec import BlockGroup, GatedDeltaNet, LatentAttention, LinearSpec, Mamba2, ModelSpec, MoeRouting
 
 Block = tuple[str, tuple[LinearSpec, ...], int]
 """(label, linears, other parameters) of one decoder block."""
@@ -74,6 +74,46 @@ def experts(hidden: int, inter: int, count: int, top_k: int, *, up: str = "gate_
         dataclasses.replace(fused, lora_rank=2) if peft_fused and gated else fused,
         lin("down_proj", inter, hidden, bias, K.MLP_OUT, count=count, active=top_k, module=False),
     ]
+
+
+#: the model types whose transformers-4 expert layout ``per_expert_layout`` builds: Mixtral's
+#: MixtralBlockSparseTop2MLP (transformers 4.48.1 models/mixtral/modeling_mixtral.py l.67-82: nn.Linear w1
+#: [H -> I], w2 [I -> H], w3 [H -> I], no bias) in MixtralSparseMoeBlock's ``self.experts = nn.ModuleList(...)``
+#: beside its router ``self.gate = nn.Linear(hidden, num_experts, bias=False)`` (l.105-107)
+PER_EXPERT_TYPES = frozenset({"mixtral"})
+
+
+def per_expert_layout(model: ModelSpec) -> ModelSpec:
+    """``model`` with its MoE experts as transformers 4 built them (``TrainConfig.experts_loop``): each expert
+    of the fused stacks (gate_up_proj [E, 2I, H], down_proj [E, H, I]) as the nn.Linear modules w1 and w3 (the
+    gate and up halves) and w2, ``count`` experts and top-k ``active``, and the router ``gate`` an nn.Linear:
+    modules, so bitsandbytes quantises them under QLoRA, ``all-linear`` reaches them by their own names (peft
+    has no conversion to make: ``peft_converts_moe`` empty) and autocast casts their weights. The same
+    parameters (tests/catalog/test_param_counts.py). Refused for a model type whose v4 layout is not built here."""
+    from planner.errors import UnsupportedError
+
+    if model.model_type not in PER_EXPERT_TYPES:
+        raise UnsupportedError(f"--experts-loop (transformers 4's per-expert MoE modules) is modelled for "
+                               f"{', '.join(sorted(PER_EXPERT_TYPES))} only, not {model.id} (model type {model.model_type}): "
+                               "drop --experts-loop")
+    if model.other_blocks:  # Mixtral's blocks are all alike; a v4 layout of mixed blocks is not built here
+        raise UnsupportedError(f"--experts-loop is not modelled for {model.id}'s mixed blocks: drop --experts-loop")
+    if not any(lin.count > 1 and not lin.module for lin in model.layer_linears):
+        return model  # already the per-expert layout
+    linears: list[LinearSpec] = []
+    for one in model.layer_linears:
+        if one.kind is K.ROUTER:
+            linears.append(dataclasses.replace(one, module=True))
+        elif one.count > 1 and one.kind is K.MLP_IN:
+            half = one.out_features // 2  # gate_up_proj: the gate (w1) rows, then the up (w3) rows
+            linears += [lin("w1", one.in_features, half, one.bias, K.MLP_IN, count=one.count, active=one.active),
+                        lin("w3", one.in_features, half, one.bias, K.MLP_IN, count=one.count, active=one.active)]
+        elif one.count > 1 and one.kind is K.MLP_OUT:
+            linears.append(lin("w2", one.in_features, one.out_features, one.bias, K.MLP_OUT, count=one.count,
+                               active=one.active))
+        else:
+            linears.append(one)
+    return dataclasses.replace(model, layer_linears=tuple(linears), peft_converts_moe="")
 
 
 def _top_k(c: ConfigReader, experts_key: str, k_key: str, *, experts_default: int | None = None,

@@ -193,13 +193,14 @@ def estimate(
 ) -> None:
     """Predict memory and speed of ONE fully specified training configuration (exit 3 when it does not fit)."""
     from planner.cli._common import console, print_json
-    from planner.estimation import build_config, draw_step, estimate_configuration
+    from planner.estimation import build_config, draw_step, estimate_configuration, model_as_run
 
     if timeline is not None:
         from planner.plot import check_path
 
         check_path(timeline)
     spec, device = _resolve(model, gpu, gpu_mem, db)
+    spec = model_as_run(spec, options)
     seq_len = options["seq_len"]
     data, memory = estimate_configuration(spec=spec, gpu=device, seq_len=seq_len, **_config_options(options, gpus=gpus))
     config = build_config(spec, device, seq_len=seq_len, **_config_options(options, gpus=gpus))

@@ -65,7 +65,9 @@ def model_dtype(config: TrainConfig) -> str:
 #: the settings no trainer emit writes for can express, with what to do instead (the others the HF Trainer has
 #: no key for are torchtune's)
 _NOT_EMITTED = {"reentrant_ckpt": "reentrant_ckpt is transformers 4's checkpoint, which the emitted transformers 5 "
-                                  "run cannot take: plan without it"}
+                                  "run cannot take: plan without it",
+               "experts_loop": "experts_loop is transformers 4's per-expert MoE modules, which the emitted "
+                               "transformers 5 run does not build: plan without it"}
 
 
 def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:

@@ -908,7 +908,10 @@ def _mlp_split(ctx: BlockContext) -> tuple[int, int]:
     """(how many parts the MLP's backward runs in, the bytes of its intermediate elements): one
     part in the projections' dtype for a dense MLP; for an MoE block run by grouped_mm
     (``moe``) one part over all S = T·k slots in the expert weights' dtype; for one whose router
-    the model does not know, one expert's share at a time (the per-expert loop)."""
+    the model does not know, or run by transformers 4's per-expert loop (``moe.looped``), one expert's
+    share at a time."""
+    if moe.looped(ctx.model):
+        return ctx.model.num_experts, ctx.mode.compute
     if moe.is_moe_block(ctx.model):
         return 1, moe.expert_bytes_per_element(ctx)
     return max(ctx.model.num_experts, 1), ctx.mode.compute
@@ -920,7 +923,8 @@ def _block_backward_at(ctx: BlockContext, saved: int, down: dict[str, int]) -> d
     model, dims, mode, e = ctx.model, ctx.dims, ctx.mode, ctx.dims.tokens
     experts, inter_bytes = _mlp_split(ctx)
     # a block without an MLP (Nemotron-H's mixer blocks): the output's gradient alone is counted
-    rows = moe.slots(ctx) if moe.dense_experts(model) else e  # Llama 4's experts: every token through each
+    # Llama 4's experts: every token through each; transformers 4's loop: the T·k routed slots, an expert's share at a time
+    rows = moe.slots(ctx) if moe.dense_experts(model) or moe.looped(model) else e
     grads = (3 if model.gated_mlp else 2) * rows * dims.i * inter_bytes // experts if model.has_mlp else 0
     released = {term: nbytes // experts for term, nbytes in down.items() if nbytes // experts}
     g_out = e * dims.h * mode.residual
@@ -1032,7 +1036,7 @@ def _recompute_stops(ctx: BlockContext, down_saved: int) -> list[tuple[int, int]
         # output projection's saved input, the locals there not counted (Nemotron-H's released configs end in MoE)
         return [(0, 0)]
     experts, _ = _mlp_split(ctx)
-    inter = e * ctx.dims.i // experts
+    inter = (moe.slots(ctx) if moe.looped(model) else e) * ctx.dims.i // experts  # one expert's share of the slots
     outer = 0 if _read_as_is(ctx, _MLP_IN, mode.residual) else e * h * mode.residual
     if model.norm == "rmsnorm" and mode.residual != FP32 and not model.parallel_block:
         outer += e * h * mode.residual  # the residual; RMSNorm saved its fp32 copy

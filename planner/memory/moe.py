@@ -19,9 +19,15 @@ same input and weight (moe.py:230-233).
 fp32 under HF mixed precision (fp32 weights), and no 16-bit copies of the expert stacks are made.
 
 **Routing.** With grouped kernels every slot is computed once whichever expert it goes to, so the
-saved bytes depend on T·k alone: the balanced-routing assumption changes nothing here (it would for
-the eager loop's per-expert temporaries, which the planner does not model: it assumes grouped_mm,
-HF's default).
+saved bytes depend on T·k alone: the balanced-routing assumption changes nothing here.
+
+**transformers 4's loop** (``TrainConfig.experts_loop``; ``catalog.modern.per_expert_layout`` makes the
+experts nn.Linear modules w1/w3/w2): MixtralSparseMoeBlock.forward (4.48.1 models/mixtral/modeling_mixtral.py
+l.112-150) runs each expert on its own tokens, ``idx, top_x = torch.where(expert_mask[expert_idx])``,
+``hidden_states[None, top_x]``, ``expert_layer(current_state) * routing_weights[top_x, idx, None]``,
+``final_hidden_states.index_add_(0, top_x, ...)``: ``loop_expert_bytes``. The experts' saved tensors
+summed over the experts again depend on T·k alone (each slot is in one expert's share); the backward
+holds one expert's share at a time.
 
 Measured (saved_tensors_hooks / the autograd graph's ``_saved_*``, tiny Mixtral, bf16-mixed, T=64,
 k=2, H=64, I=96, E=4): router 8,192 + 1,024 + 1,024 + 512 + 256 B and experts 128 x (4 x (2 x 64 +
@@ -53,6 +59,10 @@ TERM_SOURCES = {
     "moe/shared_gate": "sigmoid(shared_expert_gate(x)) * shared_expert_output: sigmoid's output and the shared output",
     "moe/norms": "Gemma 4's MoE block: pre_feedforward_layernorm_2 before the experts, post_feedforward_layernorm_1/_2 "
                  "on the dense MLP's and the experts' outputs (Gemma4TextDecoderLayer.forward; moe.parallel_norm_bytes)",
+    "moe/expert_loop": "transformers 4's per-expert loop (MixtralSparseMoeBlock.forward, 4.48.1 modeling_mixtral.py "
+                       "l.112-150; experts_loop), per routed slot: top_x and idx (int64) the gathers keep, the experts' "
+                       "nn.Linear inputs where they train or are adapted, w1's and w3's outputs, act(w1), w2's output and "
+                       "the routing weight the weighting multiplies (moe.loop_expert_bytes)",
     "lora/expert_weights": "LoRA on expert stacks and the router (peft ParamWrapper): the merged weight W + BA the "
                            "kernel saves, the factors' casts (moe.adapted_weight_bytes)",
 }
@@ -68,11 +78,26 @@ def expert_stacks(model: ModelSpec) -> tuple[LinearSpec, ...]:
     return tuple(lin for lin in model.layer_linears if is_expert_stack(lin))
 
 
+def routed_experts(model: ModelSpec) -> tuple[LinearSpec, ...]:
+    """The routed experts' weights: the 3D stacks (transformers 5) or the per-expert nn.Linear modules
+    (transformers 4's layout, ``looped``), ``count`` experts each."""
+    return tuple(lin for lin in model.layer_linears if lin.count > 1 and lin.kind in _EXPERT_KINDS)
+
+
+_EXPERT_KINDS = frozenset({LinearKind.MLP_IN, LinearKind.MLP_OUT})
+
+
+def looped(model: ModelSpec) -> bool:
+    """The experts are nn.Linear modules run one after another in Python (transformers 4's
+    MixtralSparseMoeBlock; ``catalog.modern.per_expert_layout``), not stacks run by grouped_mm."""
+    return model.routing is not None and any(lin.module for lin in routed_experts(model))
+
+
 def shared_expert(model: ModelSpec) -> tuple[LinearSpec, ...]:
     """An MoE block's shared expert: its nn.Linear MLP projections and its gate (Qwen2-MoE
     ``shared_expert`` + ``shared_expert_gate``); empty for a block without one, or a dense block."""
     if not expert_stacks(model):
-        return ()
+        return ()  # (transformers 4's per-expert modules: Mixtral, no shared expert)
     return tuple(lin for lin in model.layer_linears if lin.module and lin.kind in _SHARED_KINDS)
 
 
@@ -99,14 +124,16 @@ def moe_layers(model: ModelSpec) -> int:
 
 def is_moe_block(model: ModelSpec) -> bool:
     """Block 0 routes its tokens through expert stacks whose router the memory model knows."""
-    return model.routing is not None and bool(expert_stacks(model))
+    return model.routing is not None and bool(routed_experts(model))
 
 
 def expert_dims(model: ModelSpec) -> tuple[int, int, bool]:
-    """(expert intermediate size I, top-k, gated) of block 0's expert stacks."""
-    down = next(lin for lin in expert_stacks(model) if lin.kind is LinearKind.MLP_OUT)
-    up = next(lin for lin in expert_stacks(model) if lin.kind is LinearKind.MLP_IN)
-    return down.in_features, down.active, up.out_features == 2 * down.in_features
+    """(expert intermediate size I, top-k, gated) of block 0's experts (the fused gate_up stack of
+    2I outputs, or transformers 4's w1 and w3 modules)."""
+    experts = routed_experts(model)
+    down = next(lin for lin in experts if lin.kind is LinearKind.MLP_OUT)
+    ups = [lin for lin in experts if lin.kind is LinearKind.MLP_IN]
+    return down.in_features, down.active, ups[0].out_features == 2 * down.in_features or len(ups) == 2
 
 
 def dense_experts(model: ModelSpec) -> bool:
@@ -124,6 +151,8 @@ def expert_bytes_per_element(ctx: BlockContext) -> int:
     the projections' output dtype (autocast-enabled)."""
     if dense_experts(ctx.model):
         return HALF if ctx.mode.autocast else ctx.mode.compute
+    if looped(ctx.model):
+        return ctx.mode.compute  # nn.Linear modules: the projections' output dtype (autocast's, bnb's)
     return ctx.mode.weight
 
 
@@ -390,6 +419,8 @@ def adapted_weight_bytes(ctx: BlockContext) -> int:
 def product_bytes(ctx: BlockContext) -> int:
     """The down grouped_mm's input, act(gate) * up, over all slots: what the down projection saves
     when the down stack trains (released once its backward ran); else 0."""
+    if looped(ctx.model):
+        return _loop_product_bytes(ctx)
     if not _trains(ctx, LinearKind.MLP_OUT):
         return 0
     inter, _, _ = expert_dims(ctx.model)
@@ -400,13 +431,78 @@ def moe_block_terms(ctx: BlockContext, *, act_saved: int, keeps_output: bool) ->
     """The MoE block's saved bytes by term (``TERM_SOURCES``); ``act_saved``, ``keeps_output``: as
     ``expert_bytes``."""
     parallel = ctx.model.routing is not None and ctx.model.routing.parallel_experts
-    out = {"moe/router": parallel_router_bytes(ctx) if parallel else router_bytes(ctx),
-           "moe/experts": expert_bytes(ctx, act_saved=act_saved, keeps_output=keeps_output)}
+    out = {"moe/router": parallel_router_bytes(ctx) if parallel else router_bytes(ctx)}
+    if looped(ctx.model):
+        out["moe/expert_loop"] = loop_expert_bytes(ctx, act_saved=act_saved)
+    else:
+        out["moe/experts"] = expert_bytes(ctx, act_saved=act_saved, keeps_output=keeps_output)
     if parallel:
         out["moe/norms"] = parallel_norm_bytes(ctx)
     if adapted := adapted_weight_bytes(ctx):
         out["lora/expert_weights"] = adapted
     return out
+
+
+def loop_expert_bytes(ctx: BlockContext, *, act_saved: int) -> int:
+    """What transformers 4's per-expert loop keeps (MixtralSparseMoeBlock.forward, 4.48.1
+    models/mixtral/modeling_mixtral.py l.112-150; the expert, MixtralBlockSparseTop2MLP.forward l.79-82:
+    ``self.w2(self.act_fn(self.w1(x)) * self.w3(x))``), summed over the experts, per routed slot (each
+    of the S = T·k slots is in one expert's ``top_x``), c bytes an element (the projections' output
+    dtype: autocast's 16 bits, bitsandbytes Linear4bit's ``out.to(inp_dtype)``), r the routing weights'
+    (``routing_weights.to(hidden_states.dtype)``, l.125: the normed stream's dtype):
+
+    * ``hidden_states[None, top_x]`` (l.143): IndexBackward0 saves ``top_x`` (int64) when the input needs a
+      gradient; ``index_add_(0, top_x, ...)`` (l.148) saves the same tensor when the expert's output does;
+      ``routing_weights[top_x, idx, None]`` (l.144) saves ``idx`` too when the routing weights need one;
+    * w1 and w3 save their input where they train (under autocast a 16-bit cast each, else the gathered
+      tokens, H·r) or are adapted (lora_A: each adapter's cast, or the gathered tokens once); w2 its input,
+      the product (I·c), likewise (``_loop_product_bytes``); a frozen nn.Linear or Linear4bit saves only its
+      weight (bitsandbytes MatMul4Bit: ``ctx.tensors = (None, B)``);
+    * act(w1 x) saves w1's output (more for activations that save more: ``act_saved``), ``* w3(x)`` saves
+      act's output and w3's: 3I·c for SiLU;
+    * ``* routing_weights[...]`` saves w2's output (H·c) when the routing weights need a gradient, and
+      the routing weight (r) when the output does;
+    * ``index_add_`` saves its source, the weighted output (H in the product's promoted dtype, the wider of
+      c and r), for its gradient's ``expand_as(source)`` (torch tools/autograd/derivatives.yaml ``index_add``).
+
+    Frozen experts (LoRA on the attention): S·(8 + 8 + c·(3I + H) + r + H·max(c, r)), measured on a tiny
+    Mixtral (tests/memory/test_expert_loop.py). transformers 4.39.3 (modeling_mixtral.py l.870-877) indexed
+    with ``top_x.tolist()`` and ``idx.tolist()``, each index a new int64 tensor: 16 B a slot more, not counted."""
+    mode, h, s = ctx.mode, ctx.dims.h, slots(ctx)
+    inter, _, _ = expert_dims(ctx.model)
+    c, r = mode.compute, mode.residual
+    experts = routed_experts(ctx.model)
+    needs_grad, scores = _moe_input_needs_grad(ctx), _scores_need_grad(ctx)
+    adapted = [lin for lin in experts if ctx.targeted(lin)]
+    out_grad = needs_grad or ctx.full or bool(adapted)
+    if not (out_grad or scores):
+        return 0
+    per_slot = (INT64 if out_grad else 0) + (INT64 if scores else 0)  # top_x, idx
+    per_slot += (max(act_saved - 1, 0) + 3) * inter * c  # w1's and w3's outputs, act's
+    per_slot += (h * c if scores else 0) + (r if out_grad else 0)  # the weighting's operands
+    per_slot += h * max(c, r) if out_grad else 0  # index_add_'s source
+    ups = [lin for lin in experts if lin.kind is LinearKind.MLP_IN]
+    if ctx.full:
+        per_slot += len(ups) * h * HALF if mode.autocast else h * r
+    elif mode.adapter_input:
+        per_slot += sum(h * mode.adapter_input for lin in adapted if lin.kind is LinearKind.MLP_IN)
+    elif ctx.adapter_saves_shared_input and any(lin.kind is LinearKind.MLP_IN for lin in adapted):
+        per_slot += h * r  # lora_A's input: the gathered tokens, once for w1 and w3
+    return s * per_slot + _loop_product_bytes(ctx)
+
+
+def _loop_product_bytes(ctx: BlockContext) -> int:
+    """w2's input, act(w1 x) * w3(x), over all slots, where w2 trains or lora_A of its adapter saves it (each
+    adapter's cast, or the product itself); released once w2's backward ran (``product_bytes``)."""
+    inter, _, _ = expert_dims(ctx.model)
+    down = [lin for lin in routed_experts(ctx.model) if lin.kind is LinearKind.MLP_OUT]
+    if ctx.full:
+        return slots(ctx) * inter * ctx.mode.compute
+    if not any(ctx.targeted(lin) for lin in down):
+        return 0
+    if ctx.mode.adapter_input:
+        return slots(ctx) * inter * ctx.mode.adapter_input
+    return slots(ctx) * inter * ctx.mode.compute if ctx.adapter_saves_shared_input else 0
 
 
 def aux_loss_bytes(model: ModelSpec, tokens: int, logits_bytes: int) -> int:
@@ -423,5 +519,5 @@ def aux_loss_bytes(model: ModelSpec, tokens: int, logits_bytes: int) -> int:
 
 __all__ = ["TERM_SOURCES", "adapted_weight_bytes", "adapted_weights", "aux_loss_bytes", "dense_experts", "expert_bytes",
            "expert_dims",
-           "expert_stacks", "is_expert_stack", "is_moe_block", "moe_block_terms", "moe_layers", "parallel_norm_bytes",
-           "parallel_router_bytes", "product_bytes", "router_bytes", "router_input_saved", "shared_expert", "shared_intermediate", "slots"]
+           "expert_stacks", "is_expert_stack", "is_moe_block", "loop_expert_bytes", "looped", "moe_block_terms", "moe_layers", "parallel_norm_bytes",
+           "parallel_router_bytes", "product_bytes", "routed_experts", "router_bytes", "router_input_saved", "shared_expert", "shared_intermediate", "slots"]

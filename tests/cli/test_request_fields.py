@@ -52,6 +52,7 @@ ALTERNATIVES: dict[str, list] = {
     "loss_upcast": [False],
     "loss_shift": [True],
     "reentrant_ckpt": [True],
+    "experts_loop": [True],
     "kbit_upcast": [False],
     "eval_batch": [4],
     "eval_seq_len": [128],

@@ -94,6 +94,14 @@ def _saved_in_moe_block(arch: str, precision: str, lora: str) -> int:
         from peft import LoraConfig, get_peft_model
         targets = "all-linear" if lora == "all-linear" else ["q_proj", "k_proj", "v_proj", "o_proj"]
         model = get_peft_model(model, LoraConfig(r=4, target_modules=targets))
+    return saved_in_second_mlp(model, precision)
+
+
+def saved_in_second_mlp(model, precision: str) -> int:
+    """Bytes autograd saves inside the second decoder layer's ``mlp`` module of ``model`` (distinct storages,
+    parameters left out) over one training step on random ids, b=2, s=32."""
+    import torch
+
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     block = model.get_decoder().layers[1].mlp

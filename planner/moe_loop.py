@@ -1,0 +1,70 @@
+"""The kernels transformers 4's per-expert MoE loop adds to a micro-step (``TrainConfig.experts_loop``;
+``planner.memory.moe.looped``): what ``planner.kernels`` asks of an MoE block whose experts are nn.Linear
+modules run one after another in Python.
+
+MixtralSparseMoeBlock.forward (transformers 4.48.1 models/mixtral/modeling_mixtral.py l.112-150) runs, for
+each of the E experts, ``torch.where(expert_mask[expert_idx])`` (a nonzero: the host waits for the device
+to know the count), the gather ``hidden_states[None, top_x]``, the expert's three nn.Linear GEMMs on its
+~T·k/E rows with act and the product between them (MixtralBlockSparseTop2MLP.forward l.85-88), the weighting
+``* routing_weights[top_x, idx, None]``, the cast ``.to(hidden_states.dtype)`` and
+``final_hidden_states.index_add_(0, top_x, ...)``. The GEMMs' FLOPs and operand bytes are those of the T·k
+routed rows (``kernels._base_gemms`` counts them per token, top-k rows each); what the loop adds is the
+gather and scatter traffic and the eager ops around each expert's GEMMs.
+
+Pure module: no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+from planner.config import Method, TrainConfig
+from planner.memory.moe import expert_dims, looped, moe_layers, routed_experts
+from planner.modelspec import ModelSpec
+
+#: Elements each routed slot moves, per hidden element, in the loop's forward outside the GEMMs: the
+#: gather ``hidden_states[None, top_x]`` reads and writes a row (2), the weighting's multiply reads and
+#: writes one (2), ``index_add_`` reads the source row and reads and writes the destination row (3)
+#: (modeling_mixtral.py l.143-148; the cast is a no-op where the output is in the stream's dtype).
+LOOP_ELEMENTS_PER_SLOT = 7
+#: Eager ops per expert in the loop's forward: where (nonzero and its copy to the host), the gather, w1,
+#: w3, act, the product, w2, the routing weight's index, the weighting, the cast, index_add_ (l.138-148).
+LOOP_FORWARD_OPS = 12
+#: ... and in its backward: index_add_'s (index_select), the cast's, the weighting's two products, the
+#: routing weight's IndexBackward (zeros and index_put), w2's input gradient, the product's two, act's, w1's
+#: and w3's input gradients and their sum, the gather's IndexBackward (zeros of the whole T x H input and
+#: index_put with accumulate, derivatives.yaml ``index.Tensor``: ``index_backward(grad.new_zeros(self.sizes())
+#: ...)``) and autograd's accumulation of it into the input's gradient.
+LOOP_BACKWARD_OPS = 18
+#: A host-device synchronisation (the nonzero in each expert's ``torch.where``) drains the queue: the device
+#: then waits for the host's dispatch of the next op, ~10 us (Horace He, "Making Deep Learning Go Brrrr From
+#: First Principles", 2022: eager PyTorch ~10 us of host time per op), counted as that many 1 us op gaps
+#: (``kernels.GPU_OP_SECONDS``).
+SYNC_OP_GAPS = 10
+
+
+def loop_slot_elements(model: ModelSpec) -> int:
+    """Elements per token the loop's forward moves outside the GEMMs, per block of ``model`` (0 where the
+    experts are not looped): ``LOOP_ELEMENTS_PER_SLOT`` x H per routed slot, top-k slots a token."""
+    if not looped(model):
+        return 0
+    _, top_k, _ = expert_dims(model)
+    return LOOP_ELEMENTS_PER_SLOT * model.hidden_size * top_k
+
+
+def loop_ops(model: ModelSpec, config: TrainConfig, *, quantized_ops: int) -> int:
+    """Eager ops the loop adds per micro-step over all MoE blocks: each expert's forward (again in the
+    checkpoint's recompute) and backward ops and its sync; under QLoRA each expert's three Linear4bit
+    modules' dequantisation (``quantized_ops`` per module per forward and backward, ``kernels.OPS_PER_QUANTIZED``)
+    beyond the one of each that ``kernels.ops_per_micro_step`` counts per listed linear."""
+    if not looped(model):
+        return 0
+    experts = model.num_experts
+    forwards = 1 + int(config.grad_ckpt)
+    per_block = experts * ((LOOP_FORWARD_OPS + SYNC_OP_GAPS) * forwards + LOOP_BACKWARD_OPS)
+    if config.method is Method.QLORA:
+        modules = len(routed_experts(model))  # w1, w3, w2: listed once each, E of each run
+        per_block += modules * (experts - 1) * quantized_ops * (forwards + 1) // 2
+    return moe_layers(model) * per_block
+
+
+__all__ = ["LOOP_BACKWARD_OPS", "LOOP_ELEMENTS_PER_SLOT", "LOOP_FORWARD_OPS", "SYNC_OP_GAPS", "loop_ops",
+           "loop_slot_elements"]
