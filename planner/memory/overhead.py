@@ -25,8 +25,16 @@ CUDA context, each where it lives (inside or outside PyTorch's caching allocator
   LL ``NCCL_LL_LINES_PER_THREAD*NCCL_LL_MAX_NTHREADS*NCCL_STEPS*16`` = 8*512*8*16 = 512 KiB and
   LL128 ``NCCL_LL128_ELEMS_PER_THREAD*NCCL_LL128_MAX_NTHREADS*NCCL_STEPS*8`` = 120*640*8*8 =
   4,800 KiB; the NCCL environment-variable docs list ``NCCL_BUFFSIZE`` (default 4 MiB) as the
-  knob to cut it. A ring rank holds one connection's buffers per channel (it receives from its
-  predecessor; in P2P read mode the Simple buffer moves to the sender, still one per rank).
+  knob to cut it. A ring rank holds one connection per channel each way: it receives from its
+  predecessor and sends to its successor. The P2P transport allocates each side as one buffer
+  rounded up to ``CUDA_IPC_MIN``, 2 MiB (src/include/comm.h; src/transport/p2p.cc ``p2pSendSetup``
+  ``ALIGN_SIZE(sendSize, CUDA_IPC_MIN)`` and ``p2pRecvSetup`` ``ALIGN_SIZE(recvSize, CUDA_IPC_MIN)``,
+  l.351-354 and l.416-419 at v2.20.5-1, the same on master): the sender's ``ncclSendMem`` (4 KiB,
+  one ``MEM_ALIGN`` page) and, in P2P read mode (NVLink between compute capability 8.0 GPUs:
+  ``ncclTopoCheckP2p``), the Simple buffer; the receiver's ``ncclRecvMem`` (4 KiB) and the other
+  protocols' buffers. Read mode: 4 KiB + 4 MiB -> 6 MiB sent, 4 KiB + 512 KiB + 4,800 KiB -> 6 MiB
+  received; otherwise 4 KiB -> 2 MiB and 4 KiB + 4 MiB + 512 KiB + 4,800 KiB -> 10 MiB: 12 MiB a
+  channel either way, against the 9.19 MiB of the buffers alone.
   Channels come from NCCL's topology search: 24 on an HGX A100 over NVSwitch
   (NVIDIA/nccl-tests#100, "Channel 23/24"), 2 over PCIe/shared memory (NVIDIA/nccl-tests#228,
   channels 00-01 "via SHM"). One communicator (the default process group's); tree, NVLS and
@@ -55,7 +63,10 @@ CUBLAS_WORKSPACES = 2
 NCCL_SIMPLE = 4 * MiB
 NCCL_LL = 8 * 512 * 8 * 16
 NCCL_LL128 = 120 * 640 * 8 * 8
-NCCL_CONNECTION = NCCL_SIMPLE + NCCL_LL + NCCL_LL128
+#: nccl src/include/comm.h: ``MEM_ALIGN`` (the size of ``ncclSendMem`` and of ``ncclRecvMem``, each a union
+#: padded to it) and ``CUDA_IPC_MIN``, what the P2P transport rounds each side's allocation up to
+NCCL_CONN_MEM = 4 * KiB
+NCCL_IPC_MIN = 2 * MiB
 #: ring channels NCCL's topology search builds (module docstring)
 NCCL_CHANNELS_NVLINK = 24
 NCCL_CHANNELS_PCIE = 2
@@ -81,12 +92,25 @@ def nccl_channels(gpu) -> int:
     return NCCL_CHANNELS_NVLINK if gpu.interconnect.startswith("nvlink") else NCCL_CHANNELS_PCIE
 
 
+def _ipc_aligned(nbytes: int) -> int:
+    return -(-nbytes // NCCL_IPC_MIN) * NCCL_IPC_MIN
+
+
+def nccl_channel_bytes(gpu) -> int:
+    """One ring channel's device bytes on a rank, its send and its receive side as the P2P transport
+    allocates them (module docstring): 12 MiB, in read mode or not."""
+    read = gpu.interconnect.startswith("nvlink") and tuple(gpu.compute_capability) == (8, 0)
+    send = NCCL_CONN_MEM + (NCCL_SIMPLE if read else 0)
+    recv = NCCL_CONN_MEM + NCCL_LL + NCCL_LL128 + (0 if read else NCCL_SIMPLE)
+    return _ipc_aligned(send) + _ipc_aligned(recv)
+
+
 def nccl_buffer_bytes(gpu, gpus: int) -> int:
-    """NCCL's buffers on each device of a ``gpus``-device run: one ring connection per channel of
-    the one communicator; none on one device or without CUDA."""
+    """NCCL's buffers on each device of a ``gpus``-device run: one ring connection each way per
+    channel of the one communicator; none on one device or without CUDA."""
     if gpus <= 1 or not gpu.kernels.caching_allocator:
         return 0
-    return nccl_channels(gpu) * NCCL_CONNECTION
+    return nccl_channels(gpu) * nccl_channel_bytes(gpu)
 
 
 def outside_allocator(gpu, gpus: int) -> int:
@@ -133,11 +157,12 @@ def overhead_notes(gpu, config: TrainConfig) -> list[str]:
     nccl = nccl_buffer_bytes(gpu, config.gpus)
     if nccl:
         out.append(f"outside the allocator: NCCL buffers {format_bytes(nccl)} per device ({nccl_channels(gpu)} ring channels x "
-                   f"{format_bytes(NCCL_CONNECTION)}: Simple 4 MiB (NCCL_BUFFSIZE) + LL 512 KiB + LL128 4800 KiB; one "
-                   "communicator; tree/NVLS/CollNet buffers NCCL connects lazily not counted)")
+                   f"{format_bytes(nccl_channel_bytes(gpu))}: Simple 4 MiB (NCCL_BUFFSIZE) + LL 512 KiB + LL128 4800 KiB, "
+                   "each side's allocation rounded up to 2 MiB; one communicator; tree/NVLS/CollNet buffers NCCL "
+                   "connects lazily not counted)")
     return out
 
 
-__all__ = ["CUBLAS_WORKSPACE", "CUBLAS_WORKSPACES", "CUBLAS_WORKSPACE_SM90", "NCCL_CONNECTION", "WORKSPACE_KEY",
-           "cublas_workspace_bytes", "nccl_buffer_bytes", "nccl_channels", "outside_allocator", "overhead_notes",
+__all__ = ["CUBLAS_WORKSPACE", "CUBLAS_WORKSPACES", "CUBLAS_WORKSPACE_SM90", "WORKSPACE_KEY",
+           "cublas_workspace_bytes", "nccl_buffer_bytes", "nccl_channel_bytes", "nccl_channels", "outside_allocator", "overhead_notes",
            "paged_on_host", "with_workspaces"]

@@ -14,6 +14,7 @@ from planner.memory.overhead import (
     WORKSPACE_KEY,
     cublas_workspace_bytes,
     nccl_buffer_bytes,
+    nccl_channel_bytes,
     with_workspaces,
 )
 from planner.memory.reserve import peak_independent, reserved_and_total
@@ -25,9 +26,16 @@ MiB = 2**20
 WORKSPACE = 8_519_680
 WORKSPACE_SM90 = 33_554_432
 # nccl src/init.cc per channel: Simple 4 MiB = 4,194,304, LL 8*512*8*16 = 524,288,
-#   LL128 120*640*8*8 = 4,915,200: 9,633,792 bytes; 24 channels over NVLink = 231,211,008,
-#   2 channels over PCIe = 19,267,584
-CONNECTION = 9_633_792
+#   LL128 120*640*8*8 = 4,915,200; the P2P transport allocates a channel's send side and its
+#   receive side each rounded up to CUDA_IPC_MIN = 2,097,152 with a 4,096-byte ncclSendMem /
+#   ncclRecvMem in front (src/transport/p2p.cc p2pSendSetup / p2pRecvSetup):
+#   read mode (A100, NVLink): send 4,096 + 4,194,304 = 4,198,400 -> 6,291,456,
+#     receive 4,096 + 524,288 + 4,915,200 = 5,443,584 -> 6,291,456: 12,582,912 a channel;
+#   otherwise: send 4,096 -> 2,097,152, receive 4,096 + 4,194,304 + 524,288 + 4,915,200
+#     = 9,637,888 -> 10,485,760: 12,582,912 too.
+#   24 channels over NVLink = 301,989,888 (the buffers alone, 9,633,792 a channel, were
+#   231,211,008), 2 channels over PCIe = 25,165,824
+CONNECTION = 12_582_912
 CONTEXT = 512 * MiB  # planner/gpus.py CUDA_CONTEXT_BYTES
 
 
@@ -45,16 +53,17 @@ def test_workspace_by_compute_capability():
 
 def test_nccl_only_on_several_gpus():
     assert nccl_buffer_bytes(get_gpu("a100-80gb"), 1) == 0
-    assert nccl_buffer_bytes(get_gpu("a100-80gb"), 2) == 24 * CONNECTION == 231_211_008
-    assert nccl_buffer_bytes(get_gpu("h100-pcie"), 8) == 2 * CONNECTION == 19_267_584
+    assert nccl_channel_bytes(get_gpu("a100-80gb")) == nccl_channel_bytes(get_gpu("h100-80gb")) == CONNECTION
+    assert nccl_buffer_bytes(get_gpu("a100-80gb"), 2) == 24 * CONNECTION == 301_989_888
+    assert nccl_buffer_bytes(get_gpu("h100-pcie"), 8) == 2 * CONNECTION == 25_165_824
     assert nccl_buffer_bytes(get_gpu("cpu"), 4) == 0
 
 
-@pytest.mark.parametrize("gpus, outside", [(1, CONTEXT), (2, CONTEXT + 231_211_008)])
+@pytest.mark.parametrize("gpus, outside", [(1, CONTEXT), (2, CONTEXT + 301_989_888)])
 def test_estimate_places_each_term(gpus, outside):
     # gpt2 LoRA on an A100 (nvlink3, compute capability 8.0): two workspaces of 8,519,680 bytes
     # = 17,039,360 in the breakdown and the allocated peak; the process total is the reserve
-    # plus the 512 MiB context (plus 231,211,008 of NCCL on two devices); no paged states
+    # plus the 512 MiB context (plus 301,989,888 of NCCL on two devices); no paged states
     gpu, model, config = get_gpu("a100-80gb"), get_model("gpt2"), _config(gpus)
     m = estimate_memory(model=model, config=config, gpu=gpu)
     assert m.breakdown[WORKSPACE_KEY] == 2 * WORKSPACE == 17_039_360
@@ -80,9 +89,9 @@ def test_screen_adds_the_same_terms():
     # the search's screen: 20 MiB of workspace segments, the context, NCCL on two devices
     model, gpu = get_model("gpt2"), get_gpu("a100-80gb")
     one = peak_independent(model, gpu, paged=0)
-    assert peak_independent(model, gpu, paged=0, gpus=2) - one == 231_211_008
+    assert peak_independent(model, gpu, paged=0, gpus=2) - one == 301_989_888
     reserved, total = reserved_and_total(model, gpu, peak=10 * MiB, static=10 * MiB, paged=0, gpus=2)
-    assert total - reserved == CONTEXT + 231_211_008
+    assert total - reserved == CONTEXT + 301_989_888
     assert total == 10 * MiB + peak_independent(model, gpu, paged=0, gpus=2)
 
 
