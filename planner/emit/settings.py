@@ -199,6 +199,22 @@ def rope_parameters(config: TrainConfig) -> dict[str, Any] | None:
     return {"rope_type": kind, "factor": float(factor), **(LLAMA3_FREQ_FACTORS if kind == "llama3" else {})}
 
 
+def scale_rope(config, rope):
+    """The transformers model config ``config`` with ``rope`` (``rope_parameters``' type and factor) merged into its
+    rope_parameters, set before the model is built (its rotary embedding computes its frequencies in __init__).
+    yarn and llama3 read the pretraining length from original_max_position_embeddings; dynamic NTK reads it
+    from max_position_embeddings, which the others raise to the extended length. (OOM Planner's
+    planner/emit/settings.py: the emitted train.py carries this text, and the measuring worker calls it.)"""
+    old = config.max_position_embeddings
+    rope = {**(config.rope_parameters or {}), **rope}
+    if rope["rope_type"] in ("yarn", "llama3"):
+        rope["original_max_position_embeddings"] = old
+    config.rope_parameters = rope
+    if rope["rope_type"] != "dynamic":
+        config.max_position_embeddings = int(old * rope["factor"])
+    return config
+
+
 def script_recipe(config: TrainConfig) -> dict[str, Any]:
     """The recipe settings train.py applies itself (``planner.emit.train_script``): packing, the
     launcher's environment, the model-config settings (the KV cache), the evaluation pass's sequences
