@@ -42,7 +42,7 @@ class Solved:
     """Largest value that fits and is not near the edge (probability of running out <= 5%)."""
     limit: int
     """The largest value the search could try (the model's context limit, ``planner.config.context_limit``: with
-    its RoPE scaling; MAX_MICRO_BATCH)."""
+    its RoPE scaling, less the eval pass's generated tokens where its prompt is the training length; MAX_MICRO_BATCH)."""
     fits_total: int | None
     """Process total at ``fits`` (None when nothing fits)."""
     safe_total: int | None
@@ -58,10 +58,21 @@ class Solved:
 
 
 def longest_seq_len(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig") -> Solved:
-    """The longest sequence ``config`` (its micro-batch and everything else as given) fits on ``gpu``."""
+    """The longest sequence ``config`` (its micro-batch and everything else as given) fits on ``gpu``.
+    Where the eval pass's prompt is the training length (an eval batch without ``eval_seq_len``), the
+    eval sequence is that length plus the tokens it generates, which must stay within the model's
+    context as well (``planner.request.check_for_model``): the search stops ``generate_tokens`` short
+    of the context limit, and the eval moment is part of every estimate it makes."""
     from planner.config import context_limit
 
-    return _solve("seq_len", spec=spec, gpu=gpu, config=config, limit=context_limit(spec, config))
+    limit = context_limit(spec, config) - eval_tokens_past_seq_len(config)
+    return _solve("seq_len", spec=spec, gpu=gpu, config=config, limit=limit)
+
+
+def eval_tokens_past_seq_len(config: "TrainConfig") -> int:
+    """The tokens the eval sequence holds beyond ``seq_len`` when its prompt grows with it (no
+    ``eval_seq_len``): the generated ones; 0 when the run does not evaluate or its prompt is fixed."""
+    return config.generate_tokens if config.evaluates and config.eval_seq_len is None else 0
 
 
 def largest_micro_batch(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig") -> Solved:
@@ -118,4 +129,4 @@ def _largest(ok: Callable[[int], bool], limit: int) -> int:
     return lo
 
 
-__all__ = ["MAX_MICRO_BATCH", "Solved", "largest_micro_batch", "longest_seq_len"]
+__all__ = ["MAX_MICRO_BATCH", "Solved", "eval_tokens_past_seq_len", "largest_micro_batch", "longest_seq_len"]

@@ -53,7 +53,14 @@ from typing import Any, Mapping
 
 from planner.config import Loop, Method, Precision, TrainConfig
 from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
-from planner.emit.settings import adapter_settings, bnb_config, model_config_settings, training_arguments
+from planner.emit.settings import (
+    adapter_settings,
+    bnb_config,
+    model_config_settings,
+    rope_parameters,
+    scale_rope,
+    training_arguments,
+)
 from planner.errors import InvalidConfigError
 from planner.optim import OPTIMIZERS
 from planner.results import Measurement, RunOutcome
@@ -245,10 +252,24 @@ def _build_model(*, model_config: dict[str, Any], config: TrainConfig, checkpoin
     dtype = _torch_dtype(config.precision.compute_dtype) if pure16 else torch.float32
     attn = config.attention.hf_name
     if checkpoint_dir is not None:
-        return auto.from_pretrained(checkpoint_dir, local_files_only=True, dtype=dtype, attn_implementation=attn)
+        return auto.from_pretrained(checkpoint_dir, local_files_only=True, dtype=dtype, attn_implementation=attn,
+                                    **_scaled_config(checkpoint_dir, config))
     cfg = {k: v for k, v in model_config.items() if not k.startswith("_") and k not in ("model_type", "torch_dtype", "dtype")}
     hf_config = AutoConfig.for_model(str(model_config["model_type"]), **seq2seq.config_kwargs(model_config, cfg))
+    if (rope := rope_parameters(config)) is not None:
+        scale_rope(hf_config, rope)
     return auto.from_config(hf_config, attn_implementation=attn, dtype=dtype)
+
+
+def _scaled_config(checkpoint_dir: str, config: TrainConfig) -> dict[str, Any]:
+    """``from_pretrained``'s ``config`` keyword for a local checkpoint under ``--rope-scaling``: its config with
+    the scaling merged before the model is built, as emit's train.py loads it (``scale_rope``); {} without."""
+    rope = rope_parameters(config)
+    if rope is None:
+        return {}
+    from transformers import AutoConfig
+
+    return {"config": scale_rope(AutoConfig.from_pretrained(checkpoint_dir, local_files_only=True), rope)}
 
 
 def _build_qlora_base(*, model_config: dict[str, Any], config: TrainConfig, checkpoint_dir: str | None, tmp: str):
@@ -256,7 +277,10 @@ def _build_qlora_base(*, model_config: dict[str, Any], config: TrainConfig, chec
     from transformers import BitsAndBytesConfig
 
     compute = _torch_dtype(config.precision.compute_dtype)
-    if checkpoint_dir is None:
+    scaled: dict[str, Any] = {}
+    if checkpoint_dir is not None:
+        scaled = _scaled_config(checkpoint_dir, config)
+    else:  # the random model is built scaled and its config saved so: reloaded as it is
         random_model = _build_model(
             model_config=model_config, config=config.replace(precision=Precision.FP32), checkpoint_dir=None
         )
@@ -275,7 +299,7 @@ def _build_qlora_base(*, model_config: dict[str, Any], config: TrainConfig, chec
     quant = BitsAndBytesConfig(**bnb_config(config))
     return auto.from_pretrained(
         checkpoint_dir, local_files_only=True, quantization_config=quant, dtype=compute,
-        attn_implementation=config.attention.hf_name,
+        attn_implementation=config.attention.hf_name, **scaled,
     )
 
 

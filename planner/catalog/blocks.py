@@ -76,6 +76,17 @@ class ConfigReader:
     def __init__(self, raw: Mapping[str, Any], source: str) -> None:
         self.raw = raw
         self.source = source
+        self._refuse_negative_sizes()
+
+    def _refuse_negative_sizes(self) -> None:
+        """A negative value of any size key (``SIZE_BOUNDS``) is a broken file, whether or not this
+        architecture reads the key: a ``sliding_window`` of -1 on a llama, or ``num_experts`` of -4 on
+        a dense model, was dropped without a word, so the plan was made for another model than the
+        user meant. (Each read still checks the keys it uses: >= 1, or >= 0 for a count.)"""
+        for key in SIZE_BOUNDS:
+            value = self.raw.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                raise self.error(f"{key} is {short(value)}: a size cannot be negative; fix it in the config.json")
 
     def error(self, problem: str) -> ModelConfigError:
         return ModelConfigError(f"{self.source}: {problem}")

@@ -255,9 +255,11 @@ def _precision(reading: "Reading", file: ConfigFile, value, given, gpu: "GPUSpec
     reading.set("precision", precision, file=file, key=key, raw=value(key), given=given(key))
 
 
-def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None,
+          model_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The keys of an axolotl config that say ``config`` (the model, data and schedule apart); ``like``: the file read, whose attention spelling (the
-    legacy flags or ``attn_implementation``) is kept."""
+    legacy flags or ``attn_implementation``) is kept; ``model_config``: the model's config.json, whose rope_theta
+    (and partial_rotary_factor) a RoPE scaling is written with (``_rope_keys``)."""
     from planner.optim import OPTIMIZERS
 
     method, precision = str(config.method), str(config.precision)
@@ -285,13 +287,24 @@ def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None) -> di
         from planner.check.reading import ATTENTION
 
         out["attn_implementation"] = next(k for k, v in ATTENTION.items() if k and v == str(config.attention))
-    if config.rope_scaling:  # set on the model's config as it is (``_rope_scaling``): under transformers 5 the
-        # dict replaces rope_parameters whole, rope_theta included (configuration_utils.py l.724-733)
-        kind, factor = config.rope_scaling.split(":")
-        out[MODEL_CONFIG] = {"rope_scaling": {"rope_type": kind, "factor": float(factor)}}
+    if config.rope_scaling:
+        out[MODEL_CONFIG] = {"rope_scaling": _rope_keys(config, model_config)}
     if missing := unexpressible(config, "axolotl"):
         raise UnsupportedError(f"axolotl's core config has no key for {', '.join(missing)}")
     return out | trainer_values(config, "axolotl", adapters=config.method.uses_adapters) | _fsdp_keys(config, like)
+
+
+def _rope_keys(config: "TrainConfig", model_config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``model_config.rope_scaling`` for a RoPE scaling: axolotl sets each model_config key on the model's config
+    (loaders/utils.py l.201-203, ``setattr``), and under transformers 5 the ``rope_scaling`` setter replaces
+    rope_parameters whole (configuration_utils.py l.724-733), so the dict carries the model's rope_theta (and
+    partial_rotary_factor) beside the type and factor, as ``planner.emit.settings.rope_parameters`` says them
+    (llama3's band edges included); without the model's config (planner check's rewrite of a file) the type and
+    factor alone."""
+    from planner.emit.settings import model_rope_parameters, rope_parameters
+
+    own = model_rope_parameters(model_config) if model_config is not None else {}
+    return {**own, **rope_parameters(config)}
 
 
 def _fsdp_keys(config: "TrainConfig", like: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -204,8 +204,8 @@ def jobs_verify(
     import_ray()
     out = console() if not as_json else console_to_stderr()
     with open_plan_store(url=db) as store:
-        out.print(f"verifying plan {plan_id}", markup=False)
-        plan = verify_and_show(out, store=store, plan_id=plan_id, options=options, as_json=as_json, model=model)
+        plan = verify_and_show(out, store=store, plan_id=plan_id, options=options, as_json=as_json, model=model,
+                               header=f"verifying plan {plan_id}")
     if plan.status is not PlanStatus.VERIFIED:
         raise typer.Exit(1)
 

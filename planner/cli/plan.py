@@ -218,7 +218,7 @@ def estimate(
         if timeline is not None:
             out.print(f"timeline: {data['timeline']}", markup=False)
         if solved is not None:
-            out.print(_solved_line(solved), markup=False)
+            out.print(_solved_line(solved, config), markup=False)
     if not data["fits"]:
         raise typer.Exit(DOES_NOT_FIT)  # the estimate is printed in full; scripts read the code
 
@@ -237,7 +237,8 @@ def _solve(size: str | None, *, spec, device, config):
     return solvers[size](spec=spec, gpu=device, config=config)
 
 
-def _solved_line(solved) -> str:
+def _solved_line(solved, config) -> str:
+    from planner.solve import eval_tokens_past_seq_len
     from planner.units import format_bytes
 
     what = "sequence" if solved.size == "seq_len" else "micro-batch"
@@ -246,6 +247,8 @@ def _solved_line(solved) -> str:
     line = f"longest {what} that fits: {solved.fits:,} ({format_bytes(solved.fits_total)} of {format_bytes(solved.usable)} usable)"
     if solved.fits == solved.limit:
         line += ", the most this model takes" if solved.size == "seq_len" else ", the most the planner tries"
+        if solved.size == "seq_len" and (generated := eval_tokens_past_seq_len(config)):
+            line += f" beside the {generated:,} tokens the eval pass generates"
     safe = (f"{solved.safe:,} ({format_bytes(solved.safe_total)})" if solved.safe
             else "none (every length that fits is near the edge)")
     return line + f"; not near the edge (at most 5% chance of running out): {safe}"

@@ -357,14 +357,19 @@ def _longest_contexts(planned) -> list:
 def _print_longest_contexts(out, plans, solved) -> None:
     from rich.table import Table
 
+    from planner.solve import eval_tokens_past_seq_len
+
     from planner.units import format_bytes
 
     table = Table(title="the longest sequence each plan fits (micro-batch as planned)")
     for col in ("#", "fits", "process total", "not near the edge", "process total"):
         table.add_column(col, justify="right")
     for plan, s in zip(plans, solved):
-        # the limit is the model's positions, times the RoPE scaling where the plan has one (config.context_limit)
-        at_limit = " (the RoPE-scaled maximum)" if plan.config.rope_scaling else " (the model's maximum)"
+        # the limit is the model's positions, times the RoPE scaling where the plan has one (config.context_limit),
+        # less the tokens the eval pass generates past a prompt of the training length (solve.longest_seq_len)
+        at_limit = " (the RoPE-scaled maximum" if plan.config.rope_scaling else " (the model's maximum"
+        generated = eval_tokens_past_seq_len(plan.config)
+        at_limit += f" less the {generated:,} tokens the eval pass generates)" if generated else ")"
         table.add_row(str(plan.rank), f"{s.fits:,}" + (at_limit if s.fits == s.limit else ""),
                       format_bytes(s.fits_total) if s.fits_total else "-", f"{s.safe:,}" if s.safe else "none",
                       format_bytes(s.safe_total) if s.safe_total else "-")

@@ -139,21 +139,33 @@ def print_verified(console: "Console", plan: "StoredPlan", *, answer: int | None
 
 
 def verify_and_show(out: "Console", *, store: "PlanStore", plan_id: str, options: "VerifyOptions", as_json: bool,
-                    spec: "ModelSpec | None" = None, model: str | None = None) -> "StoredPlan":
+                    spec: "ModelSpec | None" = None, model: str | None = None, header: str | None = None) -> "StoredPlan":
     """Verify the stored plan (``planner.usecases.verify_stored_plan``) with its progress shown,
     then the skipped runs, measured vs predicted and the answer (JSON: the plan with its
     verification). ``planner suggest --verify`` and a verification job's driver (``planner jobs
-    verify``) both show it so. Returns the plan as stored after its runs."""
+    verify``) both show it so. Returns the plan as stored after its runs. ``header``: a line shown
+    once the runs have started, so that a refusal (an unknown plan id, another model, a malformed
+    or unreachable Ray address) is the only thing printed."""
     from planner.answers import answer_position, verification_dict
     from planner.cli._common import print_json
     from planner.usecases import verify_stored_plan
 
-    display = progress_display(out)
+    display = None
+
+    def on_progress(reports, elapsed_s: float) -> None:
+        nonlocal display
+        if display is None:  # the first report: every check before the runs has passed
+            if header is not None:
+                out.print(header, markup=False)
+            display = progress_display(out)
+        display(reports, elapsed_s)
+
     try:
         verified = verify_stored_plan(store=store, plan_id=plan_id, options=options, spec=spec, model=model,
-                                      on_progress=display)
+                                      on_progress=on_progress)
     finally:
-        display.close()
+        if display is not None:
+            display.close()
     plan, report = verified.plan, verified.report
     if as_json:
         print_json(plan.to_result().to_dict() | {"plan_id": plan.id, "verification": verification_dict(plan, report)})

@@ -8,7 +8,7 @@ arguments of the real library classes: ``transformers.TrainingArguments``, ``pef
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from planner.config import Loop, Method, Precision, TrainConfig
 from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
@@ -199,6 +199,56 @@ def rope_parameters(config: TrainConfig) -> dict[str, Any] | None:
         return None
     kind, factor = config.rope_scaling.split(":")
     return {"rope_type": kind, "factor": float(factor), **(LLAMA3_FREQ_FACTORS if kind == "llama3" else {})}
+
+
+#: transformers 5.24's ``default_theta`` of a model type whose config.json says no rope_theta: the base class's
+#: 10000.0 (modeling_rope_utils.py: "Defaults to `config.default_theta`"), but for these
+#: (models/<type>/configuration_<type>.py: mixtral l.43, llama4 l.110, gpt_oss l.37)
+DEFAULT_ROPE_THETA = {"mixtral": 1_000_000.0, "llama4_text": 500_000.0, "gpt_oss": 150_000.0}
+#: the share of each head's dimensions that rotates, where a config.json says none and it is not 1
+#: (configuration_gpt_neox.py l.98: rotary_pct, 0.25; configuration_phi.py l.87: 0.5)
+DEFAULT_PARTIAL_ROTARY = {"gpt_neox": 0.25, "phi": 0.5}
+#: model types whose transformers 5 config keeps rope parameters per layer type, whatever their config.json says
+#: (configuration_gemma3.py l.98 and l.138-139: sliding_attention / full_attention; configuration_gemma4.py l.201-202)
+PER_LAYER_ROPE = frozenset({"gemma3_text", "gemma4_text"})
+
+
+def model_rope_parameters(model_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's own rotary parameters that a whole ``rope_parameters`` must carry besides the type and factor:
+    its ``rope_theta`` and, where not every dimension rotates, its ``partial_rotary_factor``, read from its
+    config.json as transformers 5.24 does (the top-level v4 names, ``rope_parameters`` or v4's ``rope_scaling``,
+    a wrapper's ``text_config``), else the model type's default. A trainer that sets a rope dict on the config
+    (axolotl's model_config) replaces rope_parameters whole: without these, rope_theta is None (configuration_utils.py
+    l.724-733, then standardize_rope_params reads a ``rope_theta`` attribute v5 configs no longer have) and the
+    model fails to build. Models whose rope parameters are per layer type (Gemma 3/4) are refused."""
+    text = model_config.get("text_config")
+    config = text if isinstance(text, Mapping) else model_config
+    nested = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+    model_type = str(config.get("model_type"))
+    if model_type in PER_LAYER_ROPE or any(isinstance(value, Mapping) for value in nested.values()):
+        raise UnsupportedError(f"{model_type} has rope parameters per layer type (sliding and full attention), which "
+                               "one rope dict on the model config replaces whole: not written")
+    theta = next((v for v in (nested.get("rope_theta"), config.get("rope_theta"), config.get("rotary_emb_base"))
+                  if v is not None), DEFAULT_ROPE_THETA.get(model_type, 10_000.0))
+    partial = next((v for v in (nested.get("partial_rotary_factor"), config.get("partial_rotary_factor"),
+                                config.get("rotary_pct")) if v is not None), DEFAULT_PARTIAL_ROTARY.get(model_type))
+    return {"rope_theta": float(theta), **({"partial_rotary_factor": float(partial)} if partial is not None else {})}
+
+
+def scale_rope(config, rope):
+    """The transformers model config ``config`` with ``rope`` (``rope_parameters``' type and factor) merged into its
+    rope_parameters, set before the model is built (its rotary embedding computes its frequencies in __init__).
+    yarn and llama3 read the pretraining length from original_max_position_embeddings; dynamic NTK reads it
+    from max_position_embeddings, which the others raise to the extended length. (OOM Planner's
+    planner/emit/settings.py: the emitted train.py carries this text, and the measuring worker calls it.)"""
+    old = config.max_position_embeddings
+    rope = {**(config.rope_parameters or {}), **rope}
+    if rope["rope_type"] in ("yarn", "llama3"):
+        rope["original_max_position_embeddings"] = old
+    config.rope_parameters = rope
+    if rope["rope_type"] != "dynamic":
+        config.max_position_embeddings = int(old * rope["factor"])
+    return config
 
 
 def script_recipe(config: TrainConfig) -> dict[str, Any]:

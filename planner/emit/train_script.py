@@ -6,7 +6,10 @@ header constants vary between plans, everything else reads the JSON files next t
 
 from __future__ import annotations
 
+import inspect
 from string import Template
+
+from planner.emit.settings import scale_rope
 
 _TEMPLATE = Template('''\
 """Fine-tune $model as planned by OOM Planner: plan $plan_id, #$rank.
@@ -69,20 +72,13 @@ def load_model(name):
 
 
 def scaled_config(name):
-    """The model's config with ROPE_SCALING, set before the model is built (its rotary embedding computes its
-    frequencies in __init__). yarn and llama3 read the pretraining length from original_max_position_embeddings;
-    dynamic NTK reads it from max_position_embeddings, which the others raise to the extended length."""
+    """The model's config with ROPE_SCALING (scale_rope, below)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(name)
-    old = config.max_position_embeddings
-    rope = {**(config.rope_parameters or {}), **ROPE_SCALING}
-    if rope["rope_type"] in ("yarn", "llama3"):
-        rope["original_max_position_embeddings"] = old
-    config.rope_parameters = rope
-    if rope["rope_type"] != "dynamic":
-        config.max_position_embeddings = int(old * rope["factor"])
-    return config
+    return scale_rope(AutoConfig.from_pretrained(name), ROPE_SCALING)
+
+
+${scale_rope}
 
 
 def add_adapters(model, args):
@@ -299,6 +295,7 @@ def render_train_script(
                 if packed else "each row is one sequence of at most SEQ_LEN tokens, padded to the longest in its "
                 "batch with an attention mask (the plan counts batches whose longest is SEQ_LEN)")
     return _TEMPLATE.substitute(
+        scale_rope=inspect.getsource(scale_rope).rstrip("\n"),  # the worker's own function, as its text
         model=model, plan_id=plan_id, rank=rank, label=label, model_repr=repr(model), dataset_repr=repr(dataset),
         seq_len=seq_len, dtype_repr=repr(dtype), dtype_why=dtype_why, attention_repr=repr(attention),
         masked_lm=masked_lm, seq2seq=seq2seq, packed=packed, use_cache=use_cache, data_doc=data_doc, launch_env=env,

@@ -51,7 +51,7 @@ def _files(target: str, *, config: "TrainConfig", spec: "ModelSpec", model: str,
         files["accelerate_config.yaml"] = settings.to_yaml(settings.accelerate_config(config, on_cpu=on_cpu))
         launch = f"accelerate launch --config_file accelerate_config.yaml -m trl.scripts.sft --config {name}"
     elif target == "axolotl":
-        data = _axolotl(config, model=model, dataset=dataset, deepspeed=next(iter(sharding), None))
+        data = _axolotl(config, spec=spec, model=model, dataset=dataset, deepspeed=next(iter(sharding), None))
         launch = _launch("axolotl", file=name) if config.gpus == 1 else \
             f"accelerate launch --num_processes {config.gpus} -m axolotl.cli.train {name}"
     elif target == "llama-factory":
@@ -94,14 +94,15 @@ def _trl(config: "TrainConfig", *, spec: "ModelSpec", model: str, dataset: str |
     return out
 
 
-def _axolotl(config: "TrainConfig", *, model: str, dataset: str | None, deepspeed: str | None) -> dict[str, Any]:
+def _axolotl(config: "TrainConfig", *, spec: "ModelSpec", model: str, dataset: str | None,
+             deepspeed: str | None) -> dict[str, Any]:
     """axolotl's keys (examples/llama-3/qlora.yml's layout): the model, a dataset, the plan's keys."""
     from planner.check import axolotl
     from planner.emit import settings
 
     out: dict[str, Any] = {"base_model": model,
                            "datasets": [{"path": dataset or EXAMPLE_DATASET["axolotl"], "type": "alpaca"}],
-                           "output_dir": settings.OUTPUT_DIR, **axolotl.write(config), "num_epochs": 1,
+                           "output_dir": settings.OUTPUT_DIR, **axolotl.write(config, model_config=spec.config), "num_epochs": 1,
                            "learning_rate": settings.LEARNING_RATE, "lr_scheduler": "cosine"}
     if config.method.uses_adapters:
         out["lora_alpha"] = config.lora_r * settings.LORA_ALPHA_PER_RANK

@@ -60,6 +60,13 @@ def token_id(token: str) -> str:
     return "tok-" + hashlib.sha256(token.encode()).hexdigest()[:8]
 
 
+#: The shortest token accepted: 32 characters, 16 random bytes written in hex (``openssl rand -hex 16``,
+#: Python's ``secrets.token_hex(16)``), 128 bits, the least OWASP ASVS 5.0 asks of a reference token
+#: (requirement 7.2.3: "at least 128 bits of entropy", from a CSPRNG). A length cannot show randomness;
+#: it refuses the passwords ("changeme", "admin123") a bearer token must not be.
+MIN_TOKEN_CHARS = 32
+
+
 def _tokens(value: str | None, name: str) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -67,6 +74,11 @@ def _tokens(value: str | None, name: str) -> tuple[str, ...]:
     if not all(tokens):
         raise PlannerError(f"{name} is set but empty (or holds an empty item between commas): unset it, or set "
                            "real tokens, e.g. $(openssl rand -hex 32), comma-separated for several")
+    short = [position for position, token in enumerate(tokens, 1) if len(token) < MIN_TOKEN_CHARS]
+    if short:  # never the token itself, nor its length: where it is in the list
+        where = f"token {short[0]} of {len(tokens)}" if len(tokens) > 1 else "its token"
+        raise PlannerError(f"{name}: {where} is shorter than {MIN_TOKEN_CHARS} characters, too short to be a secret "
+                           f"(128 random bits, OWASP ASVS 7.2.3): set e.g. $(openssl rand -hex 32)")
     return tokens
 
 
@@ -205,5 +217,5 @@ class ServiceSettings:
                    ray_address=env(RAY_ADDRESS_ENV), **budgets)
 
 
-__all__ = ["CPU_BUDGET_ENV", "GRACEFUL_TIMEOUT_ENV", "DATABASE_URL_ENV", "DATABASE_URL_FILE_ENV", "DB_TIMEOUT_ENVS", "MAX_BODY_BYTES", "MAX_CONFIG_BYTES", "MEMORY_BUDGET_ENV",
+__all__ = ["CPU_BUDGET_ENV", "GRACEFUL_TIMEOUT_ENV", "DATABASE_URL_ENV", "DATABASE_URL_FILE_ENV", "DB_TIMEOUT_ENVS", "MAX_BODY_BYTES", "MAX_CONFIG_BYTES", "MEMORY_BUDGET_ENV", "MIN_TOKEN_CHARS",
            "RATE_LIMIT_ENV", "READ_TOKEN_ENV", "RAY_ADDRESS_ENV", "ServiceSettings", "TOKEN_ENV", "token_id"]

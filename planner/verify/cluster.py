@@ -15,7 +15,7 @@ import socket
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterator
 
-from planner.errors import ClusterUnavailableError, MissingDependencyError, NoMatchingNodeError
+from planner.errors import ClusterUnavailableError, InvalidConfigError, MissingDependencyError, NoMatchingNodeError
 from planner.verify.accelerators import node_accelerator_types, node_can_run, ray_accelerator
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,13 +37,14 @@ def import_ray() -> Any:
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
-    """(host, port) of ``HOST:PORT`` or ``ray://HOST:PORT``; None for ``auto``."""
+    """(host, port) of ``HOST:PORT`` or ``ray://HOST:PORT``; None for ``auto``. An address of no such form is
+    bad input (exit 2, as every malformed option), not a cluster that cannot be reached (exit 4)."""
     if address == "auto":
         return None
     rest = address.removeprefix("ray://")
     host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ClusterUnavailableError(
+    if not sep or not port.isdigit() or not host or not 1 <= int(port) <= 65535:
+        raise InvalidConfigError(
             f"--ray-address {address!r} is not a Ray address: give auto, HOST:6379 (the head's GCS) or ray://HOST:10001"
         )
     return host.strip("[]"), int(port)
@@ -52,7 +53,7 @@ def _host_port(address: str) -> tuple[str, int] | None:
 def check_reachable(address: str) -> None:
     """Fail in seconds, not minutes, when nothing listens at ``address`` (ray.init would retry)."""
     if address.startswith(("http://", "https://")):
-        raise ClusterUnavailableError(
+        raise InvalidConfigError(
             f"--ray-address {address!r} is a dashboard (job API) address: use it with 'planner submit --address'; "
             "--ray-address takes auto, HOST:6379 or ray://HOST:10001"
         )
@@ -78,14 +79,13 @@ def ray_session(*, address: str | None, num_cpus: int | None = None) -> Iterator
         return
     joined = address or os.environ.get("RAY_ADDRESS")
     quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+    if joined:
+        check_reachable(joined)  # its own line: a malformed address (exit 2) or nothing listening there (exit 4)
     try:
         if joined:
-            check_reachable(joined)
             ray.init(address=joined, **quiet)
         else:
             ray.init(num_cpus=num_cpus, include_dashboard=False, **quiet)
-    except ClusterUnavailableError:
-        raise
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         where = joined or "this machine"
         raise ClusterUnavailableError(f"cannot start or join Ray at {where}: {str(exc).strip().splitlines()[0]}") from None

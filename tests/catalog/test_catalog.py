@@ -186,7 +186,14 @@ MALFORMED = {
     "unknown-type": ({**TINY_LLAMA, "model_type": "frobnicator"}, "unknown model_type 'frobnicator'; supported: bert, bloom"),
     "no-hidden-size": ({k: v for k, v in TINY_LLAMA.items() if k != "hidden_size"}, "missing hidden_size"),
     "no-layers": ({k: v for k, v in TINY_LLAMA.items() if k != "num_hidden_layers"}, "missing num_hidden_layers"),
-    "negative-layers": ({**TINY_LLAMA, "num_hidden_layers": -2}, "num_hidden_layers must be a whole number >= 1, got -2"),
+    "zero-layers": ({**TINY_LLAMA, "num_hidden_layers": 0}, "num_hidden_layers must be a whole number >= 1, got 0"),
+    "negative-layers": ({**TINY_LLAMA, "num_hidden_layers": -2}, "num_hidden_layers is -2: a size cannot be negative"),
+    # sizes a llama does not read: refused all the same (they were dropped without a word)
+    "negative-window": ({**TINY_LLAMA, "sliding_window": -1}, "sliding_window is -1: a size cannot be negative; fix it "
+                                                               "in the config.json"),
+    "negative-experts": ({**TINY_LLAMA, "num_experts": -4}, "num_experts is -4: a size cannot be negative"),
+    "negative-local-experts": ({**TINY_LLAMA, "num_local_experts": -8}, "num_local_experts is -8: a size cannot be negative"),
+    "negative-float-size": ({**TINY_LLAMA, "n_inner": -1.5}, "n_inner is -1.5: a size cannot be negative"),
     "float-size": ({**TINY_LLAMA, "hidden_size": 64.5}, "hidden_size must be a whole number >= 1, got 64.5"),
     "bool-size": ({**TINY_LLAMA, "vocab_size": True}, "vocab_size must be a whole number >= 1, got True"),
     "indivisible-heads": ({**TINY_LLAMA, "num_attention_heads": 5}, "hidden_size 64 is not divisible by num_attention_heads 5"),
@@ -205,6 +212,13 @@ def test_malformed_config_is_one_line_naming_the_file(tmp_path, case):
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"{path}: ")
     assert problem in message
+
+
+def test_a_negative_size_in_a_wrapper_text_config_names_it(tmp_path):
+    gemma3 = {"model_type": "gemma3", "text_config": {**TINY_LLAMA, "model_type": "gemma3_text", "sliding_window": -512}}
+    path = write_config(tmp_path / "gemma3", gemma3)
+    with pytest.raises(ModelConfigError, match=r" \(text_config\): sliding_window is -512: a size cannot be negative"):
+        resolve_model(path)
 
 
 def test_bart_is_unsupported_with_the_supported_list(tmp_path):

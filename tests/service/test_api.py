@@ -18,12 +18,13 @@ from fastapi.testclient import TestClient  # noqa: E402
 from support.api import FakeSubmission, fake_verify  # noqa: E402
 from support.store import db_url, pg_url, sqlite_url  # noqa: E402,F401 - fixtures
 
+from planner.errors import PlannerError  # noqa: E402
 from planner.service import create_app  # noqa: E402
 from planner.service.settings import MAX_BODY_BYTES, ServiceSettings  # noqa: E402
 
 LLAMA = {"model": "meta-llama/Llama-2-7b-hf", "gpu": "a10g", "target_batch": 32}
 GPT2 = {"model": "gpt2", "gpu": "a10g", "target_batch": 8}
-TOKEN = "s3cret-token-for-tests"
+TOKEN = "s3cret-token-for-tests-0123456789abcdef"  # 32+ characters (settings.MIN_TOKEN_CHARS)
 
 
 def make_client(url: str, **settings) -> TestClient:
@@ -407,6 +408,28 @@ def test_serve_refuses_an_empty_token(cli, monkeypatch):
     assert result.code == 2 and "PLANNER_API_TOKEN is set but empty" in result.err
 
 
+@pytest.mark.parametrize(("name", "value", "words"), [
+    ("PLANNER_API_TOKEN", "changeme", "PLANNER_API_TOKEN: its token is shorter than 32 characters"),
+    # 31 characters: one short of 16 random bytes in hex (settings.MIN_TOKEN_CHARS)
+    ("PLANNER_API_TOKEN", f"{TOKEN},{'f' * 31}", "PLANNER_API_TOKEN: token 2 of 2 is shorter than 32 characters"),
+    ("PLANNER_API_READ_TOKEN", "admin123", "PLANNER_API_READ_TOKEN: its token is shorter than 32 characters"),
+])
+def test_serve_refuses_a_token_too_short_to_be_a_secret_without_echoing_it(cli, monkeypatch, name, value, words):
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: pytest.fail("served with a short token"))
+    monkeypatch.setenv("PLANNER_API_TOKEN", TOKEN)
+    monkeypatch.setenv(name, value)
+    result = cli("serve", "--port", "1")
+    assert result.code == 2 and result.out == "", result
+    assert result.err.startswith(f"error: {words}") and len(result.err.strip().splitlines()) == 1, result
+    assert "openssl rand -hex 32" in result.err
+    assert not any(secret in result.err for secret in value.split(",")), result  # neither token is echoed
+    with pytest.raises(PlannerError, match=words):  # an app built from the environment (a worker) refuses it too
+        ServiceSettings.from_env()
+    assert ServiceSettings(token="a" * 32).write_tokens == ("a" * 32,)  # 32 characters: accepted
+
+
 @pytest.mark.parametrize(("args", "words"), [(("--port", "0"), "--port 0 is not a TCP port"),
                                              (("--workers", "0"), "--workers 0 is out of range"),
                                              (("--log-level", "loud"), "--log-level 'loud' is not a level")])
@@ -421,7 +444,7 @@ def test_serve_warns_when_open_to_the_network_without_a_token(cli, monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
     assert "PLANNER_API_TOKEN is not set" in cli("serve", "--host", "0.0.0.0").err
     assert "PLANNER_API_TOKEN" not in cli("serve").err  # 127.0.0.1: only this machine
-    monkeypatch.setenv("PLANNER_API_TOKEN", "t")
+    monkeypatch.setenv("PLANNER_API_TOKEN", TOKEN)
     assert "PLANNER_API_TOKEN" not in cli("serve", "--host", "0.0.0.0").err
 
 

@@ -15,7 +15,7 @@ from planner.service import create_app  # noqa: E402
 from planner.service.ratelimit import MAX_CALLERS, RateLimiter  # noqa: E402
 from planner.service.settings import RATE_LIMIT_ENV, ServiceSettings  # noqa: E402
 
-WRITE, OTHER = "write-token-0123456789abcdef", "second-writer-token-xyz"
+WRITE, OTHER = "write-token-0123456789abcdef0123", "second-writer-token-0123456789abc"  # 32+ characters each
 
 
 def bearer(token: str) -> dict[str, str]:

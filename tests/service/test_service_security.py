@@ -27,7 +27,9 @@ from planner.service.settings import ServiceSettings, token_id  # noqa: E402
 from planner.store.engine import safe_url, url_secrets  # noqa: E402
 
 GPT2 = {"model": "gpt2", "gpu": "a10g", "target_batch": 8}
-WRITE, READ, OTHER_WRITE = "write-token-0123456789abcdef", "read-token-0123456789abcdef", "second-writer-token-xyz"
+# 32+ characters each (settings.MIN_TOKEN_CHARS)
+WRITE, READ, OTHER_WRITE = ("write-token-0123456789abcdef0123", "read-token-0123456789abcdef01234",
+                            "second-writer-token-0123456789abc")
 PASSWORD, USER = "hunter2-Secret", "plannerbob"
 
 

@@ -95,17 +95,45 @@ def test_the_job_driver_finds_its_submission_id(monkeypatch):
 
 
 # ---- failures before anything runs -----------------------------------------------------------
+def test_an_unreachable_cluster_is_one_line_exit_4_and_nothing_is_stored(cli, tiny_config):
+    pytest.importorskip("ray")
+    r = cli("suggest", "-m", tiny_config, "-g", "cpu", "-b", "4", "--seq-len", "64", "--verify", "--ray-address",
+            "127.0.0.1:1")
+    assert r.code == 4, r
+    assert r.err.startswith("error: cannot reach the Ray cluster at 127.0.0.1:1: Connection refused"), r
+    assert len(r.err.strip().splitlines()) == 1 and r.out == ""
+    assert _plans(cli) == []
+
+
 @pytest.mark.parametrize("address, message", [
-    ("127.0.0.1:1", "error: cannot reach the Ray cluster at 127.0.0.1:1: Connection refused"),
     ("http://127.0.0.1:8265", "is a dashboard (job API) address: use it with 'planner submit --address'"),
     ("nonsense", "is not a Ray address: give auto, HOST:6379"),
+    (":6379", "is not a Ray address: give auto, HOST:6379"),
+    ("ray://head:70000", "is not a Ray address: give auto, HOST:6379"),  # past the last TCP port, 65535
 ])
-def test_an_unreachable_cluster_is_one_line_exit_4_and_nothing_is_stored(cli, tiny_config, address, message):
+def test_a_malformed_ray_address_is_bad_input_exit_2_and_nothing_is_stored(cli, tiny_config, address, message):
+    # exit 4 is a cluster that cannot be reached (README's exit codes); an address of no Ray form is a usage error
     pytest.importorskip("ray")
     r = cli("suggest", "-m", tiny_config, "-g", "cpu", "-b", "4", "--seq-len", "64", "--verify", "--ray-address", address)
-    assert r.code == 4, r
-    assert len(r.err.strip().splitlines()) == 1 and message in r.err
+    assert r.code == 2, r
+    assert len(r.err.strip().splitlines()) == 1 and message in r.err and r.out == "", r
     assert _plans(cli) == []
+    # a verification job's driver, on a stored plan: refused before anything is printed, the plan left as planned
+    assert cli("suggest", "-m", tiny_config, "-g", "cpu", "-b", "4", "--seq-len", "64", "-k", "1").code == 0
+    (row,) = _plans(cli)
+    r = cli("jobs", "verify", row["id"], "--model", tiny_config, "--ray-address", address)
+    assert r.code == 2, r
+    assert len(r.err.strip().splitlines()) == 1 and message in r.err and r.out == "", r
+    assert [p["status"] for p in _plans(cli)] == ["planned"]
+
+
+@pytest.mark.parametrize("plan_id, message", [("BADID", "is not an id"), ("0" * 32, "")])
+def test_jobs_verify_of_an_unknown_plan_prints_nothing_before_the_refusal(cli, plan_id, message):
+    pytest.importorskip("ray")
+    r = cli("jobs", "verify", plan_id)
+    assert r.code == 2, r
+    assert r.out == "", r  # the driver's "verifying plan ..." header only once the runs have started
+    assert r.err.startswith("error: ") and message in r.err and len(r.err.strip().splitlines()) == 1, r
 
 
 def test_an_unreachable_job_api_is_one_line_exit_4(cli, tiny_config):

@@ -22,8 +22,8 @@ from support.store import pg_url, sqlite_url  # noqa: F401 - fixtures
 from planner.errors import StoreError
 
 PASSWORD = "pw-" + secrets.token_hex(8)
-TOKEN = "write-" + secrets.token_hex(12)
-READ_TOKEN = "read-" + secrets.token_hex(12)
+TOKEN = "write-" + secrets.token_hex(16)  # 37 characters: past settings.MIN_TOKEN_CHARS
+READ_TOKEN = "read-" + secrets.token_hex(16)
 
 
 def _with_password(url: str) -> str:
