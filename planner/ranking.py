@@ -293,7 +293,7 @@ def _safe_bound(config: TrainConfig, gpu: GPUSpec, bounds: dict) -> int:
 
 def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
                     prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None, shown: dict | None = None,
-                    memo: MemoryMemo | None = None, facts=None,
+                    memo: MemoryMemo | None = None, facts: _PlanFacts | None = None,
                     speeds: ThroughputMemo | None = None, decided=None) -> tuple[Candidate, ...] | None:
     """The top plans with their full estimates. The fast path screens with the allocator's
     stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
@@ -343,12 +343,13 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
                                    rank=i + 1) for i, (cfg, memory) in enumerate(plans))
         edgy |= moved
         # the smaller splits of the plans dropped and moved, in rank order (all of them were read)
+        gone = dropped | moved
+        removed = [item for item in read if id(item[0]) in gone]  # (read once: about 90-250 plans a round)
         added = [item for item in (_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo, speeds=speeds)
-                                   for item in read if id(item[0]) in dropped or id(item[0]) in moved)
+                                   for item in removed)
                  if item is not None and item[2] <= usable]
         again = None if retimed or not isinstance(ranked, _Ranked) else _ranked_again(
-            ranked, [item for item in read if id(item[0]) in dropped or id(item[0]) in moved],
-            [item for item in read if id(item[0]) in moved], added)
+            ranked, removed, [item for item in removed if id(item[0]) in moved], added)
         if again is None:
             fitting = read + (ranked.unread() if isinstance(ranked, _Ranked) else list(ranked))
             kept = [(item[0], retimed[id(item[0])], *item[2:]) if id(item[0]) in retimed else item
@@ -450,42 +451,68 @@ PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precis
 _FP32 = Precision.FP32
 
 
-def _plan_facts(gpu: GPUSpec, exotic=None):
+class _PlanFacts:
     """``facts(items)``: what the ranking reads of each fitting plan that neither the policy nor a
-    re-ranking changes, (item, near the edge of ``gpu`` by its screened total (``_safe_bound``),
-    ``exotic`` (``_exotic``; none without it), fidelity tier, ``family_key``, tokens/s), worked out once a plan: both
-    policies rank the same thousand plans. Kept by the item's identity, with the item, so no other
-    item takes its id while the facts live (one search)."""
+    re-ranking changes, (item, near the edge by its screened total (``_safe_bound``), exotic (1 or
+    0), fidelity tier, ``family_key``, tokens/s), worked out once a plan (``describe``, of the plans
+    not seen yet): both policies rank the same thousand plans. Kept by the item's identity, with the
+    item, so no other item takes its id while the facts live (one search).
+
+    The ranking's memo for one search besides: ``orders``, each group's preference order
+    (``_Ranked._preferred``); ``plain``, the screen's plans' order by speed (``_ranking``)."""
+
+    __slots__ = ("_describe", "_known", "_last", "orders", "plain")
+
+    def __init__(self, describe) -> None:
+        self._describe = describe  # (new items) -> their facts, in order
+        self._known: dict[int, tuple] = {}
+        # the last list asked of and its answer: a search asks of the screen's fitting plans four
+        # times (both policies' rankings, the families that fit, _edge_only), and no caller changes either
+        self._last: tuple = (None, None)
+        #: the plans of a group (their facts' ids, by speed) -> their preference order: the rankings made
+        #: again after each replay (``_ranked_again``) reach the same first groups round after round
+        #: (Llama-2-7B on an A10G over every precision: 20 rounds, each reading about 90 plans)
+        self.orders: dict[tuple, list[tuple]] = {}
+        #: (fitting, safe facts, ``_by_speed`` of them, near facts) of the screen's plans: both policies rank them
+        self.plain: tuple | None = None
+
+    def __call__(self, items: list[tuple]) -> list[tuple]:
+        if items is self._last[0]:
+            return self._last[1]
+        known = self._known
+        new = [item for item in items if id(item) not in known] if known else items  # (first: the screen's plans)
+        if new:
+            known.update(zip(map(id, new), self._describe(new)))
+        out = list(map(known.__getitem__, map(id, items)))
+        self._last = items, out
+        return out
+
+
+def _plan_facts(gpu: GPUSpec, exotic=None) -> _PlanFacts:
+    """The facts of the fitting plans on ``gpu`` (``_PlanFacts``): each plan near the edge of it
+    by its screened total (``_safe_bound``), ``exotic`` (``_exotic``; none without it), its fidelity
+    tier, ``family_key`` and tokens/s (None: untimed, near the edge)."""
     bounds: dict = {}
-    known: dict[int, tuple] = {}
     # what the family decides (its safe bound, fidelity tier and key), once a family: a search ranks
     # about a thousand plans of a few dozen families
     kinds: dict[tuple, tuple[int, int, tuple]] = {}
-    # the last list asked of and its answer: a search asks of the screen's fitting plans four
-    # times (both policies' rankings, the families that fit, _edge_only), and no caller changes either
-    last: list = [None, None]
 
-    def facts(items: list[tuple]) -> list[tuple]:
-        if items is last[0]:
-            return last[1]
-        new = [item for item in items if id(item) not in known] if known else items  # (first: the screen's plans)
+    def describe(new: list[tuple]) -> list[tuple]:
+        out = []
         for item, odd in zip(new, exotic(new) if exotic is not None else repeat(0)):
             config = item[0]
             family = family_key(config)
             kind = kinds.get(family)
             if kind is None:
                 kind = kinds[family] = (_safe_bound(config, gpu, bounds), fidelity_tier(config), family)
-            known[id(item)] = (item, 1 if item[2] > kind[0] else 0, odd, kind[1], kind[2],
-                               item[1] and item[1].tokens_per_s)  # (None: untimed, near the edge)
-        out = list(map(known.__getitem__, map(id, items)))
-        last[:] = items, out
+            out.append((item, 1 if item[2] > kind[0] else 0, odd, kind[1], kind[2],
+                        item[1] and item[1].tokens_per_s))  # (None: untimed, near the edge)
         return out
 
-    facts.orders = {}  # (``_Ranked._preferred``: each group's preference order, by its plans' facts, kept alive here)
-    return facts
+    return _PlanFacts(describe)
 
 
-def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = frozenset(),
+def _ranking(fitting: list[tuple], prefer: Prefer, facts: _PlanFacts, *, edgy: set[int] = frozenset(),
              speeds: ThroughputMemo | None = None) -> _Ranked:
     """The fitting plans in rank order: the plans that are not near the edge (by their
     screened totals, ``_safe_bound``, or, ids in ``edgy``, by their replays) before those that are;
@@ -502,7 +529,7 @@ def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = fr
     order."""
     fidelity = prefer is Prefer.FIDELITY
     known = facts(fitting)
-    if not edgy and fitting is getattr(facts, "plain", (None,))[0]:  # (the other policy's ranking of the same plans)
+    if not edgy and facts.plain is not None and fitting is facts.plain[0]:  # (the other policy's ranking of the same plans)
         _, safe, by_speed, near = facts.plain
     elif edgy:
         edges = [f[1] or int(id(f[0][0]) in edgy) for f in known]
@@ -592,11 +619,12 @@ class _Ranked:
     preference order, a ``--gpu any`` comparison put every group of about a thousand plans in
     order after each replay that dropped a plan: 5% of its samples in py-spy.)"""
 
-    def __init__(self, by_speed: list[tuple], near: list[tuple] = (), fidelity: bool = True, facts=None,
+    def __init__(self, by_speed: list[tuple], near: list[tuple], fidelity: bool, facts: _PlanFacts,
                  speeds: ThroughputMemo | None = None, fastest: tuple[float, dict[int, float]] | None = None) -> None:
         self._by_speed = by_speed  # (group key, -tokens/s, input index, facts), sorted
         self._reached = 0  # by_speed's first plan of a group not reached
         self._group: list[tuple] = []  # the group being read, in preference order
+        self._entry: list = [self._group, []]  # its ``_preferred`` entry
         self._read = 0  # of it
         # the facts of the plans near the edge, in input order, until by_speed holds them (``_near``)
         self._near, self._fidelity, self._facts, self._speeds = near, fidelity, facts, speeds
@@ -620,35 +648,46 @@ class _Ranked:
         return self
 
     def __next__(self) -> tuple:
-        if self._read == len(self._group):
-            by_speed, start = self._by_speed, self._reached
-            if start == len(by_speed):
-                if not self._near:
-                    raise StopIteration
-                self._rank_near()
-            tier, floor = by_speed[start][0], -by_speed[start][1] / (1 + SPEED_TIE)
-            end = start + 1
-            while end < len(by_speed) and by_speed[end][0] == tier and -by_speed[end][1] >= floor:
-                end += 1
-            self._group = self._preferred([row[3] for row in by_speed[start:end]])
-            self._reached, self._read = end, 0
+        if self._read == len(self._group) and not self._next_group():
+            raise StopIteration
         self._read += 1
         return self._group[self._read - 1]
 
-    def _preferred(self, group: list[tuple]) -> list[tuple]:
-        """The plans of a group (their facts, by speed) in preference order, a stable sort on
-        ``_tie_key``; once a search for each group (``_plan_facts``' ``orders``, by the facts'
-        identities, in order): the rankings made again after each replay (``_ranked_again``) reach
-        the same first groups round after round (Llama-2-7B on an A10G over every precision: 20
-        rounds, each reading about 160 plans before the third family shown)."""
-        orders = getattr(self._facts, "orders", None)
-        if orders is None:
-            return [f[0] for f in sorted(group, key=_tie_key)]
+    def _next_group(self) -> bool:
+        """Reach the next group, put in preference order (False: every plan is read)."""
+        by_speed, start = self._by_speed, self._reached
+        if start == len(by_speed):
+            if not self._near:
+                return False
+            self._rank_near()
+        tier, floor = by_speed[start][0], -by_speed[start][1] / (1 + SPEED_TIE)
+        end = start + 1
+        while end < len(by_speed) and by_speed[end][0] == tier and -by_speed[end][1] >= floor:
+            end += 1
+        self._entry = self._preferred([row[3] for row in by_speed[start:end]])
+        self._group, self._reached, self._read = self._entry[0], end, 0
+        return True
+
+    def _preferred(self, group: list[tuple]) -> list:
+        """[the plans of a group (their facts, by speed) in preference order, a stable sort on
+        ``_tie_key``; ``_families_first``'s of them, once asked (None)]; once a search for each group
+        (``_PlanFacts.orders``, by the facts' identities, in order): the rankings made again after
+        each replay (``_ranked_again``) reach the same first groups round after round (Llama-2-7B on
+        an A10G over every precision: 20 rounds, each reading about 90 plans before the third family shown)."""
+        orders = self._facts.orders
         key = tuple(map(id, group))
         found = orders.get(key)
         if found is None:
-            found = orders[key] = [f[0] for f in sorted(group, key=_tie_key)]
+            found = orders[key] = [[f[0] for f in sorted(group, key=_tie_key)], None]
         return found
+
+    def _families_first(self) -> list[tuple[int, tuple, tuple]]:
+        """(index, kind, family) of each family's first plan in the group being read (``_distinct``'s
+        kinds and families), in order; once a group (``_preferred``)."""
+        entry = self._entry
+        if entry[1] is None:
+            entry[1] = _families_first(entry[0], 0)
+        return entry[1]
 
     @property
     def by_speed(self) -> list[tuple]:
@@ -691,11 +730,31 @@ def _distinct(ranked: Iterator[tuple], k: int, read: list[tuple], kinds: dict | 
     same plan with ZeRO or offload added (ZeRO-1 on one GPU) that is not faster (a variant that is
     faster ranks first and is the one shown). Every plan taken from ``ranked`` is appended to
     ``read``. ``kinds``: each plan's (kind, family) by its configuration's id, kept by the caller
-    for its next rounds (``_replayed_plans``: a round reads about 160 plans of Llama-2-7B on an
-    A10G before the third family, the same plans round after round)."""
+    for its next rounds (``_replayed_plans``: a round reads about 90 plans of Llama-2-7B on an
+    A10G before the third family, the same plans round after round).
+
+    A ``_Ranked`` is read a group at a time, and of each group only each family's first plan is
+    asked about (``_Ranked._families_first``, once a group a search): a later plan of a family is
+    never taken where its first was not, as a family taken stays taken and a kind's count only
+    grows (the rounds of the bench request read about 2,100 plans to take 70)."""
     out: list[tuple] = []
     families: set[tuple] = set()
     per_kind: dict[tuple, int] = {}  # at most two optimizers per (method, precision class)
+    if isinstance(ranked, _Ranked):
+        while ranked._read < len(ranked._group) or ranked._next_group():
+            group, start = ranked._group, ranked._read
+            for i, kind, family in ranked._families_first() if not start else _families_first(group, start):
+                if family not in families and per_kind.get(kind, 0) < 2:
+                    families.add(family)
+                    per_kind[kind] = per_kind.get(kind, 0) + 1
+                    out.append(group[i])
+                    if len(out) == k:
+                        read.extend(group[start:i + 1])
+                        ranked._read = i + 1
+                        return out
+            read.extend(group[start:])
+            ranked._read = len(group)
+        return out
     kinds = {} if kinds is None else kinds
     for c in ranked:
         read.append(c)
@@ -710,6 +769,21 @@ def _distinct(ranked: Iterator[tuple], k: int, read: list[tuple], kinds: dict | 
             out.append(c)
             if len(out) == k:
                 break
+    return out
+
+
+def _families_first(plans: list[tuple], start: int) -> list[tuple[int, tuple, tuple]]:
+    """(index, (method, precision class), (method, precision class, optimizer)) of each family's
+    first plan of ``plans[start:]``, in order (``_distinct``)."""
+    seen: set[tuple] = set()
+    out = []
+    for i in range(start, len(plans)):
+        config = plans[i][0]
+        kind = (config.method, _precision_class(config))
+        family = (*kind, config.optimizer)
+        if family not in seen:
+            seen.add(family)
+            out.append((i, kind, family))
     return out
 
 
