@@ -157,7 +157,7 @@ def suggest(
     theirs = () if not alternative else _replayed_plans(
         _ranking(fitting, other, facts, speeds=speeds), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
         prefer=other,
-        replays=replays, shown=shown, memo=memo, facts=facts, speeds=speeds)
+        replays=replays, shown=shown, memo=memo, facts=facts, speeds=speeds, first=True)
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
                       safety_margin_bytes=margin, prefer=str(space.prefer),
                       alternative=theirs[0] if theirs and theirs[0].config != plans[0].config else None,
@@ -294,7 +294,8 @@ def _safe_bound(config: TrainConfig, gpu: GPUSpec, bounds: dict) -> int:
 def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
                     prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None, shown: dict | None = None,
                     memo: MemoryMemo | None = None, facts: _PlanFacts | None = None,
-                    speeds: ThroughputMemo | None = None, decided=None) -> tuple[Candidate, ...] | None:
+                    speeds: ThroughputMemo | None = None, decided=None,
+                    first: bool = False) -> tuple[Candidate, ...] | None:
     """The top plans with their full estimates. The fast path screens with the allocator's
     stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
     caching allocator replayed on its step. One the replay finds too large for the usable memory
@@ -307,7 +308,8 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     again with the paging its replay leaves (the screen timed it from its own total) and, where
     that moves its speed, ranked anew. ``decided(ranking)``: whether a ranking (``_Ranked``)
     of ``fitting`` and of each re-ranking is one whose first plan the caller can take; where one is
-    not, None is returned."""
+    not, None is returned. ``first``: the caller reads the first plan only, which is returned
+    alone once no later round can change it (``_Settling``: under ``speed``)."""
     replays = {} if replays is None else replays
     shown = {} if shown is None else shown
     memo = memo or MemoryMemo(model, gpu)
@@ -317,20 +319,30 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     ranked, read = iter(fitting), []  # read: the ranked plans _distinct has gone through
     kinds: dict[int, tuple] = {}  # (``_distinct``'s, by the id of a configuration: each stays alive, ranked or in ``replays``)
     edgy: set[int] = set()  # ids of the configurations the replay found near the edge
+
+    def estimated(cfg: TrainConfig):
+        if cfg not in replays:  # (None: its replay runs out of memory in ``usable``, and it is dropped)
+            replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable, dropping=True, memo=memo)
+        return replays[cfg]
+
+    settling = (_Settling(estimated, speeds=speeds, memo=memo, replays=replays, usable=usable, capacity=capacity)
+                if first and prefer is Prefer.SPEED and not gpu.is_cpu else None)
     while True:
         if decided is not None and not decided(ranked):
             return None
         plans, dropped, moved, retimed = [], set(), set(), {}
-        for cfg, speed, total, *_ in _distinct(ranked, top_k, read, kinds):
-            if cfg not in replays:  # (None: its replay runs out of memory in ``usable``, and it is dropped)
-                replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable, dropping=True,
-                                              memo=memo)
-            memory = replays[cfg]
+        picks = _distinct(ranked, top_k, read, kinds)
+        head = settling.head(ranked, picks) if settling is not None and isinstance(ranked, _Ranked) else None
+        if head is not None:
+            return (Candidate(config=head[0], **_shown(head[0], estimated(head[0]), model=model, gpu=gpu, shown=shown),
+                              fits=True, rank=1),)
+        for cfg, speed, total, *_ in picks:
+            memory = estimated(cfg)
             if memory is None or memory.process_total_bytes > usable:
                 dropped.add(id(cfg))
                 continue
             if memory.paged_bytes:  # its paging as the replay's reserve leaves it, not the screen's
-                replayed = Speed(tokens_per_second(cfg, speeds.step_seconds(cfg, memory.paged_host_bytes)))
+                replayed = _replayed_speed(cfg, memory, speeds)
                 if replayed != speed:
                     retimed[id(cfg)] = replayed
             plans.append((cfg, memory))
@@ -356,6 +368,131 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
                     for item in fitting if id(item[0]) not in dropped]
             again = _ranking(kept + added, prefer, facts, edgy=edgy, speeds=speeds)
         ranked, read = again, []
+
+
+def _replayed_speed(config: TrainConfig, memory, speeds: ThroughputMemo) -> Speed:
+    """A plan's speed with the paging its replay leaves (``MemoryEstimate.paged_host_bytes``)."""
+    return Speed(tokens_per_second(config, speeds.step_seconds(config, memory.paged_host_bytes)))
+
+
+#: The rounds whose first group is settled but for the bound (``_Settling``) before the bound is read:
+#: it times every plan's smaller splits (about 1,400 step times, Llama-2-7B on an A10G over every
+#: precision, ~6 ms), worth it where the rounds go on replaying (that request's alternative: 17 rounds of
+#: a replay each, 0.7-3 ms), not where the next round ends them; a round is one replay or more.
+SETTLE_AFTER = 2
+
+
+class _Settling:
+    """Whether the first plan of ``_replayed_plans``' answer under ``speed`` is settled before its
+    rounds end (``head``), for a caller that reads nothing else: ``suggest``'s other policy, whose
+    list is only its first plan (``PlanResult.alternative``). Llama-2-7B on an A10G, the bench
+    request: its first plan is the same from the second round on, and 17 more rounds each replay a
+    QLoRA plan at micro-batch 8 that runs out (a quarter of the search, bench/cli_speed.py).
+
+    The rounds change the ranking only where a plan picked (``_distinct``) is dropped, moved near
+    the edge or timed again, and add the next smaller split of each plan dropped or moved. So the
+    first plan is settled where, in a ranking whose first group (``_Ranked``: group key 0, the plans
+    within SPEED_TIE of the fastest, ``floor`` its slowest speed) is read first:
+    - every plan picked in that group is estimated and stays as it is (fits, not near the edge, its
+      speed kept), so it is never removed, and picks the same plans each round while the group is
+      the same; the first of them is not near the edge, so it stays first once sorted;
+    - the fastest plain plan is in the group, so the bar of the exotic plans does not move
+      (``_bars``: under ``speed`` the class's alone) unless a plain plan faster than it comes;
+    - no plan that can come joins the group's key at or above ``floor``: every smaller split of
+      every other plan (``_bound``: all that the rounds can add, whatever the replays say) and,
+      for a plan with paged states, its own split timed again (the paging its replay leaves only
+      adds seconds: ``ThroughputMemo.step_seconds`` at no paging is its fastest, which
+      tests/search/test_ranking_order.py holds). An exotic plan's smaller splits are exotic too
+      (``_exotic``) where nothing is offloaded (the total is not read then, and a plan added fits)
+      or it accumulates already (its total + host RAM only falls with the micro-batch then: the
+      peak never grows along the accumulating splits, ``planner.search._fit_and_miss``), and stay
+      after the group at or below the bar; a plan equal to one of the group's of that speed joins
+      it after that one (its preference is the same, the screen's total of the same split, and its
+      speed at most that) and takes no pick from it (its family is read before it)."""
+
+    def __init__(self, estimated, *, speeds: ThroughputMemo, memo: MemoryMemo, replays: dict, usable: int,
+                 capacity: int) -> None:
+        self._estimated, self._speeds, self._memo, self._replays = estimated, speeds, memo, replays
+        self._usable, self._capacity = usable, capacity
+        # by floor, the rounds that reached the bound (-1: it was read; once a floor: it reads every plan)
+        self._rounds: dict[float, int] = {}
+
+    def head(self, ranked: _Ranked, picks: list[tuple]) -> tuple | None:
+        """The first plan of the answer, where ``ranked`` (whose plans ``picks`` are the round's)
+        settles it and a later pick has no estimate yet (else the round is made: it costs little)."""
+        rows = ranked._by_speed
+        if not picks or not rows or rows[0][0] != 0 or ranked._fastest is None:
+            return None
+        floor = -rows[0][1] / (1 + SPEED_TIE)
+        end = 1
+        while end < len(rows) and rows[end][0] == 0 and -rows[end][1] >= floor:
+            end += 1
+        members = {id(row[3][0]) for row in rows[:end]}
+        ours = [item for item in picks if id(item) in members]
+        if (not ours or any(a is not b for a, b in zip(ours, picks))
+                or all(item[0] in self._replays for item in picks[len(ours):])):
+            return None
+        for cfg, speed, total, *_ in ours:
+            memory = self._estimated(cfg)
+            if (memory is None or memory.process_total_bytes > self._usable or near_edge(cfg, memory, capacity=self._capacity)
+                    or memory.paged_bytes and _replayed_speed(cfg, memory, self._speeds) != speed):
+                return None
+        group = [row[3] for row in rows[:end]]
+        best = ranked._fastest[0]
+        rounds = self._rounds.get(floor, 0)
+        if rounds < 0 or not any(not f[2] and f[5] == best for f in group):
+            return None
+        self._rounds[floor] = rounds + 1 if rounds + 1 < SETTLE_AFTER else -1
+        if rounds + 1 < SETTLE_AFTER:
+            return None
+        others = [(row[3], row[0] < 8) for row in rows[end:]] + [(f, False) for f in ranked._near]
+        speeds: dict[TrainConfig, set[float]] = {}  # the group's configurations and their speeds
+        for f in group:
+            speeds.setdefault(f[0][0], set()).add(f[5])
+        if self._bound(others, floor, best * (1 + EXOTIC_WIN), speeds):
+            return None
+        return picks[0]
+
+    def _bound(self, others: list[tuple], floor: float, bar: float, group: dict) -> bool:
+        """Whether a plan the rounds can add or time again from ``others`` ((facts, in the ranking's
+        plans not near the edge)) could join the first group: at or above ``floor`` and (plain, or
+        exotic over ``bar``), not a smaller split equal to a plan of it of the speed it would take with
+        no paging (``group``: their configurations and speeds; with paging it takes less, and follows
+        that plan)."""
+        speeds = self._speeds
+        # each plan's step time at a split reads its method, precision, knob class, adapters and checkpointing
+        # (``ThroughputMemo.knob_class``: the screen's ``_timed``): each slot timed once at each split, up to
+        # the largest any of its plans can reach (below its own, or its own where it is timed again)
+        slots: dict[tuple, list] = {}
+        for f, main in others:
+            item = f[0]
+            config = item[0]
+            top = config.micro_batch - 1
+            if main and (item[3] if len(item) > 3 else self._memo.static(config)).terms.paged:
+                top += 1  # (timed again at its own split)
+            key = (config.method, config.precision, speeds.knob_class(config), config.lora_r, config.lora_targets,
+                   config.grad_ckpt)
+            found = slots.get(key)
+            if found is None:
+                found = slots[key] = [0, config, []]
+            found[0] = max(found[0], top)
+            # (exotic at every smaller split: ``_Settling``)
+            found[2].append((config, top, f[2] and (not config.sharding.offloaded or config.grad_accum > 1)))
+        splits: dict[int, list[int]] = {}
+        for top, config, plans in slots.values():
+            per_device = config.micro_batch * config.grad_accum
+            for micro in splits.get(per_device) or splits.setdefault(per_device, divisors(per_device)):
+                if micro > top:
+                    break
+                speed = tokens_per_second(config, speeds.step_seconds(
+                    config.with_split(micro_batch=micro, grad_accum=per_device // micro), 0))
+                if speed < floor:
+                    continue
+                for plan, reach, exotic in plans:  # (equal to a plan of the group of this speed: a smaller split only)
+                    if micro <= reach and (not exotic or speed > bar) and (micro == plan.micro_batch or speed not in group.get(
+                            plan.with_split(micro_batch=micro, grad_accum=per_device // micro), ())):
+                        return True
+        return False
 
 
 def _ranked_again(ranked: _Ranked, removed: list[tuple], moved: list[tuple], added: list[tuple]) -> _Ranked | None:
