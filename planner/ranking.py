@@ -464,14 +464,20 @@ class _Settling:
         # (``ThroughputMemo.knob_class``: the screen's ``_timed``): each slot timed once at each split, up to
         # the largest any of its plans can reach (below its own, or its own where it is timed again)
         slots: dict[tuple, list] = {}
+        classes: dict[tuple, object] = {}  # (the knob classes by their fields, the sharding by identity: hashed once)
         for f, main in others:
             item = f[0]
             config = item[0]
             top = config.micro_batch - 1
             if main and (item[3] if len(item) > 3 else self._memo.static(config)).terms.paged:
                 top += 1  # (timed again at its own split)
-            key = (config.method, config.precision, speeds.knob_class(config), config.lora_r, config.lora_targets,
-                   config.grad_ckpt)
+            if not top:
+                continue  # (micro-batch 1, not timed again: nothing to add)
+            knobs = (config.method, config.precision, config.optimizer, id(config.sharding), config.gpus)
+            known = classes.get(knobs)
+            if known is None:
+                known = classes[knobs] = speeds.knob_class(config)
+            key = (config.method, config.precision, known, config.lora_r, config.lora_targets, config.grad_ckpt)
             found = slots.get(key)
             if found is None:
                 found = slots[key] = [0, config, []]
