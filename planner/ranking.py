@@ -402,7 +402,7 @@ class _Settling:
       every other plan (``_bound``: all that the rounds can add, whatever the replays say) and,
       for a plan with paged states, its own split timed again (the paging its replay leaves only
       adds seconds: ``ThroughputMemo.step_seconds`` at no paging is its fastest, which
-      tests/search/test_ranking_order.py holds). An exotic plan's smaller splits are exotic too
+      tests/search/test_settling.py holds). An exotic plan's smaller splits are exotic too
       (``_exotic``) where nothing is offloaded (the total is not read then, and a plan added fits)
       or it accumulates already (its total + host RAM only falls with the micro-batch then: the
       peak never grows along the accumulating splits, ``planner.search._fit_and_miss``), and stay
