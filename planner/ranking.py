@@ -157,7 +157,7 @@ def suggest(
     theirs = () if not alternative else _replayed_plans(
         _ranking(fitting, other, facts, speeds=speeds), model=model, gpu=gpu, usable=usable, top_k=min(top_k, 3),
         prefer=other,
-        replays=replays, shown=shown, memo=memo, facts=facts, speeds=speeds)
+        replays=replays, shown=shown, memo=memo, facts=facts, speeds=speeds, first=True)
     return PlanResult(request=request, plans=plans, rejected=rejected, searched=searched, usable_bytes=usable,
                       safety_margin_bytes=margin, prefer=str(space.prefer),
                       alternative=theirs[0] if theirs and theirs[0].config != plans[0].config else None,
@@ -293,8 +293,9 @@ def _safe_bound(config: TrainConfig, gpu: GPUSpec, bounds: dict) -> int:
 
 def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec, usable: int, top_k: int,
                     prefer: Prefer = Prefer.FIDELITY, replays: dict | None = None, shown: dict | None = None,
-                    memo: MemoryMemo | None = None, facts=None,
-                    speeds: ThroughputMemo | None = None, decided=None) -> tuple[Candidate, ...] | None:
+                    memo: MemoryMemo | None = None, facts: _PlanFacts | None = None,
+                    speeds: ThroughputMemo | None = None, decided=None,
+                    first: bool = False) -> tuple[Candidate, ...] | None:
     """The top plans with their full estimates. The fast path screens with the allocator's
     stated overhead (``planner.memory.reserve``); each plan shown is estimated in full, with the
     caching allocator replayed on its step. One the replay finds too large for the usable memory
@@ -307,7 +308,8 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     again with the paging its replay leaves (the screen timed it from its own total) and, where
     that moves its speed, ranked anew. ``decided(ranking)``: whether a ranking (``_Ranked``)
     of ``fitting`` and of each re-ranking is one whose first plan the caller can take; where one is
-    not, None is returned."""
+    not, None is returned. ``first``: the caller reads the first plan only, which is returned
+    alone once no later round can change it (``_Settling``: under ``speed``)."""
     replays = {} if replays is None else replays
     shown = {} if shown is None else shown
     memo = memo or MemoryMemo(model, gpu)
@@ -317,20 +319,30 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
     ranked, read = iter(fitting), []  # read: the ranked plans _distinct has gone through
     kinds: dict[int, tuple] = {}  # (``_distinct``'s, by the id of a configuration: each stays alive, ranked or in ``replays``)
     edgy: set[int] = set()  # ids of the configurations the replay found near the edge
+
+    def estimated(cfg: TrainConfig):
+        if cfg not in replays:  # (None: its replay runs out of memory in ``usable``, and it is dropped)
+            replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable, dropping=True, memo=memo)
+        return replays[cfg]
+
+    settling = (_Settling(estimated, speeds=speeds, memo=memo, replays=replays, usable=usable, capacity=capacity)
+                if first and prefer is Prefer.SPEED and not gpu.is_cpu else None)
     while True:
         if decided is not None and not decided(ranked):
             return None
         plans, dropped, moved, retimed = [], set(), set(), {}
-        for cfg, speed, total, *_ in _distinct(ranked, top_k, read, kinds):
-            if cfg not in replays:  # (None: its replay runs out of memory in ``usable``, and it is dropped)
-                replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable, dropping=True,
-                                              memo=memo)
-            memory = replays[cfg]
+        picks = _distinct(ranked, top_k, read, kinds)
+        head = settling.head(ranked, picks) if settling is not None and isinstance(ranked, _Ranked) else None
+        if head is not None:
+            return (Candidate(config=head[0], **_shown(head[0], estimated(head[0]), model=model, gpu=gpu, shown=shown),
+                              fits=True, rank=1),)
+        for cfg, speed, total, *_ in picks:
+            memory = estimated(cfg)
             if memory is None or memory.process_total_bytes > usable:
                 dropped.add(id(cfg))
                 continue
             if memory.paged_bytes:  # its paging as the replay's reserve leaves it, not the screen's
-                replayed = Speed(tokens_per_second(cfg, speeds.step_seconds(cfg, memory.paged_host_bytes)))
+                replayed = _replayed_speed(cfg, memory, speeds)
                 if replayed != speed:
                     retimed[id(cfg)] = replayed
             plans.append((cfg, memory))
@@ -343,18 +355,150 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
                                    rank=i + 1) for i, (cfg, memory) in enumerate(plans))
         edgy |= moved
         # the smaller splits of the plans dropped and moved, in rank order (all of them were read)
+        gone = dropped | moved
+        removed = [item for item in read if id(item[0]) in gone]  # (read once: about 90-250 plans a round)
         added = [item for item in (_next_smaller_split(item[0], model=model, gpu=gpu, memo=memo, speeds=speeds)
-                                   for item in read if id(item[0]) in dropped or id(item[0]) in moved)
+                                   for item in removed)
                  if item is not None and item[2] <= usable]
         again = None if retimed or not isinstance(ranked, _Ranked) else _ranked_again(
-            ranked, [item for item in read if id(item[0]) in dropped or id(item[0]) in moved],
-            [item for item in read if id(item[0]) in moved], added)
+            ranked, removed, [item for item in removed if id(item[0]) in moved], added)
         if again is None:
             fitting = read + (ranked.unread() if isinstance(ranked, _Ranked) else list(ranked))
             kept = [(item[0], retimed[id(item[0])], *item[2:]) if id(item[0]) in retimed else item
                     for item in fitting if id(item[0]) not in dropped]
             again = _ranking(kept + added, prefer, facts, edgy=edgy, speeds=speeds)
         ranked, read = again, []
+
+
+def _replayed_speed(config: TrainConfig, memory, speeds: ThroughputMemo) -> Speed:
+    """A plan's speed with the paging its replay leaves (``MemoryEstimate.paged_host_bytes``)."""
+    return Speed(tokens_per_second(config, speeds.step_seconds(config, memory.paged_host_bytes)))
+
+
+#: The rounds whose first group is settled but for the bound (``_Settling``) before the bound is read:
+#: it times every plan's smaller splits (about 1,400 step times, Llama-2-7B on an A10G over every
+#: precision, ~6 ms), worth it where the rounds go on replaying (that request's alternative: 17 rounds of
+#: a replay each, 0.7-3 ms), not where the next round ends them; a round is one replay or more.
+SETTLE_AFTER = 2
+
+
+class _Settling:
+    """Whether the first plan of ``_replayed_plans``' answer under ``speed`` is settled before its
+    rounds end (``head``), for a caller that reads nothing else: ``suggest``'s other policy, whose
+    list is only its first plan (``PlanResult.alternative``). Llama-2-7B on an A10G, the bench
+    request: its first plan is the same from the second round on, and 17 more rounds each replay a
+    QLoRA plan at micro-batch 8 that runs out (a quarter of the search, bench/cli_speed.py).
+
+    The rounds change the ranking only where a plan picked (``_distinct``) is dropped, moved near
+    the edge or timed again, and add the next smaller split of each plan dropped or moved. So the
+    first plan is settled where, in a ranking whose first group (``_Ranked``: group key 0, the plans
+    within SPEED_TIE of the fastest, ``floor`` its slowest speed) is read first:
+    - every plan picked in that group is estimated and stays as it is (fits, not near the edge, its
+      speed kept), so it is never removed, and picks the same plans each round while the group is
+      the same; the first of them is not near the edge, so it stays first once sorted;
+    - the fastest plain plan is in the group, so the bar of the exotic plans does not move
+      (``_bars``: under ``speed`` the class's alone) unless a plain plan faster than it comes;
+    - no plan that can come joins the group's key at or above ``floor``: every smaller split of
+      every other plan (``_bound``: all that the rounds can add, whatever the replays say) and,
+      for a plan with paged states, its own split timed again (the paging its replay leaves only
+      adds seconds: ``ThroughputMemo.step_seconds`` at no paging is its fastest, which
+      tests/search/test_settling.py holds). An exotic plan's smaller splits are exotic too
+      (``_exotic``) where nothing is offloaded (the total is not read then, and a plan added fits)
+      or it accumulates already (its total + host RAM only falls with the micro-batch then: the
+      peak never grows along the accumulating splits, ``planner.search._fit_and_miss``), and stay
+      after the group at or below the bar; a plan equal to one of the group's of that speed joins
+      it after that one (its preference is the same, the screen's total of the same split, and its
+      speed at most that) and takes no pick from it (its family is read before it)."""
+
+    def __init__(self, estimated, *, speeds: ThroughputMemo, memo: MemoryMemo, replays: dict, usable: int,
+                 capacity: int) -> None:
+        self._estimated, self._speeds, self._memo, self._replays = estimated, speeds, memo, replays
+        self._usable, self._capacity = usable, capacity
+        # by floor, the rounds that reached the bound (-1: it was read; once a floor: it reads every plan)
+        self._rounds: dict[float, int] = {}
+
+    def head(self, ranked: _Ranked, picks: list[tuple]) -> tuple | None:
+        """The first plan of the answer, where ``ranked`` (whose plans ``picks`` are the round's)
+        settles it and a later pick has no estimate yet (else the round is made: it costs little)."""
+        rows = ranked._by_speed
+        if not picks or not rows or rows[0][0] != 0 or ranked._fastest is None:
+            return None
+        floor = -rows[0][1] / (1 + SPEED_TIE)
+        end = 1
+        while end < len(rows) and rows[end][0] == 0 and -rows[end][1] >= floor:
+            end += 1
+        members = {id(row[3][0]) for row in rows[:end]}
+        ours = [item for item in picks if id(item) in members]
+        if (not ours or any(a is not b for a, b in zip(ours, picks))
+                or all(item[0] in self._replays for item in picks[len(ours):])):
+            return None
+        for cfg, speed, total, *_ in ours:
+            memory = self._estimated(cfg)
+            if (memory is None or memory.process_total_bytes > self._usable or near_edge(cfg, memory, capacity=self._capacity)
+                    or memory.paged_bytes and _replayed_speed(cfg, memory, self._speeds) != speed):
+                return None
+        group = [row[3] for row in rows[:end]]
+        best = ranked._fastest[0]
+        rounds = self._rounds.get(floor, 0)
+        if rounds < 0 or not any(not f[2] and f[5] == best for f in group):
+            return None
+        self._rounds[floor] = rounds + 1 if rounds + 1 < SETTLE_AFTER else -1
+        if rounds + 1 < SETTLE_AFTER:
+            return None
+        others = [(row[3], row[0] < 8) for row in rows[end:]] + [(f, False) for f in ranked._near]
+        speeds: dict[TrainConfig, set[float]] = {}  # the group's configurations and their speeds
+        for f in group:
+            speeds.setdefault(f[0][0], set()).add(f[5])
+        if self._bound(others, floor, best * (1 + EXOTIC_WIN), speeds):
+            return None
+        return picks[0]
+
+    def _bound(self, others: list[tuple], floor: float, bar: float, group: dict) -> bool:
+        """Whether a plan the rounds can add or time again from ``others`` ((facts, in the ranking's
+        plans not near the edge)) could join the first group: at or above ``floor`` and (plain, or
+        exotic over ``bar``), not a smaller split equal to a plan of it of the speed it would take with
+        no paging (``group``: their configurations and speeds; with paging it takes less, and follows
+        that plan)."""
+        speeds = self._speeds
+        # each plan's step time at a split reads its method, precision, knob class, adapters and checkpointing
+        # (``ThroughputMemo.knob_class``: the screen's ``_timed``): each slot timed once at each split, up to
+        # the largest any of its plans can reach (below its own, or its own where it is timed again)
+        slots: dict[tuple, list] = {}
+        classes: dict[tuple, object] = {}  # (the knob classes by their fields, the sharding by identity: hashed once)
+        for f, main in others:
+            item = f[0]
+            config = item[0]
+            top = config.micro_batch - 1
+            if main and (item[3] if len(item) > 3 else self._memo.static(config)).terms.paged:
+                top += 1  # (timed again at its own split)
+            if not top:
+                continue  # (micro-batch 1, not timed again: nothing to add)
+            knobs = (config.method, config.precision, config.optimizer, id(config.sharding), config.gpus)
+            known = classes.get(knobs)
+            if known is None:
+                known = classes[knobs] = speeds.knob_class(config)
+            key = (config.method, config.precision, known, config.lora_r, config.lora_targets, config.grad_ckpt)
+            found = slots.get(key)
+            if found is None:
+                found = slots[key] = [0, config, []]
+            found[0] = max(found[0], top)
+            # (exotic at every smaller split: ``_Settling``)
+            found[2].append((config, top, f[2] and (not config.sharding.offloaded or config.grad_accum > 1)))
+        splits: dict[int, list[int]] = {}
+        for top, config, plans in slots.values():
+            per_device = config.micro_batch * config.grad_accum
+            for micro in splits.get(per_device) or splits.setdefault(per_device, divisors(per_device)):
+                if micro > top:
+                    break
+                speed = tokens_per_second(config, speeds.step_seconds(
+                    config.with_split(micro_batch=micro, grad_accum=per_device // micro), 0))
+                if speed < floor:
+                    continue
+                for plan, reach, exotic in plans:  # (equal to a plan of the group of this speed: a smaller split only)
+                    if micro <= reach and (not exotic or speed > bar) and (micro == plan.micro_batch or speed not in group.get(
+                            plan.with_split(micro_batch=micro, grad_accum=per_device // micro), ())):
+                        return True
+        return False
 
 
 def _ranked_again(ranked: _Ranked, removed: list[tuple], moved: list[tuple], added: list[tuple]) -> _Ranked | None:
@@ -450,42 +594,68 @@ PRECISION_PREFERENCE = {Precision.BF16_MIXED: 0, Precision.FP16_MIXED: 1, Precis
 _FP32 = Precision.FP32
 
 
-def _plan_facts(gpu: GPUSpec, exotic=None):
+class _PlanFacts:
     """``facts(items)``: what the ranking reads of each fitting plan that neither the policy nor a
-    re-ranking changes, (item, near the edge of ``gpu`` by its screened total (``_safe_bound``),
-    ``exotic`` (``_exotic``; none without it), fidelity tier, ``family_key``, tokens/s), worked out once a plan: both
-    policies rank the same thousand plans. Kept by the item's identity, with the item, so no other
-    item takes its id while the facts live (one search)."""
+    re-ranking changes, (item, near the edge by its screened total (``_safe_bound``), exotic (1 or
+    0), fidelity tier, ``family_key``, tokens/s), worked out once a plan (``describe``, of the plans
+    not seen yet): both policies rank the same thousand plans. Kept by the item's identity, with the
+    item, so no other item takes its id while the facts live (one search).
+
+    The ranking's memo for one search besides: ``orders``, each group's preference order
+    (``_Ranked._preferred``); ``plain``, the screen's plans' order by speed (``_ranking``)."""
+
+    __slots__ = ("_describe", "_known", "_last", "orders", "plain")
+
+    def __init__(self, describe) -> None:
+        self._describe = describe  # (new items) -> their facts, in order
+        self._known: dict[int, tuple] = {}
+        # the last list asked of and its answer: a search asks of the screen's fitting plans four
+        # times (both policies' rankings, the families that fit, _edge_only), and no caller changes either
+        self._last: tuple = (None, None)
+        #: the plans of a group (their facts' ids, by speed) -> their preference order: the rankings made
+        #: again after each replay (``_ranked_again``) reach the same first groups round after round
+        #: (Llama-2-7B on an A10G over every precision: 20 rounds, each reading about 90 plans)
+        self.orders: dict[tuple, list[tuple]] = {}
+        #: (fitting, safe facts, ``_by_speed`` of them, near facts) of the screen's plans: both policies rank them
+        self.plain: tuple | None = None
+
+    def __call__(self, items: list[tuple]) -> list[tuple]:
+        if items is self._last[0]:
+            return self._last[1]
+        known = self._known
+        new = [item for item in items if id(item) not in known] if known else items  # (first: the screen's plans)
+        if new:
+            known.update(zip(map(id, new), self._describe(new)))
+        out = list(map(known.__getitem__, map(id, items)))
+        self._last = items, out
+        return out
+
+
+def _plan_facts(gpu: GPUSpec, exotic=None) -> _PlanFacts:
+    """The facts of the fitting plans on ``gpu`` (``_PlanFacts``): each plan near the edge of it
+    by its screened total (``_safe_bound``), ``exotic`` (``_exotic``; none without it), its fidelity
+    tier, ``family_key`` and tokens/s (None: untimed, near the edge)."""
     bounds: dict = {}
-    known: dict[int, tuple] = {}
     # what the family decides (its safe bound, fidelity tier and key), once a family: a search ranks
     # about a thousand plans of a few dozen families
     kinds: dict[tuple, tuple[int, int, tuple]] = {}
-    # the last list asked of and its answer: a search asks of the screen's fitting plans four
-    # times (both policies' rankings, the families that fit, _edge_only), and no caller changes either
-    last: list = [None, None]
 
-    def facts(items: list[tuple]) -> list[tuple]:
-        if items is last[0]:
-            return last[1]
-        new = [item for item in items if id(item) not in known] if known else items  # (first: the screen's plans)
+    def describe(new: list[tuple]) -> list[tuple]:
+        out = []
         for item, odd in zip(new, exotic(new) if exotic is not None else repeat(0)):
             config = item[0]
             family = family_key(config)
             kind = kinds.get(family)
             if kind is None:
                 kind = kinds[family] = (_safe_bound(config, gpu, bounds), fidelity_tier(config), family)
-            known[id(item)] = (item, 1 if item[2] > kind[0] else 0, odd, kind[1], kind[2],
-                               item[1] and item[1].tokens_per_s)  # (None: untimed, near the edge)
-        out = list(map(known.__getitem__, map(id, items)))
-        last[:] = items, out
+            out.append((item, 1 if item[2] > kind[0] else 0, odd, kind[1], kind[2],
+                        item[1] and item[1].tokens_per_s))  # (None: untimed, near the edge)
         return out
 
-    facts.orders = {}  # (``_Ranked._preferred``: each group's preference order, by its plans' facts, kept alive here)
-    return facts
+    return _PlanFacts(describe)
 
 
-def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = frozenset(),
+def _ranking(fitting: list[tuple], prefer: Prefer, facts: _PlanFacts, *, edgy: set[int] = frozenset(),
              speeds: ThroughputMemo | None = None) -> _Ranked:
     """The fitting plans in rank order: the plans that are not near the edge (by their
     screened totals, ``_safe_bound``, or, ids in ``edgy``, by their replays) before those that are;
@@ -502,7 +672,7 @@ def _ranking(fitting: list[tuple], prefer: Prefer, facts, *, edgy: set[int] = fr
     order."""
     fidelity = prefer is Prefer.FIDELITY
     known = facts(fitting)
-    if not edgy and fitting is getattr(facts, "plain", (None,))[0]:  # (the other policy's ranking of the same plans)
+    if not edgy and facts.plain is not None and fitting is facts.plain[0]:  # (the other policy's ranking of the same plans)
         _, safe, by_speed, near = facts.plain
     elif edgy:
         edges = [f[1] or int(id(f[0][0]) in edgy) for f in known]
@@ -592,11 +762,12 @@ class _Ranked:
     preference order, a ``--gpu any`` comparison put every group of about a thousand plans in
     order after each replay that dropped a plan: 5% of its samples in py-spy.)"""
 
-    def __init__(self, by_speed: list[tuple], near: list[tuple] = (), fidelity: bool = True, facts=None,
+    def __init__(self, by_speed: list[tuple], near: list[tuple], fidelity: bool, facts: _PlanFacts,
                  speeds: ThroughputMemo | None = None, fastest: tuple[float, dict[int, float]] | None = None) -> None:
         self._by_speed = by_speed  # (group key, -tokens/s, input index, facts), sorted
         self._reached = 0  # by_speed's first plan of a group not reached
         self._group: list[tuple] = []  # the group being read, in preference order
+        self._entry: list = [self._group, []]  # its ``_preferred`` entry
         self._read = 0  # of it
         # the facts of the plans near the edge, in input order, until by_speed holds them (``_near``)
         self._near, self._fidelity, self._facts, self._speeds = near, fidelity, facts, speeds
@@ -620,35 +791,46 @@ class _Ranked:
         return self
 
     def __next__(self) -> tuple:
-        if self._read == len(self._group):
-            by_speed, start = self._by_speed, self._reached
-            if start == len(by_speed):
-                if not self._near:
-                    raise StopIteration
-                self._rank_near()
-            tier, floor = by_speed[start][0], -by_speed[start][1] / (1 + SPEED_TIE)
-            end = start + 1
-            while end < len(by_speed) and by_speed[end][0] == tier and -by_speed[end][1] >= floor:
-                end += 1
-            self._group = self._preferred([row[3] for row in by_speed[start:end]])
-            self._reached, self._read = end, 0
+        if self._read == len(self._group) and not self._next_group():
+            raise StopIteration
         self._read += 1
         return self._group[self._read - 1]
 
-    def _preferred(self, group: list[tuple]) -> list[tuple]:
-        """The plans of a group (their facts, by speed) in preference order, a stable sort on
-        ``_tie_key``; once a search for each group (``_plan_facts``' ``orders``, by the facts'
-        identities, in order): the rankings made again after each replay (``_ranked_again``) reach
-        the same first groups round after round (Llama-2-7B on an A10G over every precision: 20
-        rounds, each reading about 160 plans before the third family shown)."""
-        orders = getattr(self._facts, "orders", None)
-        if orders is None:
-            return [f[0] for f in sorted(group, key=_tie_key)]
+    def _next_group(self) -> bool:
+        """Reach the next group, put in preference order (False: every plan is read)."""
+        by_speed, start = self._by_speed, self._reached
+        if start == len(by_speed):
+            if not self._near:
+                return False
+            self._rank_near()
+        tier, floor = by_speed[start][0], -by_speed[start][1] / (1 + SPEED_TIE)
+        end = start + 1
+        while end < len(by_speed) and by_speed[end][0] == tier and -by_speed[end][1] >= floor:
+            end += 1
+        self._entry = self._preferred([row[3] for row in by_speed[start:end]])
+        self._group, self._reached, self._read = self._entry[0], end, 0
+        return True
+
+    def _preferred(self, group: list[tuple]) -> list:
+        """[the plans of a group (their facts, by speed) in preference order, a stable sort on
+        ``_tie_key``; ``_families_first``'s of them, once asked (None)]; once a search for each group
+        (``_PlanFacts.orders``, by the facts' identities, in order): the rankings made again after
+        each replay (``_ranked_again``) reach the same first groups round after round (Llama-2-7B on
+        an A10G over every precision: 20 rounds, each reading about 90 plans before the third family shown)."""
+        orders = self._facts.orders
         key = tuple(map(id, group))
         found = orders.get(key)
         if found is None:
-            found = orders[key] = [f[0] for f in sorted(group, key=_tie_key)]
+            found = orders[key] = [[f[0] for f in sorted(group, key=_tie_key)], None]
         return found
+
+    def _families_first(self) -> list[tuple[int, tuple, tuple]]:
+        """(index, kind, family) of each family's first plan in the group being read (``_distinct``'s
+        kinds and families), in order; once a group (``_preferred``)."""
+        entry = self._entry
+        if entry[1] is None:
+            entry[1] = _families_first(entry[0], 0)
+        return entry[1]
 
     @property
     def by_speed(self) -> list[tuple]:
@@ -691,11 +873,31 @@ def _distinct(ranked: Iterator[tuple], k: int, read: list[tuple], kinds: dict | 
     same plan with ZeRO or offload added (ZeRO-1 on one GPU) that is not faster (a variant that is
     faster ranks first and is the one shown). Every plan taken from ``ranked`` is appended to
     ``read``. ``kinds``: each plan's (kind, family) by its configuration's id, kept by the caller
-    for its next rounds (``_replayed_plans``: a round reads about 160 plans of Llama-2-7B on an
-    A10G before the third family, the same plans round after round)."""
+    for its next rounds (``_replayed_plans``: a round reads about 90 plans of Llama-2-7B on an
+    A10G before the third family, the same plans round after round).
+
+    A ``_Ranked`` is read a group at a time, and of each group only each family's first plan is
+    asked about (``_Ranked._families_first``, once a group a search): a later plan of a family is
+    never taken where its first was not, as a family taken stays taken and a kind's count only
+    grows (the rounds of the bench request read about 2,100 plans to take 70)."""
     out: list[tuple] = []
     families: set[tuple] = set()
     per_kind: dict[tuple, int] = {}  # at most two optimizers per (method, precision class)
+    if isinstance(ranked, _Ranked):
+        while ranked._read < len(ranked._group) or ranked._next_group():
+            group, start = ranked._group, ranked._read
+            for i, kind, family in ranked._families_first() if not start else _families_first(group, start):
+                if family not in families and per_kind.get(kind, 0) < 2:
+                    families.add(family)
+                    per_kind[kind] = per_kind.get(kind, 0) + 1
+                    out.append(group[i])
+                    if len(out) == k:
+                        read.extend(group[start:i + 1])
+                        ranked._read = i + 1
+                        return out
+            read.extend(group[start:])
+            ranked._read = len(group)
+        return out
     kinds = {} if kinds is None else kinds
     for c in ranked:
         read.append(c)
@@ -710,6 +912,21 @@ def _distinct(ranked: Iterator[tuple], k: int, read: list[tuple], kinds: dict | 
             out.append(c)
             if len(out) == k:
                 break
+    return out
+
+
+def _families_first(plans: list[tuple], start: int) -> list[tuple[int, tuple, tuple]]:
+    """(index, (method, precision class), (method, precision class, optimizer)) of each family's
+    first plan of ``plans[start:]``, in order (``_distinct``)."""
+    seen: set[tuple] = set()
+    out = []
+    for i in range(start, len(plans)):
+        config = plans[i][0]
+        kind = (config.method, _precision_class(config))
+        family = (*kind, config.optimizer)
+        if family not in seen:
+            seen.add(family)
+            out.append((i, kind, family))
     return out
 
 

@@ -449,43 +449,65 @@ def shared_estimate(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec, budg
 
     ``memo``: the search's, of this model and device, whose timelines share their activations
     (``MemoryMemo.activations``)."""
-    shared = _SHARED_TERMS.get()
     kernels = gpu.kernels
     activations = memo.activations if memo is not None and memo.model is model and memo.kernels is kernels else None
     # a plan dropped where its replay runs out: its timeline's making stops where the replays made have
     # run out in its first events (``known_to_run_out``); its replay would have said None there
     abandon = known_to_run_out(config, gpu, budget) if dropping else None
-    if shared is None or shared.model is not model:
+    made = _device_timeline(model, config, gpu, abandon, activations)
+    if made is None:
+        return None
+    timeline, found = made
+    replayed = None
+    if kernels.caching_allocator:
+        replayed = _replayed(timeline, found, config, gpu, budget, dropping)
+        if replayed is None:
+            return None
+    return estimate_memory(model=model, config=config, gpu=gpu, budget=budget, timeline=timeline, replayed=replayed)
+
+
+def _device_timeline(model: ModelSpec, config: TrainConfig, gpu: GPUSpec, abandon,
+                     activations: dict | None) -> tuple[Timeline, _Estimated | None] | None:
+    """(``device_timeline`` of ``config`` on ``gpu``, what the estimates of other devices share of it:
+    inside ``shared_terms``, else None), or None where ``abandon`` stopped its step's timeline
+    (``shared_estimate``)."""
+    shared, kernels = _SHARED_TERMS.get(), gpu.kernels
+    if shared is not None and shared.model is not model:
+        shared = None
+    step = None
+    if shared is not None:
+        key = (config, kernels, cublas_workspace_bytes(gpu))
+        found = shared.timelines.get(key)
+        if found is not None:
+            return found.timeline, found
+        step = shared.timelines.get((config, kernels))
+    if step is None:
         step = step_timeline(model=model, config=config, kernels=kernels, abandon=abandon, shared=activations)
         if step is None:
             return None
-        timeline, found = device_timeline(model=model, config=config, gpu=gpu, step=step), None
-    else:
-        key = (config, kernels, cublas_workspace_bytes(gpu))
-        found = shared.timelines.get(key)
-        if found is None:
-            step = shared.timelines.get((config, kernels))
-            if step is None:
-                step = step_timeline(model=model, config=config, kernels=kernels, abandon=abandon, shared=activations)
-                if step is None:
-                    return None
-                shared.timelines[config, kernels] = step
-            found = shared.timelines[key] = _Estimated(device_timeline(model=model, config=config, gpu=gpu, step=step))
-        timeline = found.timeline
-    replayed = None
-    if kernels.caching_allocator:
-        capacity, made = replay_capacity(timeline, config, gpu, budget), found.replayed if found is not None else None
-        if made is not None and made.peak_reserved <= capacity and found.clean is None:
-            found.clean = made.peak_reserved + _largest_ask(timeline) <= found.capacity
-        if made is not None and made.peak_reserved <= capacity and found.clean:
-            replayed = made
-        else:
-            replayed = replay_timeline(timeline, config, gpu, budget=budget, measure=not dropping)
-            if replayed is None:
-                return None
-            if found is not None and (made is None or found.clean is False):
-                found.replayed, found.capacity, found.clean = replayed, capacity, None
-    return estimate_memory(model=model, config=config, gpu=gpu, budget=budget, timeline=timeline, replayed=replayed)
+        if shared is not None:
+            shared.timelines[config, kernels] = step
+    timeline = device_timeline(model=model, config=config, gpu=gpu, step=step)
+    if shared is None:
+        return timeline, None
+    found = shared.timelines[key] = _Estimated(timeline)
+    return timeline, found
+
+
+def _replayed(timeline: Timeline, found: _Estimated | None, config: TrainConfig, gpu: GPUSpec, budget: int,
+              dropping: bool) -> Replay | None:
+    """The allocator replay of ``timeline`` within ``budget``: ``found``'s, where another device's
+    replay had no room check fail and fits this capacity (``shared_estimate``), else made (and kept
+    in ``found`` for the next device); None where ``dropping`` and it runs out."""
+    capacity, made = replay_capacity(timeline, config, gpu, budget), found.replayed if found is not None else None
+    if made is not None and made.peak_reserved <= capacity and found.clean is None:
+        found.clean = made.peak_reserved + _largest_ask(timeline) <= found.capacity
+    if made is not None and made.peak_reserved <= capacity and found.clean:
+        return made
+    replayed = replay_timeline(timeline, config, gpu, budget=budget, measure=not dropping)
+    if replayed is not None and found is not None and (made is None or found.clean is False):
+        found.replayed, found.capacity, found.clean = replayed, capacity, None
+    return replayed
 
 
 class MemoryMemo:

@@ -14,7 +14,7 @@ import pytest
 
 from planner.config import Method, Optimizer, Precision, TrainConfig
 from planner.errors import PlannerError
-from planner.ranking import SPEED_TIE, _ranking, _tie_key
+from planner.ranking import SPEED_TIE, _PlanFacts, _ranking, _tie_key
 from planner.search import Speed
 from planner.sharding import search_axis
 from planner.tradeoffs import Prefer
@@ -41,17 +41,10 @@ def _plans(rng: random.Random, n: int) -> list[tuple]:
              rng.choice([1, 2, 3])) for _ in range(n)]
 
 
-def _facts(rng: random.Random):
-    drawn: dict[int, tuple] = {}
-
-    def facts(items):
-        for item in items:
-            if id(item) not in drawn:
-                drawn[id(item)] = (item, rng.random() < 0.2, rng.random() < 0.3, rng.randrange(4), (),
-                                  item[1].tokens_per_s)
-        return [drawn[id(item)] for item in items]
-
-    return facts
+def _facts(rng: random.Random) -> _PlanFacts:
+    """Facts drawn at random for each plan, once a plan (``_PlanFacts`` asks of the plans it has not seen)."""
+    return _PlanFacts(lambda items: [(item, rng.random() < 0.2, rng.random() < 0.3, rng.randrange(4), (),
+                                      item[1].tokens_per_s) for item in items])
 
 
 def _reference(fitting, prefer, facts, edgy=frozenset()):
@@ -183,3 +176,23 @@ def test_a_ranking_made_again_from_the_last_is_the_ranking_made_anew(seed):
                                      facts, edgy=edgy)
         assert list(ours) == list(anew)
     assert made_again
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_top_k_read_a_group_at_a_time_is_the_top_k_read_plan_by_plan(seed):
+    """``_distinct`` reads a ``_Ranked`` a group at a time, asking only of each family's first plan
+    in a group: it takes the plans, reads the plans and leaves unread the plans that reading the same
+    ranking plan by plan does, call after call on one ranking (the rounds read on where they stopped)
+    and round after round (each group's families' first plans kept by ``_PlanFacts``)."""
+    from planner.ranking import _distinct
+
+    rng = random.Random(seed)
+    plans, facts = _plans(rng, 300), _facts(rng)
+    for prefer in Prefer:
+        for _ in range(3):
+            ranked, plain = _ranking(plans, prefer, facts), _ranking(plans, prefer, facts)
+            for k in (rng.randrange(1, 6), rng.randrange(1, 6)):
+                read, read_plain = [], []
+                taken = _distinct(ranked, k, read)
+                assert taken == _distinct(iter(plain.__next__, None), k, read_plain)
+                assert read == read_plain and ranked.unread() == plain.unread()
