@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "planner.calibration.values", "planner.calibration.fit", "planner.uncertainty", "planner.optim",
                     "planner.sharding", "planner.request")),
     ("facts", ("planner.catalog", "planner.gpus", "planner.host", "planner.detect", "planner.pricing")),
-    ("core", ("planner.memory", "planner.kernels", "planner.throughput")),
+    ("core", ("planner.memory", "planner.kernels", "planner.moe_loop", "planner.throughput")),
     ("search", ("planner.search", "planner.ranking", "planner.defaults", "planner.advice")),
     ("store", ("planner.store", "planner.calibration")),
     ("use cases", ("planner.planning", "planner.estimation", "planner.answers", "planner.usecases", "planner.dataset", "planner.solve", "planner.rent", "planner.emit", "planner.plot",
