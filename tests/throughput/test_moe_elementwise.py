@@ -76,3 +76,7 @@ def test_each_expert_sync_drains_the_queue_for_three_host_ops():
     # transformers 4's reentrant checkpoint (12.6 + 6 us), two micro-steps a step
     assert _loop_drain_s(loop, config.replace(reentrant_ckpt=True, grad_accum=2), gpu) == pytest.approx(2 * 16 * 3 * 18.6e-6)
     assert _loop_drain_s(_spec(), LORA.replace(grad_ckpt=True), gpu) == 0.0  # transformers 5's grouped_mm: no loop
+    # the search's memo prices the same drain as step_breakdown
+    from planner.throughput import ThroughputMemo
+
+    assert ThroughputMemo(loop, gpu).breakdown(config) == step_breakdown(model=loop, config=config, gpu=gpu)
