@@ -28,10 +28,11 @@ from planner.gpus import FP8_PER_BF16, GPUSpec
 from planner.memo import IdentityMemo
 from planner.memory.attention import effective_attention
 from planner.memory.dtypes import ADAPTER_BYTES, fp8_converts
+from planner.memory.moe import is_moe_block
 from planner.memory.parameters import stack_targets
 from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import LinearKind, LinearSpec, ModelSpec
-from planner.moe_loop import loop_ops, loop_slot_elements
+from planner.moe_loop import loop_input_grad_elements, loop_ops, loop_slot_elements
 
 # ---- achieved matmul rate per device ---------------------------------------------------------
 
@@ -545,10 +546,28 @@ def block_forward_bytes(model: ModelSpec, config: TrainConfig) -> float:
         per *= FP32_STREAM
     if model.position == "rope":
         per += (model.num_heads + model.num_kv_heads) * model.head_dim * ROTARY_BYTES * (FP32_STREAM if qlora else 1)
-    per += model.intermediate_size * (GATED_ACT_BYTES if model.gated_mlp else ACT_BYTES) * (FP32_STREAM if qlora else 1)
+    per += act_elements(model) * (GATED_ACT_BYTES if model.gated_mlp else ACT_BYTES) * (FP32_STREAM if qlora else 1)
     if model.hidden_dropout:
         per += h * DROPOUT_BYTES
     return per * config.precision.compute_bytes / 2
+
+
+def act_elements(model: ModelSpec) -> float:
+    """Intermediate elements per token the MLP activation (and a gated MLP's product) runs on, per block (the mean
+    over the blocks of a model whose blocks differ): a dense block's intermediate size; an MoE block's routed experts'
+    intermediate on each row a token sends them (``rows_per_token``: top-k, every expert of Llama 4's stacks) and its
+    shared expert's once. Each routed row runs its own act and product: transformers 4's loop per expert
+    (MixtralBlockSparseTop2MLP.forward, modeling_mixtral.py l.79-81, on the expert's ``top_x`` rows) and transformers
+    5's grouped_mm stacks (the T·k rows sorted by expert) alike."""
+    if model.routing is None:
+        return float(model.intermediate_size)
+    total = blocks = 0
+    for n, _, view in model.block_kinds:
+        downs = [lin for lin in view.layer_linears if lin.kind is LinearKind.MLP_OUT]
+        moe = is_moe_block(view) and downs
+        total += n * (sum(rows_per_token(view, lin) * lin.in_features for lin in downs) if moe else view.intermediate_size)
+        blocks += n
+    return total / blocks
 
 
 #: Linears whose input is the fp32 stream (the norms' output): cast to 16 bits per call.
@@ -607,6 +626,9 @@ def elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: int, gpu: G
     per_token = forward * (1 + BACKWARD_ELEMENTWISE + int(config.grad_ckpt)) + _score_bytes(model, config)
     # the stream's casts: forward, the gradient's cast back in backward, and the recompute's forward
     per_token += stream_cast_elements(model, config) * CAST_BYTES * (2 + int(config.grad_ckpt))
+    # transformers 4's expert loop: each expert's full-size input gradient, made and summed in backward, in the
+    # MoE input's dtype (the normed stream's)
+    per_token += loop_input_grad_elements(model) * (4 if fp32_stream(config) else config.precision.compute_bytes)
     if model.lm_head_params:
         per_token += model.vocab_size * LOSS_BYTES_PER_LOGIT
     if config.method is not Method.FULL:
@@ -860,6 +882,7 @@ __all__ = [
     "MicroTerms",
     "PricedTerms",
     "Work",
+    "act_elements",
     "adapter_flop_weight",
     "attention_flops",
     "block_forward_bytes",

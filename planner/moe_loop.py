@@ -5,7 +5,7 @@ modules run one after another in Python.
 MixtralSparseMoeBlock.forward (transformers 4.48.1 models/mixtral/modeling_mixtral.py l.112-150) runs, for
 each of the E experts, ``torch.where(expert_mask[expert_idx])`` (a nonzero: the host waits for the device
 to know the count), the gather ``hidden_states[None, top_x]``, the expert's three nn.Linear GEMMs on its
-~T·k/E rows with act and the product between them (MixtralBlockSparseTop2MLP.forward l.85-88), the weighting
+~T·k/E rows with act and the product between them (MixtralBlockSparseTop2MLP.forward l.79-81), the weighting
 ``* routing_weights[top_x, idx, None]``, the cast ``.to(hidden_states.dtype)`` and
 ``final_hidden_states.index_add_(0, top_x, ...)``. The GEMMs' FLOPs and operand bytes are those of the T·k
 routed rows (``kernels._base_gemms`` counts them per token, top-k rows each); what the loop adds is the
@@ -34,11 +34,21 @@ LOOP_FORWARD_OPS = 12
 #: index_put with accumulate, derivatives.yaml ``index.Tensor``: ``index_backward(grad.new_zeros(self.sizes())
 #: ...)``) and autograd's accumulation of it into the input's gradient.
 LOOP_BACKWARD_OPS = 18
-#: A host-device synchronisation (the nonzero in each expert's ``torch.where``) drains the queue: the device
-#: then waits for the host's dispatch of the next op, ~10 us (Horace He, "Making Deep Learning Go Brrrr From
-#: First Principles", 2022: eager PyTorch ~10 us of host time per op), counted as that many 1 us op gaps
-#: (``kernels.GPU_OP_SECONDS``).
-SYNC_OP_GAPS = 10
+#: A host-device synchronisation (the nonzero in each expert's ``torch.where``, l.138: its count is copied to the host
+#: before the output is sized, torch aten/src/ATen/native/cuda/Nonzero.cu ``nonzero_out_cuda``) drains the queue: the
+#: host waits for the device, then the device waits for the host's dispatch of what follows until a kernel long
+#: enough to let the host run ahead again, the expert's first GEMM: the nonzero's own remainder (the copied count,
+#: the output's allocation, the select kernel), the gather ``hidden_states[None, top_x]`` (l.143) and w1's F.linear
+#: (l.80), 3 ops of the host's time each (``planner.kernels.host_op_seconds``; the drain is priced in
+#: ``planner.throughput``).
+SYNC_DRAIN_OPS = 3
+#: Passes over the whole MoE input (T x H elements) each expert's gather adds to the backward: IndexBackward0 of
+#: ``hidden_states[None, top_x]`` (modeling_mixtral.py l.143) starts from a zero tensor of the input's full size
+#: (torch tools/autograd/derivatives.yaml ``index.Tensor``: ``index_backward(grad.new_zeros_symint(self.sym_sizes(),
+#: ...), indices, grad)``: 1 write) and index_puts the expert's rows into it, and autograd's engine sums the E experts'
+#: full-size gradients (and the router's) into the input's one (torch/csrc/autograd/input_buffer.cpp ``accumulate``:
+#: ``old_var + var`` or in place, read 2 write 1): 4 per expert, whatever the expert's share of the tokens.
+LOOP_INPUT_GRAD_PASSES = 4
 
 
 def loop_slot_elements(model: ModelSpec) -> int:
@@ -50,21 +60,39 @@ def loop_slot_elements(model: ModelSpec) -> int:
     return LOOP_ELEMENTS_PER_SLOT * model.hidden_size * top_k
 
 
+def loop_input_grad_elements(model: ModelSpec) -> int:
+    """Elements per token the loop's backward moves over the whole MoE input, summed over the MoE blocks (0 where
+    the experts are not looped): ``LOOP_INPUT_GRAD_PASSES`` x H per expert, all E experts a token (each expert's
+    IndexBackward0 makes and adds a full-size gradient). The input needs a gradient wherever anything before the
+    block trains (LoRA on the attention, full fine-tuning): counted always."""
+    if not looped(model):
+        return 0
+    return moe_layers(model) * model.num_experts * LOOP_INPUT_GRAD_PASSES * model.hidden_size
+
+
+def loop_syncs(model: ModelSpec, config: TrainConfig) -> int:
+    """Host-device synchronisations the loop makes per micro-step: one per expert per MoE block per forward (the
+    checkpoint's recompute runs the loop again); 0 where the experts are not looped."""
+    if not looped(model):
+        return 0
+    return moe_layers(model) * model.num_experts * (1 + int(config.grad_ckpt))
+
+
 def loop_ops(model: ModelSpec, config: TrainConfig, *, quantized_ops: int) -> int:
     """Eager ops the loop adds per micro-step over all MoE blocks: each expert's forward (again in the
-    checkpoint's recompute) and backward ops and its sync; under QLoRA each expert's three Linear4bit
+    checkpoint's recompute) and backward ops; under QLoRA each expert's three Linear4bit
     modules' dequantisation (``quantized_ops`` per module per forward and backward, ``kernels.OPS_PER_QUANTIZED``)
     beyond the one of each that ``kernels.ops_per_micro_step`` counts per listed linear."""
     if not looped(model):
         return 0
     experts = model.num_experts
     forwards = 1 + int(config.grad_ckpt)
-    per_block = experts * ((LOOP_FORWARD_OPS + SYNC_OP_GAPS) * forwards + LOOP_BACKWARD_OPS)
+    per_block = experts * (LOOP_FORWARD_OPS * forwards + LOOP_BACKWARD_OPS)
     if config.method is Method.QLORA:
         modules = len(routed_experts(model))  # w1, w3, w2: listed once each, E of each run
         per_block += modules * (experts - 1) * quantized_ops * (forwards + 1) // 2
     return moe_layers(model) * per_block
 
 
-__all__ = ["LOOP_BACKWARD_OPS", "LOOP_ELEMENTS_PER_SLOT", "LOOP_FORWARD_OPS", "SYNC_OP_GAPS", "loop_ops",
-           "loop_slot_elements"]
+__all__ = ["LOOP_BACKWARD_OPS", "LOOP_ELEMENTS_PER_SLOT", "LOOP_FORWARD_OPS", "LOOP_INPUT_GRAD_PASSES", "SYNC_DRAIN_OPS",
+           "loop_input_grad_elements", "loop_ops", "loop_slot_elements", "loop_syncs"]

@@ -76,6 +76,7 @@ from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES, nf4_packed_byte
 from planner.memory.parameters import param_tensor_sizes, stack_targets, trainable_params
 from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import ModelSpec
+from planner.moe_loop import SYNC_DRAIN_OPS, loop_syncs
 from planner.optim import OPTIMIZERS
 from planner.optim.adamw import AdamWMemory
 from planner.results import ThroughputEstimate
@@ -260,9 +261,13 @@ def _with_paging(parts: tuple[float, ...], paged_host: int, rates: _Rates) -> tu
 
 
 def _quantized_weights(model: ModelSpec) -> int:
-    """Weights stored in 4 bits under QLoRA: every block linear, all experts (the output head
-    stays 16-bit: transformers skips lm_head)."""
-    return sum(n * sum(lin.count * lin.in_features * lin.out_features for lin in linears) for n, linears in model.all_blocks)
+    """Weights stored in 4 bits under QLoRA: the weights of the linears the memory model quantises
+    (``planner.memory.parameters.quantized_linear_params``: every block nn.Linear, transformers 4's per-expert modules
+    among them; not transformers 5's 3D expert stacks or routers, which bitsandbytes leaves in the load dtype, so
+    they are neither dequantised nor gathered packed), without their biases (Linear4bit keeps its bias 16-bit). The
+    output head stays 16-bit (transformers skips lm_head)."""
+    return sum(n * sum(lin.count * lin.in_features * lin.out_features for lin in linears if lin.module)
+               for n, linears in model.all_blocks)
 
 
 def _dequant_bytes(config: TrainConfig, quantized: int) -> float:
@@ -474,6 +479,14 @@ def _scheme_host_s(model: ModelSpec, config: TrainConfig) -> float:
     return spec.host_seconds(model, config, adapted_modules=adapted)
 
 
+def _loop_drain_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
+    """Seconds per step the device waits for the host after the syncs of transformers 4's expert loop
+    (``planner.moe_loop.loop_syncs``), each until the host has dispatched ``SYNC_DRAIN_OPS`` ops at its host time
+    per op (``planner.kernels.host_op_seconds``); 0.0 on the CPU profile (no queue) and without the loop."""
+    syncs = loop_syncs(model, config)
+    return syncs * SYNC_DRAIN_OPS * host_op_seconds(gpu, config) * config.grad_accum if syncs else 0.0
+
+
 def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
                 update_bytes: float, params_total: int, quantized: int, host: tuple[float, float, float] = (0.0, 0.0, 0.0),
                 scheme_host: float = 0.0, dispatch: float = 0.0) -> tuple[float, ...]:
@@ -482,7 +495,8 @@ def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], ca
     one micro-step's (gemm, attention, recompute, elementwise, overhead) seconds, ``casts`` its AMP
     weight-cast bytes (``planner.kernels.weight_cast_bytes``); ``host`` the CPU profile's (fresh bytes per
     micro-step, fresh bytes per step, optimizer host seconds): ``fresh_bytes``, ``_optimizer_host_s``; ``scheme_host``
-    the sharding scheme's host seconds per step (``_scheme_host_s``), in ``overhead``; ``dispatch`` a GPU's host
+    the host seconds per step the device waits for beyond its micro-steps' kernels (the sharding scheme's,
+    ``_scheme_host_s``; the expert loop's drains, ``_loop_drain_s``), in ``overhead``; ``dispatch`` a GPU's host
     seconds per micro-step (its ops x ``planner.kernels.host_op_seconds``): where it outlasts the micro-step's
     device time, the difference is in ``overhead`` (``planner.kernels.host_excess``)."""
     accum = config.grad_accum
@@ -545,7 +559,7 @@ def _breakdown(model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization:
         micro=micro,
         trainable=trainable_params(model, config), update_bytes=_update_bytes_per_param(config, gpu),
         params_total=model.params_total, quantized=_quantized_weights(model) if config.method is Method.QLORA else 0,
-        host=_host_terms(model, config, gpu), scheme_host=_scheme_host_s(model, config), dispatch=dispatch,
+        host=_host_terms(model, config, gpu), scheme_host=_scheme_host_s(model, config) + _loop_drain_s(model, config, gpu), dispatch=dispatch,
     )
     return dict(zip(PARTS, _with_paging(parts, paged_host, rates)))
 
@@ -651,7 +665,8 @@ class ThroughputMemo:
             ops += work.ops
         parts = _step_parts(config, rates, micro, cast_bytes, trainable, update_bytes, self.model.params_total,
                             self._quantized, _host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else _NO_HOST,
-                            _scheme_host_s(self.model, config), ops * host_op_seconds(self.gpu, config))
+                            _scheme_host_s(self.model, config) + _loop_drain_s(self.model, config, self.gpu),
+                            ops * host_op_seconds(self.gpu, config))
         return _with_paging(parts, paged_host, rates) if paged_host else parts
 
     def knob_class(self, config: TrainConfig) -> tuple | None:
@@ -759,7 +774,8 @@ def estimate_throughput(
         assumptions.append(f"fp8: torchao's float8 linears (accelerate's torchao backend, eager) at {gpu.fp8_tflops:g} "
                            f"TFLOP/s FP8 peak x {utilization:.0%}; each cast of an operand to fp8 at memory speed")
     dispatch = _dispatch_s(model, config, gpu)
-    micro_s = sum(breakdown[k] for k in _MICRO_PARTS) - _scheme_host_s(model, config)  # per step, all micro-steps
+    drain = _loop_drain_s(model, config, gpu)  # transformers 4's expert loop's syncs
+    micro_s = sum(breakdown[k] for k in _MICRO_PARTS) - _scheme_host_s(model, config) - drain  # per step, all micro-steps
     if dispatch and micro_s <= dispatch * config.grad_accum * (1 + 1e-9):
         assumptions.append(f"host-bound: each micro-step's eager ops take {dispatch:.3g} s of host dispatch "
                            f"({host_op_seconds(gpu, config) * 1e6:.1f} us each: Python, dispatcher, autograd, autocast and "
@@ -768,7 +784,8 @@ def estimate_throughput(
         units = _scheme_host_s(model, config)  # FSDP1's adapter units (ShardingSpec.host_seconds)
         assumptions.append(f"{breakdown['overhead']:.3g} s of host time per step the device waits for "
                            "(eager ops too small to hide their launch"
-                           + (f"; {units:.3g} s of it {config.sharding.scheme}'s per-unit hooks)" if units else ")"))
+                           + (f"; {units:.3g} s of it {config.sharding.scheme}'s per-unit hooks" if units else "")
+                           + (f"; {drain:.3g} s of it after the expert loop's host-device syncs" if drain else "") + ")")
     if gpu.is_cpu:
         fresh_micro, fresh_step = fresh_bytes(model=model, config=config, gpu=gpu)
         if fresh_micro or fresh_step:
