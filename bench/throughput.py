@@ -175,10 +175,6 @@ def cause(r: dict[str, Any]) -> str:
                      "per Linear4bit call (bitsandbytes re-wraps the flat parameter's view as a Params4bit each forward: "
                      "nn/modules.py fix_4bit_weight_quant_state_from_module; the dequantise's Python) would be on the "
                      "step's path: not priced beyond the units' all-gathers (the overhead share)")
-    if over and s.get("sharding") == "fsdp1" and s.get("reentrant_ckpt") and s.get("grad_ckpt", True):
-        found.append("FSDP1 under transformers 4's reentrant checkpoint (around the unit) all-gathers each layer three "
-                     "times a step (the recompute's forward frees it again before the pre-backward hook's gather): the "
-                     "comm part counts two")
     if over and s.get("experts_loop"):
         found.append("transformers 4's per-expert MoE loop: per sequence within 0-5% on the 2025 runs, a fixed "
                      "0.7-1.6 s a step not found (see the source's text)")

@@ -36,7 +36,8 @@ the parameters' own):
 Its breakdown keys are FSDP2's (``fsdp2/...``: the same buffers, declared once there).
 
 Step time: FSDP2's bytes (two all-gathers of every parameter and one reduce-scatter of the trained
-gradients per micro-step), and the host time of the units whose own kernels are too short to hide
+gradients per micro-step; a third all-gather under a reentrant checkpoint around the unit, ``comm_bytes``),
+and the host time of the units whose own kernels are too short to hide
 it (``host_seconds``).
 """
 
@@ -48,7 +49,7 @@ from typing import Any
 from planner.errors import InvalidConfigError, PlannerError, UnsupportedError
 from planner.optim import names
 from planner.sharding.fsdp2 import _KEYS, _TORCH_OPTIMIZERS, FSDP2, STATE_DICT_TYPE, qlora_refusal
-from planner.sharding.spec import Offload, WorkerSetup
+from planner.sharding.spec import Offload, WorkerSetup, ring
 
 #: Host seconds from the rate limiter's wait on a GPU to the next unit's all-gather launch: FSDP1's
 #: unshard path with ``limit_all_gathers`` (pre-unshard, the free event's ``synchronize()``, the
@@ -188,6 +189,22 @@ class FSDP1(FSDP2):
                                        residual_bytes=residual_bytes)
 
     # ---- throughput -------------------------------------------------------------------------
+    def comm_bytes(self, config: Any, *, trainable: int, params_total: int, grad_bytes: int, quantized: int = 0,
+                   packed: float = 0.0) -> float:
+        """FSDP2's bytes, and under a reentrant checkpoint around each unit (``TrainConfig.reentrant_ckpt``:
+        transformers 4's model loop calls the FSDP-wrapped layer inside it) a third all-gather of every unit a
+        micro-step: the checkpoint's backward reruns the unit's forward, whose pre-forward gathers it and whose
+        post-forward frees it again (FULL_SHARD reshards after forward unless the state is BACKWARD_PRE: torch
+        2.4.1 fsdp/_runtime_utils.py ``_post_forward``), then the recomputed outputs' pre-backward hook gathers it
+        for its backward. Inside the unit (transformers 5's checkpoint) the recompute runs on the parameters
+        the backward gathered: two."""
+        total = super().comm_bytes(config, trainable=trainable, params_total=params_total, grad_bytes=grad_bytes,
+                                   quantized=quantized, packed=packed)
+        if config.grad_ckpt and config.reentrant_ckpt:
+            gathered = self.gathered_bytes(config, params_total=params_total, quantized=quantized, packed=packed)
+            total += ring(config.gpus) * gathered * config.grad_accum
+        return total
+
     def host_seconds(self, model: Any, config: Any, *, adapted_modules: int) -> float:
         """Host seconds per optimizer step its units add on the step's path (more than one GPU): each
         LoRA adapter unit's all-gathers, each ``UNSHARD_HOST_SECONDS`` after the rate limiter's wait.

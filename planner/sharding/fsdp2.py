@@ -290,10 +290,14 @@ class FSDP2(ShardingSpec):
         *-mixed): (n-1)/n · (2 · params · compute + trainable · reduce) per micro-step. Under
         QLoRA (``shards_4bit``) the ``quantized`` weights are gathered as their ``packed`` bytes;
         their quantisation state, on every rank already (``_qlora_weights``), is not gathered."""
-        cb = config.precision.compute_bytes
-        rb = FP32 if config.precision.is_mixed else cb
-        gathered = (params_total - quantized) * cb + packed
+        rb = FP32 if config.precision.is_mixed else config.precision.compute_bytes
+        gathered = self.gathered_bytes(config, params_total=params_total, quantized=quantized, packed=packed)
         return ring(config.gpus) * (2 * gathered + trainable * rb) * config.grad_accum
+
+    def gathered_bytes(self, config: Any, *, params_total: int, quantized: int = 0, packed: float = 0.0) -> float:
+        """Bytes of one all-gather of every unit (before the ring's share): the parameters in the compute
+        dtype, the ``quantized`` ones as their ``packed`` bytes."""
+        return (params_total - quantized) * config.precision.compute_bytes + packed
 
     def offload_bytes(self, config: Any, offload: Offload, *, trainable: int, params_total: int) -> float:
         """CPUOffloadPolicy: each unit's shards are copied to the device for its forward and its

@@ -285,3 +285,15 @@ def test_two_cpu_ranks_measure_what_the_model_predicts_per_rank(changes):
     for details, predicted, measured, error in rank_errors(config):
         assert details["fsdp_units"] == 2 + 2 * 7 * 2 + 1
         assert abs(error) <= 0.01, (details["rank"], predicted, measured)
+
+
+@pytest.mark.parametrize("ckpt, reentrant, gathers", [(True, True, 3), (True, False, 2), (False, True, 2), (False, False, 2)])
+def test_a_reentrant_checkpoint_around_the_unit_gathers_it_a_third_time(ckpt, reentrant, gathers):
+    """transformers 4's reentrant checkpoint around each FSDP1 unit reruns the unit's forward in backward
+    (gathered, freed after it) before its backward gathers it again; transformers 5's checkpoint inside the
+    unit recomputes on the backward's gather: 2 all-gathers a micro-step."""
+    config = TrainConfig(method="full", precision="bf16", gpus=4, sharding="fsdp1", grad_accum=2, grad_ckpt=ckpt,
+                         reentrant_ckpt=reentrant)
+    # (4-1)/4 x (gathers x 1000 params x 2 B + 1000 trainable x 2 B reduce-scattered in bf16) x 2 micro-steps
+    got = config.sharding.spec.comm_bytes(config, trainable=1000, params_total=1000, grad_bytes=2)
+    assert got == 0.75 * (gathers * 2000 + 2000) * 2
