@@ -181,6 +181,23 @@ def rope_scaling_of(source: Any) -> Any:
     return source.get("rope_scaling") if isinstance(source, Mapping) else getattr(source, "rope_scaling", None)
 
 
+#: model types whose full-attention layers' rotary type is transformers 5.24's "proportional" (configuration_gemma4.py
+#: l.201-203: the full-attention layers rotate a quarter of each head, partial_rotary_factor 0.25, zero frequencies
+#: for the rest; modeling_rope_utils.py l.194-267). No published recipe extends it, and none of ``ROPE_TYPES`` keeps
+#: that layout (linear, dynamic, yarn and llama3 would replace it with their own type): refused, not silently unscaled.
+PROPORTIONAL_ROPE = frozenset({"gemma4_text"})
+
+
+def _proportional_rope(spec: Any) -> bool:
+    """Whether ``spec``'s rotary embedding is transformers' "proportional" type (``PROPORTIONAL_ROPE``, or a config.json
+    that says so for any layer type)."""
+    config = getattr(spec, "config", None) or {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    rope = text.get("rope_parameters") or {}
+    kinds = [v.get("rope_type") for v in rope.values() if isinstance(v, Mapping)] + [rope.get("rope_type")]
+    return getattr(spec, "model_type", "") in PROPORTIONAL_ROPE or "proportional" in kinds
+
+
 def context_limit(spec: Any, source: Any = None) -> int:
     """The longest sequence ``spec`` takes: its position table's length (``ModelSpec.max_seq_len``, the model's
     max_position_embeddings or n_positions), times the RoPE scaling factor where ``source`` (a configuration,
@@ -195,6 +212,10 @@ def context_limit(spec: Any, source: Any = None) -> int:
     if spec.position != "rope":
         raise InvalidConfigError(f"--rope-scaling rescales rotary position embeddings; {spec.id} has {spec.position} "
                                  f"positions: drop --rope-scaling (at most {spec.max_seq_len} tokens)")
+    if _proportional_rope(spec):
+        raise InvalidConfigError(f"--rope-scaling has no rule for {spec.id}'s \"proportional\" RoPE (Gemma 4's full-attention "
+                                 f"layers: none of {'|'.join(ROPE_TYPES)} keeps it): drop --rope-scaling (at most "
+                                 f"{spec.max_seq_len} tokens)")
     return int(spec.max_seq_len * float(canonical.split(":")[1]))
 
 
@@ -207,7 +228,7 @@ def check_context(spec: Any, seq_len: int, source: Any = None) -> None:
         # a RoPE model reaches it by scaling its rotary frequencies: the smallest whole factor that does
         # (LLaMA-Factory's rule, model/model_utils/rope.py l.63: ceil(cutoff_len / max_position_embeddings))
         hint = (f", or extend its RoPE context: --rope-scaling {-(-seq_len // spec.max_seq_len)}"
-                if spec.position == "rope" and rope_scaling_of(source) is None else "")
+                if spec.position == "rope" and not _proportional_rope(spec) and rope_scaling_of(source) is None else "")
         raise InvalidConfigError(f"--seq-len {seq_len} is longer than {spec.id} allows ({limit}): use at most {limit}{hint}")
 
 

@@ -227,7 +227,8 @@ def model_rope_parameters(model_config: Mapping[str, Any]) -> dict[str, Any]:
     model_type = str(config.get("model_type"))
     if model_type in PER_LAYER_ROPE or any(isinstance(value, Mapping) for value in nested.values()):
         raise UnsupportedError(f"{model_type} has rope parameters per layer type (sliding and full attention), which "
-                               "one rope dict on the model config replaces whole: not written")
+                               "one rope dict on the model config replaces whole: not written; emit --for hf, whose "
+                               "train.py scales the full-attention layers' as transformers does (scale_rope)")
     theta = next((v for v in (nested.get("rope_theta"), config.get("rope_theta"), config.get("rotary_emb_base"))
                   if v is not None), DEFAULT_ROPE_THETA.get(model_type, 10_000.0))
     partial = next((v for v in (nested.get("partial_rotary_factor"), config.get("partial_rotary_factor"),
@@ -239,15 +240,21 @@ def scale_rope(config, rope):
     """The transformers model config ``config`` with ``rope`` (``rope_parameters``' type and factor) merged into its
     rope_parameters, set before the model is built (its rotary embedding computes its frequencies in __init__).
     yarn and llama3 read the pretraining length from original_max_position_embeddings; dynamic NTK reads it
-    from max_position_embeddings, which the others raise to the extended length. (OOM Planner's
-    planner/emit/settings.py: the emitted train.py carries this text, and the measuring worker calls it.)"""
-    old = config.max_position_embeddings
-    rope = {**(config.rope_parameters or {}), **rope}
+    from max_position_embeddings, which the others raise to the extended length. A multimodal config is scaled in
+    its text config (where the language model reads both). Where the parameters are per layer type (Gemma 3's
+    sliding_attention / full_attention), the full-attention layers' alone are scaled, as transformers' own Gemma 3
+    config applies a rope_scaling (5.24 configuration_gemma3.py l.142-143); the sliding window's keep theirs.
+    (OOM Planner's planner/emit/settings.py: the emitted train.py carries this text, and the measuring worker calls
+    it.)"""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    old, current = text.max_position_embeddings, dict(text.rope_parameters or {})
+    per_layer = "full_attention" in current
+    rope = {**(current["full_attention"] if per_layer else current), **rope}
     if rope["rope_type"] in ("yarn", "llama3"):
         rope["original_max_position_embeddings"] = old
-    config.rope_parameters = rope
+    text.rope_parameters = {**current, "full_attention": rope} if per_layer else rope
     if rope["rope_type"] != "dynamic":
-        config.max_position_embeddings = int(old * rope["factor"])
+        text.max_position_embeddings = int(old * rope["factor"])
     return config
 
 
