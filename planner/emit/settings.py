@@ -258,6 +258,29 @@ def scale_rope(config, rope):
     return config
 
 
+def scaled_model_config(config: TrainConfig, model_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The model-config attributes train.py's ``scale_rope`` sets for ``config``'s ``--rope-scaling`` on the model whose
+    config.json is ``model_config``: the whole ``rope_parameters`` (the model's rope_theta and partial_rotary_factor,
+    ``model_rope_parameters``, then the type and factor, and yarn's and llama3's ``original_max_position_embeddings``)
+    and ``max_position_embeddings`` where the scaling raises it. What a trainer that sets config attributes one by one
+    (axolotl's ``model_config``) writes to build the model train.py builds: with the pretraining length written out,
+    the keys' order does not matter (transformers 5.24 standardize_rope_params, modeling_rope_utils.py l.843, would
+    otherwise take it from a max_position_embeddings already raised). Computed by ``scale_rope`` itself on a stand-in
+    config, so the two cannot drift; without a max_position_embeddings in the config.json, the rope parameters
+    alone (transformers then takes the pretraining length from the unchanged config)."""
+    from types import SimpleNamespace
+
+    text = model_config.get("text_config")
+    length = (text if isinstance(text, Mapping) else model_config).get("max_position_embeddings")
+    rope = {**model_rope_parameters(model_config), **rope_parameters(config)}  # config has a --rope-scaling
+    if not isinstance(length, int):
+        return {"rope_parameters": rope}
+    stand_in = scale_rope(SimpleNamespace(max_position_embeddings=length, rope_parameters=None), rope)
+    raised = stand_in.max_position_embeddings != length
+    return {"rope_parameters": stand_in.rope_parameters,
+            **({"max_position_embeddings": stand_in.max_position_embeddings} if raised else {})}
+
+
 def script_recipe(config: TrainConfig) -> dict[str, Any]:
     """The recipe settings train.py applies itself (``planner.emit.train_script``): packing, the
     launcher's environment, the model-config settings (the KV cache), the evaluation pass's sequences
