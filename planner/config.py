@@ -181,6 +181,36 @@ def rope_scaling_of(source: Any) -> Any:
     return source.get("rope_scaling") if isinstance(source, Mapping) else getattr(source, "rope_scaling", None)
 
 
+#: model types whose full-attention layers' rotary type is transformers 5.24's "proportional" (configuration_gemma4.py
+#: l.201-203: the full-attention layers rotate a quarter of each head, partial_rotary_factor 0.25, zero frequencies
+#: for the rest; modeling_rope_utils.py l.194-267). No published recipe extends it, and none of ``ROPE_TYPES`` keeps
+#: that layout (linear, dynamic, yarn and llama3 would replace it with their own type): refused (``_unscalable_rope``),
+#: not silently unscaled.
+PROPORTIONAL_ROPE = frozenset({"gemma4_text"})
+
+
+def _unscalable_rope(spec: Any) -> str | None:
+    """Why ``spec``'s RoPE takes no ``--rope-scaling`` (None: it takes one): transformers' "proportional" type
+    (``PROPORTIONAL_ROPE``), or a scaling its config.json already carries (Llama 3.1's llama3 x8, Gemma 3 4B+'s linear
+    x8 on its full-attention layers), which the requested one would replace, not extend: the merge train.py and
+    the worker make (``planner.emit.settings.scale_rope``) is transformers' own (configuration_gemma3.py l.143,
+    ``update``), and no rule composes two scalings' types."""
+    config = getattr(spec, "config", None) or {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    rope = {**(text.get("rope_scaling") or {}), **(text.get("rope_parameters") or {})}
+    layers = [v for v in rope.values() if isinstance(v, Mapping)] or [rope]
+    kinds = [(layer.get("rope_type") or layer.get("type"), layer.get("factor")) for layer in layers]
+    if getattr(spec, "model_type", "") in PROPORTIONAL_ROPE or any(kind == "proportional" for kind, _ in kinds):
+        return (f"has no rule for {spec.id}'s \"proportional\" RoPE (Gemma 4's full-attention layers: none of "
+                f"{'|'.join(ROPE_TYPES)} keeps it)")
+    scaled = [f"{kind} x{factor:g}" if isinstance(factor, (int, float)) else str(kind)
+              for kind, factor in kinds if kind not in (None, "default")]
+    if scaled:
+        return (f"would replace the RoPE scaling {spec.id}'s config already has ({', '.join(scaled)}), not extend it "
+                "(no rule composes two)")
+    return None
+
+
 def context_limit(spec: Any, source: Any = None) -> int:
     """The longest sequence ``spec`` takes: its position table's length (``ModelSpec.max_seq_len``, the model's
     max_position_embeddings or n_positions), times the RoPE scaling factor where ``source`` (a configuration,
@@ -195,6 +225,8 @@ def context_limit(spec: Any, source: Any = None) -> int:
     if spec.position != "rope":
         raise InvalidConfigError(f"--rope-scaling rescales rotary position embeddings; {spec.id} has {spec.position} "
                                  f"positions: drop --rope-scaling (at most {spec.max_seq_len} tokens)")
+    if reason := _unscalable_rope(spec):
+        raise InvalidConfigError(f"--rope-scaling {reason}: drop --rope-scaling (at most {spec.max_seq_len} tokens)")
     return int(spec.max_seq_len * float(canonical.split(":")[1]))
 
 
@@ -207,7 +239,7 @@ def check_context(spec: Any, seq_len: int, source: Any = None) -> None:
         # a RoPE model reaches it by scaling its rotary frequencies: the smallest whole factor that does
         # (LLaMA-Factory's rule, model/model_utils/rope.py l.63: ceil(cutoff_len / max_position_embeddings))
         hint = (f", or extend its RoPE context: --rope-scaling {-(-seq_len // spec.max_seq_len)}"
-                if spec.position == "rope" and rope_scaling_of(source) is None else "")
+                if spec.position == "rope" and not _unscalable_rope(spec) and rope_scaling_of(source) is None else "")
         raise InvalidConfigError(f"--seq-len {seq_len} is longer than {spec.id} allows ({limit}): use at most {limit}{hint}")
 
 

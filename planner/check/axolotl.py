@@ -288,23 +288,25 @@ def write(config: "TrainConfig", *, like: Mapping[str, Any] | None = None,
 
         out["attn_implementation"] = next(k for k, v in ATTENTION.items() if k and v == str(config.attention))
     if config.rope_scaling:
-        out[MODEL_CONFIG] = {"rope_scaling": _rope_keys(config, model_config)}
+        out[MODEL_CONFIG] = _rope_keys(config, model_config)
     if missing := unexpressible(config, "axolotl"):
         raise UnsupportedError(f"axolotl's core config has no key for {', '.join(missing)}")
     return out | trainer_values(config, "axolotl", adapters=config.method.uses_adapters) | _fsdp_keys(config, like)
 
 
 def _rope_keys(config: "TrainConfig", model_config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``model_config.rope_scaling`` for a RoPE scaling: axolotl sets each model_config key on the model's config
-    (loaders/utils.py l.201-203, ``setattr``), and under transformers 5 the ``rope_scaling`` setter replaces
-    rope_parameters whole (configuration_utils.py l.724-733), so the dict carries the model's rope_theta (and
-    partial_rotary_factor) beside the type and factor, as ``planner.emit.settings.rope_parameters`` says them
-    (llama3's band edges included); without the model's config (planner check's rewrite of a file) the type and
-    factor alone."""
-    from planner.emit.settings import model_rope_parameters, rope_parameters
+    """``model_config`` for a RoPE scaling: axolotl sets each of its keys on the model's config (loaders/utils.py
+    l.201-203, ``setattr``) before the model is built, and under transformers 5 the ``rope_scaling`` setter replaces
+    rope_parameters whole (configuration_utils.py l.724-733). So the keys are what train.py's ``scale_rope`` sets
+    (``planner.emit.settings.scaled_model_config``): the whole dict, with the model's rope_theta (and
+    partial_rotary_factor) and yarn's and llama3's pretraining length, and the extended max_position_embeddings;
+    without the model's config (planner check's rewrite of a file) the type and factor alone."""
+    from planner.emit.settings import rope_parameters, scaled_model_config
 
-    own = model_rope_parameters(model_config) if model_config is not None else {}
-    return {**own, **rope_parameters(config)}
+    if model_config is None:
+        return {"rope_scaling": rope_parameters(config)}
+    scaled = scaled_model_config(config, model_config)
+    return {"rope_scaling": scaled.pop("rope_parameters"), **scaled}
 
 
 def _fsdp_keys(config: "TrainConfig", like: Mapping[str, Any] | None) -> dict[str, Any]:

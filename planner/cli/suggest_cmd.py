@@ -118,11 +118,10 @@ def suggest(
     checked = _verify_options(verify_top=verify_top, steps=steps, ray_address=ray_address, run_timeout=run_timeout)
     options = checked if verify else None
     if options is not None or plan_id is not None:
-        from planner.verify.cluster import check_reachable, import_ray
+        from planner.verify.cluster import check_joined, import_ray
 
         import_ray()  # Ray missing, or an unreachable cluster: one line before anything is planned or stored
-        if ray_address:
-            check_reachable(ray_address)
+        check_joined(ray_address)  # --ray-address, else $RAY_ADDRESS: each named as such in its message
     spec = None  # the model resolved once for the data's lengths is the one planned
     if dataset is not None:
         seq_len, spec, _data = _seq_len_of_data(dataset, model=model, target_batch=target_batch, seq_len=seq_len,

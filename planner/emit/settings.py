@@ -227,7 +227,8 @@ def model_rope_parameters(model_config: Mapping[str, Any]) -> dict[str, Any]:
     model_type = str(config.get("model_type"))
     if model_type in PER_LAYER_ROPE or any(isinstance(value, Mapping) for value in nested.values()):
         raise UnsupportedError(f"{model_type} has rope parameters per layer type (sliding and full attention), which "
-                               "one rope dict on the model config replaces whole: not written")
+                               "one rope dict on the model config replaces whole: not written; emit --for hf, whose "
+                               "train.py scales the full-attention layers' as transformers does (scale_rope)")
     theta = next((v for v in (nested.get("rope_theta"), config.get("rope_theta"), config.get("rotary_emb_base"))
                   if v is not None), DEFAULT_ROPE_THETA.get(model_type, 10_000.0))
     partial = next((v for v in (nested.get("partial_rotary_factor"), config.get("partial_rotary_factor"),
@@ -239,16 +240,45 @@ def scale_rope(config, rope):
     """The transformers model config ``config`` with ``rope`` (``rope_parameters``' type and factor) merged into its
     rope_parameters, set before the model is built (its rotary embedding computes its frequencies in __init__).
     yarn and llama3 read the pretraining length from original_max_position_embeddings; dynamic NTK reads it
-    from max_position_embeddings, which the others raise to the extended length. (OOM Planner's
-    planner/emit/settings.py: the emitted train.py carries this text, and the measuring worker calls it.)"""
-    old = config.max_position_embeddings
-    rope = {**(config.rope_parameters or {}), **rope}
+    from max_position_embeddings, which the others raise to the extended length. A multimodal config is scaled in
+    its text config (where the language model reads both). Where the parameters are per layer type (Gemma 3's
+    sliding_attention / full_attention), the full-attention layers' alone are scaled, as transformers' own Gemma 3
+    config applies a rope_scaling (5.24 configuration_gemma3.py l.142-143); the sliding window's keep theirs.
+    (OOM Planner's planner/emit/settings.py: the emitted train.py carries this text, and the measuring worker calls
+    it.)"""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    old, current = text.max_position_embeddings, dict(text.rope_parameters or {})
+    per_layer = "full_attention" in current
+    rope = {**(current["full_attention"] if per_layer else current), **rope}
     if rope["rope_type"] in ("yarn", "llama3"):
         rope["original_max_position_embeddings"] = old
-    config.rope_parameters = rope
+    text.rope_parameters = {**current, "full_attention": rope} if per_layer else rope
     if rope["rope_type"] != "dynamic":
-        config.max_position_embeddings = int(old * rope["factor"])
+        text.max_position_embeddings = int(old * rope["factor"])
     return config
+
+
+def scaled_model_config(config: TrainConfig, model_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The model-config attributes train.py's ``scale_rope`` sets for ``config``'s ``--rope-scaling`` on the model whose
+    config.json is ``model_config``: the whole ``rope_parameters`` (the model's rope_theta and partial_rotary_factor,
+    ``model_rope_parameters``, then the type and factor, and yarn's and llama3's ``original_max_position_embeddings``)
+    and ``max_position_embeddings`` where the scaling raises it. What a trainer that sets config attributes one by one
+    (axolotl's ``model_config``) writes to build the model train.py builds: with the pretraining length written out,
+    the keys' order does not matter (transformers 5.24 standardize_rope_params, modeling_rope_utils.py l.843, would
+    otherwise take it from a max_position_embeddings already raised). Computed by ``scale_rope`` itself on a stand-in
+    config, so the two cannot drift; without a max_position_embeddings in the config.json, the rope parameters
+    alone (transformers then takes the pretraining length from the unchanged config)."""
+    from types import SimpleNamespace
+
+    text = model_config.get("text_config")
+    length = (text if isinstance(text, Mapping) else model_config).get("max_position_embeddings")
+    rope = {**model_rope_parameters(model_config), **rope_parameters(config)}  # config has a --rope-scaling
+    if not isinstance(length, int):
+        return {"rope_parameters": rope}
+    stand_in = scale_rope(SimpleNamespace(max_position_embeddings=length, rope_parameters=None), rope)
+    raised = stand_in.max_position_embeddings != length
+    return {"rope_parameters": stand_in.rope_parameters,
+            **({"max_position_embeddings": stand_in.max_position_embeddings} if raised else {})}
 
 
 def script_recipe(config: TrainConfig) -> dict[str, Any]:

@@ -23,6 +23,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: seconds to wait for a TCP answer from a cluster address before calling it unreachable
 CONNECT_TIMEOUT_S = 5.0
+#: where an address can come from, as messages name it: the option, or the environment variable Ray's own
+#: ``ray.init()`` reads when given no address (a Ray job's driver has it set)
+OPTION = "--ray-address"
+ENV_VAR = "RAY_ADDRESS"
+#: the address forms the option and the variable take
+_FORMS = "auto, HOST:6379 (the head's GCS) or ray://HOST:10001"
 
 
 def import_ray() -> Any:
@@ -36,7 +42,15 @@ def import_ray() -> Any:
     return ray
 
 
-def _host_port(address: str) -> tuple[str, int] | None:
+def _malformed(address: str, source: str, what: str, use: str = "") -> InvalidConfigError:
+    """The one line for an address of no Ray form, naming where it came from (``source``) and how to fix it there."""
+    if source == ENV_VAR:
+        return InvalidConfigError(f"the environment variable {ENV_VAR}={address!r} {what}: {use}set it to {_FORMS}, "
+                                  f"unset it (unset {ENV_VAR}) to start Ray on this machine, or give {OPTION}")
+    return InvalidConfigError(f"{OPTION} {address!r} {what}: {use}give {_FORMS}")
+
+
+def _host_port(address: str, source: str = OPTION) -> tuple[str, int] | None:
     """(host, port) of ``HOST:PORT`` or ``ray://HOST:PORT``; None for ``auto``. An address of no such form is
     bad input (exit 2, as every malformed option), not a cluster that cannot be reached (exit 4)."""
     if address == "auto":
@@ -44,29 +58,35 @@ def _host_port(address: str) -> tuple[str, int] | None:
     rest = address.removeprefix("ray://")
     host, sep, port = rest.rpartition(":")
     if not sep or not port.isdigit() or not host or not 1 <= int(port) <= 65535:
-        raise InvalidConfigError(
-            f"--ray-address {address!r} is not a Ray address: give auto, HOST:6379 (the head's GCS) or ray://HOST:10001"
-        )
+        raise _malformed(address, source, "is not a Ray address")
     return host.strip("[]"), int(port)
 
 
-def check_reachable(address: str) -> None:
-    """Fail in seconds, not minutes, when nothing listens at ``address`` (ray.init would retry)."""
+def check_reachable(address: str, source: str = OPTION) -> None:
+    """Fail in seconds, not minutes, when nothing listens at ``address`` (ray.init would retry); ``source`` is
+    where the address came from (``OPTION`` or ``ENV_VAR``), which the messages name."""
     if address.startswith(("http://", "https://")):
-        raise InvalidConfigError(
-            f"--ray-address {address!r} is a dashboard (job API) address: use it with 'planner submit --address'; "
-            "--ray-address takes auto, HOST:6379 or ray://HOST:10001"
-        )
-    target = _host_port(address)
+        raise _malformed(address, source, "is a dashboard (job API) address",
+                         "use it with 'planner submit --address'; for verification runs ")
+    target = _host_port(address, source)
     if target is None:
         return
     try:
         socket.create_connection(target, timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
         raise ClusterUnavailableError(
-            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}; start it with 'ray start --head' "
-            "or check the address"
+            f"cannot reach the Ray cluster at {address}{' (from ' + ENV_VAR + ')' if source == ENV_VAR else ''}: "
+            f"{exc.strerror or exc}; start it with 'ray start --head' or check the address"
         ) from None
+
+
+def check_joined(address: str | None) -> str | None:
+    """The address a run joins, ``address`` (``OPTION``) or else ``ENV_VAR`` (None: Ray starts embedded), checked
+    by ``check_reachable`` with the messages naming where it came from."""
+    joined = address or os.environ.get(ENV_VAR)
+    if joined:  # its own line: a malformed address (exit 2) or nothing listening there (exit 4)
+        check_reachable(joined, OPTION if address else ENV_VAR)
+    return joined
 
 
 @contextlib.contextmanager
@@ -77,10 +97,8 @@ def ray_session(*, address: str | None, num_cpus: int | None = None) -> Iterator
     if ray.is_initialized():  # a caller (a test, a notebook) owns the session
         yield "the running Ray session"
         return
-    joined = address or os.environ.get("RAY_ADDRESS")
+    joined = check_joined(address)
     quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
-    if joined:
-        check_reachable(joined)  # its own line: a malformed address (exit 2) or nothing listening there (exit 4)
     try:
         if joined:
             ray.init(address=joined, **quiet)
@@ -124,4 +142,4 @@ def check_capacity(*, gpu: "GPUSpec", gpus: int, where: str) -> None:
     )
 
 
-__all__ = ["CONNECT_TIMEOUT_S", "check_capacity", "check_reachable", "import_ray", "ray_session"]
+__all__ = ["CONNECT_TIMEOUT_S", "ENV_VAR", "OPTION", "check_capacity", "check_joined", "check_reachable", "import_ray", "ray_session"]

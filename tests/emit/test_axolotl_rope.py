@@ -55,7 +55,8 @@ def test_the_model_s_rope_theta_is_written_and_the_frequencies_are_halved(tmp_pa
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     data = _emitted(tmp_path, {**TINY, "rope_theta": 500000.0})
-    assert data["model_config"] == {"rope_scaling": {"rope_theta": 500000.0, "rope_type": "linear", "factor": 2.0}}
+    assert data["model_config"] == {"rope_scaling": {"rope_theta": 500000.0, "rope_type": "linear", "factor": 2.0},
+                                    "max_position_embeddings": 256}  # 128 x 2, as train.py's scale_rope sets it
     config = _as_axolotl_loads_it(tmp_path / "model", data["model_config"])
     assert torch.allclose(LlamaRotaryEmbedding(config).inv_freq.float(), _inv_freq(500000.0) / 2)
 
@@ -74,7 +75,7 @@ def test_llama3_scaling_carries_its_band_edges(tmp_path):
     data = _emitted(tmp_path, {**TINY, "rope_theta": 500000.0}, CONFIG.replace(rope_scaling="llama3:2"))
     rope = data["model_config"]["rope_scaling"]
     assert rope == {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0}
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     LlamaRotaryEmbedding(_as_axolotl_loads_it(tmp_path / "model", data["model_config"]))  # builds
@@ -95,3 +96,34 @@ def test_per_layer_type_rope_parameters_are_refused_in_one_line():
         trainer_files("axolotl", config=CONFIG.replace(method="lora", precision="bf16"), spec=spec, model=spec.id,
                       dataset=None, on_cpu=False)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("scaling", ["yarn:4", "llama3:4", "linear:2", "dynamic:2"])
+def test_axolotl_builds_the_rotary_embedding_train_py_builds(tmp_path, scaling):
+    """train.py's model config (``scale_rope`` on the config.json's) and axolotl's (every model_config key set on it,
+    in the file's order and in the reverse one) give the same rope parameters, max_position_embeddings, inverse
+    frequencies and attention scaling. yarn and llama3 keep the pretraining length, 128, in
+    original_max_position_embeddings and train at 128 x factor: yarn's attention scaling is 0.1 ln(4) + 1 = 1.1386
+    (modeling_rope_utils.py get_mscale, from the explicit factor); dynamic NTK keeps max_position_embeddings at 128,
+    the length it rescales beyond (so the file writes none)."""
+    import math
+
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from planner.emit.settings import rope_parameters, scale_rope
+
+    config = CONFIG.replace(rope_scaling=scaling, seq_len=128)
+    data = _emitted(tmp_path, {**TINY, "rope_theta": 500000.0}, config)
+    trained = scale_rope(transformers.AutoConfig.from_pretrained(tmp_path / "model"), rope_parameters(config))
+    expected = LlamaRotaryEmbedding(trained)
+    kind, factor = config.rope_scaling.split(":")
+    assert trained.max_position_embeddings == (128 if kind == "dynamic" else 128 * int(factor))
+    for keys in (data["model_config"], dict(reversed(data["model_config"].items()))):
+        loaded = _as_axolotl_loads_it(tmp_path / "model", keys)
+        built = LlamaRotaryEmbedding(loaded)
+        assert loaded.max_position_embeddings == trained.max_position_embeddings
+        assert loaded.rope_parameters == trained.rope_parameters
+        assert torch.equal(built.inv_freq, expected.inv_freq)
+        assert built.attention_scaling == expected.attention_scaling
+    if kind == "yarn":
+        assert math.isclose(expected.attention_scaling, 0.1 * math.log(4) + 1)

@@ -58,3 +58,52 @@ def test_qlora_s_4bit_reload_is_scaled_once(tmp_path):
     model = train._build_qlora_base(model_config=TINY, config=config, checkpoint_dir=None, tmp=str(tmp_path))
     assert torch.allclose(_inv_freq(model), UNSCALED / 2)  # not / 4: the saved config is reloaded as it is
     assert model.config.max_position_embeddings == 256
+
+
+# ---- Gemma 3: rope parameters per layer type ---------------------------------------------------------------------
+#: a tiny Gemma 3 (head_dim 16), one sliding-window layer and one full-attention layer; Gemma3TextConfig's default
+#: thetas (configuration_gemma3.py default_theta): 1,000,000 for full attention, 10,000 for the sliding window
+GEMMA3 = dict(model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, vocab_size=1000, max_position_embeddings=128, sliding_window=32,
+              layer_types=["sliding_attention", "full_attention"])
+FULL = torch.tensor([1_000_000.0 ** (-2 * i / 16) for i in range(8)])  # 10^(-0.75 i): 1, 0.1778, 0.0316, ...
+SLIDING = torch.tensor([10_000.0 ** (-2 * i / 16) for i in range(8)])  # 10^(-0.5 i): 1, 0.3162, 0.1, ...
+
+
+def _gemma3_inv_freq(model, layer_type):
+    return getattr(model.get_decoder().rotary_emb, f"{layer_type}_inv_freq").float().cpu()
+
+
+def test_gemma3_scales_its_full_attention_layers_and_not_its_sliding_window():
+    # transformers' Gemma3TextConfig applies a rope_scaling to full_attention alone (configuration_gemma3.py l.142-143)
+    plain = train._build_model(model_config=GEMMA3, config=TrainConfig(seq_len=32), checkpoint_dir=None)
+    assert torch.allclose(_gemma3_inv_freq(plain, "full_attention"), FULL)
+    model = train._build_model(model_config=GEMMA3, config=TrainConfig(seq_len=256, rope_scaling="2"), checkpoint_dir=None)
+    assert torch.allclose(_gemma3_inv_freq(model, "full_attention"), FULL / 2)  # linear x2 halves them
+    assert torch.allclose(_gemma3_inv_freq(model, "sliding_attention"), SLIDING)  # unchanged
+    assert model.config.rope_parameters == {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                                            "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0,
+                                                               "factor": 2.0}}
+    assert model.config.max_position_embeddings == 256  # 128 x 2
+
+
+def test_gemma3_yarn_keeps_its_pretraining_length_in_the_full_attention_parameters():
+    model = train._build_model(model_config=GEMMA3, config=TrainConfig(seq_len=512, rope_scaling="yarn:4"),
+                               checkpoint_dir=None)
+    full = model.config.rope_parameters["full_attention"]
+    assert full["rope_type"] == "yarn" and full["original_max_position_embeddings"] == 128
+    assert model.config.max_position_embeddings == 512
+    assert torch.allclose(_gemma3_inv_freq(model, "sliding_attention"), SLIDING)
+    assert not torch.allclose(_gemma3_inv_freq(model, "full_attention"), FULL)  # yarn rescaled them its own way
+
+
+def test_a_multimodal_config_is_scaled_in_its_text_config():
+    from types import SimpleNamespace
+
+    from planner.emit.settings import scale_rope
+
+    text = SimpleNamespace(max_position_embeddings=128, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    wrapper = SimpleNamespace(text_config=text, get_text_config=lambda: text)  # PreTrainedConfig.get_text_config
+    scale_rope(wrapper, {"rope_type": "linear", "factor": 2.0})
+    assert text.rope_parameters == {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}
+    assert text.max_position_embeddings == 256
