@@ -11,12 +11,12 @@ autocast 10.9 us; checkpointed non-reentrant 11.7 / 16.0 us, reentrant 8.1 / 12.
 from __future__ import annotations
 
 import pytest
+from test_throughput import LLAMA_7B, llama  # noqa: E402
 
 from planner.config import TrainConfig
 from planner.gpus import get_gpu
 from planner.kernels import CPU_OP_SECONDS, GPU_OP_SECONDS, host_excess, host_op_seconds
 from planner.throughput import ThroughputMemo, step_breakdown
-from tests.throughput.test_throughput import LLAMA_7B, llama
 
 #: two blocks of width 64 at 16 tokens: each kernel is nanoseconds of work, the host's dispatch is milliseconds
 TINY = llama(hidden=64, layers=2, vocab=256, intermediate=128, heads=2)
