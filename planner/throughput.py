@@ -73,7 +73,7 @@ from planner.kernels import (
     weight_cast_bytes,
 )
 from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES, nf4_packed_bytes
-from planner.memory.parameters import param_tensor_sizes, stack_targets, trainable_params
+from planner.memory.parameters import param_tensor_sizes, quantized_linear_params, stack_targets, trainable_params
 from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import ModelSpec
 from planner.moe_loop import SYNC_DRAIN_OPS, loop_syncs
@@ -261,13 +261,12 @@ def _with_paging(parts: tuple[float, ...], paged_host: int, rates: _Rates) -> tu
 
 
 def _quantized_weights(model: ModelSpec) -> int:
-    """Weights stored in 4 bits under QLoRA: the weights of the linears the memory model quantises
-    (``planner.memory.parameters.quantized_linear_params``: every block nn.Linear, transformers 4's per-expert modules
+    """Weights stored in 4 bits under QLoRA: the memory model's (``planner.memory.parameters.quantized_linear_params``:
+    the weights of every block nn.Linear, transformers 4's per-expert modules
     among them; not transformers 5's 3D expert stacks or routers, which bitsandbytes leaves in the load dtype, so
     they are neither dequantised nor gathered packed), without their biases (Linear4bit keeps its bias 16-bit). The
     output head stays 16-bit (transformers skips lm_head)."""
-    return sum(n * sum(lin.count * lin.in_features * lin.out_features for lin in linears if lin.module)
-               for n, linears in model.all_blocks)
+    return quantized_linear_params(model)
 
 
 def _dequant_bytes(config: TrainConfig, quantized: int) -> float:

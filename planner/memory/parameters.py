@@ -178,8 +178,11 @@ def quantized_linear_params(model: ModelSpec) -> int:
     """bitsandbytes quantises every nn.Linear but the output head (get_keys_to_not_convert); not the
     bare weights (``LinearSpec.module`` False: transformers v5's 3D expert stacks and MoE routers,
     which its bnb integration, integrations/bitsandbytes.py, leaves in the load dtype and
-    prepare_model_for_kbit_training then upcasts to fp32 like every other non-4-bit parameter)."""
-    return sum(n * sum(lin.params for lin in linears if lin.module) for n, linears in model.all_blocks)
+    prepare_model_for_kbit_training then upcasts to fp32 like every other non-4-bit parameter). Their
+    weights only: Linear4bit quantises ``weight`` and keeps ``bias`` an ordinary parameter in the load
+    dtype (bitsandbytes nn/modules.py Linear4bit: ``self.weight = Params4bit(...)``, the bias nn.Linear's)."""
+    return sum(n * sum(lin.count * lin.in_features * lin.out_features for lin in linears if lin.module)
+               for n, linears in model.all_blocks)
 
 
 @dataclass(frozen=True)

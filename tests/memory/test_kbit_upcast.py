@@ -129,3 +129,16 @@ def test_the_estimate_notes_say_which_k_bit_preparation_was_planned(upcast, word
                                config=TrainConfig(method="qlora", seq_len=512, kbit_upcast=upcast))
     (note,) = [n for n in estimate.assumptions if n.startswith("NF4")]
     assert words in note
+
+
+def test_linear4bit_quantises_the_weights_and_keeps_the_biases():
+    """bitsandbytes' Linear4bit packs ``weight`` and keeps ``bias`` an ordinary parameter: Qwen2.5-0.5B's q, k, v
+    biases are not 4-bit, and the step time dequantises the same weights the memory model packs."""
+    from planner.catalog import resolve_model
+    from planner.memory.parameters import quantized_linear_params
+    from planner.throughput import _quantized_weights
+
+    model = resolve_model("Qwen/Qwen2.5-0.5B")
+    # a layer: q and o 896 x 896, k and v 896 x 128, gate, up and down 896 x 4864: 14,909,440 weights; 24 layers
+    assert quantized_linear_params(model) == 24 * (2 * 896 * 896 + 2 * 896 * 128 + 3 * 896 * 4864) == 357_826_560
+    assert _quantized_weights(model) == quantized_linear_params(model)
