@@ -486,6 +486,12 @@ def _loop_drain_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
     return syncs * SYNC_DRAIN_OPS * host_op_seconds(gpu, config) * config.grad_accum if syncs else 0.0
 
 
+def _host_waits_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
+    """Host seconds per step the device waits for outside its micro-steps' kernels, the ``scheme_host`` of
+    ``_step_parts``: the sharding scheme's units (``_scheme_host_s``) and the expert loop's drains (``_loop_drain_s``)."""
+    return _scheme_host_s(model, config) + _loop_drain_s(model, config, gpu)
+
+
 def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
                 update_bytes: float, params_total: int, quantized: int, host: tuple[float, float, float] = (0.0, 0.0, 0.0),
                 scheme_host: float = 0.0, dispatch: float = 0.0) -> tuple[float, ...]:
@@ -558,7 +564,7 @@ def _breakdown(model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization:
         micro=micro,
         trainable=trainable_params(model, config), update_bytes=_update_bytes_per_param(config, gpu),
         params_total=model.params_total, quantized=_quantized_weights(model) if config.method is Method.QLORA else 0,
-        host=_host_terms(model, config, gpu), scheme_host=_scheme_host_s(model, config) + _loop_drain_s(model, config, gpu), dispatch=dispatch,
+        host=_host_terms(model, config, gpu), scheme_host=_host_waits_s(model, config, gpu), dispatch=dispatch,
     )
     return dict(zip(PARTS, _with_paging(parts, paged_host, rates)))
 
@@ -664,7 +670,7 @@ class ThroughputMemo:
             ops += work.ops
         parts = _step_parts(config, rates, micro, cast_bytes, trainable, update_bytes, self.model.params_total,
                             self._quantized, _host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else _NO_HOST,
-                            _scheme_host_s(self.model, config) + _loop_drain_s(self.model, config, self.gpu),
+                            _host_waits_s(self.model, config, self.gpu),
                             ops * host_op_seconds(self.gpu, config))
         return _with_paging(parts, paged_host, rates) if paged_host else parts
 
@@ -773,14 +779,14 @@ def estimate_throughput(
         assumptions.append(f"fp8: torchao's float8 linears (accelerate's torchao backend, eager) at {gpu.fp8_tflops:g} "
                            f"TFLOP/s FP8 peak x {utilization:.0%}; each cast of an operand to fp8 at memory speed")
     dispatch = _dispatch_s(model, config, gpu)
+    units = _scheme_host_s(model, config)  # FSDP1's adapter units (ShardingSpec.host_seconds)
     drain = _loop_drain_s(model, config, gpu)  # transformers 4's expert loop's syncs
-    micro_s = sum(breakdown[k] for k in _MICRO_PARTS) - _scheme_host_s(model, config) - drain  # per step, all micro-steps
+    micro_s = sum(breakdown[k] for k in _MICRO_PARTS) - units - drain  # per step, all micro-steps
     if dispatch and micro_s <= dispatch * config.grad_accum * (1 + 1e-9):
         assumptions.append(f"host-bound: each micro-step's eager ops take {dispatch:.3g} s of host dispatch "
                            f"({host_op_seconds(gpu, config) * 1e6:.1f} us each: Python, dispatcher, autograd, autocast and "
                            "the CUDA launch), longer than their kernels, which wait for it")
     if breakdown["overhead"]:
-        units = _scheme_host_s(model, config)  # FSDP1's adapter units (ShardingSpec.host_seconds)
         assumptions.append(f"{breakdown['overhead']:.3g} s of host time per step the device waits for "
                            "(eager ops too small to hide their launch"
                            + (f"; {units:.3g} s of it {config.sharding.scheme}'s per-unit hooks" if units else "")
