@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,13 @@ from planner.store.revision import HEAD_REVISION, VERSION_TABLE
 BASE = "base"
 #: Key of PostgreSQL's advisory lock that serialises schema creation between processes.
 _PG_MIGRATION_LOCK = "oom-planner-migrations"
+#: Alembic's commands are not thread-safe: ``EnvironmentContext`` installs the module-level
+#: proxies ``alembic.context`` and ``alembic.op`` on enter and deletes them on exit
+#: (alembic/util/langhelpers.py ``ModuleClsProxy._install_proxy``/``_remove_proxy``), so two
+#: threads migrating at once (the service's store opener beside another store in the same
+#: process) run env.py against each other's connection and one dies on ``KeyError: 'script'``.
+#: The database locks above serialise processes; this serialises the threads of one process.
+_ALEMBIC_LOCK = threading.Lock()
 
 
 def migrations_dir() -> Path:
@@ -142,7 +150,8 @@ def _lock_for_migration(conn: Connection) -> None:
 def _upgrade_on(conn: Connection, *, url: str) -> None:
     from alembic import command
 
-    command.upgrade(alembic_config(url=url, connection=conn), "head")
+    with _ALEMBIC_LOCK:
+        command.upgrade(alembic_config(url=url, connection=conn), "head")
 
 
 def _stamped_at_head(conn: Connection) -> bool:

@@ -157,3 +157,36 @@ def test_a_run_stored_at_0003_reads_with_no_ranks_and_0004_goes_down_and_up(db_u
             assert [m.ranks for m in store.get_plan(plan_id="ab0cd").candidates[0].measurements] == [(), ()]
     finally:
         engine.dispose()
+
+
+def test_threads_of_one_process_create_new_databases_at_once(tmp_path):
+    """Alembic's command proxies are module globals: the service's store opener and another
+    store opened in the same process used to migrate against each other's connection (CI saw
+    ``KeyError: 'script'`` and 'relation "plan_requests" does not exist' on a SQLite URL)."""
+    import threading
+
+    from planner.store.schema import ensure_schema
+
+    urls = [f"sqlite:///{tmp_path / f'store{i}.db'}" for i in range(8)]
+    start, errors = threading.Barrier(len(urls)), []
+
+    def create(url: str) -> None:
+        engine = create_engine(url)
+        try:
+            start.wait()
+            ensure_schema(engine, url=url, create=True)
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(f"{url}: {type(exc).__name__}: {exc}")
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=create, args=(url,)) for url in urls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    for url in urls:
+        engine = create_engine(url)
+        assert set(Base.metadata.tables) <= _tables(engine)
+        engine.dispose()
