@@ -147,11 +147,17 @@ def _lock_for_migration(conn: Connection) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": _PG_MIGRATION_LOCK})
 
 
-def _upgrade_on(conn: Connection, *, url: str) -> None:
+def alembic_command(name: str, config: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run Alembic's command ``name`` (``upgrade``, ``downgrade``, ...) on ``config`` while no other
+    thread of this process runs one (``_ALEMBIC_LOCK``)."""
     from alembic import command
 
     with _ALEMBIC_LOCK:
-        command.upgrade(alembic_config(url=url, connection=conn), "head")
+        return getattr(command, name)(config, *args, **kwargs)
+
+
+def _upgrade_on(conn: Connection, *, url: str) -> None:
+    alembic_command("upgrade", alembic_config(url=url, connection=conn), "head")
 
 
 def _stamped_at_head(conn: Connection) -> bool:
@@ -199,6 +205,7 @@ __all__ = [
     "BASE",
     "HEAD_REVISION",
     "SchemaState",
+    "alembic_command",
     "alembic_config",
     "check_schema",
     "ensure_schema",

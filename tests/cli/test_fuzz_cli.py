@@ -126,11 +126,10 @@ class FuzzFiles:
         (self.root / "markup.json").write_text(json.dumps({**TINY, "_name_or_path": "org/model[/bold]"}))
         self.generated.write_text(json.dumps(TINY))
         if not self.old_db.exists():
-            from alembic import command
 
-            from planner.store.schema import alembic_config
+            from planner.store.schema import alembic_command, alembic_config
 
-            command.upgrade(alembic_config(url=f"sqlite:///{self.old_db}"), "0002")
+            alembic_command("upgrade", alembic_config(url=f"sqlite:///{self.old_db}"), "0002")
 
 
 def _models(files: FuzzFiles) -> st.SearchStrategy[str]:

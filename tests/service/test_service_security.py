@@ -88,14 +88,13 @@ def test_a_password_in_the_query_of_a_working_database_is_in_no_log(tmp_path):
     and its log, at info level with a line per request, holds neither password nor token."""
     require_postgres()
     import httpx
-    from alembic import command
 
-    from planner.store.schema import alembic_config
+    from planner.store.schema import alembic_command, alembic_config
 
     # the server's database is the server's own schema, which earlier runs may have left at an
     # older revision (the server then answers 503 "run planner db upgrade", as it should): upgrade
     # it first, as an operator does
-    command.upgrade(alembic_config(url=PG_SERVER_URL), "head")
+    alembic_command("upgrade", alembic_config(url=PG_SERVER_URL), "head")
     log = tmp_path / "serve.log"
     with running_server(env={"PLANNER_DATABASE_URL": query_password_url(5432), "PLANNER_API_TOKEN": WRITE},
                         log=log, log_level="info") as url:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -12,7 +11,7 @@ from support.store import db_url, pg_url, sqlite_url  # noqa: F401 - fixtures
 
 from planner.store import upgrade_database
 from planner.store.dbmodels import VERSION_TABLE, Base
-from planner.store.schema import HEAD_REVISION, alembic_config, head_revision, migrations_dir
+from planner.store.schema import HEAD_REVISION, alembic_command, alembic_config, head_revision, migrations_dir
 
 MODEL_TABLES = {"plan_requests", "plan_candidates", "plan_measurements", "calibrations"}
 
@@ -39,7 +38,7 @@ def test_upgrade_yields_the_models_then_down_and_up_again(db_url):
         assert {"ix_plan_requests_same_request", "ix_plan_requests_created_at"} <= indexes
 
         with engine.begin() as conn:
-            command.downgrade(alembic_config(url=db_url, connection=conn), "base")
+            alembic_command("downgrade", alembic_config(url=db_url, connection=conn), "base")
         assert _tables(engine) == {VERSION_TABLE}
         with engine.connect() as conn:
             assert MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_heads() == ()
@@ -78,7 +77,7 @@ def test_one_linear_history_and_the_ini_matches():
 
 @pytest.mark.parametrize("url", ["sqlite:///x.db", "postgresql+psycopg://u@h/db"])
 def test_offline_sql_renders(url, capsys):
-    command.upgrade(alembic_config(url=url), "head", sql=True)
+    alembic_command("upgrade", alembic_config(url=url), "head", sql=True)
     sql = capsys.readouterr().out
     assert "CREATE TABLE plan_requests" in sql and "CREATE INDEX ix_plan_requests_same_request" in sql
     assert f"CREATE TABLE {VERSION_TABLE}" in sql
@@ -94,7 +93,7 @@ def test_a_plan_stored_at_0001_survives_the_upgrade_to_0002(db_url):
     engine = create_engine(db_url)
     try:
         with engine.begin() as conn:
-            command.upgrade(alembic_config(url=db_url, connection=conn), "0001")
+            alembic_command("upgrade", alembic_config(url=db_url, connection=conn), "0001")
         with engine.begin() as conn:
             conn.execute(text(
                 "INSERT INTO plan_requests (id, created_at, model_id, model_fingerprint, gpu, gpu_count, "
@@ -127,7 +126,7 @@ def test_a_run_stored_at_0003_reads_with_no_ranks_and_0004_goes_down_and_up(db_u
     engine = create_engine(db_url)
     try:
         with engine.begin() as conn:
-            command.upgrade(alembic_config(url=db_url, connection=conn), "0003")
+            alembic_command("upgrade", alembic_config(url=db_url, connection=conn), "0003")
         # the plan and its candidate as the store writes them (their tables are the same at 0003);
         # the run as 0003's plan_measurements holds it, without ranks
         plan = request_values(plan_id="ab0cd", request=request(), status=PlanStatus.MEASURED, result=None, ray_job_id=None)
@@ -147,7 +146,7 @@ def test_a_run_stored_at_0003_reads_with_no_ranks_and_0004_goes_down_and_up(db_u
             store.record_measurement(candidate_id="cd0ef", measurement=ok, ranks=(ok, ok))
             assert [len(m.ranks) for m in store.get_plan(plan_id="ab0cd").candidates[0].measurements] == [0, 2]
         with engine.begin() as conn:
-            command.downgrade(alembic_config(url=db_url, connection=conn), "0003")
+            alembic_command("downgrade", alembic_config(url=db_url, connection=conn), "0003")
         assert "ranks" not in {c["name"] for c in inspect(engine).get_columns("plan_measurements")}
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM plan_measurements")).scalar() == 2

@@ -225,14 +225,13 @@ def test_nan_predictions_are_refused(store):
 
 
 def test_schema_behind_is_refused_until_upgraded(db_url):
-    from alembic import command
 
-    from planner.store.schema import alembic_config
+    from planner.store.schema import alembic_command, alembic_config
 
     open_store(url=db_url).close()  # creates the schema: brand-new databases are set up on first use
     engine = create_engine(db_url)
     with engine.begin() as conn:
-        command.downgrade(alembic_config(url=db_url, connection=conn), "base")
+        alembic_command("downgrade", alembic_config(url=db_url, connection=conn), "base")
     with pytest.raises(SchemaOutOfDateError) as info:
         open_store(url=db_url)
     assert str(info.value) == "database schema at base is behind this planner (0004): run 'planner db upgrade'"

@@ -109,15 +109,14 @@ def test_unreachable_database_is_one_line(cli):
 
 
 def test_schema_behind_then_db_upgrade(cli, tmp_path):
-    from alembic import command
 
-    from planner.store.schema import alembic_config
+    from planner.store.schema import alembic_command, alembic_config
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     open_store(url=url).close()
     engine = create_engine(url)
     with engine.begin() as conn:
-        command.downgrade(alembic_config(url=url, connection=conn), "base")
+        alembic_command("downgrade", alembic_config(url=url, connection=conn), "base")
     engine.dispose()
 
     line = one_error_line(cli("history", "--db", url))
