@@ -205,9 +205,14 @@ OPS_PER_QUANTIZED = 2
 #: modules run ~90 aten ops per block forward and ~120-170 backward (a TorchDispatchMode count).
 CPU_OP_SECONDS = 9e-6
 CPU_AUTOCAST_OP_SECONDS = 14e-6
-#: Host seconds per parameter tensor of torch.optim.AdamW's step on the CPU, by path (``optimizer``: 1,000
-#: one-element tensors): single-tensor 24 us (its 10 aten ops per tensor), foreach 15 us, fused 4 us.
-CPU_ADAMW_TENSOR_SECONDS = {"single_tensor": 24e-6, "foreach": 15e-6, "fused": 4e-6}
+#: Host seconds per op an optimizer's step dispatches (no autograd, no autocast), beside the device's work:
+#: torch.optim.AdamW's single-tensor path took 24 us per tensor on 1,000 one-element tensors (``optimizer``) for its
+#: 10 aten ops (``planner.optim.adamw.SINGLE_TENSOR_OPS``): 2.4 us. Each optimizer counts its ops
+#: (``OptimizerModel.step_ops``); on a GPU each that launches a kernel adds the CUDA path's ``CUDA_OP_HOST_SECONDS``.
+OPTIMIZER_OP_HOST_SECONDS = 2.4e-6
+#: Host seconds per parameter tensor of torch.optim.AdamW's foreach and fused paths on the CPU (``optimizer``: 1,000
+#: one-element tensors): foreach 15 us (CPU tensors take its per-tensor fallback), fused 4 us.
+CPU_ADAMW_TENSOR_SECONDS = {"foreach": 15e-6, "fused": 4e-6}
 #: Element passes of torch.optim.AdamW's single-tensor path (torch/optim/adamw.py _single_tensor_adamw): weight
 #: decay ``param.mul_`` (read + write: 2), ``exp_avg.lerp_(grad)`` (3), ``exp_avg_sq.mul_`` (2) and
 #: ``.addcmul_(grad, grad)`` (3), ``exp_avg_sq.sqrt()`` (2), ``/ bias_correction2_sqrt`` (2), ``.add_(eps)`` (2),
@@ -900,6 +905,7 @@ __all__ = [
     "gemm_seconds",
     "host_excess",
     "host_op_seconds",
+    "OPTIMIZER_OP_HOST_SECONDS",
     "matmul_fraction",
     "micro_step",
     "micro_terms",

@@ -11,8 +11,9 @@ overlap assumed; conservative, and each part can be calibrated on its own):
 * ``elementwise`` norms, activations, rotary, residuals, dropout, casts, the loss and eager
                   attention's scores, at achieved memory bandwidth
 * ``dequant``     QLoRA's 4-bit -> 16-bit weight dequantisation (memory bound)
-* ``optimizer``   the optimizer update (memory bound on the device, or DeepSpeed's CPU Adam; on the CPU
-                  torch.optim.AdamW's single-tensor path, its host time per tensor and the page faults
+* ``optimizer``   the optimizer update (memory bound on the device, or its host dispatch where that is
+                  longer: a per-tensor optimizer's ops, ``_step_dispatch``; or DeepSpeed's CPU Adam; on the
+                  CPU torch.optim.AdamW's single-tensor path, its host time per tensor and the page faults
                   of its temporaries)
 * ``overhead``    the device's gap per kernel; the host's dispatch where it outlasts a micro-step's
                   kernels (the step takes max(device, host): small models, short micro-batches); on
@@ -52,8 +53,10 @@ from planner.kernels import (
     CPU_FLASH_FRACTION_OF_GEMM,
     CPU_MATH_FRACTION_OF_GEMM,
     CPU_OP_SECONDS,
+    CUDA_OP_HOST_SECONDS,
     GPU_OP_SECONDS,
     MMAP_THRESHOLD_BYTES,
+    OPTIMIZER_OP_HOST_SECONDS,
     DeviceRates,
     MicroTerms,
     PricedTerms,
@@ -78,7 +81,7 @@ from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import ModelSpec
 from planner.moe_loop import SYNC_DRAIN_OPS, loop_syncs
 from planner.optim import OPTIMIZERS
-from planner.optim.adamw import AdamWMemory
+from planner.optim.adamw import SINGLE_TENSOR_OPS, AdamWMemory
 from planner.results import ThroughputEstimate
 
 # ---- stated assumptions (calibrate with measurements) ----------------------------------------
@@ -460,11 +463,43 @@ def fresh_bytes(*, model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> tuple
 
 
 def _optimizer_host_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
-    """Host seconds of the CPU's AdamW per parameter tensor (``planner.kernels.CPU_ADAMW_TENSOR_SECONDS``)."""
+    """Host seconds of the CPU's AdamW step: its single-tensor path's ops per tensor
+    (``planner.optim.adamw.SINGLE_TENSOR_OPS``) at ``planner.kernels.OPTIMIZER_OP_HOST_SECONDS`` each, its foreach and
+    fused paths at their measured seconds per tensor (``CPU_ADAMW_TENSOR_SECONDS``)."""
     path = _cpu_adamw(gpu, config)
     if path is None:
         return 0.0
-    return CPU_ADAMW_TENSOR_SECONDS[path] * len(param_tensor_sizes(model, config))
+    per_tensor = CPU_ADAMW_TENSOR_SECONDS.get(path, SINGLE_TENSOR_OPS.ops * OPTIMIZER_OP_HOST_SECONDS)
+    return per_tensor * len(param_tensor_sizes(model, config))
+
+
+def _trainable_matrices(model: ModelSpec, config: TrainConfig) -> int:
+    """Trainable tensors of two or more dimensions (of ``param_tensor_sizes``): every LoRA factor, else the
+    embedding tables, the blocks' weights and an untied head (biases and norms are 1-D)."""
+    if config.method.uses_adapters:
+        return len(param_tensor_sizes(model, config))
+    tables = 1 + (2 if model.is_encoder_decoder else 1 if model.other_embedding_params else 0)
+    weights = sum(n * sum(lin.count for lin in linears) for n, linears, _ in model.block_tensors)
+    return tables + weights + (1 if model.head_params else 0)
+
+
+#: no host dispatch priced for the optimizer step (``_step_dispatch``): (seconds, serial)
+_NO_STEP_DISPATCH = (0.0, False)
+
+
+def _step_dispatch(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> tuple[float, bool]:
+    """(host seconds, whether they add to the device's) of a GPU's optimizer step: the ops its descriptor counts
+    over the trainable tensors (``OptimizerModel.step_ops``) at ``planner.kernels.OPTIMIZER_OP_HOST_SECONDS`` each,
+    + ``CUDA_OP_HOST_SECONDS`` for each that launches a kernel, from one Python thread after GradScaler's or the
+    loop's sync has drained the queue: the update takes the longer of its device bytes and this, or their sum where the optimizer waits for the
+    device after each tensor (``OptimizerModel.syncs_each_tensor``). Not counted on the CPU profile (its
+    ``_optimizer_host_s``), under offload (DeepSpeed's CPU Adam) and where the scheme steps partitions of its own."""
+    if gpu.is_cpu or config.sharding.offloaded or config.sharding.spec.partitions_optimizer:
+        return _NO_STEP_DISPATCH
+    memory = OPTIMIZERS[config.optimizer].memory
+    tensors = len(param_tensor_sizes(model, config))
+    ops = memory.step_ops(tensors, _trainable_matrices(model, config), _trainable_bytes(config), gpu.kernels)
+    return ops.ops * OPTIMIZER_OP_HOST_SECONDS + ops.launches * CUDA_OP_HOST_SECONDS, memory.syncs_each_tensor
 
 
 def _scheme_host_s(model: ModelSpec, config: TrainConfig) -> float:
@@ -494,7 +529,8 @@ def _host_waits_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
 
 def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
                 update_bytes: float, params_total: int, quantized: int, host: tuple[float, float, float] = (0.0, 0.0, 0.0),
-                scheme_host: float = 0.0, dispatch: float = 0.0) -> tuple[float, ...]:
+                scheme_host: float = 0.0, dispatch: float = 0.0,
+                step_dispatch: tuple[float, bool] = _NO_STEP_DISPATCH) -> tuple[float, ...]:
     """Seconds of each of ``PARTS`` from what the configuration's terms depend on beyond itself
     (``step_breakdown`` computes those afresh, ``ThroughputMemo`` once per search); ``micro`` is
     one micro-step's (gemm, attention, recompute, elementwise, overhead) seconds, ``casts`` its AMP
@@ -503,7 +539,8 @@ def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], ca
     the host seconds per step the device waits for beyond its micro-steps' kernels (the sharding scheme's,
     ``_scheme_host_s``; the expert loop's drains, ``_loop_drain_s``), in ``overhead``; ``dispatch`` a GPU's host
     seconds per micro-step (its ops x ``planner.kernels.host_op_seconds``): where it outlasts the micro-step's
-    device time, the difference is in ``overhead`` (``planner.kernels.host_excess``)."""
+    device time, the difference is in ``overhead`` (``planner.kernels.host_excess``); ``step_dispatch`` the optimizer
+    step's host seconds on a GPU and whether they add to its device time or bound it (``_step_dispatch``)."""
     accum = config.grad_accum
     offloaded = config.sharding.offloaded
     device_bw = rates.kernels.bandwidth
@@ -512,6 +549,9 @@ def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], ca
     else:
         stepped = trainable / config.gpus if config.sharding.spec.partitions_optimizer else trainable
         optimizer_s = stepped * update_bytes / device_bw
+    step_host, serial = step_dispatch
+    if step_host:
+        optimizer_s = optimizer_s + step_host if serial else max(optimizer_s, step_host)
     gemm_s, attention_s, recompute_s, elementwise_s, overhead_s = micro
     if casts:
         elementwise_s += casts / device_bw
@@ -565,6 +605,8 @@ def _breakdown(model: ModelSpec, config: TrainConfig, gpu: GPUSpec, utilization:
         trainable=trainable_params(model, config), update_bytes=_update_bytes_per_param(config, gpu),
         params_total=model.params_total, quantized=_quantized_weights(model) if config.method is Method.QLORA else 0,
         host=_host_terms(model, config, gpu), scheme_host=_host_waits_s(model, config, gpu), dispatch=dispatch,
+        # the host floors are off with ``dispatch`` (``calibration_terms``): the step's with the micro-steps'
+        step_dispatch=_step_dispatch(model, config, gpu) if dispatch else _NO_STEP_DISPATCH,
     )
     return dict(zip(PARTS, _with_paging(parts, paged_host, rates)))
 
@@ -634,6 +676,8 @@ class ThroughputMemo:
         # the rates read the precision only
         self._device: dict[tuple, tuple[_Rates, float, bool]] = {}
         self._rates: dict[Precision, _Rates] = {}
+        # (optimizer, method, lora_targets, precision, sharding) -> the optimizer step's host dispatch (``_step_dispatch``)
+        self._dispatch: dict[tuple, tuple[float, bool]] = {}
         # fp8 (full fine-tuning only): grad_ckpt -> its converted linears' work (``planner.kernels.fp8_work``)
         self._fp8: dict[bool, object] = {}
 
@@ -671,7 +715,7 @@ class ThroughputMemo:
         parts = _step_parts(config, rates, micro, cast_bytes, trainable, update_bytes, self.model.params_total,
                             self._quantized, _host_terms(self.model, config, self.gpu) if self.gpu.is_cpu else _NO_HOST,
                             _host_waits_s(self.model, config, self.gpu),
-                            ops * host_op_seconds(self.gpu, config))
+                            ops * host_op_seconds(self.gpu, config), self._step_dispatch(config))
         return _with_paging(parts, paged_host, rates) if paged_host else parts
 
     def knob_class(self, config: TrainConfig) -> tuple | None:
@@ -692,7 +736,16 @@ class ThroughputMemo:
         sharding = config.sharding
         if sharding.offloaded or config.gpus != 1:
             return update_bytes, casts, config.optimizer, sharding
-        return update_bytes, casts, sharding.spec.partitions_optimizer
+        return update_bytes, casts, sharding.spec.partitions_optimizer, self._step_dispatch(config)
+
+    def _step_dispatch(self, config: TrainConfig) -> tuple[float, bool]:
+        """``_step_dispatch`` of ``config``, by what it reads (the optimizer, what is trained, the precision and
+        whether the scheme steps the optimizer itself)."""
+        key = (config.optimizer, config.method, config.lora_targets, config.precision, config.sharding)
+        found = self._dispatch.get(key)
+        if found is None:
+            found = self._dispatch[key] = _step_dispatch(self.model, config, self.gpu)
+        return found
 
     def _micro_terms(self, config: TrainConfig, rates: _Rates, casts: bool) -> tuple[PricedTerms, int, float]:
         """(the micro-step's seconds at any micro-batch, trainable parameters, AMP's weight-cast bytes) of ``config``."""

@@ -79,6 +79,9 @@ def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
         if any(name not in _NOT_EMITTED for name in missing):
             fixes.append("torchtune's recipe settings: emit --for torchtune, or plan without them")
         raise UnsupportedError(f"the HF Trainer has no {', '.join(missing)} ({'; '.join(fixes)})")
+    if (spec := OPTIMIZERS[config.optimizer]).hf_removed:
+        raise UnsupportedError(f"transformers {spec.hf_removed} has no optim={spec.hf_optim!r} "
+                               "(plan with --optimizer adamw_fused or adamw to emit)")
     args: dict[str, Any] = {
         "output_dir": OUTPUT_DIR,
         "per_device_train_batch_size": config.micro_batch,

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import math
 
-from planner.optim.spec import FP32, OptimizerModel, OptimizerSpec
+from planner.optim.spec import FP32, OptimizerModel, OptimizerSpec, StepOps
+
+#: Ops ``Adafactor.step`` dispatches per tensor with beta1=None and no weight decay (the Trainer's), as a
+#: TorchDispatchMode counts them (tests/optim/test_optim_host_ops.py; transformers optimization.py
+#: ``Adafactor.step``, ``_rms``, ``_approx_sq_grad``): ``_rms(p)`` (norm, div: 2), ``grad**2 + eps`` (2), then a
+#: >= 2-D tensor the row and column means and their two ``mul_().add_()`` (6), ``_approx_sq_grad`` (mean, div,
+#: rsqrt_, two unsqueeze views, rsqrt, mul: 7), ``update.mul_(grad)`` (1): 26 with the rest; a 1-D tensor
+#: ``exp_avg_sq.mul_().add_()`` (2) and ``rsqrt().mul_(grad)`` (2): 16 with the rest; the rest is the clip
+#: (``_rms(update)``, ``/ clip_threshold``, ``clamp_``, ``div_``: 5), ``mul_(lr)`` (1) and ``p.add_(-update)`` (2);
+#: every op a kernel but the two views
+FACTORED_OPS, VECTOR_OPS = StepOps(26, 24), StepOps(16, 16)
+#: a 16-bit parameter adds ``grad.float()``, ``p.float()`` and ``p.copy_(p_data_fp32)``
+HALF_PARAM_OPS = StepOps(3, 3)
 
 
 class AdafactorMemory(OptimizerModel):
@@ -54,6 +66,12 @@ class AdafactorMemory(OptimizerModel):
         r grad, w update), RMS (r update), clip (r, w update), *lr (r, w update), param -= update
         (r param, r update, w param): 16 full passes of fp32 (transformers upcasts inside)."""
         return 16.0 * FP32
+
+    def step_ops(self, tensors, matrices, param_bytes, kernels):
+        """Tensor by tensor, a few dozen small ops each: ``FACTORED_OPS`` per >= 2-D tensor, ``VECTOR_OPS``
+        per 1-D one, ``HALF_PARAM_OPS`` more each for 16-bit parameters."""
+        ops = FACTORED_OPS * matrices + VECTOR_OPS * (tensors - matrices)
+        return ops + HALF_PARAM_OPS * tensors if param_bytes < FP32 else ops
 
 
 #: with a fixed learning rate, as the HF Trainer builds it for optim="adafactor" (transformers

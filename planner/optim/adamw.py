@@ -4,7 +4,22 @@ from __future__ import annotations
 
 import enum
 
-from planner.optim.spec import FP32, OptimizerModel, OptimizerSpec
+from planner.optim.spec import FP32, TENSOR_LIST_CHUNK, OptimizerModel, OptimizerSpec, StepOps
+
+#: Ops torch 2.13's ``_single_tensor_adam`` dispatches per tensor with decoupled weight decay (torch/optim/adam.py
+#: l.414-546: ``step_t += 1``, ``param.mul_``, ``exp_avg.lerp_``, ``exp_avg_sq.mul_(...).addcmul_``,
+#: ``_get_value(step_t)`` (an ``.item()``), ``exp_avg_sq.sqrt() / bias_correction2_sqrt``, ``.add_(eps)``,
+#: ``param.addcdiv_``): 10, as a TorchDispatchMode counts them (tests/optim/test_optim_host_ops.py), 8 of them
+#: kernels (the step counter is a CPU tensor: its ``+= 1`` and ``.item()`` launch none)
+SINGLE_TENSOR_OPS = StepOps(10, 8)
+#: ``_multi_tensor_adam`` (l.626-800), per (device, dtype) group: 8 foreach ops that launch one kernel per
+#: ``TENSOR_LIST_CHUNK`` tensors (``_foreach_mul_`` weight decay, ``lerp_``, ``mul_``, ``addcmul_``, ``sqrt``,
+#: ``div_``, ``add_``, ``addcdiv_``) and, its steps being CPU tensors, 3 host ops per tensor that launch nothing:
+#: the step's ``_foreach_add_`` on the CPU, which loops over them (l.680: "the slow path, which is a for-loop"),
+#: and the two ``_get_value(step)`` of the bias corrections (l.771-776)
+FOREACH_OPS, FOREACH_TENSOR_OPS = 8, 3
+#: ``_fused_adam`` (l.847-877): ``_foreach_add_`` on the device's steps and ``_fused_adamw_``, a kernel per chunk each
+FUSED_OPS = 2
 
 
 class AdamWImpl(enum.StrEnum):
@@ -50,6 +65,17 @@ class AdamWMemory(OptimizerModel):
     def update_bytes_per_param(self, w):
         """Read param, grad, exp_avg, exp_avg_sq; write param, exp_avg, exp_avg_sq => 7w."""
         return 7.0 * w
+
+    def step_ops(self, tensors, matrices, param_bytes, kernels):
+        """One tensor at a time: ``SINGLE_TENSOR_OPS`` each; foreach and fused: their ops once (one parameter
+        group), each a kernel per chunk of ``TENSOR_LIST_CHUNK`` tensors."""
+        path = self.path_on(kernels)
+        if path is AdamWImpl.SINGLE_TENSOR:
+            return SINGLE_TENSOR_OPS * tensors
+        chunks = -(-tensors // TENSOR_LIST_CHUNK)
+        if path is AdamWImpl.FOREACH:
+            return StepOps(FOREACH_OPS + FOREACH_TENSOR_OPS * tensors, FOREACH_OPS * chunks)
+        return StepOps(FUSED_OPS, FUSED_OPS * chunks)
 
 
 def build(params, *, lr: float):
@@ -106,4 +132,4 @@ SPECS = (
     ),
 )
 
-__all__ = ["SPECS", "AdamWImpl", "AdamWMemory"]
+__all__ = ["SINGLE_TENSOR_OPS", "SPECS", "AdamWImpl", "AdamWMemory"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from planner.optim.spec import FP32
+from planner.optim.spec import FP32, StepOps
 
 #: bitsandbytes 8-bit optimizers: blockwise quantisation with 256-element blocks and an fp32
 #: absmax per block (bnb.optim.optimizer.Optimizer8bit / Optimizer2State.init_state: blocksize =
@@ -18,6 +18,12 @@ BNB_8BIT_BLOCK = 256
 BNB_MIN_8BIT_SIZE = 4096
 #: Bytes per element of one 8-bit optimizer state with its share of the block's fp32 absmax.
 BNB_8BIT_STATE_BYTES = 1 + FP32 / BNB_8BIT_BLOCK
+#: Host calls bitsandbytes' ``Optimizer8bit.step`` makes per tensor on CUDA (bitsandbytes/optim/optimizer.py:
+#: ``update_step`` l.537-538 ``p.data.contiguous()`` and ``p.grad.contiguous()``, one
+#: ``torch.ops.bitsandbytes.optimizer_update_8bit_blockwise`` or ``_32bit`` kernel (functional.py), then ``step``
+#: l.335 ``sync_gpu(p)``: ``torch.cuda.synchronize()``, utils.py l.204-206): 4, one of them a kernel, the same for
+#: every 1- and 2-state optimizer of it; the Python around them (``get_config``'s dict, ``is_on_gpu``) is not counted
+BNB_STEP_OPS = StepOps(4, 1)
 
 
 def blockwise_state_bytes(n: int, states: int) -> int:
@@ -29,4 +35,4 @@ def blockwise_state_bytes(n: int, states: int) -> int:
     return states * (n + math.ceil(n / BNB_8BIT_BLOCK) * FP32)
 
 
-__all__ = ["BNB_8BIT_BLOCK", "BNB_8BIT_STATE_BYTES", "BNB_MIN_8BIT_SIZE", "blockwise_state_bytes"]
+__all__ = ["BNB_8BIT_BLOCK", "BNB_8BIT_STATE_BYTES", "BNB_MIN_8BIT_SIZE", "BNB_STEP_OPS", "blockwise_state_bytes"]

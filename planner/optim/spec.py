@@ -11,15 +11,39 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 #: bytes of an fp32 element (the dtype of every optimizer state that is neither 8-bit nor the
 #: parameter's own: torch's ``step`` tensors, bitsandbytes' 32-bit states and block scales,
 #: Adafactor's factors, DeepSpeed's master partition)
 FP32 = 4
+#: Tensors one kernel of torch's multi-tensor apply takes when it reads or writes four lists (a foreach op over
+#: params, grads and both moments; the fused AdamW kernel): TensorListMetadata must fit the 4 KB kernel argument
+#: space (torch 2.13 include/ATen/native/cuda/MultiTensorApply.cuh l.42, ``depth_to_max_tensors[5] = {110, 64,
+#: 48, 36, 30}``; 252 only in builds against CUDA 13, l.31). A foreach or fused op launches one kernel per chunk.
+TENSOR_LIST_CHUNK = 36
 #: bytes of an fp16/bf16 element (DeepSpeed's communication dtype under mixed precision, the 16-bit
 #: weights, activations and gradients of the memory model)
 HALF = 2
+
+
+class StepOps(NamedTuple):
+    """What ``optimizer.step()`` dispatches from its one Python thread: ``ops`` aten calls (each the host's
+    dispatch), ``launches`` of them kernels on a GPU (each a CUDA launch more; ops on the CPU-resident step
+    counters and views launch none). ``*`` by a tensor count and ``+`` add counts (not tuple repetition)."""
+
+    ops: int
+    launches: int
+
+    def __mul__(self, k: int) -> StepOps:  # type: ignore[override]
+        return StepOps(self.ops * k, self.launches * k)
+
+    def __add__(self, other: StepOps) -> StepOps:  # type: ignore[override]
+        return StepOps(self.ops + other.ops, self.launches + other.launches)
+
+
+#: nothing counted
+NO_STEP_OPS = StepOps(0, 0)
 
 
 class OptimizerModel:
@@ -66,6 +90,17 @@ class OptimizerModel:
         """Device memory traffic of one update per trainable parameter of ``w`` bytes."""
         raise NotImplementedError
 
+    def step_ops(self, tensors: int, matrices: int, param_bytes: int, kernels) -> StepOps:
+        """What ``optimizer.step()`` dispatches from its one Python thread for ``tensors`` trainable tensors of
+        ``param_bytes`` per element, ``matrices`` of them at least 2-D, on a device whose kernels are ``kernels``:
+        host time the device waits for when its kernels are shorter (``planner.throughput``). Counted from each
+        optimizer's code; none by default: not counted (SGD)."""
+        return NO_STEP_OPS
+
+    #: ``step()`` waits for the device after each tensor (bitsandbytes), so its host dispatch and the device's
+    #: update add up instead of overlapping
+    syncs_each_tensor: bool = False
+
     def largest_state_bytes(self, counts: Iterable[tuple[int, int]], param_bytes: int) -> int:
         """The state of the largest of these tensors ((element count, number of such tensors)
         pairs): what a paged optimizer (``OptimizerSpec.paged``) must have on the device at once.
@@ -109,6 +144,9 @@ class OptimizerSpec:
     preference: int
     """Within a speed tie, lower ranks first: closest to the usual recipe (AdamW) first
     (``planner.ranking``). Also the order of the registry, the CLI's list and the search space."""
+    hf_removed: str | None = None
+    """The transformers release that no longer takes ``hf_optim`` (None: the installed one does): emit refuses
+    the optimizer and names the fix; a config that names it is still read as it (``planner.check``)."""
     hf_args: Mapping[str, Any] = field(default_factory=dict)
     """TrainingArguments beside ``optim`` that the Trainer needs to build what the model counts."""
     note: str | None = None
@@ -132,4 +170,4 @@ class OptimizerSpec:
     hyperparameters (it is planned when named)."""
 
 
-__all__ = ["FP32", "HALF", "Builder", "DeepSpeedSection", "OptimizerModel", "OptimizerSpec"]
+__all__ = ["FP32", "HALF", "NO_STEP_OPS", "TENSOR_LIST_CHUNK", "StepOps", "Builder", "DeepSpeedSection", "OptimizerModel", "OptimizerSpec"]

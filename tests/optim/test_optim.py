@@ -48,7 +48,8 @@ def test_each_descriptor_names_what_hf_and_deepspeed_take(name):
     from transformers.training_args import OptimizerNames
 
     spec = OPTIMIZERS[name]
-    assert spec.hf_optim in {o.value for o in OptimizerNames}
+    # a name the installed transformers no longer takes is said so (emit refuses it: test_optim_adamw_hf.py)
+    assert (spec.hf_optim in {o.value for o in OptimizerNames}) == (spec.hf_removed is None)
     fields = set(TrainingArguments.__dataclass_fields__)
     assert set(spec.hf_args) <= fields, set(spec.hf_args) - fields
     if spec.paged:

@@ -183,7 +183,11 @@ def test_checkpointing_adds_one_third_of_the_layer_compute():
 )
 def test_optimizer_term(optimizer, precision, bytes_per_param):
     est = estimate_throughput(model=LLAMA_7B, config=cfg(optimizer=optimizer, precision=precision), gpu=get_gpu("a100-80gb"))
-    assert est.breakdown_s["optimizer"] == pytest.approx(PARAMS_7B * bytes_per_param / A100_HBM, rel=1e-12)
+    # bitsandbytes waits for the device after each of the 291 tensors: its 4 host calls a tensor (one a kernel,
+    # 2.4 us each + 6 us for the launch) add to the update (tests/throughput/test_optimizer_step_host.py); the
+    # others' dispatch is far under their bytes
+    host = 291 * (4 * 2.4e-6 + 6e-6) if "8bit" in optimizer else 0.0
+    assert est.breakdown_s["optimizer"] == pytest.approx(PARAMS_7B * bytes_per_param / A100_HBM + host, rel=1e-12)
 
 
 def test_zero_partitions_the_optimizer_and_adds_the_master_copy():
