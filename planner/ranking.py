@@ -377,10 +377,12 @@ def _replayed_speed(config: TrainConfig, memory, speeds: ThroughputMemo) -> Spee
 
 
 #: The rounds whose first group is settled but for the bound (``_Settling``) before the bound is read:
-#: it times every plan's smaller splits (about 1,400 step times, Llama-2-7B on an A10G over every
-#: precision, ~6 ms), worth it where the rounds go on replaying (that request's alternative: 17 rounds of
-#: a replay each, 0.7-3 ms), not where the next round ends them; a round is one replay or more.
-SETTLE_AFTER = 2
+#: it times the smaller splits of the plans that can reach the floor (257 step times, Llama-2-7B on an
+#: A10G over every precision, ~1.3 ms; every split of every plan, 1,427, before ``_split_speed``'s order
+#: was read, when it waited for a second round), less than the round it saves where the rounds go on
+#: replaying (that request's alternative: 17 rounds of a replay each, 0.5-3 ms; reading it in the first
+#: round saved one, 510 -> 498 M instructions a search, callgrind).
+SETTLE_AFTER = 1
 
 
 class _Settling:
