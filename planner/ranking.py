@@ -484,10 +484,10 @@ class _Settling:
                 known = classes[knobs] = speeds.knob_class(config)
             key = (config.method, config.precision, known, config.lora_r, config.lora_targets, config.grad_ckpt)
             found = slots.get(key)
-            if found is None:
+            if found is None:  # [the largest split any of its plans reaches, a configuration, its plans, ceiling]
                 found = slots[key] = [0, config, [], 0.0]
             found[0] = max(found[0], top)
-            found[3] = max(found[3], math.inf if own is None else own)
+            found[3] = max(found[3], math.inf if own is None else own)  # (the fastest any of its splits can be)
             # (exotic at every smaller split: ``_Settling``)
             found[2].append((config, top, f[2] and (not config.sharding.offloaded or config.grad_accum > 1)))
         splits: dict[int, list[int]] = {}
@@ -497,8 +497,8 @@ class _Settling:
             per_device = config.micro_batch * config.grad_accum
             micros = [m for m in splits.get(per_device) or splits.setdefault(per_device, divisors(per_device)) if m <= top]
             # largest first: a split's speed never falls as the micro-batch grows (``_split_speed``), so the
-            # splits below the first one under the floor are under it too and are not timed (the bench request
-            # over every precision: 1,430 step times -> 430)
+            # splits below the first one under the floor are under it too and are not timed (with the plans and
+            # slots left out above, the bench request over every precision: 1,427 step times -> 257)
             for micro in reversed(micros):
                 speed = _split_speed(speeds, config, micro, per_device)
                 if speed < floor:
