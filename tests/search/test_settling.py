@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from planner.catalog import resolve_model
-from planner.config import Precision
+from planner.config import Loop, Precision
 from planner.estimation import default_seq_len
 from planner.gpus import get_gpu
 from planner.errors import PlannerError
@@ -95,7 +95,15 @@ def test_a_paged_plan_is_fastest_with_no_paging():
         assert seconds == sorted(seconds), config.label()
 
 
-def test_a_step_never_takes_longer_at_a_larger_micro_batch():
+#: recipe settings the step time reads (the adapters' dropout and the training loop, packing, the fused loss,
+#: reentrant checkpointing, a chunked loss, the expert loop), each with every default besides, for
+#: ``test_a_step_never_takes_longer_at_a_larger_micro_batch``
+RECIPES = [{}, {"lora_dropout": 0.1, "loop": Loop.MANUAL}, {"packing": False, "use_cache": True}, {"fused_ce": True},
+           {"reentrant_ckpt": True}, {"loss_chunks": 8}, {"experts_loop": True}]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: "-".join(r) or "defaults")
+def test_a_step_never_takes_longer_at_a_larger_micro_batch(recipe):
     """``planner.ranking._split_speed``'s order, which ``_Settling._bound`` reads to time a slot's
     largest splits only: at a fixed per-device batch, ``ThroughputMemo.step_seconds`` (no paging)
     never grows with the micro-batch, over the search's configurations of dense, MoE and small
@@ -110,13 +118,13 @@ def test_a_step_never_takes_longer_at_a_larger_micro_batch():
         for gpu in list_gpus():
             speeds = ThroughputMemo(model, gpu)
             for gpus in (1, 2, 8):
-                space = SearchSpace(cpu_mem_bytes=512 * GiB, precisions=tuple(Precision))
                 try:
+                    space = SearchSpace(cpu_mem_bytes=512 * GiB, precisions=tuple(Precision), **recipe)
                     combos = list(_combinations(model=model, gpu=gpu, target_batch=16 * gpus, seq_len=1024, gpus=gpus,
                                                 space=space))
                 except PlannerError:
-                    continue  # (a precision the GPU cannot run)
-                for base, splits in combos[::11]:
+                    continue  # (a precision the GPU cannot run, a setting the model does not take)
+                for base, splits in combos[::11 if not recipe else 31]:
                     seconds = [speeds.step_seconds(base.with_split(micro_batch=m, grad_accum=a)) for m, a in splits]
                     checked += len(seconds)
                     assert all(later <= earlier * (1 + ROUNDING) for earlier, later in zip(seconds, seconds[1:])), \
