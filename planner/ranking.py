@@ -18,6 +18,7 @@ import bisect
 import dataclasses
 import functools
 import gc
+import math
 from itertools import repeat
 from operator import itemgetter
 from typing import Iterable, Iterator, NamedTuple
@@ -376,10 +377,12 @@ def _replayed_speed(config: TrainConfig, memory, speeds: ThroughputMemo) -> Spee
 
 
 #: The rounds whose first group is settled but for the bound (``_Settling``) before the bound is read:
-#: it times every plan's smaller splits (about 1,400 step times, Llama-2-7B on an A10G over every
-#: precision, ~6 ms), worth it where the rounds go on replaying (that request's alternative: 17 rounds of
-#: a replay each, 0.7-3 ms), not where the next round ends them; a round is one replay or more.
-SETTLE_AFTER = 2
+#: it times the smaller splits of the plans that can reach the floor (257 step times, Llama-2-7B on an
+#: A10G over every precision, ~1.3 ms; every split of every plan, 1,427, before ``_split_speed``'s order
+#: was read, when it waited for a second round), less than the round it saves where the rounds go on
+#: replaying (that request's alternative: 17 rounds of a replay each, 0.5-3 ms; reading it in the first
+#: round saved one, 510 -> 498 M instructions a search, callgrind).
+SETTLE_AFTER = 1
 
 
 class _Settling:
@@ -468,9 +471,11 @@ class _Settling:
         for f, main in others:
             item = f[0]
             config = item[0]
-            top = config.micro_batch - 1
-            if main and (item[3] if len(item) > 3 else self._memo.static(config)).terms.paged:
-                top += 1  # (timed again at its own split)
+            paged = (item[3] if len(item) > 3 else self._memo.static(config)).terms.paged
+            own = f[5] if not paged else None  # (the fastest its smaller splits can be, where known: ``_split_speed``)
+            if own is not None and own * (1 + ROUNDING) < floor:
+                continue
+            top = config.micro_batch - (0 if main and paged else 1)  # (a main paged plan: timed again at its own split)
             if not top:
                 continue  # (micro-batch 1, not timed again: nothing to add)
             knobs = (config.method, config.precision, config.optimizer, id(config.sharding), config.gpus)
@@ -479,26 +484,51 @@ class _Settling:
                 known = classes[knobs] = speeds.knob_class(config)
             key = (config.method, config.precision, known, config.lora_r, config.lora_targets, config.grad_ckpt)
             found = slots.get(key)
-            if found is None:
-                found = slots[key] = [0, config, []]
+            if found is None:  # [the largest split any of its plans reaches, a configuration, its plans, ceiling]
+                found = slots[key] = [0, config, [], 0.0]
             found[0] = max(found[0], top)
+            found[3] = max(found[3], math.inf if own is None else own)  # (the fastest any of its splits can be)
             # (exotic at every smaller split: ``_Settling``)
             found[2].append((config, top, f[2] and (not config.sharding.offloaded or config.grad_accum > 1)))
         splits: dict[int, list[int]] = {}
-        for top, config, plans in slots.values():
+        for top, config, plans, ceiling in slots.values():
+            if ceiling * (1 + ROUNDING) < floor:
+                continue  # (no split of it reaches the floor: none is timed)
             per_device = config.micro_batch * config.grad_accum
-            for micro in splits.get(per_device) or splits.setdefault(per_device, divisors(per_device)):
-                if micro > top:
-                    break
-                speed = tokens_per_second(config, speeds.step_seconds(
-                    config.with_split(micro_batch=micro, grad_accum=per_device // micro), 0))
+            micros = [m for m in splits.get(per_device) or splits.setdefault(per_device, divisors(per_device)) if m <= top]
+            # largest first: a split's speed never falls as the micro-batch grows (``_split_speed``), so the
+            # splits below the first one under the floor are under it too and are not timed (with the plans and
+            # slots left out above, the bench request over every precision: 1,427 step times -> 257)
+            for micro in reversed(micros):
+                speed = _split_speed(speeds, config, micro, per_device)
                 if speed < floor:
+                    if speed * (1 + ROUNDING) < floor:
+                        break
                     continue
                 for plan, reach, exotic in plans:  # (equal to a plan of the group of this speed: a smaller split only)
                     if micro <= reach and (not exotic or speed > bar) and (micro == plan.micro_batch or speed not in group.get(
                             plan.with_split(micro_batch=micro, grad_accum=per_device // micro), ())):
                         return True
         return False
+
+
+#: A relative margin for float rounding where ``_split_speed``'s order is read (``_Settling._bound``): two
+#: step times summed from different parts may differ in their last bits where the split changes nothing.
+ROUNDING = 1e-9
+
+
+def _split_speed(speeds: ThroughputMemo, config: TrainConfig, micro: int, per_device: int) -> float:
+    """Tokens/s of ``config`` at micro-batch ``micro`` of ``per_device`` samples, with no paging.
+
+    At a fixed per-device batch it never falls as the micro-batch grows (the step time never grows):
+    every part of ``ThroughputMemo.step_seconds`` is a micro-step's seconds (affine in its tokens with
+    nonnegative terms, ``planner.kernels.PricedTerms``, plus the host's excess over them, which only
+    shrinks as they grow, ``planner.kernels.host_excess``) times the accumulation steps, or bytes a step
+    that grow with the accumulation steps (QLoRA's dequantisation, the expert loop's drains) or do not
+    read the split (the optimizer update, collectives, offload). tests/search/test_settling.py holds it
+    over every configuration the search makes of several models, on every catalog GPU at 1, 2 and 8 GPUs."""
+    return tokens_per_second(config, speeds.step_seconds(
+        config.with_split(micro_batch=micro, grad_accum=per_device // micro), 0))
 
 
 def _ranked_again(ranked: _Ranked, removed: list[tuple], moved: list[tuple], added: list[tuple]) -> _Ranked | None:

@@ -8,11 +8,22 @@ from __future__ import annotations
 import pytest
 
 from planner.catalog import resolve_model
-from planner.config import Precision
+from planner.config import Loop, Precision
 from planner.estimation import default_seq_len
 from planner.gpus import get_gpu
-from planner.ranking import _exotic, _plan_facts, _ranking, _replayed_plans, _Settling
-from planner.search import SearchSpace, screen
+from planner.errors import PlannerError
+from planner.ranking import (
+    EXOTIC_WIN,
+    ROUNDING,
+    SPEED_TIE,
+    _exotic,
+    _plan_facts,
+    _ranking,
+    _replayed_plans,
+    _Settling,
+    _split_speed,
+)
+from planner.search import SearchSpace, divisors, screen
 from planner.tradeoffs import Prefer
 
 GiB = 1 << 30
@@ -82,3 +93,92 @@ def test_a_paged_plan_is_fastest_with_no_paging():
     for config in paged[:40]:
         seconds = [speeds.step_seconds(config, host) for host in (0, 1, 1 << 20, 1 << 30, 8 << 30)]
         assert seconds == sorted(seconds), config.label()
+
+
+#: recipe settings the step time reads (the adapters' dropout and the training loop, packing, the fused loss,
+#: reentrant checkpointing, a chunked loss, the expert loop), each with every default besides, for
+#: ``test_a_step_never_takes_longer_at_a_larger_micro_batch``
+RECIPES = [{}, {"lora_dropout": 0.1, "loop": Loop.MANUAL}, {"packing": False, "use_cache": True}, {"fused_ce": True},
+           {"reentrant_ckpt": True}, {"loss_chunks": 8}, {"experts_loop": True}]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: "-".join(r) or "defaults")
+def test_a_step_never_takes_longer_at_a_larger_micro_batch(recipe):
+    """``planner.ranking._split_speed``'s order, which ``_Settling._bound`` reads to time a slot's
+    largest splits only: at a fixed per-device batch, ``ThroughputMemo.step_seconds`` (no paging)
+    never grows with the micro-batch, over the search's configurations of dense, MoE and small
+    models on every catalog GPU (the CPU profile too) at 1, 2 and 8 GPUs."""
+    from planner.gpus import list_gpus
+    from planner.search import _combinations
+    from planner.throughput import ThroughputMemo
+
+    checked = 0
+    for model_id in ("meta-llama/Llama-2-7b-hf", "mistralai/Mixtral-8x7B-v0.1", "gpt2"):
+        model = resolve_model(model_id)
+        for gpu in list_gpus():
+            speeds = ThroughputMemo(model, gpu)
+            for gpus in (1, 2, 8):
+                try:
+                    space = SearchSpace(cpu_mem_bytes=512 * GiB, precisions=tuple(Precision), **recipe)
+                    combos = list(_combinations(model=model, gpu=gpu, target_batch=16 * gpus, seq_len=1024, gpus=gpus,
+                                                space=space))
+                except PlannerError:
+                    continue  # (a precision the GPU cannot run, a setting the model does not take)
+                for base, splits in combos[::11 if not recipe else 31]:
+                    seconds = [speeds.step_seconds(base.with_split(micro_batch=m, grad_accum=a)) for m, a in splits]
+                    checked += len(seconds)
+                    assert all(later <= earlier * (1 + ROUNDING) for earlier, later in zip(seconds, seconds[1:])), \
+                        (gpu.name, gpus, base.label(), seconds)
+    assert checked > 10_000
+
+
+def _bound_in_full(settling: _Settling, others: list[tuple], floor: float, bar: float, group: dict) -> bool:
+    """``_Settling._bound`` by its definition: every plan's every smaller split timed (and its own, where
+    it is a plan not near the edge with paged states), none left out by speed."""
+    for f, main in others:
+        item = f[0]
+        config = item[0]
+        paged = (item[3] if len(item) > 3 else settling._memo.static(config)).terms.paged
+        top = config.micro_batch - (0 if main and paged else 1)
+        per_device = config.micro_batch * config.grad_accum
+        exotic = f[2] and (not config.sharding.offloaded or config.grad_accum > 1)
+        for micro in (m for m in divisors(per_device) if m <= top):
+            speed = _split_speed(settling._speeds, config, micro, per_device)
+            if speed >= floor and (not exotic or speed > bar) and (micro == config.micro_batch or speed not in group.get(
+                    config.with_split(micro_batch=micro, grad_accum=per_device // micro), ())):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("n", [0, 2, 3, 6])
+def test_the_bound_leaves_out_no_split_that_joins(n):
+    """``_Settling._bound`` times a slot's splits from the largest down, and none of a slot or a plan
+    whose own speed is under the floor (``_split_speed``'s order): it answers as every split timed
+    would, at the first group's floor of the request's ranking under ``speed`` and at lower floors
+    (where plans join)."""
+    model_id, gpu_name, batch, every = REQUESTS[n]
+    model, gpu = resolve_model(model_id), get_gpu(gpu_name)
+    space = SearchSpace(cpu_mem_bytes=64 * GiB, precisions=tuple(Precision) if every else None)
+    s = screen(model=model, gpu=gpu, target_batch=batch, seq_len=default_seq_len(model), gpus=1, space=space)
+    facts = _plan_facts(gpu, _exotic(s.memo, node_ram=space.cpu_mem_bytes, usable=s.usable))
+    ranked = _ranking(s.fitting, Prefer.SPEED, facts, speeds=s.speeds)
+    rows = ranked._by_speed
+    top_floor = -rows[0][1] / (1 + SPEED_TIE)
+    end = next((i for i, row in enumerate(rows) if row[0] != rows[0][0] or -row[1] < top_floor), len(rows))
+    group: dict = {}
+    for row in rows[:end]:
+        group.setdefault(row[3][0][0], set()).add(row[3][5])
+    others = [(row[3], row[0] < 8) for row in rows[end:]] + [(f, False) for f in ranked._near]
+    settling = _Settling(None, speeds=s.speeds, memo=s.memo, replays={}, usable=s.usable, capacity=gpu.memory_bytes)
+    bar = ranked._fastest[0] * (1 + EXOTIC_WIN)
+    answers = set()
+    for scale in (1.0, 0.99, 0.95, 0.8, 0.5):
+        floor = top_floor * scale
+        whole = _bound_in_full(settling, others, floor, bar, group)
+        assert settling._bound(others, floor, bar, group) == whole, scale
+        answers.add(whole)
+        for other in others:  # (each plan alone: one that joins is not hidden by another that does)
+            alone = _bound_in_full(settling, [other], floor, bar, group)
+            assert settling._bound([other], floor, bar, group) == alone, (scale, other[0][0].label())
+            answers.add(alone)
+    assert answers == {False, True}  # (the floors both settle and do not)
