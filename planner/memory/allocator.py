@@ -430,7 +430,10 @@ class CachingAllocator:
 
     def release_cached_blocks(self) -> bool:
         """Free every cached block that is a whole segment; unmap an expandable segment's free
-        tail pages."""
+        tail pages. First the blocks freed with record_stream come back to the pool
+        (CUDACachingAllocator.cpp release_cached_blocks: ``synchronize_and_free_events`` before
+        ``release_blocks``)."""
+        self.release_recorded()
         for small in (True, False):
             for block in [block for block in self._cached.values() if block.small == small]:
                 if not block.is_split() and block.segment >= 0:

@@ -85,6 +85,15 @@ def test_a_recorded_stream_takes_a_freed_block_back_after_its_next_allocation():
     assert replay(GATHERS, capacity=BIG, streams=(("u", "s"), ("h", "s"))).peak_reserved == 300 * MiB
 
 
+def test_a_full_device_syncs_the_recorded_blocks_back_before_it_releases_segments():
+    """CUDACachingAllocator.cpp release_cached_blocks: ``synchronize_and_free_events`` first, so
+    on a device that cannot hold a third segment the backward's gather takes the forward's block
+    (synced back), not a new one: 300 MiB reserved, where an unbounded device reserves 400."""
+    recorded = (("u", "s" + RECORDED), ("h", "s" + RECORDED))
+    r = replay(GATHERS, capacity=350 * MiB, streams=recorded)
+    assert (r.peak_reserved, r.out_of_memory) == (300 * MiB, "")
+
+
 def test_a_copy_keeps_the_blocks_a_recorded_stream_holds_out():
     recorded = (("u", "s" + RECORDED), ("h", "s" + RECORDED))
     state = _Replaying(BIG, AllocatorConfig(), recorded)
