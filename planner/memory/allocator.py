@@ -49,6 +49,19 @@ kMinLargeAlloc = 10 * MiB
 kRoundLarge = 2 * MiB
 #: no max_split_size_mb: PyTorch's default is std::numeric_limits<size_t>::max()
 UNLIMITED = 1 << 64
+#: The end of a side stream's name (``replay``'s ``streams``) whose tensors are freed with
+#: ``record_stream`` on the compute stream and reused once a rate limiter has waited for that
+#: stream: each freed block returns to its pool only after the stream's next allocation. The caching
+#: allocator's ``free`` of a block with ``stream_uses`` records an event on each stream used
+#: (``insert_events``) and ``process_events``, at the start of every ``malloc``, returns the block
+#: only once ``cudaEventQuery`` says the stream passed it (CUDACachingAllocator.cpp). Who frees so,
+#: and why one allocation, is the sharding scheme's to say (``planner.sharding.fsdp1``).
+RECORDED = ":recorded"
+
+
+def stream_name(stream: str) -> str:
+    """A stream's name as the assumptions print it (without ``RECORDED``)."""
+    return stream.removesuffix(RECORDED)
 
 #: PYTORCH_CUDA_ALLOC_CONF keys PyTorch accepts that do not change what this replay predicts
 #: (c10/cuda/CUDAAllocatorConfig.cpp parseArgs). garbage_collection_threshold among them: malloc
@@ -241,6 +254,9 @@ class CachingAllocator:
         # its own links and size mean nothing
         self._never_freed = _block(0, -1, False, -3, allocated=True)
         self._plans: dict[int, tuple] = {}  # _plan's, by request
+        # blocks freed with record_stream, not yet back in the pool (``RECORDED`` streams: a list; None
+        # elsewhere): allocated to the pools until ``release_recorded``
+        self.recorded: list[Block] | None = None
 
     def _copy(self, copied: dict[Block, Block]) -> CachingAllocator:
         """A copy of this allocator on the copies of its blocks (``copied``, by the original:
@@ -257,6 +273,7 @@ class CachingAllocator:
         new._tails = {small: copied[block] for small, block in self._tails.items()}
         new._never_freed = copied[self._never_freed]
         new._plans = {}  # (made again as its requests come: no dearer than copying them, measured)
+        new.recorded = None if self.recorded is None else [copied[block] for block in self.recorded]
         return new
 
     def cached_keys(self, small: bool) -> list[tuple[int, int]]:
@@ -413,7 +430,10 @@ class CachingAllocator:
 
     def release_cached_blocks(self) -> bool:
         """Free every cached block that is a whole segment; unmap an expandable segment's free
-        tail pages."""
+        tail pages. First the blocks freed with record_stream come back to the pool
+        (CUDACachingAllocator.cpp release_cached_blocks: ``synchronize_and_free_events`` before
+        ``release_blocks``)."""
+        self.release_recorded()
         for small in (True, False):
             for block in [block for block in self._cached.values() if block.small == small]:
                 if not block.is_split() and block.segment >= 0:
@@ -509,6 +529,20 @@ class CachingAllocator:
                 bisect.insort(bucket, block.at)
             cached[block.at] = block
         self._allocated -= freed
+
+    def free_recorded(self, blocks) -> None:
+        """``free`` of blocks freed with ``record_stream``: on a ``RECORDED`` stream they wait
+        (``recorded``) for ``release_recorded``; elsewhere they are freed now."""
+        if self.recorded is None:
+            self.free_blocks(blocks)
+        else:
+            self.recorded += blocks
+
+    def release_recorded(self) -> None:
+        """The blocks ``free_recorded`` kept, back in the pool (after the stream's next allocation)."""
+        if self.recorded:
+            blocks, self.recorded = self.recorded, []
+            self.free_blocks(blocks)
 
     @property
     def cached(self) -> int:
@@ -825,6 +859,9 @@ class _Replaying:
     def __init__(self, capacity: int, config: AllocatorConfig, streams: tuple[tuple[str, str], ...] = ()) -> None:
         self.allocator = CachingAllocator(capacity=capacity, config=config)
         pools = {stream: CachingAllocator(capacity=capacity, config=config) for _, stream in streams}
+        for stream, pool in pools.items():
+            if stream.endswith(RECORDED):
+                pool.recorded = []
         # by breakdown key: the hot loop asks one dict per event (empty on one stream: one test)
         self.sides: dict[str, CachingAllocator] = {key: pools[stream] for key, stream in streams}
         self.live: dict[int, list[Block]] = {}
@@ -845,9 +882,10 @@ class _Replaying:
                     before = side.reserved
                     if op == "alloc":
                         live[ident] = side.malloc_tensors(nbytes, tensors, ident in freed)
+                        side.release_recorded()  # (freed before this request: reusable after it)
                         requested += nbytes
                     else:
-                        side.free_blocks(live.pop(ident, ()))
+                        side.free_recorded(live.pop(ident, ()))
                         requested -= nbytes
                     side_reserved += side.reserved - before  # (the side streams' reserves, summed)
                     both_peak = max(both_peak, allocator.reserved + side_reserved)
@@ -886,6 +924,7 @@ class _Replaying:
         for allocator in [self.allocator, *pools]:
             roots += allocator._cached.values()
             roots += allocator._tails.values()
+            roots += allocator.recorded or ()
             roots.append(allocator._never_freed)
         copied = _copy_blocks(roots)
         new = _Replaying.__new__(_Replaying)
@@ -1060,7 +1099,8 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     that stream's requests reuse (CUDACachingAllocator.cpp: ``BlockComparatorSize`` orders a pool by
     stream first and ``get_free_block`` takes a block of the request's stream only; an expandable
     segment is per stream too): a caching allocator per stream, each reserving beside the default
-    stream's; the keys of one stream share its blocks. A side stream's allocator is not bounded by
+    stream's; the keys of one stream share its blocks; a stream named with ``RECORDED`` at its end
+    takes each freed block back only after its next allocation. A side stream's allocator is not bounded by
     what the others reserve (it has the whole ``capacity``): a step that runs out only on the device
     the streams share is not found. ``forks`` (event counts,
     ascending) and ``prefixes``: the states kept there and what replays came to, shared with other
@@ -1087,5 +1127,5 @@ def replay(events, *, capacity: int, config: AllocatorConfig = AllocatorConfig()
     return state.result()
 
 
-__all__ = ["AllocatorConfig", "CachingAllocator", "OutOfMemory", "Replay", "ReplayPrefixes", "allocation_size", "replay",
-           "round_size", "shared_prefixes", "sharing_prefixes"]
+__all__ = ["RECORDED", "AllocatorConfig", "CachingAllocator", "OutOfMemory", "Replay", "ReplayPrefixes", "allocation_size",
+           "replay", "round_size", "shared_prefixes", "sharing_prefixes", "stream_name"]

@@ -11,7 +11,7 @@ from typing import Callable
 
 from planner.config import Method, TrainConfig
 from planner.memory.activations import ACTIVATION_SAVED
-from planner.memory.allocator import AllocatorConfig, Replay, replay, shared_prefixes
+from planner.memory.allocator import AllocatorConfig, Replay, replay, shared_prefixes, stream_name
 from planner.memory.attention import effective_attention
 from planner.memory.evaluation import eval_note
 from planner.memory.overhead import outside_allocator, overhead_notes, paged_on_host, with_workspaces
@@ -69,7 +69,7 @@ def _streams_words(config: TrainConfig, timeline: Timeline) -> str:
     named: dict[str, list[str]] = {}
     for key, stream in config.sharding.spec.streams(config):
         if key in made:
-            named.setdefault(stream, []).append(key)
+            named.setdefault(stream_name(stream), []).append(key)
     if not named:
         return "one stream"
     return "a pool per stream (" + "; ".join(f"{', '.join(keys)} on the {stream} stream"

@@ -24,8 +24,11 @@ the parameters' own):
   keeps at most two all-gathers in flight (fsdp/_limiter_utils.py ``_max_num_inflight_all_gathers =
   2``): the running unit and one gathered ahead, FSDP2's ``gathered`` and ``held`` terms;
 * ``record_stream`` on the gathered and reduced tensors (fsdp/_flat_param.py, _runtime_utils.py)
-  lets the caching allocator reuse their blocks only once the compute stream passes them, which the
-  rate limiter bounds by the same two units;
+  lets the caching allocator reuse their blocks only once the compute stream passes them; the rate
+  limiter waits, before each unshard, for the free two frees back (``_unshard``: the queue holds two
+  events, ``dequeue_if_needed`` then ``synchronize``), so a unit freed is reused only by the unshard
+  after next: one gathered unit's block more, reserved but not allocated, from backward's first
+  gather on (the replay's ``RECORDED`` unshard stream, ``_streams``);
 * LoRA's adapters are their own units, so the layers' flat parameters hold frozen weights only: no
   gradient of theirs, no reduce-scatter (FSDP2's trained terms: the adapters' shards);
 * QLoRA as the FSDP-QLoRA recipe runs it (``qlora_refusal``: no k-bit upcast): a layer's flat
@@ -169,10 +172,10 @@ class FSDP1(FSDP2):
 
     def streams(self, config: Any) -> tuple[tuple[str, str], ...]:
         """The gathered units on the unshard stream, the sharded gradients on the post-backward
-        stream (``_STREAMS``); on one GPU FSDP1 runs NO_SHARD (torch 2.13 fsdp/_init_utils.py:430-433:
+        stream (``_streams``); on one GPU FSDP1 runs NO_SHARD (torch 2.13 fsdp/_init_utils.py:430-433:
         "FSDP is switching to use `NO_SHARD`"): nothing gathered, autograd's gradients all-reduced in
         place, all on the default stream."""
-        return _STREAMS if config.gpus > 1 else ()
+        return _streams() if config.gpus > 1 else ()
 
     def searched_on(self, gpus: int, offload: Offload) -> bool:
         return False  # chosen by name only: FSDP2 is the FSDP the search plans
@@ -298,7 +301,13 @@ class FSDP1(FSDP2):
 #:   stream(unshard_stream): handle.unshard()`` -> _flat_param.py:1408 ``_alloc_storage``), in
 #:   forward (_runtime_utils.py:421) and for backward's prefetch (l.1233); the reshard frees them
 #:   with ``record_stream`` on the default stream (_flat_param.py:1817-1821), which delays their
-#:   blocks' reuse, not the stream they return to;
+#:   blocks' reuse, not the stream they return to: the caching allocator takes a block so freed back
+#:   once the default stream passes it (CUDACachingAllocator.cpp ``insert_events``, ``process_events``
+#:   at each ``malloc``), which only the rate limiter's wait guarantees, and that waits for the free
+#:   two back (_runtime_utils.py:298-303, _limiter_utils.py:15 ``_max_num_inflight_all_gathers = 2``,
+#:   the event recorded after each free, l.324-326): a block freed comes back after the stream's next
+#:   unshard (``allocator.RECORDED``), and backward's gather, the next after the forward's was freed at
+#:   the loss, takes a block of its own (Mistral-7B in fp16: 0.41 GiB more reserved a device);
 #: * the sharded gradients (``gradients``): the reduce-scatter output, ``torch.empty_like`` on the
 #:   post-backward stream (_runtime_utils.py:755 ``with ...stream(state._post_backward_stream)``,
 #:   l.901), kept as ``_saved_grad_shard`` (l.926) and handed to the optimizer as ``.grad``
@@ -308,7 +317,10 @@ class FSDP1(FSDP2):
 #:   and kept for the post-backward stream by ``record_stream`` (_runtime_utils.py:772-774); only a
 #:   flat parameter whose size the ranks do not divide gets a padded copy there (l.899, ``F.pad``):
 #:   the default stream.
-_STREAMS = (("fsdp2/gathered_unit", "unshard"), ("fsdp2/root_and_gather_buffer", "unshard"),
+def _streams() -> tuple[tuple[str, str], ...]:
+    from planner.memory.allocator import RECORDED  # (planner.memory imports the sharding schemes)
+
+    return (("fsdp2/gathered_unit", "unshard" + RECORDED), ("fsdp2/root_and_gather_buffer", "unshard" + RECORDED),
             ("gradients", "post_backward"))
 
 

@@ -13,7 +13,7 @@ import pytest
 from planner.catalog import resolve_model
 from planner.config import TrainConfig
 from planner.gpus import get_gpu
-from planner.memory.allocator import AllocatorConfig, _Replaying, replay
+from planner.memory.allocator import RECORDED, AllocatorConfig, _Replaying, replay
 from planner.memory.estimate import device_timeline, estimate_memory
 from planner.memory.timeline import Event
 from planner.sharding import SCHEMES
@@ -55,6 +55,61 @@ def test_one_pool_for_both_side_streams_or_none_reuses_more():
     assert one_side.allocated_peak == none.allocated_peak == 260 * MiB
 
 
+#: FSDP1's unshard stream as the timeline draws it: the running unit's gather (100 MiB) and the root
+#: with the unit gathered ahead (200 MiB) in forward, the running unit's freed at the loss and gathered
+#: again for backward, both freed at its end, then the next step's forward
+GATHERS = [
+    Event("alloc", "u", 100 * MiB, 1, 1, "forward"),
+    Event("alloc", "h", 200 * MiB, 1, 2, "forward"),
+    Event("free", "u", 100 * MiB, 1, 1, "loss"),
+    Event("alloc", "u", 100 * MiB, 1, 3, "backward"),
+    Event("free", "u", 100 * MiB, 1, 3, "end of backward"),
+    Event("free", "h", 200 * MiB, 1, 2, "end of backward"),
+    Event("alloc", "u", 100 * MiB, 1, 4, "step 2: forward"),
+    Event("alloc", "h", 200 * MiB, 1, 5, "step 2: forward"),
+]
+
+
+def test_a_recorded_stream_takes_a_freed_block_back_after_its_next_allocation():
+    """FSDP1 frees a gathered unit with record_stream on the compute stream, and the rate limiter
+    makes it reusable only by the unshard after next (planner/sharding/fsdp1.py): by hand, the
+    backward's gather finds the forward's block still out and opens a third segment (100 + 200 +
+    100 MiB); after it that block is back, and the next step's forward gathers into the first and
+    second segments (the third, freed at the end of backward, is out for one allocation), so the
+    reserve stays 400 MiB; without the rule the backward reuses the forward's block: 300 MiB."""
+    recorded = (("u", "s" + RECORDED), ("h", "s" + RECORDED))
+    trace: list[int] = []
+    r = replay(GATHERS, capacity=BIG, trace=trace, streams=recorded)
+    assert [t // MiB for t in trace] == [0, 100, 300, 300, 400, 400, 400, 400, 400]
+    assert (r.peak_reserved, r.allocated_peak) == (400 * MiB, 300 * MiB)  # the block out is not allocated
+    assert replay(GATHERS, capacity=BIG, streams=(("u", "s"), ("h", "s"))).peak_reserved == 300 * MiB
+
+
+def test_a_full_device_syncs_the_recorded_blocks_back_before_it_releases_segments():
+    """CUDACachingAllocator.cpp release_cached_blocks: ``synchronize_and_free_events`` first, so
+    on a device that cannot hold a third segment the backward's gather takes the forward's block
+    (synced back), not a new one: 300 MiB reserved, where an unbounded device reserves 400."""
+    recorded = (("u", "s" + RECORDED), ("h", "s" + RECORDED))
+    r = replay(GATHERS, capacity=350 * MiB, streams=recorded)
+    assert (r.peak_reserved, r.out_of_memory) == (300 * MiB, "")
+
+
+def test_a_copy_keeps_the_blocks_a_recorded_stream_holds_out():
+    recorded = (("u", "s" + RECORDED), ("h", "s" + RECORDED))
+    state = _Replaying(BIG, AllocatorConfig(), recorded)
+    state.advance(GATHERS[:3], {1, 2, 3}, None)  # the forward's unit freed, out of the pool
+    copy = state.copy()
+    for replaying in (state, copy):
+        replaying.advance(GATHERS[3:], {1, 2, 3}, None)
+        assert replaying.result().peak_reserved == 400 * MiB
+
+
+def test_the_assumptions_name_the_unshard_stream_by_its_name():
+    model = resolve_model("meta-llama/Llama-2-7b-hf")
+    text = " ".join(estimate_memory(model=model, config=_config("fsdp1"), gpu=get_gpu("a100-80gb")).assumptions)
+    assert "on the unshard stream" in text and RECORDED not in text
+
+
 def test_a_copy_keeps_each_stream_once():
     state = _Replaying(BIG, AllocatorConfig(), STREAMS)
     state.advance(EVENTS[:5], {1, 2}, None)
@@ -79,7 +134,8 @@ def test_fsdp1_gathers_on_its_unshard_stream_and_reduces_on_its_post_backward_st
     the default stream."""
     fsdp1 = SCHEMES["fsdp1"]
     assert fsdp1.streams(_config("fsdp1")) == (
-        ("fsdp2/gathered_unit", "unshard"), ("fsdp2/root_and_gather_buffer", "unshard"), ("gradients", "post_backward"))
+        ("fsdp2/gathered_unit", "unshard" + RECORDED), ("fsdp2/root_and_gather_buffer", "unshard" + RECORDED),
+        ("gradients", "post_backward"))
     assert fsdp1.streams(_config("fsdp1", gpus=1)) == ()
 
 
@@ -107,6 +163,12 @@ CITED = [
     ("_flat_param.py", 1408, "_alloc_storage(unsharded_flat_param"),
     ("_flat_param.py", 1708, "flat_param.grad = flat_param._saved_grad_shard"),
     ("_init_utils.py", 433, "switching to use `NO_SHARD`"),
+    ("_runtime_utils.py", 298, "event = state._free_event_queue.dequeue_if_needed()"),
+    ("_runtime_utils.py", 303, "event.synchronize()"),
+    ("_runtime_utils.py", 325, "free_event.record()"),
+    ("_flat_param.py", 1818, "_no_dispatch_record_stream("),
+    ("_flat_param.py", 1819, "unsharded_flat_param, self._device_handle.current_stream()"),
+    ("_limiter_utils.py", 15, "self._max_num_inflight_all_gathers = 2"),
     ("_fully_shard/_fsdp_collectives.py", 336, "stream(all_gather_copy_in_stream)"),
     ("_fully_shard/_fsdp_collectives.py", 597, "reduce_scatter_input = reduce_scatter_comm.allocate("),
     ("_fully_shard/_fsdp_collectives.py", 611, "stream(reduce_scatter_stream)"),

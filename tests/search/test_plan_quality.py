@@ -291,10 +291,12 @@ def test_16bit_mixed_beats_fp32_on_speed_in_the_full_finetuning_tier():
     top = result.plans[0]
     assert top.config.method is Method.FULL and top.config.precision is Precision.BF16_MIXED
     assert _safe(result, top) and top.throughput.tokens_per_s > 10 * 1_601
-    # the (full, mixed, AdamW) slot is represented by a plan that is not near the edge
-    adamw = [p for p in result.plans if p.config.method is Method.FULL and p.config.precision.is_mixed
-             and p.config.optimizer.value == "adamw_fused"]
-    assert adamw and _safe(result, adamw[0])
+    # the (full, mixed) choices shown are plans that fit with room, none near the edge: which two
+    # optimizers stand for them follows the memory model's measured error (with the 2026-11-28 table
+    # 8-bit AdamW at ZeRO-1 and Adafactor at ZeRO-1, both under 5%, before AdamW at ZeRO-2)
+    mixed = [p for p in result.plans if p.config.method is Method.FULL and p.config.precision.is_mixed]
+    assert len(mixed) == 2 and all(_safe(result, p) for p in mixed)
+    assert all(p.throughput.tokens_per_s > 10 * 1_601 for p in mixed)
 
 
 @pytest.mark.parametrize("model,gpu,batch", [
