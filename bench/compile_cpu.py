@@ -2,6 +2,7 @@
 
     python bench/compile_cpu.py kernels   # the kernels Inductor generates for a LlamaForCausalLM, and their host time
     python bench/compile_cpu.py step      # eager vs compiled step time, measured and predicted (the cpu profile)
+    python bench/compile_cpu.py saved     # the bytes autograd saves for backward, eager vs compiled
     python bench/compile_cpu.py all --out bench/results/compile-cpu.json
 
 ``kernels``: an 8-block LlamaForCausalLM (hidden 32, 8 tokens: the kernels do no work) compiled with the Inductor
@@ -14,6 +15,9 @@ and ``COMPILED_KERNEL_HOST_SECONDS``. The eager step's ops are counted as the pl
 the worker builds it: the median of 5 timed steps after warm-up (the compiled model after its compilation, timed
 apart), against ``estimate_throughput`` on the ``cpu`` profile. Other processes share the 2 cores: the 1-minute
 load average is recorded with each run.
+
+``saved``: the bytes autograd saves for backward of a 2-block LlamaForCausalLM at 2 x 128 tokens, eager against
+compiled (``saved``'s docstring): the memory the planner keeps as eager's for a compiled plan is a bound.
 """
 
 from __future__ import annotations
@@ -171,9 +175,55 @@ def step() -> dict[str, Any]:
     return {"rows": rows}
 
 
+#: the model of ``saved``: 2 blocks at hidden 256, 2 x 128 tokens
+SAVED = dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512)
+
+
+def saved() -> dict[str, Any]:
+    """Bytes of the tensors autograd saves for backward (their storages, the parameters left out), eager against
+    compiled: AOTAutograd's compiled function saves through ``ctx.save_for_backward`` too, so one
+    ``saved_tensors_hooks`` pack hook sees both. What the min-cut partitioner's recompute saves of the memory the
+    planner counts as eager's (``TrainConfig.compile``: an upper bound)."""
+    import torch
+
+    model = _model(SAVED)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    ids = torch.randint(0, SAVED["vocab_size"], (2, 128), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids}
+
+    def saved_bytes(run, autocast: bool) -> int:
+        storages: dict[int, int] = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in params:
+                storages[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = run(**batch).loss
+        loss.backward()
+        return sum(storages.values())
+
+    out = {}
+    for autocast in (False, True):
+        torch._dynamo.reset()
+        eager = saved_bytes(model, autocast)
+        compiled_model = torch.compile(model)
+        saved_bytes(compiled_model, autocast)  # the compilation
+        compiled = saved_bytes(compiled_model, autocast)
+        out["bf16-autocast" if autocast else "fp32"] = {"eager_bytes": eager, "compiled_bytes": compiled,
+                                                        "ratio": compiled / eager}
+        print(f"{'bf16 autocast' if autocast else 'fp32'}: saved for backward, eager {eager / 2**20:.2f} MiB, compiled "
+              f"{compiled / 2**20:.2f} MiB ({compiled / eager:.2f}x)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("kernels", "step", "all"))
+    parser.add_argument("what", choices=("kernels", "step", "saved", "all"))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     result: dict[str, Any] = {}
@@ -184,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"kernel ({k['eager_us_per_op']:.1f} us per eager op); graphs {k['graphs']}")
     if args.what in ("step", "all"):
         result["step"] = step()
+    if args.what in ("saved", "all"):
+        result["saved"] = saved()
     if args.out:
         import torch
 
