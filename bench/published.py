@@ -62,7 +62,7 @@ METRICS = {
 }
 #: settings a row may carry that describe, not configure (never passed to TrainConfig)
 DESCRIPTIVE = frozenset({"model", "model_id", "gpu", "gpu_id", "seq_len", "framework", "task", "dataset", "epochs",
-                         "max_seq_length", "quantize", "compile", "optimizer_in_bwd", "torch_dtype", "fp16_amp",
+                         "max_seq_length", "quantize", "optimizer_in_bwd", "torch_dtype", "fp16_amp",
                          "seq_len_from", "transformers_major", "transformers_from", "model_config",
                          "sharding_from"})
 #: the guess/targets thresholds of issue 10
@@ -102,7 +102,7 @@ def map_row(row: dict[str, Any]) -> tuple[Any, Any, Any, list[str]]:
     fields = config_fields()
     options = {k: v for k, v in settings.items() if k in fields}
     unmodelled = sorted(k for k in settings if k not in fields and k not in DESCRIPTIVE and k != "ds_buffers")
-    unmodelled += sorted(k for k in ("compile", "task") if settings.get(k))
+    unmodelled += sorted(k for k in ("task",) if settings.get(k))
     if options.get("optimizer_in_bwd") and int(settings.get("gpus") or 1) > 1:
         # a request field on one device (torchtune's full_finetune_single_device recipe); the
         # distributed recipe's is not modelled: planned without it, and listed

@@ -160,8 +160,9 @@ def cause(r: dict[str, Any]) -> str:
     if r["implied_mfu"] > IMPOSSIBLE_MFU:
         found.append(f"the run implies {r['implied_mfu']:.0%} of the device's dense peak: the stated device, basis or "
                      "settings cannot all be right")
-    if not over and s.get("compile"):
-        found.append("torch.compile fuses the norms, activations and casts the eager step runs one kernel each (no knob)")
+    if s.get("compile"):
+        found.append("planned compiled (--compile: the elementwise work as Inductor's fused kernels, one launch and host "
+                     "call per kernel, planner.kernels.compiled_elementwise_bytes; GEMMs and attention as eager's)")
     if not over and r["gpu_id"] not in MAMF_FRACTION and r["assumed_mfu"] < 0.85:
         found.append(f"{r['gpu_id']} has no measured matmul rate (planner.kernels.MAMF_FRACTION): its large GEMMs run at "
                      f"the {r['assumed_mfu']:.0%} default")

@@ -108,7 +108,7 @@ class Loop(enum.StrEnum):
 #: a payload without them decodes to their defaults, which are the behaviour it was planned with.
 #: torchtune's ``optimizer_in_bwd`` and ``loss_chunks`` were added within version 3 the same way,
 #: written only where set, and so were QLoRA's ``kbit_upcast`` and the loss' ``loss_upcast`` (written
-#: only where False) and ``loss_shift``, ``reentrant_ckpt`` and ``experts_loop`` (only where True), and ``rope_scaling`` (only where set).
+#: only where False) and ``loss_shift``, ``reentrant_ckpt``, ``experts_loop`` and ``compile`` (only where True), and ``rope_scaling`` (only where set).
 #: Version 3 names the sharding scheme (``sharding``, ``planner.sharding``) where no ``--zero``
 #: stage names it; a configuration whose scheme a stage names (none, DDP, ZeRO-1/2/3) is still
 #: written as version 2 (``zero`` and ``offload``), so that version-2 readers read it and stored
@@ -429,6 +429,11 @@ class TrainConfig:
     w1/w3/w2 looped over in Python, 4.48.1 models/mixtral/modeling_mixtral.py l.67-150): the model is planned with
     ``planner.memory.moe.per_expert_layout`` (4-bit experts under QLoRA, all-linear adapting w1/w2/w3, the loop's
     saved tensors and eager ops); False: transformers 5's fused expert stacks run by grouped_mm."""
+    compile: bool = False
+    """The model run under torch.compile (Inductor, mode "default": no CUDA graphs): the elementwise work between
+    GEMMs and attention is priced as Inductor's fused kernels (``planner.kernels.compiled_block_forward_bytes``,
+    ``compiled_kernels_per_micro_step``); the memory is eager's saved tensors, a bound (``planner.throughput``
+    says so in its assumptions). False: eager PyTorch, one kernel per op."""
     kbit_upcast: bool = True
     """QLoRA's k-bit preparation upcasts every non-4-bit parameter to fp32 (peft's
     ``prepare_model_for_kbit_training``, peft 0.21 utils/other.py:204-209: norms, embeddings, the
@@ -456,7 +461,7 @@ class TrainConfig:
                  sharding: Sharding | str = NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
                  loop: Loop | str = Loop.TRAINER, fused_ce: bool = False, packing: bool = True,
                  use_cache: bool = False, optimizer_in_bwd: bool = False, loss_chunks: int = 1,
-                 loss_upcast: bool = True, loss_shift: bool = False, reentrant_ckpt: bool = False, experts_loop: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, rope_scaling: str | None = None, zero: int | None = None, offload: Offload | str | None = None) -> None:
+                 loss_upcast: bool = True, loss_shift: bool = False, reentrant_ckpt: bool = False, experts_loop: bool = False, compile: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, rope_scaling: str | None = None, zero: int | None = None, offload: Offload | str | None = None) -> None:
         # The dataclass's own __init__ with every field and its default (a test holds them equal),
         # setting all fields at once: the generated one makes one object.__setattr__ call per frozen
         # field, half the cost of a construction (the search makes hundreds per request). ``zero``
@@ -467,7 +472,7 @@ class TrainConfig:
             "attention": attention, "lora_r": lora_r, "lora_targets": lora_targets, "sharding": sharding,
             "alloc_conf": alloc_conf, "lora_dropout": lora_dropout, "loop": loop, "fused_ce": fused_ce,
             "packing": packing, "use_cache": use_cache, "optimizer_in_bwd": optimizer_in_bwd,
-            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "reentrant_ckpt": reentrant_ckpt, "experts_loop": experts_loop, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
+            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "reentrant_ckpt": reentrant_ckpt, "experts_loop": experts_loop, "compile": compile, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
             "generate_tokens": generate_tokens, "rope_scaling": rope_scaling,
         })
         self.__post_init__(zero, offload)
@@ -501,9 +506,9 @@ class TrainConfig:
                 and type(fields["use_cache"]) is bool and type(fields["optimizer_in_bwd"]) is bool
                 and type(fields["kbit_upcast"]) is bool and type(fields["loss_upcast"]) is bool
                 and type(fields["loss_shift"]) is bool and type(fields["reentrant_ckpt"]) is bool
-                and type(fields["experts_loop"]) is bool):
+                and type(fields["experts_loop"]) is bool and type(fields["compile"]) is bool):
             flag = next(flag for flag in ("fused_ce", "packing", "use_cache", "optimizer_in_bwd", "kbit_upcast",
-                                          "loss_upcast", "loss_shift", "reentrant_ckpt", "experts_loop")
+                                          "loss_upcast", "loss_shift", "reentrant_ckpt", "experts_loop", "compile")
                         if type(fields[flag]) is not bool)
             raise InvalidConfigError(f"{flag} must be true or false, got {fields[flag]!r}")
         for name, bound in _COUNT_BOUNDS:
@@ -717,7 +722,8 @@ class TrainConfig:
         return {
             # torchtune's settings are version 3's: a version-2 reader would drop them
             "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding and not self._torchtune_set and self.kbit_upcast
-            and self.loss_upcast and not self.loss_shift and not self.reentrant_ckpt and not self.experts_loop and not self.rope_scaling
+            and self.loss_upcast and not self.loss_shift and not self.reentrant_ckpt and not self.experts_loop and not self.compile
+            and not self.rope_scaling
             else CONFIG_VERSION,
             "method": str(self.method),
             "precision": str(self.precision),
@@ -746,6 +752,7 @@ class TrainConfig:
             **({"loss_shift": True} if self.loss_shift else {}),
             **({"reentrant_ckpt": True} if self.reentrant_ckpt else {}),
             **({"experts_loop": True} if self.experts_loop else {}),
+            **({"compile": True} if self.compile else {}),
             # the evaluation settings only where the run evaluates: a payload without them is a
             # run without an eval pass, and keeps its bytes
             **({"eval_batch": self.eval_batch, "eval_seq_len": self.eval_seq_len,
@@ -812,6 +819,8 @@ class TrainConfig:
             parts.append("reentrant ckpt")
         if self.experts_loop:
             parts.append("per-expert loop")
+        if self.compile:
+            parts.append("compiled")
         if not self.kbit_upcast:
             parts.append("no-kbit-upcast")
         if self.evaluates:

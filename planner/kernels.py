@@ -626,6 +626,8 @@ def elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: int, gpu: G
     """Bytes of the micro-step's memory-bound non-GEMM work that grows with the tokens: the blocks'
     elementwise ops (forward, backward, and the recompute's forward), eager scores, the loss and the
     adapters' scale-and-add (mixed precision's weight casts: ``weight_cast_bytes``)."""
+    if config.compile:
+        return compiled_elementwise_bytes(model, config, tokens)
     blocks = model.num_layers + model.decoder_layers
     forward = block_forward_bytes(model, config) * blocks
     per_token = forward * (1 + BACKWARD_ELEMENTWISE + int(config.grad_ckpt)) + _score_bytes(model, config)
@@ -704,7 +706,10 @@ def casts_weights(config: TrainConfig) -> bool:
 
 
 def ops_per_micro_step(model: ModelSpec, config: TrainConfig) -> int:
-    """Eager ops one micro-step launches (forward, backward, recompute)."""
+    """Eager ops one micro-step launches (forward, backward, recompute); under torch.compile its kernels
+    (``compiled_kernels_per_micro_step``)."""
+    if config.compile:
+        return compiled_kernels_per_micro_step(model, config)
     blocks = model.num_layers + model.decoder_layers
     ops = blocks * OPS_PER_BLOCK * (4 if config.grad_ckpt else 3) // 3
     if config.method is not Method.FULL:
@@ -724,6 +729,8 @@ def host_op_seconds(gpu: GPUSpec, config: TrainConfig) -> float:
     if gpu.is_cpu:
         return 0.0
     autocast = config.precision.is_mixed and not config.sharding.spec.casts_model
+    if config.compile:
+        return COMPILED_KERNEL_HOST_SECONDS[autocast] + CUDA_OP_HOST_SECONDS
     ckpt = ("reentrant" if config.reentrant_ckpt else "non-reentrant") if config.grad_ckpt else "none"
     return HOST_OP_SECONDS[autocast, ckpt] + CUDA_OP_HOST_SECONDS
 
@@ -734,6 +741,137 @@ def host_excess(device_s: float, host_s: float) -> float:
     overhead regime: the host runs ahead during long kernels (GEMMs) and the queue drains through the short ones;
     where single kernels are shorter than their dispatch while others are longer, the step takes more."""
     return host_s - device_s if host_s > device_s else 0.0
+
+
+# ---- torch.compile: Inductor's fused kernels (``TrainConfig.compile``) ----------------------------
+# torch.compile (the HF Trainer's torch_compile, torchtune's compile) traces forward and backward into one joint
+# graph; AOTAutograd's min-cut partitioner splits it, recomputing pointwise ops in backward rather than saving their
+# outputs (torch 2.13 torch/_functorch/partitioners.py: ``default_recomputable_ops += pointwise_ops()`` l.2959;
+# random ops and the compute-intensive ones, mm, bmm and SDPA, are never recomputed, ``should_ban_recomputation``
+# l.2200-2222 and the op list l.2968-2980), and Inductor's scheduler fuses each run of pointwise ops and reductions
+# between two extern kernels into one generated kernel (Triton on a GPU, C++ on the CPU). The GEMMs stay aten's
+# (extern_kernels.mm: Inductor templates them only under max_autotune, torch/_inductor/config.py l.514-520, off by
+# default) and so does SDPA; mode "default" launches each kernel from the Python wrapper, no CUDA graphs
+# (``triton.cudagraphs``, config.py l.1810, off unless TORCHINDUCTOR_CUDAGRAPHS=1 or mode reduce-overhead). A fused
+# kernel reads its group's inputs once and writes its outputs once; the recomputed pointwise ops run inside the
+# backward kernels that read the saved inputs anyway, so they add no traffic of their own. Checked on this
+# repository's CPU (bench/compile_cpu.py kernels, torch 2.13, a LlamaForCausalLM): the generated forward per block is
+# ``cpp_fused_..._add_mean_mul_pow_rsqrt`` twice (the residual add fused into the next RMSNorm), the rotary kernel
+# (``..._cat_cos_mul_neg_sin...``) and ``..._mul_silu``, beside 7 extern mm and one SDPA.
+
+#: Norm groups per block: each residual add fused with the RMSNorm/LayerNorm after it (and the cast of its output to
+#: the linear's dtype, which the eager step makes per linear: ``stream_cast_elements``). Per hidden element a group
+#: reads the stream and the branch's output and writes the stream and the normed output.
+COMPILED_NORM_GROUPS = 2
+#: The hidden dropout's bool mask, written forward (random ops are saved, never recomputed) and read backward: 1 B
+#: per element of each of the block's two dropouts (fused into the norm groups).
+COMPILED_DROPOUT_MASK_BYTES = 1
+#: The loss per logit, in the logits' width: the forward's one fused kernel reads them (the upcast, log-softmax and
+#: NLL in registers: ``cpp_fused__log_softmax_..._nll_loss_forward``), the backward's reads them again and writes their
+#: 16-bit gradient (``..._log_softmax_backward_data``): 3 passes, against the eager step's ``LOSS_BYTES_PER_LOGIT``.
+COMPILED_LOSS_PASSES = 3
+#: Eager attention's scores under compile: the QK^T bmm writes them (1), one fused kernel reads them and writes the
+#: probabilities (scale, mask, softmax and cast: 2), the PV bmm reads those (1); backward the dP bmm writes (1), the
+#: softmax backward reads dP and P and writes dS (3), dV's and dQ/dK's bmms read P and dS (3): 11, rounded to 12 for
+#: the dropout's mask, against ``EAGER_SCORE_PASSES``; in the compute dtype (the fp32 softmax stays in registers).
+COMPILED_SCORE_PASSES = 12
+#: Generated kernels per decoder block per micro-step besides its GEMMs and attention, counted in the output code of
+#: a compiled LlamaForCausalLM (bench/compile_cpu.py kernels): forward 4 (the two norm groups, rotary, SiLU x up),
+#: backward 7 (the two norms', the activation's, rotary's for q and for k, two layout copies of the attention's
+#: gradients). With checkpointing the forward's 4 run again in backward.
+COMPILED_FORWARD_KERNELS = 4
+COMPILED_BACKWARD_KERNELS = 7
+#: The model's own: the first norm fused with the embedding, the final norm, the head's GEMM and the loss forward;
+#: the loss', the final norm's, the head's input gradient and the embedding's backward: 8 (the same count: 8 layers
+#: of that model compile to 8 x 34 + 8 = 280 kernels).
+COMPILED_MODEL_KERNELS = 8
+#: Kernels per LoRA-adapted linear per micro-step: lora_A and lora_B forward, their input and weight gradients
+#: (6 GEMMs), the scale-and-add forward and its gradient (2 fused kernels); against eager's ``OPS_PER_ADAPTER``.
+COMPILED_KERNELS_PER_ADAPTER = 8
+#: Host seconds per generated or extern kernel of a compiled micro-step, by autocast: the wrapper's Python, the
+#: kernel call and the one autograd node of the compiled graph, no nn.Module, dispatcher or autocast cast per op.
+#: Measured (bench/compile_cpu.py host, OMP_NUM_THREADS=1, torch 2.13, the 2-core AMD EPYC; the same method as
+#: ``HOST_OP_SECONDS``): a LlamaForCausalLM of 8 blocks at hidden 32 and 8 tokens, forward + backward, 2.30 ms over its
+#: 280 kernels in fp32 (8.2 us; eager 5.85 ms over 8 x 135 ops, 5.4 us), 4.99 ms over 295 under bf16 autocast (16.9 us;
+#: eager 9.0 us). A GPU adds the CUDA launch (``CUDA_OP_HOST_SECONDS``). The CPU profile's per-op seconds
+#: (``CPU_OP_SECONDS``, ``CPU_AUTOCAST_OP_SECONDS``: 9 and 14 us) stand for a compiled kernel there too.
+COMPILED_KERNEL_HOST_SECONDS = {False: 8.2e-6, True: 16.9e-6}
+
+
+def compiled_block_forward_bytes(model: ModelSpec, config: TrainConfig) -> float:
+    """Bytes one block's fused elementwise kernels move per token, forward (``block_forward_bytes``'s work as Inductor
+    runs it): the norm groups (``COMPILED_NORM_GROUPS``), rotary (q and k read from their GEMMs, written once) and the
+    activation (a gated MLP reads gate and up and writes the product). The stream is fp32 where ``fp32_stream`` says
+    so; rotary and the activation are fp32 under peft's QLoRA upcast (Linear4bit casts its output back to the fp32
+    input's dtype, fused into the reader), else in the compute dtype."""
+    compute = config.precision.compute_bytes
+    stream = 4 if fp32_stream(config) else compute
+    written = 4 if _upcast_qlora(config) else compute
+    per = COMPILED_NORM_GROUPS * model.hidden_size * (2 * stream + 2 * compute)
+    if model.hidden_dropout:
+        per += 2 * model.hidden_size * COMPILED_DROPOUT_MASK_BYTES
+    if model.position == "rope":
+        per += (model.num_heads + model.num_kv_heads) * model.head_dim * (compute + written)
+    per += act_elements(model) * ((2 if model.gated_mlp else 1) * compute + written)
+    return float(per)
+
+
+def compiled_elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: int) -> float:
+    """``elementwise_bytes`` under torch.compile: the fused blocks' forward (``compiled_block_forward_bytes``), backward
+    (``BACKWARD_ELEMENTWISE``: a fused backward kernel reads the incoming gradient and its group's saved inputs and
+    writes the outgoing gradients) and checkpointing's second forward; eager scores at ``COMPILED_SCORE_PASSES``; the
+    loss at ``COMPILED_LOSS_PASSES``; the adapters' casts, dropout and scale-and-add as fused kernels. No stream
+    casts (fused into the norm groups' outputs) and no CPU mask draws (Inductor draws in the kernel: config.py
+    ``fallback_random`` False). Transformers 4's expert loop keeps its eager gradient sums."""
+    blocks = model.num_layers + model.decoder_layers
+    compute = config.precision.compute_bytes
+    forward = compiled_block_forward_bytes(model, config) * blocks
+    per_token = forward * (1 + BACKWARD_ELEMENTWISE + int(config.grad_ckpt))
+    if not _fused_attention(model, config):
+        per_token += sum(layers * heads * ctx * COMPILED_SCORE_PASSES * compute
+                         for layers, heads, _, ctx in _attention_layers(model, config))
+    per_token += loop_input_grad_elements(model) * (4 if fp32_stream(config) else compute)
+    if model.lm_head_params:
+        per_token += model.vocab_size * COMPILED_LOSS_PASSES * (4 if _upcast_qlora(config) else compute)
+    if config.method is not Method.FULL:
+        per_token += _compiled_adapter_bytes(model, config) * compute / 2
+    return per_token * tokens
+
+
+def _compiled_adapter_bytes(model: ModelSpec, config: TrainConfig) -> float:
+    """Bytes per token of the adapters' elementwise work under compile, at 16-bit activations: an adapter's input is
+    a GEMM's operand, so its fp32 copy (peft's cast to the adapters' dtype) and its dropped copy are written (one
+    kernel: the input read, the copy and the mask written) and its gradient is added to the base's in one kernel
+    (both read, the sum written); lora_B's output is scaled and added to the base output (both read, the sum written)
+    and the gradient scaled back (read, written in the adapter's width)."""
+    widen = ADAPTER_BYTES // config.precision.compute_bytes
+    dropout = drops_adapter_inputs(config)
+    prepared = 2 + 2 * widen + (COMPILED_DROPOUT_MASK_BYTES if dropout else 0) if widen > 1 or dropout else 0
+    ins = prepared + 4 + 2 * widen
+    out_widen = widen if config.method is Method.LORA and fp32_adapters(config) else 1
+    out = 6 + 4 * out_widen
+    return float(sum(n * sum(lin.active * (lin.out_features * out + lin.in_features * ins) for lin in linears)
+                     for n, linears in stack_targets(model, config.lora_targets)))
+
+
+def compiled_kernels_per_micro_step(model: ModelSpec, config: TrainConfig) -> int:
+    """Kernels one compiled micro-step launches: per block its fused kernels (``COMPILED_FORWARD_KERNELS``,
+    ``COMPILED_BACKWARD_KERNELS``), each linear's GEMMs (forward and input gradient; the weight gradient where the
+    weights train) and attention forward and backward, checkpointing's second forward; the model's own
+    (``COMPILED_MODEL_KERNELS``); the adapters' (``COMPILED_KERNELS_PER_ADAPTER``); QLoRA's dequantisation and
+    transformers 4's expert loop as the eager step has them (bitsandbytes' kernels and the loop's host syncs)."""
+    trains = config.method is Method.FULL
+    kernels = COMPILED_MODEL_KERNELS
+    for n, linears in model.all_blocks:
+        forward = COMPILED_FORWARD_KERNELS + len(linears) + 1
+        backward = COMPILED_BACKWARD_KERNELS + len(linears) * (2 if trains else 1) + 1
+        kernels += n * (forward * (2 if config.grad_ckpt else 1) + backward)
+    if config.method is not Method.FULL:
+        adapted = sum(n * len(linears) for n, linears in stack_targets(model, config.lora_targets))
+        kernels += adapted * COMPILED_KERNELS_PER_ADAPTER
+    if config.method is Method.QLORA:
+        kernels += sum(n * len(linears) for n, linears in model.all_blocks) * OPS_PER_QUANTIZED * (3 if config.grad_ckpt else 2) // 2
+    return kernels + loop_ops(model, config, quantized_ops=OPS_PER_QUANTIZED)
 
 
 # ---- fp8: torchao's float8 linears (``Precision.FP8``) -----------------------------------------
@@ -893,6 +1031,9 @@ __all__ = [
     "block_forward_bytes",
     "block_weights",
     "casts_weights",
+    "compiled_block_forward_bytes",
+    "compiled_elementwise_bytes",
+    "compiled_kernels_per_micro_step",
     "cpu_sdpa_math",
     "draw_bytes",
     "dropout_draws",

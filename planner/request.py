@@ -264,6 +264,18 @@ _FIELDS = (
            memo=(STATIC, BATCH), recipe=True,
            terms="the experts' weights, quantisation, adapters and saved tensors (memory/moe.py per_expert_layout, "
            "loop_expert_bytes)", trainers=(("hf", None),) + _NO_TRAINER_KEY),
+    # torch.compile: a user's choice, as the attention is (never searched). The HF Trainer compiles the model under
+    # TrainingArguments.torch_compile (transformers 5.24 trainer.py, ``model = torch.compile(model, ...)`` where
+    # ``args.torch_compile``); axolotl passes its ``torch_compile`` to those arguments, LLaMA-Factory's
+    # ``torch_compile`` is that argument itself (planner/data/trainers/llama_factory.json), torchtune's recipes
+    # compile each layer and the loss under their config's top-level ``compile`` (training.compile_model,
+    # compile_loss). The step is priced as Inductor's fused kernels (planner.kernels); no memory term reads it:
+    # the plan keeps eager's saved tensors and says so (planner.throughput)
+    _field("compile", bool, False, "torch.compile (Inductor, mode default): the norms, activations, rotary, residual "
+           "adds, casts and the loss' pointwise work between GEMMs run as fused kernels; priced as such, memory as "
+           "eager's saved tensors (a bound). Default: eager PyTorch.", memo=(FIXED,), recipe=True,
+           training_args="torch_compile", switch=True,
+           trainers=(("axolotl", "torch_compile"), ("llama-factory", "torch_compile"), ("torchtune", "compile"))),
     # QLoRA's k-bit preparation: peft's prepare_model_for_kbit_training (the HF/TRL path, emit's
     # train.py and the worker) upcasts every non-4-bit parameter to fp32 (peft 0.21 utils/other.py:204-209);
     # fms-acceleration's accelerated-peft-bnb, torchtune's QLoRA recipes, LLaMA-Factory
@@ -420,6 +432,8 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
         parts.append("transformers 4's reentrant checkpoint around each layer")
     if values.get("experts_loop"):
         parts.append("transformers 4's per-expert MoE modules")
+    if values.get("compile"):
+        parts.append("torch.compile")
     if values.get("rope_scaling"):
         parts.append(f"RoPE scaling {values['rope_scaling']}")
     if values.get("eval_batch"):

@@ -698,7 +698,7 @@ class ThroughputMemo:
         # per call cost more than the lookup); the dropout as whether the adapters drop their inputs, all
         # the work reads of it
         key = (method, precision, config.lora_r, config.lora_targets, config.grad_ckpt, config.seq_len,
-               config.attention, config.packing, drops_adapter_inputs(config), casts)
+               config.attention, config.packing, drops_adapter_inputs(config), casts, config.compile)
         found = self._micro.get(key)
         if found is None:
             found = self._micro[key] = self._micro_terms(config, rates, casts)
@@ -773,7 +773,7 @@ class ThroughputMemo:
         AMP's fp32 weights make the residual stream fp32: ``planner.kernels.fp32_stream``)."""
         shape = (config.method, config.lora_r, config.lora_targets, config.grad_ckpt, config.seq_len, config.attention,
                  config.packing, drops_adapter_inputs(config), config.precision.compute_bytes, casts,
-                 fp32_adapters(config))
+                 fp32_adapters(config), config.compile)
         work = self._work.get(shape)
         if work is None:
             work = self._work[shape] = micro_terms(self.model, config, self.gpu)
@@ -791,6 +791,19 @@ def _mfu_source(gpu: GPUSpec, precision: Precision, *, given: bool) -> str:
     if matmul_dtype(precision) in gpu.mfu:
         return "calibrated"
     return "default: the published achieved GEMM rate; planner calibrate fits it from measurements"
+
+
+#: What a compiled plan rests on (``TrainConfig.compile``), the memory's bound among it: the min-cut partitioner saves
+#: fewer tensors than eager autograd (torch/_functorch/partitioners.py: pointwise ops recomputed in backward), which
+#: no memory term models (bench/compile_cpu.py saved: a 2-block LlamaForCausalLM saves 0.77x eager's bytes for
+#: backward compiled in fp32, 0.71x under bf16 autocast).
+_COMPILE_ASSUMPTION = (
+    "torch.compile (Inductor, mode default, no CUDA graphs): the elementwise work between GEMMs and attention as fused "
+    "kernels, each reading its inputs and writing its outputs once, one launch and one host call per kernel "
+    "(planner.kernels.compiled_elementwise_bytes, compiled_kernels_per_micro_step); GEMMs and attention as eager's; "
+    "the first steps' compilation not counted. Memory is eager's saved tensors, an upper bound: AOTAutograd's "
+    "min-cut partitioner recomputes pointwise ops in backward instead of saving them, so a compiled run keeps less "
+    "(a small Llama's saved tensors: 0.71-0.77x)")
 
 
 def _attention_assumption(config: TrainConfig, model: ModelSpec, gpu: GPUSpec) -> str:
@@ -841,7 +854,7 @@ def estimate_throughput(
                            "the CUDA launch), longer than their kernels, which wait for it")
     if breakdown["overhead"]:
         assumptions.append(f"{breakdown['overhead']:.3g} s of host time per step the device waits for "
-                           "(eager ops too small to hide their launch"
+                           + ("(kernels" if config.compile else "(eager ops") + " too small to hide their launch"
                            + (f"; {units:.3g} s of it {config.sharding.scheme}'s per-unit hooks" if units else "")
                            + (f"; {drain:.3g} s of it after the expert loop's host-device syncs" if drain else "") + ")")
     if gpu.is_cpu:
@@ -854,6 +867,8 @@ def estimate_throughput(
         if _cpu_adamw(gpu, config):
             assumptions.append(f"torch.optim.AdamW's {gpu.kernels.adamw} path: {ADAMW_SINGLE_TENSOR_PASSES} element "
                                "passes and its host time per parameter tensor")
+    if config.compile:
+        assumptions.append(_COMPILE_ASSUMPTION)
     assumptions.append(f"elementwise and memory-bound kernels at {bandwidth_efficiency(gpu):.0%} of {gpu.mem_bandwidth_gbs:g} GB/s"
                        + (" (calibrated)" if gpu.bandwidth_efficiency is not None else ""))
     if config.gpus > 1:

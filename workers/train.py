@@ -99,6 +99,7 @@ def run_in_process(
     if config.precision is Precision.FP8:
         # the run below would be bf16 autocast without torchao's float8 linears: not what the plan counts
         raise InvalidConfigError("the worker does not run fp8 (torchao's float8 linears): verify or measure bf16-mixed")
+    _check_compiler(config, device)
     started = _now()
     details: dict[str, Any] = {}
     from workers.probes import make_probe
@@ -411,6 +412,8 @@ def _train(
         # step with the probe stopped (the CUDA probe costs nothing; its step is timed as is).
         details["probed_step_s"] = step_s
         probe.stop()
+        if config.compile:
+            _compile_after_probe(one_step, details)
         t0 = time.perf_counter()
         one_step()
         step_s = time.perf_counter() - t0
@@ -452,7 +455,46 @@ def _prepared_model(*, model_config: dict[str, Any], config: TrainConfig, device
     elif not config.loss_upcast:
         _install_loss_in_logits_dtype(model, model_config=model_config)
     model.train()
+    if config.compile:
+        model = _compiled(model)
     return model, forward_settings
+
+
+def _compiled(model):
+    """The model as the HF Trainer's ``torch_compile`` runs it: accelerate's ``prepare`` wraps it in
+    ``torch.compile`` with the Inductor backend and the default mode (transformers 5.24 training_args.py l.1623-1629
+    sets the backend, trainer.py l.796-800 hands it to accelerate's TorchDynamoPlugin; accelerate accelerator.py
+    l.1701 compiles). The first steps compile it (the run's warm-up steps: the measured step is a later one);
+    Inductor on the CPU builds C++ kernels with the machine's compiler (``_check_compiler``)."""
+    import torch
+
+    return torch.compile(model)
+
+
+def _compile_after_probe(one_step, details: dict[str, Any]) -> None:
+    """Compile the model for the timed step once the CPU probe has stopped. Dynamo does not trace a frame under a
+    TorchDispatchMode, the probe's, and marks the frame skipped for good (torch 2.13 torch/_dynamo/convert_frame.py
+    l.2538-2569, "non-infra torch dispatch mode present"): the probed steps ran eager, so the measured memory is
+    eager's, the bound the plan counts (``TrainConfig.compile``). ``torch._dynamo.reset`` forgets the skip; one step
+    compiles (not timed), and the next is the timed one."""
+    import torch
+
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    one_step()
+    details["compile_s"] = time.perf_counter() - t0
+    details["compiled"] = "the timed step (the probed steps ran eager: the probe's dispatch mode stops Dynamo)"
+
+
+def _check_compiler(config: TrainConfig, device: str) -> None:
+    """A compiled run on the CPU needs a C++ compiler: Inductor's CPU kernels are C++ it builds with $CXX, else g++
+    (torch 2.13 torch/_inductor/config.py l.1690-1693 ``cpp.cxx``; cpp_builder.py l.83-108 ``cpp_compiler_search``)."""
+    import os
+    import shutil
+
+    if config.compile and device == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
+        raise InvalidConfigError("compile: torch.compile's Inductor builds C++ kernels on the CPU and this machine has "
+                                 "no C++ compiler (g++): install one, or verify without --compile")
 
 
 def _record_parameters(details: dict[str, Any], *, model, params: list) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from planner.check.files import ConfigFile
-from planner.check.trainers import read_spelled, refuse_unknown, schema_of, shipped
+from planner.check.trainers import read_spelled, read_switches, refuse_unknown, schema_of, shipped
 from planner.errors import InvalidConfigError, UnsupportedError
 from planner.request import trainer_values, unexpressible
 
@@ -89,6 +89,7 @@ def read(reading: "Reading", file: ConfigFile) -> None:
     reading.set("grad_ckpt", bool(value("gradient_checkpointing")), file=file, key="gradient_checkpointing",
                 given=given("gradient_checkpointing"))
     read_optimizer(reading, file, "optimizer", value, given)
+    read_switches(reading, file, "axolotl", value, given)
     _method(reading, file, value, given)
     _attention(reading, file, value)
     reading.device_rules.append(lambda r, gpu: _precision(r, file, value, given, gpu))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from planner.check.files import ConfigFile
-from planner.check.trainers import read_spelled, refuse_unknown, schema_of, shipped
+from planner.check.trainers import read_spelled, read_switches, refuse_unknown, schema_of, shipped
 from planner.errors import InvalidConfigError, UnsupportedError
 from planner.request import trainer_values, unexpressible
 
@@ -82,6 +82,7 @@ def read(reading: "Reading", file: ConfigFile) -> None:
     reading.set("grad_ckpt", not value("disable_gradient_checkpointing"), file=file, key="disable_gradient_checkpointing",
                 raw=value("disable_gradient_checkpointing"), given=given("disable_gradient_checkpointing"))
     read_optimizer(reading, file, "optim", value, given)
+    read_switches(reading, file, "llama-factory", value, given)
     attention = str(value("flash_attn"))
     if attention not in ATTENTION:
         raise UnsupportedError(f"{file.path}: flash_attn {attention} is not modelled: use {', '.join(ATTENTION)}")

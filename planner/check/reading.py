@@ -154,8 +154,6 @@ def training_args(reading: Reading, file: ConfigFile, schema: Schema) -> None:
     _attention(reading, file, schema)
     sharding_arguments(reading, file, value)
     _evaluation(reading, file, value, given)
-    if value("torch_compile"):
-        reading.notes.append("torch_compile: the plan is eager PyTorch's; compiled kernels keep fewer activations")
 
 
 def sharding_arguments(reading: Reading, file: ConfigFile, value: Callable[[str], Any]) -> None:

@@ -125,8 +125,6 @@ def read(reading: "Reading", file: ConfigFile) -> None:
     reading.set("attention", "sdpa", file=file, key="model._component_", given=False)  # torchtune's attention is SDPA
     _model(reading, file, sections["model"])
     _recipe_settings(reading, file, recipe)
-    if value("compile"):
-        reading.notes.append("compile: the plan is eager PyTorch's; compiled kernels keep fewer activations")
 
 
 def _recipe_settings(reading: Reading, file: ConfigFile, recipe: str) -> None:

@@ -137,7 +137,7 @@ def _held(data: Mapping[str, Any], key: str, module) -> Any:
     return value if value is not None else module.default(data, key)
 
 
-__all__ = ["DATA", "FSDP_KEYS", "MODULES", "dotted", "key_changes", "kind_of", "nested", "refuse_unknown", "read_spelled", "schema_of", "shipped",
+__all__ = ["DATA", "FSDP_KEYS", "MODULES", "dotted", "key_changes", "kind_of", "nested", "refuse_unknown", "read_spelled", "read_switches", "schema_of", "shipped",
            "trainer"]
 
 
@@ -154,4 +154,15 @@ def read_spelled(reading: "Reading", file, trainer_name: str, value: Callable[[s
         if field.type is not float:
             continue
         reading.set(field.name, _probability(file, key, value(key)), file=file, key=key, given=given(key))
+
+
+def read_switches(reading: "Reading", file, trainer_name: str, value: Callable[[str], Any],
+                  given: Callable[[str], bool]) -> None:
+    """The switches the trainer's file spells by a key declared on them (``RequestField.trainers``: axolotl's and
+    LLaMA-Factory's ``torch_compile``), each read as on or off (unset: the key's default, off)."""
+    from planner.request import trainer_keys
+
+    for field, key in trainer_keys(trainer_name):
+        if field.type is bool:
+            reading.set(field.name, bool(value(key)), file=file, key=key, given=given(key))
 

@@ -118,10 +118,10 @@ def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
         args["activation_checkpointing_kwargs"] = dict(CHECKPOINTING_KWARGS)
     args.update(OPTIMIZERS[config.optimizer].hf_args)
     args.update(config.sharding.spec.training_arguments(config))  # the sharding scheme's (planner.sharding)
-    for f in TRAINING_ARGS:  # the switches the recipe turns on: Liger's, its fused linear cross-entropy alone
+    for f in TRAINING_ARGS:  # the switches the recipe turns on: Liger's, its fused linear cross-entropy alone; torch_compile
         if f.switch and getattr(config, f.name):
             args[f.training_args] = True
-            args.update({key: dict(value) for key, value in SWITCHED_WITH[f.training_args].items()})
+            args.update({key: dict(value) for key, value in SWITCHED_WITH.get(f.training_args, {}).items()})
     if on_cpu:
         # the Trainer refuses bf16 on a machine without a GPU unless told to train on the CPU
         args["use_cpu"] = True
@@ -166,6 +166,10 @@ def run_assumptions(config: TrainConfig) -> list[str]:
     if not config.kbit_upcast:  # (peft's upcast, the default, is what every QLoRA plan says of itself)
         lines.append("no k-bit upcast: the non-4-bit parameters (norms, embeddings, head) and the residual stream stay "
                      f"{model_dtype(config)} (train.py skips peft's prepare_model_for_kbit_training)")
+    if config.compile:
+        lines.append("torch.compile (torch_compile: the Trainer compiles the model with Inductor, mode default): the first "
+                     "steps compile it, which the step time does not count; the memory planned is eager's saved tensors, "
+                     "an upper bound (AOTAutograd's partitioner recomputes pointwise ops in backward instead of saving them)")
     if config.rope_scaling:
         lines.append(f"RoPE scaling {config.rope_scaling} set on the model's config before it is built (train.py "
                      "ROPE_SCALING): it rescales the rotary frequencies only, the same tensors and time as without it")

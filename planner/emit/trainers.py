@@ -149,7 +149,7 @@ def _torchtune(config: "TrainConfig", *, spec: "ModelSpec", name: str) -> tuple[
     # the rest as 1B_lora_single_device.yaml writes it: every key the recipe reads with no default
     # the loss chunked as the plan counts it (its num_output_chunks: torchtune.write)
     data.update(loss={"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss", **data.get("loss", {})}, epochs=1, max_steps_per_epoch=None,
-                seed=None, shuffle=True, device="cuda", resume_from_checkpoint=False, compile=False,
+                seed=None, shuffle=True, device="cuda", resume_from_checkpoint=False,
                 metric_logger={"_component_": "torchtune.training.metric_logging.DiskLogger", "log_dir": "${output_dir}/logs"})
     if recipe == "lora_finetune_single_device":  # (the full recipe's own keys: torchtune.write)
         data["lr_scheduler"] = {"_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup",

@@ -47,9 +47,9 @@ PLANS = [
     dict(method="qlora", precision="bf16", optimizer="adamw_8bit", gpus=3, seq_len=96),
     dict(method="lora", precision="bf16-mixed", optimizer="adamw_8bit", zero=1, gpus=2, seq_len=96),
     dict(method="qlora", precision="fp32", seq_len=100),
-    # the recipe settings (--lora-dropout, --fused-ce, --no-packing, --use-cache)
+    # the recipe settings (--lora-dropout, --fused-ce, --no-packing, --use-cache, --compile)
     dict(method="lora", precision="bf16-mixed", lora_dropout=0.05, fused_ce=True, packing=False, use_cache=True,
-         seq_len=256),
+         compile=True, seq_len=256),
     dict(method="qlora", precision="bf16-mixed", lora_dropout=0.1, grad_ckpt=True, packing=False, seq_len=512),
     # fp8 on an FP8 GPU (``FP8_GPU``): accelerate's torchao backend, DDP over 2
     dict(method="full", precision="fp8", grad_ckpt=True, gpus=2, seq_len=512),
@@ -211,7 +211,7 @@ def knobs_back(folder: Path, hidden: int) -> TrainConfig:
         **adapters, precision=precision_back(args, script, bnb, read_cluster(folder)), optimizer=optimizer_back(args),
         micro_batch=args.per_device_train_batch_size, grad_accum=args.gradient_accumulation_steps,
         seq_len=script.SEQ_LEN, grad_ckpt=args.activation_checkpointing, attention=attention,
-        fused_ce=args.use_liger_kernel, packing=script.PACKED, use_cache=args.use_cache,
+        fused_ce=args.use_liger_kernel, packing=script.PACKED, use_cache=args.use_cache, compile=args.torch_compile,
         **deepspeed_back(folder, args, hidden), **accelerate_back(folder, args),
     )
 
@@ -226,7 +226,7 @@ def test_the_plans_cover_every_knob():
     assert {c.lora_all_linear for c in configs if c.method.uses_adapters} == {True, False}
     assert len({c.gpus for c in configs}) > 2 and len({c.micro_batch for c in configs}) > 2
     assert len({c.grad_accum for c in configs}) > 2 and len({c.lora_r for c in configs}) > 3
-    for field in ("fused_ce", "packing", "use_cache"):
+    for field in ("fused_ce", "packing", "use_cache", "compile"):
         assert {getattr(c, field) for c in configs} == {False, True}, field
     assert len({c.lora_dropout for c in configs}) > 2
 

@@ -29,7 +29,7 @@ CASES = {
     "full pure bf16, adamw, checkpointing": dict(method="full", precision="bf16", optimizer="adamw", micro_batch=2,
                                                  grad_accum=4, grad_ckpt=True),
     "lora bf16 r16 all-linear dropout": dict(method="lora", precision="bf16", lora_r=16, lora_targets="all-linear",
-                                             lora_dropout=0.05, micro_batch=4, grad_accum=2),
+                                             lora_dropout=0.05, micro_batch=4, grad_accum=2, compile=True),
     "qlora q,v paged 8-bit": dict(method="qlora", precision="bf16-mixed", lora_r=8, lora_targets="q_proj,v_proj",
                                   optimizer="paged_adamw_8bit", micro_batch=1, grad_accum=8, grad_ckpt=True),
     "full bf16-mixed zero2 on 2 GPUs": dict(method="full", precision="bf16-mixed", optimizer="adamw_8bit", gpus=2, zero=2,
