@@ -84,4 +84,14 @@ def test_bitsandbytes_calls_four_a_tensor_and_waits_for_each():
         memory = OPTIMIZERS[name].memory
         assert memory.step_ops(10, 4, 4, CUDA_KERNELS) == (40, 10) and memory.syncs_each_tensor
     assert not OPTIMIZERS["adamw"].memory.syncs_each_tensor
-    assert OPTIMIZERS["sgd"].memory.step_ops(10, 4, 4, CUDA_KERNELS) == (0, 0)  # not counted
+
+
+def test_sgd_with_momentum_dispatches_three_ops_a_tensor_or_three_foreach_ops():
+    """The worker's SGD (momentum 0.9, no weight decay): mul_, add_ on the buffer and add_ on the parameter, per
+    tensor on the CPU's single-tensor path; on CUDA's foreach path those 3 once, a kernel per chunk of 36."""
+    spec = OPTIMIZERS["sgd"]
+    ops = _dispatched_per_step(lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9, foreach=False), MATRICES + VECTORS)
+    assert spec.memory.step_ops(5, 3, 4, CPU_KERNELS) == (ops, ops) == (15, 15)
+    foreach = _dispatched_per_step(lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9, foreach=True), MATRICES + VECTORS)
+    assert foreach == 3
+    assert spec.memory.step_ops(100, 60, 4, CUDA_KERNELS) == (3, 3 * 3)
