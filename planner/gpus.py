@@ -753,7 +753,10 @@ def bf16_matmul_fp32_buffer(flags: frozenset[str] | None) -> bool:
     [512 x 32000]`` for r = 16 to 128: r x 32000 x 4 + 128 B beside the output on the AMX Xeon the
     CPU bench ran on, nothing on an AMD EPYC with AVX512-BF16 and no AMX (2026-11-26). Both run
     oneDNN's matmul (torch's ``mkldnn_bf16_device_check``: AVX-512 BW/VL/DQ); the buffer is taken as
-    the accumulator of its AMX kernels. Unknown flags: the buffer is counted (the larger peak)."""
+    the accumulator of its AMX kernels. Not on every AMX machine: on a 2-core Xeon with AMX and
+    AVX512-FP16 (2026-11-28, oneDNN's ``brg_matmul:avx10_1_512_amx``, ONEDNN_VERBOSE) the same products
+    hold nothing beside the output, the kernel's blocking deciding it, which the flags do not show; there
+    the buffer is counted all the same (the larger peak). Unknown flags: counted too."""
     return flags is None or "amx_bf16" in flags
 
 

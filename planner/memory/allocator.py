@@ -39,6 +39,7 @@ from itertools import groupby, repeat
 from typing import Iterator
 
 from planner.errors import InvalidConfigError
+from planner.sharding.spec import RECORDED
 
 MiB = 1024**2
 kMinBlockSize = 512
@@ -49,14 +50,6 @@ kMinLargeAlloc = 10 * MiB
 kRoundLarge = 2 * MiB
 #: no max_split_size_mb: PyTorch's default is std::numeric_limits<size_t>::max()
 UNLIMITED = 1 << 64
-#: The end of a side stream's name (``replay``'s ``streams``) whose tensors are freed with
-#: ``record_stream`` on the compute stream and reused once a rate limiter has waited for that
-#: stream: each freed block returns to its pool only after the stream's next allocation. The caching
-#: allocator's ``free`` of a block with ``stream_uses`` records an event on each stream used
-#: (``insert_events``) and ``process_events``, at the start of every ``malloc``, returns the block
-#: only once ``cudaEventQuery`` says the stream passed it (CUDACachingAllocator.cpp). Who frees so,
-#: and why one allocation, is the sharding scheme's to say (``planner.sharding.fsdp1``).
-RECORDED = ":recorded"
 
 
 def stream_name(stream: str) -> str:

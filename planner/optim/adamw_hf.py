@@ -7,7 +7,7 @@ exp_avg_sq.sqrt().add_(eps)``, ``p.data.addcdiv_(exp_avg, denom)`` (and ``p.data
 decay, 0.0 by the Trainer's default); ``state["step"]`` is a Python int. transformers 5 no longer ships the class
 nor takes the name, and torch.optim.AdamW(foreach=False) is not its step (a 4-byte step tensor per parameter, two
 temporaries alive in ``denom``, eps after the bias correction): the worker builds a line-for-line copy of the
-4.21 step (``workers.adamw_hf.TransformersAdamW``), which the tests measure. Planned when named (the published
+4.21 step (``planner.optim._adamw_hf_torch.TransformersAdamW``), which the tests measure. Planned when named (the published
 2022 runs that ran it), never searched: the fused AdamW does the same update in one pass.
 """
 
@@ -44,7 +44,7 @@ class AdamWHFMemory(OptimizerModel):
 
 
 def build(params, *, lr: float):
-    from workers.adamw_hf import TransformersAdamW
+    from planner.optim._adamw_hf_torch import TransformersAdamW  # (torch: imported when built)
 
     return TransformersAdamW(params, lr=lr)
 

@@ -52,7 +52,7 @@ from typing import Any
 from planner.errors import InvalidConfigError, PlannerError, UnsupportedError
 from planner.optim import names
 from planner.sharding.fsdp2 import _KEYS, _TORCH_OPTIMIZERS, FSDP2, STATE_DICT_TYPE, qlora_refusal
-from planner.sharding.spec import Offload, WorkerSetup, ring
+from planner.sharding.spec import RECORDED, Offload, WorkerSetup, ring
 
 #: Host seconds from the rate limiter's wait on a GPU to the next unit's all-gather launch: FSDP1's
 #: unshard path with ``limit_all_gathers`` (pre-unshard, the free event's ``synchronize()``, the
@@ -318,8 +318,6 @@ class FSDP1(FSDP2):
 #:   flat parameter whose size the ranks do not divide gets a padded copy there (l.899, ``F.pad``):
 #:   the default stream.
 def _streams() -> tuple[tuple[str, str], ...]:
-    from planner.memory.allocator import RECORDED  # (planner.memory imports the sharding schemes)
-
     return (("fsdp2/gathered_unit", "unshard" + RECORDED), ("fsdp2/root_and_gather_buffer", "unshard" + RECORDED),
             ("gradients", "post_backward"))
 

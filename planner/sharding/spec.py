@@ -22,6 +22,16 @@ from typing import Any, Callable
 from planner.errors import InvalidConfigError, PlannerError
 from planner.optim import OPTIMIZERS
 
+#: The end of a side stream's name (``ShardingSpec.streams``, the allocator replay's ``streams``) whose
+#: tensors are freed with ``record_stream`` on the compute stream and reused once a rate limiter has waited for that
+#: stream: each freed block returns to its pool only after the stream's next allocation. The caching
+#: allocator's ``free`` of a block with ``stream_uses`` records an event on each stream used
+#: (``insert_events``) and ``process_events``, at the start of every ``malloc``, returns the block
+#: only once ``cudaEventQuery`` says the stream passed it (CUDACachingAllocator.cpp). Who frees so,
+#: and why one allocation, is the sharding scheme's to say (``planner.sharding.fsdp1``); the replay
+#: (``planner.memory.allocator``) holds such blocks back.
+RECORDED = ":recorded"
+
 
 class Offload(enum.StrEnum):
     """What a scheme moves to the host's RAM (the CPU steps the optimizer there)."""
@@ -377,4 +387,4 @@ class ShardingSpec:
         return WorkerSetup(engine=model, optimizer=build_optimizer(params), autocast=config.precision.is_mixed)
 
 
-__all__ = ["BreakdownKey", "Offload", "ShardingSpec", "WorkerSetup", "join_process_group", "ring"]
+__all__ = ["RECORDED", "BreakdownKey", "Offload", "ShardingSpec", "WorkerSetup", "join_process_group", "ring"]

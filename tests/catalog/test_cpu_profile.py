@@ -42,8 +42,10 @@ def test_the_fused_loss_counts_the_buffer_only_where_the_cpu_has_it():
 
 
 def test_this_machines_bf16_matmul_is_as_the_profile_says():
-    """A real bf16 matmul under the CPU probe: the fp32 buffer is there exactly when this machine's
-    ``cpu`` profile counts it (a CPU whose kernels differ fails here, not in a plan)."""
+    """A real bf16 matmul under the CPU probe: when the fp32 buffer is there, this machine's ``cpu``
+    profile counts it (a CPU whose kernels hold one the profile leaves out fails here, not in a plan).
+    The converse does not hold on every AMX machine (``bf16_matmul_fp32_buffer``): the profile counts
+    the buffer, the larger peak, where the flags cannot tell."""
     torch = pytest.importorskip("torch")
     from workers.probes import CpuProbe
 
@@ -54,5 +56,9 @@ def test_this_machines_bf16_matmul_is_as_the_profile_says():
     out = a @ b
     probe.stop()
     beside_output = probe.peak_allocated_bytes - out.numel() * out.element_size()
-    held = beside_output >= 16 * 32000 * 4
-    assert held is get_gpu("cpu").kernels.mm_fp32_buffer, (sorted(cpu_flags() or ()), beside_output)
+    assert beside_output in (0, 16 * 32000 * 4 + 128), beside_output  # nothing, or the fp32 buffer (measured)
+    held = beside_output > 0
+    counted = get_gpu("cpu").kernels.mm_fp32_buffer
+    assert counted or not held, (sorted(cpu_flags() or ()), beside_output)
+    if not counted:  # a CPU without AMX: no buffer, as measured on an AMD EPYC with AVX512-BF16
+        assert beside_output == 0

@@ -94,10 +94,11 @@ def test_units_convert_as_the_sources_print_them():
 
 def test_hf_fp16_checkpointing_row_maps_to_its_trainer_arguments():
     # per_device_train_batch_size=1, gradient_accumulation_steps=4, gradient_checkpointing=True,
-    # fp16=True; bert-large-uncased, 512-token sequences, Tesla V100 16GB; Trainer default AdamW
+    # fp16=True; bert-large-uncased, 512-token sequences, Tesla V100 16GB; the 2022 Trainer's default AdamW,
+    # transformers' own (optim="adamw_hf")
     spec, gpu, config, _ = published.map_row(ROWS["hf-accum4-ckpt-fp16"])
     assert spec.id == "bert-large-uncased" and gpu.name == "v100-16gb"
-    assert (config.method.value, config.precision.value, config.optimizer.value) == ("full", "fp16-mixed", "adamw")
+    assert (config.method.value, config.precision.value, config.optimizer.value) == ("full", "fp16-mixed", "adamw_hf")
     assert (config.micro_batch, config.grad_accum, config.seq_len, config.grad_ckpt) == (1, 4, 512, True)
     assert config.attention.value == "eager" and config.zero == 0
     assert published.METRICS[ROWS["hf-accum4-ckpt-fp16"]["metric"]] == "process_total_bytes"

@@ -1,5 +1,5 @@
 """transformers' own AdamW (planner/optim/adamw_hf.py ``adamw_hf``), the HF Trainer's default in 2022: its memory
-against a real CPU run of the step the worker builds (workers/adamw_hf.py, transformers v4.21's ``AdamW.step``
+against a real CPU run of the step the worker builds (planner/optim/_adamw_hf_torch.py, transformers v4.21's ``AdamW.step``
 line for line), and why it is not torch.optim.AdamW(foreach=False)."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_torch_single_tensor_adamw_is_not_that_step():
 def test_the_worker_step_is_transformers_4_21_adamw_numerically():
     """Two steps of the copy against the update written out (eps added to sqrt(v) before the bias
     correction's step size, as transformers 4.21 did; torch adds it after)."""
-    from workers.adamw_hf import TransformersAdamW
+    from planner.optim._adamw_hf_torch import TransformersAdamW
 
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(5))

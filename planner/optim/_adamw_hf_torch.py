@@ -1,4 +1,5 @@
-"""transformers' own AdamW (``optim="adamw_hf"``), the HF Trainer's default optimizer until 2023, for the worker.
+"""transformers' own AdamW (``optim="adamw_hf"``), the HF Trainer's default optimizer until 2023, as torch code (imported by
+``planner.optim.adamw_hf``'s ``build`` only, when the worker builds it: the registry skips ``_`` modules).
 
 transformers 5 no longer ships the class, and torch.optim.AdamW(foreach=False) is not the same step:
 torch keeps a 4-byte ``step`` tensor per parameter, computes ``denom = (exp_avg_sq.sqrt() /
