@@ -18,7 +18,6 @@ term's source is in ``TERM_SOURCES``.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from planner.config import Attention, Method, TrainConfig
@@ -1101,12 +1100,13 @@ def _recompute_end_at(ctx: BlockContext, saved: int, down: dict[str, int]) -> di
             "block_backward": grads}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StepActivations:
+class StepActivations(NamedTuple):
     """A decoder-only configuration's activation terms of one micro-step, from one context per
     block kind: what ``decoder_activation_breakdown``, ``decoder_recompute_bytes``, ``model_level_terms``,
     ``block_backward_terms`` and ``recompute_end_terms`` give, each of which would build the
-    block's context and its terms anew (``planner.memory.step`` needs them all)."""
+    block's context and its terms anew (``planner.memory.step`` needs them all). (An immutable named
+    tuple, made by keyword, as ``BlockContext``: the search makes four per batch line pair, 236 a
+    search, and a frozen dataclass of these nine fields took 1.2 us to make, against 0.5.)"""
 
     layers: int
     """Blocks of the model."""

@@ -132,6 +132,11 @@ class StaticTerms(NamedTuple):
         return sum(self.resident.values())
 
 
+#: ``StaticTerms(...)`` without its generated ``__new__``'s Python frame (``collections.namedtuple`` makes it a
+#: lambda around ``tuple.__new__``): the search makes one per static key, ~490 a search
+_new_terms = tuple.__new__
+
+
 def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, t: Trained | None = None) -> StaticTerms:
     """The batch-independent terms of ``config`` on a device with these kernels. A paged
     optimizer's states are split off where they live in unified memory (bitsandbytes/functional.py
@@ -167,8 +172,8 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
     tied = 0
     if model.tied_embeddings and config.method is _FULL_METHOD and not config.sharding.offloaded:
         tied = 2 * model.vocab_size * model.hidden_size * mode.weight
-    # by position, in the fields' order (a named tuple's keyword call parses its keywords in Python)
-    return StaticTerms(
+    # by position, in the fields' order, without the named tuple's Python ``__new__`` (``_new_terms``)
+    return _new_terms(StaticTerms, (
         states,  # resident
         gradients,
         parts.get("gathered", 0),  # gathered
@@ -181,6 +186,6 @@ def static_terms(model: ModelSpec, config: TrainConfig, kernels: KernelProfile, 
         spec.step_checks(model, t, config),  # step_checks
         paged_step,
         tied,  # tied_gradient_sum
-    )
+    ))
 
 __all__ = ["StaticTerms", "model_state_breakdown", "model_states_bytes", "static_terms"]
