@@ -108,7 +108,7 @@ class Loop(enum.StrEnum):
 #: a payload without them decodes to their defaults, which are the behaviour it was planned with.
 #: torchtune's ``optimizer_in_bwd`` and ``loss_chunks`` were added within version 3 the same way,
 #: written only where set, and so were QLoRA's ``kbit_upcast`` and the loss' ``loss_upcast`` (written
-#: only where False) and ``loss_shift``, ``reentrant_ckpt``, ``experts_loop`` and ``compile`` (only where True), and ``rope_scaling`` (only where set).
+#: only where False) and ``loss_shift``, ``loss_returns_head``, ``reentrant_ckpt``, ``experts_loop`` and ``compile`` (only where True), and ``rope_scaling`` (only where set).
 #: Version 3 names the sharding scheme (``sharding``, ``planner.sharding``) where no ``--zero``
 #: stage names it; a configuration whose scheme a stage names (none, DDP, ZeRO-1/2/3) is still
 #: written as version 2 (``zero`` and ``offload``), so that version-2 readers read it and stored
@@ -418,6 +418,13 @@ class TrainConfig:
     zero-filled gradient of the whole logits (transformers 4.45.2 models/mistral/modeling_mistral.py
     l.1059-1074); False: transformers 5's ``ForCausalLMLoss`` (the labels shifted, not the logits).
     Refused with ``fused_ce`` and ``loss_chunks``, whose losses are their own."""
+    loss_returns_head: bool = False
+    """With ``loss_shift``: transformers 4.46-4.48's causal-LM loss, which the model's forward still
+    runs on a shifted contiguous copy of the fp32 logits, but the model returns the head's own 16-bit
+    logits and ``ForCausalLMLoss`` upcasts them (4.48.1 models/mistral/modeling_mistral.py l.848-852,
+    loss/loss_utils.py l.36-47), so the head's output is alive beside the upcast, its copy and the
+    log-probabilities until the outputs die (``planner.memory.activations.shifted_loss``); the copy went
+    with transformers PR #35646, after 4.48.1. Refused without ``loss_shift``."""
     reentrant_ckpt: bool = False
     """Gradient checkpointing as transformers 4 runs it: the model's loop calls each decoder layer inside a
     reentrant checkpoint (4.45.2 models/mistral/modeling_mistral.py l.805-806, modeling_utils.py l.2404),
@@ -461,7 +468,7 @@ class TrainConfig:
                  sharding: Sharding | str = NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
                  loop: Loop | str = Loop.TRAINER, fused_ce: bool = False, packing: bool = True,
                  use_cache: bool = False, optimizer_in_bwd: bool = False, loss_chunks: int = 1,
-                 loss_upcast: bool = True, loss_shift: bool = False, reentrant_ckpt: bool = False, experts_loop: bool = False, compile: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, rope_scaling: str | None = None, zero: int | None = None, offload: Offload | str | None = None) -> None:
+                 loss_upcast: bool = True, loss_shift: bool = False, loss_returns_head: bool = False, reentrant_ckpt: bool = False, experts_loop: bool = False, compile: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, rope_scaling: str | None = None, zero: int | None = None, offload: Offload | str | None = None) -> None:
         # The dataclass's own __init__ with every field and its default (a test holds them equal),
         # setting all fields at once: the generated one makes one object.__setattr__ call per frozen
         # field, half the cost of a construction (the search makes hundreds per request). ``zero``
@@ -472,7 +479,7 @@ class TrainConfig:
             "attention": attention, "lora_r": lora_r, "lora_targets": lora_targets, "sharding": sharding,
             "alloc_conf": alloc_conf, "lora_dropout": lora_dropout, "loop": loop, "fused_ce": fused_ce,
             "packing": packing, "use_cache": use_cache, "optimizer_in_bwd": optimizer_in_bwd,
-            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "reentrant_ckpt": reentrant_ckpt, "experts_loop": experts_loop, "compile": compile, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
+            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "loss_returns_head": loss_returns_head, "reentrant_ckpt": reentrant_ckpt, "experts_loop": experts_loop, "compile": compile, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
             "generate_tokens": generate_tokens, "rope_scaling": rope_scaling,
         })
         self.__post_init__(zero, offload)
@@ -505,10 +512,11 @@ class TrainConfig:
         if not (type(fields["fused_ce"]) is bool and type(fields["packing"]) is bool  # bool has no subclasses
                 and type(fields["use_cache"]) is bool and type(fields["optimizer_in_bwd"]) is bool
                 and type(fields["kbit_upcast"]) is bool and type(fields["loss_upcast"]) is bool
-                and type(fields["loss_shift"]) is bool and type(fields["reentrant_ckpt"]) is bool
+                and type(fields["loss_shift"]) is bool and type(fields["loss_returns_head"]) is bool
+                and type(fields["reentrant_ckpt"]) is bool
                 and type(fields["experts_loop"]) is bool and type(fields["compile"]) is bool):
             flag = next(flag for flag in ("fused_ce", "packing", "use_cache", "optimizer_in_bwd", "kbit_upcast",
-                                          "loss_upcast", "loss_shift", "reentrant_ckpt", "experts_loop", "compile")
+                                          "loss_upcast", "loss_shift", "loss_returns_head", "reentrant_ckpt", "experts_loop", "compile")
                         if type(fields[flag]) is not bool)
             raise InvalidConfigError(f"{flag} must be true or false, got {fields[flag]!r}")
         for name, bound in _COUNT_BOUNDS:
@@ -570,6 +578,9 @@ class TrainConfig:
             raise InvalidConfigError(f"--loss-shift is transformers 4's cross-entropy on a shifted copy of the whole "
                                      f"logits; {'--fused-ce' if self.fused_ce else '--loss-chunks'} is a loss of its "
                                      "own: drop one")
+        if self.loss_returns_head and not self.loss_shift:
+            raise InvalidConfigError("--loss-returns-head is transformers 4.46-4.48's loss on a shifted copy of the "
+                                     "logits with the head's own logits returned: add --loss-shift, or drop it")
         if self.fused_ce and self.eval_batch is not None:
             raise UnsupportedError(
                 "--eval-batch with --fused-ce is not modelled (Liger's eval forward skips the logits only under "
@@ -722,7 +733,7 @@ class TrainConfig:
         return {
             # torchtune's settings are version 3's: a version-2 reader would drop them
             "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding and not self._torchtune_set and self.kbit_upcast
-            and self.loss_upcast and not self.loss_shift and not self.reentrant_ckpt and not self.experts_loop and not self.compile
+            and self.loss_upcast and not self.loss_shift and not self.loss_returns_head and not self.reentrant_ckpt and not self.experts_loop and not self.compile
             and not self.rope_scaling
             else CONFIG_VERSION,
             "method": str(self.method),
@@ -750,6 +761,7 @@ class TrainConfig:
             **({"kbit_upcast": False} if not self.kbit_upcast else {}),
             **({"loss_upcast": False} if not self.loss_upcast else {}),
             **({"loss_shift": True} if self.loss_shift else {}),
+            **({"loss_returns_head": True} if self.loss_returns_head else {}),
             **({"reentrant_ckpt": True} if self.reentrant_ckpt else {}),
             **({"experts_loop": True} if self.experts_loop else {}),
             **({"compile": True} if self.compile else {}),
@@ -814,7 +826,7 @@ class TrainConfig:
         if not self.loss_upcast:
             parts.append("16-bit loss")
         if self.loss_shift:
-            parts.append("shifted-logits loss")
+            parts.append("shifted-logits loss" + (", head's logits returned" if self.loss_returns_head else ""))
         if self.reentrant_ckpt:
             parts.append("reentrant ckpt")
         if self.experts_loop:

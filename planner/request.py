@@ -244,6 +244,16 @@ _FIELDS = (
            "ForCausalLMLoss, which shifts the labels instead).", memo=(BATCH,), recipe=True,
            terms="the loss' logits-sized tensors and their order (memory/activations.py shifted_loss, "
            "memory/timeline.py)", trainers=_NO_TRAINER_KEY),
+    # transformers 4.46-4.48's loss: the model returns the head's 16-bit logits and ForCausalLMLoss upcasts
+    # them and makes the shifted contiguous copy (4.48.1 models/mistral/modeling_mistral.py l.848-852,
+    # loss/loss_utils.py l.36-47); transformers PR #35646 dropped the copy after 4.48.1. emit's train.py
+    # reproduces 4.45's loss only: no trainer key
+    _field("loss_returns_head", bool, False, "With --loss-shift: the loss as transformers 4.46-4.48 compute it, "
+           "the model returning the head's own 16-bit logits and ForCausalLMLoss upcasting them before the shifted "
+           "copy, so the 16-bit logits are alive beside the fp32 ones until the outputs die (default: 4.45's, "
+           "which returns the upcast logits).", memo=(BATCH,), recipe=True,
+           terms="the head's logits kept beside the loss' tensors (memory/activations.py shifted_loss, "
+           "memory/timeline.py)", trainers=(("hf", None),) + _NO_TRAINER_KEY),
     # transformers 4's model-level checkpoint: the model's loop calls each decoder layer inside a reentrant
     # torch.utils.checkpoint (4.45.2 models/mistral/modeling_mistral.py l.805-806; use_reentrant True by
     # default, modeling_utils.py l.2404), so under FSDP1 the checkpoint runs around the layer's unit;
@@ -427,7 +437,8 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
     if values.get("loss_upcast") is False:
         parts.append("16-bit loss (no fp32 upcast of the logits)")
     if values.get("loss_shift"):
-        parts.append("transformers 4's loss on a shifted copy of the logits")
+        parts.append("transformers 4's loss on a shifted copy of the logits"
+                     + (" (the head's 16-bit logits returned, 4.46-4.48)" if values.get("loss_returns_head") else ""))
     if values.get("reentrant_ckpt"):
         parts.append("transformers 4's reentrant checkpoint around each layer")
     if values.get("experts_loop"):

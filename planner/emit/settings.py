@@ -67,7 +67,9 @@ def model_dtype(config: TrainConfig) -> str:
 _NOT_EMITTED = {"reentrant_ckpt": "reentrant_ckpt is transformers 4's checkpoint, which the emitted transformers 5 "
                                   "run cannot take: plan without it",
                "experts_loop": "experts_loop is transformers 4's per-expert MoE modules, which the emitted "
-                               "transformers 5 run does not build: plan without it"}
+                               "transformers 5 run does not build: plan without it",
+               "loss_returns_head": "loss_returns_head is transformers 4.46-4.48's loss, which the emitted run's "
+                                    "compute_loss_func (transformers 4.45's) does not reproduce: plan without it"}
 
 
 def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:

@@ -550,7 +550,12 @@ class ShiftedLoss(NamedTuple):
     the head's dtype and there is no cast. The loss runs inside the model's forward, so the last
     hidden state the head read (the final norm's output, a local of the forward) is alive until it
     returns (transformers 5's ForCausalLMLoss runs there too, but its peak is the loss' backward,
-    after the forward returned; this one's is the end of its forward)."""
+    after the forward returned; this one's is the end of its forward). transformers 4.46-4.48
+    (``loss_returns_head``): the model returns the head's 16-bit output and ``ForCausalLMLoss``
+    upcasts it and makes the shifted copy (4.48.1 models/mistral/modeling_mistral.py l.848-852,
+    loss/loss_utils.py l.36-47), so the head's output lives with the outputs and the upcast, a local
+    of the loss function, dies as it returns, after the mark and before the shifted copy; the
+    backward is 4.45's."""
 
     hidden: int
     """the final norm's output where nothing saved for backward is it (``shifted_loss``)"""
@@ -562,12 +567,17 @@ class ShiftedLoss(NamedTuple):
     """their contiguous copy of the shifted positions; each gradient of the loss' backward too"""
     saved: tuple[int, int]
     """what the loss keeps for backward, as made: nll_loss's int64 labels, log_softmax's output"""
+    head_returned: bool = False
+    """the head's output is what the model returns (``loss_returns_head``): alive until the outputs die
+    (where the loss' dtype is the head's, ``.float()`` returns the head's output itself: 4.45's path)"""
 
     @property
     def forward(self) -> int:
         """Alive at the end of the loss' forward beside what it saves: the last hidden state, the
         logits and their copy (sequences of one token have no shifted position: there the head's
         output beside its upcast is the most, ``shifted_loss_events``)."""
+        if self.head_returned:
+            return self.hidden + self.head + self.logits + self.shifted
         return self.hidden + self.logits + (self.shifted if self.shifted else self.head)
 
     @property
@@ -605,7 +615,8 @@ def shifted_loss(dims: Dims, mode: DtypeMode, config: TrainConfig) -> ShiftedLos
     return ShiftedLoss(hidden=0 if same else dims.tokens * dims.h * mode.residual,
                        head=dims.tokens * dims.v * mode.logits if dtype != mode.logits else 0,
                        logits=dims.tokens * dims.v * dtype, shifted=shifted * dims.v * dtype,
-                       saved=(shifted * INT64, shifted * dims.v * dtype))
+                       saved=(shifted * INT64, shifted * dims.v * dtype),
+                       head_returned=config.loss_returns_head and dtype != mode.logits)
 
 
 #: the breakdown keys of the loss' events: its transients, and the log-probabilities it saves (the
@@ -618,18 +629,25 @@ def shifted_loss_events(dims: Dims, mode: DtypeMode, config: TrainConfig) -> tup
     their order, as the timeline replays them (``planner.memory.timeline``): (op, tensor, breakdown
     key, sizes), op ``alloc`` (the tensor's sizes as made), ``free`` or ``mark`` (the moment: the
     end of the loss' forward, the loss' backward). Sequences of one token have no shifted position,
-    so nothing follows the upcast: the head's output is freed after the mark."""
+    so nothing follows the upcast: the head's output is freed after the mark. Where the model
+    returns the head's output (``ShiftedLoss.head_returned``) the loss function's locals die as it
+    returns, the upcast then its copy, then the forward's last hidden state, and the head's output
+    with the outputs."""
     loss = shifted_loss(dims, mode, config)
     free_head = ("free", "head", "", ())
-    forward = (
-        ("alloc", "hidden", _LOSS_TRANSIENT, (loss.hidden,)),
-        ("alloc", "head", _LOSS_TRANSIENT, (loss.head,)), ("alloc", "logits", _LOSS_TRANSIENT, (loss.logits,)),
-        *((free_head,) if loss.shifted else ()),
-        ("alloc", "shifted", _LOSS_TRANSIENT, (loss.shifted,)), ("alloc", "saved", _LOSS_SAVED, loss.saved),
-        ("mark", "", "", ()),
-        *(() if loss.shifted else (free_head,)),
-        ("free", "shifted", "", ()), ("free", "hidden", "", ()), ("free", "logits", "", ()),
-    )
+    made = (("alloc", "hidden", _LOSS_TRANSIENT, (loss.hidden,)),
+            ("alloc", "head", _LOSS_TRANSIENT, (loss.head,)), ("alloc", "logits", _LOSS_TRANSIENT, (loss.logits,)))
+    copied = (("alloc", "shifted", _LOSS_TRANSIENT, (loss.shifted,)), ("alloc", "saved", _LOSS_SAVED, loss.saved),
+              ("mark", "", "", ()))
+    if loss.head_returned:
+        forward = (*made, *copied, ("free", "logits", "", ()), ("free", "shifted", "", ()),
+                   ("free", "hidden", "", ()), free_head)
+    else:
+        forward = (
+            *made, *((free_head,) if loss.shifted else ()), *copied,
+            *(() if loss.shifted else (free_head,)),
+            ("free", "shifted", "", ()), ("free", "hidden", "", ()), ("free", "logits", "", ()),
+        )
     backward = (
         ("alloc", "grad_saved", _LOSS_TRANSIENT, (loss.shifted,)),
         ("alloc", "grad_shifted", _LOSS_TRANSIENT, (loss.shifted,)),
@@ -740,10 +758,11 @@ def builds_logits(config: TrainConfig) -> bool:
 def manual_loop_logits(dims: Dims, mode: DtypeMode, config: TrainConfig) -> int:
     """The logits ``outputs.logits`` keeps in a hand-written loop (the lm_head's output; under
     transformers <= 4.45's loss its upcast, ``ShiftedLoss.logits``); none with a fused
-    cross-entropy, whose forward returns no logits (Liger's lce_forward in training)."""
+    cross-entropy, whose forward returns no logits (Liger's lce_forward in training). transformers
+    4.46-4.48 (``loss_returns_head``) return the head's output, as transformers 5 does."""
     if config.fused_ce:
         return 0
-    if config.loss_shift:
+    if config.loss_shift and not config.loss_returns_head:
         return shifted_loss(dims, mode, config).logits
     return dims.tokens * dims.v * mode.logits
 

@@ -107,14 +107,15 @@ def _forward_parts(model: ModelSpec, config: TrainConfig) -> dict[str, int]:
     runs in eval too) has no upcast and makes its log-probabilities in the logits' dtype.
     transformers <= 4.45's loss (``loss_shift``, ``activations.shifted_loss``): the returned logits
     in the loss' dtype, their shifted copy and the log-probabilities of the shifted positions (the
-    head's output freed once upcast), and the token ids and their shifted labels."""
+    head's output freed once upcast; returned beside them under 4.46-4.48's, ``loss_returns_head``),
+    and the token ids and their shifted labels."""
     eval_config = _eval_config(config, config.eval_tokens)
     dims, mode = dims_of(model, eval_config), mode_of(eval_config)
     e = dims.tokens
     if config.loss_shift:
         loss = shifted_loss(dims, mode, config)
         held = loss.shifted + loss.saved[1] if loss.shifted else loss.head  # (one token: the upcast's moment)
-        return {LOGITS: loss.logits + held, HIDDEN: e * dims.h * mode.residual,
+        return {LOGITS: loss.logits + held + (loss.head if loss.head_returned else 0), HIDDEN: e * dims.h * mode.residual,
                 TOKENS: (e + shifted_tokens(dims)) * INT64}
     return {
         LOGITS: logits_forward_transient(dims, mode, upcast=config.loss_upcast)

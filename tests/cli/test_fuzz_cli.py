@@ -166,6 +166,8 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
               "--loss-upcast": None, "--no-loss-upcast": None,
               # transformers <= 4.45's loss (refused with --fused-ce, --loss-chunks and an encoder's loss)
               "--loss-shift": None, "--no-loss-shift": None,
+              # transformers 4.46-4.48's loss (refused without --loss-shift)
+              "--loss-returns-head": None, "--no-loss-returns-head": None,
               # transformers 4's reentrant checkpoint around each layer (FSDP1's retained gradients)
               "--reentrant-ckpt": None, "--no-reentrant-ckpt": None,
               # transformers 4's per-expert MoE modules (refused for a model type other than Mixtral)

@@ -51,6 +51,7 @@ ALTERNATIVES: dict[str, list] = {
     "loss_chunks": [8],
     "loss_upcast": [False],
     "loss_shift": [True],
+    "loss_returns_head": [True],
     "reentrant_ckpt": [True],
     "experts_loop": [True],
     "kbit_upcast": [False],
@@ -61,8 +62,9 @@ ALTERNATIVES: dict[str, list] = {
 #: the configurations each field is varied from: LoRA (every adapter and recipe field), full
 #: fine-tuning on two GPUs (the sharding's terms) and on one (torchtune's optimizer_in_bwd),
 #: LoRA with an eval pass (the eval settings other than the eval batch need one) and QLoRA (its
-#: k-bit preparation's upcast)
+#: k-bit preparation's upcast), and LoRA under transformers 4's loss (the head's logits returned needs it)
 BASES = (dict(method="lora", precision="bf16-mixed", micro_batch=2, seq_len=512),
+         dict(method="lora", precision="bf16-mixed", micro_batch=2, seq_len=512, loss_shift=True),
          dict(method="full", precision="bf16-mixed", micro_batch=2, seq_len=512, gpus=2),
          {"method": "full", "precision": "bf16-mixed", "micro_batch": 2, "seq_len": 512},
          dict(method="lora", precision="bf16-mixed", micro_batch=2, seq_len=512, eval_batch=8),
