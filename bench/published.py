@@ -619,7 +619,8 @@ def _print_summary(results: list[dict[str, Any]], terms: dict[str, Any]) -> None
                        ("reserve rows, stated", [r for r in reserve_rows(results) if not r["guessed"]])):
         if rows:
             errs = [abs(r["error"]) for r in rows]
-            print(f"{name:24s} n={len(rows):3d}  median |err| {statistics.median(errs) * 100:5.1f}%  max {max(errs) * 100:5.1f}%")
+            print(f"{name:24s} n={len(rows):3d}  median |err| {statistics.median(errs) * 100:5.1f}%  max {max(errs) * 100:5.1f}%  "
+                  f"within 5%: {sum(e <= 0.05 for e in errs)}")  # issue 25: every stated reserve row
     no = refused(results, terms)
     print(f'ran but "does not fit": {len(no)} ({sum(refused_by(r) == "the reserve" for r in no)} by the reserve, '
           'the rest by the allocated peak)')
