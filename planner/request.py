@@ -247,13 +247,13 @@ _FIELDS = (
     # transformers 4.46-4.48's loss: the model returns the head's 16-bit logits and ForCausalLMLoss upcasts
     # them and makes the shifted contiguous copy (4.48.1 models/mistral/modeling_mistral.py l.848-852,
     # loss/loss_utils.py l.36-47); transformers PR #35646 dropped the copy after 4.48.1. emit's train.py
-    # reproduces 4.45's loss only: no trainer key
+    # sets that loss as the model's loss_function (planner/emit/causal_lm_loss.py)
     _field("loss_returns_head", bool, False, "With --loss-shift: the loss as transformers 4.46-4.48 compute it, "
            "the model returning the head's own 16-bit logits and ForCausalLMLoss upcasting them before the shifted "
            "copy, so the 16-bit logits are alive beside the fp32 ones until the outputs die (default: 4.45's, "
            "which returns the upcast logits).", memo=(BATCH,), recipe=True,
            terms="the head's logits kept beside the loss' tensors (memory/activations.py shifted_loss, "
-           "memory/timeline.py)", trainers=(("hf", None),) + _NO_TRAINER_KEY),
+           "memory/timeline.py)", trainers=_NO_TRAINER_KEY),
     # transformers 4's model-level checkpoint: the model's loop calls each decoder layer inside a reentrant
     # torch.utils.checkpoint (4.45.2 models/mistral/modeling_mistral.py l.805-806; use_reentrant True by
     # default, modeling_utils.py l.2404), so under FSDP1 the checkpoint runs around the layer's unit;

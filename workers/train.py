@@ -37,7 +37,8 @@ non-quantized parameters to fp32: real behaviour) unless the plan keeps them 16-
 16-bit loss (``loss_upcast`` False) is computed on the logits as the head makes them, as emit's
 train.py does (``_install_loss_in_logits_dtype``); transformers <= 4.45's loss (``loss_shift``) on a
 shifted copy of the logits inside the model's forward, as those versions ran it
-(``_install_shifted_copy_loss``).
+(``_install_shifted_copy_loss``); 4.46-4.48's (``loss_returns_head``) as the model's own
+``loss_function``, as emit's train.py sets it (``_install_loss_returning_head``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from planner.config import Loop, Method, Precision, TrainConfig
+from planner.emit.causal_lm_loss import calls_loss_function, causal_lm_loss_448
 from planner.emit.deepspeed import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, WEIGHT_DECAY
 from planner.emit.settings import (
     adapter_settings,
@@ -59,6 +61,7 @@ from planner.emit.settings import (
     model_config_settings,
     rope_parameters,
     scale_rope,
+    sets_loss_function_448,
     training_arguments,
 )
 from planner.errors import InvalidConfigError
@@ -450,7 +453,9 @@ def _prepared_model(*, model_config: dict[str, Any], config: TrainConfig, device
     forward_settings = model_config_settings(config) if seq2seq.is_seq2seq(model_config) else {}
     if training_arguments(config, on_cpu=device == "cpu").get("use_liger_kernel"):
         _install_fused_ce(model, model_config=model_config)
-    if config.loss_shift:
+    if sets_loss_function_448(config):
+        _install_loss_returning_head(model, model_config=model_config)
+    elif config.loss_shift:
         _install_shifted_copy_loss(model, model_config=model_config, upcast=config.loss_upcast)
     elif not config.loss_upcast:
         _install_loss_in_logits_dtype(model, model_config=model_config)
@@ -693,6 +698,20 @@ def _install_shifted_copy_loss(model, *, model_config: Mapping[str, Any], upcast
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
 
     base.forward = types.MethodType(forward, base)
+
+
+def _install_loss_returning_head(model, *, model_config: Mapping[str, Any]) -> None:
+    """transformers 4.46-4.48's loss (``loss_returns_head``): the model's own forward, which returns the
+    head's 16-bit output and calls ``self.loss_function`` on it (5.24 models/llama/modeling_llama.py
+    ``LlamaForCausalLM.forward``, as 4.48.1 models/mistral/modeling_mistral.py l.848-852), with 4.48.1's
+    ``ForCausalLMLoss`` as that function (``planner.emit.causal_lm_loss``, which emit's train.py sets alike)."""
+    if _is_encoder(model_config) or seq2seq.is_seq2seq(model_config):
+        raise InvalidConfigError("--loss-returns-head is a causal LM's loss: plan an encoder or encoder-decoder without it")
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not calls_loss_function(base):
+        raise InvalidConfigError(f"{type(base).__name__}.forward computes its own loss, not self.loss_function: plan "
+                                 f"{model_config.get('model_type')} without --loss-returns-head")
+    base.loss_function = causal_lm_loss_448
 
 
 def _tag_states(probe, *, model, optimizer, use_ds: bool) -> None:

@@ -67,9 +67,15 @@ def model_dtype(config: TrainConfig) -> str:
 _NOT_EMITTED = {"reentrant_ckpt": "reentrant_ckpt is transformers 4's checkpoint, which the emitted transformers 5 "
                                   "run cannot take: plan without it",
                "experts_loop": "experts_loop is transformers 4's per-expert MoE modules, which the emitted "
-                               "transformers 5 run does not build: plan without it",
-               "loss_returns_head": "loss_returns_head is transformers 4.46-4.48's loss, which the emitted run's "
-                                    "compute_loss_func (transformers 4.45's) does not reproduce: plan without it"}
+                               "transformers 5 run does not build: plan without it"}
+
+
+def sets_loss_function_448(config: TrainConfig) -> bool:
+    """Whether train.py (and the worker) set the model's ``loss_function`` to 4.48.1's ForCausalLMLoss
+    (``planner.emit.causal_lm_loss``) for ``loss_returns_head``. With a 16-bit loss (``loss_upcast``
+    False) the head's output is itself the loss' logits and 4.45's lines are the same tensors
+    (``planner.memory.activations.ShiftedLoss.head_returned``): those run (``loss_shift``)."""
+    return config.loss_returns_head and config.loss_upcast
 
 
 def training_arguments(config: TrainConfig, *, on_cpu: bool) -> dict[str, Any]:
@@ -159,7 +165,11 @@ def run_assumptions(config: TrainConfig) -> list[str]:
     if not config.loss_upcast:
         lines.append("a 16-bit loss: train.py passes the Trainer a compute_loss_func that computes the cross-entropy on "
                      "the logits in the head's dtype, without transformers' fp32 upcast (and with autocast off)")
-    if config.loss_shift:
+    if sets_loss_function_448(config):
+        lines.append("transformers 4.46-4.48's loss: train.py sets the model's loss_function to 4.48.1's ForCausalLMLoss, "
+                     "which the model's forward calls on the head's 16-bit logits it returns (an upcast copy and a "
+                     "contiguous shifted copy of it for the cross-entropy), as those versions did")
+    elif config.loss_shift:
         lines.append("transformers <= 4.45's loss: train.py passes the Trainer a compute_loss_func that keeps the "
                      "upcast logits in the outputs and computes the cross-entropy on a contiguous shifted copy of them, "
                      "as those versions' models did in their forward; it runs after the forward returned, so the last "
@@ -295,11 +305,13 @@ def script_recipe(config: TrainConfig) -> dict[str, Any]:
     launcher's environment, the model-config settings (the KV cache), the evaluation pass's sequences
     QLoRA's k-bit preparation (peft's fp32 upcast or none), the loss' dtype (transformers' fp32
     upcast or train.py's 16-bit ``loss_in_logits_dtype``) and transformers <= 4.45's loss on a shifted
-    copy of the logits (train.py's ``shifted_copy_loss``) and the RoPE scaling (``rope_parameters``)."""
+    copy of the logits (train.py's ``shifted_copy_loss``), 4.46-4.48's as the model's loss_function (train.py's
+    ``causal_lm_loss_448``) and the RoPE scaling (``rope_parameters``)."""
     return {"packed": config.packing, "launch_env": launch_env(config), **model_config_settings(config),
             "eval_sequences": eval_sequences(config), "eval_seq_len": config.eval_tokens,
             "generate_tokens": config.generate_tokens, "kbit_upcast": config.kbit_upcast,
-            "loss_upcast": config.loss_upcast, "loss_shift": config.loss_shift, "rope": rope_parameters(config)}
+            "loss_upcast": config.loss_upcast, "loss_shift": config.loss_shift,
+            "loss_returns_head": sets_loss_function_448(config), "rope": rope_parameters(config)}
 
 
 def launch_env(config: TrainConfig) -> dict[str, str]:
@@ -433,5 +445,5 @@ def to_yaml(data: dict[str, Any], indent: int = 0) -> str:
 __all__ = [
     "CHECKPOINTING_KWARGS", "DEEPSPEED_FILE", "FP8_BACKEND", "FP8_MIXED_PRECISION", "LIGER_FUSED_CE_ONLY", "MAX_GRAD_NORM",
     "accelerate_config", "adapter_settings", "bnb_config", "deepspeed_config", "launch_env", "lora_config", "model_config_settings",
-    "model_dtype", "to_yaml", "training_arguments",
+    "model_dtype", "sets_loss_function_448", "to_yaml", "training_arguments",
 ]

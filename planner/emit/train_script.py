@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 from string import Template
 
+from planner.emit.causal_lm_loss import calls_loss_function, causal_lm_loss_448
 from planner.emit.settings import scale_rope
 
 _TEMPLATE = Template('''\
@@ -45,6 +46,7 @@ USE_CACHE = $use_cache  # transformers' use_cache in the training forward
 KBIT_UPCAST = $kbit_upcast  # QLoRA: peft's prepare_model_for_kbit_training upcasts the non-4-bit parameters to fp32
 LOSS_UPCAST = $loss_upcast  # transformers' causal-LM loss upcasts the logits to fp32; False: the loss below
 LOSS_SHIFT = $loss_shift  # the loss as transformers <= 4.45 computed it, on a shifted copy of the logits (below)
+LOSS_RETURNS_HEAD = $loss_returns_head  # the loss as transformers 4.46-4.48 computed it: the model's loss_function (below)
 EVAL_SEQUENCES = $eval_sequences  # sequences held out of the dataset for evaluation (0: no evaluation)
 EVAL_SEQ_LEN = $eval_seq_len  # tokens per eval sequence (the prompt's when generating)
 GENERATE_TOKENS = $generate_tokens  # tokens generated from the first eval batch at each evaluation (0: none)
@@ -68,6 +70,11 @@ def load_model(name):
         **({"config": scaled_config(name)} if ROPE_SCALING else {}),
     )
     model.config.use_cache = USE_CACHE
+    if LOSS_RETURNS_HEAD:
+        if not calls_loss_function(model):
+            raise SystemExit(f"{type(model).__name__}.forward computes its own loss, not self.loss_function: "
+                             "plan this model without --loss-returns-head")
+        model.loss_function = causal_lm_loss_448  # the forward calls it on the head's output, which it returns
     return model
 
 
@@ -188,6 +195,12 @@ def loss_in_logits_dtype(outputs, labels, num_items_in_batch=None):
     return loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
 
 
+${causal_lm_loss_448}
+
+
+${calls_loss_function}
+
+
 def shifted_copy_loss(outputs, labels, num_items_in_batch=None):
     """The causal-LM loss as transformers <= 4.45 computed it in the model's forward (4.45.2
     models/llama/modeling_llama.py l.1214-1229): the logits upcast (LOSS_UPCAST) and returned in
@@ -254,7 +267,8 @@ def build_trainer(argv=None):
         data = [{"input_ids": b, "labels": b} for b in blocks]
     data, held_out = split_off_evaluation(data)
     trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=held_out, data_collator=collator,
-                      compute_loss_func=shifted_copy_loss if LOSS_SHIFT else None if LOSS_UPCAST else loss_in_logits_dtype)
+                      compute_loss_func=None if LOSS_RETURNS_HEAD else shifted_copy_loss if LOSS_SHIFT
+                      else None if LOSS_UPCAST else loss_in_logits_dtype)
     if GENERATE_TOKENS:
         trainer.add_callback(generating_callback(trainer, held_out))
     if "8bit" in args.optim:
@@ -283,7 +297,7 @@ def render_train_script(
     attention: str, masked_lm: bool, dataset: str | None, seq2seq: bool = False, packed: bool = True,
     use_cache: bool = False, launch_env: dict[str, str] | None = None, eval_sequences: int = 0,
     eval_seq_len: int = 0, generate_tokens: int = 0, kbit_upcast: bool = True, loss_upcast: bool = True,
-    loss_shift: bool = False, rope: dict | None = None,
+    loss_shift: bool = False, loss_returns_head: bool = False, rope: dict | None = None,
 ) -> str:
     """The text of ``train.py`` for one plan; ``launch_env``: variables it sets as ``accelerate launch``
     would (``planner.emit.settings.launch_env``), before TrainingArguments reads them."""
@@ -296,11 +310,15 @@ def render_train_script(
                 "batch with an attention mask (the plan counts batches whose longest is SEQ_LEN)")
     return _TEMPLATE.substitute(
         scale_rope=inspect.getsource(scale_rope).rstrip("\n"),  # the worker's own function, as its text
+        # the worker's own loss for loss_returns_head and its check, as their text
+        causal_lm_loss_448=inspect.getsource(causal_lm_loss_448).rstrip("\n"),
+        calls_loss_function=inspect.getsource(calls_loss_function).rstrip("\n"),
         model=model, plan_id=plan_id, rank=rank, label=label, model_repr=repr(model), dataset_repr=repr(dataset),
         seq_len=seq_len, dtype_repr=repr(dtype), dtype_why=dtype_why, attention_repr=repr(attention),
         masked_lm=masked_lm, seq2seq=seq2seq, packed=packed, use_cache=use_cache, data_doc=data_doc, launch_env=env,
         eval_sequences=eval_sequences, eval_seq_len=eval_seq_len or seq_len, generate_tokens=generate_tokens,
-        kbit_upcast=kbit_upcast, loss_upcast=loss_upcast, loss_shift=loss_shift, rope=repr(rope),
+        kbit_upcast=kbit_upcast, loss_upcast=loss_upcast, loss_shift=loss_shift,
+        loss_returns_head=loss_returns_head, rope=repr(rope),
     )
 
 

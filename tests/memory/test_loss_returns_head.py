@@ -88,12 +88,12 @@ def test_it_needs_loss_shift_and_old_payloads_decode_as_before():
     assert "head's logits returned" in CONFIG.label()
 
 
-def test_emit_refuses_it():
-    from planner.emit.settings import training_arguments
-    from planner.errors import UnsupportedError
+def test_emit_writes_it():
+    """emit's train.py runs it (its model's loss_function: tests/emit/test_loss_returns_head_emit.py)."""
+    from planner.emit.settings import script_recipe, training_arguments
 
-    with pytest.raises(UnsupportedError, match="loss_returns_head"):
-        training_arguments(CONFIG, on_cpu=True)
+    assert "compute_loss_func" not in training_arguments(CONFIG, on_cpu=True)
+    assert script_recipe(CONFIG)["loss_returns_head"] is True
 
 
 def test_the_eval_forward_holds_the_bf16_logits_too():

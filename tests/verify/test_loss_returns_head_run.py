@@ -6,10 +6,10 @@ concerned: the head's output returned as it is and ``self.loss_function(logits=l
 4.48.1 models/mistral/modeling_mistral.py l.848-852). Only the loss function differs: 4.48.1's
 ``ForCausalLMLoss`` (loss/loss_utils.py l.32-48, ``fixed_cross_entropy`` l.24-29) upcasts the logits,
 makes ``logits[..., :-1, :].contiguous()`` and ``labels[..., 1:].contiguous()`` and runs the
-cross-entropy on them; 5.24's pads the labels instead. The test sets the model's ``loss_function``
-to those lines of 4.48.1, rewritten here (``_for_causal_lm_loss_448``), in place of the worker's
-4.45 forward (workers/train.py ``_install_shifted_copy_loss``, which ``loss_shift`` selects), so
-the run is the transformers 5 model, Trainer and allocator with 4.48.1's loss.
+cross-entropy on them; 5.24's pads the labels instead. The worker sets the model's ``loss_function``
+to those lines of 4.48.1 (planner/emit/causal_lm_loss.py ``causal_lm_loss_448``, which emit's
+train.py sets alike; workers/train.py ``_install_loss_returning_head``), so the run is the
+transformers 5 model, Trainer and allocator with 4.48.1's loss.
 
 Sizes (tiny llama: hidden 128, vocab 2000; 2 x 96 tokens, 2 x 95 shifted positions): the head's
 bf16 output 768,000 B, its fp32 upcast (and SliceBackward's gradient) 1,536,000 B, the shifted copy
@@ -29,43 +29,43 @@ from planner.results import RunOutcome  # noqa: E402
 from workers import run_in_process  # noqa: E402
 
 
-def _for_causal_lm_loss_448(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, **kwargs):
-    """transformers 4.48.1 loss/loss_utils.py ``ForCausalLMLoss`` with ``fixed_cross_entropy``."""
-    import torch
-
-    logits = logits.float()
-    labels = labels.to(logits.device)
-    shift_logits = logits[..., :-1, :].contiguous()
-    shift_labels = labels[..., 1:].contiguous()
-    shift_logits = shift_logits.view(-1, vocab_size)
-    shift_labels = shift_labels.view(-1)
-    shift_labels = shift_labels.to(shift_logits.device)
-    reduction = "sum" if num_items_in_batch is not None else "mean"
-    loss = torch.nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=ignore_index, reduction=reduction)
-    if reduction == "sum":
-        loss = loss / num_items_in_batch
-    return loss
-
-
-def _install_loss_448(model, **_):
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.loss_function = _for_causal_lm_loss_448
-
-
 @pytest.fixture
-def measure(monkeypatch):
-    import workers.train
-
-    monkeypatch.setattr(workers.train, "_install_shifted_copy_loss", _install_loss_448)
-
+def measure():
     def run(**settings):
-        # the worker is given the plan less loss_returns_head, which its Trainer settings refuse (emit
-        # writes 4.45's loss only); loss_shift makes it install the loss, here 4.48.1's
-        config = TrainConfig(micro_batch=2, seq_len=96, precision="bf16-mixed", loss_shift=True, **settings)
+        config = TrainConfig(micro_batch=2, seq_len=96, precision="bf16-mixed", loss_shift=True,
+                             loss_returns_head=True, **settings)
         measurement, details = run_in_process(model_config=LLAMA, config=config)
         assert measurement.outcome is RunOutcome.OK, measurement.error
-        return config.replace(loss_returns_head=True), measurement, details
+        return config, measurement, details
     return run
+
+
+def test_the_worker_sets_the_loss_as_the_models_loss_function():
+    """The worker's model runs 4.48.1's loss through its own forward (``self.loss_function``)."""
+    from planner.emit.causal_lm_loss import causal_lm_loss_448
+    from workers.train import _prepared_model
+
+    config = TrainConfig(micro_batch=2, seq_len=96, precision="bf16-mixed", loss_shift=True, loss_returns_head=True)
+    model, _ = _prepared_model(model_config=dict(LLAMA), config=config, device="cpu", checkpoint_dir=None)
+    assert model.loss_function is causal_lm_loss_448
+    assert "forward" not in vars(model)  # the model's own forward, not the worker's 4.45 one
+
+
+def test_a_model_whose_forward_runs_its_own_loss_is_refused():
+    """A causal LM whose forward computes its own CrossEntropyLoss (as 5.24's BartForCausalLM,
+    models/bart/modeling_bart.py): setting its loss_function would change nothing and 5.24's loss would
+    run silently, so the worker refuses."""
+    from planner.errors import InvalidConfigError
+    from workers.train import _install_loss_returning_head
+
+    class OwnLoss:
+        def forward(self, logits, labels):
+            import torch
+
+            return torch.nn.CrossEntropyLoss()(logits, labels)
+
+    with pytest.raises(InvalidConfigError, match="without --loss-returns-head"):
+        _install_loss_returning_head(OwnLoss(), model_config=dict(LLAMA))
 
 
 def test_the_head_logits_are_kept_beside_the_loss_in_the_replays_order(measure):
