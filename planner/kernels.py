@@ -510,15 +510,19 @@ def _fused_attention(model: ModelSpec, config: TrainConfig) -> bool:
     return attention is Attention.SDPA and config.precision is not Precision.FP32
 
 
+def _score_elements(model: ModelSpec, config: TrainConfig) -> int:
+    """Elements of the scores eager attention materialises per token, over the layers (0 under a fused kernel)."""
+    if _fused_attention(model, config):
+        return 0
+    return sum(layers * heads * ctx for layers, heads, _, ctx in _attention_layers(model, config))
+
+
 def _score_bytes(model: ModelSpec, config: TrainConfig) -> float:
     """Bytes eager attention's materialised scores move per token, forward + backward."""
-    if _fused_attention(model, config):
-        return 0.0
     # the additive mask is built in the model's dtype (fp32 weights under AMP): adding it promotes the
     # 16-bit scores to fp32 for the softmax (itself on autocast's fp32 list) and the dropout after it
     width = 4 if casts_weights(config) else config.precision.compute_bytes
-    return float(sum(layers * heads * ctx * EAGER_SCORE_PASSES * width
-                     for layers, heads, _, ctx in _attention_layers(model, config)))
+    return float(_score_elements(model, config) * EAGER_SCORE_PASSES * width)
 
 
 def fp32_stream(config: TrainConfig) -> bool:
@@ -622,6 +626,13 @@ def _adapter_out_bytes(config: TrainConfig, gpu: GPUSpec | None) -> int:
     return FP32_ADAPTER_OUT_BYTES + (PROMOTED_ADD_BYTES if promoted else 0)
 
 
+def _loop_input_grad_bytes(model: ModelSpec, config: TrainConfig) -> float:
+    """Bytes per token of transformers 4's expert loop's full-size input gradients, made and summed in backward
+    (``planner.moe_loop.loop_input_grad_elements``), in the MoE input's dtype (the normed stream's); eager and
+    compiled alike (Inductor leaves the loop's index backward to aten)."""
+    return loop_input_grad_elements(model) * (4 if fp32_stream(config) else config.precision.compute_bytes)
+
+
 def elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: int, gpu: GPUSpec | None = None) -> float:
     """Bytes of the micro-step's memory-bound non-GEMM work that grows with the tokens: the blocks'
     elementwise ops (forward, backward, and the recompute's forward), eager scores, the loss and the
@@ -633,9 +644,7 @@ def elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: int, gpu: G
     per_token = forward * (1 + BACKWARD_ELEMENTWISE + int(config.grad_ckpt)) + _score_bytes(model, config)
     # the stream's casts: forward, the gradient's cast back in backward, and the recompute's forward
     per_token += stream_cast_elements(model, config) * CAST_BYTES * (2 + int(config.grad_ckpt))
-    # transformers 4's expert loop: each expert's full-size input gradient, made and summed in backward, in the
-    # MoE input's dtype (the normed stream's)
-    per_token += loop_input_grad_elements(model) * (4 if fp32_stream(config) else config.precision.compute_bytes)
+    per_token += _loop_input_grad_bytes(model, config)
     if model.lm_head_params:
         per_token += model.vocab_size * LOSS_BYTES_PER_LOGIT
     if config.method is not Method.FULL:
@@ -711,13 +720,20 @@ def ops_per_micro_step(model: ModelSpec, config: TrainConfig) -> int:
     if config.compile:
         return compiled_kernels_per_micro_step(model, config)
     blocks = model.num_layers + model.decoder_layers
-    ops = blocks * OPS_PER_BLOCK * (4 if config.grad_ckpt else 3) // 3
+    return blocks * OPS_PER_BLOCK * (4 if config.grad_ckpt else 3) // 3 + _outside_block_ops(model, config, OPS_PER_ADAPTER)
+
+
+def _outside_block_ops(model: ModelSpec, config: TrainConfig, per_adapter: int) -> int:
+    """Ops a micro-step launches beyond its blocks' own, eager or compiled alike but for the adapters' ``per_adapter``:
+    each adapted linear's, QLoRA's dequantisation (bitsandbytes' kernels, which Inductor leaves as they are:
+    ``OPS_PER_QUANTIZED`` per module per forward and backward) and transformers 4's expert loop (its host syncs break
+    any graph)."""
+    ops = 0
     if config.method is not Method.FULL:
-        adapted = sum(n * len(linears) for n, linears in stack_targets(model, config.lora_targets))
-        ops += adapted * OPS_PER_ADAPTER
+        ops += sum(n * len(linears) for n, linears in stack_targets(model, config.lora_targets)) * per_adapter
     if config.method is Method.QLORA:
         ops += sum(n * len(linears) for n, linears in model.all_blocks) * OPS_PER_QUANTIZED * (3 if config.grad_ckpt else 2) // 2
-    return ops + loop_ops(model, config, quantized_ops=OPS_PER_QUANTIZED)  # transformers 4's expert loop
+    return ops + loop_ops(model, config, quantized_ops=OPS_PER_QUANTIZED)
 
 
 def host_op_seconds(gpu: GPUSpec, config: TrainConfig) -> float:
@@ -827,10 +843,8 @@ def compiled_elementwise_bytes(model: ModelSpec, config: TrainConfig, tokens: in
     compute = config.precision.compute_bytes
     forward = compiled_block_forward_bytes(model, config) * blocks
     per_token = forward * (1 + BACKWARD_ELEMENTWISE + int(config.grad_ckpt))
-    if not _fused_attention(model, config):
-        per_token += sum(layers * heads * ctx * COMPILED_SCORE_PASSES * compute
-                         for layers, heads, _, ctx in _attention_layers(model, config))
-    per_token += loop_input_grad_elements(model) * (4 if fp32_stream(config) else compute)
+    per_token += _score_elements(model, config) * COMPILED_SCORE_PASSES * compute
+    per_token += _loop_input_grad_bytes(model, config)
     if model.lm_head_params:
         per_token += model.vocab_size * COMPILED_LOSS_PASSES * (4 if _upcast_qlora(config) else compute)
     if config.method is not Method.FULL:
@@ -866,12 +880,7 @@ def compiled_kernels_per_micro_step(model: ModelSpec, config: TrainConfig) -> in
         forward = COMPILED_FORWARD_KERNELS + len(linears) + 1
         backward = COMPILED_BACKWARD_KERNELS + len(linears) * (2 if trains else 1) + 1
         kernels += n * (forward * (2 if config.grad_ckpt else 1) + backward)
-    if config.method is not Method.FULL:
-        adapted = sum(n * len(linears) for n, linears in stack_targets(model, config.lora_targets))
-        kernels += adapted * COMPILED_KERNELS_PER_ADAPTER
-    if config.method is Method.QLORA:
-        kernels += sum(n * len(linears) for n, linears in model.all_blocks) * OPS_PER_QUANTIZED * (3 if config.grad_ckpt else 2) // 2
-    return kernels + loop_ops(model, config, quantized_ops=OPS_PER_QUANTIZED)
+    return kernels + _outside_block_ops(model, config, COMPILED_KERNELS_PER_ADAPTER)
 
 
 # ---- fp8: torchao's float8 linears (``Precision.FP8``) -----------------------------------------

@@ -308,12 +308,7 @@ class _Builder:
         self._next += 1
 
     def free(self, ident: int, where: str) -> None:
-        """``free_all`` of one allocation, written out without the one-tuple and the call: the
-        timelines of a search's shown plans free about 1,000 single allocations (every block's MLP
-        locals; Llama-2-7B on an A10G, every precision)."""
-        ev = self._allocs.pop(ident, None)  # None: a zero-byte allocation, never made
-        if ev is not None:  # (by position: op, key, nbytes, tensors)
-            self.events.append(_new_event(Event, ("free", ev[1], ev[2], ev[3], ident, where)))
+        self.free_all((ident,), where)
 
     def free_all(self, idents: list[int] | tuple[int, ...], where: str) -> None:
         pop, append = self._allocs.pop, self.events.append

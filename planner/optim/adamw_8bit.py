@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from planner.optim.bnb import (
-    BNB_8BIT_STATE_BYTES,
-    BNB_MIN_8BIT_SIZE,
-    BNB_STEP_OPS,
-    blockwise_state_bytes,
-)
-from planner.optim.spec import FP32, OptimizerModel, OptimizerSpec
+from planner.optim.bnb import BNB_8BIT_STATE_BYTES, BNB_MIN_8BIT_SIZE, BitsandbytesStep, blockwise_state_bytes
+from planner.optim.spec import FP32, OptimizerSpec
 
 
-class AdamW8bitMemory(OptimizerModel):
+class AdamW8bitMemory(BitsandbytesStep):
     """bitsandbytes AdamW8bit: two uint8 states + one fp32 absmax per 256-element block each,
     and 32-bit states for tensors under 4096 elements (bnb Optimizer8bit)."""
 
@@ -35,13 +30,6 @@ class AdamW8bitMemory(OptimizerModel):
     def update_bytes_per_param(self, w):
         """Param and grad w each, two 1-byte states + fp32 absmax per 256 read and written."""
         return 3.0 * w + 4 * BNB_8BIT_STATE_BYTES  # 2 states read + written
-
-    #: bitsandbytes synchronises the device after each tensor's update (``BNB_STEP_OPS``)
-    syncs_each_tensor = True
-
-    def step_ops(self, tensors, matrices, param_bytes, kernels):
-        """One update kernel per tensor and the calls around it: ``BNB_STEP_OPS`` each."""
-        return BNB_STEP_OPS * tensors
 
 
 def build(params, *, lr: float):

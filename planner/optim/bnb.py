@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from planner.optim.spec import FP32, StepOps
+from planner.optim.spec import FP32, OptimizerModel, StepOps
 
 #: bitsandbytes 8-bit optimizers: blockwise quantisation with 256-element blocks and an fp32
 #: absmax per block (bnb.optim.optimizer.Optimizer8bit / Optimizer2State.init_state: blocksize =
@@ -26,6 +26,17 @@ BNB_8BIT_STATE_BYTES = 1 + FP32 / BNB_8BIT_BLOCK
 BNB_STEP_OPS = StepOps(4, 1)
 
 
+class BitsandbytesStep(OptimizerModel):
+    """What every bitsandbytes optimizer's ``step`` dispatches (``adamw_8bit``, ``lion``): one update kernel per
+    tensor and the calls around it, ``BNB_STEP_OPS`` each, and a device sync after each tensor."""
+
+    #: bitsandbytes synchronises the device after each tensor's update (``BNB_STEP_OPS``)
+    syncs_each_tensor = True
+
+    def step_ops(self, tensors, matrices, param_bytes, kernels):
+        return BNB_STEP_OPS * tensors
+
+
 def blockwise_state_bytes(n: int, states: int) -> int:
     """``states`` optimizer states of one tensor of ``n`` elements: fp32 under
     ``BNB_MIN_8BIT_SIZE`` elements, else one uint8 per element and one fp32 absmax per block each
@@ -35,4 +46,5 @@ def blockwise_state_bytes(n: int, states: int) -> int:
     return states * (n + math.ceil(n / BNB_8BIT_BLOCK) * FP32)
 
 
-__all__ = ["BNB_8BIT_BLOCK", "BNB_8BIT_STATE_BYTES", "BNB_MIN_8BIT_SIZE", "BNB_STEP_OPS", "blockwise_state_bytes"]
+__all__ = ["BNB_8BIT_BLOCK", "BNB_8BIT_STATE_BYTES", "BNB_MIN_8BIT_SIZE", "BNB_STEP_OPS", "BitsandbytesStep",
+           "blockwise_state_bytes"]

@@ -14,13 +14,8 @@ betas=(adam_beta1, adam_beta2)).
 
 from __future__ import annotations
 
-from planner.optim.bnb import (
-    BNB_8BIT_STATE_BYTES,
-    BNB_MIN_8BIT_SIZE,
-    BNB_STEP_OPS,
-    blockwise_state_bytes,
-)
-from planner.optim.spec import FP32, OptimizerModel, OptimizerSpec
+from planner.optim.bnb import BNB_8BIT_STATE_BYTES, BNB_MIN_8BIT_SIZE, BitsandbytesStep, blockwise_state_bytes
+from planner.optim.spec import FP32, OptimizerSpec
 
 #: Lion's beta2: the paper's default (Chen et al. 2023: beta1 = 0.9, beta2 = 0.99), bitsandbytes'
 #: own (Lion's betas=(0.9, 0.99)); the HF Trainer passes adam_beta1/adam_beta2 (0.999 by default) instead, so
@@ -39,7 +34,7 @@ _CPU_TEMPS_32BIT = 3
 _CPU_TEMPS_8BIT = 5
 
 
-class LionMemory(OptimizerModel):
+class LionMemory(BitsandbytesStep):
     """One momentum per trainable tensor: fp32, or blockwise 8-bit when ``bits`` is 8."""
 
     def __init__(self, bits: int) -> None:
@@ -65,13 +60,6 @@ class LionMemory(OptimizerModel):
         """Param read and written, grad read (3w), the momentum read and written: fp32, or one
         byte with its share of the block's fp32 absmax."""
         return 3.0 * w + 2 * (BNB_8BIT_STATE_BYTES if self.bits == 8 else FP32)
-
-    #: bitsandbytes synchronises the device after each tensor's update (``BNB_STEP_OPS``)
-    syncs_each_tensor = True
-
-    def step_ops(self, tensors, matrices, param_bytes, kernels):
-        """One update kernel per tensor and the calls around it: ``BNB_STEP_OPS`` each."""
-        return BNB_STEP_OPS * tensors
 
 
 def build_32bit(params, *, lr: float):

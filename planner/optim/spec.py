@@ -94,7 +94,7 @@ class OptimizerModel:
         """What ``optimizer.step()`` dispatches from its one Python thread for ``tensors`` trainable tensors of
         ``param_bytes`` per element, ``matrices`` of them at least 2-D, on a device whose kernels are ``kernels``:
         host time the device waits for when its kernels are shorter (``planner.throughput``). Counted from each
-        optimizer's code; none by default: not counted (SGD)."""
+        optimizer's code (``planner.optim.<name>``); none by default."""
         return NO_STEP_OPS
 
     #: ``step()`` waits for the device after each tensor (bitsandbytes), so its host dispatch and the device's

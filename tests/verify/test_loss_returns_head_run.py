@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from test_loss_shift_run import LLAMA, _error, _expected_loss_tensors  # noqa: E402
+from test_loss_shift_run import LLAMA, _error, _expected_loss_tensors, _measured_loss_tensors  # noqa: E402
 
 from planner.config import TrainConfig  # noqa: E402
 from planner.results import RunOutcome  # noqa: E402
@@ -76,9 +76,7 @@ def test_the_head_logits_are_kept_beside_the_loss_in_the_replays_order(measure):
     log-probabilities) is predicted within 0.5 %; 4.45's loss (the head's output freed once upcast)
     is under by its 768,000 B, more than 3 %."""
     config, measurement, details = measure()
-    curve = [bytes_live for _t, bytes_live in details["memory_events"]]
-    sizes = {768_000, 1_536_000, 1_520_000}
-    measured = [b - a for a, b in zip(curve, curve[1:]) if abs(b - a) in sizes]
+    measured = _measured_loss_tensors(details)
     assert measured == _expected_loss_tensors(config)
     assert abs(_error(config, measurement.peak_allocated_bytes)) <= 0.5
     assert _error(config.replace(loss_returns_head=False), measurement.peak_allocated_bytes) < -3
