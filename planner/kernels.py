@@ -87,7 +87,9 @@ FP32_MATMUL_FRACTIONS = {
 #: routing sets a GEMM's token count afresh each step (transformers 4's per-expert loop, ``planner.moe_loop.
 #: loop_gemms``) its last tile row and its last wave are on average half filled, a cost per call whatever the tokens
 #: (``routed_gemm_waste``). Tiles GEMM_TILE_OUT along the output features (cuBLAS's m for F.linear's column-major
-#: ``out^T = W x^T``) by GEMM_TILE_TOKENS along the tokens, one per SM, on every NVIDIA device (the guide's A100 case).
+#: ``out^T = W x^T``) by GEMM_TILE_TOKENS along the tokens, one per SM, on every NVIDIA device (the guide's A100 case),
+#: where one sequence's routed rows already fill a wave of them: cuBLAS takes smaller tiles for a smaller GEMM (2.3:
+#: the tile trades reuse against parallelism), which the roofline's pricing of small GEMMs stands for.
 GEMM_TILE_OUT = 256
 GEMM_TILE_TOKENS = 128
 #: Streaming multiprocessors per device (NVIDIA's architecture whitepapers and datasheets: CUDA cores / 64 per SM on
@@ -115,11 +117,14 @@ def routed_gemm_waste(out_features: int, inner: int, sms: int) -> float:
 
 def routed_gemm_flops(model: ModelSpec, config: TrainConfig, gpu: GPUSpec | None) -> tuple[float, float]:
     """(outside the recompute, in it) FLOPs per micro-step the expert loop's GEMMs waste on ``gpu``
-    (``routed_gemm_waste`` over ``planner.moe_loop.loop_gemms``); (0, 0) without the loop, a device or its SM count."""
+    (``routed_gemm_waste`` over ``planner.moe_loop.loop_gemms``, those whose rows from one sequence fill a wave of
+    ``GEMM_TILE_OUT x GEMM_TILE_TOKENS`` tiles); (0, 0) without the loop, a device or its SM count."""
     sms = SM_COUNT.get(gpu.name) if gpu is not None else None
     main = recompute = 0.0
     if sms:
-        for calls, out_features, inner, in_recompute in loop_gemms(model, config):
+        for calls, out_features, inner, in_recompute, rows in loop_gemms(model, config):
+            if -(-rows // GEMM_TILE_TOKENS) * -(-out_features // GEMM_TILE_OUT) < sms:
+                continue  # under a wave of the largest tiles at one sequence: cuBLAS tiles it smaller
             waste = calls * routed_gemm_waste(out_features, inner, sms)
             if in_recompute:
                 recompute += waste
