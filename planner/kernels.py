@@ -92,18 +92,6 @@ FP32_MATMUL_FRACTIONS = {
 #: the tile trades reuse against parallelism), which the roofline's pricing of small GEMMs stands for.
 GEMM_TILE_OUT = 256
 GEMM_TILE_TOKENS = 128
-#: Streaming multiprocessors per device (NVIDIA's architecture whitepapers and datasheets: CUDA cores / 64 per SM on
-#: Volta, Turing and the GA100, / 128 on GA10x, Ada and Blackwell's GB20x): V100 80; T4 40; A100 108 (the whitepaper's
-#: 108-SM A100); H100 SXM5 132, H100 PCIe 114 (H100 whitepaper), H200 and GH200 the SXM part's 132; B200 and GB200
-#: 148; RTX 3090 82 (10,496 cores), RTX A6000 and A40 84 (10,752), A10 72 (9,216), L4 58 (7,424), RTX 4090 128
-#: (16,384), L40, L40S and RTX 6000 Ada 142 (18,176), RTX 5090 170 (21,760), RTX PRO 6000 188 (24,064). A device not
-#: listed (the A10G, AMD's) prices no quantisation.
-SM_COUNT = {
-    "v100-16gb": 80, "v100-32gb": 80, "t4": 40, "a100-40gb": 108, "a100-80gb": 108, "h100-80gb": 132,
-    "h100-pcie": 114, "h200": 132, "gh200": 132, "b200": 148, "gb200": 148, "rtx3090": 82, "rtx-a6000": 84,
-    "a40": 84, "a10": 72, "l4": 58, "rtx4090": 128, "l40": 142, "l40s": 142, "rtx6000-ada": 142, "rtx5090": 170,
-    "rtx-pro-6000": 188,
-}
 
 
 def routed_gemm_waste(out_features: int, inner: int, sms: int) -> float:
@@ -119,7 +107,7 @@ def routed_gemm_flops(model: ModelSpec, config: TrainConfig, gpu: GPUSpec | None
     """(outside the recompute, in it) FLOPs per micro-step the expert loop's GEMMs waste on ``gpu``
     (``routed_gemm_waste`` over ``planner.moe_loop.loop_gemms``, those whose rows from one sequence fill a wave of
     ``GEMM_TILE_OUT x GEMM_TILE_TOKENS`` tiles); (0, 0) without the loop, a device or its SM count."""
-    sms = SM_COUNT.get(gpu.name) if gpu is not None else None
+    sms = gpu.sm_count if gpu is not None else 0
     main = recompute = 0.0
     if sms:
         for calls, out_features, inner, in_recompute, rows in loop_gemms(model, config):
