@@ -177,8 +177,9 @@ def cause(r: dict[str, Any]) -> str:
                      "nn/modules.py fix_4bit_weight_quant_state_from_module; the dequantise's Python) would be on the "
                      "step's path: not priced beyond the units' all-gathers (the overhead share)")
     if over and s.get("experts_loop"):
-        found.append("transformers 4's per-expert MoE loop: per sequence within 0-5% on the 2025 runs, a fixed "
-                     "0.7-1.6 s a step not found (see the source's text)")
+        found.append("transformers 4's per-expert MoE loop (its GEMMs' tile and wave quantisation priced: "
+                     "planner.kernels.routed_gemm_waste): per sequence within 0-5% on the 2025 runs, a fixed 0.2-1.3 s "
+                     "a step not found (see the source's text)")
     if over and r["method"] == "qlora":
         upcasts = " and fp32 upcasts" if s.get("kbit_upcast", True) else ""
         found.append(f"bitsandbytes' dequantise-then-matmul per call: its small kernels{upcasts} are counted at "

@@ -210,6 +210,9 @@ class GPUSpec:
     """Device<->device bandwidth per direction, GB/s: NVLink on SXM parts, else the PCIe link."""
     interconnect: str
     """What ``interconnect_gbs`` is: ``nvlink3``, ``pcie4``, ..."""
+    sm_count: int = 0
+    """Streaming multiprocessors: how many GEMM tiles a wave runs (``planner.kernels.routed_gemm_waste``); 0 where
+    no source gives it (the A10G, AMD's parts, the CPU profile), which prices no wave quantisation."""
     is_cpu: bool = False
     """The CPU measurement profile rather than a GPU."""
     kernels: KernelProfile = CUDA_KERNELS
@@ -338,6 +341,14 @@ def check_attention(gpu: GPUSpec, attention: str) -> None:
 FP8_PER_BF16 = 2.0
 
 
+#: Where each entry's SM count comes from: NVIDIA's architecture whitepapers and datasheets, CUDA cores / 64 per SM on
+#: Volta, Turing and the GA100, / 128 on GA10x, Ada and Blackwell's GB20x: V100 80; T4 40; A100 108 (the whitepaper's
+#: 108-SM A100); H100 SXM5 132, H100 PCIe 114 (H100 whitepaper), H200 and GH200 the SXM part's 132; B200 and GB200 148;
+#: RTX 3090 82 (10,496 cores), RTX A6000 and A40 84 (10,752), A10 72 (9,216), L4 58 (7,424), RTX 4090 128 (16,384),
+#: L40, L40S and RTX 6000 Ada 142 (18,176), RTX 5090 170 (21,760), RTX PRO 6000 188 (24,064).
+_SM_SOURCE = "NVIDIA's architecture whitepaper / datasheet (CUDA cores per SM: 64 on Volta, Turing, GA100; 128 on GA10x, Ada, GB20x)"
+
+
 def _gpu(
     *,
     name: str,
@@ -359,6 +370,7 @@ def _gpu(
     host_link_gbs: float | None = None,
     host_link: str = "",
     kernels: KernelProfile = CUDA_KERNELS,
+    sms: int = 0,
 ) -> GPUSpec:
     """Build one entry; fields without their own note are cited to the datasheet. ``host_link_gbs``
     replaces the PCIe host link where the GPU reaches its host otherwise (GH200's NVLink-C2C),
@@ -373,6 +385,7 @@ def _gpu(
         **({"fp8_tflops": f"{datasheet}: dense FP8 tensor, twice its bf16 rate (FP8_PER_BF16)"} if fp8 else {}),
         "mem_bandwidth_gbs": datasheet,
         "host_link_gbs": host_link or f"PCIe gen{pcie_gen} x16, ~80% of raw per direction (assumption)",
+        **({"sm_count": f"{sms} SMs: {_SM_SOURCE}"} if sms else {}),
         "interconnect_gbs": (
             f"{nvlink} {nvlink_gbs:g} GB/s per direction ({datasheet})"
             if nvlink_gbs
@@ -395,6 +408,7 @@ def _gpu(
         host_link_gbs=host,
         interconnect_gbs=nvlink_gbs or host,
         interconnect=nvlink or f"pcie{pcie_gen}",
+        sm_count=sms,
         sources=sources,
         nodes=nodes,
         kernels=kernels,
@@ -456,7 +470,7 @@ _H100_SHEET = "NVIDIA H100 datasheet, SXM5 column: 989.4 TFLOPS dense bf16/fp16 
 
 _CATALOG: tuple[GPUSpec, ...] = (
     _gpu(
-        name="t4", display_name="NVIDIA T4", memory_mib=15360, memory_source=_MODAL_SMI, cc=(7, 5),
+        name="t4", sms=40, display_name="NVIDIA T4", memory_mib=15360, memory_source=_MODAL_SMI, cc=(7, 5),
         fp16=65.0, bf16=0.0, fp32=8.1, bandwidth=320.0, pcie_gen=3,
         datasheet="NVIDIA T4 datasheet: 65 TFLOPS mixed-precision fp16, 8.1 fp32, 320 GB/s",
         nodes=_nodes("g4dn", _AWS_BATCH, ("xlarge", 1, 16), ("12xlarge", 4, 192)) + _nodes("g4dn", _TORCHX, ("metal", 8, 384)),
@@ -477,19 +491,19 @@ _CATALOG: tuple[GPUSpec, ...] = (
         nodes=_nodes("g5", _AWS_BATCH, ("xlarge", 1, 16), ("12xlarge", 4, 192), ("48xlarge", 8, 768)),
     ),
     _gpu(
-        name="l4", display_name="NVIDIA L4", memory_mib=23034, memory_source=_MODAL_SMI, cc=(8, 9),
+        name="l4", sms=58, display_name="NVIDIA L4", memory_mib=23034, memory_source=_MODAL_SMI, cc=(8, 9),
         fp16=121.0, bf16=121.0, fp32=30.3, bandwidth=300.0, pcie_gen=4, fp8=True,
         datasheet="NVIDIA L4 datasheet: 242 TFLOPS bf16/fp16 with sparsity (121 dense), 30.3 fp32, 300 GB/s",
         nodes=_nodes("g6", _AWS_BATCH, ("xlarge", 1, 16)),
     ),
     _gpu(
-        name="l40s", display_name="NVIDIA L40S", memory_mib=46068, memory_source=_MODAL_SMI, cc=(8, 9),
+        name="l40s", sms=142, display_name="NVIDIA L40S", memory_mib=46068, memory_source=_MODAL_SMI, cc=(8, 9),
         fp16=362.05, bf16=362.05, fp32=91.6, bandwidth=864.0, pcie_gen=4, fp8=True,
         datasheet="NVIDIA L40S datasheet: 733 TFLOPS bf16/fp16 with sparsity (362.05 dense), 91.6 fp32, 864 GB/s",
         nodes=_nodes("g6e", _TORCHX, ("xlarge", 1, 32), ("12xlarge", 4, 384), ("48xlarge", 8, 1536)),
     ),
     _gpu(
-        name="v100-16gb", display_name="Tesla V100-SXM2-16GB", memory_mib=16384, cc=(7, 0),
+        name="v100-16gb", sms=80, display_name="Tesla V100-SXM2-16GB", memory_mib=16384, cc=(7, 0),
         memory_source="nvidia-smi readings '0MiB / 16384MiB' with driver 535.86.10 and ten other 535+ logs; "
         f"16160 MiB on 450.119.03 (4paradigm/k8s-vgpu-scheduler#7), 16130 on older: {_DRIVER_NOTE}",
         fp16=125.0, bf16=0.0, fp32=15.7, bandwidth=900.0, pcie_gen=3,
@@ -498,7 +512,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
         nodes=_nodes("p3", _AWS_BATCH, ("2xlarge", 1, 61), ("8xlarge", 4, 244), ("16xlarge", 8, 488)),
     ),
     _gpu(
-        name="v100-32gb", display_name="Tesla V100-SXM2-32GB", memory_mib=32768, cc=(7, 0),
+        name="v100-32gb", sms=80, display_name="Tesla V100-SXM2-32GB", memory_mib=32768, cc=(7, 0),
         memory_source="nvidia-smi reading '308MiB / 32768MiB' with driver 525.105.17 (Wan-Video/Wan2.1#5) and "
         f"'0MiB / 32768MiB' with 535.161.08; 32510 MiB on R450-R460, 32480 on R410: {_DRIVER_NOTE}",
         fp16=125.0, bf16=0.0, fp32=15.7, bandwidth=900.0, pcie_gen=3,
@@ -507,7 +521,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
         nodes=_nodes("p3dn", _AWS_BATCH, ("24xlarge", 8, 768)),
     ),
     _gpu(
-        name="a100-40gb", display_name="NVIDIA A100-SXM4-40GB", memory_mib=40960, memory_source=_MODAL_SMI,
+        name="a100-40gb", sms=108, display_name="NVIDIA A100-SXM4-40GB", memory_mib=40960, memory_source=_MODAL_SMI,
         cc=(8, 0), fp16=312.0, bf16=312.0, fp32=19.5, bandwidth=1555.0, pcie_gen=4,
         nvlink_gbs=300.0, nvlink="nvlink3",
         datasheet=_A100_SHEET + ", 40GB: 1555 GB/s, NVLink 600 GB/s total",
@@ -515,28 +529,28 @@ _CATALOG: tuple[GPUSpec, ...] = (
         + _gcp_nodes("a2-highgpu", (1, 85), (2, 170), (4, 340)),
     ),
     _gpu(
-        name="a100-80gb", display_name="NVIDIA A100-SXM4-80GB", memory_mib=81920, memory_source=_MODAL_SMI,
+        name="a100-80gb", sms=108, display_name="NVIDIA A100-SXM4-80GB", memory_mib=81920, memory_source=_MODAL_SMI,
         cc=(8, 0), fp16=312.0, bf16=312.0, fp32=19.5, bandwidth=2039.0, pcie_gen=4,
         nvlink_gbs=300.0, nvlink="nvlink3",
         datasheet=_A100_SHEET + ", 80GB SXM: 2039 GB/s, NVLink 600 GB/s total",
         nodes=_nodes("p4de", _TORCHX, ("24xlarge", 8, 1152)) + _gcp_nodes("a2-ultragpu", (1, 170), (2, 340), (4, 680)),
     ),
     _gpu(
-        name="h100-80gb", display_name="NVIDIA H100 80GB HBM3 (SXM5)", memory_mib=81559,
+        name="h100-80gb", sms=132, display_name="NVIDIA H100 80GB HBM3 (SXM5)", memory_mib=81559,
         memory_source=_MODAL_SMI, cc=(9, 0), fp16=989.4, bf16=989.4, fp32=66.9, bandwidth=3350.0,
         pcie_gen=5, fp8=True, nvlink_gbs=450.0, nvlink="nvlink4",
         datasheet=_H100_SHEET + ", 3.35 TB/s, NVLink 900 GB/s total",
         nodes=_nodes("p5", _TORCHX, ("48xlarge", 8, 2048)) + _gcp_nodes("a3-highgpu", (1, 234), (2, 468), (4, 936)),
     ),
     _gpu(
-        name="h100-pcie", display_name="NVIDIA H100 PCIe", memory_mib=81559,
+        name="h100-pcie", sms=114, display_name="NVIDIA H100 PCIe", memory_mib=81559,
         memory_source="nvidia-smi readings '6637MiB / 81559MiB' (Beomi/BitNet-Transformers README) and "
         "'0MiB / 81559MiB' with driver 525.85.05 (langchain-nvidia-trt README)",
         cc=(9, 0), fp16=756.0, bf16=756.0, fp32=51.2, bandwidth=2000.0, pcie_gen=5, fp8=True,
         datasheet="NVIDIA H100 datasheet, PCIe column: 1513 TFLOPS bf16/fp16 sparse (756 dense), 51 fp32, 2 TB/s",
     ),
     _gpu(
-        name="h200", display_name="NVIDIA H200 (SXM)", memory_mib=143771,
+        name="h200", sms=132, display_name="NVIDIA H200 (SXM)", memory_mib=143771,
         memory_source="nvidia-smi reading '87321MiB / 143771MiB' with driver 580.95.05 (AWS p5en.48xlarge); "
         "Modal's table (thundergolfer.com/blog/nvidia-gpu-memory-capacity): 143,771 MiB",
         cc=(9, 0), fp16=989.4, bf16=989.4, fp32=66.9, bandwidth=4800.0, pcie_gen=5, fp8=True,
@@ -546,21 +560,21 @@ _CATALOG: tuple[GPUSpec, ...] = (
         nodes=_nodes("p5e", _TORCHX, ("48xlarge", 8, 2048)),
     ),
     _gpu(
-        name="rtx3090", display_name="NVIDIA GeForce RTX 3090", memory_mib=24576, cc=(8, 6),
+        name="rtx3090", sms=82, display_name="NVIDIA GeForce RTX 3090", memory_mib=24576, cc=(8, 6),
         memory_source="nvidia-smi reading '22598MiB / 24576MiB' in noonghunna/club-3090#1128",
         fp16=71.0, bf16=71.0, fp32=35.6, bandwidth=936.0, pcie_gen=4,
         datasheet="NVIDIA GA102 (Ampere) whitepaper, RTX 3090: 71 TFLOPS fp16/bf16 tensor with FP32 "
         "accumulate (142 with fp16 accumulate), 35.6 fp32, 936 GB/s",
     ),
     _gpu(
-        name="rtx4090", display_name="NVIDIA GeForce RTX 4090", memory_mib=24564, cc=(8, 9), fp8=True,
+        name="rtx4090", sms=128, display_name="NVIDIA GeForce RTX 4090", memory_mib=24564, cc=(8, 9), fp8=True,
         memory_source="nvidia-smi reading '507MiB / 24564MiB' in RLinf/RLinf#255",
         fp16=165.2, bf16=165.2, fp32=82.6, bandwidth=1008.0, pcie_gen=4,
         datasheet="NVIDIA Ada (AD102) whitepaper, RTX 4090: 165.2 TFLOPS fp16/bf16 tensor with FP32 "
         "accumulate (330.4 with fp16 accumulate), 82.6 fp32, 1008 GB/s",
     ),
     _gpu(
-        name="rtx-a6000", display_name="NVIDIA RTX A6000", memory_mib=49140,
+        name="rtx-a6000", sms=84, display_name="NVIDIA RTX A6000", memory_mib=49140,
         memory_source="nvidia-smi reading '1661MiB / 49140MiB' with driver 515.43.04, ECC off; with ECC on "
         f"46068 MiB (550.127.05): pass --gpu-mem 46068MiB; 48685 on R470: {_DRIVER_NOTE}",
         cc=(8, 6), fp16=154.8, bf16=154.8, fp32=38.7, bandwidth=768.0, pcie_gen=4,
@@ -572,7 +586,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
     # TOPS" are FP4 with sparsity; FP16/BF16 with FP32 accumulate is that /8 on RTX PRO (full rate)
     # and /16 on GeForce (half rate, as on the 4090), which NVIDIA's RTX Blackwell whitepaper lists.
     _gpu(
-        name="b200", display_name="NVIDIA B200", memory_mib=183359, cc=(10, 0), fp8=True,
+        name="b200", sms=148, display_name="NVIDIA B200", memory_mib=183359, cc=(10, 0), fp8=True,
         memory_source="nvidia-smi readings '0MiB / 183359MiB' (HGX B200, driver 570+/580+, several public logs)",
         fp16=2250.0, bf16=2250.0, fp32=80.0, bandwidth=8000.0, pcie_gen=5,
         nvlink_gbs=900.0, nvlink="nvlink5",
@@ -580,7 +594,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
         nodes=_b200_nodes(),
     ),
     _gpu(
-        name="rtx5090", display_name="NVIDIA GeForce RTX 5090", memory_mib=32607, cc=(12, 0), fp8=True,
+        name="rtx5090", sms=170, display_name="NVIDIA GeForce RTX 5090", memory_mib=32607, cc=(12, 0), fp8=True,
         memory_source="nvidia-smi readings '1987MiB / 32607MiB' with driver 580.102.01 and other public logs",
         fp16=209.5, bf16=209.5, fp32=104.8, bandwidth=1792.0, pcie_gen=5,
         datasheet="NVIDIA RTX Blackwell GPU architecture whitepaper, RTX 5090: 209.5 TFLOPS fp16/bf16 tensor "
@@ -588,7 +602,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
         "1792 GB/s GDDR7",
     ),
     _gpu(
-        name="rtx6000-ada", display_name="NVIDIA RTX 6000 Ada Generation", memory_mib=49140, cc=(8, 9), fp8=True,
+        name="rtx6000-ada", sms=142, display_name="NVIDIA RTX 6000 Ada Generation", memory_mib=49140, cc=(8, 9), fp8=True,
         memory_source="nvidia-smi reading '44578MiB / 49140MiB' (ECC off, the workstation default; with ECC on "
         "the card reports less: pass --gpu-mem)",
         fp16=364.25, bf16=364.25, fp32=91.1, bandwidth=960.0, pcie_gen=4,
@@ -597,7 +611,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
         "91.1 fp32, 960 GB/s GDDR6",
     ),
     _gpu(
-        name="rtx-pro-6000", display_name="NVIDIA RTX PRO 6000 Blackwell", memory_mib=97887, cc=(12, 0), fp8=True,
+        name="rtx-pro-6000", sms=188, display_name="NVIDIA RTX PRO 6000 Blackwell", memory_mib=97887, cc=(12, 0), fp8=True,
         memory_source="nvidia-smi readings '0MiB / 97887MiB' on the Server Edition and the Workstation Edition "
         "with driver 580.178.04 and other public logs",
         fp16=503.8, bf16=503.8, fp32=125.0, bandwidth=1792.0, pcie_gen=5,
@@ -606,21 +620,21 @@ _CATALOG: tuple[GPUSpec, ...] = (
         "1792 GB/s GDDR7",
     ),
     _gpu(
-        name="l40", display_name="NVIDIA L40", memory_mib=46068, cc=(8, 9), fp8=True,
+        name="l40", sms=142, display_name="NVIDIA L40", memory_mib=46068, cc=(8, 9), fp8=True,
         memory_source="nvidia-smi readings '5MiB / 46068MiB' and '31687MiB / 46068MiB' (ECC on, the default)",
         fp16=181.05, bf16=181.05, fp32=90.5, bandwidth=864.0, pcie_gen=4,
         datasheet="NVIDIA L40 datasheet: 362.1 TFLOPS bf16/fp16 tensor with sparsity (181.05 dense), "
         "90.5 fp32, 864 GB/s GDDR6",
     ),
     _gpu(
-        name="a40", display_name="NVIDIA A40", memory_mib=46068, cc=(8, 6),
+        name="a40", sms=84, display_name="NVIDIA A40", memory_mib=46068, cc=(8, 6),
         memory_source="nvidia-smi readings '0MiB / 46068MiB' and '34501MiB / 46068MiB' (ECC on, the default)",
         fp16=149.7, bf16=149.7, fp32=37.4, bandwidth=696.0, pcie_gen=4,
         datasheet="NVIDIA A40 datasheet: 299.4 TFLOPS bf16/fp16 tensor with sparsity (149.7 dense), 37.4 fp32, "
         "696 GB/s GDDR6; its NVLink bridge joins pairs only (112.5 GB/s), so peers are planned over PCIe",
     ),
     _gpu(
-        name="a10", display_name="NVIDIA A10", memory_mib=23028, cc=(8, 6),
+        name="a10", sms=72, display_name="NVIDIA A10", memory_mib=23028, cc=(8, 6),
         memory_source="nvidia-smi readings '0MiB / 23028MiB', '4MiB / 23028MiB' and '7MiB / 23028MiB' "
         "(ECC on; the same total as the A10G)",
         fp16=125.0, bf16=125.0, fp32=31.2, bandwidth=600.0, pcie_gen=4,
@@ -630,7 +644,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
         + _oci_nodes("BM.GPU.A10.4", 4, 1024),
     ),
     _gpu(
-        name="gh200", display_name="NVIDIA GH200 480GB", memory_mib=97871, cc=(9, 0), fp8=True,
+        name="gh200", sms=132, display_name="NVIDIA GH200 480GB", memory_mib=97871, cc=(9, 0), fp8=True,
         memory_source="nvidia-smi readings '1MiB / 97871MiB' (GH200 480GB: 96 GB HBM3 + 480 GB LPDDR5X) and "
         "'37MiB / 97871MiB' (GH200 120GB); the Grace LPDDR5X is host memory, not in this total",
         fp16=989.4, bf16=989.4, fp32=66.9, bandwidth=4000.0, pcie_gen=5,
@@ -642,7 +656,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
         "with sparsity (989.4 dense), 67 fp32, 4 TB/s, NVLink 900 GB/s total between superchips (GH200 NVL2/NVL32)",
     ),
     _gpu(
-        name="gb200", display_name="NVIDIA GB200", memory_mib=189471, cc=(10, 0), fp8=True,
+        name="gb200", sms=148, display_name="NVIDIA GB200", memory_mib=189471, cc=(10, 0), fp8=True,
         memory_source="nvidia-smi readings '0MiB / 189471MiB' (GB200 NVL72 compute trays, driver 570+, several "
         "public logs); each GPU of the superchip reports its own HBM3e",
         fp16=2500.0, bf16=2500.0, fp32=80.0, bandwidth=8000.0, pcie_gen=5,

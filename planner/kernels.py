@@ -32,7 +32,7 @@ from planner.memory.moe import is_moe_block
 from planner.memory.parameters import stack_targets
 from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import LinearKind, LinearSpec, ModelSpec
-from planner.moe_loop import loop_input_grad_elements, loop_ops, loop_slot_elements
+from planner.moe_loop import loop_gemms, loop_input_grad_elements, loop_ops, loop_slot_elements
 
 # ---- achieved matmul rate per device ---------------------------------------------------------
 
@@ -77,6 +77,50 @@ FP32_MATMUL_FRACTIONS = {
     "v100-16gb": 0.896, "v100-32gb": 0.896, "a100-40gb": 0.984, "a100-80gb": 0.984, "rtx4090": 0.666,
     "rtx3090": 0.687, "rtx-a6000": 0.618, "l40s": 0.512, "t4": 0.515,
 }
+#: A GEMM runs its output in tiles, one thread block each, in waves of as many blocks as the device runs at once; a
+#: GEMM pays for whole tiles and whole waves (NVIDIA Deep Learning Performance Guide, "Matrix Multiplication
+#: Background", 2.3 "Typical Tile Dimensions in cuBLAS": 256x128 and 128x256 the most efficient; 3.1 "Tile
+#: Quantization"; 3.2 "Wave Quantization": an A100 has 108 SMs and runs one 256x128 block per SM, so a wave is 108
+#: tiles, and a GEMM whose tiles overshoot a multiple of 108 runs a last wave mostly idle). The measured fractions
+#: above are the best shapes' (MAMF: a search over shapes), which fill their waves; a dense layer's GEMMs have the
+#: run's fixed shape, many waves each (an 8B model's at 16k tokens: 19-66), and are left at those fractions. Where
+#: routing sets a GEMM's token count afresh each step (transformers 4's per-expert loop, ``planner.moe_loop.
+#: loop_gemms``) its last tile row and its last wave are on average half filled, a cost per call whatever the tokens
+#: (``routed_gemm_waste``). Tiles GEMM_TILE_OUT along the output features (cuBLAS's m for F.linear's column-major
+#: ``out^T = W x^T``) by GEMM_TILE_TOKENS along the tokens, one per SM, on every NVIDIA device (the guide's A100 case),
+#: where one sequence's routed rows already fill a wave of them: cuBLAS takes smaller tiles for a smaller GEMM (2.3:
+#: the tile trades reuse against parallelism), which the roofline's pricing of small GEMMs stands for.
+GEMM_TILE_OUT = 256
+GEMM_TILE_TOKENS = 128
+
+
+def routed_gemm_waste(out_features: int, inner: int, sms: int) -> float:
+    """Expected FLOPs (priced at the device's achieved GEMM rate) one GEMM spends beyond its own where routing sets
+    its token count: half its last wave (``sms`` tiles) idle, and half its last row of tiles along the tokens (one
+    tile per ``GEMM_TILE_OUT`` output features) computing padding; a tile is ``GEMM_TILE_OUT x GEMM_TILE_TOKENS``
+    outputs of ``inner`` multiply-adds (``GEMM_TILE_OUT`` etc.)."""
+    row = -(-out_features // GEMM_TILE_OUT)
+    return (0.5 * sms + 0.5 * row) * GEMM_TILE_OUT * GEMM_TILE_TOKENS * 2.0 * inner
+
+
+def routed_gemm_flops(model: ModelSpec, config: TrainConfig, gpu: GPUSpec | None) -> tuple[float, float]:
+    """(outside the recompute, in it) FLOPs per micro-step the expert loop's GEMMs waste on ``gpu``
+    (``routed_gemm_waste`` over ``planner.moe_loop.loop_gemms``, those whose rows from one sequence fill a wave of
+    ``GEMM_TILE_OUT x GEMM_TILE_TOKENS`` tiles); (0, 0) without the loop, a device or its SM count."""
+    sms = gpu.sm_count if gpu is not None else 0
+    main = recompute = 0.0
+    if sms:
+        for calls, out_features, inner, in_recompute, rows in loop_gemms(model, config):
+            if -(-rows // GEMM_TILE_TOKENS) * -(-out_features // GEMM_TILE_OUT) < sms:
+                continue  # under a wave of the largest tiles at one sequence: cuBLAS tiles it smaller
+            waste = calls * routed_gemm_waste(out_features, inner, sms)
+            if in_recompute:
+                recompute += waste
+            else:
+                main += waste
+    return main, recompute
+
+
 #: The CPU profile's FLOP/s are its MEASURED 2048^2 GEMM rates (``planner.gpus``): 1.0.
 CPU_MATMUL_FRACTION = 1.0
 #: The CPU profile's bandwidth is likewise a MEASURED achieved rate (``copy_`` into a kept tensor, bytes counted
@@ -1006,14 +1050,16 @@ def price(terms: MicroTerms, rates: DeviceRates) -> PricedTerms:
 
 def micro_terms(model: ModelSpec, config: TrainConfig, gpu: GPUSpec | None = None) -> MicroTerms:
     """The work of a micro-step of ``config``'s kind at any micro-batch (its ``micro_batch`` unread), on ``gpu``
-    where the device's kernels change it (fp32 adapters' rate, ``adapter_flop_weight``; a promoting add)."""
+    where the device's kernels change it (fp32 adapters' rate, ``adapter_flop_weight``; a promoting add; the expert
+    loop's tile and wave quantisation, ``routed_gemm_flops``)."""
     forward, backward, head = _gemms(model, config, adapter_flop_weight(gpu, config))
     attention, attention_fwd = attention_flops(model, config, 1, gpu)
+    waste, recompute_waste = routed_gemm_flops(model, config, gpu)  # per call, whatever the tokens
     recompute_fixed, recompute_token = (0.0, 0.0), (0.0, 0.0)
     if config.grad_ckpt:  # the blocks' forward again, not the head's
-        recompute_fixed = (0.0, forward[2] - head[2])
+        recompute_fixed = (recompute_waste, forward[2] - head[2])
         recompute_token = (forward[0] - head[0] + attention_fwd, forward[1] - head[1])
-    fixed = MicroStep(gemm=(0.0, forward[2] + backward[2]), attention=(0.0, 0.0), recompute=recompute_fixed,
+    fixed = MicroStep(gemm=(waste, forward[2] + backward[2]), attention=(0.0, 0.0), recompute=recompute_fixed,
                       elementwise=(0.0, 0.0), ops=ops_per_micro_step(model, config))
     per_token = MicroStep(gemm=(forward[0] + backward[0], forward[1] + backward[1]), attention=(attention, 0.0),
                           recompute=recompute_token, elementwise=(0.0, elementwise_bytes(model, config, 1, gpu)), ops=0)
@@ -1061,6 +1107,8 @@ __all__ = [
     "micro_terms",
     "ops_per_micro_step",
     "price",
+    "routed_gemm_flops",
+    "routed_gemm_waste",
     "rows_per_token",
     "stream_cast_elements",
     "weight_cast_bytes",

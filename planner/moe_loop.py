@@ -17,7 +17,7 @@ Pure module: no torch, no I/O.
 from __future__ import annotations
 
 from planner.config import Method, TrainConfig
-from planner.memory.moe import expert_dims, looped, moe_layers, routed_experts
+from planner.memory.moe import expert_dims, is_moe_block, looped, moe_layers, routed_experts
 from planner.modelspec import ModelSpec
 
 #: Elements each routed slot moves, per hidden element, in the loop's forward outside the GEMMs: the
@@ -70,6 +70,27 @@ def loop_input_grad_elements(model: ModelSpec) -> int:
     return moe_layers(model) * model.num_experts * LOOP_INPUT_GRAD_PASSES * model.hidden_size
 
 
+def loop_gemms(model: ModelSpec, config: TrainConfig) -> tuple[tuple[int, int, int, bool, float], ...]:
+    """The loop's expert GEMMs whose token count the routing sets afresh each step, per micro-step, as (calls, output
+    features, inner dimension, whether in the checkpoint's recompute, the expert's rows from one sequence): each routed
+    expert linear's forward on its ~T·k/E rows (MixtralBlockSparseTop2MLP.forward, modeling_mixtral.py l.79-81), again
+    in the recompute, and its input gradient (the output's gradient times the weight: the input features out, the
+    output features inner; counted always, as ``loop_input_grad_elements``), E experts of each MoE block. Empty where
+    the experts are not looped. A trained expert's weight gradient (full fine-tuning) runs the tokens as its inner
+    dimension: its output tiles are the weight's own, fixed from step to step, so it is not listed."""
+    gemms: list[tuple[int, int, int, bool, float]] = []
+    for n, _, view in model.block_kinds:
+        if not (is_moe_block(view) and looped(view)):
+            continue
+        for lin in routed_experts(view):
+            calls, rows = n * lin.count, config.seq_len * lin.active / lin.count
+            gemms.append((calls, lin.out_features, lin.in_features, False, rows))
+            if config.grad_ckpt:
+                gemms.append((calls, lin.out_features, lin.in_features, True, rows))
+            gemms.append((calls, lin.in_features, lin.out_features, False, rows))
+    return tuple(gemms)
+
+
 def loop_syncs(model: ModelSpec, config: TrainConfig) -> int:
     """Host-device synchronisations the loop makes per micro-step: one per expert per MoE block per forward (the
     checkpoint's recompute runs the loop again); 0 where the experts are not looped."""
@@ -95,4 +116,4 @@ def loop_ops(model: ModelSpec, config: TrainConfig, *, quantized_ops: int) -> in
 
 
 __all__ = ["LOOP_BACKWARD_OPS", "LOOP_ELEMENTS_PER_SLOT", "LOOP_FORWARD_OPS", "LOOP_INPUT_GRAD_PASSES", "SYNC_DRAIN_OPS",
-           "loop_input_grad_elements", "loop_ops", "loop_slot_elements", "loop_syncs"]
+           "loop_gemms", "loop_input_grad_elements", "loop_ops", "loop_slot_elements", "loop_syncs"]
