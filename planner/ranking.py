@@ -17,7 +17,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import gc
 import math
 from itertools import repeat
 from operator import itemgetter
@@ -29,6 +28,7 @@ from planner.errors import NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
 from planner.host import host_shortfall, node_ram_needed
 from planner.memory import model_states_bytes
+from planner.memo import collector_paused
 from planner.memory.allocator import sharing_prefixes
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
@@ -58,21 +58,11 @@ from planner.units import format_bytes
 
 
 def _collector_paused(search):
-    """``search`` with Python's cyclic garbage collector paused while it runs (and resumed after,
-    where it was running). A search allocates tens of thousands of tuples and configurations that
-    reference counting frees; the collector's passes over them were about a tenth of the bench
-    request's CPU time and freed about 15 objects a search (Llama-2-7B on an A10G over every
-    precision: 30 collections a search, 7-9 ms of ~80, read with ``gc.callbacks``), which the first
-    collection after it frees as well."""
+    """``search`` with Python's cyclic garbage collector paused while it runs (``planner.memo.collector_paused``)."""
     @functools.wraps(search)
     def paused(*args, **kwargs):
-        if not gc.isenabled():
+        with collector_paused():
             return search(*args, **kwargs)
-        gc.disable()
-        try:
-            return search(*args, **kwargs)
-        finally:
-            gc.enable()
 
     return paused
 
