@@ -221,11 +221,13 @@ def _each_device(devices: list[GPUSpec], counts: tuple[int, ...],
                  options_of: Callable[[GPUSpec, tuple[int, ...]], list[RentOption]], *,
                  processes: int) -> list[list[RentOption]]:
     """``options_of`` of each device at ``counts``, in order. With ``processes`` > 1 (where the OS
-    forks) this process and ``processes`` - 1 forked children each take the next unit of work no
-    process has taken until none is left (the searches are independent, and a child inherits the
-    shared terms computed so far). Taken as they finish rather than dealt out in turn: a search
-    costs from 0.01 to 0.3 s of CPU (a GPU of more memory fits more plans; the first of a kind of
-    kernels and GPU count computes the shared terms).
+    forks) ``processes`` forked children each take the next unit of work no process has taken until
+    none is left (the searches are independent), and this process waits for their answers: a child
+    ends without freeing the tables its searches filled (``multiprocessing`` ends it with
+    ``os._exit``), where this process, planning a share itself, spent 0.17 s of the comparison's
+    2.1 s wall freeing its own as ``shared_terms`` closed (Llama-3.1-8B below). Taken as they finish
+    rather than dealt out in turn: a search costs from 0.01 to 0.3 s of CPU (a GPU of more memory
+    fits more plans; the first of a kind of kernels and GPU count computes the shared terms).
 
     A unit is one GPU count on every device where there are at least as many counts as processes,
     else one device at every count: the searches of one GPU count share most of their terms (the
@@ -252,13 +254,13 @@ def _each_device(devices: list[GPUSpec], counts: tuple[int, ...],
     children = []
     planned: dict[int, list[RentOption]] = {n: [] for n in range(len(devices))}
     try:
-        for _ in range(1, processes):
+        for _ in range(processes):
             receive, send = context.Pipe(duplex=False)
             child = context.Process(target=_plan_share, args=(send, planned_unit, units, taken), daemon=True)
             child.start()
             send.close()
             children.append((child, receive))
-        found = _take_units(units, planned_unit, taken)
+        found = []
         for child, receive in children:
             found.extend(_received(child, receive))
     except BaseException:
