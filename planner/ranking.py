@@ -313,7 +313,8 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
 
     def estimated(cfg: TrainConfig):
         if cfg not in replays:  # (None: its replay runs out of memory in ``usable``, and it is dropped)
-            replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable, dropping=True, memo=memo)
+            replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable, dropping=True, memo=memo,
+                                           totals=True)
         return replays[cfg]
 
     settling = (_Settling(estimated, speeds=speeds, memo=memo, replays=replays, usable=usable, capacity=capacity)
@@ -569,11 +570,12 @@ _ROW_ORDER = itemgetter(0, 1)
 def _shown(config: TrainConfig, memory, *, model: ModelSpec, gpu: GPUSpec, shown: dict) -> dict:
     """A plan shown's memory, with its uncertainty, and throughput estimate, once a search (``shown``,
     by configuration: its full estimate is one a search, ``replays``); both policies' lists show
-    most plans (Llama-2-7B on an A10G: the other policy's three plans were all among the five)."""
+    most plans (Llama-2-7B on an A10G: the other policy's three plans were all among the five).
+    ``memory``: its ``ReplayedTotals`` (``shared_estimate``), whose whole estimate is made here."""
     found = shown.get(config)
     if found is None:
         found = shown[config] = {
-            "memory": _with_uncertainty(config, memory, gpu),
+            "memory": _with_uncertainty(config, memory.estimate(), gpu),
             "throughput": estimate_throughput(model=model, config=config, gpu=gpu, paged_host=memory.paged_host_bytes)}
     return found
 
