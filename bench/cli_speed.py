@@ -19,11 +19,20 @@ theirs together), target <= 2 s (issue 21). Targets: cold CLI <= 0.5 s median; >
 default space of this request has 9,408, so the count is met by the whole precision space and the
 rate, 200 candidates/ms, is shown for both). Whether each target is met is printed; the exit code
 is 0 either way (speed is reported, never asserted).
+
+    python bench/cli_speed.py --instructions
+
+prints instead the instructions of one in-process search of each space, counted by valgrind's
+cachegrind rather than timed (a shared machine's CPU time swings by a fifth; the count does not):
+(3 searches - 1 search) / 2 in one interpreter, with PYTHONHASHSEED=0, so the interpreter's start,
+the imports and the module-level memos the first search fills are left out.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -141,8 +150,50 @@ def search_ms(*, every_precision: bool) -> tuple[int, list[float], list[float], 
     return searched, wall, cpu, plans, other
 
 
+#: ``--instructions``: the searches run in one interpreter under cachegrind (argv: count, "every" or "default")
+_SEARCHES = """
+import sys
+from planner import ranking, search
+from planner.catalog import resolve_model
+from planner.config import Precision
+from planner.estimation import default_seq_len
+from planner.gpus import get_gpu, physical_ram_bytes
+model, gpu = resolve_model(sys.argv[1]), get_gpu(sys.argv[2])
+space = search.SearchSpace(cpu_mem_bytes=physical_ram_bytes(),
+                           precisions=tuple(Precision) if sys.argv[5] == "every" else None)
+for _ in range(int(sys.argv[4])):
+    ranking.suggest(model=model, gpu=gpu, target_batch=int(sys.argv[3]), seq_len=default_seq_len(model), space=space)
+"""
+
+
+def search_instructions(*, every_precision: bool) -> int:
+    """Instructions of one in-process search (``_SEARCHES``): (3 searches - 1) / 2, by cachegrind."""
+    counts = []
+    for searches in (1, 3):
+        with tempfile.TemporaryDirectory() as out:
+            proc = subprocess.run(
+                ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}/cg.out",
+                 sys.executable, "-c", _SEARCHES, MODEL, GPU, str(TARGET_BATCH), str(searches),
+                 "every" if every_precision else "default"],
+                capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1"})
+        found = re.findall(r"I\s+refs:\s+([\d,]+)", proc.stderr)
+        if proc.returncode != 0 or not found:
+            raise SystemExit(f"cachegrind failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+        counts.append(int(found[-1].replace(",", "")))
+    return (counts[1] - counts[0]) // 2
+
+
 def main() -> int:
     compile_bytecode()
+    if "--instructions" in sys.argv[1:]:
+        if shutil.which("valgrind") is None:
+            raise SystemExit("--instructions counts with valgrind's cachegrind: install valgrind")
+        for every_precision in (False, True):
+            space = "every precision" if every_precision else "the default space"
+            print(f"in-process planner.ranking.suggest, {MODEL} on {GPU}, target batch {TARGET_BATCH}, {space}: "
+                  f"{search_instructions(every_precision=every_precision) / 1e6:,.1f} M instructions a search "
+                  "(cachegrind, (3 searches - 1) / 2, PYTHONHASHSEED=0)")
+        return 0
     for save in (True, False):
         times = cold_cli_seconds(save=save)
         median = statistics.median(times[1:])

@@ -3,7 +3,9 @@ from one immutable object (a ``ModelSpec``, a tuple of tensor sizes) and a few s
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+import gc
+from contextlib import contextmanager
+from typing import Any, Hashable, Iterator
 
 
 class IdentityMemo:
@@ -32,4 +34,24 @@ class IdentityMemo:
         return value
 
 
-__all__ = ["IdentityMemo"]
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused within this block (and resumed after, where it was
+    running). A search allocates tens of thousands of tuples and configurations that reference
+    counting frees, and keeps many of them in its memos: the collector's passes over them freed
+    almost nothing. One search (``planner.ranking.suggest``): 30 collections, 7-9 ms of ~80, about
+    15 objects freed (Llama-2-7B on an A10G over every precision, read with ``gc.callbacks``), which
+    the first collection after it frees as well. A ``--gpu any`` comparison (``planner.rent``), whose
+    shared tables grow over its 96 searches, so that each generation's pass scans more survivors:
+    3.34 -> 2.40 s of CPU in one process (Llama-3.1-8B, target batch 32), the same peak RSS (158 MB)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+__all__ = ["IdentityMemo", "collector_paused"]

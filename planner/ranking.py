@@ -17,7 +17,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import gc
 import math
 from itertools import repeat
 from operator import itemgetter
@@ -29,6 +28,7 @@ from planner.errors import NothingFitsError, PlannerError
 from planner.gpus import GPUSpec
 from planner.host import host_shortfall, node_ram_needed
 from planner.memory import model_states_bytes
+from planner.memo import collector_paused
 from planner.memory.allocator import sharing_prefixes
 from planner.modelspec import ModelSpec
 from planner.optim import OPTIMIZERS
@@ -58,21 +58,11 @@ from planner.units import format_bytes
 
 
 def _collector_paused(search):
-    """``search`` with Python's cyclic garbage collector paused while it runs (and resumed after,
-    where it was running). A search allocates tens of thousands of tuples and configurations that
-    reference counting frees; the collector's passes over them were about a tenth of the bench
-    request's CPU time and freed about 15 objects a search (Llama-2-7B on an A10G over every
-    precision: 30 collections a search, 7-9 ms of ~80, read with ``gc.callbacks``), which the first
-    collection after it frees as well."""
+    """``search`` with Python's cyclic garbage collector paused while it runs (``planner.memo.collector_paused``)."""
     @functools.wraps(search)
     def paused(*args, **kwargs):
-        if not gc.isenabled():
+        with collector_paused():
             return search(*args, **kwargs)
-        gc.disable()
-        try:
-            return search(*args, **kwargs)
-        finally:
-            gc.enable()
 
     return paused
 
@@ -323,7 +313,8 @@ def _replayed_plans(fitting: Iterable[tuple], *, model: ModelSpec, gpu: GPUSpec,
 
     def estimated(cfg: TrainConfig):
         if cfg not in replays:  # (None: its replay runs out of memory in ``usable``, and it is dropped)
-            replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable, dropping=True, memo=memo)
+            replays[cfg] = shared_estimate(model=model, config=cfg, gpu=gpu, budget=usable, dropping=True, memo=memo,
+                                           totals=True)
         return replays[cfg]
 
     settling = (_Settling(estimated, speeds=speeds, memo=memo, replays=replays, usable=usable, capacity=capacity)
@@ -579,11 +570,12 @@ _ROW_ORDER = itemgetter(0, 1)
 def _shown(config: TrainConfig, memory, *, model: ModelSpec, gpu: GPUSpec, shown: dict) -> dict:
     """A plan shown's memory, with its uncertainty, and throughput estimate, once a search (``shown``,
     by configuration: its full estimate is one a search, ``replays``); both policies' lists show
-    most plans (Llama-2-7B on an A10G: the other policy's three plans were all among the five)."""
+    most plans (Llama-2-7B on an A10G: the other policy's three plans were all among the five).
+    ``memory``: its ``ReplayedTotals`` (``shared_estimate``), whose whole estimate is made here."""
     found = shown.get(config)
     if found is None:
         found = shown[config] = {
-            "memory": _with_uncertainty(config, memory, gpu),
+            "memory": _with_uncertainty(config, memory.estimate(), gpu),
             "throughput": estimate_throughput(model=model, config=config, gpu=gpu, paged_host=memory.paged_host_bytes)}
     return found
 

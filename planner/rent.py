@@ -185,6 +185,7 @@ def compare_gpus(request: "SuggestRequest", *, workload: Workload, prices: "Pric
     from planner.config import Precision
     from planner.gpus import get_gpu, list_gpus
     from planner.limits import MAX_GPUS_PER_NODE
+    from planner.memo import collector_paused
     from planner.planning import AUTO
     from planner.search import shared_terms
 
@@ -203,42 +204,65 @@ def compare_gpus(request: "SuggestRequest", *, workload: Workload, prices: "Pric
     if request.precision != AUTO and request.precision in {p.value for p in Precision}:
         pinned = Precision(request.precision)  # (a misspelt one is make_plan's one line, on the first GPU)
 
-    def options_of(device: GPUSpec) -> list[RentOption]:
-        return _options_on(device, request, spec=spec, prices=prices, gpus_max=gpus_max, workload=workload,
+    counts = tuple(n for n in NODE_SIZES if n <= gpus_max and request.target_batch % n == 0)
+
+    def options_of(device: GPUSpec, sizes: tuple[int, ...]) -> list[RentOption]:
+        return _options_on(device, request, spec=spec, prices=prices, counts=sizes, workload=workload,
                            pinned=pinned, calibration_of=calibration_of)
 
-    with shared_terms(spec):  # the device-free terms, computed once for every GPU of the same kernels
-        options = [o for found in _each_device(devices, options_of, processes=processes) for o in found]
+    # the device-free terms computed once for every GPU of the same kernels; the collector paused: the
+    # tables grow over the searches, and its passes scanned them again and again (``collector_paused``)
+    with shared_terms(spec), collector_paused():
+        options = [o for found in _each_device(devices, counts, options_of, processes=processes) for o in found]
     return RentComparison(options=tuple(options), workload=workload, prices=prices, model_id=spec.id)
 
 
-def _each_device(devices: list[GPUSpec], options_of: Callable[[GPUSpec], list[RentOption]], *,
+def _each_device(devices: list[GPUSpec], counts: tuple[int, ...],
+                 options_of: Callable[[GPUSpec, tuple[int, ...]], list[RentOption]], *,
                  processes: int) -> list[list[RentOption]]:
-    """``options_of`` of each device, in order. With ``processes`` > 1 (where the OS forks) this
-    process and ``processes`` - 1 forked children each take the next device no process has taken
-    until none is left (the searches are independent, and a child inherits the shared terms
-    computed so far). Taken as they finish rather than dealt out in turn: a device's search costs
-    from 0.07 to 0.3 s of CPU (a GPU of more memory fits more plans; the first of a kind of kernels
-    computes the shared terms), and the Llama-3.1-8B comparison dealt in turn gave one process
-    2.0 and the other 2.3 s. A child's options come back pickled; its error is raised here."""
+    """``options_of`` of each device at ``counts``, in order. With ``processes`` > 1 (where the OS
+    forks) ``processes`` forked children each take the next unit of work no process has taken until
+    none is left (the searches are independent), and this process waits for their answers: a child
+    ends without freeing the tables its searches filled (``multiprocessing`` ends it with
+    ``os._exit``), where this process, planning a share itself, spent 0.17 s of the comparison's
+    2.1 s wall freeing its own as ``shared_terms`` closed (Llama-3.1-8B below). Taken as they finish
+    rather than dealt out in turn: a search costs from 0.01 to 0.3 s of CPU (a GPU of more memory
+    fits more plans; the first of a kind of kernels and GPU count computes the shared terms).
+
+    A unit is one GPU count on every device where there are at least as many counts as processes,
+    else one device at every count: the searches of one GPU count share most of their terms (the
+    rows, the static terms and batch lines, the screenings, the timelines of the plans shown), those
+    of one device its throughput memo only. Llama-3.1-8B at target batch 32 over the catalog, in one
+    process without the collector: 2.27 s of CPU; counts 1 and 2 alone 1.23 s, 4 and 8 alone 1.12 s,
+    where each count alone is 0.47-0.74 s: units of a device had each process work out every count's
+    terms. A child's options come back pickled; its error is raised here."""
     import multiprocessing
 
-    processes = min(processes, len(devices))
+    if len(counts) >= processes:
+        units = [(tuple(range(len(devices))), (count,)) for count in counts]
+    else:
+        units = [((n,), counts) for n in range(len(devices))]
+    processes = min(processes, len(units))
     if processes <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [options_of(device) for device in devices]
+        return [options_of(device, counts) for device in devices]
+
+    def planned_unit(unit: tuple[tuple[int, ...], tuple[int, ...]]) -> list[tuple[int, list[RentOption]]]:
+        return [(n, options_of(devices[n], unit[1])) for n in unit[0]]
+
     context = multiprocessing.get_context("fork")
-    taken = context.Value("i", 0)  # the index of the next device not taken, shared by every process
+    taken = context.Value("i", 0)  # the index of the next unit not taken, shared by every process
     children = []
+    planned: dict[int, list[RentOption]] = {n: [] for n in range(len(devices))}
     try:
-        for _ in range(1, processes):
+        for _ in range(processes):
             receive, send = context.Pipe(duplex=False)
-            child = context.Process(target=_plan_share, args=(send, options_of, devices, taken), daemon=True)
+            child = context.Process(target=_plan_share, args=(send, planned_unit, units, taken), daemon=True)
             child.start()
             send.close()
             children.append((child, receive))
-        planned = dict(_take_devices(devices, options_of, taken))
+        found = []
         for child, receive in children:
-            planned.update(_received(child, receive))
+            found.extend(_received(child, receive))
     except BaseException:
         for child, _ in children:
             child.kill()  # (their answers are not needed: the comparison fails)
@@ -246,20 +270,23 @@ def _each_device(devices: list[GPUSpec], options_of: Callable[[GPUSpec], list[Re
     finally:
         for child, _ in children:
             child.join()
-    return [planned[n] for n in range(len(devices))]
+    for done in found:
+        for n, options in done:
+            planned[n].extend(options)
+    # each device's options in the order of its counts (a unit of one count gave one option a device)
+    return [sorted(planned[n], key=lambda o: counts.index(o.gpus)) for n in range(len(devices))]
 
 
-def _take_devices(devices: list[GPUSpec], options_of: Callable[[GPUSpec], list[RentOption]],
-                  taken) -> list[tuple[int, list[RentOption]]]:
-    """(index, options) of each device this process takes: the next not taken, until none is left."""
+def _take_units(units: list, planned_unit: Callable[[Any], Any], taken) -> list:
+    """``planned_unit`` of each unit this process takes: the next not taken, until none is left."""
     out = []
     while True:
         with taken.get_lock():
             n = taken.value
             taken.value = n + 1
-        if n >= len(devices):
+        if n >= len(units):
             return out
-        out.append((n, options_of(devices[n])))
+        out.append(planned_unit(units[n]))
 
 
 def usable_cpus() -> int:
@@ -269,21 +296,21 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _plan_share(send, options_of, devices, taken) -> None:
-    """A forked child's work: (index, options) of the devices it takes (``_take_devices``), or its
+def _plan_share(send, planned_unit, units, taken) -> None:
+    """A forked child's work: what it plans of the units it takes (``_take_units``), or its
     error, sent to the parent."""
     try:
-        answer = ("options", _take_devices(devices, options_of, taken))
+        answer = ("options", _take_units(units, planned_unit, taken))
     except BaseException as exc:  # noqa: BLE001 (raised in the parent: a bad request, an interrupt)
         answer = ("error", exc)
     try:
         send.send(answer)
     except Exception:  # noqa: BLE001 (an error that does not pickle: its words)
-        send.send(("error", RuntimeError(f"planning {', '.join(d.name for d in devices)}: {answer[1]!r}")))
+        send.send(("error", RuntimeError(f"planning a GPU comparison: {answer[1]!r}")))
     send.close()
 
 
-def _received(child, receive) -> list[tuple[int, list[RentOption]]]:
+def _received(child, receive) -> list:
     try:
         kind, value = receive.recv()
     except EOFError:
@@ -296,13 +323,13 @@ def _received(child, receive) -> list[tuple[int, list[RentOption]]]:
 
 
 def _options_on(device: "GPUSpec", request: "SuggestRequest", *, spec: "ModelSpec", prices: "PriceTable",
-                gpus_max: int, workload: Workload, pinned: "Precision | None",
+                counts: tuple[int, ...], workload: Workload, pinned: "Precision | None",
                 calibration_of: "Callable[[str], Calibration | None] | None") -> list[RentOption]:
-    """The options of one GPU type: each node size up to ``gpus_max`` that divides the global batch
-    (micro-batch x accumulation x GPUs: another count has no plan)."""
+    """The options of one GPU type at each node size of ``counts`` (``compare_gpus``: those up to
+    ``gpus_max`` that divide the global batch, micro-batch x accumulation x GPUs: another count has no plan)."""
     price = prices.cheapest(device.name)
     options = []
-    for count in (n for n in NODE_SIZES if n <= gpus_max and request.target_batch % n == 0):
+    for count in counts:
         if pinned is not None and not device.supports(pinned):
             reason = f"{device.display_name} cannot run --precision {pinned} (no bf16 before compute capability 8.0)"
             options.append(RentOption(gpu=device.name, gpus=count, price=price, plan=None, tokens=workload.tokens,

@@ -154,33 +154,57 @@ def estimate_memory(*, model: ModelSpec, config: TrainConfig, gpu, budget: int |
     shares them between devices); computed here otherwise."""
     if timeline is None:
         timeline = device_timeline(model=model, config=config, gpu=gpu)
-    peak = timeline.peak
     if not gpu.kernels.caching_allocator:
         replayed = None
     elif replayed is None:
         replayed = replay_timeline(timeline, config, gpu, budget=budget)
-    if replayed is None:
-        reserved = total = peak
-        fragmentation = 0
-    else:
-        assert replayed.allocated_peak == peak, (replayed.allocated_peak, peak)
-        reserved = replayed.peak_reserved
-        fragmentation = replayed.fragmentation
-        total = reserved + outside_allocator(gpu, config.gpus) + timeline.outside_allocator
-    host_paged = paged_on_host(timeline.paged, required=timeline.outside_allocator, device=gpu.memory_bytes,
-                               total=total)
-    return MemoryEstimate(
-        peak_allocated_bytes=peak,
-        peak_reserved_bytes=reserved,
-        process_total_bytes=total,
-        cpu_bytes=timeline.host,
-        breakdown=timeline.breakdown(),
-        peak_phase=timeline.peak_phase,
-        assumptions=tuple(_assumptions(model, config, gpu, timeline, replayed, host_paged)),
-        fragmentation_bytes=fragmentation,
-        paged_bytes=timeline.paged,
-        paged_host_bytes=host_paged,
-    )
+    return ReplayedTotals(model, config, gpu, timeline, replayed).estimate()
 
 
-__all__ = ["device_timeline", "estimate_memory", "known_to_run_out", "replay_capacity", "replay_timeline"]
+class ReplayedTotals:
+    """What ``estimate_memory`` says of the process total and the paged states (``process_total_bytes``,
+    ``paged_bytes``, ``paged_host_bytes``, as ``MemoryEstimate`` names them), worked out from a timeline and its
+    replay (None: no caching allocator) before the rest of the estimate, which ``estimate()`` makes: the
+    search reads these alone of the plans its replays drop or find near the edge (``planner.search.shared_estimate``)."""
+
+    __slots__ = ("_args", "process_total_bytes", "paged_bytes", "paged_host_bytes", "_made")
+
+    def __init__(self, model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline, replayed: Replay | None) -> None:
+        self._args, self._made = (model, config, gpu, timeline, replayed), None
+        if replayed is None:
+            total = timeline.peak
+        else:
+            total = replayed.peak_reserved + outside_allocator(gpu, config.gpus) + timeline.outside_allocator
+        self.process_total_bytes, self.paged_bytes = total, timeline.paged
+        self.paged_host_bytes = paged_on_host(timeline.paged, required=timeline.outside_allocator,
+                                              device=gpu.memory_bytes, total=total)
+
+    def estimate(self) -> MemoryEstimate:
+        """The whole ``MemoryEstimate`` (made once)."""
+        if self._made is None:
+            self._made = self._estimate()
+        return self._made
+
+    def _estimate(self) -> MemoryEstimate:
+        model, config, gpu, timeline, replayed = self._args
+        peak = timeline.peak
+        if replayed is None:
+            reserved, fragmentation = peak, 0
+        else:
+            assert replayed.allocated_peak == peak, (replayed.allocated_peak, peak)
+            reserved, fragmentation = replayed.peak_reserved, replayed.fragmentation
+        return MemoryEstimate(
+            peak_allocated_bytes=peak,
+            peak_reserved_bytes=reserved,
+            process_total_bytes=self.process_total_bytes,
+            cpu_bytes=timeline.host,
+            breakdown=timeline.breakdown(),
+            peak_phase=timeline.peak_phase,
+            assumptions=tuple(_assumptions(model, config, gpu, timeline, replayed, self.paged_host_bytes)),
+            fragmentation_bytes=fragmentation,
+            paged_bytes=self.paged_bytes,
+            paged_host_bytes=self.paged_host_bytes,
+        )
+
+
+__all__ = ["ReplayedTotals", "device_timeline", "estimate_memory", "known_to_run_out", "replay_capacity", "replay_timeline"]
