@@ -52,7 +52,7 @@ from typing import Any
 from planner.errors import InvalidConfigError, PlannerError, UnsupportedError
 from planner.optim import names
 from planner.sharding.fsdp2 import _KEYS, _TORCH_OPTIMIZERS, FSDP2, STATE_DICT_TYPE, qlora_refusal
-from planner.sharding.fsdp1_host import Hooks, decoder_layer, exposed_seconds
+from planner.sharding.fsdp1_host import Hooks, Layer, exposed_seconds
 from planner.sharding.spec import RECORDED, Offload, WorkerSetup, ring
 
 #: Host seconds from the rate limiter's wait on a GPU to the next unit's all-gather launch: FSDP1's
@@ -140,7 +140,8 @@ def unshards_per_micro_step(config: Any) -> int:
     return 3 if config.grad_ckpt else 2
 
 
-def linear4bit_exposed_seconds(model: Any, config: Any, gpu: Any) -> float:
+def linear4bit_exposed_seconds(model: Any, config: Any, layer_of: Callable[[tuple[float, float]], Layer | None] | None
+                               ) -> float:
     """Device seconds per micro-step that QLoRA's Linear4bit base calls (``LINEAR4BIT_HOST_SECONDS``) leave
     the device idle under the rate limiter: the timeline of ``planner.sharding.fsdp1_host`` with them, less
     the same timeline with the base calls taking no host time (what the adapter units' own hooks expose,
@@ -148,15 +149,17 @@ def linear4bit_exposed_seconds(model: Any, config: Any, gpu: Any) -> float:
     to the free the host waited on count: at fms' 2-GPU shapes on A100s (Mistral-7B, 4,096 tokens), four of
     a layer's 14 forward calls (forward and recompute) and two of its 7 backward ones at micro-batch 2, 0.059 s
     a micro-step, two and one at 4, none at 8 (bench/results/fsdp1_host.md). The recompute is timed for a
-    reentrant checkpoint around the unit (``TrainConfig.reentrant_ckpt``) only; the device rates are the
-    GPU's defaults (``decoder_layer``). 0.0 without a GPU, on one (NO_SHARD: nothing gathered, no wait),
-    without 4-bit bases or a layer order the timeline knows."""
-    if gpu is None or gpu.is_cpu or config.gpus == 1 or config.method.value != "qlora":
+    reentrant checkpoint around the unit (``TrainConfig.reentrant_ckpt``) only. ``layer_of(base_host)``: a
+    decoder layer's ``Layer`` on the device with its base calls' (forward, backward) host seconds, from the
+    throughput model's device rates (``planner.throughput.fsdp1_decoder_layer``), None for a layer order
+    the timeline does not know. 0.0 without it (no device), on one GPU (NO_SHARD: nothing gathered, no wait)
+    or without 4-bit bases."""
+    if layer_of is None or config.gpus == 1 or config.method.value != "qlora":
         return 0.0
-    quantized = decoder_layer(model, config, gpu, base_host=LINEAR4BIT_HOST_SECONDS)
+    quantized = layer_of(LINEAR4BIT_HOST_SECONDS)
     if quantized is None:
         return 0.0
-    bare = decoder_layer(model, config, gpu, base_host=(0.0, 0.0))
+    bare = layer_of((0.0, 0.0))
     recompute = bool(config.grad_ckpt and config.reentrant_ckpt)
     return (exposed_seconds(quantized, UNIT_HOOKS, layers=model.num_layers, recompute=recompute)
             - exposed_seconds(bare, UNIT_HOOKS, layers=model.num_layers, recompute=recompute))
@@ -247,16 +250,17 @@ class FSDP1(FSDP2):
             total += ring(config.gpus) * gathered * config.grad_accum
         return total
 
-    def host_seconds(self, model: Any, config: Any, *, adapted_modules: int, gpu: Any = None) -> float:
+    def host_seconds(self, model: Any, config: Any, *, adapted_modules: int,
+                     layer_of: Callable[[tuple[float, float]], Layer | None] | None = None) -> float:
         """Host seconds per optimizer step its units add on the step's path (more than one GPU): each
         LoRA adapter unit's all-gathers, each ``UNSHARD_HOST_SECONDS`` after the rate limiter's wait.
         An adapter's own kernels (rank-r products, microseconds) cannot cover that time; a decoder
-        layer's GEMMs (milliseconds) cover its own unit's, which is not counted. Under QLoRA on a
-        ``gpu``, the share of the 4-bit bases' host time that runs while the rate limiter has the
-        device drained (``linear4bit_exposed_seconds``)."""
+        layer's GEMMs (milliseconds) cover its own unit's, which is not counted. Under QLoRA, given a
+        device's decoder layer (``layer_of``), the share of the 4-bit bases' host time that runs while
+        the rate limiter has the device drained (``linear4bit_exposed_seconds``)."""
         units = UNITS_PER_ADAPTED_LINEAR * adapted_modules
         unshards = units * unshards_per_micro_step(config) * UNSHARD_HOST_SECONDS
-        return (unshards + linear4bit_exposed_seconds(model, config, gpu)) * config.grad_accum
+        return (unshards + linear4bit_exposed_seconds(model, config, layer_of)) * config.grad_accum
 
     # ---- files ------------------------------------------------------------------------------
     def fsdp_settings(self, config: Any) -> dict[str, Any]:

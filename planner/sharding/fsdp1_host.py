@@ -24,7 +24,8 @@ awaited free are short (a GQA model's k_proj and v_proj GEMMs against two adapte
 device drains, and the host work after the wait, up to the next long kernel's launch, runs with
 the device idle: that share, and only it, of each base projection's own host time (bitsandbytes'
 ``Linear4bit`` Python) reaches the step. ``exposed_seconds`` times it; planner/sharding/fsdp1.py
-prices what it finds there (``linear4bit_exposed_seconds``).
+prices what it finds there (``linear4bit_exposed_seconds``), over the ``Layer`` the throughput model
+builds from its device rates (``planner.throughput.fsdp1_decoder_layer``).
 
 Modelled: the device's compute stream as one queue (each kernel starts when both the host has
 launched it and the previous one has finished); all-gathers and reduce-scatters off it (their bytes
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 #: Frees the rate limiter lets run ahead (torch fsdp/_limiter_utils.py l.15).
 MAX_INFLIGHT_ALL_GATHERS = 2
@@ -55,7 +55,7 @@ ADAPTER_OUT_PASSES, CLONE_PASSES = 5, 2
 #: Bytes a 4-bit weight's dequantisation moves per weight: the packed NF4 half byte read, the 16-bit weight written.
 DEQUANT_BYTES = 2.5
 #: Layer kinds the timeline knows the order of (q, k, v before attention, then o, then the MLP).
-_KINDS = frozenset({"attn_in", "attn_out", "mlp_in", "mlp_out", "router"})
+LAYER_KINDS = frozenset({"attn_in", "attn_out", "mlp_in", "mlp_out", "router"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,49 +184,5 @@ def exposed_seconds(layer: Layer, hooks: Hooks, *, layers: int, recompute: bool)
     return t.exposed
 
 
-def decoder_layer(model: Any, config: Any, gpu: Any, *, base_host: tuple[float, float]) -> Layer | None:
-    """The ``Layer`` of one of the model's decoder layers on ``gpu`` at ``config``'s micro-batch: its
-    linears' GEMMs (and each 4-bit weight's dequantisation under QLoRA) at the planner's large-GEMM and
-    memory rates (``planner.kernels.gemm_seconds``), attention's forward FLOPs (``attention_flops``), each
-    adapter's rank-r GEMMs and output passes; ``base_host``: (forward, backward) host seconds of a dense
-    base linear's call (an expert's are the expert loop's, ``planner.moe_loop``). None for a layer whose
-    order it does not know (one kind of block with q, k, v, o and an MLP)."""
-    from planner.kernels import FUSED_BACKWARD_FLOPS, DeviceRates, attention_flops, gemm_seconds, host_op_seconds
-    from planner.memory.parameters import stack_targets
-    from planner.throughput import bandwidth_efficiency, default_utilization
-
-    blocks = stack_targets(model, config.lora_targets)
-    if len(model.all_blocks) != 1 or any(lin.kind not in _KINDS for lin in model.layer_linears):
-        return None
-    kinds = [lin.kind for lin in model.layer_linears]
-    if "attn_out" not in kinds:
-        return None
-    rates = DeviceRates(gemm=gpu.peak_tflops(config.precision) * 1e12 * default_utilization(gpu=gpu, precision=config.precision),
-                        bandwidth=gpu.mem_bandwidth_gbs * 1e9 * bandwidth_efficiency(gpu), op_seconds=0.0)
-    tokens, elem = config.micro_batch * config.seq_len, 2
-    quantized = config.method.value == "qlora"
-    adapted = {lin.name for lin in blocks[0][1]}
-    linears = []
-    for lin in model.layer_linears:
-        # a dense base's call; an expert's are the expert loop's (planner.moe_loop), priced there
-        host = base_host if lin.count == 1 and lin.module else (0.0, 0.0)
-        rows = tokens * lin.active
-        base = gemm_seconds(rows, lin.out_features, lin.in_features, rates=rates, elem=elem)
-        if quantized:
-            base += lin.count * lin.in_features * lin.out_features * DEQUANT_BYTES / rates.bandwidth
-        adapter = None
-        if lin.name in adapted and lin.count == 1:
-            r = config.lora_r * lin.lora_rank
-            passes = ADAPTER_OUT_PASSES + (CLONE_PASSES if quantized else 0)
-            adapter = (gemm_seconds(tokens, r, lin.in_features, rates=rates, elem=elem)
-                       + gemm_seconds(tokens, lin.out_features, r, rates=rates, elem=elem)
-                       + passes * tokens * lin.out_features * elem / rates.bandwidth)
-        linears.append((base, adapter, *host))
-    return Layer(linears=tuple(linears), attention_at=kinds.index("attn_out"),
-                 attention=attention_flops(model, config, tokens, gpu)[1] / model.num_layers / rates.gemm,
-                 attention_backward=FUSED_BACKWARD_FLOPS,
-                 small=NORM_PASSES * tokens * model.hidden_size * elem / rates.bandwidth,
-                 op_host=host_op_seconds(gpu, config))
-
-
-__all__ = ["MAX_INFLIGHT_ALL_GATHERS", "Hooks", "Layer", "Timeline", "decoder_layer", "exposed_seconds"]
+__all__ = ["ADAPTER_OUT_PASSES", "CLONE_PASSES", "DEQUANT_BYTES", "LAYER_KINDS", "MAX_INFLIGHT_ALL_GATHERS", "NORM_PASSES", "Hooks",
+           "Layer", "Timeline", "exposed_seconds"]

@@ -3,6 +3,8 @@ of QLoRA's Linear4bit host time it exposes (planner/sharding/fsdp1.py ``linear4b
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from planner.catalog import resolve_model
@@ -14,11 +16,17 @@ from planner.sharding.fsdp1 import (
     UNSHARD_HOST_SECONDS,
     linear4bit_exposed_seconds,
 )
-from planner.sharding.fsdp1_host import Hooks, Timeline, decoder_layer, exposed_seconds
+from planner.sharding.fsdp1_host import Hooks, Timeline, exposed_seconds
+from planner.throughput import fsdp1_decoder_layer
 
 MISTRAL, LLAMA70 = "mistralai/Mistral-7B-v0.1", "meta-llama/Llama-2-70b-hf"
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
 NO_HOOKS = Hooks(before_wait=0.0, after_wait=0.0, post_forward=0.0, post_backward=0.0)
+
+
+def _layer_of(model, config, gpu):
+    """What the throughput model hands FSDP1: its decoder layer on ``gpu`` by the base calls' host seconds."""
+    return partial(fsdp1_decoder_layer, model, config, gpu)
 
 
 def _fms(method: str = "qlora", **changes) -> TrainConfig:
@@ -73,7 +81,8 @@ def test_the_4bit_calls_it_exposes_are_a_share_of_theirs_falling_with_the_batch(
     # 32 x 7 x (2 x 340 + 244) us = 0.207 s
     every = model.num_layers * 7 * (2 * LINEAR4BIT_HOST_SECONDS[0] + LINEAR4BIT_HOST_SECONDS[1])
     assert every == pytest.approx(0.207, abs=1e-3)
-    exposed = {mb: linear4bit_exposed_seconds(model, _fms(micro_batch=mb), gpu) for mb in (1, 2, 4, 8)}
+    configs = {mb: _fms(micro_batch=mb) for mb in (1, 2, 4, 8)}
+    exposed = {mb: linear4bit_exposed_seconds(model, c, _layer_of(model, c, gpu)) for mb, c in configs.items()}
     # micro-batch 2: which calls the timeline exposes, read off it one call at a time: v_proj's forward in
     # the forward and the recompute (k_proj's GEMM, ~0.25 ms, is all the device holds behind q.lora_A's
     # free when k.lora_A waits on it; two adapter units' hooks, ~1.1 ms, follow before v_proj's kernels),
@@ -87,23 +96,23 @@ def test_the_4bit_calls_it_exposes_are_a_share_of_theirs_falling_with_the_batch(
 def test_it_is_what_the_timeline_adds_for_the_4bit_calls_alone():
     model, gpu = resolve_model(LLAMA70), get_gpu("a100-80gb")
     config = _fms()
-    four = decoder_layer(model, config, gpu, base_host=LINEAR4BIT_HOST_SECONDS)
-    bare = decoder_layer(model, config, gpu, base_host=(0.0, 0.0))
+    four = fsdp1_decoder_layer(model, config, gpu, base_host=LINEAR4BIT_HOST_SECONDS)
+    bare = fsdp1_decoder_layer(model, config, gpu, base_host=(0.0, 0.0))
     assert four.linears[0][2:] == LINEAR4BIT_HOST_SECONDS and bare.linears[0][2:] == (0.0, 0.0)
     assert four.linears[0][:2] == bare.linears[0][:2]  # the same device work
     from planner.sharding.fsdp1 import UNIT_HOOKS
 
     extra = (exposed_seconds(four, UNIT_HOOKS, layers=80, recompute=True)
              - exposed_seconds(bare, UNIT_HOOKS, layers=80, recompute=True))
-    assert linear4bit_exposed_seconds(model, config, gpu) == pytest.approx(extra) and extra > 0
+    assert linear4bit_exposed_seconds(model, config, _layer_of(model, config, gpu)) == pytest.approx(extra) and extra > 0
 
 
 @pytest.mark.parametrize("changes", [{"method": "lora"}, {"gpus": 1, "sharding": "none"}])
 def test_lora_and_one_gpu_expose_no_4bit_calls(changes):
     model, gpu = resolve_model(MISTRAL), get_gpu("a100-80gb")
     config = _fms(**changes) if changes.get("gpus") == 1 else _fms("lora")
-    assert linear4bit_exposed_seconds(model, config, gpu) == 0.0
-    assert linear4bit_exposed_seconds(model, _fms(), None) == 0.0  # no GPU given: nothing but the hooks
+    assert linear4bit_exposed_seconds(model, config, _layer_of(model, config, gpu)) == 0.0
+    assert linear4bit_exposed_seconds(model, _fms(), None) == 0.0  # no device given: nothing but the hooks
 
 
 def test_host_seconds_adds_them_per_micro_step_only_given_the_gpu():
@@ -112,7 +121,7 @@ def test_host_seconds_adds_them_per_micro_step_only_given_the_gpu():
     config = _fms(grad_accum=2)
     hooks = 256 * 3 * UNSHARD_HOST_SECONDS * 2  # 256 adapter units x 3 unshards x 2 micro-steps
     assert fsdp1.host_seconds(model, config, adapted_modules=128) == pytest.approx(hooks)
-    assert fsdp1.host_seconds(model, config, adapted_modules=128, gpu=gpu) == pytest.approx(
-        hooks + 2 * linear4bit_exposed_seconds(model, config, gpu))
+    assert fsdp1.host_seconds(model, config, adapted_modules=128, layer_of=_layer_of(model, config, gpu)) == pytest.approx(
+        hooks + 2 * linear4bit_exposed_seconds(model, config, _layer_of(model, config, gpu)))
     lora = _fms("lora", grad_accum=2)
-    assert fsdp1.host_seconds(model, lora, adapted_modules=128, gpu=gpu) == pytest.approx(hooks)
+    assert fsdp1.host_seconds(model, lora, adapted_modules=128, layer_of=_layer_of(model, lora, gpu)) == pytest.approx(hooks)
