@@ -39,6 +39,7 @@ GEMMs and elementwise work at the device bandwidth x ``MEMORY_BANDWIDTH_EFFICIEN
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 from planner.config import Attention, Method, Precision, TrainConfig
@@ -57,15 +58,18 @@ from planner.kernels import (
     GPU_OP_SECONDS,
     MMAP_THRESHOLD_BYTES,
     OPTIMIZER_OP_HOST_SECONDS,
+    FUSED_BACKWARD_FLOPS,
     DeviceRates,
     MicroTerms,
     PricedTerms,
+    attention_flops,
     block_weights,
     casts_weights,
     cpu_sdpa_math,
     fp8_seconds,
     fp8_work,
     fp32_adapters,
+    gemm_seconds,
     host_excess,
     host_op_seconds,
     matmul_fraction,
@@ -83,6 +87,14 @@ from planner.moe_loop import SYNC_DRAIN_OPS, loop_syncs
 from planner.optim import OPTIMIZERS
 from planner.optim.adamw import SINGLE_TENSOR_OPS, AdamWMemory
 from planner.results import ThroughputEstimate
+from planner.sharding.fsdp1_host import (
+    ADAPTER_OUT_PASSES,
+    CLONE_PASSES,
+    DEQUANT_BYTES,
+    LAYER_KINDS,
+    NORM_PASSES,
+    Layer,
+)
 
 # ---- stated assumptions (calibrate with measurements) ----------------------------------------
 
@@ -502,7 +514,48 @@ def _step_dispatch(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> tuple
     return ops.ops * OPTIMIZER_OP_HOST_SECONDS + ops.launches * CUDA_OP_HOST_SECONDS, memory.syncs_each_tensor
 
 
-def _scheme_host_s(model: ModelSpec, config: TrainConfig) -> float:
+def fsdp1_decoder_layer(model: ModelSpec, config: TrainConfig, gpu: GPUSpec, base_host: tuple[float, float]) -> Layer | None:
+    """The ``Layer`` of FSDP1's rate-limiter timeline (``planner.sharding.fsdp1_host``) for one of the
+    model's decoder layers on ``gpu`` at ``config``'s micro-batch: its linears' GEMMs (and each 4-bit
+    weight's dequantisation under QLoRA) at the planner's large-GEMM and memory rates
+    (``planner.kernels.gemm_seconds``), attention's forward FLOPs (``attention_flops``), each
+    adapter's rank-r GEMMs and output passes; ``base_host``: (forward, backward) host seconds of a dense
+    base linear's call (an expert's are the expert loop's, ``planner.moe_loop``). None for a layer whose
+    order it does not know (one kind of block with q, k, v, o and an MLP)."""
+    blocks = stack_targets(model, config.lora_targets)
+    if len(model.all_blocks) != 1 or any(lin.kind not in LAYER_KINDS for lin in model.layer_linears):
+        return None
+    kinds = [lin.kind for lin in model.layer_linears]
+    if "attn_out" not in kinds:
+        return None
+    rates = _rates(gpu, config.precision, None).kernels  # the device's default rates
+    tokens, elem = config.micro_batch * config.seq_len, 2
+    quantized = config.method.value == "qlora"
+    adapted = {lin.name for lin in blocks[0][1]}
+    linears = []
+    for lin in model.layer_linears:
+        # a dense base's call; an expert's are the expert loop's (planner.moe_loop), priced there
+        host = base_host if lin.count == 1 and lin.module else (0.0, 0.0)
+        rows = tokens * lin.active
+        base = gemm_seconds(rows, lin.out_features, lin.in_features, rates=rates, elem=elem)
+        if quantized:
+            base += lin.count * lin.in_features * lin.out_features * DEQUANT_BYTES / rates.bandwidth
+        adapter = None
+        if lin.name in adapted and lin.count == 1:
+            r = config.lora_r * lin.lora_rank
+            passes = ADAPTER_OUT_PASSES + (CLONE_PASSES if quantized else 0)
+            adapter = (gemm_seconds(tokens, r, lin.in_features, rates=rates, elem=elem)
+                       + gemm_seconds(tokens, lin.out_features, r, rates=rates, elem=elem)
+                       + passes * tokens * lin.out_features * elem / rates.bandwidth)
+        linears.append((base, adapter, *host))
+    return Layer(linears=tuple(linears), attention_at=kinds.index("attn_out"),
+                 attention=attention_flops(model, config, tokens, gpu)[1] / model.num_layers / rates.gemm,
+                 attention_backward=FUSED_BACKWARD_FLOPS,
+                 small=NORM_PASSES * tokens * model.hidden_size * elem / rates.bandwidth,
+                 op_host=host_op_seconds(gpu, config))
+
+
+def _scheme_host_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
     """Host seconds per step the sharding scheme's units add on the step's path (``ShardingSpec.host_seconds``:
     FSDP1's adapter units), on more than one GPU; 0.0 for a scheme without (``ShardingSpec.unit_host``)."""
     spec = config.sharding.spec
@@ -510,7 +563,8 @@ def _scheme_host_s(model: ModelSpec, config: TrainConfig) -> float:
         return 0.0
     adapted = sum(n * sum(lin.count for lin in linears if lin.module)
                   for n, linears in stack_targets(model, config.lora_targets)) if config.method.uses_adapters else 0
-    return spec.host_seconds(model, config, adapted_modules=adapted)
+    layer_of = None if gpu.is_cpu else partial(fsdp1_decoder_layer, model, config, gpu)
+    return spec.host_seconds(model, config, adapted_modules=adapted, layer_of=layer_of)
 
 
 def _loop_drain_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
@@ -524,7 +578,7 @@ def _loop_drain_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
 def _host_waits_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
     """Host seconds per step the device waits for outside its micro-steps' kernels, the ``scheme_host`` of
     ``_step_parts``: the sharding scheme's units (``_scheme_host_s``) and the expert loop's drains (``_loop_drain_s``)."""
-    return _scheme_host_s(model, config) + _loop_drain_s(model, config, gpu)
+    return _scheme_host_s(model, config, gpu) + _loop_drain_s(model, config, gpu)
 
 
 def _step_parts(config: TrainConfig, rates: _Rates, micro: tuple[float, ...], casts: float, trainable: int,
@@ -845,7 +899,7 @@ def estimate_throughput(
         assumptions.append(f"fp8: torchao's float8 linears (accelerate's torchao backend, eager) at {gpu.fp8_tflops:g} "
                            f"TFLOP/s FP8 peak x {utilization:.0%}; each cast of an operand to fp8 at memory speed")
     dispatch = _dispatch_s(model, config, gpu)
-    units = _scheme_host_s(model, config)  # FSDP1's adapter units (ShardingSpec.host_seconds)
+    units = _scheme_host_s(model, config, gpu)  # FSDP1's adapter units (ShardingSpec.host_seconds)
     drain = _loop_drain_s(model, config, gpu)  # transformers 4's expert loop's syncs
     micro_s = sum(breakdown[k] for k in _MICRO_PARTS) - units - drain  # per step, all micro-steps
     if dispatch and micro_s <= dispatch * config.grad_accum * (1 + 1e-9):

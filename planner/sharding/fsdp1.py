@@ -52,6 +52,7 @@ from typing import Any
 from planner.errors import InvalidConfigError, PlannerError, UnsupportedError
 from planner.optim import names
 from planner.sharding.fsdp2 import _KEYS, _TORCH_OPTIMIZERS, FSDP2, STATE_DICT_TYPE, qlora_refusal
+from planner.sharding.fsdp1_host import Hooks, Layer, exposed_seconds
 from planner.sharding.spec import RECORDED, Offload, WorkerSetup, ring
 
 #: Host seconds from the rate limiter's wait on a GPU to the next unit's all-gather launch: FSDP1's
@@ -65,8 +66,24 @@ from planner.sharding.spec import RECORDED, Offload, WorkerSetup, ring
 #: runs, all its hooks and collectives' calls included, 0.4-0.6 ms per unshard: the work the exposed gap
 #: is part of. 3 unshards x 235 us = 0.70 ms per adapter unit per step; fms' 2-GPU LoRA rows imply
 #: 0.75 ms. Neither accelerate's MixedPrecision (its shard cast runs before the rate limiter's wait) nor
-#: bitsandbytes' Linear4bit lengthens the span after the wait there: nothing more is priced for QLoRA.
+#: bitsandbytes' Linear4bit lengthens the span after the wait; the Linear4bit calls that a wait leaves
+#: running on a drained device are priced apart (``linear4bit_exposed_seconds``).
 UNSHARD_HOST_SECONDS = 235e-6
+
+#: Host seconds of one bitsandbytes Linear4bit base call under FSDP1 and MixedPrecision, (forward, backward):
+#: ``Linear4bit.forward`` (restore the quantisation state on the weight FSDP1's views replaced, dequantise,
+#: matmul) 337 / 343 us on the two ranks, ``MatMul4Bit.backward`` (dequantise again, the input gradient)
+#: 244 / 243 us (bench/fsdp1_host.py's ``qlora_mp`` arm, bench/results/fsdp1_host.md: thread CPU per call on
+#: the VM's 2 CPU ranks, bitsandbytes 0.50's CPU path standing for 0.43.3's ctypes one). Where the rate
+#: limiter has drained the device these run with it idle (``linear4bit_exposed_seconds``).
+LINEAR4BIT_HOST_SECONDS = (340e-6, 244e-6)
+
+#: FSDP1's hooks around one adapter unit, host seconds per call (bench/results/fsdp1_host.md, ``qlora_mp``,
+#: rank 0): ``_pre_forward`` 462 us, of which 52 us from the rate limiter's wait to the all-gather's call (the
+#: rest put before the wait, where pre-unshard and the hook's entry run); the GPU's span after the wait is
+#: PyTorch's profiled ``UNSHARD_HOST_SECONDS``; ``_post_forward`` 94 us, ``_post_backward_hook`` 332 us.
+UNIT_HOOKS = Hooks(before_wait=462e-6 - 52e-6, after_wait=UNSHARD_HOST_SECONDS, post_forward=94e-6,
+                   post_backward=332e-6)
 
 #: Units peft's policy makes of one LoRA-wrapped linear: its ``lora_A`` and its ``lora_B``.
 UNITS_PER_ADAPTED_LINEAR = 2
@@ -121,6 +138,31 @@ def unshards_per_micro_step(config: Any) -> int:
     inside a checkpointed layer is gathered again for its recomputed forward (bench/fsdp1_host.py
     counts 3 all-gathers and 1 reduce-scatter per adapter unit per step with checkpointing)."""
     return 3 if config.grad_ckpt else 2
+
+
+def linear4bit_exposed_seconds(model: Any, config: Any, layer_of: Callable[[tuple[float, float]], Layer | None] | None
+                               ) -> float:
+    """Device seconds per micro-step that QLoRA's Linear4bit base calls (``LINEAR4BIT_HOST_SECONDS``) leave
+    the device idle under the rate limiter: the timeline of ``planner.sharding.fsdp1_host`` with them, less
+    the same timeline with the base calls taking no host time (what the adapter units' own hooks expose,
+    ``UNSHARD_HOST_SECONDS``' part, is priced apart). Only the calls launched while the device has drained
+    to the free the host waited on count: at fms' 2-GPU shapes on A100s (Mistral-7B, 4,096 tokens), four of
+    a layer's 14 forward calls (forward and recompute) and two of its 7 backward ones at micro-batch 2, 0.059 s
+    a micro-step, two and one at 4, none at 8 (bench/results/fsdp1_host.md). The recompute is timed for a
+    reentrant checkpoint around the unit (``TrainConfig.reentrant_ckpt``) only. ``layer_of(base_host)``: a
+    decoder layer's ``Layer`` on the device with its base calls' (forward, backward) host seconds, from the
+    throughput model's device rates (``planner.throughput.fsdp1_decoder_layer``), None for a layer order
+    the timeline does not know. 0.0 without it (no device), on one GPU (NO_SHARD: nothing gathered, no wait)
+    or without 4-bit bases."""
+    if layer_of is None or config.gpus == 1 or config.method.value != "qlora":
+        return 0.0
+    quantized = layer_of(LINEAR4BIT_HOST_SECONDS)
+    if quantized is None:
+        return 0.0
+    bare = layer_of((0.0, 0.0))
+    recompute = bool(config.grad_ckpt and config.reentrant_ckpt)
+    return (exposed_seconds(quantized, UNIT_HOOKS, layers=model.num_layers, recompute=recompute)
+            - exposed_seconds(bare, UNIT_HOOKS, layers=model.num_layers, recompute=recompute))
 
 
 class FSDP1(FSDP2):
@@ -208,13 +250,17 @@ class FSDP1(FSDP2):
             total += ring(config.gpus) * gathered * config.grad_accum
         return total
 
-    def host_seconds(self, model: Any, config: Any, *, adapted_modules: int) -> float:
+    def host_seconds(self, model: Any, config: Any, *, adapted_modules: int,
+                     layer_of: Callable[[tuple[float, float]], Layer | None] | None = None) -> float:
         """Host seconds per optimizer step its units add on the step's path (more than one GPU): each
         LoRA adapter unit's all-gathers, each ``UNSHARD_HOST_SECONDS`` after the rate limiter's wait.
         An adapter's own kernels (rank-r products, microseconds) cannot cover that time; a decoder
-        layer's GEMMs (milliseconds) cover its own unit's, which is not counted."""
+        layer's GEMMs (milliseconds) cover its own unit's, which is not counted. Under QLoRA, given a
+        device's decoder layer (``layer_of``), the share of the 4-bit bases' host time that runs while
+        the rate limiter has the device drained (``linear4bit_exposed_seconds``)."""
         units = UNITS_PER_ADAPTED_LINEAR * adapted_modules
-        return units * unshards_per_micro_step(config) * UNSHARD_HOST_SECONDS * config.grad_accum
+        unshards = units * unshards_per_micro_step(config) * UNSHARD_HOST_SECONDS
+        return (unshards + linear4bit_exposed_seconds(model, config, layer_of)) * config.grad_accum
 
     # ---- files ------------------------------------------------------------------------------
     def fsdp_settings(self, config: Any) -> dict[str, Any]:
@@ -345,4 +391,4 @@ SPECS = (
                       "per decoder layer plus the root, and one per LoRA adapter (peft's fsdp_auto_wrap_policy)"),)),
 )
 
-__all__ = ["FSDP1", "SPECS", "UNSHARD_HOST_SECONDS", "retained_input_gradient", "retained_input_gradients", "unshards_per_micro_step"]
+__all__ = ["FSDP1", "LINEAR4BIT_HOST_SECONDS", "SPECS", "UNIT_HOOKS", "UNSHARD_HOST_SECONDS", "linear4bit_exposed_seconds", "retained_input_gradient", "retained_input_gradients", "unshards_per_micro_step"]

@@ -346,10 +346,11 @@ class ShardingSpec:
         """Host<->device bytes per optimizer step per rank."""
         return 0.0
 
-    def host_seconds(self, model: Any, config: Any, *, adapted_modules: int) -> float:
+    def host_seconds(self, model: Any, config: Any, *, adapted_modules: int, layer_of: Any = None) -> float:
         """Host seconds per optimizer step its own per-unit work adds on the step's path, beyond the
         eager ops ``planner.kernels`` counts (asked where ``unit_host`` and more than one GPU;
-        ``adapted_modules``: the model's LoRA-wrapped linear modules): none."""
+        ``adapted_modules``: the model's LoRA-wrapped linear modules; ``layer_of``: the device's timing of
+        a decoder layer, ``planner.throughput.fsdp1_decoder_layer``, None without a device): none."""
         return 0.0
 
     def master_update_bytes(self, config: Any) -> float:
