@@ -834,7 +834,9 @@ class Replay:
     peak_reserved: int
     """The largest reserve the run holds: over the step (``torch.cuda.max_memory_reserved``), or, where
     the device filled and the allocator released its cache to go on (``filled``), the largest after
-    the last release. The real allocator, when cudaMalloc fails, frees every cached unsplit segment
+    the last release, when the step's allocated peak comes again after it (the reserve then covers the
+    step's largest moment; a release after it leaves too little of a step to read: the largest then,
+    as without a release). The real allocator, when cudaMalloc fails, frees every cached unsplit segment
     and retries (CUDACachingAllocator.cpp ``malloc``: ``alloc_block`` ->
     ``release_available_cached_blocks`` -> ``release_cached_blocks``, counted in
     ``num_alloc_retries``): the reserve before that is the whole device for the instant the request
@@ -867,7 +869,7 @@ class _Replaying:
     as this one does (``ReplayPrefixes``)."""
 
     __slots__ = ("allocator", "sides", "live", "requested", "peak", "reserved_at_peak", "side_reserved", "both_peak",
-                 "releases", "settled")
+                 "releases", "settled", "reached")
 
     def __init__(self, capacity: int, config: AllocatorConfig, streams: tuple[tuple[str, str], ...] = ()) -> None:
         self.allocator = CachingAllocator(capacity=capacity, config=config)
@@ -880,6 +882,7 @@ class _Replaying:
         self.live: dict[int, list[Block]] = {}
         self.requested = self.peak = self.reserved_at_peak = self.side_reserved = self.both_peak = 0
         self.releases, self.settled = 0, -1  # (``settled``: -1 until the default stream's cache is released)
+        self.reached = False  # the allocated peak met again after the last release
 
     def advance(self, events, freed: set[int], trace: list[int] | None) -> None:
         """Replay ``events`` (raises ``OutOfMemory`` where the default stream's allocator does);
@@ -888,7 +891,7 @@ class _Replaying:
         malloc, free = allocator.malloc_tensors, allocator.free_blocks
         requested, peak, reserved_at_peak = self.requested, self.peak, self.reserved_at_peak
         side_reserved, both_peak = self.side_reserved, self.both_peak
-        releases, settled = self.releases, self.settled
+        releases, settled, reached = self.releases, self.settled, self.reached
         try:
             # (the events unpacked: a named tuple's field by name is a slower lookup than by position)
             for op, key, nbytes, tensors, ident, where in events:
@@ -904,8 +907,10 @@ class _Replaying:
                         requested -= nbytes
                     side_reserved += side.reserved - before  # (the side streams' reserves, summed)
                     both_peak = max(both_peak, allocator.reserved + side_reserved)
-                    if requested > peak:
-                        peak, reserved_at_peak = requested, allocator.reserved + side_reserved
+                    if requested >= peak:
+                        if requested > peak:
+                            peak, reserved_at_peak = requested, allocator.reserved + side_reserved
+                        reached = settled >= 0
                     if settled >= 0:
                         settled = max(settled, allocator.reserved + side_reserved)
                     if trace is not None:
@@ -918,10 +923,12 @@ class _Replaying:
                         error.where = where
                         raise
                     requested += nbytes
-                    if requested > peak:
-                        peak, reserved_at_peak = requested, allocator.reserved + side_reserved
                     if allocator.releases != releases:  # the device filled: the cache was released for this
-                        releases, settled = allocator.releases, allocator.reserved + side_reserved
+                        releases, settled, reached = allocator.releases, allocator.reserved + side_reserved, False
+                    if requested >= peak:
+                        if requested > peak:
+                            peak, reserved_at_peak = requested, allocator.reserved + side_reserved
+                        reached = settled >= 0
                 else:
                     free(live.pop(ident, ()))
                     requested -= nbytes
@@ -934,14 +941,16 @@ class _Replaying:
         finally:
             self.requested, self.peak, self.reserved_at_peak = requested, peak, reserved_at_peak
             self.side_reserved, self.both_peak = side_reserved, both_peak
-            self.releases, self.settled = releases, settled
+            self.releases, self.settled, self.reached = releases, settled, reached
 
     def result(self) -> Replay:
+        """The replay's figures; where the device filled, the reserve after the last release when the step's
+        allocated peak came again after it (``Replay.peak_reserved``), else the largest."""
         before = max(self.allocator.peak_reserved, self.both_peak)
         if self.settled < 0:
             return Replay(peak_reserved=before, reserved_at_peak=self.reserved_at_peak, allocated_peak=self.peak)
-        return Replay(peak_reserved=self.settled, reserved_at_peak=self.reserved_at_peak, allocated_peak=self.peak,
-                      filled=before)
+        return Replay(peak_reserved=self.settled if self.reached else before, reserved_at_peak=self.reserved_at_peak,
+                      allocated_peak=self.peak, filled=before)
 
     def copy(self) -> _Replaying:
         pools = list({id(side): side for side in self.sides.values()}.values())  # each stream's once
@@ -959,7 +968,7 @@ class _Replaying:
         new.live = {ident: [copied[block] for block in runs] for ident, runs in self.live.items()}
         new.requested, new.peak, new.reserved_at_peak = self.requested, self.peak, self.reserved_at_peak
         new.side_reserved, new.both_peak = self.side_reserved, self.both_peak
-        new.releases, new.settled = self.releases, self.settled
+        new.releases, new.settled, new.reached = self.releases, self.settled, self.reached
         return new
 
 
