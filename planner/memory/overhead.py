@@ -46,7 +46,8 @@ CUDA context, each where it lives (inside or outside PyTorch's caching allocator
   ``devPeers`` and ``devRingUserRanks``, each ``ncclCudaCallocAsync``), and the communicator one
   (init.cc l.401 ``devCommAndChans``). Since NCCL 2.19 these go through the cuMem API where the
   driver supports it (misc/cudawrap.cc l.15 ``NCCL_CUMEM_ENABLE`` default -2, auto; it was 0 in
-  2.18.6), and ``ncclCuMemAlloc`` rounds each up to the allocation granularity (include/alloc.h
+  2.18.6; ``ncclIsCuMemSupported`` l.23-45: a CUDA 12 driver and a device with virtual memory
+  management and GPUDirect RDMA on it, as data-centre GPUs have: assumed), and ``ncclCuMemAlloc`` rounds each up to the allocation granularity (include/alloc.h
   l.100-101: ``cuMemGetAllocationGranularity(..., CU_MEM_ALLOC_GRANULARITY_MINIMUM)``,
   ``ALIGN_SIZE``), 2 MiB on NVIDIA GPUs: one physical 2 MiB block each. The channels initialised
   are the ring's and, up to the next power of two, the point-to-point ones (graph/paths.cc
