@@ -250,6 +250,8 @@ class CachingAllocator:
         # blocks freed with record_stream, not yet back in the pool (``RECORDED`` streams: a list; None
         # elsewhere): allocated to the pools until ``release_recorded``
         self.recorded: list[Block] | None = None
+        # times the device was full and the cache released (CUDACachingAllocator.cpp ``num_alloc_retries``)
+        self.releases = 0
 
     def _copy(self, copied: dict[Block, Block]) -> CachingAllocator:
         """A copy of this allocator on the copies of its blocks (``copied``, by the original:
@@ -267,6 +269,7 @@ class CachingAllocator:
         new._never_freed = copied[self._never_freed]
         new._plans = {}  # (made again as its requests come: no dearer than copying them, measured)
         new.recorded = None if self.recorded is None else [copied[block] for block in self.recorded]
+        new.releases = self.releases
         return new
 
     def cached_keys(self, small: bool) -> list[tuple[int, int]]:
@@ -388,9 +391,11 @@ class CachingAllocator:
     def _alloc_or_release(self, size: int, small: bool, request: int) -> Block:
         """A new segment for a request no cached block holds; when the device is full, after
         releasing cached oversize blocks, then every cached segment (raises ``OutOfMemory``)."""
-        block = (self._alloc_block(size, small)
-                 or (self.release_available_cached_blocks(size, small) and self._alloc_block(size, small))
-                 or (self.release_cached_blocks() and self._alloc_block(size, small)))
+        block = self._alloc_block(size, small)
+        if not block:
+            self.releases += 1
+            block = ((self.release_available_cached_blocks(size, small) and self._alloc_block(size, small))
+                     or (self.release_cached_blocks() and self._alloc_block(size, small)))
         if not block:
             raise OutOfMemory(f"{request} bytes with {self.reserved} reserved of {self.capacity}")
         return block
@@ -827,13 +832,29 @@ class Replay:
     """What the allocator did over a step's events."""
 
     peak_reserved: int
-    """The largest reserve over the step (``torch.cuda.max_memory_reserved``)."""
+    """The largest reserve the run holds: over the step (``torch.cuda.max_memory_reserved``), or, where
+    the device filled and the allocator released its cache to go on (``filled``), the largest after
+    the last release, when the step's allocated peak comes again after it (the reserve then covers the
+    step's largest moment; a release after it leaves too little of a step to read: the largest then,
+    as without a release). The real allocator, when cudaMalloc fails, frees every cached unsplit segment
+    and retries (CUDACachingAllocator.cpp ``malloc``: ``alloc_block`` ->
+    ``release_available_cached_blocks`` -> ``release_cached_blocks``, counted in
+    ``num_alloc_retries``): the reserve before that is the whole device for the instant the request
+    failed, after it the run goes on from the flushed cache, which the following steps reuse
+    (the steps after replay at the reserve the step reached after its release: Mistral-7B full
+    fine-tuning at batch 8 on an A100 80GB, 68.11 GiB reserved after the release at the second
+    step's loss, 68.35 at most over a third and a fourth step replayed on after it). A reading of
+    the device over the run (nvidia-smi polled once a second) sees that, as fms-acceleration's
+    batch-8 rows do: 72.6 and 71.3 GiB where batch 4, which never fills the device, reads 75.9 and
+    75.5."""
     reserved_at_peak: int
     """The reserve when live tensor bytes peak."""
     allocated_peak: int
     """The largest live tensor bytes (as requested, before rounding)."""
     out_of_memory: str = ""
     """Where the replay ran out of device memory ('' if it did not)."""
+    filled: int = 0
+    """The reserve when the device filled and the cache was released (0 if it never filled)."""
 
     @property
     def fragmentation(self) -> int:
@@ -847,7 +868,8 @@ class _Replaying:
     the live events' blocks and the peaks so far; ``copy`` is an independent copy, which replays on
     as this one does (``ReplayPrefixes``)."""
 
-    __slots__ = ("allocator", "sides", "live", "requested", "peak", "reserved_at_peak", "side_reserved", "both_peak")
+    __slots__ = ("allocator", "sides", "live", "requested", "peak", "reserved_at_peak", "side_reserved", "both_peak",
+                 "releases", "settled", "reached")
 
     def __init__(self, capacity: int, config: AllocatorConfig, streams: tuple[tuple[str, str], ...] = ()) -> None:
         self.allocator = CachingAllocator(capacity=capacity, config=config)
@@ -859,6 +881,8 @@ class _Replaying:
         self.sides: dict[str, CachingAllocator] = {key: pools[stream] for key, stream in streams}
         self.live: dict[int, list[Block]] = {}
         self.requested = self.peak = self.reserved_at_peak = self.side_reserved = self.both_peak = 0
+        self.releases, self.settled = 0, -1  # (``settled``: -1 until the default stream's cache is released)
+        self.reached = False  # the allocated peak met again after the last release
 
     def advance(self, events, freed: set[int], trace: list[int] | None) -> None:
         """Replay ``events`` (raises ``OutOfMemory`` where the default stream's allocator does);
@@ -867,6 +891,7 @@ class _Replaying:
         malloc, free = allocator.malloc_tensors, allocator.free_blocks
         requested, peak, reserved_at_peak = self.requested, self.peak, self.reserved_at_peak
         side_reserved, both_peak = self.side_reserved, self.both_peak
+        releases, settled, reached = self.releases, self.settled, self.reached
         try:
             # (the events unpacked: a named tuple's field by name is a slower lookup than by position)
             for op, key, nbytes, tensors, ident, where in events:
@@ -882,8 +907,12 @@ class _Replaying:
                         requested -= nbytes
                     side_reserved += side.reserved - before  # (the side streams' reserves, summed)
                     both_peak = max(both_peak, allocator.reserved + side_reserved)
-                    if requested > peak:
-                        peak, reserved_at_peak = requested, allocator.reserved + side_reserved
+                    if requested >= peak:
+                        if requested > peak:
+                            peak, reserved_at_peak = requested, allocator.reserved + side_reserved
+                        reached = settled >= 0
+                    if settled >= 0:
+                        settled = max(settled, allocator.reserved + side_reserved)
                     if trace is not None:
                         trace.append(allocator.reserved + side_reserved)
                     continue
@@ -894,11 +923,17 @@ class _Replaying:
                         error.where = where
                         raise
                     requested += nbytes
-                    if requested > peak:
-                        peak, reserved_at_peak = requested, allocator.reserved + side_reserved
+                    if allocator.releases != releases:  # the device filled: the cache was released for this
+                        releases, settled, reached = allocator.releases, allocator.reserved + side_reserved, False
+                    if requested >= peak:
+                        if requested > peak:
+                            peak, reserved_at_peak = requested, allocator.reserved + side_reserved
+                        reached = settled >= 0
                 else:
                     free(live.pop(ident, ()))
                     requested -= nbytes
+                if settled >= 0:
+                    settled = max(settled, allocator.reserved + side_reserved)
                 if side_reserved:
                     both_peak = max(both_peak, allocator.reserved + side_reserved)
                 if trace is not None:
@@ -906,10 +941,16 @@ class _Replaying:
         finally:
             self.requested, self.peak, self.reserved_at_peak = requested, peak, reserved_at_peak
             self.side_reserved, self.both_peak = side_reserved, both_peak
+            self.releases, self.settled, self.reached = releases, settled, reached
 
     def result(self) -> Replay:
-        return Replay(peak_reserved=max(self.allocator.peak_reserved, self.both_peak),
-                      reserved_at_peak=self.reserved_at_peak, allocated_peak=self.peak)
+        """The replay's figures; where the device filled, the reserve after the last release when the step's
+        allocated peak came again after it (``Replay.peak_reserved``), else the largest."""
+        before = max(self.allocator.peak_reserved, self.both_peak)
+        if self.settled < 0:
+            return Replay(peak_reserved=before, reserved_at_peak=self.reserved_at_peak, allocated_peak=self.peak)
+        return Replay(peak_reserved=self.settled if self.reached else before, reserved_at_peak=self.reserved_at_peak,
+                      allocated_peak=self.peak, filled=before)
 
     def copy(self) -> _Replaying:
         pools = list({id(side): side for side in self.sides.values()}.values())  # each stream's once
@@ -927,6 +968,7 @@ class _Replaying:
         new.live = {ident: [copied[block] for block in runs] for ident, runs in self.live.items()}
         new.requested, new.peak, new.reserved_at_peak = self.requested, self.peak, self.reserved_at_peak
         new.side_reserved, new.both_peak = self.side_reserved, self.both_peak
+        new.releases, new.settled, new.reached = self.releases, self.settled, self.reached
         return new
 
 

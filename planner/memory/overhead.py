@@ -40,6 +40,23 @@ CUDA context, each where it lives (inside or outside PyTorch's caching allocator
   channels 00-01 "via SHM"). One communicator (the default process group's); tree, NVLS and
   CollNet connections (made lazily when NCCL picks those algorithms, NCCL_RUNTIME_CONNECT) are not
   counted and are stated as such.
+- **NCCL's per-channel device structures: outside the allocator, 2 MiB each under cuMem.** Every
+  channel NCCL initialises gets three device allocations of a few bytes (src/channel.cc
+  ``initChannel`` l.40, l.43, l.54 at v2.20.5-1: the shared ``devPeers``, the channel's
+  ``devPeers`` and ``devRingUserRanks``, each ``ncclCudaCallocAsync``), and the communicator one
+  (init.cc l.401 ``devCommAndChans``). Since NCCL 2.19 these go through the cuMem API where the
+  driver supports it (misc/cudawrap.cc l.15 ``NCCL_CUMEM_ENABLE`` default -2, auto; it was 0 in
+  2.18.6; ``ncclIsCuMemSupported`` l.23-45: a CUDA 12 driver and a device with virtual memory
+  management and GPUDirect RDMA on it, as data-centre GPUs have: assumed), and ``ncclCuMemAlloc`` rounds each up to the allocation granularity (include/alloc.h
+  l.100-101: ``cuMemGetAllocationGranularity(..., CU_MEM_ALLOC_GRANULARITY_MINIMUM)``,
+  ``ALIGN_SIZE``), 2 MiB on NVIDIA GPUs: one physical 2 MiB block each. The channels initialised
+  are the ring's and, up to the next power of two, the point-to-point ones (graph/paths.cc
+  ``ncclTopoComputeP2pChannels`` l.764-767: ``p2pnChannels = nextPow2(...)``, then ``initChannel``
+  for every channel from ``nChannels`` up), capped at ``MAXCHANNELS`` (32 at v2.20.5-1,
+  include/device.h l.54): 32 channels over NVLink (24 rounded up), 2 over PCIe, so
+  (32 x 3 + 1) x 2 MiB = 194 MiB a device over NVLink, 14 MiB over PCIe. torch 2.2-2.4 ship NCCL
+  2.19.3-2.20.5, where cuMem is on by default; with ``NCCL_CUMEM_ENABLE=0`` these are ordinary
+  cudaMallocs the driver packs into shared pages (not modelled: the planner assumes the default).
 - **CUDA context: outside the allocator**, ``GPUSpec.cuda_context_bytes`` (planner/gpus.py cites it).
 
 The CPU profile has none of these (no CUDA, gloo instead of NCCL).
@@ -70,6 +87,12 @@ NCCL_IPC_MIN = 2 * MiB
 #: ring channels NCCL's topology search builds (module docstring)
 NCCL_CHANNELS_NVLINK = 24
 NCCL_CHANNELS_PCIE = 2
+#: nccl src/include/device.h ``MAXCHANNELS`` (v2.20.5-1): the most channels ``initChannel`` sets up
+NCCL_MAX_CHANNELS = 32
+#: nccl src/channel.cc ``initChannel``: device allocations a channel gets (two peer tables, the ring's ranks)
+NCCL_CHANNEL_STRUCTS = 3
+#: the cuMem allocation granularity NCCL rounds each device allocation up to (include/alloc.h ``ncclCuMemAlloc``)
+NCCL_CUMEM_GRANULARITY = 2 * MiB
 #: ... on ROCm (CublasHandlePool.cpp under USE_ROCM): hipBLAS on gfx94x and elsewhere, and hipBLASLt's own
 HIPBLAS_WORKSPACE_GFX94 = 128 * MiB
 HIPBLAS_WORKSPACE = 32 * MiB
@@ -105,12 +128,26 @@ def nccl_channel_bytes(gpu) -> int:
     return _ipc_aligned(send) + _ipc_aligned(recv)
 
 
+def nccl_initialised_channels(gpu) -> int:
+    """Channels NCCL sets up at init: the ring's, raised to the next power of two for point-to-point
+    (``ncclTopoComputeP2pChannels``), at most ``NCCL_MAX_CHANNELS`` (module docstring)."""
+    ring = nccl_channels(gpu)
+    return min(max(ring, 1 << (ring - 1).bit_length()), NCCL_MAX_CHANNELS)
+
+
+def nccl_struct_bytes(gpu) -> int:
+    """NCCL's per-channel device structures and the communicator's, one cuMem granule each (module
+    docstring): (channels x 3 + 1) x 2 MiB."""
+    return (nccl_initialised_channels(gpu) * NCCL_CHANNEL_STRUCTS + 1) * NCCL_CUMEM_GRANULARITY
+
+
 def nccl_buffer_bytes(gpu, gpus: int) -> int:
-    """NCCL's buffers on each device of a ``gpus``-device run: one ring connection each way per
-    channel of the one communicator; none on one device or without CUDA."""
+    """NCCL's device memory on each device of a ``gpus``-device run: one ring connection each way per
+    channel of the one communicator, and the channels' device structures; none on one device or
+    without CUDA."""
     if gpus <= 1 or not gpu.kernels.caching_allocator:
         return 0
-    return nccl_channels(gpu) * nccl_channel_bytes(gpu)
+    return nccl_channels(gpu) * nccl_channel_bytes(gpu) + nccl_struct_bytes(gpu)
 
 
 def outside_allocator(gpu, gpus: int) -> int:
@@ -156,13 +193,16 @@ def overhead_notes(gpu, config: TrainConfig) -> list[str]:
            *gpu.kernels.notes]
     nccl = nccl_buffer_bytes(gpu, config.gpus)
     if nccl:
-        out.append(f"outside the allocator: NCCL buffers {format_bytes(nccl)} per device ({nccl_channels(gpu)} ring channels x "
+        out.append(f"outside the allocator: NCCL buffers and structures {format_bytes(nccl)} per device ({nccl_channels(gpu)} ring channels x "
                    f"{format_bytes(nccl_channel_bytes(gpu))}: Simple 4 MiB (NCCL_BUFFSIZE) + LL 512 KiB + LL128 4800 KiB, "
-                   "each side's allocation rounded up to 2 MiB; one communicator; tree/NVLS/CollNet buffers NCCL "
-                   "connects lazily not counted)")
+                   "each side's allocation rounded up to 2 MiB; and "
+                   f"{format_bytes(nccl_struct_bytes(gpu))} of device structures for {nccl_initialised_channels(gpu)} channels, "
+                   "a 2 MiB cuMem granule each (NCCL >= 2.19's default); one communicator; tree/NVLS/CollNet buffers "
+                   "NCCL connects lazily not counted)")
     return out
 
 
 __all__ = ["CUBLAS_WORKSPACE", "CUBLAS_WORKSPACES", "CUBLAS_WORKSPACE_SM90", "WORKSPACE_KEY",
-           "cublas_workspace_bytes", "nccl_buffer_bytes", "nccl_channel_bytes", "nccl_channels", "outside_allocator", "overhead_notes",
+           "cublas_workspace_bytes", "nccl_buffer_bytes", "nccl_channel_bytes", "nccl_channels", "nccl_initialised_channels",
+           "nccl_struct_bytes", "outside_allocator", "overhead_notes",
            "paged_on_host", "with_workspaces"]

@@ -36,6 +36,13 @@ WORKSPACE_SM90 = 33_554_432
 #   24 channels over NVLink = 301,989,888 (the buffers alone, 9,633,792 a channel, were
 #   231,211,008), 2 channels over PCIe = 25,165,824
 CONNECTION = 12_582_912
+# nccl src/channel.cc initChannel: 3 device allocations a channel, init.cc 1 for the communicator, each
+#   one 2 MiB cuMem granule (include/alloc.h ncclCuMemAlloc); the channels set up: the ring's raised to
+#   the next power of two (graph/paths.cc ncclTopoComputeP2pChannels), at most MAXCHANNELS = 32:
+#   NVLink 24 -> 32: (32 * 3 + 1) * 2,097,152 = 203,423,744; PCIe 2 -> 2: (2 * 3 + 1) * 2,097,152 = 14,680,064
+STRUCTS_NVLINK = 203_423_744
+STRUCTS_PCIE = 14_680_064
+NCCL_NVLINK = 24 * CONNECTION + STRUCTS_NVLINK  # 301,989,888 + 203,423,744 = 505,413,632
 CONTEXT = 512 * MiB  # planner/gpus.py CUDA_CONTEXT_BYTES
 
 
@@ -54,16 +61,16 @@ def test_workspace_by_compute_capability():
 def test_nccl_only_on_several_gpus():
     assert nccl_buffer_bytes(get_gpu("a100-80gb"), 1) == 0
     assert nccl_channel_bytes(get_gpu("a100-80gb")) == nccl_channel_bytes(get_gpu("h100-80gb")) == CONNECTION
-    assert nccl_buffer_bytes(get_gpu("a100-80gb"), 2) == 24 * CONNECTION == 301_989_888
-    assert nccl_buffer_bytes(get_gpu("h100-pcie"), 8) == 2 * CONNECTION == 25_165_824
+    assert nccl_buffer_bytes(get_gpu("a100-80gb"), 2) == NCCL_NVLINK == 505_413_632
+    assert nccl_buffer_bytes(get_gpu("h100-pcie"), 8) == 2 * CONNECTION + STRUCTS_PCIE == 39_845_888
     assert nccl_buffer_bytes(get_gpu("cpu"), 4) == 0
 
 
-@pytest.mark.parametrize("gpus, outside", [(1, CONTEXT), (2, CONTEXT + 301_989_888)])
+@pytest.mark.parametrize("gpus, outside", [(1, CONTEXT), (2, CONTEXT + NCCL_NVLINK)])
 def test_estimate_places_each_term(gpus, outside):
     # gpt2 LoRA on an A100 (nvlink3, compute capability 8.0): two workspaces of 8,519,680 bytes
     # = 17,039,360 in the breakdown and the allocated peak; the process total is the reserve
-    # plus the 512 MiB context (plus 301,989,888 of NCCL on two devices); no paged states
+    # plus the 512 MiB context (plus 505,413,632 of NCCL on two devices); no paged states
     gpu, model, config = get_gpu("a100-80gb"), get_model("gpt2"), _config(gpus)
     m = estimate_memory(model=model, config=config, gpu=gpu)
     assert m.breakdown[WORKSPACE_KEY] == 2 * WORKSPACE == 17_039_360
@@ -89,9 +96,9 @@ def test_screen_adds_the_same_terms():
     # the search's screen: 20 MiB of workspace segments, the context, NCCL on two devices
     model, gpu = get_model("gpt2"), get_gpu("a100-80gb")
     one = peak_independent(model, gpu, paged=0)
-    assert peak_independent(model, gpu, paged=0, gpus=2) - one == 301_989_888
+    assert peak_independent(model, gpu, paged=0, gpus=2) - one == NCCL_NVLINK
     reserved, total = reserved_and_total(model, gpu, peak=10 * MiB, static=10 * MiB, paged=0, gpus=2)
-    assert total - reserved == CONTEXT + 301_989_888
+    assert total - reserved == CONTEXT + NCCL_NVLINK
     assert total == 10 * MiB + peak_independent(model, gpu, paged=0, gpus=2)
 
 
@@ -100,3 +107,17 @@ def test_cpu_has_none():
     m = estimate_memory(model=model, config=_config(2), gpu=gpu)
     assert WORKSPACE_KEY not in m.breakdown
     assert m.process_total_bytes == m.peak_allocated_bytes
+
+
+def test_nccl_channel_structures_one_granule_each():
+    # without the structures the NVLink figure was 24 ring channels x 12 MiB = 288 MiB; the 32
+    # channels NCCL sets up (24 raised to the next power of two) hold 3 cuMem granules each and the
+    # communicator one: 97 x 2 MiB = 194 MiB more, 482 MiB a device
+    from planner.memory.overhead import nccl_initialised_channels, nccl_struct_bytes
+
+    a100, pcie = get_gpu("a100-80gb"), get_gpu("h100-pcie")
+    assert nccl_initialised_channels(a100) == 32
+    assert nccl_initialised_channels(pcie) == 2
+    assert nccl_struct_bytes(a100) == STRUCTS_NVLINK == 97 * 2 * MiB
+    assert nccl_struct_bytes(pcie) == STRUCTS_PCIE == 7 * 2 * MiB
+    assert nccl_buffer_bytes(a100, 2) == 482 * MiB
