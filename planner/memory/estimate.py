@@ -18,6 +18,7 @@ from planner.memory.overhead import outside_allocator, overhead_notes, paged_on_
 from planner.memory.timeline import Timeline, step_timeline
 from planner.modelspec import ModelSpec
 from planner.results import MemoryEstimate
+from planner.units import format_bytes
 
 
 def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline, replayed: Replay | None,
@@ -37,6 +38,14 @@ def _assumptions(model: ModelSpec, config: TrainConfig, gpu, timeline: Timeline,
             out.append(f"allocator settings not modelled: {', '.join(conf.ignored)}")
         if replayed.out_of_memory:
             out.append(f"the allocator replay runs out of device memory at: {replayed.out_of_memory}")
+        elif replayed.filled:
+            # CUDACachingAllocator.cpp malloc: a failed cudaMalloc releases every cached free segment
+            # (release_cached_blocks, a device sync and a cudaFree each) and retries (num_alloc_retries)
+            out.append(f"the caching allocator's reserve reaches the memory the plan is replayed within at "
+                       f"{format_bytes(replayed.filled)}: past it a cudaMalloc fails, and the allocator frees every cached "
+                       "free segment (a device sync, a cudaFree each) and retries (num_alloc_retries > 0), holding "
+                       f"{format_bytes(replayed.peak_reserved)} after; where the device has more room it may keep up to "
+                       f"{format_bytes(replayed.filled)} reserved")
     if model.hidden_act not in ACTIVATION_SAVED:
         out.append(f"activation {model.hidden_act!r} is not in the model's table: assumed to save its input like a fused kernel")
     if effective_attention(model, config) is not config.attention:

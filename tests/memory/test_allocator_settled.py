@@ -46,3 +46,23 @@ def test_a_release_after_the_peak_reports_the_largest_reserve():
     # then 20 MiB (>= kMinLargeAlloc): a 20 MiB segment, 60 MiB reserved
     r = replay(events, capacity=100 * MiB)
     assert r.filled == 90 * MiB and r.peak_reserved == 90 * MiB
+
+
+def test_a_plan_that_fills_the_device_says_so_and_one_that_does_not_is_silent():
+    """fms-acceleration's Mistral-7B full fine-tuning on one A100-80GB (fp16, micro-batch 8, 4,096 tokens,
+    checkpointed, FlashAttention): the replay fills the device at the second step's loss (77.96 GiB reserved)
+    and holds 68.11 GiB after its release; at micro-batch 4 it never fills."""
+    from planner.catalog import resolve_model
+    from planner.config import TrainConfig
+    from planner.gpus import get_gpu
+    from planner.memory import estimate_memory
+
+    model, gpu = resolve_model("mistralai/Mistral-7B-v0.1"), get_gpu("a100-80gb")
+    config = TrainConfig(method="full", precision="fp16", optimizer="adamw", micro_batch=8, grad_accum=1,
+                         seq_len=4096, grad_ckpt=True, attention="flash")
+    filled = estimate_memory(model=model, config=config, gpu=gpu)
+    said = [a for a in filled.assumptions if "reaches the memory the plan is replayed within" in a]
+    assert len(said) == 1 and "num_alloc_retries" in said[0]
+    assert filled.peak_reserved_bytes / 2**30 < 77.96 - 5  # the reserve after the release, not at the fill
+    assert not [a for a in estimate_memory(model=model, config=config.replace(micro_batch=4), gpu=gpu).assumptions
+                if "reaches the memory the plan is replayed within" in a]
