@@ -489,26 +489,32 @@ class CachingAllocator:
 
     def free_blocks(self, blocks) -> None:
         """``free`` of each block in turn (the replay frees an event's blocks together), the
-        commonest merge (with the remainder after it) and the insertion written out."""
-        cached, all_buckets, spare, tails = self._cached, self._buckets, self._spare, self._tails
+        merges and the insertion written out."""
+        cached, all_buckets, all_sizes, spare, tails = self._cached, self._buckets, self._sizes, self._spare, self._tails
         freed = 0
         for block in blocks:
             block.allocated = False
             size = block.units
             freed += size
             prev, after = block.prev, block.next
+            buckets = all_buckets[block.small]
             if prev is not None and not prev.allocated:
-                self._remove(prev)
+                bucket = buckets[prev.units]  # ``_remove(prev)``
+                if len(bucket) == 1:
+                    sizes = all_sizes[block.small]
+                    del buckets[prev.units], sizes[bisect_left(sizes, prev.units)]
+                else:
+                    del bucket[bisect_left(bucket, prev.at)]
+                del cached[prev.at]
                 size += prev.units
                 block.at, block.prev = prev.at, prev.prev
                 if prev.prev is not None:
                     prev.prev.next = block
                 spare.append(prev)
-            buckets = all_buckets[block.small]
             if after is not None and not after.allocated:
                 bucket = buckets[after.units]  # ``_remove(after)``
                 if len(bucket) == 1:
-                    sizes = self._sizes[block.small]
+                    sizes = all_sizes[block.small]
                     del buckets[after.units], sizes[bisect_left(sizes, after.units)]
                 else:
                     del bucket[bisect_left(bucket, after.at)]
@@ -524,7 +530,7 @@ class CachingAllocator:
             bucket = buckets.get(size)  # ``_insert(block)``
             if bucket is None:
                 buckets[size] = [block.at]
-                insort(self._sizes[block.small], size)
+                insort(all_sizes[block.small], size)
             else:
                 insort(bucket, block.at)
             cached[block.at] = block
@@ -885,6 +891,7 @@ class _Replaying:
         # by breakdown key: the hot loop asks one dict per event (empty on one stream: one test)
         self.sides: dict[str, CachingAllocator] = {key: pools[stream] for key, stream in streams}
         self.live: dict[int, list[Block]] = {}
+        # (``requested`` and ``peak`` in bytes; the reserves in units, as the allocators keep theirs: see Block)
         self.requested = self.peak = self.reserved_at_peak = self.side_reserved = self.both_peak = 0
         self.releases, self.settled = 0, -1  # (``settled``: -1 until the default stream's cache is released)
         self.reached = False  # the allocated peak met again after the last release
@@ -906,7 +913,7 @@ class _Replaying:
             for op, key, nbytes, tensors, ident, where in events:
                 if sides and key in sides:
                     side = sides[key]
-                    before = side.reserved
+                    before = side._reserved
                     if op == "alloc":
                         live[ident] = side.malloc_tensors(nbytes, tensors, ident in freed)
                         side.release_recorded()  # (freed before this request: reusable after it)
@@ -914,16 +921,16 @@ class _Replaying:
                     else:
                         side.free_recorded(live.pop(ident, ()))
                         requested -= nbytes
-                    side_reserved += side.reserved - before  # (the side streams' reserves, summed)
-                    both_peak = max(both_peak, allocator.reserved + side_reserved)
+                    side_reserved += side._reserved - before  # (the side streams' reserves, summed)
+                    both_peak = max(both_peak, allocator._reserved + side_reserved)
                     if requested >= peak:
                         if requested > peak:
-                            peak, reserved_at_peak = requested, allocator.reserved + side_reserved
+                            peak, reserved_at_peak = requested, allocator._reserved + side_reserved
                         reached = settled >= 0
                     if settled >= 0:
-                        settled = max(settled, allocator.reserved + side_reserved)
+                        settled = max(settled, allocator._reserved + side_reserved)
                     if trace is not None:
-                        trace.append(allocator.reserved + side_reserved)
+                        trace.append((allocator._reserved + side_reserved) * kMinBlockSize)
                     continue
                 if op == "alloc":
                     if pending:
@@ -936,10 +943,10 @@ class _Replaying:
                         raise
                     requested += nbytes
                     if allocator.releases != releases:  # the device filled: the cache was released for this
-                        releases, settled, reached = allocator.releases, allocator.reserved + side_reserved, False
+                        releases, settled, reached = allocator.releases, allocator._reserved + side_reserved, False
                     if requested >= peak:
                         if requested > peak:
-                            peak, reserved_at_peak = requested, allocator.reserved + side_reserved
+                            peak, reserved_at_peak = requested, allocator._reserved + side_reserved
                         reached = settled >= 0
                 else:
                     pending += live.pop(ident, ())
@@ -947,11 +954,11 @@ class _Replaying:
                     if trace is None:  # (a free leaves the reserve, so ``settled`` and ``both_peak``, as they were)
                         continue
                 if settled >= 0:
-                    settled = max(settled, allocator.reserved + side_reserved)
+                    settled = max(settled, allocator._reserved + side_reserved)
                 if side_reserved:
-                    both_peak = max(both_peak, allocator.reserved + side_reserved)
+                    both_peak = max(both_peak, allocator._reserved + side_reserved)
                 if trace is not None:
-                    trace.append(allocator.reserved + side_reserved)
+                    trace.append((allocator._reserved + side_reserved) * kMinBlockSize)
         finally:
             if pending:
                 free(pending)
@@ -962,10 +969,11 @@ class _Replaying:
     def result(self) -> Replay:
         """The replay's figures; where the device filled, the reserve after the last release when the step's
         allocated peak came again after it (``Replay.peak_reserved``), else the largest."""
-        before = max(self.allocator.peak_reserved, self.both_peak)
+        before = max(self.allocator._peak_reserved, self.both_peak) * kMinBlockSize
+        at_peak = self.reserved_at_peak * kMinBlockSize
         if self.settled < 0:
-            return Replay(peak_reserved=before, reserved_at_peak=self.reserved_at_peak, allocated_peak=self.peak)
-        return Replay(peak_reserved=self.settled if self.reached else before, reserved_at_peak=self.reserved_at_peak,
+            return Replay(peak_reserved=before, reserved_at_peak=at_peak, allocated_peak=self.peak)
+        return Replay(peak_reserved=self.settled * kMinBlockSize if self.reached else before, reserved_at_peak=at_peak,
                       allocated_peak=self.peak, filled=before)
 
     def copy(self) -> _Replaying:
