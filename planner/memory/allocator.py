@@ -591,10 +591,10 @@ class CachingAllocator:
 
     def _plan(self, request: int) -> tuple:
         """What ``_take`` needs to know of a request, once per request size (the step's tensors
-        come in few sizes): its size (round_size), pool, get_free_block's limit, the
+        come in few sizes): the request, its size (round_size), pool, get_free_block's limit, the
         least remainder should_split splits off, its new segment (get_allocation_size), and
-        whether a new segment holds only it; its pool's sizes and buckets, and whether segments
-        are expandable."""
+        whether a new segment holds only it; its pool's sizes and buckets, whether segments
+        are expandable, and the allocator's cached blocks and ``_never_freed`` (one tuple to unpack)."""
         size = _units(request)  # round_size
         small = size <= _SMALL_SIZE
         expandable = self.config.expandable_segments
@@ -605,7 +605,8 @@ class CachingAllocator:
         # a fresh segment holds one request: what a split leaves is smaller than the request
         one_each = not expandable and (segment - size < least or segment - size < size)
         plan = self._plans[request] = (request, size, small, self._limit(size), least, segment, one_each,
-                                       self._sizes[small], self._buckets[small], expandable)
+                                       self._sizes[small], self._buckets[small], expandable, self._cached,
+                                       self._never_freed)
         return plan
 
     def _take(self, plan: tuple, count: int, run: Block | None, runs: list[Block]) -> Block | None:
@@ -613,8 +614,7 @@ class CachingAllocator:
         ``runs``); returns the run open after the last. ``malloc`` written out (the hot path); a
         block found is carved while its remainder holds the next request below get_free_block's
         limit: it is then that malloc's best fit (``_carve``)."""
-        request, size, small, limit, least, segment, one_each, sizes, buckets, expandable = plan
-        cached, never_freed = self._cached, self._never_freed
+        request, size, small, limit, least, segment, one_each, sizes, buckets, expandable, cached, never_freed = plan
         while count:
             i = bisect_left(sizes, size)
             if i < len(sizes) and (found := sizes[i]) < limit:  # get_free_block's best fit (``_get_free_block``)
