@@ -489,7 +489,7 @@ class CachingAllocator:
 
     def free_blocks(self, blocks) -> None:
         """``free`` of each block in turn (the replay frees an event's blocks together), the
-        merges and the insertion written out."""
+        commonest merge (with the remainder after it) and the insertion written out."""
         cached, all_buckets, all_sizes, spare, tails = self._cached, self._buckets, self._sizes, self._spare, self._tails
         freed = 0
         for block in blocks:
@@ -499,13 +499,7 @@ class CachingAllocator:
             prev, after = block.prev, block.next
             buckets = all_buckets[block.small]
             if prev is not None and not prev.allocated:
-                bucket = buckets[prev.units]  # ``_remove(prev)``
-                if len(bucket) == 1:
-                    sizes = all_sizes[block.small]
-                    del buckets[prev.units], sizes[bisect_left(sizes, prev.units)]
-                else:
-                    del bucket[bisect_left(bucket, prev.at)]
-                del cached[prev.at]
+                self._remove(prev)
                 size += prev.units
                 block.at, block.prev = prev.at, prev.prev
                 if prev.prev is not None:
