@@ -953,9 +953,16 @@ class _Replaying:
                     both_peak = max(both_peak, allocator._reserved + side_reserved)
                 if trace is not None:
                     trace.append((allocator._reserved + side_reserved) * kMinBlockSize)
-        finally:
-            if pending:
+            if pending:  # (the state kept at a fork holds the run's frees freed)
                 free(pending)
+        except OutOfMemory:
+            if pending:  # (a side stream ran out: the state kept where it did holds them freed too)
+                free(pending)
+            raise
+        finally:
+            # Not the frees: any other exception may have stopped the allocator mid-update (the service's
+            # watchdog raises ShuttingDown asynchronously in the planning thread, planner/service/budget.py),
+            # and freeing the run again there would free some blocks twice (a KeyError in place of the 503).
             self.requested, self.peak, self.reserved_at_peak = requested, peak, reserved_at_peak
             self.side_reserved, self.both_peak = side_reserved, both_peak
             self.releases, self.settled, self.reached = releases, settled, reached

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from planner.memory.allocator import AllocatorConfig, CachingAllocator, ReplayPrefixes, replay
 from planner.memory.timeline import Event
 
@@ -74,3 +76,22 @@ def test_an_event_shapes_stretches_are_worked_out_once(monkeypatch):
     assert [(plan[0], count) for plan, count in a._takes[3 * MiB + 1, 3]] == [(MiB, 2), (MiB + 1, 1)]
     assert [(plan[0], count) for plan, count in a._takes[8 * MiB + 512, (0, 4 * MiB, 4 * MiB, 0, 512)]] == [
         (4 * MiB, 2), (512, 1)]
+
+
+def test_an_exception_inside_a_free_is_not_followed_by_freeing_the_run_again(monkeypatch):
+    """The service's watchdog raises ShuttingDown asynchronously in a planning thread, so it can land inside
+    ``free_blocks`` with the pools half updated; the replay must let it through, not free the run again on
+    that state (it did once: KeyError from the pools, a 500 in place of the 503)."""
+    calls: list[int] = []
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupted(self, blocks):
+        calls.append(len(blocks))
+        raise Interrupted
+
+    monkeypatch.setattr(CachingAllocator, "free_blocks", interrupted)
+    with pytest.raises(Interrupted):
+        replay(EVENTS, capacity=BIG)
+    assert calls == [1]  # free 1, interrupted; nothing freed after it
