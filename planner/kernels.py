@@ -657,8 +657,10 @@ def stream_cast_elements(model: ModelSpec, config: TrainConfig) -> float:
 FP32_ADAPTER_OUT_BYTES = 44
 PROMOTED_ADD_BYTES = 8
 #: The same at the compute width (16-bit adapters' outputs, or under autocast): ``* scaling`` (2 + 2) and the
-#: add (2 + 2 + 2) forward, ``* scaling``'s gradient (2 + 2) backward (the add's passes through).
-ADAPTER_OUT_BYTES = 14
+#: add (2 + 2 + 2) forward (``ADAPTER_OUT_FORWARD_BYTES``), ``* scaling``'s gradient (2 + 2) backward (the add's
+#: passes through).
+ADAPTER_OUT_FORWARD_BYTES = 10
+ADAPTER_OUT_BYTES = ADAPTER_OUT_FORWARD_BYTES + 4
 
 
 def _adapter_out_bytes(config: TrainConfig, gpu: GPUSpec | None) -> int:

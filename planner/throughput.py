@@ -46,6 +46,7 @@ from planner.config import Attention, Method, Precision, TrainConfig
 from planner.errors import InvalidConfigError
 from planner.gpus import GPUSpec, check_precision, matmul_dtype
 from planner.kernels import (
+    ADAPTER_OUT_FORWARD_BYTES,
     ADAMW_SINGLE_TENSOR_PASSES,
     CPU_ADAMW_TENSOR_SECONDS,
     CPU_AUTOCAST_OP_SECONDS,
@@ -88,9 +89,7 @@ from planner.optim import OPTIMIZERS
 from planner.optim.adamw import SINGLE_TENSOR_OPS, AdamWMemory
 from planner.results import ThroughputEstimate
 from planner.sharding.fsdp1_host import (
-    ADAPTER_OUT_PASSES,
     CLONE_PASSES,
-    DEQUANT_BYTES,
     LAYER_KINDS,
     NORM_PASSES,
     Layer,
@@ -539,14 +538,14 @@ def fsdp1_decoder_layer(model: ModelSpec, config: TrainConfig, gpu: GPUSpec, bas
         rows = tokens * lin.active
         base = gemm_seconds(rows, lin.out_features, lin.in_features, rates=rates, elem=elem)
         if quantized:
-            base += lin.count * lin.in_features * lin.out_features * DEQUANT_BYTES / rates.bandwidth
+            base += lin.count * lin.in_features * lin.out_features * (NF4_READ_BYTES + DEQUANT_WRITE_BYTES) / rates.bandwidth
         adapter = None
         if lin.name in adapted and lin.count == 1:
             r = config.lora_r * lin.lora_rank
-            passes = ADAPTER_OUT_PASSES + (CLONE_PASSES if quantized else 0)
+            out_bytes = ADAPTER_OUT_FORWARD_BYTES + (CLONE_PASSES * elem if quantized else 0)  # per output element
             adapter = (gemm_seconds(tokens, r, lin.in_features, rates=rates, elem=elem)
                        + gemm_seconds(tokens, lin.out_features, r, rates=rates, elem=elem)
-                       + passes * tokens * lin.out_features * elem / rates.bandwidth)
+                       + out_bytes * tokens * lin.out_features / rates.bandwidth)
         linears.append((base, adapter, *host))
     return Layer(linears=tuple(linears), attention_at=kinds.index("attn_out"),
                  attention=attention_flops(model, config, tokens, gpu)[1] / model.num_layers / rates.gemm,

@@ -48,12 +48,10 @@ NORM_OPS, ATTENTION_OPS, ADAPTER_UNIT_OPS = 6, 13, 2.5
 #: Passes over a 16-bit (tokens x hidden) tensor of a norm block (RMSNorm's read, its fp32 square and
 #: write, the residual add's two reads and one write): ``Layer.small``.
 NORM_PASSES = 6
-#: Passes over the (tokens x out) output an adapter adds: the scaling's read and write, the add's two
-#: reads and one write; QLoRA's Linear4bit LoRA clones the base's output first (peft tuners/lora/bnb.py
-#: ``Linear4bit.forward``: ``result = result.clone()``, "defensively clone"): two more.
-ADAPTER_OUT_PASSES, CLONE_PASSES = 5, 2
-#: Bytes a 4-bit weight's dequantisation moves per weight: the packed NF4 half byte read, the 16-bit weight written.
-DEQUANT_BYTES = 2.5
+#: Passes over the (tokens x out) output an adapter adds beyond its scale and add (``planner.kernels.
+#: ADAPTER_OUT_FORWARD_BYTES``): QLoRA's Linear4bit LoRA clones the base's output first (peft tuners/lora/bnb.py
+#: ``Linear4bit.forward``: ``result = result.clone()``, "defensively clone"), a read and a write.
+CLONE_PASSES = 2
 #: Layer kinds the timeline knows the order of (q, k, v before attention, then o, then the MLP).
 LAYER_KINDS = frozenset({"attn_in", "attn_out", "mlp_in", "mlp_out", "router"})
 
@@ -184,5 +182,5 @@ def exposed_seconds(layer: Layer, hooks: Hooks, *, layers: int, recompute: bool)
     return t.exposed
 
 
-__all__ = ["ADAPTER_OUT_PASSES", "CLONE_PASSES", "DEQUANT_BYTES", "LAYER_KINDS", "MAX_INFLIGHT_ALL_GATHERS", "NORM_PASSES", "Hooks",
+__all__ = ["CLONE_PASSES", "LAYER_KINDS", "MAX_INFLIGHT_ALL_GATHERS", "NORM_PASSES", "Hooks",
            "Layer", "Timeline", "exposed_seconds"]
