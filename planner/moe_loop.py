@@ -42,6 +42,27 @@ LOOP_BACKWARD_OPS = 18
 #: (l.80), 3 ops of the host's time each (``planner.kernels.host_op_seconds``; the drain is priced in
 #: ``planner.throughput``).
 SYNC_DRAIN_OPS = 3
+#: transformers 4.36-4.39's loop (``TrainConfig.experts_list_index``; 4.39.3 models/mixtral/modeling_mixtral.py
+#: l.866-877) copies each expert's routed indices to the host (``top_x.tolist()``, ``idx.tolist()``) and indexes with
+#: those Python lists: ``hidden_states[None, top_x_list]`` and ``routing_weights[top_x_list, idx_list, None]``. A list
+#: index is built into an int64 tensor on the host element by element and copied to the device with a wait (torch
+#: csrc/autograd/python_variable_indexing.cpp ``sequenceToVariable`` -> utils/tensor_new.cpp
+#: ``indexing_tensor_from_data``, not non_blocking). Host seconds per routed slot, measured here on one thread
+#: (bench/moe_list_index.py, bench/results/moe_list_index.md: the fits' slopes, the tensor index's own time taken off):
+#: the two tolist calls together,
+LIST_TOLIST_SLOT_SECONDS = 16.2e-9
+#: the hidden states' list index (one list),
+LIST_INDEX_SLOT_SECONDS = 116.5e-9
+#: the routing weights' (two lists). On a GPU the host builds it after the expert's GEMMs are queued and while they
+#: run (the left operand of ``*`` is evaluated first): an expert's three GEMMs over its rows take ~1 us a row on
+#: the fastest catalog GPUs, against 0.24 us here, so only the CPU profile, which runs everything in turn, pays it.
+LIST_PAIR_INDEX_SLOT_SECONDS = 241.1e-9
+#: Ops of host time the device waits for per expert beyond the tensor-indexed loop's drain (``SYNC_DRAIN_OPS``):
+#: after the nonzero has drained the queue, the two tolist copies and the hidden states' host-to-device index copy;
+#: and once the routing weights' index copy has waited for the expert's GEMMs, the ops up to the next expert's
+#: nonzero, which the tensor-indexed loop dispatched while the GEMMs ran: the weights' gather, the weighting, the
+#: cast and index_add_ (l.877-881).
+LIST_DRAIN_OPS = 7
 #: Passes over the whole MoE input (T x H elements) each expert's gather adds to the backward: IndexBackward0 of
 #: ``hidden_states[None, top_x]`` (modeling_mixtral.py l.143) starts from a zero tensor of the input's full size
 #: (torch tools/autograd/derivatives.yaml ``index.Tensor``: ``index_backward(grad.new_zeros_symint(self.sym_sizes(),
@@ -99,6 +120,20 @@ def loop_syncs(model: ModelSpec, config: TrainConfig) -> int:
     return moe_layers(model) * model.num_experts * (1 + int(config.grad_ckpt))
 
 
+def list_index_host(model: ModelSpec, config: TrainConfig, *, cpu: bool) -> tuple[int, float]:
+    """(extra drained ops, host seconds of the list conversions) per micro-step of transformers 4.36-4.39's
+    list-indexed loop (``TrainConfig.experts_list_index``), over all MoE blocks and forwards (the checkpoint's
+    recompute runs the loop again): ``LIST_DRAIN_OPS`` a sync, and every routed slot's conversions, the routing
+    weights' pair on the ``cpu`` profile only (``LIST_PAIR_INDEX_SLOT_SECONDS``). (0, 0.0) for any other loop.
+    Its index tensors on the device (8 B a slot each, in the block being run) are not counted."""
+    if not (config.experts_list_index and looped(model)):
+        return 0, 0.0
+    _, top_k, _ = expert_dims(model)
+    slots = config.micro_batch * config.seq_len * top_k * moe_layers(model) * (1 + int(config.grad_ckpt))
+    per_slot = LIST_TOLIST_SLOT_SECONDS + LIST_INDEX_SLOT_SECONDS + (LIST_PAIR_INDEX_SLOT_SECONDS if cpu else 0.0)
+    return loop_syncs(model, config) * LIST_DRAIN_OPS, slots * per_slot
+
+
 def loop_ops(model: ModelSpec, config: TrainConfig, *, quantized_ops: int) -> int:
     """Eager ops the loop adds per micro-step over all MoE blocks: each expert's forward (again in the
     checkpoint's recompute) and backward ops; under QLoRA each expert's three Linear4bit
@@ -115,5 +150,6 @@ def loop_ops(model: ModelSpec, config: TrainConfig, *, quantized_ops: int) -> in
     return moe_layers(model) * per_block
 
 
-__all__ = ["LOOP_BACKWARD_OPS", "LOOP_ELEMENTS_PER_SLOT", "LOOP_FORWARD_OPS", "LOOP_INPUT_GRAD_PASSES", "SYNC_DRAIN_OPS",
-           "loop_gemms", "loop_input_grad_elements", "loop_ops", "loop_slot_elements", "loop_syncs"]
+__all__ = ["LIST_DRAIN_OPS", "LIST_INDEX_SLOT_SECONDS", "LIST_PAIR_INDEX_SLOT_SECONDS", "LIST_TOLIST_SLOT_SECONDS",
+           "LOOP_BACKWARD_OPS", "LOOP_ELEMENTS_PER_SLOT", "LOOP_FORWARD_OPS", "LOOP_INPUT_GRAD_PASSES", "SYNC_DRAIN_OPS",
+           "list_index_host", "loop_gemms", "loop_input_grad_elements", "loop_ops", "loop_slot_elements", "loop_syncs"]

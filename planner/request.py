@@ -274,6 +274,12 @@ _FIELDS = (
            memo=(STATIC, BATCH), recipe=True,
            terms="the experts' weights, quantisation, adapters and saved tensors (memory/moe.py per_expert_layout, "
            "loop_expert_bytes)", trainers=(("hf", None),) + _NO_TRAINER_KEY),
+    # transformers 4.36-4.39's loop: each expert's routed indices copied to the host and used as Python lists
+    # (4.39.3 models/mixtral/modeling_mixtral.py l.866-877, "in torch it is faster to index using lists"); 4.40
+    # indexes with the tensors. Host time on the step's path, no memory term (planner.moe_loop)
+    _field("experts_list_index", bool, False, "With --experts-loop: the loop as transformers 4.36-4.39 ran it, "
+           "indexing each expert's tokens with Python lists copied from the device (default: 4.40's tensor index).",
+           memo=(FIXED,), recipe=True, trainers=(("hf", None),) + _NO_TRAINER_KEY),
     # torch.compile: a user's choice, as the attention is (never searched). The HF Trainer compiles the model under
     # TrainingArguments.torch_compile (transformers 5.24 trainer.py, ``model = torch.compile(model, ...)`` where
     # ``args.torch_compile``); axolotl passes its ``torch_compile`` to those arguments, LLaMA-Factory's
@@ -442,7 +448,8 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
     if values.get("reentrant_ckpt"):
         parts.append("transformers 4's reentrant checkpoint around each layer")
     if values.get("experts_loop"):
-        parts.append("transformers 4's per-expert MoE modules")
+        parts.append("transformers 4's per-expert MoE modules"
+                     + (" indexed with Python lists (4.36-4.39)" if values.get("experts_list_index") else ""))
     if values.get("compile"):
         parts.append("torch.compile")
     if values.get("rope_scaling"):

@@ -84,7 +84,7 @@ from planner.memory.dtypes import ADAPTER_BYTES, NF4_READ_BYTES, nf4_packed_byte
 from planner.memory.parameters import param_tensor_sizes, quantized_linear_params, stack_targets, trainable_params
 from planner.memory.shapes import drops_adapter_inputs
 from planner.modelspec import ModelSpec
-from planner.moe_loop import SYNC_DRAIN_OPS, loop_syncs
+from planner.moe_loop import SYNC_DRAIN_OPS, list_index_host, loop_syncs
 from planner.optim import OPTIMIZERS
 from planner.optim.adamw import SINGLE_TENSOR_OPS, AdamWMemory
 from planner.results import ThroughputEstimate
@@ -569,9 +569,16 @@ def _scheme_host_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float
 def _loop_drain_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
     """Seconds per step the device waits for the host after the syncs of transformers 4's expert loop
     (``planner.moe_loop.loop_syncs``), each until the host has dispatched ``SYNC_DRAIN_OPS`` ops at its host time
-    per op (``planner.kernels.host_op_seconds``); 0.0 on the CPU profile (no queue) and without the loop."""
+    per op (``planner.kernels.host_op_seconds``; 0.0 on the CPU profile: no queue), and where the loop indexes with
+    Python lists (transformers 4.36-4.39, ``planner.moe_loop.list_index_host``) its further drained ops and the
+    host's list conversions, which the device waits for (on the CPU profile they are its own time); 0.0 without
+    the loop."""
     syncs = loop_syncs(model, config)
-    return syncs * SYNC_DRAIN_OPS * host_op_seconds(gpu, config) * config.grad_accum if syncs else 0.0
+    if not syncs:
+        return 0.0
+    op_s = host_op_seconds(gpu, config)
+    ops, lists_s = list_index_host(model, config, cpu=gpu.is_cpu)
+    return ((syncs * SYNC_DRAIN_OPS + ops) * op_s + lists_s) * config.grad_accum
 
 
 def _host_waits_s(model: ModelSpec, config: TrainConfig, gpu: GPUSpec) -> float:
@@ -909,7 +916,9 @@ def estimate_throughput(
         assumptions.append(f"{breakdown['overhead']:.3g} s of host time per step the device waits for "
                            + ("(kernels" if config.compile else "(eager ops") + " too small to hide their launch"
                            + (f"; {units:.3g} s of it {config.sharding.scheme}'s per-unit hooks" if units else "")
-                           + (f"; {drain:.3g} s of it after the expert loop's host-device syncs" if drain else "") + ")")
+                           + (f"; {drain:.3g} s of it after the expert loop's host-device syncs"
+                              + (" and in its Python-list indexing" if config.experts_list_index else "") if drain else "")
+                           + ")")
     if gpu.is_cpu:
         fresh_micro, fresh_step = fresh_bytes(model=model, config=config, gpu=gpu)
         if fresh_micro or fresh_step:

@@ -108,3 +108,17 @@ def test_report_names_its_errors_and_worst_rows(tmp_path):
     text = out.read_text()
     assert re.search(r"\*\*Median absolute error [\d.]+%, p90 [\d.]+%\*\*", text)
     assert "## The 10 worst rows" in text and "## Rows the planner cannot predict" in text
+
+
+def test_fms_2024_mixtral_rows_ran_transformers_439s_list_indexed_loop_and_are_closer_for_it():
+    """fms-acceleration's framework at the 2024 csv's commit pins transformers<4.40 (plugins/framework/pyproject.toml
+    at 04702cc), whose Mixtral loop indexes with Python lists (experts_list_index); the 2025 re-run had 4.48.1's."""
+    mixtral = [r for r in ROWS if r["settings"].get("experts_loop") and "throughput" in r]
+    listed = [r for r in mixtral if r["settings"].get("experts_list_index")]
+    assert {r["source"] for r in listed} == {"fms-acceleration-a100"} and len(listed) == 6
+    assert all(r["settings"].get("experts_list_index") for r in mixtral if r["source"] == "fms-acceleration-a100")
+    for row in listed:
+        after = throughput.score_row(row)["error"]
+        before = throughput.score_row({**row, "settings": {**row["settings"], "experts_list_index": False}})["error"]
+        # every one of these runs is slower than predicted: the host's list work makes each slower still
+        assert 0 < after < before, row["id"]

@@ -96,10 +96,11 @@ def test_a_paged_plan_is_fastest_with_no_paging():
 
 
 #: recipe settings the step time reads (the adapters' dropout and the training loop, packing, the fused loss,
-#: reentrant checkpointing, a chunked loss, the expert loop), each with every default besides, for
-#: ``test_a_step_never_takes_longer_at_a_larger_micro_batch``
+#: reentrant checkpointing, a chunked loss, the expert loop, as transformers 4.36-4.39 indexed it too), each with every
+#: default besides, for ``test_a_step_never_takes_longer_at_a_larger_micro_batch``
 RECIPES = [{}, {"lora_dropout": 0.1, "loop": Loop.MANUAL}, {"packing": False, "use_cache": True}, {"fused_ce": True},
-           {"reentrant_ckpt": True}, {"loss_chunks": 8}, {"experts_loop": True}]
+           {"reentrant_ckpt": True}, {"loss_chunks": 8}, {"experts_loop": True},
+           {"experts_loop": True, "experts_list_index": True}]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: "-".join(r) or "defaults")
