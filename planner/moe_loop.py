@@ -50,13 +50,13 @@ SYNC_DRAIN_OPS = 3
 #: ``indexing_tensor_from_data``, not non_blocking). Host seconds per routed slot, measured here on one thread
 #: (bench/moe_list_index.py, bench/results/moe_list_index.md: the fits' slopes, the tensor index's own time taken off):
 #: the two tolist calls together,
-LIST_TOLIST_SLOT_SECONDS = 16.2e-9
+LIST_TOLIST_SLOT_SECONDS = 16.3e-9
 #: the hidden states' list index (one list),
-LIST_INDEX_SLOT_SECONDS = 116.5e-9
+LIST_INDEX_SLOT_SECONDS = 118.1e-9
 #: the routing weights' (two lists). On a GPU the host builds it after the expert's GEMMs are queued and while they
 #: run (the left operand of ``*`` is evaluated first): an expert's three GEMMs over its rows take ~1 us a row on
 #: the fastest catalog GPUs, against 0.24 us here, so only the CPU profile, which runs everything in turn, pays it.
-LIST_PAIR_INDEX_SLOT_SECONDS = 241.1e-9
+LIST_PAIR_INDEX_SLOT_SECONDS = 240.1e-9
 #: Ops of host time the device waits for per expert beyond the tensor-indexed loop's drain (``SYNC_DRAIN_OPS``):
 #: after the nonzero has drained the queue, the two tolist copies and the hidden states' host-to-device index copy;
 #: and once the routing weights' index copy has waited for the expert's GEMMs, the ops up to the next expert's
