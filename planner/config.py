@@ -108,7 +108,7 @@ class Loop(enum.StrEnum):
 #: a payload without them decodes to their defaults, which are the behaviour it was planned with.
 #: torchtune's ``optimizer_in_bwd`` and ``loss_chunks`` were added within version 3 the same way,
 #: written only where set, and so were QLoRA's ``kbit_upcast`` and the loss' ``loss_upcast`` (written
-#: only where False) and ``loss_shift``, ``loss_returns_head``, ``reentrant_ckpt``, ``experts_loop``, ``experts_list_index`` and ``compile`` (only where True), and ``rope_scaling`` (only where set).
+#: only where False) and ``loss_shift``, ``loss_returns_head``, ``reentrant_ckpt``, ``experts_loop``, ``experts_list_index``, ``rope_caches`` and ``compile`` (only where True), and ``rope_scaling`` (only where set).
 #: Version 3 names the sharding scheme (``sharding``, ``planner.sharding``) where no ``--zero``
 #: stage names it; a configuration whose scheme a stage names (none, DDP, ZeRO-1/2/3) is still
 #: written as version 2 (``zero`` and ``offload``), so that version-2 readers read it and stored
@@ -441,6 +441,10 @@ class TrainConfig:
     indices to the host and indexes the hidden states and routing weights with them as Python lists (4.39.3
     models/mixtral/modeling_mixtral.py l.866-877: ``top_x.tolist()``, ``hidden_states[None, top_x_list]``); 4.40
     indexes with the tensors (``planner.moe_loop.list_index_host_seconds``). Refused without ``experts_loop``."""
+    rope_caches: bool = False
+    """Each attention layer keeps cos and sin tables of max_position_embeddings x head_dim in the load dtype, as
+    transformers up to 4.40 (Llama), 4.41 (Mistral), 4.44 (Qwen2) and 4.47 (Mixtral) built its rotary embeddings
+    (``planner.memory.buffers``); False: transformers 5's one inv_freq, cos and sin made per forward."""
     compile: bool = False
     """The model run under torch.compile (Inductor, mode "default": no CUDA graphs): the elementwise work between
     GEMMs and attention is priced as Inductor's fused kernels (``planner.kernels.compiled_block_forward_bytes``,
@@ -473,7 +477,7 @@ class TrainConfig:
                  sharding: Sharding | str = NONE, alloc_conf: str | None = None, lora_dropout: float = 0.0,
                  loop: Loop | str = Loop.TRAINER, fused_ce: bool = False, packing: bool = True,
                  use_cache: bool = False, optimizer_in_bwd: bool = False, loss_chunks: int = 1,
-                 loss_upcast: bool = True, loss_shift: bool = False, loss_returns_head: bool = False, reentrant_ckpt: bool = False, experts_loop: bool = False, experts_list_index: bool = False, compile: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, rope_scaling: str | None = None, zero: int | None = None, offload: Offload | str | None = None) -> None:
+                 loss_upcast: bool = True, loss_shift: bool = False, loss_returns_head: bool = False, reentrant_ckpt: bool = False, experts_loop: bool = False, experts_list_index: bool = False, rope_caches: bool = False, compile: bool = False, kbit_upcast: bool = True, eval_batch: int | None = None, eval_seq_len: int | None = None, generate_tokens: int = 0, rope_scaling: str | None = None, zero: int | None = None, offload: Offload | str | None = None) -> None:
         # The dataclass's own __init__ with every field and its default (a test holds them equal),
         # setting all fields at once: the generated one makes one object.__setattr__ call per frozen
         # field, half the cost of a construction (the search makes hundreds per request). ``zero``
@@ -484,7 +488,7 @@ class TrainConfig:
             "attention": attention, "lora_r": lora_r, "lora_targets": lora_targets, "sharding": sharding,
             "alloc_conf": alloc_conf, "lora_dropout": lora_dropout, "loop": loop, "fused_ce": fused_ce,
             "packing": packing, "use_cache": use_cache, "optimizer_in_bwd": optimizer_in_bwd,
-            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "loss_returns_head": loss_returns_head, "reentrant_ckpt": reentrant_ckpt, "experts_loop": experts_loop, "experts_list_index": experts_list_index, "compile": compile, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
+            "loss_chunks": loss_chunks, "loss_upcast": loss_upcast, "loss_shift": loss_shift, "loss_returns_head": loss_returns_head, "reentrant_ckpt": reentrant_ckpt, "experts_loop": experts_loop, "experts_list_index": experts_list_index, "rope_caches": rope_caches, "compile": compile, "kbit_upcast": kbit_upcast, "eval_batch": eval_batch, "eval_seq_len": eval_seq_len,
             "generate_tokens": generate_tokens, "rope_scaling": rope_scaling,
         })
         self.__post_init__(zero, offload)
@@ -520,10 +524,10 @@ class TrainConfig:
                 and type(fields["loss_shift"]) is bool and type(fields["loss_returns_head"]) is bool
                 and type(fields["reentrant_ckpt"]) is bool
                 and type(fields["experts_loop"]) is bool and type(fields["experts_list_index"]) is bool
-                and type(fields["compile"]) is bool):
+                and type(fields["rope_caches"]) is bool and type(fields["compile"]) is bool):
             flag = next(flag for flag in ("fused_ce", "packing", "use_cache", "optimizer_in_bwd", "kbit_upcast",
                                           "loss_upcast", "loss_shift", "loss_returns_head", "reentrant_ckpt", "experts_loop",
-                                          "experts_list_index", "compile")
+                                          "experts_list_index", "rope_caches", "compile")
                         if type(fields[flag]) is not bool)
             raise InvalidConfigError(f"{flag} must be true or false, got {fields[flag]!r}")
         for name, bound in _COUNT_BOUNDS:
@@ -743,7 +747,7 @@ class TrainConfig:
         return {
             # torchtune's settings are version 3's: a version-2 reader would drop them
             "version": _ZERO_PAYLOAD_VERSION if "zero" in sharding and not self._torchtune_set and self.kbit_upcast
-            and self.loss_upcast and not self.loss_shift and not self.loss_returns_head and not self.reentrant_ckpt and not self.experts_loop and not self.experts_list_index and not self.compile
+            and self.loss_upcast and not self.loss_shift and not self.loss_returns_head and not self.reentrant_ckpt and not self.experts_loop and not self.experts_list_index and not self.rope_caches and not self.compile
             and not self.rope_scaling
             else CONFIG_VERSION,
             "method": str(self.method),
@@ -775,6 +779,7 @@ class TrainConfig:
             **({"reentrant_ckpt": True} if self.reentrant_ckpt else {}),
             **({"experts_loop": True} if self.experts_loop else {}),
             **({"experts_list_index": True} if self.experts_list_index else {}),
+            **({"rope_caches": True} if self.rope_caches else {}),
             **({"compile": True} if self.compile else {}),
             # the evaluation settings only where the run evaluates: a payload without them is a
             # run without an eval pass, and keeps its bytes
@@ -842,6 +847,8 @@ class TrainConfig:
             parts.append("reentrant ckpt")
         if self.experts_loop:
             parts.append("per-expert loop" + (", list-indexed" if self.experts_list_index else ""))
+        if self.rope_caches:
+            parts.append("rotary tables per layer")
         if self.compile:
             parts.append("compiled")
         if not self.kbit_upcast:

@@ -280,6 +280,15 @@ _FIELDS = (
     _field("experts_list_index", bool, False, "With --experts-loop: the loop as transformers 4.36-4.39 ran it, "
            "indexing each expert's tokens with Python lists copied from the device (default: 4.40's tensor index).",
            memo=(FIXED,), recipe=True, trainers=(("hf", None),) + _NO_TRAINER_KEY),
+    # transformers 4's rotary embeddings: each attention layer's own cos and sin tables of max_position_embeddings x
+    # head_dim, built at init as buffers in the load dtype (4.39.3 models/mistral/modeling_mistral.py l.93-116, one
+    # per attention l.232; Llama to 4.40, Mistral to 4.41, Qwen2 to 4.44, Mixtral to 4.47); transformers 5 makes cos
+    # and sin per forward. The installed transformers builds none: emit and the worker cannot run it
+    _field("rope_caches", bool, False, "Rotary tables as transformers 4 kept them: cos and sin of every position up "
+           "to max_position_embeddings, a pair per attention layer, resident on the device (Llama to 4.40, Mistral "
+           "to 4.41, Qwen2 to 4.44, Mixtral to 4.47; default: transformers 5's, made per forward).",
+           memo=(STATIC,), recipe=True, terms="the rotary tables beside the weights (memory/buffers.py)",
+           trainers=(("hf", None),) + _NO_TRAINER_KEY),
     # torch.compile: a user's choice, as the attention is (never searched). The HF Trainer compiles the model under
     # TrainingArguments.torch_compile (transformers 5.24 trainer.py, ``model = torch.compile(model, ...)`` where
     # ``args.torch_compile``); axolotl passes its ``torch_compile`` to those arguments, LLaMA-Factory's
@@ -450,6 +459,8 @@ def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
     if values.get("experts_loop"):
         parts.append("transformers 4's per-expert MoE modules"
                      + (" indexed with Python lists (4.36-4.39)" if values.get("experts_list_index") else ""))
+    if values.get("rope_caches"):
+        parts.append("transformers 4's rotary tables per layer")
     if values.get("compile"):
         parts.append("torch.compile")
     if values.get("rope_scaling"):

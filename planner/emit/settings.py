@@ -67,7 +67,9 @@ def model_dtype(config: TrainConfig) -> str:
 _NOT_EMITTED = {"reentrant_ckpt": "reentrant_ckpt is transformers 4's checkpoint, which the emitted transformers 5 "
                                   "run cannot take: plan without it",
                "experts_loop": "experts_loop is transformers 4's per-expert MoE modules, which the emitted "
-                               "transformers 5 run does not build: plan without it"}
+                               "transformers 5 run does not build: plan without it",
+               "rope_caches": "rope_caches is transformers 4's per-layer rotary tables, which the emitted "
+                              "transformers 5 run does not build: plan without it"}
 
 
 def sets_loss_function_448(config: TrainConfig) -> bool:

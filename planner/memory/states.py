@@ -12,6 +12,7 @@ from typing import NamedTuple
 from planner.config import Method, TrainConfig
 from planner.gpus import KernelProfile
 from planner.memo import IdentityMemo
+from planner.memory.buffers import ROPE_CACHES_KEY, rope_cache_bytes
 from planner.memory.dtypes import ADAPTER_BYTES, DtypeMode, mode_of, nf4_bytes, nf4_packed_bytes, trainable_bytes
 from planner.memory.parameters import (
     Trained,
@@ -73,10 +74,14 @@ def model_state_breakdown(model: ModelSpec, config: TrainConfig, t: Trained | No
     # gradients, optimizer states and what the sharding scheme adds, splits or moves to the host
     spec = config.sharding.spec
     if config.method is _QLORA and spec.shards_4bit:  # (FSDP: the packed 4-bit weights are flat parameters)
-        return spec.model_states(model, config, t, out, param_bytes=param_bytes, grads=trainable * param_bytes,
-                                 base_sizes=base_sizes, quantized=q, packed=nf4_packed_bytes(q))
-    return spec.model_states(model, config, t, out, param_bytes=param_bytes,
-                             grads=trainable * param_bytes, base_sizes=base_sizes)
+        states, host = spec.model_states(model, config, t, out, param_bytes=param_bytes, grads=trainable * param_bytes,
+                                         base_sizes=base_sizes, quantized=q, packed=nf4_packed_bytes(q))
+    else:
+        states, host = spec.model_states(model, config, t, out, param_bytes=param_bytes,
+                                         grads=trainable * param_bytes, base_sizes=base_sizes)
+    if config.rope_caches:  # buffers: on every rank whole, on the device whatever is offloaded (memory/buffers.py)
+        states[ROPE_CACHES_KEY] = rope_cache_bytes(model, config, mode)
+    return states, host
 
 
 def model_states_bytes(model: ModelSpec, config: TrainConfig) -> int:

@@ -69,6 +69,7 @@ from planner.memory.activations import (
     model_level_terms,
     shifted_loss_events,
 )
+from planner.memory.buffers import ROPE_CACHES_KEY, rope_cache_tensors
 from planner.memory.dtypes import FP32, HALF, mode_of
 from planner.memory.parameters import Trained, lora_targets, trained
 from planner.memory.shapes import block_context, dims_of, drops_adapter_inputs
@@ -1304,6 +1305,8 @@ def _resident_tensors(model: ModelSpec, config: TrainConfig, key: str, nbytes: i
         return max(1, nbytes // scheme.tensor_bytes)
     if key in _WEIGHT_KEYS:
         return _grain(weight_tensors(model, key), nbytes) or per_param
+    if key == ROPE_CACHES_KEY:  # a cos and a sin table a layer, of one size (memory/buffers.py)
+        return max(1, rope_cache_tensors(model, config)[0])
     if key == "optimizer_states":
         return 2 if config.sharding.spec.flat_optimizer else 2 * trainable
     if key == "lora/weights" or (key == "gradients" and config.method is not Method.FULL):

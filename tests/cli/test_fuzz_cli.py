@@ -174,6 +174,8 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
               "--experts-loop": None, "--no-experts-loop": None,
               # transformers 4.36-4.39's list-indexed loop (refused without --experts-loop)
               "--experts-list-index": None, "--no-experts-list-index": None,
+              # transformers 4's per-layer rotary tables (a no-op for learned positions)
+              "--rope-caches": None, "--no-rope-caches": None,
               # torch.compile's fused kernels (the step's pricing only)
               "--compile": None, "--no-compile": None,
               # QLoRA's k-bit preparation (refused with any other method)

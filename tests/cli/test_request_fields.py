@@ -54,6 +54,7 @@ ALTERNATIVES: dict[str, list] = {
     "loss_returns_head": [True],
     "reentrant_ckpt": [True],
     "experts_loop": [True],
+    "rope_caches": [True],
     "kbit_upcast": [False],
     "eval_batch": [4],
     "eval_seq_len": [128],
