@@ -7,7 +7,9 @@ replay's reserve where its 1-GPU LoRA rows stand 0.6-1.1 GiB beyond (bench/resul
 This records the sequence of tensor storages a step makes and frees, op by op, as the run's libraries make it
 (transformers 4.45.2 for the 2024 rows, 4.48.1 for the 2025 rows, peft 0.13.2: their wheels installed with
 ``pip install --no-deps --target DIR``, given as ``--site``/``--site448``), at the rows' full shapes (Mistral-7B,
-32 layers, 4096 tokens, micro-batch 2-8, LoRA r16 on q, k, v, o in fp32 with dropout), and replays it through
+32 layers, 4096 tokens, micro-batch 2-8, LoRA r16 on q, k, v, o in fp32 with the rows' dropout; under QLoRA the
+decoder layers' linears are bitsandbytes 0.43's 4-bit calls, ``MatMul4Bit``: the weight dequantised for the
+matmul and freed, again in backward, and the adapters gathered in 16 bits by FSDP1's MixedPrecision), and replays it through
 ``planner.memory.allocator`` on the default stream after the planner's own model states (the wrap prelude and
 the resident shards), beside the planner's timeline of the same row.
 
@@ -51,12 +53,17 @@ ROWS = (
     ("fms25-mistral-lora-g2-bs4-nvidia", "4.48", 4, True),
     ("fms25-mistral-lora-g1-bs4-nvidia", "4.48", 4, False),
     ("fms25-mistral-lora-g1-bs8-nvidia", "4.48", 8, False),
+    ("fms24-mistral-qlora-g2-bs2-nvidia", "4.45", 2, True),
+    ("fms24-mistral-qlora-g2-bs4-nvidia", "4.45", 4, True),
+    ("fms25-mistral-qlora-g2-bs2-nvidia", "4.48", 2, True),
+    ("fms25-mistral-qlora-g2-bs4-nvidia", "4.48", 4, True),
 )
 
-#: what the subprocess runs (``record``): argv = site, batch, retain, dropout, out
+#: what the subprocess runs (``record``): argv = site, batch, retain, dropout, qlora, out
 _RECORDER = r'''
-import json, sys, weakref
-site, batch, retain, dropout, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4]), sys.argv[5]
+import json, sys, types, weakref
+site, batch, retain, dropout = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4])
+qlora, out_path = sys.argv[5] == "1", sys.argv[6]
 sys.path.insert(0, site)
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -113,6 +120,25 @@ class Recorder(TorchDispatchMode):
         return out
 
 
+class MatMul4Bit(torch.autograd.Function):
+    """bitsandbytes 0.43's 4-bit base call (autograd/_functions.py MatMul4Bit): the weight dequantised to the
+    input's dtype for the matmul and freed, the input kept; in backward dequantised again for the input's
+    gradient."""
+    @staticmethod
+    def forward(ctx, x, weight):
+        w = torch.empty(weight.shape, dtype=x.dtype, device=x.device)
+        out = torch.nn.functional.linear(x, w)
+        del w
+        ctx.save_for_backward(x)
+        ctx.shape = weight.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        w = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)
+        return torch.matmul(grad, w), None
+
+
 def cuda_dropout(input, p=0.5, training=True, inplace=False):
     return torch.native_dropout(input, p, True)[0] if training and 0 < p < 1 else input
 
@@ -144,6 +170,13 @@ model.config.use_cache = False
 model = get_peft_model(model, LoraConfig(r=16, lora_alpha=16, lora_dropout=dropout,
                                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
 base = model.base_model.model
+if qlora:  # the decoder layers' linears are Linear4bit; the adapters gathered in 16 bits (FSDP1's MixedPrecision)
+    for name, module in base.model.layers.named_modules():
+        if isinstance(module, torch.nn.Linear) and "lora_" not in name:
+            module.forward = types.MethodType(lambda self, x: MatMul4Bit.apply(x, self.weight), module)
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            param.data = param.data.to(torch.bfloat16)
 base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
 base.enable_input_require_grads()
 model.train()
@@ -171,13 +204,13 @@ json.dump(recorder.events, open(out_path, "w"))
 '''
 
 
-def record(site: str, batch: int, retain: bool, dropout: float, cache: Path) -> list:
+def record(site: str, batch: int, retain: bool, dropout: float, cache: Path, qlora: bool = False) -> list:
     """The recorded events (``[op, ident, bytes, phase]``), cached in ``cache``."""
-    path = cache / f"{Path(site).name}-b{batch}-r{int(retain)}-d{dropout}.json"
+    path = cache / f"{Path(site).name}-b{batch}-r{int(retain)}-d{dropout}{'-qlora' if qlora else ''}.json"
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-c", _RECORDER, site, str(batch), "1" if retain else "0", str(dropout),
-                        str(path)], check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+                        "1" if qlora else "0", str(path)], check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     return json.loads(path.read_text())
 
 
@@ -231,17 +264,16 @@ def markdown(results: list[dict]) -> str:
                      f"{(r['real'] - r['planner']) / GiB:+.2f} | {r['measured'] / GiB:.2f} | "
                      f"{r['predicted'] / GiB:.2f} | {r['error']:+.1%} | {r['with_real'] / GiB:.2f} | "
                      f"{r['error_real']:+.1%} |")
-    gpus2 = [r for r in results if "-g2-" in r["row"]]
-    gpus1 = [r for r in results if "-g2-" not in r["row"]]
+    groups = {"2-GPU FSDP1 LoRA rows": [r for r in results if "-g2-" in r["row"] and "-lora-" in r["row"]],
+              "1-GPU LoRA rows": [r for r in results if "-g2-" not in r["row"]],
+              "2-GPU FSDP1 QLoRA rows": [r for r in results if "-qlora-" in r["row"]]}
 
-    def short(rs: list[dict], key: str) -> str:
+    def span(rs: list[dict], key: str) -> str:
         values = sorted((r[key] - r["measured"]) / GiB for r in rs)
         return f"{values[0]:+.2f} to {values[-1]:+.2f} GiB"
 
-    if gpus2 and gpus1:
-        lines += ["", f"Predicted less measured, 2-GPU FSDP1 rows: {short(gpus2, 'predicted')} as planned, "
-                  f"{short(gpus2, 'with_real')} with the real sequence; 1-GPU rows: {short(gpus1, 'predicted')} as "
-                  f"planned, {short(gpus1, 'with_real')} with the real sequence."]
+    lines += ["", "Predicted less measured (nvidia-smi), as planned and with the real sequence:", ""]
+    lines += [f"- {name}: {span(rs, 'predicted')} -> {span(rs, 'with_real')}" for name, rs in groups.items() if rs]
     return "\n".join(lines) + "\n"
 
 
@@ -262,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         if site is None:
             continue
         dropout = float(stated[row_id].get("lora_dropout") or 0.0)  # as each row states it (2024: 0, 2025: 0.1)
-        results.append(compare(row_id, record(site, batch, retain, dropout, args.cache)))
+        qlora = stated[row_id]["method"] == "qlora"
+        results.append(compare(row_id, record(site, batch, retain, dropout, args.cache, qlora)))
         r = results[-1]
         print(f"{row_id:36s} default reserve planner {r['planner'] / GiB:6.2f} real {r['real'] / GiB:6.2f} "
               f"nvidia-smi {r['error']:+.1%} -> {r['error_real']:+.1%}", flush=True)
