@@ -541,6 +541,12 @@ class MemoryMemo:
         self._fixed: dict[tuple[int, int], int] = {}
         #: the full estimates' timelines' activations (``step_timeline``'s ``shared``)
         self.activations: dict[tuple, object] = tables[4]
+        #: the screen's speeds (``_screen``), for the ranking's bound on what its rounds can add
+        #: (``planner.ranking._Settling._bound``): (method, precision) -> (the row's speeds by (knob class, adapter
+        #: variant, checkpointing, split index, paged bytes), the variant's index by (lora_r, lora_targets), the knob
+        #: class the screen took by (optimizer, sharding)), and each split's index by its micro-batch
+        self.speeds_at: dict[tuple, tuple[dict, dict, dict]] = {}
+        self.split_index: dict[int, int] = {}
 
     def _adapters(self, config: TrainConfig) -> tuple[Trained, tuple[int, int]]:
         """What ``config`` trains and its first block's trainable elements (``first_block_params``):
@@ -730,6 +736,7 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
     statics, lines, peaks, screened, safer = _screen_tables(rows, memo, usable, cpu_mem)
     made = _made_configs(rows)
     at_of: dict[int, list[tuple[int, ...]]] = {}  # id of a batch line -> its value at each split (``_line_at_once``)
+    memo.split_index.update((micro, i) for i, (micro, _) in enumerate(splits))
     for row in rows:
         n = len(row.variants)
         searched += 2 * len(splits) * n * len(row.knobs)  # (without and with checkpointing, at every split)
@@ -740,6 +747,11 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
         # the row's speeds by (knob class, adapter variant, checkpointing, split, paged host bytes): the knobs
         # of one row differ in optimizer and sharding only, which the class says all the step time reads of
         timed: dict[tuple, Speed] = {}
+        if slots:  # (kept for the ranking: ``MemoryMemo.speeds_at``)
+            config = row.knobs[0].config
+            memo.speeds_at[config.method, config.precision] = (
+                timed, {lora: v for v, lora in enumerate(row.variants)},
+                {(knobs.config.optimizer, knobs.config.sharding): timing for knobs, *_, timing in slots})
         for v, lora in enumerate(row.variants):
             first = v == 0
             for knobs, static_slot, line_slot, bound, timing in slots:
