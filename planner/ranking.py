@@ -482,16 +482,25 @@ class _Settling:
             # (exotic at every smaller split: ``_Settling``)
             found[2].append((config, top, f[2] and (not config.sharding.offloaded or config.grad_accum > 1)))
         splits: dict[int, list[int]] = {}
+        # the speeds the screen took with no paging (``MemoryMemo.speeds_at``: the float it gives a plan of that
+        # slot and split), by split index: 211 of the 274 step times of the bench request over every precision
+        screened, split_index = self._memo.speeds_at, self._memo.split_index
         for top, config, plans, ceiling in slots.values():
             if ceiling * (1 + ROUNDING) < floor:
                 continue  # (no split of it reaches the floor: none is timed)
             per_device = config.micro_batch * config.grad_accum
             micros = [m for m in splits.get(per_device) or splits.setdefault(per_device, divisors(per_device)) if m <= top]
+            row = screened.get((config.method, config.precision))
+            v = known = None
+            if row is not None:
+                v, known = row[1].get((config.lora_r, config.lora_targets)), row[2].get((config.optimizer, config.sharding))
             # largest first: a split's speed never falls as the micro-batch grows (``_split_speed``), so the
             # splits below the first one under the floor are under it too and are not timed (with the plans and
             # slots left out above, the bench request over every precision: 1,427 step times -> 257)
             for micro in reversed(micros):
-                speed = _split_speed(speeds, config, micro, per_device)
+                found = None if v is None or known is None else row[0].get(
+                    (known, v, int(config.grad_ckpt), split_index.get(micro), 0))
+                speed = found[0] if found is not None else _split_speed(speeds, config, micro, per_device)
                 if speed < floor:
                     if speed * (1 + ROUNDING) < floor:
                         break

@@ -250,6 +250,7 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
     for method in space.methods:
         variants = [(None, None)] if method is Method.FULL else lora_variants
         r, targets = variants[0]
+        recipe = space.recipe(method)  # (the same for each precision; SearchSpace.__post_init__ made it once: it does not raise)
         for precision in _precisions(gpu, space):
             knobs: list[_Knobs] = []
             for optimizer, sharding in itertools.product(space.optimizers, shardings):
@@ -262,7 +263,7 @@ def _rows(*, model: ModelSpec, gpu: GPUSpec, target_batch: int, seq_len: int, gp
                         config = TrainConfig(
                             method=method, precision=precision, optimizer=optimizer, micro_batch=per_device,
                             seq_len=seq_len, grad_accum=1, gpus=gpus, grad_ckpt=False, lora_r=r,
-                            lora_targets=targets, sharding=sharding, **space.recipe(method))
+                            lora_targets=targets, sharding=sharding, **recipe)
                 except PlannerError:
                     continue  # the combination is invalid whatever the adapters, split and checkpointing
                 knobs.append(_Knobs(config, family_key(config), _static_key(config)[:-_STATIC_TAIL],
@@ -345,6 +346,10 @@ class _Static(NamedTuple):
     def total(self, peak: int, caching: bool) -> int:
         """The screen's process total of an allocated peak (the peak itself without a caching allocator)."""
         return process_total(peak, static=self.resident, fixed=self.fixed) if caching else peak
+
+
+#: ``_Static(...)`` by position without its generated ``__new__`` (``_speed``'s note)
+_new_static = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -541,6 +546,12 @@ class MemoryMemo:
         self._fixed: dict[tuple[int, int], int] = {}
         #: the full estimates' timelines' activations (``step_timeline``'s ``shared``)
         self.activations: dict[tuple, object] = tables[4]
+        #: the screen's speeds (``_screen``), for the ranking's bound on what its rounds can add
+        #: (``planner.ranking._Settling._bound``): (method, precision) -> (the row's speeds by (knob class, adapter
+        #: variant, checkpointing, split index, paged bytes), the variant's index by (lora_r, lora_targets), the knob
+        #: class the screen took by (optimizer, sharding)), and each split's index by its micro-batch
+        self.speeds_at: dict[tuple, tuple[dict, dict, dict]] = {}
+        self.split_index: dict[int, int] = {}
 
     def _adapters(self, config: TrainConfig) -> tuple[Trained, tuple[int, int]]:
         """What ``config`` trains and its first block's trainable elements (``first_block_params``):
@@ -590,7 +601,8 @@ class MemoryMemo:
             fixed = self._fixed[static.paged_step, config.gpus] = peak_independent(
                 self.model, self.gpu, paged=static.paged_step, gpus=config.gpus)
         value = (parts, resident, fixed, static.host)
-        return _Static(static, parts, resident, fixed, {}, self._values.setdefault(value, value))
+        # (by position, without the named tuple's Python ``__new__``: ``_speed``'s note, 489 a search)
+        return _new_static(_Static, (static, parts, resident, fixed, {}, self._values.setdefault(value, value)))
 
     def batch_line(self, config: TrainConfig, key: tuple | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Each moment's per-micro-batch part at b = 1 and its increase per sample (every term is
@@ -652,8 +664,10 @@ def _line_at(line: tuple[tuple[int, ...], tuple[int, ...]], splits) -> list[tupl
     """Each moment's per-micro-batch part at each split's micro-batch: ``_peak`` less the static
     part, which the screen then adds moment by moment (a batch line meets several static terms)."""
     one, slope = line
-    # (mapped: the comprehension's frame and per-element bytecode were most of its cost)
-    return [tuple(map(add, one, map(mul, slope, repeat(micro - 1)))) for micro, _ in splits]
+    # (mapped: the comprehension's frame and per-element bytecode were most of its cost; at micro-batch 1 the
+    # part is ``one`` and at 2 ``one + slope``, without the products: the screen's bytes are multi-digit ints)
+    return [one if micro == 1 else tuple(map(add, one, slope)) if micro == 2
+            else tuple(map(add, one, map(mul, slope, repeat(micro - 1)))) for micro, _ in splits]
 
 
 def _line_at_once(at_of: dict, line: tuple[tuple[int, ...], tuple[int, ...]], splits) -> list[tuple[int, ...]]:
@@ -730,16 +744,25 @@ def _screen(rows: list[_Row], splits: list[tuple[int, int]], *, model: ModelSpec
     statics, lines, peaks, screened, safer = _screen_tables(rows, memo, usable, cpu_mem)
     made = _made_configs(rows)
     at_of: dict[int, list[tuple[int, ...]]] = {}  # id of a batch line -> its value at each split (``_line_at_once``)
+    # each knob class (``ThroughputMemo.knob_class``; on the CPU profile, each knobs its own) as a small int: the
+    # speeds' keys hash it once a fitting plan, and a class is a tuple of floats and a tuple
+    classes: dict[object, int] = {}
+    memo.split_index.update((micro, i) for i, (micro, _) in enumerate(splits))
     for row in rows:
         n = len(row.variants)
         searched += 2 * len(splits) * n * len(row.knobs)  # (without and with checkpointing, at every split)
         # each knobs' slots of its prefixes, and its method's safe bound (one search, one device)
         slots = [(knobs, statics.setdefault(knobs.static_prefix, [None] * n),
                   lines.setdefault(knobs.batch_prefix, [None] * n), bounds[knobs.config.method],
-                  speeds.knob_class(knobs.config) or id(knobs)) for knobs in row.knobs]
+                  classes.setdefault(speeds.knob_class(knobs.config) or id(knobs), len(classes))) for knobs in row.knobs]
         # the row's speeds by (knob class, adapter variant, checkpointing, split, paged host bytes): the knobs
         # of one row differ in optimizer and sharding only, which the class says all the step time reads of
         timed: dict[tuple, Speed] = {}
+        if slots:  # (kept for the ranking: ``MemoryMemo.speeds_at``)
+            config = row.knobs[0].config
+            memo.speeds_at[config.method, config.precision] = (
+                timed, {lora: v for v, lora in enumerate(row.variants)},
+                {(knobs.config.optimizer, knobs.config.sharding): timing for knobs, *_, timing in slots})
         for v, lora in enumerate(row.variants):
             first = v == 0
             for knobs, static_slot, line_slot, bound, timing in slots:
@@ -884,10 +907,11 @@ def _timed(config: TrainConfig, total: int, static: _Static, speeds: ThroughputM
     states the device has no room for is timed with their paging (``paged_host``). ``timed``: the
     speeds of the screen's row by ``slot`` (the knobs' class, ``ThroughputMemo.knob_class``, adapter
     variant, checkpointing and split index) and paged bytes: the plans of one slot take one speed."""
-    paging = paged_host(static.terms, total, speeds.gpu)
-    speed = timed.get((*slot, paging))
+    paging = paged_host(static.terms, total, speeds.gpu) if static.terms.paged else 0
+    key = (*slot, paging)
+    speed = timed.get(key)
     if speed is None:
-        speed = timed[(*slot, paging)] = _speed(Speed, (tokens_per_second(config, speeds.step_seconds(config, paging)),))
+        speed = timed[key] = _speed(Speed, (tokens_per_second(config, speeds.step_seconds(config, paging)),))
     return config, speed, total, static
 
 

@@ -592,13 +592,13 @@ def batch_line_pair(model: ModelSpec, config: TrainConfig, kernels: KernelProfil
     (``activations.block_step_pair``); tests/memory/test_batch_line.py holds this equal to the two
     ``batch_line`` calls."""
     assert not config.grad_ckpt, config.label()
-    ckpt = config.with_split(micro_batch=config.micro_batch, grad_accum=config.grad_accum, grad_ckpt=True)
     if model.is_encoder_decoder:
+        ckpt = config.with_split(micro_batch=config.micro_batch, grad_accum=config.grad_accum, grad_ckpt=True)
         return batch_line(model, config, kernels, targets), batch_line(model, ckpt, kernels, targets)
     totals, ctx = [], None
     for micro in (1, 2):
         without = config.with_split(micro_batch=micro, grad_accum=config.grad_accum)
-        with_ckpt = ckpt.with_split(micro_batch=micro, grad_accum=config.grad_accum)
+        with_ckpt = without.with_split(micro_batch=micro, grad_accum=config.grad_accum, grad_ckpt=True)
         if ctx is None:
             ctx = block_context(model, without, kernels, first=False, targets=targets)
         else:

@@ -183,3 +183,32 @@ def test_the_bound_leaves_out_no_split_that_joins(n):
             assert settling._bound([other], floor, bar, group) == alone, (scale, other[0][0].label())
             answers.add(alone)
     assert answers == {False, True}  # (the floors both settle and do not)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 6])
+def test_the_screens_speeds_are_the_step_times_the_bound_would_take(n):
+    """``_Settling._bound`` reads the speeds the screen took with no paging (``MemoryMemo.speeds_at``, by the
+    knob class the screen gave the plan's optimizer and sharding, its adapters, checkpointing and split) in
+    place of ``_split_speed``: each is ``_split_speed`` of every fitting plan of that slot at that split."""
+    model_id, gpu_name, batch, every = REQUESTS[n]
+    model, gpu = resolve_model(model_id), get_gpu(gpu_name)
+    space = SearchSpace(cpu_mem_bytes=64 * GiB, precisions=tuple(Precision) if every else None)
+    s = screen(model=model, gpu=gpu, target_batch=batch, seq_len=default_seq_len(model), gpus=1, space=space)
+    micro_of = {i: micro for micro, i in s.memo.split_index.items()}
+    slots: dict = {}  # (row, knob class, variant, checkpointing) -> [(split index, speed)] with no paging
+    for row_key, (speeds, _, _) in s.memo.speeds_at.items():
+        for (timing, v, ckpt, split, paging), speed in speeds.items():
+            if not paging:
+                slots.setdefault((row_key, timing, v, ckpt), []).append((split, speed))
+    checked = 0
+    for item in s.fitting:
+        config = item[0]
+        row_key = (config.method, config.precision)
+        speeds, variants, classes = s.memo.speeds_at[row_key]
+        key = (row_key, classes[config.optimizer, config.sharding], variants[config.lora_r, config.lora_targets],
+               int(config.grad_ckpt))
+        per_device = config.micro_batch * config.grad_accum
+        for split, speed in slots.get(key, ()):
+            assert speed.tokens_per_s == _split_speed(s.speeds, config, micro_of[split], per_device), config.label()
+            checked += 1
+    assert checked > 100
