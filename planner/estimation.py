@@ -73,9 +73,10 @@ def versioned(spec: "ModelSpec", options: Mapping[str, Any], *,
     return options
 
 
-def check_runs_installed(options: Mapping[str, Any], *, command: str) -> None:
-    """A command that runs the installed transformers (5.x: ``planner measure``'s worker, ``planner emit``'s
-    files) refuses a ``transformers`` older than 5, in one line."""
+def check_runs_installed(options: Mapping[str, Any], *, command: str,
+                         fix: str = "drop --transformers (planner estimate and suggest plan that version)") -> None:
+    """What runs the installed transformers (5.x: ``planner measure``'s worker, ``--verify``'s runs, the files
+    ``--emit`` writes) refuses a ``transformers`` older than 5, in one line, before anything is planned."""
     version = options.get("transformers")
     if version is None:
         return
@@ -84,8 +85,7 @@ def check_runs_installed(options: Mapping[str, Any], *, command: str) -> None:
     if parse(version)[0] < 5:
         from planner.errors import UnsupportedError
 
-        raise UnsupportedError(f"{command} runs the installed transformers 5, not --transformers {version}: "
-                               "drop --transformers (planner estimate and suggest plan that version)")
+        raise UnsupportedError(f"{command} run the installed transformers 5, not --transformers {version}: {fix}")
 
 
 def default_seq_len(spec: "ModelSpec") -> int:

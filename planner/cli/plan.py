@@ -295,7 +295,7 @@ def measure(
     from planner.estimation import check_runs_installed
     from planner.verify.driver import MEASURE_MAX_STEPS, check_run_limits
 
-    check_runs_installed(options, command="planner measure")  # its worker trains with transformers 5
+    check_runs_installed(options, command="planner measure's steps")  # its worker trains with transformers 5
 
     # a run's steps (2 to MEASURE_MAX_STEPS) and timeout (0-86400 s; NaN refused too),
     # before anything is resolved or started: --timeout nan reached the child process's wait

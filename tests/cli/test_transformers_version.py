@@ -144,7 +144,7 @@ def test_estimate_a_bad_version_is_one_line(cli, bad):
 
 def test_measure_refuses_a_version_it_does_not_run(cli):
     result = cli("measure", "-m", "gpt2", "--gpu", "cpu", "--transformers", "4.45.2", "--no-save")
-    assert result.code != 0 and "transformers 5" in result.err and result.err.strip().count("\n") == 0, result
+    assert result.code == 2 and "transformers 5" in result.err and result.err.strip().count("\n") == 0, result
 
 
 def test_suggest_plans_the_versions_knobs(cli):
@@ -165,3 +165,13 @@ def test_the_python_api_takes_the_version():
                                        method="qlora", transformers="4.39.3"), first_only=True, alternative=False)
     config = planned.result.plans[0].config
     assert config.experts_loop and config.experts_list_index and config.loss_shift and config.rope_caches
+
+
+@pytest.mark.parametrize("args", [
+    ("suggest", "-m", "gpt2", "--gpu", "a10g", "-b", "8", "--emit", "{tmp}/out"),
+    ("suggest", "-m", "gpt2", "--gpu", "a10g", "-b", "8", "--verify"),
+    ("submit", "-m", "gpt2", "--gpu", "a10g", "-b", "8")], ids=["suggest-emit", "suggest-verify", "submit"])
+def test_what_runs_transformers_5_refuses_an_older_version(cli, tmp_path, args):
+    result = cli(*(a.format(tmp=tmp_path) for a in args), "--transformers", "4.45.2")
+    assert result.code == 2 and "transformers 5" in result.err and result.err.strip().count("\n") == 0, result
+    assert not (tmp_path / "out").exists()
