@@ -60,11 +60,11 @@ def versioned(spec: "ModelSpec", options: Mapping[str, Any], *,
     version = options.pop("transformers", None)
     if version is None:
         return options
-    from planner.transformers_versions import knobs_for
+    from planner.transformers_versions import KNOBS as knobs_of, knobs_for
 
+    kept = set(stated or ()) | {name for name in knobs_of if options.get(name)}
     knobs = knobs_for(version, spec.model_type, is_moe=spec.is_moe, causal_lm=not (spec.is_encoder or spec.is_encoder_decoder),
-                      encoder_decoder=spec.is_encoder_decoder, model_id=spec.id)
-    kept = set(stated or ()) | {name for name in knobs if options.get(name)}
+                      encoder_decoder=spec.is_encoder_decoder, model_id=spec.id, experts_stated="experts_loop" in kept)
     if _request.own_loss(options):
         kept |= {"loss_shift", "loss_returns_head"}
     for name, value in knobs.items():

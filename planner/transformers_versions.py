@@ -52,12 +52,13 @@ def parse(version: str) -> tuple[int, int, int]:
 
 
 def knobs_for(version: str, model_type: str, *, is_moe: bool, causal_lm: bool = True,
-              encoder_decoder: bool = False, model_id: str = "") -> dict[str, bool]:
+              encoder_decoder: bool = False, model_id: str = "", experts_stated: bool = False) -> dict[str, bool]:
     """The knobs (``KNOBS``) of a run on transformers ``version`` of a model of ``model_type``: every one False
     from 5.0 on (the planner's defaults are transformers 5's). ``causal_lm``: the loss knobs are a causal LM's
     (an encoder's or an encoder-decoder's loss is its own); ``encoder_decoder``: its reentrant checkpoint is not
     modelled (``planner.request.check_for_model`` refuses it), so it is left off. An MoE model on 4.x other than
-    Mixtral is refused: its per-expert modules are not built here."""
+    Mixtral is refused: its per-expert modules are not built here (unless ``experts_stated``: the user gave
+    experts_loop, whose value stands)."""
     major, minor, _ = parse(version)
     v = (major, minor)
     knobs = dict.fromkeys(KNOBS, False)
@@ -75,13 +76,13 @@ def knobs_for(version: str, model_type: str, *, is_moe: bool, causal_lm: bool = 
     # it matters under --grad-ckpt only (the memory terms read it with grad_ckpt), so the search's candidates
     # without checkpointing take it unchanged
     knobs["reentrant_ckpt"] = not encoder_decoder
-    if is_moe:
-        if model_type != _PER_EXPERT:
-            from planner.errors import UnsupportedError
+    if is_moe and model_type != _PER_EXPERT and not experts_stated:  # (--no-experts-loop: the fused experts, said)
+        from planner.errors import UnsupportedError
 
-            raise UnsupportedError(f"transformers {version}'s per-expert MoE modules are modelled for Mixtral only, "
-                                   f"not {model_id or model_type} (model type {model_type}): --transformers 5 (or no "
-                                   "--transformers) plans its fused experts")
+        raise UnsupportedError(f"transformers {version}'s per-expert MoE modules are modelled for Mixtral only, "
+                               f"not {model_id or model_type} (model type {model_type}): --transformers 5 (or no "
+                               "--transformers) plans its fused experts")
+    if is_moe and model_type == _PER_EXPERT:
         knobs["experts_loop"] = True
         # 4.36-4.39 copy each expert's routed indices to the host and index with Python lists (4.39.3
         # models/mixtral/modeling_mixtral.py l.866-877, ``top_x.tolist()``); 4.40.2 l.874 indexes with tensors

@@ -70,6 +70,18 @@ def test_another_moe_on_4x_is_refused_in_one_line():
         knobs_for("4.51.0", "qwen3_moe", is_moe=True, model_id="Qwen/Qwen3-30B-A3B")
     assert "\n" not in str(caught.value)
     assert knobs_for("5.0", "qwen3_moe", is_moe=True) == dict.fromkeys(KNOBS, False)
+    # the user said the experts' layout (--no-experts-loop): the rest of 4.x's knobs, the fused experts
+    assert _on("4.51.0", "qwen3_moe", is_moe=True, experts_stated=True) == {"reentrant_ckpt"}
+
+
+def test_no_experts_loop_plans_another_moe_on_4x(cli):
+    args = ("estimate", "-m", "Qwen/Qwen3-30B-A3B", "--gpu", "a100-80gb", "--method", "qlora", "--json")
+    refused = cli(*args, "--transformers", "4.51.0")
+    assert refused.code == 2 and refused.err.strip().count("\n") == 0 and "Mixtral only" in refused.err, refused
+    fused = cli(*args, "--transformers", "4.51.0", "--no-experts-loop")
+    assert fused.code in (0, 3), fused  # an estimate (3: it does not fit the device)
+    config = json.loads(fused.out)["config"]
+    assert config.get("reentrant_ckpt") and not config.get("experts_loop")
 
 
 @pytest.mark.parametrize("bad", ["4.x", "", "four", "4", "4.35.2", "3.5.0", "4..1"])
