@@ -288,15 +288,13 @@ def measure(
     """Train the configuration for a few real steps in a fresh process and compare with the prediction."""
     from planner.cli._common import console, print_json
     from planner.errors import InvalidConfigError, MissingDependencyError, UnsupportedError
-    from planner.estimation import build_config, estimate_dict
+    from planner.estimation import build_config, check_runs_installed, estimate_dict
     from planner.memory import estimate_memory
     from planner.search import safety_margin
     from planner.throughput import estimate_throughput
-    from planner.estimation import check_runs_installed
     from planner.verify.driver import MEASURE_MAX_STEPS, check_run_limits
 
     check_runs_installed(options, command="planner measure's steps")  # its worker trains with transformers 5
-
     # a run's steps (2 to MEASURE_MAX_STEPS) and timeout (0-86400 s; NaN refused too),
     # before anything is resolved or started: --timeout nan reached the child process's wait
     check_run_limits(steps=steps, timeout_s=timeout, timeout_option="--timeout", max_steps=MEASURE_MAX_STEPS)
