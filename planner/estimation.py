@@ -6,7 +6,7 @@ callers parse their own input and print; everything that decides lives here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from planner import request as _request
 
@@ -46,6 +46,46 @@ def model_as_run(spec: "ModelSpec", options: Mapping[str, Any]) -> "ModelSpec":
     from planner.catalog.modern import per_expert_layout
 
     return per_expert_layout(spec)
+
+
+def versioned(spec: "ModelSpec", options: Mapping[str, Any], *,
+              stated: "Iterable[str] | None" = None) -> dict[str, Any]:
+    """``options`` less ``transformers``, with the knobs that version sets for ``spec``
+    (``planner.transformers_versions.knobs_for``) where they were not stated: a knob in ``stated`` (the command
+    line's flags given, the body's keys sent) or set on keeps its value, so a knob given explicitly wins over the
+    version's (None, the Python API: those set on). With a loss of the recipe's own (``planner.request.own_loss``)
+    the version's loss is not run: its loss knobs are left as given. Without ``transformers``, ``options``
+    as they are (transformers 5's)."""
+    options = dict(options)
+    version = options.pop("transformers", None)
+    if version is None:
+        return options
+    from planner.transformers_versions import KNOBS as knobs_of, knobs_for
+
+    kept = set(stated or ()) | {name for name in knobs_of if options.get(name)}
+    knobs = knobs_for(version, spec.model_type, is_moe=spec.is_moe, causal_lm=not (spec.is_encoder or spec.is_encoder_decoder),
+                      encoder_decoder=spec.is_encoder_decoder, model_id=spec.id, experts_stated="experts_loop" in kept)
+    if _request.own_loss(options):
+        kept |= {"loss_shift", "loss_returns_head"}
+    for name, value in knobs.items():
+        if name not in kept:
+            options[name] = value
+    return options
+
+
+def check_runs_installed(options: Mapping[str, Any], *, command: str,
+                         fix: str = "drop --transformers (planner estimate and suggest plan that version)") -> None:
+    """What runs the installed transformers (5.x: ``planner measure``'s worker, ``--verify``'s runs, the files
+    ``--emit`` writes) refuses a ``transformers`` older than 5, in one line, before anything is planned."""
+    version = options.get("transformers")
+    if version is None:
+        return
+    from planner.transformers_versions import parse
+
+    if parse(version)[0] < 5:
+        from planner.errors import UnsupportedError
+
+        raise UnsupportedError(f"{command} run the installed transformers 5, not --transformers {version}: {fix}")
 
 
 def default_seq_len(spec: "ModelSpec") -> int:
@@ -152,15 +192,17 @@ def estimate_dict(spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig", esti
 
 
 def estimate_configuration(*, spec: "ModelSpec", gpu: "GPUSpec", seq_len: int | None = None,
-                           **options: Any) -> "tuple[dict[str, Any], MemoryEstimate]":
+                           stated: "Iterable[str] | None" = None, **options: Any) -> "tuple[dict[str, Any], MemoryEstimate]":
     """Memory and speed of one configuration: (the ``--json`` dict, the memory estimate).
 
-    ``options`` are TrainConfig fields (see ``CONFIG_OPTIONS``); ``precision=None`` takes the
-    device's mixed precision."""
+    ``options`` are TrainConfig fields (see ``CONFIG_OPTIONS``) and ``transformers``, the release whose knobs
+    the configuration takes (``versioned``; ``stated``: the knobs given explicitly); ``precision=None`` takes
+    the device's mixed precision."""
     from planner.memory import estimate_memory
     from planner.search import safety_margin
     from planner.throughput import estimate_throughput
 
+    options = versioned(spec, options, stated=stated)
     spec = model_as_run(spec, options)
     config = build_config(spec, gpu, seq_len=seq_len, **options)
     usable = gpu.memory_bytes - safety_margin(gpu.memory_bytes)
@@ -200,5 +242,5 @@ def draw_step(*, spec: "ModelSpec", gpu: "GPUSpec", config: "TrainConfig", estim
     return str(write_picture(fig, path))
 
 
-__all__ = ["CONFIG_OPTIONS", "draw_step", "step_curves", "DEFAULT_SEQ_LEN", "build_config", "default_seq_len", "estimate_configuration",
+__all__ = ["CONFIG_OPTIONS", "check_runs_installed", "versioned", "draw_step", "step_curves", "DEFAULT_SEQ_LEN", "build_config", "default_seq_len", "estimate_configuration",
            "estimate_dict", "resolve"]

@@ -58,8 +58,12 @@ class SuggestRequest:
     RAM is the default host RAM for offload."""
     schemes: tuple[str, ...] | None = None
     """The sharding schemes searched (None: every one; ``planner check``: those its files can say)."""
+    stated: tuple[str, ...] | None = None
+    """The recipe settings the user gave explicitly (the command line's flags, the body's keys): with
+    ``transformers``, they keep their values over the version's (``planner.estimation.versioned``; None:
+    those set on)."""
     # then the recipe settings (``planner.request.RECIPE``), each with its plain type and
-    # default
+    # default (``transformers`` among them: the release whose knobs the recipe takes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +105,7 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     from planner.catalog import fingerprint
     from planner.config import Method, Precision
     from planner.errors import InvalidConfigError
-    from planner.estimation import check_recipe, default_seq_len, model_as_run, resolve
+    from planner.estimation import check_recipe, default_seq_len, model_as_run, resolve, versioned
     from planner.gpus import check_precision, get_gpu
     from planner.host import node_host_ram
     from planner.limits import check_model_id, check_search_cost
@@ -113,7 +117,9 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     else:
         device = get_gpu(request.gpu, memory_bytes=request.gpu_mem_bytes)
     device = apply_calibration(device, calibration)
-    spec = model_as_run(spec, recipe_of(request))
+    # the knobs of the transformers release named, for this model, before it is built as run
+    recipe = versioned(spec, {**recipe_of(request), "transformers": request.transformers}, stated=request.stated)
+    spec = model_as_run(spec, recipe)
     if request.method != AUTO and request.method not in {m.value for m in Method}:
         raise InvalidConfigError(f"--method must be one of auto|{'|'.join(m.value for m in Method)}, got {request.method!r}")
     if request.precision != AUTO and request.precision not in {p.value for p in Precision}:
@@ -128,9 +134,9 @@ def make_plan(request: SuggestRequest, *, spec: "ModelSpec | None" = None,
     host, source = node_host_ram(cpu_mem_bytes=request.cpu_mem_bytes, local_node=request.local_node, gpus=request.gpus,
                                  device=device)
     space = SearchSpace(methods=methods, precisions=precisions, allow_offload=request.allow_offload, cpu_mem_bytes=host,
-                        host_ram_source=source, prefer=request.prefer, schemes=request.schemes, **recipe_of(request))
+                        host_ram_source=source, prefer=request.prefer, schemes=request.schemes, **recipe)
     seq = default_seq_len(spec) if request.seq_len is None else request.seq_len
-    check_recipe(spec, recipe_of(request), seq_len=seq)  # estimate's check (a fused CE needs a causal LM's head)
+    check_recipe(spec, recipe, seq_len=seq)  # estimate's check (a fused CE needs a causal LM's head)
     check_model_id(spec.id)  # before anything is printed: the store would refuse it after
     check_search_cost(spec, methods=space.methods, lora_ranks=space.lora_ranks, top_k=request.top_k)
     result = suggest(model=spec, gpu=device, target_batch=request.target_batch, seq_len=seq, gpus=request.gpus,

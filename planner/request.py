@@ -289,6 +289,14 @@ _FIELDS = (
            "to 4.41, Qwen2 to 4.44, Mixtral to 4.47; default: transformers 5's, made per forward).",
            memo=(STATIC,), recipe=True, terms="the rotary tables beside the weights (memory/buffers.py)",
            trainers=(("hf", None),) + _NO_TRAINER_KEY),
+    # the transformers release the run uses, which sets the six knobs above as that version runs them
+    # (planner/transformers_versions.py, the one home of the version table; planner.estimation.versioned applies
+    # it once the model is resolved, before it is built as run): an option, not a TrainConfig field
+    _field("transformers", str, None, "The transformers release the run uses, e.g. 4.39.3 (4.36 or newer): sets "
+           "--loss-shift, --loss-returns-head, --reentrant-ckpt, --experts-loop, --experts-list-index and "
+           "--rope-caches as that version runs the model (planner/transformers_versions.py); a knob given "
+           "explicitly wins over the version's. Default: transformers 5's (none of them).",
+           memo=(OPTION,), recipe=True, build=False, max_length=32),
     # torch.compile: a user's choice, as the attention is (never searched). The HF Trainer compiles the model under
     # TrainingArguments.torch_compile (transformers 5.24 trainer.py, ``model = torch.compile(model, ...)`` where
     # ``args.torch_compile``); axolotl passes its ``torch_compile`` to those arguments, LLaMA-Factory's
@@ -418,12 +426,21 @@ TRAINING_ARGS: tuple[RequestField, ...] = tuple(f for f in _FIELDS if f.training
 
 def recipe_of(source: Any) -> dict[str, Any]:
     """The recipe settings of a request, a body, a space or a configuration (read by name), as
-    plain values (an enum member as its value)."""
+    plain values (an enum member as its value); an option among them that makes settings (``transformers``)
+    is left out, read by name where the request is resolved (``planner.estimation.versioned``)."""
     out = {}
     for f in RECIPE:
+        if OPTION in f.memo:  # an option that makes settings (``transformers``), not a setting: read by name
+            continue
         value = getattr(source, f.name)
         out[f.name] = value.value if isinstance(value, enum.Enum) else value
     return out
+
+
+def own_loss(values: Mapping[str, Any]) -> bool:
+    """The recipe computes a loss of its own, a fused (Liger's) or chunked (torchtune's) cross-entropy, not the
+    model's: a transformers version's loss (``loss_shift``, ``loss_returns_head``) is not run with it."""
+    return bool(values.get("fused_ce")) or (values.get("loss_chunks") or 1) > 1
 
 
 def recipe_words(values: Mapping[str, Any], *, encoder: bool = False) -> str:
@@ -575,5 +592,5 @@ def with_recipe_fields(cls: type) -> type:
 
 
 __all__ = ["trainer_keys", "trainer_values", "unexpressible", "ADAPTER", "ADAPTER_RECIPE", "BATCH", "CONFIG_OPTIONS", "REQUIRED", "SEARCH", "DERIVED", "ESTIMATE", "FIELDS", "FIXED", "MEMO_TAIL", "OPTION", "RECIPE",
-           "RequestField", "SPLIT", "STATIC", "TRAINING_ARGS", "changed", "check_for_model", "check_types", "memo_fields", "recipe_for", "recipe_of", "recipe_words",
+           "RequestField", "SPLIT", "STATIC", "TRAINING_ARGS", "changed", "check_for_model", "check_types", "memo_fields", "own_loss", "recipe_for", "recipe_of", "recipe_words",
            "with_recipe_fields"]

@@ -65,6 +65,10 @@ def submit(
 
     if not verify:
         raise InvalidConfigError("planner submit sends a verification: to plan without one, run planner suggest")
+    from planner.estimation import check_runs_installed
+
+    check_runs_installed(recipe, command="planner submit's verification workers",
+                         fix="plan that version with planner suggest --transformers ..., without a verification")
     if gpu.strip().lower() == "auto":
         raise InvalidConfigError("--gpu auto names the GPU of this machine, not of the cluster: name the GPU the job "
                                  "verifies on, e.g. --gpu a10g (see 'planner gpus')")

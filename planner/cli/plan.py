@@ -51,6 +51,8 @@ def request_options(fields: Iterable[RequestField], *, after: str) -> Callable:
 
         @functools.wraps(func)
         def command(**values: Any) -> Any:
+            if values.get("transformers") is not None:  # the knobs given explicitly win over the version's
+                values["stated"] = _stated(values)
             return func(**values)
 
         command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
@@ -58,6 +60,22 @@ def request_options(fields: Iterable[RequestField], *, after: str) -> Callable:
         return command
 
     return decorate
+
+
+def _stated(values: dict[str, Any]) -> tuple[str, ...]:
+    """The options of ``values`` given on the command line (or by an environment variable), not defaulted:
+    with --transformers, they keep their values (``planner.estimation.versioned``)."""
+    import importlib
+
+    from planner.cli._click import click_module
+
+    name = click_module().__name__  # typer's vendored click names neither at its top (its globals and core do)
+    ctx = importlib.import_module(f"{name}.globals").get_current_context(silent=True)
+    if ctx is None:  # called as a function, not parsed: those set on (the Python API's rule)
+        return tuple(key for key, value in values.items() if value is True)
+    source = importlib.import_module(f"{name}.core").ParameterSource
+    given = (source.COMMANDLINE, source.ENVIRONMENT)
+    return tuple(name for name in values if ctx.get_parameter_source(name) in given)
 
 
 def _resolve(model: str, gpu: str, gpu_mem: Optional[str], db: Optional[str]):
@@ -193,13 +211,14 @@ def estimate(
 ) -> None:
     """Predict memory and speed of ONE fully specified training configuration (exit 3 when it does not fit)."""
     from planner.cli._common import console, print_json
-    from planner.estimation import build_config, draw_step, estimate_configuration, model_as_run
+    from planner.estimation import build_config, draw_step, estimate_configuration, model_as_run, versioned
 
     if timeline is not None:
         from planner.plot import check_path
 
         check_path(timeline)
     spec, device = _resolve(model, gpu, gpu_mem, db)
+    options = versioned(spec, options, stated=options.pop("stated", None))  # --transformers' knobs for this model
     spec = model_as_run(spec, options)
     seq_len = options["seq_len"]
     data, memory = estimate_configuration(spec=spec, gpu=device, seq_len=seq_len, **_config_options(options, gpus=gpus))
@@ -269,12 +288,13 @@ def measure(
     """Train the configuration for a few real steps in a fresh process and compare with the prediction."""
     from planner.cli._common import console, print_json
     from planner.errors import InvalidConfigError, MissingDependencyError, UnsupportedError
-    from planner.estimation import build_config, estimate_dict
+    from planner.estimation import build_config, check_runs_installed, estimate_dict
     from planner.memory import estimate_memory
     from planner.search import safety_margin
     from planner.throughput import estimate_throughput
     from planner.verify.driver import MEASURE_MAX_STEPS, check_run_limits
 
+    check_runs_installed(options, command="planner measure's steps")  # its worker trains with transformers 5
     # a run's steps (2 to MEASURE_MAX_STEPS) and timeout (0-86400 s; NaN refused too),
     # before anything is resolved or started: --timeout nan reached the child process's wait
     check_run_limits(steps=steps, timeout_s=timeout, timeout_option="--timeout", max_steps=MEASURE_MAX_STEPS)

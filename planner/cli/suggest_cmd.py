@@ -109,6 +109,11 @@ def suggest(
         from planner.errors import InvalidConfigError
 
         raise InvalidConfigError(f"{'--emit' if emit else '--verify'} works from the stored plan: drop --no-save")
+    if emit is not None or verify or plan_id is not None:  # what they run is transformers 5's (as planner emit's)
+        from planner.estimation import check_runs_installed
+
+        check_runs_installed(recipe, command="--emit's files" if emit is not None else "--verify's workers",
+                             fix="plan that version without it (planner suggest --transformers ...)")
     if emit is not None:
         from planner.emit import check_directory
 

@@ -63,6 +63,14 @@ def inline_spec(body: "ModelChoice") -> "ModelSpec | None":
     return spec_from_config(body.config, model_id=body.model, source=INLINE_SOURCE)
 
 
+def version_of(body: Any) -> dict[str, Any]:
+    """The body's ``transformers`` release with the keys sent (``stated``: the knobs sent win over the
+    version's, ``planner.estimation.versioned``), for a ``SuggestRequest`` or ``estimate_configuration``."""
+    if body.transformers is None:
+        return {}
+    return {"transformers": body.transformers, "stated": tuple(sorted(body.model_fields_set))}
+
+
 def suggest_request(body: "PlanBody") -> "SuggestRequest":
     from planner.planning import SuggestRequest
     from planner.request import recipe_of
@@ -71,7 +79,7 @@ def suggest_request(body: "PlanBody") -> "SuggestRequest":
         model=body.model, gpu=body.gpu, target_batch=body.target_batch, seq_len=body.seq_len, gpus=body.gpus,
         gpu_mem_bytes=size_bytes(body.gpu_mem, field="gpu_mem"), method=body.method, precision=body.precision,
         allow_offload=body.allow_offload, cpu_mem_bytes=size_bytes(body.cpu_mem, field="cpu_mem"), top_k=body.top_k,
-        prefer=body.prefer, **recipe_of(body),
+        prefer=body.prefer, **recipe_of(body), **version_of(body),
     )
 
 
@@ -94,7 +102,7 @@ def compare(body: "CompareBody", *, calibrations: dict[str, Any]) -> dict[str, A
                    epoch_tokens=count(body.dataset_tokens, "dataset_tokens"), epoch_source="dataset_tokens")
     request = SuggestRequest(model=body.model, gpu="any", target_batch=body.target_batch, seq_len=body.seq_len,
                              method=body.method, precision=body.precision, allow_offload=body.allow_offload,
-                             prefer=body.prefer, top_k=1, **recipe_of(body))
+                             prefer=body.prefer, top_k=1, **recipe_of(body), **version_of(body))
     comparison = compare_gpus(request, workload=job, prices=table, gpus_max=body.gpus_max, spec=spec,
                               gpu_names=body.gpu_types, calibration_of=calibrations.get)
     return comparison.to_dict()
@@ -113,7 +121,7 @@ def estimate(body: "EstimateBody", *, calibration: "Calibration | None" = None) 
     else:
         device = apply_calibration(get_gpu(body.gpu, memory_bytes=gpu_mem), calibration)
     options = {name: getattr(body, name) for name in CONFIG_OPTIONS}
-    data, _memory = estimate_configuration(spec=spec, gpu=device, seq_len=body.seq_len, **options)
+    data, _memory = estimate_configuration(spec=spec, gpu=device, seq_len=body.seq_len, **options, **version_of(body))
     return data
 
 

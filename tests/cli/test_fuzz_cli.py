@@ -176,6 +176,9 @@ def option_grammar(files: FuzzFiles, command: str) -> dict[str, st.SearchStrateg
               "--experts-list-index": None, "--no-experts-list-index": None,
               # transformers 4's per-layer rotary tables (a no-op for learned positions)
               "--rope-caches": None, "--no-rope-caches": None,
+              # the transformers release whose knobs the run takes: table boundaries, 5.x, too old, not a version
+              "--transformers": st.one_of(_choice("4.36.0", "4.39.3", "4.40.0", "4.45.2", "4.46.0", "4.48.1", "4.49.0",
+                                                  "5.0", "4.35.2", "4.x", ""), _ODD_TEXT),
               # torch.compile's fused kernels (the step's pricing only)
               "--compile": None, "--no-compile": None,
               # QLoRA's k-bit preparation (refused with any other method)
