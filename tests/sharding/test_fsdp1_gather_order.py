@@ -51,21 +51,14 @@ def _model(layers: int, hidden: int):
 @pytest.mark.parametrize("layers", [3])
 def test_backward_gathers_each_layer_twice_on_demand_and_prefetches_none(layers, monkeypatch):
     import torch
-    import torch.distributed as dist
     import torch.distributed.fsdp._runtime_utils as runtime
     from torch import nn
     from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, ShardingStrategy
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
-    from planner.sharding.spec import free_port
+    from support.ranks import one_rank_group
 
-    owned = not dist.is_initialized()
-    if owned:
-        for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port())), ("RANK", "0"),
-                            ("WORLD_SIZE", "1")):
-            monkeypatch.setenv(name, value)
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
+    with one_rank_group(monkeypatch):
         model = _model(layers, 16)
         units = {id(layer): f"layer{k}" for k, layer in enumerate(model.layers)}
         policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in units or (
@@ -92,9 +85,6 @@ def test_backward_gathers_each_layer_twice_on_demand_and_prefetches_none(layers,
             loss = engine(x)
             phase[0] = "backward"
             loss.backward()
-    finally:
-        if owned:
-            dist.destroy_process_group()
     backward = [name for when, name in log if when == "backward"]
     # last layer first, each twice in a row (the recompute's gather, then the pre-backward hook's): a prefetch of
     # the next layer would put its name between

@@ -97,18 +97,12 @@ def test_real_fsdp1_holds_them(layers, monkeypatch):
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
-    from planner.sharding.spec import free_port
+    from support.ranks import one_rank_group
 
     hidden, tokens = 64, 4096
     # an in-process run of another test in this process may have left its group of one rank: use it
-    owned = not dist.is_initialized()
-    if owned:
-        for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port())), ("RANK", "0"),
-                            ("WORLD_SIZE", "1")):
-            monkeypatch.setenv(name, value)
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    assert dist.get_world_size() == 1
-    try:
+    with one_rank_group(monkeypatch):
+        assert dist.get_world_size() == 1
         x = torch.randn(tokens, hidden)
         excess = {}
         for reentrant in (True, False):
@@ -119,9 +113,6 @@ def test_real_fsdp1_holds_them(layers, monkeypatch):
                                                sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
                                                device_id=torch.device("cpu"))
             excess[reentrant] = _peak(wrapped, x, reentrant) - plain
-    finally:
-        if owned:
-            dist.destroy_process_group()
     model = type("Dims", (), {"num_layers": layers, "hidden_size": hidden})()
     config = _config(precision="fp32", attention="sdpa", micro_batch=1, seq_len=tokens)
     retained = retained_input_gradients(model, config, reentrant_around_unit=True, residual_bytes=4)

@@ -3,7 +3,8 @@ against the estimate for one rank (FSDP1's and FSDP2's tests share it)."""
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from planner.config import TrainConfig
 
@@ -33,3 +34,24 @@ def rank_errors(config: TrainConfig) -> list[tuple[dict[str, Any], int, int, flo
         measured = measurement.peak_allocated_bytes
         out.append((details, predicted, measured, (predicted - measured) / measured))
     return out
+
+
+@contextmanager
+def one_rank_group(monkeypatch: Any) -> Iterator[None]:
+    """A gloo process group of one rank on this process for the block (FSDP1 on the CPU wants one), made and
+    destroyed here; one an earlier in-process test left is used as it is and left alone."""
+    import torch.distributed as dist
+
+    from planner.sharding.spec import free_port
+
+    owned = not dist.is_initialized()
+    if owned:
+        for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port())), ("RANK", "0"),
+                            ("WORLD_SIZE", "1")):
+            monkeypatch.setenv(name, value)
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if owned:
+            dist.destroy_process_group()
