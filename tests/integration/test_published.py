@@ -413,3 +413,29 @@ def test_fms_2025_rows_run_transformers_448s_loss():
         assert before["error"] < -0.035, (row_id, before["error"])
         assert abs(result["predicted"] - before["predicted"] - batch * 4096 * 32000 * 2) <= 0.02 * 2**30, row_id
     assert all(row["settings"].get("loss_returns_head") for row in DATA["rows"] if row["id"].startswith("fms25"))
+
+
+#: the transformers release each source's runs had, where it is known (fms-acceleration's 2024 csv: its framework's
+#: transformers<4.40 pin at 04702cc; its 2025 re-run: refs/requirements.txt 4.48.1; gpjt: requirements.txt 4.40.0)
+SOURCE_TRANSFORMERS = {"fms-acceleration-a100": "4.39.3", "fms-acceleration-a100-2025": "4.48.1",
+                       "gpjt-fine-tune-2024-04": "4.40.0"}
+
+
+def test_rows_state_the_knobs_their_transformers_release_sets():
+    """Each row of a source whose transformers release is known states exactly the knobs the version table gives
+    that release and model (planner/transformers_versions.py), so the bench and ``--transformers`` agree."""
+    from planner.transformers_versions import KNOBS, knobs_for
+
+    checked = 0
+    for row in DATA["rows"]:
+        version = SOURCE_TRANSFORMERS.get(row["source"])
+        if version is None:
+            continue
+        settings = row["settings"]
+        spec = resolve_model(published.model_source(settings))
+        knobs = knobs_for(version, spec.model_type, is_moe=spec.is_moe,
+                          causal_lm=not (spec.is_encoder or spec.is_encoder_decoder),
+                          encoder_decoder=spec.is_encoder_decoder)
+        assert {k: bool(settings.get(k, False)) for k in KNOBS} == knobs, row["id"]
+        checked += 1
+    assert checked == 106
