@@ -20,9 +20,6 @@ KNOBS = ("loss_shift", "loss_returns_head", "reentrant_ckpt", "experts_loop", "e
 #: (4.36.0 added Mixtral's per-expert loop); older runs are not modelled
 OLDEST = (4, 36)
 
-#: the per-expert MoE layout is built for these model types only (``planner.catalog.modern.PER_EXPERT_TYPES``)
-_PER_EXPERT = "mixtral"
-
 #: rotary tables as per-layer buffers (``rope_caches``): each attention's own cos_cached/sin_cached of
 #: max_position_embeddings x head_dim, built at init, up to (not including) the version named: 4.39.3
 #: models/mistral/modeling_mistral.py l.93-116 (one per attention l.232); checked in the 4.39.3..4.48.1 wheels
@@ -76,13 +73,16 @@ def knobs_for(version: str, model_type: str, *, is_moe: bool, causal_lm: bool = 
     # it matters under --grad-ckpt only (the memory terms read it with grad_ckpt), so the search's candidates
     # without checkpointing take it unchanged
     knobs["reentrant_ckpt"] = not encoder_decoder
-    if is_moe and model_type != _PER_EXPERT and not experts_stated:  # (--no-experts-loop: the fused experts, said)
+    # the per-expert MoE layout is built for these model types only (one home: planner.catalog.modern)
+    from planner.catalog.modern import PER_EXPERT_TYPES
+
+    if is_moe and model_type not in PER_EXPERT_TYPES and not experts_stated:  # (--no-experts-loop: fused, said)
         from planner.errors import UnsupportedError
 
         raise UnsupportedError(f"transformers {version}'s per-expert MoE modules are modelled for Mixtral only, "
                                f"not {model_id or model_type} (model type {model_type}): --transformers 5 (or no "
                                "--transformers) plans its fused experts")
-    if is_moe and model_type == _PER_EXPERT:
+    if is_moe and model_type in PER_EXPERT_TYPES:
         knobs["experts_loop"] = True
         # 4.36-4.39 copy each expert's routed indices to the host and index with Python lists (4.39.3
         # models/mixtral/modeling_mixtral.py l.866-877, ``top_x.tolist()``); 4.40.2 l.874 indexes with tensors
